@@ -1,0 +1,397 @@
+//! Verbs, batches of verbs, and their completions.
+//!
+//! A [`Batch`] is what one round trip carries: verbs in posting order, plus the payload bytes of
+//! its writes. Posting a verb returns a typed handle; after the batch has executed on an
+//! [`Endpoint`](crate::Endpoint), the handle reads the verb's result out of the [`Completions`].
+//! Both are plain buffers meant to be cleared and reused, so the hot path allocates nothing.
+
+use crate::addr::RemoteAddr;
+use crate::error::BatchError;
+use serde::{Deserialize, Serialize};
+
+/// Most verbs one batch may carry.
+pub const MAX_BATCH_VERBS: usize = 4096;
+/// Most bytes one read or write verb may move.
+pub const MAX_IO_BYTES: usize = 16 << 20;
+/// Most bytes one batch may move in each direction (write payload; read results).
+pub const MAX_BATCH_BYTES: usize = 64 << 20;
+
+/// One one-sided verb. Atomic verbs act on the aligned 8-byte word at `addr` and return the
+/// word's old value; their exact semantics are in [`crate::atomic_ops`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Verb {
+    /// Read `len` bytes.
+    Read {
+        /// Where to read.
+        addr: RemoteAddr,
+        /// How many bytes.
+        len: u32,
+    },
+    /// Write `len` bytes, taken in order from the batch's payload.
+    Write {
+        /// Where to write.
+        addr: RemoteAddr,
+        /// How many bytes.
+        len: u32,
+    },
+    /// Compare-and-swap: store `swap` if the word equals `expect`.
+    Cas {
+        /// The word.
+        addr: RemoteAddr,
+        /// The value the word must hold.
+        expect: u64,
+        /// The value to store.
+        swap: u64,
+    },
+    /// Fetch-and-add (wrapping).
+    Faa {
+        /// The word.
+        addr: RemoteAddr,
+        /// The addend.
+        add: u64,
+    },
+    /// Masked compare-and-swap: succeeds when `old & cmp_mask == cmp & cmp_mask`, then stores
+    /// `(old & !swap_mask) | (swap & swap_mask)`.
+    MaskedCas {
+        /// The word.
+        addr: RemoteAddr,
+        /// The bits to compare against.
+        cmp: u64,
+        /// Which bits are compared.
+        cmp_mask: u64,
+        /// The bits to store.
+        swap: u64,
+        /// Which bits are stored.
+        swap_mask: u64,
+    },
+    /// Masked fetch-and-add: `add` is added per field; each set bit of `boundary_mask` is the
+    /// most significant bit of a field and no carry crosses it.
+    MaskedFaa {
+        /// The word.
+        addr: RemoteAddr,
+        /// The addend, laid out field by field.
+        add: u64,
+        /// The most significant bit of every field.
+        boundary_mask: u64,
+    },
+}
+
+impl Verb {
+    /// The address the verb acts on.
+    pub fn addr(&self) -> RemoteAddr {
+        match *self {
+            Verb::Read { addr, .. }
+            | Verb::Write { addr, .. }
+            | Verb::Cas { addr, .. }
+            | Verb::Faa { addr, .. }
+            | Verb::MaskedCas { addr, .. }
+            | Verb::MaskedFaa { addr, .. } => addr,
+        }
+    }
+
+    /// The number of bytes of remote memory the verb touches.
+    pub fn span(&self) -> u64 {
+        match *self {
+            Verb::Read { len, .. } | Verb::Write { len, .. } => u64::from(len),
+            _ => 8,
+        }
+    }
+
+    /// Whether the verb is an atomic on one aligned word.
+    pub fn is_atomic(&self) -> bool {
+        !matches!(self, Verb::Read { .. } | Verb::Write { .. })
+    }
+}
+
+/// Handle to the old value returned by an atomic verb.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AtomicHandle(u32);
+
+/// Handle to the bytes returned by a read verb.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadHandle {
+    start: u32,
+    len: u32,
+}
+
+impl ReadHandle {
+    /// How many bytes the read returns.
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    /// Whether the read returns no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// Verbs in posting order, executed in that order as one round trip.
+///
+/// Invariant: `payload` is exactly the concatenation of the write verbs' data, in order, and the
+/// counters below agree with `verbs`. [`Batch::check_shape`] re-establishes this for a batch that
+/// arrived from the network.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Batch {
+    verbs: Vec<Verb>,
+    payload: Vec<u8>,
+    #[serde(skip)]
+    atomics: u32,
+    #[serde(skip)]
+    read_bytes: u32,
+}
+
+impl Batch {
+    /// An empty batch.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Empties the batch, keeping its buffers for reuse.
+    pub fn clear(&mut self) {
+        self.verbs.clear();
+        self.payload.clear();
+        self.atomics = 0;
+        self.read_bytes = 0;
+    }
+
+    /// The verbs, in posting order.
+    pub fn verbs(&self) -> &[Verb] {
+        &self.verbs
+    }
+
+    /// The write payload: the data of every write verb, concatenated in posting order.
+    pub fn payload(&self) -> &[u8] {
+        &self.payload
+    }
+
+    /// Number of verbs posted.
+    pub fn len(&self) -> usize {
+        self.verbs.len()
+    }
+
+    /// Whether no verb has been posted.
+    pub fn is_empty(&self) -> bool {
+        self.verbs.is_empty()
+    }
+
+    /// Number of atomic verbs posted (the length of the completions' old values).
+    pub fn atomic_count(&self) -> usize {
+        self.atomics as usize
+    }
+
+    /// Total bytes the batch's reads return.
+    pub fn read_bytes(&self) -> usize {
+        self.read_bytes as usize
+    }
+
+    /// Posts a read of `len` bytes at `addr`.
+    ///
+    /// # Panics
+    /// If `len` exceeds [`MAX_IO_BYTES`]: a programming error, not remote input.
+    pub fn read(&mut self, addr: RemoteAddr, len: usize) -> ReadHandle {
+        assert!(
+            len <= MAX_IO_BYTES,
+            "read of {len} bytes exceeds MAX_IO_BYTES"
+        );
+        let len = len as u32;
+        let handle = ReadHandle {
+            start: self.read_bytes,
+            len,
+        };
+        self.read_bytes = self.read_bytes.saturating_add(len);
+        self.verbs.push(Verb::Read { addr, len });
+        handle
+    }
+
+    /// Posts a write of `data` at `addr`.
+    ///
+    /// # Panics
+    /// If `data` exceeds [`MAX_IO_BYTES`]: a programming error, not remote input.
+    pub fn write(&mut self, addr: RemoteAddr, data: &[u8]) {
+        assert!(
+            data.len() <= MAX_IO_BYTES,
+            "write of {} bytes exceeds MAX_IO_BYTES",
+            data.len()
+        );
+        self.payload.extend_from_slice(data);
+        self.verbs.push(Verb::Write {
+            addr,
+            len: data.len() as u32,
+        });
+    }
+
+    /// Posts an 8-byte write of `value` at `addr` (a word store; atomic when `addr` is aligned).
+    pub fn write_u64(&mut self, addr: RemoteAddr, value: u64) {
+        self.write(addr, &value.to_le_bytes());
+    }
+
+    /// Posts a compare-and-swap.
+    pub fn cas(&mut self, addr: RemoteAddr, expect: u64, swap: u64) -> AtomicHandle {
+        self.push_atomic(Verb::Cas { addr, expect, swap })
+    }
+
+    /// Posts a fetch-and-add.
+    pub fn faa(&mut self, addr: RemoteAddr, add: u64) -> AtomicHandle {
+        self.push_atomic(Verb::Faa { addr, add })
+    }
+
+    /// Posts a masked compare-and-swap.
+    pub fn masked_cas(
+        &mut self,
+        addr: RemoteAddr,
+        cmp: u64,
+        cmp_mask: u64,
+        swap: u64,
+        swap_mask: u64,
+    ) -> AtomicHandle {
+        self.push_atomic(Verb::MaskedCas {
+            addr,
+            cmp,
+            cmp_mask,
+            swap,
+            swap_mask,
+        })
+    }
+
+    /// Posts a masked fetch-and-add.
+    pub fn masked_faa(&mut self, addr: RemoteAddr, add: u64, boundary_mask: u64) -> AtomicHandle {
+        self.push_atomic(Verb::MaskedFaa {
+            addr,
+            add,
+            boundary_mask,
+        })
+    }
+
+    /// Posts an already-built verb. A write's data must be supplied with it.
+    ///
+    /// Returns the atomic handle for atomic verbs.
+    pub fn push(&mut self, verb: Verb, write_data: &[u8]) -> Option<AtomicHandle> {
+        match verb {
+            Verb::Read { addr, len } => {
+                self.read(addr, len as usize);
+                None
+            }
+            Verb::Write { addr, .. } => {
+                self.write(addr, write_data);
+                None
+            }
+            atomic => Some(self.push_atomic(atomic)),
+        }
+    }
+
+    fn push_atomic(&mut self, verb: Verb) -> AtomicHandle {
+        let handle = AtomicHandle(self.atomics);
+        self.atomics += 1;
+        self.verbs.push(verb);
+        handle
+    }
+
+    /// Checks the invariants of a batch built elsewhere (decoded from the network) and recomputes
+    /// its counters: verb count and sizes within limits, payload length equal to the writes'.
+    pub fn check_shape(&mut self) -> Result<(), BatchError> {
+        if self.verbs.len() > MAX_BATCH_VERBS {
+            return Err(BatchError::TooManyVerbs {
+                count: self.verbs.len(),
+                max: MAX_BATCH_VERBS,
+            });
+        }
+        let (mut atomics, mut reads, mut writes) = (0u64, 0u64, 0u64);
+        for (index, verb) in self.verbs.iter().enumerate() {
+            match *verb {
+                Verb::Read { len, .. } | Verb::Write { len, .. } if len as usize > MAX_IO_BYTES => {
+                    return Err(BatchError::VerbTooLarge {
+                        index,
+                        len: len as usize,
+                        max: MAX_IO_BYTES,
+                    });
+                }
+                Verb::Read { len, .. } => reads += u64::from(len),
+                Verb::Write { len, .. } => writes += u64::from(len),
+                _ => atomics += 1,
+            }
+        }
+        if reads > MAX_BATCH_BYTES as u64 || writes > MAX_BATCH_BYTES as u64 {
+            return Err(BatchError::BatchTooLarge {
+                bytes: reads.max(writes),
+                max: MAX_BATCH_BYTES,
+            });
+        }
+        if writes != self.payload.len() as u64 {
+            return Err(BatchError::PayloadMismatch {
+                declared: writes,
+                actual: self.payload.len() as u64,
+            });
+        }
+        self.atomics = atomics as u32;
+        self.read_bytes = reads as u32;
+        Ok(())
+    }
+}
+
+/// The results of one executed batch: the old value of every atomic verb, and the bytes of every
+/// read, each in posting order.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Completions {
+    olds: Vec<u64>,
+    data: Vec<u8>,
+}
+
+impl Completions {
+    /// Empty completions, to be filled by an endpoint.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The old value of the word an atomic verb acted on.
+    pub fn old(&self, handle: AtomicHandle) -> u64 {
+        self.olds[handle.0 as usize]
+    }
+
+    /// The bytes a read verb returned.
+    pub fn bytes(&self, handle: ReadHandle) -> &[u8] {
+        &self.data[handle.start as usize..(handle.start + handle.len) as usize]
+    }
+
+    /// The `i`-th little-endian word of a read's bytes.
+    pub fn word(&self, handle: ReadHandle, i: usize) -> u64 {
+        let b = self.bytes(handle);
+        u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().expect("8 bytes"))
+    }
+
+    /// All old values, in posting order of the atomic verbs.
+    pub fn olds(&self) -> &[u64] {
+        &self.olds
+    }
+
+    /// All read bytes, concatenated in posting order of the read verbs.
+    pub fn data(&self) -> &[u8] {
+        &self.data
+    }
+
+    /// Empties the completions and sizes them for `batch`; executors then fill them in order.
+    pub fn reset_for(&mut self, batch: &Batch) {
+        self.olds.clear();
+        self.olds.reserve(batch.atomic_count());
+        self.data.clear();
+        self.data.reserve(batch.read_bytes());
+    }
+
+    /// Appends the old value of the next atomic verb (executors only).
+    pub fn push_old(&mut self, old: u64) {
+        self.olds.push(old);
+    }
+
+    /// Appends `len` zero bytes for the next read verb and returns them to be filled
+    /// (executors only).
+    pub fn push_read(&mut self, len: usize) -> &mut [u8] {
+        let start = self.data.len();
+        self.data.resize(start + len, 0);
+        &mut self.data[start..]
+    }
+
+    /// Checks that these completions (decoded from the network) answer `batch`.
+    pub fn matches(&self, batch: &Batch) -> bool {
+        self.olds.len() == batch.atomic_count() && self.data.len() == batch.read_bytes()
+    }
+}

@@ -1,0 +1,221 @@
+//! Endpoints: one client thread's connection to one server (the paper's queue pair).
+
+use crate::addr::RemoteAddr;
+use crate::batch::{Batch, Completions, MAX_BATCH_BYTES, MAX_BATCH_VERBS, MAX_IO_BYTES};
+use crate::error::Result;
+use serde::Serialize;
+use std::time::{Duration, Instant};
+
+/// How a backend executes masked atomic verbs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum MaskedAtomics {
+    /// The NIC executes them natively.
+    Native,
+    /// A CPU compare-exchange loop on the word: atomic, one round trip (mem, shm: the client's
+    /// CPU on shared memory; tcp: the server's verb executor).
+    CpuCasLoop,
+    /// The client emulates them with remote CAS loops: atomic, but extra round trips under
+    /// contention (RDMA devices without masked atomics).
+    ClientEmulated,
+}
+
+/// What a backend can do, reported per endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Capabilities {
+    /// The backend's name: `mem`, `shm`, `tcp`, `rdma`.
+    pub backend: &'static str,
+    /// How masked atomics are executed.
+    pub masked_atomics: MaskedAtomics,
+    /// Most verbs in one batch.
+    pub max_batch_verbs: usize,
+    /// Most bytes in one read or write verb.
+    pub max_io_bytes: usize,
+    /// Most bytes one batch moves in each direction.
+    pub max_batch_bytes: usize,
+    /// Whether a server CPU executes verbs (true only for `tcp`, the software NIC).
+    pub server_cpu_on_data_path: bool,
+}
+
+impl Capabilities {
+    /// The capabilities of a backend that executes verbs with the CPU on shared memory.
+    pub const fn local(backend: &'static str) -> Self {
+        Self {
+            backend,
+            masked_atomics: MaskedAtomics::CpuCasLoop,
+            max_batch_verbs: MAX_BATCH_VERBS,
+            max_io_bytes: MAX_IO_BYTES,
+            max_batch_bytes: MAX_BATCH_BYTES,
+            server_cpu_on_data_path: false,
+        }
+    }
+}
+
+/// Counters of what an endpoint has posted. The lock protocol's cost is measured in these.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct EndpointStats {
+    /// Batches executed (one round trip each).
+    pub round_trips: u64,
+    /// Verbs executed.
+    pub verbs: u64,
+    /// Atomic verbs among them.
+    pub atomics: u64,
+    /// Bytes returned by reads.
+    pub bytes_read: u64,
+    /// Bytes carried by writes.
+    pub bytes_written: u64,
+}
+
+impl EndpointStats {
+    /// Counts one executed batch.
+    pub fn record(&mut self, batch: &Batch) {
+        self.round_trips += 1;
+        self.verbs += batch.len() as u64;
+        self.atomics += batch.atomic_count() as u64;
+        self.bytes_read += batch.read_bytes() as u64;
+        self.bytes_written += batch.payload().len() as u64;
+    }
+
+    /// The counts accumulated since `earlier` was taken.
+    pub fn since(&self, earlier: &EndpointStats) -> EndpointStats {
+        EndpointStats {
+            round_trips: self.round_trips - earlier.round_trips,
+            verbs: self.verbs - earlier.verbs,
+            atomics: self.atomics - earlier.atomics,
+            bytes_read: self.bytes_read - earlier.bytes_read,
+            bytes_written: self.bytes_written - earlier.bytes_written,
+        }
+    }
+}
+
+/// One client thread's connection to one server.
+///
+/// Verbs of a batch execute in posting order, and batches on one endpoint execute in the order
+/// they are executed; `execute` returns once the whole batch has completed (one round trip).
+/// An endpoint is used by one thread at a time (`&mut self`); give every thread its own.
+pub trait Endpoint: Send {
+    /// Executes `batch` and fills `out` with its results.
+    ///
+    /// On `Err`, no verb of the batch executed, except for [`FabricError::Disconnected`]
+    /// (crate::FabricError::Disconnected), after which the outcome is unknown.
+    fn execute(&mut self, batch: &Batch, out: &mut Completions) -> Result<()>;
+
+    /// The counters of everything this endpoint has executed.
+    fn stats(&self) -> EndpointStats;
+
+    /// What this endpoint's backend can do.
+    fn capabilities(&self) -> Capabilities;
+}
+
+impl<E: Endpoint + ?Sized> Endpoint for Box<E> {
+    fn execute(&mut self, batch: &Batch, out: &mut Completions) -> Result<()> {
+        (**self).execute(batch, out)
+    }
+    fn stats(&self) -> EndpointStats {
+        (**self).stats()
+    }
+    fn capabilities(&self) -> Capabilities {
+        (**self).capabilities()
+    }
+}
+
+/// Something that opens endpoints to one server: give each thread its own endpoint.
+pub trait Connector: Send + Sync {
+    /// Opens a new endpoint to the server.
+    fn connect(&self) -> Result<Box<dyn Endpoint>>;
+}
+
+/// One-verb conveniences on any endpoint. Each call is one round trip; hot paths build batches.
+pub trait EndpointExt: Endpoint {
+    /// Reads `len` bytes at `addr`.
+    fn read(&mut self, addr: RemoteAddr, len: usize) -> Result<Vec<u8>> {
+        let mut batch = Batch::new();
+        let handle = batch.read(addr, len);
+        let mut out = Completions::new();
+        self.execute(&batch, &mut out)?;
+        Ok(out.bytes(handle).to_vec())
+    }
+
+    /// Reads the little-endian word at `addr`.
+    fn read_u64(&mut self, addr: RemoteAddr) -> Result<u64> {
+        let mut batch = Batch::new();
+        let handle = batch.read(addr, 8);
+        let mut out = Completions::new();
+        self.execute(&batch, &mut out)?;
+        Ok(out.word(handle, 0))
+    }
+
+    /// Writes `data` at `addr`.
+    fn write(&mut self, addr: RemoteAddr, data: &[u8]) -> Result<()> {
+        let mut batch = Batch::new();
+        batch.write(addr, data);
+        self.execute(&batch, &mut Completions::new())
+    }
+
+    /// Writes the word `value` at `addr`.
+    fn write_u64(&mut self, addr: RemoteAddr, value: u64) -> Result<()> {
+        self.write(addr, &value.to_le_bytes())
+    }
+
+    /// Compare-and-swap; returns the old value (the swap happened iff it equals `expect`).
+    fn cas(&mut self, addr: RemoteAddr, expect: u64, swap: u64) -> Result<u64> {
+        self.one_atomic(|b| b.cas(addr, expect, swap))
+    }
+
+    /// Fetch-and-add; returns the old value.
+    fn faa(&mut self, addr: RemoteAddr, add: u64) -> Result<u64> {
+        self.one_atomic(|b| b.faa(addr, add))
+    }
+
+    /// Masked compare-and-swap; returns the old value.
+    fn masked_cas(
+        &mut self,
+        addr: RemoteAddr,
+        cmp: u64,
+        cmp_mask: u64,
+        swap: u64,
+        swap_mask: u64,
+    ) -> Result<u64> {
+        self.one_atomic(|b| b.masked_cas(addr, cmp, cmp_mask, swap, swap_mask))
+    }
+
+    /// Masked fetch-and-add; returns the old value.
+    fn masked_faa(&mut self, addr: RemoteAddr, add: u64, boundary_mask: u64) -> Result<u64> {
+        self.one_atomic(|b| b.masked_faa(addr, add, boundary_mask))
+    }
+
+    #[doc(hidden)]
+    fn one_atomic(
+        &mut self,
+        post: impl FnOnce(&mut Batch) -> crate::batch::AtomicHandle,
+    ) -> Result<u64> {
+        let mut batch = Batch::new();
+        let handle = post(&mut batch);
+        let mut out = Completions::new();
+        self.execute(&batch, &mut out)?;
+        Ok(out.old(handle))
+    }
+}
+
+impl<E: Endpoint + ?Sized> EndpointExt for E {}
+
+/// Measures the round-trip time of an 8-byte read at `addr`: the median of `samples` reads.
+///
+/// The lock manager derives its `T_wait` from this (seed 000 §3.5.5 reserves a share of the wait
+/// for every round trip a conflicting client may take).
+pub fn measure_rtt(
+    endpoint: &mut dyn Endpoint,
+    addr: RemoteAddr,
+    samples: usize,
+) -> Result<Duration> {
+    let mut batch = Batch::new();
+    batch.read(addr, 8);
+    let mut out = Completions::new();
+    let mut times = Vec::with_capacity(samples.max(1));
+    for _ in 0..samples.max(1) {
+        let start = Instant::now();
+        endpoint.execute(&batch, &mut out)?;
+        times.push(start.elapsed());
+    }
+    times.sort_unstable();
+    Ok(times[times.len() / 2])
+}

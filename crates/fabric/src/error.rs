@@ -1,0 +1,129 @@
+//! Errors of the fabric.
+//!
+//! Every verb is checked before any verb of its batch executes: a batch either runs whole or is
+//! refused whole with the index of its first bad verb. The same errors come back from a remote
+//! executor over `tcp` (they are serializable), so a client sees the same error whatever backend
+//! it uses.
+
+use crate::addr::{RegionId, RemoteAddr};
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// Why one verb of a batch was refused.
+#[derive(Clone, Debug, PartialEq, Eq, Error, Serialize, Deserialize)]
+pub enum VerbError {
+    /// The region is not registered on this server.
+    #[error("verb {index}: {region} is not registered on this server")]
+    UnknownRegion {
+        /// Position of the verb in its batch.
+        index: usize,
+        /// The region it named.
+        region: RegionId,
+    },
+    /// The verb reaches past the end of its region.
+    #[error(
+        "verb {index}: {len} bytes at {addr} reach past the end of the region ({region_len} bytes)"
+    )]
+    OutOfBounds {
+        /// Position of the verb in its batch.
+        index: usize,
+        /// Where it started.
+        addr: RemoteAddr,
+        /// How many bytes it touched.
+        len: u64,
+        /// The region's size.
+        region_len: u64,
+    },
+    /// An atomic verb on an address that is not 8-byte aligned.
+    #[error("verb {index}: atomic verb at {addr} is not 8-byte aligned")]
+    Misaligned {
+        /// Position of the verb in its batch.
+        index: usize,
+        /// The misaligned address.
+        addr: RemoteAddr,
+    },
+}
+
+/// Why a whole batch was refused for its shape.
+#[derive(Clone, Debug, PartialEq, Eq, Error, Serialize, Deserialize)]
+pub enum BatchError {
+    /// More verbs than one batch may carry.
+    #[error("batch of {count} verbs exceeds the limit of {max}")]
+    TooManyVerbs {
+        /// Verbs in the batch.
+        count: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// One read or write moves more bytes than a verb may.
+    #[error("verb {index} moves {len} bytes, more than the limit of {max}")]
+    VerbTooLarge {
+        /// Position of the verb.
+        index: usize,
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The batch moves more bytes than a batch may.
+    #[error("batch moves {bytes} bytes, more than the limit of {max}")]
+    BatchTooLarge {
+        /// Bytes moved.
+        bytes: u64,
+        /// The limit.
+        max: usize,
+    },
+    /// The write payload does not match the write verbs' lengths.
+    #[error("batch declares {declared} bytes of writes but carries {actual}")]
+    PayloadMismatch {
+        /// Sum of write lengths.
+        declared: u64,
+        /// Payload length.
+        actual: u64,
+    },
+}
+
+/// An error from the fabric.
+#[derive(Debug, Error)]
+pub enum FabricError {
+    /// A verb was refused; nothing in its batch executed.
+    #[error(transparent)]
+    Verb(#[from] VerbError),
+    /// The batch was refused for its shape; nothing in it executed.
+    #[error(transparent)]
+    Batch(#[from] BatchError),
+    /// An I/O error talking to a server or mapping its memory.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The server refused the connection (wrong cluster, token or protocol version).
+    #[error("refused by server: {0}")]
+    Refused(String),
+    /// The peer broke the protocol (bad frame, checksum, or unexpected message).
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// The connection to the server is gone; the batch may or may not have executed.
+    #[error("connection to server lost: {0}")]
+    Disconnected(String),
+    /// A backend-level configuration problem (bad path, region exists, ...).
+    #[error("{0}")]
+    Config(String),
+}
+
+impl FabricError {
+    /// Wraps an I/O error with what was being done.
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        FabricError::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+/// Result type of the fabric.
+pub type Result<T, E = FabricError> = std::result::Result<T, E>;

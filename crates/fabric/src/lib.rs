@@ -1,0 +1,39 @@
+//! One-sided verbs over registered memory regions.
+//!
+//! Everything in CitronFS — lock words, file control blocks, file data — is reached through this
+//! crate. A server registers [`Region`]s; a client opens one [`Endpoint`] per thread per server
+//! and posts [`Batch`]es of verbs (`read`, `write`, `cas`, `faa`, `masked_cas`, `masked_faa`),
+//! each batch one round trip, executed in posting order. The verbs' semantics follow seed 000
+//! §2.1 and are defined once, in [`atomic_ops`]; every backend runs them through the same
+//! executor ([`RegionTable::execute`]), so they cannot disagree:
+//!
+//! - [`mem`]: in-process regions, for tests and the single-process mode;
+//! - [`shm`]: regions are shared-memory files mapped by every process on the host; the owning
+//!   server's CPU is never involved;
+//! - [`tcp`]: a software NIC; the server executes verbs it receives in checksummed frames.
+//!
+//! Hosts are little-endian: words travel and sit in memory as little-endian `u64`s.
+
+#[cfg(not(target_endian = "little"))]
+compile_error!("the fabric assumes a little-endian host");
+
+pub mod addr;
+pub mod atomic_ops;
+pub mod batch;
+pub mod endpoint;
+pub mod error;
+pub mod local;
+pub mod mem;
+pub mod record;
+pub mod region;
+pub mod shm;
+
+pub use addr::{RegionId, RemoteAddr};
+pub use batch::{AtomicHandle, Batch, Completions, ReadHandle, Verb};
+pub use endpoint::{
+    measure_rtt, Capabilities, Connector, Endpoint, EndpointExt, EndpointStats, MaskedAtomics,
+};
+pub use error::{BatchError, FabricError, Result, VerbError};
+pub use mem::MemServer;
+pub use region::{Region, RegionTable};
+pub use shm::{ShmConnector, ShmServer};

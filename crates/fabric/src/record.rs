@@ -1,0 +1,67 @@
+//! Checksummed multi-word records.
+//!
+//! A read of more than 8 bytes may tear: it can see half of a concurrent rewrite. Records that are
+//! read one-sidedly therefore carry a crc32 of their contents; a reader that finds a mismatch knows
+//! the read tore and reads again (seed 001, seed 003).
+//!
+//! Layout: `[crc32 of payload: u32 LE][payload length: u32 LE][payload][zero padding to 8]`.
+
+use thiserror::Error;
+
+/// Bytes a sealed record adds in front of its payload.
+pub const HEADER: usize = 8;
+
+/// A record whose checksum does not match: the read tore (or the memory is garbage).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Error)]
+#[error("torn or corrupt record")]
+pub struct Torn;
+
+/// The size of a sealed record holding `payload_len` bytes.
+pub const fn sealed_len(payload_len: usize) -> usize {
+    (HEADER + payload_len).div_ceil(8) * 8
+}
+
+/// Seals `payload` into a record of [`sealed_len`] bytes.
+pub fn seal(payload: &[u8]) -> Vec<u8> {
+    let mut out = vec![0u8; sealed_len(payload.len())];
+    out[0..4].copy_from_slice(&crc32fast::hash(payload).to_le_bytes());
+    out[4..8].copy_from_slice(&(payload.len() as u32).to_le_bytes());
+    out[HEADER..HEADER + payload.len()].copy_from_slice(payload);
+    out
+}
+
+/// The payload of a sealed record, or [`Torn`] if its checksum or length does not hold.
+pub fn open(record: &[u8]) -> Result<&[u8], Torn> {
+    if record.len() < HEADER {
+        return Err(Torn);
+    }
+    let crc = u32::from_le_bytes(record[0..4].try_into().expect("4 bytes"));
+    let len = u32::from_le_bytes(record[4..8].try_into().expect("4 bytes")) as usize;
+    let payload = record
+        .get(HEADER..HEADER.checked_add(len).ok_or(Torn)?)
+        .ok_or(Torn)?;
+    if crc32fast::hash(payload) == crc {
+        Ok(payload)
+    } else {
+        Err(Torn)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_detection() {
+        let sealed = seal(b"hello, region");
+        assert_eq!(sealed.len() % 8, 0);
+        assert_eq!(open(&sealed).unwrap(), b"hello, region");
+        let mut torn = sealed.clone();
+        torn[HEADER + 2] ^= 1;
+        assert_eq!(open(&torn), Err(Torn));
+        let mut bad_len = sealed;
+        bad_len[4] = 200;
+        assert_eq!(open(&bad_len), Err(Torn));
+        assert_eq!(open(&[0u8; 3]), Err(Torn));
+    }
+}

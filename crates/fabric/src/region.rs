@@ -1,0 +1,306 @@
+//! Registered memory regions and the verb executor that runs batches against them.
+//!
+//! A [`Region`] is a block of 8-byte-aligned memory: anonymous heap memory (the `mem` backend),
+//! or a file mapped `MAP_SHARED` (the `shm` backend, and what a `tcp` server serves). All access
+//! goes through `AtomicU64` words, because any byte of a region may be written concurrently by
+//! other threads and processes: atomics are linearizable per word, plain word stores are atomic,
+//! and only reads or writes spanning several words may tear, exactly as with an RNIC.
+
+use crate::addr::{RegionId, RemoteAddr};
+use crate::atomic_ops::{masked_cas_matches, masked_cas_result, masked_faa_result};
+use crate::batch::{Batch, Completions, Verb};
+use crate::error::VerbError;
+use std::any::Any;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Atomics are sequentially consistent: the lock protocol's proof relies on the server executing
+/// all atomics "as if in a global order" (seed 000 §3.5.5).
+const ATOMIC: Ordering = Ordering::SeqCst;
+
+/// A registered region of memory, shared by everyone who holds it.
+pub struct Region {
+    id: RegionId,
+    words: *const AtomicU64,
+    len: u64,
+    /// Keeps the memory behind `words` alive (a `Box<[AtomicU64]>` or a memory map).
+    _owner: Box<dyn Any + Send + Sync>,
+}
+
+// SAFETY: `words` points into memory owned by `_owner`, which is `Send + Sync` and lives as long
+// as the region; all access to that memory goes through `AtomicU64`, which is `Sync`.
+unsafe impl Send for Region {}
+// SAFETY: as above; shared access only ever uses atomic operations.
+unsafe impl Sync for Region {}
+
+impl std::fmt::Debug for Region {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Region")
+            .field("id", &self.id)
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl Region {
+    /// A zeroed anonymous region of `len` bytes (rounded up to whole words).
+    pub fn anonymous(id: RegionId, len: u64) -> Self {
+        let words = len.div_ceil(8) as usize;
+        let memory: Box<[AtomicU64]> = (0..words).map(|_| AtomicU64::new(0)).collect();
+        let ptr = memory.as_ptr();
+        Self {
+            id,
+            words: ptr,
+            len: words as u64 * 8,
+            _owner: Box::new(memory),
+        }
+    }
+
+    /// A region over memory owned by `owner`, starting at `ptr` and `len` bytes long.
+    ///
+    /// # Safety
+    /// `ptr` must be 8-byte aligned and valid for reads and writes of `len` bytes for as long as
+    /// `owner` lives; `owner` must not move or free that memory; and every other user of it must
+    /// only access it atomically (other processes mapping the same file included).
+    pub unsafe fn from_raw(
+        id: RegionId,
+        ptr: *mut u8,
+        len: u64,
+        owner: Box<dyn Any + Send + Sync>,
+    ) -> Self {
+        assert_eq!(ptr as usize % 8, 0, "region memory must be 8-byte aligned");
+        Self {
+            id,
+            words: ptr as *const AtomicU64,
+            len: len / 8 * 8,
+            _owner: owner,
+        }
+    }
+
+    /// The region's id.
+    pub fn id(&self) -> RegionId {
+        self.id
+    }
+
+    /// The region's size in bytes (a multiple of 8).
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether the region has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The word at byte offset `offset`. The caller has checked bounds and alignment.
+    #[inline]
+    fn word(&self, offset: u64) -> &AtomicU64 {
+        debug_assert!(offset % 8 == 0 && offset + 8 <= self.len);
+        // SAFETY: `offset` is aligned and in bounds (checked by `check` before execution), and the
+        // memory lives as long as `self` (see the type's invariant).
+        unsafe { &*self.words.add((offset / 8) as usize) }
+    }
+
+    /// Checks that `verb` (the `index`-th of its batch) fits this region.
+    pub fn check(&self, index: usize, verb: &Verb) -> Result<(), VerbError> {
+        let addr = verb.addr();
+        let span = verb.span();
+        if verb.is_atomic() && addr.offset % 8 != 0 {
+            return Err(VerbError::Misaligned { index, addr });
+        }
+        match addr.offset.checked_add(span) {
+            Some(end) if end <= self.len => Ok(()),
+            _ => Err(VerbError::OutOfBounds {
+                index,
+                addr,
+                len: span,
+                region_len: self.len,
+            }),
+        }
+    }
+
+    /// Copies `out.len()` bytes starting at `offset` out of the region, word by word.
+    /// The caller has checked bounds.
+    fn read_into(&self, offset: u64, out: &mut [u8]) {
+        let mut pos = offset;
+        let mut done = 0;
+        while done < out.len() {
+            let word_start = pos & !7;
+            let skip = (pos - word_start) as usize;
+            let take = (8 - skip).min(out.len() - done);
+            let bytes = self.word(word_start).load(Ordering::Acquire).to_le_bytes();
+            out[done..done + take].copy_from_slice(&bytes[skip..skip + take]);
+            done += take;
+            pos += take as u64;
+        }
+    }
+
+    /// Copies `data` into the region at `offset`. Whole words are stored; a partial word at either
+    /// end is merged with a CAS loop so that a concurrent atomic on its other bytes is never lost.
+    /// The caller has checked bounds.
+    fn write_from(&self, offset: u64, data: &[u8]) {
+        let mut pos = offset;
+        let mut done = 0;
+        while done < data.len() {
+            let word_start = pos & !7;
+            let skip = (pos - word_start) as usize;
+            let take = (8 - skip).min(data.len() - done);
+            let word = self.word(word_start);
+            if take == 8 {
+                let value = u64::from_le_bytes(data[done..done + 8].try_into().expect("8 bytes"));
+                word.store(value, Ordering::Release);
+            } else {
+                let _ = word.fetch_update(ATOMIC, ATOMIC, |old| {
+                    let mut bytes = old.to_le_bytes();
+                    bytes[skip..skip + take].copy_from_slice(&data[done..done + take]);
+                    Some(u64::from_le_bytes(bytes))
+                });
+            }
+            done += take;
+            pos += take as u64;
+        }
+    }
+
+    /// Executes one atomic verb on an aligned, in-bounds word and returns the old value.
+    fn atomic(&self, verb: &Verb) -> u64 {
+        match *verb {
+            Verb::Cas { addr, expect, swap } => {
+                match self
+                    .word(addr.offset)
+                    .compare_exchange(expect, swap, ATOMIC, ATOMIC)
+                {
+                    Ok(old) | Err(old) => old,
+                }
+            }
+            Verb::Faa { addr, add } => self.word(addr.offset).fetch_add(add, ATOMIC),
+            Verb::MaskedCas {
+                addr,
+                cmp,
+                cmp_mask,
+                swap,
+                swap_mask,
+            } => {
+                // `fetch_update` returns Err(old) when the closure declines: the compare failed.
+                match self.word(addr.offset).fetch_update(ATOMIC, ATOMIC, |old| {
+                    masked_cas_matches(old, cmp, cmp_mask)
+                        .then(|| masked_cas_result(old, swap, swap_mask))
+                }) {
+                    Ok(old) | Err(old) => old,
+                }
+            }
+            Verb::MaskedFaa {
+                addr,
+                add,
+                boundary_mask,
+            } => match self.word(addr.offset).fetch_update(ATOMIC, ATOMIC, |old| {
+                Some(masked_faa_result(old, add, boundary_mask))
+            }) {
+                Ok(old) | Err(old) => old,
+            },
+            Verb::Read { .. } | Verb::Write { .. } => unreachable!("not an atomic verb"),
+        }
+    }
+}
+
+/// The regions an executor can reach, indexed by region id.
+///
+/// Endpoints keep one of these as a cache in front of a slower, shared lookup, so that the post
+/// path takes no lock (seed 002: per-thread endpoints, nothing shared on the post path).
+#[derive(Clone, Debug, Default)]
+pub struct RegionTable {
+    slots: Vec<Option<Arc<Region>>>,
+}
+
+impl RegionTable {
+    /// An empty table.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The region with this id, if present.
+    #[inline]
+    pub fn get(&self, id: RegionId) -> Option<&Arc<Region>> {
+        self.slots.get(id.0 as usize).and_then(Option::as_ref)
+    }
+
+    /// Adds or replaces a region.
+    pub fn insert(&mut self, region: Arc<Region>) {
+        let index = region.id().0 as usize;
+        if self.slots.len() <= index {
+            self.slots.resize(index + 1, None);
+        }
+        self.slots[index] = Some(region);
+    }
+
+    /// Removes a region.
+    pub fn remove(&mut self, id: RegionId) -> Option<Arc<Region>> {
+        self.slots.get_mut(id.0 as usize).and_then(Option::take)
+    }
+
+    /// All present regions.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Region>> {
+        self.slots.iter().flatten()
+    }
+
+    /// Makes sure every region `batch` names is in the table, fetching missing ones with
+    /// `resolve`. Ids that `resolve` cannot find stay missing; [`RegionTable::check`] reports them.
+    pub fn fill_from(
+        &mut self,
+        batch: &Batch,
+        mut resolve: impl FnMut(RegionId) -> Option<Arc<Region>>,
+    ) {
+        for verb in batch.verbs() {
+            let id = verb.addr().region;
+            if self.get(id).is_none() {
+                if let Some(region) = resolve(id) {
+                    self.insert(region);
+                }
+            }
+        }
+    }
+
+    /// Checks every verb of `batch` against the table: region known, in bounds, aligned.
+    pub fn check(&self, batch: &Batch) -> Result<(), VerbError> {
+        for (index, verb) in batch.verbs().iter().enumerate() {
+            let region = verb.addr().region;
+            self.get(region)
+                .ok_or(VerbError::UnknownRegion { index, region })?
+                .check(index, verb)?;
+        }
+        Ok(())
+    }
+
+    /// Checks `batch`, then executes all of its verbs in posting order, filling `out`.
+    ///
+    /// Nothing executes unless every verb is valid. The batch's shape (payload length) is an
+    /// invariant of [`Batch`]; batches decoded from the network must pass
+    /// [`Batch::check_shape`] first.
+    pub fn execute(&self, batch: &Batch, out: &mut Completions) -> Result<(), VerbError> {
+        self.check(batch)?;
+        out.reset_for(batch);
+        let mut payload = batch.payload();
+        for verb in batch.verbs() {
+            let region = self.get(verb.addr().region).expect("checked above");
+            match *verb {
+                Verb::Read { addr, len } => {
+                    region.read_into(addr.offset, out.push_read(len as usize))
+                }
+                Verb::Write { addr, len } => {
+                    let (data, rest) = payload.split_at(len as usize);
+                    region.write_from(addr.offset, data);
+                    payload = rest;
+                }
+                ref atomic => out.push_old(region.atomic(atomic)),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reads the word at `addr` directly (for servers inspecting their own regions).
+pub fn load_word(region: &Region, addr: RemoteAddr) -> Option<u64> {
+    region
+        .check(0, &Verb::Faa { addr, add: 0 })
+        .ok()
+        .map(|()| region.word(addr.offset).load(ATOMIC))
+}
