@@ -22,6 +22,7 @@ pub mod atomic_ops;
 pub mod batch;
 pub mod endpoint;
 pub mod error;
+pub mod frame;
 pub mod local;
 pub mod mem;
 pub mod record;

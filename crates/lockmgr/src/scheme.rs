@@ -1,0 +1,69 @@
+//! The interface every range-lock scheme implements: CITRON and the baselines alike, so that the
+//! file system and the benchmarks can use any of them.
+
+use crate::stats::LockStats;
+use fabric::FabricError;
+use std::ops::Range;
+use thiserror::Error;
+
+/// Identifies one lock held by a [`RangeLock`] client, to release it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LockId(pub u64);
+
+/// Why a lock operation failed. Contention never fails an operation: it waits (and aborts and
+/// retries inside the scheme); these are the failures a caller must see.
+#[derive(Debug, Error)]
+pub enum LockError {
+    /// The fabric failed (server gone, bad address).
+    #[error("fabric: {0}")]
+    Fabric(#[from] FabricError),
+    /// The range is empty or otherwise unusable.
+    #[error("invalid range {start}..{end}: {why}")]
+    InvalidRange {
+        /// Start of the range.
+        start: u64,
+        /// End of the range.
+        end: u64,
+        /// What is wrong with it.
+        why: &'static str,
+    },
+    /// The lock id is not held by this client.
+    #[error("lock {0:?} is not held by this client")]
+    NotHeld(LockId),
+    /// The scheme's configuration or shared state is unusable.
+    #[error("{0}")]
+    Config(String),
+    /// The lock server (for the `server` baseline) broke the protocol or refused the request.
+    #[error("lock server: {0}")]
+    Server(String),
+}
+
+/// One client's handle on a range-lock instance. Locks are exclusive; ranges are in lock units,
+/// half-open `[start, end)`, anywhere in `[0, u64::MAX)`.
+///
+/// A handle belongs to one thread (it owns that thread's endpoints); open one per thread.
+pub trait RangeLock: Send {
+    /// Blocks until `range` is held by this client and returns the id to release it with.
+    fn acquire(&mut self, range: Range<u64>) -> Result<LockId, LockError>;
+
+    /// Releases a lock taken with [`RangeLock::acquire`].
+    fn release(&mut self, id: LockId) -> Result<(), LockError>;
+
+    /// This client's statistics so far.
+    fn stats(&self) -> LockStats;
+
+    /// The scheme's name, as the benchmark and the mount option spell it.
+    fn scheme(&self) -> &'static str;
+}
+
+/// Checks a requested range: non-empty.
+pub fn check_range(range: &Range<u64>) -> Result<(), LockError> {
+    if range.start >= range.end {
+        return Err(LockError::InvalidRange {
+            start: range.start,
+            end: range.end,
+            why: "empty range",
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,116 @@
+//! Per-client lock statistics.
+
+use fabric::EndpointStats;
+use serde::Serialize;
+use std::time::Duration;
+
+/// Why an acquisition attempt was aborted and retried.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct AbortCounts {
+    /// Inequality (1) failed: the notification took longer than `(1 - δ)·T_wait` (Alg. 2 l. 32).
+    pub time_limit: u64,
+    /// A concurrent scale-up was seen through `Exp` (Alg. 2 l. 15, l. 33).
+    pub scale_up: u64,
+    /// A leaf masked-CAS failed and the attempt went back to step 2(b) (Alg. 2 l. 26).
+    pub leaf_conflict: u64,
+    /// A stalled holder was suspected and the attempt moved to lock an ancestor (§3.10, l. 18).
+    pub suspected_failure: u64,
+}
+
+impl AbortCounts {
+    /// All aborts together.
+    pub fn total(&self) -> u64 {
+        self.time_limit + self.scale_up + self.leaf_conflict + self.suspected_failure
+    }
+}
+
+/// What one client's lock handle has done.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct LockStats {
+    /// Locks granted.
+    pub acquisitions: u64,
+    /// Locks released.
+    pub releases: u64,
+    /// Aborted attempts, by cause.
+    pub aborts: AbortCounts,
+    /// Attempts retried after an abort (one per abort that was followed by a new attempt).
+    pub retries: u64,
+    /// Acquisitions that completed on the fast path (§3.8).
+    pub fast_path: u64,
+    /// Leaf acquisitions that escalated to the parent to avoid starvation (§3.5.4).
+    pub starvation_escalations: u64,
+    /// Acquisitions that needed the spillover mutex (part of the range at or beyond `N`).
+    pub spillover: u64,
+    /// Scale-ups this client performed (Algorithm 4).
+    pub scale_ups: u64,
+    /// Repairs of state left by a failed client (§3.10).
+    pub recoveries: u64,
+    /// Fabric traffic spent acquiring.
+    pub acquire: EndpointStats,
+    /// Fabric traffic spent releasing.
+    pub release: EndpointStats,
+    /// Total time spent inside `acquire`.
+    pub acquire_time: Duration,
+}
+
+impl LockStats {
+    /// Round trips per acquisition.
+    pub fn rtts_per_acquire(&self) -> f64 {
+        ratio(self.acquire.round_trips, self.acquisitions)
+    }
+
+    /// Round trips per release.
+    pub fn rtts_per_release(&self) -> f64 {
+        ratio(self.release.round_trips, self.releases)
+    }
+
+    /// Verbs per acquisition.
+    pub fn verbs_per_acquire(&self) -> f64 {
+        ratio(self.acquire.verbs, self.acquisitions)
+    }
+
+    /// Verbs per release.
+    pub fn verbs_per_release(&self) -> f64 {
+        ratio(self.release.verbs, self.releases)
+    }
+
+    /// Aborts per acquisition.
+    pub fn abort_rate(&self) -> f64 {
+        ratio(self.aborts.total(), self.acquisitions)
+    }
+
+    /// Adds another client's statistics into these.
+    pub fn merge(&mut self, other: &LockStats) {
+        self.acquisitions += other.acquisitions;
+        self.releases += other.releases;
+        self.aborts.time_limit += other.aborts.time_limit;
+        self.aborts.scale_up += other.aborts.scale_up;
+        self.aborts.leaf_conflict += other.aborts.leaf_conflict;
+        self.aborts.suspected_failure += other.aborts.suspected_failure;
+        self.retries += other.retries;
+        self.fast_path += other.fast_path;
+        self.starvation_escalations += other.starvation_escalations;
+        self.spillover += other.spillover;
+        self.scale_ups += other.scale_ups;
+        self.recoveries += other.recoveries;
+        add_endpoint(&mut self.acquire, &other.acquire);
+        add_endpoint(&mut self.release, &other.release);
+        self.acquire_time += other.acquire_time;
+    }
+}
+
+fn add_endpoint(into: &mut EndpointStats, other: &EndpointStats) {
+    into.round_trips += other.round_trips;
+    into.verbs += other.verbs;
+    into.atomics += other.atomics;
+    into.bytes_read += other.bytes_read;
+    into.bytes_written += other.bytes_written;
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
+    }
+}
