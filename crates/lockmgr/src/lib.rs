@@ -4,8 +4,12 @@
 //! paper's Table 1 that matter to a file system. The crate knows nothing of files: it locks ranges
 //! of an abstract address space of lock units.
 
+pub mod baselines;
+pub mod chaos;
 pub mod scheme;
 pub mod stats;
 
+pub use baselines::{open_scheme, SchemeInstance, SchemeKind};
+pub use chaos::{ChaosConfig, ChaosConnector, ChaosEndpoint};
 pub use scheme::{check_range, LockError, LockId, RangeLock};
 pub use stats::{AbortCounts, LockStats};

@@ -1,0 +1,256 @@
+//! The baseline lock schemes of seed 000 Table 1 that matter to a file system, behind the same
+//! [`RangeLock`] trait as CITRON:
+//!
+//! - [`mutex`] (`"mutex"`): one DSLR-style ticket lock for everything;
+//! - [`seg`] (`"seg"`): static segmentation, one ticket lock per fixed-size segment;
+//! - [`server`] (`"server"`): a CPU lock server holding an interval set, over TCP.
+//!
+//! [`SchemeKind`] and [`SchemeInstance`] are the small factory the tests and the benchmark use
+//! to create a scheme's shared state once and open one handle per thread.
+
+pub mod mutex;
+pub mod seg;
+pub mod server;
+pub mod ticket;
+
+pub use mutex::{MutexLock, MutexScheme};
+pub use seg::{SegConfig, SegLock, SegScheme};
+pub use server::{LockServer, LockServerClient};
+pub use ticket::{Backoff, TicketConfig, TicketLock};
+
+use crate::scheme::{LockError, LockId, RangeLock};
+use crate::stats::LockStats;
+use fabric::{Connector, Endpoint, EndpointStats, RemoteAddr};
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The `mutex` scheme's name.
+pub const SCHEME_MUTEX: &str = "mutex";
+/// The `seg` scheme's name.
+pub const SCHEME_SEG: &str = "seg";
+/// The `server` scheme's name.
+pub const SCHEME_SERVER: &str = "server";
+
+/// Which scheme to create, with the parameters that shape its shared state.
+///
+/// Non-exhaustive: the CITRON variants join this list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SchemeKind {
+    /// One ticket lock for the whole address space.
+    Mutex,
+    /// Static segmentation.
+    Seg {
+        /// Units per segment.
+        segment_units: u64,
+        /// Lock words; segments beyond wrap onto them.
+        segments: u64,
+    },
+    /// A CPU lock server on TCP loopback (or wherever [`SchemeInstance::attach`] points).
+    Server,
+}
+
+impl SchemeKind {
+    /// The scheme's name, as [`RangeLock::scheme`] reports it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            SchemeKind::Mutex => SCHEME_MUTEX,
+            SchemeKind::Seg { .. } => SCHEME_SEG,
+            SchemeKind::Server => SCHEME_SERVER,
+        }
+    }
+
+    /// Bytes of registered memory the scheme needs at its base address (0: none).
+    pub fn region_bytes(&self) -> u64 {
+        match self {
+            SchemeKind::Mutex => MutexScheme::REGION_BYTES,
+            SchemeKind::Seg {
+                segment_units,
+                segments,
+            } => {
+                SegScheme::region_bytes(&seg_config(*segment_units, *segments, Default::default()))
+            }
+            SchemeKind::Server => 0,
+        }
+    }
+}
+
+fn seg_config(segment_units: u64, segments: u64, ticket: TicketConfig) -> SegConfig {
+    SegConfig {
+        segment_units,
+        segments,
+        ticket,
+    }
+}
+
+/// One created lock instance: the shared state every client opens handles on.
+#[derive(Clone)]
+#[non_exhaustive]
+pub enum SchemeInstance {
+    /// A `mutex` instance.
+    Mutex(MutexScheme),
+    /// A `seg` instance.
+    Seg(SegScheme),
+    /// A lock server's address, and the server itself when this process runs it.
+    Server {
+        /// Where clients connect.
+        addr: SocketAddr,
+        /// The in-process server, kept alive as long as any clone of the instance.
+        server: Option<Arc<LockServer>>,
+    },
+}
+
+impl SchemeInstance {
+    /// Creates a fresh instance of `kind`: initializes its words at `base` (through `endpoint`),
+    /// or, for `server`, starts a [`LockServer`] on `127.0.0.1:0` in this process.
+    pub fn create(
+        kind: SchemeKind,
+        endpoint: &mut dyn Endpoint,
+        base: RemoteAddr,
+        ticket: TicketConfig,
+    ) -> Result<Self, LockError> {
+        Ok(match kind {
+            SchemeKind::Mutex => Self::Mutex(MutexScheme::create(endpoint, base, ticket)?),
+            SchemeKind::Seg {
+                segment_units,
+                segments,
+            } => Self::Seg(SegScheme::create(
+                endpoint,
+                base,
+                seg_config(segment_units, segments, ticket),
+            )?),
+            SchemeKind::Server => {
+                let server = LockServer::bind("127.0.0.1:0")
+                    .map_err(|e| LockError::Server(format!("cannot start lock server: {e}")))?;
+                Self::Server {
+                    addr: server.addr(),
+                    server: Some(Arc::new(server)),
+                }
+            }
+        })
+    }
+
+    /// Describes an instance another process created: at `base` for the fabric schemes, at
+    /// `server` for the lock server.
+    pub fn attach(
+        kind: SchemeKind,
+        base: RemoteAddr,
+        ticket: TicketConfig,
+        server: Option<SocketAddr>,
+    ) -> Result<Self, LockError> {
+        Ok(match kind {
+            SchemeKind::Mutex => Self::Mutex(MutexScheme::attach(base, ticket)),
+            SchemeKind::Seg {
+                segment_units,
+                segments,
+            } => Self::Seg(SegScheme::attach(
+                base,
+                seg_config(segment_units, segments, ticket),
+            )?),
+            SchemeKind::Server => Self::Server {
+                addr: server.ok_or_else(|| {
+                    LockError::Config("server: the lock server's address is needed".into())
+                })?,
+                server: None,
+            },
+        })
+    }
+
+    /// The lock server's address, for the `server` scheme.
+    pub fn server_addr(&self) -> Option<SocketAddr> {
+        match self {
+            Self::Server { addr, .. } => Some(*addr),
+            _ => None,
+        }
+    }
+
+    /// Opens a handle for one thread; fabric schemes take an endpoint from `connector`.
+    pub fn open(&self, connector: &dyn Connector) -> Result<Box<dyn RangeLock>, LockError> {
+        Ok(match self {
+            Self::Mutex(scheme) => Box::new(scheme.open(connector)?),
+            Self::Seg(scheme) => Box::new(scheme.open(connector)?),
+            Self::Server { addr, .. } => Box::new(LockServerClient::connect(addr)?),
+        })
+    }
+}
+
+/// Opens a handle for one thread on `instance` (see [`SchemeInstance::open`]).
+pub fn open_scheme(
+    instance: &SchemeInstance,
+    connector: &dyn Connector,
+) -> Result<Box<dyn RangeLock>, LockError> {
+    instance.open(connector)
+}
+
+/// The bookkeeping every fabric-based baseline client shares: its endpoint, a random stream for
+/// backoff, the locks it holds (`T`: what releasing needs) and its statistics.
+pub(crate) struct ClientCore<T> {
+    endpoint: Box<dyn Endpoint>,
+    rng: SmallRng,
+    held: HashMap<u64, T>,
+    next_id: u64,
+    pub(crate) stats: LockStats,
+}
+
+impl<T> ClientCore<T> {
+    pub(crate) fn new(endpoint: Box<dyn Endpoint>) -> Self {
+        Self {
+            endpoint,
+            rng: SmallRng::from_rng(&mut rand::rng()),
+            held: HashMap::new(),
+            next_id: 1,
+            stats: LockStats::default(),
+        }
+    }
+
+    /// Runs one acquisition, accounting its time and traffic, and records what it holds.
+    pub(crate) fn acquire(
+        &mut self,
+        take: impl FnOnce(&mut dyn Endpoint, &mut SmallRng, &mut LockStats) -> Result<T, LockError>,
+    ) -> Result<LockId, LockError> {
+        let started = Instant::now();
+        let before = self.endpoint.stats();
+        let result = take(&mut *self.endpoint, &mut self.rng, &mut self.stats);
+        self.stats.acquire_time += started.elapsed();
+        add_traffic(
+            &mut self.stats.acquire,
+            &self.endpoint.stats().since(&before),
+        );
+        let held = result?;
+        let id = self.next_id;
+        self.next_id += 1;
+        self.held.insert(id, held);
+        self.stats.acquisitions += 1;
+        Ok(LockId(id))
+    }
+
+    /// Runs one release of a lock this client holds, accounting its traffic.
+    pub(crate) fn release(
+        &mut self,
+        id: LockId,
+        give_back: impl FnOnce(&mut dyn Endpoint, T) -> Result<(), LockError>,
+    ) -> Result<(), LockError> {
+        let held = self.held.remove(&id.0).ok_or(LockError::NotHeld(id))?;
+        let before = self.endpoint.stats();
+        let result = give_back(&mut *self.endpoint, held);
+        add_traffic(
+            &mut self.stats.release,
+            &self.endpoint.stats().since(&before),
+        );
+        result?;
+        self.stats.releases += 1;
+        Ok(())
+    }
+}
+
+fn add_traffic(into: &mut EndpointStats, delta: &EndpointStats) {
+    into.round_trips += delta.round_trips;
+    into.verbs += delta.verbs;
+    into.atomics += delta.atomics;
+    into.bytes_read += delta.bytes_read;
+    into.bytes_written += delta.bytes_written;
+}

@@ -1,0 +1,100 @@
+//! The `mutex` baseline: one ticket lock for the whole address space. Every range conflicts
+//! with every other; this is what an inode mutex gives a file system, and the floor every range
+//! lock should beat under concurrency.
+
+use super::ticket::{TicketConfig, TicketLock};
+use super::{ClientCore, SCHEME_MUTEX};
+use crate::scheme::{check_range, LockError, LockId, RangeLock};
+use crate::stats::LockStats;
+use fabric::{Connector, Endpoint, RemoteAddr};
+use std::ops::Range;
+
+/// The shared state of one `mutex` instance: where its lock word is. Cheap to copy; every
+/// client (thread or process) that knows it can open a handle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MutexScheme {
+    lock: TicketLock,
+    config: TicketConfig,
+}
+
+impl MutexScheme {
+    /// Bytes of registered memory the instance occupies at its base address.
+    pub const REGION_BYTES: u64 = 8;
+
+    /// Creates the instance at `base` (8-byte aligned, [`Self::REGION_BYTES`] bytes), resetting
+    /// the lock word to free. Only while no client uses it.
+    pub fn create(
+        endpoint: &mut dyn Endpoint,
+        base: RemoteAddr,
+        config: TicketConfig,
+    ) -> Result<Self, LockError> {
+        let scheme = Self::attach(base, config);
+        scheme.lock.init(endpoint)?;
+        Ok(scheme)
+    }
+
+    /// Describes an instance that another client already created at `base`.
+    pub fn attach(base: RemoteAddr, config: TicketConfig) -> Self {
+        Self {
+            lock: TicketLock::new(base),
+            config,
+        }
+    }
+
+    /// The lock word's address.
+    pub fn addr(&self) -> RemoteAddr {
+        self.lock.addr
+    }
+
+    /// Opens a handle for one thread, with its own endpoint from `connector`.
+    pub fn open(&self, connector: &dyn Connector) -> Result<MutexLock, LockError> {
+        Ok(self.open_with(connector.connect()?))
+    }
+
+    /// Opens a handle for one thread over `endpoint`.
+    pub fn open_with(&self, endpoint: Box<dyn Endpoint>) -> MutexLock {
+        MutexLock {
+            scheme: *self,
+            core: ClientCore::new(endpoint),
+        }
+    }
+}
+
+/// One thread's handle on a `mutex` instance.
+pub struct MutexLock {
+    scheme: MutexScheme,
+    core: ClientCore<u32>,
+}
+
+impl RangeLock for MutexLock {
+    fn acquire(&mut self, range: Range<u64>) -> Result<LockId, LockError> {
+        check_range(&range)?;
+        let lock = self.scheme.lock;
+        let config = self.scheme.config;
+        self.core.acquire(|endpoint, rng, stats| {
+            let outcome = lock.acquire(endpoint, &config, rng)?;
+            stats.recoveries += outcome.recoveries;
+            Ok(outcome.ticket)
+        })
+    }
+
+    fn release(&mut self, id: LockId) -> Result<(), LockError> {
+        let lock = self.scheme.lock;
+        let config = self.scheme.config;
+        self.core.release(id, |endpoint, ticket| {
+            if lock.release(endpoint, &config, ticket)? {
+                Ok(())
+            } else {
+                Err(LockError::NotHeld(id))
+            }
+        })
+    }
+
+    fn stats(&self) -> LockStats {
+        self.core.stats
+    }
+
+    fn scheme(&self) -> &'static str {
+        SCHEME_MUTEX
+    }
+}

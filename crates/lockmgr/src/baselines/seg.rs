@@ -1,0 +1,273 @@
+//! The `seg` baseline: static segmentation (seed 000 Table 1 "SS", [35]).
+//!
+//! The address space is cut into fixed-size segments of `segment_units` units, each guarded by a
+//! [`TicketLock`]. A range locks every segment it touches, in ascending lock-index order, so two
+//! clients never wait for each other in a cycle (the classic ordered-locking argument: a client
+//! waiting for lock `j` holds only locks below `j`, and whoever holds `j` never waits for a lock
+//! below `j`).
+//!
+//! # Wrapping
+//!
+//! Only `segments` lock words exist (the region must stay small even for a 2^64-unit address
+//! space). Segment `s` is guarded by lock `s mod segments`. This is still safe: two ranges that
+//! share a unit share its segment, hence its lock. It only adds false conflicts between segments
+//! that are `segments` apart. One range may touch two segments that wrap onto the *same* lock;
+//! the client therefore takes each distinct lock exactly once (a ticket lock is not reentrant:
+//! taking it twice would deadlock on itself), in ascending lock-index order, which keeps the
+//! ordering argument above intact. A range touching at least `segments` segments takes every
+//! lock.
+//!
+//! Acquiring is one round trip per lock when uncontended (a ticket must be served before the next
+//! is taken; taking tickets speculatively in one batch could interleave with another client and
+//! deadlock). Releasing is one round trip for up to [`MAX_BATCH_VERBS`] locks.
+
+use super::ticket::{TicketConfig, TicketLock};
+use super::{ClientCore, SCHEME_SEG};
+use crate::scheme::{check_range, LockError, LockId, RangeLock};
+use crate::stats::LockStats;
+use fabric::batch::MAX_BATCH_VERBS;
+use fabric::{Batch, Completions, Connector, Endpoint, RemoteAddr};
+use std::ops::Range;
+
+/// How a `seg` instance is cut.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegConfig {
+    /// Units per segment (at least 1).
+    pub segment_units: u64,
+    /// Lock words (at least 1); segments beyond wrap onto them (see the module docs).
+    pub segments: u64,
+    /// The ticket locks' client behaviour.
+    pub ticket: TicketConfig,
+}
+
+impl SegConfig {
+    /// Segments of `segment_units` units over an address space of `units` units, with at most
+    /// `max_segments` lock words (beyond, segments wrap).
+    pub fn covering(segment_units: u64, units: u64, max_segments: u64) -> Self {
+        let segment_units = segment_units.max(1);
+        Self {
+            segment_units,
+            segments: units.div_ceil(segment_units).clamp(1, max_segments.max(1)),
+            ticket: TicketConfig::default(),
+        }
+    }
+}
+
+/// The shared state of one `seg` instance: where its lock words are and how ranges map to them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegScheme {
+    base: RemoteAddr,
+    config: SegConfig,
+}
+
+impl SegScheme {
+    /// Bytes of registered memory an instance with this configuration occupies at its base.
+    pub fn region_bytes(config: &SegConfig) -> u64 {
+        config.segments.max(1) * 8
+    }
+
+    /// Creates the instance at `base` (8-byte aligned, [`Self::region_bytes`] bytes), resetting
+    /// every lock word to free. Only while no client uses it.
+    pub fn create(
+        endpoint: &mut dyn Endpoint,
+        base: RemoteAddr,
+        config: SegConfig,
+    ) -> Result<Self, LockError> {
+        let scheme = Self::attach(base, config)?;
+        // Zero the words in large writes: a fresh region is zero already, a reused one is not.
+        const CHUNK_WORDS: u64 = 64 * 1024;
+        let zeros = vec![0u8; (CHUNK_WORDS * 8) as usize];
+        let mut word = 0;
+        while word < scheme.config.segments {
+            let n = (scheme.config.segments - word).min(CHUNK_WORDS);
+            let mut batch = Batch::new();
+            batch.write(base.word(word), &zeros[..(n * 8) as usize]);
+            endpoint.execute(&batch, &mut Completions::new())?;
+            word += n;
+        }
+        Ok(scheme)
+    }
+
+    /// Describes an instance that another client already created at `base`.
+    pub fn attach(base: RemoteAddr, config: SegConfig) -> Result<Self, LockError> {
+        if config.segment_units == 0 || config.segments == 0 {
+            return Err(LockError::Config(format!(
+                "seg: segment_units ({}) and segments ({}) must be at least 1",
+                config.segment_units, config.segments
+            )));
+        }
+        if base.offset % 8 != 0 {
+            return Err(LockError::Config(format!(
+                "seg: base address {base} is not 8-byte aligned"
+            )));
+        }
+        Ok(Self { base, config })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SegConfig {
+        &self.config
+    }
+
+    /// The distinct lock indices guarding `range` (non-empty), in ascending order.
+    pub fn locks_for(&self, range: &Range<u64>) -> impl Iterator<Item = u64> {
+        let s = self.config.segments;
+        let first = range.start / self.config.segment_units;
+        let last = (range.end - 1) / self.config.segment_units;
+        // `last - first` cannot overflow; `+ 1` only if the range spans all of u64 with unit
+        // segments, which `>= s` covers too.
+        let touched = (last - first).saturating_add(1);
+        let (low, high) = if touched >= s {
+            (0..s, 0..0)
+        } else {
+            let (a, b) = (first % s, last % s);
+            if a <= b {
+                (a..b + 1, 0..0)
+            } else {
+                // Wrapped: [0, b] and [a, s), ascending, disjoint because touched < s.
+                (0..b + 1, a..s)
+            }
+        };
+        low.chain(high)
+    }
+
+    /// Opens a handle for one thread, with its own endpoint from `connector`.
+    pub fn open(&self, connector: &dyn Connector) -> Result<SegLock, LockError> {
+        Ok(self.open_with(connector.connect()?))
+    }
+
+    /// Opens a handle for one thread over `endpoint`.
+    pub fn open_with(&self, endpoint: Box<dyn Endpoint>) -> SegLock {
+        SegLock {
+            scheme: *self,
+            core: ClientCore::new(endpoint),
+        }
+    }
+}
+
+/// One thread's handle on a `seg` instance.
+pub struct SegLock {
+    scheme: SegScheme,
+    /// Per held lock: the (lock index, ticket) pairs it took.
+    core: ClientCore<Vec<(u64, u32)>>,
+}
+
+/// Releases `held` locks in batches. Returns whether every one was still ours (always, without
+/// leases).
+fn release_all(
+    scheme: &SegScheme,
+    endpoint: &mut dyn Endpoint,
+    held: &[(u64, u32)],
+) -> Result<bool, LockError> {
+    let leased = scheme.config.ticket.lease.is_some();
+    let mut all_ours = true;
+    let mut batch = Batch::new();
+    let mut out = Completions::new();
+    for chunk in held.chunks(MAX_BATCH_VERBS) {
+        batch.clear();
+        for &(index, ticket) in chunk {
+            let addr = scheme.base.word(index);
+            if leased {
+                // Same masked CAS as `TicketLock::release` with a lease, batched.
+                batch.masked_cas(
+                    addr,
+                    u64::from(ticket),
+                    0xFFFF_FFFF,
+                    u64::from(ticket.wrapping_add(1)),
+                    0xFFFF_FFFF,
+                );
+            } else {
+                batch.faa(addr, TicketLock::release_addend(ticket));
+            }
+        }
+        endpoint.execute(&batch, &mut out)?;
+        if leased {
+            all_ours &= out
+                .olds()
+                .iter()
+                .zip(chunk)
+                .all(|(&old, &(_, ticket))| old as u32 == ticket);
+        }
+    }
+    Ok(all_ours)
+}
+
+impl RangeLock for SegLock {
+    fn acquire(&mut self, range: Range<u64>) -> Result<LockId, LockError> {
+        check_range(&range)?;
+        let scheme = self.scheme;
+        self.core.acquire(|endpoint, rng, stats| {
+            let mut held = Vec::new();
+            for index in scheme.locks_for(&range) {
+                let lock = TicketLock::new(scheme.base.word(index));
+                match lock.acquire(endpoint, &scheme.config.ticket, rng) {
+                    Ok(outcome) => {
+                        stats.recoveries += outcome.recoveries;
+                        held.push((index, outcome.ticket));
+                    }
+                    Err(error) => {
+                        // Do not leave the locks taken so far behind; the fabric already failed,
+                        // so this is best effort.
+                        let _ = release_all(&scheme, endpoint, &held);
+                        return Err(error);
+                    }
+                }
+            }
+            Ok(held)
+        })
+    }
+
+    fn release(&mut self, id: LockId) -> Result<(), LockError> {
+        let scheme = self.scheme;
+        self.core.release(id, |endpoint, held| {
+            if release_all(&scheme, endpoint, &held)? {
+                Ok(())
+            } else {
+                Err(LockError::NotHeld(id))
+            }
+        })
+    }
+
+    fn stats(&self) -> LockStats {
+        self.core.stats
+    }
+
+    fn scheme(&self) -> &'static str {
+        SCHEME_SEG
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fabric::RegionId;
+
+    fn scheme(segment_units: u64, segments: u64) -> SegScheme {
+        SegScheme::attach(
+            RemoteAddr::new(RegionId(0), 0),
+            SegConfig {
+                segment_units,
+                segments,
+                ticket: TicketConfig::default(),
+            },
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn ranges_map_to_distinct_ascending_locks() {
+        let s = scheme(10, 8);
+        let locks = |r: Range<u64>| s.locks_for(&r).collect::<Vec<_>>();
+        assert_eq!(locks(0..1), vec![0]);
+        assert_eq!(locks(9..11), vec![0, 1]);
+        assert_eq!(locks(25..35), vec![2, 3]);
+        // Segments 7, 8, 9 wrap onto locks 7, 0, 1: ascending, each once.
+        assert_eq!(locks(75..95), vec![0, 1, 7]);
+        // Segments 6..=13 are 8 segments: all locks.
+        assert_eq!(locks(60..140), (0..8).collect::<Vec<_>>());
+        assert_eq!(locks(0..u64::MAX), (0..8).collect::<Vec<_>>());
+        assert_eq!(locks(u64::MAX - 1..u64::MAX).len(), 1);
+        let unit = scheme(1, 4);
+        assert_eq!(unit.locks_for(&(0..u64::MAX)).count(), 4);
+    }
+}
