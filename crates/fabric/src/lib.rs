@@ -28,6 +28,7 @@ pub mod mem;
 pub mod record;
 pub mod region;
 pub mod shm;
+pub mod tcp;
 
 pub use addr::{RegionId, RemoteAddr};
 pub use batch::{AtomicHandle, Batch, Completions, ReadHandle, Verb};
@@ -38,3 +39,4 @@ pub use error::{BatchError, FabricError, Result, VerbError};
 pub use mem::MemServer;
 pub use region::{Region, RegionTable};
 pub use shm::{ShmConnector, ShmServer};
+pub use tcp::{Auth, TcpConnector, TcpEndpoint, TcpServer};

@@ -1,0 +1,335 @@
+//! The `tcp` client: one endpoint is one TCP connection, one batch is one frame each way.
+
+use super::wire::{
+    self, begin_frame, seal_frame, DecodedReply, Hello, RegionInfo, RemoteError, Request, Welcome,
+    MAGIC, MAX_REPLY_FRAME, PROTOCOL_VERSION,
+};
+use crate::batch::{Batch, Completions, MAX_BATCH_BYTES, MAX_BATCH_VERBS, MAX_IO_BYTES};
+use crate::endpoint::{Capabilities, Connector, Endpoint, EndpointStats, MaskedAtomics};
+use crate::error::{BatchError, FabricError, Result};
+use crate::frame::{self, FrameError};
+use std::io::{BufReader, ErrorKind, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+/// How long connecting and the handshake may take before the server is declared unreachable.
+/// Batches themselves have no timeout: a batch may legitimately wait (a server under load), and a
+/// server that dies closes its sockets, which fails the batch at once.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The capabilities of every `tcp` endpoint.
+pub const CAPABILITIES: Capabilities = Capabilities {
+    backend: "tcp",
+    masked_atomics: MaskedAtomics::CpuCasLoop,
+    max_batch_verbs: MAX_BATCH_VERBS,
+    max_io_bytes: MAX_IO_BYTES,
+    max_batch_bytes: MAX_BATCH_BYTES,
+    server_cpu_on_data_path: true,
+};
+
+/// One connection to a [`TcpServer`](super::TcpServer), used by one thread.
+///
+/// After [`FabricError::Disconnected`] the endpoint is dead (every later batch fails the same
+/// way); open a new one. Any other error leaves it usable.
+pub struct TcpEndpoint {
+    /// Reads go through a buffer (a small reply is one `read`); writes go straight to the socket
+    /// through `get_ref()`, one `write` per batch.
+    stream: BufReader<TcpStream>,
+    peer: SocketAddr,
+    /// The request frame being sent, reused across batches.
+    tx: Vec<u8>,
+    /// The reply frame being read, reused across batches.
+    rx: Vec<u8>,
+    stats: EndpointStats,
+    welcome: Welcome,
+    /// Why the connection was given up, once it has been.
+    broken: Option<String>,
+}
+
+impl std::fmt::Debug for TcpEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpEndpoint")
+            .field("peer", &self.peer)
+            .field("stats", &self.stats)
+            .field("broken", &self.broken)
+            .finish()
+    }
+}
+
+/// Opens a TCP connection to the first address of `addr` that answers.
+fn open(addr: impl ToSocketAddrs) -> Result<(TcpStream, SocketAddr)> {
+    let addrs = addr
+        .to_socket_addrs()
+        .map_err(|e| FabricError::io("resolve server address", e))?;
+    let mut last = None;
+    for candidate in addrs {
+        match TcpStream::connect_timeout(&candidate, CONNECT_TIMEOUT) {
+            Ok(stream) => return Ok((stream, candidate)),
+            Err(e) => last = Some((candidate, e)),
+        }
+    }
+    Err(match last {
+        Some((candidate, e)) => FabricError::io(format!("connect to {candidate}"), e),
+        None => FabricError::Config("server address resolved to nothing".into()),
+    })
+}
+
+impl TcpEndpoint {
+    /// Connects to the server at `addr` and performs the handshake for `cluster` with `token`.
+    ///
+    /// Fails with [`FabricError::Refused`] if the server refuses (wrong cluster, token or
+    /// protocol version), [`FabricError::Io`] if it cannot be reached, and
+    /// [`FabricError::Protocol`] if what answers does not speak the protocol.
+    pub fn connect(addr: impl ToSocketAddrs, cluster: &str, token: &str) -> Result<Self> {
+        let (stream, peer) = open(addr)?;
+        let setup = |e| FabricError::io(format!("configure connection to {peer}"), e);
+        stream.set_nodelay(true).map_err(setup)?;
+        stream
+            .set_read_timeout(Some(CONNECT_TIMEOUT))
+            .map_err(setup)?;
+
+        let mut tx = Vec::new();
+        begin_frame(&mut tx);
+        wire::encode_message(
+            &mut tx,
+            &Request::Hello(Hello {
+                magic: MAGIC,
+                version: PROTOCOL_VERSION,
+                cluster: cluster.to_owned(),
+                token: token.to_owned(),
+            }),
+        );
+        seal_frame(&mut tx);
+        (&stream)
+            .write_all(&tx)
+            .map_err(|e| FabricError::io(format!("send handshake to {peer}"), e))?;
+
+        let mut stream = BufReader::with_capacity(64 << 10, stream);
+        let mut rx = Vec::new();
+        match frame::read_frame(&mut stream, MAX_REPLY_FRAME, &mut rx) {
+            Ok(()) => {}
+            Err(FrameError::Io(e))
+                if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) =>
+            {
+                return Err(FabricError::Protocol(format!(
+                    "{peer} did not answer the handshake within {CONNECT_TIMEOUT:?}: \
+                     is it a CitronFS tcp fabric server?"
+                )))
+            }
+            Err(FrameError::Io(e)) => {
+                return Err(FabricError::Disconnected(format!(
+                    "{peer} closed the connection during the handshake: {e}"
+                )))
+            }
+            Err(e) => {
+                return Err(FabricError::Protocol(format!(
+                    "bad handshake reply from {peer}: {e}"
+                )))
+            }
+        }
+        let welcome = match wire::decode_welcome(&rx) {
+            Ok(Ok(welcome)) => welcome,
+            Ok(Err(refusal)) => return Err(FabricError::Refused(refusal.to_string())),
+            Err(why) => {
+                return Err(FabricError::Protocol(format!(
+                    "bad handshake reply from {peer}: {why}"
+                )))
+            }
+        };
+        if welcome.version != PROTOCOL_VERSION {
+            return Err(FabricError::Protocol(format!(
+                "{peer} welcomed us with protocol version {} instead of {PROTOCOL_VERSION}",
+                welcome.version
+            )));
+        }
+        // From now on reads block for as long as a batch takes.
+        stream.get_ref().set_read_timeout(None).map_err(setup)?;
+        Ok(Self {
+            stream,
+            peer,
+            tx,
+            rx,
+            stats: EndpointStats::default(),
+            welcome,
+            broken: None,
+        })
+    }
+
+    /// The server's address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// The regions the server had registered when this endpoint connected.
+    pub fn regions(&self) -> &[RegionInfo] {
+        &self.welcome.regions
+    }
+
+    /// Whether the connection has been given up (every batch now fails with `Disconnected`).
+    pub fn is_broken(&self) -> bool {
+        self.broken.is_some()
+    }
+
+    /// Gives the connection up: after this, the stream may be out of sync or gone.
+    fn fail(&mut self, why: String) -> FabricError {
+        let _ = self.stream.get_ref().shutdown(Shutdown::Both);
+        self.broken = Some(why.clone());
+        FabricError::Disconnected(why)
+    }
+
+    /// Refuses batches no server would accept, before sending them: the server would have to
+    /// drop the connection over an oversized frame.
+    fn check_limits(batch: &Batch) -> Result<(), BatchError> {
+        if batch.len() > MAX_BATCH_VERBS {
+            return Err(BatchError::TooManyVerbs {
+                count: batch.len(),
+                max: MAX_BATCH_VERBS,
+            });
+        }
+        let bytes = batch.payload().len().max(batch.read_bytes());
+        if bytes > MAX_BATCH_BYTES {
+            return Err(BatchError::BatchTooLarge {
+                bytes: bytes as u64,
+                max: MAX_BATCH_BYTES,
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Endpoint for TcpEndpoint {
+    fn execute(&mut self, batch: &Batch, out: &mut Completions) -> Result<()> {
+        if let Some(why) = &self.broken {
+            return Err(FabricError::Disconnected(format!(
+                "endpoint to {} is closed after an earlier failure: {why}",
+                self.peer
+            )));
+        }
+        Self::check_limits(batch)?;
+
+        begin_frame(&mut self.tx);
+        wire::encode_batch(&mut self.tx, batch);
+        seal_frame(&mut self.tx);
+        if let Err(e) = self.stream.get_ref().write_all(&self.tx) {
+            let why = format!("sending a batch to {}: {e}", self.peer);
+            return Err(self.fail(why));
+        }
+
+        // From here on the batch may have executed: any failure to read a trustworthy reply is
+        // `Disconnected` (outcome unknown), as the `Endpoint` contract requires.
+        match frame::read_frame(&mut self.stream, MAX_REPLY_FRAME, &mut self.rx) {
+            Ok(()) => {}
+            Err(FrameError::Io(e)) if e.kind() == ErrorKind::UnexpectedEof => {
+                let why = format!("{} closed the connection", self.peer);
+                return Err(self.fail(why));
+            }
+            Err(e) => {
+                let why = format!("reading the reply from {}: {e}", self.peer);
+                return Err(self.fail(why));
+            }
+        }
+        match wire::decode_reply(&self.rx, batch, out) {
+            Ok(DecodedReply::Completions) => {
+                self.stats.record(batch);
+                Ok(())
+            }
+            Ok(DecodedReply::Error(RemoteError::Verb(e))) => Err(FabricError::Verb(e)),
+            Ok(DecodedReply::Error(RemoteError::Batch(e))) => Err(FabricError::Batch(e)),
+            Ok(DecodedReply::Error(e @ RemoteError::FrameTooLarge { .. })) => {
+                // The server closes the connection after this one.
+                let why = format!("{} refused a request: {e}", self.peer);
+                Err(self.fail(why))
+            }
+            Ok(DecodedReply::Error(e)) => Err(FabricError::Protocol(format!(
+                "{} refused a request: {e}",
+                self.peer
+            ))),
+            Err(why) => {
+                let why = format!(
+                    "bad reply from {} (batch outcome unknown): {why}",
+                    self.peer
+                );
+                Err(self.fail(why))
+            }
+        }
+    }
+
+    fn stats(&self) -> EndpointStats {
+        self.stats
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        CAPABILITIES
+    }
+}
+
+/// Opens endpoints to one [`TcpServer`](super::TcpServer): one connection per endpoint.
+///
+/// [`TcpConnector::connect`] checks the address and credentials with a real handshake; that
+/// first connection is kept and handed out by the first [`Connector::connect`].
+pub struct TcpConnector {
+    addr: SocketAddr,
+    cluster: String,
+    token: String,
+    regions: Vec<RegionInfo>,
+    spare: Mutex<Option<TcpEndpoint>>,
+}
+
+impl std::fmt::Debug for TcpConnector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The token is a secret: never print it.
+        f.debug_struct("TcpConnector")
+            .field("addr", &self.addr)
+            .field("cluster", &self.cluster)
+            .finish()
+    }
+}
+
+impl TcpConnector {
+    /// A connector to the server at `addr` for `cluster` with `token`, validated by a handshake.
+    pub fn connect(
+        addr: impl ToSocketAddrs,
+        cluster: impl Into<String>,
+        token: impl Into<String>,
+    ) -> Result<Self> {
+        let (cluster, token) = (cluster.into(), token.into());
+        let first = TcpEndpoint::connect(addr, &cluster, &token)?;
+        Ok(Self {
+            addr: first.peer_addr(),
+            cluster,
+            token,
+            regions: first.regions().to_vec(),
+            spare: Mutex::new(Some(first)),
+        })
+    }
+
+    /// Opens a new endpoint (a new connection), or hands out the one opened by `connect`.
+    pub fn endpoint(&self) -> Result<TcpEndpoint> {
+        let spare = self
+            .spare
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        match spare {
+            Some(endpoint) => Ok(endpoint),
+            None => TcpEndpoint::connect(self.addr, &self.cluster, &self.token),
+        }
+    }
+
+    /// The server's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The regions the server had registered when the connector was created.
+    pub fn regions(&self) -> &[RegionInfo] {
+        &self.regions
+    }
+}
+
+impl Connector for TcpConnector {
+    fn connect(&self) -> Result<Box<dyn Endpoint>> {
+        Ok(Box::new(self.endpoint()?))
+    }
+}

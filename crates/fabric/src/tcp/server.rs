@@ -1,0 +1,607 @@
+//! The `tcp` server: a software NIC that executes the verbs it receives against its regions.
+//!
+//! One accept thread, and one thread per connection with blocking I/O: a connection carries one
+//! outstanding batch at a time (an endpoint is one client thread), so a blocked `read` that wakes
+//! straight into the executor is the shortest path from the wire to memory.
+
+use super::wire::{
+    self, begin_frame, seal_frame, DecodedRequest, Refusal, RegionInfo, RemoteError, Reply,
+    Request, Welcome, MAGIC, MAX_HELLO_FRAME, MAX_REQUEST_FRAME, PROTOCOL_VERSION,
+};
+use crate::addr::RegionId;
+use crate::batch::{Batch, Completions, Verb};
+use crate::error::{FabricError, Result, VerbError};
+use crate::frame::{self, FrameError};
+use crate::region::{Region, RegionTable};
+use std::collections::HashMap;
+use std::io::{BufReader, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+/// How long an unauthenticated connection may take to send its `Hello`.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long the server keeps reading (and discarding) after it has sent a final error and is
+/// about to close: long enough for the peer to receive the error before the close, short enough
+/// that a hostile peer cannot hold a thread.
+const LINGER: Duration = Duration::from_millis(500);
+
+/// Who may connect: the cluster a server belongs to and the cluster's shared secret.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Auth {
+    /// The cluster id; a client naming another cluster is refused.
+    pub cluster: String,
+    /// The shared secret; a client presenting another token is refused.
+    pub token: String,
+}
+
+impl Auth {
+    /// Credentials for `cluster` with secret `token`.
+    pub fn new(cluster: impl Into<String>, token: impl Into<String>) -> Self {
+        Self {
+            cluster: cluster.into(),
+            token: token.into(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Auth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The token is a secret: never print it.
+        f.debug_struct("Auth")
+            .field("cluster", &self.cluster)
+            .field("token", &"<redacted>")
+            .finish()
+    }
+}
+
+/// Compares secrets in time independent of where they first differ.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Recovers the data of a poisoned lock: every critical section here leaves its data consistent
+/// (single inserts and removals), so a panic elsewhere must not take the server down with it.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// What every connection of one server shares.
+pub(crate) struct Shared {
+    auth: Auth,
+    regions: RwLock<RegionTable>,
+    /// Bumped after every deregistration, so that connections drop cached regions that are gone.
+    generation: AtomicU64,
+}
+
+impl Shared {
+    pub(crate) fn new(auth: Auth) -> Self {
+        Self {
+            auth,
+            regions: RwLock::new(RegionTable::new()),
+            generation: AtomicU64::new(0),
+        }
+    }
+
+    fn resolve(&self, id: RegionId) -> Option<Arc<Region>> {
+        self.regions
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(id)
+            .cloned()
+    }
+
+    pub(crate) fn add(&self, region: Arc<Region>) -> Result<()> {
+        let mut table = self.regions.write().unwrap_or_else(PoisonError::into_inner);
+        if table.get(region.id()).is_some() {
+            return Err(FabricError::Config(format!(
+                "{} is already registered",
+                region.id()
+            )));
+        }
+        table.insert(region);
+        Ok(())
+    }
+
+    fn remove(&self, id: RegionId) -> Option<Arc<Region>> {
+        let removed = self
+            .regions
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(id);
+        // After the removal: a connection that sees the new generation cannot find the region.
+        self.generation.fetch_add(1, Ordering::SeqCst);
+        removed
+    }
+
+    fn list(&self) -> Vec<RegionInfo> {
+        self.regions
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|r| RegionInfo {
+                id: r.id(),
+                len: r.len(),
+            })
+            .collect()
+    }
+}
+
+/// What a connection does after a frame has been handled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Next {
+    /// Read the next frame.
+    Continue,
+    /// Send the reply (if any), then close: the peer is unauthenticated or the stream is out of
+    /// sync.
+    Close,
+}
+
+/// The server side of one connection, without the socket: the handshake state, the
+/// connection's region cache and its reusable buffers.
+///
+/// Everything the server does with untrusted bytes goes through [`Session::handle`], which is
+/// what the fuzz target drives.
+pub(crate) struct Session {
+    shared: Arc<Shared>,
+    pub(crate) authenticated: bool,
+    /// Regions this connection has used; filled from `shared` on a miss, so the hot path takes no
+    /// lock (seed 002: nothing shared on the post path).
+    cache: RegionTable,
+    generation: u64,
+    scratch: Vec<Verb>,
+    batch: Batch,
+    completions: Completions,
+    /// The body of the frame being handled.
+    pub(crate) rx: Vec<u8>,
+    /// The reply frame, header included; empty when there is nothing to send.
+    tx: Vec<u8>,
+}
+
+impl Session {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        let generation = shared.generation.load(Ordering::SeqCst);
+        Self {
+            shared,
+            authenticated: false,
+            cache: RegionTable::new(),
+            generation,
+            scratch: Vec::new(),
+            batch: Batch::new(),
+            completions: Completions::new(),
+            rx: Vec::new(),
+            tx: Vec::new(),
+        }
+    }
+
+    /// The largest frame body this connection accepts now.
+    pub(crate) fn frame_limit(&self) -> usize {
+        if self.authenticated {
+            MAX_REQUEST_FRAME
+        } else {
+            MAX_HELLO_FRAME
+        }
+    }
+
+    /// The reply frame to send for the last handled frame (empty: send nothing).
+    pub(crate) fn reply(&self) -> &[u8] {
+        &self.tx
+    }
+
+    /// Handles the outcome of reading one frame into `self.rx` and leaves the reply in
+    /// `self.tx`.
+    pub(crate) fn handle(&mut self, read: Result<(), FrameError>) -> Next {
+        self.tx.clear();
+        match read {
+            // Closed, reset or timed out: nothing to answer.
+            Err(FrameError::Io(_)) => Next::Close,
+            Err(FrameError::TooLarge { len, max }) => {
+                if self.authenticated {
+                    self.send(&Reply::Error(RemoteError::FrameTooLarge {
+                        len: len as u64,
+                        max: max as u64,
+                    }));
+                } else {
+                    self.send(&Reply::Refused(Refusal::BadHello(format!(
+                        "first frame of {len} bytes exceeds the handshake limit of {max}"
+                    ))));
+                }
+                // The body was not read: the stream cannot be resynchronised.
+                Next::Close
+            }
+            Err(FrameError::BadChecksum { expected, actual }) => {
+                if self.authenticated {
+                    // The body was consumed, so the stream is still in sync.
+                    self.send(&Reply::Error(RemoteError::BadChecksum { expected, actual }));
+                    Next::Continue
+                } else {
+                    self.send(&Reply::Refused(Refusal::BadHello(format!(
+                        "handshake frame checksum mismatch ({expected:#010x} != {actual:#010x})"
+                    ))));
+                    Next::Close
+                }
+            }
+            Ok(()) if !self.authenticated => match self.handshake() {
+                Ok(welcome) => {
+                    self.authenticated = true;
+                    self.send(&Reply::Welcome(welcome));
+                    Next::Continue
+                }
+                Err(refusal) => {
+                    self.send(&Reply::Refused(refusal));
+                    Next::Close
+                }
+            },
+            Ok(()) => {
+                self.request();
+                Next::Continue
+            }
+        }
+    }
+
+    /// Encodes `reply` as the frame to send.
+    fn send(&mut self, reply: &Reply) {
+        begin_frame(&mut self.tx);
+        wire::encode_message(&mut self.tx, reply);
+        seal_frame(&mut self.tx);
+    }
+
+    /// Checks the `Hello` in `self.rx`.
+    fn handshake(&self) -> Result<Welcome, Refusal> {
+        let body = &self.rx[..];
+        // Magic and version first, on their own: they keep their place in every version, so a
+        // client of another version gets told so even if its Hello has another shape.
+        let ((tag, magic, version), _) = postcard::take_from_bytes::<(u32, u32, u16)>(body)
+            .map_err(|e| Refusal::BadHello(format!("cannot decode Hello: {e}")))?;
+        if tag != 0 {
+            return Err(Refusal::BadHello(format!(
+                "the first message must be Hello (tag 0), got tag {tag}"
+            )));
+        }
+        if magic != MAGIC {
+            return Err(Refusal::BadMagic);
+        }
+        if version != PROTOCOL_VERSION {
+            return Err(Refusal::UnsupportedVersion {
+                client: version,
+                server: PROTOCOL_VERSION,
+            });
+        }
+        let hello = match postcard::take_from_bytes::<Request>(body) {
+            Ok((Request::Hello(hello), [])) => hello,
+            Ok((Request::Hello(_), trailing)) => {
+                return Err(Refusal::BadHello(format!(
+                    "{} trailing bytes after Hello",
+                    trailing.len()
+                )))
+            }
+            Ok((Request::Batch(_), _)) => {
+                return Err(Refusal::BadHello("the first message must be Hello".into()))
+            }
+            Err(e) => return Err(Refusal::BadHello(format!("cannot decode Hello: {e}"))),
+        };
+        let auth = &self.shared.auth;
+        if hello.cluster != auth.cluster {
+            return Err(Refusal::WrongCluster {
+                client: hello.cluster,
+                server: auth.cluster.clone(),
+            });
+        }
+        if !same_secret(hello.token.as_bytes(), auth.token.as_bytes()) {
+            return Err(Refusal::BadToken {
+                cluster: auth.cluster.clone(),
+            });
+        }
+        Ok(Welcome {
+            version: PROTOCOL_VERSION,
+            regions: self.shared.list(),
+        })
+    }
+
+    /// Decodes, checks and executes the request in `self.rx`.
+    fn request(&mut self) {
+        match wire::decode_request(&self.rx, &mut self.scratch, &mut self.batch) {
+            Ok(DecodedRequest::Batch) => match self.execute() {
+                Ok(()) => {
+                    begin_frame(&mut self.tx);
+                    wire::encode_completions(&mut self.tx, &self.completions);
+                    seal_frame(&mut self.tx);
+                }
+                Err(e) => self.send(&Reply::Error(RemoteError::Verb(e))),
+            },
+            Ok(DecodedRequest::Hello(_)) => self.send(&Reply::Error(RemoteError::Malformed(
+                "Hello after the handshake".into(),
+            ))),
+            Err(e) => self.send(&Reply::Error(e.into())),
+        }
+    }
+
+    /// Executes the shape-checked batch in `self.batch` with the shared executor.
+    fn execute(&mut self) -> Result<(), VerbError> {
+        let generation = self.shared.generation.load(Ordering::SeqCst);
+        if generation != self.generation {
+            self.cache = RegionTable::new();
+            self.generation = generation;
+        }
+        let shared = &self.shared;
+        self.cache.fill_from(&self.batch, |id| shared.resolve(id));
+        self.cache.execute(&self.batch, &mut self.completions)
+    }
+}
+
+/// Runs one connection's protocol over `r` and `w` until the peer closes or must be dropped.
+/// `on_auth` runs once, after the handshake succeeded. Returns whether the server chose to close
+/// (as opposed to the peer going away or a write failing).
+pub(crate) fn serve<R: Read, W: Write>(
+    session: &mut Session,
+    r: &mut R,
+    w: &mut W,
+    mut on_auth: impl FnMut(),
+) -> bool {
+    loop {
+        let was_authenticated = session.authenticated;
+        let read = frame::read_frame(r, session.frame_limit(), &mut session.rx);
+        let peer_gone = matches!(read, Err(FrameError::Io(_)));
+        let next = session.handle(read);
+        let reply = session.reply();
+        // One write per reply: the header and body are contiguous in `tx`.
+        if !reply.is_empty() && w.write_all(reply).is_err() {
+            return false;
+        }
+        if next == Next::Close {
+            return !peer_gone;
+        }
+        if !was_authenticated && session.authenticated {
+            on_auth();
+        }
+    }
+}
+
+/// One accepted connection, from its thread's point of view.
+fn run_connection(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
+    // Small frames must leave at once: Nagle would hold a reply back for the peer's delayed ACK.
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::debug!(%peer, "set_nodelay: {e}");
+    }
+    // An unauthenticated peer may not hold a thread for long.
+    if let Err(e) = stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT)) {
+        tracing::debug!(%peer, "set_read_timeout: {e}");
+    }
+    let mut session = Session::new(shared);
+    let mut reader = BufReader::with_capacity(64 << 10, &stream);
+    let mut writer = &stream;
+    let server_closed = serve(&mut session, &mut reader, &mut writer, || {
+        // A batch may legitimately wait for a long time between batches.
+        if let Err(e) = stream.set_read_timeout(None) {
+            tracing::debug!(%peer, "clear read timeout: {e}");
+        }
+    });
+    if server_closed {
+        linger(&stream, &mut reader);
+    }
+    tracing::debug!(%peer, "fabric connection closed");
+}
+
+/// Closes a connection the server gave up on so that the peer receives the final reply.
+///
+/// Closing a socket with unread input makes the kernel send a reset, which can destroy the reply
+/// still in flight. So: send FIN after the reply, then read and discard for a short while (until
+/// the peer closes, the time is up, or a frame's worth has been discarded).
+fn linger(stream: &TcpStream, reader: &mut impl Read) {
+    let _ = stream.shutdown(Shutdown::Write);
+    let deadline = Instant::now() + LINGER;
+    let mut discarded = 0usize;
+    let mut sink = [0u8; 16 << 10];
+    while discarded < MAX_REQUEST_FRAME {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
+            break;
+        }
+        match reader.read(&mut sink) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => discarded += n,
+        }
+    }
+}
+
+/// Live connections: a handle to shut each socket down and its thread to join.
+#[derive(Default)]
+struct Connections {
+    next_id: u64,
+    live: HashMap<u64, (TcpStream, JoinHandle<()>)>,
+}
+
+/// A `tcp` fabric server: registered regions, served to authenticated clients over TCP.
+///
+/// ```no_run
+/// use fabric::{tcp::{Auth, TcpServer, TcpConnector}, RegionId, Connector, EndpointExt, RemoteAddr};
+/// let server = TcpServer::bind("127.0.0.1:0", Auth::new("cluster-a", "secret"))?;
+/// server.register(RegionId(1), 4096)?;
+/// let connector = TcpConnector::connect(server.local_addr(), "cluster-a", "secret")?;
+/// let mut endpoint = connector.endpoint()?;
+/// endpoint.faa(RemoteAddr::new(RegionId(1), 0), 1)?;
+/// # Ok::<(), fabric::FabricError>(())
+/// ```
+///
+/// Dropping the server (or [`TcpServer::shutdown`]) stops accepting, closes every connection and
+/// joins every thread it started.
+pub struct TcpServer {
+    shared: Arc<Shared>,
+    local_addr: SocketAddr,
+    listener: TcpListener,
+    stopping: Arc<AtomicBool>,
+    accept: Mutex<Option<JoinHandle<()>>>,
+    connections: Arc<Mutex<Connections>>,
+}
+
+impl std::fmt::Debug for TcpServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpServer")
+            .field("local_addr", &self.local_addr)
+            .field("auth", &self.shared.auth)
+            .finish()
+    }
+}
+
+impl TcpServer {
+    /// Binds `addr` (use port 0 for any free port, then [`TcpServer::local_addr`]) and starts
+    /// accepting connections authenticated by `auth`. The server starts with no regions.
+    pub fn bind(addr: impl ToSocketAddrs, auth: Auth) -> Result<Self> {
+        let listener = TcpListener::bind(addr).map_err(|e| FabricError::io("bind", e))?;
+        let local_addr = listener
+            .local_addr()
+            .map_err(|e| FabricError::io("local_addr", e))?;
+        let accept_listener = listener
+            .try_clone()
+            .map_err(|e| FabricError::io("clone listener", e))?;
+        let shared = Arc::new(Shared::new(auth));
+        let stopping = Arc::new(AtomicBool::new(false));
+        let connections = Arc::new(Mutex::new(Connections::default()));
+        let accept = {
+            let (shared, stopping, connections) =
+                (shared.clone(), stopping.clone(), connections.clone());
+            thread::Builder::new()
+                .name(format!("fabric-tcp-accept-{}", local_addr.port()))
+                .spawn(move || accept_loop(accept_listener, shared, stopping, connections))
+                .map_err(|e| FabricError::io("spawn accept thread", e))?
+        };
+        tracing::debug!(%local_addr, "fabric tcp server listening");
+        Ok(Self {
+            shared,
+            local_addr,
+            listener,
+            stopping,
+            accept: Mutex::new(Some(accept)),
+            connections,
+        })
+    }
+
+    /// The address the server listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The cluster this server belongs to.
+    pub fn cluster(&self) -> &str {
+        &self.shared.auth.cluster
+    }
+
+    /// Registers a zeroed anonymous region of `len` bytes (rounded up to whole words) under `id`.
+    pub fn register(&self, id: RegionId, len: u64) -> Result<Arc<Region>> {
+        let region = Arc::new(Region::anonymous(id, len));
+        self.shared.add(region.clone())?;
+        Ok(region)
+    }
+
+    /// Serves an existing region (e.g. a file-backed shared mapping) under its own id.
+    pub fn add_region(&self, region: Arc<Region>) -> Result<()> {
+        self.shared.add(region)
+    }
+
+    /// Stops serving a region; connections stop reaching it before their next batch.
+    pub fn deregister(&self, id: RegionId) -> Option<Arc<Region>> {
+        self.shared.remove(id)
+    }
+
+    /// The region registered under `id`, if any.
+    pub fn region(&self, id: RegionId) -> Option<Arc<Region>> {
+        self.shared.resolve(id)
+    }
+
+    /// The registered regions, as announced to connecting clients.
+    pub fn regions(&self) -> Vec<RegionInfo> {
+        self.shared.list()
+    }
+
+    /// The number of open connections (authenticated or not).
+    pub fn connection_count(&self) -> usize {
+        lock(&self.connections).live.len()
+    }
+
+    /// Stops accepting, closes every connection and joins every server thread. Idempotent;
+    /// clients see [`FabricError::Disconnected`] on their next batch (or the one in flight).
+    pub fn shutdown(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        // Wake the accept loop: on Linux, shutting a listening socket down makes a blocked
+        // `accept` return EINVAL, and every later one fail at once.
+        // SAFETY: the descriptor belongs to `self.listener`, which is open for the duration of
+        // the call; shutdown(2) does not touch memory.
+        unsafe {
+            libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR);
+        }
+        if let Some(accept) = lock(&self.accept).take() {
+            let _ = accept.join();
+        }
+        // The accept thread is gone, so no connection is added after this.
+        let live = std::mem::take(&mut lock(&self.connections).live);
+        for (stream, _) in live.values() {
+            // Wakes the connection's blocked read (or write) with EOF or an error.
+            let _ = stream.shutdown(Shutdown::Both);
+        }
+        for (_, (_, thread)) in live {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for TcpServer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn accept_loop(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    stopping: Arc<AtomicBool>,
+    connections: Arc<Mutex<Connections>>,
+) {
+    loop {
+        let accepted = listener.accept();
+        if stopping.load(Ordering::SeqCst) {
+            // A connection accepted during shutdown is dropped, i.e. closed.
+            return;
+        }
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // Out of descriptors, a peer that reset before accept, ...: transient. Pause so
+                // that a persistent error does not spin a core.
+                tracing::warn!("fabric tcp accept: {e}");
+                thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        let handle = match stream.try_clone() {
+            Ok(handle) => handle,
+            Err(e) => {
+                tracing::warn!(%peer, "fabric tcp: cannot clone accepted socket: {e}");
+                continue;
+            }
+        };
+        // Holding the registry lock across spawn and insert: the thread removes its own entry
+        // when it ends, and must not be able to do so before the entry exists.
+        let mut registry = lock(&connections);
+        let id = registry.next_id;
+        registry.next_id += 1;
+        let (shared, connections) = (shared.clone(), connections.clone());
+        let spawned = thread::Builder::new()
+            .name(format!("fabric-tcp-conn-{id}"))
+            .spawn(move || {
+                run_connection(shared, stream, peer);
+                // Dropping our own JoinHandle detaches the (ending) thread; shutdown may already
+                // have taken it, in which case it joins us.
+                lock(&connections).live.remove(&id);
+            });
+        match spawned {
+            Ok(thread) => {
+                registry.live.insert(id, (handle, thread));
+            }
+            Err(e) => tracing::warn!(%peer, "fabric tcp: cannot spawn connection thread: {e}"),
+        }
+    }
+}

@@ -1,0 +1,548 @@
+//! The `tcp` fabric's wire protocol.
+//!
+//! Every message is one frame of [`crate::frame`] (`[len u32][crc32 u32][body]`). A body is the
+//! [postcard] encoding of a [`Request`] (client to server) or a [`Reply`] (server to client).
+//!
+//! ```text
+//! client                                   server
+//!   Request::Hello {magic, version,  ──▶
+//!                   cluster, token}
+//!                                    ◀──   Reply::Welcome {version, regions}
+//!                                          or Reply::Refused(reason), then close
+//!   Request::Batch(batch)            ──▶   (one frame per batch)
+//!                                    ◀──   Reply::Completions(completions)
+//!                                          or Reply::Error(RemoteError)
+//! ```
+//!
+//! The two hot messages, `Request::Batch` and `Reply::Completions`, are encoded and decoded by
+//! hand rather than through serde, so that a 1 MiB write payload or read result is one `memcpy`
+//! instead of a million `serialize_u8` calls. The hand-written encoding is byte-for-byte the
+//! postcard encoding of the enum (postcard writes a `Vec<u8>` as a varint length followed by the
+//! raw bytes), which the unit tests check; so postcard remains the one definition of the format.
+//!
+//! Every decoder here is total: any byte string yields a value or an error, never a panic, and
+//! the shape of a decoded batch is validated before a single verb is built from it.
+
+use crate::addr::RegionId;
+use crate::batch::{Batch, Completions, Verb, MAX_BATCH_BYTES, MAX_BATCH_VERBS, MAX_IO_BYTES};
+use crate::error::{BatchError, VerbError};
+use crate::frame::HEADER_LEN;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// The first field of every `Hello`: "CTRN" in ASCII, so that a peer speaking something else is
+/// told so instead of being handed a decode error.
+pub const MAGIC: u32 = u32::from_le_bytes(*b"CTRN");
+
+/// The protocol version this build speaks. Bump it on any change to the messages below.
+pub const PROTOCOL_VERSION: u16 = 1;
+
+/// The largest frame body a server reads before the handshake has succeeded. An
+/// unauthenticated peer must not make the server allocate much.
+pub const MAX_HELLO_FRAME: usize = 64 << 10;
+
+/// Upper bound of the postcard encoding of one [`Verb`]: a variant tag (1 byte), a region id
+/// (varint u32, 5 bytes), an offset (varint u64, 10 bytes) and at most four more varint u64s.
+const MAX_VERB_ENCODING: usize = 1 + 5 + 10 + 4 * 10;
+
+/// The largest request frame body a server reads from an authenticated client: the largest
+/// well-formed batch (every verb at its largest encoding, the largest write payload) plus slack
+/// for the tags and lengths. Anything larger cannot be a valid batch; the server answers
+/// [`RemoteError::FrameTooLarge`] and closes, because the stream cannot be resynchronised.
+pub const MAX_REQUEST_FRAME: usize = MAX_BATCH_BYTES + MAX_BATCH_VERBS * MAX_VERB_ENCODING + 64;
+
+/// The largest reply frame body a client reads: the largest read result, every old value at its
+/// largest encoding, and room for an error or a region list.
+pub const MAX_REPLY_FRAME: usize = MAX_BATCH_BYTES + MAX_BATCH_VERBS * 10 + (1 << 20);
+
+/// Postcard variant index of [`Request::Batch`].
+const REQUEST_BATCH_TAG: u32 = 1;
+/// Postcard variant index of [`Reply::Completions`].
+const REPLY_COMPLETIONS_TAG: u32 = 2;
+
+/// The first message of a connection: who the client is and what it speaks.
+///
+/// `magic` and `version` come first and keep their encoding in every future version, so that a
+/// server can refuse a client of another version with a clear reason even if the rest of the
+/// message changed shape.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    /// Always [`MAGIC`].
+    pub magic: u32,
+    /// The client's [`PROTOCOL_VERSION`].
+    pub version: u16,
+    /// The cluster the client believes it talks to.
+    pub cluster: String,
+    /// The cluster's shared secret.
+    pub token: String,
+}
+
+/// A client-to-server message.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Request {
+    /// The handshake; must be the first message and only the first.
+    Hello(Hello),
+    /// One batch of verbs to execute (one round trip).
+    Batch(Batch),
+}
+
+/// A region the server serves, as announced in [`Welcome`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionInfo {
+    /// The region's id.
+    pub id: RegionId,
+    /// Its size in bytes.
+    pub len: u64,
+}
+
+/// The server's answer to an accepted [`Hello`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Welcome {
+    /// The server's [`PROTOCOL_VERSION`].
+    pub version: u16,
+    /// The regions registered when the connection was accepted.
+    pub regions: Vec<RegionInfo>,
+}
+
+/// Why a server refused a connection. The server closes the connection after sending it.
+#[derive(Clone, Debug, PartialEq, Eq, Error, Serialize, Deserialize)]
+pub enum Refusal {
+    /// The first message did not start with [`MAGIC`]: not a CitronFS fabric client.
+    #[error("not a CitronFS fabric client (bad magic)")]
+    BadMagic,
+    /// The client speaks another protocol version.
+    #[error("protocol version {client} is not supported (server speaks version {server})")]
+    UnsupportedVersion {
+        /// The client's version.
+        client: u16,
+        /// The server's version.
+        server: u16,
+    },
+    /// The client names another cluster. Cluster ids are not secret, so both are reported.
+    #[error("wrong cluster: client wants {client:?}, this server belongs to {server:?}")]
+    WrongCluster {
+        /// The cluster the client asked for.
+        client: String,
+        /// The server's cluster.
+        server: String,
+    },
+    /// The token does not match (it is never echoed).
+    #[error("authentication failed: wrong token for cluster {cluster:?}")]
+    BadToken {
+        /// The cluster.
+        cluster: String,
+    },
+    /// The first message was not a well-formed `Hello`.
+    #[error("bad handshake: {0}")]
+    BadHello(String),
+}
+
+/// Why a server refused one request of an authenticated connection.
+///
+/// Verb and batch errors are those of every backend, so a client sees the same error over `tcp`
+/// as over `mem` or `shm`. After [`RemoteError::FrameTooLarge`] the server closes the
+/// connection; after the others the connection stays usable.
+#[derive(Clone, Debug, PartialEq, Eq, Error, Serialize, Deserialize)]
+pub enum RemoteError {
+    /// A verb was refused; nothing in the batch executed.
+    #[error(transparent)]
+    Verb(#[from] VerbError),
+    /// The batch's shape was refused; nothing in it executed.
+    #[error(transparent)]
+    Batch(#[from] BatchError),
+    /// The request frame's checksum did not match; nothing executed.
+    #[error("request frame checksum mismatch (header {expected:#010x}, body {actual:#010x})")]
+    BadChecksum {
+        /// The checksum in the frame header.
+        expected: u32,
+        /// The checksum of the body the server received.
+        actual: u32,
+    },
+    /// The request frame was larger than any valid request; the server closes the connection.
+    #[error("request frame of {len} bytes exceeds the limit of {max}")]
+    FrameTooLarge {
+        /// The declared length.
+        len: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// The request could not be decoded; nothing executed.
+    #[error("malformed request: {0}")]
+    Malformed(String),
+}
+
+/// A server-to-client message.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Reply {
+    /// The handshake succeeded.
+    Welcome(Welcome),
+    /// The handshake failed; the server closes the connection.
+    Refused(Refusal),
+    /// The results of a batch.
+    Completions(Completions),
+    /// A request was refused.
+    Error(RemoteError),
+}
+
+/// Appends `value` as a postcard (LEB128) varint.
+fn put_varint(buf: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        buf.push(value as u8 | 0x80);
+        value >>= 7;
+    }
+    buf.push(value as u8);
+}
+
+/// Takes one varint off the front of `bytes`.
+fn take_varint<'a>(bytes: &'a [u8], what: &str) -> Result<(u64, &'a [u8]), String> {
+    postcard::take_from_bytes::<u64>(bytes).map_err(|e| format!("{what}: {e}"))
+}
+
+/// Appends postcard-encoded `value` to `buf` without a temporary allocation.
+fn put_postcard<T: Serialize + ?Sized>(buf: &mut Vec<u8>, value: &T) {
+    let taken = std::mem::take(buf);
+    // Serializing into a Vec only fails for what postcard cannot express (sequences of unknown
+    // length, `collect_str` of failing Display impls); the wire types contain none of these.
+    *buf = match postcard::to_extend(value, taken) {
+        Ok(extended) => extended,
+        Err(e) => unreachable!("postcard cannot fail on fabric wire types: {e}"),
+    };
+}
+
+/// Starts a frame in `buf`: clears it and reserves the header, filled in by [`seal_frame`].
+pub(crate) fn begin_frame(buf: &mut Vec<u8>) {
+    buf.clear();
+    buf.resize(HEADER_LEN, 0);
+}
+
+/// Fills in the header of a frame started with [`begin_frame`], so that header and body go out
+/// in one `write`.
+pub(crate) fn seal_frame(buf: &mut [u8]) {
+    let (header, body) = buf.split_at_mut(HEADER_LEN);
+    header.copy_from_slice(&crate::frame::header_for(body));
+}
+
+/// Appends the postcard encoding of any message to `buf`.
+pub fn encode_message<T: Serialize>(buf: &mut Vec<u8>, message: &T) {
+    put_postcard(buf, message);
+}
+
+/// Appends the encoding of `Request::Batch(batch)` to `buf`: the postcard encoding, with the
+/// write payload copied in one piece.
+pub fn encode_batch(buf: &mut Vec<u8>, batch: &Batch) {
+    put_varint(buf, u64::from(REQUEST_BATCH_TAG));
+    put_postcard(buf, batch.verbs());
+    put_varint(buf, batch.payload().len() as u64);
+    buf.extend_from_slice(batch.payload());
+}
+
+/// Appends the encoding of `Reply::Completions(out)` to `buf`: the postcard encoding, with the
+/// read data copied in one piece.
+pub fn encode_completions(buf: &mut Vec<u8>, out: &Completions) {
+    put_varint(buf, u64::from(REPLY_COMPLETIONS_TAG));
+    put_varint(buf, out.olds().len() as u64);
+    for &old in out.olds() {
+        put_varint(buf, old);
+    }
+    put_varint(buf, out.data().len() as u64);
+    buf.extend_from_slice(out.data());
+}
+
+/// Why a request body could not become a batch.
+#[derive(Debug, PartialEq, Eq)]
+pub enum DecodeError {
+    /// The bytes are not a well-formed request.
+    Malformed(String),
+    /// The request is a well-formed batch of a shape that is refused.
+    Shape(BatchError),
+}
+
+impl From<DecodeError> for RemoteError {
+    fn from(e: DecodeError) -> Self {
+        match e {
+            DecodeError::Malformed(why) => RemoteError::Malformed(why),
+            DecodeError::Shape(e) => RemoteError::Batch(e),
+        }
+    }
+}
+
+/// A decoded request: a `Hello`, or a batch now held in the caller's reusable [`Batch`].
+#[derive(Debug, PartialEq, Eq)]
+pub enum DecodedRequest {
+    /// A handshake message.
+    Hello(Hello),
+    /// A batch; it is in the `batch` passed to [`decode_request`], shape-checked.
+    Batch,
+}
+
+/// Decodes a request body. A batch is decoded into `batch` (cleared first; `scratch` holds the
+/// verbs meanwhile), both reused across calls so that the server's hot path does not allocate.
+///
+/// On success the batch has passed [`Batch::check_shape`]. Its shape is checked *before* verbs
+/// are pushed into it, in the same order as `check_shape` checks it, so that no hostile length
+/// reaches the assertions of [`Batch::read`] and [`Batch::write`].
+pub fn decode_request(
+    body: &[u8],
+    scratch: &mut Vec<Verb>,
+    batch: &mut Batch,
+) -> Result<DecodedRequest, DecodeError> {
+    let malformed = DecodeError::Malformed;
+    let (tag, rest) = postcard::take_from_bytes::<u32>(body)
+        .map_err(|e| malformed(format!("message tag: {e}")))?;
+    if tag != REQUEST_BATCH_TAG {
+        // Hello is rare (once per connection): plain postcard over the whole body.
+        return match postcard::take_from_bytes::<Request>(body) {
+            Ok((Request::Hello(hello), [])) => Ok(DecodedRequest::Hello(hello)),
+            Ok((Request::Hello(_), trailing)) => Err(malformed(format!(
+                "{} trailing bytes after Hello",
+                trailing.len()
+            ))),
+            // Unreachable: the tag was not the batch tag. Decoding it slowly is still correct.
+            Ok((Request::Batch(_), _)) => Err(malformed("unexpected encoding of Batch".into())),
+            Err(e) => Err(malformed(format!("request: {e}"))),
+        };
+    }
+
+    let (count, mut rest) = take_varint(rest, "verb count").map_err(malformed)?;
+    let count = usize::try_from(count).unwrap_or(usize::MAX);
+    if count > MAX_BATCH_VERBS {
+        return Err(DecodeError::Shape(BatchError::TooManyVerbs {
+            count,
+            max: MAX_BATCH_VERBS,
+        }));
+    }
+    scratch.clear();
+    for index in 0..count {
+        let (verb, after) = postcard::take_from_bytes::<Verb>(rest)
+            .map_err(|e| malformed(format!("verb {index}: {e}")))?;
+        scratch.push(verb);
+        rest = after;
+    }
+    let (payload_len, payload) = take_varint(rest, "payload length").map_err(malformed)?;
+    if payload_len != payload.len() as u64 {
+        return Err(malformed(format!(
+            "payload length {payload_len} but {} bytes follow",
+            payload.len()
+        )));
+    }
+
+    // Shape, in check_shape's order: sizes of single verbs, then totals, then the payload.
+    let (mut reads, mut writes) = (0u64, 0u64);
+    for (index, verb) in scratch.iter().enumerate() {
+        match *verb {
+            Verb::Read { len, .. } | Verb::Write { len, .. } if len as usize > MAX_IO_BYTES => {
+                return Err(DecodeError::Shape(BatchError::VerbTooLarge {
+                    index,
+                    len: len as usize,
+                    max: MAX_IO_BYTES,
+                }));
+            }
+            Verb::Read { len, .. } => reads += u64::from(len),
+            Verb::Write { len, .. } => writes += u64::from(len),
+            _ => {}
+        }
+    }
+    if reads > MAX_BATCH_BYTES as u64 || writes > MAX_BATCH_BYTES as u64 {
+        return Err(DecodeError::Shape(BatchError::BatchTooLarge {
+            bytes: reads.max(writes),
+            max: MAX_BATCH_BYTES,
+        }));
+    }
+    if writes != payload_len {
+        return Err(DecodeError::Shape(BatchError::PayloadMismatch {
+            declared: writes,
+            actual: payload_len,
+        }));
+    }
+
+    // Every length is now within limits and the writes exactly consume the payload.
+    batch.clear();
+    let mut data = payload;
+    for verb in scratch.iter() {
+        let write_data = match *verb {
+            Verb::Write { len, .. } => {
+                let (this, after) = data.split_at(len as usize);
+                data = after;
+                this
+            }
+            _ => &[],
+        };
+        batch.push(*verb, write_data);
+    }
+    // The authority on a network batch's shape; it also recomputes the batch's counters.
+    batch.check_shape().map_err(DecodeError::Shape)?;
+    Ok(DecodedRequest::Batch)
+}
+
+/// What a reply body turned out to be, as far as a client executing a batch cares.
+#[derive(Debug, PartialEq, Eq)]
+pub enum DecodedReply {
+    /// The batch's completions, now in the caller's [`Completions`].
+    Completions,
+    /// The server refused the request.
+    Error(RemoteError),
+}
+
+/// Decodes the reply to `batch` into `out` (reused across calls).
+///
+/// `Err` means the reply cannot be trusted (undecodable, a handshake message, or completions that
+/// do not answer `batch`); the caller must drop the connection.
+pub fn decode_reply(
+    body: &[u8],
+    batch: &Batch,
+    out: &mut Completions,
+) -> Result<DecodedReply, String> {
+    let (tag, rest) =
+        postcard::take_from_bytes::<u32>(body).map_err(|e| format!("reply tag: {e}"))?;
+    if tag != REPLY_COMPLETIONS_TAG {
+        return match postcard::take_from_bytes::<Reply>(body) {
+            Ok((Reply::Error(e), [])) => Ok(DecodedReply::Error(e)),
+            Ok((Reply::Error(_), trailing)) => {
+                Err(format!("{} trailing bytes after an error", trailing.len()))
+            }
+            Ok((other, _)) => Err(format!("unexpected reply {}", reply_name(&other))),
+            Err(e) => Err(format!("reply: {e}")),
+        };
+    }
+    let (olds, mut rest) = take_varint(rest, "old value count")?;
+    if olds != batch.atomic_count() as u64 {
+        return Err(format!(
+            "{olds} old values for a batch of {} atomics",
+            batch.atomic_count()
+        ));
+    }
+    out.reset_for(batch);
+    for _ in 0..olds {
+        let (old, after) = take_varint(rest, "old value")?;
+        out.push_old(old);
+        rest = after;
+    }
+    let (data_len, data) = take_varint(rest, "read data length")?;
+    if data_len != batch.read_bytes() as u64 || data.len() != batch.read_bytes() {
+        return Err(format!(
+            "{} bytes of read data ({data_len} declared) for a batch reading {}",
+            data.len(),
+            batch.read_bytes()
+        ));
+    }
+    out.push_read(data.len()).copy_from_slice(data);
+    if !out.matches(batch) {
+        return Err("completions do not match the batch".into());
+    }
+    Ok(DecodedReply::Completions)
+}
+
+/// Decodes the reply to a `Hello`.
+pub fn decode_welcome(body: &[u8]) -> Result<Result<Welcome, Refusal>, String> {
+    match postcard::take_from_bytes::<Reply>(body) {
+        Ok((Reply::Welcome(welcome), [])) => Ok(Ok(welcome)),
+        Ok((Reply::Refused(refusal), [])) => Ok(Err(refusal)),
+        Ok((_, [_, ..])) => Err("trailing bytes after the handshake reply".into()),
+        Ok((other, [])) => Err(format!(
+            "expected Welcome or Refused, got {}",
+            reply_name(&other)
+        )),
+        Err(e) => Err(format!("handshake reply: {e}")),
+    }
+}
+
+fn reply_name(reply: &Reply) -> &'static str {
+    match reply {
+        Reply::Welcome(_) => "Welcome",
+        Reply::Refused(_) => "Refused",
+        Reply::Completions(_) => "Completions",
+        Reply::Error(_) => "Error",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::addr::RemoteAddr;
+
+    fn sample_batch() -> Batch {
+        let r = RegionId(7);
+        let mut batch = Batch::new();
+        batch.read(RemoteAddr::new(r, 3), 11);
+        batch.write(RemoteAddr::new(r, 1 << 40), &[9u8; 300]);
+        batch.cas(RemoteAddr::new(r, 8), u64::MAX, 1);
+        batch.faa(RemoteAddr::new(r, 16), 1 << 63);
+        batch.masked_cas(RemoteAddr::new(r, 24), 1, 2, 3, 4);
+        batch.masked_faa(RemoteAddr::new(r, 32), 5, 6);
+        batch.write(RemoteAddr::new(r, 0), b"xy");
+        batch
+    }
+
+    #[test]
+    fn hand_encoding_is_postcard() {
+        let batch = sample_batch();
+        let mut mine = Vec::new();
+        encode_batch(&mut mine, &batch);
+        let theirs = postcard::to_stdvec(&Request::Batch(batch.clone())).unwrap();
+        assert_eq!(mine, theirs);
+
+        let (mut scratch, mut decoded) = (Vec::new(), Batch::new());
+        assert_eq!(
+            decode_request(&theirs, &mut scratch, &mut decoded),
+            Ok(DecodedRequest::Batch)
+        );
+        assert_eq!(decoded, batch);
+        assert_eq!(decoded.atomic_count(), 4);
+        assert_eq!(decoded.read_bytes(), 11);
+
+        let mut out = Completions::new();
+        out.reset_for(&batch);
+        for old in [0, 1, u64::MAX, 1 << 35] {
+            out.push_old(old);
+        }
+        out.push_read(11).copy_from_slice(b"hello world");
+        let mut mine = Vec::new();
+        encode_completions(&mut mine, &out);
+        let theirs = postcard::to_stdvec(&Reply::Completions(out.clone())).unwrap();
+        assert_eq!(mine, theirs);
+        let mut decoded = Completions::new();
+        assert_eq!(
+            decode_reply(&theirs, &batch, &mut decoded),
+            Ok(DecodedReply::Completions)
+        );
+        assert_eq!(decoded, out);
+    }
+
+    #[test]
+    fn shape_errors_before_building() {
+        let (mut scratch, mut batch) = (Vec::new(), Batch::new());
+        // A write claiming more than MAX_IO_BYTES with no payload must not reach Batch::write.
+        let mut body = Vec::new();
+        put_varint(&mut body, 1);
+        put_varint(&mut body, 1);
+        put_postcard(
+            &mut body,
+            &Verb::Write {
+                addr: RemoteAddr::new(RegionId(0), 0),
+                len: u32::MAX,
+            },
+        );
+        put_varint(&mut body, 0);
+        assert!(matches!(
+            decode_request(&body, &mut scratch, &mut batch),
+            Err(DecodeError::Shape(BatchError::VerbTooLarge {
+                index: 0,
+                ..
+            }))
+        ));
+        // A verb count far over the limit is refused before anything is decoded.
+        let mut body = Vec::new();
+        put_varint(&mut body, 1);
+        put_varint(&mut body, u64::MAX);
+        assert!(matches!(
+            decode_request(&body, &mut scratch, &mut batch),
+            Err(DecodeError::Shape(BatchError::TooManyVerbs { .. }))
+        ));
+        // Truncation anywhere is malformed, never a panic.
+        let mut full = Vec::new();
+        encode_batch(&mut full, &sample_batch());
+        for cut in 0..full.len() {
+            assert!(decode_request(&full[..cut], &mut scratch, &mut batch).is_err());
+        }
+    }
+}

@@ -1,0 +1,610 @@
+//! The `tcp` backend: verbs round trip, concurrent connections, and every kind of bad input a
+//! server can receive, each answered with its specific error while other clients keep being
+//! served.
+
+use fabric::batch::{MAX_BATCH_VERBS, MAX_IO_BYTES};
+use fabric::frame::{self, HEADER_LEN};
+use fabric::tcp::wire::{
+    self, Hello, Refusal, RemoteError, Reply, Request, MAGIC, MAX_HELLO_FRAME, MAX_REQUEST_FRAME,
+    PROTOCOL_VERSION,
+};
+use fabric::{
+    Auth, Batch, BatchError, Completions, Connector, Endpoint, EndpointExt, FabricError,
+    MaskedAtomics, Region, RegionId, RemoteAddr, TcpConnector, TcpEndpoint, TcpServer, Verb,
+    VerbError,
+};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const CLUSTER: &str = "test-cluster";
+const TOKEN: &str = "s3cret";
+const R: RegionId = RegionId(1);
+const REGION_LEN: u64 = 4096;
+
+fn addr(offset: u64) -> RemoteAddr {
+    RemoteAddr::new(R, offset)
+}
+
+/// A server with one 4 KiB region, and a connector to it.
+fn setup() -> (TcpServer, TcpConnector) {
+    let server = TcpServer::bind("127.0.0.1:0", Auth::new(CLUSTER, TOKEN)).unwrap();
+    server.register(R, REGION_LEN).unwrap();
+    let connector = TcpConnector::connect(server.local_addr(), CLUSTER, TOKEN).unwrap();
+    (server, connector)
+}
+
+/// Checks that a well-behaved client is still served correctly: a fresh connection does a
+/// CAS + FAA + write + read batch on a word of its own.
+fn assert_healthy(server: &TcpServer) {
+    let mut ep = TcpEndpoint::connect(server.local_addr(), CLUSTER, TOKEN).unwrap();
+    let word = addr(REGION_LEN - 8);
+    let before = ep.read_u64(word).unwrap();
+    let mut batch = Batch::new();
+    let cas = batch.cas(word, before, before + 10);
+    let faa = batch.faa(word, 5);
+    let read = batch.read(word, 8);
+    let mut out = Completions::new();
+    ep.execute(&batch, &mut out).unwrap();
+    assert_eq!(out.old(cas), before);
+    assert_eq!(out.old(faa), before + 10);
+    assert_eq!(out.word(read, 0), before + 15);
+}
+
+/// A raw socket past the handshake, for sending hand-made frames.
+fn raw_authenticated(server: &TcpServer) -> TcpStream {
+    let mut stream = TcpStream::connect(server.local_addr()).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    send_hello(&mut stream, MAGIC, PROTOCOL_VERSION, CLUSTER, TOKEN);
+    match read_reply(&mut stream) {
+        Reply::Welcome(w) => assert_eq!(w.version, PROTOCOL_VERSION),
+        other => panic!("expected Welcome, got {other:?}"),
+    }
+    stream
+}
+
+fn send_hello(stream: &mut TcpStream, magic: u32, version: u16, cluster: &str, token: &str) {
+    let hello = Request::Hello(Hello {
+        magic,
+        version,
+        cluster: cluster.into(),
+        token: token.into(),
+    });
+    frame::write_frame(stream, &postcard::to_stdvec(&hello).unwrap()).unwrap();
+}
+
+fn read_reply(stream: &mut TcpStream) -> Reply {
+    let mut body = Vec::new();
+    frame::read_frame(stream, usize::MAX, &mut body).unwrap();
+    postcard::from_bytes(&body).unwrap()
+}
+
+fn expect_error(stream: &mut TcpStream) -> RemoteError {
+    match read_reply(stream) {
+        Reply::Error(e) => e,
+        other => panic!("expected an error reply, got {other:?}"),
+    }
+}
+
+/// Asserts that the server closes `stream` (EOF, or a reset), within the test timeout.
+fn assert_closed(stream: &mut TcpStream) {
+    let mut byte = [0u8; 1];
+    match stream.read(&mut byte) {
+        Ok(0) => {}
+        Ok(_) => panic!("expected the server to close the connection, got more data"),
+        Err(e) => assert!(
+            !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+            "server did not close the connection: {e}"
+        ),
+    }
+}
+
+fn batch_body(batch: &Batch) -> Vec<u8> {
+    postcard::to_stdvec(&Request::Batch(batch.clone())).unwrap()
+}
+
+#[test]
+fn every_verb_round_trips() {
+    let (server, connector) = setup();
+    let mut ep = connector.connect().unwrap();
+    let caps = ep.capabilities();
+    assert_eq!(caps.backend, "tcp");
+    assert_eq!(caps.masked_atomics, MaskedAtomics::CpuCasLoop);
+    assert!(caps.server_cpu_on_data_path);
+
+    ep.write(addr(3), b"hello, world").unwrap();
+    assert_eq!(ep.read(addr(3), 12).unwrap(), b"hello, world");
+    ep.write_u64(addr(64), 41).unwrap();
+    assert_eq!(ep.cas(addr(64), 41, 42).unwrap(), 41);
+    assert_eq!(
+        ep.cas(addr(64), 41, 99).unwrap(),
+        42,
+        "failed CAS returns old"
+    );
+    assert_eq!(ep.read_u64(addr(64)).unwrap(), 42);
+    assert_eq!(ep.faa(addr(64), u64::MAX).unwrap(), 42, "FAA wraps");
+    assert_eq!(ep.read_u64(addr(64)).unwrap(), 41);
+    // Masked CAS: compares only the low byte, stores only the high byte.
+    ep.write_u64(addr(72), 0x00AA_0000_0000_0011).unwrap();
+    let old = ep
+        .masked_cas(
+            addr(72),
+            0x11,
+            0xFF,
+            0x7700_0000_0000_0000,
+            0xFF00_0000_0000_0000,
+        )
+        .unwrap();
+    assert_eq!(old, 0x00AA_0000_0000_0011);
+    assert_eq!(ep.read_u64(addr(72)).unwrap(), 0x77AA_0000_0000_0011);
+    // Two 32-bit fields: the low field's carry does not cross into the high field.
+    ep.write_u64(addr(80), 0xFFFF_FFFF).unwrap();
+    let boundary = (1 << 31) | (1 << 63);
+    assert_eq!(ep.masked_faa(addr(80), 1, boundary).unwrap(), 0xFFFF_FFFF);
+    assert_eq!(ep.read_u64(addr(80)).unwrap(), 0);
+
+    // One batch of everything, executed in posting order.
+    let mut batch = Batch::new();
+    batch.write(addr(200), &[7u8; 20]);
+    let r1 = batch.read(addr(198), 24);
+    let a = batch.faa(addr(256), 3);
+    let b = batch.faa(addr(256), 4);
+    let r2 = batch.read(addr(256), 8);
+    let mut out = Completions::new();
+    ep.execute(&batch, &mut out).unwrap();
+    let mut expect = [0u8; 24];
+    expect[2..22].fill(7);
+    assert_eq!(out.bytes(r1), &expect[..]);
+    assert_eq!((out.old(a), out.old(b), out.word(r2, 0)), (0, 3, 7));
+
+    // 1 MiB each way, in a region big enough for it.
+    let big = RegionId(9);
+    server.register(big, 2 << 20).unwrap();
+    let data: Vec<u8> = (0..1 << 20).map(|i: u32| (i * 31 + 7) as u8).collect();
+    ep.write(RemoteAddr::new(big, 5), &data).unwrap();
+    assert_eq!(ep.read(RemoteAddr::new(big, 5), data.len()).unwrap(), data);
+
+    let stats = ep.stats();
+    assert_eq!(stats.round_trips, 17);
+    assert_eq!(stats.bytes_written, 12 + 8 * 3 + 20 + (1 << 20));
+}
+
+#[test]
+fn concurrent_faa_sums_exactly() {
+    let (server, connector) = setup();
+    let connector = Arc::new(connector);
+    const THREADS: u64 = 4;
+    const ROUNDS: u64 = 500;
+    let threads: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let connector = connector.clone();
+            std::thread::spawn(move || {
+                let mut ep = connector.connect().unwrap();
+                let mut batch = Batch::new();
+                let mut out = Completions::new();
+                for i in 0..ROUNDS {
+                    // Alternate single FAAs and batches of three on the same word.
+                    batch.clear();
+                    batch.faa(addr(0), t + 1);
+                    if i % 2 == 0 {
+                        batch.faa(addr(0), t + 1);
+                        batch.faa(addr(0), t + 1);
+                    }
+                    ep.execute(&batch, &mut out).unwrap();
+                }
+                ep.stats().atomics
+            })
+        })
+        .collect();
+    let atomics: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    assert_eq!(atomics, THREADS * ROUNDS * 2);
+    let per_thread_adds = ROUNDS * 2;
+    let expected: u64 = (1..=THREADS).map(|w| w * per_thread_adds).sum();
+    let mut ep = connector.connect().unwrap();
+    assert_eq!(ep.read_u64(addr(0)).unwrap(), expected);
+    drop(server);
+}
+
+#[test]
+fn verb_errors_are_the_executors() {
+    let (server, connector) = setup();
+    let mut ep = connector.connect().unwrap();
+    let mut out = Completions::new();
+
+    // Every refusal names the first bad verb, and nothing of its batch executes: the write
+    // posted before the bad verb must not have happened.
+    let cases: Vec<(Verb, VerbError)> = vec![
+        (
+            Verb::Faa {
+                addr: RemoteAddr::new(RegionId(77), 0),
+                add: 1,
+            },
+            VerbError::UnknownRegion {
+                index: 1,
+                region: RegionId(77),
+            },
+        ),
+        (
+            Verb::Read {
+                addr: addr(REGION_LEN - 4),
+                len: 8,
+            },
+            VerbError::OutOfBounds {
+                index: 1,
+                addr: addr(REGION_LEN - 4),
+                len: 8,
+                region_len: REGION_LEN,
+            },
+        ),
+        (
+            Verb::Read {
+                addr: addr(u64::MAX - 2),
+                len: 8,
+            },
+            VerbError::OutOfBounds {
+                index: 1,
+                addr: addr(u64::MAX - 2),
+                len: 8,
+                region_len: REGION_LEN,
+            },
+        ),
+        (
+            Verb::Cas {
+                addr: addr(12),
+                expect: 0,
+                swap: 1,
+            },
+            VerbError::Misaligned {
+                index: 1,
+                addr: addr(12),
+            },
+        ),
+    ];
+    for (bad, expected) in cases {
+        let mut batch = Batch::new();
+        batch.write_u64(addr(512), 0xDEAD);
+        batch.push(bad, &[]);
+        match ep.execute(&batch, &mut out) {
+            Err(FabricError::Verb(e)) => assert_eq!(e, expected),
+            other => panic!("expected {expected:?}, got {other:?}"),
+        }
+        assert_eq!(ep.read_u64(addr(512)).unwrap(), 0, "refused batch executed");
+        assert_healthy(&server);
+    }
+    // The same endpoint keeps working after refusals.
+    assert_eq!(ep.faa(addr(16), 1).unwrap(), 0);
+    assert_eq!(ep.stats().round_trips, 5, "refused batches are not counted");
+}
+
+#[test]
+fn client_refuses_batches_no_server_accepts() {
+    let (server, connector) = setup();
+    let mut ep = connector.connect().unwrap();
+    let mut batch = Batch::new();
+    for _ in 0..=MAX_BATCH_VERBS {
+        batch.faa(addr(0), 1);
+    }
+    assert!(matches!(
+        ep.execute(&batch, &mut Completions::new()),
+        Err(FabricError::Batch(BatchError::TooManyVerbs { .. }))
+    ));
+    assert_eq!(ep.faa(addr(0), 1).unwrap(), 0, "endpoint still usable");
+    assert_healthy(&server);
+}
+
+#[test]
+fn bad_batch_shapes_get_batch_errors() {
+    let (server, _connector) = setup();
+    let mut stream = raw_authenticated(&server);
+
+    // A write verb whose data is missing from the payload.
+    let mut body = Vec::new();
+    let mut short = Batch::new();
+    short.write(addr(0), b"abcdefgh");
+    wire::encode_batch(&mut body, &short);
+    body.truncate(body.len() - 8);
+    let len_at = body.len() - 1;
+    body[len_at] = 0; // payload length 0, 0 bytes follow
+    frame::write_frame(&mut stream, &body).unwrap();
+    assert_eq!(
+        expect_error(&mut stream),
+        RemoteError::Batch(BatchError::PayloadMismatch {
+            declared: 8,
+            actual: 0
+        })
+    );
+
+    // A read larger than any verb may move.
+    let mut body = vec![1u8, 1]; // Request::Batch, one verb
+    body.extend(
+        postcard::to_stdvec(&Verb::Read {
+            addr: addr(0),
+            len: MAX_IO_BYTES as u32 + 1,
+        })
+        .unwrap(),
+    );
+    body.push(0);
+    frame::write_frame(&mut stream, &body).unwrap();
+    assert_eq!(
+        expect_error(&mut stream),
+        RemoteError::Batch(BatchError::VerbTooLarge {
+            index: 0,
+            len: MAX_IO_BYTES + 1,
+            max: MAX_IO_BYTES
+        })
+    );
+
+    // More verbs than a batch may carry (the count alone is enough to refuse it).
+    let mut body = vec![1u8];
+    body.extend(postcard::to_stdvec(&(MAX_BATCH_VERBS as u64 + 1)).unwrap());
+    frame::write_frame(&mut stream, &body).unwrap();
+    assert_eq!(
+        expect_error(&mut stream),
+        RemoteError::Batch(BatchError::TooManyVerbs {
+            count: MAX_BATCH_VERBS + 1,
+            max: MAX_BATCH_VERBS
+        })
+    );
+
+    // The connection is still in sync and serves a good batch.
+    let mut good = Batch::new();
+    good.faa(addr(8), 2);
+    frame::write_frame(&mut stream, &batch_body(&good)).unwrap();
+    match read_reply(&mut stream) {
+        Reply::Completions(c) => assert_eq!(c.olds(), &[0]),
+        other => panic!("expected completions, got {other:?}"),
+    }
+    assert_healthy(&server);
+}
+
+#[test]
+fn bad_checksum_is_reported_and_the_stream_stays_in_sync() {
+    let (server, _connector) = setup();
+    let mut stream = raw_authenticated(&server);
+    let mut batch = Batch::new();
+    batch.faa(addr(8), 1);
+    let body = batch_body(&batch);
+    let mut wire_bytes = Vec::new();
+    frame::write_frame(&mut wire_bytes, &body).unwrap();
+    wire_bytes[HEADER_LEN + 2] ^= 0x40; // corrupt the body, keep the header
+    stream.write_all(&wire_bytes).unwrap();
+    assert!(matches!(
+        expect_error(&mut stream),
+        RemoteError::BadChecksum { .. }
+    ));
+    // Nothing executed, and the next (intact) frame is served.
+    frame::write_frame(&mut stream, &body).unwrap();
+    match read_reply(&mut stream) {
+        Reply::Completions(c) => assert_eq!(c.olds(), &[0], "corrupt batch executed"),
+        other => panic!("expected completions, got {other:?}"),
+    }
+    assert_healthy(&server);
+}
+
+#[test]
+fn malformed_messages_are_reported() {
+    let (server, _connector) = setup();
+    let mut stream = raw_authenticated(&server);
+    let garbage: [&[u8]; 5] = [
+        b"",                          // no tag
+        &[9],                         // unknown message tag
+        &[1, 1, 42],                  // a verb with an unknown variant
+        &[1, 0, 3, 1, 2],             // payload length 3, 2 bytes follow
+        &[1, 0, 0, 0xAA, 0xBB, 0xCC], // trailing bytes after the payload
+    ];
+    for body in garbage {
+        frame::write_frame(&mut stream, body).unwrap();
+        match expect_error(&mut stream) {
+            RemoteError::Malformed(why) => assert!(!why.is_empty()),
+            other => panic!("{body:?}: expected Malformed, got {other:?}"),
+        }
+    }
+    // A second Hello is a protocol error too, but not fatal.
+    send_hello(&mut stream, MAGIC, PROTOCOL_VERSION, CLUSTER, TOKEN);
+    assert!(matches!(
+        expect_error(&mut stream),
+        RemoteError::Malformed(_)
+    ));
+    let mut batch = Batch::new();
+    batch.faa(addr(8), 1);
+    frame::write_frame(&mut stream, &batch_body(&batch)).unwrap();
+    assert!(matches!(read_reply(&mut stream), Reply::Completions(_)));
+    assert_healthy(&server);
+}
+
+#[test]
+fn oversized_frame_gets_an_error_then_close() {
+    let (server, _connector) = setup();
+    let mut stream = raw_authenticated(&server);
+    let len = (MAX_REQUEST_FRAME + 1) as u32;
+    let mut header = [0u8; HEADER_LEN];
+    header[..4].copy_from_slice(&len.to_le_bytes());
+    stream.write_all(&header).unwrap();
+    stream.write_all(&[0u8; 1000]).unwrap(); // the start of a body the server will not read
+    assert_eq!(
+        expect_error(&mut stream),
+        RemoteError::FrameTooLarge {
+            len: u64::from(len),
+            max: MAX_REQUEST_FRAME as u64
+        }
+    );
+    assert_closed(&mut stream);
+    assert_healthy(&server);
+}
+
+#[test]
+fn handshake_refusals() {
+    let (server, _connector) = setup();
+    let refused = |cluster: &str, token: &str| match TcpEndpoint::connect(
+        server.local_addr(),
+        cluster,
+        token,
+    ) {
+        Err(FabricError::Refused(why)) => why,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+    let why = refused(CLUSTER, "wrong");
+    assert!(why.contains("wrong token"), "{why}");
+    assert!(
+        !why.contains("wrong\""),
+        "the token must not be echoed: {why}"
+    );
+    let why = refused("other-cluster", TOKEN);
+    assert!(why.contains("wrong cluster"), "{why}");
+    assert!(matches!(
+        TcpConnector::connect(server.local_addr(), CLUSTER, ""),
+        Err(FabricError::Refused(_))
+    ));
+
+    // Raw peers: each gets its specific refusal, then the connection is closed.
+    let raw = || {
+        let s = TcpStream::connect(server.local_addr()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s
+    };
+    let refusal = |s: &mut TcpStream| match read_reply(s) {
+        Reply::Refused(r) => r,
+        other => panic!("expected a refusal, got {other:?}"),
+    };
+
+    let mut s = raw();
+    send_hello(&mut s, MAGIC, PROTOCOL_VERSION + 1, CLUSTER, TOKEN);
+    assert_eq!(
+        refusal(&mut s),
+        Refusal::UnsupportedVersion {
+            client: PROTOCOL_VERSION + 1,
+            server: PROTOCOL_VERSION
+        }
+    );
+    assert_closed(&mut s);
+
+    let mut s = raw();
+    send_hello(
+        &mut s,
+        u32::from_le_bytes(*b"HTTP"),
+        PROTOCOL_VERSION,
+        CLUSTER,
+        TOKEN,
+    );
+    assert_eq!(refusal(&mut s), Refusal::BadMagic);
+    assert_closed(&mut s);
+
+    // A batch before the handshake.
+    let mut s = raw();
+    let mut batch = Batch::new();
+    batch.faa(addr(0), 1);
+    frame::write_frame(&mut s, &batch_body(&batch)).unwrap();
+    assert!(matches!(refusal(&mut s), Refusal::BadHello(_)));
+    assert_closed(&mut s);
+
+    // Undecodable first frame, and a first frame with a bad checksum.
+    let mut s = raw();
+    frame::write_frame(&mut s, &[0, 0xFF]).unwrap();
+    assert!(matches!(refusal(&mut s), Refusal::BadHello(_)));
+    assert_closed(&mut s);
+    let mut s = raw();
+    let mut bytes = Vec::new();
+    frame::write_frame(
+        &mut bytes,
+        &postcard::to_stdvec(&Request::Hello(Hello {
+            magic: MAGIC,
+            version: PROTOCOL_VERSION,
+            cluster: CLUSTER.into(),
+            token: TOKEN.into(),
+        }))
+        .unwrap(),
+    )
+    .unwrap();
+    bytes[5] ^= 1;
+    s.write_all(&bytes).unwrap();
+    assert!(matches!(refusal(&mut s), Refusal::BadHello(_)));
+    assert_closed(&mut s);
+
+    // Another protocol entirely: "GET " read as a frame length is far over the handshake limit.
+    let mut s = raw();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    match refusal(&mut s) {
+        Refusal::BadHello(why) => assert!(why.contains(&MAX_HELLO_FRAME.to_string()), "{why}"),
+        other => panic!("expected BadHello, got {other:?}"),
+    }
+    assert_closed(&mut s);
+
+    assert_healthy(&server);
+}
+
+#[test]
+fn regions_can_be_added_and_removed() {
+    let (server, connector) = setup();
+    assert!(matches!(server.register(R, 8), Err(FabricError::Config(_))));
+    let shared = Arc::new(Region::anonymous(RegionId(4), 64));
+    server.add_region(shared.clone()).unwrap();
+    let mut ep = connector.connect().unwrap();
+    let a = RemoteAddr::new(RegionId(4), 8);
+    ep.write_u64(a, 5).unwrap();
+    assert_eq!(fabric::region::load_word(&shared, a), Some(5));
+    let mut listed: Vec<_> = TcpEndpoint::connect(server.local_addr(), CLUSTER, TOKEN)
+        .unwrap()
+        .regions()
+        .iter()
+        .map(|r| (r.id, r.len))
+        .collect();
+    listed.sort();
+    assert_eq!(listed, vec![(R, REGION_LEN), (RegionId(4), 64)]);
+
+    assert!(server.deregister(RegionId(4)).is_some());
+    match ep.read_u64(a) {
+        Err(FabricError::Verb(VerbError::UnknownRegion { index: 0, region })) => {
+            assert_eq!(region, RegionId(4))
+        }
+        other => panic!("expected UnknownRegion, got {other:?}"),
+    }
+}
+
+#[test]
+fn dead_server_gives_disconnected_promptly() {
+    let (server, connector) = setup();
+    let mut ep = connector.connect().unwrap();
+    ep.faa(addr(0), 1).unwrap();
+    // An unauthenticated idle peer and an authenticated idle one must not delay shutdown.
+    let _idle = TcpStream::connect(server.local_addr()).unwrap();
+    let _idle_auth = raw_authenticated(&server);
+    let start = Instant::now();
+    server.shutdown();
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "shutdown took {:?}",
+        start.elapsed()
+    );
+    assert_eq!(server.connection_count(), 0);
+    for _ in 0..2 {
+        match ep.faa(addr(0), 1) {
+            Err(FabricError::Disconnected(_)) => {}
+            other => panic!("expected Disconnected, got {other:?}"),
+        }
+    }
+    let addr = server.local_addr();
+    drop(server);
+    assert!(TcpConnector::connect(addr, CLUSTER, TOKEN).is_err());
+}
+
+#[test]
+fn connections_are_released() {
+    let (server, connector) = setup();
+    drop(connector);
+    for _ in 0..5 {
+        let mut ep = TcpEndpoint::connect(server.local_addr(), CLUSTER, TOKEN).unwrap();
+        ep.faa(addr(0), 1).unwrap();
+    }
+    // Every connection thread ends once its client has gone.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while server.connection_count() > 0 {
+        assert!(Instant::now() < deadline, "connection threads leaked");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
