@@ -79,6 +79,52 @@ impl SchemeKind {
     }
 }
 
+/// The spec form: `mutex`, `seg:<segment_units>:<segments>`, `server` (parsed back by
+/// [`SchemeKind::from_str`](std::str::FromStr)), so a kind can cross a process boundary or a
+/// command line.
+impl std::fmt::Display for SchemeKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SchemeKind::Seg {
+                segment_units,
+                segments,
+            } => write!(f, "{SCHEME_SEG}:{segment_units}:{segments}"),
+            other => f.write_str(other.name()),
+        }
+    }
+}
+
+impl std::str::FromStr for SchemeKind {
+    type Err = LockError;
+
+    fn from_str(spec: &str) -> Result<Self, LockError> {
+        let mut parts = spec.split(':');
+        let name = parts.next().unwrap_or_default();
+        let mut number = |what: &str| -> Result<u64, LockError> {
+            parts
+                .next()
+                .ok_or_else(|| LockError::Config(format!("scheme {spec:?}: {what} missing")))?
+                .parse()
+                .map_err(|e| LockError::Config(format!("scheme {spec:?}: bad {what}: {e}")))
+        };
+        let kind = match name {
+            SCHEME_MUTEX => SchemeKind::Mutex,
+            SCHEME_SERVER => SchemeKind::Server,
+            SCHEME_SEG => SchemeKind::Seg {
+                segment_units: number("segment units")?,
+                segments: number("segment count")?,
+            },
+            _ => return Err(LockError::Config(format!("unknown lock scheme {spec:?}"))),
+        };
+        if parts.next().is_some() {
+            return Err(LockError::Config(format!(
+                "scheme {spec:?}: unexpected trailing fields"
+            )));
+        }
+        Ok(kind)
+    }
+}
+
 fn seg_config(segment_units: u64, segments: u64, ticket: TicketConfig) -> SegConfig {
     SegConfig {
         segment_units,

@@ -1,0 +1,495 @@
+//! The lock safety checker (DESIGN.md, "Testing"): threads and processes take random ranges —
+//! unaligned, 1 to 2^16 units, uniform and Zipf placement, some whole-space locks — through a
+//! scheme, with delays injected into every endpoint ([`ChaosConnector`]), and record ownership in
+//! a shadow map; any overlap or any acquisition slower than the liveness bound fails.
+//!
+//! Every scheme runs the same matrix: threads on `mem`, threads on `shm`, processes on `shm`
+//! (this test binary re-executes itself as the child workers). Adding a scheme is one line in
+//! the `schemes!` list below.
+//!
+//! The checker's self-tests prove it can fail: a lock that locks nothing, a lock that leaves out
+//! the last unit of every range, and a lock that never grants must all be caught.
+
+mod common;
+
+use common::{AtomicShadow, FabricShadow, Report, Workload};
+use fabric::{Connector, MemServer, RegionId, RemoteAddr, ShmConnector, ShmServer};
+use lockmgr::baselines::TicketConfig;
+use lockmgr::chaos::DelayMode;
+use lockmgr::{
+    ChaosConfig, ChaosConnector, LockError, LockId, LockStats, RangeLock, SchemeInstance,
+    SchemeKind,
+};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// The region holding the scheme's lock words.
+const REGION_LOCK: RegionId = RegionId(1);
+/// The region holding the cross-process shadow map.
+const REGION_SHADOW: RegionId = RegionId(2);
+/// Where the scheme's words start.
+const LOCK_BASE: RemoteAddr = RemoteAddr::new(REGION_LOCK, 0);
+/// The environment variable that turns this binary into a child worker.
+const CHILD_ENV: &str = "CITRONFS_SAFETY_CHILD";
+
+fn chaos(seed: u64) -> ChaosConfig {
+    ChaosConfig {
+        before: 0.1,
+        after: 0.1,
+        max_delay: Duration::from_micros(100),
+        mode: DelayMode::Auto,
+        seed: Some(seed),
+    }
+}
+
+/// The thread runs' workload: `Workload::default()` (150 acquisitions per worker).
+fn workload() -> Workload {
+    Workload::default()
+}
+
+/// The process runs' workload: fewer acquisitions per worker, because the cross-process shadow
+/// claims go through fabric verbs (thousands per large range) and three processes start.
+fn process_workload() -> Workload {
+    Workload {
+        iterations: 50,
+        ..Workload::default()
+    }
+}
+
+/// Scheme-specific expectations on what happened under chaos.
+fn check_stats(kind: &SchemeKind, report: &Report, workers: usize, w: &Workload) {
+    let stats = &report.stats;
+    let expected = (workers * w.iterations) as u64;
+    assert_eq!(stats.acquisitions, expected, "{kind}: acquisitions");
+    assert_eq!(stats.releases, expected, "{kind}: releases");
+    if kind.name().starts_with("citron") {
+        // CITRON's timing-dependent paths must really have run under injected delays.
+        assert!(
+            stats.aborts.total() > 0,
+            "{kind}: no aborts under chaos: {stats:?}"
+        );
+        assert!(
+            stats.starvation_escalations > 0,
+            "{kind}: no starvation escalations under chaos: {stats:?}"
+        );
+    }
+    eprintln!(
+        "{kind}: {} acquisitions, {:.2} RTTs/acquire, {:.2} RTTs/release, abort rate {:.3}, max acquire {:?}",
+        stats.acquisitions,
+        stats.rtts_per_acquire(),
+        stats.rtts_per_release(),
+        stats.abort_rate(),
+        report.max_acquire
+    );
+}
+
+fn lock_region_bytes(kind: &SchemeKind) -> u64 {
+    kind.region_bytes().max(8)
+}
+
+/// Threads of this process on the `mem` backend.
+fn threads_mem(kind: SchemeKind, threads: usize) {
+    let server = MemServer::new();
+    server
+        .register(REGION_LOCK, lock_region_bytes(&kind))
+        .unwrap();
+    let instance = SchemeInstance::create(
+        kind,
+        &mut server.endpoint(),
+        LOCK_BASE,
+        TicketConfig::default(),
+    )
+    .unwrap();
+    let connector = ChaosConnector::new(server, chaos(1));
+    run_in_process(kind, instance, &connector, threads);
+}
+
+/// Threads of this process on the `shm` backend.
+fn threads_shm(kind: SchemeKind, threads: usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let server = ShmServer::create(dir.path().join("server")).unwrap();
+    server
+        .register(REGION_LOCK, lock_region_bytes(&kind))
+        .unwrap();
+    let attached = ShmConnector::attach(server.dir()).unwrap();
+    let instance = SchemeInstance::create(
+        kind,
+        &mut attached.endpoint(),
+        LOCK_BASE,
+        TicketConfig::default(),
+    )
+    .unwrap();
+    let connector = ChaosConnector::new(attached, chaos(2));
+    run_in_process(kind, instance, &connector, threads);
+}
+
+fn run_in_process(
+    kind: SchemeKind,
+    instance: SchemeInstance,
+    connector: &dyn Connector,
+    threads: usize,
+) {
+    let w = workload();
+    let shadow = AtomicShadow::new(w.units, threads);
+    let report = common::run_threads(threads, 0, w, |_| {
+        let lock = instance
+            .open(connector)
+            .map_err(|e| format!("open {kind}: {e}"))?;
+        Ok((lock, shadow.clone()))
+    })
+    .unwrap_or_else(|violation| panic!("{kind}: {violation}"));
+    check_stats(&kind, &report, threads, &w);
+}
+
+/// Several processes (this binary, re-executed) on one `shm` server, sharing a shadow region.
+fn processes_shm(kind: SchemeKind, children: usize, threads: usize) {
+    let w = process_workload();
+    let dir = tempfile::tempdir().unwrap();
+    let server = ShmServer::create(dir.path().join("server")).unwrap();
+    server
+        .register(REGION_LOCK, lock_region_bytes(&kind))
+        .unwrap();
+    let holders = (children * threads) as u64;
+    server
+        .register(REGION_SHADOW, common::fabric_shadow_bytes(w.units, holders))
+        .unwrap();
+    let attached = ShmConnector::attach(server.dir()).unwrap();
+    let instance = SchemeInstance::create(
+        kind,
+        &mut attached.endpoint(),
+        LOCK_BASE,
+        TicketConfig::default(),
+    )
+    .unwrap();
+    let server_addr = instance
+        .server_addr()
+        .map_or_else(|| "-".to_string(), |a| a.to_string());
+
+    let (done, results) = mpsc::channel();
+    let mut pids = Vec::new();
+    for child in 0..children {
+        let spec = format!(
+            "{}|{kind}|{server_addr}|{child}|{threads}",
+            server.dir().display()
+        );
+        let mut process = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "child_worker",
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
+            .env(CHILD_ENV, spec)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        pids.push(process.id());
+        let stdout = process.stdout.take().unwrap();
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let mut result = Err(format!("child {child} reported nothing"));
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                // libtest may print "test child_worker ... " on the same line first.
+                if let Some(rest) = after(&line, "SAFETY-CHILD-OK ") {
+                    result = decode_report(rest)
+                        .ok_or_else(|| format!("child {child}: bad report {rest:?}"));
+                } else if let Some(rest) = after(&line, "SAFETY-CHILD-FAIL ") {
+                    result = Err(format!("child {child}: {rest}"));
+                }
+            }
+            let status = process.wait();
+            if result.is_ok() && !status.as_ref().is_ok_and(|s| s.success()) {
+                result = Err(format!("child {child} exited with {status:?}"));
+            }
+            let _ = done.send(result);
+        });
+    }
+    drop(done);
+    // Children enforce the per-acquisition liveness bound themselves; this only catches a child
+    // that hangs outside an acquisition.
+    let deadline = Duration::from_secs(120);
+    let mut report = Report::default();
+    for _ in 0..children {
+        match results.recv_timeout(deadline) {
+            Ok(Ok(child)) => report.merge(&child),
+            Ok(Err(violation)) => panic!("{kind}: {violation}"),
+            Err(_) => {
+                for pid in &pids {
+                    // Only our own children, by pid.
+                    let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+                }
+                panic!("{kind}: child processes did not finish within {deadline:?}");
+            }
+        }
+    }
+    check_stats(&kind, &report, children * threads, &w);
+}
+
+/// The text after `marker` in `line`.
+fn after<'a>(line: &'a str, marker: &str) -> Option<&'a str> {
+    line.find(marker).map(|at| &line[at + marker.len()..])
+}
+
+/// The child side of [`processes_shm`]: a no-op unless started by it.
+#[test]
+fn child_worker() {
+    let Ok(spec) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    match child_main(&spec) {
+        Ok(report) => println!("SAFETY-CHILD-OK {}", encode_report(&report)),
+        Err(violation) => {
+            println!("SAFETY-CHILD-FAIL {}", violation.replace('\n', " "));
+            std::process::exit(1);
+        }
+    }
+}
+
+fn child_main(spec: &str) -> Result<Report, String> {
+    let fields: Vec<&str> = spec.split('|').collect();
+    let [dir, kind, server, child, threads] = fields[..] else {
+        return Err(format!("bad child spec {spec:?}"));
+    };
+    let kind: SchemeKind = kind.parse().map_err(|e: LockError| e.to_string())?;
+    let server: Option<SocketAddr> = server.parse().ok();
+    let child: u64 = child.parse().map_err(|_| "bad child index")?;
+    let threads: usize = threads.parse().map_err(|_| "bad thread count")?;
+    let w = process_workload();
+    let attached = ShmConnector::attach(dir).map_err(|e| e.to_string())?;
+    let instance = SchemeInstance::attach(kind, LOCK_BASE, TicketConfig::default(), server)
+        .map_err(|e| e.to_string())?;
+    let connector = ChaosConnector::new(attached.clone(), chaos(100 + child));
+    let holder_base = child * threads as u64;
+    let w = Workload {
+        seed: w.seed ^ (child + 1),
+        ..w
+    };
+    common::run_threads(threads, holder_base, w, |_| {
+        let lock = instance
+            .open(&connector)
+            .map_err(|e| format!("open {kind}: {e}"))?;
+        let shadow = FabricShadow::new(
+            attached.connect().map_err(|e| e.to_string())?,
+            REGION_SHADOW,
+            w.units,
+        );
+        Ok((lock, shadow))
+    })
+}
+
+/// The statistics a child reports, as space-separated numbers.
+fn encode_report(report: &Report) -> String {
+    let s = &report.stats;
+    [
+        s.acquisitions,
+        s.releases,
+        s.aborts.time_limit,
+        s.aborts.scale_up,
+        s.aborts.leaf_conflict,
+        s.aborts.suspected_failure,
+        s.retries,
+        s.fast_path,
+        s.starvation_escalations,
+        s.spillover,
+        s.scale_ups,
+        s.recoveries,
+        s.acquire.round_trips,
+        s.release.round_trips,
+        report.max_acquire.as_nanos() as u64,
+    ]
+    .map(|n| n.to_string())
+    .join(" ")
+}
+
+fn decode_report(line: &str) -> Option<Report> {
+    let n: Vec<u64> = line
+        .split_whitespace()
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .ok()?;
+    let [acquisitions, releases, time_limit, scale_up, leaf_conflict, suspected_failure, retries, fast_path, starvation_escalations, spillover, scale_ups, recoveries, acquire_rtts, release_rtts, max_ns] =
+        n[..]
+    else {
+        return None;
+    };
+    let mut stats = LockStats {
+        acquisitions,
+        releases,
+        retries,
+        fast_path,
+        starvation_escalations,
+        spillover,
+        scale_ups,
+        recoveries,
+        ..LockStats::default()
+    };
+    stats.aborts.time_limit = time_limit;
+    stats.aborts.scale_up = scale_up;
+    stats.aborts.leaf_conflict = leaf_conflict;
+    stats.aborts.suspected_failure = suspected_failure;
+    stats.acquire.round_trips = acquire_rtts;
+    stats.release.round_trips = release_rtts;
+    Some(Report {
+        stats,
+        max_acquire: Duration::from_nanos(max_ns),
+    })
+}
+
+/// The matrix: each line is one scheme, run with threads on mem and shm and processes on shm.
+macro_rules! schemes {
+    ($($name:ident => $kind:expr;)*) => {$(
+        mod $name {
+            use super::*;
+
+            #[test]
+            fn threads_on_mem() {
+                threads_mem($kind, 4);
+            }
+
+            #[test]
+            fn threads_on_shm() {
+                threads_shm($kind, 4);
+            }
+
+            #[test]
+            fn processes_on_shm() {
+                processes_shm($kind, 3, 2);
+            }
+        }
+    )*};
+}
+
+schemes! {
+    mutex => SchemeKind::Mutex;
+    // Segments wrap: 2^20 units / 64 = 16384 segments onto 1024 lock words.
+    seg => SchemeKind::Seg { segment_units: 64, segments: 1024 };
+    server => SchemeKind::Server;
+}
+
+// ---- The checker's self-tests: broken locks must be caught. ----
+
+/// Locks nothing.
+struct NoopLock(u64);
+
+impl RangeLock for NoopLock {
+    fn acquire(&mut self, _range: Range<u64>) -> Result<LockId, LockError> {
+        self.0 += 1;
+        Ok(LockId(self.0))
+    }
+    fn release(&mut self, _id: LockId) -> Result<(), LockError> {
+        Ok(())
+    }
+    fn stats(&self) -> LockStats {
+        LockStats::default()
+    }
+    fn scheme(&self) -> &'static str {
+        "noop"
+    }
+}
+
+/// A correct lock asked for one unit less than requested: only unit-exact checking sees it.
+struct OffByOne(Box<dyn RangeLock>);
+
+impl RangeLock for OffByOne {
+    fn acquire(&mut self, range: Range<u64>) -> Result<LockId, LockError> {
+        let end = (range.end - 1).max(range.start + 1);
+        self.0.acquire(range.start..end)
+    }
+    fn release(&mut self, id: LockId) -> Result<(), LockError> {
+        self.0.release(id)
+    }
+    fn stats(&self) -> LockStats {
+        self.0.stats()
+    }
+    fn scheme(&self) -> &'static str {
+        "off-by-one"
+    }
+}
+
+/// Never grants.
+struct StuckLock;
+
+impl RangeLock for StuckLock {
+    fn acquire(&mut self, _range: Range<u64>) -> Result<LockId, LockError> {
+        loop {
+            std::thread::park();
+        }
+    }
+    fn release(&mut self, _id: LockId) -> Result<(), LockError> {
+        Ok(())
+    }
+    fn stats(&self) -> LockStats {
+        LockStats::default()
+    }
+    fn scheme(&self) -> &'static str {
+        "stuck"
+    }
+}
+
+/// A small, crowded space where broken locks collide quickly.
+fn crowded() -> Workload {
+    Workload {
+        units: 64,
+        max_size_log2: 3,
+        whole: 0.0,
+        iterations: 5000,
+        hold_probability: 1.0,
+        max_hold: Duration::from_micros(20),
+        ..Workload::default()
+    }
+}
+
+#[test]
+fn checker_catches_a_lock_that_locks_nothing() {
+    let w = crowded();
+    let shadow = AtomicShadow::new(w.units, 4);
+    let result = common::run_threads(4, 0, w, |_| {
+        Ok((Box::new(NoopLock(0)) as Box<dyn RangeLock>, shadow.clone()))
+    });
+    let violation = result.expect_err("the checker missed a lock that locks nothing");
+    assert!(violation.contains("OVERLAP"), "{violation}");
+}
+
+#[test]
+fn checker_catches_a_lock_that_drops_the_last_unit() {
+    let w = crowded();
+    let shadow = AtomicShadow::new(w.units, 4);
+    let instance = SchemeInstance::create(
+        SchemeKind::Server,
+        &mut MemServer::new().endpoint(),
+        LOCK_BASE,
+        TicketConfig::default(),
+    )
+    .unwrap();
+    let result = common::run_threads(4, 0, w, |_| {
+        let inner = instance
+            .open(&MemServer::new())
+            .map_err(|e| e.to_string())?;
+        Ok((
+            Box::new(OffByOne(inner)) as Box<dyn RangeLock>,
+            shadow.clone(),
+        ))
+    });
+    let violation = result.expect_err("the checker missed a lock that leaves out one unit");
+    assert!(violation.contains("OVERLAP"), "{violation}");
+}
+
+#[test]
+fn checker_catches_a_lock_that_never_grants() {
+    let w = Workload {
+        liveness: Duration::from_millis(200),
+        ..crowded()
+    };
+    let shadow = AtomicShadow::new(w.units, 1);
+    let result = common::run_threads(1, 0, w, |_| {
+        Ok((Box::new(StuckLock) as Box<dyn RangeLock>, shadow.clone()))
+    });
+    let violation = result.expect_err("the checker missed a lock that never grants");
+    assert!(violation.contains("LIVENESS"), "{violation}");
+}
