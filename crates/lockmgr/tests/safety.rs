@@ -3,9 +3,9 @@
 //! scheme, with delays injected into every endpoint ([`ChaosConnector`]), and record ownership in
 //! a shadow map; any overlap or any acquisition slower than the liveness bound fails.
 //!
-//! Every scheme runs the same matrix: threads on `mem`, threads on `shm`, processes on `shm`
-//! (this test binary re-executes itself as the child workers). Adding a scheme is one line in
-//! the `schemes!` list below.
+//! Every scheme runs the same matrix: threads on `mem`, `shm` and `tcp`; processes on `shm` and
+//! `tcp` (this test binary re-executes itself as the child workers). Adding a scheme is one line
+//! in the `schemes!` list below.
 //!
 //! The checker's self-tests prove it can fail: a lock that locks nothing, a lock that leaves out
 //! the last unit of every range, and a lock that never grants must all be caught.
@@ -13,7 +13,10 @@
 mod common;
 
 use common::{AtomicShadow, FabricShadow, Report, Workload};
-use fabric::{Connector, MemServer, RegionId, RemoteAddr, ShmConnector, ShmServer};
+use fabric::{
+    Auth, Connector, MemServer, RegionId, RemoteAddr, ShmConnector, ShmServer, TcpConnector,
+    TcpServer,
+};
 use lockmgr::baselines::TicketConfig;
 use lockmgr::chaos::DelayMode;
 use lockmgr::{
@@ -91,76 +94,135 @@ fn lock_region_bytes(kind: &SchemeKind) -> u64 {
     kind.region_bytes().max(8)
 }
 
-/// Threads of this process on the `mem` backend.
-fn threads_mem(kind: SchemeKind, threads: usize) {
-    let server = MemServer::new();
-    server
-        .register(REGION_LOCK, lock_region_bytes(&kind))
-        .unwrap();
+/// The fabric backends the checker runs on.
+#[derive(Clone, Copy, Debug)]
+enum Backend {
+    Mem,
+    Shm,
+    Tcp,
+}
+
+/// The tcp test cluster's credentials.
+const TCP_CLUSTER: &str = "safety";
+const TCP_TOKEN: &str = "safety-token";
+
+/// A running fabric server with the lock region (and, for processes, the shadow region).
+enum Fabric {
+    Mem(MemServer),
+    Shm {
+        server: ShmServer,
+        _dir: tempfile::TempDir,
+    },
+    Tcp(TcpServer),
+}
+
+impl Fabric {
+    fn start(backend: Backend, regions: &[(RegionId, u64)]) -> Self {
+        let fabric = match backend {
+            Backend::Mem => Fabric::Mem(MemServer::new()),
+            Backend::Shm => {
+                let dir = tempfile::tempdir().unwrap();
+                Fabric::Shm {
+                    server: ShmServer::create(dir.path().join("server")).unwrap(),
+                    _dir: dir,
+                }
+            }
+            Backend::Tcp => Fabric::Tcp(
+                TcpServer::bind("127.0.0.1:0", Auth::new(TCP_CLUSTER, TCP_TOKEN)).unwrap(),
+            ),
+        };
+        for &(id, len) in regions {
+            match &fabric {
+                Fabric::Mem(server) => server.register(id, len).map(drop),
+                Fabric::Shm { server, .. } => server.register(id, len).map(drop),
+                Fabric::Tcp(server) => server.register(id, len).map(drop),
+            }
+            .unwrap();
+        }
+        fabric
+    }
+
+    /// Where a child process finds this fabric.
+    fn location(&self) -> String {
+        match self {
+            Fabric::Mem(_) => unreachable!("mem regions cannot be shared with another process"),
+            Fabric::Shm { server, .. } => format!("shm={}", server.dir().display()),
+            Fabric::Tcp(server) => format!("tcp={}", server.local_addr()),
+        }
+    }
+
+    fn connector(&self) -> Box<dyn Connector> {
+        match self {
+            Fabric::Mem(server) => Box::new(server.clone()),
+            other => connect_to(&other.location()).unwrap(),
+        }
+    }
+}
+
+/// Opens a connector to the fabric at `location` (see [`Fabric::location`]).
+fn connect_to(location: &str) -> Result<Box<dyn Connector>, String> {
+    if let Some(dir) = location.strip_prefix("shm=") {
+        Ok(Box::new(
+            ShmConnector::attach(dir).map_err(|e| e.to_string())?,
+        ))
+    } else if let Some(addr) = location.strip_prefix("tcp=") {
+        Ok(Box::new(
+            TcpConnector::connect(addr, TCP_CLUSTER, TCP_TOKEN).map_err(|e| e.to_string())?,
+        ))
+    } else {
+        Err(format!("bad fabric location {location:?}"))
+    }
+}
+
+/// A boxed connector as a `Connector` (to wrap it in a [`ChaosConnector`]).
+struct DynConnector(Box<dyn Connector>);
+
+impl Connector for DynConnector {
+    fn connect(&self) -> fabric::Result<Box<dyn fabric::Endpoint>> {
+        self.0.connect()
+    }
+}
+
+/// Threads of this process on `backend`, sharing an in-memory shadow.
+fn threads_on(backend: Backend, kind: SchemeKind, threads: usize) {
+    let fabric = Fabric::start(backend, &[(REGION_LOCK, lock_region_bytes(&kind))]);
+    let connector = fabric.connector();
     let instance = SchemeInstance::create(
         kind,
-        &mut server.endpoint(),
+        &mut *connector.connect().unwrap(),
         LOCK_BASE,
         TicketConfig::default(),
     )
     .unwrap();
-    let connector = ChaosConnector::new(server, chaos(1));
-    run_in_process(kind, instance, &connector, threads);
-}
-
-/// Threads of this process on the `shm` backend.
-fn threads_shm(kind: SchemeKind, threads: usize) {
-    let dir = tempfile::tempdir().unwrap();
-    let server = ShmServer::create(dir.path().join("server")).unwrap();
-    server
-        .register(REGION_LOCK, lock_region_bytes(&kind))
-        .unwrap();
-    let attached = ShmConnector::attach(server.dir()).unwrap();
-    let instance = SchemeInstance::create(
-        kind,
-        &mut attached.endpoint(),
-        LOCK_BASE,
-        TicketConfig::default(),
-    )
-    .unwrap();
-    let connector = ChaosConnector::new(attached, chaos(2));
-    run_in_process(kind, instance, &connector, threads);
-}
-
-fn run_in_process(
-    kind: SchemeKind,
-    instance: SchemeInstance,
-    connector: &dyn Connector,
-    threads: usize,
-) {
+    let connector = ChaosConnector::new(DynConnector(connector), chaos(backend as u64 + 1));
     let w = workload();
     let shadow = AtomicShadow::new(w.units, threads);
     let report = common::run_threads(threads, 0, w, |_| {
         let lock = instance
-            .open(connector)
+            .open(&connector)
             .map_err(|e| format!("open {kind}: {e}"))?;
         Ok((lock, shadow.clone()))
     })
-    .unwrap_or_else(|violation| panic!("{kind}: {violation}"));
+    .unwrap_or_else(|violation| panic!("{kind} on {backend:?}: {violation}"));
     check_stats(&kind, &report, threads, &w);
 }
 
-/// Several processes (this binary, re-executed) on one `shm` server, sharing a shadow region.
-fn processes_shm(kind: SchemeKind, children: usize, threads: usize) {
+/// Several processes (this binary, re-executed) locking on one `shm` or `tcp` fabric.
+///
+/// The shadow map always lives in a separate `shm` fabric: the children are on one host, and
+/// checking ownership through tcp verbs (thousands per large range) would only slow the run
+/// down without testing the lock any harder.
+fn processes_on(backend: Backend, kind: SchemeKind, children: usize, threads: usize) {
     let w = process_workload();
-    let dir = tempfile::tempdir().unwrap();
-    let server = ShmServer::create(dir.path().join("server")).unwrap();
-    server
-        .register(REGION_LOCK, lock_region_bytes(&kind))
-        .unwrap();
     let holders = (children * threads) as u64;
-    server
-        .register(REGION_SHADOW, common::fabric_shadow_bytes(w.units, holders))
-        .unwrap();
-    let attached = ShmConnector::attach(server.dir()).unwrap();
+    let fabric = Fabric::start(backend, &[(REGION_LOCK, lock_region_bytes(&kind))]);
+    let shadow = Fabric::start(
+        Backend::Shm,
+        &[(REGION_SHADOW, common::fabric_shadow_bytes(w.units, holders))],
+    );
     let instance = SchemeInstance::create(
         kind,
-        &mut attached.endpoint(),
+        &mut *fabric.connector().connect().unwrap(),
         LOCK_BASE,
         TicketConfig::default(),
     )
@@ -173,8 +235,9 @@ fn processes_shm(kind: SchemeKind, children: usize, threads: usize) {
     let mut pids = Vec::new();
     for child in 0..children {
         let spec = format!(
-            "{}|{kind}|{server_addr}|{child}|{threads}",
-            server.dir().display()
+            "{}|{}|{kind}|{server_addr}|{child}|{threads}",
+            fabric.location(),
+            shadow.location()
         );
         let mut process = Command::new(std::env::current_exe().unwrap())
             .args([
@@ -218,13 +281,13 @@ fn processes_shm(kind: SchemeKind, children: usize, threads: usize) {
     for _ in 0..children {
         match results.recv_timeout(deadline) {
             Ok(Ok(child)) => report.merge(&child),
-            Ok(Err(violation)) => panic!("{kind}: {violation}"),
+            Ok(Err(violation)) => panic!("{kind} on {backend:?}: {violation}"),
             Err(_) => {
                 for pid in &pids {
                     // Only our own children, by pid.
                     let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
                 }
-                panic!("{kind}: child processes did not finish within {deadline:?}");
+                panic!("{kind} on {backend:?}: child processes did not finish within {deadline:?}");
             }
         }
     }
@@ -236,7 +299,7 @@ fn after<'a>(line: &'a str, marker: &str) -> Option<&'a str> {
     line.find(marker).map(|at| &line[at + marker.len()..])
 }
 
-/// The child side of [`processes_shm`]: a no-op unless started by it.
+/// The child side of [`processes_on`]: a no-op unless started by it.
 #[test]
 fn child_worker() {
     let Ok(spec) = std::env::var(CHILD_ENV) else {
@@ -253,7 +316,7 @@ fn child_worker() {
 
 fn child_main(spec: &str) -> Result<Report, String> {
     let fields: Vec<&str> = spec.split('|').collect();
-    let [dir, kind, server, child, threads] = fields[..] else {
+    let [location, shadow_location, kind, server, child, threads] = fields[..] else {
         return Err(format!("bad child spec {spec:?}"));
     };
     let kind: SchemeKind = kind.parse().map_err(|e: LockError| e.to_string())?;
@@ -261,10 +324,10 @@ fn child_main(spec: &str) -> Result<Report, String> {
     let child: u64 = child.parse().map_err(|_| "bad child index")?;
     let threads: usize = threads.parse().map_err(|_| "bad thread count")?;
     let w = process_workload();
-    let attached = ShmConnector::attach(dir).map_err(|e| e.to_string())?;
     let instance = SchemeInstance::attach(kind, LOCK_BASE, TicketConfig::default(), server)
         .map_err(|e| e.to_string())?;
-    let connector = ChaosConnector::new(attached.clone(), chaos(100 + child));
+    let shadow_fabric = connect_to(shadow_location)?;
+    let connector = ChaosConnector::new(DynConnector(connect_to(location)?), chaos(100 + child));
     let holder_base = child * threads as u64;
     let w = Workload {
         seed: w.seed ^ (child + 1),
@@ -275,7 +338,7 @@ fn child_main(spec: &str) -> Result<Report, String> {
             .open(&connector)
             .map_err(|e| format!("open {kind}: {e}"))?;
         let shadow = FabricShadow::new(
-            attached.connect().map_err(|e| e.to_string())?,
+            shadow_fabric.connect().map_err(|e| e.to_string())?,
             REGION_SHADOW,
             w.units,
         );
@@ -349,17 +412,27 @@ macro_rules! schemes {
 
             #[test]
             fn threads_on_mem() {
-                threads_mem($kind, 4);
+                threads_on(Backend::Mem, $kind, 4);
             }
 
             #[test]
             fn threads_on_shm() {
-                threads_shm($kind, 4);
+                threads_on(Backend::Shm, $kind, 4);
+            }
+
+            #[test]
+            fn threads_on_tcp() {
+                threads_on(Backend::Tcp, $kind, 4);
             }
 
             #[test]
             fn processes_on_shm() {
-                processes_shm($kind, 3, 2);
+                processes_on(Backend::Shm, $kind, 3, 2);
+            }
+
+            #[test]
+            fn processes_on_tcp() {
+                processes_on(Backend::Tcp, $kind, 3, 2);
             }
         }
     )*};
@@ -367,8 +440,8 @@ macro_rules! schemes {
 
 schemes! {
     mutex => SchemeKind::Mutex;
-    // Segments wrap: 2^20 units / 64 = 16384 segments onto 1024 lock words.
-    seg => SchemeKind::Seg { segment_units: 64, segments: 1024 };
+    // Segments wrap: 2^20 units / 256 = 4096 segments onto 1024 lock words.
+    seg => SchemeKind::Seg { segment_units: 256, segments: 1024 };
     server => SchemeKind::Server;
 }
 
