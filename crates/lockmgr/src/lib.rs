@@ -6,10 +6,12 @@
 
 pub mod baselines;
 pub mod chaos;
+pub mod citron;
 pub mod scheme;
 pub mod stats;
 
 pub use baselines::{open_scheme, SchemeInstance, SchemeKind};
 pub use chaos::{ChaosConfig, ChaosConnector, ChaosEndpoint};
+pub use citron::{Citron, CitronClient, CitronConfig, ClientOptions};
 pub use scheme::{check_range, LockError, LockId, RangeLock};
 pub use stats::{AbortCounts, LockStats};

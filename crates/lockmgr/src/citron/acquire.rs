@@ -1,0 +1,575 @@
+//! Step 2 of lock acquisition (seed 000 Alg. 2 l. 6-37): for each node of the split, in ascending
+//! order, phases (a) ticket, (b) wait for occupied ancestors, (c) occupy or lock the leaf,
+//! (d) notify ancestors and wait for descendants; with the fast path of §3.8, starvation
+//! avoidance (§3.5.4) and lease recovery at every spin point (§3.10).
+//!
+//! Deviation in phase (b), for inequality (1): after waiting for an occupied ancestor, the walk
+//! re-reads *all* ancestors instead of only those above the one it waited for (l. 19). `t1` must
+//! precede the moment any ancestor was occupied (§3.5.5: a `t1` per ancestor); a fresh read of all
+//! of them gives one `t1` that is valid for every ancestor, at the price of a slightly larger
+//! read batch (no extra round trip).
+
+use super::backoff::wait_until;
+use super::config::DELTA;
+use super::layout::{
+    self, counter_gap, dcnt, dmax, exp_tag, occ, tcnt, tmax, Node, ADD_DMAX, ADD_OCC, ADD_TMAX,
+    BOUNDARY, DCNT, DCNT_SHIFT, DMAX, OCC, TCNT, TCNT_SHIFT,
+};
+use super::split::split;
+use super::{CitronClient, Held, HeldNode, Token};
+use crate::scheme::LockError;
+use fabric::{AtomicHandle, ReadHandle, RemoteAddr};
+use std::collections::VecDeque;
+use std::time::Instant;
+
+/// Why an attempt on a node was given up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Why {
+    /// Inequality (1) failed (Alg. 2 l. 32).
+    TimeLimit,
+    /// The root carries `Exp`: the tree is being scaled (Alg. 2 l. 15, l. 33).
+    ScaleUp,
+    /// An occupied ancestor did not move for `T_lease` (§3.10, l. 18).
+    Suspected,
+    /// The leaf kept failing its masked CAS (§3.5.4, l. 23): lock the parent, then repair the
+    /// leaf if a dead holder left bits in it (§3.10, l. 22).
+    Starvation(Node),
+}
+
+/// The result of one `LOCKNODE` (Alg. 2 l. 8).
+pub(crate) enum Outcome {
+    /// Locked; `true` when it took the fast path without waiting.
+    Acquired(HeldNode, bool),
+    /// Undone; retry the same node.
+    Aborted(Why),
+    /// Undone; lock this ancestor instead.
+    Escalate(Node, Why),
+}
+
+/// Result of phase (b).
+enum PhaseB {
+    /// No occupied ancestor, as of a read batch posted at this instant; `true` if it waited.
+    Clear(Instant, bool),
+    /// Give up this attempt.
+    Give(Outcome),
+}
+
+impl CitronClient {
+    /// `ACQUIRELOCKONTREE` (Alg. 2 l. 4-7) for `[l, r)` inside `[0, N)`: the nodes go into `held`.
+    pub(crate) fn acquire_on_tree(
+        &mut self,
+        l: u64,
+        r: u64,
+        held: &mut Held,
+        fast: &mut bool,
+    ) -> Result<(), LockError> {
+        // Step 1 (l. 5).
+        let root = Node::root(self.rec.height);
+        let mut pending: VecDeque<Node> = split(root, l, r, self.opts.k).into();
+        let mut origin_leaf: Option<Node> = None;
+        // l. 6-7: ascending order, each until acquired.
+        while let Some(first) = pending.pop_front() {
+            let mut target = first;
+            loop {
+                match self.lock_node(target, l, r)? {
+                    Outcome::Acquired(hn, was_fast) => {
+                        *fast &= was_fast;
+                        held.nodes.push(hn);
+                        if let Some(leaf) = origin_leaf.take() {
+                            self.repair_leaf(leaf)?;
+                        }
+                        break;
+                    }
+                    Outcome::Aborted(why) => {
+                        *fast = false;
+                        self.stats.retries += 1;
+                        match why {
+                            Why::TimeLimit => self.stats.aborts.time_limit += 1,
+                            Why::ScaleUp => {
+                                self.stats.aborts.scale_up += 1;
+                                // Re-read the configuration; node names survive the scale-up,
+                                // so the remaining nodes stay valid (§3.9.1).
+                                self.wait_for_new_config()?;
+                            }
+                            Why::Suspected | Why::Starvation(_) => {}
+                        }
+                    }
+                    Outcome::Escalate(anc, why) => {
+                        *fast = false;
+                        self.stats.retries += 1;
+                        match why {
+                            Why::Starvation(leaf) => {
+                                self.stats.starvation_escalations += 1;
+                                origin_leaf.get_or_insert(leaf);
+                            }
+                            _ => self.stats.aborts.suspected_failure += 1,
+                        }
+                        // Locking `anc` covers everything of ours inside it: release those
+                        // (waiting for our own notifications would deadlock) and drop the
+                        // nodes still to come inside it. What stays held lies left of `anc`,
+                        // so the ascending order holds.
+                        let (inside, keep): (Vec<HeldNode>, Vec<HeldNode>) =
+                            std::mem::take(&mut held.nodes)
+                                .into_iter()
+                                .partition(|h| h.node.within(&anc));
+                        held.nodes = keep;
+                        self.release_parts(&inside, false)?;
+                        pending.retain(|n| !n.within(&anc));
+                        target = anc;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// After an `Exp` abort: re-read the record until a newer, finished configuration shows.
+    fn wait_for_new_config(&mut self) -> Result<(), LockError> {
+        let old = self.rec.epoch;
+        let patience = self.rec.t_lease() * 10;
+        let start = Instant::now();
+        let mut backoff = self.backoff();
+        loop {
+            self.refresh()?;
+            if self.rec.epoch != old && !self.rec.pending {
+                return Ok(());
+            }
+            if start.elapsed() > patience {
+                return Err(LockError::Config(
+                    "a scale-up started but never finished (scaler died?)".into(),
+                ));
+            }
+            backoff.snooze(&mut self.rng);
+        }
+    }
+
+    /// `LOCKNODE` (Alg. 2 l. 8-37) on `node` for the request `[l, r)`.
+    pub(crate) fn lock_node(&mut self, node: Node, l: u64, r: u64) -> Result<Outcome, LockError> {
+        let h = self.rec.height;
+        let m = self.rec.m;
+        let t_wait = self.rec.t_wait();
+        let bound = t_wait.mul_f64(1.0 - DELTA);
+        let root = Node::root(h);
+        let addr = self.node_addr(node)?;
+        let root_addr = self.node_addr(root)?;
+        let mut ancs = Vec::with_capacity(node.level(h) as usize);
+        for d in 1..=node.level(h) {
+            let a = node.ancestor(d);
+            ancs.push((a, self.node_addr(a)?));
+        }
+        let mut targets = Vec::new();
+        layout::notify_targets(node, h, m, &mut targets);
+        let targets: Vec<(Node, RemoteAddr)> = targets
+            .into_iter()
+            .map(|t| self.node_addr(t).map(|a| (t, a)))
+            .collect::<Result<_, _>>()?;
+        let mask = if node.is_leaf() {
+            node.leaf_mask(l, r)
+        } else {
+            0
+        };
+        let fastp = self.opts.fast_path;
+        let mut was_fast = fastp;
+        let mut hn = HeldNode::new(node, addr);
+        let mut phase_b_done: Option<Instant> = None;
+
+        // Phase (a), l. 9-11: a bakery ticket on an internal node. Fast path: batched with the
+        // reads of phase (b), hoping the ticket is served at once (§3.8).
+        if !node.is_leaf() {
+            self.batch.clear();
+            let th = self.batch.masked_faa(addr, ADD_TMAX, BOUNDARY);
+            let reads: Vec<ReadHandle> = if fastp {
+                ancs.iter().map(|(_, a)| self.batch.read(*a, 8)).collect()
+            } else {
+                Vec::new()
+            };
+            let posted = Instant::now();
+            self.exec()?;
+            hn.ticket = true;
+            let old = self.out.old(th);
+            let ticket = tmax(old);
+            if node == root && exp_tag(old) != 0 {
+                self.release_parts(&[hn], false)?;
+                return Ok(Outcome::Aborted(Why::ScaleUp));
+            }
+            if tcnt(old) != ticket {
+                was_fast = false;
+                if let Some(give) = self.wait_ticket(addr, ticket, old, node == root)? {
+                    self.release_parts(&[hn], false)?;
+                    return Ok(give);
+                }
+            } else if fastp {
+                let words: Vec<u64> = reads.iter().map(|r| self.out.word(*r, 0)).collect();
+                if words.last().is_some_and(|w| exp_tag(*w) != 0) {
+                    self.release_parts(&[hn], false)?;
+                    return Ok(Outcome::Aborted(Why::ScaleUp));
+                }
+                if words.iter().all(|w| !occ(*w)) {
+                    phase_b_done = Some(posted);
+                }
+            }
+        }
+
+        let mut leaf_fail_since: Option<Instant> = None;
+        let mut leaf_backoff = self.backoff();
+        loop {
+            // Phase (b), l. 12-19.
+            let t1 = match phase_b_done.take() {
+                Some(t) => t,
+                None => match self.phase_b(&ancs)? {
+                    PhaseB::Clear(t1, waited) => {
+                        if waited {
+                            was_fast = false;
+                        }
+                        t1
+                    }
+                    PhaseB::Give(outcome) => {
+                        self.release_parts(&[hn], false)?;
+                        return Ok(outcome);
+                    }
+                },
+            };
+
+            // Phase (c), l. 20-28, and the notification of (d), l. 29-31.
+            let t0;
+            let t2;
+            let root_word;
+            if fastp {
+                // §3.8: (c) and (d) in one batch; for a node over leaves, also lock its four
+                // children whole so that the wait of (d) can be skipped.
+                self.batch.clear();
+                let main = if node.is_leaf() {
+                    self.batch.masked_cas(addr, 0, mask, mask, mask)
+                } else {
+                    self.batch.masked_faa(addr, ADD_OCC, BOUNDARY)
+                };
+                let kids: Vec<(RemoteAddr, AtomicHandle)> = if node.hgt == 1 {
+                    let mut v = Vec::with_capacity(4);
+                    for i in 0..4 {
+                        let c = self.node_addr(Node::new(0, node.pos * 4 + i))?;
+                        v.push((c, self.batch.masked_cas(c, 0, !0, !0, !0)));
+                    }
+                    v
+                } else {
+                    Vec::new()
+                };
+                let toks: Vec<AtomicHandle> = targets
+                    .iter()
+                    .map(|(_, a)| self.batch.masked_faa(*a, ADD_DMAX, BOUNDARY))
+                    .collect();
+                let rr = self.batch.read(root_addr, 8);
+                self.exec()?;
+                t2 = Instant::now();
+                t0 = t2;
+                hn.tokens = targets
+                    .iter()
+                    .zip(&toks)
+                    .map(|((n, a), h)| Token {
+                        node: *n,
+                        addr: *a,
+                        tag: exp_tag(self.out.old(*h)),
+                    })
+                    .collect();
+                let old = self.out.old(main);
+                if node.is_leaf() {
+                    if old & mask != 0 {
+                        // l. 22 failed: roll the notifications back (§3.8) and go back to (b).
+                        let undo = HeldNode {
+                            tokens: std::mem::take(&mut hn.tokens),
+                            ..HeldNode::new(node, addr)
+                        };
+                        self.release_parts(&[undo], false)?;
+                        if let Some(o) = self.leaf_failed(node, &mut leaf_fail_since) {
+                            return Ok(o);
+                        }
+                        was_fast = false;
+                        leaf_backoff.snooze(&mut self.rng);
+                        continue;
+                    }
+                    hn.leaf_mask = mask;
+                } else {
+                    hn.occ = true;
+                    hn.occ_tag = exp_tag(old);
+                    if node == root {
+                        hn.root_of = Some(h);
+                    }
+                    hn.children = kids
+                        .iter()
+                        .filter(|(_, kh)| self.out.old(*kh) == 0)
+                        .map(|(a, _)| *a)
+                        .collect();
+                }
+                root_word = self.out.word(rr, 0);
+            } else {
+                self.batch.clear();
+                let main = if node.is_leaf() {
+                    self.batch.masked_cas(addr, 0, mask, mask, mask)
+                } else {
+                    self.batch.masked_faa(addr, ADD_OCC, BOUNDARY)
+                };
+                self.exec()?;
+                t0 = Instant::now();
+                let old = self.out.old(main);
+                if node.is_leaf() {
+                    if old & mask != 0 {
+                        if let Some(o) = self.leaf_failed(node, &mut leaf_fail_since) {
+                            return Ok(o);
+                        }
+                        leaf_backoff.snooze(&mut self.rng);
+                        continue;
+                    }
+                    hn.leaf_mask = mask;
+                } else {
+                    hn.occ = true;
+                    hn.occ_tag = exp_tag(old);
+                    if node == root {
+                        hn.root_of = Some(h);
+                    }
+                }
+                // l. 31: notify every m-th ancestor and read the root, one batch.
+                self.batch.clear();
+                let toks: Vec<AtomicHandle> = targets
+                    .iter()
+                    .map(|(_, a)| self.batch.masked_faa(*a, ADD_DMAX, BOUNDARY))
+                    .collect();
+                let rr = self.batch.read(root_addr, 8);
+                self.exec()?;
+                t2 = Instant::now();
+                hn.tokens = targets
+                    .iter()
+                    .zip(&toks)
+                    .map(|((n, a), h)| Token {
+                        node: *n,
+                        addr: *a,
+                        tag: exp_tag(self.out.old(*h)),
+                    })
+                    .collect();
+                root_word = self.out.word(rr, 0);
+            }
+
+            // l. 33: a scale-up began (the root is snapshotted first, so any notification made
+            // after a node's snapshot sees the root's Exp).
+            if exp_tag(root_word) != 0 {
+                self.release_parts(&[hn], false)?;
+                return Ok(Outcome::Aborted(Why::ScaleUp));
+            }
+            // l. 32, inequality (1): t2 - t1 <= (1 - δ)·T_wait.
+            if t2.duration_since(t1) > bound {
+                self.release_parts(&[hn], false)?;
+                return Ok(Outcome::Aborted(Why::TimeLimit));
+            }
+            if node.is_leaf() {
+                return Ok(Outcome::Acquired(hn, was_fast));
+            }
+            if hn.children.len() == 4 {
+                // §3.8: every descendant is locked explicitly; no wait needed.
+                return Ok(Outcome::Acquired(hn, was_fast));
+            }
+            was_fast = false;
+            // l. 34: wait until t0 + T_wait, then l. 35-36.
+            wait_until(t0 + t_wait);
+            self.wait_window(node, m, &mut hn)?;
+            return Ok(Outcome::Acquired(hn, was_fast));
+        }
+    }
+
+    /// A leaf's masked CAS failed (l. 22): count it, and escalate to the parent once it has kept
+    /// failing for `starvation_after` (l. 23-24).
+    fn leaf_failed(&mut self, leaf: Node, since: &mut Option<Instant>) -> Option<Outcome> {
+        self.stats.aborts.leaf_conflict += 1;
+        self.stats.retries += 1;
+        let first = *since.get_or_insert_with(Instant::now);
+        (first.elapsed() >= self.opts.starvation_after)
+            .then(|| Outcome::Escalate(leaf.parent(), Why::Starvation(leaf)))
+    }
+
+    /// l. 11: poll until `TCnt` reaches our ticket. Recovery (§3.10): if `TCnt` and `Occ` stand
+    /// still for `(Δ + 1)·T_lease` (Δ tickets ahead; the extra lease covers a live holder's own
+    /// phase-(d) wait before it holds), set `TCnt` to our ticket and clear `Occ`, one masked CAS.
+    fn wait_ticket(
+        &mut self,
+        addr: RemoteAddr,
+        ticket: u64,
+        first: u64,
+        is_root: bool,
+    ) -> Result<Option<Outcome>, LockError> {
+        let lease = self.rec.t_lease();
+        let mut last = first & (TCNT | OCC);
+        let mut since = Instant::now();
+        let mut backoff = self.backoff();
+        loop {
+            backoff.snooze(&mut self.rng);
+            let w = self.ep_read_u64(addr)?;
+            if is_root && exp_tag(w) != 0 {
+                return Ok(Some(Outcome::Aborted(Why::ScaleUp)));
+            }
+            if tcnt(w) == ticket {
+                return Ok(None);
+            }
+            let seen = w & (TCNT | OCC);
+            if seen != last {
+                last = seen;
+                since = Instant::now();
+                backoff.reset();
+                continue;
+            }
+            let ahead = counter_gap(ticket, tcnt(w)) as u32;
+            if since.elapsed() >= lease * (ahead + 1) {
+                let swap = ticket << TCNT_SHIFT;
+                let old = self.ep_masked_cas(addr, w, TCNT | OCC, swap, TCNT | OCC)?;
+                if old & (TCNT | OCC) == seen {
+                    self.stats.recoveries += 1;
+                    tracing::warn!(?addr, ticket, "lock tree node: holder presumed dead");
+                    return Ok(None);
+                }
+                since = Instant::now();
+            }
+        }
+    }
+
+    /// Phase (b), l. 12-19: wait until no ancestor is occupied; abort on the root's `Exp`
+    /// (l. 15); suspect a failure when an occupied ancestor stands still for `T_lease` (l. 18).
+    fn phase_b(&mut self, ancs: &[(Node, RemoteAddr)]) -> Result<PhaseB, LockError> {
+        if ancs.is_empty() {
+            return Ok(PhaseB::Clear(Instant::now(), false));
+        }
+        let lease = self.rec.t_lease();
+        let mut waited = false;
+        loop {
+            self.batch.clear();
+            let reads: Vec<ReadHandle> = ancs.iter().map(|(_, a)| self.batch.read(*a, 8)).collect();
+            let t1 = Instant::now();
+            self.exec()?;
+            let words: Vec<u64> = reads.iter().map(|r| self.out.word(*r, 0)).collect();
+            if words.last().is_some_and(|w| exp_tag(*w) != 0) {
+                return Ok(PhaseB::Give(Outcome::Aborted(Why::ScaleUp)));
+            }
+            // l. 16: the lowest occupied ancestor.
+            let Some(i) = words.iter().position(|w| occ(*w)) else {
+                return Ok(PhaseB::Clear(t1, waited));
+            };
+            waited = true;
+            let (anc, anc_addr) = ancs[i];
+            let is_root = i + 1 == ancs.len();
+            let mut last = words[i] & (TCNT | OCC);
+            let mut since = Instant::now();
+            let mut backoff = self.backoff();
+            // l. 18.
+            loop {
+                backoff.snooze(&mut self.rng);
+                let w = self.ep_read_u64(anc_addr)?;
+                if is_root && exp_tag(w) != 0 {
+                    return Ok(PhaseB::Give(Outcome::Aborted(Why::ScaleUp)));
+                }
+                if !occ(w) {
+                    break;
+                }
+                let seen = w & (TCNT | OCC);
+                if seen != last {
+                    last = seen;
+                    since = Instant::now();
+                } else if since.elapsed() >= lease {
+                    return Ok(PhaseB::Give(Outcome::Escalate(anc, Why::Suspected)));
+                }
+            }
+        }
+    }
+
+    /// l. 35-36: wait until `DCnt == DMax` on `node` and its internal descendants within `m`
+    /// levels. Recovery (§3.10): a node whose counters stand still for `H·T_lease` (`H` its height
+    /// above the leaves) has `DCnt` set to `DMax`, one masked CAS.
+    fn wait_window(&mut self, node: Node, m: u32, hn: &mut HeldNode) -> Result<(), LockError> {
+        let lease = self.rec.t_lease();
+        let mut nodes: Vec<(Node, RemoteAddr)> = Vec::new();
+        for (hgt, start, count) in layout::window(node, m) {
+            for pos in start..start + count {
+                let n = Node::new(hgt, pos);
+                nodes.push((n, self.node_addr(n)?));
+            }
+        }
+        self.batch.clear();
+        // Fast-path children that were only partly locked: give them back first (§3.8).
+        for c in hn.children.drain(..) {
+            self.batch.write_u64(c, 0);
+        }
+        // Consecutive slots are read with one verb: a level of the window is one run per
+        // segment (§3.5.5: m reads for m levels in one tree).
+        let mut runs: Vec<(usize, usize, ReadHandle)> = Vec::new();
+        let mut i = 0;
+        while i < nodes.len() {
+            let mut j = i + 1;
+            while j < nodes.len() && nodes[j].1 == nodes[j - 1].1.add(8) {
+                j += 1;
+            }
+            let h = self.batch.read(nodes[i].1, (j - i) * 8);
+            runs.push((i, j, h));
+            i = j;
+        }
+        self.exec()?;
+        let now = Instant::now();
+        let mut waiting: Vec<(Node, RemoteAddr, u64, Instant)> = Vec::new();
+        for (i, j, h) in runs {
+            for (k, n) in nodes[i..j].iter().enumerate() {
+                let w = self.out.word(h, k);
+                if dcnt(w) != dmax(w) {
+                    waiting.push((n.0, n.1, w & (DCNT | DMAX), now));
+                }
+            }
+        }
+        let mut backoff = self.backoff();
+        while !waiting.is_empty() {
+            backoff.snooze(&mut self.rng);
+            self.batch.clear();
+            let reads: Vec<ReadHandle> = waiting
+                .iter()
+                .map(|(_, a, _, _)| self.batch.read(*a, 8))
+                .collect();
+            self.exec()?;
+            let words: Vec<u64> = reads.iter().map(|r| self.out.word(*r, 0)).collect();
+            let mut still = Vec::with_capacity(waiting.len());
+            for ((n, a, seen, since), w) in waiting.into_iter().zip(words) {
+                if dcnt(w) == dmax(w) {
+                    continue;
+                }
+                let now_seen = w & (DCNT | DMAX);
+                if now_seen != seen {
+                    still.push((n, a, now_seen, Instant::now()));
+                    continue;
+                }
+                if since.elapsed() >= lease * n.hgt {
+                    let swap = dmax(w) << DCNT_SHIFT;
+                    let old = self.ep_masked_cas(a, w, DCNT | DMAX, swap, DCNT)?;
+                    if old & (DCNT | DMAX) == seen {
+                        self.stats.recoveries += 1;
+                        tracing::warn!(?n, "lock tree: notifications of a dead client repaired");
+                        continue;
+                    }
+                    still.push((n, a, old & (DCNT | DMAX), Instant::now()));
+                    continue;
+                }
+                still.push((n, a, seen, since));
+            }
+            waiting = still;
+        }
+        Ok(())
+    }
+
+    /// §3.10, l. 22: holding the leaf's parent (or higher), any bit still set in the leaf belongs
+    /// to a dead (or aborting) client: zero it with one verb.
+    fn repair_leaf(&mut self, leaf: Node) -> Result<(), LockError> {
+        let addr = self.node_addr(leaf)?;
+        let w = self.ep_read_u64(addr)?;
+        if w != 0 {
+            let old = self.ep_masked_cas(addr, w, !0, 0, !0)?;
+            if old == w {
+                self.stats.recoveries += 1;
+                tracing::warn!(
+                    ?leaf,
+                    bits = w,
+                    "lock tree leaf: bits of a dead client cleared"
+                );
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,313 @@
+//! Configuration: what the creator decides once for every client (the shared record in the lock's
+//! memory), what each client may choose for itself, and the allocator scale-ups use.
+//!
+//! # Memory of one lock instance, from `base`
+//!
+//! ```text
+//! base + 0      config record, sealed with a crc (fabric::record), RECORD_BYTES long
+//! base + 2048   spillover mutex word (DSLR-style ticket lock: next ticket high 32, serving low 32)
+//! base + 2056   maximizer word (OR of out-of-bound right ends)
+//! base + 2064   the initial tree, tree_nodes(H) words in level order (slot = index - 1)
+//! ```
+//!
+//! Later scale-ups add segments elsewhere (from the [`TreeAllocator`]); the record lists them.
+
+use super::layout::{self, Segment};
+use crate::scheme::LockError;
+use fabric::{record, RemoteAddr};
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Bytes reserved for the sealed config record.
+pub const RECORD_BYTES: u64 = 2048;
+/// Offset of the spillover mutex word.
+pub const SPILLOVER_OFFSET: u64 = RECORD_BYTES;
+/// Offset of the maximizer word.
+pub const MAXIMIZER_OFFSET: u64 = RECORD_BYTES + 8;
+/// Offset of the initial tree.
+pub const TREE_OFFSET: u64 = RECORD_BYTES + 16;
+
+/// The clock-drift bound δ of inequality (1) (Sundial's number, §3.5.5).
+pub const DELTA: f64 = 1e-4;
+
+/// Round trips a conflicting client may need between its last phase-(b) read and the end of its
+/// notification (§3.5.5): up to two reads in step 2(b) and the masked-FAA batch of 2(c)+(d).
+pub const T_WAIT_ROUND_TRIPS: u32 = 3;
+/// Share of `T_wait` reserved per round trip, as a multiple of the measured RTT (the paper
+/// reserves 5 µs for a 2 µs RTT).
+pub const T_WAIT_RTT_FACTOR: f64 = 2.5;
+/// The least share per round trip: below it, scheduling noise (not the fabric) dominates and the
+/// abort rate of inequality (1) climbs.
+pub const T_WAIT_FLOOR_PER_RTT: Duration = Duration::from_micros(5);
+
+/// `T_wait` for a fabric whose round trip takes `rtt`:
+/// `3 · max(2.5 · RTT, 5 µs)` — the paper's 15 µs at 2 µs RTT (§3.5.5), scaled with the fabric.
+pub fn t_wait_for_rtt(rtt: Duration) -> Duration {
+    let per = rtt.mul_f64(T_WAIT_RTT_FACTOR).max(T_WAIT_FLOOR_PER_RTT);
+    per * T_WAIT_ROUND_TRIPS
+}
+
+/// Memory a scale-up asks for: zeroed words reachable through the same endpoint as the rest of
+/// the lock (Alg. 4 l. 3, one call per scale-up). The meta server implements it with an RPC.
+pub trait TreeAllocator: Send + Sync {
+    /// Allocates `words` zeroed, 8-byte aligned words and returns the first one's address.
+    fn allocate(&self, words: u64) -> Result<RemoteAddr, LockError>;
+}
+
+/// A bump allocator over a zeroed stretch of a region (tests, single-process use). Never frees.
+#[derive(Debug)]
+pub struct BumpAllocator {
+    base: RemoteAddr,
+    len: u64,
+    next: AtomicU64,
+}
+
+impl BumpAllocator {
+    /// Serves `len` bytes from `base` (which must be zeroed and unused otherwise).
+    pub fn new(base: RemoteAddr, len: u64) -> Self {
+        Self {
+            base,
+            len,
+            next: AtomicU64::new(0),
+        }
+    }
+
+    /// Bytes handed out so far.
+    pub fn used(&self) -> u64 {
+        self.next.load(Ordering::SeqCst)
+    }
+}
+
+impl TreeAllocator for BumpAllocator {
+    fn allocate(&self, words: u64) -> Result<RemoteAddr, LockError> {
+        let bytes = words
+            .checked_mul(8)
+            .ok_or_else(|| LockError::Config("allocation too large".into()))?;
+        let start = self.next.fetch_add(bytes, Ordering::SeqCst);
+        if start.checked_add(bytes).is_none_or(|end| end > self.len) {
+            return Err(LockError::Config(format!(
+                "tree allocator exhausted: {bytes} bytes wanted, {} of {} used",
+                start, self.len
+            )));
+        }
+        Ok(self.base.add(start))
+    }
+}
+
+/// An allocator that always refuses (scale-up disabled).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoAllocator;
+
+impl TreeAllocator for NoAllocator {
+    fn allocate(&self, _words: u64) -> Result<RemoteAddr, LockError> {
+        Err(LockError::Config("this lock has no tree allocator".into()))
+    }
+}
+
+/// What the creator of a lock decides for every client ([`super::Citron::create`]).
+///
+/// Limits: at most 32767 outstanding requests on one tree node at once (the 15-bit counters of
+/// §3.4); `m` at most 6 (scale-up tags, see `layout`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CitronConfig {
+    /// Lock units the tree covers at first (`N`); rounded up to `64·4^(H-1)`, at least 256.
+    pub unit_count: u64,
+    /// Meet-in-the-middle distance `m` (§3.5.5), 1..=6; default 4.
+    pub m: u32,
+    /// `T_wait` override; `None` derives it from the creating endpoint's measured round-trip time
+    /// with [`t_wait_for_rtt`]. Give it explicitly when clients reach the lock over a slower
+    /// fabric than the creator does.
+    pub t_wait: Option<Duration>,
+    /// The lease (§3.10): a lock must be released within it; a holder silent for longer is
+    /// presumed dead and repaired.
+    pub t_lease: Duration,
+    /// Scale-ups never grow the tree past this many units (ranges ending beyond stay on the
+    /// spillover mutex and are not ORed into the maximizer).
+    pub max_unit_count: u64,
+    /// Least growth of one scale-up, in levels (1 = 4×, §3.9.1).
+    pub min_scale_levels: u32,
+}
+
+impl Default for CitronConfig {
+    fn default() -> Self {
+        Self {
+            unit_count: 1 << 16,
+            m: 4,
+            t_wait: None,
+            t_lease: Duration::from_millis(500),
+            max_unit_count: 1 << 30,
+            min_scale_levels: 1,
+        }
+    }
+}
+
+/// What each client chooses for itself ([`super::CitronClient::open`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ClientOptions {
+    /// Most nodes a range is split into (§3.5.1); default 2.
+    pub k: usize,
+    /// The fast path of §3.8 (batched phases, explicit locking of leaf children); default on.
+    pub fast_path: bool,
+    /// Scale the tree up when an out-of-bound request finds the maximizer set (Alg. 4).
+    pub auto_scale_up: bool,
+    /// A leaf's masked CAS failing for this long escalates to its parent (§3.5.4, Alg. 2 l. 23).
+    pub starvation_after: Duration,
+    /// First backoff bound between polls (about a round trip, seed 002 §4.3).
+    pub backoff_base: Duration,
+    /// Backoff truncation.
+    pub backoff_max: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        Self {
+            k: 2,
+            fast_path: true,
+            auto_scale_up: true,
+            starvation_after: Duration::from_millis(2),
+            backoff_base: Duration::from_micros(1),
+            backoff_max: Duration::from_micros(256),
+        }
+    }
+}
+
+/// One scale-up (or scale-down) in the record's history; releasers look up the tag they find on
+/// a node here to know where a scale-up copied their notification.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    /// Tree height before.
+    pub before: u32,
+    /// Tree height after.
+    pub after: u32,
+    /// The tag written into `Exp`.
+    pub tag: u8,
+    /// Copies into ancestors outside the tree of this height were abandoned by a scale-down.
+    pub cap: u32,
+}
+
+/// The shared configuration record, read one-sidedly by every client.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfigRecord {
+    /// Bumped by every rewrite.
+    pub epoch: u64,
+    /// Height of the tree clients lock on.
+    pub height: u32,
+    /// `m`.
+    pub m: u32,
+    /// `T_wait` in nanoseconds.
+    pub t_wait_ns: u64,
+    /// `T_lease` in nanoseconds.
+    pub t_lease_ns: u64,
+    /// Scale-up limit, in units.
+    pub max_units: u64,
+    /// Least growth, in levels.
+    pub min_scale_levels: u32,
+    /// Storage, oldest first.
+    pub segments: Vec<Segment>,
+    /// Scale history, oldest first; the last one may be in progress (`pending`).
+    pub events: Vec<Event>,
+    /// A scale-up has written this record but not finished: `events.last()` and
+    /// `segments.last()` belong to it, `height` is still the old one.
+    pub pending: bool,
+    /// The tag the next scale-up writes.
+    pub next_tag: u8,
+}
+
+impl ConfigRecord {
+    /// `N`: units the tree covers.
+    pub fn units(&self) -> u64 {
+        layout::tree_units(self.height)
+    }
+
+    /// `T_wait`.
+    pub fn t_wait(&self) -> Duration {
+        Duration::from_nanos(self.t_wait_ns)
+    }
+
+    /// `T_lease`.
+    pub fn t_lease(&self) -> Duration {
+        Duration::from_nanos(self.t_lease_ns)
+    }
+
+    /// Seals the record for writing.
+    pub fn seal(&self) -> Result<Vec<u8>, LockError> {
+        let payload = postcard::to_stdvec(self)
+            .map_err(|e| LockError::Config(format!("encoding config record: {e}")))?;
+        let sealed = record::seal(&payload);
+        if sealed.len() as u64 > RECORD_BYTES {
+            return Err(LockError::Config(format!(
+                "config record of {} bytes exceeds {RECORD_BYTES}: too many scale events",
+                sealed.len()
+            )));
+        }
+        Ok(sealed)
+    }
+
+    /// Opens a record read from remote memory: `Ok(None)` when the read tore (read again).
+    pub fn open(bytes: &[u8]) -> Result<Option<Self>, LockError> {
+        let Ok(payload) = record::open(bytes) else {
+            return Ok(None);
+        };
+        let rec: ConfigRecord = match postcard::from_bytes(payload) {
+            Ok(r) => r,
+            // A checksum match with undecodable contents is not a torn read: the memory is not
+            // a CITRON lock.
+            Err(e) => return Err(LockError::Config(format!("bad config record: {e}"))),
+        };
+        rec.validate()?;
+        Ok(Some(rec))
+    }
+
+    /// Checks what the client relies on, so that remote garbage never panics it.
+    pub fn validate(&self) -> Result<(), LockError> {
+        let bad = |why: &str| Err(LockError::Config(format!("bad config record: {why}")));
+        if !(layout::MIN_HEIGHT..=layout::MAX_HEIGHT).contains(&self.height) {
+            return bad("height");
+        }
+        if !(1..=6).contains(&self.m) {
+            return bad("m");
+        }
+        if self.segments.is_empty() || self.segments[0].before != 0 {
+            return bad("segments");
+        }
+        for s in &self.segments {
+            if s.after > layout::MAX_HEIGHT || s.before >= s.after || s.cap > s.after {
+                return bad("segment heights");
+            }
+        }
+        for e in &self.events {
+            if e.after > layout::MAX_HEIGHT || e.before >= e.after && e.tag != layout::SHRUNK_TAG {
+                return bad("event heights");
+            }
+        }
+        if self.t_wait_ns == 0 || self.t_lease_ns == 0 {
+            return bad("times");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn t_wait_derivation() {
+        // The paper's testbed: 2 µs RTT -> 15 µs.
+        assert_eq!(
+            t_wait_for_rtt(Duration::from_micros(2)),
+            Duration::from_micros(15)
+        );
+        // Fast in-process fabric: the floor.
+        assert_eq!(
+            t_wait_for_rtt(Duration::from_nanos(100)),
+            Duration::from_micros(15)
+        );
+        // A software NIC at 40 µs: 300 µs.
+        assert_eq!(
+            t_wait_for_rtt(Duration::from_micros(40)),
+            Duration::from_micros(300)
+        );
+    }
+}

@@ -1,0 +1,432 @@
+//! CITRON: range locks on a segment tree of lock words, acquired and released with one-sided
+//! verbs only (seed 000 §3).
+//!
+//! - [`layout`]: the node bit layout, node naming, index arithmetic and storage of the tree;
+//! - [`split`]: step 1, the tree knapsack (§3.5.1);
+//! - `acquire` / `release`: step 2 phases (a)-(d) (Alg. 2), release (Alg. 3), the fast path
+//!   (§3.8), starvation avoidance (§3.5.4) and lease recovery at the spin points (§3.10);
+//! - `spillover`: the DSLR-style ticket mutex for `[N, ∞)` and the maximizer (§3.3, §3.9.1);
+//! - `scaleup`: Algorithm 4, the continuation of releases after a scale-up (Alg. 3 l. 10-12),
+//!   and the blocking scale-down of §3.9.2.
+//!
+//! Use: [`Citron::create`] initialises a lock's memory once; [`Citron::new`] then describes the
+//! lock to clients, and [`Citron::client`] / [`Citron::boxed`] open one handle per thread.
+
+mod acquire;
+mod backoff;
+pub mod config;
+pub mod layout;
+mod release;
+mod scaleup;
+mod spillover;
+pub mod split;
+
+pub use config::{
+    t_wait_for_rtt, BumpAllocator, CitronConfig, ClientOptions, ConfigRecord, NoAllocator,
+    TreeAllocator,
+};
+
+use crate::scheme::{check_range, LockError, LockId, RangeLock};
+use crate::stats::LockStats;
+use config::{MAXIMIZER_OFFSET, RECORD_BYTES, SPILLOVER_OFFSET, TREE_OFFSET};
+use fabric::{measure_rtt, Batch, Completions, Connector, Endpoint, EndpointExt, RemoteAddr};
+use layout::{Node, Segment};
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What [`Citron::create`] laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CitronLayout {
+    /// Where the lock lives (its config record).
+    pub base: RemoteAddr,
+    /// `N`: units the tree covers.
+    pub unit_count: u64,
+    /// Tree height.
+    pub height: u32,
+    /// The `T_wait` every client uses.
+    pub t_wait: Duration,
+    /// Bytes used from `base`.
+    pub bytes: u64,
+}
+
+/// A CITRON lock as clients see it: where it is, how to reach it, how it grows. Cheap to clone;
+/// opens one [`CitronClient`] per thread.
+#[derive(Clone)]
+pub struct Citron {
+    connector: Arc<dyn Connector>,
+    base: RemoteAddr,
+    allocator: Arc<dyn TreeAllocator>,
+    options: ClientOptions,
+}
+
+impl Citron {
+    /// Bytes of memory from `base` that a lock covering `unit_count` units needs at first.
+    pub fn bytes_needed(unit_count: u64) -> Result<u64, LockError> {
+        let h = layout::height_for(unit_count).ok_or_else(|| {
+            LockError::Config(format!("{unit_count} units exceed the largest tree"))
+        })?;
+        Ok(TREE_OFFSET + layout::tree_nodes(h) * 8)
+    }
+
+    /// Initialises a lock's memory at `base` (which must be [`Citron::bytes_needed`] bytes and
+    /// not in use by any client): the config record, the spillover mutex, the maximizer and the
+    /// tree. Measures the round-trip time through `endpoint` to derive `T_wait` unless
+    /// `config.t_wait` is given.
+    pub fn create(
+        endpoint: &mut dyn Endpoint,
+        base: RemoteAddr,
+        config: CitronConfig,
+    ) -> Result<CitronLayout, LockError> {
+        if !(1..=6).contains(&config.m) {
+            return Err(LockError::Config(format!(
+                "m = {} (must be 1..=6)",
+                config.m
+            )));
+        }
+        if config.t_lease.is_zero() {
+            return Err(LockError::Config("T_lease must be positive".into()));
+        }
+        let height = layout::height_for(config.unit_count).ok_or_else(|| {
+            LockError::Config(format!(
+                "{} units exceed the largest tree",
+                config.unit_count
+            ))
+        })?;
+        let bytes = Self::bytes_needed(config.unit_count)?;
+        // Zero everything but the record first, then publish the record: a client that opens
+        // the lock too early finds no valid record rather than a half-built tree.
+        endpoint.write(base, &vec![0u8; RECORD_BYTES as usize])?;
+        let mut offset = SPILLOVER_OFFSET;
+        let chunk = vec![0u8; 1 << 20];
+        while offset < bytes {
+            let n = (bytes - offset).min(chunk.len() as u64) as usize;
+            endpoint.write(base.add(offset), &chunk[..n])?;
+            offset += n as u64;
+        }
+        let t_wait = match config.t_wait {
+            Some(t) => t,
+            None => t_wait_for_rtt(measure_rtt(endpoint, base.add(SPILLOVER_OFFSET), 64)?),
+        };
+        let record = ConfigRecord {
+            epoch: 1,
+            height,
+            m: config.m,
+            t_wait_ns: (t_wait.as_nanos() as u64).max(1),
+            t_lease_ns: config.t_lease.as_nanos() as u64,
+            max_units: config.max_unit_count,
+            min_scale_levels: config.min_scale_levels.max(1),
+            segments: vec![Segment {
+                before: 0,
+                after: height,
+                cap: height,
+                addr: base.add(TREE_OFFSET),
+            }],
+            events: Vec::new(),
+            pending: false,
+            next_tag: 1,
+        };
+        endpoint.write(base, &record.seal()?)?;
+        Ok(CitronLayout {
+            base,
+            unit_count: layout::tree_units(height),
+            height,
+            t_wait,
+            bytes,
+        })
+    }
+
+    /// Describes the lock at `base` to clients that reach it through `connector`; scale-ups get
+    /// memory from `allocator`.
+    pub fn new(
+        connector: Arc<dyn Connector>,
+        base: RemoteAddr,
+        allocator: Arc<dyn TreeAllocator>,
+        options: ClientOptions,
+    ) -> Self {
+        Self {
+            connector,
+            base,
+            allocator,
+            options,
+        }
+    }
+
+    /// Opens a client (one per thread) on its own endpoint.
+    pub fn client(&self) -> Result<CitronClient, LockError> {
+        CitronClient::open(
+            self.connector.connect()?,
+            self.base,
+            self.allocator.clone(),
+            self.options,
+        )
+    }
+
+    /// [`Citron::client`], boxed behind the common trait.
+    pub fn boxed(&self) -> Result<Box<dyn RangeLock>, LockError> {
+        Ok(Box::new(self.client()?))
+    }
+}
+
+/// A notification this client made (`DMax += 1` on `node`, Alg. 2 l. 31), to be released with
+/// `DCnt += 1` (Alg. 3 l. 9).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Token {
+    pub(crate) node: Node,
+    pub(crate) addr: RemoteAddr,
+    /// `Exp` tag of the node when the notification was made: a different tag at release means
+    /// a scale-up copied the notification upwards (see `scaleup`).
+    pub(crate) tag: u8,
+}
+
+/// What this client holds (or has done so far) on one tree node.
+#[derive(Clone, Debug)]
+pub(crate) struct HeldNode {
+    pub(crate) node: Node,
+    pub(crate) addr: RemoteAddr,
+    /// Internal: a ticket was taken (TMax incremented).
+    pub(crate) ticket: bool,
+    /// Internal: Occ was set.
+    pub(crate) occ: bool,
+    /// `Exp` tag when Occ was set.
+    pub(crate) occ_tag: u8,
+    /// The node was the root of the tree of this height when occupied (its Occ is copied
+    /// upwards by a scale-up, Alg. 4 l. 8).
+    pub(crate) root_of: Option<u32>,
+    /// Leaf: the bits held.
+    pub(crate) leaf_mask: u64,
+    /// Fast path: leaf children locked whole (§3.8, second optimisation).
+    pub(crate) children: Vec<RemoteAddr>,
+    /// Notifications made.
+    pub(crate) tokens: Vec<Token>,
+}
+
+impl HeldNode {
+    pub(crate) fn new(node: Node, addr: RemoteAddr) -> Self {
+        Self {
+            node,
+            addr,
+            ticket: false,
+            occ: false,
+            occ_tag: 0,
+            root_of: None,
+            leaf_mask: 0,
+            children: Vec::new(),
+            tokens: Vec::new(),
+        }
+    }
+}
+
+/// One lock held.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Held {
+    /// The spillover mutex is held.
+    pub(crate) spill: bool,
+    /// Tree nodes held.
+    pub(crate) nodes: Vec<HeldNode>,
+    /// A scale-down to this height happens at release (§3.9.2).
+    pub(crate) shrink_to: Option<u32>,
+}
+
+/// One thread's handle on a CITRON lock.
+pub struct CitronClient {
+    ep: Box<dyn Endpoint>,
+    base: RemoteAddr,
+    allocator: Arc<dyn TreeAllocator>,
+    opts: ClientOptions,
+    rec: ConfigRecord,
+    batch: Batch,
+    out: Completions,
+    held: HashMap<u64, Held>,
+    next_id: u64,
+    stats: LockStats,
+    rng: SmallRng,
+    /// Epoch at which a scale-up failed (allocation refused): not retried until it changes.
+    scale_failed_epoch: Option<u64>,
+}
+
+impl CitronClient {
+    /// Opens a client on `endpoint` for the lock at `base` (reads its config record).
+    pub fn open(
+        mut endpoint: Box<dyn Endpoint>,
+        base: RemoteAddr,
+        allocator: Arc<dyn TreeAllocator>,
+        options: ClientOptions,
+    ) -> Result<Self, LockError> {
+        if options.k == 0 {
+            return Err(LockError::Config("k must be at least 1".into()));
+        }
+        let rec = read_record(endpoint.as_mut(), base, Duration::from_secs(1))?;
+        Ok(Self {
+            ep: endpoint,
+            base,
+            allocator,
+            opts: options,
+            rec,
+            batch: Batch::new(),
+            out: Completions::new(),
+            held: HashMap::new(),
+            next_id: 1,
+            stats: LockStats::default(),
+            rng: SmallRng::from_os_rng(),
+            scale_failed_epoch: None,
+        })
+    }
+
+    /// The configuration this client currently works with.
+    pub fn record(&self) -> &ConfigRecord {
+        &self.rec
+    }
+
+    /// `N` as this client knows it.
+    pub fn unit_count(&self) -> u64 {
+        self.rec.units()
+    }
+
+    /// The endpoint's counters (round trips, verbs).
+    pub fn endpoint_stats(&self) -> fabric::EndpointStats {
+        self.ep.stats()
+    }
+
+    /// Drops the bookkeeping of a held lock without releasing it: what a client that dies
+    /// holding it leaves behind (for recovery tests, §3.10).
+    pub fn forget(&mut self, id: LockId) -> Result<(), LockError> {
+        self.held
+            .remove(&id.0)
+            .map(|_| ())
+            .ok_or(LockError::NotHeld(id))
+    }
+
+    /// Re-reads the config record.
+    pub fn refresh(&mut self) -> Result<(), LockError> {
+        self.rec = read_record(self.ep.as_mut(), self.base, self.rec.t_lease() * 4)?;
+        Ok(())
+    }
+
+    fn spill_addr(&self) -> RemoteAddr {
+        self.base.add(SPILLOVER_OFFSET)
+    }
+
+    fn maximizer_addr(&self) -> RemoteAddr {
+        self.base.add(MAXIMIZER_OFFSET)
+    }
+
+    fn node_addr(&self, node: Node) -> Result<RemoteAddr, LockError> {
+        layout::node_addr(&self.rec.segments, node).ok_or_else(|| {
+            LockError::Config(format!("node {node:?} has no storage in the config record"))
+        })
+    }
+
+    fn backoff(&self) -> backoff::Backoff {
+        backoff::Backoff::new(self.opts.backoff_base, self.opts.backoff_max)
+    }
+
+    fn exec(&mut self) -> Result<(), LockError> {
+        self.ep.execute(&self.batch, &mut self.out)?;
+        Ok(())
+    }
+
+    fn acquire_inner(&mut self, range: Range<u64>) -> Result<(LockId, bool), LockError> {
+        check_range(&range)?;
+        loop {
+            let mut held = Held::default();
+            if range.end > self.rec.units() {
+                // Alg. 1 l. 3-4: out-of-bound part.
+                if !self.acquire_spillover(range.end)? {
+                    continue; // the tree changed (or we scaled it up): start over.
+                }
+                held.spill = true;
+                self.stats.spillover += 1;
+            }
+            let n = self.rec.units();
+            let mut fast = true;
+            if range.start < n {
+                // Alg. 1 l. 5-6: in-bound part.
+                if let Err(e) =
+                    self.acquire_on_tree(range.start, range.end.min(n), &mut held, &mut fast)
+                {
+                    let _ = self.release_held(&held);
+                    return Err(e);
+                }
+            }
+            let id = self.next_id;
+            self.next_id += 1;
+            self.held.insert(id, held);
+            return Ok((LockId(id), fast));
+        }
+    }
+}
+
+/// Reads and opens the config record, re-reading torn copies (for up to `patience`).
+pub(crate) fn read_record(
+    ep: &mut dyn Endpoint,
+    base: RemoteAddr,
+    patience: Duration,
+) -> Result<ConfigRecord, LockError> {
+    let start = Instant::now();
+    let mut delay = Duration::from_micros(1);
+    loop {
+        let bytes = ep.read(base, RECORD_BYTES as usize)?;
+        if let Some(rec) = ConfigRecord::open(&bytes)? {
+            return Ok(rec);
+        }
+        if start.elapsed() > patience {
+            return Err(LockError::Config(
+                "config record stays torn or missing (lock not created?)".into(),
+            ));
+        }
+        backoff::pause(delay);
+        delay = (delay * 2).min(Duration::from_millis(1));
+    }
+}
+
+impl RangeLock for CitronClient {
+    fn acquire(&mut self, range: Range<u64>) -> Result<LockId, LockError> {
+        let start = Instant::now();
+        let before = self.ep.stats();
+        let result = self.acquire_inner(range);
+        let spent = self.ep.stats().since(&before);
+        add_stats(&mut self.stats.acquire, &spent);
+        self.stats.acquire_time += start.elapsed();
+        let (id, fast) = result?;
+        self.stats.acquisitions += 1;
+        if fast && self.opts.fast_path {
+            self.stats.fast_path += 1;
+        }
+        Ok(id)
+    }
+
+    fn release(&mut self, id: LockId) -> Result<(), LockError> {
+        let held = self.held.remove(&id.0).ok_or(LockError::NotHeld(id))?;
+        let before = self.ep.stats();
+        let result = self.release_held(&held);
+        let spent = self.ep.stats().since(&before);
+        add_stats(&mut self.stats.release, &spent);
+        result?;
+        self.stats.releases += 1;
+        Ok(())
+    }
+
+    fn stats(&self) -> LockStats {
+        self.stats
+    }
+
+    fn scheme(&self) -> &'static str {
+        if self.opts.fast_path {
+            "citron"
+        } else {
+            "citron-nofastpath"
+        }
+    }
+}
+
+fn add_stats(into: &mut fabric::EndpointStats, d: &fabric::EndpointStats) {
+    into.round_trips += d.round_trips;
+    into.verbs += d.verbs;
+    into.atomics += d.atomics;
+    into.bytes_read += d.bytes_read;
+    into.bytes_written += d.bytes_written;
+}
