@@ -1,0 +1,554 @@
+//! `citronfs bench locks`: the range-lock microbenchmark of seed 000 §4.2 (Figures 6 and 7).
+//!
+//! Every selected scheme runs in the same process, one after the other, on the same fabric
+//! backend: threads acquire and release in a closed loop, each request a range of `L` units
+//! whose left border is Zipf(α)-distributed over `[0, N − L]` (the hot spots are the low
+//! addresses, as in the paper; α = 0 is uniform). With `--mixed`, the threads are split evenly
+//! over `L ∈ {1, 16, 256}`. The acquire latency goes into an HDR histogram; the lock statistics
+//! give the abort rate and the round trips per acquire and per release; `getrusage` gives the CPU
+//! time the whole process spent per operation, so that waiting which burns cores shows up.
+//!
+//! The `server` scheme's lock server runs in this process on TCP loopback (its own threads),
+//! whatever the backend: its CPU time is in the per-operation figure too. With `--backend tcp`
+//! the fabric's software NIC also runs in this process.
+
+use anyhow::{anyhow, bail, Context, Result};
+use fabric::{
+    Auth, Connector, MemServer, RegionId, RemoteAddr, ShmConnector, ShmServer, TcpConnector,
+    TcpServer,
+};
+use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressStyle};
+use lockmgr::baselines::TicketConfig;
+use lockmgr::{LockStats, RangeLock, SchemeInstance, SchemeKind};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use rand_distr::{Distribution, Zipf};
+use serde::Serialize;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+/// The schemes this benchmark can run, in the order it runs them by default.
+pub const AVAILABLE_SCHEMES: &[&str] = &["mutex", "seg", "server"];
+
+/// Schemes that exist in the lock manager's plan but are not wired into this benchmark yet.
+const PENDING_SCHEMES: &[&str] = &["citron", "citron-nofastpath"];
+
+/// Range sizes of the mixed workload (seed 000 §4.2, Figure 7): a third of the threads each.
+const MIXED_SIZES: [u64; 3] = [1, 16, 256];
+
+/// Most lock words a `seg` instance gets (32 MiB); segments beyond wrap onto them.
+const MAX_SEGMENTS: u64 = 1 << 22;
+
+/// The region holding the scheme's shared state.
+const LOCK_REGION: RegionId = RegionId(1);
+
+/// Fabric backend of the benchmark.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BenchBackend {
+    /// In-process regions.
+    Mem,
+    /// Shared-memory regions (`/dev/shm` when present).
+    Shm,
+    /// The software NIC on TCP loopback, in this process.
+    Tcp,
+}
+
+impl BenchBackend {
+    fn name(self) -> &'static str {
+        match self {
+            BenchBackend::Mem => "mem",
+            BenchBackend::Shm => "shm",
+            BenchBackend::Tcp => "tcp",
+        }
+    }
+}
+
+/// Options of `citronfs bench locks`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct LocksArgs {
+    /// Schemes to compare (comma-separated): citron, citron-nofastpath, mutex, seg, server.
+    /// Default: every scheme available in this build.
+    #[arg(long, value_delimiter = ',')]
+    pub scheme: Vec<String>,
+    /// Range size L, in lock units.
+    #[arg(long, default_value_t = 16, conflicts_with = "mixed")]
+    pub range: u64,
+    /// Mixed range sizes: the threads are split evenly over L = 1, 16 and 256.
+    #[arg(long)]
+    pub mixed: bool,
+    /// Zipf exponent of the left borders (0: uniform).
+    #[arg(long, default_value_t = 0.9)]
+    pub alpha: f64,
+    /// Size N of the locked address space, in units.
+    #[arg(long, default_value_t = 1 << 28)]
+    pub units: u64,
+    /// Thread counts to run (comma-separated); each is one result per scheme.
+    #[arg(long, value_delimiter = ',', default_value = "8")]
+    pub threads: Vec<usize>,
+    /// Seconds each (scheme, thread count) runs.
+    #[arg(long, default_value_t = 5.0)]
+    pub duration: f64,
+    /// Fabric backend.
+    #[arg(long, value_enum, default_value_t = BenchBackend::Mem)]
+    pub backend: BenchBackend,
+    /// Segment size of the `seg` scheme, in units. Default: the range size ("SS-Exact"), or 16
+    /// with --mixed.
+    #[arg(long)]
+    pub seg_size: Option<u64>,
+    /// Print one JSON object per result instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// One benchmark result: a scheme at a thread count.
+#[derive(Clone, Debug, Serialize)]
+pub struct LocksResult {
+    /// The scheme's name.
+    pub scheme: String,
+    /// The fabric backend.
+    pub backend: &'static str,
+    /// Client threads.
+    pub threads: usize,
+    /// The range size, or `mixed`.
+    pub range: String,
+    /// The address space, in units.
+    pub units: u64,
+    /// The Zipf exponent.
+    pub alpha: f64,
+    /// The `seg` segment size, for `seg`.
+    pub seg_size: Option<u64>,
+    /// Seconds measured.
+    pub seconds: f64,
+    /// Locks granted (and released).
+    pub ops: u64,
+    /// Locks granted per second.
+    pub ops_per_s: f64,
+    /// Median acquire latency, µs.
+    pub p50_us: f64,
+    /// 99th-percentile acquire latency, µs.
+    pub p99_us: f64,
+    /// Longest acquire, µs.
+    pub max_us: f64,
+    /// Aborted attempts per acquisition.
+    pub abort_rate: f64,
+    /// Round trips per acquisition.
+    pub rtts_per_acquire: f64,
+    /// Round trips per release.
+    pub rtts_per_release: f64,
+    /// Verbs per acquisition.
+    pub verbs_per_acquire: f64,
+    /// CPU time (user + system, the whole process) per lock, µs.
+    pub cpu_us_per_op: f64,
+}
+
+/// Runs the benchmark and prints its results.
+pub fn run(args: &LocksArgs) -> Result<()> {
+    let schemes = select_schemes(args)?;
+    if args.threads.is_empty() || args.threads.contains(&0) {
+        bail!("--threads needs positive thread counts");
+    }
+    let max_range = if args.mixed {
+        *MIXED_SIZES.iter().max().expect("non-empty")
+    } else {
+        args.range
+    };
+    if args.range == 0 {
+        bail!("--range must be at least 1");
+    }
+    if args.units < max_range {
+        bail!(
+            "--units ({}) must be at least the range size ({max_range})",
+            args.units
+        );
+    }
+    if !(args.alpha >= 0.0 && args.alpha.is_finite()) {
+        bail!("--alpha must be a finite number >= 0");
+    }
+    if !(args.duration > 0.0 && args.duration.is_finite()) {
+        bail!("--duration must be positive");
+    }
+
+    let total = (schemes.len() * args.threads.len()) as u64;
+    let progress = if args.json {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(total).with_style(
+            ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} (eta {eta})")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        )
+    };
+    let mut results = Vec::new();
+    for name in &schemes {
+        for &threads in &args.threads {
+            progress.set_message(format!("{name}, {threads} threads"));
+            let result = run_one(args, name, threads)
+                .with_context(|| format!("{name} with {threads} threads"))?;
+            if args.json {
+                println!("{}", serde_json::to_string(&result)?);
+            }
+            results.push(result);
+            progress.inc(1);
+        }
+    }
+    progress.finish_and_clear();
+    if !args.json {
+        print_table(&results);
+    }
+    Ok(())
+}
+
+fn select_schemes(args: &LocksArgs) -> Result<Vec<String>> {
+    if args.scheme.is_empty() {
+        return Ok(AVAILABLE_SCHEMES.iter().map(|s| s.to_string()).collect());
+    }
+    for name in &args.scheme {
+        if PENDING_SCHEMES.contains(&name.as_str()) {
+            bail!("scheme {name:?} is not wired into this benchmark yet (available: {AVAILABLE_SCHEMES:?})");
+        }
+        if !AVAILABLE_SCHEMES.contains(&name.as_str()) {
+            bail!("unknown scheme {name:?} (available: {AVAILABLE_SCHEMES:?})");
+        }
+    }
+    Ok(args.scheme.clone())
+}
+
+fn seg_size(args: &LocksArgs) -> u64 {
+    args.seg_size
+        .unwrap_or(if args.mixed { 16 } else { args.range })
+        .max(1)
+}
+
+fn scheme_kind(args: &LocksArgs, name: &str) -> Result<SchemeKind> {
+    Ok(match name {
+        "mutex" => SchemeKind::Mutex,
+        "server" => SchemeKind::Server,
+        "seg" => {
+            let segment_units = seg_size(args);
+            SchemeKind::Seg {
+                segment_units,
+                segments: args.units.div_ceil(segment_units).clamp(1, MAX_SEGMENTS),
+            }
+        }
+        other => bail!("unknown scheme {other:?}"),
+    })
+}
+
+/// The fabric a run uses; kept alive until the run ends.
+enum Fabric {
+    Mem(MemServer),
+    Shm {
+        connector: ShmConnector,
+        _server: ShmServer,
+        _dir: TempDirGuard,
+    },
+    Tcp {
+        connector: Box<TcpConnector>,
+        _server: Box<TcpServer>,
+    },
+}
+
+impl Fabric {
+    fn start(backend: BenchBackend, region_bytes: u64) -> Result<Self> {
+        let len = region_bytes.max(8);
+        Ok(match backend {
+            BenchBackend::Mem => {
+                let server = MemServer::new();
+                server.register(LOCK_REGION, len)?;
+                Fabric::Mem(server)
+            }
+            BenchBackend::Shm => {
+                let dir = TempDirGuard::new()?;
+                let server = ShmServer::create(dir.path.join("server"))?;
+                server.register(LOCK_REGION, len)?;
+                let connector = ShmConnector::attach(server.dir())?;
+                Fabric::Shm {
+                    connector,
+                    _server: server,
+                    _dir: dir,
+                }
+            }
+            BenchBackend::Tcp => {
+                let token = format!("{:016x}", rand::rng().random::<u64>());
+                let server = TcpServer::bind("127.0.0.1:0", Auth::new("bench", token.clone()))?;
+                server.register(LOCK_REGION, len)?;
+                let connector = TcpConnector::connect(server.local_addr(), "bench", token)?;
+                Fabric::Tcp {
+                    connector: Box::new(connector),
+                    _server: Box::new(server),
+                }
+            }
+        })
+    }
+
+    fn connector(&self) -> &dyn Connector {
+        match self {
+            Fabric::Mem(server) => server,
+            Fabric::Shm { connector, .. } => connector,
+            Fabric::Tcp { connector, .. } => &**connector,
+        }
+    }
+}
+
+/// A private directory for the shm backend's region files, removed afterwards.
+struct TempDirGuard {
+    path: std::path::PathBuf,
+}
+
+impl TempDirGuard {
+    fn new() -> Result<Self> {
+        let root = if std::path::Path::new("/dev/shm").is_dir() {
+            std::path::PathBuf::from("/dev/shm")
+        } else {
+            std::env::temp_dir()
+        };
+        let path = root.join(format!(
+            "citronfs-bench-locks-{}-{:08x}",
+            std::process::id(),
+            rand::rng().random::<u32>()
+        ));
+        std::fs::create_dir_all(&path).with_context(|| format!("create {}", path.display()))?;
+        Ok(Self { path })
+    }
+}
+
+impl Drop for TempDirGuard {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// What one client thread measured.
+struct ThreadResult {
+    latencies: Histogram<u64>,
+    stats: LockStats,
+    ops: u64,
+}
+
+/// Draws left borders: Zipf(α) over `[0, units − range]`, or uniform for α = 0.
+struct Borders {
+    max_start: u64,
+    zipf: Option<Zipf<f64>>,
+}
+
+impl Borders {
+    fn new(units: u64, range: u64, alpha: f64) -> Result<Self> {
+        let max_start = units - range;
+        let zipf = if alpha > 0.0 {
+            Some(
+                Zipf::new(max_start as f64 + 1.0, alpha)
+                    .map_err(|e| anyhow!("Zipf({alpha}) over {} borders: {e}", max_start + 1))?,
+            )
+        } else {
+            None
+        };
+        Ok(Self { max_start, zipf })
+    }
+
+    fn sample(&self, rng: &mut SmallRng) -> u64 {
+        match &self.zipf {
+            // Zipf draws are ranks in [1, n]; rank 1 is the hottest border, 0.
+            Some(zipf) => (zipf.sample(rng) as u64)
+                .saturating_sub(1)
+                .min(self.max_start),
+            None => rng.random_range(0..=self.max_start),
+        }
+    }
+}
+
+fn run_one(args: &LocksArgs, name: &str, threads: usize) -> Result<LocksResult> {
+    let kind = scheme_kind(args, name)?;
+    let fabric = Fabric::start(args.backend, kind.region_bytes())?;
+    let instance = SchemeInstance::create(
+        kind,
+        &mut *fabric.connector().connect()?,
+        RemoteAddr::new(LOCK_REGION, 0),
+        TicketConfig::default(),
+    )?;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Arc::new(Barrier::new(threads + 1));
+    let mut workers = Vec::with_capacity(threads);
+    for t in 0..threads {
+        let range = if args.mixed {
+            MIXED_SIZES[t % MIXED_SIZES.len()]
+        } else {
+            args.range
+        };
+        let borders = Borders::new(args.units, range, args.alpha)?;
+        let lock = instance.open(fabric.connector())?;
+        let (stop, start) = (stop.clone(), start.clone());
+        workers.push(
+            std::thread::Builder::new()
+                .name(format!("bench-locks-{t}"))
+                .spawn(move || client(lock, borders, range, t as u64, &stop, &start))?,
+        );
+    }
+
+    start.wait();
+    let cpu_before = cpu_time();
+    let began = Instant::now();
+    std::thread::sleep(Duration::from_secs_f64(args.duration));
+    stop.store(true, Ordering::Relaxed);
+    let mut latencies = new_histogram();
+    let mut stats = LockStats::default();
+    let mut ops = 0;
+    let mut failure = None;
+    for worker in workers {
+        match worker.join() {
+            Ok(Ok(result)) => {
+                latencies
+                    .add(&result.latencies)
+                    .map_err(|e| anyhow!("merge histograms: {e:?}"))?;
+                stats.merge(&result.stats);
+                ops += result.ops;
+            }
+            Ok(Err(error)) => failure = Some(error),
+            Err(_) => failure = Some(anyhow!("a client thread panicked")),
+        }
+    }
+    let seconds = began.elapsed().as_secs_f64();
+    let cpu = cpu_time().saturating_sub(cpu_before);
+    if let Some(error) = failure {
+        return Err(error);
+    }
+    let us = |ns: u64| ns as f64 / 1000.0;
+    Ok(LocksResult {
+        scheme: name.to_string(),
+        backend: args.backend.name(),
+        threads,
+        range: if args.mixed {
+            "mixed".into()
+        } else {
+            args.range.to_string()
+        },
+        units: args.units,
+        alpha: args.alpha,
+        seg_size: matches!(kind, SchemeKind::Seg { .. }).then(|| seg_size(args)),
+        seconds,
+        ops,
+        ops_per_s: ops as f64 / seconds,
+        p50_us: us(latencies.value_at_quantile(0.5)),
+        p99_us: us(latencies.value_at_quantile(0.99)),
+        max_us: us(latencies.max()),
+        abort_rate: stats.abort_rate(),
+        rtts_per_acquire: stats.rtts_per_acquire(),
+        rtts_per_release: stats.rtts_per_release(),
+        verbs_per_acquire: stats.verbs_per_acquire(),
+        cpu_us_per_op: if ops == 0 {
+            0.0
+        } else {
+            cpu.as_secs_f64() * 1e6 / ops as f64
+        },
+    })
+}
+
+fn new_histogram() -> Histogram<u64> {
+    // 1 ns to 100 s, 3 significant digits.
+    Histogram::new_with_bounds(1, 100_000_000_000, 3).expect("valid histogram bounds")
+}
+
+/// One client thread's closed loop: acquire, release, until told to stop.
+fn client(
+    mut lock: Box<dyn RangeLock>,
+    borders: Borders,
+    range: u64,
+    seed: u64,
+    stop: &AtomicBool,
+    start: &Barrier,
+) -> Result<ThreadResult> {
+    let mut rng = SmallRng::seed_from_u64(0xB17_C0DE ^ seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    let mut latencies = new_histogram();
+    let mut ops = 0;
+    start.wait();
+    // The statistics of the measured loop only (opening may have cost traffic).
+    let before = lock.stats();
+    while !stop.load(Ordering::Relaxed) {
+        let left = borders.sample(&mut rng);
+        let began = Instant::now();
+        let id = lock.acquire(left..left + range)?;
+        latencies.saturating_record(began.elapsed().as_nanos() as u64);
+        lock.release(id)?;
+        ops += 1;
+    }
+    Ok(ThreadResult {
+        latencies,
+        stats: stats_since(&lock.stats(), &before),
+        ops,
+    })
+}
+
+/// `after − before`, field by field (the counters only grow).
+fn stats_since(after: &LockStats, before: &LockStats) -> LockStats {
+    let mut delta = *after;
+    delta.acquisitions -= before.acquisitions;
+    delta.releases -= before.releases;
+    delta.aborts.time_limit -= before.aborts.time_limit;
+    delta.aborts.scale_up -= before.aborts.scale_up;
+    delta.aborts.leaf_conflict -= before.aborts.leaf_conflict;
+    delta.aborts.suspected_failure -= before.aborts.suspected_failure;
+    delta.retries -= before.retries;
+    delta.fast_path -= before.fast_path;
+    delta.starvation_escalations -= before.starvation_escalations;
+    delta.spillover -= before.spillover;
+    delta.scale_ups -= before.scale_ups;
+    delta.recoveries -= before.recoveries;
+    delta.acquire = after.acquire.since(&before.acquire);
+    delta.release = after.release.since(&before.release);
+    delta.acquire_time = after.acquire_time.saturating_sub(before.acquire_time);
+    delta
+}
+
+/// User + system CPU time of the whole process so far.
+fn cpu_time() -> Duration {
+    // SAFETY: `getrusage` only writes the struct we pass, which is a plain C struct for which
+    // all-zero bytes are a valid value.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        if libc::getrusage(libc::RUSAGE_SELF, &mut usage) != 0 {
+            return Duration::ZERO;
+        }
+        usage
+    };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, (t.tv_usec as u32) * 1000);
+    tv(usage.ru_utime) + tv(usage.ru_stime)
+}
+
+fn print_table(results: &[LocksResult]) {
+    println!(
+        "{:<18} {:<7} {:>7} {:>6} {:>12} {:>9} {:>9} {:>10} {:>8} {:>8} {:>10}",
+        "scheme",
+        "backend",
+        "threads",
+        "range",
+        "ops/s",
+        "p50 µs",
+        "p99 µs",
+        "abort rate",
+        "RTT/acq",
+        "RTT/rel",
+        "CPU µs/op"
+    );
+    for r in results {
+        let scheme = match r.seg_size {
+            Some(size) => format!("{} ({size})", r.scheme),
+            None => r.scheme.clone(),
+        };
+        println!(
+            "{:<18} {:<7} {:>7} {:>6} {:>12.0} {:>9.1} {:>9.1} {:>10.4} {:>8.2} {:>8.2} {:>10.2}",
+            scheme,
+            r.backend,
+            r.threads,
+            r.range,
+            r.ops_per_s,
+            r.p50_us,
+            r.p99_us,
+            r.abort_rate,
+            r.rtts_per_acquire,
+            r.rtts_per_release,
+            r.cpu_us_per_op
+        );
+    }
+}
