@@ -231,6 +231,25 @@ pub(crate) struct Held {
     pub(crate) shrink_to: Option<u32>,
 }
 
+/// What [`CitronClient::audit`] found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Audit {
+    /// Nodes not at rest (leaf bits set; internal: Occ set or a counter pair apart), with their
+    /// words.
+    pub busy_nodes: Vec<(Node, u64)>,
+    /// The spillover mutex is held or waited for.
+    pub spillover_busy: bool,
+    /// The maximizer's value.
+    pub maximizer: u64,
+}
+
+impl Audit {
+    /// Whether the tree and the mutex are at rest.
+    pub fn at_rest(&self) -> bool {
+        self.busy_nodes.is_empty() && !self.spillover_busy
+    }
+}
+
 /// One thread's handle on a CITRON lock.
 pub struct CitronClient {
     ep: Box<dyn Endpoint>,
@@ -304,6 +323,47 @@ impl CitronClient {
     pub fn refresh(&mut self) -> Result<(), LockError> {
         self.rec = read_record(self.ep.as_mut(), self.base, self.rec.t_lease() * 4)?;
         Ok(())
+    }
+
+    /// Reads every node of the current tree, the spillover mutex and the maximizer, and reports
+    /// what is not at rest. Meant for tests and debugging with no lock held or in flight: then
+    /// every counter pair must match and nothing may be occupied or set.
+    pub fn audit(&mut self) -> Result<Audit, LockError> {
+        self.refresh()?;
+        let h = self.rec.height;
+        let mut audit = Audit::default();
+        for hgt in 0..h {
+            let count = layout::pow4(h - 1 - hgt);
+            let mut pos = 0;
+            while pos < count {
+                let n = (count - pos).min(1 << 16);
+                self.batch.clear();
+                let mut reads = Vec::with_capacity(n as usize);
+                for p in pos..pos + n {
+                    let node = Node::new(hgt, p);
+                    reads.push((node, self.batch.read(self.node_addr(node)?, 8)));
+                }
+                self.exec()?;
+                for (node, r) in reads {
+                    let w = self.out.word(r, 0);
+                    let busy = if node.is_leaf() {
+                        w != 0
+                    } else {
+                        layout::dcnt(w) != layout::dmax(w)
+                            || layout::tcnt(w) != layout::tmax(w)
+                            || layout::occ(w)
+                    };
+                    if busy {
+                        audit.busy_nodes.push((node, w));
+                    }
+                }
+                pos += n;
+            }
+        }
+        let spill = self.ep.read_u64(self.spill_addr())?;
+        audit.spillover_busy = (spill >> 32) != (spill & 0xFFFF_FFFF);
+        audit.maximizer = self.ep.read_u64(self.maximizer_addr())?;
+        Ok(audit)
     }
 
     fn spill_addr(&self) -> RemoteAddr {
