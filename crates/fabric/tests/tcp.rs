@@ -608,3 +608,64 @@ fn connections_are_released() {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// A fake server that completes the handshake, reads one batch and then answers it with
+/// `reply` (raw bytes, possibly nothing) before closing.
+fn fake_server(reply: Vec<u8>) -> std::net::SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut body = Vec::new();
+        frame::read_frame(&mut s, usize::MAX, &mut body).unwrap();
+        let welcome = Reply::Welcome(wire::Welcome {
+            version: PROTOCOL_VERSION,
+            regions: vec![],
+        });
+        frame::write_frame(&mut s, &postcard::to_stdvec(&welcome).unwrap()).unwrap();
+        frame::read_frame(&mut s, usize::MAX, &mut body).unwrap();
+        s.write_all(&reply).unwrap();
+    });
+    addr
+}
+
+#[test]
+fn broken_servers_give_disconnected() {
+    let mut batch = Batch::new();
+    batch.faa(addr(0), 1);
+    let framed = |body: &[u8]| {
+        let mut bytes = Vec::new();
+        frame::write_frame(&mut bytes, body).unwrap();
+        bytes
+    };
+    let wrong_count = postcard::to_stdvec(&Reply::Completions(Completions::new())).unwrap();
+    let welcome_again = postcard::to_stdvec(&Reply::Welcome(wire::Welcome {
+        version: PROTOCOL_VERSION,
+        regions: vec![],
+    }))
+    .unwrap();
+    let mut corrupt = framed(&wrong_count);
+    corrupt[HEADER_LEN] ^= 1;
+    let replies = [
+        Vec::new(),             // closes without answering
+        b"\x01\x00".to_vec(),   // half a frame header, then closes
+        corrupt,                // checksum mismatch
+        framed(&wrong_count),   // completions that do not answer the batch
+        framed(&welcome_again), // a handshake message instead of completions
+        framed(&[0xFF, 0xFF]),  // undecodable
+    ];
+    for reply in replies {
+        let server = fake_server(reply.clone());
+        let mut ep = TcpEndpoint::connect(server, CLUSTER, TOKEN).unwrap();
+        let mut out = Completions::new();
+        match ep.execute(&batch, &mut out) {
+            Err(FabricError::Disconnected(_)) => {}
+            other => panic!("reply {reply:?}: expected Disconnected, got {other:?}"),
+        }
+        assert!(ep.is_broken());
+        assert!(matches!(
+            ep.execute(&batch, &mut out),
+            Err(FabricError::Disconnected(_))
+        ));
+    }
+}
