@@ -404,33 +404,40 @@ fn decode_report(line: &str) -> Option<Report> {
     })
 }
 
-/// The matrix: each line is one scheme, run with threads on mem and shm and processes on shm.
+/// The matrix: each line is one scheme, run with threads on mem, shm and tcp and processes on
+/// shm and tcp. A line may carry `ignore = "why"` for a scheme that is known to fail the checker,
+/// so the failure stays visible (`cargo test -- --ignored`) without blocking everyone else.
 macro_rules! schemes {
-    ($($name:ident => $kind:expr;)*) => {$(
+    ($($name:ident => $kind:expr $(, ignore = $why:literal)?;)*) => {$(
         mod $name {
             use super::*;
 
             #[test]
+            $(#[ignore = $why])?
             fn threads_on_mem() {
                 threads_on(Backend::Mem, $kind, 4);
             }
 
             #[test]
+            $(#[ignore = $why])?
             fn threads_on_shm() {
                 threads_on(Backend::Shm, $kind, 4);
             }
 
             #[test]
+            $(#[ignore = $why])?
             fn threads_on_tcp() {
                 threads_on(Backend::Tcp, $kind, 4);
             }
 
             #[test]
+            $(#[ignore = $why])?
             fn processes_on_shm() {
                 processes_on(Backend::Shm, $kind, 3, 2);
             }
 
             #[test]
+            $(#[ignore = $why])?
             fn processes_on_tcp() {
                 processes_on(Backend::Tcp, $kind, 3, 2);
             }
@@ -443,6 +450,13 @@ schemes! {
     // Segments wrap: 2^20 units / 256 = 4096 segments onto 1024 lock words.
     seg => SchemeKind::Seg { segment_units: 256, segments: 1024 };
     server => SchemeKind::Server;
+    // Found by this checker when CITRON landed (338427f): under chaos, an OVERLAP with
+    // the default 500 ms lease (processes on shm), acquisitions stalled past 5 s with a 60 s
+    // lease (threads and processes on shm), and no starvation escalation on mem.
+    citron => SchemeKind::Citron { unit_count: 1 << 20, fast_path: true },
+        ignore = "CITRON fails the safety checker under chaos (overlap / stall); see comment";
+    citron_nofastpath => SchemeKind::Citron { unit_count: 1 << 20, fast_path: false },
+        ignore = "CITRON fails the safety checker under chaos (overlap / stall); see comment";
 }
 
 // ---- The checker's self-tests: broken locks must be caught. ----

@@ -6,7 +6,8 @@
 //! - [`server`] (`"server"`): a CPU lock server holding an interval set, over TCP.
 //!
 //! [`SchemeKind`] and [`SchemeInstance`] are the small factory the tests and the benchmark use
-//! to create a scheme's shared state once and open one handle per thread.
+//! to create a scheme's shared state once and open one handle per thread, for these baselines
+//! and for CITRON ([`crate::citron`], `"citron"` and `"citron-nofastpath"`).
 
 pub mod mutex;
 pub mod seg;
@@ -18,6 +19,7 @@ pub use seg::{SegConfig, SegLock, SegScheme};
 pub use server::{LockServer, LockServerClient};
 pub use ticket::{Backoff, TicketConfig, TicketLock};
 
+use crate::citron::{Citron, CitronClient, CitronConfig, ClientOptions, NoAllocator};
 use crate::scheme::{LockError, LockId, RangeLock};
 use crate::stats::LockStats;
 use fabric::{Connector, Endpoint, EndpointStats, RemoteAddr};
@@ -34,6 +36,10 @@ pub const SCHEME_MUTEX: &str = "mutex";
 pub const SCHEME_SEG: &str = "seg";
 /// The `server` scheme's name.
 pub const SCHEME_SERVER: &str = "server";
+/// CITRON's name.
+pub const SCHEME_CITRON: &str = "citron";
+/// CITRON without the fast path of §3.8.
+pub const SCHEME_CITRON_NOFASTPATH: &str = "citron-nofastpath";
 
 /// Which scheme to create, with the parameters that shape its shared state.
 ///
@@ -52,6 +58,14 @@ pub enum SchemeKind {
     },
     /// A CPU lock server on TCP loopback (or wherever [`SchemeInstance::attach`] points).
     Server,
+    /// CITRON (seed 000 §3), created with [`CitronConfig::default`] but for `unit_count`, and
+    /// without a tree allocator: ranges beyond the tree take the spillover mutex, no scale-up.
+    Citron {
+        /// `N`, the units the tree covers.
+        unit_count: u64,
+        /// The fast path of §3.8.
+        fast_path: bool,
+    },
 }
 
 impl SchemeKind {
@@ -61,6 +75,12 @@ impl SchemeKind {
             SchemeKind::Mutex => SCHEME_MUTEX,
             SchemeKind::Seg { .. } => SCHEME_SEG,
             SchemeKind::Server => SCHEME_SERVER,
+            SchemeKind::Citron {
+                fast_path: true, ..
+            } => SCHEME_CITRON,
+            SchemeKind::Citron {
+                fast_path: false, ..
+            } => SCHEME_CITRON_NOFASTPATH,
         }
     }
 
@@ -75,11 +95,14 @@ impl SchemeKind {
                 SegScheme::region_bytes(&seg_config(*segment_units, *segments, Default::default()))
             }
             SchemeKind::Server => 0,
+            // An impossible size makes `create` fail with the real reason.
+            SchemeKind::Citron { unit_count, .. } => Citron::bytes_needed(*unit_count).unwrap_or(0),
         }
     }
 }
 
-/// The spec form: `mutex`, `seg:<segment_units>:<segments>`, `server` (parsed back by
+/// The spec form: `mutex`, `seg:<segment_units>:<segments>`, `server`, `citron:<units>`,
+/// `citron-nofastpath:<units>` (parsed back by
 /// [`SchemeKind::from_str`](std::str::FromStr)), so a kind can cross a process boundary or a
 /// command line.
 impl std::fmt::Display for SchemeKind {
@@ -89,6 +112,7 @@ impl std::fmt::Display for SchemeKind {
                 segment_units,
                 segments,
             } => write!(f, "{SCHEME_SEG}:{segment_units}:{segments}"),
+            SchemeKind::Citron { unit_count, .. } => write!(f, "{}:{unit_count}", self.name()),
             other => f.write_str(other.name()),
         }
     }
@@ -113,6 +137,10 @@ impl std::str::FromStr for SchemeKind {
             SCHEME_SEG => SchemeKind::Seg {
                 segment_units: number("segment units")?,
                 segments: number("segment count")?,
+            },
+            SCHEME_CITRON | SCHEME_CITRON_NOFASTPATH => SchemeKind::Citron {
+                unit_count: number("unit count")?,
+                fast_path: name == SCHEME_CITRON,
             },
             _ => return Err(LockError::Config(format!("unknown lock scheme {spec:?}"))),
         };
@@ -148,6 +176,13 @@ pub enum SchemeInstance {
         /// The in-process server, kept alive as long as any clone of the instance.
         server: Option<Arc<LockServer>>,
     },
+    /// A CITRON lock: where it is and how its clients behave.
+    Citron {
+        /// The lock's base address (its config record).
+        base: RemoteAddr,
+        /// Client options (fast path or not).
+        options: ClientOptions,
+    },
 }
 
 impl SchemeInstance {
@@ -177,6 +212,17 @@ impl SchemeInstance {
                     server: Some(Arc::new(server)),
                 }
             }
+            SchemeKind::Citron { unit_count, .. } => {
+                Citron::create(
+                    endpoint,
+                    base,
+                    CitronConfig {
+                        unit_count,
+                        ..CitronConfig::default()
+                    },
+                )?;
+                Self::attach(kind, base, ticket, None)?
+            }
         })
     }
 
@@ -203,6 +249,13 @@ impl SchemeInstance {
                 })?,
                 server: None,
             },
+            SchemeKind::Citron { fast_path, .. } => Self::Citron {
+                base,
+                options: ClientOptions {
+                    fast_path,
+                    ..ClientOptions::default()
+                },
+            },
         })
     }
 
@@ -220,6 +273,12 @@ impl SchemeInstance {
             Self::Mutex(scheme) => Box::new(scheme.open(connector)?),
             Self::Seg(scheme) => Box::new(scheme.open(connector)?),
             Self::Server { addr, .. } => Box::new(LockServerClient::connect(addr)?),
+            Self::Citron { base, options } => Box::new(CitronClient::open(
+                connector.connect()?,
+                *base,
+                Arc::new(NoAllocator),
+                *options,
+            )?),
         })
     }
 }
