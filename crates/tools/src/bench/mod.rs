@@ -1,0 +1,28 @@
+//! `citronfs bench`: workloads that print figures.
+
+pub mod fabric;
+pub mod locks;
+
+use anyhow::Result;
+use clap::Subcommand;
+
+/// The benchmarks.
+#[derive(Subcommand)]
+pub enum Bench {
+    /// Round-trip time and batched verb throughput of every fabric backend, with a bare TCP
+    /// ping-pong of the same message sizes as the reference.
+    Fabric(fabric::FabricArgs),
+    /// Range-lock schemes side by side (CITRON against the baselines): locks granted per second,
+    /// acquire latency, aborts, round trips per acquire and release, CPU per lock.
+    Locks(locks::LocksArgs),
+}
+
+impl Bench {
+    /// Runs the chosen benchmark.
+    pub fn run(self) -> Result<()> {
+        match self {
+            Bench::Fabric(args) => fabric::run(&args),
+            Bench::Locks(args) => locks::run(&args),
+        }
+    }
+}

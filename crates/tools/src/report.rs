@@ -1,0 +1,85 @@
+//! Printing benchmark results: an aligned table for people, one JSON object per line for tools.
+
+use serde::Serialize;
+
+/// Collects rows of one kind and prints them as a table or as JSON lines.
+pub struct Report {
+    json: bool,
+    header: Vec<&'static str>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Report {
+    /// A report with these column titles; `json` selects JSON lines instead of a table.
+    pub fn new(json: bool, header: &[&'static str]) -> Self {
+        Self {
+            json,
+            header: header.to_vec(),
+            rows: Vec::new(),
+        }
+    }
+
+    /// Adds one result: `cells` for the table, `record` for JSON. JSON lines are printed at once,
+    /// so a long run streams its results.
+    pub fn add(&mut self, cells: Vec<String>, record: &impl Serialize) {
+        if self.json {
+            println!(
+                "{}",
+                serde_json::to_string(record).expect("results serialize")
+            );
+        } else {
+            debug_assert_eq!(cells.len(), self.header.len());
+            self.rows.push(cells);
+        }
+    }
+
+    /// Prints the table (nothing more in JSON mode).
+    pub fn finish(self) {
+        if self.json {
+            return;
+        }
+        let widths: Vec<usize> = (0..self.header.len())
+            .map(|c| {
+                self.rows
+                    .iter()
+                    .map(|r| r[c].len())
+                    .chain([self.header[c].len()])
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        let line = |cells: Vec<&str>| {
+            let parts: Vec<String> = cells
+                .iter()
+                .zip(&widths)
+                .enumerate()
+                .map(|(i, (cell, w))| {
+                    if i == 0 {
+                        format!("{cell:<w$}")
+                    } else {
+                        format!("{cell:>w$}")
+                    }
+                })
+                .collect();
+            println!("{}", parts.join("  "));
+        };
+        line(self.header.clone());
+        line(
+            widths
+                .iter()
+                .map(|w| "-".repeat(*w))
+                .collect::<Vec<_>>()
+                .iter()
+                .map(String::as_str)
+                .collect(),
+        );
+        for row in &self.rows {
+            line(row.iter().map(String::as_str).collect());
+        }
+    }
+}
+
+/// Formats a float with `digits` decimals.
+pub fn fmt_f(value: f64, digits: usize) -> String {
+    format!("{value:.digits$}")
+}
