@@ -1,0 +1,93 @@
+//! File-system errors, each with the errno a POSIX caller sees.
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// A file-system operation's failure. Travels over the wire as it is; [`FsError::errno`] maps it
+/// for FUSE and for `std::io::Error`.
+#[derive(Clone, Debug, PartialEq, Eq, Error, Serialize, Deserialize)]
+pub enum FsError {
+    /// No such file or directory.
+    #[error("no such file or directory")]
+    NotFound,
+    /// The name exists already.
+    #[error("file exists")]
+    Exists,
+    /// The directory is not empty.
+    #[error("directory not empty")]
+    NotEmpty,
+    /// A path component is not a directory.
+    #[error("not a directory")]
+    NotDir,
+    /// The object is a directory.
+    #[error("is a directory")]
+    IsDir,
+    /// A name is longer than `NAME_MAX` (or a symlink target, xattr name or value too long).
+    #[error("name too long")]
+    NameTooLong,
+    /// The data servers (or the meta server's region) are full.
+    #[error("no space left on device")]
+    NoSpace,
+    /// Permission denied by mode bits.
+    #[error("permission denied")]
+    Access,
+    /// Operation not permitted (ownership).
+    #[error("operation not permitted")]
+    Perm,
+    /// An argument is invalid (renaming a directory into itself, a bad offset, ...).
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+    /// No such extended attribute.
+    #[error("no such attribute")]
+    NoAttr,
+    /// A buffer is too small for the result (xattr value or list).
+    #[error("result too large for the buffer")]
+    Range,
+    /// The file handle or session is no longer valid.
+    #[error("stale file handle")]
+    Stale,
+    /// Not supported by CitronFS.
+    #[error("operation not supported")]
+    NotSupported,
+    /// A server is unreachable or broke the protocol; the operation's outcome is unknown.
+    #[error("I/O error: {0}")]
+    Io(String),
+    /// The cluster refused this client (wrong cluster id or token, or protocol version).
+    #[error("refused by the cluster: {0}")]
+    Refused(String),
+}
+
+impl FsError {
+    /// The errno a POSIX caller sees for this error.
+    pub fn errno(&self) -> i32 {
+        match self {
+            FsError::NotFound => libc::ENOENT,
+            FsError::Exists => libc::EEXIST,
+            FsError::NotEmpty => libc::ENOTEMPTY,
+            FsError::NotDir => libc::ENOTDIR,
+            FsError::IsDir => libc::EISDIR,
+            FsError::NameTooLong => libc::ENAMETOOLONG,
+            FsError::NoSpace => libc::ENOSPC,
+            FsError::Access => libc::EACCES,
+            FsError::Perm => libc::EPERM,
+            FsError::Invalid(_) => libc::EINVAL,
+            FsError::NoAttr => libc::ENODATA,
+            FsError::Range => libc::ERANGE,
+            FsError::Stale => libc::ESTALE,
+            FsError::NotSupported => libc::EOPNOTSUPP,
+            FsError::Io(_) | FsError::Refused(_) => libc::EIO,
+        }
+    }
+}
+
+impl From<FsError> for std::io::Error {
+    fn from(e: FsError) -> Self {
+        std::io::Error::from_raw_os_error(e.errno())
+    }
+}
+
+impl From<fabric::FabricError> for FsError {
+    fn from(e: fabric::FabricError) -> Self {
+        FsError::Io(e.to_string())
+    }
+}

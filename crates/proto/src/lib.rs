@@ -1,0 +1,15 @@
+//! The wire types every CitronFS process agrees on.
+//!
+//! - [`types`]: inodes, attributes, directory entries, how to reach a server's regions;
+//! - [`error`]: [`FsError`], the file-system errors, each with its errno;
+//! - [`fcb`]: the layout of a file control block in the meta server's region;
+//! - [`rpc`]: the meta server's requests and responses, and their framing
+//!   (`fabric::frame` + postcard, a versioned handshake).
+
+pub mod error;
+pub mod fcb;
+pub mod rpc;
+pub mod types;
+
+pub use error::FsError;
+pub use types::*;

@@ -1,0 +1,541 @@
+//! The meta server's RPC protocol: a versioned handshake, then one request frame and one
+//! response frame per call, each a `fabric::frame` (length + crc32) holding a postcard message.
+
+use crate::error::FsError;
+use crate::types::*;
+use fabric::frame::{read_frame, write_frame, FrameError};
+use fabric::{RegionId, RemoteAddr};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::Duration;
+use thiserror::Error;
+
+/// First field of every [`Hello`].
+pub const MAGIC: u32 = u32::from_le_bytes(*b"CFSM");
+/// The protocol version this build speaks.
+pub const VERSION: u16 = 1;
+/// Largest frame either side accepts (a readdir page or an xattr value fits many times over).
+pub const MAX_FRAME: usize = 16 << 20;
+
+/// Who is connecting.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Role {
+    /// A file-system client (a mount or a library user).
+    Client {
+        /// Where it runs, for logs.
+        host: String,
+        /// Its process id, for logs.
+        pid: u32,
+    },
+    /// A data server registering its region.
+    DataServer {
+        /// How clients reach its region.
+        fabric: FabricAddr,
+        /// The region holding its chunks.
+        region: RegionId,
+        /// How many chunks the region holds.
+        chunks: u64,
+        /// A stable name, so that a restarted data server gets its old id back (and its data).
+        name: String,
+    },
+}
+
+/// The first message on a connection.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    /// Must be [`MAGIC`].
+    pub magic: u32,
+    /// The sender's [`VERSION`].
+    pub version: u16,
+    /// The cluster the sender wants.
+    pub cluster: String,
+    /// The cluster's shared secret.
+    pub token: String,
+    /// Who is connecting.
+    pub role: Role,
+}
+
+/// The server's answer to a [`Hello`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Welcome {
+    /// A client's session is open.
+    Client(ClusterInfo),
+    /// A data server is registered under this id.
+    DataServer {
+        /// Its id.
+        id: u32,
+    },
+    /// Refused, with the reason; the server closes the connection.
+    Refused(String),
+}
+
+/// How `setxattr` treats an existing attribute.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum XattrMode {
+    /// Create or replace.
+    Either,
+    /// Fail with `Exists` if it exists (`XATTR_CREATE`).
+    Create,
+    /// Fail with `NoAttr` if it does not (`XATTR_REPLACE`).
+    Replace,
+}
+
+/// A call to the meta server.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Request {
+    /// Keeps the session alive.
+    Heartbeat,
+    /// The entry `name` in directory `parent`. → `Attr`
+    Lookup {
+        /// Directory.
+        parent: Ino,
+        /// Name.
+        name: String,
+    },
+    /// An inode's attributes (the size from its file control block if open). → `Attr`
+    GetAttr {
+        /// Inode.
+        ino: Ino,
+    },
+    /// Changes attributes; a size change truncates or extends. → `Attr`
+    SetAttr {
+        /// Inode.
+        ino: Ino,
+        /// What to change.
+        set: SetAttr,
+        /// Who asks.
+        caller: Caller,
+    },
+    /// Creates a file, device node, fifo or socket. → `Attr`
+    Mknod {
+        /// Directory.
+        parent: Ino,
+        /// Name.
+        name: String,
+        /// Kind (not `Dir` or `Symlink`).
+        kind: FileKind,
+        /// Permission bits.
+        perm: u16,
+        /// Device number.
+        rdev: u32,
+        /// Owner.
+        caller: Caller,
+    },
+    /// Creates a directory. → `Attr`
+    Mkdir {
+        /// Parent directory.
+        parent: Ino,
+        /// Name.
+        name: String,
+        /// Permission bits.
+        perm: u16,
+        /// Owner.
+        caller: Caller,
+    },
+    /// Creates a symbolic link. → `Attr`
+    Symlink {
+        /// Directory.
+        parent: Ino,
+        /// Name.
+        name: String,
+        /// Target.
+        target: String,
+        /// Owner.
+        caller: Caller,
+    },
+    /// Adds a hard link to `ino`. → `Attr`
+    Link {
+        /// The existing inode (not a directory).
+        ino: Ino,
+        /// Directory of the new name.
+        new_parent: Ino,
+        /// The new name.
+        new_name: String,
+    },
+    /// Removes a non-directory entry. → `Ok`
+    Unlink {
+        /// Directory.
+        parent: Ino,
+        /// Name.
+        name: String,
+    },
+    /// Removes an empty directory. → `Ok`
+    Rmdir {
+        /// Parent directory.
+        parent: Ino,
+        /// Name.
+        name: String,
+    },
+    /// Renames, replacing a compatible target (an empty directory for a directory). → `Ok`
+    Rename {
+        /// Source directory.
+        parent: Ino,
+        /// Source name.
+        name: String,
+        /// Target directory.
+        new_parent: Ino,
+        /// Target name.
+        new_name: String,
+        /// Fail with `Exists` rather than replace (`RENAME_NOREPLACE`).
+        no_replace: bool,
+    },
+    /// A symlink's target. → `Data`
+    Readlink {
+        /// Inode.
+        ino: Ino,
+    },
+    /// Directory entries after `cookie` (0 = from the start; `.` and `..` included). → `Entries`
+    ReadDir {
+        /// Directory.
+        ino: Ino,
+        /// Continue after this cookie.
+        cookie: u64,
+        /// At most this many.
+        max: u32,
+    },
+    /// File-system totals. → `Stats`
+    Statfs,
+    /// Sets an extended attribute. → `Ok`
+    SetXattr {
+        /// Inode.
+        ino: Ino,
+        /// Name.
+        name: String,
+        /// Value.
+        value: Vec<u8>,
+        /// Create/replace semantics.
+        mode: XattrMode,
+    },
+    /// An extended attribute's value. → `Data`
+    GetXattr {
+        /// Inode.
+        ino: Ino,
+        /// Name.
+        name: String,
+    },
+    /// Extended attribute names. → `Names`
+    ListXattr {
+        /// Inode.
+        ino: Ino,
+    },
+    /// Removes an extended attribute. → `Ok`
+    RemoveXattr {
+        /// Inode.
+        ino: Ino,
+        /// Name.
+        name: String,
+    },
+    /// Opens a regular file for I/O with a lock scheme: sets up its file control block and lock
+    /// state if this is the first open. → `Open`
+    Open {
+        /// Inode.
+        ino: Ino,
+        /// The mount's lock scheme.
+        scheme: LockSchemeKind,
+    },
+    /// The client closed its last handle on `ino`; the size is persisted. → `Ok`
+    Release {
+        /// Inode.
+        ino: Ino,
+    },
+    /// Where chunks `first..first+count` of `ino` live (None for holes). → `Chunks`
+    ChunkMap {
+        /// Inode.
+        ino: Ino,
+        /// First chunk index.
+        first: u64,
+        /// Number of chunks.
+        count: u64,
+    },
+    /// Makes sure chunks `first..first+count` of `ino` exist (allocating zeroed ones for holes)
+    /// and returns where they live. → `Chunks` (all `Some`)
+    AllocateChunks {
+        /// Inode.
+        ino: Ino,
+        /// The generation the client's view is of; a mismatch gives `Stale`.
+        generation: u64,
+        /// First chunk index.
+        first: u64,
+        /// Number of chunks.
+        count: u64,
+    },
+    /// Persists the file's size from its file control block (fsync, close). → `Ok`
+    Fsync {
+        /// Inode.
+        ino: Ino,
+    },
+    /// Allocates `words` zeroed words in the meta region for `ino`'s lock tree (CITRON
+    /// scale-up, Algorithm 4 l. 3). → `Addr`
+    AllocateLockWords {
+        /// Inode whose lock grows.
+        ino: Ino,
+        /// Words needed.
+        words: u64,
+    },
+}
+
+/// A successful result.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Response {
+    /// Done, nothing to return.
+    Ok,
+    /// Attributes.
+    Attr(Attr),
+    /// Directory entries.
+    Entries(Vec<DirEntry>),
+    /// Bytes (a symlink target, an xattr value).
+    Data(Vec<u8>),
+    /// Names (xattrs).
+    Names(Vec<String>),
+    /// File-system totals.
+    Stats(FsStats),
+    /// An opened file.
+    Open(OpenFile),
+    /// Chunk locations.
+    Chunks(Vec<Option<ChunkLoc>>),
+    /// An address in the meta region.
+    Addr(RemoteAddr),
+}
+
+/// One request on the wire.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestFrame {
+    /// Echoed in the response.
+    pub id: u64,
+    /// The call.
+    pub request: Request,
+}
+
+/// One response on the wire.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResponseFrame {
+    /// The request's id.
+    pub id: u64,
+    /// The result.
+    pub result: Result<Response, FsError>,
+}
+
+/// Why a call failed below the file system: the connection, the framing, the encoding.
+#[derive(Debug, Error)]
+pub enum RpcError {
+    /// The connection failed.
+    #[error("connection: {0}")]
+    Io(#[from] std::io::Error),
+    /// A frame was bad.
+    #[error("frame: {0}")]
+    Frame(#[from] FrameError),
+    /// A message did not decode.
+    #[error("malformed message: {0}")]
+    Decode(#[from] postcard::Error),
+    /// The server refused the handshake.
+    #[error("refused: {0}")]
+    Refused(String),
+    /// The peer answered out of protocol.
+    #[error("protocol: {0}")]
+    Protocol(String),
+}
+
+impl From<RpcError> for FsError {
+    fn from(e: RpcError) -> Self {
+        match e {
+            RpcError::Refused(why) => FsError::Refused(why),
+            other => FsError::Io(format!("meta server: {other}")),
+        }
+    }
+}
+
+/// Writes `message` as one frame.
+pub fn send<T: Serialize>(w: &mut impl Write, message: &T) -> Result<(), RpcError> {
+    let body = postcard::to_stdvec(message)?;
+    write_frame(w, &body)?;
+    w.flush()?;
+    Ok(())
+}
+
+/// Reads one frame and decodes it as a `T`.
+pub fn recv<T: DeserializeOwned>(r: &mut impl Read) -> Result<T, RpcError> {
+    let mut body = Vec::new();
+    read_frame(r, MAX_FRAME, &mut body)?;
+    Ok(postcard::from_bytes(&body)?)
+}
+
+/// Checks a [`Hello`] against this server's cluster id and token; `Err` carries the reason to
+/// send back in [`Welcome::Refused`].
+pub fn check_hello(hello: &Hello, cluster: &str, token: &str) -> Result<(), String> {
+    if hello.magic != MAGIC {
+        return Err("not a CitronFS client (bad magic)".into());
+    }
+    if hello.version != VERSION {
+        return Err(format!(
+            "protocol version {} is not supported (server speaks {VERSION})",
+            hello.version
+        ));
+    }
+    if hello.cluster != cluster {
+        return Err(format!(
+            "wrong cluster {:?} (this is {cluster:?})",
+            hello.cluster
+        ));
+    }
+    if hello.token != token {
+        return Err("wrong cluster token".into());
+    }
+    Ok(())
+}
+
+/// A blocking connection to the meta server: one call at a time.
+pub struct Client {
+    reader: BufReader<TcpStream>,
+    writer: BufWriter<TcpStream>,
+    next_id: u64,
+    welcome: Welcome,
+}
+
+impl Client {
+    /// Connects to `addr` and performs the handshake as `role`.
+    pub fn connect(
+        addr: impl ToSocketAddrs,
+        cluster: &str,
+        token: &str,
+        role: Role,
+    ) -> Result<Client, RpcError> {
+        let stream = TcpStream::connect(addr)?;
+        stream.set_nodelay(true)?;
+        let mut client = Client {
+            reader: BufReader::new(stream.try_clone()?),
+            writer: BufWriter::new(stream),
+            next_id: 1,
+            welcome: Welcome::Refused(String::new()),
+        };
+        let hello = Hello {
+            magic: MAGIC,
+            version: VERSION,
+            cluster: cluster.into(),
+            token: token.into(),
+            role,
+        };
+        send(&mut client.writer, &hello)?;
+        client.welcome = match recv::<Welcome>(&mut client.reader)? {
+            Welcome::Refused(why) => return Err(RpcError::Refused(why)),
+            welcome => welcome,
+        };
+        Ok(client)
+    }
+
+    /// What the server answered to the handshake.
+    pub fn welcome(&self) -> &Welcome {
+        &self.welcome
+    }
+
+    /// Sets a timeout for each response (None: wait as long as it takes).
+    pub fn set_timeout(&self, timeout: Option<Duration>) -> Result<(), RpcError> {
+        self.reader.get_ref().set_read_timeout(timeout)?;
+        Ok(())
+    }
+
+    /// Makes one call and waits for its result.
+    pub fn call(&mut self, request: Request) -> Result<Result<Response, FsError>, RpcError> {
+        let id = self.next_id;
+        self.next_id += 1;
+        send(&mut self.writer, &RequestFrame { id, request })?;
+        let response: ResponseFrame = recv(&mut self.reader)?;
+        if response.id != id {
+            return Err(RpcError::Protocol(format!(
+                "response {} to request {id}",
+                response.id
+            )));
+        }
+        Ok(response.result)
+    }
+}
+
+/// Checks one path component: not empty, not `.` or `..`, no `/` or NUL, at most
+/// [`NAME_MAX`] bytes.
+pub fn check_name(name: &str) -> Result<(), FsError> {
+    if name.len() > NAME_MAX {
+        return Err(FsError::NameTooLong);
+    }
+    if name.is_empty() || name == "." || name == ".." || name.contains(['/', '\0']) {
+        return Err(FsError::Invalid(format!("bad file name {name:?}")));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_round_trip() {
+        let frame = RequestFrame {
+            id: 7,
+            request: Request::Rename {
+                parent: 1,
+                name: "a".into(),
+                new_parent: 2,
+                new_name: "b".into(),
+                no_replace: true,
+            },
+        };
+        let mut wire = Vec::new();
+        send(&mut wire, &frame).unwrap();
+        let back: RequestFrame = recv(&mut &wire[..]).unwrap();
+        assert_eq!(back, frame);
+
+        let resp = ResponseFrame {
+            id: 7,
+            result: Err(FsError::NotEmpty),
+        };
+        let mut wire = Vec::new();
+        send(&mut wire, &resp).unwrap();
+        assert_eq!(recv::<ResponseFrame>(&mut &wire[..]).unwrap(), resp);
+    }
+
+    #[test]
+    fn hello_checks() {
+        let mut hello = Hello {
+            magic: MAGIC,
+            version: VERSION,
+            cluster: "c".into(),
+            token: "t".into(),
+            role: Role::Client {
+                host: "h".into(),
+                pid: 1,
+            },
+        };
+        assert!(check_hello(&hello, "c", "t").is_ok());
+        assert!(check_hello(&hello, "c", "x").unwrap_err().contains("token"));
+        assert!(check_hello(&hello, "d", "t")
+            .unwrap_err()
+            .contains("cluster"));
+        hello.version = 99;
+        assert!(check_hello(&hello, "c", "t")
+            .unwrap_err()
+            .contains("version"));
+    }
+
+    #[test]
+    fn names() {
+        assert!(check_name("ok.txt").is_ok());
+        assert_eq!(check_name(&"x".repeat(256)), Err(FsError::NameTooLong));
+        assert!(check_name(&"x".repeat(255)).is_ok());
+        for bad in ["", ".", "..", "a/b", "a\0b"] {
+            assert!(
+                matches!(check_name(bad), Err(FsError::Invalid(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn errnos() {
+        assert_eq!(FsError::NotFound.errno(), libc::ENOENT);
+        assert_eq!(FsError::NoSpace.errno(), libc::ENOSPC);
+        assert_eq!(
+            std::io::Error::from(FsError::NotEmpty).raw_os_error(),
+            Some(libc::ENOTEMPTY)
+        );
+    }
+}

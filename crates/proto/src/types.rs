@@ -1,0 +1,302 @@
+//! Inodes, attributes, directory entries and server descriptors.
+
+use fabric::{RegionId, RemoteAddr};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// An inode number. The root directory is [`ROOT_INO`]; 0 is never an inode.
+pub type Ino = u64;
+
+/// The root directory's inode number.
+pub const ROOT_INO: Ino = 1;
+
+/// The longest file name (one path component) in bytes, as in Linux.
+pub const NAME_MAX: usize = 255;
+
+/// The longest symbolic-link target in bytes.
+pub const SYMLINK_MAX: usize = 4095;
+
+/// The longest extended-attribute name in bytes, and the largest value.
+pub const XATTR_NAME_MAX: usize = 255;
+/// The largest extended-attribute value in bytes.
+pub const XATTR_VALUE_MAX: usize = 64 << 10;
+
+/// What kind of object an inode is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum FileKind {
+    /// A regular file.
+    File,
+    /// A directory.
+    Dir,
+    /// A symbolic link.
+    Symlink,
+    /// A named pipe.
+    Fifo,
+    /// A character device.
+    CharDevice,
+    /// A block device.
+    BlockDevice,
+    /// A Unix socket.
+    Socket,
+}
+
+impl FileKind {
+    /// The kind encoded in the `S_IFMT` bits of a mode.
+    pub fn from_mode(mode: u32) -> Option<FileKind> {
+        Some(match mode & libc::S_IFMT {
+            libc::S_IFREG => FileKind::File,
+            libc::S_IFDIR => FileKind::Dir,
+            libc::S_IFLNK => FileKind::Symlink,
+            libc::S_IFIFO => FileKind::Fifo,
+            libc::S_IFCHR => FileKind::CharDevice,
+            libc::S_IFBLK => FileKind::BlockDevice,
+            libc::S_IFSOCK => FileKind::Socket,
+            _ => return None,
+        })
+    }
+
+    /// The `S_IFMT` bits of this kind.
+    pub fn mode_bits(self) -> u32 {
+        match self {
+            FileKind::File => libc::S_IFREG,
+            FileKind::Dir => libc::S_IFDIR,
+            FileKind::Symlink => libc::S_IFLNK,
+            FileKind::Fifo => libc::S_IFIFO,
+            FileKind::CharDevice => libc::S_IFCHR,
+            FileKind::BlockDevice => libc::S_IFBLK,
+            FileKind::Socket => libc::S_IFSOCK,
+        }
+    }
+}
+
+/// A point in time: seconds and nanoseconds since the Unix epoch.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+pub struct Timestamp {
+    /// Seconds since the epoch (negative before it).
+    pub secs: i64,
+    /// Nanoseconds within the second, `< 1_000_000_000`.
+    pub nanos: u32,
+}
+
+impl Timestamp {
+    /// The current wall-clock time.
+    pub fn now() -> Timestamp {
+        let d = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        Timestamp {
+            secs: d.as_secs() as i64,
+            nanos: d.subsec_nanos(),
+        }
+    }
+}
+
+/// An inode's attributes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attr {
+    /// Inode number.
+    pub ino: Ino,
+    /// Object kind.
+    pub kind: FileKind,
+    /// Permission bits (`0o7777`: rwx for user, group, other, plus setuid, setgid, sticky).
+    pub perm: u16,
+    /// Hard links.
+    pub nlink: u32,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+    /// Device number, for device nodes.
+    pub rdev: u32,
+    /// Size in bytes (for a symlink, the target's length).
+    pub size: u64,
+    /// Last access.
+    pub atime: Timestamp,
+    /// Last data change.
+    pub mtime: Timestamp,
+    /// Last status change.
+    pub ctime: Timestamp,
+    /// Creation.
+    pub crtime: Timestamp,
+    /// Bumped when the file's data layout is invalidated (truncate to a shorter size, unlink of
+    /// the last link): clients drop cached chunk maps of older generations.
+    pub generation: u64,
+}
+
+/// A time to set: a given time or "now" (as the server sees it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SetTime {
+    /// This time.
+    At(Timestamp),
+    /// The server's current time.
+    Now,
+}
+
+/// Which attributes a `setattr` changes; `None` leaves one alone.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetAttr {
+    /// New permission bits.
+    pub perm: Option<u16>,
+    /// New owner.
+    pub uid: Option<u32>,
+    /// New group.
+    pub gid: Option<u32>,
+    /// New size (truncate or extend with zeros).
+    pub size: Option<u64>,
+    /// New access time.
+    pub atime: Option<SetTime>,
+    /// New modification time.
+    pub mtime: Option<SetTime>,
+}
+
+/// Who asks: the caller's credentials, for permission checks and new objects' owners.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Caller {
+    /// User id.
+    pub uid: u32,
+    /// Group id.
+    pub gid: u32,
+}
+
+/// One directory entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirEntry {
+    /// The entry's inode.
+    pub ino: Ino,
+    /// Its kind.
+    pub kind: FileKind,
+    /// Its name.
+    pub name: String,
+    /// The cookie to pass to continue listing after this entry.
+    pub cookie: u64,
+}
+
+/// File-system totals, for `statfs`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FsStats {
+    /// Chunk size in bytes (the block size reported).
+    pub chunk_size: u64,
+    /// Chunks in all data servers.
+    pub total_chunks: u64,
+    /// Chunks not allocated.
+    pub free_chunks: u64,
+    /// Inodes in use.
+    pub inodes: u64,
+}
+
+/// How to reach a server's registered regions.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum FabricAddr {
+    /// Shared memory on this host: the server's region directory.
+    Shm {
+        /// The directory (see `fabric::shm`).
+        dir: PathBuf,
+    },
+    /// The tcp software NIC at `addr` (`host:port`), with the cluster's token.
+    Tcp {
+        /// The server's address.
+        addr: String,
+    },
+}
+
+/// A data server as clients see it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DataServerInfo {
+    /// Its id, dense from 0.
+    pub id: u32,
+    /// How to reach its region.
+    pub fabric: FabricAddr,
+    /// The region holding its chunks.
+    pub region: RegionId,
+    /// Chunks it holds (its region is `chunks · chunk_size` bytes).
+    pub chunks: u64,
+}
+
+/// Where one chunk of a file lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ChunkLoc {
+    /// The data server.
+    pub server: u32,
+    /// The chunk's index in that server's region (its byte offset is `index · chunk_size`).
+    pub index: u64,
+}
+
+/// The range-lock scheme a mount uses for reads and writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum LockSchemeKind {
+    /// CITRON (seed 000 §3), one lock tree per open file.
+    Citron,
+    /// One ticket lock per file.
+    Mutex,
+    /// Static segmentation: one ticket lock per fixed segment of the file.
+    Seg,
+    /// The CPU lock server baseline, on the meta server's host.
+    Server,
+}
+
+impl LockSchemeKind {
+    /// The name used by the mount option and the benchmarks.
+    pub fn name(self) -> &'static str {
+        match self {
+            LockSchemeKind::Citron => "citron",
+            LockSchemeKind::Mutex => "mutex",
+            LockSchemeKind::Seg => "seg",
+            LockSchemeKind::Server => "server",
+        }
+    }
+}
+
+impl std::str::FromStr for LockSchemeKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "citron" => LockSchemeKind::Citron,
+            "mutex" => LockSchemeKind::Mutex,
+            "seg" => LockSchemeKind::Seg,
+            "server" => LockSchemeKind::Server,
+            other => {
+                return Err(format!(
+                    "unknown lock scheme {other:?} (citron, mutex, seg, server)"
+                ))
+            }
+        })
+    }
+}
+
+/// What a client learns when it opens a session: how the cluster is laid out.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterInfo {
+    /// The session id; heartbeats and session-bound state use it.
+    pub session: u64,
+    /// How to reach the meta server's region (file control blocks and lock trees).
+    pub meta_fabric: FabricAddr,
+    /// The meta server's region.
+    pub meta_region: RegionId,
+    /// The data servers.
+    pub data_servers: Vec<DataServerInfo>,
+    /// Bytes per chunk (a power of two).
+    pub chunk_size: u64,
+    /// Bytes per lock unit (a power of two).
+    pub lock_unit: u64,
+    /// The lease a session must renew within (heartbeat every third of it).
+    pub session_lease_ms: u64,
+    /// Where the `server` lock scheme's lock server listens (`host:port`), if it runs.
+    pub lock_server: Option<String>,
+}
+
+/// What a client needs to do I/O on an open file.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpenFile {
+    /// The file's attributes at open.
+    pub attr: Attr,
+    /// The file control block in the meta server's region ([`crate::fcb`] has its layout).
+    pub fcb: RemoteAddr,
+    /// The file's lock state for the requested scheme, in the meta server's region
+    /// (for [`LockSchemeKind::Server`], unused).
+    pub lock: RemoteAddr,
+}
+
+/// Addresses live in the meta region as [`RemoteAddr`]s; re-exported for convenience.
+pub use fabric::RemoteAddr as Addr;
