@@ -35,8 +35,8 @@ pub enum Role {
         fabric: FabricAddr,
         /// The region holding its chunks.
         region: RegionId,
-        /// How many chunks the region holds.
-        chunks: u64,
+        /// The region's size in bytes; the meta server divides it into chunks of its chunk size.
+        region_bytes: u64,
         /// A stable name, so that a restarted data server gets its old id back (and its data).
         name: String,
     },
