@@ -74,9 +74,16 @@ pub fn decode_body(
     if len > max {
         return Err(FrameError::TooLarge { len, max });
     }
+    // Grow the buffer only as bytes arrive: a peer that declares a large frame and then stalls
+    // costs no more memory than it has actually sent.
     body.clear();
-    body.resize(len, 0);
-    r.read_exact(body)?;
+    let got = r.take(len as u64).read_to_end(body)?;
+    if got != len {
+        return Err(FrameError::Io(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("frame body cut short: {got} of {len} bytes"),
+        )));
+    }
     let actual = crc32fast::hash(body);
     if actual != expected {
         return Err(FrameError::BadChecksum { expected, actual });
