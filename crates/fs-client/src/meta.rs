@@ -1,0 +1,156 @@
+//! The connection to the meta server: calls, reconnection, and the heartbeat that keeps the
+//! session alive.
+//!
+//! One connection serves the whole client, behind a mutex. Only namespace operations, opens and
+//! chunk allocations use it; reads and writes of allocated chunks never do. It is one connection
+//! (one session) rather than a pool because the meta server ties open files to the session that
+//! opened them: a pool of sessions would have to send each `Release` down the connection that
+//! sent the matching `Open`.
+
+use proto::rpc::{self, Request, Response, Role, Welcome};
+use proto::{ClusterInfo, FsError};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// How long one call may wait for its answer before the connection is declared dead.
+const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The meta server connection (reconnected on demand after a failure).
+pub(crate) struct Meta {
+    addr: String,
+    cluster: String,
+    token: String,
+    host: String,
+    conn: Mutex<Option<rpc::Client>>,
+}
+
+impl Meta {
+    /// Connects and opens the session.
+    pub(crate) fn connect(
+        addr: &str,
+        cluster: &str,
+        token: &str,
+        host: &str,
+    ) -> Result<(Meta, ClusterInfo), FsError> {
+        let meta = Meta {
+            addr: addr.into(),
+            cluster: cluster.into(),
+            token: token.into(),
+            host: host.into(),
+            conn: Mutex::new(None),
+        };
+        let (client, info) = meta.open()?;
+        *meta.conn.lock().unwrap_or_else(PoisonError::into_inner) = Some(client);
+        Ok((meta, info))
+    }
+
+    fn open(&self) -> Result<(rpc::Client, ClusterInfo), FsError> {
+        let role = Role::Client {
+            host: self.host.clone(),
+            pid: std::process::id(),
+        };
+        let client = rpc::Client::connect(self.addr.as_str(), &self.cluster, &self.token, role)
+            .map_err(|e| match e {
+                rpc::RpcError::Refused(why) => FsError::Refused(why),
+                other => FsError::Io(format!("meta server {}: {other}", self.addr)),
+            })?;
+        client
+            .set_timeout(Some(CALL_TIMEOUT))
+            .map_err(FsError::from)?;
+        match client.welcome() {
+            Welcome::Client(info) => {
+                let info = info.clone();
+                Ok((client, info))
+            }
+            other => Err(FsError::Io(format!(
+                "meta server {} answered the client handshake with {other:?}",
+                self.addr
+            ))),
+        }
+    }
+
+    /// Makes one call. A broken connection is dropped and the call fails with `Io`; the next
+    /// call reconnects (as a new session: files opened before must be reopened).
+    pub(crate) fn call(&self, request: Request) -> Result<Response, FsError> {
+        let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
+        if conn.is_none() {
+            let (client, info) = self.open()?;
+            tracing::warn!(session = info.session, "reconnected to the meta server");
+            *conn = Some(client);
+        }
+        let client = conn.as_mut().expect("connected above");
+        match client.call(request) {
+            Ok(result) => result,
+            Err(e) => {
+                // The stream may be mid-frame: never reuse it.
+                *conn = None;
+                Err(FsError::Io(format!("meta server {}: {e}", self.addr)))
+            }
+        }
+    }
+}
+
+/// The heartbeat thread: renews the session every third of its lease until stopped.
+pub(crate) struct Heartbeat {
+    stop: mpsc::Sender<()>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Heartbeat {
+    /// Starts heartbeats on `meta` every `lease / 3`.
+    pub(crate) fn start(meta: Arc<Meta>, lease: Duration) -> Result<Heartbeat, FsError> {
+        let period = (lease / 3).max(Duration::from_millis(10));
+        let (stop, stopped) = mpsc::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name("citronfs-heartbeat".into())
+            .spawn(move || loop {
+                match stopped.recv_timeout(period) {
+                    Err(RecvTimeoutError::Timeout) => {
+                        if let Err(error) = meta.call(Request::Heartbeat) {
+                            tracing::warn!(%error, "session heartbeat failed");
+                        }
+                    }
+                    // Stopped, or the owner is gone.
+                    _ => return,
+                }
+            })
+            .map_err(|e| FsError::Io(format!("cannot start the heartbeat thread: {e}")))?;
+        Ok(Heartbeat {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Heartbeat {
+    fn drop(&mut self) {
+        let _ = self.stop.send(());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// A response of the wrong kind: the meta server broke the protocol.
+pub(crate) fn unexpected(what: &str, response: Response) -> FsError {
+    FsError::Io(format!(
+        "meta server answered {what} with {:?}",
+        short(&response)
+    ))
+}
+
+fn short(response: &Response) -> &'static str {
+    match response {
+        Response::Ok => "Ok",
+        Response::Attr(_) => "Attr",
+        Response::Entries(_) => "Entries",
+        Response::Data(_) => "Data",
+        Response::Names(_) => "Names",
+        Response::Stats(_) => "Stats",
+        Response::Open(_) => "Open",
+        Response::Chunks(_) => "Chunks",
+        Response::Addr(_) => "Addr",
+    }
+}
