@@ -15,12 +15,16 @@ pub struct AbortCounts {
     pub leaf_conflict: u64,
     /// A stalled holder was suspected and the attempt moved to lock an ancestor (§3.10, l. 18).
     pub suspected_failure: u64,
+    /// A request gave back the nodes it already held and started over, because a wider lock
+    /// waiting for those nodes blocked its next node (CITRON with `k >= 2`; see
+    /// `citron::acquire`).
+    pub restart: u64,
 }
 
 impl AbortCounts {
     /// All aborts together.
     pub fn total(&self) -> u64 {
-        self.time_limit + self.scale_up + self.leaf_conflict + self.suspected_failure
+        self.time_limit + self.scale_up + self.leaf_conflict + self.suspected_failure + self.restart
     }
 }
 
@@ -87,6 +91,7 @@ impl LockStats {
         self.aborts.scale_up += other.aborts.scale_up;
         self.aborts.leaf_conflict += other.aborts.leaf_conflict;
         self.aborts.suspected_failure += other.aborts.suspected_failure;
+        self.aborts.restart += other.aborts.restart;
         self.retries += other.retries;
         self.fast_path += other.fast_path;
         self.starvation_escalations += other.starvation_escalations;

@@ -8,6 +8,14 @@
 //! precede the moment any ancestor was occupied (§3.5.5: a `t1` per ancestor); a fresh read of all
 //! of them gives one `t1` that is valid for every ancestor, at the price of a slightly larger
 //! read batch (no extra round trip).
+//!
+//! Addition for `k >= 2` (not in the paper): a request holding node 1 while it waits for node 2
+//! can deadlock with a wider lock `Y` whose occupied node covers both — `Y` waits in phase (d)
+//! for node 1's notifications, the request waits in phase (b) for `Y`'s `Occ` (or in a ticket
+//! queue behind someone who does). So a request that finds, in phase (b), an occupied ancestor
+//! covering a node it already holds gives back everything it holds on the tree and starts over
+//! (holding nothing, it can wait like anyone else); and a request that waits in a ticket queue
+//! longer than `restart_after` while holding nodes does the same.
 
 use super::backoff::wait_until;
 use super::config::DELTA;
@@ -44,6 +52,8 @@ pub(crate) enum Outcome {
     Aborted(Why),
     /// Undone; lock this ancestor instead.
     Escalate(Node, Why),
+    /// Undone; give back every node of the request and start over (deadlock avoidance).
+    Restart,
 }
 
 /// Result of phase (b).
@@ -67,11 +77,27 @@ impl CitronClient {
         let root = Node::root(self.rec.height);
         let mut pending: VecDeque<Node> = split(root, l, r, self.opts.k).into();
         let mut origin_leaf: Option<Node> = None;
+        let mut restart_backoff = self.backoff();
         // l. 6-7: ascending order, each until acquired.
         while let Some(first) = pending.pop_front() {
             let mut target = first;
             loop {
-                match self.lock_node(target, l, r)? {
+                match self.lock_node(target, l, r, &mut held.nodes)? {
+                    Outcome::Restart => {
+                        *fast = false;
+                        self.stats.retries += 1;
+                        self.stats.aborts.restart += 1;
+                        let all = std::mem::take(&mut held.nodes);
+                        self.release_parts(&all, false)?;
+                        // The split of the tree as it is now (it may have grown).
+                        let root = Node::root(self.rec.height);
+                        pending = split(root, l, r, self.opts.k).into();
+                        restart_backoff.snooze(&mut self.rng);
+                        match pending.pop_front() {
+                            Some(n) => target = n,
+                            None => break,
+                        }
+                    }
                     Outcome::Acquired(hn, was_fast) => {
                         *fast &= was_fast;
                         held.nodes.push(hn);
@@ -144,7 +170,16 @@ impl CitronClient {
     }
 
     /// `LOCKNODE` (Alg. 2 l. 8-37) on `node` for the request `[l, r)`.
-    pub(crate) fn lock_node(&mut self, node: Node, l: u64, r: u64) -> Result<Outcome, LockError> {
+    /// `held`: the nodes of this request already held (given back early to avoid deadlock,
+    /// see the module docs).
+    pub(crate) fn lock_node(
+        &mut self,
+        node: Node,
+        l: u64,
+        r: u64,
+        held: &mut Vec<HeldNode>,
+    ) -> Result<Outcome, LockError> {
+        let holding: Vec<Node> = held.iter().map(|h| h.node).collect();
         let h = self.rec.height;
         let m = self.rec.m;
         let t_wait = self.rec.t_wait();
@@ -188,16 +223,17 @@ impl CitronClient {
             hn.ticket = true;
             let old = self.out.old(th);
             let ticket = tmax(old);
-            if node == root && exp_tag(old) != 0 {
-                self.release_parts(&[hn], false)?;
-                return Ok(Outcome::Aborted(Why::ScaleUp));
-            }
+            // A bakery ticket can only be given up once served (passing it on is TCnt += 1), so
+            // every abort below happens after the ticket has come up.
             if tcnt(old) != ticket {
                 was_fast = false;
-                if let Some(give) = self.wait_ticket(addr, ticket, old, node == root)? {
+                if let Some(give) = self.wait_ticket(addr, ticket, old, node == root, held)? {
                     self.release_parts(&[hn], false)?;
                     return Ok(give);
                 }
+            } else if node == root && exp_tag(old) != 0 {
+                self.release_parts(&[hn], false)?;
+                return Ok(Outcome::Aborted(Why::ScaleUp));
             } else if fastp {
                 let words: Vec<u64> = reads.iter().map(|r| self.out.word(*r, 0)).collect();
                 if words.last().is_some_and(|w| exp_tag(*w) != 0) {
@@ -216,7 +252,7 @@ impl CitronClient {
             // Phase (b), l. 12-19.
             let t1 = match phase_b_done.take() {
                 Some(t) => t,
-                None => match self.phase_b(&ancs)? {
+                None => match self.phase_b(&ancs, &holding)? {
                     PhaseB::Clear(t1, waited) => {
                         if waited {
                             was_fast = false;
@@ -386,25 +422,40 @@ impl CitronClient {
     /// l. 11: poll until `TCnt` reaches our ticket. Recovery (§3.10): if `TCnt` and `Occ` stand
     /// still for `(Δ + 1)·T_lease` (Δ tickets ahead; the extra lease covers a live holder's own
     /// phase-(d) wait before it holds), set `TCnt` to our ticket and clear `Occ`, one masked CAS.
+    ///
+    /// Deadlock avoidance: after `restart_after`, the request's nodes in `held` are given back
+    /// while the wait goes on; once served, the caller passes the ticket on and starts over.
+    /// Returns `None` when served and the attempt may go on.
     fn wait_ticket(
         &mut self,
         addr: RemoteAddr,
         ticket: u64,
         first: u64,
         is_root: bool,
+        held: &mut Vec<HeldNode>,
     ) -> Result<Option<Outcome>, LockError> {
         let lease = self.rec.t_lease();
+        let started = Instant::now();
+        let mut restart = false;
         let mut last = first & (TCNT | OCC);
         let mut since = Instant::now();
         let mut backoff = self.backoff();
         loop {
             backoff.snooze(&mut self.rng);
             let w = self.ep_read_u64(addr)?;
-            if is_root && exp_tag(w) != 0 {
-                return Ok(Some(Outcome::Aborted(Why::ScaleUp)));
-            }
             if tcnt(w) == ticket {
+                if restart {
+                    return Ok(Some(Outcome::Restart));
+                }
+                if is_root && exp_tag(w) != 0 {
+                    return Ok(Some(Outcome::Aborted(Why::ScaleUp)));
+                }
                 return Ok(None);
+            }
+            if !restart && !held.is_empty() && started.elapsed() >= self.opts.restart_after {
+                let give_back = std::mem::take(held);
+                self.release_parts(&give_back, false)?;
+                restart = true;
             }
             let seen = w & (TCNT | OCC);
             if seen != last {
@@ -420,6 +471,9 @@ impl CitronClient {
                 if old & (TCNT | OCC) == seen {
                     self.stats.recoveries += 1;
                     tracing::warn!(?addr, ticket, "lock tree node: holder presumed dead");
+                    if restart {
+                        return Ok(Some(Outcome::Restart));
+                    }
                     return Ok(None);
                 }
                 since = Instant::now();
@@ -429,7 +483,11 @@ impl CitronClient {
 
     /// Phase (b), l. 12-19: wait until no ancestor is occupied; abort on the root's `Exp`
     /// (l. 15); suspect a failure when an occupied ancestor stands still for `T_lease` (l. 18).
-    fn phase_b(&mut self, ancs: &[(Node, RemoteAddr)]) -> Result<PhaseB, LockError> {
+    fn phase_b(
+        &mut self,
+        ancs: &[(Node, RemoteAddr)],
+        holding: &[Node],
+    ) -> Result<PhaseB, LockError> {
         if ancs.is_empty() {
             return Ok(PhaseB::Clear(Instant::now(), false));
         }
@@ -450,6 +508,10 @@ impl CitronClient {
             };
             waited = true;
             let (anc, anc_addr) = ancs[i];
+            if holding.iter().any(|h| h.within(&anc)) {
+                // Its holder waits for what we hold under it: give way (module docs).
+                return Ok(PhaseB::Give(Outcome::Restart));
+            }
             let is_root = i + 1 == ancs.len();
             let mut last = words[i] & (TCNT | OCC);
             let mut since = Instant::now();

@@ -153,6 +153,9 @@ pub struct ClientOptions {
     pub auto_scale_up: bool,
     /// A leaf's masked CAS failing for this long escalates to its parent (§3.5.4, Alg. 2 l. 23).
     pub starvation_after: Duration,
+    /// A request holding some of its nodes gives them back and starts over when it has waited
+    /// this long in a ticket queue for the next one (deadlock avoidance, see `acquire`).
+    pub restart_after: Duration,
     /// First backoff bound between polls (about a round trip, seed 002 §4.3).
     pub backoff_base: Duration,
     /// Backoff truncation.
@@ -166,6 +169,7 @@ impl Default for ClientOptions {
             fast_path: true,
             auto_scale_up: true,
             starvation_after: Duration::from_millis(2),
+            restart_after: Duration::from_millis(1),
             backoff_base: Duration::from_micros(1),
             backoff_max: Duration::from_micros(256),
         }
