@@ -5,7 +5,7 @@
 
 use fabric::{MemServer, RegionId, RemoteAddr};
 use lockmgr::citron::{BumpAllocator, Citron, CitronConfig, ClientOptions};
-use lockmgr::RangeLock;
+use lockmgr::{ChaosConfig, ChaosConnector, RangeLock};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::sync::{Arc, Mutex};
@@ -13,7 +13,7 @@ use std::time::Duration;
 
 const POOL: u64 = 32 << 20;
 
-fn run(fast_path: bool, threads: usize, ops: usize, seed: u64) {
+fn run(fast_path: bool, chaos: bool, threads: usize, ops: usize, seed: u64) {
     let threads = std::env::var("CITRON_THREADS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -37,8 +37,21 @@ fn run(fast_path: bool, threads: usize, ops: usize, seed: u64) {
     let base = RemoteAddr::new(RegionId(1), 0);
     Citron::create(&mut server.endpoint(), base, config).unwrap();
     let alloc = Arc::new(BumpAllocator::new(RemoteAddr::new(RegionId(2), 0), POOL));
+    // With chaos, batches are delayed by up to 100 µs, far beyond T_wait: inequality (1) and the
+    // phase-(d) timing are exercised for real.
+    let connector: Arc<dyn fabric::Connector> = if chaos {
+        Arc::new(ChaosConnector::new(
+            server,
+            ChaosConfig {
+                seed: Some(seed),
+                ..Default::default()
+            },
+        ))
+    } else {
+        Arc::new(server)
+    };
     let citron = Citron::new(
-        Arc::new(server),
+        connector,
         base,
         alloc,
         ClientOptions {
@@ -121,10 +134,15 @@ fn run(fast_path: bool, threads: usize, ops: usize, seed: u64) {
 
 #[test]
 fn concurrent_ranges_with_scale_ups() {
-    run(true, 4, 300, 1);
+    run(true, false, 4, 300, 1);
+}
+
+#[test]
+fn concurrent_ranges_with_scale_ups_under_chaos() {
+    run(true, true, 4, 150, 3);
 }
 
 #[test]
 fn concurrent_ranges_with_scale_ups_no_fast_path() {
-    run(false, 4, 200, 2);
+    run(false, false, 4, 200, 2);
 }
