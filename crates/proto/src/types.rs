@@ -265,6 +265,13 @@ impl std::str::FromStr for LockSchemeKind {
     }
 }
 
+/// The `seg` scheme's segment size in lock units: the meta server creates each open file's
+/// `seg` lock with it, and clients attach with the same value.
+pub const SEG_SEGMENT_UNITS: u64 = 16;
+
+/// The `seg` scheme's lock words per file (segments beyond wrap onto them).
+pub const SEG_SEGMENTS: u64 = 1024;
+
 /// What a client learns when it opens a session: how the cluster is laid out.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterInfo {

@@ -1,0 +1,250 @@
+//! The RPC service over TCP (tokio): the async twin of `proto::rpc::{send, recv}` — a
+//! `fabric::frame` (8-byte header: length, crc32) around a postcard message — the handshake,
+//! and one task per connection that answers one request at a time.
+//!
+//! sled and the fabric verbs block, so each request runs on tokio's blocking pool
+//! (`spawn_blocking`): the async workers only move bytes, and a slow request (zeroing chunks, a
+//! lock tree created for a large file) never stalls other connections.
+
+use crate::service::Service;
+use fabric::frame::{header_for, FrameError, HEADER_LEN};
+use proto::rpc::{check_hello, Hello, RequestFrame, ResponseFrame, Role, Welcome, MAX_FRAME};
+use proto::FsError;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+/// How long a new connection may take to say hello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Reads one frame (like `fabric::frame::read_frame`, asynchronously): the length is checked
+/// against [`MAX_FRAME`] before anything is allocated, the body is checked against its crc32.
+pub async fn read_frame<R: AsyncRead + Unpin>(
+    r: &mut R,
+    body: &mut Vec<u8>,
+) -> Result<(), FrameError> {
+    let mut header = [0u8; HEADER_LEN];
+    r.read_exact(&mut header).await?;
+    let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
+    let expected = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
+    if len > MAX_FRAME {
+        return Err(FrameError::TooLarge {
+            len,
+            max: MAX_FRAME,
+        });
+    }
+    body.clear();
+    // Grow only as bytes arrive: a peer declaring a large frame and stalling costs nothing.
+    let got = (&mut *r).take(len as u64).read_to_end(body).await?;
+    if got != len {
+        return Err(FrameError::Io(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("frame body cut short: {got} of {len} bytes"),
+        )));
+    }
+    let actual = crc32fast::hash(body);
+    if actual != expected {
+        return Err(FrameError::BadChecksum { expected, actual });
+    }
+    Ok(())
+}
+
+/// Writes `message` as one frame and flushes.
+pub async fn send<W: AsyncWrite + Unpin, T: Serialize>(w: &mut W, message: &T) -> io::Result<()> {
+    let body = postcard::to_stdvec(message)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+    if body.len() > MAX_FRAME {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("response of {} bytes exceeds the frame limit", body.len()),
+        ));
+    }
+    w.write_all(&header_for(&body)).await?;
+    w.write_all(&body).await?;
+    w.flush().await
+}
+
+/// Reads one frame and decodes it.
+async fn recv<R: AsyncRead + Unpin, T: DeserializeOwned>(
+    r: &mut R,
+    body: &mut Vec<u8>,
+) -> Result<T, String> {
+    read_frame(r, body).await.map_err(|e| e.to_string())?;
+    postcard::from_bytes(body).map_err(|e| format!("malformed message: {e}"))
+}
+
+/// Accepts connections until `stop` turns true.
+pub(crate) async fn accept_loop(
+    listener: TcpListener,
+    service: Arc<Service>,
+    mut stop: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let _ = stream.set_nodelay(true);
+                    let service = service.clone();
+                    let stop = stop.clone();
+                    tokio::spawn(async move {
+                        if let Err(why) = connection(stream, service, stop).await {
+                            tracing::debug!(%peer, why, "connection closed");
+                        }
+                    });
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            _ = stop.changed() => break,
+        }
+    }
+}
+
+/// Runs `f` on the blocking pool.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, FsError> + Send + 'static,
+) -> Result<T, FsError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|e| Err(FsError::Io(format!("meta server internal error: {e}"))))
+}
+
+async fn connection(
+    stream: TcpStream,
+    service: Arc<Service>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), String> {
+    let (r, w) = stream.into_split();
+    let mut reader = BufReader::new(r);
+    let mut writer = BufWriter::new(w);
+    let mut body = Vec::new();
+    let hello: Result<Hello, String> =
+        match tokio::time::timeout(HELLO_TIMEOUT, recv(&mut reader, &mut body)).await {
+            Ok(r) => r,
+            Err(_) => Err("no hello in time".into()),
+        };
+    let hello = match hello {
+        Ok(hello) => hello,
+        Err(why) => {
+            let _ = send(
+                &mut writer,
+                &Welcome::Refused(format!("bad handshake: {why}")),
+            )
+            .await;
+            return Err(why);
+        }
+    };
+    let settings = &service.settings;
+    if let Err(why) = check_hello(&hello, &settings.cluster, &settings.token) {
+        tracing::warn!(why, "refused a connection");
+        let _ = send(&mut writer, &Welcome::Refused(why.clone())).await;
+        return Err(why);
+    }
+    match hello.role {
+        Role::Client { host, pid } => {
+            let svc = service.clone();
+            let info = match blocking(move || svc.open_session()).await {
+                Ok(info) => info,
+                Err(e) => {
+                    let _ = send(&mut writer, &Welcome::Refused(e.to_string())).await;
+                    return Err(e.to_string());
+                }
+            };
+            let session = info.session;
+            tracing::info!(session, host, pid, "client session opened");
+            send(&mut writer, &Welcome::Client(info))
+                .await
+                .map_err(|e| e.to_string())?;
+            let result = serve(&mut reader, &mut writer, &service, &mut stop, session).await;
+            let svc = service.clone();
+            let _ = blocking(move || {
+                svc.end_session(session);
+                Ok(())
+            })
+            .await;
+            tracing::info!(session, "client session closed");
+            result
+        }
+        Role::DataServer {
+            fabric,
+            region,
+            region_bytes,
+            name,
+        } => {
+            let svc = service.clone();
+            let registered =
+                blocking(move || svc.register_data_server(&name, fabric, region, region_bytes))
+                    .await;
+            let (id, epoch) = match registered {
+                Ok(r) => r,
+                Err(e) => {
+                    let why = format!("data server registration failed: {e}");
+                    let _ = send(&mut writer, &Welcome::Refused(why.clone())).await;
+                    return Err(why);
+                }
+            };
+            send(&mut writer, &Welcome::DataServer { id })
+                .await
+                .map_err(|e| e.to_string())?;
+            // The connection's life is the registration's: answer heartbeats until it closes.
+            let result = loop {
+                tokio::select! {
+                    frame = recv::<_, RequestFrame>(&mut reader, &mut body) => match frame {
+                        Ok(frame) => {
+                            let result = match frame.request {
+                                proto::rpc::Request::Heartbeat => Ok(proto::rpc::Response::Ok),
+                                _ => Err(FsError::Invalid(
+                                    "a data server connection only takes heartbeats".into(),
+                                )),
+                            };
+                            if let Err(e) = send(&mut writer, &ResponseFrame { id: frame.id, result }).await {
+                                break Err(e.to_string());
+                            }
+                        }
+                        Err(why) => break Err(why),
+                    },
+                    _ = stop.changed() => break Ok(()),
+                }
+            };
+            service.data_server_gone(id, epoch);
+            result
+        }
+    }
+}
+
+/// Answers a client session's requests, one at a time, until the connection closes or the
+/// server stops.
+async fn serve<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+    reader: &mut R,
+    writer: &mut W,
+    service: &Arc<Service>,
+    stop: &mut watch::Receiver<bool>,
+    session: u64,
+) -> Result<(), String> {
+    let mut body = Vec::new();
+    loop {
+        let frame: RequestFrame = tokio::select! {
+            frame = recv(reader, &mut body) => frame?,
+            _ = stop.changed() => return Ok(()),
+        };
+        let svc = service.clone();
+        let request = frame.request;
+        let result = blocking(move || svc.handle(session, request)).await;
+        send(
+            writer,
+            &ResponseFrame {
+                id: frame.id,
+                result,
+            },
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    }
+}

@@ -1,0 +1,797 @@
+//! The meta server's logic, independent of the transport: sessions, data servers, open files
+//! (file control blocks and lock state in the meta region), and every request.
+//!
+//! # Locking
+//! One mutex, [`Service::state`], serializes every namespace mutation together with the open-file
+//! table, the sessions and the live data servers. That makes the pre-transaction scans in
+//! [`Store`] exact and keeps "is this inode open?" consistent with unlink. Reads of the namespace
+//! (lookup, readdir, xattrs, chunk maps) do not take it. Long fabric work (zeroing freed chunks)
+//! runs after the state lock is released, on the server's own endpoint mutex.
+
+use crate::alloc::RegionAlloc;
+use crate::store::{Effects, Store};
+use fabric::local::{LocalEndpoint, RegionSource};
+use fabric::{Connector, Endpoint, EndpointExt, Region, RegionId, RemoteAddr};
+use lockmgr::baselines::{LockServer, TicketConfig};
+use lockmgr::{Citron, CitronConfig, SchemeInstance, SchemeKind};
+use proto::fcb;
+use proto::rpc::{Request, Response};
+use proto::{
+    Attr, ChunkLoc, ClusterInfo, DataServerInfo, FabricAddr, FileKind, FsError, FsStats, Ino,
+    LockSchemeKind, OpenFile, SEG_SEGMENTS, SEG_SEGMENT_UNITS,
+};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// The meta region's id on the meta server.
+pub const META_REGION: RegionId = RegionId(0);
+
+/// Bytes at the start of the meta region never handed out (a null address stays invalid).
+const RESERVED: u64 = 64;
+
+/// A lock tree covers at least this many bytes of a file when it is created (it scales up).
+const MIN_LOCK_COVER: u64 = 1 << 20;
+
+/// The meta server's own access to its region, without going through any fabric.
+pub(crate) struct OwnRegion(pub Arc<Region>);
+
+impl RegionSource for OwnRegion {
+    fn resolve(&self, id: RegionId) -> Option<Arc<Region>> {
+        (id == self.0.id()).then(|| self.0.clone())
+    }
+    fn generation(&self) -> u64 {
+        0
+    }
+    fn backend(&self) -> &'static str {
+        "meta-local"
+    }
+}
+
+/// Settings the service needs (a digest of `MetaConfig`).
+pub(crate) struct Settings {
+    pub cluster: String,
+    pub token: String,
+    pub chunk_size: u64,
+    pub lock_unit: u64,
+    pub session_lease: Duration,
+    pub meta_fabric: FabricAddr,
+    /// `T_wait` for CITRON trees, when clients are slower to reach the region than we are.
+    pub t_wait: Option<Duration>,
+}
+
+struct Session {
+    last_seen: Instant,
+    open: HashSet<Ino>,
+}
+
+/// One lock-state allocation in the meta region.
+#[derive(Clone, Copy)]
+struct LockAlloc {
+    offset: u64,
+    bytes: u64,
+}
+
+struct OpenState {
+    /// The FCB's offset in the meta region.
+    fcb: u64,
+    /// Lock state per scheme that has opened the file (`bytes == 0`: none, e.g. `server`).
+    locks: HashMap<LockSchemeKind, LockAlloc>,
+    /// Memory handed out for CITRON scale-ups.
+    extra: Vec<LockAlloc>,
+    /// Sessions that have it open.
+    sessions: HashSet<u64>,
+}
+
+struct LiveServer {
+    /// Which connection registered it; a stale connection closing does not unregister it.
+    epoch: u64,
+    region: RegionId,
+    endpoint: Arc<Mutex<Box<dyn Endpoint>>>,
+}
+
+struct State {
+    sessions: HashMap<u64, Session>,
+    next_session: u64,
+    next_epoch: u64,
+    open: HashMap<Ino, OpenState>,
+    alloc: RegionAlloc,
+    live: BTreeMap<u32, LiveServer>,
+    /// The meta server's endpoint on its own region.
+    endpoint: LocalEndpoint<OwnRegion>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock leaves the state as consistent as sled left it; keep
+    // serving rather than poisoning every later request.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The meta server's state and request handlers.
+pub(crate) struct Service {
+    pub settings: Settings,
+    store: Store,
+    state: Mutex<State>,
+    lock_server: Option<Arc<LockServer>>,
+}
+
+impl Service {
+    pub fn new(
+        settings: Settings,
+        store: Store,
+        region: Arc<Region>,
+        lock_server: Option<Arc<LockServer>>,
+    ) -> anyhow::Result<Self> {
+        let len = region.len();
+        anyhow::ensure!(
+            len >= RESERVED + 4 * fcb::FCB_BYTES,
+            "meta region of {len} bytes is too small"
+        );
+        let service = Service {
+            settings,
+            store,
+            state: Mutex::new(State {
+                sessions: HashMap::new(),
+                next_session: 1,
+                next_epoch: 1,
+                open: HashMap::new(),
+                alloc: RegionAlloc::new(RESERVED, len),
+                live: BTreeMap::new(),
+                endpoint: LocalEndpoint::new(Arc::new(OwnRegion(region))),
+            }),
+            lock_server,
+        };
+        // Orphans were open when the last run ended; no session survives a restart.
+        for ino in service.store.orphans()? {
+            let effects = service.store.delete_orphan(ino)?;
+            tracing::info!(ino, chunks = effects.freed.len(), "deleted orphan inode");
+        }
+        Ok(service)
+    }
+
+    fn meta_addr(offset: u64) -> RemoteAddr {
+        RemoteAddr::new(META_REGION, offset)
+    }
+
+    // ---- sessions ---------------------------------------------------------------------------
+
+    /// Opens a client session and describes the cluster to it.
+    pub fn open_session(&self) -> Result<ClusterInfo, FsError> {
+        let mut st = lock(&self.state);
+        let session = st.next_session;
+        st.next_session += 1;
+        st.sessions.insert(
+            session,
+            Session {
+                last_seen: Instant::now(),
+                open: HashSet::new(),
+            },
+        );
+        drop(st);
+        let data_servers = self
+            .store
+            .servers()?
+            .into_iter()
+            .map(|r| DataServerInfo {
+                id: r.id,
+                fabric: r.fabric,
+                region: r.region,
+                chunks: r.chunks,
+            })
+            .collect();
+        Ok(ClusterInfo {
+            session,
+            meta_fabric: self.settings.meta_fabric.clone(),
+            meta_region: META_REGION,
+            data_servers,
+            chunk_size: self.settings.chunk_size,
+            lock_unit: self.settings.lock_unit,
+            session_lease_ms: self.settings.session_lease.as_millis() as u64,
+            lock_server: self.lock_server.as_ref().map(|s| s.addr().to_string()),
+        })
+    }
+
+    /// Ends a session (its connection closed, or its lease ran out): releases its open files.
+    pub fn end_session(&self, session: u64) {
+        let mut st = lock(&self.state);
+        let Some(s) = st.sessions.remove(&session) else {
+            return;
+        };
+        let mut freed = Vec::new();
+        for ino in s.open {
+            match self.release_locked(&mut st, session, ino) {
+                Ok(effects) => freed.extend(effects.freed),
+                Err(error) => tracing::warn!(session, ino, %error, "release at session end"),
+            }
+        }
+        drop(st);
+        self.zero_and_recycle(freed);
+    }
+
+    /// Ends every session whose lease ran out; returns how many.
+    pub fn expire_sessions(&self) -> usize {
+        let lease = self.settings.session_lease;
+        let expired: Vec<u64> = lock(&self.state)
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.last_seen.elapsed() > lease)
+            .map(|(&id, _)| id)
+            .collect();
+        for &session in &expired {
+            tracing::info!(session, "session lease expired");
+            self.end_session(session);
+        }
+        expired.len()
+    }
+
+    /// Renews a session's lease; `Stale` if it is gone (expired).
+    fn touch(&self, session: u64) -> Result<(), FsError> {
+        match lock(&self.state).sessions.get_mut(&session) {
+            Some(s) => {
+                s.last_seen = Instant::now();
+                Ok(())
+            }
+            None => Err(FsError::Stale),
+        }
+    }
+
+    // ---- data servers -----------------------------------------------------------------------
+
+    /// Registers a data server (by its stable name) and connects to its region; returns its id
+    /// and the connection epoch to pass to [`Service::data_server_gone`].
+    pub fn register_data_server(
+        &self,
+        name: &str,
+        fabric: FabricAddr,
+        region: RegionId,
+        region_bytes: u64,
+    ) -> Result<(u32, u64), FsError> {
+        if name.is_empty() {
+            return Err(FsError::Invalid("a data server needs a name".into()));
+        }
+        let chunks = region_bytes / self.settings.chunk_size;
+        if chunks == 0 {
+            return Err(FsError::Invalid(format!(
+                "a region of {region_bytes} bytes holds no chunk of {} bytes",
+                self.settings.chunk_size
+            )));
+        }
+        let endpoint = self.connect_fabric(&fabric)?;
+        let mut st = lock(&self.state);
+        let record = self.store.register_server(name, &fabric, region, chunks)?;
+        let epoch = st.next_epoch;
+        st.next_epoch += 1;
+        st.live.insert(
+            record.id,
+            LiveServer {
+                epoch,
+                region,
+                endpoint: Arc::new(Mutex::new(endpoint)),
+            },
+        );
+        drop(st);
+        tracing::info!(
+            name,
+            id = record.id,
+            chunks,
+            ?fabric,
+            "data server registered"
+        );
+        // Chunks freed while it was away are zeroed now that it is reachable.
+        let dirty: Vec<ChunkLoc> = self
+            .store
+            .dirty_chunks()?
+            .into_iter()
+            .filter(|l| l.server == record.id)
+            .collect();
+        self.zero_and_recycle(dirty);
+        Ok((record.id, epoch))
+    }
+
+    /// A data server's registration connection closed.
+    pub fn data_server_gone(&self, id: u32, epoch: u64) {
+        let mut st = lock(&self.state);
+        if st.live.get(&id).is_some_and(|s| s.epoch == epoch) {
+            st.live.remove(&id);
+            tracing::warn!(id, "data server disconnected");
+        }
+    }
+
+    fn connect_fabric(&self, fabric: &FabricAddr) -> Result<Box<dyn Endpoint>, FsError> {
+        let endpoint = match fabric {
+            FabricAddr::Shm { dir } => fabric::ShmConnector::attach(dir.clone())?.connect()?,
+            FabricAddr::Tcp { addr } => fabric::TcpConnector::connect(
+                addr.as_str(),
+                self.settings.cluster.clone(),
+                self.settings.token.clone(),
+            )?
+            .connect()?,
+        };
+        Ok(endpoint)
+    }
+
+    /// Zeroes bytes `from..to` of chunk `loc` with one-sided writes.
+    fn zero_chunk(&self, loc: ChunkLoc, from: u64, to: u64) -> Result<(), FsError> {
+        let (endpoint, region) = {
+            let st = lock(&self.state);
+            let live = st.live.get(&loc.server).ok_or_else(|| {
+                FsError::Io(format!("data server {} is not connected", loc.server))
+            })?;
+            (live.endpoint.clone(), live.region)
+        };
+        let mut ep = lock(&endpoint);
+        let piece = ep.capabilities().max_io_bytes.clamp(8, 1 << 20) as u64;
+        let zeros = vec![0u8; piece as usize];
+        let base = loc.index * self.settings.chunk_size;
+        let mut at = from;
+        while at < to {
+            let n = (to - at).min(piece);
+            ep.write(RemoteAddr::new(region, base + at), &zeros[..n as usize])?;
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// Zeroes freed chunks and returns them to their servers' free stacks; a chunk whose server
+    /// is away stays dirty until it registers again.
+    fn zero_and_recycle(&self, freed: Vec<ChunkLoc>) {
+        for loc in freed {
+            match self.zero_chunk(loc, 0, self.settings.chunk_size) {
+                Ok(()) => {
+                    if let Err(error) = self.store.recycle(loc) {
+                        tracing::warn!(?loc, %error, "cannot recycle chunk");
+                    }
+                }
+                Err(error) => tracing::debug!(?loc, %error, "chunk stays dirty for now"),
+            }
+        }
+    }
+
+    // ---- open files -------------------------------------------------------------------------
+
+    fn fcb_word(st: &mut State, ino: Ino, word: u64) -> Option<u64> {
+        let off = st.open.get(&ino)?.fcb;
+        st.endpoint.read_u64(Self::meta_addr(off + word)).ok()
+    }
+
+    /// The attributes with the size from the FCB for an open file.
+    fn live_attr(&self, mut attr: Attr) -> Attr {
+        let mut st = lock(&self.state);
+        if let Some(size) = Self::fcb_word(&mut st, attr.ino, fcb::SIZE) {
+            attr.size = size;
+        }
+        attr
+    }
+
+    fn open(&self, session: u64, ino: Ino, scheme: LockSchemeKind) -> Result<OpenFile, FsError> {
+        let mut st = lock(&self.state);
+        let attr = self.store.getattr(ino)?;
+        match attr.kind {
+            FileKind::File => {}
+            FileKind::Dir => return Err(FsError::IsDir),
+            _ => {
+                return Err(FsError::Invalid(
+                    "only regular files are opened for I/O".into(),
+                ))
+            }
+        }
+        if scheme == LockSchemeKind::Server && self.lock_server.is_none() {
+            return Err(FsError::NotSupported);
+        }
+        let st = &mut *st;
+        if !st.open.contains_key(&ino) {
+            let off = st.alloc.alloc(fcb::FCB_BYTES).ok_or(FsError::NoSpace)?;
+            let mut block = [0u8; fcb::FCB_BYTES as usize];
+            block[fcb::INO as usize..][..8].copy_from_slice(&ino.to_le_bytes());
+            block[fcb::SIZE as usize..][..8].copy_from_slice(&attr.size.to_le_bytes());
+            block[fcb::GENERATION as usize..][..8].copy_from_slice(&attr.generation.to_le_bytes());
+            if let Err(e) = st.endpoint.write(Self::meta_addr(off), &block) {
+                st.alloc.free(off, fcb::FCB_BYTES);
+                return Err(e.into());
+            }
+            st.open.insert(
+                ino,
+                OpenState {
+                    fcb: off,
+                    locks: HashMap::new(),
+                    extra: Vec::new(),
+                    sessions: HashSet::new(),
+                },
+            );
+        }
+        let fcb_off = st.open[&ino].fcb;
+        let size = Self::fcb_word(st, ino, fcb::SIZE).unwrap_or(attr.size);
+        if !st.open[&ino].locks.contains_key(&scheme) {
+            match self.create_lock(st, scheme, size) {
+                Ok(lock) => {
+                    st.open
+                        .get_mut(&ino)
+                        .expect("inserted")
+                        .locks
+                        .insert(scheme, lock);
+                }
+                Err(e) => {
+                    // Leave no FCB behind for a file nobody managed to open.
+                    if st.open[&ino].sessions.is_empty() {
+                        let gone = st.open.remove(&ino).expect("present");
+                        Self::free_open_state(st, gone);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let open = st.open.get_mut(&ino).expect("present");
+        open.sessions.insert(session);
+        let lock = open.locks[&scheme];
+        if let Some(s) = st.sessions.get_mut(&session) {
+            s.open.insert(ino);
+        }
+        let mut attr = attr;
+        attr.size = size;
+        Ok(OpenFile {
+            attr,
+            fcb: Self::meta_addr(fcb_off),
+            lock: Self::meta_addr(if lock.bytes == 0 {
+                fcb_off
+            } else {
+                lock.offset
+            }),
+        })
+    }
+
+    /// Allocates and initialises the lock state of `scheme` for a file of `size` bytes.
+    fn create_lock(
+        &self,
+        st: &mut State,
+        scheme: LockSchemeKind,
+        size: u64,
+    ) -> Result<LockAlloc, FsError> {
+        let kind = match scheme {
+            LockSchemeKind::Server => {
+                return Ok(LockAlloc {
+                    offset: 0,
+                    bytes: 0,
+                })
+            }
+            LockSchemeKind::Mutex => SchemeKind::Mutex,
+            LockSchemeKind::Seg => SchemeKind::Seg {
+                segment_units: SEG_SEGMENT_UNITS,
+                segments: SEG_SEGMENTS,
+            },
+            LockSchemeKind::Citron => SchemeKind::Citron {
+                unit_count: size.max(MIN_LOCK_COVER).div_ceil(self.settings.lock_unit),
+                fast_path: true,
+            },
+        };
+        let bytes = match kind {
+            SchemeKind::Citron { unit_count, .. } => Citron::bytes_needed(unit_count)
+                .map_err(|e| FsError::Invalid(format!("lock tree: {e}")))?,
+            other => other.region_bytes(),
+        };
+        let offset = st.alloc.alloc(bytes).ok_or(FsError::NoSpace)?;
+        let base = Self::meta_addr(offset);
+        let result = match kind {
+            SchemeKind::Citron { unit_count, .. } => Citron::create(
+                &mut st.endpoint,
+                base,
+                CitronConfig {
+                    unit_count,
+                    t_wait: self.settings.t_wait,
+                    ..CitronConfig::default()
+                },
+            )
+            .map(|_| ()),
+            other => SchemeInstance::create(other, &mut st.endpoint, base, TicketConfig::default())
+                .map(|_| ()),
+        };
+        if let Err(e) = result {
+            st.alloc.free(offset, bytes);
+            return Err(FsError::Io(format!(
+                "cannot create {} lock: {e}",
+                scheme.name()
+            )));
+        }
+        Ok(LockAlloc { offset, bytes })
+    }
+
+    fn free_open_state(st: &mut State, open: OpenState) {
+        // Clear the INO word so that a client holding a stale FCB address notices.
+        let _ = st
+            .endpoint
+            .write_u64(Self::meta_addr(open.fcb + fcb::INO), 0);
+        st.alloc.free(open.fcb, fcb::FCB_BYTES);
+        for lock in open.locks.values().chain(&open.extra) {
+            if lock.bytes > 0 {
+                st.alloc.free(lock.offset, lock.bytes);
+            }
+        }
+    }
+
+    /// Persists the size in an open file's FCB into the database.
+    fn persist_fcb_size(&self, st: &mut State, ino: Ino) -> Result<(), FsError> {
+        if let Some(size) = Self::fcb_word(st, ino, fcb::SIZE) {
+            self.store.persist_size(ino, size)?;
+        }
+        Ok(())
+    }
+
+    /// `session` drops `ino`: persists its size; the last opener frees the FCB and lock state
+    /// (and deletes the inode if it was unlinked meanwhile).
+    fn release_locked(&self, st: &mut State, session: u64, ino: Ino) -> Result<Effects, FsError> {
+        if let Some(s) = st.sessions.get_mut(&session) {
+            s.open.remove(&ino);
+        }
+        let Some(open) = st.open.get_mut(&ino) else {
+            return Ok(Effects::default());
+        };
+        if !open.sessions.remove(&session) {
+            return Ok(Effects::default());
+        }
+        let last = open.sessions.is_empty();
+        self.persist_fcb_size(st, ino)?;
+        if !last {
+            return Ok(Effects::default());
+        }
+        let open = st.open.remove(&ino).expect("present");
+        Self::free_open_state(st, open);
+        self.store.delete_orphan(ino)
+    }
+
+    /// Persists every open file's size (clean shutdown) and flushes the database.
+    pub fn persist_all(&self) -> Result<(), FsError> {
+        let mut st = lock(&self.state);
+        let inos: Vec<Ino> = st.open.keys().copied().collect();
+        for ino in inos {
+            self.persist_fcb_size(&mut st, ino)?;
+        }
+        drop(st);
+        self.store.flush()
+    }
+
+    // ---- requests ---------------------------------------------------------------------------
+
+    /// Handles one request of client session `session`.
+    pub fn handle(&self, session: u64, request: Request) -> Result<Response, FsError> {
+        self.touch(session)?;
+        let is_open = |st: &State, ino: Ino| st.open.contains_key(&ino);
+        Ok(match request {
+            Request::Heartbeat => Response::Ok,
+            Request::Lookup { parent, name } => {
+                Response::Attr(self.live_attr(self.store.lookup(parent, &name)?))
+            }
+            Request::GetAttr { ino } => Response::Attr(self.live_attr(self.store.getattr(ino)?)),
+            Request::SetAttr { ino, set, caller } => {
+                let mut st = lock(&self.state);
+                let old_size = Self::fcb_word(&mut st, ino, fcb::SIZE);
+                let (attr, effects) =
+                    self.store
+                        .setattr(ino, &set, caller, self.settings.chunk_size, old_size)?;
+                if let Some(size) = set.size {
+                    self.apply_size(&mut st, &attr, old_size.unwrap_or(size), size)?;
+                }
+                drop(st);
+                self.zero_and_recycle(effects.freed);
+                Response::Attr(attr)
+            }
+            Request::Mknod {
+                parent,
+                name,
+                kind,
+                perm,
+                rdev,
+                caller,
+            } => {
+                let _st = lock(&self.state);
+                Response::Attr(self.store.mknod(parent, &name, kind, perm, rdev, caller)?)
+            }
+            Request::Mkdir {
+                parent,
+                name,
+                perm,
+                caller,
+            } => {
+                let _st = lock(&self.state);
+                Response::Attr(self.store.mkdir(parent, &name, perm, caller)?)
+            }
+            Request::Symlink {
+                parent,
+                name,
+                target,
+                caller,
+            } => {
+                let _st = lock(&self.state);
+                Response::Attr(self.store.symlink(parent, &name, &target, caller)?)
+            }
+            Request::Link {
+                ino,
+                new_parent,
+                new_name,
+            } => {
+                let _st = lock(&self.state);
+                let attr = self.store.link(ino, new_parent, &new_name)?;
+                drop(_st);
+                Response::Attr(self.live_attr(attr))
+            }
+            Request::Unlink { parent, name } => {
+                let st = lock(&self.state);
+                let effects = self.store.unlink(parent, &name, |ino| is_open(&st, ino))?;
+                drop(st);
+                self.zero_and_recycle(effects.freed);
+                Response::Ok
+            }
+            Request::Rmdir { parent, name } => {
+                let _st = lock(&self.state);
+                self.store.rmdir(parent, &name)?;
+                Response::Ok
+            }
+            Request::Rename {
+                parent,
+                name,
+                new_parent,
+                new_name,
+                no_replace,
+            } => {
+                let st = lock(&self.state);
+                let effects =
+                    self.store
+                        .rename(parent, &name, new_parent, &new_name, no_replace, |ino| {
+                            is_open(&st, ino)
+                        })?;
+                drop(st);
+                self.zero_and_recycle(effects.freed);
+                Response::Ok
+            }
+            Request::Readlink { ino } => Response::Data(self.store.readlink(ino)?),
+            Request::ReadDir { ino, cookie, max } => {
+                Response::Entries(self.store.readdir(ino, cookie, max)?)
+            }
+            Request::Statfs => Response::Stats(self.statfs()?),
+            Request::SetXattr {
+                ino,
+                name,
+                value,
+                mode,
+            } => {
+                let _st = lock(&self.state);
+                self.store.setxattr(ino, &name, &value, mode)?;
+                Response::Ok
+            }
+            Request::GetXattr { ino, name } => Response::Data(self.store.getxattr(ino, &name)?),
+            Request::ListXattr { ino } => Response::Names(self.store.listxattr(ino)?),
+            Request::RemoveXattr { ino, name } => {
+                let _st = lock(&self.state);
+                self.store.removexattr(ino, &name)?;
+                Response::Ok
+            }
+            Request::Open { ino, scheme } => Response::Open(self.open(session, ino, scheme)?),
+            Request::Release { ino } => {
+                let mut st = lock(&self.state);
+                let effects = self.release_locked(&mut st, session, ino)?;
+                drop(st);
+                self.zero_and_recycle(effects.freed);
+                Response::Ok
+            }
+            Request::ChunkMap { ino, first, count } => {
+                Response::Chunks(self.store.chunk_map(ino, first, count)?)
+            }
+            Request::AllocateChunks {
+                ino,
+                generation,
+                first,
+                count,
+            } => {
+                let st = lock(&self.state);
+                let servers: Vec<u32> = st.live.keys().copied().collect();
+                if servers.is_empty() && count > 0 {
+                    return Err(FsError::Io("no data server is connected".into()));
+                }
+                let locs = self
+                    .store
+                    .allocate_chunks(ino, generation, first, count, &servers)?;
+                Response::Chunks(locs.into_iter().map(Some).collect())
+            }
+            Request::Fsync { ino } => {
+                let mut st = lock(&self.state);
+                self.persist_fcb_size(&mut st, ino)?;
+                drop(st);
+                self.store.flush()?;
+                Response::Ok
+            }
+            Request::AllocateLockWords { ino, words } => {
+                let mut st = lock(&self.state);
+                if !st.open.contains_key(&ino) {
+                    return Err(FsError::Stale);
+                }
+                let bytes = words
+                    .checked_mul(8)
+                    .filter(|&b| b > 0)
+                    .ok_or_else(|| FsError::Invalid(format!("{words} lock words")))?;
+                let offset = st.alloc.alloc(bytes).ok_or(FsError::NoSpace)?;
+                let zeros = vec![0u8; bytes.min(1 << 20) as usize];
+                let mut at = 0;
+                while at < bytes {
+                    let n = (bytes - at).min(zeros.len() as u64);
+                    if let Err(e) = st
+                        .endpoint
+                        .write(Self::meta_addr(offset + at), &zeros[..n as usize])
+                    {
+                        st.alloc.free(offset, bytes);
+                        return Err(e.into());
+                    }
+                    at += n;
+                }
+                st.open
+                    .get_mut(&ino)
+                    .expect("checked")
+                    .extra
+                    .push(LockAlloc { offset, bytes });
+                Response::Addr(Self::meta_addr(offset))
+            }
+        })
+    }
+
+    /// After a size change: publishes it in the FCB (generation first, so a client that sees the
+    /// smaller size also sees that its chunk map is stale) and zeroes the bytes past the new end
+    /// in its last chunk (past the old end when growing), so that they read as zeros.
+    fn apply_size(&self, st: &mut State, attr: &Attr, old: u64, new: u64) -> Result<(), FsError> {
+        if let Some(open) = st.open.get(&attr.ino) {
+            let base = open.fcb;
+            st.endpoint
+                .write_u64(Self::meta_addr(base + fcb::GENERATION), attr.generation)?;
+            st.endpoint
+                .write_u64(Self::meta_addr(base + fcb::SIZE), new)?;
+        }
+        let cs = self.settings.chunk_size;
+        let from = old.min(new);
+        if from % cs != 0 {
+            let chunk = from / cs;
+            if let Some(Some(loc)) = self.store.chunk_map(attr.ino, chunk, 1)?.first() {
+                let loc = *loc;
+                // The state lock is held: zero through the server's endpoint directly.
+                let (endpoint, region) = match st.live.get(&loc.server) {
+                    Some(l) => (l.endpoint.clone(), l.region),
+                    None => {
+                        return Err(FsError::Io(format!(
+                            "data server {} is not connected",
+                            loc.server
+                        )))
+                    }
+                };
+                let mut ep = lock(&endpoint);
+                let start = loc.index * cs + from % cs;
+                let end = (loc.index + 1) * cs;
+                let piece = ep.capabilities().max_io_bytes.clamp(8, 1 << 20) as u64;
+                let zeros = vec![0u8; piece as usize];
+                let mut at = start;
+                while at < end {
+                    let n = (end - at).min(piece);
+                    ep.write(RemoteAddr::new(region, at), &zeros[..n as usize])?;
+                    at += n;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn statfs(&self) -> Result<FsStats, FsError> {
+        let mut dirty: HashMap<u32, u64> = HashMap::new();
+        for loc in self.store.dirty_chunks()? {
+            *dirty.entry(loc.server).or_default() += 1;
+        }
+        let servers = self.store.servers()?;
+        Ok(FsStats {
+            chunk_size: self.settings.chunk_size,
+            total_chunks: servers.iter().map(|s| s.chunks).sum(),
+            free_chunks: servers
+                .iter()
+                .map(|s| s.unallocated(dirty.get(&s.id).copied().unwrap_or(0)))
+                .sum(),
+            inodes: self.store.inode_count(),
+        })
+    }
+
+    /// Bytes of the meta region not in use (for tests and reports).
+    pub fn meta_free_bytes(&self) -> u64 {
+        lock(&self.state).alloc.free_bytes()
+    }
+}

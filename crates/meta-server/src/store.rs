@@ -1,0 +1,1260 @@
+//! The namespace in sled: inodes, directory entries, xattrs, symlink targets, chunk maps and the
+//! data servers' chunk allocation state.
+//!
+//! # Trees and keys (all integers big-endian, so that key order is numeric order)
+//!
+//! | tree        | key                         | value                                        |
+//! | ----------- | --------------------------- | -------------------------------------------- |
+//! | `inodes`    | ino                         | postcard [`Attr`]                            |
+//! | `parents`   | dir ino                     | its parent's ino (the root is its own parent) |
+//! | `dirents`   | dir ino ++ name             | postcard `Dirent { ino, kind, cookie }`      |
+//! | `dirindex`  | dir ino ++ cookie           | postcard `IndexEntry { ino, kind, name }`    |
+//! | `cookies`   | dir ino                     | the next cookie to hand out in that dir       |
+//! | `xattrs`    | ino ++ name                 | value                                        |
+//! | `symlinks`  | ino                         | target                                       |
+//! | `chunks`    | ino ++ chunk index          | server (u32) ++ index in its region (u64)    |
+//! | `servers`   | server id (u32)             | postcard [`ServerRecord`]                    |
+//! | `names`     | server name                 | server id (u32)                              |
+//! | `free`      | server id ++ slot           | chunk index: the server's stack of zeroed free chunks |
+//! | `dirty`     | server id ++ chunk index    | empty: freed chunks not yet zeroed           |
+//! | `orphans`   | ino                         | empty: unlinked (nlink 0) but still open     |
+//! | `meta`      | a name                      | counters and settings (`next_ino`, `chunk_size`, ...) |
+//!
+//! # Invariants
+//! - Every mutating operation is one sled transaction over all trees; callers serialize
+//!   mutations (the service holds its state lock around each), so the key scans some operations
+//!   do just before their transaction (chunk maps and xattrs of an inode to delete, whether a
+//!   directory is empty) are exact. Those scans must stay outside the transaction closure:
+//!   sled 0.34 deadlocks a plain read issued while a transaction holds its locks.
+//! - A chunk is in exactly one of: a file's chunk map, the `free` stack of its server, the
+//!   `dirty` set, or above its server's `next_fresh` mark (never used). Chunks in `free` and
+//!   above `next_fresh` are zero; `dirty` chunks are zeroed by the service before they move to
+//!   `free` (so a reused chunk reads zeros).
+//! - Directory cookies: `.` is 1, `..` is 2, entries get 3, 4, ... in creation order per
+//!   directory; a cookie is never reused in that directory, so listing "after cookie c" is stable
+//!   across concurrent creates and deletes.
+
+use proto::rpc::check_name;
+use proto::rpc::XattrMode;
+use proto::{
+    Attr, Caller, ChunkLoc, DirEntry, FabricAddr, FileKind, FsError, Ino, SetAttr, SetTime,
+    Timestamp, NAME_MAX, ROOT_INO, SYMLINK_MAX, XATTR_NAME_MAX, XATTR_VALUE_MAX,
+};
+use serde::{Deserialize, Serialize};
+use sled::transaction::{ConflictableTransactionError, TransactionError, TransactionalTree};
+use sled::{Transactional, Tree};
+use std::path::Path;
+
+/// Most chunks one `AllocateChunks` or `ChunkMap` call may name (a 1 MiB chunk size makes this
+/// 64 GiB): bounds the work one request can cause.
+pub const MAX_CHUNKS_PER_CALL: u64 = 1 << 16;
+
+const T_INODES: usize = 0;
+const T_PARENTS: usize = 1;
+const T_DIRENTS: usize = 2;
+const T_DIRINDEX: usize = 3;
+const T_COOKIES: usize = 4;
+const T_XATTRS: usize = 5;
+const T_SYMLINKS: usize = 6;
+const T_CHUNKS: usize = 7;
+const T_SERVERS: usize = 8;
+const T_NAMES: usize = 9;
+const T_FREE: usize = 10;
+const T_DIRTY: usize = 11;
+const T_ORPHANS: usize = 12;
+const T_META: usize = 13;
+const TREE_NAMES: [&str; 14] = [
+    "inodes", "parents", "dirents", "dirindex", "cookies", "xattrs", "symlinks", "chunks",
+    "servers", "names", "free", "dirty", "orphans", "meta",
+];
+
+const FIRST_ENTRY_COOKIE: u64 = 3;
+
+/// A data server as the meta server remembers it across restarts.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerRecord {
+    /// Its id (dense from 0, stable by name).
+    pub id: u32,
+    /// Its stable name.
+    pub name: String,
+    /// Where it last said its region is.
+    pub fabric: FabricAddr,
+    /// Its chunk region.
+    pub region: fabric::RegionId,
+    /// Chunks its region holds.
+    pub chunks: u64,
+    /// Chunks `next_fresh..chunks` have never been allocated (and are zero).
+    pub next_fresh: u64,
+    /// Entries in its `free` stack (slots `0..free_count`).
+    pub free_count: u64,
+}
+
+impl ServerRecord {
+    /// Chunks not in any file (free, dirty or never used).
+    pub fn unallocated(&self, dirty: u64) -> u64 {
+        self.chunks.saturating_sub(self.next_fresh) + self.free_count + dirty
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Dirent {
+    ino: Ino,
+    kind: FileKind,
+    cookie: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct IndexEntry {
+    ino: Ino,
+    kind: FileKind,
+    name: String,
+}
+
+fn be64(x: u64) -> [u8; 8] {
+    x.to_be_bytes()
+}
+
+fn key2(a: u64, b: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(8 + b.len());
+    k.extend_from_slice(&a.to_be_bytes());
+    k.extend_from_slice(b);
+    k
+}
+
+fn key_u64s(a: u64, b: u64) -> [u8; 16] {
+    let mut k = [0u8; 16];
+    k[..8].copy_from_slice(&a.to_be_bytes());
+    k[8..].copy_from_slice(&b.to_be_bytes());
+    k
+}
+
+fn key_server(server: u32, x: u64) -> [u8; 12] {
+    let mut k = [0u8; 12];
+    k[..4].copy_from_slice(&server.to_be_bytes());
+    k[4..].copy_from_slice(&x.to_be_bytes());
+    k
+}
+
+fn decode_u64(v: &[u8]) -> Result<u64, FsError> {
+    v.try_into()
+        .map(u64::from_be_bytes)
+        .map_err(|_| corrupt("a counter is not 8 bytes"))
+}
+
+fn encode_loc(loc: ChunkLoc) -> [u8; 12] {
+    key_server(loc.server, loc.index)
+}
+
+fn decode_loc(v: &[u8]) -> Result<ChunkLoc, FsError> {
+    if v.len() != 12 {
+        return Err(corrupt("a chunk location is not 12 bytes"));
+    }
+    Ok(ChunkLoc {
+        server: u32::from_be_bytes(v[..4].try_into().expect("4 bytes")),
+        index: u64::from_be_bytes(v[4..].try_into().expect("8 bytes")),
+    })
+}
+
+fn corrupt(what: &str) -> FsError {
+    FsError::Io(format!("meta database corrupt: {what}"))
+}
+
+fn db_err(e: sled::Error) -> FsError {
+    FsError::Io(format!("meta database: {e}"))
+}
+
+fn enc<T: Serialize>(v: &T) -> Vec<u8> {
+    postcard::to_stdvec(v).expect("postcard encodes plain structs")
+}
+
+fn dec<T: for<'de> Deserialize<'de>>(v: &[u8], what: &str) -> Result<T, FsError> {
+    postcard::from_bytes(v).map_err(|e| corrupt(&format!("{what}: {e}")))
+}
+
+type TxResult<T> = Result<T, ConflictableTransactionError<FsError>>;
+
+fn abort<T>(e: FsError) -> TxResult<T> {
+    Err(ConflictableTransactionError::Abort(e))
+}
+
+/// Lifts an `FsError` result into a transaction result (aborting with it).
+fn lift<T>(r: Result<T, FsError>) -> TxResult<T> {
+    r.map_err(ConflictableTransactionError::Abort)
+}
+
+/// One transaction's view of every tree, with typed accessors.
+struct Tx<'a>(&'a [TransactionalTree]);
+
+impl Tx<'_> {
+    fn t(&self, i: usize) -> &TransactionalTree {
+        &self.0[i]
+    }
+
+    fn inode(&self, ino: Ino) -> TxResult<Attr> {
+        match self.t(T_INODES).get(be64(ino))? {
+            Some(v) => lift(dec(&v, "inode")),
+            None => abort(FsError::NotFound),
+        }
+    }
+
+    fn put_inode(&self, attr: &Attr) -> TxResult<()> {
+        self.t(T_INODES).insert(&be64(attr.ino), enc(attr))?;
+        Ok(())
+    }
+
+    fn dir(&self, ino: Ino) -> TxResult<Attr> {
+        let attr = self.inode(ino)?;
+        if attr.kind != FileKind::Dir {
+            return abort(FsError::NotDir);
+        }
+        Ok(attr)
+    }
+
+    fn dirent(&self, parent: Ino, name: &str) -> TxResult<Option<Dirent>> {
+        match self.t(T_DIRENTS).get(key2(parent, name.as_bytes()))? {
+            Some(v) => Ok(Some(lift(dec(&v, "directory entry"))?)),
+            None => Ok(None),
+        }
+    }
+
+    fn add_dirent(&self, parent: Ino, name: &str, ino: Ino, kind: FileKind) -> TxResult<()> {
+        let cookie = match self.t(T_COOKIES).get(be64(parent))? {
+            Some(v) => lift(decode_u64(&v))?,
+            None => FIRST_ENTRY_COOKIE,
+        };
+        self.t(T_COOKIES).insert(&be64(parent), &be64(cookie + 1))?;
+        self.t(T_DIRENTS).insert(
+            key2(parent, name.as_bytes()),
+            enc(&Dirent { ino, kind, cookie }),
+        )?;
+        self.t(T_DIRINDEX).insert(
+            &key_u64s(parent, cookie),
+            enc(&IndexEntry {
+                ino,
+                kind,
+                name: name.to_owned(),
+            }),
+        )?;
+        Ok(())
+    }
+
+    fn remove_dirent(&self, parent: Ino, name: &str, entry: &Dirent) -> TxResult<()> {
+        self.t(T_DIRENTS).remove(key2(parent, name.as_bytes()))?;
+        self.t(T_DIRINDEX).remove(&key_u64s(parent, entry.cookie))?;
+        Ok(())
+    }
+
+    fn next_ino(&self) -> TxResult<Ino> {
+        let next = match self.t(T_META).get(b"next_ino")? {
+            Some(v) => lift(decode_u64(&v))?,
+            None => ROOT_INO + 1,
+        };
+        self.t(T_META).insert(b"next_ino", &be64(next + 1))?;
+        Ok(next)
+    }
+
+    fn server(&self, id: u32) -> TxResult<ServerRecord> {
+        match self.t(T_SERVERS).get(id.to_be_bytes())? {
+            Some(v) => lift(dec(&v, "server record")),
+            None => abort(corrupt(&format!("data server {id} has no record"))),
+        }
+    }
+
+    fn put_server(&self, rec: &ServerRecord) -> TxResult<()> {
+        self.t(T_SERVERS).insert(&rec.id.to_be_bytes(), enc(rec))?;
+        Ok(())
+    }
+
+    /// Takes one zeroed chunk from server `id`, if it has one.
+    fn take_chunk(&self, id: u32) -> TxResult<Option<u64>> {
+        let mut rec = self.server(id)?;
+        let index = if rec.free_count > 0 {
+            rec.free_count -= 1;
+            match self.t(T_FREE).remove(&key_server(id, rec.free_count))? {
+                Some(v) => lift(decode_u64(&v))?,
+                None => return abort(corrupt("free stack has a hole")),
+            }
+        } else if rec.next_fresh < rec.chunks {
+            rec.next_fresh += 1;
+            rec.next_fresh - 1
+        } else {
+            return Ok(None);
+        };
+        self.put_server(&rec)?;
+        Ok(Some(index))
+    }
+
+    /// Frees the chunks of `ino` listed in `chunks` (keys and locations, scanned by the caller):
+    /// they leave the chunk map and become dirty (to be zeroed before reuse).
+    fn free_chunks(&self, ino: Ino, chunks: &[(u64, ChunkLoc)]) -> TxResult<()> {
+        for (index, loc) in chunks {
+            self.t(T_CHUNKS).remove(&key_u64s(ino, *index))?;
+            self.t(T_DIRTY)
+                .insert(&key_server(loc.server, loc.index), &[][..])?;
+        }
+        Ok(())
+    }
+
+    /// Deletes an inode and everything hanging off it (`doomed`: scanned by the caller).
+    fn delete_inode(&self, ino: Ino, doomed: &Doomed) -> TxResult<()> {
+        self.t(T_INODES).remove(&be64(ino))?;
+        self.t(T_PARENTS).remove(&be64(ino))?;
+        self.t(T_COOKIES).remove(&be64(ino))?;
+        self.t(T_SYMLINKS).remove(&be64(ino))?;
+        self.t(T_ORPHANS).remove(&be64(ino))?;
+        for key in &doomed.xattrs {
+            self.t(T_XATTRS).remove(key.as_slice())?;
+        }
+        self.free_chunks(ino, &doomed.chunks)
+    }
+}
+
+/// What deleting an inode removes besides its own records, scanned before the transaction.
+#[derive(Default)]
+struct Doomed {
+    chunks: Vec<(u64, ChunkLoc)>,
+    xattrs: Vec<Vec<u8>>,
+}
+
+/// What a namespace change did that the service must follow up on.
+#[derive(Debug, Default)]
+pub struct Effects {
+    /// Chunks freed (now dirty): zero them, then [`Store::recycle`] them.
+    pub freed: Vec<ChunkLoc>,
+    /// An inode whose last link went while it is open: deleted at its last release.
+    pub orphaned: Option<Ino>,
+}
+
+/// The sled database of one meta server.
+pub struct Store {
+    db: sled::Db,
+    trees: Vec<Tree>,
+}
+
+impl Store {
+    /// Opens (or creates) the database in `dir`, creating the root directory (owned by
+    /// `root_owner`) on first start. A database created with another chunk size is refused: its
+    /// chunk maps would be meaningless.
+    pub fn open(dir: &Path, chunk_size: u64, root_owner: Caller) -> anyhow::Result<Store> {
+        let db = sled::open(dir).map_err(|e| {
+            anyhow::anyhow!("cannot open the meta database in {}: {e}", dir.display())
+        })?;
+        let trees = TREE_NAMES
+            .iter()
+            .map(|n| db.open_tree(n))
+            .collect::<Result<Vec<_>, _>>()?;
+        let store = Store { db, trees };
+        let meta = &store.trees[T_META];
+        match meta.get(b"chunk_size")? {
+            Some(v) => {
+                let stored = decode_u64(&v).map_err(|e| anyhow::anyhow!("{e}"))?;
+                anyhow::ensure!(
+                    stored == chunk_size,
+                    "the meta database in {} uses chunk size {stored}, not {chunk_size}",
+                    dir.display()
+                );
+            }
+            None => {
+                meta.insert(b"chunk_size", &be64(chunk_size))?;
+            }
+        }
+        if store.trees[T_INODES].get(be64(ROOT_INO))?.is_none() {
+            let now = Timestamp::now();
+            let root = Attr {
+                ino: ROOT_INO,
+                kind: FileKind::Dir,
+                perm: 0o755,
+                nlink: 2,
+                uid: root_owner.uid,
+                gid: root_owner.gid,
+                rdev: 0,
+                size: 0,
+                atime: now,
+                mtime: now,
+                ctime: now,
+                crtime: now,
+                generation: 0,
+            };
+            store.tx(|tx| {
+                tx.put_inode(&root)?;
+                tx.t(T_PARENTS).insert(&be64(ROOT_INO), &be64(ROOT_INO))?;
+                Ok(())
+            })?;
+        }
+        Ok(store)
+    }
+
+    /// Runs `f` as one transaction over every tree.
+    fn tx<A>(&self, f: impl Fn(&Tx) -> TxResult<A>) -> Result<A, FsError> {
+        self.trees
+            .as_slice()
+            .transaction(|trees| f(&Tx(trees)))
+            .map_err(|e| match e {
+                TransactionError::Abort(e) => e,
+                TransactionError::Storage(e) => db_err(e),
+            })
+    }
+
+    fn tree(&self, i: usize) -> &Tree {
+        &self.trees[i]
+    }
+
+    /// Flushes everything to disk.
+    pub fn flush(&self) -> Result<(), FsError> {
+        self.db.flush().map(|_| ()).map_err(db_err)
+    }
+
+    // ---- reads ------------------------------------------------------------------------------
+
+    /// An inode's attributes.
+    pub fn getattr(&self, ino: Ino) -> Result<Attr, FsError> {
+        match self.tree(T_INODES).get(be64(ino)).map_err(db_err)? {
+            Some(v) => dec(&v, "inode"),
+            None => Err(FsError::NotFound),
+        }
+    }
+
+    fn get_dirent(&self, parent: Ino, name: &str) -> Result<Option<Dirent>, FsError> {
+        match self
+            .tree(T_DIRENTS)
+            .get(key2(parent, name.as_bytes()))
+            .map_err(db_err)?
+        {
+            Some(v) => Ok(Some(dec(&v, "directory entry")?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The entry `name` in `parent`.
+    pub fn lookup(&self, parent: Ino, name: &str) -> Result<Attr, FsError> {
+        if name.len() > NAME_MAX {
+            return Err(FsError::NameTooLong);
+        }
+        let dir = self.getattr(parent)?;
+        if dir.kind != FileKind::Dir {
+            return Err(FsError::NotDir);
+        }
+        match name {
+            "." => return Ok(dir),
+            ".." => return self.getattr(self.parent_of(parent)?),
+            _ => {}
+        }
+        match self.get_dirent(parent, name)? {
+            Some(e) => self.getattr(e.ino),
+            None => Err(FsError::NotFound),
+        }
+    }
+
+    fn parent_of(&self, dir: Ino) -> Result<Ino, FsError> {
+        match self.tree(T_PARENTS).get(be64(dir)).map_err(db_err)? {
+            Some(v) => decode_u64(&v),
+            None => Err(corrupt(&format!("directory {dir} has no parent"))),
+        }
+    }
+
+    /// Up to `max` entries of directory `ino` after `cookie`.
+    pub fn readdir(&self, ino: Ino, cookie: u64, max: u32) -> Result<Vec<DirEntry>, FsError> {
+        let dir = self.getattr(ino)?;
+        if dir.kind != FileKind::Dir {
+            return Err(FsError::NotDir);
+        }
+        let max = max.clamp(1, 4096) as usize;
+        let mut out = Vec::new();
+        if cookie < 1 {
+            out.push(DirEntry {
+                ino,
+                kind: FileKind::Dir,
+                name: ".".into(),
+                cookie: 1,
+            });
+        }
+        if cookie < 2 && out.len() < max {
+            out.push(DirEntry {
+                ino: self.parent_of(ino)?,
+                kind: FileKind::Dir,
+                name: "..".into(),
+                cookie: 2,
+            });
+        }
+        let start = key_u64s(ino, cookie.saturating_add(1).max(FIRST_ENTRY_COOKIE));
+        let end = key_u64s(ino, u64::MAX);
+        for item in self.tree(T_DIRINDEX).range(start..=end) {
+            if out.len() >= max {
+                break;
+            }
+            let (k, v) = item.map_err(db_err)?;
+            let entry: IndexEntry = dec(&v, "directory index")?;
+            out.push(DirEntry {
+                ino: entry.ino,
+                kind: entry.kind,
+                name: entry.name,
+                cookie: decode_u64(&k[8..])?,
+            });
+        }
+        Ok(out)
+    }
+
+    /// A symlink's target.
+    pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>, FsError> {
+        let attr = self.getattr(ino)?;
+        if attr.kind != FileKind::Symlink {
+            return Err(FsError::Invalid(format!("inode {ino} is not a symlink")));
+        }
+        match self.tree(T_SYMLINKS).get(be64(ino)).map_err(db_err)? {
+            Some(v) => Ok(v.to_vec()),
+            None => Err(corrupt(&format!("symlink {ino} has no target"))),
+        }
+    }
+
+    /// An xattr's value.
+    pub fn getxattr(&self, ino: Ino, name: &str) -> Result<Vec<u8>, FsError> {
+        self.getattr(ino)?;
+        match self
+            .tree(T_XATTRS)
+            .get(key2(ino, name.as_bytes()))
+            .map_err(db_err)?
+        {
+            Some(v) => Ok(v.to_vec()),
+            None => Err(FsError::NoAttr),
+        }
+    }
+
+    /// The names of an inode's xattrs.
+    pub fn listxattr(&self, ino: Ino) -> Result<Vec<String>, FsError> {
+        self.getattr(ino)?;
+        let mut names = Vec::new();
+        for item in self.tree(T_XATTRS).scan_prefix(be64(ino)) {
+            let (k, _) = item.map_err(db_err)?;
+            names.push(String::from_utf8_lossy(&k[8..]).into_owned());
+        }
+        Ok(names)
+    }
+
+    /// Where chunks `first..first+count` of `ino` live.
+    pub fn chunk_map(
+        &self,
+        ino: Ino,
+        first: u64,
+        count: u64,
+    ) -> Result<Vec<Option<ChunkLoc>>, FsError> {
+        check_chunk_range(first, count)?;
+        self.getattr(ino)?;
+        let mut out = vec![None; count as usize];
+        let start = key_u64s(ino, first);
+        let end = key_u64s(ino, first + count);
+        for item in self.tree(T_CHUNKS).range(start..end) {
+            let (k, v) = item.map_err(db_err)?;
+            let index = decode_u64(&k[8..])?;
+            out[(index - first) as usize] = Some(decode_loc(&v)?);
+        }
+        Ok(out)
+    }
+
+    /// Every inode in use.
+    pub fn inode_count(&self) -> u64 {
+        self.tree(T_INODES).len() as u64
+    }
+
+    /// Every known data server.
+    pub fn servers(&self) -> Result<Vec<ServerRecord>, FsError> {
+        let mut out = Vec::new();
+        for item in self.tree(T_SERVERS).iter() {
+            let (_, v) = item.map_err(db_err)?;
+            out.push(dec(&v, "server record")?);
+        }
+        Ok(out)
+    }
+
+    /// The dirty (freed, not yet zeroed) chunks, per server.
+    pub fn dirty_chunks(&self) -> Result<Vec<ChunkLoc>, FsError> {
+        let mut out = Vec::new();
+        for item in self.tree(T_DIRTY).iter() {
+            let (k, _) = item.map_err(db_err)?;
+            out.push(decode_loc(&k)?);
+        }
+        Ok(out)
+    }
+
+    /// Inodes unlinked while open (deleted when their last opener goes, or at start).
+    pub fn orphans(&self) -> Result<Vec<Ino>, FsError> {
+        let mut out = Vec::new();
+        for item in self.tree(T_ORPHANS).iter() {
+            let (k, _) = item.map_err(db_err)?;
+            out.push(decode_u64(&k)?);
+        }
+        Ok(out)
+    }
+
+    /// Whether directory `ino` has no entries. Never call this inside a transaction: sled
+    /// deadlocks a plain read against the transaction's own locks.
+    fn is_empty(&self, ino: Ino) -> Result<bool, FsError> {
+        match self.tree(T_DIRENTS).scan_prefix(be64(ino)).next() {
+            None => Ok(true),
+            Some(Ok(_)) => Ok(false),
+            Some(Err(e)) => Err(db_err(e)),
+        }
+    }
+
+    fn scan_doomed(&self, ino: Ino) -> Result<Doomed, FsError> {
+        Ok(Doomed {
+            chunks: self.scan_chunks(ino, 0)?,
+            xattrs: self
+                .tree(T_XATTRS)
+                .scan_prefix(be64(ino))
+                .keys()
+                .map(|k| k.map(|k| k.to_vec()).map_err(db_err))
+                .collect::<Result<_, _>>()?,
+        })
+    }
+
+    /// The chunks of `ino` with index `>= from`.
+    fn scan_chunks(&self, ino: Ino, from: u64) -> Result<Vec<(u64, ChunkLoc)>, FsError> {
+        let mut out = Vec::new();
+        for item in self
+            .tree(T_CHUNKS)
+            .range(key_u64s(ino, from)..=key_u64s(ino, u64::MAX))
+        {
+            let (k, v) = item.map_err(db_err)?;
+            out.push((decode_u64(&k[8..])?, decode_loc(&v)?));
+        }
+        Ok(out)
+    }
+
+    // ---- namespace changes (callers serialize them) -----------------------------------------
+
+    fn create(
+        &self,
+        parent: Ino,
+        name: &str,
+        kind: FileKind,
+        perm: u16,
+        rdev: u32,
+        caller: Caller,
+        target: Option<&str>,
+    ) -> Result<Attr, FsError> {
+        check_name(name)?;
+        self.tx(|tx| {
+            let mut dir = tx.dir(parent)?;
+            if tx.dirent(parent, name)?.is_some() {
+                return abort(FsError::Exists);
+            }
+            let ino = tx.next_ino()?;
+            let now = Timestamp::now();
+            let attr = Attr {
+                ino,
+                kind,
+                perm: perm & 0o7777,
+                nlink: if kind == FileKind::Dir { 2 } else { 1 },
+                uid: caller.uid,
+                gid: caller.gid,
+                rdev,
+                size: target.map_or(0, |t| t.len() as u64),
+                atime: now,
+                mtime: now,
+                ctime: now,
+                crtime: now,
+                generation: 0,
+            };
+            tx.put_inode(&attr)?;
+            tx.add_dirent(parent, name, ino, kind)?;
+            if kind == FileKind::Dir {
+                tx.t(T_PARENTS).insert(&be64(ino), &be64(parent))?;
+                dir.nlink += 1;
+            }
+            if let Some(target) = target {
+                tx.t(T_SYMLINKS).insert(&be64(ino), target.as_bytes())?;
+            }
+            dir.mtime = now;
+            dir.ctime = now;
+            tx.put_inode(&dir)?;
+            Ok(attr)
+        })
+    }
+
+    /// Creates a file, device node, fifo or socket.
+    pub fn mknod(
+        &self,
+        parent: Ino,
+        name: &str,
+        kind: FileKind,
+        perm: u16,
+        rdev: u32,
+        caller: Caller,
+    ) -> Result<Attr, FsError> {
+        if matches!(kind, FileKind::Dir | FileKind::Symlink) {
+            return Err(FsError::Invalid(
+                "mknod makes no directories or symlinks".into(),
+            ));
+        }
+        self.create(parent, name, kind, perm, rdev, caller, None)
+    }
+
+    /// Creates a directory.
+    pub fn mkdir(
+        &self,
+        parent: Ino,
+        name: &str,
+        perm: u16,
+        caller: Caller,
+    ) -> Result<Attr, FsError> {
+        self.create(parent, name, FileKind::Dir, perm, 0, caller, None)
+    }
+
+    /// Creates a symlink.
+    pub fn symlink(
+        &self,
+        parent: Ino,
+        name: &str,
+        target: &str,
+        caller: Caller,
+    ) -> Result<Attr, FsError> {
+        if target.len() > SYMLINK_MAX {
+            return Err(FsError::NameTooLong);
+        }
+        if target.is_empty() || target.contains('\0') {
+            return Err(FsError::Invalid("bad symlink target".into()));
+        }
+        self.create(
+            parent,
+            name,
+            FileKind::Symlink,
+            0o777,
+            0,
+            caller,
+            Some(target),
+        )
+    }
+
+    /// Adds a hard link.
+    pub fn link(&self, ino: Ino, new_parent: Ino, new_name: &str) -> Result<Attr, FsError> {
+        check_name(new_name)?;
+        self.tx(|tx| {
+            let mut attr = tx.inode(ino)?;
+            if attr.kind == FileKind::Dir {
+                return abort(FsError::Perm);
+            }
+            if attr.nlink == 0 {
+                // An unlinked-but-open file cannot be linked back (Linux: ENOENT).
+                return abort(FsError::NotFound);
+            }
+            let mut dir = tx.dir(new_parent)?;
+            if tx.dirent(new_parent, new_name)?.is_some() {
+                return abort(FsError::Exists);
+            }
+            let now = Timestamp::now();
+            attr.nlink += 1;
+            attr.ctime = now;
+            tx.put_inode(&attr)?;
+            tx.add_dirent(new_parent, new_name, ino, attr.kind)?;
+            dir.mtime = now;
+            dir.ctime = now;
+            tx.put_inode(&dir)?;
+            Ok(attr)
+        })
+    }
+
+    /// Removes a non-directory entry; `is_open(ino)` says whether the inode is open somewhere
+    /// (then its last link leaves it as an orphan, deleted at the last release).
+    pub fn unlink(
+        &self,
+        parent: Ino,
+        name: &str,
+        is_open: impl Fn(Ino) -> bool,
+    ) -> Result<Effects, FsError> {
+        check_name(name)?;
+        let entry = self.get_dirent(parent, name)?;
+        let doomed = match &entry {
+            Some(e) if e.kind != FileKind::Dir && !is_open(e.ino) => self.scan_doomed(e.ino)?,
+            _ => Doomed::default(),
+        };
+        let open = entry.as_ref().is_some_and(|e| is_open(e.ino));
+        self.tx(|tx| {
+            let mut dir = tx.dir(parent)?;
+            let Some(entry) = tx.dirent(parent, name)? else {
+                return abort(FsError::NotFound);
+            };
+            if entry.kind == FileKind::Dir {
+                return abort(FsError::IsDir);
+            }
+            let now = Timestamp::now();
+            tx.remove_dirent(parent, name, &entry)?;
+            dir.mtime = now;
+            dir.ctime = now;
+            tx.put_inode(&dir)?;
+            drop_link(tx, entry.ino, open, &doomed, now)
+        })
+    }
+
+    /// Removes an empty directory.
+    pub fn rmdir(&self, parent: Ino, name: &str) -> Result<(), FsError> {
+        check_name(name)?;
+        let entry = self.get_dirent(parent, name)?;
+        let (doomed, empty) = match &entry {
+            Some(e) if e.kind == FileKind::Dir => (self.scan_doomed(e.ino)?, self.is_empty(e.ino)?),
+            _ => (Doomed::default(), true),
+        };
+        self.tx(|tx| {
+            let mut dir = tx.dir(parent)?;
+            let Some(entry) = tx.dirent(parent, name)? else {
+                return abort(FsError::NotFound);
+            };
+            if entry.kind != FileKind::Dir {
+                return abort(FsError::NotDir);
+            }
+            if !empty {
+                return abort(FsError::NotEmpty);
+            }
+            let now = Timestamp::now();
+            tx.remove_dirent(parent, name, &entry)?;
+            tx.delete_inode(entry.ino, &doomed)?;
+            dir.nlink = dir.nlink.saturating_sub(1);
+            dir.mtime = now;
+            dir.ctime = now;
+            tx.put_inode(&dir)?;
+            Ok(())
+        })
+    }
+
+    /// Renames `parent/name` to `new_parent/new_name` with POSIX replace rules.
+    pub fn rename(
+        &self,
+        parent: Ino,
+        name: &str,
+        new_parent: Ino,
+        new_name: &str,
+        no_replace: bool,
+        is_open: impl Fn(Ino) -> bool,
+    ) -> Result<Effects, FsError> {
+        check_name(name)?;
+        check_name(new_name)?;
+        let src = self.get_dirent(parent, name)?.ok_or(FsError::NotFound)?;
+        let dst = self.get_dirent(new_parent, new_name)?;
+        if src.kind == FileKind::Dir {
+            // Moving a directory under itself would cut a subtree loose: walk up from the target
+            // directory to the root; meeting the source means it is an ancestor (or itself).
+            let mut at = new_parent;
+            loop {
+                if at == src.ino {
+                    return Err(FsError::Invalid(
+                        "cannot move a directory into its own subtree".into(),
+                    ));
+                }
+                if at == ROOT_INO {
+                    break;
+                }
+                at = self.parent_of(at)?;
+            }
+        }
+        let dst_open = dst.as_ref().is_some_and(|d| is_open(d.ino));
+        let dst_empty = match &dst {
+            Some(d) if d.kind == FileKind::Dir => self.is_empty(d.ino)?,
+            _ => true,
+        };
+        let doomed = match &dst {
+            Some(d) if d.ino != src.ino && !dst_open => self.scan_doomed(d.ino)?,
+            _ => Doomed::default(),
+        };
+        self.tx(|tx| {
+            tx.dir(parent)?;
+            let Some(src) = tx.dirent(parent, name)? else {
+                return abort(FsError::NotFound);
+            };
+            tx.dir(new_parent)?;
+            let dst = tx.dirent(new_parent, new_name)?;
+            let now = Timestamp::now();
+            let mut effects = Effects::default();
+            if let Some(dst) = &dst {
+                if no_replace {
+                    return abort(FsError::Exists);
+                }
+                if dst.ino == src.ino {
+                    // Two links to one inode (or the same name): POSIX says do nothing.
+                    return Ok(effects);
+                }
+                match (src.kind == FileKind::Dir, dst.kind == FileKind::Dir) {
+                    (true, false) => return abort(FsError::NotDir),
+                    (false, true) => return abort(FsError::IsDir),
+                    (true, true) => {
+                        if !dst_empty {
+                            return abort(FsError::NotEmpty);
+                        }
+                        tx.remove_dirent(new_parent, new_name, dst)?;
+                        tx.delete_inode(dst.ino, &doomed)?;
+                        let mut np = tx.inode(new_parent)?;
+                        np.nlink = np.nlink.saturating_sub(1);
+                        tx.put_inode(&np)?;
+                    }
+                    (false, false) => {
+                        tx.remove_dirent(new_parent, new_name, dst)?;
+                        effects = drop_link(tx, dst.ino, dst_open, &doomed, now)?;
+                    }
+                }
+            }
+            tx.remove_dirent(parent, name, &src)?;
+            tx.add_dirent(new_parent, new_name, src.ino, src.kind)?;
+            // Re-read the parents: the replaced target may have changed `new_parent` above.
+            let mut old_dir = tx.inode(parent)?;
+            if parent != new_parent {
+                let mut np = tx.inode(new_parent)?;
+                if src.kind == FileKind::Dir {
+                    tx.t(T_PARENTS).insert(&be64(src.ino), &be64(new_parent))?;
+                    old_dir.nlink = old_dir.nlink.saturating_sub(1);
+                    np.nlink += 1;
+                }
+                np.mtime = now;
+                np.ctime = now;
+                tx.put_inode(&np)?;
+            }
+            old_dir.mtime = now;
+            old_dir.ctime = now;
+            tx.put_inode(&old_dir)?;
+            let mut moved = tx.inode(src.ino)?;
+            moved.ctime = now;
+            tx.put_inode(&moved)?;
+            Ok(effects)
+        })
+    }
+
+    /// Deletes an orphan (unlinked while open) once nobody has it open.
+    pub fn delete_orphan(&self, ino: Ino) -> Result<Effects, FsError> {
+        let doomed = self.scan_doomed(ino)?;
+        self.tx(|tx| {
+            if tx.t(T_ORPHANS).get(be64(ino))?.is_none() {
+                return Ok(Effects::default());
+            }
+            tx.delete_inode(ino, &doomed)?;
+            Ok(Effects {
+                freed: doomed.chunks.iter().map(|(_, l)| *l).collect(),
+                orphaned: None,
+            })
+        })
+    }
+
+    /// Changes attributes, all in one transaction; enforces ownership for chmod and chown by
+    /// non-root callers. A size change applies to regular files only: shrinking bumps the
+    /// generation and frees the chunks wholly past the new end (returned in `freed`; the caller
+    /// zeroes the tail of the last partial chunk). `old_size` is the file's current size when the
+    /// caller knows better than the database (the file control block's, if open).
+    pub fn setattr(
+        &self,
+        ino: Ino,
+        set: &SetAttr,
+        caller: Caller,
+        chunk_size: u64,
+        old_size: Option<u64>,
+    ) -> Result<(Attr, Effects), FsError> {
+        let current = self.getattr(ino)?;
+        let old = old_size.unwrap_or(current.size);
+        let doomed = match set.size {
+            Some(size) if size < old => self.scan_chunks(ino, size.div_ceil(chunk_size))?,
+            _ => Vec::new(),
+        };
+        self.tx(|tx| {
+            let mut attr = tx.inode(ino)?;
+            let root = caller.uid == 0;
+            let owner = caller.uid == attr.uid;
+            let now = Timestamp::now();
+            let mut changed = false;
+            let mut effects = Effects::default();
+            if let Some(size) = set.size {
+                match attr.kind {
+                    FileKind::File => {}
+                    FileKind::Dir => return abort(FsError::IsDir),
+                    _ => {
+                        return abort(FsError::Invalid(
+                            "only regular files have a size to set".into(),
+                        ))
+                    }
+                }
+                if size < old {
+                    attr.generation += 1;
+                    tx.free_chunks(ino, &doomed)?;
+                    effects.freed = doomed.iter().map(|(_, l)| *l).collect();
+                }
+                attr.size = size;
+                attr.mtime = now;
+                changed = true;
+            }
+            if let Some(perm) = set.perm {
+                if !root && !owner {
+                    return abort(FsError::Perm);
+                }
+                attr.perm = perm & 0o7777;
+                changed = true;
+            }
+            if let Some(uid) = set.uid {
+                if !root && uid != attr.uid {
+                    return abort(FsError::Perm);
+                }
+                attr.uid = uid;
+                changed = true;
+            }
+            if let Some(gid) = set.gid {
+                // Non-root owners may change the group (the kernel checks their membership).
+                if !root && !owner && gid != attr.gid {
+                    return abort(FsError::Perm);
+                }
+                attr.gid = gid;
+                changed = true;
+            }
+            let at = |t: SetTime| match t {
+                SetTime::At(t) => t,
+                SetTime::Now => now,
+            };
+            if let Some(t) = set.atime {
+                attr.atime = at(t);
+                changed = true;
+            }
+            if let Some(t) = set.mtime {
+                attr.mtime = at(t);
+                changed = true;
+            }
+            if changed {
+                attr.ctime = now;
+            }
+            tx.put_inode(&attr)?;
+            Ok((attr, effects))
+        })
+    }
+
+    /// Records a file's size (from its file control block) without touching anything else.
+    pub fn persist_size(&self, ino: Ino, size: u64) -> Result<(), FsError> {
+        self.tx(|tx| {
+            let mut attr = match tx.t(T_INODES).get(be64(ino))? {
+                Some(v) => lift(dec::<Attr>(&v, "inode"))?,
+                None => return Ok(()),
+            };
+            if attr.size != size {
+                attr.size = size;
+                tx.put_inode(&attr)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Sets an xattr.
+    pub fn setxattr(
+        &self,
+        ino: Ino,
+        name: &str,
+        value: &[u8],
+        mode: XattrMode,
+    ) -> Result<(), FsError> {
+        check_xattr_name(name)?;
+        if value.len() > XATTR_VALUE_MAX {
+            return Err(FsError::NameTooLong);
+        }
+        self.tx(|tx| {
+            let mut attr = tx.inode(ino)?;
+            let key = key2(ino, name.as_bytes());
+            let exists = tx.t(T_XATTRS).get(&key)?.is_some();
+            match mode {
+                XattrMode::Create if exists => return abort(FsError::Exists),
+                XattrMode::Replace if !exists => return abort(FsError::NoAttr),
+                _ => {}
+            }
+            tx.t(T_XATTRS).insert(key, value)?;
+            attr.ctime = Timestamp::now();
+            tx.put_inode(&attr)?;
+            Ok(())
+        })
+    }
+
+    /// Removes an xattr.
+    pub fn removexattr(&self, ino: Ino, name: &str) -> Result<(), FsError> {
+        check_xattr_name(name)?;
+        self.tx(|tx| {
+            let mut attr = tx.inode(ino)?;
+            if tx.t(T_XATTRS).remove(key2(ino, name.as_bytes()))?.is_none() {
+                return abort(FsError::NoAttr);
+            }
+            attr.ctime = Timestamp::now();
+            tx.put_inode(&attr)?;
+            Ok(())
+        })
+    }
+
+    // ---- chunk allocation -------------------------------------------------------------------
+
+    /// Makes sure chunks `first..first+count` of `ino` exist, taking zeroed chunks from the
+    /// servers in `servers` (the connected ones, by id): chunk `c` prefers server
+    /// `servers[(ino + c) % n]` (striping), then any other with space. All or nothing: out of
+    /// space aborts the whole transaction with `NoSpace`.
+    pub fn allocate_chunks(
+        &self,
+        ino: Ino,
+        generation: u64,
+        first: u64,
+        count: u64,
+        servers: &[u32],
+    ) -> Result<Vec<ChunkLoc>, FsError> {
+        check_chunk_range(first, count)?;
+        self.tx(|tx| {
+            let attr = tx.inode(ino)?;
+            match attr.kind {
+                FileKind::File => {}
+                FileKind::Dir => return abort(FsError::IsDir),
+                _ => return abort(FsError::Invalid("only regular files have chunks".into())),
+            }
+            if attr.generation != generation {
+                return abort(FsError::Stale);
+            }
+            let mut out = Vec::with_capacity(count as usize);
+            // Servers found full in this transaction are not asked again.
+            let mut full = vec![false; servers.len()];
+            for c in first..first + count {
+                let key = key_u64s(ino, c);
+                if let Some(v) = tx.t(T_CHUNKS).get(key)? {
+                    out.push(lift(decode_loc(&v))?);
+                    continue;
+                }
+                let n = servers.len();
+                let start = if n == 0 {
+                    0
+                } else {
+                    ((ino.wrapping_add(c)) % n as u64) as usize
+                };
+                let mut placed = None;
+                for k in 0..n {
+                    let slot = (start + k) % n;
+                    if full[slot] {
+                        continue;
+                    }
+                    match tx.take_chunk(servers[slot])? {
+                        Some(index) => {
+                            placed = Some(ChunkLoc {
+                                server: servers[slot],
+                                index,
+                            });
+                            break;
+                        }
+                        None => full[slot] = true,
+                    }
+                }
+                let Some(loc) = placed else {
+                    return abort(FsError::NoSpace);
+                };
+                tx.t(T_CHUNKS).insert(&key, &encode_loc(loc))?;
+                out.push(loc);
+            }
+            Ok(out)
+        })
+    }
+
+    /// Moves a zeroed dirty chunk onto its server's free stack.
+    pub fn recycle(&self, loc: ChunkLoc) -> Result<(), FsError> {
+        self.tx(|tx| {
+            if tx
+                .t(T_DIRTY)
+                .remove(&key_server(loc.server, loc.index))?
+                .is_none()
+            {
+                return Ok(());
+            }
+            let mut rec = tx.server(loc.server)?;
+            tx.t(T_FREE)
+                .insert(&key_server(loc.server, rec.free_count), &be64(loc.index))?;
+            rec.free_count += 1;
+            tx.put_server(&rec)
+        })
+    }
+
+    /// Registers (or re-registers, by name) a data server; returns its record. A server that
+    /// comes back smaller than the chunks already handed out is refused.
+    pub fn register_server(
+        &self,
+        name: &str,
+        fabric: &FabricAddr,
+        region: fabric::RegionId,
+        chunks: u64,
+    ) -> Result<ServerRecord, FsError> {
+        self.tx(|tx| {
+            let id = match tx.t(T_NAMES).get(name.as_bytes())? {
+                Some(v) => {
+                    let bytes: [u8; 4] = match v.as_ref().try_into() {
+                        Ok(b) => b,
+                        Err(_) => return abort(corrupt("a server id is not 4 bytes")),
+                    };
+                    Some(u32::from_be_bytes(bytes))
+                }
+                None => None,
+            };
+            let rec = match id {
+                Some(id) => {
+                    let mut rec = tx.server(id)?;
+                    if chunks < rec.next_fresh {
+                        return abort(FsError::Invalid(format!(
+                            "data server {name:?} came back with {chunks} chunks, but chunks up \
+                             to {} are in use",
+                            rec.next_fresh
+                        )));
+                    }
+                    rec.fabric = fabric.clone();
+                    rec.region = region;
+                    rec.chunks = chunks;
+                    rec
+                }
+                None => {
+                    let next = match tx.t(T_META).get(b"next_server")? {
+                        Some(v) => lift(decode_u64(&v))?,
+                        None => 0,
+                    };
+                    tx.t(T_META).insert(b"next_server", &be64(next + 1))?;
+                    let id = u32::try_from(next)
+                        .map_err(|_| ConflictableTransactionError::Abort(FsError::NoSpace))?;
+                    tx.t(T_NAMES).insert(name.as_bytes(), &id.to_be_bytes())?;
+                    ServerRecord {
+                        id,
+                        name: name.to_owned(),
+                        fabric: fabric.clone(),
+                        region,
+                        chunks,
+                        next_fresh: 0,
+                        free_count: 0,
+                    }
+                }
+            };
+            tx.put_server(&rec)?;
+            Ok(rec)
+        })
+    }
+}
+
+/// Removes one link of `ino` (its directory entry is gone already): the inode goes when its last
+/// link does, unless it is open (then it becomes an orphan).
+fn drop_link(tx: &Tx, ino: Ino, open: bool, doomed: &Doomed, now: Timestamp) -> TxResult<Effects> {
+    let mut attr = tx.inode(ino)?;
+    attr.nlink = attr.nlink.saturating_sub(1);
+    attr.ctime = now;
+    let mut effects = Effects::default();
+    if attr.nlink > 0 {
+        tx.put_inode(&attr)?;
+    } else if open {
+        tx.put_inode(&attr)?;
+        tx.t(T_ORPHANS).insert(&be64(ino), &[][..])?;
+        effects.orphaned = Some(ino);
+    } else {
+        tx.delete_inode(ino, doomed)?;
+        effects.freed = doomed.chunks.iter().map(|(_, l)| *l).collect();
+    }
+    Ok(effects)
+}
+
+fn check_chunk_range(first: u64, count: u64) -> Result<(), FsError> {
+    if count > MAX_CHUNKS_PER_CALL || first.checked_add(count).is_none() {
+        return Err(FsError::Invalid(format!(
+            "chunk range {first}+{count} is too large (at most {MAX_CHUNKS_PER_CALL} per call)"
+        )));
+    }
+    Ok(())
+}
+
+fn check_xattr_name(name: &str) -> Result<(), FsError> {
+    if name.is_empty() {
+        return Err(FsError::Invalid("empty xattr name".into()));
+    }
+    if name.len() > XATTR_NAME_MAX {
+        return Err(FsError::NameTooLong);
+    }
+    Ok(())
+}

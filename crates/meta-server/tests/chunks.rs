@@ -1,0 +1,231 @@
+//! Chunk allocation over the data servers, out of space, open files' control blocks read
+//! one-sidedly, truncate, and the meta region's reuse.
+
+mod common;
+use common::*;
+use fabric::{EndpointExt, RemoteAddr, ShmConnector};
+use proto::rpc::{Request, Response};
+use proto::{fcb, FabricAddr, FsError, LockSchemeKind, OpenFile, SetAttr, ROOT_INO};
+use std::collections::HashSet;
+
+fn open(fs: &mut Fs, ino: u64, scheme: LockSchemeKind) -> Result<OpenFile, FsError> {
+    match fs.call(Request::Open { ino, scheme })? {
+        Response::Open(o) => Ok(o),
+        other => panic!("{other:?}"),
+    }
+}
+
+fn endpoint(addr: &FabricAddr) -> impl fabric::Endpoint {
+    match addr {
+        FabricAddr::Shm { dir } => ShmConnector::attach(dir.clone()).unwrap().endpoint(),
+        other => panic!("shm expected, got {other:?}"),
+    }
+}
+
+#[test]
+fn allocation_is_striped_and_all_or_nothing() {
+    let cl = Cluster::start(2, 4, false);
+    let mut fs = cl.client();
+    assert_eq!(fs.info.data_servers.len(), 2);
+    assert_eq!(fs.info.chunk_size, CHUNK);
+    let f = fs.create(ROOT_INO, "f").unwrap();
+    let locs = fs.allocate(f.ino, 0, 0, 4).unwrap();
+    let servers: HashSet<u32> = locs.iter().map(|l| l.server).collect();
+    assert_eq!(servers.len(), 2, "striped over both servers: {locs:?}");
+    // Allocating again returns the same chunks.
+    assert_eq!(fs.allocate(f.ino, 0, 0, 4).unwrap(), locs);
+    assert_eq!(
+        fs.chunk_map(f.ino, 0, 6)[..4]
+            .iter()
+            .map(|l| l.unwrap())
+            .collect::<Vec<_>>(),
+        locs
+    );
+    assert_eq!(fs.chunk_map(f.ino, 4, 2), vec![None, None]);
+    // A wrong generation is stale.
+    assert_eq!(fs.allocate(f.ino, 7, 4, 1), Err(FsError::Stale));
+
+    let s = fs.stats();
+    assert_eq!((s.total_chunks, s.free_chunks), (8, 4));
+    // 5 more chunks do not fit in the 4 left: nothing is allocated.
+    let g = fs.create(ROOT_INO, "g").unwrap();
+    assert_eq!(fs.allocate(g.ino, 0, 10, 5), Err(FsError::NoSpace));
+    assert_eq!(fs.stats().free_chunks, 4);
+    assert!(fs.chunk_map(g.ino, 10, 5).iter().all(|l| l.is_none()));
+    // 4 fit, falling back to whichever server has room.
+    let more = fs.allocate(g.ino, 0, 10, 4).unwrap();
+    assert_eq!(more.len(), 4);
+    assert_eq!(fs.stats().free_chunks, 0);
+    assert_eq!(fs.allocate(g.ino, 0, 20, 1), Err(FsError::NoSpace));
+
+    // Unlinking a file frees (and zeroes) its chunks for reuse.
+    let ep_data = cl
+        .data
+        .iter()
+        .map(|d| d.fabric().clone())
+        .collect::<Vec<_>>();
+    let loc = more[0];
+    let region = fs.info.data_servers[loc.server as usize].region;
+    let mut ep = endpoint(&ep_data[loc.server as usize]);
+    let addr = RemoteAddr::new(region, loc.index * CHUNK);
+    ep.write(addr, b"dirty data").unwrap();
+    fs.unlink(ROOT_INO, "g").unwrap();
+    assert_eq!(fs.stats().free_chunks, 4);
+    assert_eq!(
+        ep.read(addr, 10).unwrap(),
+        vec![0u8; 10],
+        "freed chunks are zeroed"
+    );
+    let h = fs.create(ROOT_INO, "h").unwrap();
+    assert_eq!(fs.allocate(h.ino, 0, 0, 4).unwrap().len(), 4);
+}
+
+#[test]
+fn open_fcb_truncate_and_region_reuse() {
+    let cl = Cluster::start(2, 8, false);
+    let mut fs = cl.client();
+    let FabricAddr::Shm { dir } = &fs.info.meta_fabric else {
+        panic!()
+    };
+    let mut meta = ShmConnector::attach(dir.clone()).unwrap().endpoint();
+    let free_before = cl.meta.meta_free_bytes();
+
+    let f = fs.create(ROOT_INO, "f").unwrap();
+    let o = open(&mut fs, f.ino, LockSchemeKind::Citron).unwrap();
+    assert_eq!(meta.read_u64(o.fcb.add(fcb::INO)).unwrap(), f.ino);
+    assert_eq!(meta.read_u64(o.fcb.add(fcb::SIZE)).unwrap(), 0);
+    assert_eq!(meta.read_u64(o.fcb.add(fcb::GENERATION)).unwrap(), 0);
+    assert_ne!(o.lock, o.fcb);
+    // The other schemes get their own lock state; reopening reuses the FCB.
+    let m = open(&mut fs, f.ino, LockSchemeKind::Mutex).unwrap();
+    let s = open(&mut fs, f.ino, LockSchemeKind::Seg).unwrap();
+    let v = open(&mut fs, f.ino, LockSchemeKind::Server).unwrap();
+    assert_eq!((m.fcb, s.fcb, v.fcb), (o.fcb, o.fcb, o.fcb));
+    assert!(fs.info.lock_server.is_some());
+
+    // A client raises SIZE one-sidedly; getattr sees it, release persists it.
+    let chunks = fs.allocate(f.ino, 0, 0, 3).unwrap();
+    let data_eps: Vec<FabricAddr> = cl.data.iter().map(|d| d.fabric().clone()).collect();
+    let mut eps: Vec<_> = data_eps.iter().map(endpoint).collect();
+    let regions: Vec<fabric::RegionId> = fs.info.data_servers.iter().map(|d| d.region).collect();
+    let region = |id: u32| regions[id as usize];
+    for (i, loc) in chunks.iter().enumerate() {
+        let r = region(loc.server);
+        eps[loc.server as usize]
+            .write(
+                RemoteAddr::new(r, loc.index * CHUNK),
+                &vec![0xAB; CHUNK as usize],
+            )
+            .unwrap_or_else(|e| panic!("chunk {i}: {e}"));
+    }
+    let size = 3 * CHUNK - 100;
+    assert_eq!(meta.cas(o.fcb.add(fcb::SIZE), 0, size).unwrap(), 0);
+    assert_eq!(fs.getattr(f.ino).unwrap().size, size);
+    assert_eq!(fs.lookup(ROOT_INO, "f").unwrap().size, size);
+
+    // Truncate to 1.5 chunks: generation bumps (FCB and attr), chunk 2 is freed, the tail of
+    // chunk 1 reads zeros, the head of it keeps its data.
+    let new_size = CHUNK + CHUNK / 2;
+    let a = fs
+        .attr(Request::SetAttr {
+            ino: f.ino,
+            set: SetAttr {
+                size: Some(new_size),
+                ..Default::default()
+            },
+            caller: ME,
+        })
+        .unwrap();
+    assert_eq!((a.size, a.generation), (new_size, 1));
+    assert_eq!(meta.read_u64(o.fcb.add(fcb::GENERATION)).unwrap(), 1);
+    assert_eq!(meta.read_u64(o.fcb.add(fcb::SIZE)).unwrap(), new_size);
+    let map = fs.chunk_map(f.ino, 0, 3);
+    assert!(
+        map[0].is_some() && map[1].is_some() && map[2].is_none(),
+        "{map:?}"
+    );
+    let c1 = chunks[1];
+    let base = RemoteAddr::new(region(c1.server), c1.index * CHUNK);
+    let ep = &mut eps[c1.server as usize];
+    assert_eq!(ep.read(base.add(CHUNK / 2 - 8), 8).unwrap(), vec![0xAB; 8]);
+    assert_eq!(ep.read(base.add(CHUNK / 2), 8).unwrap(), vec![0; 8]);
+    assert_eq!(ep.read(base.add(CHUNK - 8), 8).unwrap(), vec![0; 8]);
+    let c2 = chunks[2];
+    let mut ep2 = endpoint(&data_eps[c2.server as usize]);
+    assert_eq!(
+        ep2.read(RemoteAddr::new(region(c2.server), c2.index * CHUNK), 8)
+            .unwrap(),
+        vec![0; 8],
+        "the freed chunk is zeroed"
+    );
+    // The old generation is stale for allocation now.
+    assert_eq!(fs.allocate(f.ino, 0, 2, 1), Err(FsError::Stale));
+    assert!(fs.allocate(f.ino, 1, 2, 1).is_ok());
+
+    // Unlink while open: the inode lives until release; then its chunks come back.
+    let free_chunks = fs.stats().free_chunks;
+    fs.unlink(ROOT_INO, "f").unwrap();
+    assert_eq!(fs.getattr(f.ino).unwrap().nlink, 0);
+    assert_eq!(fs.stats().free_chunks, free_chunks);
+    fs.ok(Request::Release { ino: f.ino }).unwrap();
+    assert_eq!(fs.getattr(f.ino), Err(FsError::NotFound));
+    assert_eq!(fs.stats().free_chunks, 16);
+    assert_eq!(
+        cl.meta.meta_free_bytes(),
+        free_before,
+        "FCB and lock memory reused"
+    );
+    assert_eq!(
+        meta.read_u64(o.fcb.add(fcb::INO)).unwrap(),
+        0,
+        "a freed FCB is marked free"
+    );
+
+    // Size persisted at release for a file that stays.
+    let g = fs.create(ROOT_INO, "g").unwrap();
+    let o = open(&mut fs, g.ino, LockSchemeKind::Citron).unwrap();
+    meta.cas(o.fcb.add(fcb::SIZE), 0, 12345).unwrap();
+    fs.ok(Request::Release { ino: g.ino }).unwrap();
+    assert_eq!(fs.getattr(g.ino).unwrap().size, 12345);
+
+    // Scale-up memory for an open file; none for a closed one.
+    assert_eq!(
+        fs.call(Request::AllocateLockWords {
+            ino: g.ino,
+            words: 16
+        }),
+        Err(FsError::Stale)
+    );
+    let o = open(&mut fs, g.ino, LockSchemeKind::Citron).unwrap();
+    match fs
+        .call(Request::AllocateLockWords {
+            ino: g.ino,
+            words: 16,
+        })
+        .unwrap()
+    {
+        Response::Addr(a) => {
+            assert_eq!(a.region, o.fcb.region);
+            assert_eq!(meta.read(a, 128).unwrap(), vec![0; 128]);
+        }
+        other => panic!("{other:?}"),
+    }
+    // A huge open file's lock tree does not fit the 1 MiB meta region: NoSpace, nothing leaked.
+    fs.ok(Request::Release { ino: g.ino }).unwrap();
+    let free = cl.meta.meta_free_bytes();
+    fs.attr(Request::SetAttr {
+        ino: g.ino,
+        set: SetAttr {
+            size: Some(1 << 40),
+            ..Default::default()
+        },
+        caller: ME,
+    })
+    .unwrap();
+    assert_eq!(
+        open(&mut fs, g.ino, LockSchemeKind::Citron),
+        Err(FsError::NoSpace)
+    );
+    assert_eq!(cl.meta.meta_free_bytes(), free);
+    assert!(open(&mut fs, g.ino, LockSchemeKind::Mutex).is_ok());
+}
