@@ -319,17 +319,9 @@ impl Service {
             })?;
             (live.endpoint.clone(), live.region)
         };
-        let mut ep = lock(&endpoint);
-        let piece = ep.capabilities().max_io_bytes.clamp(8, 1 << 20) as u64;
-        let zeros = vec![0u8; piece as usize];
         let base = loc.index * self.settings.chunk_size;
-        let mut at = from;
-        while at < to {
-            let n = (to - at).min(piece);
-            ep.write(RemoteAddr::new(region, base + at), &zeros[..n as usize])?;
-            at += n;
-        }
-        Ok(())
+        let mut ep = lock(&endpoint);
+        zero_range(&mut **ep, region, base + from, base + to)
     }
 
     /// Zeroes freed chunks and returns them to their servers' free stacks; a chunk whose server
@@ -757,17 +749,9 @@ impl Service {
                         )))
                     }
                 };
-                let mut ep = lock(&endpoint);
                 let start = loc.index * cs + from % cs;
-                let end = (loc.index + 1) * cs;
-                let piece = ep.capabilities().max_io_bytes.clamp(8, 1 << 20) as u64;
-                let zeros = vec![0u8; piece as usize];
-                let mut at = start;
-                while at < end {
-                    let n = (end - at).min(piece);
-                    ep.write(RemoteAddr::new(region, at), &zeros[..n as usize])?;
-                    at += n;
-                }
+                let mut ep = lock(&endpoint);
+                zero_range(&mut **ep, region, start, (loc.index + 1) * cs)?;
             }
         }
         Ok(())
@@ -794,4 +778,22 @@ impl Service {
     pub fn meta_free_bytes(&self) -> u64 {
         lock(&self.state).alloc.free_bytes()
     }
+}
+
+/// Zeroes bytes `start..end` of `region` with one-sided writes no larger than the endpoint takes.
+fn zero_range(
+    ep: &mut dyn Endpoint,
+    region: RegionId,
+    start: u64,
+    end: u64,
+) -> Result<(), FsError> {
+    let piece = ep.capabilities().max_io_bytes.clamp(8, 1 << 20) as u64;
+    let zeros = vec![0u8; piece as usize];
+    let mut at = start;
+    while at < end {
+        let n = (end - at).min(piece);
+        ep.write(RemoteAddr::new(region, at), &zeros[..n as usize])?;
+        at += n;
+    }
+    Ok(())
 }

@@ -309,6 +309,15 @@ impl Tx<'_> {
     }
 }
 
+/// What a new inode is.
+struct NewNode<'a> {
+    kind: FileKind,
+    perm: u16,
+    rdev: u32,
+    /// A symlink's target.
+    target: Option<&'a str>,
+}
+
 /// What deleting an inode removes besides its own records, scanned before the transaction.
 #[derive(Default)]
 struct Doomed {
@@ -626,12 +635,15 @@ impl Store {
         &self,
         parent: Ino,
         name: &str,
-        kind: FileKind,
-        perm: u16,
-        rdev: u32,
         caller: Caller,
-        target: Option<&str>,
+        node: NewNode<'_>,
     ) -> Result<Attr, FsError> {
+        let NewNode {
+            kind,
+            perm,
+            rdev,
+            target,
+        } = node;
         check_name(name)?;
         self.tx(|tx| {
             let mut dir = tx.dir(parent)?;
@@ -686,7 +698,17 @@ impl Store {
                 "mknod makes no directories or symlinks".into(),
             ));
         }
-        self.create(parent, name, kind, perm, rdev, caller, None)
+        self.create(
+            parent,
+            name,
+            caller,
+            NewNode {
+                kind,
+                perm,
+                rdev,
+                target: None,
+            },
+        )
     }
 
     /// Creates a directory.
@@ -697,7 +719,17 @@ impl Store {
         perm: u16,
         caller: Caller,
     ) -> Result<Attr, FsError> {
-        self.create(parent, name, FileKind::Dir, perm, 0, caller, None)
+        self.create(
+            parent,
+            name,
+            caller,
+            NewNode {
+                kind: FileKind::Dir,
+                perm,
+                rdev: 0,
+                target: None,
+            },
+        )
     }
 
     /// Creates a symlink.
@@ -717,11 +749,13 @@ impl Store {
         self.create(
             parent,
             name,
-            FileKind::Symlink,
-            0o777,
-            0,
             caller,
-            Some(target),
+            NewNode {
+                kind: FileKind::Symlink,
+                perm: 0o777,
+                rdev: 0,
+                target: Some(target),
+            },
         )
     }
 

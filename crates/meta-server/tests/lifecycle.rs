@@ -1,0 +1,262 @@
+//! Restarts, refusals, sessions and data-server membership.
+
+mod common;
+use common::*;
+use data_server::DataServer;
+use fabric::{EndpointExt, RemoteAddr, ShmConnector};
+use meta_server::MetaServer;
+use proto::rpc::{Client, Request, Response, Role, RpcError};
+use proto::{fcb, FabricAddr, FsError, LockSchemeKind, ROOT_INO};
+use std::time::Duration;
+
+fn shm(addr: &FabricAddr) -> impl fabric::Endpoint {
+    match addr {
+        FabricAddr::Shm { dir } => ShmConnector::attach(dir.clone()).unwrap().endpoint(),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn restart_keeps_namespace_chunks_sizes_and_data() {
+    let mut cl = Cluster::start(2, 8, true);
+    let ids: Vec<u32> = cl.data.iter().map(|d| d.id()).collect();
+    let (f, locs) = {
+        let mut fs = cl.client();
+        let d = fs.mkdir(ROOT_INO, "dir").unwrap();
+        let f = fs.create(d.ino, "file").unwrap();
+        fs.attr(Request::Symlink {
+            parent: ROOT_INO,
+            name: "link".into(),
+            target: "dir/file".into(),
+            caller: ME,
+        })
+        .unwrap();
+        let o = match fs
+            .call(Request::Open {
+                ino: f.ino,
+                scheme: LockSchemeKind::Citron,
+            })
+            .unwrap()
+        {
+            Response::Open(o) => o,
+            other => panic!("{other:?}"),
+        };
+        let locs = fs.allocate(f.ino, 0, 0, 3).unwrap();
+        for (i, loc) in locs.iter().enumerate() {
+            let info = &fs.info.data_servers[loc.server as usize];
+            shm(&info.fabric)
+                .write(
+                    RemoteAddr::new(info.region, loc.index * CHUNK),
+                    &[i as u8 + 1; 16],
+                )
+                .unwrap();
+        }
+        let FabricAddr::Shm { dir } = &fs.info.meta_fabric else {
+            panic!()
+        };
+        let mut meta = ShmConnector::attach(dir.clone()).unwrap().endpoint();
+        meta.cas(o.fcb.add(fcb::SIZE), 0, 2 * CHUNK + 16).unwrap();
+        // The file stays open across the shutdown: the size is persisted from the FCB.
+        (f, locs)
+    };
+    cl.meta.shutdown().unwrap();
+    for d in &mut cl.data {
+        d.shutdown();
+    }
+    cl.data.clear();
+
+    cl.meta = MetaServer::start(cl.config.clone()).unwrap();
+    for i in 0..2 {
+        cl.data
+            .push(DataServer::start(data_config(cl.dir.path(), &cl.meta, i, 8, true)).unwrap());
+    }
+    assert_eq!(
+        cl.data.iter().map(|d| d.id()).collect::<Vec<_>>(),
+        ids,
+        "ids are stable by name"
+    );
+    let mut fs = cl.client();
+    let d = fs.lookup(ROOT_INO, "dir").unwrap();
+    let f2 = fs.lookup(d.ino, "file").unwrap();
+    assert_eq!(f2.ino, f.ino);
+    assert_eq!(f2.size, 2 * CHUNK + 16);
+    let link = fs.lookup(ROOT_INO, "link").unwrap().ino;
+    assert_eq!(
+        fs.call(Request::Readlink { ino: link }),
+        Ok(Response::Data(b"dir/file".to_vec()))
+    );
+    let map: Vec<_> = fs
+        .chunk_map(f.ino, 0, 3)
+        .into_iter()
+        .map(|l| l.unwrap())
+        .collect();
+    assert_eq!(map, locs);
+    for (i, loc) in locs.iter().enumerate() {
+        let info = &fs.info.data_servers[loc.server as usize];
+        let got = shm(&info.fabric)
+            .read(RemoteAddr::new(info.region, loc.index * CHUNK), 16)
+            .unwrap();
+        assert_eq!(got, vec![i as u8 + 1; 16], "chunk {i} kept its data");
+    }
+    let s = fs.stats();
+    assert_eq!((s.total_chunks, s.free_chunks), (16, 13));
+    // New inodes do not reuse old numbers.
+    assert!(fs.create(ROOT_INO, "new").unwrap().ino > f.ino);
+}
+
+#[test]
+fn wrong_token_or_cluster_is_refused_clearly() {
+    let cl = Cluster::start(0, 1, false);
+    let role = Role::Client {
+        host: "h".into(),
+        pid: 1,
+    };
+    match Client::connect(cl.meta.addr(), CLUSTER, "wrong", role.clone()) {
+        Err(RpcError::Refused(why)) => assert!(why.contains("token"), "{why}"),
+        other => panic!("expected a refusal, got {:?}", other.map(|_| ())),
+    }
+    match Client::connect(cl.meta.addr(), "other", TOKEN, role) {
+        Err(RpcError::Refused(why)) => assert!(why.contains("cluster"), "{why}"),
+        other => panic!("expected a refusal, got {:?}", other.map(|_| ())),
+    }
+    let mut bad = data_config(cl.dir.path(), &cl.meta, 9, 1, false);
+    bad.token = "wrong".into();
+    let err = DataServer::start(bad).err().expect("refused");
+    assert!(format!("{err:#}").contains("token"), "{err:#}");
+    // The server still serves good clients.
+    let mut fs = cl.client();
+    assert!(fs.getattr(ROOT_INO).is_ok());
+}
+
+#[test]
+fn sessions_expire_and_release_their_files() {
+    let cl = Cluster::start_with(1, 4, false, |c| {
+        c.session_lease = Duration::from_millis(300)
+    });
+    let free = cl.meta.meta_free_bytes();
+    let mut quiet = cl.client();
+    let mut busy = cl.client();
+    let f = quiet.create(ROOT_INO, "f").unwrap();
+    quiet
+        .call(Request::Open {
+            ino: f.ino,
+            scheme: LockSchemeKind::Citron,
+        })
+        .unwrap();
+    busy.call(Request::Open {
+        ino: f.ino,
+        scheme: LockSchemeKind::Mutex,
+    })
+    .unwrap();
+    quiet.unlink(ROOT_INO, "f").unwrap();
+    for _ in 0..12 {
+        std::thread::sleep(Duration::from_millis(50));
+        busy.ok(Request::Heartbeat).unwrap();
+    }
+    // The quiet session is gone; the busy one (heartbeating) still holds the file.
+    assert_eq!(quiet.call(Request::Heartbeat), Err(FsError::Stale));
+    assert_eq!(busy.getattr(f.ino).unwrap().nlink, 0);
+    busy.ok(Request::Release { ino: f.ino }).unwrap();
+    assert_eq!(
+        busy.getattr(f.ino),
+        Err(FsError::NotFound),
+        "the orphan went with the last opener"
+    );
+    assert_eq!(cl.meta.meta_free_bytes(), free);
+
+    // A closed connection ends its session at once.
+    let g = busy.create(ROOT_INO, "g").unwrap();
+    let mut other = cl.client();
+    other
+        .call(Request::Open {
+            ino: g.ino,
+            scheme: LockSchemeKind::Citron,
+        })
+        .unwrap();
+    assert!(cl.meta.meta_free_bytes() < free);
+    drop(other);
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    while cl.meta.meta_free_bytes() != free && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(cl.meta.meta_free_bytes(), free);
+}
+
+#[test]
+fn allocation_avoids_departed_data_servers() {
+    let mut cl = Cluster::start(2, 4, false);
+    let gone = cl.data[1].id();
+    cl.data[1].shutdown();
+    let mut fs = cl.client();
+    let f = fs.create(ROOT_INO, "f").unwrap();
+    // The meta server notices the closed registration connection at once (EOF); give the
+    // blocking pool a moment to run the bookkeeping.
+    std::thread::sleep(Duration::from_millis(200));
+    let g = fs.getattr(f.ino).unwrap().generation;
+    let locs = fs.allocate(f.ino, g, 0, 4).unwrap();
+    assert!(locs.iter().all(|l| l.server != gone), "{locs:?}");
+    assert_eq!(fs.allocate(f.ino, g, 4, 1), Err(FsError::NoSpace));
+}
+
+#[test]
+fn tcp_fabric_serves_fcbs_and_zeroes_chunks() {
+    use data_server::{Backing, DataConfig, DataFabric};
+    use meta_server::{MetaConfig, MetaFabric};
+    let dir = tempfile::tempdir().unwrap();
+    let local = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    let mut config = MetaConfig::new(dir.path().join("db"), MetaFabric::Tcp { listen: local });
+    config.cluster = CLUSTER.into();
+    config.token = TOKEN.into();
+    config.chunk_size = CHUNK;
+    config.region_bytes = 1 << 20;
+    let meta = MetaServer::start(config).unwrap();
+    let _data = DataServer::start(DataConfig {
+        name: "tcp0".into(),
+        meta_addr: meta.addr().to_string(),
+        cluster: CLUSTER.into(),
+        token: TOKEN.into(),
+        capacity_bytes: 4 * CHUNK,
+        fabric: DataFabric::Tcp { listen: local },
+        backing: Backing::Memory,
+    })
+    .unwrap();
+    let mut fs = Fs::connect(&meta);
+    let tcp = |addr: &FabricAddr| match addr {
+        FabricAddr::Tcp { addr } => {
+            fabric::TcpEndpoint::connect(addr.as_str(), CLUSTER, TOKEN).unwrap()
+        }
+        other => panic!("{other:?}"),
+    };
+    let mut meta_ep = tcp(&fs.info.meta_fabric);
+    let f = fs.create(ROOT_INO, "f").unwrap();
+    let o = match fs
+        .call(Request::Open {
+            ino: f.ino,
+            scheme: LockSchemeKind::Citron,
+        })
+        .unwrap()
+    {
+        Response::Open(o) => o,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(meta_ep.read_u64(o.fcb.add(fcb::INO)).unwrap(), f.ino);
+    let loc = fs.allocate(f.ino, 0, 0, 1).unwrap()[0];
+    let info = fs.info.data_servers[0].clone();
+    let mut data_ep = tcp(&info.fabric);
+    let at = RemoteAddr::new(info.region, loc.index * CHUNK);
+    data_ep.write(at, &[7u8; 64]).unwrap();
+    meta_ep.cas(o.fcb.add(fcb::SIZE), 0, 64).unwrap();
+    fs.attr(Request::SetAttr {
+        ino: f.ino,
+        set: proto::SetAttr {
+            size: Some(32),
+            ..Default::default()
+        },
+        caller: ME,
+    })
+    .unwrap();
+    assert_eq!(
+        data_ep.read(at, 64).unwrap(),
+        [[7u8; 32], [0u8; 32]].concat()
+    );
+}
