@@ -555,11 +555,15 @@ impl Service {
             Request::SetAttr { ino, set, caller } => {
                 let mut st = lock(&self.state);
                 let old_size = Self::fcb_word(&mut st, ino, fcb::SIZE);
+                let previous = match old_size {
+                    Some(size) => size,
+                    None => self.store.getattr(ino)?.size,
+                };
                 let (attr, effects) =
                     self.store
                         .setattr(ino, &set, caller, self.settings.chunk_size, old_size)?;
                 if let Some(size) = set.size {
-                    self.apply_size(&mut st, &attr, old_size.unwrap_or(size), size)?;
+                    self.apply_size(&mut st, &attr, previous, size)?;
                 }
                 drop(st);
                 self.zero_and_recycle(effects.freed);
