@@ -36,7 +36,7 @@ use std::collections::HashMap;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
 /// How to reach a cluster and how to lock files.
@@ -129,6 +129,8 @@ pub(crate) struct OpenInode {
     chunks: RwLock<ChunkCache>,
     /// The next write updates mtime (one `SetAttr` per open, not per write).
     mtime_stale: AtomicBool,
+    /// Set at the last close: workers drop their lock handles on it.
+    closed: AtomicBool,
 }
 
 /// Chunk locations of one file generation. Holes are not cached: another client may fill them.
@@ -148,8 +150,9 @@ struct Handle {
 struct Worker {
     meta_ep: Box<dyn Endpoint>,
     data_eps: Vec<Option<Box<dyn Endpoint>>>,
-    /// Per open inode: (open id, lock handle). Unused with the `server` scheme.
-    locks: HashMap<Ino, (u64, Box<dyn RangeLock>)>,
+    /// Per open inode: the inode (weakly: closing it must free it) and this thread's lock
+    /// handle on it. Unused with the `server` scheme.
+    locks: HashMap<Ino, (Weak<OpenInode>, Box<dyn RangeLock>)>,
     /// The `server` scheme's connection (one global lock space).
     server_lock: Option<Box<dyn RangeLock>>,
     close_epoch: u64,
@@ -785,6 +788,7 @@ impl Inner {
                 map: HashMap::new(),
             }),
             mtime_stale: AtomicBool::new(true),
+            closed: AtomicBool::new(false),
         });
         // The FCB must be this inode's: a mismatch means the meta server's region and this
         // client disagree, and writing through it would corrupt another file.
@@ -830,7 +834,9 @@ impl Inner {
         if entry.handles > 0 {
             return;
         }
-        open.remove(&ino);
+        if let Some(entry) = open.remove(&ino) {
+            entry.inode.closed.store(true, Ordering::Relaxed);
+        }
         self.close_epoch.fetch_add(1, Ordering::Relaxed);
         if let Err(error) = self.meta.call(Request::Release { ino }) {
             tracing::warn!(ino, %error, "release of a closed file failed");
@@ -857,11 +863,13 @@ impl Inner {
             },
         };
         let epoch = self.close_epoch.load(Ordering::Relaxed);
-        if worker.close_epoch != epoch && !worker.locks.is_empty() {
-            let open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
-            worker
-                .locks
-                .retain(|ino, (id, _)| open.get(ino).is_some_and(|e| e.inode.open_id == *id));
+        if worker.close_epoch != epoch {
+            // Without taking `open`: checkouts happen while it is held (open_inode).
+            worker.locks.retain(|_, (inode, _)| {
+                inode
+                    .upgrade()
+                    .is_some_and(|i| !i.closed.load(Ordering::Relaxed))
+            });
         }
         worker.close_epoch = epoch;
         Ok(Checkout {
@@ -874,7 +882,7 @@ impl Inner {
     fn lock_handle<'w>(
         &self,
         w: &'w mut Worker,
-        inode: &OpenInode,
+        inode: &Arc<OpenInode>,
     ) -> Result<&'w mut Box<dyn RangeLock>, FsError> {
         if self.scheme == LockSchemeKind::Server {
             if w.server_lock.is_none() {
@@ -886,7 +894,8 @@ impl Inner {
             }
             return Ok(w.server_lock.as_mut().expect("set above"));
         }
-        let fresh = !matches!(w.locks.get(&inode.ino), Some((id, _)) if *id == inode.open_id);
+        let fresh = !matches!(w.locks.get(&inode.ino),
+            Some((known, _)) if known.upgrade().is_some_and(|k| k.open_id == inode.open_id));
         if fresh {
             let handle = locks::open_file_lock(
                 self.scheme,
@@ -895,7 +904,7 @@ impl Inner {
                 inode.ino,
                 inode.lock,
             )?;
-            w.locks.insert(inode.ino, (inode.open_id, handle));
+            w.locks.insert(inode.ino, (Arc::downgrade(inode), handle));
         }
         Ok(&mut w.locks.get_mut(&inode.ino).expect("inserted above").1)
     }
@@ -905,7 +914,7 @@ impl Inner {
     fn locked<T>(
         &self,
         w: &mut Worker,
-        inode: &OpenInode,
+        inode: &Arc<OpenInode>,
         units: Range<u64>,
         body: impl FnOnce(&mut Worker) -> Result<T, FsError>,
     ) -> Result<T, FsError> {
@@ -1234,7 +1243,12 @@ impl Inner {
     }
 
     /// Truncates (or extends) under the whole-file lock.
-    fn truncate(&self, inode: &OpenInode, caller: Caller, set: SetAttr) -> Result<Attr, FsError> {
+    fn truncate(
+        &self,
+        inode: &Arc<OpenInode>,
+        caller: Caller,
+        set: SetAttr,
+    ) -> Result<Attr, FsError> {
         let mut w = self.checkout()?;
         let ino = inode.ino;
         self.locked(&mut w, inode, whole_file(self.scheme), |_| {

@@ -6,8 +6,8 @@
 //! - `citron`: one CITRON lock per open file at [`proto::OpenFile::lock`] (its config record);
 //!   scale-ups allocate tree words with the `AllocateLockWords` RPC ([`RpcTreeAllocator`]).
 //! - `mutex`: one ticket lock word per open file at `lock`.
-//! - `seg`: static segmentation at `lock`, cut as [`seg_config`] says (the meta server creates
-//!   it with the same numbers).
+//! - `seg`: static segmentation at `lock`, cut as [`seg_config`] says (the numbers are in
+//!   `proto`, shared with the meta server that creates it).
 //! - `server`: the CPU lock server at [`proto::ClusterInfo::lock_server`] locks one global space
 //!   for every file: file `ino`'s unit `u` is `ino << 40 | u` ([`server_range`]), so files never
 //!   conflict with each other and inode numbers must stay below `2^24`.
@@ -23,16 +23,12 @@ use proto::{FsError, Ino, LockSchemeKind};
 use std::ops::Range;
 use std::sync::Arc;
 
-/// Lock units per segment of the `seg` scheme (the same as `proto::SEG_SEGMENT_UNITS`).
-pub const SEG_SEGMENT_UNITS: u64 = 16;
-/// Lock words of one file's `seg` instance (segments beyond wrap onto them).
-pub const SEG_SEGMENTS: u64 = 1024;
-
-/// The `seg` scheme's cut, shared with the meta server that creates the instance.
+/// The `seg` scheme's cut: `proto::SEG_SEGMENT_UNITS` units per segment over
+/// `proto::SEG_SEGMENTS` lock words, as the meta server creates it.
 pub fn seg_config() -> SegConfig {
     SegConfig {
-        segment_units: SEG_SEGMENT_UNITS,
-        segments: SEG_SEGMENTS,
+        segment_units: proto::SEG_SEGMENT_UNITS,
+        segments: proto::SEG_SEGMENTS,
         ticket: TicketConfig::default(),
     }
 }

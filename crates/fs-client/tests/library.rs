@@ -1,0 +1,394 @@
+//! The client library end to end against an in-process cluster (a meta server and data servers
+//! on shm): data across chunks and servers, holes, coherence between two clients, truncate,
+//! write atomicity under every lock scheme, and a full data server.
+
+mod common;
+
+use common::{pattern, Cluster, CHUNK};
+use fs_client::{CitronFs, FileKind, FsError, LockSchemeKind, SetAttr, XattrMode, ROOT_INO};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn me() -> fs_client::Caller {
+    CitronFs::process_caller()
+}
+
+fn new_file(fs: &CitronFs, name: &str) -> (u64, fs_client::FileHandle) {
+    let (attr, fh) = fs
+        .create(me(), ROOT_INO, name, 0o644, libc::O_RDWR)
+        .unwrap();
+    (attr.ino, fh)
+}
+
+#[test]
+fn data_crosses_chunks_and_servers() {
+    let cluster = Cluster::start(2, 64);
+    let fs = cluster.client(LockSchemeKind::Citron);
+    let (ino, fh) = new_file(&fs, "striped");
+    // 5.5 chunks at an unaligned offset: at least 6 chunks over both servers.
+    let off = 1000;
+    let data = pattern(1, off, (5 * CHUNK + CHUNK / 2) as usize);
+    assert_eq!(fs.write(fh, off, &data).unwrap(), data.len());
+    assert_eq!(fs.getattr(ino).unwrap().size, off + data.len() as u64);
+    assert_eq!(fs.read(fh, off, data.len()).unwrap(), data);
+    // Unaligned pieces, and a read past the end is short.
+    assert_eq!(
+        fs.read(fh, off + 70_000, 100_000).unwrap(),
+        &data[70_000..170_000]
+    );
+    let tail = fs.read(fh, off + data.len() as u64 - 10, 4096).unwrap();
+    assert_eq!(tail, &data[data.len() - 10..]);
+    assert!(fs
+        .read(fh, off + data.len() as u64 + 1, 10)
+        .unwrap()
+        .is_empty());
+    // The first `off` bytes were never written: zeros.
+    assert_eq!(fs.read(fh, 0, off as usize).unwrap(), vec![0; off as usize]);
+    // Both data servers hold chunks of the file.
+    let stats = fs.statfs().unwrap();
+    assert_eq!(stats.total_chunks - stats.free_chunks, 6);
+    fs.release(fh).unwrap();
+
+    // Reopened (a new Open on the meta server), the data is still there.
+    let fh = fs.open(me(), ino, libc::O_RDONLY).unwrap();
+    assert_eq!(fs.read(fh, off, data.len()).unwrap(), data);
+    fs.release(fh).unwrap();
+}
+
+#[test]
+fn holes_read_as_zeros() {
+    let cluster = Cluster::start(2, 64);
+    let fs = cluster.client(LockSchemeKind::Citron);
+    let (ino, fh) = new_file(&fs, "sparse");
+    let far = 7 * CHUNK + 123;
+    fs.write(fh, far, b"end").unwrap();
+    fs.write(fh, 10, b"start").unwrap();
+    assert_eq!(fs.getattr(ino).unwrap().size, far + 3);
+    let all = fs.read(fh, 0, (far + 3) as usize).unwrap();
+    assert_eq!(&all[10..15], b"start");
+    assert_eq!(&all[far as usize..], b"end");
+    assert!(all[15..far as usize].iter().all(|&b| b == 0));
+    // Only the two chunks written were allocated.
+    let stats = fs.statfs().unwrap();
+    assert_eq!(stats.total_chunks - stats.free_chunks, 2);
+}
+
+#[test]
+fn two_clients_see_each_others_writes_and_sizes_at_once() {
+    let cluster = Cluster::start(2, 64);
+    let a = cluster.client(LockSchemeKind::Citron);
+    let b = cluster.client(LockSchemeKind::Citron);
+    let (ino, fa) = new_file(&a, "shared");
+    // b has not opened the file: its getattr goes to the meta server, which reads the FCB.
+    a.write(fa, 0, b"hello").unwrap();
+    assert_eq!(b.lookup(ROOT_INO, "shared").unwrap().size, 5);
+    let fb = b.open(me(), ino, libc::O_RDWR).unwrap();
+    for round in 0..20u64 {
+        let off = round * 10_007;
+        let data = pattern(round, off, 20_000);
+        a.write(fa, off, &data).unwrap();
+        // No RPC, no cache: the other client sees data and size at once.
+        assert_eq!(b.read(fb, off, data.len()).unwrap(), data);
+        assert_eq!(b.getattr(ino).unwrap().size, off + 20_000);
+        let back = pattern(round + 100, off + 5, 7);
+        b.write(fb, off + 5, &back).unwrap();
+        assert_eq!(a.read(fa, off + 5, 7).unwrap(), back);
+    }
+    a.release(fa).unwrap();
+    b.release(fb).unwrap();
+}
+
+#[test]
+fn truncate_and_regrow_reads_zeros() {
+    let cluster = Cluster::start(2, 64);
+    let a = cluster.client(LockSchemeKind::Citron);
+    let b = cluster.client(LockSchemeKind::Citron);
+    let (ino, fa) = new_file(&a, "trunc");
+    let fb = b.open(me(), ino, libc::O_RDWR).unwrap();
+    let data = pattern(7, 0, (3 * CHUNK + 500) as usize);
+    a.write(fa, 0, &data).unwrap();
+    // b has the chunk map cached after this read.
+    assert_eq!(b.read(fb, 0, data.len()).unwrap(), data);
+
+    let size = |n| SetAttr {
+        size: Some(n),
+        ..SetAttr::default()
+    };
+    assert_eq!(a.setattr(me(), ino, size(100)).unwrap().size, 100);
+    assert_eq!(b.getattr(ino).unwrap().size, 100);
+    assert_eq!(b.read(fb, 0, data.len()).unwrap(), &data[..100]);
+    // Regrow by truncate: everything past 100 reads as zeros on both clients.
+    a.setattr(me(), ino, size(2 * CHUNK)).unwrap();
+    let grown = b.read(fb, 0, (2 * CHUNK) as usize).unwrap();
+    assert_eq!(&grown[..100], &data[..100]);
+    assert!(grown[100..].iter().all(|&x| x == 0));
+    // Regrow by writing far: b's stale chunk map must not be used.
+    b.write(fb, 3 * CHUNK, b"tail").unwrap();
+    let all = a.read(fa, 0, (3 * CHUNK + 4) as usize).unwrap();
+    assert_eq!(&all[..100], &data[..100]);
+    assert!(all[100..(3 * CHUNK) as usize].iter().all(|&x| x == 0));
+    assert_eq!(&all[(3 * CHUNK) as usize..], b"tail");
+    // O_TRUNC on open truncates too.
+    let ft = b.open(me(), ino, libc::O_RDWR | libc::O_TRUNC).unwrap();
+    assert_eq!(a.getattr(ino).unwrap().size, 0);
+    assert!(a.read(fa, 0, 10).unwrap().is_empty());
+    for fh in [ft, fb] {
+        b.release(fh).unwrap();
+    }
+    a.release(fa).unwrap();
+}
+
+#[test]
+fn append_goes_to_the_end_across_clients() {
+    let cluster = Cluster::start(2, 64);
+    let a = cluster.client(LockSchemeKind::Citron);
+    let b = cluster.client(LockSchemeKind::Citron);
+    let (ino, fa) = new_file(&a, "log");
+    a.release(fa).unwrap();
+    let fa = a.open(me(), ino, libc::O_WRONLY | libc::O_APPEND).unwrap();
+    let fb = b.open(me(), ino, libc::O_WRONLY | libc::O_APPEND).unwrap();
+    let threads: Vec<_> = [(Arc::new(a), fa, b'a'), (Arc::new(b), fb, b'b')]
+        .into_iter()
+        .map(|(fs, fh, c)| {
+            std::thread::spawn(move || {
+                for _ in 0..50 {
+                    fs.write(fh, 0, &[c; 100]).unwrap();
+                }
+                fs
+            })
+        })
+        .collect();
+    let clients: Vec<Arc<CitronFs>> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let r = clients[0].open(me(), ino, libc::O_RDONLY).unwrap();
+    let all = clients[0].read(r, 0, 20_000).unwrap();
+    assert_eq!(all.len(), 100 * 100);
+    // Every record whole, none lost.
+    for rec in all.chunks(100) {
+        assert!(rec.iter().all(|&x| x == rec[0]), "an append was torn");
+    }
+    assert_eq!(all.iter().filter(|&&x| x == b'a').count(), 5000);
+}
+
+/// Two clients, two writer threads each, writing whole records of one uniform tag byte into two
+/// overlapping, unaligned ranges that cross a chunk boundary (and so two data servers and many
+/// lock units); one reader thread per client reads the first range. With atomic writes the part
+/// of A outside B holds one writer's tag throughout, and so does the part inside B.
+fn no_torn_records(scheme: LockSchemeKind) {
+    const A: (u64, usize) = (CHUNK - 5_001, 10_000);
+    const B: (u64, usize) = (CHUNK + 2_999, 9_000);
+    let split = (B.0 - A.0) as usize;
+    let cluster = Cluster::start(2, 64);
+    let clients: Vec<Arc<CitronFs>> = (0..2).map(|_| Arc::new(cluster.client(scheme))).collect();
+    let (ino, fh) = new_file(&clients[0], "records");
+    clients[0].write(fh, A.0, &vec![1u8; A.1]).unwrap();
+    clients[0].release(fh).unwrap();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let reads = Arc::new(AtomicU64::new(0));
+    let mut threads = Vec::new();
+    for (c, fs) in clients.iter().enumerate() {
+        for t in 0..2u8 {
+            let fs = fs.clone();
+            let tag_base = 2 + (c as u8) * 100 + t * 50;
+            threads.push(std::thread::spawn(move || {
+                let fh = fs.open(me(), ino, libc::O_RDWR).unwrap();
+                for i in 0..150u32 {
+                    let tag = tag_base + (i % 50) as u8;
+                    let (off, len) = if i % 3 == 2 { B } else { A };
+                    fs.write(fh, off, &vec![tag; len]).unwrap();
+                }
+                fs.release(fh).unwrap();
+            }));
+        }
+        let (fs, stop, reads) = (fs.clone(), stop.clone(), reads.clone());
+        threads.push(std::thread::spawn(move || {
+            let fh = fs.open(me(), ino, libc::O_RDONLY).unwrap();
+            while !stop.load(Ordering::Relaxed) {
+                let got = fs.read(fh, A.0, A.1).unwrap();
+                assert_eq!(got.len(), A.1);
+                let (outside, inside) = got.split_at(split);
+                assert!(
+                    outside.iter().all(|&x| x == outside[0]),
+                    "torn read outside the overlap: {:?}",
+                    distinct(outside)
+                );
+                assert!(
+                    inside.iter().all(|&x| x == inside[0]),
+                    "torn read inside the overlap: {:?}",
+                    distinct(inside)
+                );
+                reads.fetch_add(1, Ordering::Relaxed);
+            }
+            fs.release(fh).unwrap();
+        }));
+    }
+    let readers: Vec<_> = [2, 5].into_iter().collect();
+    let mut writers = Vec::new();
+    let mut reader_threads = Vec::new();
+    for (i, t) in threads.into_iter().enumerate() {
+        if readers.contains(&i) {
+            reader_threads.push(t);
+        } else {
+            writers.push(t);
+        }
+    }
+    for w in writers {
+        w.join().unwrap();
+    }
+    stop.store(true, Ordering::Relaxed);
+    for r in reader_threads {
+        r.join().unwrap();
+    }
+    assert!(reads.load(Ordering::Relaxed) > 0);
+    println!(
+        "{}: 600 writes, {} reads, none torn",
+        scheme.name(),
+        reads.load(Ordering::Relaxed)
+    );
+}
+
+fn distinct(bytes: &[u8]) -> Vec<u8> {
+    let mut v = bytes.to_vec();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+#[test]
+fn no_torn_records_citron() {
+    no_torn_records(LockSchemeKind::Citron);
+}
+
+#[test]
+fn no_torn_records_mutex() {
+    no_torn_records(LockSchemeKind::Mutex);
+}
+
+#[test]
+fn no_torn_records_seg() {
+    no_torn_records(LockSchemeKind::Seg);
+}
+
+#[test]
+fn no_torn_records_server() {
+    no_torn_records(LockSchemeKind::Server);
+}
+
+#[test]
+fn full_data_server_gives_enospc_and_corrupts_nothing() {
+    // 2 servers of 4 chunks: 8 chunks in all.
+    let cluster = Cluster::start(2, 4);
+    let fs = cluster.client(LockSchemeKind::Citron);
+    let (ino, fh) = new_file(&fs, "keep");
+    let data = pattern(3, 0, (3 * CHUNK) as usize);
+    fs.write(fh, 0, &data).unwrap();
+    let (_, big) = new_file(&fs, "big");
+    let err = fs
+        .write(big, 0, &vec![9u8; (6 * CHUNK) as usize])
+        .unwrap_err();
+    assert_eq!(err, FsError::NoSpace);
+    assert_eq!(err.errno(), libc::ENOSPC);
+    // Growing the kept file fails the same way; what it had is intact.
+    let err = fs.write(fh, 3 * CHUNK, &vec![9u8; (6 * CHUNK) as usize]);
+    assert_eq!(err, Err(FsError::NoSpace));
+    assert_eq!(fs.getattr(ino).unwrap().size, 3 * CHUNK);
+    assert_eq!(fs.read(fh, 0, data.len()).unwrap(), data);
+    // What fits still fits.
+    fs.write(big, 0, b"small").unwrap();
+    assert_eq!(fs.read(big, 0, 5).unwrap(), b"small");
+}
+
+#[test]
+fn namespace_calls() {
+    let cluster = Cluster::start(1, 16);
+    let fs = cluster.client(LockSchemeKind::Citron);
+    let d = fs.mkdir(me(), ROOT_INO, "dir", 0o755).unwrap();
+    assert_eq!(d.kind, FileKind::Dir);
+    let (f, fh) = fs.create(me(), d.ino, "f", 0o600, libc::O_RDWR).unwrap();
+    fs.write(fh, 0, b"abc").unwrap();
+    fs.release(fh).unwrap();
+    assert_eq!(fs.getattr(f.ino).unwrap().size, 3);
+    assert_eq!(
+        fs.mkdir(me(), ROOT_INO, "dir", 0o755).unwrap_err(),
+        FsError::Exists
+    );
+    assert_eq!(fs.rmdir(ROOT_INO, "dir").unwrap_err(), FsError::NotEmpty);
+    assert_eq!(fs.lookup(d.ino, "nope").unwrap_err(), FsError::NotFound);
+    assert_eq!(
+        fs.lookup(d.ino, &"x".repeat(256)).unwrap_err(),
+        FsError::NameTooLong
+    );
+
+    fs.link(f.ino, ROOT_INO, "hard").unwrap();
+    assert_eq!(fs.getattr(f.ino).unwrap().nlink, 2);
+    let s = fs.symlink(me(), ROOT_INO, "sym", "dir/f").unwrap();
+    assert_eq!(fs.readlink(s.ino).unwrap(), b"dir/f");
+    fs.rename(d.ino, "f", ROOT_INO, "moved", false).unwrap();
+    let names: Vec<String> = fs
+        .readdir(ROOT_INO, 0, 100)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    for n in ["dir", "hard", "sym", "moved"] {
+        assert!(names.contains(&n.to_string()), "{n} in {names:?}");
+    }
+    let chmod = SetAttr {
+        perm: Some(0o640),
+        ..SetAttr::default()
+    };
+    assert_eq!(fs.setattr(me(), f.ino, chmod).unwrap().perm, 0o640);
+
+    fs.setxattr(f.ino, "user.k", b"v", XattrMode::Create)
+        .unwrap();
+    assert_eq!(
+        fs.setxattr(f.ino, "user.k", b"w", XattrMode::Create),
+        Err(FsError::Exists)
+    );
+    assert_eq!(fs.getxattr(f.ino, "user.k").unwrap(), b"v");
+    assert_eq!(fs.listxattr(f.ino).unwrap(), vec!["user.k".to_string()]);
+    fs.removexattr(f.ino, "user.k").unwrap();
+    assert_eq!(fs.getxattr(f.ino, "user.k"), Err(FsError::NoAttr));
+
+    fs.unlink(ROOT_INO, "moved").unwrap();
+    fs.unlink(ROOT_INO, "hard").unwrap();
+    fs.rmdir(ROOT_INO, "dir").unwrap();
+    assert_eq!(
+        fs.open(me(), d.ino, libc::O_RDONLY).unwrap_err(),
+        FsError::NotFound
+    );
+}
+
+#[test]
+fn many_threads_one_client_large_io() {
+    let cluster = Cluster::start(2, 1024);
+    let fs = Arc::new(cluster.client(LockSchemeKind::Citron));
+    let (ino, fh) = new_file(&fs, "par");
+    fs.release(fh).unwrap();
+    let started = Instant::now();
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let fs = fs.clone();
+            std::thread::spawn(move || {
+                let fh = fs.open(me(), ino, libc::O_RDWR).unwrap();
+                let off = t * 9 * CHUNK + 17;
+                let data = pattern(t, off, (8 * CHUNK) as usize);
+                for _ in 0..5 {
+                    fs.write(fh, off, &data).unwrap();
+                    assert_eq!(fs.read(fh, off, data.len()).unwrap(), data);
+                }
+                fs.release(fh).unwrap();
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let elapsed = started.elapsed();
+    println!(
+        "4 threads x 5 x (512 KiB write + read) in {elapsed:?} ({:.0} MiB/s)",
+        40.0 * 0.5 / elapsed.as_secs_f64().max(1e-9) * 1.0
+    );
+    assert!(elapsed < Duration::from_secs(60));
+}
