@@ -392,3 +392,30 @@ fn many_threads_one_client_large_io() {
     );
     assert!(elapsed < Duration::from_secs(60));
 }
+
+#[test]
+fn tcp_fabric_two_clients() {
+    let cluster = Cluster::start_on(2, 64, true);
+    let a = cluster.client(LockSchemeKind::Citron);
+    let b = cluster.client(LockSchemeKind::Citron);
+    let (ino, fa) = new_file(&a, "over-tcp");
+    let fb = b.open(me(), ino, libc::O_RDWR).unwrap();
+    let data = pattern(11, 333, (3 * CHUNK) as usize);
+    a.write(fa, 333, &data).unwrap();
+    assert_eq!(b.read(fb, 333, data.len()).unwrap(), data);
+    assert_eq!(b.getattr(ino).unwrap().size, 333 + 3 * CHUNK);
+    b.release(fb).unwrap();
+    a.release(fa).unwrap();
+}
+
+/// One data server, so that consecutive chunks can lie back to back in its region and merge
+/// into verbs, which the client must cut at the fabric's 16 MiB per verb.
+#[test]
+fn writes_beyond_one_verb_are_split() {
+    let cluster = Cluster::start(1, 400);
+    let fs = cluster.client(LockSchemeKind::Citron);
+    let (_, fh) = new_file(&fs, "huge");
+    let data = pattern(13, 100, (20 << 20) + 100);
+    assert_eq!(fs.write(fh, 100, &data).unwrap(), data.len());
+    assert_eq!(fs.read(fh, 100, data.len()).unwrap(), data);
+}

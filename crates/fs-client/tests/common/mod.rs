@@ -19,8 +19,13 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// A meta server and `servers` data servers of `chunks` chunks each.
+    /// A meta server and `servers` data servers of `chunks` chunks each, on shm.
     pub fn start(servers: usize, chunks: u64) -> Cluster {
+        Self::start_on(servers, chunks, false)
+    }
+
+    /// The same on the tcp fabric (`tcp`) or shm.
+    pub fn start_on(servers: usize, chunks: u64, tcp: bool) -> Cluster {
         let dir = tempfile::Builder::new()
             .prefix("citronfs-client-test")
             .tempdir_in(if std::path::Path::new("/dev/shm").is_dir() {
@@ -31,8 +36,14 @@ impl Cluster {
             .unwrap();
         let mut config = MetaConfig::new(
             dir.path().join("db"),
-            MetaFabric::Shm {
-                dir: dir.path().join("meta-shm"),
+            if tcp {
+                MetaFabric::Tcp {
+                    listen: "127.0.0.1:0".parse().unwrap(),
+                }
+            } else {
+                MetaFabric::Shm {
+                    dir: dir.path().join("meta-shm"),
+                }
             },
         );
         config.cluster = CLUSTER.into();
@@ -49,7 +60,13 @@ impl Cluster {
                     cluster: CLUSTER.into(),
                     token: TOKEN.into(),
                     capacity_bytes: chunks * CHUNK,
-                    fabric: DataFabric::Shm { dir: sdir },
+                    fabric: if tcp {
+                        DataFabric::Tcp {
+                            listen: "127.0.0.1:0".parse().unwrap(),
+                        }
+                    } else {
+                        DataFabric::Shm { dir: sdir }
+                    },
                     backing: Backing::Memory,
                 })
                 .unwrap()
