@@ -1,6 +1,7 @@
 //! `citronfs bench`: workloads that print figures.
 
 pub mod fabric;
+pub mod false_conflicts;
 pub mod locks;
 
 use anyhow::Result;
@@ -15,6 +16,9 @@ pub enum Bench {
     /// Range-lock schemes side by side (CITRON against the baselines): locks granted per second,
     /// acquire latency, aborts, round trips per acquire and release, CPU per lock.
     Locks(locks::LocksArgs),
+    /// False conflicts of CITRON's range split (seed 000 Fig. 11: k = 1, 2, 3, L up to 4096) or,
+    /// with --pattern, of a lock unit size under an application's access pattern.
+    FalseConflicts(false_conflicts::FalseConflictsArgs),
 }
 
 impl Bench {
@@ -23,6 +27,7 @@ impl Bench {
         match self {
             Bench::Fabric(args) => fabric::run(&args),
             Bench::Locks(args) => locks::run(&args),
+            Bench::FalseConflicts(args) => false_conflicts::run(&args),
         }
     }
 }
