@@ -13,5 +13,5 @@ pub mod stats;
 pub use baselines::{open_scheme, SchemeInstance, SchemeKind};
 pub use chaos::{ChaosConfig, ChaosConnector, ChaosEndpoint};
 pub use citron::{Citron, CitronClient, CitronConfig, ClientOptions};
-pub use scheme::{check_range, LockError, LockId, RangeLock};
+pub use scheme::{check_range, LockError, LockId, ProgressFn, RangeLock};
 pub use stats::{AbortCounts, LockStats};

@@ -38,6 +38,10 @@ pub enum LockError {
     Server(String),
 }
 
+/// Describes, when called from any thread, where a client's current acquisition is
+/// ([`RangeLock::progress`]).
+pub type ProgressFn = std::sync::Arc<dyn Fn() -> String + Send + Sync>;
+
 /// One client's handle on a range-lock instance. Locks are exclusive; ranges are in lock units,
 /// half-open `[start, end)`, anywhere in `[0, u64::MAX)`.
 ///
@@ -54,6 +58,12 @@ pub trait RangeLock: Send {
 
     /// The scheme's name, as the benchmark and the mount option spell it.
     fn scheme(&self) -> &'static str;
+
+    /// A description of where the current acquisition is, readable from another thread while
+    /// `acquire` blocks (what a liveness watchdog prints); `None` for schemes without one.
+    fn progress(&self) -> Option<ProgressFn> {
+        None
+    }
 }
 
 /// Checks a requested range: non-empty.

@@ -24,7 +24,7 @@ use super::layout::{
     BOUNDARY, DCNT, DCNT_SHIFT, DMAX, OCC, TCNT, TCNT_SHIFT,
 };
 use super::split::split;
-use super::{CitronClient, Held, HeldNode, Token};
+use super::{CitronClient, Held, HeldNode, Phase, Token};
 use crate::scheme::LockError;
 use fabric::{AtomicHandle, ReadHandle, RemoteAddr};
 use std::collections::VecDeque;
@@ -82,7 +82,16 @@ impl CitronClient {
         while let Some(first) = pending.pop_front() {
             let mut target = first;
             loop {
-                match self.lock_node(target, l, r, &mut held.nodes)? {
+                self.progress.attempt(target);
+                // The configuration this attempt works with: undoing an attempt may re-read the
+                // record (Alg. 3 l. 11, inside `release_parts`), so `self.rec` after the attempt
+                // is not necessarily the one the attempt saw.
+                let attempt_epoch = self.rec.epoch;
+                let outcome = self.lock_node(target, l, r, &mut held.nodes)?;
+                if !matches!(outcome, Outcome::Acquired(..)) {
+                    self.progress.aborted();
+                }
+                match outcome {
                     Outcome::Restart => {
                         *fast = false;
                         self.stats.retries += 1;
@@ -92,6 +101,7 @@ impl CitronClient {
                         // The split of the tree as it is now (it may have grown).
                         let root = Node::root(self.rec.height);
                         pending = split(root, l, r, self.opts.k).into();
+                        self.progress.set(Phase::Backoff);
                         restart_backoff.snooze(&mut self.rng);
                         match pending.pop_front() {
                             Some(n) => target = n,
@@ -115,7 +125,7 @@ impl CitronClient {
                                 self.stats.aborts.scale_up += 1;
                                 // Re-read the configuration; node names survive the scale-up,
                                 // so the remaining nodes stay valid (§3.9.1).
-                                self.wait_for_new_config()?;
+                                self.wait_for_new_config(attempt_epoch)?;
                             }
                             Why::Suspected | Why::Starvation(_) => {}
                         }
@@ -149,13 +159,26 @@ impl CitronClient {
         Ok(())
     }
 
-    /// After an `Exp` abort: re-read the record until a newer, finished configuration shows.
-    fn wait_for_new_config(&mut self) -> Result<(), LockError> {
-        let old = self.rec.epoch;
+    /// After an `Exp` abort (Alg. 2 l. 15, l. 33; §3.9.1 "he aborts and retries"): re-read the
+    /// record until a finished configuration newer than `old` — the one the aborted attempt
+    /// worked with — shows.
+    ///
+    /// Liveness: `old` must be the attempt's epoch, not `self.rec.epoch` at the time of the
+    /// call. Undoing the attempt releases its notifications, and a release that finds a changed
+    /// `Exp` tag continues on the new ancestors after re-reading the record (Alg. 3 l. 10-12):
+    /// `self.rec` may already be the finished new configuration. Waiting for a configuration
+    /// newer than *that* waited for a scale-up that might never come, while the request held
+    /// its earlier nodes (k = 2) and wider requests waited for them in phase (d) — the hang
+    /// of `citron_safety` under load.
+    fn wait_for_new_config(&mut self, old: u64) -> Result<(), LockError> {
+        self.progress.set(Phase::WaitConfig);
         let patience = self.rec.t_lease() * 10;
         let start = Instant::now();
         let mut backoff = self.backoff();
         loop {
+            if self.rec.epoch != old && !self.rec.pending {
+                return Ok(());
+            }
             self.refresh()?;
             if self.rec.epoch != old && !self.rec.pending {
                 return Ok(());
@@ -227,6 +250,7 @@ impl CitronClient {
             // every abort below happens after the ticket has come up.
             if tcnt(old) != ticket {
                 was_fast = false;
+                self.progress.set(Phase::Ticket);
                 if let Some(give) = self.wait_ticket(addr, ticket, old, node == root, held)? {
                     self.release_parts(&[hn], false)?;
                     return Ok(give);
@@ -250,6 +274,7 @@ impl CitronClient {
         let mut leaf_backoff = self.backoff();
         loop {
             // Phase (b), l. 12-19.
+            self.progress.set(Phase::Ancestors);
             let t1 = match phase_b_done.take() {
                 Some(t) => t,
                 None => match self.phase_b(&ancs, &holding)? {
@@ -267,6 +292,7 @@ impl CitronClient {
             };
 
             // Phase (c), l. 20-28, and the notification of (d), l. 29-31.
+            self.progress.set(Phase::Occupy);
             let t0;
             let t2;
             let root_word;
@@ -402,6 +428,7 @@ impl CitronClient {
                 return Ok(Outcome::Acquired(hn, was_fast));
             }
             was_fast = false;
+            self.progress.set(Phase::Descendants);
             // l. 34: wait until t0 + T_wait, then l. 35-36.
             wait_until(t0 + t_wait);
             self.wait_window(node, m, &mut hn)?;

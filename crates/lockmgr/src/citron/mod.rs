@@ -16,6 +16,7 @@ mod acquire;
 mod backoff;
 pub mod config;
 pub mod layout;
+pub mod progress;
 mod release;
 mod scaleup;
 mod spillover;
@@ -31,6 +32,7 @@ use crate::stats::LockStats;
 use config::{MAXIMIZER_OFFSET, RECORD_BYTES, SPILLOVER_OFFSET, TREE_OFFSET};
 use fabric::{measure_rtt, Batch, Completions, Connector, Endpoint, EndpointExt, RemoteAddr};
 use layout::{Node, Segment};
+pub use progress::{Phase, Progress, ProgressSnapshot};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use std::collections::HashMap;
@@ -265,6 +267,8 @@ pub struct CitronClient {
     rng: SmallRng,
     /// Epoch at which a scale-up failed (allocation refused): not retried until it changes.
     scale_failed_epoch: Option<u64>,
+    /// Where the current acquisition is, for watchdogs ([`CitronClient::progress`]).
+    progress: Arc<Progress>,
 }
 
 impl CitronClient {
@@ -292,6 +296,7 @@ impl CitronClient {
             stats: LockStats::default(),
             rng: SmallRng::from_os_rng(),
             scale_failed_epoch: None,
+            progress: Arc::default(),
         })
     }
 
@@ -303,6 +308,12 @@ impl CitronClient {
     /// `N` as this client knows it.
     pub fn unit_count(&self) -> u64 {
         self.rec.units()
+    }
+
+    /// A live view of where this client's current acquisition is (phase, node, attempts), for a
+    /// watchdog on another thread to print when an acquisition hangs.
+    pub fn progress(&self) -> Arc<Progress> {
+        self.progress.clone()
     }
 
     /// The endpoint's counters (round trips, verbs).
@@ -391,9 +402,11 @@ impl CitronClient {
 
     fn acquire_inner(&mut self, range: Range<u64>) -> Result<(LockId, bool), LockError> {
         check_range(&range)?;
+        self.progress.start();
         loop {
             let mut held = Held::default();
             if range.end > self.rec.units() {
+                self.progress.set(Phase::Spillover);
                 // Alg. 1 l. 3-4: out-of-bound part.
                 if !self.acquire_spillover(range.end)? {
                     continue; // the tree changed (or we scaled it up): start over.
@@ -448,6 +461,7 @@ impl RangeLock for CitronClient {
         let start = Instant::now();
         let before = self.ep.stats();
         let result = self.acquire_inner(range);
+        self.progress.set(Phase::Idle);
         let spent = self.ep.stats().since(&before);
         add_stats(&mut self.stats.acquire, &spent);
         self.stats.acquire_time += start.elapsed();
@@ -472,6 +486,11 @@ impl RangeLock for CitronClient {
 
     fn stats(&self) -> LockStats {
         self.stats
+    }
+
+    fn progress(&self) -> Option<crate::scheme::ProgressFn> {
+        let progress = self.progress.clone();
+        Some(Arc::new(move || format!("{:?}", progress.snapshot())))
     }
 
     fn scheme(&self) -> &'static str {

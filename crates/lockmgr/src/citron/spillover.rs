@@ -122,6 +122,7 @@ impl CitronClient {
         {
             // Alg. 4, under the mutex we already hold; then release it (Alg. 4 l. 11) and start
             // over on the grown tree.
+            self.progress.set(super::Phase::ScaleUp);
             match self.scale_up(maximizer) {
                 Ok(true) => {
                     self.release_spillover()?;
