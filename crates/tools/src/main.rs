@@ -1,6 +1,7 @@
 //! `citronfs`: the one command a CitronFS user needs.
 
 mod bench;
+mod cmd;
 mod report;
 
 use anyhow::Result;
@@ -16,6 +17,15 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Start an embedded cluster on this machine (a meta server and data servers, shm fabric by
+    /// default) and mount it; Ctrl-C unmounts and stops everything.
+    Up(cmd::up::UpArgs),
+    /// Run a meta server (namespace, sessions, chunk allocation, file control blocks and locks).
+    MetaServer(cmd::roles::MetaArgs),
+    /// Run a data server (serves a region of memory, optionally file-backed).
+    DataServer(cmd::roles::DataArgs),
+    /// Mount a running cluster.
+    Mount(cmd::roles::MountArgs),
     /// Run a benchmark and print its figures (a table by default, JSON lines with --json).
     #[command(subcommand)]
     Bench(bench::Bench),
@@ -30,6 +40,10 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     match Cli::parse().command {
+        Command::Up(args) => cmd::up::up(args),
+        Command::MetaServer(args) => cmd::roles::meta_server(args),
+        Command::DataServer(args) => cmd::roles::data_server(args),
+        Command::Mount(args) => cmd::roles::mount(args),
         Command::Bench(bench) => bench.run(),
     }
 }
