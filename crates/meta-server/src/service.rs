@@ -438,43 +438,45 @@ impl Service {
         scheme: LockSchemeKind,
         size: u64,
     ) -> Result<LockAlloc, FsError> {
-        let kind = match scheme {
+        // CITRON is created here with the meta server's own settings (T_wait measured for the
+        // clients' fabric); the baselines through the scheme factory.
+        let baseline = match scheme {
             LockSchemeKind::Server => {
                 return Ok(LockAlloc {
                     offset: 0,
                     bytes: 0,
                 })
             }
-            LockSchemeKind::Mutex => SchemeKind::Mutex,
-            LockSchemeKind::Seg => SchemeKind::Seg {
+            LockSchemeKind::Citron => None,
+            LockSchemeKind::Mutex => Some(SchemeKind::Mutex),
+            LockSchemeKind::Seg => Some(SchemeKind::Seg {
                 segment_units: SEG_SEGMENT_UNITS,
                 segments: SEG_SEGMENTS,
-            },
-            LockSchemeKind::Citron => SchemeKind::Citron {
-                unit_count: size.max(MIN_LOCK_COVER).div_ceil(self.settings.lock_unit),
-                fast_path: true,
-            },
+            }),
         };
-        let bytes = match kind {
-            SchemeKind::Citron { unit_count, .. } => Citron::bytes_needed(unit_count)
+        let citron_units = size.max(MIN_LOCK_COVER).div_ceil(self.settings.lock_unit);
+        let bytes = match &baseline {
+            None => Citron::bytes_needed(citron_units)
                 .map_err(|e| FsError::Invalid(format!("lock tree: {e}")))?,
-            other => other.region_bytes(),
+            Some(kind) => kind.region_bytes(),
         };
         let offset = st.alloc.alloc(bytes).ok_or(FsError::NoSpace)?;
         let base = Self::meta_addr(offset);
-        let result = match kind {
-            SchemeKind::Citron { unit_count, .. } => Citron::create(
+        let result = match baseline {
+            None => Citron::create(
                 &mut st.endpoint,
                 base,
                 CitronConfig {
-                    unit_count,
+                    unit_count: citron_units,
                     t_wait: self.settings.t_wait,
                     ..CitronConfig::default()
                 },
             )
             .map(|_| ()),
-            other => SchemeInstance::create(other, &mut st.endpoint, base, TicketConfig::default())
-                .map(|_| ()),
+            Some(kind) => {
+                SchemeInstance::create(kind, &mut st.endpoint, base, TicketConfig::default())
+                    .map(|_| ())
+            }
         };
         if let Err(e) = result {
             st.alloc.free(offset, bytes);
