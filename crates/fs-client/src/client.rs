@@ -26,7 +26,7 @@ use crate::locks::{self, lock_error, server_range, whole_file};
 use crate::meta::{unexpected, Heartbeat, Meta};
 use crate::plan::{plan, Geometry, Limits};
 use fabric::{Batch, Completions, Connector, Endpoint, RemoteAddr, ShmConnector, TcpConnector};
-use lockmgr::{LockId, RangeLock};
+use lockmgr::{LockId, LockStats, RangeLock};
 use proto::rpc::{check_name, Request, Response, XattrMode};
 use proto::{
     fcb, Attr, Caller, ChunkLoc, ClusterInfo, DataServerInfo, DirEntry, FabricAddr, FileKind,
@@ -111,6 +111,9 @@ struct Inner {
     /// Bumped at every last close: workers then drop lock handles of closed files.
     close_epoch: AtomicU64,
     workers: Mutex<Vec<Worker>>,
+    /// Statistics of lock handles already dropped (closed files, broken workers), so that
+    /// [`CitronFs::lock_stats`] keeps counting them.
+    retired_lock_stats: Mutex<LockStats>,
 }
 
 struct OpenEntry {
@@ -178,10 +181,30 @@ impl std::ops::DerefMut for Checkout<'_> {
         self.worker.as_mut().expect("present until drop")
     }
 }
+impl Worker {
+    /// Adds the statistics of every lock handle this worker holds into `total`.
+    fn merge_lock_stats(&self, total: &mut LockStats) {
+        for (_, lock) in self.locks.values() {
+            total.merge(&lock.stats());
+        }
+        if let Some(lock) = &self.server_lock {
+            total.merge(&lock.stats());
+        }
+    }
+}
+
 impl Drop for Checkout<'_> {
     fn drop(&mut self) {
         if let Some(worker) = self.worker.take() {
-            if !worker.broken {
+            if worker.broken {
+                worker.merge_lock_stats(
+                    &mut self
+                        .inner
+                        .retired_lock_stats
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner),
+                );
+            } else {
                 self.inner
                     .workers
                     .lock()
@@ -258,6 +281,7 @@ impl CitronFs {
             next_open_id: AtomicU64::new(1),
             close_epoch: AtomicU64::new(0),
             workers: Mutex::new(Vec::new()),
+            retired_lock_stats: Mutex::new(LockStats::default()),
         });
         // Open one worker now so that a fabric that cannot be reached fails the connect.
         drop(inner.checkout()?);
@@ -265,6 +289,26 @@ impl CitronFs {
             inner,
             _heartbeat: heartbeat,
         })
+    }
+
+    /// This client's range-lock statistics, summed over its workers' lock handles (those of
+    /// closed files included). Handles checked out by a call in progress are not counted until
+    /// it returns.
+    pub fn lock_stats(&self) -> LockStats {
+        let mut total = *self
+            .inner
+            .retired_lock_stats
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let workers = self
+            .inner
+            .workers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for w in workers.iter() {
+            w.merge_lock_stats(&mut total);
+        }
+        total
     }
 
     /// What the meta server told this client about the cluster.
@@ -865,11 +909,20 @@ impl Inner {
         let epoch = self.close_epoch.load(Ordering::Relaxed);
         if worker.close_epoch != epoch {
             // Without taking `open`: checkouts happen while it is held (open_inode).
-            worker.locks.retain(|_, (inode, _)| {
-                inode
+            let mut retired = LockStats::default();
+            worker.locks.retain(|_, (inode, lock)| {
+                let keep = inode
                     .upgrade()
-                    .is_some_and(|i| !i.closed.load(Ordering::Relaxed))
+                    .is_some_and(|i| !i.closed.load(Ordering::Relaxed));
+                if !keep {
+                    retired.merge(&lock.stats());
+                }
+                keep
             });
+            self.retired_lock_stats
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .merge(&retired);
         }
         worker.close_epoch = epoch;
         Ok(Checkout {
@@ -904,7 +957,12 @@ impl Inner {
                 inode.ino,
                 inode.lock,
             )?;
-            w.locks.insert(inode.ino, (Arc::downgrade(inode), handle));
+            if let Some((_, old)) = w.locks.insert(inode.ino, (Arc::downgrade(inode), handle)) {
+                self.retired_lock_stats
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .merge(&old.stats());
+            }
         }
         Ok(&mut w.locks.get_mut(&inode.ino).expect("inserted above").1)
     }
