@@ -567,11 +567,17 @@ impl Filesystem for CitronFuse {
         } else {
             XattrMode::Either
         };
+        if is_posix_acl(name) {
+            return reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+        }
         let result = name_str(name).and_then(|n| self.fs.setxattr(ino.0, n, value, mode));
         Self::empty(reply, result)
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        if is_posix_acl(name) {
+            return reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+        }
         match name_str(name).and_then(|n| self.fs.getxattr(ino.0, n)) {
             Ok(value) => xattr_reply(reply, size, &value),
             Err(e) => reply.error(errno(&e)),
@@ -593,6 +599,9 @@ impl Filesystem for CitronFuse {
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        if is_posix_acl(name) {
+            return reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+        }
         let result = name_str(name).and_then(|n| self.fs.removexattr(ino.0, n));
         Self::empty(reply, result)
     }
@@ -637,6 +646,17 @@ fn xattr_reply(reply: ReplyXattr, size: u32, value: &[u8]) {
     } else {
         reply.data(value)
     }
+}
+
+/// Whether `name` is a POSIX ACL attribute. Without `FUSE_POSIX_ACL` the kernel hands these to
+/// the daemon as ordinary xattrs and leaves the mode alone, so storing them would make `cp -a`
+/// (which sets the mode through a minimal `system.posix_acl_access`) lose permissions. CitronFS
+/// has no ACLs: answering EOPNOTSUPP makes tools fall back to chmod.
+fn is_posix_acl(name: &OsStr) -> bool {
+    matches!(
+        name.as_bytes(),
+        b"system.posix_acl_access" | b"system.posix_acl_default"
+    )
 }
 
 #[cfg(test)]
