@@ -1,0 +1,365 @@
+//! Two mounts of one cluster, each served by its own client process: a write through one is
+//! visible at once through the other (data and size), and overlapping, unaligned writes of
+//! self-describing records from both, read concurrently through both, are never seen torn —
+//! for each lock scheme (citron, mutex, seg, server; the scheme is per mount).
+//!
+//! The test process only issues system calls on the two mount points; the kernel hands them to
+//! the client processes, so every read and write goes through one of two independent CitronFS
+//! clients.
+
+use citronfs_tests::{pattern, skip_without_fuse, ChildMount, Cluster, ClusterSpec};
+use fs_client::LockSchemeKind;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// The client processes run this test (see `Cluster::spawn_mount_process`); run normally it
+/// does nothing.
+#[test]
+fn child_mount() {
+    citronfs_tests::child_mount_main();
+}
+
+const CHUNK: u64 = 64 << 10;
+
+/// The record slots: unaligned byte ranges around a chunk boundary (so across two data servers
+/// and many 4 KiB lock units) that overlap each other in every way — tail, head, nested.
+const SLOTS: [(u64, usize); 4] = [
+    (CHUNK - 5_001, 10_000),
+    (CHUNK + 2_999, 9_000),
+    (CHUNK - 7_003, 3_001),
+    (CHUNK - 1_237, 1_500),
+];
+
+/// Bytes of the unit a record repeats: writer, slot, sequence (u32), checksum (u16).
+const UNIT: usize = 8;
+
+fn unit(writer: u8, slot: u8, seq: u32) -> [u8; UNIT] {
+    let mut u = [0u8; UNIT];
+    u[0] = writer;
+    u[1] = slot;
+    u[2..6].copy_from_slice(&seq.to_le_bytes());
+    let sum = checksum(&u[..6]);
+    u[6..].copy_from_slice(&sum.to_le_bytes());
+    u
+}
+
+/// Never 0 for a unit of zeros, so unwritten bytes never decode.
+fn checksum(bytes: &[u8]) -> u16 {
+    bytes.iter().fold(0xA5C3u16, |acc, &b| {
+        acc.rotate_left(5) ^ u16::from(b).wrapping_mul(0x9E37)
+    })
+}
+
+/// The whole record `writer` writes into `slot` as its write number `seq`.
+fn record(writer: u8, slot: usize, seq: u32) -> Vec<u8> {
+    let u = unit(writer, slot as u8, seq);
+    (0..SLOTS[slot].1).map(|i| u[i % UNIT]).collect()
+}
+
+/// If `bytes`, found at file offset `at`, are one piece of a single record of slot `slot`,
+/// returns that record's (writer, seq).
+fn decode(slot: usize, at: u64, bytes: &[u8]) -> Option<(u8, u32)> {
+    let start = SLOTS[slot].0;
+    if bytes.len() < UNIT || at < start {
+        return None;
+    }
+    let phase = ((at - start) % UNIT as u64) as usize;
+    let mut u = [0u8; UNIT];
+    for (i, &b) in bytes.iter().take(UNIT).enumerate() {
+        u[(phase + i) % UNIT] = b;
+    }
+    let sum = u16::from_le_bytes([u[6], u[7]]);
+    if checksum(&u[..6]) != sum || usize::from(u[1]) != slot {
+        return None;
+    }
+    let whole = bytes
+        .iter()
+        .enumerate()
+        .all(|(i, &b)| b == u[(phase + i) % UNIT]);
+    whole.then(|| (u[0], u32::from_le_bytes([u[2], u[3], u[4], u[5]])))
+}
+
+/// Checks a read of slot `target`: cut at every other slot's boundaries, each piece must be a
+/// piece of one record of a slot that covers it, and all pieces showing records of one slot
+/// must show the same record (that slot's last write) — what atomic writes guarantee.
+fn check_read(target: usize, got: &[u8]) -> Result<(), String> {
+    let (t0, tlen) = SLOTS[target];
+    let t1 = t0 + tlen as u64;
+    let mut cuts: Vec<u64> = SLOTS
+        .iter()
+        .flat_map(|&(s, l)| [s, s + l as u64])
+        .filter(|&c| c > t0 && c < t1)
+        .chain([t0, t1])
+        .collect();
+    cuts.sort_unstable();
+    cuts.dedup();
+    let mut seen: [Option<(u8, u32)>; SLOTS.len()] = [None; SLOTS.len()];
+    for w in cuts.windows(2) {
+        let (p0, p1) = (w[0], w[1]);
+        let piece = &got[(p0 - t0) as usize..(p1 - t0) as usize];
+        let found = SLOTS
+            .iter()
+            .enumerate()
+            .filter(|(_, &(s, l))| s <= p0 && p1 <= s + l as u64)
+            .find_map(|(slot, _)| decode(slot, p0, piece).map(|rec| (slot, rec)));
+        let Some((slot, rec)) = found else {
+            return Err(format!(
+                "torn read of slot {target}: bytes {p0}..{p1} are no single record; \
+                 they start {:02x?}",
+                &piece[..piece.len().min(32)]
+            ));
+        };
+        match seen[slot] {
+            Some(other) if other != rec => {
+                return Err(format!(
+                    "torn read of slot {target}: slot {slot}'s records {other:?} and {rec:?} \
+                     both show"
+                ))
+            }
+            _ => seen[slot] = Some(rec),
+        }
+    }
+    Ok(())
+}
+
+/// A small deterministic generator (xorshift64*): thread-local randomness without a seed
+/// to pass around.
+struct Rng(u64);
+impl Rng {
+    fn below(&mut self, n: usize) -> usize {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        ((self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33) % n as u64) as usize
+    }
+}
+
+fn open_rw(path: &Path) -> File {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap()
+}
+
+/// Writes through one mount are seen at once through the other, in both directions: data
+/// through an open handle and a fresh open, size through stat.
+fn visible_at_once(a: &Path, b: &Path) {
+    std::fs::write(a.join("v"), b"first").unwrap();
+    assert_eq!(std::fs::read(b.join("v")).unwrap(), b"first");
+    assert_eq!(std::fs::metadata(b.join("v")).unwrap().len(), 5);
+    let fa = open_rw(&a.join("v"));
+    let fb = open_rw(&b.join("v"));
+    let mut len = 5u64;
+    for round in 0..20u64 {
+        let (writer, reader, wdir, rdir) = if round % 2 == 0 {
+            (&fa, &fb, a, b)
+        } else {
+            (&fb, &fa, b, a)
+        };
+        // The reader's side has just looked at the size (so the kernel has it cached).
+        assert_eq!(std::fs::metadata(rdir.join("v")).unwrap().len(), len);
+        assert_eq!(reader.metadata().unwrap().len(), len);
+        // Extend by an unaligned amount that crosses chunk boundaries now and then.
+        let grow = pattern(round, len, 7_777 + round as usize * 1_000);
+        writer.write_all_at(&grow, len).unwrap();
+        len += grow.len() as u64;
+        let mut back = vec![0u8; grow.len()];
+        reader
+            .read_exact_at(&mut back, len - grow.len() as u64)
+            .unwrap();
+        assert_eq!(
+            back, grow,
+            "round {round}: appended data not seen by the other mount"
+        );
+        assert_eq!(
+            std::fs::metadata(rdir.join("v")).unwrap().len(),
+            len,
+            "round {round}: size not seen by the other mount"
+        );
+        assert_eq!(reader.metadata().unwrap().len(), len);
+        // Overwrite in the middle, seen through a fresh open on the other side.
+        let mid = len / 3;
+        let over = pattern(round + 100, mid, 333);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(wdir.join("v"))
+            .unwrap()
+            .write_all_at(&over, mid)
+            .unwrap();
+        let mut back = vec![0u8; over.len()];
+        File::open(rdir.join("v"))
+            .unwrap()
+            .read_exact_at(&mut back, mid)
+            .unwrap();
+        assert_eq!(
+            back, over,
+            "round {round}: overwrite not seen by the other mount"
+        );
+    }
+    // A truncate through one mount shrinks the file for the other.
+    fa.set_len(1000).unwrap();
+    assert_eq!(std::fs::metadata(b.join("v")).unwrap().len(), 1000);
+    assert_eq!(std::fs::read(b.join("v")).unwrap().len(), 1000);
+}
+
+/// Two writers per mount write whole records into random slots while one reader per mount
+/// reads random slots; every read must pass [`check_read`].
+fn no_torn_records(a: &Path, b: &Path, scheme: LockSchemeKind) {
+    const WRITES: u32 = 60;
+    const MIN_READS: u64 = 40;
+    assert!(
+        SLOTS
+            .iter()
+            .all(|&(s, l)| s % UNIT as u64 != 0 || l % UNIT != 0),
+        "slots should be unaligned"
+    );
+    // Every slot holds a whole record before anyone reads.
+    std::fs::write(a.join("records"), b"").unwrap();
+    let f = open_rw(&a.join("records"));
+    for slot in 0..SLOTS.len() {
+        f.write_all_at(&record(0, slot, 0), SLOTS[slot].0).unwrap();
+    }
+    drop(f);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let reads = Arc::new(AtomicU64::new(0));
+    let mut writers = Vec::new();
+    let mut readers = Vec::new();
+    for (m, dir) in [a, b].into_iter().enumerate() {
+        let path = dir.join("records");
+        for t in 0..2u8 {
+            let path = path.clone();
+            let id = 1 + m as u8 * 2 + t;
+            writers.push(std::thread::spawn(move || {
+                let f = open_rw(&path);
+                let mut rng = Rng(0x1234_5678 * u64::from(id) + 1);
+                for seq in 1..=WRITES {
+                    let slot = rng.below(SLOTS.len());
+                    let rec = record(id, slot, seq);
+                    let n = f.write_at(&rec, SLOTS[slot].0).unwrap();
+                    assert_eq!(n, rec.len(), "a short write cannot be atomic");
+                }
+            }));
+        }
+        let (stop, reads) = (stop.clone(), reads.clone());
+        readers.push(std::thread::spawn(move || {
+            let f = File::open(&path).unwrap();
+            let mut rng = Rng(0x9876_5431 + m as u64);
+            let mut mine = 0u64;
+            while mine < MIN_READS || !stop.load(Ordering::Relaxed) {
+                let slot = rng.below(SLOTS.len());
+                let mut got = vec![0u8; SLOTS[slot].1];
+                let n = f.read_at(&mut got, SLOTS[slot].0).unwrap();
+                assert_eq!(n, got.len(), "short read of slot {slot}");
+                if let Err(e) = check_read(slot, &got) {
+                    panic!("{} (mount {m}, {})", e, scheme.name());
+                }
+                mine += 1;
+                reads.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    let mut failed = Vec::new();
+    for w in writers {
+        if let Err(e) = w.join() {
+            failed.push(e);
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for r in readers {
+        if let Err(e) = r.join() {
+            failed.push(e);
+        }
+    }
+    if let Some(e) = failed.into_iter().next() {
+        std::panic::resume_unwind(e);
+    }
+    // The final state passes too, read through either mount.
+    for dir in [a, b] {
+        let f = File::open(dir.join("records")).unwrap();
+        for (slot, &(off, len)) in SLOTS.iter().enumerate() {
+            let mut got = vec![0u8; len];
+            f.read_exact_at(&mut got, off).unwrap();
+            check_read(slot, &got).unwrap();
+        }
+    }
+    println!(
+        "{}: {} writes, {} reads through two client processes, none torn",
+        scheme.name(),
+        4 * WRITES,
+        reads.load(Ordering::Relaxed)
+    );
+}
+
+fn two_processes(scheme: LockSchemeKind) {
+    skip_without_fuse!();
+    let cluster = Cluster::start(ClusterSpec {
+        chunk_size: CHUNK,
+        scheme,
+        ..ClusterSpec::default()
+    });
+    let a: ChildMount = cluster.spawn_mount_process("child_mount", scheme);
+    let b: ChildMount = cluster.spawn_mount_process("child_mount", scheme);
+    assert_ne!(a.pid(), b.pid());
+    visible_at_once(a.path(), b.path());
+    no_torn_records(a.path(), b.path(), scheme);
+}
+
+#[test]
+fn two_client_processes_citron() {
+    two_processes(LockSchemeKind::Citron);
+}
+
+#[test]
+fn two_client_processes_mutex() {
+    two_processes(LockSchemeKind::Mutex);
+}
+
+#[test]
+fn two_client_processes_seg() {
+    two_processes(LockSchemeKind::Seg);
+}
+
+#[test]
+fn two_client_processes_server() {
+    two_processes(LockSchemeKind::Server);
+}
+
+/// The checker itself: whole records pass, a record with a foreign piece fails.
+#[test]
+fn checker_catches_torn_records() {
+    let mut file = vec![0u8; (CHUNK + 20_000) as usize];
+    let put = |file: &mut Vec<u8>, w: u8, slot: usize, seq: u32| {
+        let (off, _) = SLOTS[slot];
+        let rec = record(w, slot, seq);
+        file[off as usize..off as usize + rec.len()].copy_from_slice(&rec);
+    };
+    let read = |file: &Vec<u8>, slot: usize| {
+        let (off, len) = SLOTS[slot];
+        file[off as usize..off as usize + len].to_vec()
+    };
+    for slot in 0..SLOTS.len() {
+        put(&mut file, 0, slot, 0);
+    }
+    put(&mut file, 3, 1, 7);
+    put(&mut file, 2, 3, 9);
+    for slot in 0..SLOTS.len() {
+        check_read(slot, &read(&file, slot)).unwrap();
+    }
+    // Half of a newer record of slot 0 (as if a write landed only on one chunk).
+    let newer = record(4, 0, 11);
+    let (off, len) = SLOTS[0];
+    let half = (CHUNK - off) as usize;
+    file[off as usize..off as usize + half].copy_from_slice(&newer[..half]);
+    assert!(check_read(0, &read(&file, 0)).is_err());
+    assert!(len > half);
+    // A byte of garbage inside a piece.
+    put(&mut file, 4, 0, 11);
+    check_read(0, &read(&file, 0)).unwrap();
+    file[off as usize + 17] ^= 1;
+    assert!(check_read(0, &read(&file, 0)).is_err());
+}
