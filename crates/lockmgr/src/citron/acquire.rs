@@ -88,8 +88,16 @@ impl CitronClient {
                 // is not necessarily the one the attempt saw.
                 let attempt_epoch = self.rec.epoch;
                 let outcome = self.lock_node(target, l, r, &mut held.nodes)?;
-                if !matches!(outcome, Outcome::Acquired(..)) {
-                    self.progress.aborted();
+                let why = match &outcome {
+                    Outcome::Acquired(..) => 0,
+                    Outcome::Aborted(Why::TimeLimit) => 1,
+                    Outcome::Aborted(Why::ScaleUp) => 2,
+                    Outcome::Escalate(_, Why::Starvation(_)) => 4,
+                    Outcome::Aborted(_) | Outcome::Escalate(..) => 3,
+                    Outcome::Restart => 5,
+                };
+                if why != 0 {
+                    self.progress.aborted(why);
                 }
                 match outcome {
                     Outcome::Restart => {
@@ -110,8 +118,20 @@ impl CitronClient {
                     }
                     Outcome::Acquired(hn, was_fast) => {
                         *fast &= was_fast;
+                        // §3.10 l. 22: after a starvation escalation, bits left in the leaf
+                        // by a dead client are repaired — but not when the fast path (§3.8)
+                        // locked the leaf whole as one of the node's children: then those
+                        // bits are ours (the leaf was zero when we set them). Zeroing them
+                        // would let a client whose phase-(b) read preceded our Occ take the
+                        // leaf while we skip the phase-(d) wait, an overlap (and counted a
+                        // recovery of a live client).
+                        let leaf = origin_leaf.take();
+                        let ours = match leaf {
+                            Some(leaf) => hn.children.contains(&self.node_addr(leaf)?),
+                            None => true,
+                        };
                         held.nodes.push(hn);
-                        if let Some(leaf) = origin_leaf.take() {
+                        if let (Some(leaf), false) = (leaf, ours) {
                             self.repair_leaf(leaf)?;
                         }
                         break;
@@ -643,20 +663,42 @@ impl CitronClient {
         Ok(())
     }
 
-    /// §3.10, l. 22: holding the leaf's parent (or higher), any bit still set in the leaf belongs
-    /// to a dead (or aborting) client: zero it with one verb.
+    /// §3.10, l. 22: holding the leaf's parent (or higher), bits still set in the leaf can only
+    /// belong to a client that is undoing an attempt, or to a dead one; zero them only if they
+    /// stand still for `T_lease`.
+    ///
+    /// The paper zeroes the leaf as soon as it finds it non-zero ("Alice detects a failure").
+    /// But a live client whose phase-(b) read preceded our `Occ` may set its bits (and notify)
+    /// after we finished phase (d): inequality (1) then fails for it and it undoes the attempt —
+    /// its bits are visible for the length of that undo. Zeroing them at once counted a live
+    /// client as dead, and worse, its late undo (a masked CAS `mask -> 0`) could then clear the
+    /// bits of the next holder of that leaf once we let go of the parent. Waiting until the
+    /// bits vanish (live) or stand still for the lease (dead) keeps the repair to dead clients,
+    /// like every other recovery of §3.10.
     fn repair_leaf(&mut self, leaf: Node) -> Result<(), LockError> {
         let addr = self.node_addr(leaf)?;
-        let w = self.ep_read_u64(addr)?;
-        if w != 0 {
-            let old = self.ep_masked_cas(addr, w, !0, 0, !0)?;
-            if old == w {
-                self.stats.recoveries += 1;
-                tracing::warn!(
-                    ?leaf,
-                    bits = w,
-                    "lock tree leaf: bits of a dead client cleared"
-                );
+        let lease = self.rec.t_lease();
+        let mut last = self.ep_read_u64(addr)?;
+        let mut since = Instant::now();
+        let mut backoff = self.backoff();
+        while last != 0 {
+            if since.elapsed() >= lease {
+                let old = self.ep_masked_cas(addr, last, !0, 0, !0)?;
+                if old == last {
+                    self.stats.recoveries += 1;
+                    tracing::warn!(
+                        ?leaf,
+                        bits = last,
+                        "lock tree leaf: bits of a dead client cleared"
+                    );
+                    return Ok(());
+                }
+            }
+            backoff.snooze(&mut self.rng);
+            let w = self.ep_read_u64(addr)?;
+            if w != last {
+                last = w;
+                since = Instant::now();
             }
         }
         Ok(())

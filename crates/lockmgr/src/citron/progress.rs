@@ -67,7 +67,19 @@ pub struct Progress {
     attempts: AtomicU64,
     /// Aborts in the current acquisition.
     aborts: AtomicU64,
+    /// Why the last attempt was given up (a short static text's index in [`WHY`]).
+    last_why: AtomicU32,
 }
+
+/// Reasons an attempt is given up, as [`ProgressSnapshot::last_abort`] names them.
+pub const WHY: [&str; 6] = [
+    "none",
+    "time limit (inequality (1))",
+    "scale-up (Exp)",
+    "suspected failure",
+    "starvation escalation",
+    "restart (deadlock avoidance)",
+];
 
 /// A copy of a [`Progress`] at one moment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,6 +92,8 @@ pub struct ProgressSnapshot {
     pub attempts: u64,
     /// Aborted attempts in the current acquisition.
     pub aborts: u64,
+    /// Why the last one was given up.
+    pub last_abort: &'static str,
 }
 
 impl Progress {
@@ -91,6 +105,10 @@ impl Progress {
             node: (node != 0).then(|| Node::new((node >> 58) as u32, (node & ((1 << 58) - 1)) - 1)),
             attempts: self.attempts.load(Ordering::Relaxed),
             aborts: self.aborts.load(Ordering::Relaxed),
+            last_abort: WHY
+                .get(self.last_why.load(Ordering::Relaxed) as usize)
+                .copied()
+                .unwrap_or("?"),
         }
     }
 
@@ -107,13 +125,16 @@ impl Progress {
         self.attempts.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(crate) fn aborted(&self) {
+    /// An attempt was given up, for the reason `WHY[why]`.
+    pub(crate) fn aborted(&self, why: usize) {
         self.aborts.fetch_add(1, Ordering::Relaxed);
+        self.last_why.store(why as u32, Ordering::Relaxed);
     }
 
     pub(crate) fn start(&self) {
         self.node.store(0, Ordering::Relaxed);
         self.attempts.store(0, Ordering::Relaxed);
         self.aborts.store(0, Ordering::Relaxed);
+        self.last_why.store(0, Ordering::Relaxed);
     }
 }
