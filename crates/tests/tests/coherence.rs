@@ -220,8 +220,8 @@ fn no_torn_records(a: &Path, b: &Path, scheme: LockSchemeKind) {
     // Every slot holds a whole record before anyone reads.
     std::fs::write(a.join("records"), b"").unwrap();
     let f = open_rw(&a.join("records"));
-    for slot in 0..SLOTS.len() {
-        f.write_all_at(&record(0, slot, 0), SLOTS[slot].0).unwrap();
+    for (slot, &(off, _)) in SLOTS.iter().enumerate() {
+        f.write_all_at(&record(0, slot, 0), off).unwrap();
     }
     drop(f);
 
