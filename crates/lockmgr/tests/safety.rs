@@ -19,9 +19,10 @@ use fabric::{
 };
 use lockmgr::baselines::TicketConfig;
 use lockmgr::chaos::DelayMode;
+use lockmgr::citron::{ClientOptions, NoAllocator};
 use lockmgr::{
-    ChaosConfig, ChaosConnector, LockError, LockId, LockStats, RangeLock, SchemeInstance,
-    SchemeKind,
+    ChaosConfig, ChaosConnector, CitronClient, LockError, LockId, LockStats, RangeLock,
+    SchemeInstance, SchemeKind,
 };
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -49,19 +50,62 @@ fn chaos(seed: u64) -> ChaosConfig {
     }
 }
 
-/// The thread runs' workload: `Workload::default()` (150 acquisitions per worker).
-fn workload() -> Workload {
-    Workload::default()
+/// The thread runs' workload: `Workload::default()` (150 acquisitions per worker), or for
+/// CITRON [`citron_workload`].
+fn workload(kind: &SchemeKind) -> Workload {
+    if is_citron(kind) {
+        citron_workload()
+    } else {
+        Workload::default()
+    }
 }
 
 /// The process runs' workload: fewer acquisitions per worker, because the cross-process shadow
 /// claims go through fabric verbs (thousands per large range) and three processes start.
-fn process_workload() -> Workload {
+fn process_workload(kind: &SchemeKind) -> Workload {
     Workload {
         iterations: 50,
+        ..workload(kind)
+    }
+}
+
+fn is_citron(kind: &SchemeKind) -> bool {
+    kind.name().starts_with("citron")
+}
+
+/// CITRON's tree at first, in units: far below the workload's space, so that out-of-bound
+/// requests (the spillover mutex, the maximizer) and concurrent scale-ups (Alg. 4, through the
+/// fabric allocator) happen early in every run while others hold and wait.
+const CITRON_UNITS: u64 = 1024;
+
+/// CITRON's address space: the tree grows from [`CITRON_UNITS`] to cover it.
+const CITRON_SPACE: u64 = 1 << 14;
+
+/// CITRON's workload: a 2^14-unit space (the tree grows 1024 -> 16384 units), ranges up to
+/// 2^11 units, half of them Zipf-placed (exponent 1.2) on the low addresses, so that several
+/// workers meet on the same few leaves; half the critical sections linger up to 5 ms. A
+/// leaf held longer than `ClientOptions::starvation_after` (2 ms) by one worker while another's
+/// masked CAS on it keeps failing is what starvation avoidance (§3.5.4, Alg. 2 l. 23-24) is
+/// for: the checker requires that it happened. The space is smaller than the baselines' (2^20)
+/// so that the cross-process shadow claim of a whole-space lock stays short.
+fn citron_workload() -> Workload {
+    Workload {
+        units: CITRON_SPACE,
+        max_size_log2: 10,
+        zipf_alpha: 1.2,
+        hold_probability: 0.5,
+        max_hold: Duration::from_millis(5),
         ..Workload::default()
     }
 }
+
+/// `T_lease` for the checker's CITRON locks (§3.10: a lock must be released within it, or its
+/// holder is presumed dead). It must exceed the longest critical section by far — under load in
+/// a debug build, a whole-space claim in the fabric shadow took 1.5 s — otherwise a live holder
+/// is broken into and the checker reports the overlap that follows (seen with the 500 ms
+/// default: every overlap was with a whole-space holder, the grantee had suspected a failure).
+/// Longer than the liveness bound, a false recovery cannot hide a stall either.
+const CITRON_LEASE_MS: u64 = 60_000;
 
 /// Scheme-specific expectations on what happened under chaos.
 fn check_stats(kind: &SchemeKind, report: &Report, workers: usize, w: &Workload) {
@@ -69,7 +113,7 @@ fn check_stats(kind: &SchemeKind, report: &Report, workers: usize, w: &Workload)
     let expected = (workers * w.iterations) as u64;
     assert_eq!(stats.acquisitions, expected, "{kind}: acquisitions");
     assert_eq!(stats.releases, expected, "{kind}: releases");
-    if kind.name().starts_with("citron") {
+    if is_citron(kind) {
         // CITRON's timing-dependent paths must really have run under injected delays.
         assert!(
             stats.aborts.total() > 0,
@@ -79,19 +123,48 @@ fn check_stats(kind: &SchemeKind, report: &Report, workers: usize, w: &Workload)
             stats.starvation_escalations > 0,
             "{kind}: no starvation escalations under chaos: {stats:?}"
         );
+        assert!(
+            stats.scale_ups > 0,
+            "{kind}: no scale-ups although ranges reach beyond N: {stats:?}"
+        );
+        // Nobody died: a repair means a live holder was presumed dead (lease too short).
+        assert_eq!(stats.recoveries, 0, "{kind}: recoveries: {stats:?}");
     }
     eprintln!(
-        "{kind}: {} acquisitions, {:.2} RTTs/acquire, {:.2} RTTs/release, abort rate {:.3}, max acquire {:?}",
+        "{kind}: {} acquisitions, {:.2} RTTs/acquire, {:.2} RTTs/release, abort rate {:.3}, starvation escalations {}, scale-ups {}, max acquire {:?}",
         stats.acquisitions,
         stats.rtts_per_acquire(),
         stats.rtts_per_release(),
         stats.abort_rate(),
+        stats.starvation_escalations,
+        stats.scale_ups,
         report.max_acquire
     );
 }
 
 fn lock_region_bytes(kind: &SchemeKind) -> u64 {
     kind.region_bytes().max(8)
+}
+
+/// After a CITRON run: every lock word must be back at rest (tickets passed on, notifications
+/// and their scale-up copies given back, the spillover mutex free).
+fn check_at_rest(kind: &SchemeKind, connector: &dyn Connector) {
+    if !is_citron(kind) {
+        return;
+    }
+    let mut client = CitronClient::open(
+        connector.connect().unwrap(),
+        LOCK_BASE,
+        std::sync::Arc::new(NoAllocator),
+        ClientOptions::default(),
+    )
+    .unwrap();
+    let audit = client.audit().unwrap();
+    assert!(
+        audit.at_rest(),
+        "{kind}: not at rest after the run: {audit:?}"
+    );
+    eprintln!("{kind}: N = {} after the run", client.unit_count());
 }
 
 /// The fabric backends the checker runs on.
@@ -195,7 +268,7 @@ fn threads_on(backend: Backend, kind: SchemeKind, threads: usize) {
     )
     .unwrap();
     let connector = ChaosConnector::new(DynConnector(connector), chaos(backend as u64 + 1));
-    let w = workload();
+    let w = workload(&kind);
     let shadow = AtomicShadow::new(w.units, threads);
     let report = common::run_threads(threads, 0, w, |_| {
         let lock = instance
@@ -205,6 +278,7 @@ fn threads_on(backend: Backend, kind: SchemeKind, threads: usize) {
     })
     .unwrap_or_else(|violation| panic!("{kind} on {backend:?}: {violation}"));
     check_stats(&kind, &report, threads, &w);
+    check_at_rest(&kind, &connector);
 }
 
 /// Several processes (this binary, re-executed) locking on one `shm` or `tcp` fabric.
@@ -213,7 +287,7 @@ fn threads_on(backend: Backend, kind: SchemeKind, threads: usize) {
 /// checking ownership through tcp verbs (thousands per large range) would only slow the run
 /// down without testing the lock any harder.
 fn processes_on(backend: Backend, kind: SchemeKind, children: usize, threads: usize) {
-    let w = process_workload();
+    let w = process_workload(&kind);
     let holders = (children * threads) as u64;
     let fabric = Fabric::start(backend, &[(REGION_LOCK, lock_region_bytes(&kind))]);
     let shadow = Fabric::start(
@@ -292,6 +366,7 @@ fn processes_on(backend: Backend, kind: SchemeKind, children: usize, threads: us
         }
     }
     check_stats(&kind, &report, children * threads, &w);
+    check_at_rest(&kind, &*fabric.connector());
 }
 
 /// The text after `marker` in `line`.
@@ -323,7 +398,7 @@ fn child_main(spec: &str) -> Result<Report, String> {
     let server: Option<SocketAddr> = server.parse().ok();
     let child: u64 = child.parse().map_err(|_| "bad child index")?;
     let threads: usize = threads.parse().map_err(|_| "bad thread count")?;
-    let w = process_workload();
+    let w = process_workload(&kind);
     let instance = SchemeInstance::attach(kind, LOCK_BASE, TicketConfig::default(), server)
         .map_err(|e| e.to_string())?;
     let shadow_fabric = connect_to(shadow_location)?;
@@ -450,13 +525,20 @@ schemes! {
     // Segments wrap: 2^20 units / 256 = 4096 segments onto 1024 lock words.
     seg => SchemeKind::Seg { segment_units: 256, segments: 1024 };
     server => SchemeKind::Server;
-    // Found by this checker when CITRON landed (338427f): under chaos, an OVERLAP with
-    // the default 500 ms lease (processes on shm), acquisitions stalled past 5 s with a 60 s
-    // lease (threads and processes on shm), and no starvation escalation on mem.
-    citron => SchemeKind::Citron { unit_count: 1 << 20, fast_path: true },
-        ignore = "CITRON fails the safety checker under chaos (overlap / stall); see comment";
-    citron_nofastpath => SchemeKind::Citron { unit_count: 1 << 20, fast_path: false },
-        ignore = "CITRON fails the safety checker under chaos (overlap / stall); see comment";
+    // Scale-ups from CITRON_UNITS through the fabric allocator; a lease far above the
+    // critical sections (see CITRON_LEASE_MS).
+    citron => SchemeKind::Citron {
+        unit_count: CITRON_UNITS,
+        fast_path: true,
+        max_unit_count: CITRON_SPACE,
+        lease_ms: CITRON_LEASE_MS,
+    };
+    citron_nofastpath => SchemeKind::Citron {
+        unit_count: CITRON_UNITS,
+        fast_path: false,
+        max_unit_count: CITRON_SPACE,
+        lease_ms: CITRON_LEASE_MS,
+    };
 }
 
 // ---- The checker's self-tests: broken locks must be caught. ----

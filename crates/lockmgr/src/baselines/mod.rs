@@ -19,7 +19,10 @@ pub use seg::{SegConfig, SegLock, SegScheme};
 pub use server::{LockServer, LockServerClient};
 pub use ticket::{Backoff, TicketConfig, TicketLock};
 
-use crate::citron::{Citron, CitronClient, CitronConfig, ClientOptions, NoAllocator};
+use crate::citron::{
+    layout, Citron, CitronClient, CitronConfig, ClientOptions, FabricBumpAllocator, NoAllocator,
+    TreeAllocator,
+};
 use crate::scheme::{LockError, LockId, RangeLock};
 use crate::stats::LockStats;
 use fabric::{Connector, Endpoint, EndpointStats, RemoteAddr};
@@ -28,7 +31,7 @@ use rand::SeedableRng;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The `mutex` scheme's name.
 pub const SCHEME_MUTEX: &str = "mutex";
@@ -58,13 +61,22 @@ pub enum SchemeKind {
     },
     /// A CPU lock server on TCP loopback (or wherever [`SchemeInstance::attach`] points).
     Server,
-    /// CITRON (seed 000 §3), created with [`CitronConfig::default`] but for `unit_count`, and
-    /// without a tree allocator: ranges beyond the tree take the spillover mutex, no scale-up.
+    /// CITRON (seed 000 §3), created with [`CitronConfig::default`] but for the fields below.
+    ///
+    /// With `max_unit_count > unit_count`, the lock's memory (see [`SchemeKind::region_bytes`])
+    /// ends with a growth area and the cursor of a [`FabricBumpAllocator`] over it, so clients in
+    /// any process scale the tree up (Alg. 4) as far as `max_unit_count`; otherwise there is no
+    /// allocator and ranges beyond the tree stay on the spillover mutex.
     Citron {
-        /// `N`, the units the tree covers.
+        /// `N`, the units the tree covers at first.
         unit_count: u64,
         /// The fast path of §3.8.
         fast_path: bool,
+        /// How far scale-ups may grow the tree (no growth when `<= unit_count`).
+        max_unit_count: u64,
+        /// `T_lease` in milliseconds (§3.10), 0 for the default. A holder must release within it
+        /// or be presumed dead, so it must exceed the longest critical section by far.
+        lease_ms: u64,
     },
 }
 
@@ -96,13 +108,18 @@ impl SchemeKind {
             }
             SchemeKind::Server => 0,
             // An impossible size makes `create` fail with the real reason.
-            SchemeKind::Citron { unit_count, .. } => Citron::bytes_needed(*unit_count).unwrap_or(0),
+            SchemeKind::Citron {
+                unit_count,
+                max_unit_count,
+                ..
+            } => citron_growth(*unit_count, *max_unit_count)
+                .map_or(0, |g| g.area_offset + g.area_len),
         }
     }
 }
 
-/// The spec form: `mutex`, `seg:<segment_units>:<segments>`, `server`, `citron:<units>`,
-/// `citron-nofastpath:<units>` (parsed back by
+/// The spec form: `mutex`, `seg:<segment_units>:<segments>`, `server`,
+/// `citron:<units>[:<max_units>[:<lease_ms>]]`, the same for `citron-nofastpath` (parsed back by
 /// [`SchemeKind::from_str`](std::str::FromStr)), so a kind can cross a process boundary or a
 /// command line.
 impl std::fmt::Display for SchemeKind {
@@ -112,7 +129,16 @@ impl std::fmt::Display for SchemeKind {
                 segment_units,
                 segments,
             } => write!(f, "{SCHEME_SEG}:{segment_units}:{segments}"),
-            SchemeKind::Citron { unit_count, .. } => write!(f, "{}:{unit_count}", self.name()),
+            SchemeKind::Citron {
+                unit_count,
+                max_unit_count,
+                lease_ms,
+                ..
+            } => write!(
+                f,
+                "{}:{unit_count}:{max_unit_count}:{lease_ms}",
+                self.name()
+            ),
             other => f.write_str(other.name()),
         }
     }
@@ -124,12 +150,20 @@ impl std::str::FromStr for SchemeKind {
     fn from_str(spec: &str) -> Result<Self, LockError> {
         let mut parts = spec.split(':');
         let name = parts.next().unwrap_or_default();
-        let mut number = |what: &str| -> Result<u64, LockError> {
+        // The next field as a number, if there is one.
+        let mut optional = |what: &str| -> Result<Option<u64>, LockError> {
             parts
                 .next()
-                .ok_or_else(|| LockError::Config(format!("scheme {spec:?}: {what} missing")))?
-                .parse()
-                .map_err(|e| LockError::Config(format!("scheme {spec:?}: bad {what}: {e}")))
+                .map(|field| {
+                    field
+                        .parse()
+                        .map_err(|e| LockError::Config(format!("scheme {spec:?}: bad {what}: {e}")))
+                })
+                .transpose()
+        };
+        let mut number = |what: &str| -> Result<u64, LockError> {
+            optional(what)?
+                .ok_or_else(|| LockError::Config(format!("scheme {spec:?}: {what} missing")))
         };
         let kind = match name {
             SCHEME_MUTEX => SchemeKind::Mutex,
@@ -138,10 +172,17 @@ impl std::str::FromStr for SchemeKind {
                 segment_units: number("segment units")?,
                 segments: number("segment count")?,
             },
-            SCHEME_CITRON | SCHEME_CITRON_NOFASTPATH => SchemeKind::Citron {
-                unit_count: number("unit count")?,
-                fast_path: name == SCHEME_CITRON,
-            },
+            SCHEME_CITRON | SCHEME_CITRON_NOFASTPATH => {
+                let unit_count = number("unit count")?;
+                let max_unit_count = optional("max unit count")?.unwrap_or(unit_count);
+                let lease_ms = optional("lease")?.unwrap_or(0);
+                SchemeKind::Citron {
+                    unit_count,
+                    fast_path: name == SCHEME_CITRON,
+                    max_unit_count,
+                    lease_ms,
+                }
+            }
             _ => return Err(LockError::Config(format!("unknown lock scheme {spec:?}"))),
         };
         if parts.next().is_some() {
@@ -151,6 +192,35 @@ impl std::str::FromStr for SchemeKind {
         }
         Ok(kind)
     }
+}
+
+/// Where a [`SchemeKind::Citron`] lock keeps its growth room, as offsets from its base.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct CitronGrowth {
+    /// The [`FabricBumpAllocator`] cursor word.
+    cursor_offset: u64,
+    /// The zeroed area scale-ups allocate from.
+    area_offset: u64,
+    /// Its bytes (0: no growth).
+    area_len: u64,
+}
+
+/// The growth room of a lock of `unit_count` units that may grow to `max_unit_count`: the nodes
+/// every scale-up together can add, `tree_nodes(H_max) - tree_nodes(H_0)` words (each scale-up's
+/// segment holds exactly the nodes it adds, and the tree never grows past `max_unit_count`).
+fn citron_growth(unit_count: u64, max_unit_count: u64) -> Option<CitronGrowth> {
+    let tree = Citron::bytes_needed(unit_count).ok()?;
+    let h0 = layout::height_for(unit_count)?;
+    // The tallest height within `max_unit_count` (what `scaleup::target_height` stops at).
+    let h_max = (h0..=layout::MAX_HEIGHT)
+        .take_while(|&h| h == h0 || layout::tree_units(h) <= max_unit_count)
+        .last()?;
+    let area_len = (layout::tree_nodes(h_max) - layout::tree_nodes(h0)) * 8;
+    Some(CitronGrowth {
+        cursor_offset: tree,
+        area_offset: tree + 8,
+        area_len,
+    })
 }
 
 fn seg_config(segment_units: u64, segments: u64, ticket: TicketConfig) -> SegConfig {
@@ -182,6 +252,9 @@ pub enum SchemeInstance {
         base: RemoteAddr,
         /// Client options (fast path or not).
         options: ClientOptions,
+        /// Growth room for scale-ups: the allocator's cursor, the area and its bytes (`None`:
+        /// no scale-ups).
+        growth: Option<(RemoteAddr, RemoteAddr, u64)>,
     },
 }
 
@@ -212,16 +285,36 @@ impl SchemeInstance {
                     server: Some(Arc::new(server)),
                 }
             }
-            SchemeKind::Citron { unit_count, .. } => {
+            SchemeKind::Citron {
+                unit_count,
+                max_unit_count,
+                lease_ms,
+                ..
+            } => {
+                let defaults = CitronConfig::default();
                 Citron::create(
                     endpoint,
                     base,
                     CitronConfig {
                         unit_count,
-                        ..CitronConfig::default()
+                        max_unit_count: max_unit_count.max(unit_count),
+                        t_lease: if lease_ms == 0 {
+                            defaults.t_lease
+                        } else {
+                            Duration::from_millis(lease_ms)
+                        },
+                        ..defaults
                     },
                 )?;
-                Self::attach(kind, base, ticket, None)?
+                let instance = Self::attach(kind, base, ticket, None)?;
+                if let Self::Citron {
+                    growth: Some((cursor, area, len)),
+                    ..
+                } = instance
+                {
+                    FabricBumpAllocator::format(endpoint, cursor, area, len)?;
+                }
+                instance
             }
         })
     }
@@ -249,13 +342,31 @@ impl SchemeInstance {
                 })?,
                 server: None,
             },
-            SchemeKind::Citron { fast_path, .. } => Self::Citron {
-                base,
-                options: ClientOptions {
-                    fast_path,
-                    ..ClientOptions::default()
-                },
-            },
+            SchemeKind::Citron {
+                fast_path,
+                unit_count,
+                max_unit_count,
+                ..
+            } => {
+                let growth = citron_growth(unit_count, max_unit_count)
+                    .filter(|g| g.area_len > 0)
+                    .map(|g| {
+                        (
+                            base.add(g.cursor_offset),
+                            base.add(g.area_offset),
+                            g.area_len,
+                        )
+                    });
+                Self::Citron {
+                    base,
+                    options: ClientOptions {
+                        fast_path,
+                        auto_scale_up: growth.is_some(),
+                        ..ClientOptions::default()
+                    },
+                    growth,
+                }
+            }
         })
     }
 
@@ -273,12 +384,28 @@ impl SchemeInstance {
             Self::Mutex(scheme) => Box::new(scheme.open(connector)?),
             Self::Seg(scheme) => Box::new(scheme.open(connector)?),
             Self::Server { addr, .. } => Box::new(LockServerClient::connect(addr)?),
-            Self::Citron { base, options } => Box::new(CitronClient::open(
-                connector.connect()?,
-                *base,
-                Arc::new(NoAllocator),
-                *options,
-            )?),
+            Self::Citron {
+                base,
+                options,
+                growth,
+            } => {
+                // Each client allocates through its own endpoint: endpoints are per thread.
+                let allocator: Arc<dyn TreeAllocator> = match growth {
+                    Some((cursor, area, len)) => Arc::new(FabricBumpAllocator::new(
+                        connector.connect()?,
+                        *cursor,
+                        *area,
+                        *len,
+                    )),
+                    None => Arc::new(NoAllocator),
+                };
+                Box::new(CitronClient::open(
+                    connector.connect()?,
+                    *base,
+                    allocator,
+                    *options,
+                )?)
+            }
         })
     }
 }
@@ -358,4 +485,51 @@ fn add_traffic(into: &mut EndpointStats, delta: &EndpointStats) {
     into.atomics += delta.atomics;
     into.bytes_read += delta.bytes_read;
     into.bytes_written += delta.bytes_written;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn citron_spec_round_trip() {
+        let kind = SchemeKind::Citron {
+            unit_count: 1024,
+            fast_path: false,
+            max_unit_count: 1 << 16,
+            lease_ms: 60_000,
+        };
+        assert_eq!(kind.to_string(), "citron-nofastpath:1024:65536:60000");
+        assert_eq!(kind.to_string().parse::<SchemeKind>().unwrap(), kind);
+        // The short form: no growth, the default lease.
+        assert_eq!(
+            "citron:4096".parse::<SchemeKind>().unwrap(),
+            SchemeKind::Citron {
+                unit_count: 4096,
+                fast_path: true,
+                max_unit_count: 4096,
+                lease_ms: 0,
+            }
+        );
+        assert!("citron:1:x".parse::<SchemeKind>().is_err());
+    }
+
+    #[test]
+    fn citron_growth_room() {
+        // 1024 units (height 3) growing to 2^16 (height 6): the nodes of heights 4..=6.
+        let g = citron_growth(1024, 1 << 16).unwrap();
+        assert_eq!(g.cursor_offset, Citron::bytes_needed(1024).unwrap());
+        assert_eq!(g.area_offset, g.cursor_offset + 8);
+        assert_eq!(
+            g.area_len,
+            (layout::tree_nodes(6) - layout::tree_nodes(3)) * 8
+        );
+        // No growth asked: no room.
+        assert_eq!(citron_growth(1024, 1024).unwrap().area_len, 0);
+        // A limit between heights stops at the height below it.
+        assert_eq!(
+            citron_growth(1024, 5000).unwrap().area_len,
+            (layout::tree_nodes(4) - layout::tree_nodes(3)) * 8
+        );
+    }
 }

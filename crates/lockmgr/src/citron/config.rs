@@ -95,6 +95,104 @@ impl TreeAllocator for BumpAllocator {
     }
 }
 
+/// A bump allocator whose cursor lives in remote memory, so that every client of a lock —
+/// threads and processes, on any backend — allocates from one zeroed area (Alg. 4 l. 3 without
+/// a server CPU: tests, and deployments that pre-provision the tree's growth room).
+///
+/// Allocation is one FAA of the request's byte count on the cursor word; the old value is the
+/// offset handed out. Concurrent allocations therefore get disjoint stretches. A request that
+/// does not fit is refused (the cursor stays past the end, so every later one is refused too);
+/// the area is never freed. The creator must zero the cursor and the area once
+/// ([`FabricBumpAllocator::format`]); a region registered fresh is zeroed already.
+pub struct FabricBumpAllocator {
+    endpoint: std::sync::Mutex<Box<dyn fabric::Endpoint>>,
+    cursor: RemoteAddr,
+    area: RemoteAddr,
+    len: u64,
+}
+
+impl std::fmt::Debug for FabricBumpAllocator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FabricBumpAllocator")
+            .field("cursor", &self.cursor)
+            .field("area", &self.area)
+            .field("len", &self.len)
+            .finish_non_exhaustive()
+    }
+}
+
+impl FabricBumpAllocator {
+    /// Serves `len` bytes from `area`, with its cursor (bytes handed out) at `cursor`; the verbs
+    /// go through `endpoint`. `cursor` must not lie inside the area.
+    pub fn new(
+        endpoint: Box<dyn fabric::Endpoint>,
+        cursor: RemoteAddr,
+        area: RemoteAddr,
+        len: u64,
+    ) -> Self {
+        Self {
+            endpoint: std::sync::Mutex::new(endpoint),
+            cursor,
+            area,
+            len,
+        }
+    }
+
+    /// Zeroes the cursor and the area (once, by the creator, before any client allocates).
+    pub fn format(
+        endpoint: &mut dyn fabric::Endpoint,
+        cursor: RemoteAddr,
+        area: RemoteAddr,
+        len: u64,
+    ) -> Result<(), LockError> {
+        use fabric::EndpointExt;
+        let chunk = vec![0u8; 1 << 20];
+        let mut offset = 0;
+        while offset < len {
+            let n = (len - offset).min(chunk.len() as u64) as usize;
+            endpoint.write(area.add(offset), &chunk[..n])?;
+            offset += n as u64;
+        }
+        endpoint.write_u64(cursor, 0)?;
+        Ok(())
+    }
+
+    /// Bytes handed out so far, as the cursor says (may exceed the area after a refusal).
+    pub fn used(&self) -> Result<u64, LockError> {
+        use fabric::EndpointExt;
+        let mut ep = self
+            .endpoint
+            .lock()
+            .map_err(|_| LockError::Config("allocator endpoint poisoned".into()))?;
+        Ok(ep.read_u64(self.cursor)?)
+    }
+}
+
+impl TreeAllocator for FabricBumpAllocator {
+    fn allocate(&self, words: u64) -> Result<RemoteAddr, LockError> {
+        use fabric::EndpointExt;
+        let bytes = words
+            .checked_mul(8)
+            .filter(|b| *b <= self.len)
+            .ok_or_else(|| LockError::Config("allocation too large".into()))?;
+        let start = {
+            let mut ep = self
+                .endpoint
+                .lock()
+                .map_err(|_| LockError::Config("allocator endpoint poisoned".into()))?;
+            ep.faa(self.cursor, bytes)?
+        };
+        // The cursor is remote data: check the arithmetic rather than trust it.
+        if start.checked_add(bytes).is_none_or(|end| end > self.len) {
+            return Err(LockError::Config(format!(
+                "tree allocator exhausted: {bytes} bytes wanted, {start} of {} used",
+                self.len
+            )));
+        }
+        Ok(self.area.add(start))
+    }
+}
+
 /// An allocator that always refuses (scale-up disabled).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct NoAllocator;

@@ -23,8 +23,8 @@ mod spillover;
 pub mod split;
 
 pub use config::{
-    t_wait_for_rtt, BumpAllocator, CitronConfig, ClientOptions, ConfigRecord, NoAllocator,
-    TreeAllocator,
+    t_wait_for_rtt, BumpAllocator, CitronConfig, ClientOptions, ConfigRecord, FabricBumpAllocator,
+    NoAllocator, TreeAllocator,
 };
 
 use crate::scheme::{check_range, LockError, LockId, RangeLock};

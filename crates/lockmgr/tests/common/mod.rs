@@ -346,7 +346,14 @@ fn work(
                 workload.liveness
             ));
         }
-        shadow.claim(holder, &range)?;
+        // A lock that presumed a live holder dead (lease recovery, seed 000 §3.10) says so in its
+        // statistics: show them with an overlap, to tell a lease too short from a real bug.
+        shadow.claim(holder, &range).map_err(|e| {
+            format!(
+                "{e} (acquisition took {took:?}; this holder's lock statistics: {:?})",
+                lock.stats()
+            )
+        })?;
         gen.maybe_hold();
         shadow.unclaim(holder, &range)?;
         lock.release(id)
@@ -374,8 +381,11 @@ where
     let epoch = Instant::now();
     let watches: Arc<Vec<Watch>> = Arc::new((0..threads).map(|_| Watch::default()).collect());
     let (done, results) = mpsc::channel();
+    // What each worker's scheme says about its current acquisition (for liveness reports).
+    let mut progress: Vec<Option<lockmgr::ProgressFn>> = Vec::with_capacity(threads);
     for worker in 0..threads {
         let (lock, shadow) = open(worker)?;
+        progress.push(lock.progress());
         let holder = holder_base + worker as u64 + 1;
         let gen = RangeGen::new(workload, holder);
         let watches = watches.clone();
@@ -405,8 +415,27 @@ where
                     if since != 0
                         && Duration::from_nanos(now.saturating_sub(since)) > workload.liveness
                     {
+                        let mut workers = String::new();
+                        for (i, (w, p)) in watches.iter().zip(&progress).enumerate() {
+                            let since = w.since.load(Ordering::SeqCst);
+                            workers += &format!(
+                                "; holder {}: {} [{}, {}) {}",
+                                holder_base + i as u64 + 1,
+                                if since == 0 {
+                                    "not acquiring".to_string()
+                                } else {
+                                    format!(
+                                        "acquiring for {:?}",
+                                        Duration::from_nanos(now.saturating_sub(since))
+                                    )
+                                },
+                                w.start.load(Ordering::Relaxed),
+                                w.end.load(Ordering::Relaxed),
+                                p.as_ref().map(|f| f()).unwrap_or_default()
+                            );
+                        }
                         return Err(format!(
-                            "LIVENESS: holder {} has waited more than {:?} for [{}, {})",
+                            "LIVENESS: holder {} has waited more than {:?} for [{}, {}){workers}",
                             holder_base + worker as u64 + 1,
                             workload.liveness,
                             watch.start.load(Ordering::Relaxed),
