@@ -38,6 +38,7 @@ fn main() -> Result<()> {
                 .unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match Cli::parse().command {
         Command::Up(args) => cmd::up::up(args),
