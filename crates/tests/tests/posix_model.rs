@@ -160,7 +160,11 @@ fn apply(root: &Path, op: &Op) -> Outcome {
     let p = |s: &str| root.join(s);
     let r: io::Result<String> = (|| match op {
         Op::Write { path, offset, data } => {
-            let f = OpenOptions::new().write(true).create(true).open(p(path))?;
+            let f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(p(path))?;
             f.write_all_at(data, *offset)?;
             Ok(format!("wrote {}", data.len()))
         }
