@@ -527,13 +527,13 @@ schemes! {
     server => SchemeKind::Server;
     // Scale-ups from CITRON_UNITS through the fabric allocator; a lease far above the
     // critical sections (see CITRON_LEASE_MS).
-    citron => SchemeKind::Citron {
+    citron => SchemeKind::CitronScaling {
         unit_count: CITRON_UNITS,
         fast_path: true,
         max_unit_count: CITRON_SPACE,
         lease_ms: CITRON_LEASE_MS,
     };
-    citron_nofastpath => SchemeKind::Citron {
+    citron_nofastpath => SchemeKind::CitronScaling {
         unit_count: CITRON_UNITS,
         fast_path: false,
         max_unit_count: CITRON_SPACE,

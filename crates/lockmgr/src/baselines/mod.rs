@@ -61,13 +61,23 @@ pub enum SchemeKind {
     },
     /// A CPU lock server on TCP loopback (or wherever [`SchemeInstance::attach`] points).
     Server,
-    /// CITRON (seed 000 §3), created with [`CitronConfig::default`] but for the fields below.
+    /// CITRON (seed 000 §3), created with [`CitronConfig::default`] but for `unit_count`, and
+    /// without a tree allocator: ranges beyond the tree take the spillover mutex, no scale-up.
+    /// (The same as [`SchemeKind::CitronScaling`] with `max_unit_count = unit_count` and the
+    /// default lease.)
+    Citron {
+        /// `N`, the units the tree covers.
+        unit_count: u64,
+        /// The fast path of §3.8.
+        fast_path: bool,
+    },
+    /// CITRON whose tree scales up, with a chosen lease.
     ///
     /// With `max_unit_count > unit_count`, the lock's memory (see [`SchemeKind::region_bytes`])
     /// ends with a growth area and the cursor of a [`FabricBumpAllocator`] over it, so clients in
     /// any process scale the tree up (Alg. 4) as far as `max_unit_count`; otherwise there is no
     /// allocator and ranges beyond the tree stay on the spillover mutex.
-    Citron {
+    CitronScaling {
         /// `N`, the units the tree covers at first.
         unit_count: u64,
         /// The fast path of §3.8.
@@ -80,19 +90,57 @@ pub enum SchemeKind {
     },
 }
 
+/// A CITRON kind's parameters, both variants alike.
+#[derive(Clone, Copy, Debug)]
+struct CitronParams {
+    unit_count: u64,
+    fast_path: bool,
+    max_unit_count: u64,
+    lease_ms: u64,
+}
+
 impl SchemeKind {
+    /// The parameters of a CITRON kind (`None` for the baselines).
+    fn citron(&self) -> Option<CitronParams> {
+        match *self {
+            SchemeKind::Citron {
+                unit_count,
+                fast_path,
+            } => Some(CitronParams {
+                unit_count,
+                fast_path,
+                max_unit_count: unit_count,
+                lease_ms: 0,
+            }),
+            SchemeKind::CitronScaling {
+                unit_count,
+                fast_path,
+                max_unit_count,
+                lease_ms,
+            } => Some(CitronParams {
+                unit_count,
+                fast_path,
+                max_unit_count,
+                lease_ms,
+            }),
+            _ => None,
+        }
+    }
+
     /// The scheme's name, as [`RangeLock::scheme`] reports it.
     pub fn name(&self) -> &'static str {
+        if let Some(c) = self.citron() {
+            return if c.fast_path {
+                SCHEME_CITRON
+            } else {
+                SCHEME_CITRON_NOFASTPATH
+            };
+        }
         match self {
             SchemeKind::Mutex => SCHEME_MUTEX,
             SchemeKind::Seg { .. } => SCHEME_SEG,
             SchemeKind::Server => SCHEME_SERVER,
-            SchemeKind::Citron {
-                fast_path: true, ..
-            } => SCHEME_CITRON,
-            SchemeKind::Citron {
-                fast_path: false, ..
-            } => SCHEME_CITRON_NOFASTPATH,
+            _ => SCHEME_CITRON,
         }
     }
 
@@ -108,11 +156,9 @@ impl SchemeKind {
             }
             SchemeKind::Server => 0,
             // An impossible size makes `create` fail with the real reason.
-            SchemeKind::Citron {
-                unit_count,
-                max_unit_count,
-                ..
-            } => citron_growth(*unit_count, *max_unit_count)
+            SchemeKind::Citron { .. } | SchemeKind::CitronScaling { .. } => self
+                .citron()
+                .and_then(|c| citron_growth(c.unit_count, c.max_unit_count))
                 .map_or(0, |g| g.area_offset + g.area_len),
         }
     }
@@ -129,7 +175,8 @@ impl std::fmt::Display for SchemeKind {
                 segment_units,
                 segments,
             } => write!(f, "{SCHEME_SEG}:{segment_units}:{segments}"),
-            SchemeKind::Citron {
+            SchemeKind::Citron { unit_count, .. } => write!(f, "{}:{unit_count}", self.name()),
+            SchemeKind::CitronScaling {
                 unit_count,
                 max_unit_count,
                 lease_ms,
@@ -174,13 +221,18 @@ impl std::str::FromStr for SchemeKind {
             },
             SCHEME_CITRON | SCHEME_CITRON_NOFASTPATH => {
                 let unit_count = number("unit count")?;
-                let max_unit_count = optional("max unit count")?.unwrap_or(unit_count);
-                let lease_ms = optional("lease")?.unwrap_or(0);
-                SchemeKind::Citron {
-                    unit_count,
-                    fast_path: name == SCHEME_CITRON,
-                    max_unit_count,
-                    lease_ms,
+                let fast_path = name == SCHEME_CITRON;
+                match optional("max unit count")? {
+                    None => SchemeKind::Citron {
+                        unit_count,
+                        fast_path,
+                    },
+                    Some(max_unit_count) => SchemeKind::CitronScaling {
+                        unit_count,
+                        fast_path,
+                        max_unit_count,
+                        lease_ms: optional("lease")?.unwrap_or(0),
+                    },
                 }
             }
             _ => return Err(LockError::Config(format!("unknown lock scheme {spec:?}"))),
@@ -285,12 +337,15 @@ impl SchemeInstance {
                     server: Some(Arc::new(server)),
                 }
             }
-            SchemeKind::Citron {
-                unit_count,
-                max_unit_count,
-                lease_ms,
-                ..
-            } => {
+            SchemeKind::Citron { .. } | SchemeKind::CitronScaling { .. } => {
+                let CitronParams {
+                    unit_count,
+                    max_unit_count,
+                    lease_ms,
+                    ..
+                } = kind
+                    .citron()
+                    .ok_or_else(|| LockError::Config("not citron".into()))?;
                 let defaults = CitronConfig::default();
                 Citron::create(
                     endpoint,
@@ -342,12 +397,15 @@ impl SchemeInstance {
                 })?,
                 server: None,
             },
-            SchemeKind::Citron {
-                fast_path,
-                unit_count,
-                max_unit_count,
-                ..
-            } => {
+            SchemeKind::Citron { .. } | SchemeKind::CitronScaling { .. } => {
+                let CitronParams {
+                    fast_path,
+                    unit_count,
+                    max_unit_count,
+                    ..
+                } = kind
+                    .citron()
+                    .ok_or_else(|| LockError::Config("not citron".into()))?;
                 let growth = citron_growth(unit_count, max_unit_count)
                     .filter(|g| g.area_len > 0)
                     .map(|g| {
@@ -493,7 +551,7 @@ mod tests {
 
     #[test]
     fn citron_spec_round_trip() {
-        let kind = SchemeKind::Citron {
+        let kind = SchemeKind::CitronScaling {
             unit_count: 1024,
             fast_path: false,
             max_unit_count: 1 << 16,
@@ -502,15 +560,13 @@ mod tests {
         assert_eq!(kind.to_string(), "citron-nofastpath:1024:65536:60000");
         assert_eq!(kind.to_string().parse::<SchemeKind>().unwrap(), kind);
         // The short form: no growth, the default lease.
-        assert_eq!(
-            "citron:4096".parse::<SchemeKind>().unwrap(),
-            SchemeKind::Citron {
-                unit_count: 4096,
-                fast_path: true,
-                max_unit_count: 4096,
-                lease_ms: 0,
-            }
-        );
+        let short = SchemeKind::Citron {
+            unit_count: 4096,
+            fast_path: true,
+        };
+        assert_eq!("citron:4096".parse::<SchemeKind>().unwrap(), short);
+        assert_eq!(short.to_string(), "citron:4096");
+        assert_eq!(short.name(), "citron");
         assert!("citron:1:x".parse::<SchemeKind>().is_err());
     }
 
