@@ -2,6 +2,7 @@
 
 pub mod fabric;
 pub mod false_conflicts;
+pub mod fs;
 pub mod locks;
 
 use anyhow::Result;
@@ -19,6 +20,10 @@ pub enum Bench {
     /// False conflicts of CITRON's range split (seed 000 Fig. 11: k = 1, 2, 3, L up to 4096) or,
     /// with --pattern, of a lock unit size under an application's access pattern.
     FalseConflicts(false_conflicts::FalseConflictsArgs),
+    /// The file system against tmpfs in one run: sequential 1 MiB and random 4 KiB reads and
+    /// writes, 1 and 4 threads on a shared file, on an embedded cluster's FUSE mount and on
+    /// /dev/shm, with the ratios.
+    Fs(fs::FsArgs),
 }
 
 impl Bench {
@@ -28,6 +33,7 @@ impl Bench {
             Bench::Fabric(args) => fabric::run(&args),
             Bench::Locks(args) => locks::run(&args),
             Bench::FalseConflicts(args) => false_conflicts::run(&args),
+            Bench::Fs(args) => fs::run(&args),
         }
     }
 }

@@ -1,5 +1,6 @@
 //! The commands that run CitronFS: an embedded cluster (`up`) and each role on its own host.
 
+pub mod cluster;
 pub mod config;
 pub mod roles;
 pub mod up;
