@@ -279,8 +279,12 @@ impl CitronClient {
         allocator: Arc<dyn TreeAllocator>,
         options: ClientOptions,
     ) -> Result<Self, LockError> {
-        if options.k == 0 {
-            return Err(LockError::Config("k must be at least 1".into()));
+        if !(1..=split::MAX_K).contains(&options.k) {
+            return Err(LockError::Config(format!(
+                "k = {} (must be 1..={})",
+                options.k,
+                split::MAX_K
+            )));
         }
         let rec = read_record(endpoint.as_mut(), base, Duration::from_secs(1))?;
         Ok(Self {
