@@ -16,6 +16,7 @@ use fs_client::fuse::{FuseOptions, MountHandle};
 use fs_client::{CitronFs, LockSchemeKind, MountOptions};
 use meta_server::{MetaConfig, MetaFabric, MetaHandle, MetaServer};
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
@@ -140,6 +141,24 @@ pub fn lazy_unmount(path: &Path) {
         c.arg("-uz").arg(path);
         quiet(c);
     }
+}
+
+/// Aborts the FUSE connection of the file system whose device is `dev` (through fusectl,
+/// mounting it if needed). A lazily detached mount whose server lives in this process must be
+/// aborted: otherwise, when the process exits, closing a file still open on it waits for an
+/// answer from server threads that are already gone, and the process never ends.
+fn abort_fuse_connection(dev: u64) {
+    let connections = Path::new("/sys/fs/fuse/connections");
+    // The connection's name is the kernel's device number: minor only, as FUSE's major is 0.
+    let abort = connections.join(libc::minor(dev).to_string()).join("abort");
+    if !abort.exists() {
+        let _ = Command::new("mount")
+            .args(["-t", "fusectl", "fusectl"])
+            .arg(connections)
+            .stderr(Stdio::null())
+            .status();
+    }
+    let _ = std::fs::write(abort, b"1");
 }
 
 /// How the servers talk to clients.
@@ -317,9 +336,11 @@ impl Cluster {
         let dir = mount_dir();
         let handle = fs_client::fuse::mount(fs.clone(), dir.path(), &FuseOptions::default())
             .expect("FUSE mount");
+        let dev = std::fs::metadata(dir.path()).map_or(0, |m| m.dev());
         Mount {
             handle: Some(handle),
             fs,
+            dev,
             dir,
         }
     }
@@ -402,6 +423,8 @@ fn mount_dir() -> tempfile::TempDir {
 pub struct Mount {
     handle: Option<MountHandle>,
     fs: Arc<CitronFs>,
+    /// The mounted file system's device number (names its FUSE connection).
+    dev: u64,
     dir: tempfile::TempDir,
 }
 
@@ -427,7 +450,12 @@ impl Drop for Mount {
     fn drop(&mut self) {
         if let Some(handle) = self.handle.take() {
             if handle.unmount().is_err() {
+                // Busy (files still open, e.g. after a panic): detach it, and abort the
+                // connection so that those files' closes cannot hang this process's exit.
                 lazy_unmount(self.dir.path());
+                if self.dev != 0 {
+                    abort_fuse_connection(self.dev);
+                }
             }
         }
         // A mount point left behind makes the TempDir's removal fail; detach it regardless.
