@@ -62,6 +62,48 @@ pub fn read_frame(r: &mut impl Read, max: usize, body: &mut Vec<u8>) -> Result<(
     decode_body(r, &header, max, body)
 }
 
+/// A decoded frame header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameHeader {
+    /// Body length in bytes (already checked against the reader's limit).
+    pub len: usize,
+    /// crc32 of the body.
+    pub crc: u32,
+}
+
+/// Decodes a header and checks the declared length against `max`, before anything is allocated.
+/// Every frame reader, blocking or async, goes through this and [`check_body`].
+pub fn parse_header(header: &[u8; HEADER_LEN], max: usize) -> Result<FrameHeader, FrameError> {
+    let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
+    let crc = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
+    if len > max {
+        return Err(FrameError::TooLarge { len, max });
+    }
+    Ok(FrameHeader { len, crc })
+}
+
+/// Checks a body read for `header`: complete, and matching its checksum.
+pub fn check_body(header: &FrameHeader, body: &[u8]) -> Result<(), FrameError> {
+    if body.len() != header.len {
+        return Err(FrameError::Io(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!(
+                "frame body cut short: {} of {} bytes",
+                body.len(),
+                header.len
+            ),
+        )));
+    }
+    let actual = crc32fast::hash(body);
+    if actual != header.crc {
+        return Err(FrameError::BadChecksum {
+            expected: header.crc,
+            actual,
+        });
+    }
+    Ok(())
+}
+
 /// Reads the body of a frame whose header has already been read.
 pub fn decode_body(
     r: &mut impl Read,
@@ -69,26 +111,12 @@ pub fn decode_body(
     max: usize,
     body: &mut Vec<u8>,
 ) -> Result<(), FrameError> {
-    let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
-    let expected = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
-    if len > max {
-        return Err(FrameError::TooLarge { len, max });
-    }
+    let header = parse_header(header, max)?;
     // Grow the buffer only as bytes arrive: a peer that declares a large frame and then stalls
     // costs no more memory than it has actually sent.
     body.clear();
-    let got = r.take(len as u64).read_to_end(body)?;
-    if got != len {
-        return Err(FrameError::Io(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            format!("frame body cut short: {got} of {len} bytes"),
-        )));
-    }
-    let actual = crc32fast::hash(body);
-    if actual != expected {
-        return Err(FrameError::BadChecksum { expected, actual });
-    }
-    Ok(())
+    r.take(header.len as u64).read_to_end(body)?;
+    check_body(&header, body)
 }
 
 #[cfg(test)]

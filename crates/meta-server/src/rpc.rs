@@ -7,7 +7,7 @@
 //! lock tree created for a large file) never stalls other connections.
 
 use crate::service::Service;
-use fabric::frame::{header_for, FrameError, HEADER_LEN};
+use fabric::frame::{check_body, header_for, parse_header, FrameError, HEADER_LEN};
 use proto::rpc::{check_hello, Hello, RequestFrame, ResponseFrame, Role, Welcome, MAX_FRAME};
 use proto::FsError;
 use serde::de::DeserializeOwned;
@@ -30,28 +30,11 @@ pub async fn read_frame<R: AsyncRead + Unpin>(
 ) -> Result<(), FrameError> {
     let mut header = [0u8; HEADER_LEN];
     r.read_exact(&mut header).await?;
-    let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
-    let expected = u32::from_le_bytes(header[4..].try_into().expect("4 bytes"));
-    if len > MAX_FRAME {
-        return Err(FrameError::TooLarge {
-            len,
-            max: MAX_FRAME,
-        });
-    }
+    let header = parse_header(&header, MAX_FRAME)?;
     body.clear();
     // Grow only as bytes arrive: a peer declaring a large frame and stalling costs nothing.
-    let got = (&mut *r).take(len as u64).read_to_end(body).await?;
-    if got != len {
-        return Err(FrameError::Io(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            format!("frame body cut short: {got} of {len} bytes"),
-        )));
-    }
-    let actual = crc32fast::hash(body);
-    if actual != expected {
-        return Err(FrameError::BadChecksum { expected, actual });
-    }
-    Ok(())
+    (&mut *r).take(header.len as u64).read_to_end(body).await?;
+    check_body(&header, body)
 }
 
 /// Writes `message` as one frame and flushes.
