@@ -532,12 +532,14 @@ schemes! {
         fast_path: true,
         max_unit_count: CITRON_SPACE,
         lease_ms: CITRON_LEASE_MS,
+        t_wait_us: 0,
     };
     citron_nofastpath => SchemeKind::CitronScaling {
         unit_count: CITRON_UNITS,
         fast_path: false,
         max_unit_count: CITRON_SPACE,
         lease_ms: CITRON_LEASE_MS,
+        t_wait_us: 0,
     };
 }
 

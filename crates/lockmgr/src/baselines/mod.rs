@@ -87,6 +87,10 @@ pub enum SchemeKind {
         /// `T_lease` in milliseconds (§3.10), 0 for the default. A holder must release within it
         /// or be presumed dead, so it must exceed the longest critical section by far.
         lease_ms: u64,
+        /// `T_wait` in microseconds (§3.5.5), 0 to derive it from the creator's measured round
+        /// trip. Give it when clients see longer round trips than the creator measures (a loaded
+        /// host, a slower path).
+        t_wait_us: u64,
     },
 }
 
@@ -97,6 +101,7 @@ struct CitronParams {
     fast_path: bool,
     max_unit_count: u64,
     lease_ms: u64,
+    t_wait_us: u64,
 }
 
 impl SchemeKind {
@@ -111,17 +116,20 @@ impl SchemeKind {
                 fast_path,
                 max_unit_count: unit_count,
                 lease_ms: 0,
+                t_wait_us: 0,
             }),
             SchemeKind::CitronScaling {
                 unit_count,
                 fast_path,
                 max_unit_count,
                 lease_ms,
+                t_wait_us,
             } => Some(CitronParams {
                 unit_count,
                 fast_path,
                 max_unit_count,
                 lease_ms,
+                t_wait_us,
             }),
             _ => None,
         }
@@ -165,7 +173,7 @@ impl SchemeKind {
 }
 
 /// The spec form: `mutex`, `seg:<segment_units>:<segments>`, `server`,
-/// `citron:<units>[:<max_units>[:<lease_ms>]]`, the same for `citron-nofastpath` (parsed back by
+/// `citron:<units>[:<max_units>[:<lease_ms>[:<t_wait_us>]]]`, the same for `citron-nofastpath` (parsed back by
 /// [`SchemeKind::from_str`](std::str::FromStr)), so a kind can cross a process boundary or a
 /// command line.
 impl std::fmt::Display for SchemeKind {
@@ -180,10 +188,11 @@ impl std::fmt::Display for SchemeKind {
                 unit_count,
                 max_unit_count,
                 lease_ms,
+                t_wait_us,
                 ..
             } => write!(
                 f,
-                "{}:{unit_count}:{max_unit_count}:{lease_ms}",
+                "{}:{unit_count}:{max_unit_count}:{lease_ms}:{t_wait_us}",
                 self.name()
             ),
             other => f.write_str(other.name()),
@@ -232,6 +241,7 @@ impl std::str::FromStr for SchemeKind {
                         fast_path,
                         max_unit_count,
                         lease_ms: optional("lease")?.unwrap_or(0),
+                        t_wait_us: optional("T_wait")?.unwrap_or(0),
                     },
                 }
             }
@@ -342,6 +352,7 @@ impl SchemeInstance {
                     unit_count,
                     max_unit_count,
                     lease_ms,
+                    t_wait_us,
                     ..
                 } = kind
                     .citron()
@@ -358,6 +369,7 @@ impl SchemeInstance {
                         } else {
                             Duration::from_millis(lease_ms)
                         },
+                        t_wait: (t_wait_us > 0).then(|| Duration::from_micros(t_wait_us)),
                         ..defaults
                     },
                 )?;
@@ -556,8 +568,9 @@ mod tests {
             fast_path: false,
             max_unit_count: 1 << 16,
             lease_ms: 60_000,
+            t_wait_us: 150,
         };
-        assert_eq!(kind.to_string(), "citron-nofastpath:1024:65536:60000");
+        assert_eq!(kind.to_string(), "citron-nofastpath:1024:65536:60000:150");
         assert_eq!(kind.to_string().parse::<SchemeKind>().unwrap(), kind);
         // The short form: no growth, the default lease.
         let short = SchemeKind::Citron {

@@ -95,6 +95,12 @@ pub struct LocksArgs {
     /// with --mixed.
     #[arg(long)]
     pub seg_size: Option<u64>,
+    /// CITRON's `T_wait` in µs (seed 000 §3.5.5); by default it is derived from the round trip
+    /// measured when the lock is created, on an idle fabric. Under load (more threads than cores,
+    /// tcp) round trips grow, inequality (1) aborts climb, and a larger `T_wait` trades them for
+    /// longer waits of non-leaf requests.
+    #[arg(long)]
+    pub t_wait_us: Option<u64>,
     /// Print one JSON object per result instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -220,9 +226,18 @@ fn scheme_kind(args: &LocksArgs, name: &str) -> Result<SchemeKind> {
         "mutex" => SchemeKind::Mutex,
         "server" => SchemeKind::Server,
         // The tree covers N from the start (seed 000 §4.1: N = 2^28), so no scale-up happens.
-        "citron" | "citron-nofastpath" => SchemeKind::Citron {
-            unit_count: args.units,
-            fast_path: name == "citron",
+        "citron" | "citron-nofastpath" => match args.t_wait_us {
+            None => SchemeKind::Citron {
+                unit_count: args.units,
+                fast_path: name == "citron",
+            },
+            Some(t_wait_us) => SchemeKind::CitronScaling {
+                unit_count: args.units,
+                fast_path: name == "citron",
+                max_unit_count: args.units,
+                lease_ms: 0,
+                t_wait_us,
+            },
         },
         "seg" => {
             let segment_units = seg_size(args);
