@@ -310,6 +310,7 @@ impl MetaHandle {
         let Some(running) = self.inner.take() else {
             return Ok(());
         };
+        running.service.begin_shutdown();
         let _ = running.stop.send(true);
         // Connection tasks see `stop` and end; requests already on the blocking pool finish.
         running.runtime.shutdown_timeout(Duration::from_secs(5));

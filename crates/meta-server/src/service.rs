@@ -113,6 +113,9 @@ pub(crate) struct Service {
     store: Store,
     state: Mutex<State>,
     lock_server: Option<Arc<LockServer>>,
+    /// Set when the meta server itself is stopping: connections it closes are then expected,
+    /// not news worth a warning.
+    stopping: std::sync::atomic::AtomicBool,
 }
 
 impl Service {
@@ -140,6 +143,7 @@ impl Service {
                 endpoint: LocalEndpoint::new(Arc::new(OwnRegion(region))),
             }),
             lock_server,
+            stopping: std::sync::atomic::AtomicBool::new(false),
         };
         // Orphans were open when the last run ended; no session survives a restart.
         for ino in service.store.orphans()? {
@@ -288,12 +292,22 @@ impl Service {
         Ok((record.id, epoch))
     }
 
+    /// Marks the service as stopping: connections closed from now on are expected.
+    pub fn begin_shutdown(&self) {
+        self.stopping
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// A data server's registration connection closed.
     pub fn data_server_gone(&self, id: u32, epoch: u64) {
         let mut st = lock(&self.state);
         if st.live.get(&id).is_some_and(|s| s.epoch == epoch) {
             st.live.remove(&id);
-            tracing::warn!(id, "data server disconnected");
+            if self.stopping.load(std::sync::atomic::Ordering::Relaxed) {
+                tracing::info!(id, "data server connection closed at shutdown");
+            } else {
+                tracing::warn!(id, "data server disconnected");
+            }
         }
     }
 

@@ -141,10 +141,14 @@ impl EmbeddedCluster {
 
     /// Stops the data servers, then the meta server (dropping does the same, without the error).
     pub fn shutdown(mut self) -> Result<()> {
+        // The meta server first: its shutdown persists open files' sizes and flushes the
+        // namespace, which needs no data server; stopping the data servers first would make it
+        // log every one of them as lost.
+        let meta = self.meta.shutdown();
         for d in &mut self.data {
             d.shutdown();
         }
-        self.meta.shutdown()
+        meta
     }
 }
 
