@@ -209,7 +209,11 @@ fn visible_at_once(a: &Path, b: &Path) {
 /// Two writers per mount write whole records into random slots while one reader per mount
 /// reads random slots; every read must pass [`check_read`].
 fn no_torn_records(a: &Path, b: &Path, scheme: LockSchemeKind) {
-    const WRITES: u32 = 60;
+    // 60 writes per writer keep CI fast; CITRONFS_COHERENCE_WRITES=N runs longer.
+    let writes: u32 = std::env::var("CITRONFS_COHERENCE_WRITES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60);
     const MIN_READS: u64 = 40;
     assert!(
         SLOTS
@@ -237,7 +241,7 @@ fn no_torn_records(a: &Path, b: &Path, scheme: LockSchemeKind) {
             writers.push(std::thread::spawn(move || {
                 let f = open_rw(&path);
                 let mut rng = Rng(0x1234_5678 * u64::from(id) + 1);
-                for seq in 1..=WRITES {
+                for seq in 1..=writes {
                     let slot = rng.below(SLOTS.len());
                     let rec = record(id, slot, seq);
                     let n = f.write_at(&rec, SLOTS[slot].0).unwrap();
@@ -290,7 +294,7 @@ fn no_torn_records(a: &Path, b: &Path, scheme: LockSchemeKind) {
     println!(
         "{}: {} writes, {} reads through two client processes, none torn",
         scheme.name(),
-        4 * WRITES,
+        4 * writes,
         reads.load(Ordering::Relaxed)
     );
 }

@@ -1,6 +1,6 @@
 //! Ordinary tools through a mount: cp -a, diff -r, tar, find, mv, ln, ln -s, dd, rm -r.
 
-use citronfs_tests::{skip_without_fuse, Cluster, ClusterSpec};
+use citronfs_tests::{skip_without_fuse, Cluster, ClusterSpec, FabricKind};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::Command;
@@ -37,6 +37,40 @@ fn listing(dir: &Path) -> String {
 #[test]
 fn ordinary_tools_work_through_a_mount() {
     skip_without_fuse!();
+    ordinary_tools(FabricKind::Shm);
+}
+
+/// A shorter round over the tcp software NIC between the client and the servers: cp -a,
+/// diff -r, rm -r of a source tree (the tcp fabric is slow in a debug build on a busy machine).
+#[test]
+fn cp_diff_rm_over_the_tcp_fabric() {
+    skip_without_fuse!();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fabric/src");
+    let work = tempfile::tempdir().unwrap();
+    sh(
+        work.path(),
+        &format!("cp -a '{}' src", src.canonicalize().unwrap().display()),
+    );
+    let cluster = Cluster::start(ClusterSpec {
+        fabric: FabricKind::Tcp,
+        ..ClusterSpec::default()
+    });
+    let mnt = cluster.mount();
+    let root = mnt.path();
+    sh(root, &format!("cp -a '{}/src' tree", work.path().display()));
+    sh(
+        root,
+        &format!("diff -r '{}/src' tree", work.path().display()),
+    );
+    assert_eq!(
+        listing(&root.join("tree")),
+        listing(&work.path().join("src"))
+    );
+    sh(root, "rm -r tree");
+    assert_eq!(std::fs::read_dir(root).unwrap().count(), 0);
+}
+
+fn ordinary_tools(fabric: FabricKind) {
     // A snapshot of a source tree (so that edits to the checkout during the test do not
     // matter), with a symlink and an empty directory added.
     let src_repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fabric");
@@ -48,7 +82,10 @@ fn ordinary_tools_work_through_a_mount() {
     );
     sh(&src, "ln -s Cargo.toml link-to-manifest && mkdir empty-dir");
 
-    let cluster = Cluster::start(ClusterSpec::default());
+    let cluster = Cluster::start(ClusterSpec {
+        fabric,
+        ..ClusterSpec::default()
+    });
     let mnt = cluster.mount();
     let root = mnt.path();
 
