@@ -4,6 +4,10 @@
 //!   descriptor; the library gives each concurrent call its own endpoints and lock handles.
 //! - Every open file gets `FOPEN_DIRECT_IO`: no page cache, so every read and write reaches the
 //!   library and takes its range lock, and all clients see one coherent file.
+//! - ... and `FOPEN_PARALLEL_DIRECT_WRITES`: without it the kernel serializes all direct writes
+//!   to one file on the inode lock, which would defeat the range lock on exactly the workload
+//!   CitronFS is for (many writers of one shared file). Concurrent writes are safe because each
+//!   takes its own range lock; the kernel still serializes writes that extend the file.
 //! - Attribute and entry replies carry a short TTL ([`FuseOptions::attr_ttl`]) so sizes and
 //!   names changed by other clients show up quickly.
 //! - Mounted with `default_permissions` (the kernel checks mode bits, so EACCES/EPERM come from
@@ -28,6 +32,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// The flags of every opened file (see the module docs).
+const OPEN_FLAGS: FopenFlags =
+    FopenFlags::FOPEN_DIRECT_IO.union(FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES);
 
 /// How to mount.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -401,7 +409,7 @@ impl Filesystem for CitronFuse {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         match self.fs.open(caller(req), ino.0, flags.0) {
-            Ok(fh) => reply.opened(FileHandle(fh.0), FopenFlags::FOPEN_DIRECT_IO),
+            Ok(fh) => reply.opened(FileHandle(fh.0), OPEN_FLAGS),
             Err(e) => reply.error(errno(&e)),
         }
     }
@@ -630,7 +638,7 @@ impl Filesystem for CitronFuse {
                 &file_attr(&attr, self.blksize()),
                 Generation(0),
                 FileHandle(fh.0),
-                FopenFlags::FOPEN_DIRECT_IO,
+                OPEN_FLAGS,
             ),
             Err(e) => reply.error(errno(&e)),
         }
