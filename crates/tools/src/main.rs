@@ -31,7 +31,19 @@ enum Command {
     Bench(bench::Bench),
 }
 
-fn main() -> Result<()> {
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            // The cause chain on one line, no backtrace: these are user-facing errors (a wrong
+            // token, a busy mount point), not crashes.
+            eprintln!("citronfs: error: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("CITRONFS_LOG")
