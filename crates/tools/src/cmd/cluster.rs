@@ -44,6 +44,11 @@ struct RemoveOnDrop(PathBuf);
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
+        // The shared root (/dev/shm/citronfs) too, if no other cluster uses it: `remove_dir`
+        // only removes an empty directory.
+        if let Some(root) = self.0.parent() {
+            let _ = std::fs::remove_dir(root);
+        }
     }
 }
 
