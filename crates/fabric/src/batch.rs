@@ -74,6 +74,15 @@ pub enum Verb {
         /// The most significant bit of every field.
         boundary_mask: u64,
     },
+    /// Flush: make `len` bytes at `addr` durable in the region's backing store (like the
+    /// InfiniBand FLUSH verb for persistent memory): `msync` on a file-backed region, nothing on
+    /// plain memory. Moves no data; it runs after the verbs posted before it.
+    Flush {
+        /// Where the range starts.
+        addr: RemoteAddr,
+        /// How many bytes.
+        len: u64,
+    },
 }
 
 impl Verb {
@@ -85,6 +94,7 @@ impl Verb {
             | Verb::Cas { addr, .. }
             | Verb::Faa { addr, .. }
             | Verb::MaskedCas { addr, .. }
+            | Verb::Flush { addr, .. }
             | Verb::MaskedFaa { addr, .. } => addr,
         }
     }
@@ -93,13 +103,17 @@ impl Verb {
     pub fn span(&self) -> u64 {
         match *self {
             Verb::Read { len, .. } | Verb::Write { len, .. } => u64::from(len),
+            Verb::Flush { len, .. } => len,
             _ => 8,
         }
     }
 
     /// Whether the verb is an atomic on one aligned word.
     pub fn is_atomic(&self) -> bool {
-        !matches!(self, Verb::Read { .. } | Verb::Write { .. })
+        !matches!(
+            self,
+            Verb::Read { .. } | Verb::Write { .. } | Verb::Flush { .. }
+        )
     }
 }
 
@@ -263,6 +277,11 @@ impl Batch {
         })
     }
 
+    /// Posts a flush of `len` bytes at `addr` (see [`Verb::Flush`]).
+    pub fn flush(&mut self, addr: RemoteAddr, len: u64) {
+        self.verbs.push(Verb::Flush { addr, len });
+    }
+
     /// Posts an already-built verb. A write's data must be supplied with it.
     ///
     /// Returns the atomic handle for atomic verbs.
@@ -274,6 +293,10 @@ impl Batch {
             }
             Verb::Write { addr, .. } => {
                 self.write(addr, write_data);
+                None
+            }
+            Verb::Flush { addr, len } => {
+                self.flush(addr, len);
                 None
             }
             atomic => Some(self.push_atomic(atomic)),
@@ -308,6 +331,7 @@ impl Batch {
                 }
                 Verb::Read { len, .. } => reads += u64::from(len),
                 Verb::Write { len, .. } => writes += u64::from(len),
+                Verb::Flush { .. } => {}
                 _ => atomics += 1,
             }
         }

@@ -34,6 +34,17 @@ pub enum VerbError {
         /// The region's size.
         region_len: u64,
     },
+    /// A flush could not make its range durable. Unlike the other verb errors this is found
+    /// while the batch runs: the verbs before and after the flush did execute.
+    #[error("verb {index}: flush of {addr} failed: {reason}")]
+    FlushFailed {
+        /// Position of the verb in its batch.
+        index: usize,
+        /// Where the flushed range started.
+        addr: RemoteAddr,
+        /// What the backing store said.
+        reason: String,
+    },
     /// An atomic verb on an address that is not 8-byte aligned.
     #[error("verb {index}: atomic verb at {addr} is not 8-byte aligned")]
     Misaligned {

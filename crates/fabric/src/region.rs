@@ -23,6 +23,8 @@ pub struct Region {
     id: RegionId,
     words: *const AtomicU64,
     len: u64,
+    /// Whether the memory is a mapping of a file (flushes `msync` it) or plain memory.
+    mapped: bool,
     /// Keeps the memory behind `words` alive (a `Box<[AtomicU64]>` or a memory map).
     _owner: Box<dyn Any + Send + Sync>,
 }
@@ -52,6 +54,7 @@ impl Region {
             id,
             words: ptr,
             len: words as u64 * 8,
+            mapped: false,
             _owner: Box::new(memory),
         }
     }
@@ -60,8 +63,9 @@ impl Region {
     ///
     /// # Safety
     /// `ptr` must be 8-byte aligned and valid for reads and writes of `len` bytes for as long as
-    /// `owner` lives; `owner` must not move or free that memory; and every other user of it must
-    /// only access it atomically (other processes mapping the same file included).
+    /// `owner` lives; `owner` must not move or free that memory; every other user of it must
+    /// only access it atomically (other processes mapping the same file included); and it must be
+    /// a page-aligned `mmap` of a file, since [`Verb::Flush`] `msync`s it.
     pub unsafe fn from_raw(
         id: RegionId,
         ptr: *mut u8,
@@ -73,6 +77,7 @@ impl Region {
             id,
             words: ptr as *const AtomicU64,
             len: len / 8 * 8,
+            mapped: true,
             _owner: owner,
         }
     }
@@ -161,6 +166,32 @@ impl Region {
         }
     }
 
+    /// Makes `[offset, offset + len)` durable: `msync(MS_SYNC)` of the pages covering it on a
+    /// mapped region, nothing on plain memory. The caller has checked bounds.
+    fn flush(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        if !self.mapped || len == 0 {
+            return Ok(());
+        }
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as u64;
+        let start = offset / page * page;
+        let end = (offset + len).min(self.len);
+        // SAFETY: [start, end) lies inside this mapping (bounds checked, the mapping starts on
+        // a page boundary), and msync only writes dirty pages back; it does not touch memory.
+        let rc = unsafe {
+            libc::msync(
+                (self.words as *mut u8).add(start as usize).cast(),
+                (end - start) as usize,
+                libc::MS_SYNC,
+            )
+        };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    }
+
     /// Executes one atomic verb on an aligned, in-bounds word and returns the old value.
     fn atomic(&self, verb: &Verb) -> u64 {
         match *verb {
@@ -197,7 +228,9 @@ impl Region {
             }) {
                 Ok(old) | Err(old) => old,
             },
-            Verb::Read { .. } | Verb::Write { .. } => unreachable!("not an atomic verb"),
+            Verb::Read { .. } | Verb::Write { .. } | Verb::Flush { .. } => {
+                unreachable!("not an atomic verb")
+            }
         }
     }
 }
@@ -272,14 +305,16 @@ impl RegionTable {
 
     /// Checks `batch`, then executes all of its verbs in posting order, filling `out`.
     ///
-    /// Nothing executes unless every verb is valid. The batch's shape (payload length) is an
+    /// Nothing executes unless every verb is valid. The one error found while running is a
+    /// failed flush ([`VerbError::FlushFailed`]), reported after the whole batch has run. The batch's shape (payload length) is an
     /// invariant of [`Batch`]; batches decoded from the network must pass
     /// [`Batch::check_shape`] first.
     pub fn execute(&self, batch: &Batch, out: &mut Completions) -> Result<(), VerbError> {
         self.check(batch)?;
         out.reset_for(batch);
         let mut payload = batch.payload();
-        for verb in batch.verbs() {
+        let mut failed = None;
+        for (index, verb) in batch.verbs().iter().enumerate() {
             let region = self.get(verb.addr().region).expect("checked above");
             match *verb {
                 Verb::Read { addr, len } => {
@@ -290,10 +325,19 @@ impl RegionTable {
                     region.write_from(addr.offset, data);
                     payload = rest;
                 }
+                Verb::Flush { addr, len } => {
+                    if let Err(e) = region.flush(addr.offset, len) {
+                        failed.get_or_insert(VerbError::FlushFailed {
+                            index,
+                            addr,
+                            reason: e.to_string(),
+                        });
+                    }
+                }
                 ref atomic => out.push_old(region.atomic(atomic)),
             }
         }
-        Ok(())
+        failed.map_or(Ok(()), Err)
     }
 }
 

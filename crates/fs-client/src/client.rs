@@ -731,6 +731,10 @@ impl CitronFs {
     /// are file-backed: their regions are the files).
     pub fn fsync(&self, fh: FileHandle) -> Result<(), FsError> {
         let handle = self.inner.handle(fh)?;
+        {
+            let mut w = self.inner.checkout()?;
+            self.inner.flush_data(&mut w, &handle.inode)?;
+        }
         self.inner.ok_call(
             "Fsync",
             Request::Fsync {
@@ -1280,6 +1284,56 @@ impl Inner {
                 }
                 let result = self
                     .data_ep(w, sp.server)
+                    .and_then(|ep| ep.execute(&batch, &mut out).map_err(FsError::from));
+                w.batch = batch;
+                w.out = out;
+                if let Err(e) = result {
+                    w.broken = true;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes the file's data durable where its data servers are file-backed (the data half of
+    /// `fsync`; DESIGN.md "Files"): one batch of flush verbs per data server, covering every
+    /// allocated chunk below the size, with runs of adjacent chunks merged into one verb. Every
+    /// write this client acknowledged had completed its data verbs before returning, so the
+    /// flushes cover it.
+    fn flush_data(&self, w: &mut Worker, inode: &OpenInode) -> Result<(), FsError> {
+        let (size, generation) = self.read_fcb(w, inode)?;
+        if size == 0 {
+            return Ok(());
+        }
+        let len = usize::try_from(size).map_err(|_| FsError::Invalid("file too large".into()))?;
+        let run = self.chunk_locations(inode, generation, 0, len, false)?;
+        let mut per_server: std::collections::BTreeMap<u32, Vec<u64>> = Default::default();
+        for loc in run.locs.iter().flatten() {
+            per_server.entry(loc.server).or_default().push(loc.index);
+        }
+        let chunk = self.geometry.chunk_size;
+        for (server, mut indexes) in per_server {
+            indexes.sort_unstable();
+            let region = self.region_of(server)?;
+            // (first chunk, chunk count) of each run of adjacent chunks.
+            let mut runs: Vec<(u64, u64)> = Vec::new();
+            for index in indexes {
+                match runs.last_mut() {
+                    Some((first, count)) if *first + *count == index => *count += 1,
+                    _ => runs.push((index, 1)),
+                }
+            }
+            // A batch carries at most MAX_BATCH_VERBS verbs; stay well below.
+            for group in runs.chunks(1024) {
+                let mut batch = std::mem::take(&mut w.batch);
+                batch.clear();
+                for &(first, count) in group {
+                    batch.flush(RemoteAddr::new(region, first * chunk), count * chunk);
+                }
+                let mut out = std::mem::take(&mut w.out);
+                let result = self
+                    .data_ep(w, server)
                     .and_then(|ep| ep.execute(&batch, &mut out).map_err(FsError::from));
                 w.batch = batch;
                 w.out = out;

@@ -20,6 +20,14 @@ fn restart_keeps_namespace_and_data() {
         let root = mnt.path();
         std::fs::create_dir_all(root.join("d/e")).unwrap();
         std::fs::write(root.join("d/e/big"), &big).unwrap();
+        // fsync: flush verbs msync the file-backed data servers' regions, then the size is
+        // persisted. (That the pages reached the disk is not observable short of a power cut.)
+        std::fs::File::options()
+            .write(true)
+            .open(root.join("d/e/big"))
+            .unwrap()
+            .sync_all()
+            .unwrap();
         std::fs::write(root.join("small"), b"hello").unwrap();
         std::fs::set_permissions(root.join("small"), std::fs::Permissions::from_mode(0o640))
             .unwrap();

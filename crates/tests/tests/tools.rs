@@ -66,6 +66,8 @@ fn cp_diff_rm_over_the_tcp_fabric() {
         listing(&root.join("tree")),
         listing(&work.path().join("src"))
     );
+    // `sync` fsyncs every file: flush verbs cross the tcp fabric to the data servers.
+    sh(root, "sync tree/*.rs");
     sh(root, "rm -r tree");
     assert_eq!(std::fs::read_dir(root).unwrap().count(), 0);
 }

@@ -374,7 +374,7 @@ fn tcp_frame_sizes(batch: &Batch) -> (usize, usize) {
             fabric::Verb::Read { len, .. } => {
                 out.push_read(*len as usize);
             }
-            fabric::Verb::Write { .. } => {}
+            fabric::Verb::Write { .. } | fabric::Verb::Flush { .. } => {}
             _ => out.push_old(0),
         }
     }
