@@ -1228,27 +1228,14 @@ impl Inner {
         for sp in plans {
             let region = self.region_of(sp.server)?;
             for pb in sp.batches {
-                let mut batch = std::mem::take(&mut w.batch);
-                let mut out = std::mem::take(&mut w.out);
-                batch.clear();
-                let handles: Vec<_> = pb
-                    .ops
-                    .iter()
-                    .map(|op| batch.read(RemoteAddr::new(region, op.remote_off), op.len))
-                    .collect();
-                let result = self
-                    .data_ep(w, sp.server)
-                    .and_then(|ep| ep.execute(&batch, &mut out).map_err(FsError::from));
-                if result.is_ok() {
-                    for (op, h) in pb.ops.iter().zip(handles) {
-                        buf[op.buf_off..op.buf_off + op.len].copy_from_slice(out.bytes(h));
-                    }
-                }
-                w.batch = batch;
-                w.out = out;
-                if let Err(e) = result {
-                    w.broken = true;
-                    return Err(e);
+                let handles = self.exec_data(w, sp.server, |batch| {
+                    pb.ops
+                        .iter()
+                        .map(|op| batch.read(RemoteAddr::new(region, op.remote_off), op.len))
+                        .collect::<Vec<_>>()
+                })?;
+                for (op, h) in pb.ops.iter().zip(handles) {
+                    buf[op.buf_off..op.buf_off + op.len].copy_from_slice(w.out.bytes(h));
                 }
             }
         }
@@ -1273,24 +1260,14 @@ impl Inner {
         for sp in plans {
             let region = self.region_of(sp.server)?;
             for pb in sp.batches {
-                let mut batch = std::mem::take(&mut w.batch);
-                let mut out = std::mem::take(&mut w.out);
-                batch.clear();
-                for op in &pb.ops {
-                    batch.write(
-                        RemoteAddr::new(region, op.remote_off),
-                        &data[op.buf_off..op.buf_off + op.len],
-                    );
-                }
-                let result = self
-                    .data_ep(w, sp.server)
-                    .and_then(|ep| ep.execute(&batch, &mut out).map_err(FsError::from));
-                w.batch = batch;
-                w.out = out;
-                if let Err(e) = result {
-                    w.broken = true;
-                    return Err(e);
-                }
+                self.exec_data(w, sp.server, |batch| {
+                    for op in &pb.ops {
+                        batch.write(
+                            RemoteAddr::new(region, op.remote_off),
+                            &data[op.buf_off..op.buf_off + op.len],
+                        );
+                    }
+                })?;
             }
         }
         Ok(())
@@ -1326,24 +1303,38 @@ impl Inner {
             }
             // A batch carries at most MAX_BATCH_VERBS verbs; stay well below.
             for group in runs.chunks(1024) {
-                let mut batch = std::mem::take(&mut w.batch);
-                batch.clear();
-                for &(first, count) in group {
-                    batch.flush(RemoteAddr::new(region, first * chunk), count * chunk);
-                }
-                let mut out = std::mem::take(&mut w.out);
-                let result = self
-                    .data_ep(w, server)
-                    .and_then(|ep| ep.execute(&batch, &mut out).map_err(FsError::from));
-                w.batch = batch;
-                w.out = out;
-                if let Err(e) = result {
-                    w.broken = true;
-                    return Err(e);
-                }
+                self.exec_data(w, server, |batch| {
+                    for &(first, count) in group {
+                        batch.flush(RemoteAddr::new(region, first * chunk), count * chunk);
+                    }
+                })?;
             }
         }
         Ok(())
+    }
+
+    /// Fills the worker's batch with `fill` and executes it on data server `server`, one round
+    /// trip; the results are in `w.out` afterwards. A failure marks the worker broken: the
+    /// endpoint's state is unknown, so it must not be reused.
+    fn exec_data<R>(
+        &self,
+        w: &mut Worker,
+        server: u32,
+        fill: impl FnOnce(&mut Batch) -> R,
+    ) -> Result<R, FsError> {
+        let mut batch = std::mem::take(&mut w.batch);
+        let mut out = std::mem::take(&mut w.out);
+        batch.clear();
+        let filled = fill(&mut batch);
+        let result = self
+            .data_ep(w, server)
+            .and_then(|ep| ep.execute(&batch, &mut out).map_err(FsError::from));
+        w.batch = batch;
+        w.out = out;
+        if result.is_err() {
+            w.broken = true;
+        }
+        result.map(|()| filled)
     }
 
     fn region_of(&self, server: u32) -> Result<fabric::RegionId, FsError> {
