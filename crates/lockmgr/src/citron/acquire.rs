@@ -65,6 +65,34 @@ enum PhaseB {
 }
 
 impl CitronClient {
+    /// Alg. 2 l. 31: posts the `DMax` notification of every target ancestor and the read of the
+    /// root, into the current batch (one round trip with whatever else it carries).
+    fn post_notify(
+        &mut self,
+        targets: &[(Node, RemoteAddr)],
+        root_addr: RemoteAddr,
+    ) -> (Vec<AtomicHandle>, ReadHandle) {
+        let toks = targets
+            .iter()
+            .map(|(_, a)| self.batch.masked_faa(*a, ADD_DMAX, BOUNDARY))
+            .collect();
+        (toks, self.batch.read(root_addr, 8))
+    }
+
+    /// The release tokens of a notification that has executed: where each went, and the `Exp`
+    /// tag it saw (Alg. 3 l. 10-12 compares it at release to find scale-ups in between).
+    fn notify_tokens(&self, targets: &[(Node, RemoteAddr)], toks: &[AtomicHandle]) -> Vec<Token> {
+        targets
+            .iter()
+            .zip(toks)
+            .map(|((n, a), h)| Token {
+                node: *n,
+                addr: *a,
+                tag: exp_tag(self.out.old(*h)),
+            })
+            .collect()
+    }
+
     /// `ACQUIRELOCKONTREE` (Alg. 2 l. 4-7) for `[l, r)` inside `[0, N)`: the nodes go into `held`.
     pub(crate) fn acquire_on_tree(
         &mut self,
@@ -335,23 +363,11 @@ impl CitronClient {
                 } else {
                     Vec::new()
                 };
-                let toks: Vec<AtomicHandle> = targets
-                    .iter()
-                    .map(|(_, a)| self.batch.masked_faa(*a, ADD_DMAX, BOUNDARY))
-                    .collect();
-                let rr = self.batch.read(root_addr, 8);
+                let (toks, rr) = self.post_notify(&targets, root_addr);
                 self.exec()?;
                 t2 = Instant::now();
                 t0 = t2;
-                hn.tokens = targets
-                    .iter()
-                    .zip(&toks)
-                    .map(|((n, a), h)| Token {
-                        node: *n,
-                        addr: *a,
-                        tag: exp_tag(self.out.old(*h)),
-                    })
-                    .collect();
+                hn.tokens = self.notify_tokens(&targets, &toks);
                 let old = self.out.old(main);
                 if node.is_leaf() {
                     if old & mask != 0 {
@@ -410,22 +426,10 @@ impl CitronClient {
                 }
                 // l. 31: notify every m-th ancestor and read the root, one batch.
                 self.batch.clear();
-                let toks: Vec<AtomicHandle> = targets
-                    .iter()
-                    .map(|(_, a)| self.batch.masked_faa(*a, ADD_DMAX, BOUNDARY))
-                    .collect();
-                let rr = self.batch.read(root_addr, 8);
+                let (toks, rr) = self.post_notify(&targets, root_addr);
                 self.exec()?;
                 t2 = Instant::now();
-                hn.tokens = targets
-                    .iter()
-                    .zip(&toks)
-                    .map(|((n, a), h)| Token {
-                        node: *n,
-                        addr: *a,
-                        tag: exp_tag(self.out.old(*h)),
-                    })
-                    .collect();
+                hn.tokens = self.notify_tokens(&targets, &toks);
                 root_word = self.out.word(rr, 0);
             }
 
