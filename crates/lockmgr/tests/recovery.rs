@@ -20,9 +20,10 @@
 
 mod common;
 
+use common::servers::{connect_to, Backend, Fabric};
 use common::{AtomicShadow, Workload};
-use fabric::{Auth, Connector, MemServer, RegionId, RemoteAddr, ShmConnector, ShmServer};
-use fabric::{EndpointExt, TcpConnector, TcpServer};
+use fabric::EndpointExt;
+use fabric::{Connector, MemServer, RegionId, RemoteAddr};
 use lockmgr::baselines::ticket::{next_ticket, now_serving};
 use lockmgr::baselines::{MutexScheme, TicketConfig};
 use lockmgr::citron::{Citron, CitronClient, CitronConfig, ClientOptions, NoAllocator};
@@ -49,70 +50,6 @@ const LOCK_BASE: RemoteAddr = RemoteAddr::new(REGION_LOCK, 0);
 const CHILD_ENV: &str = "CITRONFS_RECOVERY_CHILD";
 /// What the child prints once it holds its lock.
 const HOLDING: &str = "RECOVERY-CHILD-HOLDING";
-/// The tcp test cluster's credentials.
-const TCP_CLUSTER: &str = "recovery";
-const TCP_TOKEN: &str = "recovery-token";
-
-// ---- fabrics ----
-
-#[derive(Clone, Copy, Debug)]
-enum Backend {
-    Shm,
-    Tcp,
-}
-
-/// A fabric server in this process with the lock region; children reach it by its location.
-enum Fabric {
-    Shm {
-        server: ShmServer,
-        _dir: tempfile::TempDir,
-    },
-    Tcp(TcpServer),
-}
-
-impl Fabric {
-    fn start(backend: Backend, bytes: u64) -> Self {
-        let fabric = match backend {
-            Backend::Shm => {
-                let dir = tempfile::tempdir().unwrap();
-                Fabric::Shm {
-                    server: ShmServer::create(dir.path().join("server")).unwrap(),
-                    _dir: dir,
-                }
-            }
-            Backend::Tcp => Fabric::Tcp(
-                TcpServer::bind("127.0.0.1:0", Auth::new(TCP_CLUSTER, TCP_TOKEN)).unwrap(),
-            ),
-        };
-        match &fabric {
-            Fabric::Shm { server, .. } => server.register(REGION_LOCK, bytes).map(drop),
-            Fabric::Tcp(server) => server.register(REGION_LOCK, bytes).map(drop),
-        }
-        .unwrap();
-        fabric
-    }
-
-    fn location(&self) -> String {
-        match self {
-            Fabric::Shm { server, .. } => format!("shm={}", server.dir().display()),
-            Fabric::Tcp(server) => format!("tcp={}", server.local_addr()),
-        }
-    }
-
-    fn connector(&self) -> Arc<dyn Connector> {
-        Arc::from(connect_to(&self.location()))
-    }
-}
-
-fn connect_to(location: &str) -> Box<dyn Connector> {
-    if let Some(dir) = location.strip_prefix("shm=") {
-        Box::new(ShmConnector::attach(dir).unwrap())
-    } else if let Some(addr) = location.strip_prefix("tcp=") {
-        Box::new(TcpConnector::connect(addr, TCP_CLUSTER, TCP_TOKEN).unwrap())
-    } else {
-        panic!("bad fabric location {location:?}")
-    }
-}
 
 // ---- the schemes under test ----
 
@@ -185,7 +122,7 @@ fn child_holder() {
         other => panic!("bad scheme {other:?}"),
     };
     let range = start.parse().unwrap()..end.parse().unwrap();
-    let connector: Arc<dyn Connector> = Arc::from(connect_to(location));
+    let connector: Arc<dyn Connector> = Arc::from(connect_to(location).unwrap());
     let mut lock = open(scheme, &connector);
     let _id = lock.acquire(range).unwrap();
     println!("{HOLDING}");
@@ -284,8 +221,8 @@ fn run_scenario(backend: Backend, sc: &Scenario) {
         Scheme::Citron => Citron::bytes_needed(UNITS).unwrap(),
         Scheme::Mutex => MutexScheme::REGION_BYTES,
     };
-    let fabric = Fabric::start(backend, bytes);
-    let connector = fabric.connector();
+    let fabric = Fabric::start(backend, &[(REGION_LOCK, bytes)]);
+    let connector: Arc<dyn Connector> = Arc::from(fabric.connector());
     {
         let mut ep = connector.connect().unwrap();
         match sc.scheme {

@@ -12,11 +12,9 @@
 
 mod common;
 
+use common::servers::{connect_to, Backend, Fabric};
 use common::{AtomicShadow, FabricShadow, Report, Workload};
-use fabric::{
-    Auth, Connector, MemServer, RegionId, RemoteAddr, ShmConnector, ShmServer, TcpConnector,
-    TcpServer,
-};
+use fabric::{Connector, MemServer, RegionId, RemoteAddr};
 use lockmgr::baselines::TicketConfig;
 use lockmgr::chaos::DelayMode;
 use lockmgr::citron::{ClientOptions, NoAllocator};
@@ -165,86 +163,6 @@ fn check_at_rest(kind: &SchemeKind, connector: &dyn Connector) {
         "{kind}: not at rest after the run: {audit:?}"
     );
     eprintln!("{kind}: N = {} after the run", client.unit_count());
-}
-
-/// The fabric backends the checker runs on.
-#[derive(Clone, Copy, Debug)]
-enum Backend {
-    Mem,
-    Shm,
-    Tcp,
-}
-
-/// The tcp test cluster's credentials.
-const TCP_CLUSTER: &str = "safety";
-const TCP_TOKEN: &str = "safety-token";
-
-/// A running fabric server with the lock region (and, for processes, the shadow region).
-enum Fabric {
-    Mem(MemServer),
-    Shm {
-        server: ShmServer,
-        _dir: tempfile::TempDir,
-    },
-    Tcp(TcpServer),
-}
-
-impl Fabric {
-    fn start(backend: Backend, regions: &[(RegionId, u64)]) -> Self {
-        let fabric = match backend {
-            Backend::Mem => Fabric::Mem(MemServer::new()),
-            Backend::Shm => {
-                let dir = tempfile::tempdir().unwrap();
-                Fabric::Shm {
-                    server: ShmServer::create(dir.path().join("server")).unwrap(),
-                    _dir: dir,
-                }
-            }
-            Backend::Tcp => Fabric::Tcp(
-                TcpServer::bind("127.0.0.1:0", Auth::new(TCP_CLUSTER, TCP_TOKEN)).unwrap(),
-            ),
-        };
-        for &(id, len) in regions {
-            match &fabric {
-                Fabric::Mem(server) => server.register(id, len).map(drop),
-                Fabric::Shm { server, .. } => server.register(id, len).map(drop),
-                Fabric::Tcp(server) => server.register(id, len).map(drop),
-            }
-            .unwrap();
-        }
-        fabric
-    }
-
-    /// Where a child process finds this fabric.
-    fn location(&self) -> String {
-        match self {
-            Fabric::Mem(_) => unreachable!("mem regions cannot be shared with another process"),
-            Fabric::Shm { server, .. } => format!("shm={}", server.dir().display()),
-            Fabric::Tcp(server) => format!("tcp={}", server.local_addr()),
-        }
-    }
-
-    fn connector(&self) -> Box<dyn Connector> {
-        match self {
-            Fabric::Mem(server) => Box::new(server.clone()),
-            other => connect_to(&other.location()).unwrap(),
-        }
-    }
-}
-
-/// Opens a connector to the fabric at `location` (see [`Fabric::location`]).
-fn connect_to(location: &str) -> Result<Box<dyn Connector>, String> {
-    if let Some(dir) = location.strip_prefix("shm=") {
-        Ok(Box::new(
-            ShmConnector::attach(dir).map_err(|e| e.to_string())?,
-        ))
-    } else if let Some(addr) = location.strip_prefix("tcp=") {
-        Ok(Box::new(
-            TcpConnector::connect(addr, TCP_CLUSTER, TCP_TOKEN).map_err(|e| e.to_string())?,
-        ))
-    } else {
-        Err(format!("bad fabric location {location:?}"))
-    }
 }
 
 /// A boxed connector as a `Connector` (to wrap it in a [`ChaosConnector`]).

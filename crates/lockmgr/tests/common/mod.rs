@@ -13,6 +13,8 @@
 
 #![allow(dead_code)] // Each test binary uses its own part of this module.
 
+pub mod servers;
+
 use fabric::batch::MAX_BATCH_VERBS;
 use fabric::{Batch, Completions, Endpoint, EndpointExt, RegionId, RemoteAddr};
 use lockmgr::{LockStats, RangeLock};
