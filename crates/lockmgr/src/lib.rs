@@ -4,6 +4,7 @@
 //! paper's Table 1 that matter to a file system. The crate knows nothing of files: it locks ranges
 //! of an abstract address space of lock units.
 
+pub mod backoff;
 pub mod baselines;
 pub mod chaos;
 pub mod citron;

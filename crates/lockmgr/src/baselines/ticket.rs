@@ -40,7 +40,6 @@
 use crate::scheme::LockError;
 use fabric::{Endpoint, EndpointExt, RemoteAddr};
 use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
 use std::time::{Duration, Instant};
 
 /// `FAA` addend that takes a ticket.
@@ -60,74 +59,8 @@ pub fn now_serving(word: u64) -> u32 {
     word as u32
 }
 
-/// Truncated, randomized exponential backoff between polls (seed 002 §4.3): after the `i`-th
-/// failed poll wait `Rand(min(base · 2^i, max))`.
-///
-/// Short waits spin (a sleep is never shorter than the kernel's timer slack, tens of µs); waits
-/// of at least `sleep_threshold` sleep, so waiters do not burn cores that holders need.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Backoff {
-    /// The first backoff bound (about one round trip).
-    pub base: Duration,
-    /// The truncation: no single wait is longer.
-    pub max: Duration,
-    /// Waits at least this long sleep instead of spinning.
-    pub sleep_threshold: Duration,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Self {
-            base: Duration::from_micros(1),
-            max: Duration::from_micros(256),
-            sleep_threshold: Duration::from_micros(50),
-        }
-    }
-}
-
-/// The state of one wait: the current bound and a private random stream.
-#[derive(Debug)]
-pub struct BackoffState {
-    config: Backoff,
-    bound: Duration,
-    rng: SmallRng,
-}
-
-impl BackoffState {
-    /// Starts a wait.
-    pub fn new(config: Backoff, rng: &mut SmallRng) -> Self {
-        Self {
-            config,
-            bound: config.base,
-            rng: SmallRng::from_rng(rng),
-        }
-    }
-
-    /// Waits a random time below the current bound, then doubles the bound (up to `max`).
-    pub fn wait(&mut self) {
-        let bound = self.bound.as_nanos().max(1) as u64;
-        let delay = Duration::from_nanos(self.rng.random_range(0..=bound));
-        self.bound = (self.bound * 2).min(self.config.max.max(self.config.base));
-        pause(delay, self.config.sleep_threshold);
-    }
-}
-
-/// Waits `delay`: sleeps if it is at least `sleep_threshold`, else spins yielding the core.
-pub fn pause(delay: Duration, sleep_threshold: Duration) {
-    if delay.is_zero() {
-        return;
-    }
-    if delay >= sleep_threshold {
-        std::thread::sleep(delay);
-        return;
-    }
-    let until = Instant::now() + delay;
-    while Instant::now() < until {
-        // Yield rather than busy-spin: with more threads than cores, the holder we wait for may
-        // need this core.
-        std::thread::yield_now();
-    }
-}
+pub use crate::backoff::Backoff;
+use crate::backoff::BackoffState;
 
 /// How a ticket lock behaves on the client side. The default: default backoff, no lease.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -187,10 +120,10 @@ impl TicketLock {
         if serving == ticket {
             return Ok(outcome);
         }
-        let mut backoff = BackoffState::new(config.backoff, rng);
+        let mut backoff = BackoffState::new(config.backoff);
         let mut serving_since = Instant::now();
         loop {
-            backoff.wait();
+            backoff.snooze(rng);
             let word = endpoint.read_u64(self.addr)?;
             let now = now_serving(word);
             if now == ticket {
@@ -266,6 +199,7 @@ impl TicketLock {
 mod tests {
     use super::*;
     use fabric::{MemServer, RegionId};
+    use rand::SeedableRng;
 
     fn setup() -> (MemServer, TicketLock) {
         let server = MemServer::new();

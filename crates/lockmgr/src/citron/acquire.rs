@@ -17,7 +17,6 @@
 //! (holding nothing, it can wait like anyone else); and a request that waits in a ticket queue
 //! longer than `restart_after` while holding nodes does the same.
 
-use super::backoff::wait_until;
 use super::config::DELTA;
 use super::layout::{
     self, counter_gap, dcnt, dmax, exp_tag, occ, tcnt, tmax, Node, ADD_DMAX, ADD_OCC, ADD_TMAX,
@@ -25,6 +24,7 @@ use super::layout::{
 };
 use super::split::split;
 use super::{CitronClient, Held, HeldNode, Phase, Token};
+use crate::backoff::wait_until;
 use crate::scheme::LockError;
 use fabric::{AtomicHandle, ReadHandle, RemoteAddr};
 use std::collections::VecDeque;

@@ -13,7 +13,6 @@
 //! lock to clients, and [`Citron::client`] / [`Citron::boxed`] open one handle per thread.
 
 mod acquire;
-mod backoff;
 pub mod config;
 pub mod layout;
 pub mod progress;
@@ -27,6 +26,7 @@ pub use config::{
     NoAllocator, TreeAllocator,
 };
 
+use crate::backoff::{pause, Backoff, BackoffState, SLEEP_THRESHOLD};
 use crate::scheme::{check_range, LockError, LockId, RangeLock};
 use crate::stats::LockStats;
 use config::{MAXIMIZER_OFFSET, RECORD_BYTES, SPILLOVER_OFFSET, TREE_OFFSET};
@@ -395,8 +395,12 @@ impl CitronClient {
         })
     }
 
-    fn backoff(&self) -> backoff::Backoff {
-        backoff::Backoff::new(self.opts.backoff_base, self.opts.backoff_max)
+    fn backoff(&self) -> BackoffState {
+        BackoffState::new(Backoff {
+            base: self.opts.backoff_base,
+            max: self.opts.backoff_max,
+            sleep_threshold: SLEEP_THRESHOLD,
+        })
     }
 
     fn exec(&mut self) -> Result<(), LockError> {
@@ -455,7 +459,7 @@ pub(crate) fn read_record(
                 "config record stays torn or missing (lock not created?)".into(),
             ));
         }
-        backoff::pause(delay);
+        pause(delay, SLEEP_THRESHOLD);
         delay = (delay * 2).min(Duration::from_millis(1));
     }
 }
