@@ -33,6 +33,33 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+/// The FUSE device.
+pub const FUSE_DEVICE: &str = "/dev/fuse";
+
+/// Whether this machine can mount a FUSE file system through `device` (normally
+/// [`FUSE_DEVICE`]): the device must open read-write, and a non-root user needs `fusermount3`
+/// (Debian package `fuse3`) on `PATH`. `Err` says why not, for a skip message or an error.
+pub fn check_mountable(device: &Path) -> Result<(), String> {
+    if let Err(e) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(device)
+    {
+        return Err(format!("cannot open {} ({e})", device.display()));
+    }
+    // SAFETY: geteuid has no preconditions and touches no memory.
+    let root = unsafe { libc::geteuid() } == 0;
+    let on_path = |program: &str| {
+        std::env::var_os("PATH").is_some_and(|paths| {
+            std::env::split_paths(&paths).any(|dir| dir.join(program).is_file())
+        })
+    };
+    if !root && !on_path("fusermount3") && !on_path("fusermount") {
+        return Err("not root and no fusermount3 on PATH (Debian package fuse3)".into());
+    }
+    Ok(())
+}
+
 /// The flags of every opened file (see the module docs).
 const OPEN_FLAGS: FopenFlags =
     FopenFlags::FOPEN_DIRECT_IO.union(FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES);

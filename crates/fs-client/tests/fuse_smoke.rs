@@ -11,36 +11,11 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::sync::Arc;
 
-fn why_not_mountable() -> Option<String> {
-    if !std::path::Path::new("/dev/fuse").exists() {
-        return Some("/dev/fuse does not exist".into());
-    }
-    if std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/fuse")
-        .is_err()
-    {
-        return Some("/dev/fuse cannot be opened".into());
-    }
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    let fusermount = [
-        "/bin/fusermount3",
-        "/usr/bin/fusermount3",
-        "/bin/fusermount",
-    ]
-    .iter()
-    .any(|p| std::path::Path::new(p).exists());
-    if !root && !fusermount {
-        return Some("not root and no fusermount3 (Debian package fuse3)".into());
-    }
-    None
-}
-
 #[test]
 fn mount_write_read_stat_unmount() {
-    if let Some(why) = why_not_mountable() {
+    if let Err(why) =
+        fs_client::fuse::check_mountable(std::path::Path::new(fs_client::fuse::FUSE_DEVICE))
+    {
         println!("skipped: {why}");
         return;
     }

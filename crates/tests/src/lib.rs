@@ -30,23 +30,7 @@ pub const TOKEN: &str = "test-token";
 /// Why FUSE mounts cannot work here, or `None` when they can: /dev/fuse must exist and open,
 /// and a non-root user needs `fusermount3` (Debian package fuse3).
 pub fn fuse_unavailable() -> Option<String> {
-    if !Path::new("/dev/fuse").exists() {
-        return Some("/dev/fuse does not exist".into());
-    }
-    if std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/fuse")
-        .is_err()
-    {
-        return Some("/dev/fuse cannot be opened".into());
-    }
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    if !root && find_program(&["fusermount3", "fusermount"]).is_none() {
-        return Some("not root and no fusermount3 (Debian package fuse3)".into());
-    }
-    None
+    fs_client::fuse::check_mountable(Path::new(fs_client::fuse::FUSE_DEVICE)).err()
 }
 
 /// Returns from the calling test, printing why, when FUSE mounts cannot work here.

@@ -787,36 +787,14 @@ impl Drop for RemoveFileOnDrop {
 /// Fails with a clear message when this machine cannot mount FUSE file systems: `fuse_dev`
 /// (normally /dev/fuse) must open read-write, and a non-root user needs fusermount3.
 fn check_fuse(fuse_dev: &Path) -> Result<()> {
-    if let Err(e) = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(fuse_dev)
-    {
+    if let Err(why) = fs_client::fuse::check_mountable(fuse_dev) {
         bail!(
-            "FUSE is not available here: cannot open {} ({e}). `citronfs bench fs` measures a \
-             FUSE mount of CitronFS: load the fuse module (`modprobe fuse`), or start the \
-             container with `--device /dev/fuse --cap-add SYS_ADMIN`; `--fs tmpfs,library` \
-             runs without FUSE",
-            fuse_dev.display()
-        );
-    }
-    // SAFETY: geteuid cannot fail and touches no memory.
-    let root = unsafe { libc::geteuid() } == 0;
-    if !root && which("fusermount3").is_none() && which("fusermount").is_none() {
-        bail!(
-            "FUSE is not available here: mounting as a non-root user needs fusermount3 (the fuse3 \
-             package) on PATH"
+            "FUSE is not available here: {why}. `citronfs bench fs` measures a FUSE mount of \
+             CitronFS: load the fuse module (`modprobe fuse`), or start the container with \
+             `--device /dev/fuse --cap-add SYS_ADMIN`; `--fs tmpfs,library` runs without FUSE"
         );
     }
     Ok(())
-}
-
-fn which(program: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|dir| dir.join(program))
-            .find(|p| p.is_file())
-    })
 }
 
 /// Whether `dir` is on tmpfs.
