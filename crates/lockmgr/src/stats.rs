@@ -19,12 +19,21 @@ pub struct AbortCounts {
     /// waiting for those nodes blocked its next node (CITRON with `k >= 2`; see
     /// `citron::acquire`).
     pub restart: u64,
+    /// A one-batch leaf attempt (CITRON's fast path, see `citron::acquire`) found an occupied
+    /// ancestor in the reads it had batched with its masked CAS, undid the CAS and its
+    /// notifications, and went back to wait in step 2(b).
+    pub occupied_ancestor: u64,
 }
 
 impl AbortCounts {
     /// All aborts together.
     pub fn total(&self) -> u64 {
-        self.time_limit + self.scale_up + self.leaf_conflict + self.suspected_failure + self.restart
+        self.time_limit
+            + self.scale_up
+            + self.leaf_conflict
+            + self.suspected_failure
+            + self.restart
+            + self.occupied_ancestor
     }
 }
 
@@ -92,6 +101,7 @@ impl LockStats {
         self.aborts.leaf_conflict += other.aborts.leaf_conflict;
         self.aborts.suspected_failure += other.aborts.suspected_failure;
         self.aborts.restart += other.aborts.restart;
+        self.aborts.occupied_ancestor += other.aborts.occupied_ancestor;
         self.retries += other.retries;
         self.fast_path += other.fast_path;
         self.starvation_escalations += other.starvation_escalations;
@@ -101,6 +111,35 @@ impl LockStats {
         add_endpoint(&mut self.acquire, &other.acquire);
         add_endpoint(&mut self.release, &other.release);
         self.acquire_time += other.acquire_time;
+    }
+}
+
+impl LockStats {
+    /// What was counted since `earlier`, a snapshot of these same statistics (counters only
+    /// grow).
+    pub fn since(&self, earlier: &LockStats) -> LockStats {
+        let (a, b) = (&self.aborts, &earlier.aborts);
+        LockStats {
+            acquisitions: self.acquisitions - earlier.acquisitions,
+            releases: self.releases - earlier.releases,
+            aborts: AbortCounts {
+                time_limit: a.time_limit - b.time_limit,
+                scale_up: a.scale_up - b.scale_up,
+                leaf_conflict: a.leaf_conflict - b.leaf_conflict,
+                suspected_failure: a.suspected_failure - b.suspected_failure,
+                restart: a.restart - b.restart,
+                occupied_ancestor: a.occupied_ancestor - b.occupied_ancestor,
+            },
+            retries: self.retries - earlier.retries,
+            fast_path: self.fast_path - earlier.fast_path,
+            starvation_escalations: self.starvation_escalations - earlier.starvation_escalations,
+            spillover: self.spillover - earlier.spillover,
+            scale_ups: self.scale_ups - earlier.scale_ups,
+            recoveries: self.recoveries - earlier.recoveries,
+            acquire: self.acquire.since(&earlier.acquire),
+            release: self.release.since(&earlier.release),
+            acquire_time: self.acquire_time.saturating_sub(earlier.acquire_time),
+        }
     }
 }
 

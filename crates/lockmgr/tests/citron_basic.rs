@@ -38,13 +38,14 @@ fn assert_rest(c: &mut CitronClient) {
 
 /// (range, acquire round trips with fast path, without).
 const CASES: &[(u64, u64, u64, u64)] = &[
-    // One leaf: (b) reads; (c)+(d) CAS, notify, root read.
-    (10, 20, 2, 3),
+    // One leaf: (b) reads, (c)+(d) CAS, notify, root read, all in one batch (the one-batch
+    // leaf). Without: reads; CAS; notify+root.
+    (10, 20, 1, 3),
     // A node over leaves: ticket+reads; occupy+children+notify+root. Without: ticket, reads,
     // occupy, notify+root, window.
     (256, 512, 2, 5),
-    // Two leaves.
-    (60, 70, 4, 6),
+    // Two leaves, one after the other.
+    (60, 70, 2, 6),
     // A node two levels up: the wait of phase (d) and one window read are needed.
     (0, 1024, 3, 5),
 ];
@@ -264,5 +265,39 @@ fn recovery_dead_spillover_holder() {
     let spent = timed(&mut b, 1005, 1006);
     assert!(spent >= LEASE && spent < LEASE * 10, "took {spent:?}");
     assert!(b.stats().recoveries >= 1);
+    assert_rest(&mut b);
+}
+
+/// The one-batch leaf (`citron::acquire`): a leaf request whose batched phase-(b) reads find an
+/// occupied ancestor undoes its CAS and notifications, waits in phase (b), and gets the leaf
+/// only once the ancestor is released; nothing of the undone attempt stays behind.
+#[test]
+fn one_batch_leaf_waits_for_an_occupied_ancestor() {
+    let citron = setup(calm(1 << 16), ClientOptions::default());
+    let mut a = citron.client().unwrap();
+    // Two levels above the leaves: its leaves stay free, so the speculative CAS succeeds.
+    let wide = a.acquire(0..1024).unwrap();
+    let mut b = citron.client().unwrap();
+    let progress = b.progress();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let id = b.acquire(300..301).unwrap();
+        tx.send(()).unwrap();
+        b.release(id).unwrap();
+        b
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while progress.snapshot().last_abort != lockmgr::citron::progress::WHY[6] {
+        assert!(Instant::now() < deadline, "{:?}", progress.snapshot());
+        std::thread::yield_now();
+    }
+    // Undone and waiting: not granted while the ancestor is held.
+    assert!(rx.recv_timeout(Duration::from_millis(50)).is_err());
+    a.release(wide).unwrap();
+    rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    let mut b = waiter.join().unwrap();
+    let stats = b.stats();
+    assert_eq!(stats.aborts.occupied_ancestor, 1, "{stats:?}");
+    assert_eq!(stats.fast_path, 0);
     assert_rest(&mut b);
 }

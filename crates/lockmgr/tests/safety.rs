@@ -125,6 +125,13 @@ fn check_stats(kind: &SchemeKind, report: &Report, workers: usize, w: &Workload)
             stats.scale_ups > 0,
             "{kind}: no scale-ups although ranges reach beyond N: {stats:?}"
         );
+        if kind.name() == "citron" {
+            // The one-batch leaf's speculative CAS met an occupied ancestor and was undone.
+            assert!(
+                stats.aborts.occupied_ancestor > 0,
+                "{kind}: no one-batch leaf undone under chaos: {stats:?}"
+            );
+        }
         // Nobody died: a repair means a live holder was presumed dead (lease too short).
         assert_eq!(stats.recoveries, 0, "{kind}: recoveries: {stats:?}");
     }
@@ -349,6 +356,8 @@ fn encode_report(report: &Report) -> String {
         s.aborts.scale_up,
         s.aborts.leaf_conflict,
         s.aborts.suspected_failure,
+        s.aborts.restart,
+        s.aborts.occupied_ancestor,
         s.retries,
         s.fast_path,
         s.starvation_escalations,
@@ -369,7 +378,7 @@ fn decode_report(line: &str) -> Option<Report> {
         .map(str::parse)
         .collect::<Result<_, _>>()
         .ok()?;
-    let [acquisitions, releases, time_limit, scale_up, leaf_conflict, suspected_failure, retries, fast_path, starvation_escalations, spillover, scale_ups, recoveries, acquire_rtts, release_rtts, max_ns] =
+    let [acquisitions, releases, time_limit, scale_up, leaf_conflict, suspected_failure, restart, occupied_ancestor, retries, fast_path, starvation_escalations, spillover, scale_ups, recoveries, acquire_rtts, release_rtts, max_ns] =
         n[..]
     else {
         return None;
@@ -389,6 +398,8 @@ fn decode_report(line: &str) -> Option<Report> {
     stats.aborts.scale_up = scale_up;
     stats.aborts.leaf_conflict = leaf_conflict;
     stats.aborts.suspected_failure = suspected_failure;
+    stats.aborts.restart = restart;
+    stats.aborts.occupied_ancestor = occupied_ancestor;
     stats.acquire.round_trips = acquire_rtts;
     stats.release.round_trips = release_rtts;
     Some(Report {

@@ -9,6 +9,18 @@
 //! of them gives one `t1` that is valid for every ancestor, at the price of a slightly larger
 //! read batch (no extra round trip).
 //!
+//! Extension of the fast path (§3.8), the *one-batch leaf*: a leaf request posts phase (b)'s
+//! ancestor reads (l. 14) in the same batch as (c)'s masked CAS and (d)'s notifications, so an
+//! uncontended leaf takes one round trip instead of the paper's two. The fabric executes a batch
+//! in posting order (on RDMA the CAS would carry the fence flag, which orders it after the
+//! reads), so the reads still precede the CAS at the server and `t1`, taken before posting,
+//! still precedes any `Occ` they miss: inequality (1) keeps its meaning. When the reads find an
+//! occupied ancestor (or the root's `Exp`), the CAS and the notifications were speculative and
+//! are undone exactly as an aborted attempt is (§3.5.5: aborting is releasing). To everyone else
+//! the attempt looks like one whose reads came just before the ancestor's `Occ` and that then
+//! aborted, a history the unbatched protocol already allows; so it adds no state another client
+//! can observe. The request then waits in the regular phase (b).
+//!
 //! Addition for `k >= 2` (not in the paper): a request holding node 1 while it waits for node 2
 //! can deadlock with a wider lock `Y` whose occupied node covers both — `Y` waits in phase (d)
 //! for node 1's notifications, the request waits in phase (b) for `Y`'s `Occ` (or in a ticket
@@ -320,11 +332,17 @@ impl CitronClient {
 
         let mut leaf_fail_since: Option<Instant> = None;
         let mut leaf_backoff = self.backoff();
+        // A leaf on the fast path posts its phase-(b) reads in the (c)+(d) batch (module docs,
+        // "one-batch leaf"), until an occupied ancestor has been seen: from then on it waits in
+        // phase (b) like everyone else.
+        let mut one_batch = fastp && node.is_leaf() && !ancs.is_empty();
         loop {
             // Phase (b), l. 12-19.
             self.progress.set(Phase::Ancestors);
             let t1 = match phase_b_done.take() {
                 Some(t) => t,
+                // Posted below, in front of phase (c)'s masked CAS.
+                None if one_batch => Instant::now(),
                 None => match self.phase_b(&ancs, &holding)? {
                     PhaseB::Clear(t1, waited) => {
                         if waited {
@@ -348,6 +366,12 @@ impl CitronClient {
                 // §3.8: (c) and (d) in one batch; for a node over leaves, also lock its four
                 // children whole so that the wait of (d) can be skipped.
                 self.batch.clear();
+                // One-batch leaf: l. 14's reads, executed before the CAS (posting order).
+                let b_reads: Vec<ReadHandle> = if one_batch {
+                    ancs.iter().map(|(_, a)| self.batch.read(*a, 8)).collect()
+                } else {
+                    Vec::new()
+                };
                 let main = if node.is_leaf() {
                     self.batch.masked_cas(addr, 0, mask, mask, mask)
                 } else {
@@ -369,6 +393,29 @@ impl CitronClient {
                 t0 = t2;
                 hn.tokens = self.notify_tokens(&targets, &toks);
                 let old = self.out.old(main);
+                if one_batch {
+                    let words: Vec<u64> = b_reads.iter().map(|r| self.out.word(*r, 0)).collect();
+                    let expanding = words.last().is_some_and(|w| exp_tag(*w) != 0);
+                    if expanding || words.iter().any(|w| occ(*w)) {
+                        // l. 15-16: the attempt was speculative; undo what it did (as an
+                        // abort would, §3.5.5) and take the regular phase (b).
+                        let undo = HeldNode {
+                            tokens: std::mem::take(&mut hn.tokens),
+                            leaf_mask: if old & mask == 0 { mask } else { 0 },
+                            ..HeldNode::new(node, addr)
+                        };
+                        self.release_parts(&[undo], false)?;
+                        if expanding {
+                            return Ok(Outcome::Aborted(Why::ScaleUp));
+                        }
+                        self.stats.aborts.occupied_ancestor += 1;
+                        self.stats.retries += 1;
+                        self.progress.aborted(6);
+                        was_fast = false;
+                        one_batch = false;
+                        continue;
+                    }
+                }
                 if node.is_leaf() {
                     if old & mask != 0 {
                         // l. 22 failed: roll the notifications back (§3.8) and go back to (b).

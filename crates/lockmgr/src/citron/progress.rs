@@ -72,13 +72,14 @@ pub struct Progress {
 }
 
 /// Reasons an attempt is given up, as [`ProgressSnapshot::last_abort`] names them.
-pub const WHY: [&str; 6] = [
+pub const WHY: [&str; 7] = [
     "none",
     "time limit (inequality (1))",
     "scale-up (Exp)",
     "suspected failure",
     "starvation escalation",
     "restart (deadlock avoidance)",
+    "occupied ancestor (one-batch leaf)",
 ];
 
 /// A copy of a [`Progress`] at one moment.

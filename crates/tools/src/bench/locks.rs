@@ -489,30 +489,9 @@ fn client(
     }
     Ok(ThreadResult {
         latencies,
-        stats: stats_since(&lock.stats(), &before),
+        stats: lock.stats().since(&before),
         ops,
     })
-}
-
-/// `after − before`, field by field (the counters only grow).
-fn stats_since(after: &LockStats, before: &LockStats) -> LockStats {
-    let mut delta = *after;
-    delta.acquisitions -= before.acquisitions;
-    delta.releases -= before.releases;
-    delta.aborts.time_limit -= before.aborts.time_limit;
-    delta.aborts.scale_up -= before.aborts.scale_up;
-    delta.aborts.leaf_conflict -= before.aborts.leaf_conflict;
-    delta.aborts.suspected_failure -= before.aborts.suspected_failure;
-    delta.retries -= before.retries;
-    delta.fast_path -= before.fast_path;
-    delta.starvation_escalations -= before.starvation_escalations;
-    delta.spillover -= before.spillover;
-    delta.scale_ups -= before.scale_ups;
-    delta.recoveries -= before.recoveries;
-    delta.acquire = after.acquire.since(&before.acquire);
-    delta.release = after.release.since(&before.release);
-    delta.acquire_time = after.acquire_time.saturating_sub(before.acquire_time);
-    delta
 }
 
 /// User + system CPU time of the whole process so far.
