@@ -33,7 +33,8 @@ pub mod tcp;
 pub use addr::{RegionId, RemoteAddr};
 pub use batch::{AtomicHandle, Batch, Completions, ReadHandle, Verb};
 pub use endpoint::{
-    measure_rtt, Capabilities, Connector, Endpoint, EndpointExt, EndpointStats, MaskedAtomics,
+    measure_rtt, measure_rtt_under_load, Capabilities, Connector, Endpoint, EndpointExt,
+    EndpointStats, MaskedAtomics, RttProfile,
 };
 pub use error::{BatchError, FabricError, Result, VerbError};
 pub use mem::MemServer;

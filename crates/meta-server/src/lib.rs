@@ -249,19 +249,26 @@ impl MetaServer {
     }
 }
 
-/// `T_wait` for CITRON trees served over tcp: derived from a loopback round trip to our own
-/// fabric server, since clients pay at least that, not the local memory access the meta server
-/// itself would measure.
+/// `T_wait` for CITRON trees served over tcp: derived from round trips to our own fabric server
+/// under load (`lockmgr::citron::t_wait_under_load`), since clients pay at least those, not the
+/// local memory access the meta server itself would measure.
 fn measure_tcp_t_wait(addr: SocketAddr, config: &MetaConfig) -> anyhow::Result<Duration> {
     let target = if addr.ip().is_unspecified() {
         SocketAddr::from(([127, 0, 0, 1], addr.port()))
     } else {
         addr
     };
-    let mut ep = fabric::TcpEndpoint::connect(target, &config.cluster, &config.token)
+    let connector = fabric::TcpConnector::connect(target, &config.cluster, &config.token)
         .context("measuring the tcp fabric's round trip")?;
-    let rtt = fabric::measure_rtt(&mut ep, fabric::RemoteAddr::new(META_REGION, 0), 64)?;
-    Ok(lockmgr::citron::t_wait_for_rtt(rtt))
+    let (t_wait, rtt) =
+        lockmgr::citron::t_wait_under_load(&connector, fabric::RemoteAddr::new(META_REGION, 0))
+            .context("measuring the tcp fabric's round trip")?;
+    tracing::info!(
+        ?rtt,
+        ?t_wait,
+        "CITRON T_wait from the round trip under load"
+    );
+    Ok(t_wait)
 }
 
 /// Expires sessions whose lease ran out.

@@ -105,6 +105,11 @@ struct CitronParams {
 }
 
 impl SchemeKind {
+    /// Whether this is CITRON (with or without the fast path, growing or not).
+    pub fn is_citron(&self) -> bool {
+        self.citron().is_some()
+    }
+
     /// The parameters of a CITRON kind (`None` for the baselines).
     fn citron(&self) -> Option<CitronParams> {
         match *self {

@@ -48,6 +48,37 @@ pub fn t_wait_for_rtt(rtt: Duration) -> Duration {
     per * T_WAIT_ROUND_TRIPS
 }
 
+/// Threads of the load under which [`t_wait_under_load`] measures the round trip: twice the
+/// cores (at least 4), enough to keep every core busy with clients and, on `tcp`, the server
+/// threads that execute their verbs.
+pub fn rtt_load_threads() -> usize {
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    (2 * cores).max(4)
+}
+
+/// Reads each load thread posts in [`t_wait_under_load`].
+pub const RTT_LOAD_SAMPLES: usize = 500;
+
+/// `T_wait` for clients that reach the lock through `connector`: [`t_wait_for_rtt`] of the 90th
+/// percentile round trip measured under load ([`fabric::measure_rtt_under_load`], reading the
+/// word at `addr`).
+///
+/// Why loaded and why p90: inequality (1) is tested only by clients that conflict, hence busy
+/// ones, and a time-limit abort costs a whole attempt, so the reserve per round trip must cover
+/// most round trips under load, not the idle median. Measured on the 2-core test VM over tcp,
+/// 8 threads, mixed ranges (`citronfs bench locks`): the idle single-thread median gave
+/// `T_wait` anywhere from 45 µs (abort rate 0.48) to 600 µs from run to run; fixed values of
+/// 100/200/300/500 µs gave abort rates 0.05/0.03/0.02/0.02 and equal throughput within noise,
+/// while 1 ms and 3 ms lost 10% and 40% to non-leaf holders waiting out phase (d).
+pub fn t_wait_under_load(
+    connector: &dyn fabric::Connector,
+    addr: RemoteAddr,
+) -> Result<(Duration, fabric::RttProfile), LockError> {
+    let profile =
+        fabric::measure_rtt_under_load(connector, addr, rtt_load_threads(), RTT_LOAD_SAMPLES)?;
+    Ok((t_wait_for_rtt(profile.p90), profile))
+}
+
 /// Memory a scale-up asks for: zeroed words reachable through the same endpoint as the rest of
 /// the lock (Alg. 4 l. 3, one call per scale-up). The meta server implements it with an RPC.
 pub trait TreeAllocator: Send + Sync {

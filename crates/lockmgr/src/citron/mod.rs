@@ -22,8 +22,8 @@ mod spillover;
 pub mod split;
 
 pub use config::{
-    t_wait_for_rtt, BumpAllocator, CitronConfig, ClientOptions, ConfigRecord, FabricBumpAllocator,
-    NoAllocator, TreeAllocator,
+    rtt_load_threads, t_wait_for_rtt, t_wait_under_load, BumpAllocator, CitronConfig,
+    ClientOptions, ConfigRecord, FabricBumpAllocator, NoAllocator, TreeAllocator,
 };
 
 use crate::backoff::{pause, Backoff, BackoffState, SLEEP_THRESHOLD};

@@ -20,7 +20,7 @@ use fabric::{
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 use lockmgr::baselines::TicketConfig;
-use lockmgr::{LockStats, RangeLock, SchemeInstance, SchemeKind};
+use lockmgr::{AbortCounts, LockStats, RangeLock, SchemeInstance, SchemeKind};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
@@ -95,10 +95,10 @@ pub struct LocksArgs {
     /// with --mixed.
     #[arg(long)]
     pub seg_size: Option<u64>,
-    /// CITRON's `T_wait` in µs (seed 000 §3.5.5); by default it is derived from the round trip
-    /// measured when the lock is created, on an idle fabric. Under load (more threads than cores,
-    /// tcp) round trips grow, inequality (1) aborts climb, and a larger `T_wait` trades them for
-    /// longer waits of non-leaf requests.
+    /// CITRON's `T_wait` in µs (seed 000 §3.5.5); by default it is derived from the fabric's
+    /// 90th-percentile round trip measured under load (2 threads per core) before the run. A
+    /// smaller `T_wait` makes inequality (1) abort more; a larger one makes non-leaf requests
+    /// wait longer in phase (d).
     #[arg(long)]
     pub t_wait_us: Option<u64>,
     /// Print one JSON object per result instead of a table.
@@ -145,6 +145,15 @@ pub struct LocksResult {
     pub verbs_per_acquire: f64,
     /// CPU time (user + system, the whole process) per lock, µs.
     pub cpu_us_per_op: f64,
+    /// CITRON's `T_wait`, µs (given with `--t-wait-us`, or derived from the round trip under
+    /// load); none for the baselines.
+    pub t_wait_us: Option<f64>,
+    /// Aborted attempts by cause (CITRON; zero for the baselines).
+    pub aborts: AbortCounts,
+    /// Share of acquisitions that completed on the fast path without waiting (CITRON).
+    pub fast_path_rate: f64,
+    /// Leaf requests escalated to the parent to avoid starvation (CITRON, §3.5.4).
+    pub starvation_escalations: u64,
 }
 
 /// Runs the benchmark and prints its results.
@@ -227,17 +236,12 @@ fn scheme_kind(args: &LocksArgs, name: &str) -> Result<SchemeKind> {
         "server" => SchemeKind::Server,
         // The tree covers N from the start (seed 000 §4.1: N = 2^28), so no scale-up happens.
         "citron" | "citron-nofastpath" => match args.t_wait_us {
+            // T_wait is measured once the fabric is up (`run_one`).
             None => SchemeKind::Citron {
                 unit_count: args.units,
                 fast_path: name == "citron",
             },
-            Some(t_wait_us) => SchemeKind::CitronScaling {
-                unit_count: args.units,
-                fast_path: name == "citron",
-                max_unit_count: args.units,
-                lease_ms: 0,
-                t_wait_us,
-            },
+            Some(t_wait_us) => citron_kind(args, name, t_wait_us),
         },
         "seg" => {
             let segment_units = seg_size(args);
@@ -248,6 +252,18 @@ fn scheme_kind(args: &LocksArgs, name: &str) -> Result<SchemeKind> {
         }
         other => bail!("unknown scheme {other:?}"),
     })
+}
+
+/// CITRON with an explicit `T_wait`. The tree covers N from the start (seed 000 §4.1:
+/// N = 2^28), so no scale-up happens.
+fn citron_kind(args: &LocksArgs, name: &str, t_wait_us: u64) -> SchemeKind {
+    SchemeKind::CitronScaling {
+        unit_count: args.units,
+        fast_path: name == "citron",
+        max_unit_count: args.units,
+        lease_ms: 0,
+        t_wait_us,
+    }
 }
 
 /// The fabric a run uses; kept alive until the run ends.
@@ -373,8 +389,26 @@ impl Borders {
 }
 
 fn run_one(args: &LocksArgs, name: &str, threads: usize) -> Result<LocksResult> {
-    let kind = scheme_kind(args, name)?;
+    let mut kind = scheme_kind(args, name)?;
     let fabric = Fabric::start(args.backend, kind.region_bytes())?;
+    // CITRON's T_wait: given, or derived from this fabric's round trip under load.
+    let t_wait = match (kind.is_citron(), args.t_wait_us) {
+        (false, _) => None,
+        (true, Some(us)) => Some(Duration::from_micros(us)),
+        (true, None) => {
+            let (t_wait, rtt) = lockmgr::citron::t_wait_under_load(
+                fabric.connector(),
+                RemoteAddr::new(LOCK_REGION, 0),
+            )?;
+            tracing::info!(
+                ?rtt,
+                ?t_wait,
+                "CITRON T_wait from the round trip under load"
+            );
+            kind = citron_kind(args, name, t_wait.as_micros().max(1) as u64);
+            Some(t_wait)
+        }
+    };
     let instance = SchemeInstance::create(
         kind,
         &mut *fabric.connector().connect()?,
@@ -456,6 +490,14 @@ fn run_one(args: &LocksArgs, name: &str, threads: usize) -> Result<LocksResult> 
         } else {
             cpu.as_secs_f64() * 1e6 / ops as f64
         },
+        t_wait_us: t_wait.map(|t| t.as_secs_f64() * 1e6),
+        aborts: stats.aborts,
+        fast_path_rate: if stats.acquisitions == 0 {
+            0.0
+        } else {
+            stats.fast_path as f64 / stats.acquisitions as f64
+        },
+        starvation_escalations: stats.starvation_escalations,
     })
 }
 
