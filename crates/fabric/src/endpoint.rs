@@ -237,7 +237,8 @@ pub struct RttProfile {
 }
 
 /// Measures the round trip of an 8-byte read at `addr` while `threads` endpoints of
-/// `connector`, one per thread, each post `samples` reads back to back.
+/// `connector`, one per thread, each post `samples` reads back to back (after `samples / 10`
+/// untimed ones).
 ///
 /// Why under load: a lock protocol's timing bounds (CITRON's `T_wait`) matter only when clients
 /// conflict, that is, when many of them are posting at once; and on a backend whose verbs a
@@ -267,6 +268,9 @@ pub fn measure_rtt_under_load(
                     let mut out = Completions::new();
                     let mut times = Vec::with_capacity(samples);
                     start.wait();
+                    for _ in 0..samples / 10 {
+                        ep.execute(&batch, &mut out)?; // warm-up, not timed
+                    }
                     for _ in 0..samples {
                         let posted = Instant::now();
                         ep.execute(&batch, &mut out)?;

@@ -176,37 +176,12 @@ fn measure(
     let masked = format!("{:?}", endpoints[0].capabilities().masked_atomics);
 
     // Round-trip time: one 8-byte read at a time, all threads at once.
-    let histograms = thread::scope(|s| {
-        let handles: Vec<_> = endpoints
-            .iter_mut()
-            .enumerate()
-            .map(|(t, ep)| {
-                s.spawn(move || -> Result<Histogram<u64>> {
-                    let mut batch = Batch::new();
-                    batch.read(thread_addr(t, 0), 8);
-                    let mut out = Completions::new();
-                    let mut hist = new_histogram();
-                    for _ in 0..args.samples / 10 {
-                        ep.execute(&batch, &mut out)?; // warm up
-                    }
-                    for _ in 0..args.samples {
-                        let start = Instant::now();
-                        ep.execute(&batch, &mut out)?;
-                        hist.record(start.elapsed().as_nanos().max(1) as u64)?;
-                    }
-                    Ok(hist)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("bench thread panicked"))
-            .collect::<Result<Vec<_>>>()
-    })?;
-    let mut rtt = new_histogram();
-    for h in &histograms {
-        rtt.add(h)?;
-    }
+    let rtt = fabric::measure_rtt_under_load(
+        connector,
+        thread_addr(0, 0),
+        threads,
+        args.samples as usize,
+    )?;
 
     // Batched throughput.
     let duration = Duration::from_secs_f64(args.duration);
@@ -243,8 +218,8 @@ fn measure(
     Ok(FabricResult {
         backend: name.to_string(),
         threads,
-        rtt_p50_us: rtt.value_at_quantile(0.5) as f64 / 1000.0,
-        rtt_p99_us: rtt.value_at_quantile(0.99) as f64 / 1000.0,
+        rtt_p50_us: rtt.p50.as_secs_f64() * 1e6,
+        rtt_p99_us: rtt.p99.as_secs_f64() * 1e6,
         verbs_per_s,
         batch: args.batch,
         round_trips_per_s: verbs_per_s / args.batch as f64,
