@@ -311,7 +311,7 @@ impl CitronClient {
             if tcnt(old) != ticket {
                 was_fast = false;
                 self.progress.set(Phase::Ticket);
-                if let Some(give) = self.wait_ticket(addr, ticket, old, node == root, held)? {
+                if let Some(give) = self.wait_ticket(addr, ticket, old, node, node == root, held)? {
                     self.release_parts(&[hn], false)?;
                     return Ok(give);
                 }
@@ -518,8 +518,17 @@ impl CitronClient {
     }
 
     /// l. 11: poll until `TCnt` reaches our ticket. Recovery (§3.10): if `TCnt` and `Occ` stand
-    /// still for `(Δ + 1)·T_lease` (Δ tickets ahead; the extra lease covers a live holder's own
-    /// phase-(d) wait before it holds), set `TCnt` to our ticket and clear `Occ`, one masked CAS.
+    /// still for `(Δ + H + 2)·T_lease`, set `TCnt` to our ticket and clear `Occ`, one masked CAS.
+    ///
+    /// The patience is what a *live* holder ahead may take without moving either field: Δ
+    /// tickets ahead, a lease each; plus, for the one being served, the recoveries it may itself
+    /// wait out while holding the node — phase (d) repairs dead notifications in its window after
+    /// up to `H·T_lease` (`H` the node's height, see `wait_window`), a starvation escalation then
+    /// repairs the dead leaf after another `T_lease` (`repair_leaf`) — and one lease of margin.
+    /// With `(Δ + 1)·T_lease`, as before, a waiter behind a live holder that was repairing a dead
+    /// leaf broke in; the holder's release then flipped `Occ` back on and pushed `TCnt` past the
+    /// next ticket, which hung that ticket's owner (the recovery test `dead_leaf_holder` on tcp,
+    /// debug build, loaded machine).
     ///
     /// Deadlock avoidance: after `restart_after`, the request's nodes in `held` are given back
     /// while the wait goes on; once served, the caller passes the ticket on and starts over.
@@ -529,6 +538,7 @@ impl CitronClient {
         addr: RemoteAddr,
         ticket: u64,
         first: u64,
+        node: Node,
         is_root: bool,
         held: &mut Vec<HeldNode>,
     ) -> Result<Option<Outcome>, LockError> {
@@ -563,7 +573,7 @@ impl CitronClient {
                 continue;
             }
             let ahead = counter_gap(ticket, tcnt(w)) as u32;
-            if since.elapsed() >= lease * (ahead + 1) {
+            if since.elapsed() >= lease * (ahead + node.hgt + 2) {
                 let swap = ticket << TCNT_SHIFT;
                 let old = self.ep_masked_cas(addr, w, TCNT | OCC, swap, TCNT | OCC)?;
                 if old & (TCNT | OCC) == seen {
