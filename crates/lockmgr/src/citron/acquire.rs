@@ -433,11 +433,7 @@ impl CitronClient {
                     }
                     hn.leaf_mask = mask;
                 } else {
-                    hn.occ = true;
-                    hn.occ_tag = exp_tag(old);
-                    if node == root {
-                        hn.root_of = Some(h);
-                    }
+                    hn.occupied(old, (node == root).then_some(h));
                     hn.children = kids
                         .iter()
                         .filter(|(_, kh)| self.out.old(*kh) == 0)
@@ -465,11 +461,7 @@ impl CitronClient {
                     }
                     hn.leaf_mask = mask;
                 } else {
-                    hn.occ = true;
-                    hn.occ_tag = exp_tag(old);
-                    if node == root {
-                        hn.root_of = Some(h);
-                    }
+                    hn.occupied(old, (node == root).then_some(h));
                 }
                 // l. 31: notify every m-th ancestor and read the root, one batch.
                 self.batch.clear();

@@ -220,6 +220,14 @@ impl HeldNode {
             tokens: Vec::new(),
         }
     }
+
+    /// Phase (c) set `Occ` on this internal node (Alg. 2 l. 27); `old` is the word it replaced,
+    /// `root_of` the tree height if the node was that tree's root.
+    pub(crate) fn occupied(&mut self, old: u64, root_of: Option<u32>) {
+        self.occ = true;
+        self.occ_tag = layout::exp_tag(old);
+        self.root_of = root_of;
+    }
 }
 
 /// One lock held.
