@@ -411,6 +411,11 @@ impl CitronFs {
     }
 
     /// Creates a regular file and opens it (`flags` as for [`CitronFs::open`]).
+    ///
+    /// Without `O_EXCL` this is `open(O_CREAT)`: when the name exists — another client created
+    /// it after the kernel's lookup missed — the existing file is opened instead (POSIX), after
+    /// the permission check the kernel could not make (it checked only the directory). With
+    /// `O_EXCL` an existing name is `EEXIST`.
     pub fn create(
         &self,
         caller: Caller,
@@ -419,9 +424,42 @@ impl CitronFs {
         perm: u16,
         flags: i32,
     ) -> Result<(Attr, FileHandle), FsError> {
-        let attr = self.mknod(caller, parent, name, FileKind::File, perm, 0)?;
-        let fh = self.open(caller, attr.ino, flags & !libc::O_TRUNC)?;
-        Ok((attr, fh))
+        // A name can flicker between existing and missing while other clients create and
+        // unlink it; each round trip either creates it or finds it, so a few rounds suffice
+        // unless someone loops create/unlink on exactly this name.
+        const ROUNDS: usize = 8;
+        for _ in 0..ROUNDS {
+            match self.mknod(caller, parent, name, FileKind::File, perm, 0) {
+                Ok(attr) => {
+                    let fh = self.open(caller, attr.ino, flags & !libc::O_TRUNC)?;
+                    return Ok((attr, fh));
+                }
+                Err(FsError::Exists) if flags & libc::O_EXCL == 0 => {}
+                Err(e) => return Err(e),
+            }
+            let attr = match self.lookup(parent, name) {
+                Ok(attr) => attr,
+                Err(FsError::NotFound) => continue,
+                Err(e) => return Err(e),
+            };
+            match attr.kind {
+                FileKind::File => {}
+                FileKind::Dir => return Err(FsError::IsDir),
+                // A device, fifo, socket or symlink created by another client under this name:
+                // the kernel would have resolved it itself, had it seen it; let it retry.
+                _ => return Err(FsError::Exists),
+            }
+            may_open(&attr, caller, flags)?;
+            let fh = self.open(caller, attr.ino, flags)?;
+            return match self.inner.fresh_size(attr) {
+                Ok(attr) => Ok((attr, fh)),
+                Err(e) => {
+                    let _ = self.release(fh);
+                    Err(e)
+                }
+            };
+        }
+        Err(FsError::Exists)
     }
 
     /// Creates a directory.
@@ -742,6 +780,30 @@ impl CitronFs {
             },
         )
     }
+}
+
+/// Whether `caller` may open `attr` with open(2) `flags`, by its mode bits (what the kernel's
+/// `default_permissions` check would say; root may do anything). Used where the kernel could
+/// not check: a file that appeared under a name between the kernel's lookup and its create.
+fn may_open(attr: &Attr, caller: Caller, flags: i32) -> Result<(), FsError> {
+    if caller.uid == 0 {
+        return Ok(());
+    }
+    let mode = u32::from(attr.perm);
+    let bits = if caller.uid == attr.uid {
+        mode >> 6
+    } else if caller.gid == attr.gid {
+        mode >> 3
+    } else {
+        mode
+    } & 0o7;
+    let access = flags & libc::O_ACCMODE;
+    let want_read = access != libc::O_WRONLY;
+    let want_write = access != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
+    if (want_read && bits & 0o4 == 0) || (want_write && bits & 0o2 == 0) {
+        return Err(FsError::Access);
+    }
+    Ok(())
 }
 
 impl Drop for CitronFs {

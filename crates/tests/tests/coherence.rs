@@ -367,3 +367,71 @@ fn checker_catches_torn_records() {
     file[off as usize + 17] ^= 1;
     assert!(check_read(0, &read(&file, 0)).is_err());
 }
+
+/// `open(O_RDWR | O_CREAT)` without `O_EXCL` of one name through two client processes at once:
+/// both opens succeed and name one file (POSIX: an existing name is opened, not `EEXIST`), and
+/// what one writes through its descriptor the other reads through its own. With `O_EXCL`
+/// exactly one of the two wins.
+#[test]
+fn create_race_opens_the_existing_file() {
+    skip_without_fuse!();
+    const NAMES: usize = 300;
+    let cluster = Cluster::start(ClusterSpec::default());
+    let a = cluster.spawn_mount_process("child_mount", LockSchemeKind::Citron);
+    let b = cluster.spawn_mount_process("child_mount", LockSchemeKind::Citron);
+    let barrier = Arc::new(std::sync::Barrier::new(2));
+    let racer = |dir: std::path::PathBuf, id: u8| {
+        let barrier = barrier.clone();
+        std::thread::spawn(move || {
+            let (mut failed, mut excl_won) = (Vec::new(), 0usize);
+            for i in 0..NAMES {
+                barrier.wait();
+                let path = dir.join(format!("plain-{i}"));
+                match OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(&path)
+                {
+                    // Each writes its own byte at its own offset; both must land in one file.
+                    Ok(f) => f.write_all_at(&[id], u64::from(id)).unwrap(),
+                    Err(e) => failed.push(format!("{}: {e}", path.display())),
+                }
+                barrier.wait();
+                let path = dir.join(format!("excl-{i}"));
+                match OpenOptions::new().write(true).create_new(true).open(&path) {
+                    Ok(_) => excl_won += 1,
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                    Err(e) => failed.push(format!("{} (O_EXCL): {e}", path.display())),
+                }
+            }
+            (failed, excl_won)
+        })
+    };
+    let ta = racer(a.path().to_path_buf(), 1);
+    let tb = racer(b.path().to_path_buf(), 2);
+    let (fa, wa) = ta.join().unwrap();
+    let (fb, wb) = tb.join().unwrap();
+    let failed: Vec<String> = fa.into_iter().chain(fb).collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} racing opens failed, e.g. {:?}",
+        failed.len(),
+        2 * NAMES,
+        &failed[..failed.len().min(5)]
+    );
+    assert_eq!(wa + wb, NAMES, "O_EXCL: exactly one creator per name");
+    for i in 0..NAMES {
+        let got = std::fs::read(a.path().join(format!("plain-{i}"))).unwrap();
+        assert_eq!(
+            got,
+            [0, 1, 2],
+            "name {i}: the two opens named different files"
+        );
+    }
+    println!(
+        "create race: {NAMES} names, {} racing opens, none failed",
+        2 * NAMES
+    );
+}
