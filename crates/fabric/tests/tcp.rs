@@ -72,6 +72,7 @@ fn send_hello(stream: &mut TcpStream, magic: u32, version: u16, cluster: &str, t
         version,
         cluster: cluster.into(),
         token: token.into(),
+        session: 0,
     });
     frame::write_frame(stream, &postcard::to_stdvec(&hello).unwrap()).unwrap();
 }
@@ -517,6 +518,7 @@ fn handshake_refusals() {
             version: PROTOCOL_VERSION,
             cluster: CLUSTER.into(),
             token: TOKEN.into(),
+            session: 0,
         }))
         .unwrap(),
     )
@@ -668,4 +670,43 @@ fn broken_servers_give_disconnected() {
             Err(FabricError::Disconnected(_))
         ));
     }
+}
+
+/// Fencing: once a session is revoked, its open connections execute nothing more (the next
+/// batch is refused and the connection closed, the word untouched), a new connection naming it
+/// is refused, and other sessions (and session-less peers) go on as before.
+#[test]
+fn revoked_session_is_fenced() {
+    let (server, _connector) = setup();
+    let fenced = TcpConnector::connect_session(server.local_addr(), CLUSTER, TOKEN, 7).unwrap();
+    let mut a = fenced.endpoint().unwrap();
+    let mut b = fenced.endpoint().unwrap();
+    let mut other = TcpEndpoint::connect_session(server.local_addr(), CLUSTER, TOKEN, 8).unwrap();
+    let word = addr(64);
+    a.write_u64(word, 1).unwrap();
+
+    server.revoke(&[7]);
+    for ep in [&mut a, &mut b] {
+        let mut batch = Batch::new();
+        batch.write(word, &2u64.to_le_bytes());
+        let err = ep.execute(&batch, &mut Completions::new()).unwrap_err();
+        assert!(
+            matches!(&err, FabricError::Refused(why) if why.contains("session 7 was revoked")),
+            "{err:?}"
+        );
+        assert!(ep.is_broken(), "a fenced connection is not reused");
+    }
+    assert_eq!(
+        other.read_u64(word).unwrap(),
+        1,
+        "the fenced write must not land"
+    );
+    match TcpEndpoint::connect_session(server.local_addr(), CLUSTER, TOKEN, 7) {
+        Err(FabricError::Refused(why)) => assert!(why.contains("revoked"), "{why}"),
+        other => panic!("a revoked session must be refused, got {other:?}"),
+    }
+    assert!(fenced.endpoint().is_err());
+    other.write_u64(word, 3).unwrap();
+    assert_eq!(other.read_u64(word).unwrap(), 3);
+    assert_healthy(&server);
 }

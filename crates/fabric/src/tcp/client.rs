@@ -82,6 +82,18 @@ impl TcpEndpoint {
     /// protocol version), [`FabricError::Io`] if it cannot be reached, and
     /// [`FabricError::Protocol`] if what answers does not speak the protocol.
     pub fn connect(addr: impl ToSocketAddrs, cluster: &str, token: &str) -> Result<Self> {
+        Self::connect_session(addr, cluster, token, 0)
+    }
+
+    /// [`TcpEndpoint::connect`] on behalf of client session `session` (0: none), which the
+    /// server can revoke ([`TcpServer::revoke`](super::TcpServer::revoke)); a revoked session
+    /// is refused with [`FabricError::Refused`].
+    pub fn connect_session(
+        addr: impl ToSocketAddrs,
+        cluster: &str,
+        token: &str,
+        session: u64,
+    ) -> Result<Self> {
         let (stream, peer) = open(addr)?;
         let setup = |e| FabricError::io(format!("configure connection to {peer}"), e);
         stream.set_nodelay(true).map_err(setup)?;
@@ -98,6 +110,7 @@ impl TcpEndpoint {
                 version: PROTOCOL_VERSION,
                 cluster: cluster.to_owned(),
                 token: token.to_owned(),
+                session,
             }),
         );
         seal_frame(&mut tx);
@@ -236,6 +249,16 @@ impl Endpoint for TcpEndpoint {
             }
             Ok(DecodedReply::Error(RemoteError::Verb(e))) => Err(FabricError::Verb(e)),
             Ok(DecodedReply::Error(RemoteError::Batch(e))) => Err(FabricError::Batch(e)),
+            Ok(DecodedReply::Error(RemoteError::Revoked { session })) => {
+                // The server closes the connection after this one; nothing executed.
+                let why = format!(
+                    "{}: session {session} was revoked by the cluster (this client was fenced \
+                     after its lease ran out; its locks were broken)",
+                    self.peer
+                );
+                self.broken = Some(why.clone());
+                Err(FabricError::Refused(why))
+            }
             Ok(DecodedReply::Error(e @ RemoteError::FrameTooLarge { .. })) => {
                 // The server closes the connection after this one.
                 let why = format!("{} refused a request: {e}", self.peer);
@@ -272,6 +295,7 @@ pub struct TcpConnector {
     addr: SocketAddr,
     cluster: String,
     token: String,
+    session: u64,
     regions: Vec<RegionInfo>,
     spare: Mutex<Option<TcpEndpoint>>,
 }
@@ -293,12 +317,26 @@ impl TcpConnector {
         cluster: impl Into<String>,
         token: impl Into<String>,
     ) -> Result<Self> {
+        Self::connect_session(addr, cluster, token, 0)
+    }
+
+    /// [`TcpConnector::connect`] for client session `session`: every endpoint it opens
+    /// presents it, so the server can fence the session ([`TcpServer::revoke`]).
+    ///
+    /// [`TcpServer::revoke`]: super::TcpServer::revoke
+    pub fn connect_session(
+        addr: impl ToSocketAddrs,
+        cluster: impl Into<String>,
+        token: impl Into<String>,
+        session: u64,
+    ) -> Result<Self> {
         let (cluster, token) = (cluster.into(), token.into());
-        let first = TcpEndpoint::connect(addr, &cluster, &token)?;
+        let first = TcpEndpoint::connect_session(addr, &cluster, &token, session)?;
         Ok(Self {
             addr: first.peer_addr(),
             cluster,
             token,
+            session,
             regions: first.regions().to_vec(),
             spare: Mutex::new(Some(first)),
         })
@@ -313,7 +351,9 @@ impl TcpConnector {
             .take();
         match spare {
             Some(endpoint) => Ok(endpoint),
-            None => TcpEndpoint::connect(self.addr, &self.cluster, &self.token),
+            None => {
+                TcpEndpoint::connect_session(self.addr, &self.cluster, &self.token, self.session)
+            }
         }
     }
 

@@ -130,6 +130,7 @@ mod tests {
                 version: wire::PROTOCOL_VERSION,
                 cluster: "fuzz".into(),
                 token: "secret".into(),
+                session: 0,
             }),
         );
         crate::frame::write_frame(&mut stream, &body).unwrap();

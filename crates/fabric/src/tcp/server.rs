@@ -13,7 +13,7 @@ use crate::batch::{Batch, Completions, Verb};
 use crate::error::{FabricError, Result, VerbError};
 use crate::frame::{self, FrameError};
 use crate::region::{Region, RegionTable};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::{BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
@@ -76,6 +76,11 @@ pub(crate) struct Shared {
     regions: RwLock<RegionTable>,
     /// Bumped after every deregistration, so that connections drop cached regions that are gone.
     generation: AtomicU64,
+    /// Client sessions the cluster has fenced: their connections are refused and cut off.
+    revoked: RwLock<HashSet<u64>>,
+    /// Bumped after every revocation, so that a connection looks at `revoked` only when it
+    /// changed (the hot path reads one atomic).
+    revocations: AtomicU64,
 }
 
 impl Shared {
@@ -84,7 +89,25 @@ impl Shared {
             auth,
             regions: RwLock::new(RegionTable::new()),
             generation: AtomicU64::new(0),
+            revoked: RwLock::new(HashSet::new()),
+            revocations: AtomicU64::new(0),
         }
+    }
+
+    fn is_revoked(&self, session: u64) -> bool {
+        session != 0
+            && self
+                .revoked
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .contains(&session)
+    }
+
+    fn revoke(&self, sessions: &[u64]) {
+        let mut set = self.revoked.write().unwrap_or_else(PoisonError::into_inner);
+        set.extend(sessions.iter().copied().filter(|&s| s != 0));
+        // After the insertion: a connection that sees the new count finds its session revoked.
+        self.revocations.fetch_add(1, Ordering::SeqCst);
     }
 
     fn resolve(&self, id: RegionId) -> Option<Arc<Region>> {
@@ -153,6 +176,10 @@ pub(crate) struct Session {
     /// lock (seed 002: nothing shared on the post path).
     cache: RegionTable,
     generation: u64,
+    /// The client session named in the handshake (0: none).
+    client_session: u64,
+    /// The value of `Shared::revocations` when this connection last checked its session.
+    revocations: u64,
     scratch: Vec<Verb>,
     batch: Batch,
     completions: Completions,
@@ -170,6 +197,8 @@ impl Session {
             authenticated: false,
             cache: RegionTable::new(),
             generation,
+            client_session: 0,
+            revocations: 0,
             scratch: Vec::new(),
             batch: Batch::new(),
             completions: Completions::new(),
@@ -236,10 +265,7 @@ impl Session {
                     Next::Close
                 }
             },
-            Ok(()) => {
-                self.request();
-                Next::Continue
-            }
+            Ok(()) => self.request(),
         }
     }
 
@@ -251,7 +277,7 @@ impl Session {
     }
 
     /// Checks the `Hello` in `self.rx`.
-    fn handshake(&self) -> Result<Welcome, Refusal> {
+    fn handshake(&mut self) -> Result<Welcome, Refusal> {
         let body = &self.rx[..];
         // Magic and version first, on their own: they keep their place in every version, so a
         // client of another version gets told so even if its Hello has another shape.
@@ -296,14 +322,33 @@ impl Session {
                 cluster: auth.cluster.clone(),
             });
         }
+        // Read the count before the set: a revocation after this check bumps it again.
+        self.revocations = self.shared.revocations.load(Ordering::SeqCst);
+        if self.shared.is_revoked(hello.session) {
+            return Err(Refusal::Revoked {
+                session: hello.session,
+            });
+        }
+        self.client_session = hello.session;
         Ok(Welcome {
             version: PROTOCOL_VERSION,
             regions: self.shared.list(),
         })
     }
 
-    /// Decodes, checks and executes the request in `self.rx`.
-    fn request(&mut self) {
+    /// Decodes, checks and executes the request in `self.rx`; a connection whose session has
+    /// been revoked executes nothing more and is closed.
+    fn request(&mut self) -> Next {
+        let revocations = self.shared.revocations.load(Ordering::SeqCst);
+        if revocations != self.revocations {
+            self.revocations = revocations;
+            if self.shared.is_revoked(self.client_session) {
+                self.send(&Reply::Error(RemoteError::Revoked {
+                    session: self.client_session,
+                }));
+                return Next::Close;
+            }
+        }
         match wire::decode_request(&self.rx, &mut self.scratch, &mut self.batch) {
             Ok(DecodedRequest::Batch) => match self.execute() {
                 Ok(()) => {
@@ -318,6 +363,7 @@ impl Session {
             ))),
             Err(e) => self.send(&Reply::Error(e.into())),
         }
+        Next::Continue
     }
 
     /// Executes the shape-checked batch in `self.batch` with the shared executor.
@@ -515,6 +561,17 @@ impl TcpServer {
     /// The registered regions, as announced to connecting clients.
     pub fn regions(&self) -> Vec<RegionInfo> {
         self.shared.list()
+    }
+
+    /// Fences client sessions `sessions`: their open connections execute nothing more (the
+    /// next request is answered [`RemoteError::Revoked`](super::wire::RemoteError::Revoked) and
+    /// the connection closed) and new connections naming them are refused. A revoked session
+    /// stays revoked for the life of the server; session ids are never reused by a meta server.
+    ///
+    /// This is the tcp fabric's version of what seed 000 §3.10 has the cluster manager do on
+    /// RDMA (destroy the failed client's queue pairs). A batch already executing finishes.
+    pub fn revoke(&self, sessions: &[u64]) {
+        self.shared.revoke(sessions);
     }
 
     /// The number of open connections (authenticated or not).

@@ -6,7 +6,8 @@
 //! ```text
 //! client                                   server
 //!   Request::Hello {magic, version,  ──▶
-//!                   cluster, token}
+//!                   cluster, token,
+//!                   session}
 //!                                    ◀──   Reply::Welcome {version, regions}
 //!                                          or Reply::Refused(reason), then close
 //!   Request::Batch(batch)            ──▶   (one frame per batch)
@@ -35,7 +36,7 @@ use thiserror::Error;
 pub const MAGIC: u32 = u32::from_le_bytes(*b"CTRN");
 
 /// The protocol version this build speaks. Bump it on any change to the messages below.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 
 /// The largest frame body a server reads before the handshake has succeeded. An
 /// unauthenticated peer must not make the server allocate much.
@@ -75,6 +76,13 @@ pub struct Hello {
     pub cluster: String,
     /// The cluster's shared secret.
     pub token: String,
+    /// The client session this connection belongs to (its meta-server session id), or 0 for a
+    /// server's own connections. A session the cluster has revoked ([`TcpServer::revoke`]) is
+    /// refused here and cut off on its open connections: that is how a client whose locks
+    /// were broken after its lease ran out is fenced.
+    ///
+    /// [`TcpServer::revoke`]: super::TcpServer::revoke
+    pub session: u64,
 }
 
 /// A client-to-server message.
@@ -135,13 +143,19 @@ pub enum Refusal {
     /// The first message was not a well-formed `Hello`.
     #[error("bad handshake: {0}")]
     BadHello(String),
+    /// The client's session was revoked (fenced) by the cluster.
+    #[error("session {session} was revoked by the cluster (fenced after its lease ran out)")]
+    Revoked {
+        /// The revoked session.
+        session: u64,
+    },
 }
 
 /// Why a server refused one request of an authenticated connection.
 ///
 /// Verb and batch errors are those of every backend, so a client sees the same error over `tcp`
-/// as over `mem` or `shm`. After [`RemoteError::FrameTooLarge`] the server closes the
-/// connection; after the others the connection stays usable.
+/// as over `mem` or `shm`. After [`RemoteError::FrameTooLarge`] and [`RemoteError::Revoked`]
+/// the server closes the connection; after the others the connection stays usable.
 #[derive(Clone, Debug, PartialEq, Eq, Error, Serialize, Deserialize)]
 pub enum RemoteError {
     /// A verb was refused; nothing in the batch executed.
@@ -169,6 +183,13 @@ pub enum RemoteError {
     /// The request could not be decoded; nothing executed.
     #[error("malformed request: {0}")]
     Malformed(String),
+    /// The connection's session was revoked (fenced) by the cluster; nothing executed, and the
+    /// server closes the connection.
+    #[error("session {session} was revoked by the cluster (fenced after its lease ran out)")]
+    Revoked {
+        /// The revoked session.
+        session: u64,
+    },
 }
 
 /// A server-to-client message.
