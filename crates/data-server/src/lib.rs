@@ -16,7 +16,7 @@
 
 use anyhow::Context;
 use fabric::{Auth, Region, RegionId, ShmServer, TcpServer};
-use proto::rpc::{Client, Request, Role, Welcome};
+use proto::rpc::{Client, Request, Response, Role, Welcome};
 use proto::FabricAddr;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 /// The id of the chunk region on a data server.
 pub const DATA_REGION: RegionId = RegionId(1);
 
-/// How often the data server checks that the meta server is still there.
+/// How often the data server tries to register again while the meta server is away.
 const HEARTBEAT_EVERY: Duration = Duration::from_millis(500);
 
 /// How clients (and the meta server) reach the region.
@@ -112,12 +112,18 @@ impl DataServer {
             "data server up"
         );
         let stop = Arc::new(AtomicBool::new(false));
+        // Revocations apply to the tcp fabric server; on shm clients map the region themselves
+        // and nothing can be refused (DESIGN.md "Fencing").
+        let fence: Option<Arc<TcpServer>> = servers
+            .iter()
+            .find_map(|s| s.downcast_ref::<Arc<TcpServer>>())
+            .cloned();
         let keeper = {
             let stop = stop.clone();
             let config = config.clone();
             std::thread::Builder::new()
                 .name(format!("data-server-{}", config.name))
-                .spawn(move || keep_registered(client, config, role, stop))?
+                .spawn(move || keep_registered(client, config, role, stop, fence))?
         };
         Ok(DataHandle {
             id,
@@ -205,7 +211,7 @@ fn serve_region(config: &DataConfig) -> anyhow::Result<(Arc<Region>, FabricAddr,
             };
             let addr = tcp.local_addr().to_string();
             // The tcp server goes first so that it stops serving before the mapping goes.
-            servers.insert(0, Box::new(tcp));
+            servers.insert(0, Box::new(Arc::new(tcp)));
             (region, FabricAddr::Tcp { addr })
         }
     };
@@ -230,31 +236,64 @@ fn register(config: &DataConfig, role: &Role) -> anyhow::Result<(Client, u32)> {
     }
 }
 
-/// Heartbeats on the registration connection; on failure, registers again until stopped.
-fn keep_registered(client: Client, config: DataConfig, role: Role, stop: Arc<AtomicBool>) {
+/// Long-polls the meta server for revoked sessions on the registration connection (the poll
+/// is also the heartbeat) and fences them on `fence`; on failure, registers again until
+/// stopped. Each poll names the epoch applied so far, which is how the meta server knows that
+/// a `Fence` has taken effect here.
+fn keep_registered(
+    client: Client,
+    config: DataConfig,
+    role: Role,
+    stop: Arc<AtomicBool>,
+    fence: Option<Arc<TcpServer>>,
+) {
     let mut client = Some(client);
-    let tick = Duration::from_millis(20);
-    let mut last = Instant::now();
+    let mut applied = 0u64;
+    let mut last_attempt: Option<Instant> = None;
     while !stop.load(Ordering::SeqCst) {
-        std::thread::sleep(tick);
-        if last.elapsed() < HEARTBEAT_EVERY {
-            continue;
-        }
-        last = Instant::now();
         match client.as_mut() {
-            Some(c) => {
-                if let Err(error) = c.call(Request::Heartbeat) {
+            Some(c) => match c.call(Request::AwaitRevocations { known: applied }) {
+                Ok(Ok(Response::Revocations { epoch, sessions })) => {
+                    if epoch != applied {
+                        if let Some(tcp) = &fence {
+                            tcp.revoke(&sessions);
+                        }
+                        if !sessions.is_empty() {
+                            tracing::info!(name = config.name, epoch, ?sessions, "sessions fenced");
+                        }
+                        applied = epoch;
+                    }
+                }
+                Ok(other) => {
+                    tracing::warn!(
+                        name = config.name,
+                        ?other,
+                        "unexpected answer to a revocation poll"
+                    );
+                    std::thread::sleep(HEARTBEAT_EVERY);
+                }
+                Err(error) => {
                     tracing::warn!(name = config.name, %error, "lost the meta server");
                     client = None;
                 }
-            }
-            None => match register(&config, &role) {
-                Ok((c, id)) => {
-                    tracing::info!(name = config.name, id, "registered again");
-                    client = Some(c);
-                }
-                Err(error) => tracing::debug!(name = config.name, %error, "meta server away"),
             },
+            None => {
+                // At most one registration attempt per heartbeat period.
+                if last_attempt.is_some_and(|t| t.elapsed() < HEARTBEAT_EVERY) {
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                }
+                last_attempt = Some(Instant::now());
+                match register(&config, &role) {
+                    Ok((c, id)) => {
+                        tracing::info!(name = config.name, id, "registered again");
+                        // A new meta server numbers its epochs afresh.
+                        applied = 0;
+                        client = Some(c);
+                    }
+                    Err(error) => tracing::debug!(name = config.name, %error, "meta server away"),
+                }
+            }
         }
     }
     // Dropping the client closes the connection: the meta server marks us gone.

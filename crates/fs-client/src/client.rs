@@ -215,13 +215,20 @@ impl Drop for Checkout<'_> {
     }
 }
 
-fn connector_for(addr: &FabricAddr, opts: &MountOptions) -> Result<Arc<dyn Connector>, FsError> {
+/// A connector to a fabric server for client session `session` (tcp endpoints present it, so
+/// the cluster can fence this client; shm cannot refuse anyone).
+fn connector_for(
+    addr: &FabricAddr,
+    opts: &MountOptions,
+    session: u64,
+) -> Result<Arc<dyn Connector>, FsError> {
     Ok(match addr {
         FabricAddr::Shm { dir } => Arc::new(ShmConnector::attach(dir)?),
-        FabricAddr::Tcp { addr } => Arc::new(TcpConnector::connect(
+        FabricAddr::Tcp { addr } => Arc::new(TcpConnector::connect_session(
             addr.as_str(),
             opts.cluster.clone(),
             opts.token.clone(),
+            session,
         )?),
     })
 }
@@ -234,7 +241,7 @@ impl CitronFs {
         let (meta, info) = Meta::connect(&opts.meta_addr, &opts.cluster, &opts.token, &opts.host)?;
         let meta = Arc::new(meta);
         let geometry = Geometry::new(info.chunk_size, info.lock_unit)?;
-        let meta_connector = connector_for(&info.meta_fabric, &opts)?;
+        let meta_connector = connector_for(&info.meta_fabric, &opts, info.session)?;
         let mut data: Vec<Option<DataServer>> = Vec::new();
         for ds in &info.data_servers {
             let id = ds.id as usize;
@@ -246,7 +253,7 @@ impl CitronFs {
             }
             data[id] = Some(DataServer {
                 info: ds.clone(),
-                connector: connector_for(&ds.fabric, &opts)?,
+                connector: connector_for(&ds.fabric, &opts, info.session)?,
             });
         }
         let lock_server = match (opts.scheme, &info.lock_server) {
@@ -263,9 +270,12 @@ impl CitronFs {
             }
             _ => None,
         };
+        // Often enough for the session lease, and for a fence (which revokes sessions silent
+        // for `fence_after`) never to take this live client for a stopped one.
         let heartbeat = Heartbeat::start(
             meta.clone(),
-            Duration::from_millis(info.session_lease_ms.max(1)),
+            (Duration::from_millis(info.session_lease_ms) / 3)
+                .min(Duration::from_millis(info.fence_after_ms) / 4),
         )?;
         let inner = Arc::new(Inner {
             meta,

@@ -92,16 +92,16 @@ impl Meta {
     }
 }
 
-/// The heartbeat thread: renews the session every third of its lease until stopped.
+/// The heartbeat thread: renews the session every `period` until stopped.
 pub(crate) struct Heartbeat {
     stop: mpsc::Sender<()>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Heartbeat {
-    /// Starts heartbeats on `meta` every `lease / 3`.
-    pub(crate) fn start(meta: Arc<Meta>, lease: Duration) -> Result<Heartbeat, FsError> {
-        let period = (lease / 3).max(Duration::from_millis(10));
+    /// Starts heartbeats on `meta` every `period` (at least every 5 ms).
+    pub(crate) fn start(meta: Arc<Meta>, period: Duration) -> Result<Heartbeat, FsError> {
+        let period = period.max(Duration::from_millis(5));
         let (stop, stopped) = mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("citronfs-heartbeat".into())
@@ -152,5 +152,6 @@ fn short(response: &Response) -> &'static str {
         Response::Open(_) => "Open",
         Response::Chunks(_) => "Chunks",
         Response::Addr(_) => "Addr",
+        Response::Revocations { .. } => "Revocations",
     }
 }

@@ -46,6 +46,11 @@ pub const DEFAULT_REGION_BYTES: u64 = 64 << 20;
 /// Default session lease.
 pub const DEFAULT_SESSION_LEASE: Duration = Duration::from_secs(10);
 
+/// Default silence after which a `Fence` revokes a session (clients heartbeat at a quarter of
+/// it). CITRON's `T_lease` on file locks (500 ms) must exceed twice this plus the time a data
+/// batch takes: fs-client posts data verbs only while `2·fence_after` of the lease is left.
+pub const DEFAULT_FENCE_AFTER: Duration = Duration::from_millis(100);
+
 /// How clients reach the meta region.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MetaFabric {
@@ -84,6 +89,9 @@ pub struct MetaConfig {
     pub lock_unit: u64,
     /// How long a client session lives without a request.
     pub session_lease: Duration,
+    /// How long a session may be silent before a `Fence` (sent by a client that breaks a
+    /// lock) revokes it on every fabric server.
+    pub fence_after: Duration,
     /// Run the CPU lock server for the `server` scheme.
     pub lock_server: bool,
 }
@@ -102,6 +110,7 @@ impl MetaConfig {
             chunk_size: DEFAULT_CHUNK_SIZE,
             lock_unit: DEFAULT_LOCK_UNIT,
             session_lease: DEFAULT_SESSION_LEASE,
+            fence_after: DEFAULT_FENCE_AFTER,
             lock_server: true,
         }
     }
@@ -171,6 +180,7 @@ impl MetaServer {
                 .with_context(|| format!("meta region fabric on {listen}"))?;
                 let region = Arc::new(Region::anonymous(META_REGION, config.region_bytes));
                 server.add_region(region.clone())?;
+                let server = Arc::new(server);
                 let addr = server.local_addr();
                 let t_wait = measure_tcp_t_wait(addr, &config)?;
                 let fabric = FabricAddr::Tcp {
@@ -199,10 +209,15 @@ impl MetaServer {
             chunk_size: config.chunk_size,
             lock_unit: config.lock_unit,
             session_lease: config.session_lease,
+            fence_after: config.fence_after,
             meta_fabric,
             t_wait,
         };
         let service = Arc::new(Service::new(settings, store, region, lock_server)?);
+        if let Some(tcp) = region_server.downcast_ref::<Arc<TcpServer>>() {
+            let tcp = tcp.clone();
+            service.set_local_revoke(Box::new(move |sessions| tcp.revoke(sessions)));
+        }
 
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)

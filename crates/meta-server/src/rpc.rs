@@ -183,8 +183,23 @@ async fn connection(
                         Ok(frame) => {
                             let result = match frame.request {
                                 proto::rpc::Request::Heartbeat => Ok(proto::rpc::Response::Ok),
+                                proto::rpc::Request::AwaitRevocations { known } => {
+                                    service.fence_applied(id, known);
+                                    let mut watch = service.fence_watch();
+                                    // Answer at once if newer revocations exist, else at the
+                                    // first one or after a second (the poll is the heartbeat).
+                                    let _ = tokio::time::timeout(
+                                        std::time::Duration::from_secs(1),
+                                        watch.wait_for(|&epoch| epoch > known),
+                                    )
+                                    .await;
+                                    let (epoch, sessions) = service.revocations();
+                                    Ok(proto::rpc::Response::Revocations { epoch, sessions })
+                                }
                                 _ => Err(FsError::Invalid(
-                                    "a data server connection only takes heartbeats".into(),
+                                    "a data server connection only takes heartbeats and \
+                                     revocation polls"
+                                        .into(),
                                 )),
                             };
                             if let Err(e) = send(&mut writer, &ResponseFrame { id: frame.id, result }).await {
@@ -196,6 +211,7 @@ async fn connection(
                     _ = stop.changed() => break Ok(()),
                 }
             };
+            service.fence_forget(id);
             service.data_server_gone(id, epoch);
             result
         }

@@ -55,6 +55,8 @@ pub(crate) struct Settings {
     pub chunk_size: u64,
     pub lock_unit: u64,
     pub session_lease: Duration,
+    /// A session silent for longer is revoked by a `Fence` (see [`Service::fence`]).
+    pub fence_after: Duration,
     pub meta_fabric: FabricAddr,
     /// `T_wait` for CITRON trees, when clients are slower to reach the region than we are.
     pub t_wait: Option<Duration>,
@@ -101,6 +103,20 @@ struct State {
     endpoint: LocalEndpoint<OwnRegion>,
 }
 
+/// How long a `Fence` waits for the data servers to apply a revocation (their long poll
+/// answers at once; this covers a data server that is slow or going away).
+const FENCE_WAIT: Duration = Duration::from_secs(3);
+
+/// The first session id of this run: the clock in microseconds, so that ids of an earlier run
+/// (which data servers may still hold revoked) are never handed out again.
+fn first_session_id() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(1)
+        .max(1)
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding the lock leaves the state as consistent as sled left it; keep
     // serving rather than poisoning every later request.
@@ -116,6 +132,29 @@ pub(crate) struct Service {
     /// Set when the meta server itself is stopping: connections it closes are then expected,
     /// not news worth a warning.
     stopping: std::sync::atomic::AtomicBool,
+    /// Sessions fenced so far, and which data servers apply them.
+    fences: Mutex<Fences>,
+    /// The revocation epoch, watched by the data servers' long polls.
+    fence_epoch: tokio::sync::watch::Sender<u64>,
+    /// Revokes sessions on the meta server's own fabric server (tcp); unset on shm.
+    local_revoke: std::sync::OnceLock<RevokeFn>,
+}
+
+/// Revokes client sessions on one fabric server.
+pub(crate) type RevokeFn = Box<dyn Fn(&[u64]) + Send + Sync>;
+
+/// The fencing state (seed 000 §3.10, "the CM notifies the lock server to destroy the QPs
+/// of the failed clients"; DESIGN.md "Fencing").
+///
+/// Invariant: a `Fence` is answered only after every live data server has acknowledged an
+/// epoch at least as new as the fence's, so from then on no fabric server that holds file data
+/// or lock words executes a batch of a revoked session.
+#[derive(Default)]
+struct Fences {
+    /// Every session revoked since this meta server started.
+    revoked: Vec<u64>,
+    /// The latest epoch each live data server (by id) has applied.
+    applied: HashMap<u32, u64>,
 }
 
 impl Service {
@@ -135,7 +174,9 @@ impl Service {
             store,
             state: Mutex::new(State {
                 sessions: HashMap::new(),
-                next_session: 1,
+                // Session ids never repeat across restarts: the data servers' fabric servers
+                // remember revoked sessions for their own lifetime.
+                next_session: first_session_id(),
                 next_epoch: 1,
                 open: HashMap::new(),
                 alloc: RegionAlloc::new(RESERVED, len),
@@ -144,6 +185,9 @@ impl Service {
             }),
             lock_server,
             stopping: std::sync::atomic::AtomicBool::new(false),
+            fences: Mutex::new(Fences::default()),
+            fence_epoch: tokio::sync::watch::channel(0).0,
+            local_revoke: std::sync::OnceLock::new(),
         };
         // Orphans were open when the last run ended; no session survives a restart.
         for ino in service.store.orphans()? {
@@ -191,6 +235,7 @@ impl Service {
             chunk_size: self.settings.chunk_size,
             lock_unit: self.settings.lock_unit,
             session_lease_ms: self.settings.session_lease.as_millis() as u64,
+            fence_after_ms: self.settings.fence_after.as_millis() as u64,
             lock_server: self.lock_server.as_ref().map(|s| s.addr().to_string()),
         })
     }
@@ -226,6 +271,96 @@ impl Service {
             self.end_session(session);
         }
         expired.len()
+    }
+
+    // ---- fencing ---------------------------------------------------------------------------
+
+    /// Installs the function that revokes sessions on the meta server's own fabric server.
+    pub fn set_local_revoke(&self, revoke: RevokeFn) {
+        let _ = self.local_revoke.set(revoke);
+    }
+
+    /// Revokes every session not heard from within `fence_after` (`caller` was just heard
+    /// from) and returns once no fabric server executes their batches any more (the
+    /// [`Fences`] invariant), or fails after `wait` if a data server does not acknowledge.
+    ///
+    /// Why "silent sessions" is the right set: a client posts data verbs only while its lock's
+    /// lease has more than `2·fence_after` left (fs-client's guard), and a lock is broken only
+    /// after its lease ran out. So a holder that can still land a write after the break must
+    /// have stopped between its check and its post for at least `2·fence_after`, its heartbeat
+    /// thread with it (a stopped or frozen process), and is silent here. A live client that is
+    /// merely slow keeps heartbeating and is protected by its own lease check instead.
+    pub fn fence(&self, wait: Duration) -> Result<(), FsError> {
+        let after = self.settings.fence_after;
+        let silent: Vec<u64> = lock(&self.state)
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.last_seen.elapsed() > after)
+            .map(|(&id, _)| id)
+            .collect();
+        let (epoch, waiting_for) = {
+            let mut f = lock(&self.fences);
+            if !silent.is_empty() {
+                f.revoked.extend(&silent);
+            }
+            let epoch = if silent.is_empty() {
+                *self.fence_epoch.borrow()
+            } else {
+                *self.fence_epoch.borrow() + 1
+            };
+            (epoch, f.applied.len())
+        };
+        if !silent.is_empty() {
+            tracing::warn!(sessions = ?silent, epoch, "fencing silent sessions: a lock they may hold is being broken");
+            if let Some(revoke) = self.local_revoke.get() {
+                revoke(&silent);
+            }
+            self.fence_epoch.send_replace(epoch);
+            for &session in &silent {
+                self.end_session(session);
+            }
+        }
+        let deadline = Instant::now() + wait;
+        loop {
+            let live: Vec<u32> = lock(&self.state).live.keys().copied().collect();
+            let behind: Vec<u32> = {
+                let f = lock(&self.fences);
+                live.into_iter()
+                    .filter(|id| f.applied.get(id).copied().unwrap_or(0) < epoch)
+                    .collect()
+            };
+            if behind.is_empty() {
+                tracing::debug!(epoch, data_servers = waiting_for, "fence complete");
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(FsError::Io(format!(
+                    "fence epoch {epoch}: data servers {behind:?} did not acknowledge within {wait:?}"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// A data server (id `id`) has applied revocations up to `known`.
+    pub fn fence_applied(&self, id: u32, known: u64) {
+        lock(&self.fences).applied.insert(id, known);
+    }
+
+    /// Forgets a data server's acknowledgements (its registration connection closed).
+    pub fn fence_forget(&self, id: u32) {
+        lock(&self.fences).applied.remove(&id);
+    }
+
+    /// The revocation epoch to watch, for a data server's long poll.
+    pub fn fence_watch(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.fence_epoch.subscribe()
+    }
+
+    /// Every session revoked so far, with the current epoch.
+    pub fn revocations(&self) -> (u64, Vec<u64>) {
+        let f = lock(&self.fences);
+        (*self.fence_epoch.borrow(), f.revoked.clone())
     }
 
     /// Renews a session's lease; `Stale` if it is gone (expired).
@@ -561,9 +696,25 @@ impl Service {
     /// Handles one request of client session `session`.
     pub fn handle(&self, session: u64, request: Request) -> Result<Response, FsError> {
         self.touch(session)?;
+        let result = self.handle_touched(session, request);
+        // A session is not silent while its request runs: its heartbeat waits behind it.
+        let _ = self.touch(session);
+        result
+    }
+
+    fn handle_touched(&self, session: u64, request: Request) -> Result<Response, FsError> {
         let is_open = |st: &State, ino: Ino| st.open.contains_key(&ino);
         Ok(match request {
             Request::Heartbeat => Response::Ok,
+            Request::Fence => {
+                self.fence(FENCE_WAIT)?;
+                Response::Ok
+            }
+            Request::AwaitRevocations { .. } => {
+                return Err(FsError::Invalid(
+                    "AwaitRevocations is for data servers' registration connections".into(),
+                ))
+            }
             Request::Lookup { parent, name } => {
                 Response::Attr(self.live_attr(self.store.lookup(parent, &name)?))
             }

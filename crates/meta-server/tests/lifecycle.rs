@@ -260,3 +260,80 @@ fn tcp_fabric_serves_fcbs_and_zeroes_chunks() {
         [[7u8; 32], [0u8; 32]].concat()
     );
 }
+
+/// Fencing on tcp: a `Fence` revokes the sessions that have been silent for `fence_after` on
+/// the meta server's fabric server and on every data server before it answers — their open
+/// endpoints execute nothing more and new ones are refused — while the fencing session and a
+/// heartbeating one keep working.
+#[test]
+fn fence_revokes_silent_sessions_on_every_fabric_server() {
+    use data_server::DataFabric;
+    use fabric::{FabricError, TcpConnector};
+    use meta_server::MetaFabric;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = common::meta_config(dir.path());
+    let local = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    config.fabric = MetaFabric::Tcp { listen: local };
+    config.fence_after = Duration::from_millis(100);
+    let meta = MetaServer::start(config).unwrap();
+    let mut data_config = common::data_config(dir.path(), &meta, 0, 4, false);
+    data_config.fabric = DataFabric::Tcp { listen: local };
+    let _data = DataServer::start(data_config).unwrap();
+
+    let mut silent = common::Fs::connect(&meta);
+    let mut live = common::Fs::connect(&meta);
+    let mut fencer = common::Fs::connect(&meta);
+    let connect = |fs: &common::Fs, addr: &FabricAddr| {
+        let FabricAddr::Tcp { addr } = addr else {
+            panic!("tcp expected")
+        };
+        TcpConnector::connect_session(
+            addr.as_str(),
+            common::CLUSTER,
+            common::TOKEN,
+            fs.info.session,
+        )
+        .unwrap()
+    };
+    let ds = silent.info.data_servers[0].clone();
+    let data_word = RemoteAddr::new(ds.region, 0);
+    let meta_word = RemoteAddr::new(silent.info.meta_region, 0);
+    let silent_data = connect(&silent, &ds.fabric);
+    let silent_meta = connect(&silent, &silent.info.meta_fabric);
+    let live_data = connect(&live, &ds.fabric);
+    let (mut sd, mut sm) = (
+        silent_data.endpoint().unwrap(),
+        silent_meta.endpoint().unwrap(),
+    );
+    let mut ld = live_data.endpoint().unwrap();
+    sd.write_u64(data_word, 1).unwrap();
+    sm.read_u64(meta_word).unwrap();
+
+    // The silent session says nothing for 3× fence_after; the live one heartbeats.
+    for _ in 0..15 {
+        std::thread::sleep(Duration::from_millis(20));
+        live.ok(Request::Heartbeat).unwrap();
+    }
+    fencer.ok(Request::Fence).unwrap();
+
+    let refused = |r: Result<u64, FabricError>| match r {
+        Err(FabricError::Refused(why)) => assert!(why.contains("revoked"), "{why}"),
+        other => panic!("a fenced session's verb must be refused, got {other:?}"),
+    };
+    refused(sd.write_u64(data_word, 2).map(|()| 0));
+    refused(sm.read_u64(meta_word));
+    assert!(
+        silent_data.endpoint().is_err(),
+        "a new connection is refused too"
+    );
+    assert_eq!(
+        ld.read_u64(data_word).unwrap(),
+        1,
+        "the fenced write did not land"
+    );
+    ld.write_u64(data_word, 3).unwrap();
+    assert_eq!(silent.call(Request::Heartbeat), Err(FsError::Stale));
+    live.ok(Request::Heartbeat).unwrap();
+    fencer.ok(Request::Fence).unwrap();
+    ld.write_u64(data_word, 4).unwrap();
+}

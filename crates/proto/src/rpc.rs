@@ -274,6 +274,18 @@ pub enum Request {
         /// Words needed.
         words: u64,
     },
+    /// Sent by a client right before it breaks a lock whose holder it presumes dead (seed 000
+    /// §3.10 recovery): the meta server revokes every session it has not heard from within
+    /// `ClusterInfo::fence_after_ms`, on its own fabric server and on every data server, and
+    /// answers only once they all refuse those sessions. → `Ok`
+    Fence,
+    /// A data server's long poll on its registration connection (it doubles as its heartbeat):
+    /// "I apply revocations up to `known`; answer when there are newer ones, or after a second".
+    /// → `Revocations`
+    AwaitRevocations {
+        /// The revocation epoch this data server has applied.
+        known: u64,
+    },
 }
 
 /// A successful result.
@@ -297,6 +309,13 @@ pub enum Response {
     Chunks(Vec<Option<ChunkLoc>>),
     /// An address in the meta region.
     Addr(RemoteAddr),
+    /// Every session revoked so far, as of revocation epoch `epoch`.
+    Revocations {
+        /// The epoch (bumped by each fence that revoked something).
+        epoch: u64,
+        /// The revoked sessions.
+        sessions: Vec<u64>,
+    },
 }
 
 /// One request on the wire.

@@ -289,6 +289,10 @@ pub struct ClusterInfo {
     pub lock_unit: u64,
     /// The lease a session must renew within (heartbeat every third of it).
     pub session_lease_ms: u64,
+    /// A session silent for longer than this is revoked (fenced) when another client breaks a
+    /// lock it may hold ([`Request::Fence`](crate::rpc::Request::Fence)); clients heartbeat at
+    /// a quarter of it.
+    pub fence_after_ms: u64,
     /// Where the `server` lock scheme's lock server listens (`host:port`), if it runs.
     pub lock_server: Option<String>,
 }
