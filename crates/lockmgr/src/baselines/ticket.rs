@@ -378,7 +378,7 @@ mod tests {
         assert!(passed_over(word, 1));
         assert!(!passed_over(word, 2));
         // Wrapping: tickets u32::MAX, 0, 1 taken, serving 0.
-        let word = (2u64 << 32) | 0;
+        let word = word_of(2, 0);
         assert!(passed_over(word, u32::MAX));
         assert!(!passed_over(word, 1));
         // Everyone served, ticket 4 skipped.
