@@ -180,6 +180,109 @@ impl<C: Connector> Connector for ChaosConnector<C> {
     }
 }
 
+/// A one-shot stall, armed from another thread: the next batch an armed [`StallEndpoint`]
+/// executes while `when()` holds is held back for `length` before it executes, then the switch
+/// disarms itself. It stands for a process stopped by SIGSTOP, a VM pause or a long GC: the
+/// client's thread does nothing for a while and then carries on where it was, its timers and
+/// the words it posts unchanged. Pick the moment with `when` (for CITRON, e.g. a phase from
+/// [`crate::citron::Progress`]).
+#[derive(Default)]
+pub struct StallSwitch {
+    armed: std::sync::Mutex<Option<ArmedStall>>,
+    fired: AtomicU64,
+}
+
+struct ArmedStall {
+    length: Duration,
+    skip: u64,
+    when: Box<dyn Fn() -> bool + Send>,
+}
+
+impl StallSwitch {
+    /// A disarmed switch.
+    pub fn new() -> std::sync::Arc<Self> {
+        std::sync::Arc::default()
+    }
+
+    /// Arms the switch: the first batch after `skip` batches that finds `when()` true stalls
+    /// for `length`.
+    pub fn arm(&self, length: Duration, skip: u64, when: impl Fn() -> bool + Send + 'static) {
+        *self.armed.lock().unwrap_or_else(|e| e.into_inner()) = Some(ArmedStall {
+            length,
+            skip,
+            when: Box::new(when),
+        });
+    }
+
+    /// Disarms the switch without stalling.
+    pub fn disarm(&self) {
+        *self.armed.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// Whether the switch is armed (has not fired yet).
+    pub fn is_armed(&self) -> bool {
+        self.armed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+
+    /// Stalls fired so far.
+    pub fn fired(&self) -> u64 {
+        self.fired.load(Ordering::SeqCst)
+    }
+
+    /// Called before each batch: stalls once if armed and due.
+    fn check(&self) {
+        let length = {
+            let mut armed = self.armed.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(a) = armed.as_mut() else {
+                return;
+            };
+            if a.skip > 0 {
+                a.skip -= 1;
+                return;
+            }
+            if !(a.when)() {
+                return;
+            }
+            let length = a.length;
+            *armed = None;
+            length
+        };
+        self.fired.fetch_add(1, Ordering::SeqCst);
+        std::thread::sleep(length);
+    }
+}
+
+/// An endpoint that stalls before a batch when its [`StallSwitch`] says so (see there).
+pub struct StallEndpoint {
+    inner: Box<dyn Endpoint>,
+    switch: std::sync::Arc<StallSwitch>,
+}
+
+impl StallEndpoint {
+    /// Wraps `inner`; `switch` is shared with whoever arms it.
+    pub fn new(inner: Box<dyn Endpoint>, switch: std::sync::Arc<StallSwitch>) -> Self {
+        Self { inner, switch }
+    }
+}
+
+impl Endpoint for StallEndpoint {
+    fn execute(&mut self, batch: &Batch, out: &mut Completions) -> fabric::Result<()> {
+        self.switch.check();
+        self.inner.execute(batch, out)
+    }
+
+    fn stats(&self) -> EndpointStats {
+        self.inner.stats()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

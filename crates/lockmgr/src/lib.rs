@@ -8,11 +8,13 @@ pub mod backoff;
 pub mod baselines;
 pub mod chaos;
 pub mod citron;
+pub mod fence;
 pub mod scheme;
 pub mod stats;
 
 pub use baselines::{open_scheme, SchemeInstance, SchemeKind};
-pub use chaos::{ChaosConfig, ChaosConnector, ChaosEndpoint};
+pub use chaos::{ChaosConfig, ChaosConnector, ChaosEndpoint, StallEndpoint, StallSwitch};
 pub use citron::{Citron, CitronClient, CitronConfig, ClientOptions};
+pub use fence::Fence;
 pub use scheme::{check_range, LockError, LockId, ProgressFn, RangeLock};
 pub use stats::{AbortCounts, LockStats};

@@ -64,6 +64,20 @@ pub trait RangeLock: Send {
     fn progress(&self) -> Option<ProgressFn> {
         None
     }
+
+    /// The lease deadline of a held lock: the earliest instant at which another client's lease
+    /// recovery (seed 000 §3.10) could break it, computed conservatively on this client's clock.
+    /// Past it the lock may belong to someone else: the caller must not post data verbs when
+    /// `now + guard > deadline` (its `guard` covering the time from that check to the verbs'
+    /// execution). Releasing after the deadline is allowed and harmless to the lock's next
+    /// holders (counted in [`LockStats::late_releases`]).
+    ///
+    /// `None`: this scheme's locks are never broken by other clients (the `server` scheme, a
+    /// ticket lock without a lease), or `id` is not held.
+    fn lease_deadline(&self, id: LockId) -> Option<std::time::Instant> {
+        let _ = id;
+        None
+    }
 }
 
 /// Checks a requested range: non-empty.

@@ -58,6 +58,14 @@ pub struct LockStats {
     pub scale_ups: u64,
     /// Repairs of state left by a failed client (§3.10).
     pub recoveries: u64,
+    /// Releases (or give-backs of an aborted attempt) that came after the lock's lease deadline
+    /// ([`crate::RangeLock::lease_deadline`]) or found the lock already broken: their verbs were
+    /// made conditional or left out, so that they cannot disturb a later holder.
+    pub late_releases: u64,
+    /// Waits that found their turn passed over by another client's lease recovery (a ticket
+    /// skipped by a break-in, a notification repaired, a grant found after its lease deadline):
+    /// the client gave back what it still held and started the acquisition over.
+    pub passed_over: u64,
     /// Fabric traffic spent acquiring.
     pub acquire: EndpointStats,
     /// Fabric traffic spent releasing.
@@ -108,6 +116,8 @@ impl LockStats {
         self.spillover += other.spillover;
         self.scale_ups += other.scale_ups;
         self.recoveries += other.recoveries;
+        self.late_releases += other.late_releases;
+        self.passed_over += other.passed_over;
         add_endpoint(&mut self.acquire, &other.acquire);
         add_endpoint(&mut self.release, &other.release);
         self.acquire_time += other.acquire_time;
@@ -136,6 +146,8 @@ impl LockStats {
             spillover: self.spillover - earlier.spillover,
             scale_ups: self.scale_ups - earlier.scale_ups,
             recoveries: self.recoveries - earlier.recoveries,
+            late_releases: self.late_releases - earlier.late_releases,
+            passed_over: self.passed_over - earlier.passed_over,
             acquire: self.acquire.since(&earlier.acquire),
             release: self.release.since(&earlier.release),
             acquire_time: self.acquire_time.saturating_sub(earlier.acquire_time),

@@ -498,7 +498,8 @@ pub fn open_scheme(
 pub(crate) struct ClientCore<T> {
     endpoint: Box<dyn Endpoint>,
     rng: SmallRng,
-    held: HashMap<u64, T>,
+    /// Per held lock: what releasing needs, and its lease deadline (`None`: no lease).
+    held: HashMap<u64, (T, Option<Instant>)>,
     next_id: u64,
     pub(crate) stats: LockStats,
 }
@@ -514,10 +515,15 @@ impl<T> ClientCore<T> {
         }
     }
 
-    /// Runs one acquisition, accounting its time and traffic, and records what it holds.
+    /// Runs one acquisition, accounting its time and traffic, and records what it holds and
+    /// its lease deadline.
     pub(crate) fn acquire(
         &mut self,
-        take: impl FnOnce(&mut dyn Endpoint, &mut SmallRng, &mut LockStats) -> Result<T, LockError>,
+        take: impl FnOnce(
+            &mut dyn Endpoint,
+            &mut SmallRng,
+            &mut LockStats,
+        ) -> Result<(T, Option<Instant>), LockError>,
     ) -> Result<LockId, LockError> {
         let started = Instant::now();
         let before = self.endpoint.stats();
@@ -535,20 +541,36 @@ impl<T> ClientCore<T> {
         Ok(LockId(id))
     }
 
-    /// Runs one release of a lock this client holds, accounting its traffic.
+    /// The lease deadline of held lock `id`.
+    pub(crate) fn deadline(&self, id: LockId) -> Option<Instant> {
+        self.held.get(&id.0).and_then(|(_, d)| *d)
+    }
+
+    /// Runs one release of a lock this client holds, accounting its traffic. `give_back`
+    /// returns whether every word was still ours; if not (or the lease deadline had passed) the
+    /// release is counted as late: the conditional verbs left a successor's state alone.
     pub(crate) fn release(
         &mut self,
         id: LockId,
-        give_back: impl FnOnce(&mut dyn Endpoint, T) -> Result<(), LockError>,
+        give_back: impl FnOnce(&mut dyn Endpoint, T) -> Result<bool, LockError>,
     ) -> Result<(), LockError> {
-        let held = self.held.remove(&id.0).ok_or(LockError::NotHeld(id))?;
+        let (held, deadline) = self.held.remove(&id.0).ok_or(LockError::NotHeld(id))?;
+        let late = deadline.is_some_and(|d| Instant::now() >= d);
         let before = self.endpoint.stats();
         let result = give_back(&mut *self.endpoint, held);
         add_traffic(
             &mut self.stats.release,
             &self.endpoint.stats().since(&before),
         );
-        result?;
+        let ours = result?;
+        if late || !ours {
+            self.stats.late_releases += 1;
+            tracing::warn!(
+                ?id,
+                broken = !ours,
+                "ticket lock: release after the lease deadline; conditional verbs left the lock's new holder alone"
+            );
+        }
         self.stats.releases += 1;
         Ok(())
     }

@@ -11,7 +11,7 @@ use std::ops::Range;
 
 /// The shared state of one `mutex` instance: where its lock word is. Cheap to copy; every
 /// client (thread or process) that knows it can open a handle.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MutexScheme {
     lock: TicketLock,
     config: TicketConfig,
@@ -54,7 +54,7 @@ impl MutexScheme {
     /// Opens a handle for one thread over `endpoint`.
     pub fn open_with(&self, endpoint: Box<dyn Endpoint>) -> MutexLock {
         MutexLock {
-            scheme: *self,
+            scheme: self.clone(),
             core: ClientCore::new(endpoint),
         }
     }
@@ -70,24 +70,28 @@ impl RangeLock for MutexLock {
     fn acquire(&mut self, range: Range<u64>) -> Result<LockId, LockError> {
         check_range(&range)?;
         let lock = self.scheme.lock;
-        let config = self.scheme.config;
+        let config = &self.scheme.config;
         self.core.acquire(|endpoint, rng, stats| {
-            let outcome = lock.acquire(endpoint, &config, rng)?;
+            let outcome = lock.acquire(endpoint, config, rng)?;
             stats.recoveries += outcome.recoveries;
-            Ok(outcome.ticket)
+            stats.passed_over += outcome.passed_over;
+            Ok((outcome.ticket, outcome.deadline))
         })
     }
 
+    /// With a lease, a release after the lease deadline is a conditional masked CAS that leaves
+    /// a lock broken meanwhile alone; it returns `Ok` and is counted in
+    /// [`LockStats::late_releases`].
     fn release(&mut self, id: LockId) -> Result<(), LockError> {
         let lock = self.scheme.lock;
-        let config = self.scheme.config;
+        let config = &self.scheme.config;
         self.core.release(id, |endpoint, ticket| {
-            if lock.release(endpoint, &config, ticket)? {
-                Ok(())
-            } else {
-                Err(LockError::NotHeld(id))
-            }
+            lock.release(endpoint, config, ticket)
         })
+    }
+
+    fn lease_deadline(&self, id: LockId) -> Option<std::time::Instant> {
+        self.core.deadline(id)
     }
 
     fn stats(&self) -> LockStats {

@@ -30,7 +30,7 @@ use fabric::{Batch, Completions, Connector, Endpoint, RemoteAddr};
 use std::ops::Range;
 
 /// How a `seg` instance is cut.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SegConfig {
     /// Units per segment (at least 1).
     pub segment_units: u64,
@@ -54,7 +54,7 @@ impl SegConfig {
 }
 
 /// The shared state of one `seg` instance: where its lock words are and how ranges map to them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SegScheme {
     base: RemoteAddr,
     config: SegConfig,
@@ -139,7 +139,7 @@ impl SegScheme {
     /// Opens a handle for one thread over `endpoint`.
     pub fn open_with(&self, endpoint: Box<dyn Endpoint>) -> SegLock {
         SegLock {
-            scheme: *self,
+            scheme: self.clone(),
             core: ClientCore::new(endpoint),
         }
     }
@@ -193,39 +193,59 @@ fn release_all(
 }
 
 impl RangeLock for SegLock {
+    /// With a lease, the lock's deadline is the earliest of its ticket locks' deadlines. The
+    /// first locks may pass theirs while the client waits for later ones: then everything is
+    /// given back (conditionally, harmless to whoever broke them) and the acquisition starts
+    /// over, so that a returned lock always has its deadline ahead.
     fn acquire(&mut self, range: Range<u64>) -> Result<LockId, LockError> {
         check_range(&range)?;
-        let scheme = self.scheme;
-        self.core.acquire(|endpoint, rng, stats| {
+        let scheme = &self.scheme;
+        self.core.acquire(|endpoint, rng, stats| loop {
             let mut held = Vec::new();
+            let mut deadline: Option<std::time::Instant> = None;
             for index in scheme.locks_for(&range) {
                 let lock = TicketLock::new(scheme.base.word(index));
                 match lock.acquire(endpoint, &scheme.config.ticket, rng) {
                     Ok(outcome) => {
                         stats.recoveries += outcome.recoveries;
+                        stats.passed_over += outcome.passed_over;
                         held.push((index, outcome.ticket));
+                        deadline = match (deadline, outcome.deadline) {
+                            (Some(a), Some(b)) => Some(a.min(b)),
+                            (a, b) => a.or(b),
+                        };
                     }
                     Err(error) => {
                         // Do not leave the locks taken so far behind; the fabric already failed,
                         // so this is best effort.
-                        let _ = release_all(&scheme, endpoint, &held);
+                        let _ = release_all(scheme, endpoint, &held);
                         return Err(error);
                     }
                 }
             }
-            Ok(held)
+            if deadline.is_none_or(|d| std::time::Instant::now() < d) {
+                return Ok((held, deadline));
+            }
+            stats.passed_over += 1;
+            tracing::warn!(
+                ?range,
+                "seg: a segment's lease deadline passed while waiting for the others; starting over"
+            );
+            release_all(scheme, endpoint, &held)?;
         })
     }
 
+    /// With a lease, a release after the lease deadline uses conditional masked CASes that
+    /// leave segments broken meanwhile alone; it returns `Ok` and is counted in
+    /// [`LockStats::late_releases`].
     fn release(&mut self, id: LockId) -> Result<(), LockError> {
-        let scheme = self.scheme;
-        self.core.release(id, |endpoint, held| {
-            if release_all(&scheme, endpoint, &held)? {
-                Ok(())
-            } else {
-                Err(LockError::NotHeld(id))
-            }
-        })
+        let scheme = &self.scheme;
+        self.core
+            .release(id, |endpoint, held| release_all(scheme, endpoint, &held))
+    }
+
+    fn lease_deadline(&self, id: LockId) -> Option<std::time::Instant> {
+        self.core.deadline(id)
     }
 
     fn stats(&self) -> LockStats {
