@@ -453,7 +453,10 @@ impl CitronClient {
                     Vec::new()
                 };
                 let (toks, rr) = self.post_notify(&targets, root_addr);
-                let posted = Instant::now();
+                // The lease deadlines of what this batch takes are anchored at `t1`, taken
+                // before the batch was posted (an earlier anchor is a conservative one, see
+                // `lease`): no extra clock read on the fast path.
+                let posted = t1;
                 self.exec()?;
                 t2 = Instant::now();
                 t0 = t2;
@@ -530,7 +533,8 @@ impl CitronClient {
                 } else {
                     self.post_occupy(addr, hn.ticket_no)
                 };
-                let posted = Instant::now();
+                // Anchored at `t1` (before the post; conservative, see `lease`).
+                let posted = t1;
                 self.exec()?;
                 t0 = Instant::now();
                 let old = self.out.old(main);
@@ -559,10 +563,10 @@ impl CitronClient {
                 // l. 31: notify every m-th ancestor and read the root, one batch.
                 self.batch.clear();
                 let (toks, rr) = self.post_notify(&targets, root_addr);
-                let posted = Instant::now();
+                // Anchored at `t0`, taken after phase (c) and before this post.
                 self.exec()?;
                 t2 = Instant::now();
-                hn.tokens = self.notify_tokens(&targets, &toks, posted);
+                hn.tokens = self.notify_tokens(&targets, &toks, t0);
                 root_word = self.out.word(rr, 0);
             }
 
