@@ -527,3 +527,91 @@ pause_tests! {
     seg_ticket => (Scheme::Seg, Point::Ticket);
     seg_holding => (Scheme::Seg, Point::Holding);
 }
+
+// ---- the fence and the deadline API ----
+
+/// A fence that refuses its first `refuse` calls.
+struct TestFence {
+    calls: AtomicU64,
+    refuse: u64,
+}
+
+impl lockmgr::Fence for TestFence {
+    fn fence(&self) -> Result<(), lockmgr::LockError> {
+        if self.calls.fetch_add(1, Ordering::SeqCst) < self.refuse {
+            Err(lockmgr::LockError::Config("fence refused (test)".into()))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// CITRON calls the fence before it breaks a dead holder's ticket, and a refused fence keeps the
+/// hold unbroken for another patience.
+#[test]
+fn citron_fence_runs_before_the_break_in() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let fabric = Fabric::start(Backend::Mem, &[(REGION, region_bytes(Scheme::Citron))]);
+    let connector: Arc<dyn Connector> = Arc::from(fabric.connector());
+    create(Scheme::Citron, connector.as_ref());
+    let fence = Arc::new(TestFence {
+        calls: AtomicU64::new(0),
+        refuse: 1,
+    });
+    let options = ClientOptions {
+        auto_scale_up: false,
+        fence: Some(fence.clone()),
+        ..ClientOptions::default()
+    };
+    let citron = Citron::new(connector.clone(), BASE, Arc::new(NoAllocator), options);
+    // A holder of the height-1 node 256..512 dies.
+    let mut dead = citron.client().unwrap();
+    let id = dead.acquire(256..512).unwrap();
+    dead.forget(id).unwrap();
+    let mut waiter = citron.client().unwrap();
+    let started = Instant::now();
+    let id = waiter.acquire(256..512).unwrap();
+    let took = started.elapsed();
+    // Break-in patience at height 1, one ticket ahead: (1 + 1 + 2)·T_lease; twice, as the
+    // first fence was refused.
+    assert!(took >= T_LEASE * 8, "granted after {took:?}");
+    assert_eq!(fence.calls.load(Ordering::SeqCst), 2);
+    assert_eq!(waiter.stats().recoveries, 1);
+    let deadline = waiter
+        .lease_deadline(id)
+        .expect("a CITRON lock has a deadline");
+    assert!(deadline > Instant::now());
+    waiter.release(id).unwrap();
+    assert_eq!(waiter.lease_deadline(id), None);
+}
+
+/// `lease_deadline`: CITRON's is ahead after a grant and at most the shortest recovery patience
+/// away (a leaf: `T_lease`); a ticket lock without a lease has none.
+#[test]
+fn lease_deadlines() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let fabric = Fabric::start(Backend::Mem, &[(REGION, region_bytes(Scheme::Citron))]);
+    let connector: Arc<dyn Connector> = Arc::from(fabric.connector());
+    create(Scheme::Citron, connector.as_ref());
+    let (mut lock, _) = open(Scheme::Citron, connector.as_ref(), StallSwitch::new());
+    for (range, leases) in [(100..101, 1), (256..512, 2), (0..UNITS, 6)] {
+        let before = Instant::now();
+        let id = lock.acquire(range.clone()).unwrap();
+        let d = lock.lease_deadline(id).unwrap();
+        assert!(d > Instant::now(), "{range:?}");
+        // The earliest part: the notification at the node's parent (height + 1), or for a
+        // leaf its bits; the root (height 3) notifies nobody: its ticket, height + 3.
+        assert!(
+            d <= before + T_LEASE * leases + Duration::from_millis(5),
+            "{range:?}: {:?}",
+            d - before
+        );
+        lock.release(id).unwrap();
+    }
+    let mut ep = connector.connect().unwrap();
+    let mutex = MutexScheme::create(&mut *ep, BASE, TicketConfig::default()).unwrap();
+    let mut m = mutex.open(connector.as_ref()).unwrap();
+    let id = m.acquire(0..1).unwrap();
+    assert_eq!(m.lease_deadline(id), None);
+    m.release(id).unwrap();
+}

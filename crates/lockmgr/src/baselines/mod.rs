@@ -478,7 +478,7 @@ impl SchemeInstance {
                     connector.connect()?,
                     *base,
                     allocator,
-                    *options,
+                    options.clone(),
                 )?)
             }
         })

@@ -32,7 +32,8 @@
 //! presumes the holder dead and moves `now serving` forward with one masked CAS on the low half
 //! (`cmp = stalled value`, so concurrent repairers advance it once). Holders must then finish
 //! within `T_lease`; their release becomes a masked CAS `now serving: mine -> mine + 1`, which
-//! fails harmlessly if the lock was already taken from them ([`LockError::NotHeld`]).
+//! fails harmlessly if the lock was already taken from them ([`TicketLock::release`] returns
+//! `false`; the `mutex` and `seg` handles count it in `LockStats::late_releases` and return `Ok`).
 //!
 //! A waiter whose own turn was broken while it was paused finds `now serving` beyond its ticket
 //! ([`passed_over`]) and takes a new one instead of polling forever; every hold has a lease

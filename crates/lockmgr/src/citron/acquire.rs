@@ -31,9 +31,10 @@
 
 use super::config::DELTA;
 use super::layout::{
-    self, counter_gap, dcnt, dmax, exp_tag, occ, tcnt, tmax, Node, ADD_DMAX, ADD_OCC, ADD_TMAX,
-    BOUNDARY, DCNT, DCNT_SHIFT, DMAX, OCC, TCNT, TCNT_SHIFT,
+    self, counter_gap, dcnt, dmax, exp_tag, occ, tcnt, tmax, Node, ADD_DMAX, ADD_TMAX, BOUNDARY,
+    DCNT, DCNT_SHIFT, DMAX, OCC, TCNT, TCNT_SHIFT,
 };
+use super::lease;
 use super::split::split;
 use super::{CitronClient, Held, HeldNode, Phase, Token};
 use crate::backoff::wait_until;
@@ -68,6 +69,17 @@ pub(crate) enum Outcome {
     Restart,
 }
 
+/// Result of waiting for a bakery ticket (`wait_ticket`).
+enum TicketWait {
+    /// Served: `TCnt` is our ticket, and became so after this instant (the post time of the last
+    /// poll that did not see it, or of our break-in's CAS): the anchor of `lease::word_deadline`.
+    Served(Instant),
+    /// Give up this attempt (the ticket, if served, is still ours to pass on).
+    Give(Outcome),
+    /// Our ticket was passed over by another waiter's break-in: it is not ours any more.
+    PassedOver,
+}
+
 /// Result of phase (b).
 enum PhaseB {
     /// No occupied ancestor, as of a read batch posted at this instant; `true` if it waited.
@@ -91,9 +103,45 @@ impl CitronClient {
         (toks, self.batch.read(root_addr, 8))
     }
 
-    /// The release tokens of a notification that has executed: where each went, and the `Exp`
-    /// tag it saw (Alg. 3 l. 10-12 compares it at release to find scale-ups in between).
-    fn notify_tokens(&self, targets: &[(Node, RemoteAddr)], toks: &[AtomicHandle]) -> Vec<Token> {
+    /// Phase (c) on an internal node (Alg. 2 l. 28), as a conditional verb: set `Occ` only if
+    /// `TCnt` is still our ticket and `Occ` clear. Same cost as the paper's masked FAA (one
+    /// atomic in the same batch), and identical in effect while the ticket is ours — by the
+    /// bakery invariant (`HeldNode::ticket_no`) nobody else writes `TCnt`/`Occ` then, and `Occ`
+    /// is clear when our turn begins (our predecessor's release, or a break-in, cleared it).
+    /// But a holder paused between its grant and this verb, whose turn a waiter broke meanwhile
+    /// (§3.10 l. 11: `TCnt` moved to the breaker's ticket, `Occ` cleared), must not set the
+    /// breaker's `Occ`: `Occ` is one bit, so the breaker's own masked FAA would then *clear* it.
+    fn post_occupy(&mut self, addr: RemoteAddr, ticket: u64) -> AtomicHandle {
+        self.batch
+            .masked_cas(addr, ticket << TCNT_SHIFT, TCNT | OCC, OCC, OCC)
+    }
+
+    /// Whether `post_occupy`'s CAS (which returned `old`) took effect. If not, our ticket was
+    /// passed over by a break-in: counted, and the caller gives back the rest and starts over.
+    fn occupied_ours(&mut self, old: u64, ticket: u64) -> bool {
+        if old & (TCNT | OCC) == ticket << TCNT_SHIFT {
+            return true;
+        }
+        self.stats.passed_over += 1;
+        self.progress.aborted(8);
+        tracing::warn!(
+            ticket,
+            tcnt = tcnt(old),
+            "lock tree node: our turn was broken before we occupied it (paused past the lease?); starting over"
+        );
+        false
+    }
+
+    /// The release tokens of a notification that has executed, in a batch posted at `posted`:
+    /// where each went, the `Exp` tag it saw (Alg. 3 l. 10-12 compares it at release to find
+    /// scale-ups in between), and its lease deadline (`lease::token_deadline`).
+    fn notify_tokens(
+        &self,
+        targets: &[(Node, RemoteAddr)],
+        toks: &[AtomicHandle],
+        posted: Instant,
+    ) -> Vec<Token> {
+        let lease = self.rec.t_lease();
         targets
             .iter()
             .zip(toks)
@@ -101,6 +149,7 @@ impl CitronClient {
                 node: *n,
                 addr: *a,
                 tag: exp_tag(self.out.old(*h)),
+                deadline: lease::token_deadline(posted, lease, n.hgt),
             })
             .collect()
     }
@@ -145,7 +194,7 @@ impl CitronClient {
                         self.stats.retries += 1;
                         self.stats.aborts.restart += 1;
                         let all = std::mem::take(&mut held.nodes);
-                        self.release_parts(&all, false)?;
+                        self.release_parts(&all, None)?;
                         // The split of the tree as it is now (it may have grown).
                         let root = Node::root(self.rec.height);
                         pending = split(root, l, r, self.opts.k).into();
@@ -209,7 +258,7 @@ impl CitronClient {
                                 .into_iter()
                                 .partition(|h| h.node.within(&anc));
                         held.nodes = keep;
-                        self.release_parts(&inside, false)?;
+                        self.release_parts(&inside, None)?;
                         pending.retain(|n| !n.within(&anc));
                         target = anc;
                     }
@@ -306,22 +355,38 @@ impl CitronClient {
             hn.ticket = true;
             let old = self.out.old(th);
             let ticket = tmax(old);
+            hn.ticket_no = ticket;
+            // Served at once: TCnt was our ticket before the FAA executed, but every waiter that
+            // could break in behind us took its ticket after ours, so `posted` anchors the
+            // deadline (`lease` module docs, ticket break-in).
+            hn.word_deadline = Some(lease::word_deadline(posted, self.rec.t_lease(), node.hgt));
             // A bakery ticket can only be given up once served (passing it on is TCnt += 1), so
             // every abort below happens after the ticket has come up.
             if tcnt(old) != ticket {
                 was_fast = false;
                 self.progress.set(Phase::Ticket);
-                if let Some(give) = self.wait_ticket(addr, ticket, old, node, node == root, held)? {
-                    self.release_parts(&[hn], false)?;
-                    return Ok(give);
+                match self.wait_ticket(addr, ticket, old, posted, node, node == root, held)? {
+                    TicketWait::Served(anchor) => {
+                        hn.word_deadline =
+                            Some(lease::word_deadline(anchor, self.rec.t_lease(), node.hgt));
+                    }
+                    TicketWait::Give(give) => {
+                        self.release_parts(&[hn], None)?;
+                        return Ok(give);
+                    }
+                    TicketWait::PassedOver => {
+                        // Nothing of this node is ours; what the request holds elsewhere was
+                        // or is given back by the restart.
+                        return Ok(Outcome::Restart);
+                    }
                 }
             } else if node == root && exp_tag(old) != 0 {
-                self.release_parts(&[hn], false)?;
+                self.release_parts(&[hn], None)?;
                 return Ok(Outcome::Aborted(Why::ScaleUp));
             } else if fastp {
                 let words: Vec<u64> = reads.iter().map(|r| self.out.word(*r, 0)).collect();
                 if words.last().is_some_and(|w| exp_tag(*w) != 0) {
-                    self.release_parts(&[hn], false)?;
+                    self.release_parts(&[hn], None)?;
                     return Ok(Outcome::Aborted(Why::ScaleUp));
                 }
                 if words.iter().all(|w| !occ(*w)) {
@@ -351,7 +416,7 @@ impl CitronClient {
                         t1
                     }
                     PhaseB::Give(outcome) => {
-                        self.release_parts(&[hn], false)?;
+                        self.release_parts(&[hn], None)?;
                         return Ok(outcome);
                     }
                 },
@@ -375,7 +440,7 @@ impl CitronClient {
                 let main = if node.is_leaf() {
                     self.batch.masked_cas(addr, 0, mask, mask, mask)
                 } else {
-                    self.batch.masked_faa(addr, ADD_OCC, BOUNDARY)
+                    self.post_occupy(addr, hn.ticket_no)
                 };
                 let kids: Vec<(RemoteAddr, AtomicHandle)> = if node.hgt == 1 {
                     let mut v = Vec::with_capacity(4);
@@ -388,11 +453,28 @@ impl CitronClient {
                     Vec::new()
                 };
                 let (toks, rr) = self.post_notify(&targets, root_addr);
+                // The lease deadlines of what this batch takes are anchored at `t1`, taken
+                // before the batch was posted (an earlier anchor is a conservative one, see
+                // `lease`): no extra clock read on the fast path.
+                let posted = t1;
                 self.exec()?;
                 t2 = Instant::now();
                 t0 = t2;
-                hn.tokens = self.notify_tokens(&targets, &toks);
+                hn.tokens = self.notify_tokens(&targets, &toks, posted);
+                hn.bits_deadline = Some(lease::bits_deadline(posted, self.rec.t_lease()));
                 let old = self.out.old(main);
+                if !node.is_leaf() && !self.occupied_ours(old, hn.ticket_no) {
+                    // Passed over (see `occupied_ours`): give back what this batch got — the
+                    // children it locked, the notifications — but not the ticket or Occ.
+                    hn.ticket = false;
+                    hn.children = kids
+                        .iter()
+                        .filter(|(_, kh)| self.out.old(*kh) == 0)
+                        .map(|(a, _)| *a)
+                        .collect();
+                    self.release_parts(&[hn], None)?;
+                    return Ok(Outcome::Restart);
+                }
                 if one_batch {
                     let words: Vec<u64> = b_reads.iter().map(|r| self.out.word(*r, 0)).collect();
                     let expanding = words.last().is_some_and(|w| exp_tag(*w) != 0);
@@ -402,9 +484,10 @@ impl CitronClient {
                         let undo = HeldNode {
                             tokens: std::mem::take(&mut hn.tokens),
                             leaf_mask: if old & mask == 0 { mask } else { 0 },
+                            bits_deadline: hn.bits_deadline,
                             ..HeldNode::new(node, addr)
                         };
-                        self.release_parts(&[undo], false)?;
+                        self.release_parts(&[undo], None)?;
                         if expanding {
                             return Ok(Outcome::Aborted(Why::ScaleUp));
                         }
@@ -423,7 +506,7 @@ impl CitronClient {
                             tokens: std::mem::take(&mut hn.tokens),
                             ..HeldNode::new(node, addr)
                         };
-                        self.release_parts(&[undo], false)?;
+                        self.release_parts(&[undo], None)?;
                         if let Some(o) = self.leaf_failed(node, &mut leaf_fail_since) {
                             return Ok(o);
                         }
@@ -434,6 +517,8 @@ impl CitronClient {
                     hn.leaf_mask = mask;
                 } else {
                     hn.occupied(old, (node == root).then_some(h));
+                    hn.word_deadline =
+                        Some(lease::word_deadline(posted, self.rec.t_lease(), node.hgt));
                     hn.children = kids
                         .iter()
                         .filter(|(_, kh)| self.out.old(*kh) == 0)
@@ -446,11 +531,23 @@ impl CitronClient {
                 let main = if node.is_leaf() {
                     self.batch.masked_cas(addr, 0, mask, mask, mask)
                 } else {
-                    self.batch.masked_faa(addr, ADD_OCC, BOUNDARY)
+                    self.post_occupy(addr, hn.ticket_no)
                 };
+                // Anchored at `t1` (before the post; conservative, see `lease`).
+                let posted = t1;
                 self.exec()?;
                 t0 = Instant::now();
                 let old = self.out.old(main);
+                let lease_t = self.rec.t_lease();
+                if !node.is_leaf() && !self.occupied_ours(old, hn.ticket_no) {
+                    hn.ticket = false;
+                    return Ok(Outcome::Restart);
+                }
+                if node.is_leaf() {
+                    hn.bits_deadline = Some(lease::bits_deadline(posted, lease_t));
+                } else {
+                    hn.word_deadline = Some(lease::word_deadline(posted, lease_t, node.hgt));
+                }
                 if node.is_leaf() {
                     if old & mask != 0 {
                         if let Some(o) = self.leaf_failed(node, &mut leaf_fail_since) {
@@ -466,21 +563,22 @@ impl CitronClient {
                 // l. 31: notify every m-th ancestor and read the root, one batch.
                 self.batch.clear();
                 let (toks, rr) = self.post_notify(&targets, root_addr);
+                // Anchored at `t0`, taken after phase (c) and before this post.
                 self.exec()?;
                 t2 = Instant::now();
-                hn.tokens = self.notify_tokens(&targets, &toks);
+                hn.tokens = self.notify_tokens(&targets, &toks, t0);
                 root_word = self.out.word(rr, 0);
             }
 
             // l. 33: a scale-up began (the root is snapshotted first, so any notification made
             // after a node's snapshot sees the root's Exp).
             if exp_tag(root_word) != 0 {
-                self.release_parts(&[hn], false)?;
+                self.release_parts(&[hn], None)?;
                 return Ok(Outcome::Aborted(Why::ScaleUp));
             }
             // l. 32, inequality (1): t2 - t1 <= (1 - δ)·T_wait.
             if t2.duration_since(t1) > bound {
-                self.release_parts(&[hn], false)?;
+                self.release_parts(&[hn], None)?;
                 return Ok(Outcome::Aborted(Why::TimeLimit));
             }
             if node.is_leaf() {
@@ -524,37 +622,67 @@ impl CitronClient {
     ///
     /// Deadlock avoidance: after `restart_after`, the request's nodes in `held` are given back
     /// while the wait goes on; once served, the caller passes the ticket on and starts over.
-    /// Returns `None` when served and the attempt may go on.
+    ///
+    /// Bounded wait (issue 8): a waiter that was paused while its turn came may find `TCnt`
+    /// *past* its ticket — a waiter behind it saw `TCnt` and `Occ` stand still and broke in,
+    /// setting `TCnt` to its own ticket (and others may have followed). `TCnt == ticket` then
+    /// never holds again. The queue is `[TCnt, TMax)` (15-bit counters, compared relative to
+    /// `TMax` as `layout::counter_gap` does); a ticket outside it was passed over: it is not
+    /// ours any more (passing it on would push `TCnt` past a live holder), so the attempt
+    /// returns [`TicketWait::PassedOver`] and the request starts over.
+    ///
+    /// `posted`: the post time of the FAA that took the ticket (the first anchor of the lease
+    /// deadline, see [`TicketWait::Served`]).
+    #[allow(clippy::too_many_arguments)]
     fn wait_ticket(
         &mut self,
         addr: RemoteAddr,
         ticket: u64,
         first: u64,
+        posted: Instant,
         node: Node,
         is_root: bool,
         held: &mut Vec<HeldNode>,
-    ) -> Result<Option<Outcome>, LockError> {
+    ) -> Result<TicketWait, LockError> {
         let lease = self.rec.t_lease();
         let started = Instant::now();
         let mut restart = false;
         let mut last = first & (TCNT | OCC);
         let mut since = Instant::now();
         let mut backoff = self.backoff();
+        // The post time of the last verb that did not see our turn.
+        let mut anchor = posted;
         loop {
             backoff.snooze(&mut self.rng);
+            let poll = Instant::now();
             let w = self.ep_read_u64(addr)?;
             if tcnt(w) == ticket {
                 if restart {
-                    return Ok(Some(Outcome::Restart));
+                    return Ok(TicketWait::Give(Outcome::Restart));
                 }
                 if is_root && exp_tag(w) != 0 {
-                    return Ok(Some(Outcome::Aborted(Why::ScaleUp)));
+                    return Ok(TicketWait::Give(Outcome::Aborted(Why::ScaleUp)));
                 }
-                return Ok(None);
+                return Ok(TicketWait::Served(anchor));
+            }
+            anchor = poll;
+            if counter_gap(ticket, tcnt(w)) >= counter_gap(tmax(w), tcnt(w)) {
+                // Passed over. What the request held was given back already if `restart`; the
+                // caller's restart gives back the rest.
+                self.stats.passed_over += 1;
+                self.progress.aborted(8);
+                tracing::warn!(
+                    ?addr,
+                    ticket,
+                    tcnt = tcnt(w),
+                    tmax = tmax(w),
+                    "lock tree node: our ticket was passed over by a lease recovery (paused?); starting over"
+                );
+                return Ok(TicketWait::PassedOver);
             }
             if !restart && !held.is_empty() && started.elapsed() >= self.opts.restart_after {
                 let give_back = std::mem::take(held);
-                self.release_parts(&give_back, false)?;
+                self.release_parts(&give_back, None)?;
                 restart = true;
             }
             let seen = w & (TCNT | OCC);
@@ -566,15 +694,23 @@ impl CitronClient {
             }
             let ahead = counter_gap(ticket, tcnt(w)) as u32;
             if since.elapsed() >= lease * (ahead + node.hgt + 2) {
+                // The fence first (it may take a while, and may refuse: then do not break in,
+                // and try again after another full patience).
+                if !crate::fence::before_recovery(self.opts.fence.as_ref(), "ticket break-in") {
+                    since = Instant::now();
+                    continue;
+                }
                 let swap = ticket << TCNT_SHIFT;
+                let cas_posted = Instant::now();
                 let old = self.ep_masked_cas(addr, w, TCNT | OCC, swap, TCNT | OCC)?;
                 if old & (TCNT | OCC) == seen {
                     self.stats.recoveries += 1;
                     tracing::warn!(?addr, ticket, "lock tree node: holder presumed dead");
                     if restart {
-                        return Ok(Some(Outcome::Restart));
+                        return Ok(TicketWait::Give(Outcome::Restart));
                     }
-                    return Ok(None);
+                    // Our CAS wrote the value waiters now watch: it anchors the deadline.
+                    return Ok(TicketWait::Served(cas_posted));
                 }
                 since = Instant::now();
             }
@@ -650,9 +786,22 @@ impl CitronClient {
             }
         }
         self.batch.clear();
-        // Fast-path children that were only partly locked: give them back first (§3.8).
+        // Fast-path children that were only partly locked: give them back first (§3.8) — unless
+        // we were paused past their lease deadline since locking them: then a leaf repair may
+        // have zeroed them and someone else set them again; leave them to lazy recovery
+        // (`release` module docs).
+        let children_live = hn.bits_deadline.is_none_or(|d| Instant::now() < d);
+        if !hn.children.is_empty() && !children_live {
+            self.stats.late_releases += 1;
+            tracing::warn!(
+                ?node,
+                "fast-path children given back after their lease deadline: left to lazy recovery"
+            );
+        }
         for c in hn.children.drain(..) {
-            self.batch.write_u64(c, 0);
+            if children_live {
+                self.batch.write_u64(c, 0);
+            }
         }
         // Consecutive slots are read with one verb: a level of the window is one run per
         // segment (§3.5.5: m reads for m levels in one tree).
@@ -699,6 +848,10 @@ impl CitronClient {
                     continue;
                 }
                 if since.elapsed() >= lease * n.hgt {
+                    if !crate::fence::before_recovery(self.opts.fence.as_ref(), "DCnt repair") {
+                        still.push((n, a, seen, Instant::now()));
+                        continue;
+                    }
                     let swap = dmax(w) << DCNT_SHIFT;
                     let old = self.ep_masked_cas(a, w, DCNT | DMAX, swap, DCNT)?;
                     if old & (DCNT | DMAX) == seen {
@@ -736,6 +889,10 @@ impl CitronClient {
         let mut backoff = self.backoff();
         while last != 0 {
             if since.elapsed() >= lease {
+                if !crate::fence::before_recovery(self.opts.fence.as_ref(), "leaf repair") {
+                    since = Instant::now();
+                    continue;
+                }
                 let old = self.ep_masked_cas(addr, last, !0, 0, !0)?;
                 if old == last {
                     self.stats.recoveries += 1;

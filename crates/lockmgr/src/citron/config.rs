@@ -272,7 +272,7 @@ impl Default for CitronConfig {
 }
 
 /// What each client chooses for itself ([`super::CitronClient::open`]).
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone)]
 pub struct ClientOptions {
     /// Most nodes a range is split into (§3.5.1); default 2.
     pub k: usize,
@@ -289,6 +289,43 @@ pub struct ClientOptions {
     pub backoff_base: Duration,
     /// Backoff truncation.
     pub backoff_max: Duration,
+    /// Called right before this client breaks another client's hold (any lease recovery write
+    /// of §3.10: ticket break-in, `DCnt` repair, leaf zeroing, spillover-mutex repair); see
+    /// [`crate::Fence`]. A failing fence keeps the hold unbroken for now. Default: none.
+    pub fence: Option<std::sync::Arc<dyn crate::fence::Fence>>,
+}
+
+impl std::fmt::Debug for ClientOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientOptions")
+            .field("k", &self.k)
+            .field("fast_path", &self.fast_path)
+            .field("auto_scale_up", &self.auto_scale_up)
+            .field("starvation_after", &self.starvation_after)
+            .field("restart_after", &self.restart_after)
+            .field("backoff_base", &self.backoff_base)
+            .field("backoff_max", &self.backoff_max)
+            .field("fence", &self.fence.as_ref().map(|_| "Fence"))
+            .finish()
+    }
+}
+
+/// Equal options: equal fields, and the same fence object (or none).
+impl PartialEq for ClientOptions {
+    fn eq(&self, other: &Self) -> bool {
+        self.k == other.k
+            && self.fast_path == other.fast_path
+            && self.auto_scale_up == other.auto_scale_up
+            && self.starvation_after == other.starvation_after
+            && self.restart_after == other.restart_after
+            && self.backoff_base == other.backoff_base
+            && self.backoff_max == other.backoff_max
+            && match (&self.fence, &other.fence) {
+                (None, None) => true,
+                (Some(a), Some(b)) => std::sync::Arc::ptr_eq(a, b),
+                _ => false,
+            }
+    }
 }
 
 impl Default for ClientOptions {
@@ -301,6 +338,7 @@ impl Default for ClientOptions {
             restart_after: Duration::from_millis(1),
             backoff_base: Duration::from_micros(1),
             backoff_max: Duration::from_micros(256),
+            fence: None,
         }
     }
 }

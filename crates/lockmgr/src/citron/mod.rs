@@ -15,6 +15,7 @@
 mod acquire;
 pub mod config;
 pub mod layout;
+pub mod lease;
 pub mod progress;
 mod release;
 mod scaleup;
@@ -163,7 +164,7 @@ impl Citron {
             self.connector.connect()?,
             self.base,
             self.allocator.clone(),
-            self.options,
+            self.options.clone(),
         )
     }
 
@@ -182,6 +183,9 @@ pub(crate) struct Token {
     /// `Exp` tag of the node when the notification was made: a different tag at release means
     /// a scale-up copied the notification upwards (see `scaleup`).
     pub(crate) tag: u8,
+    /// The earliest instant at which a phase-(d) waiter could repair `node`'s `DCnt` over this
+    /// notification ([`lease::token_deadline`]); a release after it leaves `DCnt` alone.
+    pub(crate) deadline: Instant,
 }
 
 /// What this client holds (or has done so far) on one tree node.
@@ -189,8 +193,17 @@ pub(crate) struct Token {
 pub(crate) struct HeldNode {
     pub(crate) node: Node,
     pub(crate) addr: RemoteAddr,
-    /// Internal: a ticket was taken (TMax incremented).
+    /// Internal: a ticket was taken (TMax incremented) and is still ours to pass on: not skipped
+    /// by a break-in (a ticket passed over is not ours, see `wait_ticket`).
     pub(crate) ticket: bool,
+    /// Internal: the ticket's number (`TMax` as taken). Invariant: while `TCnt` equals it, only
+    /// this client writes `TCnt` and `Occ` (by the bakery discipline) — except a break-in, which
+    /// moves `TCnt` past it. So a release that compares `TCnt == ticket_no` (and `Occ` as we
+    /// left it) takes effect exactly when the node is still ours.
+    pub(crate) ticket_no: u64,
+    /// Internal: the earliest instant at which a waiter could break in over the ticket/`Occ`
+    /// ([`lease::word_deadline`]).
+    pub(crate) word_deadline: Option<Instant>,
     /// Internal: Occ was set.
     pub(crate) occ: bool,
     /// `Exp` tag when Occ was set.
@@ -202,6 +215,10 @@ pub(crate) struct HeldNode {
     pub(crate) leaf_mask: u64,
     /// Fast path: leaf children locked whole (§3.8, second optimisation).
     pub(crate) children: Vec<RemoteAddr>,
+    /// Leaf bits and children: the earliest instant at which a leaf repair could zero them
+    /// ([`lease::bits_deadline`]); a release after it leaves the leaves alone. `None` only while
+    /// no bits are held.
+    pub(crate) bits_deadline: Option<Instant>,
     /// Notifications made.
     pub(crate) tokens: Vec<Token>,
 }
@@ -212,13 +229,30 @@ impl HeldNode {
             node,
             addr,
             ticket: false,
+            ticket_no: 0,
+            word_deadline: None,
             occ: false,
             occ_tag: 0,
             root_of: None,
             leaf_mask: 0,
             children: Vec::new(),
+            bits_deadline: None,
             tokens: Vec::new(),
         }
+    }
+
+    /// The earliest lease deadline of what this node holds.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        let bits = (self.leaf_mask != 0 || !self.children.is_empty())
+            .then_some(self.bits_deadline)
+            .flatten();
+        let word = self.ticket.then_some(self.word_deadline).flatten();
+        self.tokens
+            .iter()
+            .map(|t| t.deadline)
+            .chain(bits)
+            .chain(word)
+            .min()
     }
 
     /// Phase (c) set `Occ` on this internal node (Alg. 2 l. 27); `old` is the word it replaced,
@@ -235,10 +269,25 @@ impl HeldNode {
 pub(crate) struct Held {
     /// The spillover mutex is held.
     pub(crate) spill: bool,
+    /// Its ticket, and the earliest instant at which a waiter could break it
+    /// ([`lease::spill_deadline`]).
+    pub(crate) spill_ticket: u64,
+    pub(crate) spill_deadline: Option<Instant>,
     /// Tree nodes held.
     pub(crate) nodes: Vec<HeldNode>,
     /// A scale-down to this height happens at release (§3.9.2).
     pub(crate) shrink_to: Option<u32>,
+}
+
+impl Held {
+    /// The lock's lease deadline: the earliest of its parts' ([`RangeLock::lease_deadline`]).
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        self.nodes
+            .iter()
+            .filter_map(HeldNode::deadline)
+            .chain(self.spill.then_some(self.spill_deadline).flatten())
+            .min()
+    }
 }
 
 /// What [`CitronClient::audit`] found.
@@ -424,10 +473,12 @@ impl CitronClient {
             if range.end > self.rec.units() {
                 self.progress.set(Phase::Spillover);
                 // Alg. 1 l. 3-4: out-of-bound part.
-                if !self.acquire_spillover(range.end)? {
+                let Some((ticket, deadline)) = self.acquire_spillover(range.end)? else {
                     continue; // the tree changed (or we scaled it up): start over.
-                }
+                };
                 held.spill = true;
+                held.spill_ticket = ticket;
+                held.spill_deadline = Some(deadline);
                 self.stats.spillover += 1;
             }
             let n = self.rec.units();
@@ -440,6 +491,21 @@ impl CitronClient {
                     let _ = self.release_held(&held);
                     return Err(e);
                 }
+            }
+            // Every part of the lock must still be within its lease: a part whose deadline has
+            // passed (we were paused, or waited too long for a later node) may already belong
+            // to someone else — a ticket passed over by a break-in, a notification repaired by
+            // a phase-(d) waiter (§3.10). Then the grant is lost: give everything back (the
+            // late release leaves whatever was broken alone) and start over. One clock read.
+            if held.deadline().is_some_and(|d| Instant::now() >= d) {
+                self.stats.passed_over += 1;
+                self.progress.aborted(7);
+                tracing::warn!(
+                    ?range,
+                    "lock acquired only after its lease deadline (paused?); giving it back and starting over"
+                );
+                self.release_held(&held)?;
+                continue;
             }
             let id = self.next_id;
             self.next_id += 1;
@@ -507,6 +573,12 @@ impl RangeLock for CitronClient {
     fn progress(&self) -> Option<crate::scheme::ProgressFn> {
         let progress = self.progress.clone();
         Some(Arc::new(move || format!("{:?}", progress.snapshot())))
+    }
+
+    /// The earliest of the lock's parts' deadlines (see `lease`): the file system must not post
+    /// data verbs under the lock past it.
+    fn lease_deadline(&self, id: LockId) -> Option<Instant> {
+        self.held.get(&id.0).and_then(Held::deadline)
     }
 
     fn scheme(&self) -> &'static str {

@@ -72,7 +72,7 @@ pub struct Progress {
 }
 
 /// Reasons an attempt is given up, as [`ProgressSnapshot::last_abort`] names them.
-pub const WHY: [&str; 7] = [
+pub const WHY: [&str; 9] = [
     "none",
     "time limit (inequality (1))",
     "scale-up (Exp)",
@@ -80,6 +80,8 @@ pub const WHY: [&str; 7] = [
     "starvation escalation",
     "restart (deadlock avoidance)",
     "occupied ancestor (one-batch leaf)",
+    "lease deadline passed before the grant",
+    "passed over by a lease recovery",
 ];
 
 /// A copy of a [`Progress`] at one moment.

@@ -1,12 +1,43 @@
 //! Lock release (seed 000 Alg. 3, §3.6): every verb in one batch, one round trip; the
 //! continuation after a scale-up (l. 10-12) is in `scaleup`.
+//!
+//! # Late releases (issue 8)
+//!
+//! A holder paused past its lease may find its hold broken by a waiter's recovery (§3.10) and the
+//! lock held by someone else. Its release must not disturb that successor, so no part is released
+//! with a blind verb once it may have been broken (`lease` module):
+//!
+//! - **ticket and `Occ`** (l. 7): always a masked CAS that compares `TCnt` with our ticket and
+//!   `Occ` with what we left, and swaps `TCnt + 1`, `Occ = 0`. While the node is ours it does
+//!   exactly what the paper's masked FAA does (same single atomic); after a break-in (`TCnt`
+//!   moved to the breaker's ticket) it fails and changes nothing. The paper's FAA instead
+//!   flipped the breaker's `Occ` back on (one-bit field) and pushed `TCnt` past the next
+//!   ticket, hanging its owner forever (the previous session's finding).
+//! - **notifications** (l. 9, `DCnt += 1`): `DCnt` records no owner, so a late `+1` after a
+//!   phase-(d) waiter repaired `DCnt := DMax` would put `DCnt` ahead of `DMax`, and the next
+//!   notification would then look released while its holder holds. Past the token's deadline
+//!   the `+1` is left out: `DCnt` stays behind `DMax` by our notification, exactly as a dead
+//!   client leaves it, and lazy recovery repairs it — every client that would wait on it does so
+//!   after `H·T_lease` (`wait_window`), so nobody waits forever.
+//! - **leaf bits and fast-path children** (l. 5): no owner either (a successor may have set the
+//!   same bits after a repair). Past their deadline they are left set; a client that needs them
+//!   starves on them, escalates to the parent and zeroes them after `T_lease` (`repair_leaf`).
+//! - **the spillover mutex**: a masked CAS `serving: ours -> ours + 1`, always.
+//!
+//! Each such release is counted in `LockStats::late_releases` and logged at warn; it returns
+//! `Ok` (the lock is no longer ours either way).
 
-use super::layout::{exp_tag, ADD_DCNT, ADD_TCNT, BOUNDARY, RELEASE_OCC};
+use super::layout::{exp_tag, ADD_DCNT, BOUNDARY, COUNTER_MASK, OCC, TCNT, TCNT_SHIFT};
 use super::scaleup::Continue;
-use super::spillover::{SPILL_BOUNDARY, SPILL_RELEASE};
+use super::spillover::spill_released;
 use super::{CitronClient, Held, HeldNode};
 use crate::scheme::LockError;
 use fabric::AtomicHandle;
+use std::time::Instant;
+
+/// A release continuation for a root's `Occ` (a scale-up may have copied it), with the `Exp` tag
+/// seen when it was set.
+type RootOcc = (Continue, u8);
 
 impl CitronClient {
     /// Releases a whole lock (and performs a scale-down it was marked for, §3.9.2).
@@ -14,58 +45,103 @@ impl CitronClient {
         if let Some(height) = held.shrink_to {
             self.shrink_before_release(held, height)?;
         }
-        self.release_parts(&held.nodes, held.spill)
+        let spill = held.spill.then_some(held.spill_ticket);
+        self.release_parts(&held.nodes, spill)
     }
 
     /// Releases `nodes` (what each one got done: leaf bits, children, ticket/Occ, notifications)
-    /// and the spillover mutex if `spill`, in one batch (Alg. 3 l. 2-9). The same undoes an
-    /// aborted attempt (§3.5.5: aborting is releasing).
+    /// and the spillover mutex held with ticket `spill`, in one batch (Alg. 3 l. 2-9). The same
+    /// undoes an aborted attempt (§3.5.5: aborting is releasing). Parts past their lease
+    /// deadline are released conditionally or left out (module docs).
     pub(crate) fn release_parts(
         &mut self,
         nodes: &[HeldNode],
-        spill: bool,
+        spill: Option<u64>,
     ) -> Result<(), LockError> {
+        // One clock read decides which parts are past their deadline.
+        let now = Instant::now();
+        let live = |d: Option<Instant>| d.is_none_or(|d| now < d);
+        let mut late = 0u32;
         self.batch.clear();
         let mut checks: Vec<(AtomicHandle, Continue, u8)> = Vec::new();
+        // Ticket CASes, with the word's TCnt|Occ each expects, and its root-occ continuation.
+        let mut words: Vec<(AtomicHandle, u64, Option<RootOcc>)> = Vec::new();
         for n in nodes {
+            let bits_live = live(n.bits_deadline);
             if n.leaf_mask != 0 {
-                // l. 4-5.
-                self.batch
-                    .masked_cas(n.addr, n.leaf_mask, n.leaf_mask, 0, n.leaf_mask);
+                if bits_live {
+                    // l. 4-5.
+                    self.batch
+                        .masked_cas(n.addr, n.leaf_mask, n.leaf_mask, 0, n.leaf_mask);
+                } else {
+                    late += 1;
+                }
             }
-            for c in &n.children {
+            if !n.children.is_empty() && !bits_live {
+                late += 1;
+            }
+            for c in n.children.iter().filter(|_| bits_live) {
                 // All 64 bits are ours (§3.8).
                 self.batch.write_u64(*c, 0);
             }
             if n.ticket {
-                // l. 7: vacate (Occ -1, TCnt +1), or pass on a ticket never used.
-                let add = if n.occ { RELEASE_OCC } else { ADD_TCNT };
-                let h = self.batch.masked_faa(n.addr, add, BOUNDARY);
-                if let (true, Some(height)) = (n.occ, n.root_of) {
-                    checks.push((
-                        h,
+                // l. 7: vacate (Occ -1, TCnt +1), or pass on a ticket never used — as a masked
+                // CAS conditional on TCnt still being our ticket (module docs).
+                let expect = (n.ticket_no << TCNT_SHIFT) | if n.occ { OCC } else { 0 };
+                let swap = ((n.ticket_no + 1) & COUNTER_MASK) << TCNT_SHIFT;
+                let h = self
+                    .batch
+                    .masked_cas(n.addr, expect, TCNT | OCC, swap, TCNT | OCC);
+                let cont = match (n.occ, n.root_of) {
+                    (true, Some(height)) => Some((
                         Continue::RootOcc {
                             node: n.node,
                             height,
                         },
                         n.occ_tag,
-                    ));
-                }
+                    )),
+                    _ => None,
+                };
+                words.push((h, expect, cont));
             }
             for t in &n.tokens {
+                if now >= t.deadline {
+                    late += 1;
+                    continue;
+                }
                 // l. 8-9.
                 let h = self.batch.masked_faa(t.addr, ADD_DCNT, BOUNDARY);
                 checks.push((h, Continue::Token { node: t.node }, t.tag));
             }
         }
-        if spill {
-            self.batch
-                .masked_faa(self.spill_addr(), SPILL_RELEASE, SPILL_BOUNDARY);
+        let spill_cas = spill.map(|ticket| (self.post_spill_release(ticket), ticket));
+        if !self.batch.is_empty() {
+            self.exec()?;
         }
-        if self.batch.is_empty() {
-            return Ok(());
+        for (h, expect, cont) in words {
+            let old = self.out.old(h);
+            if old & (TCNT | OCC) != expect {
+                // Broken while we were away: the CAS changed nothing. A scale-up's copy of our
+                // Occ (if any) is left to lazy recovery like a dead client's.
+                late += 1;
+                continue;
+            }
+            if let Some((c, tag)) = cont {
+                checks.push((h, c, tag));
+            }
         }
-        self.exec()?;
+        if let Some((h, ticket)) = spill_cas {
+            if !spill_released(self.out.old(h), ticket) {
+                late += 1;
+            }
+        }
+        if late > 0 {
+            self.stats.late_releases += 1;
+            tracing::warn!(
+                parts = late,
+                "release after the lease deadline: broken or possibly broken parts left to their new holders and to lazy recovery"
+            );
+        }
         // l. 10-12: a tag that changed since the notification (or occupation) means a scale-up
         // copied it to new ancestors, which must be released as well.
         let work: Vec<(Continue, u8)> = checks

@@ -10,29 +10,45 @@
 //! to its own ticket with one masked CAS that compares the counter it saw (so of several waiters
 //! only one moves it, and only if it really did not move).
 //!
+//! Bounded waits (issue 8): a waiter paused while its turn came finds the served counter moved
+//! past its ticket by such a break-in (relative to the next ticket); it holds nothing then and
+//! starts over with a new ticket instead of polling forever. The release is a masked CAS
+//! `serving: ticket -> ticket + 1` rather than a blind FAA, so that a holder whose turn was
+//! broken while it was paused leaves the new holder's turn alone (same cost: one atomic).
+//! The lease deadline of a hold is [`super::lease::spill_deadline`]; the configured fence runs
+//! before every break-in.
+//!
 //! Holding the mutex also freezes `N`: scale-ups and scale-downs happen only under it. After
 //! taking it, a client re-reads the config record (batched with the take) and starts over if the
 //! tree changed, so the range it protects is `[N, ∞)` of the current tree.
 
 use super::config::{ConfigRecord, RECORD_BYTES};
-use super::{layout, CitronClient};
+use super::{layout, lease, CitronClient};
 use crate::scheme::LockError;
+use fabric::AtomicHandle;
 use std::time::Instant;
+
+/// Whether a release CAS (`post_spill_release`) that returned `old` took effect.
+pub(crate) fn spill_released(old: u64, ticket: u64) -> bool {
+    old & SERVING == ticket & SERVING
+}
 
 /// Masked-FAA boundary mask of the spillover word.
 pub(crate) const SPILL_BOUNDARY: u64 = (1 << 31) | (1 << 63);
 /// Addend that takes a ticket.
 pub(crate) const SPILL_TAKE: u64 = 1 << 32;
-/// Addend that releases.
-pub(crate) const SPILL_RELEASE: u64 = 1;
 const SERVING: u64 = 0xFFFF_FFFF;
 
 impl CitronClient {
     /// Takes the spillover mutex for a request ending at `end` (Alg. 1 l. 4), ORing `end` into
-    /// the maximizer first when a scale-up could cover it. Returns `false` (mutex not held) when
-    /// the caller must start over: the tree changed under a stale config, or this call scaled it
-    /// up (Alg. 4).
-    pub(crate) fn acquire_spillover(&mut self, end: u64) -> Result<bool, LockError> {
+    /// the maximizer first when a scale-up could cover it. Returns the ticket held and the
+    /// hold's lease deadline, or `None` (mutex not held) when the caller must start over: the
+    /// tree changed under a stale config, this call scaled it up (Alg. 4), or our turn was
+    /// passed over while we were not looking.
+    pub(crate) fn acquire_spillover(
+        &mut self,
+        end: u64,
+    ) -> Result<Option<(u64, Instant)>, LockError> {
         let spill = self.spill_addr();
         let maxi = self.maximizer_addr();
         let grow = self.opts.auto_scale_up && end <= self.rec.max_units;
@@ -46,6 +62,9 @@ impl CitronClient {
         let take = self.batch.masked_faa(spill, SPILL_TAKE, SPILL_BOUNDARY);
         let rec_read = self.batch.read(self.base, RECORD_BYTES as usize);
         let max_read = self.batch.read(maxi, 8);
+        let lease = self.rec.t_lease();
+        // The post time of the last verb that did not see our turn (`lease::spill_deadline`).
+        let mut anchor = Instant::now();
         self.exec()?;
         let old = self.out.old(take);
         let ticket = old >> 32;
@@ -55,7 +74,6 @@ impl CitronClient {
         if serving != ticket {
             // Poll until served (batched with the record, read after the mutex is ours).
             let mut backoff = self.backoff();
-            let lease = self.rec.t_lease();
             let mut since = Instant::now();
             loop {
                 backoff.snooze(&mut self.rng);
@@ -63,12 +81,29 @@ impl CitronClient {
                 let w = self.batch.read(spill, 8);
                 let r = self.batch.read(self.base, RECORD_BYTES as usize);
                 let mx = self.batch.read(maxi, 8);
+                let poll = Instant::now();
                 self.exec()?;
-                let now_serving = self.out.word(w, 0) & SERVING;
+                let word = self.out.word(w, 0);
+                let now_serving = word & SERVING;
                 if now_serving == ticket {
                     record = ConfigRecord::open(self.out.bytes(r))?;
                     maximizer = self.out.word(mx, 0);
                     break;
+                }
+                anchor = poll;
+                let next = word >> 32;
+                if ticket.wrapping_sub(now_serving) & SERVING
+                    >= next.wrapping_sub(now_serving) & SERVING
+                {
+                    // Passed over: a waiter behind us broke in while we were not looking. We
+                    // hold nothing; start over with a new ticket.
+                    self.stats.passed_over += 1;
+                    tracing::warn!(
+                        ticket,
+                        serving = now_serving,
+                        "spillover mutex: our turn was passed over (paused?); starting over"
+                    );
+                    return Ok(None);
                 }
                 if now_serving != serving {
                     serving = now_serving;
@@ -78,9 +113,16 @@ impl CitronClient {
                 }
                 let ahead = ticket.wrapping_sub(serving) & SERVING;
                 if since.elapsed() >= lease * (ahead.max(1) as u32) {
-                    // Every holder ahead is presumed dead: serve ourselves (one verb).
+                    // Every holder ahead is presumed dead: fence them off, then serve ourselves
+                    // (one verb). A refused fence: no break now, another patience first.
+                    if !crate::fence::before_recovery(self.opts.fence.as_ref(), "spillover mutex") {
+                        since = Instant::now();
+                        continue;
+                    }
+                    let cas_posted = Instant::now();
                     let old = self.ep_masked_cas(spill, serving, SERVING, ticket, SERVING)?;
                     if old & SERVING == serving {
+                        anchor = cas_posted;
                         self.stats.recoveries += 1;
                         tracing::warn!(ticket, serving, "spillover mutex: holder presumed dead");
                         let fresh = super::read_record(
@@ -106,13 +148,13 @@ impl CitronClient {
             let grew = record.units() != self.rec.units();
             self.rec = record;
             if grew && end <= self.rec.units() {
-                self.release_spillover()?;
-                return Ok(false);
+                self.release_spillover(ticket)?;
+                return Ok(None);
             }
             if grew {
                 // Still out of bound; the tree part of the request changed: start over.
-                self.release_spillover()?;
-                return Ok(false);
+                self.release_spillover(ticket)?;
+                return Ok(None);
             }
         }
         if grow
@@ -125,25 +167,48 @@ impl CitronClient {
             self.progress.set(super::Phase::ScaleUp);
             match self.scale_up(maximizer) {
                 Ok(true) => {
-                    self.release_spillover()?;
-                    return Ok(false);
+                    self.release_spillover(ticket)?;
+                    return Ok(None);
                 }
                 Ok(false) => {} // nothing to grow, or the allocator refused: keep the mutex.
                 Err(e) => {
-                    let _ = self.release_spillover();
+                    let _ = self.release_spillover(ticket);
                     return Err(e);
                 }
             }
         }
-        Ok(true)
+        Ok(Some((ticket, lease::spill_deadline(anchor, lease))))
+    }
+
+    /// Posts the release of the spillover mutex held with `ticket` into the current batch: a
+    /// masked CAS on the served half, `ticket -> ticket + 1`. Invariant: while the served
+    /// counter is our ticket, only we (releasing) or a breaker (moving it to its own ticket)
+    /// write it; so the CAS takes effect exactly when the mutex is still ours. Check the result
+    /// with [`spill_released`].
+    pub(crate) fn post_spill_release(&mut self, ticket: u64) -> AtomicHandle {
+        let addr = self.spill_addr();
+        self.batch.masked_cas(
+            addr,
+            ticket & SERVING,
+            SERVING,
+            ticket.wrapping_add(1) & SERVING,
+            SERVING,
+        )
     }
 
     /// Releases the spillover mutex on its own (one round trip).
-    pub(crate) fn release_spillover(&mut self) -> Result<(), LockError> {
+    pub(crate) fn release_spillover(&mut self, ticket: u64) -> Result<(), LockError> {
         self.batch.clear();
-        self.batch
-            .masked_faa(self.spill_addr(), SPILL_RELEASE, SPILL_BOUNDARY);
-        self.exec()
+        let h = self.post_spill_release(ticket);
+        self.exec()?;
+        if !spill_released(self.out.old(h), ticket) {
+            self.stats.late_releases += 1;
+            tracing::warn!(
+                ticket,
+                "spillover mutex: released after it was broken; left its new holder alone"
+            );
+        }
+        Ok(())
     }
 
     pub(crate) fn ep_masked_cas(
