@@ -37,7 +37,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How to reach a cluster and how to lock files.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -95,6 +95,9 @@ struct DataServer {
 
 struct Inner {
     meta: Arc<Meta>,
+    /// How much of a lock's lease must be left to post data verbs (twice the cluster's
+    /// `fence_after`; see [`Inner::check_lease_before_post`]).
+    lease_guard: Duration,
     info: ClusterInfo,
     geometry: Geometry,
     scheme: LockSchemeKind,
@@ -162,6 +165,9 @@ struct Worker {
     batch: Batch,
     out: Completions,
     broken: bool,
+    /// The lease deadline of the range lock this worker holds now (`None`: no lock, or one
+    /// that is never broken). See [`Inner::check_lease_before_post`].
+    lease: Option<Instant>,
 }
 
 /// A worker checked out of the pool; goes back on drop unless broken.
@@ -278,6 +284,7 @@ impl CitronFs {
                 .min(Duration::from_millis(info.fence_after_ms) / 4),
         )?;
         let inner = Arc::new(Inner {
+            lease_guard: 2 * Duration::from_millis(info.fence_after_ms),
             meta,
             geometry,
             scheme: opts.scheme,
@@ -719,17 +726,19 @@ impl CitronFs {
         let units = self.inner.geometry.lock_range(offset, len as u64)?;
         let inner = &*self.inner;
         let inode = &handle.inode;
-        let mut w = inner.checkout()?;
-        inner.locked(&mut w, inode, units, |w| {
-            let (size, generation) = inner.read_fcb(w, inode)?;
-            if offset >= size {
-                return Ok(Vec::new());
-            }
-            let n = len.min((size - offset).min(usize::MAX as u64) as usize);
-            let mut buf = vec![0u8; n];
-            let locs = inner.chunk_locations(inode, generation, offset, n, false)?;
-            inner.transfer_read(w, offset, &mut buf, &locs)?;
-            Ok(buf)
+        inner.retry_lease(|| {
+            let mut w = inner.checkout()?;
+            inner.locked(&mut w, inode, units.clone(), |w| {
+                let (size, generation) = inner.read_fcb(w, inode)?;
+                if offset >= size {
+                    return Ok(Vec::new());
+                }
+                let n = len.min((size - offset).min(usize::MAX as u64) as usize);
+                let mut buf = vec![0u8; n];
+                let locs = inner.chunk_locations(inode, generation, offset, n, false)?;
+                inner.transfer_read(w, offset, &mut buf, &locs)?;
+                Ok(buf)
+            })
         })
     }
 
@@ -749,14 +758,16 @@ impl CitronFs {
         } else {
             inner.geometry.lock_range(offset, data.len() as u64)?
         };
-        let mut w = inner.checkout()?;
-        inner.locked(&mut w, inode, units, |w| {
-            let (size, generation) = inner.read_fcb(w, inode)?;
-            let offset = if append { size } else { offset };
-            let end = inner.geometry.checked_end(offset, data.len() as u64)?;
-            let locs = inner.chunk_locations(inode, generation, offset, data.len(), true)?;
-            inner.transfer_write(w, offset, data, &locs)?;
-            inner.raise_size(w, inode, size, end)
+        inner.retry_lease(|| {
+            let mut w = inner.checkout()?;
+            inner.locked(&mut w, inode, units.clone(), |w| {
+                let (size, generation) = inner.read_fcb(w, inode)?;
+                let offset = if append { size } else { offset };
+                let end = inner.geometry.checked_end(offset, data.len() as u64)?;
+                let locs = inner.chunk_locations(inode, generation, offset, data.len(), true)?;
+                inner.transfer_write(w, offset, data, &locs)?;
+                inner.raise_size(w, inode, size, end)
+            })
         })?;
         if inode.mtime_stale.swap(false, Ordering::Relaxed) {
             let set = SetAttr {
@@ -791,6 +802,9 @@ impl CitronFs {
         )
     }
 }
+
+/// How often one read or write is retried under a new lock after its lease ran out.
+const LEASE_RETRIES: u32 = 3;
 
 /// Whether `caller` may open `attr` with open(2) `flags`, by its mode bits (what the kernel's
 /// `default_permissions` check would say; root may do anything). Used where the kernel could
@@ -980,6 +994,7 @@ impl Inner {
                 batch: Batch::new(),
                 out: Completions::new(),
                 broken: false,
+                lease: None,
             },
         };
         let epoch = self.close_epoch.load(Ordering::Relaxed);
@@ -1064,7 +1079,9 @@ impl Inner {
                 return Err(lock_error(inode.ino, e));
             }
         };
+        w.lease = self.lock_handle(w, inode)?.lease_deadline(id);
         let result = body(w);
+        w.lease = None;
         let released = self
             .lock_handle(w, inode)
             .and_then(|l| l.release(id).map_err(|e| lock_error(inode.ino, e)));
@@ -1074,6 +1091,48 @@ impl Inner {
         let value = result?;
         released?;
         Ok(value)
+    }
+
+    /// Fencing, client side (DESIGN.md "Fencing"): data verbs that change the file are posted
+    /// only while the guarding lock's lease has more than `lease_guard` left, so that they
+    /// execute before any other client can break the lock. The guard is twice the cluster's
+    /// `fence_after`: a client stopped between this check and its post for long enough to
+    /// land late is silent that long, and the breaker's `Fence` revokes it first (tcp).
+    fn check_lease_before_post(&self, w: &Worker) -> Result<(), FsError> {
+        match w.lease {
+            Some(deadline) if Instant::now() + self.lease_guard > deadline => {
+                Err(FsError::LeaseLost)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Reads are validated after the fact: data read before the lease deadline was read under
+    /// the lock; data read later may mix in another client's write.
+    fn check_lease_after_read(&self, w: &Worker) -> Result<(), FsError> {
+        match w.lease {
+            Some(deadline) if Instant::now() >= deadline => Err(FsError::LeaseLost),
+            _ => Ok(()),
+        }
+    }
+
+    /// Runs `op` (one whole locked read or write) again when its lock's lease ran out before
+    /// its verbs were done, up to [`LEASE_RETRIES`] times: a stalled client gets a fresh lock
+    /// rather than an error, and only one that keeps stalling sees EIO.
+    fn retry_lease<T>(&self, mut op: impl FnMut() -> Result<T, FsError>) -> Result<T, FsError> {
+        let mut attempt = 0;
+        loop {
+            match op() {
+                Err(FsError::LeaseLost) if attempt < LEASE_RETRIES => {
+                    attempt += 1;
+                    tracing::warn!(
+                        attempt,
+                        "range lock lease ran out mid-I/O; retrying under a new lock"
+                    );
+                }
+                other => return other,
+            }
+        }
     }
 
     /// Reads SIZE and GENERATION from the FCB (two word reads in one round trip: each word is
@@ -1106,6 +1165,7 @@ impl Inner {
     ) -> Result<(), FsError> {
         let addr = inode.fcb.add(fcb::SIZE);
         while end > seen {
+            self.check_lease_before_post(w)?;
             w.batch.clear();
             let h = w.batch.cas(addr, seen, end);
             if let Err(e) = w.meta_ep.execute(&w.batch, &mut w.out) {
@@ -1306,6 +1366,7 @@ impl Inner {
                         .map(|op| batch.read(RemoteAddr::new(region, op.remote_off), op.len))
                         .collect::<Vec<_>>()
                 })?;
+                self.check_lease_after_read(w)?;
                 for (op, h) in pb.ops.iter().zip(handles) {
                     buf[op.buf_off..op.buf_off + op.len].copy_from_slice(w.out.bytes(h));
                 }
@@ -1332,6 +1393,7 @@ impl Inner {
         for sp in plans {
             let region = self.region_of(sp.server)?;
             for pb in sp.batches {
+                self.check_lease_before_post(w)?;
                 self.exec_data(w, sp.server, |batch| {
                     for op in &pb.ops {
                         batch.write(

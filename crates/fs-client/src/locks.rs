@@ -81,6 +81,26 @@ impl TreeAllocator for RpcTreeAllocator {
     }
 }
 
+/// The file system's fence (DESIGN.md "Fencing"): before this client breaks a lock whose
+/// holder it presumes dead, the meta server revokes every silent session on the meta and data
+/// fabric servers (`Request::Fence`), so that a holder that was only stopped cannot land a
+/// write after the break.
+pub(crate) struct MetaFence {
+    pub(crate) meta: Arc<Meta>,
+}
+
+impl lockmgr::Fence for MetaFence {
+    fn fence(&self) -> Result<(), LockError> {
+        match self.meta.call(Request::Fence) {
+            Ok(Response::Ok) => Ok(()),
+            Ok(other) => Err(LockError::Config(unexpected("Fence", other).to_string())),
+            Err(e) => Err(LockError::Config(format!(
+                "fence before a lease recovery: {e}"
+            ))),
+        }
+    }
+}
+
 /// Opens this thread's handle on the lock of an open file (the fabric schemes).
 pub(crate) fn open_file_lock(
     scheme: LockSchemeKind,
@@ -99,7 +119,10 @@ pub(crate) fn open_file_lock(
                     meta: meta.clone(),
                     ino,
                 }),
-                ClientOptions::default(),
+                ClientOptions {
+                    fence: Some(Arc::new(MetaFence { meta: meta.clone() })),
+                    ..ClientOptions::default()
+                },
             )
             .map_err(lock_err)?,
         ),

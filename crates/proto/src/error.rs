@@ -55,6 +55,12 @@ pub enum FsError {
     /// The cluster refused this client (wrong cluster id or token, or protocol version).
     #[error("refused by the cluster: {0}")]
     Refused(String),
+    /// The lease of the range lock guarding an I/O ran out before its data verbs could be
+    /// posted (a write) or had completed (a read): another client may have broken the lock, so
+    /// the I/O must not count. The client retries under a new lock, and reports this (EIO)
+    /// only when that keeps happening.
+    #[error("the range lock's lease ran out before the I/O was done")]
+    LeaseLost,
 }
 
 impl FsError {
@@ -75,7 +81,7 @@ impl FsError {
             FsError::Range => libc::ERANGE,
             FsError::Stale => libc::ESTALE,
             FsError::NotSupported => libc::EOPNOTSUPP,
-            FsError::Io(_) | FsError::Refused(_) => libc::EIO,
+            FsError::Io(_) | FsError::Refused(_) | FsError::LeaseLost => libc::EIO,
         }
     }
 }

@@ -1,0 +1,217 @@
+//! A client process stopped (SIGSTOP) past its lock's lease while another client writes the
+//! same range, then continued: its stalled `pwrite` returns within a bound (no wait forever on
+//! a ticket that recovery passed over), and it never lands data under a lock that was broken
+//! meanwhile — every read of the range, through either mount, shows one whole record.
+//!
+//! On the tcp fabric this holds by fencing: the client that breaks the lock first has the
+//! silent session revoked on every fabric server, so the stopped client's verbs are refused
+//! when it continues, and its write is retried under a new lock. (On shm a stopped client
+//! cannot be fenced; DESIGN.md "Fencing" and docs/ARCHITECTURE.md say what holds there.)
+
+use citronfs_tests::{skip_without_fuse, ChildMount, Cluster, ClusterSpec, FabricKind};
+use fs_client::LockSchemeKind;
+use std::fs::OpenOptions;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+/// The client processes run this test (see `Cluster::spawn_mount_process`).
+#[test]
+fn child_mount() {
+    citronfs_tests::child_mount_main();
+}
+
+const BLOCK: usize = 4096;
+const RECORD: usize = 1 << 20;
+
+/// A record: every 4 KiB block holds (writer, seq) repeated.
+fn record(writer: u32, seq: u32) -> Vec<u8> {
+    let mut tag = [0u8; 8];
+    tag[..4].copy_from_slice(&writer.to_le_bytes());
+    tag[4..].copy_from_slice(&seq.to_le_bytes());
+    tag.iter().copied().cycle().take(RECORD).collect()
+}
+
+/// The (writer, seq) of each block of a read record.
+fn tags(buf: &[u8]) -> Vec<(u32, u32)> {
+    buf.chunks(BLOCK)
+        .map(|b| {
+            let w = u32::from_le_bytes(b[..4].try_into().unwrap());
+            let s = u32::from_le_bytes(b[4..8].try_into().unwrap());
+            (w, s)
+        })
+        .collect()
+}
+
+/// `Err` describing the mix when `buf` is not one whole record.
+fn whole(buf: &[u8]) -> Result<(u32, u32), String> {
+    let t = tags(buf);
+    let first = t[0];
+    let bad: Vec<usize> = (0..t.len()).filter(|&i| t[i] != first).collect();
+    let intact = buf.chunks(8).all(|c| c == &buf[..8]);
+    if bad.is_empty() && intact {
+        return Ok(first);
+    }
+    Err(format!(
+        "torn read: block 0 is {first:?}, {} of {} blocks differ (first {:?} at block {})",
+        bad.len(),
+        t.len(),
+        bad.first().map(|&i| t[i]),
+        bad.first().copied().unwrap_or(0)
+    ))
+}
+
+/// Resumes the stopped process even when the test fails while it is stopped.
+struct Continue(u32);
+impl Drop for Continue {
+    fn drop(&mut self) {
+        signal(self.0, libc::SIGCONT);
+    }
+}
+
+fn signal(pid: u32, sig: i32) {
+    // SAFETY: kill(2) with a child's pid touches no memory of ours.
+    let rc = unsafe { libc::kill(pid as libc::pid_t, sig) };
+    assert_eq!(
+        rc,
+        0,
+        "kill({pid}, {sig}): {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+/// A writes 1 MiB records over [0, 1 MiB) through its mount; B writes and reads back the same
+/// range through its own; A's client process is stopped `pauses` times for `stop` each.
+fn pause_past_lease(fabric: FabricKind) {
+    skip_without_fuse!();
+    let cluster = Cluster::start(ClusterSpec {
+        fabric,
+        ..ClusterSpec::default()
+    });
+    let a: ChildMount = cluster.spawn_mount_process("child_mount", LockSchemeKind::Citron);
+    let b: ChildMount = cluster.spawn_mount_process("child_mount", LockSchemeKind::Citron);
+    std::fs::write(a.path().join("f"), record(0, 0)).unwrap();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let reads = Arc::new(AtomicU64::new(0));
+    let open = |dir: &Path| {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(dir.join("f"))
+            .unwrap()
+    };
+    // A: writes; reports each call's outcome and how long it took.
+    let (a_tx, a_rx) = mpsc::channel::<(u32, Result<(), String>, Duration)>();
+    let fa = open(a.path());
+    let a_stop = stop.clone();
+    let writer_a = std::thread::spawn(move || {
+        let mut seq = 0;
+        while !a_stop.load(Ordering::Relaxed) {
+            seq += 1;
+            let t = Instant::now();
+            let r = fa
+                .write_all_at(&record(1, seq), 0)
+                .map_err(|e| e.to_string());
+            let _ = a_tx.send((seq, r, t.elapsed()));
+        }
+    });
+    // B: writes, then reads the range back; every read must be one whole record.
+    let fb = open(b.path());
+    let (b_stop, b_reads) = (stop.clone(), reads.clone());
+    let writer_b = std::thread::spawn(move || -> Result<u32, String> {
+        let mut seq = 0;
+        let mut buf = vec![0u8; RECORD];
+        while !b_stop.load(Ordering::Relaxed) {
+            seq += 1;
+            fb.write_all_at(&record(2, seq), 0)
+                .map_err(|e| format!("B's write {seq}: {e}"))?;
+            fb.read_exact_at(&mut buf, 0)
+                .map_err(|e| format!("B's read: {e}"))?;
+            whole(&buf).map_err(|e| format!("B, after its write {seq}: {e}"))?;
+            b_reads.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(seq)
+    });
+
+    // Stops long enough for B to presume A dead and break its lock (CITRON's patience is a
+    // few `T_lease` of 500 ms), with B's progress while A is stopped counted to show it.
+    let pauses = 2;
+    let stopped_for = Duration::from_secs(3);
+    let mut b_while_stopped = 0;
+    std::thread::sleep(Duration::from_millis(300));
+    for _ in 0..pauses {
+        signal(a.pid(), libc::SIGSTOP);
+        let resume = Continue(a.pid());
+        let before = reads.load(Ordering::Relaxed);
+        std::thread::sleep(stopped_for);
+        b_while_stopped += reads.load(Ordering::Relaxed) - before;
+        drop(resume);
+        std::thread::sleep(Duration::from_millis(700));
+    }
+    stop.store(true, Ordering::Relaxed);
+
+    // Every call of A returns, within a bound of its stop plus recovery.
+    let bound = stopped_for + Duration::from_secs(10);
+    let deadline = Instant::now() + bound;
+    let (mut a_ok, mut a_err, mut slowest) = (0, Vec::new(), Duration::ZERO);
+    loop {
+        match a_rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok((seq, r, took)) => {
+                slowest = slowest.max(took);
+                match r {
+                    Ok(()) => a_ok += 1,
+                    Err(e) => a_err.push(format!("A's write {seq}: {e}")),
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) => panic!(
+                "A's pwrite did not return within {bound:?} of the last SIGCONT \
+                 (a wait that never ends); A's output:\n{}",
+                a.output()
+            ),
+        }
+    }
+    writer_a.join().unwrap();
+    let b_writes = writer_b.join().unwrap().unwrap_or_else(|e| panic!("{e}"));
+    // The final state is one whole record, through either mount.
+    let mut buf = vec![0u8; RECORD];
+    for dir in [a.path(), b.path()] {
+        open(dir).read_exact_at(&mut buf, 0).unwrap();
+        whole(&buf).unwrap_or_else(|e| panic!("final state: {e}"));
+    }
+    println!(
+        "{fabric:?}: {pauses} stops of {stopped_for:?}; A: {a_ok} writes ok, {} failed, \
+         slowest call {slowest:?}; B: {b_writes} writes ({b_while_stopped} while A was \
+         stopped), {} reads checked, 0 torn",
+        a_err.len(),
+        reads.load(Ordering::Relaxed)
+    );
+    assert!(
+        a_err.is_empty(),
+        "A's writes should be retried under a new lock, not fail: {a_err:?}"
+    );
+    assert!(
+        b_while_stopped > 0,
+        "B never got the lock while A was stopped: lease recovery did not happen"
+    );
+}
+
+#[test]
+fn stopped_client_past_its_lease_on_tcp() {
+    pause_past_lease(FabricKind::Tcp);
+}
+
+/// The checker: whole records pass; a record with one foreign block fails.
+#[test]
+fn checker_catches_a_torn_record() {
+    let mut r = record(1, 7);
+    assert_eq!(whole(&r), Ok((1, 7)));
+    r[5 * BLOCK..6 * BLOCK].copy_from_slice(&record(2, 3)[..BLOCK]);
+    assert!(whole(&r).is_err());
+    let mut r = record(1, 7);
+    r[RECORD - 3] ^= 1;
+    assert!(whole(&r).is_err());
+}
