@@ -8,6 +8,20 @@
 //!   to one file on the inode lock, which would defeat the range lock on exactly the workload
 //!   CitronFS is for (many writers of one shared file). Concurrent writes are safe because each
 //!   takes its own range lock; the kernel still serializes writes that extend the file.
+//! - **Atomic I/O bound** ([`MountHandle::atomic_bound`], 16 MiB where the machine allows
+//!   it): a read or write call up to the bound reaches the library as *one* FUSE request, so
+//!   it takes one range lock and is atomic against every other read and write of the file on
+//!   every client, whatever the alignment of the user's buffer. In direct I/O the kernel cuts a
+//!   call into requests of at most `max_write` bytes (reads: `max_read`, unlimited as CitronFS
+//!   passes no `max_read=`) and at most `max_pages` pages of the user's buffer; a buffer of
+//!   `L` bytes at page offset `o` spans `ceil((o + L) / page)` pages, up to
+//!   `ceil((L + page - 1) / page)` — 4097 pages for 16 MiB. So `init` asks for `max_write` =
+//!   16 MiB and `max_pages` = 4097 (through the vendored fuser's `KernelConfig::set_max_pages`,
+//!   vendor/fuser/CITRONFS.md), and [`mount`] first raises `/proc/sys/fs/fuse/max_pages_limit`
+//!   (the kernel grants `min(limit, asked)`, the limit read when the connection is created,
+//!   256 by default) when it is lower and the process may write it. The bound obtained is
+//!   `min(max_write, (pages - 1) · page + 1)`; a larger call is cut into requests at that many
+//!   bytes (or fewer, at page boundaries of the buffer), each atomic by itself.
 //! - Attribute and entry replies carry a short TTL ([`FuseOptions::attr_ttl`]) so sizes and
 //!   names changed by other clients show up quickly.
 //! - Mounted with `default_permissions` (the kernel checks mode bits, so EACCES/EPERM come from
@@ -30,7 +44,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// The FUSE device.
@@ -58,6 +72,104 @@ pub fn check_mountable(device: &Path) -> Result<(), String> {
         return Err("not root and no fusermount3 on PATH (Debian package fuse3)".into());
     }
     Ok(())
+}
+
+/// The size up to which every read and write call should be one FUSE request (and so atomic),
+/// for every alignment of the user's buffer: issue 8 asks for 16 MiB.
+pub const ATOMIC_IO_TARGET: u64 = 16 << 20;
+
+/// The largest `max_write` asked for: [`ATOMIC_IO_TARGET`] (also fuser's own limit, the size
+/// its request buffer is made for).
+const MAX_WRITE: u32 = ATOMIC_IO_TARGET as u32;
+
+/// Where the kernel's cap on `max_pages` is set (Linux 6.13+; before, a fixed 256).
+pub const MAX_PAGES_LIMIT_SYSCTL: &str = "/proc/sys/fs/fuse/max_pages_limit";
+
+/// The kernel's cap on `max_pages` where [`MAX_PAGES_LIMIT_SYSCTL`] does not exist
+/// (`FUSE_MAX_MAX_PAGES`).
+const OLD_MAX_PAGES_LIMIT: u32 = 256;
+
+/// Pages per request without `FUSE_MAX_PAGES` (`FUSE_DEFAULT_MAX_PAGES_PER_REQ`).
+const DEFAULT_MAX_PAGES: u32 = 32;
+
+/// The machine's page size.
+fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions and touches no memory.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(page).ok().filter(|&p| p > 0).unwrap_or(4096)
+}
+
+/// Pages of the user's buffer one request must be allowed so that a call of `bytes` bytes is one
+/// request at every buffer alignment: the worst buffer starts one byte before a page boundary.
+pub fn pages_for_atomic(bytes: u64, page: u64) -> u64 {
+    (bytes + page - 1).div_ceil(page)
+}
+
+/// The largest call that is one request at every buffer alignment, given `max_write` bytes and
+/// `pages` pages per request (the inverse of [`pages_for_atomic`], capped by `max_write`).
+pub fn atomic_bound_for(max_write: u64, pages: u64, page: u64) -> u64 {
+    match pages {
+        0 => 0,
+        _ => max_write.min((pages - 1) * page + 1),
+    }
+}
+
+/// What a mount negotiated with the kernel about request sizes, and the atomic I/O bound that
+/// follows (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IoLimits {
+    /// `max_write` granted: the most bytes of one write request.
+    pub max_write: u32,
+    /// `max_pages` asked for in the INIT reply.
+    pub max_pages_asked: u16,
+    /// `/proc/sys/fs/fuse/max_pages_limit` when the connection was made (`None`: no such
+    /// sysctl, the kernel's fixed 256 applies).
+    pub max_pages_limit: Option<u32>,
+    /// Whether the kernel offered `FUSE_MAX_PAGES` (without it, 32 pages per request).
+    pub max_pages_supported: bool,
+    /// Pages of the user's buffer per request the kernel granted.
+    pub max_pages: u32,
+    /// The page size.
+    pub page_size: u64,
+    /// The largest read or write call that is one FUSE request — so atomic against every
+    /// other read and write — for every alignment of the user's buffer.
+    pub atomic_bound: u64,
+}
+
+/// What `init` asked for and learnt, read by [`mount`] once the handshake is done.
+#[derive(Clone, Copy, Debug, Default)]
+struct Negotiated {
+    max_write: u32,
+    max_pages_asked: u16,
+    max_pages_supported: bool,
+}
+
+/// Raises `/proc/sys/fs/fuse/max_pages_limit` to `pages` when it is lower and the process may
+/// write it. Returns the limit now in force (`None`: no such sysctl).
+fn raise_max_pages_limit(pages: u32) -> Option<u32> {
+    let read = || -> Option<u32> {
+        std::fs::read_to_string(MAX_PAGES_LIMIT_SYSCTL)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+    };
+    let before = read()?;
+    if before >= pages {
+        return Some(before);
+    }
+    match std::fs::write(MAX_PAGES_LIMIT_SYSCTL, format!("{pages}\n")) {
+        Ok(()) => {
+            let now = read().unwrap_or(before);
+            tracing::info!(
+                "raised {MAX_PAGES_LIMIT_SYSCTL} from {before} to {now} pages, so that reads \
+                 and writes up to {ATOMIC_IO_TARGET} bytes reach CitronFS as one FUSE request"
+            );
+            Some(now)
+        }
+        Err(error) => {
+            tracing::debug!(%error, "cannot raise {MAX_PAGES_LIMIT_SYSCTL} (needs root)");
+            Some(before)
+        }
+    }
 }
 
 /// The flags of every opened file (see the module docs).
@@ -91,12 +203,26 @@ impl Default for FuseOptions {
 pub struct MountHandle {
     session: Option<fuser::BackgroundSession>,
     mountpoint: PathBuf,
+    limits: IoLimits,
 }
 
 impl MountHandle {
     /// Where it is mounted.
     pub fn mountpoint(&self) -> &Path {
         &self.mountpoint
+    }
+
+    /// The largest read or write call, in bytes, that is atomic against every other read and
+    /// write of the file on every client, for every alignment of the user's buffer: 16 MiB
+    /// ([`ATOMIC_IO_TARGET`]) where the machine allows it. A larger call is cut into requests
+    /// of at most this many bytes, each atomic by itself.
+    pub fn atomic_bound(&self) -> u64 {
+        self.limits.atomic_bound
+    }
+
+    /// What the mount negotiated with the kernel about request sizes.
+    pub fn io_limits(&self) -> IoLimits {
+        self.limits
     }
 
     /// Whether the session has ended (for example unmounted with `fusermount3 -u`).
@@ -126,6 +252,10 @@ impl Drop for MountHandle {
 }
 
 /// Mounts `fs` at `mountpoint` and serves it from background threads.
+///
+/// Before mounting, raises `/proc/sys/fs/fuse/max_pages_limit` if it is too low for the atomic
+/// I/O bound of [`ATOMIC_IO_TARGET`] and the process may write it (see the module docs); logs
+/// the bound obtained at info, and at warn when it is below [`ATOMIC_IO_TARGET`].
 pub fn mount(
     fs: Arc<CitronFs>,
     mountpoint: impl AsRef<Path>,
@@ -147,15 +277,88 @@ pub fn mount(
     };
     config.n_threads = Some(opts.threads.max(1));
     config.clone_fd = true;
+    let page = page_size();
+    let pages_asked = pages_for_atomic(ATOMIC_IO_TARGET, page).min(u64::from(u16::MAX)) as u16;
+    // The kernel copies the limit into the connection when it is made, at mount(2).
+    let limit = raise_max_pages_limit(u32::from(pages_asked));
+    let negotiated = Arc::new(Mutex::new(None));
     let adapter = CitronFuse {
         fs,
         ttl: opts.attr_ttl,
+        pages_asked,
+        negotiated: negotiated.clone(),
     };
+    // The INIT handshake (and so `init`) is done when spawn_mount returns.
     let session = fuser::spawn_mount(adapter, &mountpoint, &config)?;
+    let negotiated = negotiated
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .unwrap_or_default();
+    let limits = io_limits(negotiated, limit, page);
+    log_limits(&limits, &mountpoint);
     Ok(MountHandle {
         session: Some(session),
         mountpoint,
+        limits,
     })
+}
+
+/// What the kernel grants for what `init` asked, under the limit `limit` (as `process_init_reply`
+/// in fs/fuse/inode.c does).
+fn io_limits(n: Negotiated, limit: Option<u32>, page: u64) -> IoLimits {
+    let max_pages = if n.max_pages_supported {
+        limit
+            .unwrap_or(OLD_MAX_PAGES_LIMIT)
+            .min(u32::from(n.max_pages_asked.max(1)))
+    } else {
+        DEFAULT_MAX_PAGES
+    };
+    // The kernel raises a max_write below one page to one page.
+    let max_write = n.max_write.max(4096);
+    IoLimits {
+        max_write,
+        max_pages_asked: n.max_pages_asked,
+        max_pages_limit: limit,
+        max_pages_supported: n.max_pages_supported,
+        max_pages,
+        page_size: page,
+        atomic_bound: atomic_bound_for(u64::from(max_write), u64::from(max_pages), page),
+    }
+}
+
+fn log_limits(l: &IoLimits, mountpoint: &Path) {
+    tracing::info!(
+        mountpoint = %mountpoint.display(),
+        max_write = l.max_write,
+        max_pages = l.max_pages,
+        "atomic I/O bound: {} bytes for any buffer alignment",
+        l.atomic_bound
+    );
+    if l.atomic_bound < ATOMIC_IO_TARGET {
+        let why = if !l.max_pages_supported {
+            "the kernel does not offer FUSE_MAX_PAGES".to_string()
+        } else {
+            match l.max_pages_limit {
+                None => format!(
+                    "this kernel has no {MAX_PAGES_LIMIT_SYSCTL} and caps a request at \
+                     {OLD_MAX_PAGES_LIMIT} pages"
+                ),
+                Some(limit) => format!(
+                    "{MAX_PAGES_LIMIT_SYSCTL} is {limit} and this process cannot raise it to {} \
+                     (run the mount as root, or set it to {} first)",
+                    l.max_pages_asked, l.max_pages_asked
+                ),
+            }
+        };
+        tracing::warn!(
+            mountpoint = %mountpoint.display(),
+            "reads and writes are atomic only up to {} bytes for any buffer alignment, not \
+             {ATOMIC_IO_TARGET}: {why}; a larger call is cut into FUSE requests of at most {} \
+             bytes, each atomic by itself",
+            l.atomic_bound,
+            l.atomic_bound
+        );
+    }
 }
 
 /// Blocks until SIGINT or SIGTERM arrives or the mount ends by itself, then unmounts. Installs
@@ -175,6 +378,10 @@ pub fn wait_for_signal(handle: MountHandle) -> std::io::Result<()> {
 struct CitronFuse {
     fs: Arc<CitronFs>,
     ttl: Duration,
+    /// `max_pages` to ask for (see the module docs).
+    pages_asked: u16,
+    /// What `init` asked for, for [`mount`].
+    negotiated: Arc<Mutex<Option<Negotiated>>>,
 }
 
 fn errno(e: &FsError) -> Errno {
@@ -282,8 +489,24 @@ impl CitronFuse {
 
 impl Filesystem for CitronFuse {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
-        // Large writes reach the library whole (one lock, one batch per server).
-        let _ = config.set_max_write(4 << 20);
+        // Reads and writes up to the atomic bound reach the library whole: one request, one
+        // range lock (see the module docs). fuser refuses more than its buffer holds.
+        let max_write = match config.set_max_write(MAX_WRITE) {
+            Ok(_) => MAX_WRITE,
+            Err(nearest) => {
+                let _ = config.set_max_write(nearest);
+                nearest
+            }
+        };
+        let max_pages_supported = config
+            .capabilities()
+            .contains(fuser::InitFlags::FUSE_MAX_PAGES);
+        let _ = config.set_max_pages(self.pages_asked);
+        *self.negotiated.lock().unwrap_or_else(|e| e.into_inner()) = Some(Negotiated {
+            max_write,
+            max_pages_asked: self.pages_asked,
+            max_pages_supported,
+        });
         Ok(())
     }
 
@@ -713,6 +936,49 @@ mod tests {
         ] {
             assert_eq!(timestamp(system_time(t)), t);
         }
+    }
+
+    #[test]
+    fn atomic_bound_arithmetic() {
+        let page = 4096;
+        // 16 MiB at page offset 4095 spans 4097 pages.
+        assert_eq!(pages_for_atomic(16 << 20, page), 4097);
+        assert_eq!(pages_for_atomic(1, page), 1);
+        assert_eq!(pages_for_atomic(2, page), 2);
+        assert_eq!(pages_for_atomic(page, page), 2);
+        assert_eq!(atomic_bound_for(16 << 20, 4097, page), 16 << 20);
+        // 4096 pages (what fuser asks for by itself): 4095 bytes short of 16 MiB.
+        assert_eq!(atomic_bound_for(16 << 20, 4096, page), (16 << 20) - 4095);
+        // The kernel's default limit: an unaligned 1 MiB buffer spans 257 pages.
+        assert_eq!(atomic_bound_for(16 << 20, 256, page), 255 * 4096 + 1);
+        assert_eq!(atomic_bound_for(4 << 20, 4097, page), 4 << 20);
+        for bytes in [1, 4095, 4096, 4097, 1 << 20, (1 << 20) + 1, 16 << 20] {
+            let pages = pages_for_atomic(bytes, page);
+            assert_eq!(atomic_bound_for(u64::MAX, pages, page).min(bytes), bytes);
+            assert!(atomic_bound_for(u64::MAX, pages - 1, page) < bytes);
+        }
+    }
+
+    #[test]
+    fn limits_follow_the_kernel() {
+        let asked = Negotiated {
+            max_write: 16 << 20,
+            max_pages_asked: 4097,
+            max_pages_supported: true,
+        };
+        let l = io_limits(asked, Some(4097), 4096);
+        assert_eq!((l.max_pages, l.atomic_bound), (4097, 16 << 20));
+        let l = io_limits(asked, Some(65535), 4096);
+        assert_eq!((l.max_pages, l.atomic_bound), (4097, 16 << 20));
+        let l = io_limits(asked, Some(256), 4096);
+        assert_eq!((l.max_pages, l.atomic_bound), (256, 1_044_481));
+        let l = io_limits(asked, None, 4096);
+        assert_eq!(l.max_pages, 256);
+        let old = Negotiated {
+            max_pages_supported: false,
+            ..asked
+        };
+        assert_eq!(io_limits(old, Some(4097), 4096).max_pages, 32);
     }
 
     #[test]

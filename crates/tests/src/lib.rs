@@ -423,6 +423,15 @@ impl Mount {
         &self.fs
     }
 
+    /// The largest read or write, in bytes, that this mount keeps atomic for every alignment
+    /// of the user's buffer (see `fs_client::fuse::MountHandle::atomic_bound`).
+    pub fn atomic_bound(&self) -> u64 {
+        self.handle
+            .as_ref()
+            .expect("mounted until unmount or drop")
+            .atomic_bound()
+    }
+
     /// Unmounts now, failing if the unmount fails.
     pub fn unmount(mut self) -> std::io::Result<()> {
         let handle = self.handle.take().expect("mounted until unmount or drop");
