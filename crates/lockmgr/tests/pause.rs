@@ -461,7 +461,7 @@ fn run(backend: Backend, scheme: Scheme, point: Point) {
                 let now = ctx.epoch.elapsed().as_nanos() as u64;
                 for (holder, w) in ctx.watches.iter().enumerate() {
                     let since = w.since.load(Ordering::SeqCst);
-                    if since != 0 && Duration::from_nanos(now - since) > LIVENESS {
+                    if since != 0 && Duration::from_nanos(now.saturating_sub(since)) > LIVENESS {
                         let states: Vec<String> = progress
                             .iter()
                             .map(|(h, p)| {
@@ -686,7 +686,7 @@ fn storm(backend: Backend, scheme: Scheme, seed: u64) {
                 let now = ctx.epoch.elapsed().as_nanos() as u64;
                 for (holder, w) in ctx.watches.iter().enumerate() {
                     let since = w.since.load(Ordering::SeqCst);
-                    if since != 0 && Duration::from_nanos(now - since) > LIVENESS {
+                    if since != 0 && Duration::from_nanos(now.saturating_sub(since)) > LIVENESS {
                         let states: Vec<String> = progress
                             .iter()
                             .map(|(h, p)| {
