@@ -461,7 +461,7 @@ fn run(backend: Backend, scheme: Scheme, point: Point) {
                 let now = ctx.epoch.elapsed().as_nanos() as u64;
                 for (holder, w) in ctx.watches.iter().enumerate() {
                     let since = w.since.load(Ordering::SeqCst);
-                    if since != 0 && Duration::from_nanos(now - since) > LIVENESS {
+                    if since != 0 && Duration::from_nanos(now.saturating_sub(since)) > LIVENESS {
                         let states: Vec<String> = progress
                             .iter()
                             .map(|(h, p)| {
@@ -614,4 +614,137 @@ fn lease_deadlines() {
     let id = m.acquire(0..1).unwrap();
     assert_eq!(m.lease_deadline(id), None);
     m.release(id).unwrap();
+}
+
+// ---- a storm: random pauses at random points amid mixed contention ----
+
+/// Four clients take random mixed-size ranges; one of them (holder 1) is paused again and again
+/// for 1 to 8 leases, before a random one of its next batches (inside an acquisition, between
+/// its verbs, at its release) or inside its critical section. Same assertions as above.
+fn storm(backend: Backend, scheme: Scheme, seed: u64) {
+    use rand::rngs::SmallRng;
+    use rand::{Rng, SeedableRng};
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let fabric = Fabric::start(backend, &[(REGION, region_bytes(scheme))]);
+    let connector: Arc<dyn Connector> = Arc::from(fabric.connector());
+    create(scheme, connector.as_ref());
+    let what = format!("storm: {scheme:?} on {backend:?}, seed {seed}");
+    let ctx = Arc::new(Ctx {
+        shadow: LeaseShadow::new(UNITS, 4),
+        watches: (0..=4).map(|_| Watch::default()).collect(),
+        epoch: Instant::now(),
+    });
+    let (tx, rx) = mpsc::channel::<(u64, Result<LockStats, String>)>();
+    let mut progress = Vec::new();
+    let mut switches = Vec::new();
+    for holder in 1..=4u64 {
+        let switch = StallSwitch::new();
+        switches.push(switch.clone());
+        let (mut lock, _) = open(scheme, connector.as_ref(), switch.clone());
+        progress.push((holder, lock.progress()));
+        let (ctx, tx) = (ctx.clone(), tx.clone());
+        std::thread::spawn(move || {
+            let mut rng = SmallRng::seed_from_u64(seed ^ holder.wrapping_mul(0x9E37_79B9));
+            let result = (|| {
+                for _ in 0..40 {
+                    let size = 1u64 << rng.random_range(0..=10);
+                    let start = rng.random_range(0..=UNITS - size);
+                    let range = start..start + size;
+                    let mut pause_inside = false;
+                    if holder == 1 && rng.random_bool(0.4) {
+                        let length = T_LEASE * rng.random_range(1..=8);
+                        if rng.random_bool(0.7) {
+                            switch.arm(length, rng.random_range(0..6), || true);
+                        } else {
+                            pause_inside = true;
+                        }
+                    }
+                    let (id, claimed) = ctx.acquire(lock.as_mut(), holder, &range)?;
+                    if pause_inside {
+                        std::thread::sleep(T_LEASE * rng.random_range(1..=8));
+                    } else {
+                        std::thread::sleep(Duration::from_micros(rng.random_range(0..2000)));
+                    }
+                    ctx.release(lock.as_mut(), holder, &range, id, claimed)?;
+                    switch.disarm();
+                }
+                Ok(lock.stats())
+            })();
+            let _ = tx.send((holder, result));
+        });
+    }
+    drop(tx);
+    let mut stats = LockStats::default();
+    let mut finished = 0;
+    while finished < 4 {
+        match rx.recv_timeout(Duration::from_millis(50)) {
+            Ok((holder, result)) => {
+                stats.merge(&result.unwrap_or_else(|e| panic!("{what}: holder {holder}: {e}")));
+                finished += 1;
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let now = ctx.epoch.elapsed().as_nanos() as u64;
+                for (holder, w) in ctx.watches.iter().enumerate() {
+                    let since = w.since.load(Ordering::SeqCst);
+                    if since != 0 && Duration::from_nanos(now.saturating_sub(since)) > LIVENESS {
+                        let states: Vec<String> = progress
+                            .iter()
+                            .map(|(h, p)| {
+                                format!(
+                                    "holder {h}: {}",
+                                    p.as_ref().map(|f| f()).unwrap_or_default()
+                                )
+                            })
+                            .collect();
+                        panic!(
+                            "{what}: LIVENESS: holder {holder} has waited more than {LIVENESS:?} for [{}, {}); {}",
+                            w.start.load(Ordering::SeqCst),
+                            w.end.load(Ordering::SeqCst),
+                            states.join("; ")
+                        );
+                    }
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                panic!("{what}: a client thread died without reporting")
+            }
+        }
+    }
+    eprintln!(
+        "{what}: {} acquisitions, stalls {}, recoveries {}, late releases {}, passed over {}",
+        stats.acquisitions,
+        switches[0].fired(),
+        stats.recoveries,
+        stats.late_releases,
+        stats.passed_over
+    );
+}
+
+mod storm {
+    use super::*;
+
+    #[test]
+    fn citron_on_mem() {
+        storm(Backend::Mem, Scheme::Citron, 1);
+    }
+
+    #[test]
+    fn citron_on_shm() {
+        storm(Backend::Shm, Scheme::Citron, 2);
+    }
+
+    #[test]
+    fn citron_on_tcp() {
+        storm(Backend::Tcp, Scheme::Citron, 3);
+    }
+
+    #[test]
+    fn seg_on_mem() {
+        storm(Backend::Mem, Scheme::Seg, 4);
+    }
+
+    #[test]
+    fn mutex_on_tcp() {
+        storm(Backend::Tcp, Scheme::Mutex, 5);
+    }
 }
