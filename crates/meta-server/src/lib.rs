@@ -46,9 +46,16 @@ pub const DEFAULT_REGION_BYTES: u64 = 64 << 20;
 /// Default session lease.
 pub const DEFAULT_SESSION_LEASE: Duration = Duration::from_secs(10);
 
+/// Default `T_lease` of CITRON file locks (seed 000 §3.10): a holder must be done within it,
+/// and a holder silent for a few of it is presumed dead. It must cover the slowest locked I/O
+/// (a 16 MiB read or write on a loaded machine) plus fs-client's guard of `2·fence_after`;
+/// recovery of a dead holder takes between one and a few of it.
+pub const DEFAULT_LOCK_LEASE: Duration = Duration::from_secs(2);
+
 /// Default silence after which a `Fence` revokes a session (clients heartbeat at a quarter of
-/// it). CITRON's `T_lease` on file locks (500 ms) must exceed twice this plus the time a data
-/// batch takes: fs-client posts data verbs only while `2·fence_after` of the lease is left.
+/// it). CITRON's `T_lease` on file locks ([`DEFAULT_LOCK_LEASE`]) must exceed twice this plus the
+/// time a locked I/O takes: fs-client posts data verbs only while `2·fence_after` of the lease is
+/// left.
 pub const DEFAULT_FENCE_AFTER: Duration = Duration::from_millis(100);
 
 /// How clients reach the meta region.
@@ -92,6 +99,8 @@ pub struct MetaConfig {
     /// How long a session may be silent before a `Fence` (sent by a client that breaks a
     /// lock) revokes it on every fabric server.
     pub fence_after: Duration,
+    /// `T_lease` of the CITRON lock of every file.
+    pub lock_lease: Duration,
     /// Run the CPU lock server for the `server` scheme.
     pub lock_server: bool,
 }
@@ -111,6 +120,7 @@ impl MetaConfig {
             lock_unit: DEFAULT_LOCK_UNIT,
             session_lease: DEFAULT_SESSION_LEASE,
             fence_after: DEFAULT_FENCE_AFTER,
+            lock_lease: DEFAULT_LOCK_LEASE,
             lock_server: true,
         }
     }
@@ -135,6 +145,13 @@ impl MetaConfig {
             self.session_lease >= Duration::from_millis(10),
             "session lease {:?} is too short",
             self.session_lease
+        );
+        anyhow::ensure!(
+            self.lock_lease > 4 * self.fence_after,
+            "lock lease {:?} must exceed 4 × fence_after ({:?}): clients keep 2 × fence_after \
+             of every lease as a guard",
+            self.lock_lease,
+            self.fence_after
         );
         anyhow::ensure!(!self.cluster.is_empty(), "the cluster needs a name");
         Ok(())
@@ -210,6 +227,7 @@ impl MetaServer {
             lock_unit: config.lock_unit,
             session_lease: config.session_lease,
             fence_after: config.fence_after,
+            lock_lease: config.lock_lease,
             meta_fabric,
             t_wait,
         };

@@ -57,6 +57,8 @@ pub(crate) struct Settings {
     pub session_lease: Duration,
     /// A session silent for longer is revoked by a `Fence` (see [`Service::fence`]).
     pub fence_after: Duration,
+    /// `T_lease` of the CITRON lock of every file.
+    pub lock_lease: Duration,
     pub meta_fabric: FabricAddr,
     /// `T_wait` for CITRON trees, when clients are slower to reach the region than we are.
     pub t_wait: Option<Duration>,
@@ -618,6 +620,7 @@ impl Service {
                 CitronConfig {
                     unit_count: citron_units,
                     t_wait: self.settings.t_wait,
+                    t_lease: self.settings.lock_lease,
                     ..CitronConfig::default()
                 },
             )

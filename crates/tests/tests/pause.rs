@@ -150,9 +150,10 @@ fn pause_past_lease(fabric: FabricKind) {
     });
 
     // Stops long enough for B to presume A dead and break its lock (CITRON's patience is a
-    // few `T_lease` of 500 ms), with B's progress while A is stopped counted to show it.
+    // few `T_lease`: (Δ + H + 2)·2 s on this 1 MiB range's height-1 node), with B's progress
+    // while A is stopped counted to show it.
     let pauses = 2;
-    let stopped_for = Duration::from_secs(3);
+    let stopped_for = Duration::from_secs(9);
     let mut b_while_stopped = 0;
     std::thread::sleep(Duration::from_millis(300));
     for _ in 0..pauses {
