@@ -345,7 +345,7 @@ fn log_limits(l: &IoLimits, mountpoint: &Path) {
                 ),
                 Some(limit) => format!(
                     "{MAX_PAGES_LIMIT_SYSCTL} is {limit} and this process cannot raise it to {} \
-                     (run the mount as root, or set it to {} first)",
+                     (that needs root and a writable /proc/sys; or set it to {} beforehand)",
                     l.max_pages_asked, l.max_pages_asked
                 ),
             }

@@ -236,6 +236,7 @@ pub fn mount(mut args: MountArgs) -> Result<()> {
         "citronfs mounted at {}; Ctrl-C (or fusermount3 -u) unmounts",
         args.mountpoint.display()
     );
+    eprintln!("atomic I/O: {}", atomic_bound_line(&handle));
     fs_client::fuse::wait_for_signal(handle).context("unmount")
 }
 
@@ -263,6 +264,44 @@ pub fn mount_at(
             mountpoint.display()
         )
     })
+}
+
+/// What `citronfs mount` and `citronfs up` say about the mount's atomic I/O bound: the size up
+/// to which every read and write call is atomic, for any alignment of the user's buffer, and,
+/// when it falls short of 16 MiB, why and what to do.
+pub fn atomic_bound_line(handle: &fs_client::fuse::MountHandle) -> String {
+    use fs_client::fuse::{ATOMIC_IO_TARGET, MAX_PAGES_LIMIT_SYSCTL};
+    let l = handle.io_limits();
+    let mut line = format!(
+        "reads and writes up to {} bytes{} are atomic, for any buffer alignment \
+         (max_write {}, max_pages {}); larger ones are cut into atomic pieces",
+        l.atomic_bound,
+        if l.atomic_bound % (1 << 20) == 0 {
+            format!(" ({} MiB)", l.atomic_bound >> 20)
+        } else {
+            String::new()
+        },
+        l.max_write,
+        l.max_pages,
+    );
+    if l.atomic_bound < ATOMIC_IO_TARGET {
+        line.push_str(&format!(
+            "; NOT {} MiB: {}",
+            ATOMIC_IO_TARGET >> 20,
+            if !l.max_pages_supported {
+                "the kernel lacks FUSE_MAX_PAGES".to_string()
+            } else if l.max_pages_limit.is_none() {
+                format!("this kernel has no {MAX_PAGES_LIMIT_SYSCTL} (Linux 6.13+)")
+            } else {
+                format!(
+                    "mount as root (with /proc/sys writable), or set {MAX_PAGES_LIMIT_SYSCTL} \
+                     to {} beforehand",
+                    l.max_pages_asked
+                )
+            }
+        ));
+    }
+    line
 }
 
 /// Blocks until SIGINT or SIGTERM.

@@ -3,7 +3,7 @@
 
 use super::cluster::{prepare_mountpoint, ClusterOptions, EmbeddedCluster};
 use super::config::{parse_size, FabricKind};
-use super::roles::{mount_at, parse_scheme};
+use super::roles::{atomic_bound_line, mount_at, parse_scheme};
 use anyhow::{Context, Result};
 use clap::Args;
 use std::path::PathBuf;
@@ -85,6 +85,7 @@ pub fn up(args: UpArgs) -> Result<()> {
         }
     }
     println!("  mounted at    {}", args.mountpoint.display());
+    println!("  atomic I/O    {}", atomic_bound_line(&handle));
     println!(
         "Stop with Ctrl-C (or `kill {}`): it unmounts and stops every server.",
         std::process::id()
