@@ -28,6 +28,22 @@
 //! covering a node it already holds gives back everything it holds on the tree and starts over
 //! (holding nothing, it can wait like anyone else); and a request that waits in a ticket queue
 //! longer than `restart_after` while holding nodes does the same.
+//!
+//! Bounded waits under lease recovery (issue 8): a client paused past its lease (SIGSTOP, a VM
+//! pause) resumes with its old view while waiters behind it have broken its hold (§3.10). Every
+//! place where it could wait for something that will never come, or act on a hold that is no
+//! longer its own, checks for it:
+//!
+//! - phase (a), `wait_ticket`: `TCnt` moved past our ticket (outside `[TCnt, TMax)`) — passed
+//!   over by a break-in; the ticket is not ours, the request starts over;
+//! - phase (c), `post_occupy`: `Occ` is set by a masked CAS conditional on `TCnt` still being our
+//!   ticket; if it fails, our turn was broken between the grant and the occupation;
+//! - phase (d) and everything held so far: a notification repaired by a waiter (`DCnt := DMax`)
+//!   leaves no trace we could read (`DCnt` counts releases in any order), so it is decided by
+//!   time: every part carries its lease deadline (`lease`), and an acquisition that ends past
+//!   its lock's deadline gives everything back and starts over (`acquire_inner`).
+//!
+//! The releases that follow are safe for whoever holds the lock now (`release` module docs).
 
 use super::config::DELTA;
 use super::layout::{

@@ -54,27 +54,27 @@ use std::time::{Duration, Instant};
 
 /// `p + (1 - δ)·k·T_lease`: the earliest break of a value we wrote with a verb posted at `p`,
 /// under a rule with a stand-still of `k·T_lease`.
-pub(crate) fn after(p: Instant, lease: Duration, k: u32) -> Instant {
+pub fn after(p: Instant, lease: Duration, k: u32) -> Instant {
     p + (lease * k).mul_f64(1.0 - DELTA)
 }
 
 /// Ticket and `Occ` of an internal node of height `hgt`, last changed (or last seen not yet
 /// ours) by a verb posted at `p`: `k = hgt + 3` (the break-in patience with `Δ = 1`).
-pub(crate) fn word_deadline(p: Instant, lease: Duration, hgt: u32) -> Instant {
+pub fn word_deadline(p: Instant, lease: Duration, hgt: u32) -> Instant {
     after(p, lease, hgt + 3)
 }
 
 /// A notification posted at `p` on a node of height `hgt` (>= 1): `k = hgt`.
-pub(crate) fn token_deadline(p: Instant, lease: Duration, hgt: u32) -> Instant {
+pub fn token_deadline(p: Instant, lease: Duration, hgt: u32) -> Instant {
     after(p, lease, hgt.max(1))
 }
 
 /// Leaf bits (or whole leaf children) set by a masked CAS posted at `p`: `k = 1`.
-pub(crate) fn bits_deadline(p: Instant, lease: Duration) -> Instant {
+pub fn bits_deadline(p: Instant, lease: Duration) -> Instant {
     after(p, lease, 1)
 }
 
 /// The spillover mutex, our turn last unseen (or taken by our break-in) at `p`: `k = 1`.
-pub(crate) fn spill_deadline(p: Instant, lease: Duration) -> Instant {
+pub fn spill_deadline(p: Instant, lease: Duration) -> Instant {
     after(p, lease, 1)
 }
