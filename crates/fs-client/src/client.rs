@@ -1072,14 +1072,15 @@ impl Inner {
         } else {
             units
         };
-        let id: LockId = match self.lock_handle(w, inode)?.acquire(range) {
-            Ok(id) => id,
+        let lock = self.lock_handle(w, inode)?;
+        let (id, lease): (LockId, _) = match lock.acquire(range) {
+            Ok(id) => (id, lock.lease_deadline(id)),
             Err(e) => {
                 w.broken = true;
                 return Err(lock_error(inode.ino, e));
             }
         };
-        w.lease = self.lock_handle(w, inode)?.lease_deadline(id);
+        w.lease = lease;
         let result = body(w);
         w.lease = None;
         let released = self

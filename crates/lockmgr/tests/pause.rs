@@ -337,6 +337,54 @@ fn plan(scheme: Scheme, point: Point) -> Plan {
     }
 }
 
+/// Collects `clients` results from `rx`, merging their statistics, and fails the test with
+/// every client's progress when one has waited longer than `LIVENESS` for its lock.
+fn watchdog(
+    what: &str,
+    ctx: &Ctx,
+    progress: &[(u64, Option<lockmgr::ProgressFn>)],
+    rx: &mpsc::Receiver<(u64, Result<LockStats, String>)>,
+    clients: usize,
+) -> LockStats {
+    let mut stats = LockStats::default();
+    let mut finished = 0;
+    while finished < clients {
+        match rx.recv_timeout(Duration::from_millis(50)) {
+            Ok((holder, result)) => {
+                stats.merge(&result.unwrap_or_else(|e| panic!("{what}: holder {holder}: {e}")));
+                finished += 1;
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                let now = ctx.epoch.elapsed().as_nanos() as u64;
+                for (holder, w) in ctx.watches.iter().enumerate() {
+                    let since = w.since.load(Ordering::SeqCst);
+                    if since != 0 && Duration::from_nanos(now.saturating_sub(since)) > LIVENESS {
+                        let states: Vec<String> = progress
+                            .iter()
+                            .map(|(h, p)| {
+                                format!(
+                                    "holder {h}: {}",
+                                    p.as_ref().map(|f| f()).unwrap_or_default()
+                                )
+                            })
+                            .collect();
+                        panic!(
+                            "{what}: LIVENESS: holder {holder} has waited more than {LIVENESS:?} for [{}, {}); {}",
+                            w.start.load(Ordering::SeqCst),
+                            w.end.load(Ordering::SeqCst),
+                            states.join("; ")
+                        );
+                    }
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                panic!("{what}: a client thread died without reporting")
+            }
+        }
+    }
+    stats
+}
+
 fn run(backend: Backend, scheme: Scheme, point: Point) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let fabric = Fabric::start(backend, &[(REGION, region_bytes(scheme))]);
@@ -447,44 +495,7 @@ fn run(backend: Backend, scheme: Scheme, point: Point) {
     drop(tx);
     progress.push((2, blocker.progress()));
 
-    // The watchdog.
-    let mut stats = LockStats::default();
-    let mut finished = 0;
-    while finished < 3 {
-        match rx.recv_timeout(Duration::from_millis(50)) {
-            Ok((holder, result)) => {
-                let s = result.unwrap_or_else(|e| panic!("{what}: holder {holder}: {e}"));
-                stats.merge(&s);
-                finished += 1;
-            }
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                let now = ctx.epoch.elapsed().as_nanos() as u64;
-                for (holder, w) in ctx.watches.iter().enumerate() {
-                    let since = w.since.load(Ordering::SeqCst);
-                    if since != 0 && Duration::from_nanos(now.saturating_sub(since)) > LIVENESS {
-                        let states: Vec<String> = progress
-                            .iter()
-                            .map(|(h, p)| {
-                                format!(
-                                    "holder {h}: {}",
-                                    p.as_ref().map(|f| f()).unwrap_or_default()
-                                )
-                            })
-                            .collect();
-                        panic!(
-                            "{what}: LIVENESS: holder {holder} has waited more than {LIVENESS:?} for [{}, {}); {}",
-                            w.start.load(Ordering::SeqCst),
-                            w.end.load(Ordering::SeqCst),
-                            states.join("; ")
-                        );
-                    }
-                }
-            }
-            Err(mpsc::RecvTimeoutError::Disconnected) => {
-                panic!("{what}: a client thread died without reporting")
-            }
-        }
-    }
+    let stats = watchdog(&what, &ctx, &progress, &rx, 3);
     eprintln!(
         "{what}: stalls {}, recoveries {}, late releases {}, passed over {}",
         switch.fired(),
@@ -674,42 +685,7 @@ fn storm(backend: Backend, scheme: Scheme, seed: u64) {
         });
     }
     drop(tx);
-    let mut stats = LockStats::default();
-    let mut finished = 0;
-    while finished < 4 {
-        match rx.recv_timeout(Duration::from_millis(50)) {
-            Ok((holder, result)) => {
-                stats.merge(&result.unwrap_or_else(|e| panic!("{what}: holder {holder}: {e}")));
-                finished += 1;
-            }
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                let now = ctx.epoch.elapsed().as_nanos() as u64;
-                for (holder, w) in ctx.watches.iter().enumerate() {
-                    let since = w.since.load(Ordering::SeqCst);
-                    if since != 0 && Duration::from_nanos(now.saturating_sub(since)) > LIVENESS {
-                        let states: Vec<String> = progress
-                            .iter()
-                            .map(|(h, p)| {
-                                format!(
-                                    "holder {h}: {}",
-                                    p.as_ref().map(|f| f()).unwrap_or_default()
-                                )
-                            })
-                            .collect();
-                        panic!(
-                            "{what}: LIVENESS: holder {holder} has waited more than {LIVENESS:?} for [{}, {}); {}",
-                            w.start.load(Ordering::SeqCst),
-                            w.end.load(Ordering::SeqCst),
-                            states.join("; ")
-                        );
-                    }
-                }
-            }
-            Err(mpsc::RecvTimeoutError::Disconnected) => {
-                panic!("{what}: a client thread died without reporting")
-            }
-        }
-    }
+    let stats = watchdog(&what, &ctx, &progress, &rx, 4);
     eprintln!(
         "{what}: {} acquisitions, stalls {}, recoveries {}, late releases {}, passed over {}",
         stats.acquisitions,

@@ -184,17 +184,20 @@ async fn connection(
                             let result = match frame.request {
                                 proto::rpc::Request::Heartbeat => Ok(proto::rpc::Response::Ok),
                                 proto::rpc::Request::AwaitRevocations { known } => {
-                                    service.fence_applied(id, known);
+                                    service.fence_applied(id, epoch, known);
                                     let mut watch = service.fence_watch();
                                     // Answer at once if newer revocations exist, else at the
                                     // first one or after a second (the poll is the heartbeat).
                                     let _ = tokio::time::timeout(
                                         std::time::Duration::from_secs(1),
-                                        watch.wait_for(|&epoch| epoch > known),
+                                        watch.wait_for(|&newest| newest > known),
                                     )
                                     .await;
-                                    let (epoch, sessions) = service.revocations();
-                                    Ok(proto::rpc::Response::Revocations { epoch, sessions })
+                                    let (newest, sessions) = service.revocations_since(known);
+                                    Ok(proto::rpc::Response::Revocations {
+                                        epoch: newest,
+                                        sessions,
+                                    })
                                 }
                                 _ => Err(FsError::Invalid(
                                     "a data server connection only takes heartbeats and \
@@ -211,7 +214,6 @@ async fn connection(
                     _ = stop.changed() => break Ok(()),
                 }
             };
-            service.fence_forget(id);
             service.data_server_gone(id, epoch);
             result
         }

@@ -21,7 +21,7 @@ use proto::{
     LockSchemeKind, OpenFile, SEG_SEGMENTS, SEG_SEGMENT_UNITS,
 };
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// The meta region's id on the meta server.
@@ -136,7 +136,10 @@ pub(crate) struct Service {
     stopping: std::sync::atomic::AtomicBool,
     /// Sessions fenced so far, and which data servers apply them.
     fences: Mutex<Fences>,
-    /// The revocation epoch, watched by the data servers' long polls.
+    /// Signalled when a data server applies an epoch or goes away (a `Fence` waits on it).
+    fence_acked: Condvar,
+    /// `Fences::epoch`, watched by the data servers' long polls (sent under the `fences` lock,
+    /// so it never goes backwards).
     fence_epoch: tokio::sync::watch::Sender<u64>,
     /// Revokes sessions on the meta server's own fabric server (tcp); unset on shm.
     local_revoke: std::sync::OnceLock<RevokeFn>,
@@ -148,15 +151,29 @@ pub(crate) type RevokeFn = Box<dyn Fn(&[u64]) + Send + Sync>;
 /// The fencing state (seed 000 §3.10, "the CM notifies the lock server to destroy the QPs
 /// of the failed clients"; DESIGN.md "Fencing").
 ///
-/// Invariant: a `Fence` is answered only after every live data server has acknowledged an
+/// Invariant: a `Fence` is answered only after every data server registered now has applied an
 /// epoch at least as new as the fence's, so from then on no fabric server that holds file data
 /// or lock words executes a batch of a revoked session.
 #[derive(Default)]
 struct Fences {
-    /// Every session revoked since this meta server started.
-    revoked: Vec<u64>,
-    /// The latest epoch each live data server (by id) has applied.
-    applied: HashMap<u32, u64>,
+    /// Bumped by every fence that revokes something.
+    epoch: u64,
+    /// Every session revoked since this meta server started, with the epoch that revoked it.
+    revoked: Vec<(u64, u64)>,
+    /// Per registered data server (by id): its registration's connection epoch, and the fence
+    /// epoch it has applied. Entries come and go with registrations.
+    applied: HashMap<u32, (u64, u64)>,
+}
+
+impl Fences {
+    /// The data servers that have not applied `epoch` yet.
+    fn behind(&self, epoch: u64) -> Vec<u32> {
+        self.applied
+            .iter()
+            .filter(|(_, &(_, applied))| applied < epoch)
+            .map(|(&id, _)| id)
+            .collect()
+    }
 }
 
 impl Service {
@@ -188,6 +205,7 @@ impl Service {
             lock_server,
             stopping: std::sync::atomic::AtomicBool::new(false),
             fences: Mutex::new(Fences::default()),
+            fence_acked: Condvar::new(),
             fence_epoch: tokio::sync::watch::channel(0).0,
             local_revoke: std::sync::OnceLock::new(),
         };
@@ -261,13 +279,7 @@ impl Service {
 
     /// Ends every session whose lease ran out; returns how many.
     pub fn expire_sessions(&self) -> usize {
-        let lease = self.settings.session_lease;
-        let expired: Vec<u64> = lock(&self.state)
-            .sessions
-            .iter()
-            .filter(|(_, s)| s.last_seen.elapsed() > lease)
-            .map(|(&id, _)| id)
-            .collect();
+        let expired = self.silent_sessions(self.settings.session_lease);
         for &session in &expired {
             tracing::info!(session, "session lease expired");
             self.end_session(session);
@@ -282,6 +294,16 @@ impl Service {
         let _ = self.local_revoke.set(revoke);
     }
 
+    /// The sessions not heard from for longer than `silence`.
+    fn silent_sessions(&self, silence: Duration) -> Vec<u64> {
+        lock(&self.state)
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.last_seen.elapsed() > silence)
+            .map(|(&id, _)| id)
+            .collect()
+    }
+
     /// Revokes every session not heard from within `fence_after` (`caller` was just heard
     /// from) and returns once no fabric server executes their batches any more (the
     /// [`Fences`] invariant), or fails after `wait` if a data server does not acknowledge.
@@ -293,65 +315,53 @@ impl Service {
     /// thread with it (a stopped or frozen process), and is silent here. A live client that is
     /// merely slow keeps heartbeating and is protected by its own lease check instead.
     pub fn fence(&self, wait: Duration) -> Result<(), FsError> {
-        let after = self.settings.fence_after;
-        let silent: Vec<u64> = lock(&self.state)
-            .sessions
-            .iter()
-            .filter(|(_, s)| s.last_seen.elapsed() > after)
-            .map(|(&id, _)| id)
-            .collect();
-        let (epoch, waiting_for) = {
-            let mut f = lock(&self.fences);
-            if !silent.is_empty() {
-                f.revoked.extend(&silent);
-            }
-            let epoch = if silent.is_empty() {
-                *self.fence_epoch.borrow()
-            } else {
-                *self.fence_epoch.borrow() + 1
-            };
-            (epoch, f.applied.len())
-        };
+        let silent = self.silent_sessions(self.settings.fence_after);
+        let mut f = lock(&self.fences);
         if !silent.is_empty() {
+            f.epoch += 1;
+            let epoch = f.epoch;
+            f.revoked
+                .extend(silent.iter().map(|&session| (epoch, session)));
             tracing::warn!(sessions = ?silent, epoch, "fencing silent sessions: a lock they may hold is being broken");
             if let Some(revoke) = self.local_revoke.get() {
                 revoke(&silent);
             }
             self.fence_epoch.send_replace(epoch);
-            for &session in &silent {
-                self.end_session(session);
-            }
+        }
+        let epoch = f.epoch;
+        drop(f);
+        for &session in &silent {
+            self.end_session(session);
         }
         let deadline = Instant::now() + wait;
+        let mut f = lock(&self.fences);
         loop {
-            let live: Vec<u32> = lock(&self.state).live.keys().copied().collect();
-            let behind: Vec<u32> = {
-                let f = lock(&self.fences);
-                live.into_iter()
-                    .filter(|id| f.applied.get(id).copied().unwrap_or(0) < epoch)
-                    .collect()
-            };
+            let behind = f.behind(epoch);
             if behind.is_empty() {
-                tracing::debug!(epoch, data_servers = waiting_for, "fence complete");
                 return Ok(());
             }
-            if Instant::now() >= deadline {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
                 return Err(FsError::Io(format!(
                     "fence epoch {epoch}: data servers {behind:?} did not acknowledge within {wait:?}"
                 )));
             }
-            std::thread::sleep(Duration::from_millis(2));
+            f = self
+                .fence_acked
+                .wait_timeout(f, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
         }
     }
 
-    /// A data server (id `id`) has applied revocations up to `known`.
-    pub fn fence_applied(&self, id: u32, known: u64) {
-        lock(&self.fences).applied.insert(id, known);
-    }
-
-    /// Forgets a data server's acknowledgements (its registration connection closed).
-    pub fn fence_forget(&self, id: u32) {
-        lock(&self.fences).applied.remove(&id);
+    /// The data server registered as `id` on connection `conn` has applied fence epochs up to
+    /// `known`.
+    pub fn fence_applied(&self, id: u32, conn: u64, known: u64) {
+        let mut f = lock(&self.fences);
+        if let Some(entry) = f.applied.get_mut(&id).filter(|(c, _)| *c == conn) {
+            entry.1 = known;
+            self.fence_acked.notify_all();
+        }
     }
 
     /// The revocation epoch to watch, for a data server's long poll.
@@ -359,10 +369,16 @@ impl Service {
         self.fence_epoch.subscribe()
     }
 
-    /// Every session revoked so far, with the current epoch.
-    pub fn revocations(&self) -> (u64, Vec<u64>) {
+    /// The current fence epoch, and the sessions revoked after epoch `known`.
+    pub fn revocations_since(&self, known: u64) -> (u64, Vec<u64>) {
         let f = lock(&self.fences);
-        (*self.fence_epoch.borrow(), f.revoked.clone())
+        let sessions = f
+            .revoked
+            .iter()
+            .filter(|&&(epoch, _)| epoch > known)
+            .map(|&(_, session)| session)
+            .collect();
+        (f.epoch, sessions)
     }
 
     /// Renews a session's lease; `Stale` if it is gone (expired).
@@ -411,6 +427,8 @@ impl Service {
             },
         );
         drop(st);
+        // From now on a fence waits for this server too; it has applied no epoch yet.
+        lock(&self.fences).applied.insert(record.id, (epoch, 0));
         tracing::info!(
             name,
             id = record.id,
@@ -437,6 +455,15 @@ impl Service {
 
     /// A data server's registration connection closed.
     pub fn data_server_gone(&self, id: u32, epoch: u64) {
+        {
+            // A fence no longer waits for it (its fabric server is gone with it, or it will
+            // register again and be sent every revocation from epoch 0).
+            let mut f = lock(&self.fences);
+            if f.applied.get(&id).is_some_and(|(conn, _)| *conn == epoch) {
+                f.applied.remove(&id);
+                self.fence_acked.notify_all();
+            }
+        }
         let mut st = lock(&self.state);
         if st.live.get(&id).is_some_and(|s| s.epoch == epoch) {
             st.live.remove(&id);

@@ -309,11 +309,11 @@ pub enum Response {
     Chunks(Vec<Option<ChunkLoc>>),
     /// An address in the meta region.
     Addr(RemoteAddr),
-    /// Every session revoked so far, as of revocation epoch `epoch`.
+    /// The sessions revoked after the epoch the data server named, up to epoch `epoch`.
     Revocations {
-        /// The epoch (bumped by each fence that revoked something).
+        /// The current epoch (bumped by each fence that revoked something).
         epoch: u64,
-        /// The revoked sessions.
+        /// The sessions revoked since the epoch asked about.
         sessions: Vec<u64>,
     },
 }

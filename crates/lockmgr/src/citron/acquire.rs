@@ -479,17 +479,20 @@ impl CitronClient {
                 hn.tokens = self.notify_tokens(&targets, &toks, posted);
                 hn.bits_deadline = Some(lease::bits_deadline(posted, self.rec.t_lease()));
                 let old = self.out.old(main);
-                if !node.is_leaf() && !self.occupied_ours(old, hn.ticket_no) {
-                    // Passed over (see `occupied_ours`): give back what this batch got — the
-                    // children it locked, the notifications — but not the ticket or Occ.
-                    hn.ticket = false;
+                if !node.is_leaf() {
+                    // The leaf children this batch locked whole are ours, whatever follows.
                     hn.children = kids
                         .iter()
                         .filter(|(_, kh)| self.out.old(*kh) == 0)
                         .map(|(a, _)| *a)
                         .collect();
-                    self.release_parts(&[hn], None)?;
-                    return Ok(Outcome::Restart);
+                    if !self.occupied_ours(old, hn.ticket_no) {
+                        // Passed over (see `occupied_ours`): give back what this batch got —
+                        // the children, the notifications — but not the ticket or Occ.
+                        hn.ticket = false;
+                        self.release_parts(&[hn], None)?;
+                        return Ok(Outcome::Restart);
+                    }
                 }
                 if one_batch {
                     let words: Vec<u64> = b_reads.iter().map(|r| self.out.word(*r, 0)).collect();
@@ -535,11 +538,6 @@ impl CitronClient {
                     hn.occupied(old, (node == root).then_some(h));
                     hn.word_deadline =
                         Some(lease::word_deadline(posted, self.rec.t_lease(), node.hgt));
-                    hn.children = kids
-                        .iter()
-                        .filter(|(_, kh)| self.out.old(*kh) == 0)
-                        .map(|(a, _)| *a)
-                        .collect();
                 }
                 root_word = self.out.word(rr, 0);
             } else {
@@ -555,16 +553,8 @@ impl CitronClient {
                 t0 = Instant::now();
                 let old = self.out.old(main);
                 let lease_t = self.rec.t_lease();
-                if !node.is_leaf() && !self.occupied_ours(old, hn.ticket_no) {
-                    hn.ticket = false;
-                    return Ok(Outcome::Restart);
-                }
                 if node.is_leaf() {
                     hn.bits_deadline = Some(lease::bits_deadline(posted, lease_t));
-                } else {
-                    hn.word_deadline = Some(lease::word_deadline(posted, lease_t, node.hgt));
-                }
-                if node.is_leaf() {
                     if old & mask != 0 {
                         if let Some(o) = self.leaf_failed(node, &mut leaf_fail_since) {
                             return Ok(o);
@@ -574,6 +564,11 @@ impl CitronClient {
                     }
                     hn.leaf_mask = mask;
                 } else {
+                    if !self.occupied_ours(old, hn.ticket_no) {
+                        hn.ticket = false;
+                        return Ok(Outcome::Restart);
+                    }
+                    hn.word_deadline = Some(lease::word_deadline(posted, lease_t, node.hgt));
                     hn.occupied(old, (node == root).then_some(h));
                 }
                 // l. 31: notify every m-th ancestor and read the root, one batch.
