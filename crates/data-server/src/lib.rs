@@ -15,7 +15,7 @@
 //!   start, so that chunks survive a restart.
 
 use anyhow::Context;
-use fabric::{Auth, Region, RegionId, ShmServer, TcpServer};
+use fabric::{Credentials, Region, RegionId, ShmServer, TcpServer};
 use proto::rpc::{Client, Request, Response, Role, Welcome};
 use proto::FabricAddr;
 use std::net::SocketAddr;
@@ -197,7 +197,7 @@ fn serve_region(config: &DataConfig) -> anyhow::Result<(Arc<Region>, FabricAddr,
         (DataFabric::Tcp { listen }, backing) => {
             let tcp = TcpServer::bind(
                 listen,
-                Auth::new(config.cluster.clone(), config.token.clone()),
+                Credentials::new(config.cluster.clone(), config.token.clone()),
             )
             .with_context(|| format!("data fabric on {listen}"))?;
             let region = match backing {
@@ -222,8 +222,7 @@ fn serve_region(config: &DataConfig) -> anyhow::Result<(Arc<Region>, FabricAddr,
 fn register(config: &DataConfig, role: &Role) -> anyhow::Result<(Client, u32)> {
     let client = Client::connect(
         config.meta_addr.as_str(),
-        &config.cluster,
-        &config.token,
+        &Credentials::new(config.cluster.clone(), config.token.clone()),
         role.clone(),
     )?;
     match client.welcome() {

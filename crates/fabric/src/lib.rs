@@ -23,6 +23,7 @@ pub mod batch;
 pub mod endpoint;
 pub mod error;
 pub mod frame;
+pub mod handshake;
 pub mod local;
 pub mod mem;
 pub mod record;
@@ -37,7 +38,8 @@ pub use endpoint::{
     EndpointStats, MaskedAtomics, RttProfile,
 };
 pub use error::{BatchError, FabricError, Result, VerbError};
+pub use handshake::Credentials;
 pub use mem::MemServer;
 pub use region::{Region, RegionTable};
 pub use shm::{ShmConnector, ShmServer};
-pub use tcp::{Auth, TcpConnector, TcpEndpoint, TcpServer};
+pub use tcp::{TcpConnector, TcpEndpoint, TcpServer};

@@ -687,11 +687,12 @@ fn shm_verbs_complete_while_server_is_stopped() {
 
 fn tcp_fixture() -> Fixture {
     let server =
-        fabric::tcp::TcpServer::bind("127.0.0.1:0", fabric::tcp::Auth::new(CLUSTER, TOKEN))
+        fabric::tcp::TcpServer::bind("127.0.0.1:0", fabric::Credentials::new(CLUSTER, TOKEN))
             .unwrap();
     server.register(REGION, REGION_LEN).unwrap();
     let addr = server.local_addr();
-    let connector = fabric::tcp::TcpConnector::connect(addr, CLUSTER, TOKEN).unwrap();
+    let connector =
+        fabric::tcp::TcpConnector::connect(addr, fabric::Credentials::new(CLUSTER, TOKEN)).unwrap();
     Fixture {
         connector: Box::new(connector),
         child_args: Some(format!("tcp:{addr}")),
@@ -701,10 +702,12 @@ fn tcp_fixture() -> Fixture {
 
 fn attach_other(kind: &str, target: &str) -> Box<dyn Endpoint> {
     match kind {
-        "tcp" => fabric::tcp::TcpConnector::connect(target, CLUSTER, TOKEN)
-            .unwrap()
-            .connect()
-            .unwrap(),
+        "tcp" => {
+            fabric::tcp::TcpConnector::connect(target, fabric::Credentials::new(CLUSTER, TOKEN))
+                .unwrap()
+                .connect()
+                .unwrap()
+        }
         other => panic!("unknown backend {other}"),
     }
 }

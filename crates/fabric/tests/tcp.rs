@@ -4,12 +4,13 @@
 
 use fabric::batch::{MAX_BATCH_VERBS, MAX_IO_BYTES};
 use fabric::frame::{self, HEADER_LEN};
+use fabric::handshake::Protocol;
 use fabric::tcp::wire::{
-    self, Hello, Refusal, RemoteError, Reply, Request, MAGIC, MAX_HELLO_FRAME, MAX_REQUEST_FRAME,
-    PROTOCOL_VERSION,
+    self, Hello, HelloAnswer, Refusal, RemoteError, Reply, Request, MAGIC, MAX_HELLO_FRAME,
+    MAX_REQUEST_FRAME, PROTOCOL_VERSION,
 };
 use fabric::{
-    Auth, Batch, BatchError, Completions, Connector, Endpoint, EndpointExt, FabricError,
+    Batch, BatchError, Completions, Connector, Credentials, Endpoint, EndpointExt, FabricError,
     MaskedAtomics, Region, RegionId, RemoteAddr, TcpConnector, TcpEndpoint, TcpServer, Verb,
     VerbError,
 };
@@ -23,22 +24,26 @@ const TOKEN: &str = "s3cret";
 const R: RegionId = RegionId(1);
 const REGION_LEN: u64 = 4096;
 
+fn creds() -> Credentials {
+    Credentials::new(CLUSTER, TOKEN)
+}
+
 fn addr(offset: u64) -> RemoteAddr {
     RemoteAddr::new(R, offset)
 }
 
 /// A server with one 4 KiB region, and a connector to it.
 fn setup() -> (TcpServer, TcpConnector) {
-    let server = TcpServer::bind("127.0.0.1:0", Auth::new(CLUSTER, TOKEN)).unwrap();
+    let server = TcpServer::bind("127.0.0.1:0", creds()).unwrap();
     server.register(R, REGION_LEN).unwrap();
-    let connector = TcpConnector::connect(server.local_addr(), CLUSTER, TOKEN).unwrap();
+    let connector = TcpConnector::connect(server.local_addr(), creds()).unwrap();
     (server, connector)
 }
 
 /// Checks that a well-behaved client is still served correctly: a fresh connection does a
 /// CAS + FAA + write + read batch on a word of its own.
 fn assert_healthy(server: &TcpServer) {
-    let mut ep = TcpEndpoint::connect(server.local_addr(), CLUSTER, TOKEN).unwrap();
+    let mut ep = TcpEndpoint::connect(server.local_addr(), &creds()).unwrap();
     let word = addr(REGION_LEN - 8);
     let before = ep.read_u64(word).unwrap();
     let mut batch = Batch::new();
@@ -59,22 +64,24 @@ fn raw_authenticated(server: &TcpServer) -> TcpStream {
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
     send_hello(&mut stream, MAGIC, PROTOCOL_VERSION, CLUSTER, TOKEN);
-    match read_reply(&mut stream) {
-        Reply::Welcome(w) => assert_eq!(w.version, PROTOCOL_VERSION),
-        other => panic!("expected Welcome, got {other:?}"),
+    match read_answer(&mut stream) {
+        Ok(w) => assert_eq!(w.version, PROTOCOL_VERSION),
+        Err(refusal) => panic!("expected Welcome, got {refusal:?}"),
     }
     stream
 }
 
 fn send_hello(stream: &mut TcpStream, magic: u32, version: u16, cluster: &str, token: &str) {
-    let hello = Request::Hello(Hello {
-        magic,
-        version,
-        cluster: cluster.into(),
-        token: token.into(),
-        session: 0,
-    });
+    let mut hello = Hello::new(Protocol::Verbs, &Credentials::new(cluster, token), 0, ());
+    hello.magic = magic;
+    hello.version = version;
     frame::write_frame(stream, &postcard::to_stdvec(&hello).unwrap()).unwrap();
+}
+
+fn read_answer(stream: &mut TcpStream) -> HelloAnswer {
+    let mut body = Vec::new();
+    frame::read_frame(stream, usize::MAX, &mut body).unwrap();
+    postcard::from_bytes(&body).unwrap()
 }
 
 fn read_reply(stream: &mut TcpStream) -> Reply {
@@ -322,7 +329,7 @@ fn bad_batch_shapes_get_batch_errors() {
     );
 
     // A read larger than any verb may move.
-    let mut body = vec![1u8, 1]; // Request::Batch, one verb
+    let mut body = vec![0u8, 1]; // Request::Batch, one verb
     body.extend(
         postcard::to_stdvec(&Verb::Read {
             addr: addr(0),
@@ -342,7 +349,7 @@ fn bad_batch_shapes_get_batch_errors() {
     );
 
     // More verbs than a batch may carry (the count alone is enough to refuse it).
-    let mut body = vec![1u8];
+    let mut body = vec![0u8]; // Request::Batch
     body.extend(postcard::to_stdvec(&(MAX_BATCH_VERBS as u64 + 1)).unwrap());
     frame::write_frame(&mut stream, &body).unwrap();
     assert_eq!(
@@ -395,9 +402,9 @@ fn malformed_messages_are_reported() {
     let garbage: [&[u8]; 5] = [
         b"",                          // no tag
         &[9],                         // unknown message tag
-        &[1, 1, 42],                  // a verb with an unknown variant
-        &[1, 0, 3, 1, 2],             // payload length 3, 2 bytes follow
-        &[1, 0, 0, 0xAA, 0xBB, 0xCC], // trailing bytes after the payload
+        &[0, 1, 42],                  // a verb with an unknown variant
+        &[0, 0, 3, 1, 2],             // payload length 3, 2 bytes follow
+        &[0, 0, 0, 0xAA, 0xBB, 0xCC], // trailing bytes after the payload
     ];
     for body in garbage {
         frame::write_frame(&mut stream, body).unwrap();
@@ -444,8 +451,7 @@ fn handshake_refusals() {
     let (server, _connector) = setup();
     let refused = |cluster: &str, token: &str| match TcpEndpoint::connect(
         server.local_addr(),
-        cluster,
-        token,
+        &Credentials::new(cluster, token),
     ) {
         Err(FabricError::Refused(why)) => why,
         other => panic!("expected a refusal, got {other:?}"),
@@ -459,7 +465,7 @@ fn handshake_refusals() {
     let why = refused("other-cluster", TOKEN);
     assert!(why.contains("wrong cluster"), "{why}");
     assert!(matches!(
-        TcpConnector::connect(server.local_addr(), CLUSTER, ""),
+        TcpConnector::connect(server.local_addr(), Credentials::new(CLUSTER, "")),
         Err(FabricError::Refused(_))
     ));
 
@@ -469,9 +475,9 @@ fn handshake_refusals() {
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
         s
     };
-    let refusal = |s: &mut TcpStream| match read_reply(s) {
-        Reply::Refused(r) => r,
-        other => panic!("expected a refusal, got {other:?}"),
+    let refusal = |s: &mut TcpStream| match read_answer(s) {
+        Err(r) => r,
+        Ok(welcome) => panic!("expected a refusal, got {welcome:?}"),
     };
 
     let mut s = raw();
@@ -479,6 +485,7 @@ fn handshake_refusals() {
     assert_eq!(
         refusal(&mut s),
         Refusal::UnsupportedVersion {
+            protocol: Protocol::Verbs,
             client: PROTOCOL_VERSION + 1,
             server: PROTOCOL_VERSION
         }
@@ -496,31 +503,31 @@ fn handshake_refusals() {
     assert_eq!(refusal(&mut s), Refusal::BadMagic);
     assert_closed(&mut s);
 
-    // A batch before the handshake.
+    // A batch before the handshake: it does not start with the magic.
     let mut s = raw();
     let mut batch = Batch::new();
     batch.faa(addr(0), 1);
     frame::write_frame(&mut s, &batch_body(&batch)).unwrap();
-    assert!(matches!(refusal(&mut s), Refusal::BadHello(_)));
+    assert!(matches!(
+        refusal(&mut s),
+        Refusal::BadMagic | Refusal::BadHello(_)
+    ));
     assert_closed(&mut s);
 
-    // Undecodable first frame, and a first frame with a bad checksum.
+    // Undecodable first frames, and a first frame with a bad checksum.
     let mut s = raw();
-    frame::write_frame(&mut s, &[0, 0xFF]).unwrap();
+    frame::write_frame(&mut s, &[0xFF]).unwrap();
+    assert!(matches!(refusal(&mut s), Refusal::BadHello(_)));
+    assert_closed(&mut s);
+    let mut s = raw();
+    frame::write_frame(&mut s, &postcard::to_stdvec(&(MAGIC, 9u8)).unwrap()).unwrap();
     assert!(matches!(refusal(&mut s), Refusal::BadHello(_)));
     assert_closed(&mut s);
     let mut s = raw();
     let mut bytes = Vec::new();
     frame::write_frame(
         &mut bytes,
-        &postcard::to_stdvec(&Request::Hello(Hello {
-            magic: MAGIC,
-            version: PROTOCOL_VERSION,
-            cluster: CLUSTER.into(),
-            token: TOKEN.into(),
-            session: 0,
-        }))
-        .unwrap(),
+        &postcard::to_stdvec(&Hello::new(Protocol::Verbs, &creds(), 0, ())).unwrap(),
     )
     .unwrap();
     bytes[5] ^= 1;
@@ -550,7 +557,7 @@ fn regions_can_be_added_and_removed() {
     let a = RemoteAddr::new(RegionId(4), 8);
     ep.write_u64(a, 5).unwrap();
     assert_eq!(fabric::region::load_word(&shared, a), Some(5));
-    let mut listed: Vec<_> = TcpEndpoint::connect(server.local_addr(), CLUSTER, TOKEN)
+    let mut listed: Vec<_> = TcpEndpoint::connect(server.local_addr(), &creds())
         .unwrap()
         .regions()
         .iter()
@@ -592,7 +599,7 @@ fn dead_server_gives_disconnected_promptly() {
     }
     let addr = server.local_addr();
     drop(server);
-    assert!(TcpConnector::connect(addr, CLUSTER, TOKEN).is_err());
+    assert!(TcpConnector::connect(addr, creds()).is_err());
 }
 
 #[test]
@@ -600,7 +607,7 @@ fn connections_are_released() {
     let (server, connector) = setup();
     drop(connector);
     for _ in 0..5 {
-        let mut ep = TcpEndpoint::connect(server.local_addr(), CLUSTER, TOKEN).unwrap();
+        let mut ep = TcpEndpoint::connect(server.local_addr(), &creds()).unwrap();
         ep.faa(addr(0), 1).unwrap();
     }
     // Every connection thread ends once its client has gone.
@@ -620,7 +627,7 @@ fn fake_server(reply: Vec<u8>) -> std::net::SocketAddr {
         let (mut s, _) = listener.accept().unwrap();
         let mut body = Vec::new();
         frame::read_frame(&mut s, usize::MAX, &mut body).unwrap();
-        let welcome = Reply::Welcome(wire::Welcome {
+        let welcome: HelloAnswer = Ok(wire::Welcome {
             version: PROTOCOL_VERSION,
             regions: vec![],
         });
@@ -641,7 +648,7 @@ fn broken_servers_give_disconnected() {
         bytes
     };
     let wrong_count = postcard::to_stdvec(&Reply::Completions(Completions::new())).unwrap();
-    let welcome_again = postcard::to_stdvec(&Reply::Welcome(wire::Welcome {
+    let welcome_again = postcard::to_stdvec::<HelloAnswer>(&Ok(wire::Welcome {
         version: PROTOCOL_VERSION,
         regions: vec![],
     }))
@@ -658,7 +665,7 @@ fn broken_servers_give_disconnected() {
     ];
     for reply in replies {
         let server = fake_server(reply.clone());
-        let mut ep = TcpEndpoint::connect(server, CLUSTER, TOKEN).unwrap();
+        let mut ep = TcpEndpoint::connect(server, &creds()).unwrap();
         let mut out = Completions::new();
         match ep.execute(&batch, &mut out) {
             Err(FabricError::Disconnected(_)) => {}
@@ -678,10 +685,10 @@ fn broken_servers_give_disconnected() {
 #[test]
 fn revoked_session_is_fenced() {
     let (server, _connector) = setup();
-    let fenced = TcpConnector::connect_session(server.local_addr(), CLUSTER, TOKEN, 7).unwrap();
+    let fenced = TcpConnector::connect_session(server.local_addr(), creds(), 7).unwrap();
     let mut a = fenced.endpoint().unwrap();
     let mut b = fenced.endpoint().unwrap();
-    let mut other = TcpEndpoint::connect_session(server.local_addr(), CLUSTER, TOKEN, 8).unwrap();
+    let mut other = TcpEndpoint::connect_session(server.local_addr(), &creds(), 8).unwrap();
     let word = addr(64);
     a.write_u64(word, 1).unwrap();
 
@@ -701,7 +708,7 @@ fn revoked_session_is_fenced() {
         1,
         "the fenced write must not land"
     );
-    match TcpEndpoint::connect_session(server.local_addr(), CLUSTER, TOKEN, 7) {
+    match TcpEndpoint::connect_session(server.local_addr(), &creds(), 7) {
         Err(FabricError::Refused(why)) => assert!(why.contains("revoked"), "{why}"),
         other => panic!("a revoked session must be refused, got {other:?}"),
     }

@@ -104,7 +104,8 @@ struct Inner {
     meta_connector: Arc<dyn Connector>,
     /// Indexed by data server id.
     data: Vec<Option<DataServer>>,
-    lock_server: Option<SocketAddr>,
+    /// The `server` scheme's lock server and the cluster credentials it checks.
+    lock_server: Option<(SocketAddr, fabric::Credentials)>,
     /// Inodes this client has open, with their handle counts. Held across `Open`/`Release`
     /// RPCs so that opens and last closes of one inode never race.
     open: Mutex<HashMap<Ino, OpenEntry>>,
@@ -232,8 +233,7 @@ fn connector_for(
         FabricAddr::Shm { dir } => Arc::new(ShmConnector::attach(dir)?),
         FabricAddr::Tcp { addr } => Arc::new(TcpConnector::connect_session(
             addr.as_str(),
-            opts.cluster.clone(),
-            opts.token.clone(),
+            fabric::Credentials::new(opts.cluster.clone(), opts.token.clone()),
             session,
         )?),
     })
@@ -263,12 +263,13 @@ impl CitronFs {
             });
         }
         let lock_server = match (opts.scheme, &info.lock_server) {
-            (LockSchemeKind::Server, Some(addr)) => Some(
+            (LockSchemeKind::Server, Some(addr)) => Some((
                 addr.to_socket_addrs()
                     .ok()
                     .and_then(|mut a| a.next())
                     .ok_or_else(|| FsError::Io(format!("bad lock server address {addr:?}")))?,
-            ),
+                fabric::Credentials::new(opts.cluster.clone(), opts.token.clone()),
+            )),
             (LockSchemeKind::Server, None) => {
                 return Err(FsError::Invalid(
                     "the cluster runs no lock server: the server scheme is unavailable".into(),
@@ -1030,9 +1031,9 @@ impl Inner {
     ) -> Result<&'w mut Box<dyn RangeLock>, FsError> {
         if self.scheme == LockSchemeKind::Server {
             if w.server_lock.is_none() {
-                let addr = self.lock_server.expect("checked at connect");
+                let (addr, credentials) = self.lock_server.as_ref().expect("checked at connect");
                 w.server_lock = Some(Box::new(
-                    lockmgr::baselines::LockServerClient::connect(addr)
+                    lockmgr::baselines::LockServerClient::connect(addr, credentials)
                         .map_err(|e| lock_error(inode.ino, e))?,
                 ));
             }

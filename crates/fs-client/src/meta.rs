@@ -51,9 +51,10 @@ impl Meta {
             host: self.host.clone(),
             pid: std::process::id(),
         };
-        let client = rpc::Client::connect(self.addr.as_str(), &self.cluster, &self.token, role)
-            .map_err(|e| match e {
-                rpc::RpcError::Refused(why) => FsError::Refused(why),
+        let credentials = fabric::Credentials::new(self.cluster.clone(), self.token.clone());
+        let client =
+            rpc::Client::connect(self.addr.as_str(), &credentials, role).map_err(|e| match e {
+                rpc::RpcError::Refused(why) => FsError::Refused(why.to_string()),
                 other => FsError::Io(format!("meta server {}: {other}", self.addr)),
             })?;
         client

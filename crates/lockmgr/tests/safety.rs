@@ -226,9 +226,11 @@ fn processes_on(backend: Backend, kind: SchemeKind, children: usize, threads: us
         TicketConfig::default(),
     )
     .unwrap();
-    let server_addr = instance
-        .server_addr()
-        .map_or_else(|| "-".to_string(), |a| a.to_string());
+    // The lock server's address and token travel to the children in their spec.
+    let server_addr = instance.server_addr().map_or_else(
+        || "-".to_string(),
+        |(a, creds)| format!("{a},{},{}", creds.cluster, creds.token),
+    );
 
     let (done, results) = mpsc::channel();
     let mut pids = Vec::new();
@@ -320,7 +322,14 @@ fn child_main(spec: &str) -> Result<Report, String> {
         return Err(format!("bad child spec {spec:?}"));
     };
     let kind: SchemeKind = kind.parse().map_err(|e: LockError| e.to_string())?;
-    let server: Option<SocketAddr> = server.parse().ok();
+    let server: Option<(SocketAddr, fabric::Credentials)> =
+        match server.split(',').collect::<Vec<_>>()[..] {
+            [addr, cluster, token] => Some((
+                addr.parse().map_err(|_| "bad lock server address")?,
+                fabric::Credentials::new(cluster, token),
+            )),
+            _ => None,
+        };
     let child: u64 = child.parse().map_err(|_| "bad child index")?;
     let threads: usize = threads.parse().map_err(|_| "bad thread count")?;
     let w = process_workload(&kind);

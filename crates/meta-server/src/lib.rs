@@ -19,7 +19,7 @@ mod service;
 pub mod store;
 
 use anyhow::Context;
-use fabric::{Auth, Region, ShmServer, TcpServer};
+use fabric::{Credentials, Region, ShmServer, TcpServer};
 use lockmgr::baselines::LockServer;
 use proto::{Caller, FabricAddr};
 use service::{Service, Settings, META_REGION};
@@ -101,13 +101,16 @@ pub struct MetaConfig {
     pub fence_after: Duration,
     /// `T_lease` of the CITRON lock of every file.
     pub lock_lease: Duration,
-    /// Run the CPU lock server for the `server` scheme.
+    /// Run the CPU lock server of the `server` lock scheme (off by default: it is a baseline for
+    /// comparison, and mounts asking for the `server` scheme fail with a clear error without
+    /// it). It listens on the RPC address's host, on a port of its own, and authenticates
+    /// peers with the cluster's credentials like every other server.
     pub lock_server: bool,
 }
 
 impl MetaConfig {
     /// A configuration with the defaults: listen on `127.0.0.1:0`, cluster `citronfs`, an empty
-    /// token, 64 MiB meta region, 1 MiB chunks, 4 KiB lock units, a 10 s lease, lock server on.
+    /// token, 64 MiB meta region, 1 MiB chunks, 4 KiB lock units, a 10 s lease, no lock server.
     pub fn new(db_dir: impl Into<PathBuf>, fabric: MetaFabric) -> Self {
         Self {
             db_dir: db_dir.into(),
@@ -121,8 +124,13 @@ impl MetaConfig {
             session_lease: DEFAULT_SESSION_LEASE,
             fence_after: DEFAULT_FENCE_AFTER,
             lock_lease: DEFAULT_LOCK_LEASE,
-            lock_server: true,
+            lock_server: false,
         }
+    }
+
+    /// The cluster's credentials, which every server of the cluster checks in the handshake.
+    pub fn credentials(&self) -> Credentials {
+        Credentials::new(self.cluster.clone(), self.token.clone())
     }
 
     fn validate(&self) -> anyhow::Result<()> {
@@ -190,11 +198,8 @@ impl MetaServer {
                 (region, Box::new(server) as RegionServer, fabric, None)
             }
             MetaFabric::Tcp { listen } => {
-                let server = TcpServer::bind(
-                    listen,
-                    Auth::new(config.cluster.clone(), config.token.clone()),
-                )
-                .with_context(|| format!("meta region fabric on {listen}"))?;
+                let server = TcpServer::bind(listen, config.credentials())
+                    .with_context(|| format!("meta region fabric on {listen}"))?;
                 let region = Arc::new(Region::anonymous(META_REGION, config.region_bytes));
                 server.add_region(region.clone())?;
                 let server = Arc::new(server);
@@ -213,16 +218,16 @@ impl MetaServer {
         };
 
         let lock_server = if config.lock_server {
-            let server = LockServer::bind(SocketAddr::new(config.listen.ip(), 0))
-                .context("starting the lock server")?;
+            let server =
+                LockServer::bind(SocketAddr::new(config.listen.ip(), 0), config.credentials())
+                    .context("starting the lock server")?;
             Some(Arc::new(server))
         } else {
             None
         };
 
         let settings = Settings {
-            cluster: config.cluster.clone(),
-            token: config.token.clone(),
+            credentials: config.credentials(),
             chunk_size: config.chunk_size,
             lock_unit: config.lock_unit,
             session_lease: config.session_lease,
@@ -291,7 +296,7 @@ fn measure_tcp_t_wait(addr: SocketAddr, config: &MetaConfig) -> anyhow::Result<D
     } else {
         addr
     };
-    let connector = fabric::TcpConnector::connect(target, &config.cluster, &config.token)
+    let connector = fabric::TcpConnector::connect(target, config.credentials())
         .context("measuring the tcp fabric's round trip")?;
     let (t_wait, rtt) =
         lockmgr::citron::t_wait_under_load(&connector, fabric::RemoteAddr::new(META_REGION, 0))

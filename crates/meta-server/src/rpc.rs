@@ -8,7 +8,8 @@
 
 use crate::service::Service;
 use fabric::frame::{check_body, header_for, parse_header, FrameError, HEADER_LEN};
-use proto::rpc::{check_hello, Hello, RequestFrame, ResponseFrame, Role, Welcome, MAX_FRAME};
+use fabric::handshake::{self, Protocol, Refusal, HANDSHAKE_TIMEOUT, MAX_HELLO_FRAME};
+use proto::rpc::{HelloAnswer, RequestFrame, ResponseFrame, Role, Welcome, MAX_FRAME};
 use proto::FsError;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -19,18 +20,16 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, B
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-/// How long a new connection may take to say hello.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// Reads one frame (like `fabric::frame::read_frame`, asynchronously): the length is checked
-/// against [`MAX_FRAME`] before anything is allocated, the body is checked against its crc32.
+/// against `max` before anything is allocated, the body is checked against its crc32.
 pub async fn read_frame<R: AsyncRead + Unpin>(
     r: &mut R,
+    max: usize,
     body: &mut Vec<u8>,
 ) -> Result<(), FrameError> {
     let mut header = [0u8; HEADER_LEN];
     r.read_exact(&mut header).await?;
-    let header = parse_header(&header, MAX_FRAME)?;
+    let header = parse_header(&header, max)?;
     body.clear();
     // Grow only as bytes arrive: a peer declaring a large frame and stalling costs nothing.
     (&mut *r).take(header.len as u64).read_to_end(body).await?;
@@ -57,7 +56,9 @@ async fn recv<R: AsyncRead + Unpin, T: DeserializeOwned>(
     r: &mut R,
     body: &mut Vec<u8>,
 ) -> Result<T, String> {
-    read_frame(r, body).await.map_err(|e| e.to_string())?;
+    read_frame(r, MAX_FRAME, body)
+        .await
+        .map_err(|e| e.to_string())?;
     postcard::from_bytes(body).map_err(|e| format!("malformed message: {e}"))
 }
 
@@ -108,41 +109,43 @@ async fn connection(
     let mut reader = BufReader::new(r);
     let mut writer = BufWriter::new(w);
     let mut body = Vec::new();
-    let hello: Result<Hello, String> =
-        match tokio::time::timeout(HELLO_TIMEOUT, recv(&mut reader, &mut body)).await {
-            Ok(r) => r,
-            Err(_) => Err("no hello in time".into()),
-        };
+    // The shared handshake (fabric::handshake): an unauthenticated peer gets a small frame
+    // limit and a deadline, and a refusal saying why.
+    let settings = &service.settings;
+    let hello = match tokio::time::timeout(
+        HANDSHAKE_TIMEOUT,
+        read_frame(&mut reader, MAX_HELLO_FRAME, &mut body),
+    )
+    .await
+    {
+        Ok(Ok(())) => handshake::accept::<Role>(&body, Protocol::Rpc, &settings.credentials),
+        Ok(Err(e)) => Err(Refusal::BadHello(e.to_string())),
+        Err(_) => Err(Refusal::BadHello(format!(
+            "no hello within {HANDSHAKE_TIMEOUT:?}"
+        ))),
+    };
     let hello = match hello {
         Ok(hello) => hello,
-        Err(why) => {
-            let _ = send(
-                &mut writer,
-                &Welcome::Refused(format!("bad handshake: {why}")),
-            )
-            .await;
-            return Err(why);
+        Err(refusal) => {
+            tracing::warn!(%refusal, "refused a connection");
+            let _ = send(&mut writer, &HelloAnswer::Err(refusal.clone())).await;
+            return Err(refusal.to_string());
         }
     };
-    let settings = &service.settings;
-    if let Err(why) = check_hello(&hello, &settings.cluster, &settings.token) {
-        tracing::warn!(why, "refused a connection");
-        let _ = send(&mut writer, &Welcome::Refused(why.clone())).await;
-        return Err(why);
-    }
     match hello.role {
         Role::Client { host, pid } => {
             let svc = service.clone();
             let info = match blocking(move || svc.open_session()).await {
                 Ok(info) => info,
                 Err(e) => {
-                    let _ = send(&mut writer, &Welcome::Refused(e.to_string())).await;
+                    let refusal = Refusal::Rejected(e.to_string());
+                    let _ = send(&mut writer, &HelloAnswer::Err(refusal)).await;
                     return Err(e.to_string());
                 }
             };
             let session = info.session;
             tracing::info!(session, host, pid, "client session opened");
-            send(&mut writer, &Welcome::Client(info))
+            send(&mut writer, &HelloAnswer::Ok(Welcome::Client(info)))
                 .await
                 .map_err(|e| e.to_string())?;
             let result = serve(&mut reader, &mut writer, &service, &mut stop, session).await;
@@ -169,11 +172,15 @@ async fn connection(
                 Ok(r) => r,
                 Err(e) => {
                     let why = format!("data server registration failed: {e}");
-                    let _ = send(&mut writer, &Welcome::Refused(why.clone())).await;
+                    let _ = send(
+                        &mut writer,
+                        &HelloAnswer::Err(Refusal::Rejected(why.clone())),
+                    )
+                    .await;
                     return Err(why);
                 }
             };
-            send(&mut writer, &Welcome::DataServer { id })
+            send(&mut writer, &HelloAnswer::Ok(Welcome::DataServer { id }))
                 .await
                 .map_err(|e| e.to_string())?;
             // The connection's life is the registration's: answer heartbeats until it closes.

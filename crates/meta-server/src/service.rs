@@ -50,8 +50,7 @@ impl RegionSource for OwnRegion {
 
 /// Settings the service needs (a digest of `MetaConfig`).
 pub(crate) struct Settings {
-    pub cluster: String,
-    pub token: String,
+    pub credentials: fabric::Credentials,
     pub chunk_size: u64,
     pub lock_unit: u64,
     pub session_lease: Duration,
@@ -478,12 +477,10 @@ impl Service {
     fn connect_fabric(&self, fabric: &FabricAddr) -> Result<Box<dyn Endpoint>, FsError> {
         let endpoint = match fabric {
             FabricAddr::Shm { dir } => fabric::ShmConnector::attach(dir.clone())?.connect()?,
-            FabricAddr::Tcp { addr } => fabric::TcpConnector::connect(
-                addr.as_str(),
-                self.settings.cluster.clone(),
-                self.settings.token.clone(),
-            )?
-            .connect()?,
+            FabricAddr::Tcp { addr } => {
+                fabric::TcpConnector::connect(addr.as_str(), self.settings.credentials.clone())?
+                    .connect()?
+            }
         };
         Ok(endpoint)
     }

@@ -111,12 +111,20 @@ fn wrong_token_or_cluster_is_refused_clearly() {
         host: "h".into(),
         pid: 1,
     };
-    match Client::connect(cl.meta.addr(), CLUSTER, "wrong", role.clone()) {
-        Err(RpcError::Refused(why)) => assert!(why.contains("token"), "{why}"),
+    match Client::connect(
+        cl.meta.addr(),
+        &fabric::Credentials::new(CLUSTER, "wrong"),
+        role.clone(),
+    ) {
+        Err(RpcError::Refused(why)) => assert!(why.to_string().contains("token"), "{why}"),
         other => panic!("expected a refusal, got {:?}", other.map(|_| ())),
     }
-    match Client::connect(cl.meta.addr(), "other", TOKEN, role) {
-        Err(RpcError::Refused(why)) => assert!(why.contains("cluster"), "{why}"),
+    match Client::connect(
+        cl.meta.addr(),
+        &fabric::Credentials::new("other", TOKEN),
+        role,
+    ) {
+        Err(RpcError::Refused(why)) => assert!(why.to_string().contains("cluster"), "{why}"),
         other => panic!("expected a refusal, got {:?}", other.map(|_| ())),
     }
     let mut bad = data_config(cl.dir.path(), &cl.meta, 9, 1, false);
@@ -223,7 +231,8 @@ fn tcp_fabric_serves_fcbs_and_zeroes_chunks() {
     let mut fs = Fs::connect(&meta);
     let tcp = |addr: &FabricAddr| match addr {
         FabricAddr::Tcp { addr } => {
-            fabric::TcpEndpoint::connect(addr.as_str(), CLUSTER, TOKEN).unwrap()
+            fabric::TcpEndpoint::connect(addr.as_str(), &fabric::Credentials::new(CLUSTER, TOKEN))
+                .unwrap()
         }
         other => panic!("{other:?}"),
     };
@@ -289,8 +298,7 @@ fn fence_revokes_silent_sessions_on_every_fabric_server() {
         };
         TcpConnector::connect_session(
             addr.as_str(),
-            common::CLUSTER,
-            common::TOKEN,
+            fabric::Credentials::new(common::CLUSTER, common::TOKEN),
             fs.info.session,
         )
         .unwrap()
@@ -336,4 +344,58 @@ fn fence_revokes_silent_sessions_on_every_fabric_server() {
     live.ok(Request::Heartbeat).unwrap();
     fencer.ok(Request::Fence).unwrap();
     ld.write_u64(data_word, 4).unwrap();
+}
+
+/// The lock server of the `server` scheme runs only when asked for, and then takes no request
+/// from a peer without the cluster's token; without it, opening a file for the `server` scheme
+/// fails with a clear error instead of pointing clients at nothing.
+#[test]
+fn lock_server_runs_only_when_asked_and_checks_the_token() {
+    use lockmgr::baselines::LockServerClient;
+    use lockmgr::{LockError, RangeLock};
+
+    let cl = Cluster::start_with(1, 4, false, |c| c.lock_server = false);
+    let mut fs = cl.client();
+    assert_eq!(fs.info.lock_server, None, "no lock server unless asked");
+    let f = fs.create(ROOT_INO, "f").unwrap();
+    let open = |fs: &mut Fs, scheme| fs.call(Request::Open { ino: f.ino, scheme });
+    assert_eq!(
+        open(&mut fs, LockSchemeKind::Server).unwrap_err(),
+        FsError::NotSupported
+    );
+    assert!(open(&mut fs, LockSchemeKind::Citron).is_ok());
+    drop(fs);
+    drop(cl);
+
+    let cl = Cluster::start_with(1, 4, false, |c| c.lock_server = true);
+    let fs = cl.client();
+    let addr = fs
+        .info
+        .lock_server
+        .clone()
+        .expect("asked for a lock server");
+    for bad in [
+        fabric::Credentials::new(CLUSTER, "wrong"),
+        fabric::Credentials::new(CLUSTER, ""),
+        fabric::Credentials::new("other", TOKEN),
+    ] {
+        match LockServerClient::connect(addr.as_str(), &bad) {
+            Err(LockError::Server(why)) => assert!(why.contains("refused"), "{why}"),
+            Err(other) => panic!("expected a refusal, got {other}"),
+            Ok(_) => panic!("the lock server let in a peer with {bad:?}"),
+        }
+    }
+    // A fabric client dialling the lock server's port is told it has the wrong address.
+    match fabric::TcpEndpoint::connect(addr.as_str(), &fabric::Credentials::new(CLUSTER, TOKEN)) {
+        Err(e) => assert!(
+            e.to_string().contains("lock server"),
+            "a wrong-port refusal names the protocol: {e}"
+        ),
+        Ok(_) => panic!("a verbs client was accepted by the lock server"),
+    }
+    let mut good =
+        LockServerClient::connect(addr.as_str(), &fabric::Credentials::new(CLUSTER, TOKEN))
+            .unwrap();
+    let id = good.acquire(0..8).unwrap();
+    good.release(id).unwrap();
 }

@@ -1,5 +1,7 @@
-//! The meta server's RPC protocol: a versioned handshake, then one request frame and one
-//! response frame per call, each a `fabric::frame` (length + crc32) holding a postcard message.
+//! The meta server's RPC protocol: the handshake every CitronFS protocol shares
+//! ([`fabric::handshake`], [`Protocol::Rpc`], with a [`Role`]), answered by a [`Welcome`], then
+//! one request frame and one response frame per call, each a `fabric::frame` (length + crc32)
+//! holding a postcard message.
 
 use crate::error::FsError;
 use crate::types::*;
@@ -12,10 +14,11 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;
 use thiserror::Error;
 
-/// First field of every [`Hello`].
-pub const MAGIC: u32 = u32::from_le_bytes(*b"CFSM");
-/// The protocol version this build speaks.
-pub const VERSION: u16 = 1;
+use fabric::handshake::{self, HandshakeError, HANDSHAKE_TIMEOUT};
+pub use fabric::handshake::{Credentials, Protocol, Refusal};
+
+/// The version of the RPC protocol this build speaks ([`Protocol::Rpc`]'s).
+pub const VERSION: u16 = Protocol::Rpc.version();
 /// Largest frame either side accepts (a readdir page or an xattr value fits many times over).
 pub const MAX_FRAME: usize = 16 << 20;
 
@@ -42,22 +45,10 @@ pub enum Role {
     },
 }
 
-/// The first message on a connection.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Hello {
-    /// Must be [`MAGIC`].
-    pub magic: u32,
-    /// The sender's [`VERSION`].
-    pub version: u16,
-    /// The cluster the sender wants.
-    pub cluster: String,
-    /// The cluster's shared secret.
-    pub token: String,
-    /// Who is connecting.
-    pub role: Role,
-}
+/// The first message on a connection: the shared hello, saying who is connecting.
+pub type Hello = fabric::handshake::Hello<Role>;
 
-/// The server's answer to a [`Hello`].
+/// What the server welcomes a peer with, by [`Role`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Welcome {
     /// A client's session is open.
@@ -67,9 +58,11 @@ pub enum Welcome {
         /// Its id.
         id: u32,
     },
-    /// Refused, with the reason; the server closes the connection.
-    Refused(String),
 }
+
+/// The server's answer to a [`Hello`]: like every CitronFS protocol's, a `Result` whose error is
+/// the shared [`Refusal`] (after which the server closes the connection).
+pub type HelloAnswer = Result<Welcome, Refusal>;
 
 /// How `setxattr` treats an existing attribute.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -350,7 +343,7 @@ pub enum RpcError {
     Decode(#[from] postcard::Error),
     /// The server refused the handshake.
     #[error("refused: {0}")]
-    Refused(String),
+    Refused(Refusal),
     /// The peer answered out of protocol.
     #[error("protocol: {0}")]
     Protocol(String),
@@ -359,7 +352,7 @@ pub enum RpcError {
 impl From<RpcError> for FsError {
     fn from(e: RpcError) -> Self {
         match e {
-            RpcError::Refused(why) => FsError::Refused(why),
+            RpcError::Refused(why) => FsError::Refused(why.to_string()),
             other => FsError::Io(format!("meta server: {other}")),
         }
     }
@@ -380,30 +373,6 @@ pub fn recv<T: DeserializeOwned>(r: &mut impl Read) -> Result<T, RpcError> {
     Ok(postcard::from_bytes(&body)?)
 }
 
-/// Checks a [`Hello`] against this server's cluster id and token; `Err` carries the reason to
-/// send back in [`Welcome::Refused`].
-pub fn check_hello(hello: &Hello, cluster: &str, token: &str) -> Result<(), String> {
-    if hello.magic != MAGIC {
-        return Err("not a CitronFS client (bad magic)".into());
-    }
-    if hello.version != VERSION {
-        return Err(format!(
-            "protocol version {} is not supported (server speaks {VERSION})",
-            hello.version
-        ));
-    }
-    if hello.cluster != cluster {
-        return Err(format!(
-            "wrong cluster {:?} (this is {cluster:?})",
-            hello.cluster
-        ));
-    }
-    if hello.token != token {
-        return Err("wrong cluster token".into());
-    }
-    Ok(())
-}
-
 /// A blocking connection to the meta server: one call at a time.
 pub struct Client {
     reader: BufReader<TcpStream>,
@@ -413,32 +382,28 @@ pub struct Client {
 }
 
 impl Client {
-    /// Connects to `addr` and performs the handshake as `role`.
+    /// Connects to `addr` and performs the handshake as `role`, presenting `credentials`.
     pub fn connect(
         addr: impl ToSocketAddrs,
-        cluster: &str,
-        token: &str,
+        credentials: &Credentials,
         role: Role,
     ) -> Result<Client, RpcError> {
-        let stream = TcpStream::connect(addr)?;
+        let mut stream = TcpStream::connect(addr)?;
         stream.set_nodelay(true)?;
-        let mut client = Client {
+        stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+        let hello = Hello::new(Protocol::Rpc, credentials, 0, role);
+        let welcome: Welcome = handshake::client_handshake(&mut stream, &hello, MAX_FRAME)
+            .map_err(|e| match e {
+                HandshakeError::Refused(refusal) => RpcError::Refused(refusal),
+                HandshakeError::Frame(e) => RpcError::Frame(e),
+                HandshakeError::Decode(e) => RpcError::Decode(e),
+            })?;
+        stream.set_read_timeout(None)?;
+        let client = Client {
             reader: BufReader::new(stream.try_clone()?),
             writer: BufWriter::new(stream),
             next_id: 1,
-            welcome: Welcome::Refused(String::new()),
-        };
-        let hello = Hello {
-            magic: MAGIC,
-            version: VERSION,
-            cluster: cluster.into(),
-            token: token.into(),
-            role,
-        };
-        send(&mut client.writer, &hello)?;
-        client.welcome = match recv::<Welcome>(&mut client.reader)? {
-            Welcome::Refused(why) => return Err(RpcError::Refused(why)),
-            welcome => welcome,
+            welcome,
         };
         Ok(client)
     }
@@ -510,29 +475,6 @@ mod tests {
         let mut wire = Vec::new();
         send(&mut wire, &resp).unwrap();
         assert_eq!(recv::<ResponseFrame>(&mut &wire[..]).unwrap(), resp);
-    }
-
-    #[test]
-    fn hello_checks() {
-        let mut hello = Hello {
-            magic: MAGIC,
-            version: VERSION,
-            cluster: "c".into(),
-            token: "t".into(),
-            role: Role::Client {
-                host: "h".into(),
-                pid: 1,
-            },
-        };
-        assert!(check_hello(&hello, "c", "t").is_ok());
-        assert!(check_hello(&hello, "c", "x").unwrap_err().contains("token"));
-        assert!(check_hello(&hello, "d", "t")
-            .unwrap_err()
-            .contains("cluster"));
-        hello.version = 99;
-        assert!(check_hello(&hello, "c", "t")
-            .unwrap_err()
-            .contains("version"));
     }
 
     #[test]

@@ -229,6 +229,8 @@ impl Cluster {
         );
         config.cluster = CLUSTER.into();
         config.token = TOKEN.into();
+        // The suites lock with every scheme, `server` included.
+        config.lock_server = true;
         config.chunk_size = spec.chunk_size;
         config.region_bytes = 16 << 20;
         let meta = MetaServer::start(config.clone()).expect("meta server starts");

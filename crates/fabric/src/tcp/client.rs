@@ -1,13 +1,14 @@
 //! The `tcp` client: one endpoint is one TCP connection, one batch is one frame each way.
 
 use super::wire::{
-    self, begin_frame, seal_frame, DecodedReply, Hello, RegionInfo, RemoteError, Request, Welcome,
-    MAGIC, MAX_REPLY_FRAME, PROTOCOL_VERSION,
+    self, begin_frame, seal_frame, DecodedReply, Hello, RegionInfo, RemoteError, Welcome,
+    MAX_REPLY_FRAME, PROTOCOL_VERSION,
 };
 use crate::batch::{Batch, Completions, MAX_BATCH_BYTES, MAX_BATCH_VERBS, MAX_IO_BYTES};
 use crate::endpoint::{Capabilities, Connector, Endpoint, EndpointStats, MaskedAtomics};
 use crate::error::{BatchError, FabricError, Result};
 use crate::frame::{self, FrameError};
+use crate::handshake::{Credentials, Protocol};
 use std::io::{BufReader, ErrorKind, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::{Mutex, PoisonError};
@@ -76,13 +77,13 @@ fn open(addr: impl ToSocketAddrs) -> Result<(TcpStream, SocketAddr)> {
 }
 
 impl TcpEndpoint {
-    /// Connects to the server at `addr` and performs the handshake for `cluster` with `token`.
+    /// Connects to the server at `addr` and performs the handshake presenting `credentials`.
     ///
     /// Fails with [`FabricError::Refused`] if the server refuses (wrong cluster, token or
     /// protocol version), [`FabricError::Io`] if it cannot be reached, and
     /// [`FabricError::Protocol`] if what answers does not speak the protocol.
-    pub fn connect(addr: impl ToSocketAddrs, cluster: &str, token: &str) -> Result<Self> {
-        Self::connect_session(addr, cluster, token, 0)
+    pub fn connect(addr: impl ToSocketAddrs, credentials: &Credentials) -> Result<Self> {
+        Self::connect_session(addr, credentials, 0)
     }
 
     /// [`TcpEndpoint::connect`] on behalf of client session `session` (0: none), which the
@@ -90,8 +91,7 @@ impl TcpEndpoint {
     /// is refused with [`FabricError::Refused`].
     pub fn connect_session(
         addr: impl ToSocketAddrs,
-        cluster: &str,
-        token: &str,
+        credentials: &Credentials,
         session: u64,
     ) -> Result<Self> {
         let (stream, peer) = open(addr)?;
@@ -105,13 +105,7 @@ impl TcpEndpoint {
         begin_frame(&mut tx);
         wire::encode_message(
             &mut tx,
-            &Request::Hello(Hello {
-                magic: MAGIC,
-                version: PROTOCOL_VERSION,
-                cluster: cluster.to_owned(),
-                token: token.to_owned(),
-                session,
-            }),
+            &Hello::new(Protocol::Verbs, credentials, session, ()),
         );
         seal_frame(&mut tx);
         (&stream)
@@ -293,8 +287,7 @@ impl Endpoint for TcpEndpoint {
 /// first connection is kept and handed out by the first [`Connector::connect`].
 pub struct TcpConnector {
     addr: SocketAddr,
-    cluster: String,
-    token: String,
+    credentials: Credentials,
     session: u64,
     regions: Vec<RegionInfo>,
     spare: Mutex<Option<TcpEndpoint>>,
@@ -302,22 +295,19 @@ pub struct TcpConnector {
 
 impl std::fmt::Debug for TcpConnector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The token is a secret: never print it.
+        // `Credentials` never prints the token.
         f.debug_struct("TcpConnector")
             .field("addr", &self.addr)
-            .field("cluster", &self.cluster)
+            .field("credentials", &self.credentials)
+            .field("session", &self.session)
             .finish()
     }
 }
 
 impl TcpConnector {
-    /// A connector to the server at `addr` for `cluster` with `token`, validated by a handshake.
-    pub fn connect(
-        addr: impl ToSocketAddrs,
-        cluster: impl Into<String>,
-        token: impl Into<String>,
-    ) -> Result<Self> {
-        Self::connect_session(addr, cluster, token, 0)
+    /// A connector to the server at `addr` presenting `credentials`, validated by a handshake.
+    pub fn connect(addr: impl ToSocketAddrs, credentials: Credentials) -> Result<Self> {
+        Self::connect_session(addr, credentials, 0)
     }
 
     /// [`TcpConnector::connect`] for client session `session`: every endpoint it opens
@@ -326,16 +316,13 @@ impl TcpConnector {
     /// [`TcpServer::revoke`]: super::TcpServer::revoke
     pub fn connect_session(
         addr: impl ToSocketAddrs,
-        cluster: impl Into<String>,
-        token: impl Into<String>,
+        credentials: Credentials,
         session: u64,
     ) -> Result<Self> {
-        let (cluster, token) = (cluster.into(), token.into());
-        let first = TcpEndpoint::connect_session(addr, &cluster, &token, session)?;
+        let first = TcpEndpoint::connect_session(addr, &credentials, session)?;
         Ok(Self {
             addr: first.peer_addr(),
-            cluster,
-            token,
+            credentials,
             session,
             regions: first.regions().to_vec(),
             spare: Mutex::new(Some(first)),
@@ -351,9 +338,7 @@ impl TcpConnector {
             .take();
         match spare {
             Some(endpoint) => Ok(endpoint),
-            None => {
-                TcpEndpoint::connect_session(self.addr, &self.cluster, &self.token, self.session)
-            }
+            None => TcpEndpoint::connect_session(self.addr, &self.credentials, self.session),
         }
     }
 

@@ -8,8 +8,9 @@
 //! batch runs, and a refused batch comes back as the same [`VerbError`](crate::VerbError) or
 //! [`BatchError`](crate::BatchError) that `mem` and `shm` return.
 //!
-//! Connections are authenticated by a cluster id and a shared token ([`Auth`]) in a versioned
-//! handshake; a peer that fails it gets a [`wire::Refusal`] and is disconnected.
+//! Connections are authenticated by the handshake every CitronFS protocol shares
+//! ([`crate::handshake`]: cluster id, token, session, versioned); a peer that fails it gets a
+//! [`Refusal`](crate::handshake::Refusal) and is disconnected.
 //!
 //! Threads and blocking sockets rather than an async runtime: a connection has at most one
 //! outstanding batch, so a thread blocked in `read` that wakes straight into the executor is the
@@ -19,8 +20,9 @@ mod client;
 mod server;
 pub mod wire;
 
+pub use crate::handshake::HANDSHAKE_TIMEOUT;
 pub use client::{TcpConnector, TcpEndpoint, CAPABILITIES, CONNECT_TIMEOUT};
-pub use server::{Auth, TcpServer, HANDSHAKE_TIMEOUT};
+pub use server::TcpServer;
 pub use wire::RegionInfo;
 
 use crate::addr::RegionId;
@@ -40,6 +42,7 @@ use std::sync::Arc;
 /// - bit 2 set: instead, the input is a reply body given to the client's decoders.
 ///
 /// Every reply the server produces must itself be a well-formed frame holding a decodable
+/// [`wire::HelloAnswer`] (the first, unless the session started authenticated) or
 /// [`wire::Reply`]; that is asserted.
 pub fn fuzz_entry(data: &[u8]) {
     let Some((&mode, input)) = data.split_first() else {
@@ -49,7 +52,7 @@ pub fn fuzz_entry(data: &[u8]) {
         fuzz_client_decoders(input);
         return;
     }
-    let shared = Arc::new(Shared::new(Auth::new("fuzz", "secret")));
+    let shared = Arc::new(Shared::new(crate::Credentials::new("fuzz", "secret")));
     // Region ids with a gap, one region a single word long: edges for the bounds checks.
     for (id, len) in [(0, 8), (2, 4096)] {
         if shared
@@ -61,6 +64,7 @@ pub fn fuzz_entry(data: &[u8]) {
     }
     let mut session = Session::new(shared);
     session.authenticated = mode & 1 != 0;
+    let answer_first = !session.authenticated;
     let mut replies = Vec::new();
     if mode & 2 == 0 {
         serve(&mut session, &mut &input[..], &mut replies, || {});
@@ -78,17 +82,23 @@ pub fn fuzz_entry(data: &[u8]) {
             }
         }
     }
-    check_replies(&replies);
+    check_replies(&replies, answer_first);
 }
 
-/// Asserts that `replies` is a sequence of well-formed frames, each a decodable `Reply`.
-fn check_replies(mut replies: &[u8]) {
+/// Asserts that `replies` is a sequence of well-formed frames: the answer to a hello first if
+/// `answer_first`, then decodable `Reply`s.
+fn check_replies(mut replies: &[u8], mut answer_first: bool) {
     let mut body = Vec::new();
     while !replies.is_empty() {
         if let Err(e) = crate::frame::read_frame(&mut replies, usize::MAX, &mut body) {
             panic!("the server wrote a bad frame: {e}");
         }
-        if let Err(e) = postcard::from_bytes::<wire::Reply>(&body) {
+        let decoded = if std::mem::take(&mut answer_first) {
+            postcard::from_bytes::<wire::HelloAnswer>(&body).map(drop)
+        } else {
+            postcard::from_bytes::<wire::Reply>(&body).map(drop)
+        };
+        if let Err(e) = decoded {
             panic!("the server wrote an undecodable reply: {e}");
         }
     }
@@ -125,13 +135,12 @@ mod tests {
         let mut body = Vec::new();
         wire::encode_message(
             &mut body,
-            &wire::Request::Hello(wire::Hello {
-                magic: wire::MAGIC,
-                version: wire::PROTOCOL_VERSION,
-                cluster: "fuzz".into(),
-                token: "secret".into(),
-                session: 0,
-            }),
+            &wire::Hello::new(
+                crate::handshake::Protocol::Verbs,
+                &crate::Credentials::new("fuzz", "secret"),
+                0,
+                (),
+            ),
         );
         crate::frame::write_frame(&mut stream, &body).unwrap();
         let mut batch = crate::Batch::new();

@@ -5,13 +5,14 @@
 //! straight into the executor is the shortest path from the wire to memory.
 
 use super::wire::{
-    self, begin_frame, seal_frame, DecodedRequest, Refusal, RegionInfo, RemoteError, Reply,
-    Request, Welcome, MAGIC, MAX_HELLO_FRAME, MAX_REQUEST_FRAME, PROTOCOL_VERSION,
+    self, begin_frame, seal_frame, HelloAnswer, Refusal, RegionInfo, RemoteError, Reply, Welcome,
+    MAX_HELLO_FRAME, MAX_REQUEST_FRAME, PROTOCOL_VERSION,
 };
 use crate::addr::RegionId;
 use crate::batch::{Batch, Completions, Verb};
 use crate::error::{FabricError, Result, VerbError};
 use crate::frame::{self, FrameError};
+use crate::handshake::{self, Credentials, Protocol, HANDSHAKE_TIMEOUT};
 use crate::region::{Region, RegionTable};
 use std::collections::{HashMap, HashSet};
 use std::io::{BufReader, Read, Write};
@@ -22,47 +23,10 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-/// How long an unauthenticated connection may take to send its `Hello`.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// How long the server keeps reading (and discarding) after it has sent a final error and is
 /// about to close: long enough for the peer to receive the error before the close, short enough
 /// that a hostile peer cannot hold a thread.
 const LINGER: Duration = Duration::from_millis(500);
-
-/// Who may connect: the cluster a server belongs to and the cluster's shared secret.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Auth {
-    /// The cluster id; a client naming another cluster is refused.
-    pub cluster: String,
-    /// The shared secret; a client presenting another token is refused.
-    pub token: String,
-}
-
-impl Auth {
-    /// Credentials for `cluster` with secret `token`.
-    pub fn new(cluster: impl Into<String>, token: impl Into<String>) -> Self {
-        Self {
-            cluster: cluster.into(),
-            token: token.into(),
-        }
-    }
-}
-
-impl std::fmt::Debug for Auth {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The token is a secret: never print it.
-        f.debug_struct("Auth")
-            .field("cluster", &self.cluster)
-            .field("token", &"<redacted>")
-            .finish()
-    }
-}
-
-/// Compares secrets in time independent of where they first differ.
-fn same_secret(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
 
 /// Recovers the data of a poisoned lock: every critical section here leaves its data consistent
 /// (single inserts and removals), so a panic elsewhere must not take the server down with it.
@@ -72,7 +36,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// What every connection of one server shares.
 pub(crate) struct Shared {
-    auth: Auth,
+    credentials: Credentials,
     regions: RwLock<RegionTable>,
     /// Bumped after every deregistration, so that connections drop cached regions that are gone.
     generation: AtomicU64,
@@ -84,9 +48,9 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn new(auth: Auth) -> Self {
+    pub(crate) fn new(credentials: Credentials) -> Self {
         Self {
-            auth,
+            credentials,
             regions: RwLock::new(RegionTable::new()),
             generation: AtomicU64::new(0),
             revoked: RwLock::new(HashSet::new()),
@@ -235,7 +199,7 @@ impl Session {
                         max: max as u64,
                     }));
                 } else {
-                    self.send(&Reply::Refused(Refusal::BadHello(format!(
+                    self.answer(Err(Refusal::BadHello(format!(
                         "first frame of {len} bytes exceeds the handshake limit of {max}"
                     ))));
                 }
@@ -248,23 +212,22 @@ impl Session {
                     self.send(&Reply::Error(RemoteError::BadChecksum { expected, actual }));
                     Next::Continue
                 } else {
-                    self.send(&Reply::Refused(Refusal::BadHello(format!(
+                    self.answer(Err(Refusal::BadHello(format!(
                         "handshake frame checksum mismatch ({expected:#010x} != {actual:#010x})"
                     ))));
                     Next::Close
                 }
             }
-            Ok(()) if !self.authenticated => match self.handshake() {
-                Ok(welcome) => {
-                    self.authenticated = true;
-                    self.send(&Reply::Welcome(welcome));
+            Ok(()) if !self.authenticated => {
+                let answer = self.handshake();
+                self.authenticated = answer.is_ok();
+                self.answer(answer);
+                if self.authenticated {
                     Next::Continue
-                }
-                Err(refusal) => {
-                    self.send(&Reply::Refused(refusal));
+                } else {
                     Next::Close
                 }
-            },
+            }
             Ok(()) => self.request(),
         }
     }
@@ -276,52 +239,17 @@ impl Session {
         seal_frame(&mut self.tx);
     }
 
-    /// Checks the `Hello` in `self.rx`.
-    fn handshake(&mut self) -> Result<Welcome, Refusal> {
-        let body = &self.rx[..];
-        // Magic and version first, on their own: they keep their place in every version, so a
-        // client of another version gets told so even if its Hello has another shape.
-        let ((tag, magic, version), _) = postcard::take_from_bytes::<(u32, u32, u16)>(body)
-            .map_err(|e| Refusal::BadHello(format!("cannot decode Hello: {e}")))?;
-        if tag != 0 {
-            return Err(Refusal::BadHello(format!(
-                "the first message must be Hello (tag 0), got tag {tag}"
-            )));
-        }
-        if magic != MAGIC {
-            return Err(Refusal::BadMagic);
-        }
-        if version != PROTOCOL_VERSION {
-            return Err(Refusal::UnsupportedVersion {
-                client: version,
-                server: PROTOCOL_VERSION,
-            });
-        }
-        let hello = match postcard::take_from_bytes::<Request>(body) {
-            Ok((Request::Hello(hello), [])) => hello,
-            Ok((Request::Hello(_), trailing)) => {
-                return Err(Refusal::BadHello(format!(
-                    "{} trailing bytes after Hello",
-                    trailing.len()
-                )))
-            }
-            Ok((Request::Batch(_), _)) => {
-                return Err(Refusal::BadHello("the first message must be Hello".into()))
-            }
-            Err(e) => return Err(Refusal::BadHello(format!("cannot decode Hello: {e}"))),
-        };
-        let auth = &self.shared.auth;
-        if hello.cluster != auth.cluster {
-            return Err(Refusal::WrongCluster {
-                client: hello.cluster,
-                server: auth.cluster.clone(),
-            });
-        }
-        if !same_secret(hello.token.as_bytes(), auth.token.as_bytes()) {
-            return Err(Refusal::BadToken {
-                cluster: auth.cluster.clone(),
-            });
-        }
+    /// Encodes the answer to the hello as the frame to send.
+    fn answer(&mut self, answer: HelloAnswer) {
+        begin_frame(&mut self.tx);
+        wire::encode_message(&mut self.tx, &answer);
+        seal_frame(&mut self.tx);
+    }
+
+    /// Checks the hello in `self.rx` with the handshake every protocol shares, then the
+    /// session against the revoked ones.
+    fn handshake(&mut self) -> HelloAnswer {
+        let hello = handshake::accept::<()>(&self.rx, Protocol::Verbs, &self.shared.credentials)?;
         // Read the count before the set: a revocation after this check bumps it again.
         self.revocations = self.shared.revocations.load(Ordering::SeqCst);
         if self.shared.is_revoked(hello.session) {
@@ -350,7 +278,7 @@ impl Session {
             }
         }
         match wire::decode_request(&self.rx, &mut self.scratch, &mut self.batch) {
-            Ok(DecodedRequest::Batch) => match self.execute() {
+            Ok(()) => match self.execute() {
                 Ok(()) => {
                     begin_frame(&mut self.tx);
                     wire::encode_completions(&mut self.tx, &self.completions);
@@ -358,9 +286,6 @@ impl Session {
                 }
                 Err(e) => self.send(&Reply::Error(RemoteError::Verb(e))),
             },
-            Ok(DecodedRequest::Hello(_)) => self.send(&Reply::Error(RemoteError::Malformed(
-                "Hello after the handshake".into(),
-            ))),
             Err(e) => self.send(&Reply::Error(e.into())),
         }
         Next::Continue
@@ -464,10 +389,10 @@ struct Connections {
 /// A `tcp` fabric server: registered regions, served to authenticated clients over TCP.
 ///
 /// ```no_run
-/// use fabric::{tcp::{Auth, TcpServer, TcpConnector}, RegionId, Connector, EndpointExt, RemoteAddr};
-/// let server = TcpServer::bind("127.0.0.1:0", Auth::new("cluster-a", "secret"))?;
+/// use fabric::{tcp::{TcpServer, TcpConnector}, Credentials, RegionId, Connector, EndpointExt, RemoteAddr};
+/// let server = TcpServer::bind("127.0.0.1:0", Credentials::new("cluster-a", "secret"))?;
 /// server.register(RegionId(1), 4096)?;
-/// let connector = TcpConnector::connect(server.local_addr(), "cluster-a", "secret")?;
+/// let connector = TcpConnector::connect(server.local_addr(), Credentials::new("cluster-a", "secret"))?;
 /// let mut endpoint = connector.endpoint()?;
 /// endpoint.faa(RemoteAddr::new(RegionId(1), 0), 1)?;
 /// # Ok::<(), fabric::FabricError>(())
@@ -488,15 +413,15 @@ impl std::fmt::Debug for TcpServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TcpServer")
             .field("local_addr", &self.local_addr)
-            .field("auth", &self.shared.auth)
+            .field("credentials", &self.shared.credentials)
             .finish()
     }
 }
 
 impl TcpServer {
     /// Binds `addr` (use port 0 for any free port, then [`TcpServer::local_addr`]) and starts
-    /// accepting connections authenticated by `auth`. The server starts with no regions.
-    pub fn bind(addr: impl ToSocketAddrs, auth: Auth) -> Result<Self> {
+    /// accepting connections that present `credentials`. The server starts with no regions.
+    pub fn bind(addr: impl ToSocketAddrs, credentials: Credentials) -> Result<Self> {
         let listener = TcpListener::bind(addr).map_err(|e| FabricError::io("bind", e))?;
         let local_addr = listener
             .local_addr()
@@ -504,7 +429,7 @@ impl TcpServer {
         let accept_listener = listener
             .try_clone()
             .map_err(|e| FabricError::io("clone listener", e))?;
-        let shared = Arc::new(Shared::new(auth));
+        let shared = Arc::new(Shared::new(credentials));
         let stopping = Arc::new(AtomicBool::new(false));
         let connections = Arc::new(Mutex::new(Connections::default()));
         let accept = {
@@ -533,7 +458,7 @@ impl TcpServer {
 
     /// The cluster this server belongs to.
     pub fn cluster(&self) -> &str {
-        &self.shared.auth.cluster
+        &self.shared.credentials.cluster
     }
 
     /// Registers a zeroed anonymous region of `len` bytes (rounded up to whole words) under `id`.

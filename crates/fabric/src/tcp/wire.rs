@@ -1,15 +1,15 @@
 //! The `tcp` fabric's wire protocol.
 //!
 //! Every message is one frame of [`crate::frame`] (`[len u32][crc32 u32][body]`). A body is the
-//! [postcard] encoding of a [`Request`] (client to server) or a [`Reply`] (server to client).
+//! [postcard] encoding of a [`Hello`] and its [`HelloAnswer`], then of a [`Request`] (client to
+//! server) or a [`Reply`] (server to client).
 //!
 //! ```text
 //! client                                   server
-//!   Request::Hello {magic, version,  ──▶
-//!                   cluster, token,
-//!                   session}
-//!                                    ◀──   Reply::Welcome {version, regions}
-//!                                          or Reply::Refused(reason), then close
+//!   Hello (crate::handshake,         ──▶   (the handshake every CitronFS protocol shares)
+//!          Protocol::Verbs)
+//!                                    ◀──   Ok(Welcome {version, regions})
+//!                                          or Err(Refusal), then close
 //!   Request::Batch(batch)            ──▶   (one frame per batch)
 //!                                    ◀──   Reply::Completions(completions)
 //!                                          or Reply::Error(RemoteError)
@@ -28,19 +28,23 @@ use crate::addr::RegionId;
 use crate::batch::{Batch, Completions, Verb, MAX_BATCH_BYTES, MAX_BATCH_VERBS, MAX_IO_BYTES};
 use crate::error::{BatchError, VerbError};
 use crate::frame::HEADER_LEN;
+use crate::handshake::Protocol;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-/// The first field of every `Hello`: "CTRN" in ASCII, so that a peer speaking something else is
-/// told so instead of being handed a decode error.
-pub const MAGIC: u32 = u32::from_le_bytes(*b"CTRN");
+pub use crate::handshake::{Refusal, MAGIC, MAX_HELLO_FRAME};
 
-/// The protocol version this build speaks. Bump it on any change to the messages below.
-pub const PROTOCOL_VERSION: u16 = 2;
+/// The version of the verbs protocol this build speaks ([`Protocol::Verbs`]'s).
+pub const PROTOCOL_VERSION: u16 = Protocol::Verbs.version();
 
-/// The largest frame body a server reads before the handshake has succeeded. An
-/// unauthenticated peer must not make the server allocate much.
-pub const MAX_HELLO_FRAME: usize = 64 << 10;
+/// The first message of a connection: the shared hello of every CitronFS protocol, with no
+/// role.
+pub type Hello = crate::handshake::Hello<()>;
+
+/// The server's answer to the [`Hello`]: like every CitronFS protocol's, a `Result` whose error
+/// is the shared [`Refusal`], so that a client that dialled another protocol's port still reads
+/// why it was refused.
+pub type HelloAnswer = Result<Welcome, Refusal>;
 
 /// Upper bound of the postcard encoding of one [`Verb`]: a variant tag (1 byte), a region id
 /// (varint u32, 5 bytes), an offset (varint u64, 10 bytes) and at most four more varint u64s.
@@ -57,39 +61,13 @@ pub const MAX_REQUEST_FRAME: usize = MAX_BATCH_BYTES + MAX_BATCH_VERBS * MAX_VER
 pub const MAX_REPLY_FRAME: usize = MAX_BATCH_BYTES + MAX_BATCH_VERBS * 10 + (1 << 20);
 
 /// Postcard variant index of [`Request::Batch`].
-const REQUEST_BATCH_TAG: u32 = 1;
+const REQUEST_BATCH_TAG: u32 = 0;
 /// Postcard variant index of [`Reply::Completions`].
-const REPLY_COMPLETIONS_TAG: u32 = 2;
+const REPLY_COMPLETIONS_TAG: u32 = 0;
 
-/// The first message of a connection: who the client is and what it speaks.
-///
-/// `magic` and `version` come first and keep their encoding in every future version, so that a
-/// server can refuse a client of another version with a clear reason even if the rest of the
-/// message changed shape.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Hello {
-    /// Always [`MAGIC`].
-    pub magic: u32,
-    /// The client's [`PROTOCOL_VERSION`].
-    pub version: u16,
-    /// The cluster the client believes it talks to.
-    pub cluster: String,
-    /// The cluster's shared secret.
-    pub token: String,
-    /// The client session this connection belongs to (its meta-server session id), or 0 for a
-    /// server's own connections. A session the cluster has revoked ([`TcpServer::revoke`]) is
-    /// refused here and cut off on its open connections: that is how a client whose locks
-    /// were broken after its lease ran out is fenced.
-    ///
-    /// [`TcpServer::revoke`]: super::TcpServer::revoke
-    pub session: u64,
-}
-
-/// A client-to-server message.
+/// A client-to-server message after the handshake.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Request {
-    /// The handshake; must be the first message and only the first.
-    Hello(Hello),
     /// One batch of verbs to execute (one round trip).
     Batch(Batch),
 }
@@ -110,45 +88,6 @@ pub struct Welcome {
     pub version: u16,
     /// The regions registered when the connection was accepted.
     pub regions: Vec<RegionInfo>,
-}
-
-/// Why a server refused a connection. The server closes the connection after sending it.
-#[derive(Clone, Debug, PartialEq, Eq, Error, Serialize, Deserialize)]
-pub enum Refusal {
-    /// The first message did not start with [`MAGIC`]: not a CitronFS fabric client.
-    #[error("not a CitronFS fabric client (bad magic)")]
-    BadMagic,
-    /// The client speaks another protocol version.
-    #[error("protocol version {client} is not supported (server speaks version {server})")]
-    UnsupportedVersion {
-        /// The client's version.
-        client: u16,
-        /// The server's version.
-        server: u16,
-    },
-    /// The client names another cluster. Cluster ids are not secret, so both are reported.
-    #[error("wrong cluster: client wants {client:?}, this server belongs to {server:?}")]
-    WrongCluster {
-        /// The cluster the client asked for.
-        client: String,
-        /// The server's cluster.
-        server: String,
-    },
-    /// The token does not match (it is never echoed).
-    #[error("authentication failed: wrong token for cluster {cluster:?}")]
-    BadToken {
-        /// The cluster.
-        cluster: String,
-    },
-    /// The first message was not a well-formed `Hello`.
-    #[error("bad handshake: {0}")]
-    BadHello(String),
-    /// The client's session was revoked (fenced) by the cluster.
-    #[error("session {session} was revoked by the cluster (fenced after its lease ran out)")]
-    Revoked {
-        /// The revoked session.
-        session: u64,
-    },
 }
 
 /// Why a server refused one request of an authenticated connection.
@@ -195,13 +134,9 @@ pub enum RemoteError {
 /// A server-to-client message.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reply {
-    /// The handshake succeeded.
-    Welcome(Welcome),
-    /// The handshake failed; the server closes the connection.
-    Refused(Refusal),
-    /// The results of a batch.
+    /// The batch's completions.
     Completions(Completions),
-    /// A request was refused.
+    /// The batch was refused.
     Error(RemoteError),
 }
 
@@ -287,15 +222,6 @@ impl From<DecodeError> for RemoteError {
     }
 }
 
-/// A decoded request: a `Hello`, or a batch now held in the caller's reusable [`Batch`].
-#[derive(Debug, PartialEq, Eq)]
-pub enum DecodedRequest {
-    /// A handshake message.
-    Hello(Hello),
-    /// A batch; it is in the `batch` passed to [`decode_request`], shape-checked.
-    Batch,
-}
-
 /// Decodes a request body. A batch is decoded into `batch` (cleared first; `scratch` holds the
 /// verbs meanwhile), both reused across calls so that the server's hot path does not allocate.
 ///
@@ -306,22 +232,12 @@ pub fn decode_request(
     body: &[u8],
     scratch: &mut Vec<Verb>,
     batch: &mut Batch,
-) -> Result<DecodedRequest, DecodeError> {
+) -> Result<(), DecodeError> {
     let malformed = DecodeError::Malformed;
     let (tag, rest) = postcard::take_from_bytes::<u32>(body)
         .map_err(|e| malformed(format!("message tag: {e}")))?;
     if tag != REQUEST_BATCH_TAG {
-        // Hello is rare (once per connection): plain postcard over the whole body.
-        return match postcard::take_from_bytes::<Request>(body) {
-            Ok((Request::Hello(hello), [])) => Ok(DecodedRequest::Hello(hello)),
-            Ok((Request::Hello(_), trailing)) => Err(malformed(format!(
-                "{} trailing bytes after Hello",
-                trailing.len()
-            ))),
-            // Unreachable: the tag was not the batch tag. Decoding it slowly is still correct.
-            Ok((Request::Batch(_), _)) => Err(malformed("unexpected encoding of Batch".into())),
-            Err(e) => Err(malformed(format!("request: {e}"))),
-        };
+        return Err(malformed(format!("unknown request tag {tag}")));
     }
 
     let (count, mut rest) = take_varint(rest, "verb count").map_err(malformed)?;
@@ -392,7 +308,7 @@ pub fn decode_request(
     }
     // The authority on a network batch's shape; it also recomputes the batch's counters.
     batch.check_shape().map_err(DecodeError::Shape)?;
-    Ok(DecodedRequest::Batch)
+    Ok(())
 }
 
 /// What a reply body turned out to be, as far as a client executing a batch cares.
@@ -421,7 +337,8 @@ pub fn decode_reply(
             Ok((Reply::Error(_), trailing)) => {
                 Err(format!("{} trailing bytes after an error", trailing.len()))
             }
-            Ok((other, _)) => Err(format!("unexpected reply {}", reply_name(&other))),
+            // Unreachable: the tag was not the completions tag. Decoding it slowly is correct.
+            Ok((Reply::Completions(_), _)) => Err("unexpected encoding of Completions".into()),
             Err(e) => Err(format!("reply: {e}")),
         };
     }
@@ -453,26 +370,15 @@ pub fn decode_reply(
     Ok(DecodedReply::Completions)
 }
 
-/// Decodes the reply to a `Hello`.
-pub fn decode_welcome(body: &[u8]) -> Result<Result<Welcome, Refusal>, String> {
-    match postcard::take_from_bytes::<Reply>(body) {
-        Ok((Reply::Welcome(welcome), [])) => Ok(Ok(welcome)),
-        Ok((Reply::Refused(refusal), [])) => Ok(Err(refusal)),
-        Ok((_, [_, ..])) => Err("trailing bytes after the handshake reply".into()),
-        Ok((other, [])) => Err(format!(
-            "expected Welcome or Refused, got {}",
-            reply_name(&other)
+/// Decodes the answer to a [`Hello`].
+pub fn decode_welcome(body: &[u8]) -> Result<HelloAnswer, String> {
+    match postcard::take_from_bytes::<HelloAnswer>(body) {
+        Ok((answer, [])) => Ok(answer),
+        Ok((_, trailing)) => Err(format!(
+            "{} trailing bytes after the handshake answer",
+            trailing.len()
         )),
-        Err(e) => Err(format!("handshake reply: {e}")),
-    }
-}
-
-fn reply_name(reply: &Reply) -> &'static str {
-    match reply {
-        Reply::Welcome(_) => "Welcome",
-        Reply::Refused(_) => "Refused",
-        Reply::Completions(_) => "Completions",
-        Reply::Error(_) => "Error",
+        Err(e) => Err(format!("handshake answer: {e}")),
     }
 }
 
@@ -503,10 +409,7 @@ mod tests {
         assert_eq!(mine, theirs);
 
         let (mut scratch, mut decoded) = (Vec::new(), Batch::new());
-        assert_eq!(
-            decode_request(&theirs, &mut scratch, &mut decoded),
-            Ok(DecodedRequest::Batch)
-        );
+        assert_eq!(decode_request(&theirs, &mut scratch, &mut decoded), Ok(()));
         assert_eq!(decoded, batch);
         assert_eq!(decoded.atomic_count(), 4);
         assert_eq!(decoded.read_bytes(), 11);
@@ -534,7 +437,7 @@ mod tests {
         let (mut scratch, mut batch) = (Vec::new(), Batch::new());
         // A write claiming more than MAX_IO_BYTES with no payload must not reach Batch::write.
         let mut body = Vec::new();
-        put_varint(&mut body, 1);
+        put_varint(&mut body, u64::from(REQUEST_BATCH_TAG));
         put_varint(&mut body, 1);
         put_postcard(
             &mut body,
@@ -553,7 +456,7 @@ mod tests {
         ));
         // A verb count far over the limit is refused before anything is decoded.
         let mut body = Vec::new();
-        put_varint(&mut body, 1);
+        put_varint(&mut body, u64::from(REQUEST_BATCH_TAG));
         put_varint(&mut body, u64::MAX);
         assert!(matches!(
             decode_request(&body, &mut scratch, &mut batch),

@@ -47,6 +47,8 @@ impl Cluster {
             },
         );
         config.cluster = CLUSTER.into();
+        // The suites lock with every scheme, `server` included.
+        config.lock_server = true;
         config.token = TOKEN.into();
         config.chunk_size = CHUNK;
         config.region_bytes = 4 << 20;

@@ -310,6 +310,8 @@ pub enum SchemeInstance {
     Server {
         /// Where clients connect.
         addr: SocketAddr,
+        /// What they present in the handshake.
+        credentials: fabric::Credentials,
         /// The in-process server, kept alive as long as any clone of the instance.
         server: Option<Arc<LockServer>>,
     },
@@ -345,10 +347,16 @@ impl SchemeInstance {
                 seg_config(segment_units, segments, ticket),
             )?),
             SchemeKind::Server => {
-                let server = LockServer::bind("127.0.0.1:0")
+                // An in-process server of its own: a fresh token, which only this instance's
+                // clients (and processes it is handed to, `server_addr`) know.
+                let token = fabric::handshake::random_token()
+                    .map_err(|e| LockError::Server(format!("cannot make a token: {e}")))?;
+                let credentials = fabric::Credentials::new("lockmgr", token);
+                let server = LockServer::bind("127.0.0.1:0", credentials.clone())
                     .map_err(|e| LockError::Server(format!("cannot start lock server: {e}")))?;
                 Self::Server {
                     addr: server.addr(),
+                    credentials,
                     server: Some(Arc::new(server)),
                 }
             }
@@ -392,12 +400,12 @@ impl SchemeInstance {
     }
 
     /// Describes an instance another process created: at `base` for the fabric schemes, at
-    /// `server` for the lock server.
+    /// `server` (its address and the credentials it checks) for the lock server.
     pub fn attach(
         kind: SchemeKind,
         base: RemoteAddr,
         ticket: TicketConfig,
-        server: Option<SocketAddr>,
+        server: Option<(SocketAddr, fabric::Credentials)>,
     ) -> Result<Self, LockError> {
         Ok(match kind {
             SchemeKind::Mutex => Self::Mutex(MutexScheme::attach(base, ticket)),
@@ -408,12 +416,16 @@ impl SchemeInstance {
                 base,
                 seg_config(segment_units, segments, ticket),
             )?),
-            SchemeKind::Server => Self::Server {
-                addr: server.ok_or_else(|| {
+            SchemeKind::Server => {
+                let (addr, credentials) = server.ok_or_else(|| {
                     LockError::Config("server: the lock server's address is needed".into())
-                })?,
-                server: None,
-            },
+                })?;
+                Self::Server {
+                    addr,
+                    credentials,
+                    server: None,
+                }
+            }
             SchemeKind::Citron { .. } | SchemeKind::CitronScaling { .. } => {
                 let CitronParams {
                     fast_path,
@@ -445,10 +457,12 @@ impl SchemeInstance {
         })
     }
 
-    /// The lock server's address, for the `server` scheme.
-    pub fn server_addr(&self) -> Option<SocketAddr> {
+    /// The lock server's address and credentials, for the `server` scheme.
+    pub fn server_addr(&self) -> Option<(SocketAddr, &fabric::Credentials)> {
         match self {
-            Self::Server { addr, .. } => Some(*addr),
+            Self::Server {
+                addr, credentials, ..
+            } => Some((*addr, credentials)),
             _ => None,
         }
     }
@@ -458,7 +472,9 @@ impl SchemeInstance {
         Ok(match self {
             Self::Mutex(scheme) => Box::new(scheme.open(connector)?),
             Self::Seg(scheme) => Box::new(scheme.open(connector)?),
-            Self::Server { addr, .. } => Box::new(LockServerClient::connect(addr)?),
+            Self::Server {
+                addr, credentials, ..
+            } => Box::new(LockServerClient::connect(addr, credentials)?),
             Self::Citron {
                 base,
                 options,

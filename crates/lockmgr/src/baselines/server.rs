@@ -13,6 +13,12 @@
 //! a large range cannot be starved by a stream of small ones that keep some of its units busy
 //! (non-conflicting requests still pass each other freely).
 //!
+//! # Authentication
+//!
+//! A connection opens with the handshake every CitronFS protocol shares
+//! ([`fabric::handshake`], [`Protocol::LockServer`]): the cluster id and token must be the
+//! server's, or the peer is refused (told why) and disconnected before it can take a lock.
+//!
 //! # Failure
 //!
 //! When a connection closes (the client exited or crashed), the server releases every lock that
@@ -22,6 +28,7 @@ use super::SCHEME_SERVER;
 use crate::scheme::{check_range, LockError, LockId, RangeLock};
 use crate::stats::LockStats;
 use fabric::frame::{read_frame, write_frame, FrameError};
+use fabric::handshake::{self, Credentials, HandshakeError, Protocol, HANDSHAKE_TIMEOUT};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{self, BufReader, BufWriter, Write};
@@ -135,13 +142,15 @@ impl Shared {
 /// connections end when their clients close them.
 pub struct LockServer {
     addr: SocketAddr,
+    credentials: Credentials,
     shared: Arc<Shared>,
     acceptor: Option<JoinHandle<()>>,
 }
 
 impl LockServer {
-    /// Binds to `addr` (e.g. `127.0.0.1:0`) and starts serving on a background thread.
-    pub fn bind(addr: impl ToSocketAddrs) -> io::Result<Self> {
+    /// Binds to `addr` (e.g. `127.0.0.1:0`) and starts serving, on a background thread, the
+    /// peers that present `credentials` in the handshake.
+    pub fn bind(addr: impl ToSocketAddrs, credentials: Credentials) -> io::Result<Self> {
         let listener = TcpListener::bind(addr)?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
@@ -151,12 +160,14 @@ impl LockServer {
         });
         let acceptor = {
             let shared = shared.clone();
+            let credentials = credentials.clone();
             std::thread::Builder::new()
                 .name("lock-server".into())
-                .spawn(move || accept_loop(listener, shared))?
+                .spawn(move || accept_loop(listener, shared, credentials))?
         };
         Ok(Self {
             addr,
+            credentials,
             shared,
             acceptor: Some(acceptor),
         })
@@ -165,6 +176,11 @@ impl LockServer {
     /// The address clients connect to.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The credentials a client must present.
+    pub fn credentials(&self) -> &Credentials {
+        &self.credentials
     }
 
     /// How many ranges are held right now.
@@ -184,7 +200,7 @@ impl Drop for LockServer {
     }
 }
 
-fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+fn accept_loop(listener: TcpListener, shared: Arc<Shared>, credentials: Credentials) {
     for stream in listener.incoming() {
         if shared.stopping.load(Ordering::SeqCst) {
             return;
@@ -197,10 +213,11 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             }
         };
         let shared = shared.clone();
+        let credentials = credentials.clone();
         let spawned = std::thread::Builder::new()
             .name("lock-server-conn".into())
             .spawn(move || {
-                if let Err(error) = serve(stream, &shared) {
+                if let Err(error) = serve(stream, &shared, &credentials) {
                     tracing::debug!(%error, "lock server: connection ended");
                 }
             });
@@ -210,9 +227,21 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     }
 }
 
-/// Serves one connection until it closes, then releases what it still holds.
-fn serve(stream: TcpStream, shared: &Shared) -> io::Result<()> {
+/// Serves one connection until it closes, then releases what it still holds. Nothing is served
+/// before the peer has passed the handshake.
+fn serve(mut stream: TcpStream, shared: &Shared, credentials: &Credentials) -> io::Result<()> {
     stream.set_nodelay(true)?;
+    stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    if let Err(refusal) = handshake::server_handshake::<(), ()>(
+        &mut stream,
+        Protocol::LockServer,
+        credentials,
+        |_| Ok(()),
+    ) {
+        tracing::warn!(%refusal, "lock server: refused a connection");
+        return Ok(());
+    }
+    stream.set_read_timeout(None)?;
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut writer = BufWriter::new(stream);
     let mut mine: HashSet<u64> = HashSet::new();
@@ -295,19 +324,36 @@ pub struct LockServerClient {
 }
 
 impl LockServerClient {
-    /// Connects to the server at `addr`.
-    pub fn connect(addr: impl ToSocketAddrs) -> Result<Self, LockError> {
-        let connect = || -> io::Result<Self> {
-            let stream = TcpStream::connect(addr)?;
-            stream.set_nodelay(true)?;
-            Ok(Self {
-                reader: BufReader::new(stream.try_clone()?),
-                writer: BufWriter::new(stream),
-                body: Vec::new(),
-                stats: LockStats::default(),
-            })
+    /// Connects to the server at `addr`, presenting `credentials` in the handshake; a server
+    /// of another cluster, or one holding another token, refuses with the reason.
+    pub fn connect(addr: impl ToSocketAddrs, credentials: &Credentials) -> Result<Self, LockError> {
+        let mut stream = TcpStream::connect(addr)
+            .and_then(|s| s.set_nodelay(true).map(|()| s))
+            .map_err(|e| LockError::Server(format!("connect: {e}")))?;
+        let hello = handshake::Hello::new(Protocol::LockServer, credentials, 0, ());
+        let setup = |s: &TcpStream, timeout| {
+            s.set_read_timeout(timeout)
+                .map_err(|e| LockError::Server(format!("connect: {e}")))
         };
-        connect().map_err(|e| LockError::Server(format!("connect: {e}")))
+        setup(&stream, Some(HANDSHAKE_TIMEOUT))?;
+        handshake::client_handshake::<(), ()>(&mut stream, &hello, MAX_FRAME).map_err(
+            |e| match e {
+                HandshakeError::Refused(refusal) => {
+                    LockError::Server(format!("refused: {refusal}"))
+                }
+                other => LockError::Server(other.to_string()),
+            },
+        )?;
+        setup(&stream, None)?;
+        let reader = stream
+            .try_clone()
+            .map_err(|e| LockError::Server(format!("connect: {e}")))?;
+        Ok(Self {
+            reader: BufReader::new(reader),
+            writer: BufWriter::new(stream),
+            body: Vec::new(),
+            stats: LockStats::default(),
+        })
     }
 
     fn call(&mut self, request: &Request) -> Result<Response, LockError> {
@@ -404,15 +450,60 @@ mod tests {
         assert!(table.grantable(1, &(50..60)));
     }
 
+    fn creds() -> Credentials {
+        Credentials::new("c", "secret")
+    }
+
     #[test]
     fn dropping_a_connection_releases_its_locks() {
-        let server = LockServer::bind("127.0.0.1:0").unwrap();
-        let mut a = LockServerClient::connect(server.addr()).unwrap();
+        let server = LockServer::bind("127.0.0.1:0", creds()).unwrap();
+        let mut a = LockServerClient::connect(server.addr(), &creds()).unwrap();
         a.acquire(0..100).unwrap();
         drop(a);
-        let mut b = LockServerClient::connect(server.addr()).unwrap();
+        let mut b = LockServerClient::connect(server.addr(), &creds()).unwrap();
         let id = b.acquire(50..60).unwrap();
         b.release(id).unwrap();
         assert!(matches!(b.release(id), Err(LockError::NotHeld(_))));
+    }
+
+    /// The lock server takes no request from a peer without the cluster's token: a client with
+    /// a wrong or empty token is refused with the reason, and a raw peer that skips the
+    /// handshake and sends an `Acquire` gets no lock (the range stays free for others).
+    #[test]
+    fn refuses_a_peer_without_the_token() {
+        let server = LockServer::bind("127.0.0.1:0", creds()).unwrap();
+        for bad in [
+            Credentials::new("c", "wrong"),
+            Credentials::new("c", ""),
+            Credentials::new("other", "secret"),
+        ] {
+            match LockServerClient::connect(server.addr(), &bad) {
+                Err(LockError::Server(why)) => assert!(why.contains("refused"), "{why}"),
+                Err(other) => panic!("expected a refusal, got {other}"),
+                Ok(_) => panic!("a peer with {bad:?} was let in"),
+            }
+        }
+
+        // A raw peer skipping the handshake: its Acquire is read as a hello and refused.
+        let mut raw = TcpStream::connect(server.addr()).unwrap();
+        raw.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        let acquire = postcard::to_stdvec(&Request::Acquire { start: 0, end: 10 }).unwrap();
+        write_frame(&mut raw, &acquire).unwrap();
+        let mut answer = Vec::new();
+        read_frame(&mut raw, MAX_FRAME, &mut answer).unwrap();
+        let answer: Result<(), handshake::Refusal> = postcard::from_bytes(&answer).unwrap();
+        assert!(answer.is_err(), "a peer without a hello must be refused");
+        let mut rest = Vec::new();
+        assert_eq!(
+            std::io::Read::read_to_end(&mut raw, &mut rest).unwrap(),
+            0,
+            "the server closes the refused connection"
+        );
+        assert_eq!(server.held(), 0, "a refused peer holds nothing");
+
+        let mut good = LockServerClient::connect(server.addr(), &creds()).unwrap();
+        let id = good.acquire(0..10).unwrap();
+        good.release(id).unwrap();
     }
 }

@@ -1,9 +1,7 @@
 //! The fabric servers the lock tests run on: one in this process, reachable by child processes
 //! through a location string (`shm=DIR` or `tcp=ADDR`).
 
-use fabric::{
-    Auth, Connector, MemServer, RegionId, ShmConnector, ShmServer, TcpConnector, TcpServer,
-};
+use fabric::{Connector, MemServer, RegionId, ShmConnector, ShmServer, TcpConnector, TcpServer};
 
 /// The tcp test cluster's credentials.
 pub const TCP_CLUSTER: &str = "lockmgr-tests";
@@ -49,7 +47,11 @@ impl Fabric {
                 }
             }
             Backend::Tcp => Fabric::Tcp(
-                TcpServer::bind("127.0.0.1:0", Auth::new(TCP_CLUSTER, TCP_TOKEN)).unwrap(),
+                TcpServer::bind(
+                    "127.0.0.1:0",
+                    fabric::Credentials::new(TCP_CLUSTER, TCP_TOKEN),
+                )
+                .unwrap(),
             ),
         };
         for &(id, len) in regions {
@@ -89,7 +91,8 @@ pub fn connect_to(location: &str) -> Result<Box<dyn Connector>, String> {
         ))
     } else if let Some(addr) = location.strip_prefix("tcp=") {
         Ok(Box::new(
-            TcpConnector::connect(addr, TCP_CLUSTER, TCP_TOKEN).map_err(|e| e.to_string())?,
+            TcpConnector::connect(addr, fabric::Credentials::new(TCP_CLUSTER, TCP_TOKEN))
+                .map_err(|e| e.to_string())?,
         ))
     } else {
         Err(format!("bad fabric location {location:?}"))

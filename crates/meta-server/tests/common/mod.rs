@@ -29,6 +29,8 @@ pub fn meta_config(dir: &std::path::Path) -> MetaConfig {
     );
     c.cluster = CLUSTER.into();
     c.token = TOKEN.into();
+    // The suites open files with every scheme, `server` included.
+    c.lock_server = true;
     c.chunk_size = CHUNK;
     c.region_bytes = 1 << 20;
     c
@@ -112,8 +114,7 @@ impl Fs {
     pub fn connect(meta: &MetaHandle) -> Fs {
         let c = Client::connect(
             meta.addr(),
-            CLUSTER,
-            TOKEN,
+            &fabric::Credentials::new(CLUSTER, TOKEN),
             Role::Client {
                 host: "test".into(),
                 pid: std::process::id(),

@@ -124,11 +124,13 @@ fn start(name: &str) -> Result<(Box<dyn Connector>, Box<dyn Any>)> {
         "tcp" => {
             let server = fabric::tcp::TcpServer::bind(
                 "127.0.0.1:0",
-                fabric::tcp::Auth::new(CLUSTER, TOKEN),
+                fabric::Credentials::new(CLUSTER, TOKEN),
             )?;
             server.register(REGION, REGION_LEN)?;
-            let connector =
-                fabric::tcp::TcpConnector::connect(server.local_addr(), CLUSTER, TOKEN)?;
+            let connector = fabric::tcp::TcpConnector::connect(
+                server.local_addr(),
+                fabric::Credentials::new(CLUSTER, TOKEN),
+            )?;
             (Box::new(connector), Box::new(server))
         }
         other => bail!("unknown backend {other:?} (expected mem, shm, tcp or tcp-bare)"),

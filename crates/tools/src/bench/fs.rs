@@ -501,6 +501,7 @@ pub fn run(args: &FsArgs) -> Result<()> {
             per_server_bytes: per_server,
             fabric: args.fabric,
             state_dir: None,
+            lock_server: schemes.contains(&LockSchemeKind::Server),
         })?;
         let fabric_name = fabric_name(args.fabric);
         for &scheme in &schemes {

@@ -14,7 +14,7 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use fabric::{
-    Auth, Connector, MemServer, RegionId, RemoteAddr, ShmConnector, ShmServer, TcpConnector,
+    Connector, Credentials, MemServer, RegionId, RemoteAddr, ShmConnector, ShmServer, TcpConnector,
     TcpServer,
 };
 use hdrhistogram::Histogram;
@@ -302,9 +302,11 @@ impl Fabric {
             }
             BenchBackend::Tcp => {
                 let token = format!("{:016x}", rand::rng().random::<u64>());
-                let server = TcpServer::bind("127.0.0.1:0", Auth::new("bench", token.clone()))?;
+                let server =
+                    TcpServer::bind("127.0.0.1:0", Credentials::new("bench", token.clone()))?;
                 server.register(LOCK_REGION, len)?;
-                let connector = TcpConnector::connect(server.local_addr(), "bench", token)?;
+                let connector =
+                    TcpConnector::connect(server.local_addr(), Credentials::new("bench", token))?;
                 Fabric::Tcp {
                     connector: Box::new(connector),
                     _server: Box::new(server),

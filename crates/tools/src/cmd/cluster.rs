@@ -24,6 +24,8 @@ pub struct ClusterOptions {
     /// Keep namespace and data here (file-backed data servers); `None`: memory only, in a
     /// temporary directory removed on drop.
     pub state_dir: Option<PathBuf>,
+    /// Run the lock server of the `server` scheme (only when a client will use it).
+    pub lock_server: bool,
 }
 
 /// A running embedded cluster. Dropping it stops the servers and removes the run's shm
@@ -83,6 +85,7 @@ impl EmbeddedCluster {
         );
         meta_config.cluster = opts.cluster.clone();
         meta_config.token = token.clone();
+        meta_config.lock_server = opts.lock_server;
         let meta = MetaServer::start(meta_config).context("start the meta server")?;
 
         let mut data: Vec<DataHandle> = Vec::new();

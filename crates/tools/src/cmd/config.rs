@@ -51,11 +51,7 @@ pub fn require_token(token: Option<String>) -> Result<String> {
 
 /// A fresh random token (128 bits, hex) for an embedded cluster.
 pub fn random_token() -> Result<String> {
-    let mut bytes = [0u8; 16];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
-        .context("read /dev/urandom")?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    fabric::handshake::random_token().context("read /dev/urandom")
 }
 
 /// Which fabric serves regions.

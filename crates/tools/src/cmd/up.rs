@@ -55,6 +55,7 @@ pub fn up(args: UpArgs) -> Result<()> {
         per_server_bytes: per_server,
         fabric: args.fabric,
         state_dir: args.state_dir.clone(),
+        lock_server: scheme == fs_client::LockSchemeKind::Server,
     })?;
     let fs = cluster.connect(scheme)?;
     let handle = mount_at(

@@ -1,0 +1,447 @@
+//! The one handshake every CitronFS TCP connection opens with: the verbs of the `tcp` fabric,
+//! the meta server's RPCs and the `server` scheme's lock server alike.
+//!
+//! ```text
+//! client                                          server
+//!   Hello {magic, protocol, version,        ──▶   accept(): magic, protocol and version
+//!          cluster, token, session, role}          first, then cluster, token, session
+//!                                           ◀──   the protocol's welcome, or a Refusal
+//!                                                 and close
+//! ```
+//!
+//! A [`Hello`] is one [`frame`](crate::frame) holding its postcard encoding. Its first three
+//! fields — [`MAGIC`], the [`Protocol`] and that protocol's version — keep their place and
+//! encoding in every version, so that a peer of another version, or one that dialled the wrong
+//! port, is told so in plain words instead of being handed a decode error. The fields after them
+//! may change with a protocol's version; `role` is what a protocol adds (the meta server's RPC
+//! protocol: who is connecting; the others: nothing).
+//!
+//! Every server checks a hello with [`accept`], so the rules are written once: the cluster id
+//! must match, the token must match (compared in constant time, never echoed), and a session the
+//! server has revoked is refused by the caller's check.
+
+use crate::frame::{read_frame, write_frame, FrameError};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use std::io::{Read, Write};
+use std::time::Duration;
+use thiserror::Error;
+
+/// The first field of every [`Hello`]: "CTRN" in ASCII.
+pub const MAGIC: u32 = u32::from_le_bytes(*b"CTRN");
+
+/// The largest hello frame a server reads: an unauthenticated peer must not make it allocate
+/// much.
+pub const MAX_HELLO_FRAME: usize = 64 << 10;
+
+/// How long an unauthenticated connection may take to send its hello, and a client waits for
+/// the answer.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What a connection speaks after the handshake. Each protocol has its own version
+/// ([`Protocol::version`]); a server accepts only its own protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Protocol {
+    /// One-sided verbs of the `tcp` fabric ([`crate::tcp::wire`]).
+    Verbs,
+    /// The meta server's RPCs (`proto::rpc`).
+    Rpc,
+    /// The lock server of the `server` lock scheme (`lockmgr::baselines::server`).
+    LockServer,
+}
+
+impl Protocol {
+    /// The version of this protocol this build speaks. Bump it on any change to the protocol's
+    /// messages, the [`Hello`] after its first three fields included.
+    pub const fn version(self) -> u16 {
+        match self {
+            // 3: the shared hello (protocol field, role).
+            Protocol::Verbs => 3,
+            // 2: the shared hello.
+            Protocol::Rpc => 2,
+            // 1: the first version with a handshake.
+            Protocol::LockServer => 1,
+        }
+    }
+
+    /// What the protocol is, for messages.
+    pub const fn describe(self) -> &'static str {
+        match self {
+            Protocol::Verbs => "the tcp fabric's verbs",
+            Protocol::Rpc => "the meta server's RPCs",
+            Protocol::LockServer => "the lock server",
+        }
+    }
+}
+
+/// Who may connect to a cluster's servers: the cluster's id and its shared secret. Servers
+/// hold the cluster's; clients present them in their [`Hello`].
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct Credentials {
+    /// The cluster id; a peer naming another cluster is refused.
+    pub cluster: String,
+    /// The shared secret; a peer presenting another token is refused.
+    pub token: String,
+}
+
+impl Credentials {
+    /// Credentials for `cluster` with secret `token`.
+    pub fn new(cluster: impl Into<String>, token: impl Into<String>) -> Self {
+        Self {
+            cluster: cluster.into(),
+            token: token.into(),
+        }
+    }
+
+    /// Whether `token` is this cluster's secret, compared in time independent of where the two
+    /// first differ.
+    pub fn token_matches(&self, token: &str) -> bool {
+        let (a, b) = (self.token.as_bytes(), token.as_bytes());
+        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    }
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The token is a secret: never print it.
+        f.debug_struct("Credentials")
+            .field("cluster", &self.cluster)
+            .field("token", &"<redacted>")
+            .finish()
+    }
+}
+
+/// A fresh cluster token: 128 bits from the kernel's generator, in hex.
+pub fn random_token() -> std::io::Result<String> {
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The first message of every connection.
+///
+/// Invariant: `magic`, `protocol` and `version` are the first three fields, in this order, in
+/// every version of every protocol ([`accept`] decodes them alone before the rest).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello<R> {
+    /// Always [`MAGIC`].
+    pub magic: u32,
+    /// The protocol the client will speak.
+    pub protocol: Protocol,
+    /// The client's version of that protocol.
+    pub version: u16,
+    /// The cluster the client believes it talks to.
+    pub cluster: String,
+    /// The cluster's shared secret.
+    pub token: String,
+    /// The client session the connection belongs to (its meta-server session id), or 0 for a
+    /// server's own connections and sessionless clients. A server may refuse a session the
+    /// cluster has revoked (the `tcp` fabric does: that is how a client whose locks were
+    /// broken is fenced).
+    pub session: u64,
+    /// What the protocol adds to the hello (the RPC protocol: who is connecting).
+    pub role: R,
+}
+
+impl<R> Hello<R> {
+    /// The hello for `protocol` at this build's version, presenting `credentials`.
+    pub fn new(protocol: Protocol, credentials: &Credentials, session: u64, role: R) -> Self {
+        Self {
+            magic: MAGIC,
+            protocol,
+            version: protocol.version(),
+            cluster: credentials.cluster.clone(),
+            token: credentials.token.clone(),
+            session,
+            role,
+        }
+    }
+}
+
+impl<R: std::fmt::Debug> std::fmt::Debug for Hello<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hello")
+            .field("magic", &self.magic)
+            .field("protocol", &self.protocol)
+            .field("version", &self.version)
+            .field("cluster", &self.cluster)
+            .field("token", &"<redacted>")
+            .field("session", &self.session)
+            .field("role", &self.role)
+            .finish()
+    }
+}
+
+/// Why a server refused a connection. The server closes the connection after sending it.
+#[derive(Clone, Debug, PartialEq, Eq, Error, Serialize, Deserialize)]
+pub enum Refusal {
+    /// The hello did not start with [`MAGIC`]: not a CitronFS peer.
+    #[error("not a CitronFS peer (bad magic)")]
+    BadMagic,
+    /// The client speaks another protocol: it dialled the wrong port.
+    #[error("this port serves {}, not {}: wrong address?", .server.describe(), .client.describe())]
+    WrongProtocol {
+        /// What the client speaks.
+        client: Protocol,
+        /// What this server speaks.
+        server: Protocol,
+    },
+    /// The client speaks another version of the protocol.
+    #[error("{} version {client} is not supported (this server speaks version {server})",
+        .protocol.describe())]
+    UnsupportedVersion {
+        /// The protocol.
+        protocol: Protocol,
+        /// The client's version.
+        client: u16,
+        /// The server's version.
+        server: u16,
+    },
+    /// The client names another cluster. Cluster ids are not secret, so both are reported.
+    #[error("wrong cluster: client wants {client:?}, this server belongs to {server:?}")]
+    WrongCluster {
+        /// The cluster the client asked for.
+        client: String,
+        /// The server's cluster.
+        server: String,
+    },
+    /// The token does not match (it is never echoed).
+    #[error("authentication failed: wrong token for cluster {cluster:?}")]
+    BadToken {
+        /// The cluster.
+        cluster: String,
+    },
+    /// The first message was not a well-formed hello.
+    #[error("bad handshake: {0}")]
+    BadHello(String),
+    /// The client's session was revoked (fenced) by the cluster.
+    #[error("session {session} was revoked by the cluster (fenced after its lease ran out)")]
+    Revoked {
+        /// The revoked session.
+        session: u64,
+    },
+    /// The hello was valid but the service refused the peer (a data server's registration
+    /// failed, the meta server is shutting down, …).
+    #[error("{0}")]
+    Rejected(String),
+}
+
+/// Decodes and checks the hello in `body` for a server of `protocol` belonging to
+/// `credentials`' cluster.
+///
+/// Checks, in order: magic, protocol, version (decoded alone first, so any client learns these
+/// mismatches whatever the shape of the rest), then the whole hello without trailing bytes, the
+/// cluster id and the token. Whether the session may connect is the caller's check.
+pub fn accept<R: DeserializeOwned>(
+    body: &[u8],
+    protocol: Protocol,
+    credentials: &Credentials,
+) -> Result<Hello<R>, Refusal> {
+    let ((magic, client_protocol, version), _) =
+        postcard::take_from_bytes::<(u32, Protocol, u16)>(body)
+            .map_err(|e| Refusal::BadHello(format!("cannot decode the hello: {e}")))?;
+    if magic != MAGIC {
+        return Err(Refusal::BadMagic);
+    }
+    if client_protocol != protocol {
+        return Err(Refusal::WrongProtocol {
+            client: client_protocol,
+            server: protocol,
+        });
+    }
+    if version != protocol.version() {
+        return Err(Refusal::UnsupportedVersion {
+            protocol,
+            client: version,
+            server: protocol.version(),
+        });
+    }
+    let hello = match postcard::take_from_bytes::<Hello<R>>(body) {
+        Ok((hello, [])) => hello,
+        Ok((_, trailing)) => {
+            return Err(Refusal::BadHello(format!(
+                "{} trailing bytes after the hello",
+                trailing.len()
+            )))
+        }
+        Err(e) => return Err(Refusal::BadHello(format!("cannot decode the hello: {e}"))),
+    };
+    if hello.cluster != credentials.cluster {
+        return Err(Refusal::WrongCluster {
+            client: hello.cluster,
+            server: credentials.cluster.clone(),
+        });
+    }
+    if !credentials.token_matches(&hello.token) {
+        return Err(Refusal::BadToken {
+            cluster: credentials.cluster.clone(),
+        });
+    }
+    Ok(hello)
+}
+
+/// Why a client's handshake failed.
+#[derive(Debug, Error)]
+pub enum HandshakeError {
+    /// The server refused the connection, saying why.
+    #[error("refused: {0}")]
+    Refused(#[from] Refusal),
+    /// Sending the hello or reading the answer failed (closed, timed out, bad frame).
+    #[error("handshake: {0}")]
+    Frame(#[from] FrameError),
+    /// The answer did not decode: whatever answers does not speak the protocol.
+    #[error("bad handshake answer (is this a CitronFS server?): {0}")]
+    Decode(#[from] postcard::Error),
+}
+
+/// The simple handshake of a blocking client whose server answers with a postcard
+/// `Result<W, Refusal>`: sends the hello as one frame and reads the answer. (The `tcp` fabric's
+/// verbs wrap both in their own message enums and do this inline.)
+pub fn client_handshake<R: Serialize, W: DeserializeOwned>(
+    stream: &mut (impl Read + Write),
+    hello: &Hello<R>,
+    max_answer: usize,
+) -> Result<W, HandshakeError> {
+    let body = postcard::to_stdvec(hello)?;
+    write_frame(stream, &body)
+        .and_then(|()| stream.flush())
+        .map_err(FrameError::Io)?;
+    let mut answer = Vec::new();
+    read_frame(stream, max_answer, &mut answer)?;
+    Ok(postcard::from_bytes::<Result<W, Refusal>>(&answer)??)
+}
+
+/// The server side of [`client_handshake`]: reads one hello frame (at most
+/// [`MAX_HELLO_FRAME`]), checks it with [`accept`] and `admit` (the service's own check, e.g.
+/// revoked sessions), and answers `Ok(welcome(&hello))` or the refusal. Returns the accepted
+/// hello, or the refusal that was sent.
+pub fn server_handshake<R: DeserializeOwned, W: Serialize>(
+    stream: &mut (impl Read + Write),
+    protocol: Protocol,
+    credentials: &Credentials,
+    welcome: impl FnOnce(&Hello<R>) -> Result<W, Refusal>,
+) -> Result<Hello<R>, Refusal> {
+    let mut body = Vec::new();
+    let outcome = match read_frame(stream, MAX_HELLO_FRAME, &mut body) {
+        Ok(()) => accept::<R>(&body, protocol, credentials),
+        Err(e) => Err(Refusal::BadHello(e.to_string())),
+    };
+    let (answer, result) = match outcome {
+        Ok(hello) => match welcome(&hello) {
+            Ok(w) => (Ok(w), Ok(hello)),
+            Err(refusal) => (Err(refusal.clone()), Err(refusal)),
+        },
+        Err(refusal) => (Err(refusal.clone()), Err(refusal)),
+    };
+    // The peer may be gone already; the refusal is returned to the caller either way.
+    if let Ok(bytes) = postcard::to_stdvec::<Result<W, Refusal>>(&answer) {
+        let _ = write_frame(stream, &bytes).and_then(|()| stream.flush());
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn creds() -> Credentials {
+        Credentials::new("c", "secret")
+    }
+
+    fn encode<R: Serialize>(hello: &Hello<R>) -> Vec<u8> {
+        postcard::to_stdvec(hello).unwrap()
+    }
+
+    #[test]
+    fn accepts_a_good_hello_and_keeps_the_role() {
+        let hello = Hello::new(Protocol::Rpc, &creds(), 7, "role".to_string());
+        let got: Hello<String> = accept(&encode(&hello), Protocol::Rpc, &creds()).unwrap();
+        assert_eq!(got.session, 7);
+        assert_eq!(got.role, "role");
+    }
+
+    #[test]
+    fn refuses_each_mismatch_with_its_reason() {
+        let good = Hello::new(Protocol::LockServer, &creds(), 0, ());
+        let check = |h: &Hello<()>| accept::<()>(&encode(h), Protocol::LockServer, &creds());
+
+        let mut h = good.clone();
+        h.magic = 1;
+        assert_eq!(check(&h).unwrap_err(), Refusal::BadMagic);
+
+        let mut h = good.clone();
+        h.protocol = Protocol::Verbs;
+        assert!(matches!(
+            check(&h).unwrap_err(),
+            Refusal::WrongProtocol {
+                client: Protocol::Verbs,
+                server: Protocol::LockServer
+            }
+        ));
+
+        let mut h = good.clone();
+        h.version = 99;
+        assert!(matches!(
+            check(&h).unwrap_err(),
+            Refusal::UnsupportedVersion { client: 99, .. }
+        ));
+
+        let mut h = good.clone();
+        h.cluster = "other".into();
+        assert!(matches!(
+            check(&h).unwrap_err(),
+            Refusal::WrongCluster { .. }
+        ));
+
+        let mut h = good.clone();
+        h.token = "secreT".into();
+        let refusal = check(&h).unwrap_err();
+        assert!(matches!(refusal, Refusal::BadToken { .. }));
+        assert!(
+            !refusal.to_string().contains("secreT"),
+            "never echo a token"
+        );
+
+        let mut h = good.clone();
+        h.token = String::new();
+        assert!(matches!(check(&h).unwrap_err(), Refusal::BadToken { .. }));
+
+        let mut bytes = encode(&good);
+        bytes.push(0);
+        assert!(matches!(
+            accept::<()>(&bytes, Protocol::LockServer, &creds()).unwrap_err(),
+            Refusal::BadHello(_)
+        ));
+        assert!(matches!(
+            accept::<()>(&[], Protocol::LockServer, &creds()).unwrap_err(),
+            Refusal::BadHello(_)
+        ));
+    }
+
+    /// A hello of another shape (a later version's) is still told its version is unsupported.
+    #[test]
+    fn version_is_read_before_the_rest() {
+        let mut bytes = postcard::to_stdvec(&(MAGIC, Protocol::Verbs, 42u16)).unwrap();
+        bytes.extend_from_slice(&[0xff; 5]);
+        assert!(matches!(
+            accept::<()>(&bytes, Protocol::Verbs, &creds()).unwrap_err(),
+            Refusal::UnsupportedVersion { client: 42, .. }
+        ));
+    }
+
+    #[test]
+    fn credentials_never_print_the_token() {
+        let text = format!("{:?}", creds());
+        assert!(!text.contains("secret"));
+        let text = format!("{:?}", Hello::new(Protocol::Rpc, &creds(), 0, ()));
+        assert!(!text.contains("secret"));
+    }
+
+    #[test]
+    fn any_bytes_yield_a_refusal_not_a_panic() {
+        for len in 0..64 {
+            let bytes: Vec<u8> = (0..len).map(|i| (i * 37 + len) as u8).collect();
+            let _ = accept::<u64>(&bytes, Protocol::Rpc, &creds());
+        }
+    }
+}
