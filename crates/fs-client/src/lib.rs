@@ -2,19 +2,33 @@
 //!
 //! - [`CitronFs`]: the library — POSIX-like calls on inodes and file handles, usable without a
 //!   mount. Reads and writes move data with one-sided verbs under a range lock of the mount's
-//!   scheme (DESIGN.md "Files"); see [`client`] for the data path and its threading.
+//!   scheme (DESIGN.md "Files"); [`client`] maps the facade's calls to the modules that
+//!   implement them, and the module `io` reads the data path top-down.
 //! - [`fuse`] (cargo feature `fuse`, on by default): the FUSE adapter, thin over the library.
 //! - [`plan`]: the byte-range arithmetic of the data path (lock units, chunks, verb batches).
 //! - [`locks`]: how each lock scheme is opened on a file.
 //!
+//! Inside the library, one module per concept: `namespace` (RPC wrappers), `handles` (file
+//! handles and open inodes), `io` (the locked I/O), `workers` (per-thread data-path state),
+//! `lock_cache` (a worker's lock handles), `fcb` (file control blocks), `chunks` (chunk
+//! locations), `servers` (fabric connectors), `meta` (the meta-server connection).
+//!
 //! No FUSE type appears outside [`fuse`].
 
+mod chunks;
 pub mod client;
+mod fcb;
 #[cfg(feature = "fuse")]
 pub mod fuse;
+mod handles;
+mod io;
+mod lock_cache;
 pub mod locks;
 mod meta;
+mod namespace;
 pub mod plan;
+mod servers;
+mod workers;
 
 pub use client::{CitronFs, FileHandle, MountOptions};
 pub use proto::rpc::XattrMode;

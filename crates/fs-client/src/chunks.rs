@@ -1,0 +1,201 @@
+//! Where a file's chunks live: the per-inode cache of chunk locations, and the `ChunkMap` /
+//! `AllocateChunks` calls that fill it.
+//!
+//! Invariants:
+//! - A [`ChunkCache`] holds the locations of one file *generation* (the FCB's GENERATION, which
+//!   a truncate or an unlink elsewhere moves on). A caller that read a newer generation empties
+//!   it; one that read an older generation (it read the FCB before a truncate) bypasses it, and
+//!   only a cache of the very generation a location was learnt for may keep it.
+//! - Holes are never cached: another client may fill them at any time.
+//! - Every location is checked against the data server it names before it is used or cached
+//!   (the server is known, the chunk is inside its region), so a bad answer of the meta server
+//!   cannot make a verb touch memory outside a chunk.
+
+use crate::client::Inner;
+use crate::handles::OpenInode;
+use crate::meta::unexpected;
+use proto::rpc::{Request, Response};
+use proto::{ChunkLoc, FsError};
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::PoisonError;
+
+/// Chunk locations of one file generation (see the module docs).
+pub(crate) struct ChunkCache {
+    generation: u64,
+    map: HashMap<u64, ChunkLoc>,
+}
+
+impl ChunkCache {
+    /// An empty cache for file generation `generation`.
+    pub(crate) fn new(generation: u64) -> ChunkCache {
+        ChunkCache {
+            generation,
+            map: HashMap::new(),
+        }
+    }
+}
+
+/// Chunk locations for a run of chunks starting at `first`.
+pub(crate) struct ChunkRun {
+    first: u64,
+    /// `locs[i]`: chunk `first + i` (`None`: a hole).
+    pub(crate) locs: Vec<Option<ChunkLoc>>,
+}
+
+impl ChunkRun {
+    /// Where chunk `chunk` lives (`None`: a hole, or outside the run).
+    pub(crate) fn get(&self, chunk: u64) -> Option<ChunkLoc> {
+        chunk
+            .checked_sub(self.first)
+            .and_then(|i| self.locs.get(i as usize).copied().flatten())
+    }
+}
+
+impl Inner {
+    /// Where chunks of bytes `[off, off + len)` live, for file generation `generation`:
+    /// `result[i]` is chunk `first + i`'s location (None: a hole). With `allocate`, holes are
+    /// allocated with one `AllocateChunks` for the whole missing run.
+    pub(crate) fn chunk_locations(
+        &self,
+        inode: &OpenInode,
+        mut generation: u64,
+        off: u64,
+        len: usize,
+        allocate: bool,
+    ) -> Result<ChunkRun, FsError> {
+        let chunks = self.geometry.chunks(off, len as u64);
+        for _attempt in 0..3 {
+            let (mut locs, missing) = self.cached(inode, generation, chunks.clone());
+            let Some((a, b)) = missing else {
+                return Ok(ChunkRun {
+                    first: chunks.start,
+                    locs,
+                });
+            };
+            let request = if allocate {
+                Request::AllocateChunks {
+                    ino: inode.ino,
+                    generation,
+                    first: a,
+                    count: b - a + 1,
+                }
+            } else {
+                Request::ChunkMap {
+                    ino: inode.ino,
+                    first: a,
+                    count: b - a + 1,
+                }
+            };
+            let got = match self.meta.call(request) {
+                Ok(Response::Chunks(got)) => got,
+                Ok(other) => return Err(unexpected("ChunkMap/AllocateChunks", other)),
+                Err(FsError::Stale) if allocate => {
+                    // The file's layout changed under us (unlink elsewhere): start over with
+                    // the generation the FCB has now.
+                    let mut w = self.checkout()?;
+                    generation = self.read_fcb(&mut w, inode)?.1;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            if got.len() as u64 != b - a + 1 {
+                return Err(FsError::Io(format!(
+                    "meta server returned {} chunk locations for {} chunks",
+                    got.len(),
+                    b - a + 1
+                )));
+            }
+            let mut cache = inode.chunks.write().unwrap_or_else(PoisonError::into_inner);
+            if cache.generation < generation {
+                cache.generation = generation;
+                cache.map.clear();
+            }
+            // Only a cache of this very generation may learn these locations.
+            let cacheable = cache.generation == generation;
+            for (i, loc) in got.into_iter().enumerate() {
+                let c = a + i as u64;
+                let Some(loc) = loc else {
+                    if allocate {
+                        return Err(FsError::Io(format!(
+                            "meta server allocated no chunk {c} of inode {}",
+                            inode.ino
+                        )));
+                    }
+                    continue;
+                };
+                self.check_loc(loc)?;
+                if cacheable {
+                    cache.map.insert(c, loc);
+                }
+                if (chunks.start..chunks.end).contains(&c) {
+                    locs[(c - chunks.start) as usize] = Some(loc);
+                }
+            }
+            return Ok(ChunkRun {
+                first: chunks.start,
+                locs,
+            });
+        }
+        Err(FsError::Io(format!(
+            "inode {}: the file generation kept changing during a write",
+            inode.ino
+        )))
+    }
+
+    /// The cached locations of `chunks` for `generation` (`None` where not cached), and the
+    /// first and last chunk missing. A newer generation empties the cache; an older one (a
+    /// caller that read the FCB before a truncate) bypasses it.
+    fn cached(
+        &self,
+        inode: &OpenInode,
+        generation: u64,
+        chunks: Range<u64>,
+    ) -> (Vec<Option<ChunkLoc>>, Option<(u64, u64)>) {
+        let lookup = |cache: &ChunkCache| {
+            let mut missing: Option<(u64, u64)> = None;
+            let locs = chunks
+                .clone()
+                .map(|c| {
+                    let loc = if cache.generation == generation {
+                        cache.map.get(&c).copied()
+                    } else {
+                        None
+                    };
+                    if loc.is_none() {
+                        missing = Some(missing.map_or((c, c), |(a, _)| (a, c)));
+                    }
+                    loc
+                })
+                .collect();
+            (locs, missing)
+        };
+        {
+            let cache = inode.chunks.read().unwrap_or_else(PoisonError::into_inner);
+            if cache.generation >= generation {
+                return lookup(&cache);
+            }
+        }
+        let mut cache = inode.chunks.write().unwrap_or_else(PoisonError::into_inner);
+        if cache.generation < generation {
+            cache.generation = generation;
+            cache.map.clear();
+        }
+        lookup(&cache)
+    }
+
+    /// Checks that `loc` names a chunk inside a data server this client knows.
+    fn check_loc(&self, loc: ChunkLoc) -> Result<(), FsError> {
+        match self.servers.data(loc.server) {
+            Some(ds) if loc.index < ds.info.chunks => Ok(()),
+            Some(ds) => Err(FsError::Io(format!(
+                "chunk {} is beyond data server {}'s {} chunks",
+                loc.index, loc.server, ds.info.chunks
+            ))),
+            None => Err(FsError::Io(format!(
+                "chunk on data server {}, which this client does not know (joined after it connected?)",
+                loc.server
+            ))),
+        }
+    }
+}

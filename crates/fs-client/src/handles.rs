@@ -1,0 +1,237 @@
+//! File handles and the inodes open on this client: [`CitronFs::open`], [`CitronFs::release`].
+//!
+//! Owns two tables ([`HandleTable`]):
+//! - the open inodes, each with its handle count: the first open of an inode by this client
+//!   sends `Open` (which tells where the file control block and the lock live), the last close
+//!   sends `Release`. The table's mutex is held across those RPCs, so an open and a last close
+//!   of one inode never race: at any time an inode has at most one [`OpenInode`] here, and it
+//!   is the one the meta server's latest `Open` describes.
+//! - the file handles, each naming its [`OpenInode`]; looked up (a read lock) by every read,
+//!   write and fsync.
+//!
+//! Closing bumps a *close epoch*: workers compare it at checkout and drop the lock handles of
+//! closed files then (`lock_cache`), without taking the open-inode mutex (a checkout happens
+//! while it is held, in [`Inner::open_inode`]).
+
+use crate::chunks::ChunkCache;
+use crate::client::{CitronFs, FileHandle, Inner};
+use crate::meta::unexpected;
+use fabric::RemoteAddr;
+use proto::rpc::{Request, Response};
+use proto::{Caller, FsError, Ino, SetAttr};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+/// The file-handle and open-inode tables (see the module docs).
+pub(crate) struct HandleTable {
+    /// Inodes this client has open, with their handle counts. Held across `Open`/`Release`
+    /// RPCs so that opens and last closes of one inode never race.
+    open: Mutex<HashMap<Ino, OpenEntry>>,
+    handles: RwLock<HashMap<u64, Arc<Handle>>>,
+    next_fh: AtomicU64,
+    next_open_id: AtomicU64,
+    /// Bumped at every last close: workers then drop lock handles of closed files.
+    close_epoch: AtomicU64,
+}
+
+impl Default for HandleTable {
+    fn default() -> Self {
+        HandleTable {
+            open: Mutex::new(HashMap::new()),
+            handles: RwLock::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            next_open_id: AtomicU64::new(1),
+            close_epoch: AtomicU64::new(0),
+        }
+    }
+}
+
+impl HandleTable {
+    /// How many last closes this client has seen (see the module docs).
+    pub(crate) fn close_epoch(&self) -> u64 {
+        self.close_epoch.load(Ordering::Relaxed)
+    }
+
+    /// Empties the open-inode table and returns what was open (the client is going away).
+    pub(crate) fn take_all_open(&self) -> Vec<Ino> {
+        self.open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain()
+            .map(|(ino, _)| ino)
+            .collect()
+    }
+}
+
+struct OpenEntry {
+    inode: Arc<OpenInode>,
+    handles: usize,
+}
+
+/// An inode open on this client.
+pub(crate) struct OpenInode {
+    pub(crate) ino: Ino,
+    /// Unique per `Open` RPC: lock handles opened for an earlier open of the same inode (whose
+    /// lock state may have moved) are not reused.
+    pub(crate) open_id: u64,
+    /// The file control block (SIZE, GENERATION) in the meta region.
+    pub(crate) fcb: RemoteAddr,
+    /// The file's lock state in the meta region (what `locks::open_file_lock` opens).
+    pub(crate) lock: RemoteAddr,
+    pub(crate) chunks: RwLock<ChunkCache>,
+    /// The next write updates mtime (one `SetAttr` per open, not per write).
+    pub(crate) mtime_stale: AtomicBool,
+    /// Set at the last close: workers drop their lock handles on it.
+    pub(crate) closed: AtomicBool,
+}
+
+/// What a file handle stands for.
+pub(crate) struct Handle {
+    pub(crate) inode: Arc<OpenInode>,
+    /// Who opened it (for the mtime update after a write).
+    pub(crate) caller: Caller,
+    /// open(2) flags (`O_APPEND` matters to writes).
+    pub(crate) flags: i32,
+}
+
+impl CitronFs {
+    /// Opens regular file `ino` for I/O. `flags` are open(2) flags: `O_TRUNC` truncates (under
+    /// the whole-file lock), `O_APPEND` makes every write go to the current end of the file
+    /// (under the whole-file lock, so appends of all clients serialize). The first open of an
+    /// inode by this client sends `Open` to the meta server; the last release sends `Release`.
+    pub fn open(&self, caller: Caller, ino: Ino, flags: i32) -> Result<FileHandle, FsError> {
+        let inode = self.inner.open_inode(ino)?;
+        if flags & libc::O_TRUNC != 0 && flags & libc::O_ACCMODE != libc::O_RDONLY {
+            let set = SetAttr {
+                size: Some(0),
+                ..SetAttr::default()
+            };
+            if let Err(e) = self.inner.truncate(&inode, caller, set) {
+                self.inner.close_inode(ino);
+                return Err(e);
+            }
+        }
+        let files = &self.inner.files;
+        let fh = files.next_fh.fetch_add(1, Ordering::Relaxed);
+        files
+            .handles
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(
+                fh,
+                Arc::new(Handle {
+                    inode,
+                    caller,
+                    flags,
+                }),
+            );
+        Ok(FileHandle(fh))
+    }
+
+    /// Closes a handle; the last handle of an inode on this client releases the inode.
+    pub fn release(&self, fh: FileHandle) -> Result<(), FsError> {
+        let handle = self
+            .inner
+            .files
+            .handles
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&fh.0)
+            .ok_or(FsError::Stale)?;
+        self.inner.close_inode(handle.inode.ino);
+        Ok(())
+    }
+
+    /// The inode a handle is open on.
+    pub fn handle_ino(&self, fh: FileHandle) -> Result<Ino, FsError> {
+        Ok(self.inner.handle(fh)?.inode.ino)
+    }
+}
+
+impl Inner {
+    /// What handle `fh` stands for (`Stale` once released).
+    pub(crate) fn handle(&self, fh: FileHandle) -> Result<Arc<Handle>, FsError> {
+        self.files
+            .handles
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&fh.0)
+            .cloned()
+            .ok_or(FsError::Stale)
+    }
+
+    /// `ino`, if this client has it open.
+    pub(crate) fn open_entry(&self, ino: Ino) -> Option<Arc<OpenInode>> {
+        self.files
+            .open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&ino)
+            .map(|e| e.inode.clone())
+    }
+
+    /// Counts one more open of `ino` on this client, sending `Open` on the first.
+    pub(crate) fn open_inode(&self, ino: Ino) -> Result<Arc<OpenInode>, FsError> {
+        let mut open = self
+            .files
+            .open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(entry) = open.get_mut(&ino) {
+            entry.handles += 1;
+            return Ok(entry.inode.clone());
+        }
+        let opened = match self.meta.call(Request::Open {
+            ino,
+            scheme: self.scheme,
+        })? {
+            Response::Open(opened) => opened,
+            other => return Err(unexpected("Open", other)),
+        };
+        let inode = Arc::new(OpenInode {
+            ino,
+            open_id: self.files.next_open_id.fetch_add(1, Ordering::Relaxed),
+            fcb: opened.fcb,
+            lock: opened.lock,
+            chunks: RwLock::new(ChunkCache::new(opened.attr.generation)),
+            mtime_stale: AtomicBool::new(true),
+            closed: AtomicBool::new(false),
+        });
+        if let Err(e) = self.check_fcb_owner(&inode) {
+            let _ = self.meta.call(Request::Release { ino });
+            return Err(e);
+        }
+        open.insert(
+            ino,
+            OpenEntry {
+                inode: inode.clone(),
+                handles: 1,
+            },
+        );
+        Ok(inode)
+    }
+
+    /// Counts one open of `ino` less, sending `Release` after the last.
+    pub(crate) fn close_inode(&self, ino: Ino) {
+        let mut open = self
+            .files
+            .open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let Some(entry) = open.get_mut(&ino) else {
+            return;
+        };
+        entry.handles -= 1;
+        if entry.handles > 0 {
+            return;
+        }
+        if let Some(entry) = open.remove(&ino) {
+            entry.inode.closed.store(true, Ordering::Relaxed);
+        }
+        self.files.close_epoch.fetch_add(1, Ordering::Relaxed);
+        if let Err(error) = self.meta.call(Request::Release { ino }) {
+            tracing::warn!(ino, %error, "release of a closed file failed");
+        }
+    }
+}

@@ -1,0 +1,355 @@
+//! The data path (DESIGN.md "Files"): [`CitronFs::read`], [`CitronFs::write`],
+//! [`CitronFs::fsync`], and truncation under the whole-file lock. Read top-down, one locked I/O
+//! is:
+//!
+//! 1. check out a worker (`workers`): its own endpoints and lock handles;
+//! 2. **lock** `[off, off+len)` rounded outward to lock units ([`Inner::locked`]; an `O_APPEND`
+//!    write locks the whole file) and note the lock's lease deadline;
+//! 3. read SIZE and GENERATION from the file control block (`fcb`);
+//! 4. find the chunks (`chunks`; a write allocates the missing run with one RPC);
+//! 5. **post the data verbs**, one batch per data server ([`Inner::transfer_read`],
+//!    [`Inner::transfer_write`]), **checking the lease**: a write's verbs are posted only while
+//!    the lease has more than `lease_guard` left, a read's are checked after they completed;
+//! 6. (writes) raise SIZE with CAS, still under the lock and within the lease;
+//! 7. **release**, only after the data verbs completed (or failed).
+//!
+//! When the lease ran out mid-I/O (`FsError::LeaseLost`), the whole read or write is redone
+//! under a new lock ([`Inner::retry_lease`], [`LEASE_RETRIES`] times, then EIO), so a client
+//! that was merely slow never lands a write outside its lock (DESIGN.md "Fencing").
+//!
+//! Invariants: the lock is held from before the FCB read until after the last data verb and
+//! the SIZE raise completed; a worker whose verbs or lock release failed is marked broken and
+//! never reused; no shared lock is held while verbs are in flight.
+
+use crate::chunks::ChunkRun;
+use crate::client::{CitronFs, FileHandle, Inner};
+use crate::handles::OpenInode;
+use crate::locks::{lock_error, server_range, whole_file};
+use crate::plan::{plan, Limits};
+use crate::workers::Worker;
+use fabric::{Batch, RemoteAddr};
+use lockmgr::LockId;
+use proto::rpc::Request;
+use proto::{Attr, Caller, FsError, LockSchemeKind, SetAttr, SetTime};
+use std::ops::Range;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// How often one read or write is retried under a new lock after its lease ran out.
+const LEASE_RETRIES: u32 = 3;
+
+impl CitronFs {
+    /// Reads up to `len` bytes at `offset`; fewer at the end of the file. Atomic with respect
+    /// to every write of every client that overlaps it.
+    pub fn read(&self, fh: FileHandle, offset: u64, len: usize) -> Result<Vec<u8>, FsError> {
+        let handle = self.inner.handle(fh)?;
+        let max = self.inner.geometry.max_file_size();
+        if len == 0 || offset >= max {
+            return Ok(Vec::new());
+        }
+        let len = len.min((max - offset).min(usize::MAX as u64) as usize);
+        let units = self.inner.geometry.lock_range(offset, len as u64)?;
+        let inner = &*self.inner;
+        let inode = &handle.inode;
+        inner.retry_lease(|| {
+            let mut w = inner.checkout()?;
+            inner.locked(&mut w, inode, units.clone(), |w| {
+                let (size, generation) = inner.read_fcb(w, inode)?;
+                if offset >= size {
+                    return Ok(Vec::new());
+                }
+                let n = len.min((size - offset).min(usize::MAX as u64) as usize);
+                let mut buf = vec![0u8; n];
+                let locs = inner.chunk_locations(inode, generation, offset, n, false)?;
+                inner.transfer_read(w, offset, &mut buf, &locs)?;
+                Ok(buf)
+            })
+        })
+    }
+
+    /// Writes `data` at `offset` (or at the end of the file for an `O_APPEND` handle) and
+    /// returns the bytes written (all of them). Atomic with respect to every read and write of
+    /// every client that overlaps it.
+    pub fn write(&self, fh: FileHandle, offset: u64, data: &[u8]) -> Result<usize, FsError> {
+        let handle = self.inner.handle(fh)?;
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let inner = &*self.inner;
+        let inode = &handle.inode;
+        let append = handle.flags & libc::O_APPEND != 0;
+        let units = if append {
+            whole_file(inner.scheme)
+        } else {
+            inner.geometry.lock_range(offset, data.len() as u64)?
+        };
+        inner.retry_lease(|| {
+            let mut w = inner.checkout()?;
+            inner.locked(&mut w, inode, units.clone(), |w| {
+                let (size, generation) = inner.read_fcb(w, inode)?;
+                let offset = if append { size } else { offset };
+                let end = inner.geometry.checked_end(offset, data.len() as u64)?;
+                let locs = inner.chunk_locations(inode, generation, offset, data.len(), true)?;
+                inner.transfer_write(w, offset, data, &locs)?;
+                inner.raise_size(w, inode, size, end)
+            })
+        })?;
+        if inode.mtime_stale.swap(false, Ordering::Relaxed) {
+            let set = SetAttr {
+                mtime: Some(SetTime::Now),
+                ..SetAttr::default()
+            };
+            let request = Request::SetAttr {
+                ino: inode.ino,
+                set,
+                caller: handle.caller,
+            };
+            if let Err(error) = inner.meta.call(request) {
+                tracing::debug!(ino = inode.ino, %error, "mtime update after write failed");
+            }
+        }
+        Ok(data.len())
+    }
+
+    /// Makes the file's size durable on the meta server (and its data, where the data servers
+    /// are file-backed: their regions are the files).
+    pub fn fsync(&self, fh: FileHandle) -> Result<(), FsError> {
+        let handle = self.inner.handle(fh)?;
+        {
+            let mut w = self.inner.checkout()?;
+            self.inner.flush_data(&mut w, &handle.inode)?;
+        }
+        self.inner.ok_call(
+            "Fsync",
+            Request::Fsync {
+                ino: handle.inode.ino,
+            },
+        )
+    }
+}
+
+impl Inner {
+    /// Runs `op` (one whole locked read or write) again when its lock's lease ran out before
+    /// its verbs were done, up to [`LEASE_RETRIES`] times: a stalled client gets a fresh lock
+    /// rather than an error, and only one that keeps stalling sees EIO.
+    fn retry_lease<T>(&self, mut op: impl FnMut() -> Result<T, FsError>) -> Result<T, FsError> {
+        let mut attempt = 0;
+        loop {
+            match op() {
+                Err(FsError::LeaseLost) if attempt < LEASE_RETRIES => {
+                    attempt += 1;
+                    tracing::warn!(
+                        attempt,
+                        "range lock lease ran out mid-I/O; retrying under a new lock"
+                    );
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Runs `body` holding units `units` of `inode` locked; releases after it, whatever it
+    /// returned. A failed release marks the worker broken (its lock handle is in doubt).
+    pub(crate) fn locked<T>(
+        &self,
+        w: &mut Worker,
+        inode: &Arc<OpenInode>,
+        units: Range<u64>,
+        body: impl FnOnce(&mut Worker) -> Result<T, FsError>,
+    ) -> Result<T, FsError> {
+        let range = if self.scheme == LockSchemeKind::Server {
+            server_range(inode.ino, units)?
+        } else {
+            units
+        };
+        let lock = w.locks.handle(self, inode)?;
+        let (id, lease): (LockId, _) = match lock.acquire(range) {
+            Ok(id) => (id, lock.lease_deadline(id)),
+            Err(e) => {
+                w.broken = true;
+                return Err(lock_error(inode.ino, e));
+            }
+        };
+        w.lease = lease;
+        let result = body(w);
+        w.lease = None;
+        let released = w
+            .locks
+            .handle(self, inode)
+            .and_then(|l| l.release(id).map_err(|e| lock_error(inode.ino, e)));
+        if released.is_err() {
+            w.broken = true;
+        }
+        let value = result?;
+        released?;
+        Ok(value)
+    }
+
+    /// Fencing, client side (DESIGN.md "Fencing"): data verbs that change the file are posted
+    /// only while the guarding lock's lease has more than `lease_guard` left, so that they
+    /// execute before any other client can break the lock. The guard is twice the cluster's
+    /// `fence_after`: a client stopped between this check and its post for long enough to
+    /// land late is silent that long, and the breaker's `Fence` revokes it first (tcp).
+    pub(crate) fn check_lease_before_post(&self, w: &Worker) -> Result<(), FsError> {
+        match w.lease {
+            Some(deadline) if Instant::now() + self.lease_guard > deadline => {
+                Err(FsError::LeaseLost)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Reads are validated after the fact: data read before the lease deadline was read under
+    /// the lock; data read later may mix in another client's write.
+    fn check_lease_after_read(&self, w: &Worker) -> Result<(), FsError> {
+        match w.lease {
+            Some(deadline) if Instant::now() >= deadline => Err(FsError::LeaseLost),
+            _ => Ok(()),
+        }
+    }
+
+    /// Reads bytes `[off, off + buf.len())` into `buf` (holes stay as they are: zeros).
+    fn transfer_read(
+        &self,
+        w: &mut Worker,
+        off: u64,
+        buf: &mut [u8],
+        run: &ChunkRun,
+    ) -> Result<(), FsError> {
+        let plans = plan(
+            &self.geometry,
+            off,
+            buf.len(),
+            |c| run.get(c),
+            Limits::FABRIC,
+        )?;
+        for sp in plans {
+            let region = self.servers.region_of(sp.server)?;
+            for pb in sp.batches {
+                let handles = self.exec_data(w, sp.server, |batch| {
+                    pb.ops
+                        .iter()
+                        .map(|op| batch.read(RemoteAddr::new(region, op.remote_off), op.len))
+                        .collect::<Vec<_>>()
+                })?;
+                self.check_lease_after_read(w)?;
+                for (op, h) in pb.ops.iter().zip(handles) {
+                    buf[op.buf_off..op.buf_off + op.len].copy_from_slice(w.out.bytes(h));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at file offset `off` (every chunk of `run` allocated).
+    fn transfer_write(
+        &self,
+        w: &mut Worker,
+        off: u64,
+        data: &[u8],
+        run: &ChunkRun,
+    ) -> Result<(), FsError> {
+        let plans = plan(
+            &self.geometry,
+            off,
+            data.len(),
+            |c| run.get(c),
+            Limits::FABRIC,
+        )?;
+        for sp in plans {
+            let region = self.servers.region_of(sp.server)?;
+            for pb in sp.batches {
+                self.check_lease_before_post(w)?;
+                self.exec_data(w, sp.server, |batch| {
+                    for op in &pb.ops {
+                        batch.write(
+                            RemoteAddr::new(region, op.remote_off),
+                            &data[op.buf_off..op.buf_off + op.len],
+                        );
+                    }
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Fills the worker's batch with `fill` and executes it on data server `server`, one round
+    /// trip; the results are in `w.out` afterwards. A failure marks the worker broken: the
+    /// endpoint's state is unknown, so it must not be reused.
+    fn exec_data<R>(
+        &self,
+        w: &mut Worker,
+        server: u32,
+        fill: impl FnOnce(&mut Batch) -> R,
+    ) -> Result<R, FsError> {
+        let mut batch = std::mem::take(&mut w.batch);
+        let mut out = std::mem::take(&mut w.out);
+        batch.clear();
+        let filled = fill(&mut batch);
+        let result = w
+            .data_ep(&self.servers, server)
+            .and_then(|ep| ep.execute(&batch, &mut out).map_err(FsError::from));
+        w.batch = batch;
+        w.out = out;
+        if result.is_err() {
+            w.broken = true;
+        }
+        result.map(|()| filled)
+    }
+
+    /// Makes the file's data durable where its data servers are file-backed (the data half of
+    /// `fsync`; DESIGN.md "Files"): one batch of flush verbs per data server, covering every
+    /// allocated chunk below the size, with runs of adjacent chunks merged into one verb. Every
+    /// write this client acknowledged had completed its data verbs before returning, so the
+    /// flushes cover it.
+    fn flush_data(&self, w: &mut Worker, inode: &OpenInode) -> Result<(), FsError> {
+        let (size, generation) = self.read_fcb(w, inode)?;
+        if size == 0 {
+            return Ok(());
+        }
+        let len = usize::try_from(size).map_err(|_| FsError::Invalid("file too large".into()))?;
+        let run = self.chunk_locations(inode, generation, 0, len, false)?;
+        let mut per_server: std::collections::BTreeMap<u32, Vec<u64>> = Default::default();
+        for loc in run.locs.iter().flatten() {
+            per_server.entry(loc.server).or_default().push(loc.index);
+        }
+        let chunk = self.geometry.chunk_size;
+        for (server, mut indexes) in per_server {
+            indexes.sort_unstable();
+            let region = self.servers.region_of(server)?;
+            // (first chunk, chunk count) of each run of adjacent chunks.
+            let mut runs: Vec<(u64, u64)> = Vec::new();
+            for index in indexes {
+                match runs.last_mut() {
+                    Some((first, count)) if *first + *count == index => *count += 1,
+                    _ => runs.push((index, 1)),
+                }
+            }
+            // A batch carries at most MAX_BATCH_VERBS verbs; stay well below.
+            for group in runs.chunks(1024) {
+                self.exec_data(w, server, |batch| {
+                    for &(first, count) in group {
+                        batch.flush(RemoteAddr::new(region, first * chunk), count * chunk);
+                    }
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Truncates (or extends) under the whole-file lock, so that no read or write of any client
+    /// overlaps the `SetAttr`.
+    pub(crate) fn truncate(
+        &self,
+        inode: &Arc<OpenInode>,
+        caller: Caller,
+        set: SetAttr,
+    ) -> Result<Attr, FsError> {
+        let mut w = self.checkout()?;
+        let ino = inode.ino;
+        self.locked(&mut w, inode, whole_file(self.scheme), |_| {
+            self.attr_call("SetAttr", Request::SetAttr { ino, set, caller })
+        })
+    }
+}

@@ -1,0 +1,378 @@
+//! Namespace calls: lookups, attributes, creation and removal of names, links, directories,
+//! extended attributes and file-system totals, each one RPC to the meta server (the namespace
+//! lives there, in sled; every mutation is one transaction).
+//!
+//! This module owns no state. Two rules it keeps:
+//! - names are checked here (`check_name`) before they travel, with the same rules as the meta
+//!   server, so a bad name costs no round trip;
+//! - the size in an attribute of a file open on this client comes from its file control block
+//!   (`fcb`'s `fresh_size`), not from the meta server, whose copy lags behind one-sided writes.
+
+use crate::client::{CitronFs, FileHandle, Inner};
+use crate::meta::unexpected;
+use proto::rpc::{check_name, Request, Response, XattrMode};
+use proto::{Attr, Caller, DirEntry, FileKind, FsError, FsStats, Ino, SetAttr};
+use std::sync::atomic::Ordering;
+
+impl CitronFs {
+    /// The entry `name` in directory `parent`.
+    pub fn lookup(&self, parent: Ino, name: &str) -> Result<Attr, FsError> {
+        check_name(name)?;
+        let attr = self.inner.attr_call(
+            "Lookup",
+            Request::Lookup {
+                parent,
+                name: name.into(),
+            },
+        )?;
+        self.inner.fresh_size(attr)
+    }
+
+    /// An inode's attributes; for a file open on this client the size comes one-sidedly from
+    /// its file control block.
+    pub fn getattr(&self, ino: Ino) -> Result<Attr, FsError> {
+        let attr = self.inner.attr_call("GetAttr", Request::GetAttr { ino })?;
+        self.inner.fresh_size(attr)
+    }
+
+    /// Changes attributes (chmod, chown, utimens, truncate). A size change takes the whole-file
+    /// range lock around the `SetAttr` call, so no read or write of any client overlaps it.
+    pub fn setattr(&self, caller: Caller, ino: Ino, set: SetAttr) -> Result<Attr, FsError> {
+        let explicit_mtime = set.mtime.is_some();
+        let attr = match set.size {
+            None => self
+                .inner
+                .attr_call("SetAttr", Request::SetAttr { ino, set, caller })?,
+            Some(size) => {
+                if size > self.inner.geometry.max_file_size() {
+                    return Err(FsError::Invalid(format!(
+                        "size {size} exceeds the largest file"
+                    )));
+                }
+                let inode = self.inner.open_inode(ino)?;
+                let result = self.inner.truncate(&inode, caller, set);
+                self.inner.close_inode(ino);
+                result?
+            }
+        };
+        if explicit_mtime {
+            if let Some(inode) = self.inner.open_entry(ino) {
+                // A write after utimens must move mtime again.
+                inode.mtime_stale.store(true, Ordering::Relaxed);
+            }
+        }
+        self.inner.fresh_size(attr)
+    }
+
+    /// Creates a file, device node, fifo or socket.
+    pub fn mknod(
+        &self,
+        caller: Caller,
+        parent: Ino,
+        name: &str,
+        kind: FileKind,
+        perm: u16,
+        rdev: u32,
+    ) -> Result<Attr, FsError> {
+        check_name(name)?;
+        if matches!(kind, FileKind::Dir | FileKind::Symlink) {
+            return Err(FsError::Invalid(format!("mknod cannot create a {kind:?}")));
+        }
+        self.inner.attr_call(
+            "Mknod",
+            Request::Mknod {
+                parent,
+                name: name.into(),
+                kind,
+                perm,
+                rdev,
+                caller,
+            },
+        )
+    }
+
+    /// Creates a regular file and opens it (`flags` as for [`CitronFs::open`]).
+    ///
+    /// Without `O_EXCL` this is `open(O_CREAT)`: when the name exists — another client created
+    /// it after the kernel's lookup missed — the existing file is opened instead (POSIX), after
+    /// the permission check the kernel could not make (it checked only the directory). With
+    /// `O_EXCL` an existing name is `EEXIST`.
+    pub fn create(
+        &self,
+        caller: Caller,
+        parent: Ino,
+        name: &str,
+        perm: u16,
+        flags: i32,
+    ) -> Result<(Attr, FileHandle), FsError> {
+        // A name can flicker between existing and missing while other clients create and
+        // unlink it; each round trip either creates it or finds it, so a few rounds suffice
+        // unless someone loops create/unlink on exactly this name.
+        const ROUNDS: usize = 8;
+        for _ in 0..ROUNDS {
+            match self.mknod(caller, parent, name, FileKind::File, perm, 0) {
+                Ok(attr) => {
+                    let fh = self.open(caller, attr.ino, flags & !libc::O_TRUNC)?;
+                    return Ok((attr, fh));
+                }
+                Err(FsError::Exists) if flags & libc::O_EXCL == 0 => {}
+                Err(e) => return Err(e),
+            }
+            let attr = match self.lookup(parent, name) {
+                Ok(attr) => attr,
+                Err(FsError::NotFound) => continue,
+                Err(e) => return Err(e),
+            };
+            match attr.kind {
+                FileKind::File => {}
+                FileKind::Dir => return Err(FsError::IsDir),
+                // A device, fifo, socket or symlink created by another client under this name:
+                // the kernel would have resolved it itself, had it seen it; let it retry.
+                _ => return Err(FsError::Exists),
+            }
+            may_open(&attr, caller, flags)?;
+            let fh = self.open(caller, attr.ino, flags)?;
+            return match self.inner.fresh_size(attr) {
+                Ok(attr) => Ok((attr, fh)),
+                Err(e) => {
+                    let _ = self.release(fh);
+                    Err(e)
+                }
+            };
+        }
+        Err(FsError::Exists)
+    }
+
+    /// Creates a directory.
+    pub fn mkdir(
+        &self,
+        caller: Caller,
+        parent: Ino,
+        name: &str,
+        perm: u16,
+    ) -> Result<Attr, FsError> {
+        check_name(name)?;
+        self.inner.attr_call(
+            "Mkdir",
+            Request::Mkdir {
+                parent,
+                name: name.into(),
+                perm,
+                caller,
+            },
+        )
+    }
+
+    /// Removes a non-directory entry.
+    pub fn unlink(&self, parent: Ino, name: &str) -> Result<(), FsError> {
+        check_name(name)?;
+        self.inner.ok_call(
+            "Unlink",
+            Request::Unlink {
+                parent,
+                name: name.into(),
+            },
+        )
+    }
+
+    /// Removes an empty directory.
+    pub fn rmdir(&self, parent: Ino, name: &str) -> Result<(), FsError> {
+        check_name(name)?;
+        self.inner.ok_call(
+            "Rmdir",
+            Request::Rmdir {
+                parent,
+                name: name.into(),
+            },
+        )
+    }
+
+    /// Renames `parent/name` to `new_parent/new_name`, replacing a compatible target unless
+    /// `no_replace`.
+    pub fn rename(
+        &self,
+        parent: Ino,
+        name: &str,
+        new_parent: Ino,
+        new_name: &str,
+        no_replace: bool,
+    ) -> Result<(), FsError> {
+        check_name(name)?;
+        check_name(new_name)?;
+        self.inner.ok_call(
+            "Rename",
+            Request::Rename {
+                parent,
+                name: name.into(),
+                new_parent,
+                new_name: new_name.into(),
+                no_replace,
+            },
+        )
+    }
+
+    /// Adds the hard link `new_parent/new_name` to `ino`.
+    pub fn link(&self, ino: Ino, new_parent: Ino, new_name: &str) -> Result<Attr, FsError> {
+        check_name(new_name)?;
+        let attr = self.inner.attr_call(
+            "Link",
+            Request::Link {
+                ino,
+                new_parent,
+                new_name: new_name.into(),
+            },
+        )?;
+        self.inner.fresh_size(attr)
+    }
+
+    /// Creates the symbolic link `parent/name` pointing to `target`.
+    pub fn symlink(
+        &self,
+        caller: Caller,
+        parent: Ino,
+        name: &str,
+        target: &str,
+    ) -> Result<Attr, FsError> {
+        check_name(name)?;
+        if target.len() > proto::SYMLINK_MAX {
+            return Err(FsError::NameTooLong);
+        }
+        self.inner.attr_call(
+            "Symlink",
+            Request::Symlink {
+                parent,
+                name: name.into(),
+                target: target.into(),
+                caller,
+            },
+        )
+    }
+
+    /// A symbolic link's target.
+    pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>, FsError> {
+        self.inner.data_call("Readlink", Request::Readlink { ino })
+    }
+
+    /// Up to `max` entries of directory `ino` after `cookie` (0: from the start, with `.` and
+    /// `..`); continue with the last entry's cookie.
+    pub fn readdir(&self, ino: Ino, cookie: u64, max: u32) -> Result<Vec<DirEntry>, FsError> {
+        match self
+            .inner
+            .meta
+            .call(Request::ReadDir { ino, cookie, max })?
+        {
+            Response::Entries(entries) => Ok(entries),
+            other => Err(unexpected("ReadDir", other)),
+        }
+    }
+
+    /// File-system totals.
+    pub fn statfs(&self) -> Result<FsStats, FsError> {
+        match self.inner.meta.call(Request::Statfs)? {
+            Response::Stats(stats) => Ok(stats),
+            other => Err(unexpected("Statfs", other)),
+        }
+    }
+
+    /// Sets an extended attribute.
+    pub fn setxattr(
+        &self,
+        ino: Ino,
+        name: &str,
+        value: &[u8],
+        mode: XattrMode,
+    ) -> Result<(), FsError> {
+        if name.len() > proto::XATTR_NAME_MAX || value.len() > proto::XATTR_VALUE_MAX {
+            return Err(FsError::NameTooLong);
+        }
+        self.inner.ok_call(
+            "SetXattr",
+            Request::SetXattr {
+                ino,
+                name: name.into(),
+                value: value.to_vec(),
+                mode,
+            },
+        )
+    }
+
+    /// An extended attribute's value.
+    pub fn getxattr(&self, ino: Ino, name: &str) -> Result<Vec<u8>, FsError> {
+        self.inner.data_call(
+            "GetXattr",
+            Request::GetXattr {
+                ino,
+                name: name.into(),
+            },
+        )
+    }
+
+    /// Extended attribute names.
+    pub fn listxattr(&self, ino: Ino) -> Result<Vec<String>, FsError> {
+        match self.inner.meta.call(Request::ListXattr { ino })? {
+            Response::Names(names) => Ok(names),
+            other => Err(unexpected("ListXattr", other)),
+        }
+    }
+
+    /// Removes an extended attribute.
+    pub fn removexattr(&self, ino: Ino, name: &str) -> Result<(), FsError> {
+        self.inner.ok_call(
+            "RemoveXattr",
+            Request::RemoveXattr {
+                ino,
+                name: name.into(),
+            },
+        )
+    }
+}
+
+/// Whether `caller` may open `attr` with open(2) `flags`, by its mode bits (what the kernel's
+/// `default_permissions` check would say; root may do anything). Used where the kernel could
+/// not check: a file that appeared under a name between the kernel's lookup and its create.
+fn may_open(attr: &Attr, caller: Caller, flags: i32) -> Result<(), FsError> {
+    if caller.uid == 0 {
+        return Ok(());
+    }
+    let mode = u32::from(attr.perm);
+    let bits = if caller.uid == attr.uid {
+        mode >> 6
+    } else if caller.gid == attr.gid {
+        mode >> 3
+    } else {
+        mode
+    } & 0o7;
+    let access = flags & libc::O_ACCMODE;
+    let want_read = access != libc::O_WRONLY;
+    let want_write = access != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
+    if (want_read && bits & 0o4 == 0) || (want_write && bits & 0o2 == 0) {
+        return Err(FsError::Access);
+    }
+    Ok(())
+}
+
+impl Inner {
+    /// A call answered with attributes.
+    pub(crate) fn attr_call(&self, what: &str, request: Request) -> Result<Attr, FsError> {
+        match self.meta.call(request)? {
+            Response::Attr(attr) => Ok(attr),
+            other => Err(unexpected(what, other)),
+        }
+    }
+
+    /// A call answered with `Ok`.
+    pub(crate) fn ok_call(&self, what: &str, request: Request) -> Result<(), FsError> {
+        match self.meta.call(request)? {
+            Response::Ok => Ok(()),
+            other => Err(unexpected(what, other)),
+        }
+    }
+
+    /// A call answered with bytes.
+    fn data_call(&self, what: &str, request: Request) -> Result<Vec<u8>, FsError> {
+        match self.meta.call(request)? {
+            Response::Data(data) => Ok(data),
+            other => Err(unexpected(what, other)),
+        }
+    }
+}

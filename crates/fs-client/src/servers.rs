@@ -1,0 +1,102 @@
+//! The servers this client reaches, and how: one fabric connector for the meta region, one per
+//! data server (with what the meta server said about it: its region and size), and the lock
+//! server's address for the `server` scheme.
+//!
+//! Invariants: the table is fixed at connect. Data servers are indexed by id (ids are checked
+//! to be below `2^16`, so the table stays small); a data server that joins later is unknown to
+//! this client, and a chunk on it fails the I/O until the file system is mounted again. A
+//! connector makes endpoints; endpoints themselves belong to workers (`workers`).
+
+use crate::client::MountOptions;
+use fabric::{Connector, RegionId, ShmConnector, TcpConnector};
+use proto::{ClusterInfo, DataServerInfo, FabricAddr, FsError, LockSchemeKind};
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::Arc;
+
+/// One data server as this client reaches it.
+pub(crate) struct DataServer {
+    pub(crate) info: DataServerInfo,
+    pub(crate) connector: Arc<dyn Connector>,
+}
+
+/// The connectors to every fabric server of the cluster (see the module docs).
+pub(crate) struct Servers {
+    /// The meta server's fabric (file control blocks and lock words).
+    pub(crate) meta: Arc<dyn Connector>,
+    /// Indexed by data server id.
+    data: Vec<Option<DataServer>>,
+    /// The `server` scheme's lock server (`None` with the fabric schemes).
+    /// The `server` scheme's lock server and the cluster credentials it checks.
+    pub(crate) lock_server: Option<(SocketAddr, fabric::Credentials)>,
+}
+
+impl Servers {
+    /// Attaches to the meta region and every data server `info` names, for session
+    /// `info.session`, and resolves the lock server when `opts.scheme` needs it.
+    pub(crate) fn connect(info: &ClusterInfo, opts: &MountOptions) -> Result<Servers, FsError> {
+        let meta = connector_for(&info.meta_fabric, opts, info.session)?;
+        let mut data: Vec<Option<DataServer>> = Vec::new();
+        for ds in &info.data_servers {
+            let id = ds.id as usize;
+            if id > 1 << 16 {
+                return Err(FsError::Io(format!("data server id {id} is implausible")));
+            }
+            if data.len() <= id {
+                data.resize_with(id + 1, || None);
+            }
+            data[id] = Some(DataServer {
+                info: ds.clone(),
+                connector: connector_for(&ds.fabric, opts, info.session)?,
+            });
+        }
+        let lock_server = match (opts.scheme, &info.lock_server) {
+            (LockSchemeKind::Server, Some(addr)) => Some((
+                addr.to_socket_addrs()
+                    .ok()
+                    .and_then(|mut a| a.next())
+                    .ok_or_else(|| FsError::Io(format!("bad lock server address {addr:?}")))?,
+                fabric::Credentials::new(opts.cluster.clone(), opts.token.clone()),
+            )),
+            (LockSchemeKind::Server, None) => {
+                return Err(FsError::Invalid(
+                    "the cluster runs no lock server: the server scheme is unavailable".into(),
+                ))
+            }
+            _ => None,
+        };
+        Ok(Servers {
+            meta,
+            data,
+            lock_server,
+        })
+    }
+
+    /// Data server `server`, if this client knows it.
+    pub(crate) fn data(&self, server: u32) -> Option<&DataServer> {
+        self.data.get(server as usize).and_then(Option::as_ref)
+    }
+
+    /// The region data server `server` serves its chunks from.
+    pub(crate) fn region_of(&self, server: u32) -> Result<RegionId, FsError> {
+        self.data(server)
+            .map(|ds| ds.info.region)
+            .ok_or_else(|| FsError::Io(format!("unknown data server {server}")))
+    }
+}
+
+/// A connector to a fabric server for client session `session` (tcp endpoints present it, so
+/// the cluster can fence this client; shm cannot refuse anyone).
+fn connector_for(
+    addr: &FabricAddr,
+    opts: &MountOptions,
+    session: u64,
+) -> Result<Arc<dyn Connector>, FsError> {
+    Ok(match addr {
+        FabricAddr::Shm { dir } => Arc::new(ShmConnector::attach(dir)?),
+        FabricAddr::Tcp { addr } => Arc::new(TcpConnector::connect_session(
+            addr.as_str(),
+            fabric::Credentials::new(opts.cluster.clone(), opts.token.clone()),
+            session,
+        )?),
+    })
+}

@@ -1,0 +1,173 @@
+//! The pool of per-thread data-path state.
+//!
+//! What one call needs to move data — an endpoint to the meta region, endpoints to the data
+//! servers, a range-lock handle per open file, a batch and its completions — lives in a
+//! [`Worker`], checked out of the [`WorkerPool`] for the duration of one call and put back
+//! after it ([`Checkout`]).
+//!
+//! Invariants:
+//! - No two threads ever share an endpoint or a lock handle: a worker belongs to exactly one
+//!   call at a time. The pool's mutex is held for a push or a pop, never across I/O.
+//! - A worker whose endpoint or lock handle failed is marked `broken` and dropped instead of
+//!   being put back (its connections' state is unknown), so the next call opens fresh ones;
+//!   the statistics of its lock handles are kept in the pool's retired total.
+//! - A worker drops the lock handles of files closed since its last checkout (the close epoch,
+//!   see `handles`) when it is checked out, before any use.
+
+use crate::client::Inner;
+use crate::lock_cache::LockCache;
+use crate::servers::Servers;
+use fabric::{Batch, Completions, Endpoint};
+use lockmgr::LockStats;
+use proto::FsError;
+use std::sync::{Mutex, PoisonError};
+use std::time::Instant;
+
+/// Idle workers, and the statistics of lock handles no worker holds any more.
+#[derive(Default)]
+pub(crate) struct WorkerPool {
+    idle: Mutex<Vec<Worker>>,
+    /// Statistics of lock handles already dropped (closed files, broken workers), so that
+    /// [`crate::CitronFs::lock_stats`] keeps counting them.
+    retired_lock_stats: Mutex<LockStats>,
+}
+
+impl WorkerPool {
+    /// Counts `stats` of lock handles being dropped.
+    pub(crate) fn retire(&self, stats: &LockStats) {
+        self.retired_lock_stats
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .merge(stats);
+    }
+
+    /// The retired statistics plus those of every idle worker's lock handles.
+    pub(crate) fn lock_stats(&self) -> LockStats {
+        let mut total = *self
+            .retired_lock_stats
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        for w in idle.iter() {
+            w.locks.merge_stats(&mut total);
+        }
+        total
+    }
+}
+
+/// One thread's data-path state (see the module docs).
+pub(crate) struct Worker {
+    pub(crate) meta_ep: Box<dyn Endpoint>,
+    /// Indexed by data server id; connected on first use.
+    data_eps: Vec<Option<Box<dyn Endpoint>>>,
+    /// This worker's range-lock handles.
+    pub(crate) locks: LockCache,
+    /// The close epoch this worker's lock handles were last pruned at.
+    close_epoch: u64,
+    pub(crate) batch: Batch,
+    pub(crate) out: Completions,
+    /// An endpoint or lock handle of this worker failed: drop it rather than reuse it.
+    pub(crate) broken: bool,
+    /// The lease deadline of the range lock this worker holds now (`None`: no lock, or one
+    /// that is never broken). See `io`'s `check_lease_before_post`.
+    pub(crate) lease: Option<Instant>,
+}
+
+impl Worker {
+    /// This worker's endpoint to data server `server`, connected on first use.
+    pub(crate) fn data_ep(
+        &mut self,
+        servers: &Servers,
+        server: u32,
+    ) -> Result<&mut dyn Endpoint, FsError> {
+        let id = server as usize;
+        let ds = servers
+            .data(server)
+            .ok_or_else(|| FsError::Io(format!("unknown data server {server}")))?;
+        if self.data_eps.len() <= id {
+            self.data_eps.resize_with(id + 1, || None);
+        }
+        if self.data_eps[id].is_none() {
+            self.data_eps[id] = Some(ds.connector.connect()?);
+        }
+        Ok(self.data_eps[id].as_deref_mut().expect("set above"))
+    }
+}
+
+/// A worker checked out of the pool; goes back on drop unless broken.
+pub(crate) struct Checkout<'a> {
+    pool: &'a WorkerPool,
+    worker: Option<Worker>,
+}
+
+impl std::ops::Deref for Checkout<'_> {
+    type Target = Worker;
+    fn deref(&self) -> &Worker {
+        self.worker.as_ref().expect("present until drop")
+    }
+}
+impl std::ops::DerefMut for Checkout<'_> {
+    fn deref_mut(&mut self) -> &mut Worker {
+        self.worker.as_mut().expect("present until drop")
+    }
+}
+
+impl Drop for Checkout<'_> {
+    fn drop(&mut self) {
+        if let Some(worker) = self.worker.take() {
+            if worker.broken {
+                worker.locks.merge_stats(
+                    &mut self
+                        .pool
+                        .retired_lock_stats
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner),
+                );
+            } else {
+                self.pool
+                    .idle
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(worker);
+            }
+        }
+    }
+}
+
+impl Inner {
+    /// A worker for one call: an idle one, or a new one (connected to the meta region) when
+    /// none is idle.
+    pub(crate) fn checkout(&self) -> Result<Checkout<'_>, FsError> {
+        let pooled = self
+            .pool
+            .idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop();
+        let mut worker = match pooled {
+            Some(w) => w,
+            None => Worker {
+                meta_ep: self.servers.meta.connect()?,
+                data_eps: Vec::new(),
+                locks: LockCache::default(),
+                close_epoch: self.files.close_epoch(),
+                batch: Batch::new(),
+                out: Completions::new(),
+                broken: false,
+                lease: None,
+            },
+        };
+        let epoch = self.files.close_epoch();
+        if worker.close_epoch != epoch {
+            // Without taking the open-inode table: checkouts happen while it is held
+            // (open_inode).
+            let retired = worker.locks.drop_closed();
+            self.pool.retire(&retired);
+        }
+        worker.close_epoch = epoch;
+        Ok(Checkout {
+            pool: &self.pool,
+            worker: Some(worker),
+        })
+    }
+}
