@@ -15,13 +15,13 @@
 //! the user's buffer (and writes at 4 MiB), each under its own range lock: on the 2-core
 //! machine the fix was made on, 98 of 262 reads were torn on shm and 129 of 242 on tcp.
 
-use citronfs_tests::{skip_without_fuse, Cluster, ClusterSpec, FabricKind, Mount};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
+use testkit::{skip_without_fuse, Cluster, ClusterSpec, FabricKind, Mount};
 
 const MAX_PAGES_LIMIT_SYSCTL: &str = fs_client::fuse::MAX_PAGES_LIMIT_SYSCTL;
 
@@ -322,8 +322,9 @@ fn atomic_io(fabric: FabricKind) {
         chunk_size: 64 << 10,
         fabric,
         ..ClusterSpec::default()
-    });
-    let (a, b): (Mount, Mount) = (cluster.mount(), cluster.mount());
+    })
+    .unwrap();
+    let (a, b): (Mount, Mount) = (cluster.mount().unwrap(), cluster.mount().unwrap());
     let bound = a.atomic_bound().min(b.atomic_bound());
     eprintln!("{fabric:?}: the mounts report an atomic I/O bound of {bound} bytes");
     if can_raise_max_pages_limit() {

@@ -8,7 +8,6 @@
 //! when it continues, and its write is retried under a new lock. (On shm a stopped client
 //! cannot be fenced; DESIGN.md "Fencing" and docs/ARCHITECTURE.md say what holds there.)
 
-use citronfs_tests::{skip_without_fuse, ChildMount, Cluster, ClusterSpec, FabricKind};
 use fs_client::LockSchemeKind;
 use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
@@ -16,11 +15,12 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
+use testkit::{skip_without_fuse, ChildMount, Cluster, ClusterSpec, FabricKind};
 
 /// The client processes run this test (see `Cluster::spawn_mount_process`).
 #[test]
 fn child_mount() {
-    citronfs_tests::child_mount_main();
+    testkit::child_mount_main();
 }
 
 const BLOCK: usize = 4096;
@@ -98,7 +98,8 @@ fn pause_past_lease(fabric: FabricKind) {
     let cluster = Cluster::start(ClusterSpec {
         fabric,
         ..ClusterSpec::default()
-    });
+    })
+    .unwrap();
     let a: ChildMount = cluster.spawn_mount_process("child_mount", LockSchemeKind::Citron);
     let b: ChildMount = cluster.spawn_mount_process("child_mount", LockSchemeKind::Citron);
     std::fs::write(a.path().join("f"), record(0, 0)).unwrap();

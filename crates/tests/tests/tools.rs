@@ -1,9 +1,9 @@
 //! Ordinary tools through a mount: cp -a, diff -r, tar, find, mv, ln, ln -s, dd, rm -r.
 
-use citronfs_tests::{skip_without_fuse, Cluster, ClusterSpec, FabricKind};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::Command;
+use testkit::{skip_without_fuse, Cluster, ClusterSpec, FabricKind};
 
 /// Runs `cmd` through `sh -c` in `dir`, panicking with its output if it fails; returns stdout.
 fn sh(dir: &Path, cmd: &str) -> String {
@@ -54,8 +54,9 @@ fn cp_diff_rm_over_the_tcp_fabric() {
     let cluster = Cluster::start(ClusterSpec {
         fabric: FabricKind::Tcp,
         ..ClusterSpec::default()
-    });
-    let mnt = cluster.mount();
+    })
+    .unwrap();
+    let mnt = cluster.mount().unwrap();
     let root = mnt.path();
     sh(root, &format!("cp -a '{}/src' tree", work.path().display()));
     sh(
@@ -87,8 +88,9 @@ fn ordinary_tools(fabric: FabricKind) {
     let cluster = Cluster::start(ClusterSpec {
         fabric,
         ..ClusterSpec::default()
-    });
-    let mnt = cluster.mount();
+    })
+    .unwrap();
+    let mnt = cluster.mount().unwrap();
     let root = mnt.path();
 
     // cp -a in, diff -r, the same listing.

@@ -1,7 +1,7 @@
 //! `citronfs meta-server`, `citronfs data-server`, `citronfs mount`: each role on its own, for a
 //! real cluster over the tcp fabric (or shm on one host).
 
-use super::config::{load, parse_size, require_token, FabricKind};
+use super::config::{load, parse_size, require_token};
 use crate::merge;
 use anyhow::{Context, Result};
 use clap::Args;
@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use testkit::{FabricKind, Mount};
 
 /// Options of `citronfs meta-server`.
 #[derive(Args, Debug, Default, Deserialize)]
@@ -231,13 +232,13 @@ pub fn mount(mut args: MountArgs) -> Result<()> {
         allow_other: args.allow_other.unwrap_or(false),
         ..Default::default()
     };
-    let handle = mount_at(Arc::new(fs), &args.mountpoint, &fuse)?;
+    let mount = Mount::at(Arc::new(fs), &args.mountpoint, &fuse)?;
     eprintln!(
         "citronfs mounted at {}; Ctrl-C (or fusermount3 -u) unmounts",
         args.mountpoint.display()
     );
-    eprintln!("atomic I/O: {}", atomic_bound_line(&handle));
-    fs_client::fuse::wait_for_signal(handle).context("unmount")
+    eprintln!("atomic I/O: {}", atomic_bound_line(mount.io_limits()));
+    mount.wait_for_signal().context("unmount")
 }
 
 /// Parses a lock scheme name (default `citron`).
@@ -247,31 +248,11 @@ pub fn parse_scheme(name: Option<&str>) -> Result<LockSchemeKind> {
         .map_err(|e: String| anyhow::anyhow!(e))
 }
 
-/// Mounts with a clear error when FUSE is not usable here.
-pub fn mount_at(
-    fs: Arc<CitronFs>,
-    mountpoint: &std::path::Path,
-    fuse: &fs_client::fuse::FuseOptions,
-) -> Result<fs_client::fuse::MountHandle> {
-    anyhow::ensure!(
-        mountpoint.is_dir(),
-        "mount point {} is not a directory",
-        mountpoint.display()
-    );
-    fs_client::fuse::mount(fs, mountpoint, fuse).with_context(|| {
-        format!(
-            "cannot mount at {} (FUSE needs /dev/fuse, and fusermount3 from the fuse3 package when not root)",
-            mountpoint.display()
-        )
-    })
-}
-
 /// What `citronfs mount` and `citronfs up` say about the mount's atomic I/O bound: the size up
 /// to which every read and write call is atomic, for any alignment of the user's buffer, and,
 /// when it falls short of 16 MiB, why and what to do.
-pub fn atomic_bound_line(handle: &fs_client::fuse::MountHandle) -> String {
+pub fn atomic_bound_line(l: fs_client::fuse::IoLimits) -> String {
     use fs_client::fuse::{ATOMIC_IO_TARGET, MAX_PAGES_LIMIT_SYSCTL};
-    let l = handle.io_limits();
     let mut line = format!(
         "reads and writes up to {} bytes{} are atomic, for any buffer alignment \
          (max_write {}, max_pages {}); larger ones are cut into atomic pieces",
