@@ -15,11 +15,9 @@
 //!   start, so that chunks survive a restart.
 
 use anyhow::Context;
-use fabric::{Credentials, Region, RegionId, ShmServer, TcpServer};
+use fabric::{Credentials, FabricServer, RegionId, ServeAt};
 use proto::rpc::{Client, Request, Response, Role, Welcome};
 use proto::FabricAddr;
-use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -31,33 +29,8 @@ pub const DATA_REGION: RegionId = RegionId(1);
 /// How often the data server tries to register again while the meta server is away.
 const HEARTBEAT_EVERY: Duration = Duration::from_millis(500);
 
-/// How clients (and the meta server) reach the region.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum DataFabric {
-    /// Shared memory on this host, in this directory (with [`Backing::File`], the backing
-    /// directory is used instead: the region file must be where clients attach).
-    Shm {
-        /// The server directory.
-        dir: PathBuf,
-    },
-    /// The tcp software NIC, listening here (port 0: any).
-    Tcp {
-        /// Where to listen.
-        listen: SocketAddr,
-    },
-}
-
-/// What holds the region's memory.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Backing {
-    /// Memory only: the contents are lost when the server stops.
-    Memory,
-    /// A file in `dir`, kept across restarts (same name and capacity to get the data back).
-    File {
-        /// The directory of the region file.
-        dir: PathBuf,
-    },
-}
+/// What holds the region's memory (the fabric's [`Backing`](fabric::Backing)).
+pub use fabric::Backing;
 
 /// Everything a data server needs.
 #[derive(Clone, Debug)]
@@ -72,8 +45,9 @@ pub struct DataConfig {
     pub token: String,
     /// Bytes of the region (the meta server divides it into chunks).
     pub capacity_bytes: u64,
-    /// How the region is served.
-    pub fabric: DataFabric,
+    /// Where the region is served (with [`Backing::File`] on shm, from the backing directory:
+    /// clients map the region file where it is, see [`fabric::ServeAt::for_backing`]).
+    pub fabric: ServeAt,
     /// What holds the region.
     pub backing: Backing,
 }
@@ -91,7 +65,17 @@ impl DataServer {
             config.capacity_bytes >= 8,
             "capacity must be at least 8 bytes"
         );
-        let (region, fabric, servers) = serve_region(&config)?;
+        let at = config.fabric.clone().for_backing(&config.backing);
+        let server = fabric::serve(
+            &at,
+            &Credentials::new(config.cluster.clone(), config.token.clone()),
+        )
+        .with_context(|| format!("serving the data region at {at:?}"))?;
+        let region = server
+            .register(DATA_REGION, config.capacity_bytes, &config.backing)
+            .with_context(|| format!("registering the data region ({:?})", config.backing))?;
+        let fabric = server.addr();
+        let server = Arc::new(server);
         let role = Role::DataServer {
             fabric: fabric.clone(),
             region: DATA_REGION,
@@ -112,13 +96,8 @@ impl DataServer {
             "data server up"
         );
         let stop = Arc::new(AtomicBool::new(false));
-        // Revocations apply to the tcp fabric server; on shm clients map the region themselves
-        // and nothing can be refused (DESIGN.md "Fencing").
-        let fence: Option<Arc<TcpServer>> = servers
-            .iter()
-            .find_map(|s| s.downcast_ref::<Arc<TcpServer>>())
-            .cloned();
         let keeper = {
+            let fence = server.clone();
             let stop = stop.clone();
             let config = config.clone();
             std::thread::Builder::new()
@@ -131,91 +110,9 @@ impl DataServer {
             region_bytes: region.len(),
             stop,
             keeper: Some(keeper),
-            _servers: servers,
+            server: Some(server),
         })
     }
-}
-
-/// What keeps the region served; held for its `Drop` (a `ShmServer`, a `TcpServer`, or both).
-type Servers = Vec<Box<dyn std::any::Any + Send>>;
-
-fn open_or_register(shm: &ShmServer, bytes: u64, keep: bool) -> anyhow::Result<Arc<Region>> {
-    let want = bytes.div_ceil(8) * 8;
-    if keep {
-        if let Ok(region) = shm.open_region(DATA_REGION) {
-            anyhow::ensure!(
-                region.len() == want,
-                "the region file in {} has {} bytes, but the capacity is {want}; start with the \
-                 same capacity or remove the file",
-                shm.dir().display(),
-                region.len()
-            );
-            return Ok(region);
-        }
-    } else {
-        // A file left by a run that did not stop cleanly: memory backing keeps nothing.
-        let _ = shm.deregister(DATA_REGION);
-    }
-    Ok(shm.register(DATA_REGION, bytes)?)
-}
-
-fn serve_region(config: &DataConfig) -> anyhow::Result<(Arc<Region>, FabricAddr, Servers)> {
-    let mut servers: Servers = Vec::new();
-    let bytes = config.capacity_bytes;
-    let file_backed = |dir: &PathBuf| -> anyhow::Result<(ShmServer, Arc<Region>)> {
-        let mut shm = ShmServer::create(dir.clone())
-            .with_context(|| format!("region directory {}", dir.display()))?;
-        shm.persist();
-        let region = open_or_register(&shm, bytes, true)?;
-        Ok((shm, region))
-    };
-    let (region, fabric) = match (&config.fabric, &config.backing) {
-        (DataFabric::Shm { dir }, Backing::Memory) => {
-            let shm = ShmServer::create(dir.clone())
-                .with_context(|| format!("region directory {}", dir.display()))?;
-            let region = open_or_register(&shm, bytes, false)?;
-            servers.push(Box::new(shm));
-            (region, FabricAddr::Shm { dir: dir.clone() })
-        }
-        (DataFabric::Shm { dir }, Backing::File { dir: file_dir }) => {
-            if dir != file_dir {
-                tracing::warn!(
-                    shm = %dir.display(),
-                    file = %file_dir.display(),
-                    "file-backed shm region: clients attach to the backing directory"
-                );
-            }
-            let (shm, region) = file_backed(file_dir)?;
-            servers.push(Box::new(shm));
-            (
-                region,
-                FabricAddr::Shm {
-                    dir: file_dir.clone(),
-                },
-            )
-        }
-        (DataFabric::Tcp { listen }, backing) => {
-            let tcp = TcpServer::bind(
-                listen,
-                Credentials::new(config.cluster.clone(), config.token.clone()),
-            )
-            .with_context(|| format!("data fabric on {listen}"))?;
-            let region = match backing {
-                Backing::Memory => tcp.register(DATA_REGION, bytes)?,
-                Backing::File { dir } => {
-                    let (shm, region) = file_backed(dir)?;
-                    tcp.add_region(region.clone())?;
-                    servers.push(Box::new(shm));
-                    region
-                }
-            };
-            let addr = tcp.local_addr().to_string();
-            // The tcp server goes first so that it stops serving before the mapping goes.
-            servers.insert(0, Box::new(Arc::new(tcp)));
-            (region, FabricAddr::Tcp { addr })
-        }
-    };
-    Ok((region, fabric, servers))
 }
 
 /// Connects and registers; the meta server's answer gives the id.
@@ -236,7 +133,9 @@ fn register(config: &DataConfig, role: &Role) -> anyhow::Result<(Client, u32)> {
 }
 
 /// Long-polls the meta server for revoked sessions on the registration connection (the poll
-/// is also the heartbeat) and fences them on `fence`; on failure, registers again until
+/// is also the heartbeat) and fences them on `fence` (where its backend can: on shm clients map
+/// the region themselves and nothing can be refused, DESIGN.md "Fencing"); on failure,
+/// registers again until
 /// stopped. Each poll names the epoch applied so far, which is how the meta server knows that
 /// a `Fence` has taken effect here.
 fn keep_registered(
@@ -244,7 +143,7 @@ fn keep_registered(
     config: DataConfig,
     role: Role,
     stop: Arc<AtomicBool>,
-    fence: Option<Arc<TcpServer>>,
+    fence: Arc<FabricServer>,
 ) {
     let mut client = Some(client);
     let mut applied = 0u64;
@@ -254,9 +153,7 @@ fn keep_registered(
             Some(c) => match c.call(Request::AwaitRevocations { known: applied }) {
                 Ok(Ok(Response::Revocations { epoch, sessions })) => {
                     if epoch != applied {
-                        if let Some(tcp) = &fence {
-                            tcp.revoke(&sessions);
-                        }
+                        fence.revoke(&sessions);
                         if !sessions.is_empty() {
                             tracing::info!(name = config.name, epoch, ?sessions, "sessions fenced");
                         }
@@ -305,7 +202,8 @@ pub struct DataHandle {
     region_bytes: u64,
     stop: Arc<AtomicBool>,
     keeper: Option<JoinHandle<()>>,
-    _servers: Servers,
+    /// Serves the region; dropped at shutdown.
+    server: Option<Arc<FabricServer>>,
 }
 
 impl DataHandle {
@@ -331,7 +229,7 @@ impl DataHandle {
         if let Some(keeper) = self.keeper.take() {
             let _ = keeper.join();
         }
-        self._servers.clear();
+        self.server = None;
     }
 }
 

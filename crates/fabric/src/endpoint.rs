@@ -124,6 +124,20 @@ pub trait Connector: Send + Sync {
     fn connect(&self) -> Result<Box<dyn Endpoint>>;
 }
 
+/// A shared connector ([`crate::connect`] returns one) is a connector.
+impl<C: Connector + ?Sized> Connector for std::sync::Arc<C> {
+    fn connect(&self) -> Result<Box<dyn Endpoint>> {
+        (**self).connect()
+    }
+}
+
+/// A boxed connector is a connector.
+impl<C: Connector + ?Sized> Connector for Box<C> {
+    fn connect(&self) -> Result<Box<dyn Endpoint>> {
+        (**self).connect()
+    }
+}
+
 /// One-verb conveniences on any endpoint. Each call is one round trip; hot paths build batches.
 pub trait EndpointExt: Endpoint {
     /// Reads `len` bytes at `addr`.

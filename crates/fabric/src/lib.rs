@@ -12,6 +12,9 @@
 //!   server's CPU is never involved;
 //! - [`tcp`]: a software NIC; the server executes verbs it receives in checksummed frames.
 //!
+//! Which backend is a value ([`Backend`], [`ServeAt`], [`FabricAddr`]): everything else goes
+//! through [`serve`] and [`connect`] ([`transport`]), the one place a backend is chosen.
+//!
 //! Hosts are little-endian: words travel and sit in memory as little-endian `u64`s.
 
 #[cfg(not(target_endian = "little"))]
@@ -30,6 +33,7 @@ pub mod record;
 pub mod region;
 pub mod shm;
 pub mod tcp;
+pub mod transport;
 
 pub use addr::{RegionId, RemoteAddr};
 pub use batch::{AtomicHandle, Batch, Completions, ReadHandle, Verb};
@@ -43,3 +47,4 @@ pub use mem::MemServer;
 pub use region::{Region, RegionTable};
 pub use shm::{ShmConnector, ShmServer};
 pub use tcp::{TcpConnector, TcpEndpoint, TcpServer};
+pub use transport::{connect, serve, Backend, Backing, FabricAddr, FabricServer, ServeAt};

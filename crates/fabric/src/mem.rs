@@ -38,6 +38,19 @@ impl MemServer {
         Ok(region)
     }
 
+    /// Registers an existing region (e.g. one mapped from a file) under its id.
+    pub fn add_region(&self, region: Arc<Region>) -> Result<()> {
+        let mut table = self.inner.table.write().expect("region table poisoned");
+        if table.get(region.id()).is_some() {
+            return Err(FabricError::Config(format!(
+                "{} is already registered",
+                region.id()
+            )));
+        }
+        table.insert(region);
+        Ok(())
+    }
+
     /// Deregisters a region; endpoints stop reaching it before their next batch.
     pub fn deregister(&self, id: RegionId) -> Option<Arc<Region>> {
         let removed = self

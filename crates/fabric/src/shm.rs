@@ -13,7 +13,7 @@ use crate::error::{FabricError, Result};
 use crate::local::{LocalEndpoint, RegionSource};
 use crate::region::Region;
 use memmap2::MmapMut;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -58,6 +58,8 @@ pub struct ShmServer {
     dir: PathBuf,
     regions: Mutex<HashMap<RegionId, Arc<Region>>>,
     remove_on_drop: bool,
+    /// Regions whose files are kept at drop even when the others are removed.
+    kept: Mutex<HashSet<RegionId>>,
 }
 
 impl ShmServer {
@@ -71,12 +73,19 @@ impl ShmServer {
             dir,
             regions: Mutex::new(HashMap::new()),
             remove_on_drop: true,
+            kept: Mutex::new(HashSet::new()),
         })
     }
 
     /// Keeps the region files when the server is dropped (they are removed by default).
     pub fn persist(&mut self) {
         self.remove_on_drop = false;
+    }
+
+    /// Keeps region `id`'s file when the server is dropped (a file-backed region), whatever
+    /// happens to the others.
+    pub fn keep(&self, id: RegionId) {
+        self.kept.lock().expect("poisoned").insert(id);
     }
 
     /// The server directory clients attach to.
@@ -136,14 +145,18 @@ impl ShmServer {
 impl Drop for ShmServer {
     fn drop(&mut self) {
         if self.remove_on_drop {
+            let kept = self.kept.lock().map(|k| k.clone()).unwrap_or_default();
             for id in self
                 .regions
                 .lock()
                 .map(|r| r.keys().copied().collect::<Vec<_>>())
                 .unwrap_or_default()
             {
-                let _ = fs::remove_file(region_path(&self.dir, id));
+                if !kept.contains(&id) {
+                    let _ = fs::remove_file(region_path(&self.dir, id));
+                }
             }
+            // Fails, as it should, while kept files remain.
             let _ = fs::remove_dir(&self.dir);
         }
     }

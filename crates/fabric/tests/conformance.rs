@@ -6,14 +6,14 @@
 //! server as the parent.
 
 use fabric::{
-    record, Batch, Completions, Connector, Endpoint, EndpointExt, FabricError, RegionId,
+    record, Backend, Batch, Completions, Connector, Endpoint, EndpointExt, FabricError, RegionId,
     RemoteAddr, VerbError,
 };
-use std::any::Any;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::thread;
 
 const REGION: RegionId = RegionId(3);
@@ -21,26 +21,18 @@ const REGION_LEN: u64 = 1 << 20;
 const CLUSTER: &str = "conformance";
 const TOKEN: &str = "s3cret";
 
-/// A running backend: a connector to a server holding region `REGION`, and whatever keeps the
-/// server alive. `child_args` tells a child process how to attach to the same server.
+/// A running backend: a connector to a server holding region `REGION`, and the server (then its
+/// shm directory) kept alive. `child_args` tells a child process how to attach to the same
+/// server: its address, which a mem server does not have outside this process.
 struct Fixture {
-    connector: Box<dyn Connector>,
+    connector: Arc<dyn Connector>,
     child_args: Option<String>,
-    _keep: Box<dyn Any>,
+    _server: fabric::FabricServer,
+    _dir: tempfile::TempDir,
 }
 
 fn at(offset: u64) -> RemoteAddr {
     RemoteAddr::new(REGION, offset)
-}
-
-fn mem_fixture() -> Fixture {
-    let server = fabric::MemServer::new();
-    server.register(REGION, REGION_LEN).unwrap();
-    Fixture {
-        connector: Box::new(server.clone()),
-        child_args: None,
-        _keep: Box::new(server),
-    }
 }
 
 fn shm_root() -> PathBuf {
@@ -51,33 +43,37 @@ fn shm_root() -> PathBuf {
     }
 }
 
-fn shm_fixture() -> Fixture {
-    let tmp = tempfile::Builder::new()
+fn credentials() -> fabric::Credentials {
+    fabric::Credentials::new(CLUSTER, TOKEN)
+}
+
+/// A server of `backend` holding `REGION`, started and reached through the fabric's one seam
+/// (`fabric::serve`, `fabric::connect`), like every server and client of CitronFS.
+fn fixture(backend: Backend) -> Fixture {
+    let dir = tempfile::Builder::new()
         .prefix("citronfs-conformance-")
         .tempdir_in(shm_root())
         .unwrap();
-    let dir = tmp.path().join("server");
-    let server = fabric::ShmServer::create(&dir).unwrap();
-    server.register(REGION, REGION_LEN).unwrap();
-    let connector = fabric::ShmConnector::attach(&dir).unwrap();
+    let at = backend.serve_at(dir.path().join("server"), "127.0.0.1:0".parse().unwrap());
+    let server = fabric::serve(&at, &credentials()).unwrap();
+    server
+        .register(REGION, REGION_LEN, &fabric::Backing::Memory)
+        .unwrap();
     Fixture {
-        connector: Box::new(connector),
-        child_args: Some(format!("shm:{}", dir.display())),
-        _keep: Box::new((server, tmp)),
+        connector: server.connector().unwrap(),
+        child_args: (backend != Backend::Mem).then(|| server.addr().to_string()),
+        _server: server,
+        _dir: dir,
     }
 }
 
-/// Opens an endpoint from a child's attach string (`shm:DIR` or `tcp:ADDR`).
+/// Opens an endpoint from a child's attach string (a fabric address).
 fn attach(spec: &str) -> Box<dyn Endpoint> {
-    let (kind, target) = spec.split_once(':').expect("KIND:TARGET");
-    match kind {
-        "shm" => fabric::ShmConnector::attach(target)
-            .unwrap()
-            .connect()
-            .unwrap(),
-        "tcp" => attach_other(kind, target),
-        other => panic!("unknown backend {other}"),
-    }
+    let addr: fabric::FabricAddr = spec.parse().unwrap();
+    fabric::connect(&addr, &credentials(), 0)
+        .unwrap()
+        .connect()
+        .unwrap()
 }
 
 /// Spawns this test binary as a child worker running `job`, attached to `fixture`'s server.
@@ -616,8 +612,8 @@ macro_rules! conformance {
     };
 }
 
-conformance!(mem, mem_fixture());
-conformance!(shm, shm_fixture());
+conformance!(mem, fixture(Backend::Mem));
+conformance!(shm, fixture(Backend::Shm));
 
 /// A flush on a region backed by a file on disk (a file-backed data server) runs `msync`.
 /// Whether the bytes reached the disk cannot be observed without cutting power; this checks
@@ -682,34 +678,6 @@ fn shm_verbs_complete_while_server_is_stopped() {
     let _ = server.0.stdin.take().map(|mut s| s.write_all(b"stop\n"));
     assert!(server.0.wait().unwrap().success());
 }
-// The tcp backend's hooks for the conformance suite (included by conformance.rs): the server runs
-// in the test process; child workers connect to it over loopback.
-
-fn tcp_fixture() -> Fixture {
-    let server =
-        fabric::tcp::TcpServer::bind("127.0.0.1:0", fabric::Credentials::new(CLUSTER, TOKEN))
-            .unwrap();
-    server.register(REGION, REGION_LEN).unwrap();
-    let addr = server.local_addr();
-    let connector =
-        fabric::tcp::TcpConnector::connect(addr, fabric::Credentials::new(CLUSTER, TOKEN)).unwrap();
-    Fixture {
-        connector: Box::new(connector),
-        child_args: Some(format!("tcp:{addr}")),
-        _keep: Box::new(server),
-    }
-}
-
-fn attach_other(kind: &str, target: &str) -> Box<dyn Endpoint> {
-    match kind {
-        "tcp" => {
-            fabric::tcp::TcpConnector::connect(target, fabric::Credentials::new(CLUSTER, TOKEN))
-                .unwrap()
-                .connect()
-                .unwrap()
-        }
-        other => panic!("unknown backend {other}"),
-    }
-}
-
-conformance!(tcp, tcp_fixture());
+// The tcp backend: the server runs in the test process; child workers connect to it over
+// loopback.
+conformance!(tcp, fixture(Backend::Tcp));

@@ -51,6 +51,11 @@ pub struct MountOptions {
 }
 
 impl MountOptions {
+    /// The cluster credentials every server checks in the handshake.
+    pub fn credentials(&self) -> fabric::Credentials {
+        fabric::Credentials::new(self.cluster.clone(), self.token.clone())
+    }
+
     /// Options for the cluster at `meta_addr` with the default scheme (`citron`).
     pub fn new(
         meta_addr: impl Into<String>,

@@ -8,7 +8,7 @@
 //! connector makes endpoints; endpoints themselves belong to workers (`workers`).
 
 use crate::client::MountOptions;
-use fabric::{Connector, RegionId, ShmConnector, TcpConnector};
+use fabric::{Connector, RegionId};
 use proto::{ClusterInfo, DataServerInfo, FabricAddr, FsError, LockSchemeKind};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
@@ -55,7 +55,7 @@ impl Servers {
                     .ok()
                     .and_then(|mut a| a.next())
                     .ok_or_else(|| FsError::Io(format!("bad lock server address {addr:?}")))?,
-                fabric::Credentials::new(opts.cluster.clone(), opts.token.clone()),
+                opts.credentials(),
             )),
             (LockSchemeKind::Server, None) => {
                 return Err(FsError::Invalid(
@@ -91,12 +91,5 @@ fn connector_for(
     opts: &MountOptions,
     session: u64,
 ) -> Result<Arc<dyn Connector>, FsError> {
-    Ok(match addr {
-        FabricAddr::Shm { dir } => Arc::new(ShmConnector::attach(dir)?),
-        FabricAddr::Tcp { addr } => Arc::new(TcpConnector::connect_session(
-            addr.as_str(),
-            fabric::Credentials::new(opts.cluster.clone(), opts.token.clone()),
-            session,
-        )?),
-    })
+    Ok(fabric::connect(addr, &opts.credentials(), session)?)
 }

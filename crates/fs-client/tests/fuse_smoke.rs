@@ -2,30 +2,24 @@
 //! with the reason printed, where /dev/fuse or the rights to mount are missing.
 #![cfg(feature = "fuse")]
 
-mod common;
-
-use common::{pattern, Cluster, CHUNK};
-use fs_client::fuse::{mount, FuseOptions};
+use fs_client::fuse::FuseOptions;
 use fs_client::LockSchemeKind;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::sync::Arc;
+use testkit::{pattern, skip_without_fuse, Cluster, ClusterSpec, Mount, TEST_CHUNK_SIZE as CHUNK};
 
 #[test]
 fn mount_write_read_stat_unmount() {
-    if let Err(why) =
-        fs_client::fuse::check_mountable(std::path::Path::new(fs_client::fuse::FUSE_DEVICE))
-    {
-        println!("skipped: {why}");
-        return;
-    }
-    let cluster = Cluster::start(2, 64);
-    let fs = Arc::new(cluster.client(LockSchemeKind::Citron));
+    skip_without_fuse!();
+    let cluster = Cluster::start(ClusterSpec::default().with_data_servers(2, 64)).unwrap();
+    let fs = Arc::new(cluster.connect(LockSchemeKind::Citron).unwrap());
+    // A directory of the test's own, so that it can be checked empty after the unmount.
     let mnt = tempfile::tempdir().unwrap();
-    let handle = match mount(fs.clone(), mnt.path(), &FuseOptions::default()) {
+    let handle = match Mount::at(fs.clone(), mnt.path(), &FuseOptions::default()) {
         Ok(h) => h,
         Err(e) => {
-            println!("skipped: mount failed: {e}");
+            println!("skipped: mount failed: {e:#}");
             return;
         }
     };

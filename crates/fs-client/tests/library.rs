@@ -2,13 +2,17 @@
 //! on shm): data across chunks and servers, holes, coherence between two clients, truncate,
 //! write atomicity under every lock scheme, and a full data server.
 
-mod common;
-
-use common::{pattern, Cluster, CHUNK};
+use fabric::Backend;
 use fs_client::{CitronFs, FileKind, FsError, LockSchemeKind, SetAttr, XattrMode, ROOT_INO};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use testkit::{pattern, Cluster, ClusterSpec, TEST_CHUNK_SIZE as CHUNK};
+
+/// A cluster on shm of `servers` data servers of `chunks` chunks of [`CHUNK`] bytes each.
+fn start(servers: usize, chunks: u64) -> Cluster {
+    Cluster::start(ClusterSpec::default().with_data_servers(servers, chunks)).unwrap()
+}
 
 fn me() -> fs_client::Caller {
     CitronFs::process_caller()
@@ -23,8 +27,8 @@ fn new_file(fs: &CitronFs, name: &str) -> (u64, fs_client::FileHandle) {
 
 #[test]
 fn data_crosses_chunks_and_servers() {
-    let cluster = Cluster::start(2, 64);
-    let fs = cluster.client(LockSchemeKind::Citron);
+    let cluster = start(2, 64);
+    let fs = cluster.connect(LockSchemeKind::Citron).unwrap();
     let (ino, fh) = new_file(&fs, "striped");
     // 5.5 chunks at an unaligned offset: at least 6 chunks over both servers.
     let off = 1000;
@@ -58,8 +62,8 @@ fn data_crosses_chunks_and_servers() {
 
 #[test]
 fn holes_read_as_zeros() {
-    let cluster = Cluster::start(2, 64);
-    let fs = cluster.client(LockSchemeKind::Citron);
+    let cluster = start(2, 64);
+    let fs = cluster.connect(LockSchemeKind::Citron).unwrap();
     let (ino, fh) = new_file(&fs, "sparse");
     let far = 7 * CHUNK + 123;
     fs.write(fh, far, b"end").unwrap();
@@ -76,9 +80,9 @@ fn holes_read_as_zeros() {
 
 #[test]
 fn two_clients_see_each_others_writes_and_sizes_at_once() {
-    let cluster = Cluster::start(2, 64);
-    let a = cluster.client(LockSchemeKind::Citron);
-    let b = cluster.client(LockSchemeKind::Citron);
+    let cluster = start(2, 64);
+    let a = cluster.connect(LockSchemeKind::Citron).unwrap();
+    let b = cluster.connect(LockSchemeKind::Citron).unwrap();
     let (ino, fa) = new_file(&a, "shared");
     // b has not opened the file: its getattr goes to the meta server, which reads the FCB.
     a.write(fa, 0, b"hello").unwrap();
@@ -101,9 +105,9 @@ fn two_clients_see_each_others_writes_and_sizes_at_once() {
 
 #[test]
 fn truncate_and_regrow_reads_zeros() {
-    let cluster = Cluster::start(2, 64);
-    let a = cluster.client(LockSchemeKind::Citron);
-    let b = cluster.client(LockSchemeKind::Citron);
+    let cluster = start(2, 64);
+    let a = cluster.connect(LockSchemeKind::Citron).unwrap();
+    let b = cluster.connect(LockSchemeKind::Citron).unwrap();
     let (ino, fa) = new_file(&a, "trunc");
     let fb = b.open(me(), ino, libc::O_RDWR).unwrap();
     let data = pattern(7, 0, (3 * CHUNK + 500) as usize);
@@ -141,9 +145,9 @@ fn truncate_and_regrow_reads_zeros() {
 
 #[test]
 fn append_goes_to_the_end_across_clients() {
-    let cluster = Cluster::start(2, 64);
-    let a = cluster.client(LockSchemeKind::Citron);
-    let b = cluster.client(LockSchemeKind::Citron);
+    let cluster = start(2, 64);
+    let a = cluster.connect(LockSchemeKind::Citron).unwrap();
+    let b = cluster.connect(LockSchemeKind::Citron).unwrap();
     let (ino, fa) = new_file(&a, "log");
     a.release(fa).unwrap();
     let fa = a.open(me(), ino, libc::O_WRONLY | libc::O_APPEND).unwrap();
@@ -178,8 +182,14 @@ fn no_torn_records(scheme: LockSchemeKind) {
     const A: (u64, usize) = (CHUNK - 5_001, 10_000);
     const B: (u64, usize) = (CHUNK + 2_999, 9_000);
     let split = (B.0 - A.0) as usize;
-    let cluster = Cluster::start(2, 64);
-    let clients: Vec<Arc<CitronFs>> = (0..2).map(|_| Arc::new(cluster.client(scheme))).collect();
+    let cluster = Cluster::start(ClusterSpec {
+        lock_server: scheme == LockSchemeKind::Server,
+        ..ClusterSpec::default().with_data_servers(2, 64)
+    })
+    .unwrap();
+    let clients: Vec<Arc<CitronFs>> = (0..2)
+        .map(|_| Arc::new(cluster.connect(scheme).unwrap()))
+        .collect();
     let (ino, fh) = new_file(&clients[0], "records");
     clients[0].write(fh, A.0, &vec![1u8; A.1]).unwrap();
     clients[0].release(fh).unwrap();
@@ -278,8 +288,8 @@ fn no_torn_records_server() {
 #[test]
 fn full_data_server_gives_enospc_and_corrupts_nothing() {
     // 2 servers of 4 chunks: 8 chunks in all.
-    let cluster = Cluster::start(2, 4);
-    let fs = cluster.client(LockSchemeKind::Citron);
+    let cluster = start(2, 4);
+    let fs = cluster.connect(LockSchemeKind::Citron).unwrap();
     let (ino, fh) = new_file(&fs, "keep");
     let data = pattern(3, 0, (3 * CHUNK) as usize);
     fs.write(fh, 0, &data).unwrap();
@@ -301,8 +311,8 @@ fn full_data_server_gives_enospc_and_corrupts_nothing() {
 
 #[test]
 fn namespace_calls() {
-    let cluster = Cluster::start(1, 16);
-    let fs = cluster.client(LockSchemeKind::Citron);
+    let cluster = start(1, 16);
+    let fs = cluster.connect(LockSchemeKind::Citron).unwrap();
     let d = fs.mkdir(me(), ROOT_INO, "dir", 0o755).unwrap();
     assert_eq!(d.kind, FileKind::Dir);
     let (f, fh) = fs.create(me(), d.ino, "f", 0o600, libc::O_RDWR).unwrap();
@@ -362,8 +372,8 @@ fn namespace_calls() {
 
 #[test]
 fn many_threads_one_client_large_io() {
-    let cluster = Cluster::start(2, 1024);
-    let fs = Arc::new(cluster.client(LockSchemeKind::Citron));
+    let cluster = start(2, 1024);
+    let fs = Arc::new(cluster.connect(LockSchemeKind::Citron).unwrap());
     let (ino, fh) = new_file(&fs, "par");
     fs.release(fh).unwrap();
     let started = Instant::now();
@@ -395,9 +405,13 @@ fn many_threads_one_client_large_io() {
 
 #[test]
 fn tcp_fabric_two_clients() {
-    let cluster = Cluster::start_on(2, 64, true);
-    let a = cluster.client(LockSchemeKind::Citron);
-    let b = cluster.client(LockSchemeKind::Citron);
+    let cluster = Cluster::start(ClusterSpec {
+        fabric: Backend::Tcp,
+        ..ClusterSpec::default().with_data_servers(2, 64)
+    })
+    .unwrap();
+    let a = cluster.connect(LockSchemeKind::Citron).unwrap();
+    let b = cluster.connect(LockSchemeKind::Citron).unwrap();
     let (ino, fa) = new_file(&a, "over-tcp");
     let fb = b.open(me(), ino, libc::O_RDWR).unwrap();
     let data = pattern(11, 333, (3 * CHUNK) as usize);
@@ -412,8 +426,8 @@ fn tcp_fabric_two_clients() {
 /// into verbs, which the client must cut at the fabric's 16 MiB per verb.
 #[test]
 fn writes_beyond_one_verb_are_split() {
-    let cluster = Cluster::start(1, 400);
-    let fs = cluster.client(LockSchemeKind::Citron);
+    let cluster = start(1, 400);
+    let fs = cluster.connect(LockSchemeKind::Citron).unwrap();
     let (_, fh) = new_file(&fs, "huge");
     let data = pattern(13, 100, (20 << 20) + 100);
     assert_eq!(fs.write(fh, 100, &data).unwrap(), data.len());

@@ -27,7 +27,8 @@
 
 mod common;
 
-use common::servers::{Backend, Fabric};
+use common::servers::Fabric;
+use fabric::Backend;
 use fabric::{Connector, RegionId, RemoteAddr};
 use lockmgr::baselines::{MutexScheme, SegConfig, SegScheme, TicketConfig};
 use lockmgr::citron::{Citron, CitronClient, CitronConfig, ClientOptions, NoAllocator, Phase};
@@ -388,7 +389,7 @@ fn watchdog(
 fn run(backend: Backend, scheme: Scheme, point: Point) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let fabric = Fabric::start(backend, &[(REGION, region_bytes(scheme))]);
-    let connector: Arc<dyn Connector> = Arc::from(fabric.connector());
+    let connector: Arc<dyn Connector> = fabric.connector();
     create(scheme, connector.as_ref());
     let what = format!("{scheme:?} on {backend:?}, victim paused at {point:?}");
     let plan = plan(scheme, point);
@@ -563,7 +564,7 @@ impl lockmgr::Fence for TestFence {
 fn citron_fence_runs_before_the_break_in() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let fabric = Fabric::start(Backend::Mem, &[(REGION, region_bytes(Scheme::Citron))]);
-    let connector: Arc<dyn Connector> = Arc::from(fabric.connector());
+    let connector: Arc<dyn Connector> = fabric.connector();
     create(Scheme::Citron, connector.as_ref());
     let fence = Arc::new(TestFence {
         calls: AtomicU64::new(0),
@@ -602,7 +603,7 @@ fn citron_fence_runs_before_the_break_in() {
 fn lease_deadlines() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let fabric = Fabric::start(Backend::Mem, &[(REGION, region_bytes(Scheme::Citron))]);
-    let connector: Arc<dyn Connector> = Arc::from(fabric.connector());
+    let connector: Arc<dyn Connector> = fabric.connector();
     create(Scheme::Citron, connector.as_ref());
     let (mut lock, _) = open(Scheme::Citron, connector.as_ref(), StallSwitch::new());
     for (range, leases) in [(100..101, 1), (256..512, 2), (0..UNITS, 6)] {
@@ -637,7 +638,7 @@ fn storm(backend: Backend, scheme: Scheme, seed: u64) {
     use rand::{Rng, SeedableRng};
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let fabric = Fabric::start(backend, &[(REGION, region_bytes(scheme))]);
-    let connector: Arc<dyn Connector> = Arc::from(fabric.connector());
+    let connector: Arc<dyn Connector> = fabric.connector();
     create(scheme, connector.as_ref());
     let what = format!("storm: {scheme:?} on {backend:?}, seed {seed}");
     let ctx = Arc::new(Ctx {

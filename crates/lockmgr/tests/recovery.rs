@@ -20,8 +20,9 @@
 
 mod common;
 
-use common::servers::{connect_to, Backend, Fabric};
+use common::servers::{connect_to, Fabric};
 use common::{AtomicShadow, Workload};
+use fabric::Backend;
 use fabric::EndpointExt;
 use fabric::{Connector, MemServer, RegionId, RemoteAddr};
 use lockmgr::baselines::ticket::{next_ticket, now_serving};
@@ -122,7 +123,7 @@ fn child_holder() {
         other => panic!("bad scheme {other:?}"),
     };
     let range = start.parse().unwrap()..end.parse().unwrap();
-    let connector: Arc<dyn Connector> = Arc::from(connect_to(location).unwrap());
+    let connector: Arc<dyn Connector> = connect_to(location).unwrap();
     let mut lock = open(scheme, &connector);
     let _id = lock.acquire(range).unwrap();
     println!("{HOLDING}");
@@ -222,7 +223,7 @@ fn run_scenario(backend: Backend, sc: &Scenario) {
         Scheme::Mutex => MutexScheme::REGION_BYTES,
     };
     let fabric = Fabric::start(backend, &[(REGION_LOCK, bytes)]);
-    let connector: Arc<dyn Connector> = Arc::from(fabric.connector());
+    let connector: Arc<dyn Connector> = fabric.connector();
     {
         let mut ep = connector.connect().unwrap();
         match sc.scheme {

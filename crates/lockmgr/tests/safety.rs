@@ -12,8 +12,9 @@
 
 mod common;
 
-use common::servers::{connect_to, Backend, Fabric};
+use common::servers::{connect_to, Fabric};
 use common::{AtomicShadow, FabricShadow, Report, Workload};
+use fabric::Backend;
 use fabric::{Connector, MemServer, RegionId, RemoteAddr};
 use lockmgr::baselines::TicketConfig;
 use lockmgr::chaos::DelayMode;
@@ -172,15 +173,6 @@ fn check_at_rest(kind: &SchemeKind, connector: &dyn Connector) {
     eprintln!("{kind}: N = {} after the run", client.unit_count());
 }
 
-/// A boxed connector as a `Connector` (to wrap it in a [`ChaosConnector`]).
-struct DynConnector(Box<dyn Connector>);
-
-impl Connector for DynConnector {
-    fn connect(&self) -> fabric::Result<Box<dyn fabric::Endpoint>> {
-        self.0.connect()
-    }
-}
-
 /// Threads of this process on `backend`, sharing an in-memory shadow.
 fn threads_on(backend: Backend, kind: SchemeKind, threads: usize) {
     let fabric = Fabric::start(backend, &[(REGION_LOCK, lock_region_bytes(&kind))]);
@@ -192,7 +184,7 @@ fn threads_on(backend: Backend, kind: SchemeKind, threads: usize) {
         TicketConfig::default(),
     )
     .unwrap();
-    let connector = ChaosConnector::new(DynConnector(connector), chaos(backend as u64 + 1));
+    let connector = ChaosConnector::new(connector, chaos(backend as u64 + 1));
     let w = workload(&kind);
     let shadow = AtomicShadow::new(w.units, threads);
     let report = common::run_threads(threads, 0, w, |_| {
@@ -336,7 +328,7 @@ fn child_main(spec: &str) -> Result<Report, String> {
     let instance = SchemeInstance::attach(kind, LOCK_BASE, TicketConfig::default(), server)
         .map_err(|e| e.to_string())?;
     let shadow_fabric = connect_to(shadow_location)?;
-    let connector = ChaosConnector::new(DynConnector(connect_to(location)?), chaos(100 + child));
+    let connector = ChaosConnector::new(connect_to(location)?, chaos(100 + child));
     let holder_base = child * threads as u64;
     let w = Workload {
         seed: w.seed ^ (child + 1),

@@ -19,9 +19,9 @@ mod service;
 pub mod store;
 
 use anyhow::Context;
-use fabric::{Credentials, Region, ShmServer, TcpServer};
+use fabric::{Backing, Credentials, FabricServer, ServeAt};
 use lockmgr::baselines::LockServer;
-use proto::{Caller, FabricAddr};
+use proto::Caller;
 use service::{Service, Settings, META_REGION};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -58,23 +58,6 @@ pub const DEFAULT_LOCK_LEASE: Duration = Duration::from_secs(2);
 /// left.
 pub const DEFAULT_FENCE_AFTER: Duration = Duration::from_millis(100);
 
-/// How clients reach the meta region.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum MetaFabric {
-    /// Shared memory on this host: the region lives in this directory (use one under
-    /// `/dev/shm`). A stale region file from an earlier run is replaced.
-    Shm {
-        /// The server directory clients attach to.
-        dir: PathBuf,
-    },
-    /// The tcp software NIC, listening here (port 0: any). Clients are told the bound address,
-    /// so listen on an address they can reach.
-    Tcp {
-        /// Where to listen.
-        listen: SocketAddr,
-    },
-}
-
 /// Everything a meta server needs.
 #[derive(Clone, Debug)]
 pub struct MetaConfig {
@@ -86,8 +69,10 @@ pub struct MetaConfig {
     pub cluster: String,
     /// The cluster's shared secret.
     pub token: String,
-    /// How the meta region is served.
-    pub fabric: MetaFabric,
+    /// Where the meta region is served (shm: use a directory under `/dev/shm`; a stale region
+    /// file from an earlier run is replaced. tcp: clients are told the bound address, so listen
+    /// on an address they can reach).
+    pub fabric: ServeAt,
     /// Bytes of the meta region (FCBs and lock state of open files).
     pub region_bytes: u64,
     /// Bytes per chunk (a power of two); fixed for the life of a database.
@@ -111,7 +96,7 @@ pub struct MetaConfig {
 impl MetaConfig {
     /// A configuration with the defaults: listen on `127.0.0.1:0`, cluster `citronfs`, an empty
     /// token, 64 MiB meta region, 1 MiB chunks, 4 KiB lock units, a 10 s lease, no lock server.
-    pub fn new(db_dir: impl Into<PathBuf>, fabric: MetaFabric) -> Self {
+    pub fn new(db_dir: impl Into<PathBuf>, fabric: ServeAt) -> Self {
         Self {
             db_dir: db_dir.into(),
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -166,10 +151,6 @@ impl MetaConfig {
     }
 }
 
-/// What serves the meta region (a `ShmServer` or a `TcpServer`), held only for its `Drop`:
-/// dropping it at shutdown removes the shm region file or stops the tcp fabric.
-type RegionServer = Box<dyn std::any::Any + Send>;
-
 /// The entry point.
 pub struct MetaServer;
 
@@ -187,35 +168,11 @@ impl MetaServer {
         };
         let store = store::Store::open(&config.db_dir, config.chunk_size, owner)?;
 
-        let (region, region_server, meta_fabric, t_wait) = match &config.fabric {
-            MetaFabric::Shm { dir } => {
-                let server = ShmServer::create(dir.clone())
-                    .with_context(|| format!("meta region directory {}", dir.display()))?;
-                // A region file left by a run that did not stop cleanly holds nothing of value.
-                let _ = server.deregister(META_REGION);
-                let region = server.register(META_REGION, config.region_bytes)?;
-                let fabric = FabricAddr::Shm { dir: dir.clone() };
-                (region, Box::new(server) as RegionServer, fabric, None)
-            }
-            MetaFabric::Tcp { listen } => {
-                let server = TcpServer::bind(listen, config.credentials())
-                    .with_context(|| format!("meta region fabric on {listen}"))?;
-                let region = Arc::new(Region::anonymous(META_REGION, config.region_bytes));
-                server.add_region(region.clone())?;
-                let server = Arc::new(server);
-                let addr = server.local_addr();
-                let t_wait = measure_tcp_t_wait(addr, &config)?;
-                let fabric = FabricAddr::Tcp {
-                    addr: addr.to_string(),
-                };
-                (
-                    region,
-                    Box::new(server) as RegionServer,
-                    fabric,
-                    Some(t_wait),
-                )
-            }
-        };
+        let region_server = fabric::serve(&config.fabric, &config.credentials())
+            .with_context(|| format!("serving the meta region at {:?}", config.fabric))?;
+        let region = region_server.register(META_REGION, config.region_bytes, &Backing::Memory)?;
+        let meta_fabric = region_server.addr();
+        let t_wait = measure_t_wait(&region_server)?;
 
         let lock_server = if config.lock_server {
             let server =
@@ -237,9 +194,12 @@ impl MetaServer {
             t_wait,
         };
         let service = Arc::new(Service::new(settings, store, region, lock_server)?);
-        if let Some(tcp) = region_server.downcast_ref::<Arc<TcpServer>>() {
-            let tcp = tcp.clone();
-            service.set_local_revoke(Box::new(move |sessions| tcp.revoke(sessions)));
+        let region_server = Arc::new(region_server);
+        if region_server.can_fence() {
+            let server = region_server.clone();
+            service.set_local_revoke(Box::new(move |sessions| {
+                server.revoke(sessions);
+            }));
         }
 
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -287,23 +247,20 @@ impl MetaServer {
     }
 }
 
-/// `T_wait` for CITRON trees served over tcp: derived from round trips to our own fabric server
-/// under load (`lockmgr::citron::t_wait_under_load`), since clients pay at least those, not the
-/// local memory access the meta server itself would measure.
-fn measure_tcp_t_wait(addr: SocketAddr, config: &MetaConfig) -> anyhow::Result<Duration> {
-    let target = if addr.ip().is_unspecified() {
-        SocketAddr::from(([127, 0, 0, 1], addr.port()))
-    } else {
-        addr
-    };
-    let connector = fabric::TcpConnector::connect(target, config.credentials())
-        .context("measuring the tcp fabric's round trip")?;
+/// `T_wait` for CITRON trees: derived from round trips to the meta region under load
+/// (`lockmgr::citron::t_wait_under_load`) as clients make them — through the fabric, from
+/// another connection — not from the server's own local memory access.
+fn measure_t_wait(server: &FabricServer) -> anyhow::Result<Duration> {
+    let connector = server
+        .connector()
+        .context("measuring the fabric's round trip")?;
     let (t_wait, rtt) =
-        lockmgr::citron::t_wait_under_load(&connector, fabric::RemoteAddr::new(META_REGION, 0))
-            .context("measuring the tcp fabric's round trip")?;
+        lockmgr::citron::t_wait_under_load(&*connector, fabric::RemoteAddr::new(META_REGION, 0))
+            .context("measuring the fabric's round trip")?;
     tracing::info!(
         ?rtt,
         ?t_wait,
+        backend = %server.backend(),
         "CITRON T_wait from the round trip under load"
     );
     Ok(t_wait)
@@ -327,7 +284,9 @@ struct Running {
     runtime: tokio::runtime::Runtime,
     stop: watch::Sender<bool>,
     service: Arc<Service>,
-    _region_server: RegionServer,
+    /// Serves the meta region; dropped at shutdown (removing an shm region file, stopping the
+    /// tcp fabric).
+    _region_server: Arc<FabricServer>,
 }
 
 /// A running meta server.

@@ -11,7 +11,7 @@
 use crate::alloc::RegionAlloc;
 use crate::store::{Effects, Store};
 use fabric::local::{LocalEndpoint, RegionSource};
-use fabric::{Connector, Endpoint, EndpointExt, Region, RegionId, RemoteAddr};
+use fabric::{Endpoint, EndpointExt, Region, RegionId, RemoteAddr};
 use lockmgr::baselines::{LockServer, TicketConfig};
 use lockmgr::{Citron, CitronConfig, SchemeInstance, SchemeKind};
 use proto::fcb;
@@ -59,8 +59,9 @@ pub(crate) struct Settings {
     /// `T_lease` of the CITRON lock of every file.
     pub lock_lease: Duration,
     pub meta_fabric: FabricAddr,
-    /// `T_wait` for CITRON trees, when clients are slower to reach the region than we are.
-    pub t_wait: Option<Duration>,
+    /// `T_wait` for CITRON trees, measured as clients reach the region (through the fabric,
+    /// not the server's local memory).
+    pub t_wait: Duration,
 }
 
 struct Session {
@@ -475,14 +476,7 @@ impl Service {
     }
 
     fn connect_fabric(&self, fabric: &FabricAddr) -> Result<Box<dyn Endpoint>, FsError> {
-        let endpoint = match fabric {
-            FabricAddr::Shm { dir } => fabric::ShmConnector::attach(dir.clone())?.connect()?,
-            FabricAddr::Tcp { addr } => {
-                fabric::TcpConnector::connect(addr.as_str(), self.settings.credentials.clone())?
-                    .connect()?
-            }
-        };
-        Ok(endpoint)
+        Ok(fabric::connect(fabric, &self.settings.credentials, 0)?.connect()?)
     }
 
     /// Zeroes bytes `from..to` of chunk `loc` with one-sided writes.
@@ -643,7 +637,7 @@ impl Service {
                 base,
                 CitronConfig {
                     unit_count: citron_units,
-                    t_wait: self.settings.t_wait,
+                    t_wait: Some(self.settings.t_wait),
                     t_lease: self.settings.lock_lease,
                     ..CitronConfig::default()
                 },

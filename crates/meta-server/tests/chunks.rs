@@ -24,8 +24,8 @@ fn endpoint(addr: &FabricAddr) -> impl fabric::Endpoint {
 
 #[test]
 fn allocation_is_striped_and_all_or_nothing() {
-    let cl = Cluster::start(2, 4, false);
-    let mut fs = cl.client();
+    let cl = start(2, 4, false);
+    let mut fs = Fs::connect(&cl);
     assert_eq!(fs.info.data_servers.len(), 2);
     assert_eq!(fs.info.chunk_size, CHUNK);
     let f = fs.create(ROOT_INO, "f").unwrap();
@@ -60,7 +60,7 @@ fn allocation_is_striped_and_all_or_nothing() {
 
     // Unlinking a file frees (and zeroes) its chunks for reuse.
     let ep_data = cl
-        .data
+        .data_servers()
         .iter()
         .map(|d| d.fabric().clone())
         .collect::<Vec<_>>();
@@ -82,13 +82,18 @@ fn allocation_is_striped_and_all_or_nothing() {
 
 #[test]
 fn open_fcb_truncate_and_region_reuse() {
-    let cl = Cluster::start(2, 8, false);
-    let mut fs = cl.client();
+    // Every scheme's lock state is opened below, the lock server's included.
+    let cl = Cluster::start(ClusterSpec {
+        lock_server: true,
+        ..spec(2, 8, false)
+    })
+    .unwrap();
+    let mut fs = Fs::connect(&cl);
     let FabricAddr::Shm { dir } = &fs.info.meta_fabric else {
         panic!()
     };
     let mut meta = ShmConnector::attach(dir.clone()).unwrap().endpoint();
-    let free_before = cl.meta.meta_free_bytes();
+    let free_before = cl.meta().meta_free_bytes();
 
     let f = fs.create(ROOT_INO, "f").unwrap();
     let o = open(&mut fs, f.ino, LockSchemeKind::Citron).unwrap();
@@ -105,7 +110,11 @@ fn open_fcb_truncate_and_region_reuse() {
 
     // A client raises SIZE one-sidedly; getattr sees it, release persists it.
     let chunks = fs.allocate(f.ino, 0, 0, 3).unwrap();
-    let data_eps: Vec<FabricAddr> = cl.data.iter().map(|d| d.fabric().clone()).collect();
+    let data_eps: Vec<FabricAddr> = cl
+        .data_servers()
+        .iter()
+        .map(|d| d.fabric().clone())
+        .collect();
     let mut eps: Vec<_> = data_eps.iter().map(endpoint).collect();
     let regions: Vec<fabric::RegionId> = fs.info.data_servers.iter().map(|d| d.region).collect();
     let region = |id: u32| regions[id as usize];
@@ -171,7 +180,7 @@ fn open_fcb_truncate_and_region_reuse() {
     assert_eq!(fs.getattr(f.ino), Err(FsError::NotFound));
     assert_eq!(fs.stats().free_chunks, 16);
     assert_eq!(
-        cl.meta.meta_free_bytes(),
+        cl.meta().meta_free_bytes(),
         free_before,
         "FCB and lock memory reused"
     );
@@ -212,7 +221,7 @@ fn open_fcb_truncate_and_region_reuse() {
     }
     // A huge open file's lock tree does not fit the 1 MiB meta region: NoSpace, nothing leaked.
     fs.ok(Request::Release { ino: g.ino }).unwrap();
-    let free = cl.meta.meta_free_bytes();
+    let free = cl.meta().meta_free_bytes();
     fs.attr(Request::SetAttr {
         ino: g.ino,
         set: SetAttr {
@@ -226,6 +235,6 @@ fn open_fcb_truncate_and_region_reuse() {
         open(&mut fs, g.ino, LockSchemeKind::Citron),
         Err(FsError::NoSpace)
     );
-    assert_eq!(cl.meta.meta_free_bytes(), free);
+    assert_eq!(cl.meta().meta_free_bytes(), free);
     assert!(open(&mut fs, g.ino, LockSchemeKind::Mutex).is_ok());
 }

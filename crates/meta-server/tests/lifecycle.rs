@@ -3,8 +3,8 @@
 mod common;
 use common::*;
 use data_server::DataServer;
+use fabric::Backend;
 use fabric::{EndpointExt, RemoteAddr, ShmConnector};
-use meta_server::MetaServer;
 use proto::rpc::{Client, Request, Response, Role, RpcError};
 use proto::{fcb, FabricAddr, FsError, LockSchemeKind, ROOT_INO};
 use std::time::Duration;
@@ -18,10 +18,10 @@ fn shm(addr: &FabricAddr) -> impl fabric::Endpoint {
 
 #[test]
 fn restart_keeps_namespace_chunks_sizes_and_data() {
-    let mut cl = Cluster::start(2, 8, true);
-    let ids: Vec<u32> = cl.data.iter().map(|d| d.id()).collect();
+    let mut cl = start(2, 8, true);
+    let ids: Vec<u32> = cl.data_servers().iter().map(|d| d.id()).collect();
     let (f, locs) = {
-        let mut fs = cl.client();
+        let mut fs = Fs::connect(&cl);
         let d = fs.mkdir(ROOT_INO, "dir").unwrap();
         let f = fs.create(d.ino, "file").unwrap();
         fs.attr(Request::Symlink {
@@ -59,23 +59,15 @@ fn restart_keeps_namespace_chunks_sizes_and_data() {
         // The file stays open across the shutdown: the size is persisted from the FCB.
         (f, locs)
     };
-    cl.meta.shutdown().unwrap();
-    for d in &mut cl.data {
-        d.shutdown();
-    }
-    cl.data.clear();
-
-    cl.meta = MetaServer::start(cl.config.clone()).unwrap();
-    for i in 0..2 {
-        cl.data
-            .push(DataServer::start(data_config(cl.dir.path(), &cl.meta, i, 8, true)).unwrap());
-    }
+    // Every server stops (the meta server first, persisting the open file's size) and starts
+    // again on the same database and region files.
+    cl.restart().unwrap();
     assert_eq!(
-        cl.data.iter().map(|d| d.id()).collect::<Vec<_>>(),
+        cl.data_servers().iter().map(|d| d.id()).collect::<Vec<_>>(),
         ids,
         "ids are stable by name"
     );
-    let mut fs = cl.client();
+    let mut fs = Fs::connect(&cl);
     let d = fs.lookup(ROOT_INO, "dir").unwrap();
     let f2 = fs.lookup(d.ino, "file").unwrap();
     assert_eq!(f2.ino, f.ino);
@@ -106,44 +98,46 @@ fn restart_keeps_namespace_chunks_sizes_and_data() {
 
 #[test]
 fn wrong_token_or_cluster_is_refused_clearly() {
-    let cl = Cluster::start(0, 1, false);
+    let cl = start(0, 1, false);
     let role = Role::Client {
         host: "h".into(),
         pid: 1,
     };
     match Client::connect(
-        cl.meta.addr(),
-        &fabric::Credentials::new(CLUSTER, "wrong"),
+        cl.meta_addr(),
+        &fabric::Credentials::new(cl.name(), "wrong"),
         role.clone(),
     ) {
         Err(RpcError::Refused(why)) => assert!(why.to_string().contains("token"), "{why}"),
         other => panic!("expected a refusal, got {:?}", other.map(|_| ())),
     }
     match Client::connect(
-        cl.meta.addr(),
-        &fabric::Credentials::new("other", TOKEN),
+        cl.meta_addr(),
+        &fabric::Credentials::new("other", cl.token()),
         role,
     ) {
         Err(RpcError::Refused(why)) => assert!(why.to_string().contains("cluster"), "{why}"),
         other => panic!("expected a refusal, got {:?}", other.map(|_| ())),
     }
-    let mut bad = data_config(cl.dir.path(), &cl.meta, 9, 1, false);
+    let mut bad = cl.data_config(9);
     bad.token = "wrong".into();
     let err = DataServer::start(bad).err().expect("refused");
     assert!(format!("{err:#}").contains("token"), "{err:#}");
     // The server still serves good clients.
-    let mut fs = cl.client();
+    let mut fs = Fs::connect(&cl);
     assert!(fs.getattr(ROOT_INO).is_ok());
 }
 
 #[test]
 fn sessions_expire_and_release_their_files() {
-    let cl = Cluster::start_with(1, 4, false, |c| {
-        c.session_lease = Duration::from_millis(300)
-    });
-    let free = cl.meta.meta_free_bytes();
-    let mut quiet = cl.client();
-    let mut busy = cl.client();
+    let cl = Cluster::start(ClusterSpec {
+        session_lease: Duration::from_millis(300),
+        ..spec(1, 4, false)
+    })
+    .unwrap();
+    let free = cl.meta().meta_free_bytes();
+    let mut quiet = Fs::connect(&cl);
+    let mut busy = Fs::connect(&cl);
     let f = quiet.create(ROOT_INO, "f").unwrap();
     quiet
         .call(Request::Open {
@@ -170,32 +164,32 @@ fn sessions_expire_and_release_their_files() {
         Err(FsError::NotFound),
         "the orphan went with the last opener"
     );
-    assert_eq!(cl.meta.meta_free_bytes(), free);
+    assert_eq!(cl.meta().meta_free_bytes(), free);
 
     // A closed connection ends its session at once.
     let g = busy.create(ROOT_INO, "g").unwrap();
-    let mut other = cl.client();
+    let mut other = Fs::connect(&cl);
     other
         .call(Request::Open {
             ino: g.ino,
             scheme: LockSchemeKind::Citron,
         })
         .unwrap();
-    assert!(cl.meta.meta_free_bytes() < free);
+    assert!(cl.meta().meta_free_bytes() < free);
     drop(other);
-    let deadline = std::time::Instant::now() + Duration::from_secs(2);
-    while cl.meta.meta_free_bytes() != free && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    assert_eq!(cl.meta.meta_free_bytes(), free);
+    testkit::wait_until(
+        Duration::from_secs(2),
+        "the closed session's file to be released",
+        || cl.meta().meta_free_bytes() == free,
+    );
 }
 
 #[test]
 fn allocation_avoids_departed_data_servers() {
-    let mut cl = Cluster::start(2, 4, false);
-    let gone = cl.data[1].id();
-    cl.data[1].shutdown();
-    let mut fs = cl.client();
+    let mut cl = start(2, 4, false);
+    let gone = cl.data_servers()[1].id();
+    cl.data_servers_mut()[1].shutdown();
+    let mut fs = Fs::connect(&cl);
     let f = fs.create(ROOT_INO, "f").unwrap();
     // The meta server notices the closed registration connection at once (EOF); give the
     // blocking pool a moment to run the bookkeeping.
@@ -208,31 +202,15 @@ fn allocation_avoids_departed_data_servers() {
 
 #[test]
 fn tcp_fabric_serves_fcbs_and_zeroes_chunks() {
-    use data_server::{Backing, DataConfig, DataFabric};
-    use meta_server::{MetaConfig, MetaFabric};
-    let dir = tempfile::tempdir().unwrap();
-    let local = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
-    let mut config = MetaConfig::new(dir.path().join("db"), MetaFabric::Tcp { listen: local });
-    config.cluster = CLUSTER.into();
-    config.token = TOKEN.into();
-    config.chunk_size = CHUNK;
-    config.region_bytes = 1 << 20;
-    let meta = MetaServer::start(config).unwrap();
-    let _data = DataServer::start(DataConfig {
-        name: "tcp0".into(),
-        meta_addr: meta.addr().to_string(),
-        cluster: CLUSTER.into(),
-        token: TOKEN.into(),
-        capacity_bytes: 4 * CHUNK,
-        fabric: DataFabric::Tcp { listen: local },
-        backing: Backing::Memory,
+    let cl = Cluster::start(ClusterSpec {
+        fabric: Backend::Tcp,
+        ..spec(1, 4, false)
     })
     .unwrap();
-    let mut fs = Fs::connect(&meta);
+    let mut fs = Fs::connect(&cl);
     let tcp = |addr: &FabricAddr| match addr {
         FabricAddr::Tcp { addr } => {
-            fabric::TcpEndpoint::connect(addr.as_str(), &fabric::Credentials::new(CLUSTER, TOKEN))
-                .unwrap()
+            fabric::TcpEndpoint::connect(addr.as_str(), &cl.credentials()).unwrap()
         }
         other => panic!("{other:?}"),
     };
@@ -276,32 +254,22 @@ fn tcp_fabric_serves_fcbs_and_zeroes_chunks() {
 /// heartbeating one keep working.
 #[test]
 fn fence_revokes_silent_sessions_on_every_fabric_server() {
-    use data_server::DataFabric;
     use fabric::{FabricError, TcpConnector};
-    use meta_server::MetaFabric;
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = common::meta_config(dir.path());
-    let local = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
-    config.fabric = MetaFabric::Tcp { listen: local };
-    config.fence_after = Duration::from_millis(100);
-    let meta = MetaServer::start(config).unwrap();
-    let mut data_config = common::data_config(dir.path(), &meta, 0, 4, false);
-    data_config.fabric = DataFabric::Tcp { listen: local };
-    let _data = DataServer::start(data_config).unwrap();
+    let cl = Cluster::start(ClusterSpec {
+        fabric: Backend::Tcp,
+        fence_after: Duration::from_millis(100),
+        ..spec(1, 4, false)
+    })
+    .unwrap();
 
-    let mut silent = common::Fs::connect(&meta);
-    let mut live = common::Fs::connect(&meta);
-    let mut fencer = common::Fs::connect(&meta);
-    let connect = |fs: &common::Fs, addr: &FabricAddr| {
+    let mut silent = Fs::connect(&cl);
+    let mut live = Fs::connect(&cl);
+    let mut fencer = Fs::connect(&cl);
+    let connect = |fs: &Fs, addr: &FabricAddr| {
         let FabricAddr::Tcp { addr } = addr else {
             panic!("tcp expected")
         };
-        TcpConnector::connect_session(
-            addr.as_str(),
-            fabric::Credentials::new(common::CLUSTER, common::TOKEN),
-            fs.info.session,
-        )
-        .unwrap()
+        TcpConnector::connect_session(addr.as_str(), cl.credentials(), fs.info.session).unwrap()
     };
     let ds = silent.info.data_servers[0].clone();
     let data_word = RemoteAddr::new(ds.region, 0);
@@ -354,8 +322,8 @@ fn lock_server_runs_only_when_asked_and_checks_the_token() {
     use lockmgr::baselines::LockServerClient;
     use lockmgr::{LockError, RangeLock};
 
-    let cl = Cluster::start_with(1, 4, false, |c| c.lock_server = false);
-    let mut fs = cl.client();
+    let cl = Cluster::start(spec(1, 4, false)).unwrap();
+    let mut fs = Fs::connect(&cl);
     assert_eq!(fs.info.lock_server, None, "no lock server unless asked");
     let f = fs.create(ROOT_INO, "f").unwrap();
     let open = |fs: &mut Fs, scheme| fs.call(Request::Open { ino: f.ino, scheme });
@@ -367,17 +335,21 @@ fn lock_server_runs_only_when_asked_and_checks_the_token() {
     drop(fs);
     drop(cl);
 
-    let cl = Cluster::start_with(1, 4, false, |c| c.lock_server = true);
-    let fs = cl.client();
+    let cl = Cluster::start(ClusterSpec {
+        lock_server: true,
+        ..spec(1, 4, false)
+    })
+    .unwrap();
+    let fs = Fs::connect(&cl);
     let addr = fs
         .info
         .lock_server
         .clone()
         .expect("asked for a lock server");
     for bad in [
-        fabric::Credentials::new(CLUSTER, "wrong"),
-        fabric::Credentials::new(CLUSTER, ""),
-        fabric::Credentials::new("other", TOKEN),
+        fabric::Credentials::new(cl.name(), "wrong"),
+        fabric::Credentials::new(cl.name(), ""),
+        fabric::Credentials::new("other", cl.token()),
     ] {
         match LockServerClient::connect(addr.as_str(), &bad) {
             Err(LockError::Server(why)) => assert!(why.contains("refused"), "{why}"),
@@ -386,16 +358,14 @@ fn lock_server_runs_only_when_asked_and_checks_the_token() {
         }
     }
     // A fabric client dialling the lock server's port is told it has the wrong address.
-    match fabric::TcpEndpoint::connect(addr.as_str(), &fabric::Credentials::new(CLUSTER, TOKEN)) {
+    match fabric::TcpEndpoint::connect(addr.as_str(), &cl.credentials()) {
         Err(e) => assert!(
             e.to_string().contains("lock server"),
             "a wrong-port refusal names the protocol: {e}"
         ),
         Ok(_) => panic!("a verbs client was accepted by the lock server"),
     }
-    let mut good =
-        LockServerClient::connect(addr.as_str(), &fabric::Credentials::new(CLUSTER, TOKEN))
-            .unwrap();
+    let mut good = LockServerClient::connect(addr.as_str(), &cl.credentials()).unwrap();
     let id = good.acquire(0..8).unwrap();
     good.release(id).unwrap();
 }

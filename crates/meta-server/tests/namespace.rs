@@ -7,8 +7,8 @@ use proto::{FileKind, FsError, ROOT_INO};
 
 #[test]
 fn create_lookup_and_errors() {
-    let cl = Cluster::start(0, 1, false);
-    let mut fs = cl.client();
+    let cl = start(0, 1, false);
+    let mut fs = Fs::connect(&cl);
     let root = fs.getattr(ROOT_INO).unwrap();
     assert_eq!((root.kind, root.nlink), (FileKind::Dir, 2));
 
@@ -56,8 +56,8 @@ fn create_lookup_and_errors() {
 
 #[test]
 fn links_symlinks_xattrs_setattr() {
-    let cl = Cluster::start(0, 1, false);
-    let mut fs = cl.client();
+    let cl = start(0, 1, false);
+    let mut fs = Fs::connect(&cl);
     let d = fs.mkdir(ROOT_INO, "d").unwrap();
     let f = fs.create(ROOT_INO, "f").unwrap();
     let l = fs
@@ -207,8 +207,8 @@ fn links_symlinks_xattrs_setattr() {
 
 #[test]
 fn rename_rules() {
-    let cl = Cluster::start(0, 1, false);
-    let mut fs = cl.client();
+    let cl = start(0, 1, false);
+    let mut fs = Fs::connect(&cl);
     let a = fs.mkdir(ROOT_INO, "a").unwrap();
     let b = fs.mkdir(a.ino, "b").unwrap();
     let f = fs.create(ROOT_INO, "f").unwrap();
@@ -279,8 +279,8 @@ fn rename_rules() {
 
 #[test]
 fn readdir_cookies_are_stable() {
-    let cl = Cluster::start(0, 1, false);
-    let mut fs = cl.client();
+    let cl = start(0, 1, false);
+    let mut fs = Fs::connect(&cl);
     let d = fs.mkdir(ROOT_INO, "d").unwrap();
     for i in 0..10 {
         fs.create(d.ino, &format!("f{i}")).unwrap();

@@ -2,7 +2,6 @@
 
 use fabric::{RegionId, RemoteAddr};
 use serde::{Deserialize, Serialize};
-use std::path::PathBuf;
 
 /// An inode number. The root directory is [`ROOT_INO`]; 0 is never an inode.
 pub type Ino = u64;
@@ -186,20 +185,8 @@ pub struct FsStats {
     pub inodes: u64,
 }
 
-/// How to reach a server's registered regions.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum FabricAddr {
-    /// Shared memory on this host: the server's region directory.
-    Shm {
-        /// The directory (see `fabric::shm`).
-        dir: PathBuf,
-    },
-    /// The tcp software NIC at `addr` (`host:port`), with the cluster's token.
-    Tcp {
-        /// The server's address.
-        addr: String,
-    },
-}
+/// How to reach a server's registered regions: the fabric's own address type.
+pub use fabric::FabricAddr;
 
 /// A data server as clients see it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

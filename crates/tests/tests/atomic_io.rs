@@ -15,13 +15,14 @@
 //! the user's buffer (and writes at 4 MiB), each under its own range lock: on the 2-core
 //! machine the fix was made on, 98 of 262 reads were torn on shm and 129 of 242 on tcp.
 
-use citronfs_tests::{skip_without_fuse, Cluster, ClusterSpec, FabricKind, Mount};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
+use testkit::Backend;
+use testkit::{skip_without_fuse, Cluster, ClusterSpec, Mount};
 
 const MAX_PAGES_LIMIT_SYSCTL: &str = fs_client::fuse::MAX_PAGES_LIMIT_SYSCTL;
 
@@ -314,7 +315,7 @@ fn run_case(
     (counts, examples)
 }
 
-fn atomic_io(fabric: FabricKind) {
+fn atomic_io(fabric: Backend) {
     skip_without_fuse!();
     let cluster = Cluster::start(ClusterSpec {
         data_servers: 2,
@@ -322,8 +323,9 @@ fn atomic_io(fabric: FabricKind) {
         chunk_size: 64 << 10,
         fabric,
         ..ClusterSpec::default()
-    });
-    let (a, b): (Mount, Mount) = (cluster.mount(), cluster.mount());
+    })
+    .unwrap();
+    let (a, b): (Mount, Mount) = (cluster.mount().unwrap(), cluster.mount().unwrap());
     let bound = a.atomic_bound().min(b.atomic_bound());
     eprintln!("{fabric:?}: the mounts report an atomic I/O bound of {bound} bytes");
     if can_raise_max_pages_limit() {
@@ -391,12 +393,12 @@ fn atomic_io(fabric: FabricKind) {
 
 #[test]
 fn reads_and_writes_are_atomic_up_to_the_bound_shm() {
-    atomic_io(FabricKind::Shm);
+    atomic_io(Backend::Shm);
 }
 
 #[test]
 fn reads_and_writes_are_atomic_up_to_the_bound_tcp() {
-    atomic_io(FabricKind::Tcp);
+    atomic_io(Backend::Tcp);
 }
 
 /// The checker itself: a whole record passes, and a record with a foreign piece anywhere — a

@@ -7,19 +7,19 @@
 //! the client processes, so every read and write goes through one of two independent CitronFS
 //! clients.
 
-use citronfs_tests::{pattern, skip_without_fuse, ChildMount, Cluster, ClusterSpec};
 use fs_client::LockSchemeKind;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use testkit::{pattern, skip_without_fuse, ChildMount, Cluster, ClusterSpec};
 
 /// The client processes run this test (see `Cluster::spawn_mount_process`); run normally it
 /// does nothing.
 #[test]
 fn child_mount() {
-    citronfs_tests::child_mount_main();
+    testkit::child_mount_main();
 }
 
 const CHUNK: u64 = 64 << 10;
@@ -305,7 +305,8 @@ fn two_processes(scheme: LockSchemeKind) {
         chunk_size: CHUNK,
         scheme,
         ..ClusterSpec::default()
-    });
+    })
+    .unwrap();
     let a: ChildMount = cluster.spawn_mount_process("child_mount", scheme);
     let b: ChildMount = cluster.spawn_mount_process("child_mount", scheme);
     assert_ne!(a.pid(), b.pid());
@@ -376,7 +377,7 @@ fn checker_catches_torn_records() {
 fn create_race_opens_the_existing_file() {
     skip_without_fuse!();
     const NAMES: usize = 300;
-    let cluster = Cluster::start(ClusterSpec::default());
+    let cluster = Cluster::start(ClusterSpec::default()).unwrap();
     let a = cluster.spawn_mount_process("child_mount", LockSchemeKind::Citron);
     let b = cluster.spawn_mount_process("child_mount", LockSchemeKind::Citron);
     let barrier = Arc::new(std::sync::Barrier::new(2));

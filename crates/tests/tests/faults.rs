@@ -2,10 +2,10 @@
 //! server gives ENOSPC and corrupts nothing, a wrong token is refused with a clear message, and
 //! over-long names give ENAMETOOLONG.
 
-use citronfs_tests::{pattern, skip_without_fuse, BackingKind, Cluster, ClusterSpec};
 use fs_client::{CitronFs, MountOptions};
 use std::io::Write;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use testkit::{pattern, skip_without_fuse, BackingKind, Cluster, ClusterSpec};
 
 #[test]
 fn restart_keeps_namespace_and_data() {
@@ -13,10 +13,11 @@ fn restart_keeps_namespace_and_data() {
     let mut cluster = Cluster::start(ClusterSpec {
         backing: BackingKind::File,
         ..ClusterSpec::default()
-    });
+    })
+    .unwrap();
     let big = pattern(7, 0, (3 << 20) + 12_345);
     {
-        let mnt = cluster.mount();
+        let mnt = cluster.mount().unwrap();
         let root = mnt.path();
         std::fs::create_dir_all(root.join("d/e")).unwrap();
         std::fs::write(root.join("d/e/big"), &big).unwrap();
@@ -39,8 +40,8 @@ fn restart_keeps_namespace_and_data() {
         drop(open);
         mnt.unmount().unwrap();
     }
-    cluster.restart();
-    let mnt = cluster.mount();
+    cluster.restart().unwrap();
+    let mnt = cluster.mount().unwrap();
     let root = mnt.path();
     assert_eq!(std::fs::read(root.join("d/e/big")).unwrap(), big);
     assert_eq!(std::fs::read(root.join("sym")).unwrap(), big);
@@ -72,8 +73,9 @@ fn full_data_server_gives_enospc_and_corrupts_nothing() {
         data_servers: 1,
         capacity: 8 << 16,
         ..ClusterSpec::default()
-    });
-    let mnt = cluster.mount();
+    })
+    .unwrap();
+    let mnt = cluster.mount().unwrap();
     let root = mnt.path();
     let keep = pattern(3, 0, 3 << 16);
     std::fs::write(root.join("keep"), &keep).unwrap();
@@ -103,10 +105,10 @@ fn full_data_server_gives_enospc_and_corrupts_nothing() {
 
 #[test]
 fn wrong_token_is_refused_clearly() {
-    let cluster = Cluster::start(ClusterSpec::default());
+    let cluster = Cluster::start(ClusterSpec::default()).unwrap();
     let opts = MountOptions::new(
-        cluster.meta_addr(),
-        citronfs_tests::CLUSTER,
+        cluster.meta_addr().to_string(),
+        cluster.name(),
         "not-the-token",
     );
     let err = match CitronFs::connect(opts) {
@@ -117,7 +119,11 @@ fn wrong_token_is_refused_clearly() {
         err.to_lowercase().contains("token"),
         "the refusal should say the token is wrong: {err:?}"
     );
-    let opts = MountOptions::new(cluster.meta_addr(), "other-cluster", citronfs_tests::TOKEN);
+    let opts = MountOptions::new(
+        cluster.meta_addr().to_string(),
+        "other-cluster",
+        cluster.token(),
+    );
     let err = match CitronFs::connect(opts) {
         Ok(_) => panic!("a client of another cluster was let in"),
         Err(e) => e.to_string(),
@@ -131,8 +137,8 @@ fn wrong_token_is_refused_clearly() {
 #[test]
 fn names_longer_than_255_bytes_give_enametoolong() {
     skip_without_fuse!();
-    let cluster = Cluster::start(ClusterSpec::default());
-    let mnt = cluster.mount();
+    let cluster = Cluster::start(ClusterSpec::default()).unwrap();
+    let mnt = cluster.mount().unwrap();
     let root = mnt.path();
     let long = "n".repeat(256);
     let ok = "n".repeat(255);

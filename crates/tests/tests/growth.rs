@@ -5,11 +5,11 @@
 //! The meta server sizes a new file's tree to `max(size, 1 MiB) / lock_unit` = 256 units of
 //! 4 KiB; the file here grows to 32 MiB (8192 units).
 
-use citronfs_tests::{pattern, skip_without_fuse, Cluster, ClusterSpec};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use testkit::{pattern, skip_without_fuse, Cluster, ClusterSpec};
 
 const TARGET: u64 = 32 << 20;
 const BLOCK: u64 = 128 << 10;
@@ -23,8 +23,9 @@ fn file_grows_past_its_lock_tree_while_writers_run() {
         capacity: 40 << 20,
         chunk_size: 1 << 20,
         ..ClusterSpec::default()
-    });
-    let mnt = cluster.mount();
+    })
+    .unwrap();
+    let mnt = cluster.mount().unwrap();
     let path = mnt.path().join("growing");
     File::create(&path).unwrap();
     let before = mnt.fs().lock_stats();

@@ -8,7 +8,6 @@
 //! when it continues, and its write is retried under a new lock. (On shm a stopped client
 //! cannot be fenced; DESIGN.md "Fencing" and docs/ARCHITECTURE.md say what holds there.)
 
-use citronfs_tests::{skip_without_fuse, ChildMount, Cluster, ClusterSpec, FabricKind};
 use fs_client::LockSchemeKind;
 use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
@@ -16,11 +15,13 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
+use testkit::Backend;
+use testkit::{skip_without_fuse, ChildMount, Cluster, ClusterSpec};
 
 /// The client processes run this test (see `Cluster::spawn_mount_process`).
 #[test]
 fn child_mount() {
-    citronfs_tests::child_mount_main();
+    testkit::child_mount_main();
 }
 
 const BLOCK: usize = 4096;
@@ -93,12 +94,13 @@ fn signal(pid: u32, sig: i32) {
 
 /// A writes 1 MiB records over [0, 1 MiB) through its mount; B writes and reads back the same
 /// range through its own; A's client process is stopped `pauses` times for `stop` each.
-fn pause_past_lease(fabric: FabricKind) {
+fn pause_past_lease(fabric: Backend) {
     skip_without_fuse!();
     let cluster = Cluster::start(ClusterSpec {
         fabric,
         ..ClusterSpec::default()
-    });
+    })
+    .unwrap();
     let a: ChildMount = cluster.spawn_mount_process("child_mount", LockSchemeKind::Citron);
     let b: ChildMount = cluster.spawn_mount_process("child_mount", LockSchemeKind::Citron);
     std::fs::write(a.path().join("f"), record(0, 0)).unwrap();
@@ -218,7 +220,7 @@ fn pause_past_lease(fabric: FabricKind) {
 
 #[test]
 fn stopped_client_past_its_lease_on_tcp() {
-    pause_past_lease(FabricKind::Tcp);
+    pause_past_lease(Backend::Tcp);
 }
 
 /// The checker: whole records pass; a record with one foreign block fails.

@@ -4,7 +4,6 @@
 //! give the same result — the same value, or an error with the same errno — and the trees must
 //! be equal at the end. A failure is shrunk to a minimal sequence of operations.
 
-use citronfs_tests::{skip_without_fuse, Cluster, ClusterSpec};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
 use std::fs::OpenOptions;
@@ -12,6 +11,7 @@ use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
+use testkit::{skip_without_fuse, Cluster, ClusterSpec};
 
 /// Names for files and for directories. Operations mostly pick the fitting kind, sometimes the
 /// other (create over a directory, rmdir of a file, ...), and the names nest, so operations
@@ -291,8 +291,8 @@ fn setup() -> Vec<Op> {
 #[test]
 fn random_operations_match_the_local_file_system() {
     skip_without_fuse!();
-    let cluster = Cluster::start(ClusterSpec::default());
-    let mnt = cluster.mount();
+    let cluster = Cluster::start(ClusterSpec::default()).unwrap();
+    let mnt = cluster.mount().unwrap();
     let local = tempfile::tempdir().unwrap();
     let cases = AtomicU64::new(0);
     let (oks, errs) = (AtomicU64::new(0), AtomicU64::new(0));

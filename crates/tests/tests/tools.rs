@@ -1,9 +1,10 @@
 //! Ordinary tools through a mount: cp -a, diff -r, tar, find, mv, ln, ln -s, dd, rm -r.
 
-use citronfs_tests::{skip_without_fuse, Cluster, ClusterSpec, FabricKind};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::Command;
+use testkit::Backend;
+use testkit::{skip_without_fuse, Cluster, ClusterSpec};
 
 /// Runs `cmd` through `sh -c` in `dir`, panicking with its output if it fails; returns stdout.
 fn sh(dir: &Path, cmd: &str) -> String {
@@ -37,7 +38,7 @@ fn listing(dir: &Path) -> String {
 #[test]
 fn ordinary_tools_work_through_a_mount() {
     skip_without_fuse!();
-    ordinary_tools(FabricKind::Shm);
+    ordinary_tools(Backend::Shm);
 }
 
 /// A shorter round over the tcp software NIC between the client and the servers: cp -a,
@@ -52,10 +53,11 @@ fn cp_diff_rm_over_the_tcp_fabric() {
         &format!("cp -a '{}' src", src.canonicalize().unwrap().display()),
     );
     let cluster = Cluster::start(ClusterSpec {
-        fabric: FabricKind::Tcp,
+        fabric: Backend::Tcp,
         ..ClusterSpec::default()
-    });
-    let mnt = cluster.mount();
+    })
+    .unwrap();
+    let mnt = cluster.mount().unwrap();
     let root = mnt.path();
     sh(root, &format!("cp -a '{}/src' tree", work.path().display()));
     sh(
@@ -72,7 +74,7 @@ fn cp_diff_rm_over_the_tcp_fabric() {
     assert_eq!(std::fs::read_dir(root).unwrap().count(), 0);
 }
 
-fn ordinary_tools(fabric: FabricKind) {
+fn ordinary_tools(fabric: Backend) {
     // A snapshot of a source tree (so that edits to the checkout during the test do not
     // matter), with a symlink and an empty directory added.
     let src_repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fabric");
@@ -87,8 +89,9 @@ fn ordinary_tools(fabric: FabricKind) {
     let cluster = Cluster::start(ClusterSpec {
         fabric,
         ..ClusterSpec::default()
-    });
-    let mnt = cluster.mount();
+    })
+    .unwrap();
+    let mnt = cluster.mount().unwrap();
     let root = mnt.path();
 
     // cp -a in, diff -r, the same listing.

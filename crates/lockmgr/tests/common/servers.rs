@@ -1,100 +1,56 @@
 //! The fabric servers the lock tests run on: one in this process, reachable by child processes
-//! through a location string (`shm=DIR` or `tcp=ADDR`).
+//! through its address ([`fabric::FabricAddr`] written as text).
 
-use fabric::{Connector, MemServer, RegionId, ShmConnector, ShmServer, TcpConnector, TcpServer};
+use fabric::{Backend, Backing, Connector, Credentials, FabricAddr, FabricServer, RegionId};
+use std::sync::Arc;
 
 /// The tcp test cluster's credentials.
 pub const TCP_CLUSTER: &str = "lockmgr-tests";
 /// The tcp test cluster's token.
 pub const TCP_TOKEN: &str = "lockmgr-tests-token";
 
-/// The fabric backends the lock tests run on.
-#[derive(Clone, Copy, Debug)]
-pub enum Backend {
-    /// In-process regions (threads only).
-    Mem,
-    /// Shared-memory files (threads and processes).
-    Shm,
-    /// The tcp software NIC (threads and processes).
-    Tcp,
+fn credentials() -> Credentials {
+    Credentials::new(TCP_CLUSTER, TCP_TOKEN)
 }
 
 /// A running fabric server holding the tests' regions.
-pub enum Fabric {
-    /// In-process regions.
-    Mem(MemServer),
-    /// A shared-memory server directory in a temporary directory.
-    Shm {
-        /// The server.
-        server: ShmServer,
-        /// Removed when the fabric is dropped.
-        _dir: tempfile::TempDir,
-    },
-    /// A tcp server on loopback.
-    Tcp(TcpServer),
+pub struct Fabric {
+    server: FabricServer,
+    /// Holds an shm server's directory; removed when the fabric is dropped (after the server).
+    _dir: tempfile::TempDir,
 }
 
 impl Fabric {
     /// Starts a server of `backend` with these regions (id, bytes).
     pub fn start(backend: Backend, regions: &[(RegionId, u64)]) -> Self {
-        let fabric = match backend {
-            Backend::Mem => Fabric::Mem(MemServer::new()),
-            Backend::Shm => {
-                let dir = tempfile::tempdir().unwrap();
-                Fabric::Shm {
-                    server: ShmServer::create(dir.path().join("server")).unwrap(),
-                    _dir: dir,
-                }
-            }
-            Backend::Tcp => Fabric::Tcp(
-                TcpServer::bind(
-                    "127.0.0.1:0",
-                    fabric::Credentials::new(TCP_CLUSTER, TCP_TOKEN),
-                )
-                .unwrap(),
-            ),
-        };
+        let dir = tempfile::tempdir().unwrap();
+        let at = backend.serve_at(dir.path().join("server"), "127.0.0.1:0".parse().unwrap());
+        let server = fabric::serve(&at, &credentials()).unwrap();
         for &(id, len) in regions {
-            match &fabric {
-                Fabric::Mem(server) => server.register(id, len).map(drop),
-                Fabric::Shm { server, .. } => server.register(id, len).map(drop),
-                Fabric::Tcp(server) => server.register(id, len).map(drop),
-            }
-            .unwrap();
+            server.register(id, len, &Backing::Memory).unwrap();
         }
-        fabric
+        Fabric { server, _dir: dir }
     }
 
-    /// Where a child process finds this fabric (see [`connect_to`]).
+    /// Where a child process finds this fabric (see [`connect_to`]); mem regions cannot be
+    /// shared with another process.
     pub fn location(&self) -> String {
-        match self {
-            Fabric::Mem(_) => unreachable!("mem regions cannot be shared with another process"),
-            Fabric::Shm { server, .. } => format!("shm={}", server.dir().display()),
-            Fabric::Tcp(server) => format!("tcp={}", server.local_addr()),
-        }
+        assert_ne!(
+            self.server.backend(),
+            Backend::Mem,
+            "mem regions cannot be shared with another process"
+        );
+        self.server.addr().to_string()
     }
 
     /// A connector to this fabric, from this process.
-    pub fn connector(&self) -> Box<dyn Connector> {
-        match self {
-            Fabric::Mem(server) => Box::new(server.clone()),
-            other => connect_to(&other.location()).unwrap(),
-        }
+    pub fn connector(&self) -> Arc<dyn Connector> {
+        self.server.connector().unwrap()
     }
 }
 
 /// Opens a connector to the fabric at `location` (see [`Fabric::location`]).
-pub fn connect_to(location: &str) -> Result<Box<dyn Connector>, String> {
-    if let Some(dir) = location.strip_prefix("shm=") {
-        Ok(Box::new(
-            ShmConnector::attach(dir).map_err(|e| e.to_string())?,
-        ))
-    } else if let Some(addr) = location.strip_prefix("tcp=") {
-        Ok(Box::new(
-            TcpConnector::connect(addr, fabric::Credentials::new(TCP_CLUSTER, TCP_TOKEN))
-                .map_err(|e| e.to_string())?,
-        ))
-    } else {
-        Err(format!("bad fabric location {location:?}"))
-    }
+pub fn connect_to(location: &str) -> Result<Arc<dyn Connector>, String> {
+    let addr: FabricAddr = location.parse()?;
+    fabric::connect(&addr, &credentials(), 0).map_err(|e| e.to_string())
 }

@@ -1,102 +1,32 @@
-//! A small in-process cluster for the meta server's tests: a meta server and data servers on
-//! shm, in temporary directories, driven through `proto::rpc::Client`.
+//! The meta server's tests: clusters from the one harness (`testkit`), sized here, and `Fs`, a
+//! client session that speaks `proto::rpc` directly (no `CitronFs`), with typed helpers.
 #![allow(dead_code)]
 
-use data_server::{Backing, DataConfig, DataFabric, DataHandle, DataServer};
-use meta_server::{MetaConfig, MetaFabric, MetaHandle, MetaServer};
 use proto::rpc::{Client, Request, Response, Role, Welcome};
 use proto::{Attr, Caller, ClusterInfo, FileKind, FsError, Ino};
-use std::path::PathBuf;
 use std::time::Duration;
+pub use testkit::{Cluster, ClusterSpec};
 
-pub const TOKEN: &str = "secret";
-pub const CLUSTER: &str = "test";
-pub const CHUNK: u64 = 64 << 10;
+/// Bytes per chunk of every test cluster here.
+pub const CHUNK: u64 = testkit::TEST_CHUNK_SIZE;
 
-pub struct Cluster {
-    pub dir: tempfile::TempDir,
-    pub meta: MetaHandle,
-    pub data: Vec<DataHandle>,
-    pub config: MetaConfig,
-}
-
-pub fn meta_config(dir: &std::path::Path) -> MetaConfig {
-    let mut c = MetaConfig::new(
-        dir.join("db"),
-        MetaFabric::Shm {
-            dir: dir.join("meta-shm"),
-        },
-    );
-    c.cluster = CLUSTER.into();
-    c.token = TOKEN.into();
-    // The suites open files with every scheme, `server` included.
-    c.lock_server = true;
-    c.chunk_size = CHUNK;
-    c.region_bytes = 1 << 20;
-    c
-}
-
-pub fn data_config(
-    dir: &std::path::Path,
-    meta: &MetaHandle,
-    i: usize,
-    chunks: u64,
-    file: bool,
-) -> DataConfig {
-    let sdir: PathBuf = dir.join(format!("data-{i}"));
-    DataConfig {
-        name: format!("ds{i}"),
-        meta_addr: meta.addr().to_string(),
-        cluster: CLUSTER.into(),
-        token: TOKEN.into(),
-        capacity_bytes: chunks * CHUNK,
-        fabric: DataFabric::Shm { dir: sdir.clone() },
+/// `n` data servers of `chunks` chunks each on shm, file-backed if `file`, and a small (1 MiB)
+/// meta region.
+pub fn spec(n: usize, chunks: u64, file: bool) -> ClusterSpec {
+    ClusterSpec {
+        meta_region_bytes: 1 << 20,
         backing: if file {
-            Backing::File { dir: sdir }
+            testkit::BackingKind::File
         } else {
-            Backing::Memory
+            testkit::BackingKind::Memory
         },
+        ..ClusterSpec::default().with_data_servers(n, chunks)
     }
 }
 
-impl Cluster {
-    /// A meta server and `n` data servers of `chunks` chunks each.
-    pub fn start(n: usize, chunks: u64, file: bool) -> Cluster {
-        Self::start_with(n, chunks, file, |_| {})
-    }
-
-    pub fn start_with(
-        n: usize,
-        chunks: u64,
-        file: bool,
-        tweak: impl FnOnce(&mut MetaConfig),
-    ) -> Cluster {
-        // Under /dev/shm when it exists, so that memory-backed regions are in shared memory.
-        let dir = tempfile::Builder::new()
-            .prefix("citronfs-meta-test")
-            .tempdir_in(if std::path::Path::new("/dev/shm").is_dir() {
-                "/dev/shm"
-            } else {
-                "/tmp"
-            })
-            .unwrap();
-        let mut config = meta_config(dir.path());
-        tweak(&mut config);
-        let meta = MetaServer::start(config.clone()).unwrap();
-        let data = (0..n)
-            .map(|i| DataServer::start(data_config(dir.path(), &meta, i, chunks, file)).unwrap())
-            .collect();
-        Cluster {
-            dir,
-            meta,
-            data,
-            config,
-        }
-    }
-
-    pub fn client(&self) -> Fs {
-        Fs::connect(&self.meta)
-    }
+/// Starts the cluster of [`spec`].
+pub fn start(n: usize, chunks: u64, file: bool) -> Cluster {
+    Cluster::start(spec(n, chunks, file)).unwrap()
 }
 
 /// A client session with typed helpers.
@@ -111,10 +41,11 @@ pub const ME: Caller = Caller {
 };
 
 impl Fs {
-    pub fn connect(meta: &MetaHandle) -> Fs {
+    /// Opens a client session with `cluster`'s meta server.
+    pub fn connect(cluster: &Cluster) -> Fs {
         let c = Client::connect(
-            meta.addr(),
-            &fabric::Credentials::new(CLUSTER, TOKEN),
+            cluster.meta_addr(),
+            &cluster.credentials(),
             Role::Client {
                 host: "test".into(),
                 pid: std::process::id(),

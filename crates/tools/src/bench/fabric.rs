@@ -9,12 +9,11 @@
 //! and receives messages of exactly the sizes the tcp backend's frames have for those batches.
 
 use crate::report::{fmt_f, Report};
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, Context, Result};
 use clap::Args;
 use fabric::{Batch, Completions, Connector, Endpoint, RegionId, RemoteAddr};
 use hdrhistogram::Histogram;
 use serde::Serialize;
-use std::any::Any;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -82,8 +81,8 @@ pub fn run(args: &FabricArgs) -> Result<()> {
             let result = match backend.as_str() {
                 "tcp-bare" => bare_tcp(args, threads)?,
                 name => {
-                    let (connector, _keep) = start(name)?;
-                    measure(name, &*connector, args, threads)?
+                    let served = start(name)?;
+                    measure(name, &*served.connector, args, threads)?
                 }
             };
             report.add(
@@ -104,57 +103,37 @@ pub fn run(args: &FabricArgs) -> Result<()> {
     Ok(())
 }
 
-/// Starts a server of backend `name` holding the benchmark region; returns a connector to it and
-/// what keeps the server alive.
-fn start(name: &str) -> Result<(Box<dyn Connector>, Box<dyn Any>)> {
-    Ok(match name {
-        "mem" => {
-            let server = fabric::MemServer::new();
-            server.register(REGION, REGION_LEN)?;
-            (Box::new(server.clone()), Box::new(server))
-        }
-        "shm" => {
-            let root = tempfile_dir()?;
-            let dir = root.join("server");
-            let server = fabric::ShmServer::create(&dir)?;
-            server.register(REGION, REGION_LEN)?;
-            let connector = fabric::ShmConnector::attach(&dir)?;
-            (Box::new(connector), Box::new((server, RemoveDir(root))))
-        }
-        "tcp" => {
-            let server = fabric::tcp::TcpServer::bind(
-                "127.0.0.1:0",
-                fabric::Credentials::new(CLUSTER, TOKEN),
-            )?;
-            server.register(REGION, REGION_LEN)?;
-            let connector = fabric::tcp::TcpConnector::connect(
-                server.local_addr(),
-                fabric::Credentials::new(CLUSTER, TOKEN),
-            )?;
-            (Box::new(connector), Box::new(server))
-        }
-        other => bail!("unknown backend {other:?} (expected mem, shm, tcp or tcp-bare)"),
+/// A server of one backend holding the benchmark region, a connector to it, and its private
+/// shm directory (removed after the server).
+struct Served {
+    connector: std::sync::Arc<dyn Connector>,
+    _server: fabric::FabricServer,
+    _dir: tempfile::TempDir,
+}
+
+/// Starts a server of backend `name` holding the benchmark region, through the fabric's one
+/// seam ([`fabric::serve`]).
+fn start(name: &str) -> Result<Served> {
+    let backend: fabric::Backend = name.parse().map_err(|e| anyhow!("{e} (or tcp-bare)"))?;
+    let dir = tempfile::Builder::new()
+        .prefix("citronfs-bench-fabric-")
+        .tempdir_in(if std::path::Path::new("/dev/shm").is_dir() {
+            "/dev/shm"
+        } else {
+            "/tmp"
+        })
+        .context("create the shm directory")?;
+    let at = backend.serve_at(
+        dir.path().join("server"),
+        std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+    );
+    let server = fabric::serve(&at, &fabric::Credentials::new(CLUSTER, TOKEN))?;
+    server.register(REGION, REGION_LEN, &fabric::Backing::Memory)?;
+    Ok(Served {
+        connector: server.connector()?,
+        _server: server,
+        _dir: dir,
     })
-}
-
-/// A private directory under /dev/shm (or the temp dir), removed on drop.
-fn tempfile_dir() -> Result<std::path::PathBuf> {
-    let base = if std::path::Path::new("/dev/shm").is_dir() {
-        std::path::PathBuf::from("/dev/shm")
-    } else {
-        std::env::temp_dir()
-    };
-    let dir = base.join(format!("citronfs-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
-    Ok(dir)
-}
-
-struct RemoveDir(std::path::PathBuf);
-
-impl Drop for RemoveDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 fn new_histogram() -> Histogram<u64> {

@@ -24,12 +24,12 @@
 //! The mount is unmounted and the cluster stopped at the end, on an error, and on Ctrl-C
 //! (SIGINT or SIGTERM end the run after the current case; a second Ctrl-C exits at once).
 
-use crate::cmd::cluster::{ClusterOptions, EmbeddedCluster};
-use crate::cmd::config::{parse_size, FabricKind};
-use crate::cmd::roles::{mount_at, parse_scheme};
+use crate::cmd::config::parse_size;
+use crate::cmd::roles::parse_scheme;
 use crate::report::{fmt_f, Report};
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use fabric::Backend;
 use fs_client::{CitronFs, FileHandle};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -44,6 +44,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
+use testkit::{Cluster, ClusterSpec, Mount};
 
 /// Bytes per sequential operation.
 const SEQ_BLOCK: u64 = 1 << 20;
@@ -165,7 +166,7 @@ pub struct FsArgs {
     scheme: Vec<String>,
     /// The fabric between the client and the servers.
     #[arg(long, value_enum, default_value = "shm")]
-    fabric: FabricKind,
+    fabric: Backend,
     /// Data servers of the embedded cluster (files are striped over them).
     #[arg(long, default_value_t = 2)]
     data_servers: usize,
@@ -495,31 +496,27 @@ pub fn run(args: &FsArgs) -> Result<()> {
         let files = (citron_targets.len() * schemes.len()) as u64;
         let memory = (file_size + SEQ_BLOCK * args.data_servers as u64) * files + (256 << 20);
         let per_server = (memory / args.data_servers as u64).max(64 << 20);
-        let cluster = EmbeddedCluster::start(&ClusterOptions {
-            cluster: "citronfs-bench".into(),
+        let cluster = Cluster::start(ClusterSpec {
+            name: "citronfs-bench".into(),
             data_servers: args.data_servers,
-            per_server_bytes: per_server,
+            capacity: per_server,
             fabric: args.fabric,
-            state_dir: None,
             lock_server: schemes.contains(&LockSchemeKind::Server),
+            ..ClusterSpec::server_defaults()
         })?;
-        let fabric_name = fabric_name(args.fabric);
+        let fabric_name = args.fabric.name();
         for &scheme in &schemes {
             let fs = Arc::new(cluster.connect(scheme)?);
             for &target in &citron_targets {
                 let name = format!("bench-{}-{}.dat", scheme.name(), std::process::id());
                 let results = match target {
                     Target::Citronfs => {
-                        // Declared before the mount so that it is removed after the unmount.
-                        let mountpoint = tempfile::Builder::new()
-                            .prefix("citronfs-bench-mnt-")
-                            .tempdir()?;
-                        let handle = mount_at(
+                        let mount = Mount::in_temp_dir(
                             fs.clone(),
-                            mountpoint.path(),
                             &fs_client::fuse::FuseOptions::default(),
                         )?;
-                        let path = mountpoint.path().join(&name);
+                        let mountpoint = mount.path().to_path_buf();
+                        let path = mountpoint.join(&name);
                         let results = {
                             let file = open_rw(&path)?;
                             run_target(
@@ -534,9 +531,9 @@ pub fn run(args: &FsArgs) -> Result<()> {
                         // Free the chunks for the next scheme; the run's result matters more
                         // than a failed cleanup.
                         let _ = std::fs::remove_file(&path);
-                        handle
+                        mount
                             .unmount()
-                            .with_context(|| format!("unmount {}", mountpoint.path().display()))?;
+                            .with_context(|| format!("unmount {}", mountpoint.display()))?;
                         results?
                     }
                     Target::Library => {
@@ -812,13 +809,6 @@ fn is_tmpfs(dir: &Path) -> bool {
     }
 }
 
-fn fabric_name(fabric: FabricKind) -> &'static str {
-    match fabric {
-        FabricKind::Shm => "shm",
-        FabricKind::Tcp => "tcp",
-    }
-}
-
 fn print_notes(args: &FsArgs, file_size: u64, tmpfs_note: Option<String>) {
     println!();
     println!(
@@ -840,7 +830,7 @@ fn print_notes(args: &FsArgs, file_size: u64, tmpfs_note: Option<String>) {
          CitronFS is mounted with direct_io (no page cache): every call is a FUSE request to this \
          process, a range lock, and one-sided verbs to {} data server(s) over the {} fabric.",
         args.data_servers,
-        fabric_name(args.fabric)
+        args.fabric.name()
     );
     println!(
         "lock RTTs/op: fabric round trips per call spent acquiring and releasing its range lock; \

@@ -13,10 +13,7 @@
 //! the fabric's software NIC also runs in this process.
 
 use anyhow::{anyhow, bail, Context, Result};
-use fabric::{
-    Connector, Credentials, MemServer, RegionId, RemoteAddr, ShmConnector, ShmServer, TcpConnector,
-    TcpServer,
-};
+use fabric::{Backend, Backing, Connector, Credentials, FabricServer, RegionId, RemoteAddr};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 use lockmgr::baselines::TicketConfig;
@@ -25,6 +22,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
 use serde::Serialize;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -40,28 +38,6 @@ const MAX_SEGMENTS: u64 = 1 << 22;
 
 /// The region holding the scheme's shared state.
 const LOCK_REGION: RegionId = RegionId(1);
-
-/// Fabric backend of the benchmark.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BenchBackend {
-    /// In-process regions.
-    Mem,
-    /// Shared-memory regions (`/dev/shm` when present).
-    Shm,
-    /// The software NIC on TCP loopback, in this process.
-    Tcp,
-}
-
-impl BenchBackend {
-    fn name(self) -> &'static str {
-        match self {
-            BenchBackend::Mem => "mem",
-            BenchBackend::Shm => "shm",
-            BenchBackend::Tcp => "tcp",
-        }
-    }
-}
 
 /// Options of `citronfs bench locks`.
 #[derive(clap::Args, Clone, Debug)]
@@ -89,8 +65,8 @@ pub struct LocksArgs {
     #[arg(long, default_value_t = 5.0)]
     pub duration: f64,
     /// Fabric backend.
-    #[arg(long, value_enum, default_value_t = BenchBackend::Mem)]
-    pub backend: BenchBackend,
+    #[arg(long, value_enum, default_value_t = Backend::Mem)]
+    pub backend: Backend,
     /// Segment size of the `seg` scheme, in units. Default: the range size ("SS-Exact"), or 16
     /// with --mixed.
     #[arg(long)]
@@ -267,88 +243,39 @@ fn citron_kind(args: &LocksArgs, name: &str, t_wait_us: u64) -> SchemeKind {
 }
 
 /// The fabric a run uses; kept alive until the run ends.
-enum Fabric {
-    Mem(MemServer),
-    Shm {
-        connector: ShmConnector,
-        _server: ShmServer,
-        _dir: TempDirGuard,
-    },
-    Tcp {
-        connector: Box<TcpConnector>,
-        _server: Box<TcpServer>,
-    },
+struct Fabric {
+    connector: Arc<dyn Connector>,
+    _server: FabricServer,
+    /// The shm backend's region directory, removed after the server.
+    _dir: tempfile::TempDir,
 }
 
 impl Fabric {
-    fn start(backend: BenchBackend, region_bytes: u64) -> Result<Self> {
-        let len = region_bytes.max(8);
-        Ok(match backend {
-            BenchBackend::Mem => {
-                let server = MemServer::new();
-                server.register(LOCK_REGION, len)?;
-                Fabric::Mem(server)
-            }
-            BenchBackend::Shm => {
-                let dir = TempDirGuard::new()?;
-                let server = ShmServer::create(dir.path.join("server"))?;
-                server.register(LOCK_REGION, len)?;
-                let connector = ShmConnector::attach(server.dir())?;
-                Fabric::Shm {
-                    connector,
-                    _server: server,
-                    _dir: dir,
-                }
-            }
-            BenchBackend::Tcp => {
-                let token = format!("{:016x}", rand::rng().random::<u64>());
-                let server =
-                    TcpServer::bind("127.0.0.1:0", Credentials::new("bench", token.clone()))?;
-                server.register(LOCK_REGION, len)?;
-                let connector =
-                    TcpConnector::connect(server.local_addr(), Credentials::new("bench", token))?;
-                Fabric::Tcp {
-                    connector: Box::new(connector),
-                    _server: Box::new(server),
-                }
-            }
+    fn start(backend: Backend, region_bytes: u64) -> Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("citronfs-bench-locks-")
+            .tempdir_in(if std::path::Path::new("/dev/shm").is_dir() {
+                "/dev/shm"
+            } else {
+                "/tmp"
+            })
+            .context("create the shm directory")?;
+        let token = format!("{:016x}", rand::rng().random::<u64>());
+        let at = backend.serve_at(
+            dir.path().join("server"),
+            SocketAddr::from(([127, 0, 0, 1], 0)),
+        );
+        let server = fabric::serve(&at, &Credentials::new("bench", token))?;
+        server.register(LOCK_REGION, region_bytes.max(8), &Backing::Memory)?;
+        Ok(Fabric {
+            connector: server.connector()?,
+            _server: server,
+            _dir: dir,
         })
     }
 
     fn connector(&self) -> &dyn Connector {
-        match self {
-            Fabric::Mem(server) => server,
-            Fabric::Shm { connector, .. } => connector,
-            Fabric::Tcp { connector, .. } => &**connector,
-        }
-    }
-}
-
-/// A private directory for the shm backend's region files, removed afterwards.
-struct TempDirGuard {
-    path: std::path::PathBuf,
-}
-
-impl TempDirGuard {
-    fn new() -> Result<Self> {
-        let root = if std::path::Path::new("/dev/shm").is_dir() {
-            std::path::PathBuf::from("/dev/shm")
-        } else {
-            std::env::temp_dir()
-        };
-        let path = root.join(format!(
-            "citronfs-bench-locks-{}-{:08x}",
-            std::process::id(),
-            rand::rng().random::<u32>()
-        ));
-        std::fs::create_dir_all(&path).with_context(|| format!("create {}", path.display()))?;
-        Ok(Self { path })
-    }
-}
-
-impl Drop for TempDirGuard {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.path);
+        &*self.connector
     }
 }
 

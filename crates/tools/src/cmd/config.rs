@@ -1,4 +1,4 @@
-//! Shared pieces of the role commands: sizes, tokens, fabrics, and TOML configuration files.
+//! Shared pieces of the role commands: sizes, tokens, and TOML configuration files.
 //!
 //! Every role takes its settings from flags or from a TOML file (`--config FILE`) whose keys are
 //! the long flag names with `_` for `-` (`chunk_size = "1M"`); a flag given on the command line
@@ -47,21 +47,6 @@ pub fn require_token(token: Option<String>) -> Result<String> {
         Some(t) if !t.is_empty() => Ok(t),
         _ => bail!("the cluster token is missing: give --token, set CITRONFS_TOKEN, or put token = \"...\" in the --config file"),
     }
-}
-
-/// A fresh random token (128 bits, hex) for an embedded cluster.
-pub fn random_token() -> Result<String> {
-    fabric::handshake::random_token().context("read /dev/urandom")
-}
-
-/// Which fabric serves regions.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum FabricKind {
-    /// Shared memory on this host (one machine).
-    Shm,
-    /// The tcp software NIC (several hosts).
-    Tcp,
 }
 
 /// Takes the first of the values that is set: the flag, then the file.

@@ -1,13 +1,14 @@
 //! `citronfs meta-server`, `citronfs data-server`, `citronfs mount`: each role on its own, for a
 //! real cluster over the tcp fabric (or shm on one host).
 
-use super::config::{load, parse_size, require_token, FabricKind};
+use super::config::{load, parse_size, require_token};
 use crate::merge;
 use anyhow::{Context, Result};
 use clap::Args;
-use data_server::{Backing, DataConfig, DataFabric, DataServer};
+use data_server::{Backing, DataConfig, DataServer};
+use fabric::Backend;
 use fs_client::{CitronFs, MountOptions};
-use meta_server::{MetaConfig, MetaFabric, MetaServer};
+use meta_server::{MetaConfig, MetaServer};
 use proto::LockSchemeKind;
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -15,6 +16,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use testkit::Mount;
 
 /// Options of `citronfs meta-server`.
 #[derive(Args, Debug, Default, Deserialize)]
@@ -38,7 +40,7 @@ pub struct MetaArgs {
     db: Option<PathBuf>,
     /// How clients reach the meta region [default: tcp].
     #[arg(long, value_enum)]
-    fabric: Option<FabricKind>,
+    fabric: Option<Backend>,
     /// shm: the meta region's directory [default: /dev/shm/citronfs/CLUSTER/meta].
     #[arg(long)]
     region_dir: Option<PathBuf>,
@@ -70,20 +72,12 @@ pub fn meta_server(mut args: MetaArgs) -> Result<()> {
     let db = args
         .db
         .context("the namespace database directory is missing: give --db DIR")?;
-    let fabric = match args.fabric.unwrap_or(FabricKind::Tcp) {
-        FabricKind::Shm => MetaFabric::Shm {
-            dir: args.region_dir.unwrap_or_else(|| {
-                PathBuf::from(fabric::shm::DEFAULT_ROOT)
-                    .join(&cluster)
-                    .join("meta")
-            }),
-        },
-        FabricKind::Tcp => MetaFabric::Tcp {
-            listen: args
-                .fabric_listen
-                .unwrap_or_else(|| SocketAddr::new(listen.ip(), 0)),
-        },
-    };
+    let fabric = args.fabric.unwrap_or(Backend::Tcp).serve_at(
+        args.region_dir
+            .unwrap_or_else(|| fabric::transport::default_shm_dir(&cluster, "meta")),
+        args.fabric_listen
+            .unwrap_or_else(|| SocketAddr::new(listen.ip(), 0)),
+    );
     let mut config = MetaConfig::new(db, fabric);
     config.cluster = cluster;
     config.token = require_token(args.token)?;
@@ -132,7 +126,7 @@ pub struct DataArgs {
     capacity: Option<String>,
     /// How clients reach the region [default: tcp].
     #[arg(long, value_enum)]
-    fabric: Option<FabricKind>,
+    fabric: Option<Backend>,
     /// shm: the region's directory [default: /dev/shm/citronfs/CLUSTER/NAME].
     #[arg(long)]
     region_dir: Option<PathBuf>,
@@ -150,20 +144,12 @@ pub fn data_server(mut args: DataArgs) -> Result<()> {
     merge!(args, file; name, meta, cluster, token, capacity, fabric, region_dir, fabric_listen, backing_dir);
     let cluster = args.cluster.unwrap_or_else(|| "citronfs".into());
     let name = args.name.context("a data server needs a stable --name")?;
-    let fabric = match args.fabric.unwrap_or(FabricKind::Tcp) {
-        FabricKind::Shm => DataFabric::Shm {
-            dir: args.region_dir.unwrap_or_else(|| {
-                PathBuf::from(fabric::shm::DEFAULT_ROOT)
-                    .join(&cluster)
-                    .join(&name)
-            }),
-        },
-        FabricKind::Tcp => DataFabric::Tcp {
-            listen: args
-                .fabric_listen
-                .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0))),
-        },
-    };
+    let fabric = args.fabric.unwrap_or(Backend::Tcp).serve_at(
+        args.region_dir
+            .unwrap_or_else(|| fabric::transport::default_shm_dir(&cluster, &name)),
+        args.fabric_listen
+            .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0))),
+    );
     let config = DataConfig {
         name,
         meta_addr: args.meta.unwrap_or_else(|| "127.0.0.1:7700".into()),
@@ -231,13 +217,13 @@ pub fn mount(mut args: MountArgs) -> Result<()> {
         allow_other: args.allow_other.unwrap_or(false),
         ..Default::default()
     };
-    let handle = mount_at(Arc::new(fs), &args.mountpoint, &fuse)?;
+    let mount = Mount::at(Arc::new(fs), &args.mountpoint, &fuse)?;
     eprintln!(
         "citronfs mounted at {}; Ctrl-C (or fusermount3 -u) unmounts",
         args.mountpoint.display()
     );
-    eprintln!("atomic I/O: {}", atomic_bound_line(&handle));
-    fs_client::fuse::wait_for_signal(handle).context("unmount")
+    eprintln!("atomic I/O: {}", atomic_bound_line(mount.io_limits()));
+    mount.wait_for_signal().context("unmount")
 }
 
 /// Parses a lock scheme name (default `citron`).
@@ -247,31 +233,11 @@ pub fn parse_scheme(name: Option<&str>) -> Result<LockSchemeKind> {
         .map_err(|e: String| anyhow::anyhow!(e))
 }
 
-/// Mounts with a clear error when FUSE is not usable here.
-pub fn mount_at(
-    fs: Arc<CitronFs>,
-    mountpoint: &std::path::Path,
-    fuse: &fs_client::fuse::FuseOptions,
-) -> Result<fs_client::fuse::MountHandle> {
-    anyhow::ensure!(
-        mountpoint.is_dir(),
-        "mount point {} is not a directory",
-        mountpoint.display()
-    );
-    fs_client::fuse::mount(fs, mountpoint, fuse).with_context(|| {
-        format!(
-            "cannot mount at {} (FUSE needs /dev/fuse, and fusermount3 from the fuse3 package when not root)",
-            mountpoint.display()
-        )
-    })
-}
-
 /// What `citronfs mount` and `citronfs up` say about the mount's atomic I/O bound: the size up
 /// to which every read and write call is atomic, for any alignment of the user's buffer, and,
 /// when it falls short of 16 MiB, why and what to do.
-pub fn atomic_bound_line(handle: &fs_client::fuse::MountHandle) -> String {
+pub fn atomic_bound_line(l: fs_client::fuse::IoLimits) -> String {
     use fs_client::fuse::{ATOMIC_IO_TARGET, MAX_PAGES_LIMIT_SYSCTL};
-    let l = handle.io_limits();
     let mut line = format!(
         "reads and writes up to {} bytes{} are atomic, for any buffer alignment \
          (max_write {}, max_pages {}); larger ones are cut into atomic pieces",

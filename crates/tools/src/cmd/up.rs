@@ -1,13 +1,14 @@
 //! `citronfs up`: an embedded cluster on this machine — a meta server and N data servers in this
 //! process, on the shm fabric by default — mounted through FUSE until Ctrl-C.
 
-use super::cluster::{prepare_mountpoint, ClusterOptions, EmbeddedCluster};
-use super::config::{parse_size, FabricKind};
-use super::roles::{atomic_bound_line, mount_at, parse_scheme};
+use super::config::parse_size;
+use super::roles::{atomic_bound_line, parse_scheme};
 use anyhow::{Context, Result};
 use clap::Args;
-use std::path::PathBuf;
+use fabric::Backend;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use testkit::{BackingKind, Cluster, ClusterSpec, Mount};
 
 /// Options of `citronfs up`.
 #[derive(Args, Debug)]
@@ -22,7 +23,7 @@ pub struct UpArgs {
     memory: String,
     /// The fabric between clients and servers.
     #[arg(long, value_enum, default_value = "shm")]
-    fabric: FabricKind,
+    fabric: Backend,
     /// The range-lock scheme of every read and write: citron, mutex, seg, server.
     #[arg(long, default_value = "citron")]
     scheme: String,
@@ -49,26 +50,31 @@ pub fn up(args: UpArgs) -> Result<()> {
     let scheme = parse_scheme(Some(&args.scheme))?;
     prepare_mountpoint(&args.mountpoint)?;
 
-    let cluster = EmbeddedCluster::start(&ClusterOptions {
-        cluster: args.cluster.clone(),
+    let cluster = Cluster::start(ClusterSpec {
+        name: args.cluster.clone(),
         data_servers: args.data_servers,
-        per_server_bytes: per_server,
+        capacity: per_server,
         fabric: args.fabric,
+        // A kept state directory keeps the data too: file-backed regions in it.
+        backing: match args.state_dir {
+            Some(_) => BackingKind::File,
+            None => BackingKind::Memory,
+        },
         state_dir: args.state_dir.clone(),
-        lock_server: scheme == fs_client::LockSchemeKind::Server,
+        scheme,
+        ..ClusterSpec::server_defaults()
     })?;
-    let fs = cluster.connect(scheme)?;
-    let handle = mount_at(
-        Arc::new(fs),
+    let mount = Mount::at(
+        Arc::new(cluster.client()?),
         &args.mountpoint,
         &fs_client::fuse::FuseOptions::default(),
     )?;
 
     println!("CitronFS is up:");
     println!(
-        "  meta server   {} (fabric {:?}, cluster {:?})",
+        "  meta server   {} (fabric {}, cluster {:?})",
         cluster.meta_addr(),
-        args.fabric,
+        args.fabric.name(),
         args.cluster
     );
     for d in cluster.data_servers() {
@@ -86,17 +92,34 @@ pub fn up(args: UpArgs) -> Result<()> {
         }
     }
     println!("  mounted at    {}", args.mountpoint.display());
-    println!("  atomic I/O    {}", atomic_bound_line(&handle));
+    println!("  atomic I/O    {}", atomic_bound_line(mount.io_limits()));
     println!(
         "Stop with Ctrl-C (or `kill {}`): it unmounts and stops every server.",
         std::process::id()
     );
 
-    let unmounted = fs_client::fuse::wait_for_signal(handle);
+    let unmounted = mount.wait_for_signal();
     println!(
         "unmounted {}; stopping the servers",
         args.mountpoint.display()
     );
     cluster.shutdown()?;
     unmounted.context("unmount")
+}
+
+/// Creates the mount point if missing and refuses a non-empty one (mounting over files hides
+/// them, which is rarely what a newcomer wants).
+fn prepare_mountpoint(path: &Path) -> Result<()> {
+    if !path.exists() {
+        std::fs::create_dir_all(path).with_context(|| format!("create {}", path.display()))?;
+    }
+    anyhow::ensure!(path.is_dir(), "{} is not a directory", path.display());
+    let mut entries =
+        std::fs::read_dir(path).with_context(|| format!("read {}", path.display()))?;
+    anyhow::ensure!(
+        entries.next().is_none(),
+        "{} is not empty; choose an empty directory to mount on",
+        path.display()
+    );
+    Ok(())
 }

@@ -1,0 +1,351 @@
+//! [`Cluster`]: a meta server and data servers in this process, started as a [`ClusterSpec`]
+//! says.
+//!
+//! Layout of a cluster's directories (the same for `citronfs up` and the tests, so that a
+//! `--state-dir` written by one run is read by the next):
+//! - the *state directory* (the spec's `state_dir`, else the run directory): `meta-db/` (the
+//!   namespace, sled) and, for file-backed data servers, `ds-N/` (data server N's region file);
+//! - the *run directory*, always fresh and removed on drop, under `/dev/shm` where it exists:
+//!   the shm regions of the meta server (`meta/`) and of memory-backed data servers (`ds-N/`).
+
+use crate::mount::Mount;
+use crate::util::random_token;
+use anyhow::{Context, Result};
+use data_server::{Backing, DataConfig, DataHandle, DataServer};
+use fabric::{Backend, ServeAt};
+use fs_client::fuse::FuseOptions;
+use fs_client::{CitronFs, LockSchemeKind, MountOptions};
+use meta_server::{MetaConfig, MetaHandle, MetaServer};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Where a server of this cluster serves: shm from `shm_dir`; tcp on loopback, any port
+/// (servers tell clients the bound address); mem in this process.
+fn serve_at(backend: Backend, shm_dir: PathBuf) -> ServeAt {
+    backend.serve_at(shm_dir, SocketAddr::from(([127, 0, 0, 1], 0)))
+}
+
+/// What holds the data servers' regions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackingKind {
+    /// Memory only: lost when a data server stops.
+    Memory,
+    /// A region file in the state directory: kept across [`Cluster::restart`] (and, with a
+    /// given `state_dir`, across processes).
+    File,
+}
+
+/// The chunk size of [`ClusterSpec::default`]: small, so that modest files in tests cross
+/// chunk and server boundaries.
+pub const TEST_CHUNK_SIZE: u64 = 64 << 10;
+
+/// What [`Cluster::start`] starts. [`ClusterSpec::default`] is test-sized; `citronfs up`
+/// starts from [`ClusterSpec::server_defaults`].
+#[derive(Clone, Debug)]
+pub struct ClusterSpec {
+    /// The cluster's name (clients and data servers must name it; also the prefix of the run
+    /// directory).
+    pub name: String,
+    /// The cluster's shared secret; `None`: a fresh random one (see [`Cluster::token`]).
+    pub token: Option<String>,
+    /// How many data servers (0 is allowed: a namespace-only cluster).
+    pub data_servers: usize,
+    /// Bytes of each data server's region (the meta server divides it into chunks).
+    pub capacity: u64,
+    /// Bytes per chunk (a power of two of at least 4096).
+    pub chunk_size: u64,
+    /// Bytes of the meta region (file control blocks and lock state of open files).
+    pub meta_region_bytes: u64,
+    /// The fabric of the meta region and the data servers.
+    pub fabric: Backend,
+    /// What holds the data servers' regions.
+    pub backing: BackingKind,
+    /// Keep the namespace (and file-backed regions) in this directory; `None`: in the run
+    /// directory, removed on drop.
+    pub state_dir: Option<PathBuf>,
+    /// The lock scheme of [`Cluster::client`] and [`Cluster::mount`].
+    pub scheme: LockSchemeKind,
+    /// How long a client session lives without a request.
+    pub session_lease: Duration,
+    /// Silence after which a `Fence` revokes a session.
+    pub fence_after: Duration,
+    /// `T_lease` of every file's CITRON lock (must exceed 4 × `fence_after`).
+    pub lock_lease: Duration,
+    /// Run the lock server of the `server` scheme (a baseline; off unless a client will lock
+    /// with it).
+    pub lock_server: bool,
+}
+
+impl Default for ClusterSpec {
+    /// Test-sized: two memory-backed data servers of 16 MiB on shm, [`TEST_CHUNK_SIZE`]
+    /// chunks, a 16 MiB meta region, the citron scheme, a random token, a temporary state
+    /// directory, and the meta server's leases.
+    fn default() -> Self {
+        ClusterSpec {
+            name: "citronfs-test".into(),
+            token: None,
+            data_servers: 2,
+            capacity: 16 << 20,
+            chunk_size: TEST_CHUNK_SIZE,
+            meta_region_bytes: 16 << 20,
+            fabric: Backend::Shm,
+            backing: BackingKind::Memory,
+            state_dir: None,
+            scheme: LockSchemeKind::Citron,
+            session_lease: meta_server::DEFAULT_SESSION_LEASE,
+            fence_after: meta_server::DEFAULT_FENCE_AFTER,
+            lock_lease: meta_server::DEFAULT_LOCK_LEASE,
+            lock_server: false,
+        }
+    }
+}
+
+impl ClusterSpec {
+    /// [`ClusterSpec::default`] with the meta server's own chunk size and meta region size
+    /// (`meta_server::DEFAULT_CHUNK_SIZE`, `DEFAULT_REGION_BYTES`): what a user's cluster runs
+    /// with, for `citronfs up` and the benchmarks.
+    pub fn server_defaults() -> Self {
+        ClusterSpec {
+            chunk_size: meta_server::DEFAULT_CHUNK_SIZE,
+            meta_region_bytes: meta_server::DEFAULT_REGION_BYTES,
+            ..ClusterSpec::default()
+        }
+    }
+
+    /// This spec with `servers` data servers of `chunks` chunks each (of the spec's chunk
+    /// size, so set that first).
+    pub fn with_data_servers(self, servers: usize, chunks: u64) -> Self {
+        ClusterSpec {
+            data_servers: servers,
+            capacity: chunks * self.chunk_size,
+            ..self
+        }
+    }
+}
+
+/// A meta server and data servers running in this process. Dropping it stops the servers
+/// (the meta server first) and removes the run directory, whatever happened before.
+pub struct Cluster {
+    // Field order is drop order: the meta server first (its shutdown persists open files' sizes
+    // and flushes the namespace, which needs no data server), then the data servers, then the
+    // directory they live in.
+    meta: MetaHandle,
+    data: Vec<DataHandle>,
+    /// What the meta server was started with; a restart reuses it (`listen` pinned to the
+    /// first run's address, so that data servers and tests need not learn a new one).
+    meta_config: MetaConfig,
+    spec: ClusterSpec,
+    token: String,
+    /// The state directory (see the module docs).
+    state: PathBuf,
+    /// The run directory (see the module docs).
+    run: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// Starts the meta server, then the data servers (which register with it), as `spec`
+    /// says.
+    pub fn start(spec: ClusterSpec) -> Result<Cluster> {
+        let run = tempfile::Builder::new()
+            .prefix(&format!("{}-", spec.name))
+            .tempdir_in(if Path::new("/dev/shm").is_dir() {
+                "/dev/shm"
+            } else {
+                "/tmp"
+            })
+            .context("create the cluster's run directory")?;
+        let state = match &spec.state_dir {
+            Some(dir) => {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("create the state directory {}", dir.display()))?;
+                dir.clone()
+            }
+            None => run.path().to_path_buf(),
+        };
+        let token = match &spec.token {
+            Some(token) => token.clone(),
+            None => random_token()?,
+        };
+
+        let mut config = MetaConfig::new(
+            state.join("meta-db"),
+            serve_at(spec.fabric, run.path().join("meta")),
+        );
+        config.cluster = spec.name.clone();
+        config.token = token.clone();
+        config.chunk_size = spec.chunk_size;
+        config.region_bytes = spec.meta_region_bytes;
+        config.session_lease = spec.session_lease;
+        config.fence_after = spec.fence_after;
+        config.lock_lease = spec.lock_lease;
+        config.lock_server = spec.lock_server || spec.scheme == LockSchemeKind::Server;
+        let meta = MetaServer::start(config.clone()).context("start the meta server")?;
+        config.listen = meta.addr();
+        let mut cluster = Cluster {
+            meta,
+            data: Vec::new(),
+            meta_config: config,
+            spec,
+            token,
+            state,
+            run,
+        };
+        cluster.start_data_servers()?;
+        Ok(cluster)
+    }
+
+    fn start_data_servers(&mut self) -> Result<()> {
+        for i in 0..self.spec.data_servers {
+            let config = self.data_config(i);
+            let handle = DataServer::start(config)
+                .with_context(|| format!("start data server {}", data_server_name(i)))?;
+            self.data.push(handle);
+        }
+        Ok(())
+    }
+
+    /// The configuration data server `i` is (or would be) started with: named `ds-i` (a
+    /// restart with the same name gets the same id and chunks back). For a test that starts
+    /// one more, changed.
+    pub fn data_config(&self, i: usize) -> DataConfig {
+        let name = data_server_name(i);
+        let backing = match self.spec.backing {
+            BackingKind::Memory => Backing::Memory,
+            BackingKind::File => Backing::File {
+                dir: self.state.join(&name),
+            },
+        };
+        // A file-backed shm region is served from its backing directory (clients attach where
+        // the file is); naming that directory as the shm directory too keeps the data server
+        // from warning about a mismatch.
+        let shm_dir = match &backing {
+            Backing::File { dir } => dir.clone(),
+            Backing::Memory => self.run.path().join(&name),
+        };
+        DataConfig {
+            name,
+            meta_addr: self.meta.addr().to_string(),
+            cluster: self.spec.name.clone(),
+            token: self.token.clone(),
+            capacity_bytes: self.spec.capacity,
+            fabric: serve_at(self.spec.fabric, shm_dir),
+            backing,
+        }
+    }
+
+    /// What the cluster was started with.
+    pub fn spec(&self) -> &ClusterSpec {
+        &self.spec
+    }
+
+    /// The cluster's name.
+    pub fn name(&self) -> &str {
+        &self.spec.name
+    }
+
+    /// The cluster's shared secret (the spec's, or the random one it was given).
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// The cluster's credentials, as every server checks them in the handshake.
+    pub fn credentials(&self) -> fabric::Credentials {
+        fabric::Credentials::new(self.spec.name.clone(), self.token.clone())
+    }
+
+    /// The meta server.
+    pub fn meta(&self) -> &MetaHandle {
+        &self.meta
+    }
+
+    /// The meta server's RPC address (the same after a restart).
+    pub fn meta_addr(&self) -> SocketAddr {
+        self.meta.addr()
+    }
+
+    /// The running data servers, in start order (`ds-0` first).
+    pub fn data_servers(&self) -> &[DataHandle] {
+        &self.data
+    }
+
+    /// The running data servers, to stop one (`DataHandle::shutdown`) while the rest run.
+    pub fn data_servers_mut(&mut self) -> &mut [DataHandle] {
+        &mut self.data
+    }
+
+    /// The state directory: the namespace database and file-backed regions.
+    pub fn state_dir(&self) -> &Path {
+        &self.state
+    }
+
+    /// The run directory: shm regions, and the state when no state directory was given;
+    /// removed when the cluster is dropped.
+    pub fn run_dir(&self) -> &Path {
+        self.run.path()
+    }
+
+    /// Client options for this cluster whose reads and writes lock with `scheme`.
+    pub fn options(&self, scheme: LockSchemeKind) -> MountOptions {
+        let mut options = MountOptions::new(
+            self.meta_addr().to_string(),
+            self.spec.name.clone(),
+            self.token.clone(),
+        );
+        options.scheme = scheme;
+        options
+    }
+
+    /// Opens a client session (a library client) whose reads and writes lock with `scheme`.
+    pub fn connect(&self, scheme: LockSchemeKind) -> Result<CitronFs> {
+        CitronFs::connect(self.options(scheme))
+            .map_err(|e| anyhow::anyhow!("cannot open a session with the cluster: {e}"))
+    }
+
+    /// Opens a client session with the spec's scheme.
+    pub fn client(&self) -> Result<CitronFs> {
+        self.connect(self.spec.scheme)
+    }
+
+    /// Mounts a new client with the spec's scheme in a fresh directory.
+    pub fn mount(&self) -> Result<Mount> {
+        self.mount_with(self.spec.scheme)
+    }
+
+    /// Mounts a new client with `scheme` in a fresh directory.
+    pub fn mount_with(&self, scheme: LockSchemeKind) -> Result<Mount> {
+        Mount::in_temp_dir(Arc::new(self.connect(scheme)?), &FuseOptions::default())
+    }
+
+    /// Stops every server and starts them again on the same state, names and meta address.
+    /// Unmount first: client sessions do not survive it. Memory-backed data is lost; the
+    /// namespace and file-backed data are kept.
+    pub fn restart(&mut self) -> Result<()> {
+        self.stop_servers()?;
+        self.meta =
+            MetaServer::start(self.meta_config.clone()).context("restart the meta server")?;
+        self.start_data_servers()
+    }
+
+    /// Stops the meta server (persisting open files' sizes and flushing the namespace; no data
+    /// server is needed for that), then the data servers. Dropping does the same, logging the
+    /// error instead.
+    pub fn shutdown(mut self) -> Result<()> {
+        self.stop_servers()
+    }
+
+    fn stop_servers(&mut self) -> Result<()> {
+        let meta = self.meta.shutdown().context("stop the meta server");
+        for d in &mut self.data {
+            d.shutdown();
+        }
+        self.data.clear();
+        meta
+    }
+}
+
+/// The stable name of data server `i`.
+fn data_server_name(i: usize) -> String {
+    format!("ds-{i}")
+}

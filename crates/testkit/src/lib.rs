@@ -1,0 +1,32 @@
+//! CitronFS's one in-process cluster harness, used by `citronfs up`, `citronfs bench fs` and
+//! every test suite that needs servers.
+//!
+//! - [`Cluster`]: a meta server and N data servers in this process, as a [`ClusterSpec`] says
+//!   (shm or tcp fabric, memory- or file-backed data, a temporary or a given state directory,
+//!   chunk counts and sizes, leases); [`Cluster::connect`] opens a `CitronFs` client session,
+//!   [`Cluster::restart`] stops and starts every server on the same state, and
+//!   [`Cluster::shutdown`] (or drop) stops them cleanly.
+//! - [`Mount`]: an in-process FUSE mount of a client, in a fresh directory or a given one,
+//!   unmounted on drop — lazily, with its FUSE connection aborted, when it is busy, as after a
+//!   panicking test — so that nothing is left mounted.
+//! - Test-only extras: [`Cluster::spawn_mount_process`] ([`ChildMount`], a second client
+//!   *process*: the test binary re-executed, running [`child_mount_main`]),
+//!   [`fuse_unavailable`] and [`skip_without_fuse!`], [`wait_until`], [`pattern`].
+//!
+//! Every server setting is made here once: a change to a server's configuration is a change to
+//! [`ClusterSpec`] and [`Cluster`], not to each suite.
+//!
+//! Errors of starting, connecting, mounting and restarting are returned (`anyhow`), since
+//! `citronfs up` reports them to a user; the test-only extras panic, since only tests call them.
+
+mod child;
+mod cluster;
+mod mount;
+mod util;
+
+pub use child::{child_mount_main, ChildMount};
+pub use cluster::{BackingKind, Cluster, ClusterSpec, TEST_CHUNK_SIZE};
+/// The fabric backend a cluster runs on (the fabric crate's own choice type).
+pub use fabric::Backend;
+pub use mount::{fuse_unavailable, Mount};
+pub use util::{pattern, random_token, wait_until};

@@ -1,0 +1,237 @@
+//! [`Mount`]: an in-process FUSE mount that is never left behind, and the FUSE checks.
+
+use anyhow::{Context, Result};
+use fs_client::fuse::{FuseOptions, IoLimits, MountHandle};
+use fs_client::CitronFs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+
+/// Why FUSE mounts cannot work here, or `None` when they can: /dev/fuse must exist and open,
+/// and a non-root user needs `fusermount3` (Debian package fuse3).
+pub fn fuse_unavailable() -> Option<String> {
+    fs_client::fuse::check_mountable(Path::new(fs_client::fuse::FUSE_DEVICE)).err()
+}
+
+/// Returns from the calling test, printing why, when FUSE mounts cannot work here.
+#[macro_export]
+macro_rules! skip_without_fuse {
+    () => {
+        if let Some(why) = $crate::fuse_unavailable() {
+            println!("skipped: {why}");
+            return;
+        }
+    };
+}
+
+/// The mount point: a fresh directory of the mount's own, or one the caller gave.
+enum MountDir {
+    /// Removed (after the unmount) when the [`Mount`] is dropped.
+    Temp(tempfile::TempDir),
+    /// Left in place.
+    Given(PathBuf),
+}
+
+impl MountDir {
+    fn path(&self) -> &Path {
+        match self {
+            MountDir::Temp(dir) => dir.path(),
+            MountDir::Given(path) => path,
+        }
+    }
+}
+
+/// An in-process FUSE mount of a [`CitronFs`] client. Dropping it unmounts; when that fails
+/// (files still open, as after a panicking test) it detaches the mount lazily and aborts its
+/// FUSE connection, so that neither a mount nor a hanging process is left behind.
+pub struct Mount {
+    // Field order is drop order: `Drop` unmounts before the directory is removed.
+    handle: Option<MountHandle>,
+    fs: Arc<CitronFs>,
+    /// The mounted file system's device number (names its FUSE connection); 0 if unknown.
+    dev: u64,
+    dir: MountDir,
+}
+
+impl Mount {
+    /// Mounts `fs` in a fresh, empty directory (in the ordinary temporary directory).
+    pub fn in_temp_dir(fs: Arc<CitronFs>, fuse: &FuseOptions) -> Result<Mount> {
+        let dir = tempfile::Builder::new()
+            .prefix("citronfs-mnt-")
+            .tempdir()
+            .context("create a mount point")?;
+        Mount::new(fs, MountDir::Temp(dir), fuse)
+    }
+
+    /// Mounts `fs` at `mountpoint`, an existing directory.
+    pub fn at(fs: Arc<CitronFs>, mountpoint: &Path, fuse: &FuseOptions) -> Result<Mount> {
+        anyhow::ensure!(
+            mountpoint.is_dir(),
+            "mount point {} is not a directory",
+            mountpoint.display()
+        );
+        Mount::new(fs, MountDir::Given(mountpoint.to_path_buf()), fuse)
+    }
+
+    fn new(fs: Arc<CitronFs>, dir: MountDir, fuse: &FuseOptions) -> Result<Mount> {
+        let handle = fs_client::fuse::mount(fs.clone(), dir.path(), fuse).with_context(|| {
+            format!(
+                "cannot mount at {} (FUSE needs /dev/fuse, and fusermount3 from the fuse3 \
+                 package when not root)",
+                dir.path().display()
+            )
+        })?;
+        let dev = std::fs::metadata(dir.path()).map_or(0, |m| m.dev());
+        Ok(Mount {
+            handle: Some(handle),
+            fs,
+            dev,
+            dir,
+        })
+    }
+
+    /// The mount point.
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The client library behind the mount (its statistics, or calls that bypass the kernel).
+    pub fn fs(&self) -> &Arc<CitronFs> {
+        &self.fs
+    }
+
+    fn handle(&self) -> &MountHandle {
+        self.handle.as_ref().expect("mounted until unmount or drop")
+    }
+
+    /// The largest read or write, in bytes, that this mount keeps atomic for every alignment
+    /// of the user's buffer (see `fs_client::fuse::MountHandle::atomic_bound`).
+    pub fn atomic_bound(&self) -> u64 {
+        self.handle().atomic_bound()
+    }
+
+    /// What the mount negotiated with the kernel about request sizes.
+    pub fn io_limits(&self) -> IoLimits {
+        self.handle().io_limits()
+    }
+
+    /// Unmounts now, failing if the unmount fails (the drop then detaches it lazily).
+    pub fn unmount(mut self) -> std::io::Result<()> {
+        let handle = self.handle.take().expect("mounted until unmount or drop");
+        handle.unmount()
+    }
+
+    /// Serves until SIGINT or SIGTERM arrives or the mount ends by itself (`fusermount3 -u`),
+    /// then unmounts (see `fs_client::fuse::wait_for_signal`).
+    pub fn wait_for_signal(mut self) -> std::io::Result<()> {
+        let handle = self.handle.take().expect("mounted until unmount or drop");
+        fs_client::fuse::wait_for_signal(handle)
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if let Some(handle) = self.handle.take() {
+            // A failure leaves the mount in place; it is detached below.
+            let _ = handle.unmount();
+        }
+        // Still mounted: busy (files still open, e.g. after a panic) or an unmount that failed
+        // before. Detach it, and abort the connection so that those files' closes cannot hang
+        // this process's exit; a mount point left behind would also make the TempDir's
+        // removal fail.
+        if is_mounted(self.path()) {
+            lazy_unmount(self.path());
+            if self.dev != 0 {
+                abort_fuse_connection(self.dev);
+            }
+        }
+    }
+}
+
+/// Whether `path` is a mount point now (read from /proc/self/mountinfo).
+pub(crate) fn is_mounted(path: &Path) -> bool {
+    let path = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    info.lines().any(|line| {
+        line.split(' ')
+            .nth(4)
+            .is_some_and(|m| unescape_mountinfo(m) == path.as_os_str().to_string_lossy())
+    })
+}
+
+/// Undoes mountinfo's octal escapes (`\040` for a space, ...).
+fn unescape_mountinfo(s: &str) -> String {
+    let mut out = String::new();
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\\' {
+            let code: String = chars.by_ref().take(3).collect();
+            if let Ok(b) = u8::from_str_radix(&code, 8) {
+                out.push(b as char);
+                continue;
+            }
+            out.push('\\');
+            out.push_str(&code);
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The first of `names` found on `PATH` (or in /bin, /usr/bin).
+fn find_program(names: &[&str]) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let dirs: Vec<PathBuf> = std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/bin"), PathBuf::from("/bin")])
+        .collect();
+    names
+        .iter()
+        .flat_map(|n| dirs.iter().map(move |d| d.join(n)))
+        .find(|p| p.is_file())
+}
+
+/// Detaches whatever is mounted at `path` even if it is busy or its server is gone
+/// (`umount -l`, else `fusermount3 -uz`): the last resort of the guards' `Drop`.
+pub(crate) fn lazy_unmount(path: &Path) {
+    if !is_mounted(path) {
+        return;
+    }
+    let quiet = |mut c: Command| {
+        c.stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let mut umount = Command::new("umount");
+    umount.arg("-l").arg(path);
+    if quiet(umount) {
+        return;
+    }
+    if let Some(fusermount) = find_program(&["fusermount3", "fusermount"]) {
+        let mut c = Command::new(fusermount);
+        c.arg("-uz").arg(path);
+        quiet(c);
+    }
+}
+
+/// Aborts the FUSE connection of the file system whose device is `dev` (through fusectl,
+/// mounting it if needed). A lazily detached mount whose server lives in this process must be
+/// aborted: otherwise, when the process exits, closing a file still open on it waits for an
+/// answer from server threads that are already gone, and the process never ends.
+fn abort_fuse_connection(dev: u64) {
+    let connections = Path::new("/sys/fs/fuse/connections");
+    // The connection's name is the kernel's device number: minor only, as FUSE's major is 0.
+    let abort = connections.join(libc::minor(dev).to_string()).join("abort");
+    if !abort.exists() {
+        let _ = Command::new("mount")
+            .args(["-t", "fusectl", "fusectl"])
+            .arg(connections)
+            .stderr(Stdio::null())
+            .status();
+    }
+    let _ = std::fs::write(abort, b"1");
+}

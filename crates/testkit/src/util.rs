@@ -1,0 +1,81 @@
+//! Small helpers shared by the harness and the suites.
+
+use anyhow::{Context, Result};
+use std::time::{Duration, Instant};
+
+/// A fresh random cluster token (128 bits from /dev/urandom, as hex), for a cluster whose spec
+/// names none: each cluster gets its own, so that no client of another can join it.
+pub fn random_token() -> Result<String> {
+    fabric::handshake::random_token().context("read /dev/urandom")
+}
+
+/// Polls `done` every few milliseconds (backing off to 50 ms) until it holds; panics naming
+/// `what` after `timeout`. For tests: waiting on a condition instead of sleeping a guess.
+pub fn wait_until(timeout: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    let mut pause = Duration::from_millis(1);
+    while !done() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
+/// `len` bytes of a pattern that differs at every file offset and per `seed`, so that data
+/// read back at the wrong offset or from the wrong writer is caught.
+///
+/// Each byte is the splitmix64 finalizer of the offset mixed with the seed, so every bit of
+/// both reaches every bit of the byte (a plain product keeps a small seed's bits out of the
+/// byte taken, and two writers' patterns would then be equal).
+pub fn pattern(seed: u64, offset: u64, len: usize) -> Vec<u8> {
+    let key = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (0..len as u64)
+        .map(|i| {
+            let mut x = (offset + i) ^ key;
+            x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            (x ^ (x >> 31)) as u8
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_fresh_hex() {
+        let (a, b) = (random_token().unwrap(), random_token().unwrap());
+        assert_eq!(a.len(), 32);
+        assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn pattern_differs_by_offset_and_seed() {
+        let a = pattern(1, 0, 4096);
+        assert_eq!(pattern(1, 100, 10), a[100..110]);
+        // Neighbouring seeds (two writers of one test) differ at nearly every byte.
+        let b = pattern(2, 0, 4096);
+        let same = a.iter().zip(&b).filter(|(x, y)| x == y).count();
+        assert!(same < 64, "{same} of 4096 bytes equal");
+        assert!(a.windows(2).any(|w| w[0] != w[1]));
+    }
+
+    #[test]
+    fn wait_until_returns_once_done_and_panics_past_the_deadline() {
+        let mut n = 0;
+        wait_until(Duration::from_secs(5), "three polls", || {
+            n += 1;
+            n >= 3
+        });
+        assert_eq!(n, 3);
+        let late = std::panic::catch_unwind(|| {
+            wait_until(Duration::from_millis(20), "never", || false);
+        });
+        assert!(late.is_err());
+    }
+}
