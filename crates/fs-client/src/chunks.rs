@@ -12,6 +12,7 @@
 //!   cannot make a verb touch memory outside a chunk.
 
 use crate::client::Inner;
+use crate::error::Error;
 use crate::handles::OpenInode;
 use crate::meta::unexpected;
 use proto::rpc::{Request, Response};
@@ -63,7 +64,7 @@ impl Inner {
         off: u64,
         len: usize,
         allocate: bool,
-    ) -> Result<ChunkRun, FsError> {
+    ) -> Result<ChunkRun, Error> {
         let chunks = self.geometry.chunks(off, len as u64);
         for _attempt in 0..3 {
             let (mut locs, missing) = self.cached(inode, generation, chunks.clone());
@@ -90,7 +91,7 @@ impl Inner {
             let got = match self.meta.call(request) {
                 Ok(Response::Chunks(got)) => got,
                 Ok(other) => return Err(unexpected("ChunkMap/AllocateChunks", other)),
-                Err(FsError::Stale) if allocate => {
+                Err(Error::Fs(FsError::Stale)) if allocate => {
                     // The file's layout changed under us (unlink elsewhere): start over with
                     // the generation the FCB has now.
                     let mut w = self.checkout()?;
@@ -100,7 +101,7 @@ impl Inner {
                 Err(e) => return Err(e),
             };
             if got.len() as u64 != b - a + 1 {
-                return Err(FsError::Io(format!(
+                return Err(Error::Protocol(format!(
                     "meta server returned {} chunk locations for {} chunks",
                     got.len(),
                     b - a + 1
@@ -117,7 +118,7 @@ impl Inner {
                 let c = a + i as u64;
                 let Some(loc) = loc else {
                     if allocate {
-                        return Err(FsError::Io(format!(
+                        return Err(Error::Protocol(format!(
                             "meta server allocated no chunk {c} of inode {}",
                             inode.ino
                         )));
@@ -137,10 +138,7 @@ impl Inner {
                 locs,
             });
         }
-        Err(FsError::Io(format!(
-            "inode {}: the file generation kept changing during a write",
-            inode.ino
-        )))
+        Err(Error::GenerationChurn { ino: inode.ino })
     }
 
     /// The cached locations of `chunks` for `generation` (`None` where not cached), and the
@@ -185,17 +183,14 @@ impl Inner {
     }
 
     /// Checks that `loc` names a chunk inside a data server this client knows.
-    fn check_loc(&self, loc: ChunkLoc) -> Result<(), FsError> {
+    fn check_loc(&self, loc: ChunkLoc) -> Result<(), Error> {
         match self.servers.data(loc.server) {
             Some(ds) if loc.index < ds.info.chunks => Ok(()),
-            Some(ds) => Err(FsError::Io(format!(
+            Some(ds) => Err(Error::Protocol(format!(
                 "chunk {} is beyond data server {}'s {} chunks",
                 loc.index, loc.server, ds.info.chunks
             ))),
-            None => Err(FsError::Io(format!(
-                "chunk on data server {}, which this client does not know (joined after it connected?)",
-                loc.server
-            ))),
+            None => Err(Error::UnknownDataServer(loc.server)),
         }
     }
 }

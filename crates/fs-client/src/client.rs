@@ -25,13 +25,14 @@
 //! chunk cache (a `RwLock`). Everything that talks to the fabric — endpoints and range-lock
 //! handles — belongs to one worker at a time.
 
+use crate::error::Error;
 use crate::handles::HandleTable;
 use crate::meta::{Heartbeat, Meta};
 use crate::plan::Geometry;
 use crate::servers::Servers;
 use crate::workers::WorkerPool;
 use lockmgr::LockStats;
-use proto::{Caller, ClusterInfo, FsError, LockSchemeKind};
+use proto::{Caller, ClusterInfo, LockSchemeKind};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -111,7 +112,7 @@ impl CitronFs {
     /// Connects to the cluster: opens the session (renewed by a heartbeat thread at a third of
     /// the lease), and attaches to the meta region and every data server's region through the
     /// fabric the meta server names.
-    pub fn connect(opts: MountOptions) -> Result<CitronFs, FsError> {
+    pub fn connect(opts: MountOptions) -> Result<CitronFs, Error> {
         let (meta, info) = Meta::connect(&opts.meta_addr, &opts.cluster, &opts.token, &opts.host)?;
         let meta = Arc::new(meta);
         let geometry = Geometry::new(info.chunk_size, info.lock_unit)?;

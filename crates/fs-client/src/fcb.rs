@@ -13,19 +13,16 @@
 //!   writing through another file's FCB would corrupt it.
 
 use crate::client::Inner;
+use crate::error::{Error, Peer};
 use crate::handles::OpenInode;
 use crate::workers::Worker;
 use fabric::{Batch, Completions};
-use proto::{fcb, Attr, FileKind, FsError};
+use proto::{fcb, Attr, FileKind};
 
 impl Inner {
     /// Reads SIZE and GENERATION from the FCB (two word reads in one round trip: each word is
     /// read atomically).
-    pub(crate) fn read_fcb(
-        &self,
-        w: &mut Worker,
-        inode: &OpenInode,
-    ) -> Result<(u64, u64), FsError> {
+    pub(crate) fn read_fcb(&self, w: &mut Worker, inode: &OpenInode) -> Result<(u64, u64), Error> {
         let Worker {
             meta_ep,
             batch,
@@ -38,7 +35,7 @@ impl Inner {
         let generation = batch.read(inode.fcb.add(fcb::GENERATION), 8);
         if let Err(e) = meta_ep.execute(batch, out) {
             *broken = true;
-            return Err(e.into());
+            return Err(Error::fabric(Peer::Meta)(e));
         }
         Ok((out.word(size, 0), out.word(generation, 0)))
     }
@@ -51,7 +48,7 @@ impl Inner {
         inode: &OpenInode,
         mut seen: u64,
         end: u64,
-    ) -> Result<(), FsError> {
+    ) -> Result<(), Error> {
         let addr = inode.fcb.add(fcb::SIZE);
         while end > seen {
             self.check_lease_before_post(w)?;
@@ -59,7 +56,7 @@ impl Inner {
             let h = w.batch.cas(addr, seen, end);
             if let Err(e) = w.meta_ep.execute(&w.batch, &mut w.out) {
                 w.broken = true;
-                return Err(e.into());
+                return Err(Error::fabric(Peer::Meta)(e));
             }
             let old = w.out.old(h);
             if old == seen {
@@ -72,7 +69,7 @@ impl Inner {
 
     /// For a file open here, replaces the size with the FCB's (the truth, updated one-sidedly
     /// by writers of every client).
-    pub(crate) fn fresh_size(&self, mut attr: Attr) -> Result<Attr, FsError> {
+    pub(crate) fn fresh_size(&self, mut attr: Attr) -> Result<Attr, Error> {
         if attr.kind == FileKind::File {
             if let Some(inode) = self.open_entry(attr.ino) {
                 let mut w = self.checkout()?;
@@ -85,18 +82,18 @@ impl Inner {
     /// Checks that the FCB `Open` named belongs to this inode: a mismatch means the meta
     /// server's region and this client disagree, and writing through it would corrupt another
     /// file.
-    pub(crate) fn check_fcb_owner(&self, inode: &OpenInode) -> Result<(), FsError> {
+    pub(crate) fn check_fcb_owner(&self, inode: &OpenInode) -> Result<(), Error> {
         let mut w = self.checkout()?;
         let mut batch = Batch::new();
         let h = batch.read(inode.fcb.add(fcb::INO), 8);
         let mut out = Completions::new();
         if let Err(e) = w.meta_ep.execute(&batch, &mut out) {
             w.broken = true;
-            return Err(FsError::from(e));
+            return Err(Error::fabric(Peer::Meta)(e));
         }
         let found = out.word(h, 0);
         if found != inode.ino {
-            return Err(FsError::Io(format!(
+            return Err(Error::Protocol(format!(
                 "file control block at {} belongs to inode {found}, not {}",
                 inode.fcb, inode.ino
             )));

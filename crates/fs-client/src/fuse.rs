@@ -26,12 +26,17 @@
 //!   names changed by other clients show up quickly.
 //! - Mounted with `default_permissions` (the kernel checks mode bits, so EACCES/EPERM come from
 //!   it) and fsname `citronfs`; `allow_other` only on request.
-//! - Every failure is answered with [`FsError::errno`].
+//! - Every failure is answered with [`Error::errno`], through one helper that also logs it
+//!   (`failed`, `refused`): a failure that is not an ordinary outcome (EIO, ESTALE,
+//!   ENOSPC, ...: see `loudness`) at warn, naming the request and the error's whole cause
+//!   chain; an ordinary outcome (ENOENT, EEXIST, ...) at debug only, so that an `ls` of missing
+//!   files does not flood the log.
 //!
 //! [`mount`] returns a [`MountHandle`] that unmounts on drop; [`wait_for_signal`] blocks until
 //! SIGINT or SIGTERM (or an external unmount), for command-line use.
 
 use crate::client::{CitronFs, FileHandle as Fh};
+use crate::error::{Chain, Error};
 use fuser::{
     Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
     KernelConfig, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
@@ -41,6 +46,7 @@ use fuser::{
 use proto::rpc::XattrMode;
 use proto::{Attr, Caller, FileKind, FsError, SetAttr, SetTime, Timestamp};
 use std::ffi::OsStr;
+use std::fmt;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -384,8 +390,151 @@ struct CitronFuse {
     negotiated: Arc<Mutex<Option<Negotiated>>>,
 }
 
-fn errno(e: &FsError) -> Errno {
+fn errno(e: &Error) -> Errno {
     Errno::from_i32(e.errno())
+}
+
+/// A kernel request, as the log names it when its reply is an error.
+#[derive(Clone, Copy, Debug)]
+struct Req<'a> {
+    /// The operation (fuser's method name).
+    op: &'static str,
+    /// The inode; for an operation on a name, the directory.
+    ino: u64,
+    /// The name operated on.
+    name: Option<&'a OsStr>,
+    /// The file handle.
+    fh: Option<u64>,
+    /// Offset and length of a read or write.
+    range: Option<(u64, u64)>,
+}
+
+impl<'a> Req<'a> {
+    fn ino(op: &'static str, ino: INodeNo) -> Req<'a> {
+        Req {
+            op,
+            ino: ino.0,
+            name: None,
+            fh: None,
+            range: None,
+        }
+    }
+
+    fn name(op: &'static str, parent: INodeNo, name: &'a OsStr) -> Req<'a> {
+        Req {
+            name: Some(name),
+            ..Req::ino(op, parent)
+        }
+    }
+
+    fn fh(op: &'static str, ino: INodeNo, fh: FileHandle) -> Req<'a> {
+        Req {
+            fh: Some(fh.0),
+            ..Req::ino(op, ino)
+        }
+    }
+
+    fn io(op: &'static str, ino: INodeNo, fh: FileHandle, offset: u64, len: u64) -> Req<'a> {
+        Req {
+            range: Some((offset, len)),
+            ..Req::fh(op, ino, fh)
+        }
+    }
+}
+
+impl fmt::Display for Req<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ino {}", self.op, self.ino)?;
+        if let Some(name) = self.name {
+            write!(f, " name {:?}", name.to_string_lossy())?;
+        }
+        if let Some(fh) = self.fh {
+            write!(f, " fh {fh}")?;
+        }
+        if let Some((offset, len)) = self.range {
+            write!(f, " {len} bytes at {offset}")?;
+        }
+        Ok(())
+    }
+}
+
+/// How a failed reply is logged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Loudness {
+    /// An ordinary outcome the caller asked for and expects to handle (a missing name, an
+    /// existing one, a permission check): debug only.
+    Quiet,
+    /// Something went wrong that an operator must be able to trace (EIO, EPROTO, ENOTCONN,
+    /// ETIMEDOUT, ENOSPC, ESTALE, ...): warn, with the cause chain.
+    Loud,
+}
+
+/// Which failures are ordinary outcomes. Every errno not listed is loud, so that an
+/// unexpected errno is never silent.
+fn loudness(errno: i32) -> Loudness {
+    match errno {
+        libc::ENOENT
+        | libc::EEXIST
+        | libc::ENOTEMPTY
+        | libc::ENOTDIR
+        | libc::EISDIR
+        | libc::EACCES
+        | libc::EPERM
+        | libc::ENAMETOOLONG
+        | libc::EINVAL
+        | libc::ENODATA
+        | libc::ERANGE
+        | libc::EOPNOTSUPP => Loudness::Quiet,
+        _ => Loudness::Loud,
+    }
+}
+
+/// The errno answering `req`'s failure `err`, logged as [`loudness`] says. Every reply of a
+/// library error goes through here.
+fn failed(req: &Req<'_>, err: &Error) -> Errno {
+    log_reply(req, err.errno(), Some(err));
+    errno(err)
+}
+
+/// The errno `errno` the adapter answers `req` with by itself (no library call failed),
+/// logged like [`failed`].
+fn refused(req: &Req<'_>, errno: i32) -> Errno {
+    log_reply(req, errno, None);
+    Errno::from_i32(errno)
+}
+
+fn log_reply(req: &Req<'_>, errno: i32, cause: Option<&Error>) {
+    // Field values are formatted only when the level is enabled: a quiet reply costs nothing
+    // at the default level.
+    let reply = std::io::Error::from_raw_os_error(errno);
+    match (loudness(errno), cause) {
+        (Loudness::Loud, Some(err)) => tracing::warn!(
+            op = req.op,
+            ino = req.ino,
+            request = %req,
+            %reply,
+            error = %Chain(err),
+            "request failed"
+        ),
+        (Loudness::Loud, None) => {
+            tracing::warn!(op = req.op, ino = req.ino, request = %req, %reply, "request failed")
+        }
+        (Loudness::Quiet, Some(err)) => tracing::debug!(
+            op = req.op,
+            ino = req.ino,
+            request = %req,
+            %reply,
+            error = %Chain(err),
+            "request answered with an error"
+        ),
+        (Loudness::Quiet, None) => tracing::debug!(
+            op = req.op,
+            ino = req.ino,
+            request = %req,
+            %reply,
+            "request answered with an error"
+        ),
+    }
 }
 
 fn caller(req: &Request) -> Caller {
@@ -395,9 +544,9 @@ fn caller(req: &Request) -> Caller {
     }
 }
 
-fn name_str(name: &OsStr) -> Result<&str, FsError> {
+fn name_str(name: &OsStr) -> Result<&str, Error> {
     std::str::from_utf8(name.as_bytes())
-        .map_err(|_| FsError::Invalid("file names must be UTF-8".into()))
+        .map_err(|_| FsError::Invalid("file names must be UTF-8".into()).into())
 }
 
 fn system_time(t: Timestamp) -> SystemTime {
@@ -472,17 +621,17 @@ impl CitronFuse {
         self.fs.cluster().chunk_size.min(1 << 20)
     }
 
-    fn entry(&self, reply: ReplyEntry, result: Result<Attr, FsError>) {
+    fn entry(&self, req: Req<'_>, reply: ReplyEntry, result: Result<Attr, Error>) {
         match result {
             Ok(attr) => reply.entry(&self.ttl, &file_attr(&attr, self.blksize()), Generation(0)),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(failed(&req, &e)),
         }
     }
 
-    fn empty(reply: ReplyEmpty, result: Result<(), FsError>) {
+    fn empty(req: Req<'_>, reply: ReplyEmpty, result: Result<(), Error>) {
         match result {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(failed(&req, &e)),
         }
     }
 }
@@ -512,13 +661,13 @@ impl Filesystem for CitronFuse {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let result = name_str(name).and_then(|n| self.fs.lookup(parent.0, n));
-        self.entry(reply, result)
+        self.entry(Req::name("lookup", parent, name), reply, result)
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.fs.getattr(ino.0) {
             Ok(attr) => reply.attr(&self.ttl, &file_attr(&attr, self.blksize())),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(failed(&Req::ino("getattr", ino), &e)),
         }
     }
 
@@ -550,14 +699,14 @@ impl Filesystem for CitronFuse {
         };
         match self.fs.setattr(caller(req), ino.0, set) {
             Ok(attr) => reply.attr(&self.ttl, &file_attr(&attr, self.blksize())),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(failed(&Req::ino("setattr", ino), &e)),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         match self.fs.readlink(ino.0) {
             Ok(target) => reply.data(&target),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(failed(&Req::ino("readlink", ino), &e)),
         }
     }
 
@@ -577,7 +726,7 @@ impl Filesystem for CitronFuse {
             let perm = (mode & !umask & 0o7777) as u16;
             self.fs.mknod(caller(req), parent.0, n, kind, perm, rdev)
         });
-        self.entry(reply, result)
+        self.entry(Req::name("mknod", parent, name), reply, result)
     }
 
     fn mkdir(
@@ -591,11 +740,12 @@ impl Filesystem for CitronFuse {
     ) {
         let perm = (mode & !umask & 0o7777) as u16;
         let result = name_str(name).and_then(|n| self.fs.mkdir(caller(req), parent.0, n, perm));
-        self.entry(reply, result)
+        self.entry(Req::name("mkdir", parent, name), reply, result)
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         Self::empty(
+            Req::name("unlink", parent, name),
             reply,
             name_str(name).and_then(|n| self.fs.unlink(parent.0, n)),
         )
@@ -603,6 +753,7 @@ impl Filesystem for CitronFuse {
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         Self::empty(
+            Req::name("rmdir", parent, name),
             reply,
             name_str(name).and_then(|n| self.fs.rmdir(parent.0, n)),
         )
@@ -620,7 +771,7 @@ impl Filesystem for CitronFuse {
             let target = name_str(target.as_os_str())?;
             self.fs.symlink(caller(req), parent.0, n, target)
         });
-        self.entry(reply, result)
+        self.entry(Req::name("symlink", parent, link_name), reply, result)
     }
 
     fn rename(
@@ -636,13 +787,13 @@ impl Filesystem for CitronFuse {
         let no_replace = flags.contains(RenameFlags::RENAME_NOREPLACE);
         if !(flags - RenameFlags::RENAME_NOREPLACE).is_empty() {
             // RENAME_EXCHANGE and RENAME_WHITEOUT have no counterpart in the protocol.
-            return reply.error(Errno::from_i32(libc::EINVAL));
+            return reply.error(refused(&Req::name("rename", parent, name), libc::EINVAL));
         }
         let result = name_str(name).and_then(|n| {
             let nn = name_str(newname)?;
             self.fs.rename(parent.0, n, newparent.0, nn, no_replace)
         });
-        Self::empty(reply, result)
+        Self::empty(Req::name("rename", parent, name), reply, result)
     }
 
     fn link(
@@ -654,20 +805,20 @@ impl Filesystem for CitronFuse {
         reply: ReplyEntry,
     ) {
         let result = name_str(newname).and_then(|n| self.fs.link(ino.0, newparent.0, n));
-        self.entry(reply, result)
+        self.entry(Req::name("link", newparent, newname), reply, result)
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         match self.fs.open(caller(req), ino.0, flags.0) {
             Ok(fh) => reply.opened(FileHandle(fh.0), OPEN_FLAGS),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(failed(&Req::ino("open", ino), &e)),
         }
     }
 
     fn read(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
@@ -677,14 +828,17 @@ impl Filesystem for CitronFuse {
     ) {
         match self.fs.read(Fh(fh.0), offset, size as usize) {
             Ok(data) => reply.data(&data),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => {
+                let req = Req::io("read", ino, fh, offset, size.into());
+                reply.error(failed(&req, &e))
+            }
         }
     }
 
     fn write(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
@@ -695,7 +849,10 @@ impl Filesystem for CitronFuse {
     ) {
         match self.fs.write(Fh(fh.0), offset, data) {
             Ok(n) => reply.written(n as u32),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => {
+                let req = Req::io("write", ino, fh, offset, data.len() as u64);
+                reply.error(failed(&req, &e))
+            }
         }
     }
 
@@ -714,25 +871,29 @@ impl Filesystem for CitronFuse {
     fn release(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<fuser::LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        Self::empty(reply, self.fs.release(Fh(fh.0)))
+        Self::empty(
+            Req::fh("release", ino, fh),
+            reply,
+            self.fs.release(Fh(fh.0)),
+        )
     }
 
     fn fsync(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        Self::empty(reply, self.fs.fsync(Fh(fh.0)))
+        Self::empty(Req::fh("fsync", ino, fh), reply, self.fs.fsync(Fh(fh.0)))
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -740,8 +901,8 @@ impl Filesystem for CitronFuse {
             Ok(attr) if attr.kind == FileKind::Dir => {
                 reply.opened(FileHandle(0), FopenFlags::empty())
             }
-            Ok(_) => reply.error(Errno::from_i32(libc::ENOTDIR)),
-            Err(e) => reply.error(errno(&e)),
+            Ok(_) => reply.error(refused(&Req::ino("opendir", ino), libc::ENOTDIR)),
+            Err(e) => reply.error(failed(&Req::ino("opendir", ino), &e)),
         }
     }
 
@@ -757,7 +918,7 @@ impl Filesystem for CitronFuse {
         loop {
             let entries = match self.fs.readdir(ino.0, cookie, 128) {
                 Ok(entries) => entries,
-                Err(e) => return reply.error(errno(&e)),
+                Err(e) => return reply.error(failed(&Req::ino("readdir", ino), &e)),
             };
             if entries.is_empty() {
                 return reply.ok();
@@ -789,7 +950,7 @@ impl Filesystem for CitronFuse {
         reply.ok()
     }
 
-    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+    fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
         match self.fs.statfs() {
             Ok(s) => {
                 let bsize = s.chunk_size.min(u32::MAX as u64) as u32;
@@ -804,7 +965,7 @@ impl Filesystem for CitronFuse {
                     bsize,
                 )
             }
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(failed(&Req::ino("statfs", ino), &e)),
         }
     }
 
@@ -825,20 +986,22 @@ impl Filesystem for CitronFuse {
         } else {
             XattrMode::Either
         };
+        let req = Req::name("setxattr", ino, name);
         if is_posix_acl(name) {
-            return reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+            return reply.error(refused(&req, libc::EOPNOTSUPP));
         }
         let result = name_str(name).and_then(|n| self.fs.setxattr(ino.0, n, value, mode));
-        Self::empty(reply, result)
+        Self::empty(req, reply, result)
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let req = Req::name("getxattr", ino, name);
         if is_posix_acl(name) {
-            return reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+            return reply.error(refused(&req, libc::EOPNOTSUPP));
         }
         match name_str(name).and_then(|n| self.fs.getxattr(ino.0, n)) {
-            Ok(value) => xattr_reply(reply, size, &value),
-            Err(e) => reply.error(errno(&e)),
+            Ok(value) => xattr_reply(&req, reply, size, &value),
+            Err(e) => reply.error(failed(&req, &e)),
         }
     }
 
@@ -850,18 +1013,19 @@ impl Filesystem for CitronFuse {
                     list.extend_from_slice(n.as_bytes());
                     list.push(0);
                 }
-                xattr_reply(reply, size, &list)
+                xattr_reply(&Req::ino("listxattr", ino), reply, size, &list)
             }
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(failed(&Req::ino("listxattr", ino), &e)),
         }
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let req = Req::name("removexattr", ino, name);
         if is_posix_acl(name) {
-            return reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+            return reply.error(refused(&req, libc::EOPNOTSUPP));
         }
         let result = name_str(name).and_then(|n| self.fs.removexattr(ino.0, n));
-        Self::empty(reply, result)
+        Self::empty(req, reply, result)
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
@@ -890,17 +1054,17 @@ impl Filesystem for CitronFuse {
                 FileHandle(fh.0),
                 OPEN_FLAGS,
             ),
-            Err(e) => reply.error(errno(&e)),
+            Err(e) => reply.error(failed(&Req::name("create", parent, name), &e)),
         }
     }
 }
 
 /// Answers an xattr query: the size when asked for 0 bytes, ERANGE when the buffer is too small.
-fn xattr_reply(reply: ReplyXattr, size: u32, value: &[u8]) {
+fn xattr_reply(req: &Req<'_>, reply: ReplyXattr, size: u32, value: &[u8]) {
     if size == 0 {
         reply.size(value.len() as u32)
     } else if value.len() > size as usize {
-        reply.error(Errno::from_i32(libc::ERANGE))
+        reply.error(refused(req, libc::ERANGE))
     } else {
         reply.data(value)
     }
@@ -983,7 +1147,126 @@ mod tests {
 
     #[test]
     fn errnos_pass_through() {
-        assert_eq!(errno(&FsError::NotEmpty), Errno::from_i32(libc::ENOTEMPTY));
-        assert_eq!(errno(&FsError::NoSpace), Errno::from_i32(libc::ENOSPC));
+        assert_eq!(
+            errno(&FsError::NotEmpty.into()),
+            Errno::from_i32(libc::ENOTEMPTY)
+        );
+        assert_eq!(
+            errno(&FsError::NoSpace.into()),
+            Errno::from_i32(libc::ENOSPC)
+        );
+    }
+
+    #[test]
+    fn ordinary_outcomes_are_quiet_failures_loud() {
+        for quiet in [
+            libc::ENOENT,
+            libc::EEXIST,
+            libc::ENOTEMPTY,
+            libc::EACCES,
+            libc::ENOTDIR,
+            libc::EISDIR,
+            libc::ENODATA,
+        ] {
+            assert_eq!(loudness(quiet), Loudness::Quiet, "errno {quiet}");
+        }
+        for loud in [
+            libc::EIO,
+            libc::EPROTO,
+            libc::ENOTCONN,
+            libc::ETIMEDOUT,
+            libc::ENOSPC,
+            libc::ESTALE,
+        ] {
+            assert_eq!(loudness(loud), Loudness::Loud, "errno {loud}");
+        }
+    }
+
+    /// Everything a test subscriber writes.
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// What `f` logs at `level` and above, as text.
+    fn logged(level: tracing::Level, f: impl FnOnce()) -> String {
+        let out = Captured::default();
+        let writer = out.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(level)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, f);
+        let text = out.0.lock().unwrap().clone();
+        String::from_utf8(text).unwrap()
+    }
+
+    #[test]
+    fn eio_is_logged_with_request_and_cause_chain() {
+        let err = Error::Fabric {
+            peer: crate::error::Peer::Data(3),
+            source: fabric::FabricError::Disconnected("peer closed the connection".into()),
+        };
+        let req = Req::io("write", INodeNo(42), FileHandle(7), 8192, 4096);
+        let mut answer = None;
+        let log = logged(tracing::Level::INFO, || answer = Some(failed(&req, &err)));
+        assert_eq!(answer, Some(Errno::from_i32(libc::EIO)));
+        assert!(log.contains("WARN"), "{log}");
+        assert!(log.contains("op=\"write\""), "{log}");
+        assert!(log.contains("ino=42"), "{log}");
+        assert!(
+            log.contains("write ino 42 fh 7 4096 bytes at 8192"),
+            "{log}"
+        );
+        assert!(
+            log.contains(
+                "fabric to data server 3: connection to server lost: peer closed the connection"
+            ),
+            "{log}"
+        );
+    }
+
+    #[test]
+    fn enoent_is_quiet() {
+        let err = Error::from(FsError::NotFound);
+        let name = OsStr::new("missing");
+        let req = Req::name("lookup", INodeNo(1), name);
+        // Not at the default levels: an `ls` of missing files does not flood the log.
+        let log = logged(tracing::Level::INFO, || {
+            failed(&req, &err);
+        });
+        assert_eq!(log, "");
+        // At debug, with the request named.
+        let log = logged(tracing::Level::DEBUG, || {
+            failed(&req, &err);
+        });
+        assert!(log.contains("DEBUG"), "{log}");
+        assert!(!log.contains("WARN"), "{log}");
+        assert!(log.contains("lookup ino 1 name \"missing\""), "{log}");
+    }
+
+    #[test]
+    fn errnos_the_adapter_answers_itself_are_classified_too() {
+        let req = Req::ino("opendir", INodeNo(5));
+        let log = logged(tracing::Level::INFO, || {
+            assert_eq!(refused(&req, libc::ENOTDIR), Errno::from_i32(libc::ENOTDIR));
+        });
+        assert_eq!(log, "");
+        let log = logged(tracing::Level::INFO, || {
+            refused(&req, libc::EIO);
+        });
+        assert!(
+            log.contains("WARN") && log.contains("opendir ino 5"),
+            "{log}"
+        );
     }
 }

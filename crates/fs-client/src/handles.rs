@@ -15,6 +15,7 @@
 
 use crate::chunks::ChunkCache;
 use crate::client::{CitronFs, FileHandle, Inner};
+use crate::error::Error;
 use crate::meta::unexpected;
 use fabric::RemoteAddr;
 use proto::rpc::{Request, Response};
@@ -100,7 +101,7 @@ impl CitronFs {
     /// the whole-file lock), `O_APPEND` makes every write go to the current end of the file
     /// (under the whole-file lock, so appends of all clients serialize). The first open of an
     /// inode by this client sends `Open` to the meta server; the last release sends `Release`.
-    pub fn open(&self, caller: Caller, ino: Ino, flags: i32) -> Result<FileHandle, FsError> {
+    pub fn open(&self, caller: Caller, ino: Ino, flags: i32) -> Result<FileHandle, Error> {
         let inode = self.inner.open_inode(ino)?;
         if flags & libc::O_TRUNC != 0 && flags & libc::O_ACCMODE != libc::O_RDONLY {
             let set = SetAttr {
@@ -130,7 +131,7 @@ impl CitronFs {
     }
 
     /// Closes a handle; the last handle of an inode on this client releases the inode.
-    pub fn release(&self, fh: FileHandle) -> Result<(), FsError> {
+    pub fn release(&self, fh: FileHandle) -> Result<(), Error> {
         let handle = self
             .inner
             .files
@@ -138,27 +139,27 @@ impl CitronFs {
             .write()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&fh.0)
-            .ok_or(FsError::Stale)?;
+            .ok_or(Error::Fs(FsError::Stale))?;
         self.inner.close_inode(handle.inode.ino);
         Ok(())
     }
 
     /// The inode a handle is open on.
-    pub fn handle_ino(&self, fh: FileHandle) -> Result<Ino, FsError> {
+    pub fn handle_ino(&self, fh: FileHandle) -> Result<Ino, Error> {
         Ok(self.inner.handle(fh)?.inode.ino)
     }
 }
 
 impl Inner {
     /// What handle `fh` stands for (`Stale` once released).
-    pub(crate) fn handle(&self, fh: FileHandle) -> Result<Arc<Handle>, FsError> {
+    pub(crate) fn handle(&self, fh: FileHandle) -> Result<Arc<Handle>, Error> {
         self.files
             .handles
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .get(&fh.0)
             .cloned()
-            .ok_or(FsError::Stale)
+            .ok_or(Error::Fs(FsError::Stale))
     }
 
     /// `ino`, if this client has it open.
@@ -172,7 +173,7 @@ impl Inner {
     }
 
     /// Counts one more open of `ino` on this client, sending `Open` on the first.
-    pub(crate) fn open_inode(&self, ino: Ino) -> Result<Arc<OpenInode>, FsError> {
+    pub(crate) fn open_inode(&self, ino: Ino) -> Result<Arc<OpenInode>, Error> {
         let mut open = self
             .files
             .open

@@ -13,7 +13,7 @@
 //! 6. (writes) raise SIZE with CAS, still under the lock and within the lease;
 //! 7. **release**, only after the data verbs completed (or failed).
 //!
-//! When the lease ran out mid-I/O (`FsError::LeaseLost`), the whole read or write is redone
+//! When the lease ran out mid-I/O (`Error::LeaseLost`), the whole read or write is redone
 //! under a new lock ([`Inner::retry_lease`], [`LEASE_RETRIES`] times, then EIO), so a client
 //! that was merely slow never lands a write outside its lock (DESIGN.md "Fencing").
 //!
@@ -23,8 +23,9 @@
 
 use crate::chunks::ChunkRun;
 use crate::client::{CitronFs, FileHandle, Inner};
+use crate::error::{Error, Peer};
 use crate::handles::OpenInode;
-use crate::locks::{lock_error, server_range, whole_file};
+use crate::locks::{server_range, whole_file};
 use crate::plan::{plan, Limits};
 use crate::workers::Worker;
 use fabric::{Batch, RemoteAddr};
@@ -42,7 +43,7 @@ const LEASE_RETRIES: u32 = 3;
 impl CitronFs {
     /// Reads up to `len` bytes at `offset`; fewer at the end of the file. Atomic with respect
     /// to every write of every client that overlaps it.
-    pub fn read(&self, fh: FileHandle, offset: u64, len: usize) -> Result<Vec<u8>, FsError> {
+    pub fn read(&self, fh: FileHandle, offset: u64, len: usize) -> Result<Vec<u8>, Error> {
         let handle = self.inner.handle(fh)?;
         let max = self.inner.geometry.max_file_size();
         if len == 0 || offset >= max {
@@ -71,7 +72,7 @@ impl CitronFs {
     /// Writes `data` at `offset` (or at the end of the file for an `O_APPEND` handle) and
     /// returns the bytes written (all of them). Atomic with respect to every read and write of
     /// every client that overlaps it.
-    pub fn write(&self, fh: FileHandle, offset: u64, data: &[u8]) -> Result<usize, FsError> {
+    pub fn write(&self, fh: FileHandle, offset: u64, data: &[u8]) -> Result<usize, Error> {
         let handle = self.inner.handle(fh)?;
         if data.is_empty() {
             return Ok(0);
@@ -114,7 +115,7 @@ impl CitronFs {
 
     /// Makes the file's size durable on the meta server (and its data, where the data servers
     /// are file-backed: their regions are the files).
-    pub fn fsync(&self, fh: FileHandle) -> Result<(), FsError> {
+    pub fn fsync(&self, fh: FileHandle) -> Result<(), Error> {
         let handle = self.inner.handle(fh)?;
         {
             let mut w = self.inner.checkout()?;
@@ -133,11 +134,11 @@ impl Inner {
     /// Runs `op` (one whole locked read or write) again when its lock's lease ran out before
     /// its verbs were done, up to [`LEASE_RETRIES`] times: a stalled client gets a fresh lock
     /// rather than an error, and only one that keeps stalling sees EIO.
-    fn retry_lease<T>(&self, mut op: impl FnMut() -> Result<T, FsError>) -> Result<T, FsError> {
+    fn retry_lease<T>(&self, mut op: impl FnMut() -> Result<T, Error>) -> Result<T, Error> {
         let mut attempt = 0;
         loop {
             match op() {
-                Err(FsError::LeaseLost) if attempt < LEASE_RETRIES => {
+                Err(Error::LeaseLost) if attempt < LEASE_RETRIES => {
                     attempt += 1;
                     tracing::warn!(
                         attempt,
@@ -156,8 +157,8 @@ impl Inner {
         w: &mut Worker,
         inode: &Arc<OpenInode>,
         units: Range<u64>,
-        body: impl FnOnce(&mut Worker) -> Result<T, FsError>,
-    ) -> Result<T, FsError> {
+        body: impl FnOnce(&mut Worker) -> Result<T, Error>,
+    ) -> Result<T, Error> {
         let range = if self.scheme == LockSchemeKind::Server {
             server_range(inode.ino, units)?
         } else {
@@ -168,7 +169,7 @@ impl Inner {
             Ok(id) => (id, lock.lease_deadline(id)),
             Err(e) => {
                 w.broken = true;
-                return Err(lock_error(inode.ino, e));
+                return Err(Error::lock(inode.ino)(e));
             }
         };
         w.lease = lease;
@@ -177,7 +178,7 @@ impl Inner {
         let released = w
             .locks
             .handle(self, inode)
-            .and_then(|l| l.release(id).map_err(|e| lock_error(inode.ino, e)));
+            .and_then(|l| l.release(id).map_err(Error::lock(inode.ino)));
         if released.is_err() {
             w.broken = true;
         }
@@ -191,20 +192,18 @@ impl Inner {
     /// execute before any other client can break the lock. The guard is twice the cluster's
     /// `fence_after`: a client stopped between this check and its post for long enough to
     /// land late is silent that long, and the breaker's `Fence` revokes it first (tcp).
-    pub(crate) fn check_lease_before_post(&self, w: &Worker) -> Result<(), FsError> {
+    pub(crate) fn check_lease_before_post(&self, w: &Worker) -> Result<(), Error> {
         match w.lease {
-            Some(deadline) if Instant::now() + self.lease_guard > deadline => {
-                Err(FsError::LeaseLost)
-            }
+            Some(deadline) if Instant::now() + self.lease_guard > deadline => Err(Error::LeaseLost),
             _ => Ok(()),
         }
     }
 
     /// Reads are validated after the fact: data read before the lease deadline was read under
     /// the lock; data read later may mix in another client's write.
-    fn check_lease_after_read(&self, w: &Worker) -> Result<(), FsError> {
+    fn check_lease_after_read(&self, w: &Worker) -> Result<(), Error> {
         match w.lease {
-            Some(deadline) if Instant::now() >= deadline => Err(FsError::LeaseLost),
+            Some(deadline) if Instant::now() >= deadline => Err(Error::LeaseLost),
             _ => Ok(()),
         }
     }
@@ -216,7 +215,7 @@ impl Inner {
         off: u64,
         buf: &mut [u8],
         run: &ChunkRun,
-    ) -> Result<(), FsError> {
+    ) -> Result<(), Error> {
         let plans = plan(
             &self.geometry,
             off,
@@ -249,7 +248,7 @@ impl Inner {
         off: u64,
         data: &[u8],
         run: &ChunkRun,
-    ) -> Result<(), FsError> {
+    ) -> Result<(), Error> {
         let plans = plan(
             &self.geometry,
             off,
@@ -282,14 +281,15 @@ impl Inner {
         w: &mut Worker,
         server: u32,
         fill: impl FnOnce(&mut Batch) -> R,
-    ) -> Result<R, FsError> {
+    ) -> Result<R, Error> {
         let mut batch = std::mem::take(&mut w.batch);
         let mut out = std::mem::take(&mut w.out);
         batch.clear();
         let filled = fill(&mut batch);
-        let result = w
-            .data_ep(&self.servers, server)
-            .and_then(|ep| ep.execute(&batch, &mut out).map_err(FsError::from));
+        let result = w.data_ep(&self.servers, server).and_then(|ep| {
+            ep.execute(&batch, &mut out)
+                .map_err(Error::fabric(Peer::Data(server)))
+        });
         w.batch = batch;
         w.out = out;
         if result.is_err() {
@@ -303,7 +303,7 @@ impl Inner {
     /// allocated chunk below the size, with runs of adjacent chunks merged into one verb. Every
     /// write this client acknowledged had completed its data verbs before returning, so the
     /// flushes cover it.
-    fn flush_data(&self, w: &mut Worker, inode: &OpenInode) -> Result<(), FsError> {
+    fn flush_data(&self, w: &mut Worker, inode: &OpenInode) -> Result<(), Error> {
         let (size, generation) = self.read_fcb(w, inode)?;
         if size == 0 {
             return Ok(());
@@ -345,7 +345,7 @@ impl Inner {
         inode: &Arc<OpenInode>,
         caller: Caller,
         set: SetAttr,
-    ) -> Result<Attr, FsError> {
+    ) -> Result<Attr, Error> {
         let mut w = self.checkout()?;
         let ino = inode.ino;
         self.locked(&mut w, inode, whole_file(self.scheme), |_| {

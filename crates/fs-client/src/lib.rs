@@ -4,6 +4,8 @@
 //!   mount. Reads and writes move data with one-sided verbs under a range lock of the mount's
 //!   scheme (DESIGN.md "Files"); [`client`] maps the facade's calls to the modules that
 //!   implement them, and the module `io` reads the data path top-down.
+//! - [`Error`] ([`error`]): why a call failed, with its typed cause kept, and [`Error::errno`],
+//!   the one mapping to an errno.
 //! - [`fuse`] (cargo feature `fuse`, on by default): the FUSE adapter, thin over the library.
 //! - [`plan`]: the byte-range arithmetic of the data path (lock units, chunks, verb batches).
 //! - [`locks`]: how each lock scheme is opened on a file.
@@ -17,6 +19,7 @@
 
 mod chunks;
 pub mod client;
+pub mod error;
 mod fcb;
 #[cfg(feature = "fuse")]
 pub mod fuse;
@@ -31,6 +34,7 @@ mod servers;
 mod workers;
 
 pub use client::{CitronFs, FileHandle, MountOptions};
+pub use error::Error;
 pub use proto::rpc::XattrMode;
 pub use proto::{
     Attr, Caller, DirEntry, FileKind, FsError, FsStats, Ino, LockSchemeKind, SetAttr, SetTime,

@@ -12,10 +12,11 @@
 //!   pool's retired total, so `CitronFs::lock_stats` never goes backwards.
 
 use crate::client::Inner;
+use crate::error::Error;
 use crate::handles::OpenInode;
-use crate::locks::{self, lock_error};
+use crate::locks;
 use lockmgr::{LockStats, RangeLock};
-use proto::{FsError, Ino, LockSchemeKind};
+use proto::{Ino, LockSchemeKind};
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -36,7 +37,7 @@ impl LockCache {
         &mut self,
         inner: &Inner,
         inode: &Arc<OpenInode>,
-    ) -> Result<&mut Box<dyn RangeLock>, FsError> {
+    ) -> Result<&mut Box<dyn RangeLock>, Error> {
         if inner.scheme == LockSchemeKind::Server {
             if self.server.is_none() {
                 let (addr, credentials) = inner
@@ -46,7 +47,7 @@ impl LockCache {
                     .expect("checked at connect");
                 self.server = Some(Box::new(
                     lockmgr::baselines::LockServerClient::connect(addr, credentials)
-                        .map_err(|e| lock_error(inode.ino, e))?,
+                        .map_err(Error::lock(inode.ino))?,
                 ));
             }
             return Ok(self.server.as_mut().expect("set above"));

@@ -12,6 +12,7 @@
 //!   for every file: file `ino`'s unit `u` is `ino << 40 | u` ([`server_range`]), so files never
 //!   conflict with each other and inode numbers must stay below `2^24`.
 
+use crate::error::Error;
 use crate::meta::{unexpected, Meta};
 use crate::plan::FILE_UNITS;
 use fabric::RemoteAddr;
@@ -70,14 +71,13 @@ impl TreeAllocator for RpcTreeAllocator {
             words,
         }) {
             Ok(Response::Addr(addr)) => Ok(addr),
-            Ok(other) => Err(LockError::Config(
-                unexpected("AllocateLockWords", other).to_string(),
-            )),
-            Err(e) => Err(LockError::Config(format!(
-                "lock tree allocation for inode {}: {e}",
-                self.ino
-            ))),
+            Ok(other) => Err(unexpected("AllocateLockWords", other)),
+            Err(e) => Err(e),
         }
+        .map_err(|e| LockError::Hook {
+            what: "lock tree allocation",
+            source: Box::new(e),
+        })
     }
 }
 
@@ -93,11 +93,13 @@ impl lockmgr::Fence for MetaFence {
     fn fence(&self) -> Result<(), LockError> {
         match self.meta.call(Request::Fence) {
             Ok(Response::Ok) => Ok(()),
-            Ok(other) => Err(LockError::Config(unexpected("Fence", other).to_string())),
-            Err(e) => Err(LockError::Config(format!(
-                "fence before a lease recovery: {e}"
-            ))),
+            Ok(other) => Err(unexpected("Fence", other)),
+            Err(e) => Err(e),
         }
+        .map_err(|e| LockError::Hook {
+            what: "fence before a lease recovery",
+            source: Box::new(e),
+        })
     }
 }
 
@@ -108,12 +110,12 @@ pub(crate) fn open_file_lock(
     meta: &Arc<Meta>,
     ino: Ino,
     lock: RemoteAddr,
-) -> Result<Box<dyn RangeLock>, FsError> {
-    let lock_err = |e: LockError| FsError::Io(format!("lock of inode {ino}: {e}"));
+) -> Result<Box<dyn RangeLock>, Error> {
+    let lock_err = Error::lock(ino);
     Ok(match scheme {
         LockSchemeKind::Citron => Box::new(
             CitronClient::open(
-                connector.connect()?,
+                connector.connect().map_err(|e| lock_err(e.into()))?,
                 lock,
                 Arc::new(RpcTreeAllocator {
                     meta: meta.clone(),
@@ -138,16 +140,11 @@ pub(crate) fn open_file_lock(
                 .map_err(lock_err)?,
         ),
         LockSchemeKind::Server => {
-            return Err(FsError::Io(
+            return Err(lock_err(LockError::Config(
                 "the server scheme has no per-file lock (bug)".into(),
-            ))
+            )))
         }
     })
-}
-
-/// Maps a lock failure for the caller: every one means a lost or broken server.
-pub(crate) fn lock_error(ino: Ino, e: LockError) -> FsError {
-    FsError::Io(format!("range lock of inode {ino}: {e}"))
 }
 
 #[cfg(test)]

@@ -7,8 +7,9 @@
 //! opened them: a pool of sessions would have to send each `Release` down the connection that
 //! sent the matching `Open`.
 
+use crate::error::Error;
 use proto::rpc::{self, Request, Response, Role, Welcome};
-use proto::{ClusterInfo, FsError};
+use proto::ClusterInfo;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
@@ -33,7 +34,7 @@ impl Meta {
         cluster: &str,
         token: &str,
         host: &str,
-    ) -> Result<(Meta, ClusterInfo), FsError> {
+    ) -> Result<(Meta, ClusterInfo), Error> {
         let meta = Meta {
             addr: addr.into(),
             cluster: cluster.into(),
@@ -46,35 +47,40 @@ impl Meta {
         Ok((meta, info))
     }
 
-    fn open(&self) -> Result<(rpc::Client, ClusterInfo), FsError> {
+    fn open(&self) -> Result<(rpc::Client, ClusterInfo), Error> {
         let role = Role::Client {
             host: self.host.clone(),
             pid: std::process::id(),
         };
         let credentials = fabric::Credentials::new(self.cluster.clone(), self.token.clone());
-        let client =
-            rpc::Client::connect(self.addr.as_str(), &credentials, role).map_err(|e| match e {
-                rpc::RpcError::Refused(why) => FsError::Refused(why.to_string()),
-                other => FsError::Io(format!("meta server {}: {other}", self.addr)),
-            })?;
+        let client = rpc::Client::connect(self.addr.as_str(), &credentials, role)
+            .map_err(|e| self.rpc_error(e))?;
         client
             .set_timeout(Some(CALL_TIMEOUT))
-            .map_err(FsError::from)?;
+            .map_err(|e| self.rpc_error(e))?;
         match client.welcome() {
             Welcome::Client(info) => {
                 let info = info.clone();
                 Ok((client, info))
             }
-            other => Err(FsError::Io(format!(
+            other => Err(Error::Protocol(format!(
                 "meta server {} answered the client handshake with {other:?}",
                 self.addr
             ))),
         }
     }
 
-    /// Makes one call. A broken connection is dropped and the call fails with `Io`; the next
-    /// call reconnects (as a new session: files opened before must be reopened).
-    pub(crate) fn call(&self, request: Request) -> Result<Response, FsError> {
+    fn rpc_error(&self, source: rpc::RpcError) -> Error {
+        Error::Rpc {
+            addr: self.addr.clone(),
+            source,
+        }
+    }
+
+    /// Makes one call: the meta server's answer, or `Error::Fs` with the error it answered.
+    /// A broken connection is dropped and the call fails with `Error::Rpc`; the next call
+    /// reconnects (as a new session: files opened before must be reopened).
+    pub(crate) fn call(&self, request: Request) -> Result<Response, Error> {
         let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
         if conn.is_none() {
             let (client, info) = self.open()?;
@@ -83,11 +89,11 @@ impl Meta {
         }
         let client = conn.as_mut().expect("connected above");
         match client.call(request) {
-            Ok(result) => result,
+            Ok(answer) => Ok(answer?),
             Err(e) => {
                 // The stream may be mid-frame: never reuse it.
                 *conn = None;
-                Err(FsError::Io(format!("meta server {}: {e}", self.addr)))
+                Err(self.rpc_error(e))
             }
         }
     }
@@ -101,7 +107,7 @@ pub(crate) struct Heartbeat {
 
 impl Heartbeat {
     /// Starts heartbeats on `meta` every `period` (at least every 5 ms).
-    pub(crate) fn start(meta: Arc<Meta>, period: Duration) -> Result<Heartbeat, FsError> {
+    pub(crate) fn start(meta: Arc<Meta>, period: Duration) -> Result<Heartbeat, Error> {
         let period = period.max(Duration::from_millis(5));
         let (stop, stopped) = mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
@@ -117,7 +123,7 @@ impl Heartbeat {
                     _ => return,
                 }
             })
-            .map_err(|e| FsError::Io(format!("cannot start the heartbeat thread: {e}")))?;
+            .map_err(Error::Heartbeat)?;
         Ok(Heartbeat {
             stop,
             thread: Some(thread),
@@ -135,11 +141,11 @@ impl Drop for Heartbeat {
 }
 
 /// A response of the wrong kind: the meta server broke the protocol.
-pub(crate) fn unexpected(what: &str, response: Response) -> FsError {
-    FsError::Io(format!(
-        "meta server answered {what} with {:?}",
-        short(&response)
-    ))
+pub(crate) fn unexpected(call: &'static str, response: Response) -> Error {
+    Error::UnexpectedResponse {
+        call,
+        got: short(&response),
+    }
 }
 
 fn short(response: &Response) -> &'static str {

@@ -9,6 +9,7 @@
 //!   (`fcb`'s `fresh_size`), not from the meta server, whose copy lags behind one-sided writes.
 
 use crate::client::{CitronFs, FileHandle, Inner};
+use crate::error::Error;
 use crate::meta::unexpected;
 use proto::rpc::{check_name, Request, Response, XattrMode};
 use proto::{Attr, Caller, DirEntry, FileKind, FsError, FsStats, Ino, SetAttr};
@@ -16,7 +17,7 @@ use std::sync::atomic::Ordering;
 
 impl CitronFs {
     /// The entry `name` in directory `parent`.
-    pub fn lookup(&self, parent: Ino, name: &str) -> Result<Attr, FsError> {
+    pub fn lookup(&self, parent: Ino, name: &str) -> Result<Attr, Error> {
         check_name(name)?;
         let attr = self.inner.attr_call(
             "Lookup",
@@ -30,14 +31,14 @@ impl CitronFs {
 
     /// An inode's attributes; for a file open on this client the size comes one-sidedly from
     /// its file control block.
-    pub fn getattr(&self, ino: Ino) -> Result<Attr, FsError> {
+    pub fn getattr(&self, ino: Ino) -> Result<Attr, Error> {
         let attr = self.inner.attr_call("GetAttr", Request::GetAttr { ino })?;
         self.inner.fresh_size(attr)
     }
 
     /// Changes attributes (chmod, chown, utimens, truncate). A size change takes the whole-file
     /// range lock around the `SetAttr` call, so no read or write of any client overlaps it.
-    pub fn setattr(&self, caller: Caller, ino: Ino, set: SetAttr) -> Result<Attr, FsError> {
+    pub fn setattr(&self, caller: Caller, ino: Ino, set: SetAttr) -> Result<Attr, Error> {
         let explicit_mtime = set.mtime.is_some();
         let attr = match set.size {
             None => self
@@ -45,9 +46,9 @@ impl CitronFs {
                 .attr_call("SetAttr", Request::SetAttr { ino, set, caller })?,
             Some(size) => {
                 if size > self.inner.geometry.max_file_size() {
-                    return Err(FsError::Invalid(format!(
-                        "size {size} exceeds the largest file"
-                    )));
+                    return Err(
+                        FsError::Invalid(format!("size {size} exceeds the largest file")).into(),
+                    );
                 }
                 let inode = self.inner.open_inode(ino)?;
                 let result = self.inner.truncate(&inode, caller, set);
@@ -73,10 +74,10 @@ impl CitronFs {
         kind: FileKind,
         perm: u16,
         rdev: u32,
-    ) -> Result<Attr, FsError> {
+    ) -> Result<Attr, Error> {
         check_name(name)?;
         if matches!(kind, FileKind::Dir | FileKind::Symlink) {
-            return Err(FsError::Invalid(format!("mknod cannot create a {kind:?}")));
+            return Err(FsError::Invalid(format!("mknod cannot create a {kind:?}")).into());
         }
         self.inner.attr_call(
             "Mknod",
@@ -104,7 +105,7 @@ impl CitronFs {
         name: &str,
         perm: u16,
         flags: i32,
-    ) -> Result<(Attr, FileHandle), FsError> {
+    ) -> Result<(Attr, FileHandle), Error> {
         // A name can flicker between existing and missing while other clients create and
         // unlink it; each round trip either creates it or finds it, so a few rounds suffice
         // unless someone loops create/unlink on exactly this name.
@@ -115,20 +116,20 @@ impl CitronFs {
                     let fh = self.open(caller, attr.ino, flags & !libc::O_TRUNC)?;
                     return Ok((attr, fh));
                 }
-                Err(FsError::Exists) if flags & libc::O_EXCL == 0 => {}
+                Err(Error::Fs(FsError::Exists)) if flags & libc::O_EXCL == 0 => {}
                 Err(e) => return Err(e),
             }
             let attr = match self.lookup(parent, name) {
                 Ok(attr) => attr,
-                Err(FsError::NotFound) => continue,
+                Err(Error::Fs(FsError::NotFound)) => continue,
                 Err(e) => return Err(e),
             };
             match attr.kind {
                 FileKind::File => {}
-                FileKind::Dir => return Err(FsError::IsDir),
+                FileKind::Dir => return Err(FsError::IsDir.into()),
                 // A device, fifo, socket or symlink created by another client under this name:
                 // the kernel would have resolved it itself, had it seen it; let it retry.
-                _ => return Err(FsError::Exists),
+                _ => return Err(FsError::Exists.into()),
             }
             may_open(&attr, caller, flags)?;
             let fh = self.open(caller, attr.ino, flags)?;
@@ -140,17 +141,11 @@ impl CitronFs {
                 }
             };
         }
-        Err(FsError::Exists)
+        Err(FsError::Exists.into())
     }
 
     /// Creates a directory.
-    pub fn mkdir(
-        &self,
-        caller: Caller,
-        parent: Ino,
-        name: &str,
-        perm: u16,
-    ) -> Result<Attr, FsError> {
+    pub fn mkdir(&self, caller: Caller, parent: Ino, name: &str, perm: u16) -> Result<Attr, Error> {
         check_name(name)?;
         self.inner.attr_call(
             "Mkdir",
@@ -164,7 +159,7 @@ impl CitronFs {
     }
 
     /// Removes a non-directory entry.
-    pub fn unlink(&self, parent: Ino, name: &str) -> Result<(), FsError> {
+    pub fn unlink(&self, parent: Ino, name: &str) -> Result<(), Error> {
         check_name(name)?;
         self.inner.ok_call(
             "Unlink",
@@ -176,7 +171,7 @@ impl CitronFs {
     }
 
     /// Removes an empty directory.
-    pub fn rmdir(&self, parent: Ino, name: &str) -> Result<(), FsError> {
+    pub fn rmdir(&self, parent: Ino, name: &str) -> Result<(), Error> {
         check_name(name)?;
         self.inner.ok_call(
             "Rmdir",
@@ -196,7 +191,7 @@ impl CitronFs {
         new_parent: Ino,
         new_name: &str,
         no_replace: bool,
-    ) -> Result<(), FsError> {
+    ) -> Result<(), Error> {
         check_name(name)?;
         check_name(new_name)?;
         self.inner.ok_call(
@@ -212,7 +207,7 @@ impl CitronFs {
     }
 
     /// Adds the hard link `new_parent/new_name` to `ino`.
-    pub fn link(&self, ino: Ino, new_parent: Ino, new_name: &str) -> Result<Attr, FsError> {
+    pub fn link(&self, ino: Ino, new_parent: Ino, new_name: &str) -> Result<Attr, Error> {
         check_name(new_name)?;
         let attr = self.inner.attr_call(
             "Link",
@@ -232,10 +227,10 @@ impl CitronFs {
         parent: Ino,
         name: &str,
         target: &str,
-    ) -> Result<Attr, FsError> {
+    ) -> Result<Attr, Error> {
         check_name(name)?;
         if target.len() > proto::SYMLINK_MAX {
-            return Err(FsError::NameTooLong);
+            return Err(FsError::NameTooLong.into());
         }
         self.inner.attr_call(
             "Symlink",
@@ -249,13 +244,13 @@ impl CitronFs {
     }
 
     /// A symbolic link's target.
-    pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>, FsError> {
+    pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>, Error> {
         self.inner.data_call("Readlink", Request::Readlink { ino })
     }
 
     /// Up to `max` entries of directory `ino` after `cookie` (0: from the start, with `.` and
     /// `..`); continue with the last entry's cookie.
-    pub fn readdir(&self, ino: Ino, cookie: u64, max: u32) -> Result<Vec<DirEntry>, FsError> {
+    pub fn readdir(&self, ino: Ino, cookie: u64, max: u32) -> Result<Vec<DirEntry>, Error> {
         match self
             .inner
             .meta
@@ -267,7 +262,7 @@ impl CitronFs {
     }
 
     /// File-system totals.
-    pub fn statfs(&self) -> Result<FsStats, FsError> {
+    pub fn statfs(&self) -> Result<FsStats, Error> {
         match self.inner.meta.call(Request::Statfs)? {
             Response::Stats(stats) => Ok(stats),
             other => Err(unexpected("Statfs", other)),
@@ -281,9 +276,9 @@ impl CitronFs {
         name: &str,
         value: &[u8],
         mode: XattrMode,
-    ) -> Result<(), FsError> {
+    ) -> Result<(), Error> {
         if name.len() > proto::XATTR_NAME_MAX || value.len() > proto::XATTR_VALUE_MAX {
-            return Err(FsError::NameTooLong);
+            return Err(FsError::NameTooLong.into());
         }
         self.inner.ok_call(
             "SetXattr",
@@ -297,7 +292,7 @@ impl CitronFs {
     }
 
     /// An extended attribute's value.
-    pub fn getxattr(&self, ino: Ino, name: &str) -> Result<Vec<u8>, FsError> {
+    pub fn getxattr(&self, ino: Ino, name: &str) -> Result<Vec<u8>, Error> {
         self.inner.data_call(
             "GetXattr",
             Request::GetXattr {
@@ -308,7 +303,7 @@ impl CitronFs {
     }
 
     /// Extended attribute names.
-    pub fn listxattr(&self, ino: Ino) -> Result<Vec<String>, FsError> {
+    pub fn listxattr(&self, ino: Ino) -> Result<Vec<String>, Error> {
         match self.inner.meta.call(Request::ListXattr { ino })? {
             Response::Names(names) => Ok(names),
             other => Err(unexpected("ListXattr", other)),
@@ -316,7 +311,7 @@ impl CitronFs {
     }
 
     /// Removes an extended attribute.
-    pub fn removexattr(&self, ino: Ino, name: &str) -> Result<(), FsError> {
+    pub fn removexattr(&self, ino: Ino, name: &str) -> Result<(), Error> {
         self.inner.ok_call(
             "RemoveXattr",
             Request::RemoveXattr {
@@ -353,7 +348,7 @@ fn may_open(attr: &Attr, caller: Caller, flags: i32) -> Result<(), FsError> {
 
 impl Inner {
     /// A call answered with attributes.
-    pub(crate) fn attr_call(&self, what: &str, request: Request) -> Result<Attr, FsError> {
+    pub(crate) fn attr_call(&self, what: &'static str, request: Request) -> Result<Attr, Error> {
         match self.meta.call(request)? {
             Response::Attr(attr) => Ok(attr),
             other => Err(unexpected(what, other)),
@@ -361,7 +356,7 @@ impl Inner {
     }
 
     /// A call answered with `Ok`.
-    pub(crate) fn ok_call(&self, what: &str, request: Request) -> Result<(), FsError> {
+    pub(crate) fn ok_call(&self, what: &'static str, request: Request) -> Result<(), Error> {
         match self.meta.call(request)? {
             Response::Ok => Ok(()),
             other => Err(unexpected(what, other)),
@@ -369,7 +364,7 @@ impl Inner {
     }
 
     /// A call answered with bytes.
-    fn data_call(&self, what: &str, request: Request) -> Result<Vec<u8>, FsError> {
+    fn data_call(&self, what: &'static str, request: Request) -> Result<Vec<u8>, Error> {
         match self.meta.call(request)? {
             Response::Data(data) => Ok(data),
             other => Err(unexpected(what, other)),

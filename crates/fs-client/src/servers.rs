@@ -8,7 +8,8 @@
 //! connector makes endpoints; endpoints themselves belong to workers (`workers`).
 
 use crate::client::MountOptions;
-use fabric::{Connector, RegionId};
+use crate::error::{Error, Peer};
+use fabric::{Connector, FabricError, RegionId};
 use proto::{ClusterInfo, DataServerInfo, FabricAddr, FsError, LockSchemeKind};
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
@@ -33,20 +34,24 @@ pub(crate) struct Servers {
 impl Servers {
     /// Attaches to the meta region and every data server `info` names, for session
     /// `info.session`, and resolves the lock server when `opts.scheme` needs it.
-    pub(crate) fn connect(info: &ClusterInfo, opts: &MountOptions) -> Result<Servers, FsError> {
-        let meta = connector_for(&info.meta_fabric, opts, info.session)?;
+    pub(crate) fn connect(info: &ClusterInfo, opts: &MountOptions) -> Result<Servers, Error> {
+        let meta = connector_for(&info.meta_fabric, opts, info.session)
+            .map_err(Error::fabric(Peer::Meta))?;
         let mut data: Vec<Option<DataServer>> = Vec::new();
         for ds in &info.data_servers {
             let id = ds.id as usize;
             if id > 1 << 16 {
-                return Err(FsError::Io(format!("data server id {id} is implausible")));
+                return Err(Error::Protocol(format!(
+                    "data server id {id} is implausible"
+                )));
             }
             if data.len() <= id {
                 data.resize_with(id + 1, || None);
             }
             data[id] = Some(DataServer {
                 info: ds.clone(),
-                connector: connector_for(&ds.fabric, opts, info.session)?,
+                connector: connector_for(&ds.fabric, opts, info.session)
+                    .map_err(Error::fabric(Peer::Data(ds.id)))?,
             });
         }
         let lock_server = match (opts.scheme, &info.lock_server) {
@@ -54,13 +59,14 @@ impl Servers {
                 addr.to_socket_addrs()
                     .ok()
                     .and_then(|mut a| a.next())
-                    .ok_or_else(|| FsError::Io(format!("bad lock server address {addr:?}")))?,
+                    .ok_or_else(|| Error::Protocol(format!("bad lock server address {addr:?}")))?,
                 opts.credentials(),
             )),
             (LockSchemeKind::Server, None) => {
                 return Err(FsError::Invalid(
                     "the cluster runs no lock server: the server scheme is unavailable".into(),
-                ))
+                )
+                .into())
             }
             _ => None,
         };
@@ -77,19 +83,20 @@ impl Servers {
     }
 
     /// The region data server `server` serves its chunks from.
-    pub(crate) fn region_of(&self, server: u32) -> Result<RegionId, FsError> {
+    pub(crate) fn region_of(&self, server: u32) -> Result<RegionId, Error> {
         self.data(server)
             .map(|ds| ds.info.region)
-            .ok_or_else(|| FsError::Io(format!("unknown data server {server}")))
+            .ok_or(Error::UnknownDataServer(server))
     }
 }
 
 /// A connector to a fabric server for client session `session` (tcp endpoints present it, so
-/// the cluster can fence this client; shm cannot refuse anyone).
+/// the cluster can fence this client; shm cannot refuse anyone). The caller names the server
+/// in the error.
 fn connector_for(
     addr: &FabricAddr,
     opts: &MountOptions,
     session: u64,
-) -> Result<Arc<dyn Connector>, FsError> {
-    Ok(fabric::connect(addr, &opts.credentials(), session)?)
+) -> Result<Arc<dyn Connector>, FabricError> {
+    fabric::connect(addr, &opts.credentials(), session)
 }

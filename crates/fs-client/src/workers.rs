@@ -15,11 +15,11 @@
 //!   see `handles`) when it is checked out, before any use.
 
 use crate::client::Inner;
+use crate::error::{Error, Peer};
 use crate::lock_cache::LockCache;
 use crate::servers::Servers;
 use fabric::{Batch, Completions, Endpoint};
 use lockmgr::LockStats;
-use proto::FsError;
 use std::sync::{Mutex, PoisonError};
 use std::time::Instant;
 
@@ -79,16 +79,20 @@ impl Worker {
         &mut self,
         servers: &Servers,
         server: u32,
-    ) -> Result<&mut dyn Endpoint, FsError> {
+    ) -> Result<&mut dyn Endpoint, Error> {
         let id = server as usize;
         let ds = servers
             .data(server)
-            .ok_or_else(|| FsError::Io(format!("unknown data server {server}")))?;
+            .ok_or(Error::UnknownDataServer(server))?;
         if self.data_eps.len() <= id {
             self.data_eps.resize_with(id + 1, || None);
         }
         if self.data_eps[id].is_none() {
-            self.data_eps[id] = Some(ds.connector.connect()?);
+            self.data_eps[id] = Some(
+                ds.connector
+                    .connect()
+                    .map_err(Error::fabric(Peer::Data(server)))?,
+            );
         }
         Ok(self.data_eps[id].as_deref_mut().expect("set above"))
     }
@@ -137,7 +141,7 @@ impl Drop for Checkout<'_> {
 impl Inner {
     /// A worker for one call: an idle one, or a new one (connected to the meta region) when
     /// none is idle.
-    pub(crate) fn checkout(&self) -> Result<Checkout<'_>, FsError> {
+    pub(crate) fn checkout(&self) -> Result<Checkout<'_>, Error> {
         let pooled = self
             .pool
             .idle
@@ -147,7 +151,11 @@ impl Inner {
         let mut worker = match pooled {
             Some(w) => w,
             None => Worker {
-                meta_ep: self.servers.meta.connect()?,
+                meta_ep: self
+                    .servers
+                    .meta
+                    .connect()
+                    .map_err(Error::fabric(Peer::Meta))?,
                 data_eps: Vec::new(),
                 locks: LockCache::default(),
                 close_epoch: self.files.close_epoch(),

@@ -301,7 +301,7 @@ fn full_data_server_gives_enospc_and_corrupts_nothing() {
     assert_eq!(err.errno(), libc::ENOSPC);
     // Growing the kept file fails the same way; what it had is intact.
     let err = fs.write(fh, 3 * CHUNK, &vec![9u8; (6 * CHUNK) as usize]);
-    assert_eq!(err, Err(FsError::NoSpace));
+    assert_eq!(err.unwrap_err(), FsError::NoSpace);
     assert_eq!(fs.getattr(ino).unwrap().size, 3 * CHUNK);
     assert_eq!(fs.read(fh, 0, data.len()).unwrap(), data);
     // What fits still fits.
@@ -353,13 +353,14 @@ fn namespace_calls() {
     fs.setxattr(f.ino, "user.k", b"v", XattrMode::Create)
         .unwrap();
     assert_eq!(
-        fs.setxattr(f.ino, "user.k", b"w", XattrMode::Create),
-        Err(FsError::Exists)
+        fs.setxattr(f.ino, "user.k", b"w", XattrMode::Create)
+            .unwrap_err(),
+        FsError::Exists
     );
     assert_eq!(fs.getxattr(f.ino, "user.k").unwrap(), b"v");
     assert_eq!(fs.listxattr(f.ino).unwrap(), vec!["user.k".to_string()]);
     fs.removexattr(f.ino, "user.k").unwrap();
-    assert_eq!(fs.getxattr(f.ino, "user.k"), Err(FsError::NoAttr));
+    assert_eq!(fs.getxattr(f.ino, "user.k").unwrap_err(), FsError::NoAttr);
 
     fs.unlink(ROOT_INO, "moved").unwrap();
     fs.unlink(ROOT_INO, "hard").unwrap();

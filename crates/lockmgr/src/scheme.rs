@@ -36,6 +36,18 @@ pub enum LockError {
     /// The lock server (for the `server` baseline) broke the protocol or refused the request.
     #[error("lock server: {0}")]
     Server(String),
+    /// A hook the scheme calls outside its lock words failed: the user's fence
+    /// ([`crate::Fence`]) or a CITRON tree allocation ([`crate::citron::TreeAllocator`]). The
+    /// hook's own error is kept whole as the source (a file system's RPC failure, say), so
+    /// whoever reports it can name the real cause and the caller's errno mapping can see it.
+    #[error("{what}: {source}")]
+    Hook {
+        /// What the hook was asked to do.
+        what: &'static str,
+        /// The hook's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 /// Describes, when called from any thread, where a client's current acquisition is

@@ -55,12 +55,6 @@ pub enum FsError {
     /// The cluster refused this client (wrong cluster id or token, or protocol version).
     #[error("refused by the cluster: {0}")]
     Refused(String),
-    /// The lease of the range lock guarding an I/O ran out before its data verbs could be
-    /// posted (a write) or had completed (a read): another client may have broken the lock, so
-    /// the I/O must not count. The client retries under a new lock, and reports this (EIO)
-    /// only when that keeps happening.
-    #[error("the range lock's lease ran out before the I/O was done")]
-    LeaseLost,
 }
 
 impl FsError {
@@ -81,19 +75,67 @@ impl FsError {
             FsError::Range => libc::ERANGE,
             FsError::Stale => libc::ESTALE,
             FsError::NotSupported => libc::EOPNOTSUPP,
-            FsError::Io(_) | FsError::Refused(_) | FsError::LeaseLost => libc::EIO,
+            FsError::Io(_) | FsError::Refused(_) => libc::EIO,
         }
     }
 }
 
+/// The `std::io::ErrorKind` of an errno, as std decodes a raw OS error.
+pub fn kind_from_errno(errno: i32) -> std::io::ErrorKind {
+    std::io::Error::from_raw_os_error(errno).kind()
+}
+
+/// Keeps all there is to know: an error that says no more than its errno becomes that raw OS
+/// error (exact for `raw_os_error()`, and its text is the errno's); one that carries a message
+/// becomes an error of the errno's kind that carries this `FsError`, message and all.
 impl From<FsError> for std::io::Error {
     fn from(e: FsError) -> Self {
-        std::io::Error::from_raw_os_error(e.errno())
+        match e {
+            FsError::Invalid(_) | FsError::Io(_) | FsError::Refused(_) => {
+                std::io::Error::new(kind_from_errno(e.errno()), e)
+            }
+            FsError::NotFound
+            | FsError::Exists
+            | FsError::NotEmpty
+            | FsError::NotDir
+            | FsError::IsDir
+            | FsError::NameTooLong
+            | FsError::NoSpace
+            | FsError::Access
+            | FsError::Perm
+            | FsError::NoAttr
+            | FsError::Range
+            | FsError::Stale
+            | FsError::NotSupported => std::io::Error::from_raw_os_error(e.errno()),
+        }
     }
 }
 
 impl From<fabric::FabricError> for FsError {
     fn from(e: fabric::FabricError) -> Self {
         FsError::Io(e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn io_errors_keep_the_message() {
+        let io = std::io::Error::from(FsError::Io("meta database corrupt: inode 7".into()));
+        assert_eq!(io.kind(), kind_from_errno(libc::EIO));
+        assert!(
+            io.to_string().contains("meta database corrupt: inode 7"),
+            "{io}"
+        );
+        let inner = io.get_ref().and_then(|e| e.downcast_ref::<FsError>());
+        assert!(matches!(inner, Some(FsError::Io(_))));
+        let io = std::io::Error::from(FsError::Invalid("bad offset".into()));
+        assert_eq!(io.kind(), std::io::ErrorKind::InvalidInput);
+        assert!(io.to_string().contains("bad offset"), "{io}");
+        // Nothing to keep but the errno: the raw OS error, exact.
+        let io = std::io::Error::from(FsError::Stale);
+        assert_eq!(io.raw_os_error(), Some(libc::ESTALE));
     }
 }

@@ -11,5 +11,5 @@ pub mod fcb;
 pub mod rpc;
 pub mod types;
 
-pub use error::FsError;
+pub use error::{kind_from_errno, FsError};
 pub use types::*;
