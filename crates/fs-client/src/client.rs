@@ -26,11 +26,11 @@ use crate::locks::{self, lock_error, server_range, whole_file};
 use crate::meta::{unexpected, Heartbeat, Meta};
 use crate::plan::{plan, Geometry, Limits};
 use fabric::{Batch, Completions, Connector, Endpoint, RemoteAddr, ShmConnector, TcpConnector};
-use lockmgr::{LockId, LockStats, RangeLock};
+use lockmgr::{LockId, LockRef, LockScheme, LockStats, RangeLock};
 use proto::rpc::{check_name, Request, Response, XattrMode};
 use proto::{
     fcb, Attr, Caller, ChunkLoc, ClusterInfo, DataServerInfo, DirEntry, FabricAddr, FileKind,
-    FsError, FsStats, Ino, LockSchemeKind, SetAttr, SetTime,
+    FsError, FsStats, Ino, SetAttr, SetTime,
 };
 use std::collections::HashMap;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -49,7 +49,7 @@ pub struct MountOptions {
     /// The cluster's shared secret.
     pub token: String,
     /// The range-lock scheme of every read and write (`citron` by default).
-    pub scheme: LockSchemeKind,
+    pub scheme: LockScheme,
     /// This client's host name, for the meta server's logs.
     pub host: String,
 }
@@ -65,7 +65,7 @@ impl MountOptions {
             meta_addr: meta_addr.into(),
             cluster: cluster.into(),
             token: token.into(),
-            scheme: LockSchemeKind::Citron,
+            scheme: LockScheme::CITRON,
             host: hostname(),
         }
     }
@@ -100,7 +100,7 @@ struct Inner {
     lease_guard: Duration,
     info: ClusterInfo,
     geometry: Geometry,
-    scheme: LockSchemeKind,
+    scheme: LockScheme,
     meta_connector: Arc<dyn Connector>,
     /// Indexed by data server id.
     data: Vec<Option<DataServer>>,
@@ -131,7 +131,7 @@ pub(crate) struct OpenInode {
     /// lock state may have moved) are not reused.
     open_id: u64,
     fcb: RemoteAddr,
-    lock: RemoteAddr,
+    lock: LockRef,
     chunks: RwLock<ChunkCache>,
     /// The next write updates mtime (one `SetAttr` per open, not per write).
     mtime_stale: AtomicBool,
@@ -263,13 +263,13 @@ impl CitronFs {
             });
         }
         let lock_server = match (opts.scheme, &info.lock_server) {
-            (LockSchemeKind::Server, Some(addr)) => Some(
+            (LockScheme::SERVER, Some(addr)) => Some(
                 addr.to_socket_addrs()
                     .ok()
                     .and_then(|mut a| a.next())
                     .ok_or_else(|| FsError::Io(format!("bad lock server address {addr:?}")))?,
             ),
-            (LockSchemeKind::Server, None) => {
+            (LockScheme::SERVER, None) => {
                 return Err(FsError::Invalid(
                     "the cluster runs no lock server: the server scheme is unavailable".into(),
                 ))
@@ -334,7 +334,7 @@ impl CitronFs {
     }
 
     /// The lock scheme every read and write uses.
-    pub fn scheme(&self) -> LockSchemeKind {
+    pub fn scheme(&self) -> LockScheme {
         self.inner.scheme
     }
 
@@ -1028,26 +1028,21 @@ impl Inner {
         w: &'w mut Worker,
         inode: &Arc<OpenInode>,
     ) -> Result<&'w mut Box<dyn RangeLock>, FsError> {
-        if self.scheme == LockSchemeKind::Server {
+        if self.scheme == LockScheme::SERVER {
             if w.server_lock.is_none() {
                 let addr = self.lock_server.expect("checked at connect");
-                w.server_lock = Some(Box::new(
-                    lockmgr::baselines::LockServerClient::connect(addr)
+                w.server_lock = Some(
+                    locks::open_server_lock(&*self.meta_connector, addr)
                         .map_err(|e| lock_error(inode.ino, e))?,
-                ));
+                );
             }
             return Ok(w.server_lock.as_mut().expect("set above"));
         }
         let fresh = !matches!(w.locks.get(&inode.ino),
             Some((known, _)) if known.upgrade().is_some_and(|k| k.open_id == inode.open_id));
         if fresh {
-            let handle = locks::open_file_lock(
-                self.scheme,
-                &*self.meta_connector,
-                &self.meta,
-                inode.ino,
-                inode.lock,
-            )?;
+            let handle =
+                locks::open_file_lock(&inode.lock, &*self.meta_connector, &self.meta, inode.ino)?;
             if let Some((_, old)) = w.locks.insert(inode.ino, (Arc::downgrade(inode), handle)) {
                 self.retired_lock_stats
                     .lock()
@@ -1067,7 +1062,7 @@ impl Inner {
         units: Range<u64>,
         body: impl FnOnce(&mut Worker) -> Result<T, FsError>,
     ) -> Result<T, FsError> {
-        let range = if self.scheme == LockSchemeKind::Server {
+        let range = if self.scheme == LockScheme::SERVER {
             server_range(inode.ino, units)?
         } else {
             units

@@ -17,8 +17,8 @@ mod meta;
 pub mod plan;
 
 pub use client::{CitronFs, FileHandle, MountOptions};
+pub use lockmgr::LockScheme;
 pub use proto::rpc::XattrMode;
 pub use proto::{
-    Attr, Caller, DirEntry, FileKind, FsError, FsStats, Ino, LockSchemeKind, SetAttr, SetTime,
-    Timestamp, ROOT_INO,
+    Attr, Caller, DirEntry, FileKind, FsError, FsStats, Ino, SetAttr, SetTime, Timestamp, ROOT_INO,
 };

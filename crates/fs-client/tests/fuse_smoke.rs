@@ -6,7 +6,7 @@ mod common;
 
 use common::{pattern, Cluster, CHUNK};
 use fs_client::fuse::{mount, FuseOptions};
-use fs_client::LockSchemeKind;
+use fs_client::LockScheme;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::sync::Arc;
@@ -20,7 +20,7 @@ fn mount_write_read_stat_unmount() {
         return;
     }
     let cluster = Cluster::start(2, 64);
-    let fs = Arc::new(cluster.client(LockSchemeKind::Citron));
+    let fs = Arc::new(cluster.client(LockScheme::CITRON));
     let mnt = tempfile::tempdir().unwrap();
     let handle = match mount(fs.clone(), mnt.path(), &FuseOptions::default()) {
         Ok(h) => h,

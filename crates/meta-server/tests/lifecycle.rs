@@ -4,9 +4,10 @@ mod common;
 use common::*;
 use data_server::DataServer;
 use fabric::{EndpointExt, RemoteAddr, ShmConnector};
+use lockmgr::LockScheme;
 use meta_server::MetaServer;
 use proto::rpc::{Client, Request, Response, Role, RpcError};
-use proto::{fcb, FabricAddr, FsError, LockSchemeKind, ROOT_INO};
+use proto::{fcb, FabricAddr, FsError, ROOT_INO};
 use std::time::Duration;
 
 fn shm(addr: &FabricAddr) -> impl fabric::Endpoint {
@@ -34,7 +35,7 @@ fn restart_keeps_namespace_chunks_sizes_and_data() {
         let o = match fs
             .call(Request::Open {
                 ino: f.ino,
-                scheme: LockSchemeKind::Citron,
+                scheme: LockScheme::CITRON,
             })
             .unwrap()
         {
@@ -140,12 +141,12 @@ fn sessions_expire_and_release_their_files() {
     quiet
         .call(Request::Open {
             ino: f.ino,
-            scheme: LockSchemeKind::Citron,
+            scheme: LockScheme::CITRON,
         })
         .unwrap();
     busy.call(Request::Open {
         ino: f.ino,
-        scheme: LockSchemeKind::Mutex,
+        scheme: LockScheme::MUTEX,
     })
     .unwrap();
     quiet.unlink(ROOT_INO, "f").unwrap();
@@ -170,7 +171,7 @@ fn sessions_expire_and_release_their_files() {
     other
         .call(Request::Open {
             ino: g.ino,
-            scheme: LockSchemeKind::Citron,
+            scheme: LockScheme::CITRON,
         })
         .unwrap();
     assert!(cl.meta.meta_free_bytes() < free);
@@ -232,7 +233,7 @@ fn tcp_fabric_serves_fcbs_and_zeroes_chunks() {
     let o = match fs
         .call(Request::Open {
             ino: f.ino,
-            scheme: LockSchemeKind::Citron,
+            scheme: LockScheme::CITRON,
         })
         .unwrap()
     {

@@ -13,7 +13,7 @@
 
 use data_server::{Backing, DataConfig, DataFabric, DataHandle, DataServer};
 use fs_client::fuse::{FuseOptions, MountHandle};
-use fs_client::{CitronFs, LockSchemeKind, MountOptions};
+use fs_client::{CitronFs, LockScheme, MountOptions};
 use meta_server::{MetaConfig, MetaFabric, MetaHandle, MetaServer};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::MetadataExt;
@@ -177,7 +177,7 @@ pub struct ClusterSpec {
     /// What holds the data servers' regions.
     pub backing: BackingKind,
     /// The lock scheme of [`Cluster::mount`] and [`Cluster::client`].
-    pub scheme: LockSchemeKind,
+    pub scheme: LockScheme,
 }
 
 impl Default for ClusterSpec {
@@ -190,7 +190,7 @@ impl Default for ClusterSpec {
             chunk_size: 64 << 10,
             fabric: FabricKind::Shm,
             backing: BackingKind::Memory,
-            scheme: LockSchemeKind::Citron,
+            scheme: LockScheme::CITRON,
         }
     }
 }
@@ -298,7 +298,7 @@ impl Cluster {
     }
 
     /// Mount options for a client of this cluster with `scheme`.
-    pub fn options(&self, scheme: LockSchemeKind) -> MountOptions {
+    pub fn options(&self, scheme: LockScheme) -> MountOptions {
         let mut opts = MountOptions::new(self.meta_addr(), CLUSTER, TOKEN);
         opts.scheme = scheme;
         opts
@@ -315,7 +315,7 @@ impl Cluster {
     }
 
     /// An in-process FUSE mount with `scheme`, in a fresh directory.
-    pub fn mount_with(&self, scheme: LockSchemeKind) -> Mount {
+    pub fn mount_with(&self, scheme: LockScheme) -> Mount {
         let fs = Arc::new(CitronFs::connect(self.options(scheme)).expect("client connects"));
         let dir = mount_dir();
         let handle = fs_client::fuse::mount(fs.clone(), dir.path(), &FuseOptions::default())
@@ -332,13 +332,13 @@ impl Cluster {
     /// Starts a second client process that mounts this cluster with `scheme` and returns once
     /// the mount is up. The process is this test binary running the test `child_test`, which
     /// must call [`child_mount_main`] (and does nothing when run normally).
-    pub fn spawn_mount_process(&self, child_test: &str, scheme: LockSchemeKind) -> ChildMount {
+    pub fn spawn_mount_process(&self, child_test: &str, scheme: LockScheme) -> ChildMount {
         let dir = mount_dir();
         let exe = std::env::current_exe().expect("the test binary's path");
         let mut child = Command::new(exe)
             .args([child_test, "--exact", "--nocapture", "--test-threads=1"])
             .env(ENV_META, self.meta_addr())
-            .env(ENV_SCHEME, scheme.name())
+            .env(ENV_SCHEME, scheme.to_string())
             .env(ENV_MOUNTPOINT, dir.path())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -525,7 +525,7 @@ pub fn child_mount_main() {
     ) else {
         return;
     };
-    let scheme: LockSchemeKind = scheme.parse().expect("scheme");
+    let scheme: LockScheme = scheme.parse().expect("scheme");
     let mut opts = MountOptions::new(meta, CLUSTER, TOKEN);
     opts.scheme = scheme;
     let fs = Arc::new(CitronFs::connect(opts).expect("the client process connects"));

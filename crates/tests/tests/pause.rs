@@ -9,7 +9,7 @@
 //! cannot be fenced; DESIGN.md "Fencing" and docs/ARCHITECTURE.md say what holds there.)
 
 use citronfs_tests::{skip_without_fuse, ChildMount, Cluster, ClusterSpec, FabricKind};
-use fs_client::LockSchemeKind;
+use fs_client::LockScheme;
 use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -99,8 +99,8 @@ fn pause_past_lease(fabric: FabricKind) {
         fabric,
         ..ClusterSpec::default()
     });
-    let a: ChildMount = cluster.spawn_mount_process("child_mount", LockSchemeKind::Citron);
-    let b: ChildMount = cluster.spawn_mount_process("child_mount", LockSchemeKind::Citron);
+    let a: ChildMount = cluster.spawn_mount_process("child_mount", LockScheme::CITRON);
+    let b: ChildMount = cluster.spawn_mount_process("child_mount", LockScheme::CITRON);
     std::fs::write(a.path().join("f"), record(0, 0)).unwrap();
 
     let stop = Arc::new(AtomicBool::new(false));

@@ -3,7 +3,7 @@
 #![allow(dead_code)]
 
 use data_server::{Backing, DataConfig, DataFabric, DataHandle, DataServer};
-use fs_client::{CitronFs, LockSchemeKind, MountOptions};
+use fs_client::{CitronFs, LockScheme, MountOptions};
 use meta_server::{MetaConfig, MetaFabric, MetaHandle, MetaServer};
 
 pub const CLUSTER: &str = "fs-client-test";
@@ -75,14 +75,14 @@ impl Cluster {
         Cluster { data, meta, dir }
     }
 
-    pub fn options(&self, scheme: LockSchemeKind) -> MountOptions {
+    pub fn options(&self, scheme: LockScheme) -> MountOptions {
         let mut opts = MountOptions::new(self.meta.addr().to_string(), CLUSTER, TOKEN);
         opts.scheme = scheme;
         opts
     }
 
     /// A new client (its own session) with `scheme`.
-    pub fn client(&self, scheme: LockSchemeKind) -> CitronFs {
+    pub fn client(&self, scheme: LockScheme) -> CitronFs {
         CitronFs::connect(self.options(scheme)).unwrap()
     }
 }

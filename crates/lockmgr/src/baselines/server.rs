@@ -18,8 +18,8 @@
 //! When a connection closes (the client exited or crashed), the server releases every lock that
 //! connection held and withdraws its waiting request.
 
-use super::SCHEME_SERVER;
 use crate::scheme::{check_range, LockError, LockId, RangeLock};
+use crate::schemes::LockScheme;
 use crate::stats::LockStats;
 use fabric::frame::{read_frame, write_frame, FrameError};
 use serde::{Deserialize, Serialize};
@@ -373,8 +373,30 @@ impl RangeLock for LockServerClient {
     }
 
     fn scheme(&self) -> &'static str {
-        SCHEME_SERVER
+        LockScheme::SERVER.name()
     }
+}
+
+/// `server` for [`crate::schemes::create`]: its lock state is the server's table, so creating it
+/// means having a server. Returns where it listens — `at` when the creator runs one already
+/// (the meta server's), else a server started here on loopback, returned too so that the
+/// caller keeps it running.
+pub(crate) fn create_state(
+    at: Option<SocketAddr>,
+) -> Result<(SocketAddr, Option<Arc<LockServer>>), LockError> {
+    if let Some(addr) = at {
+        return Ok((addr, None));
+    }
+    let server = LockServer::bind("127.0.0.1:0")
+        .map_err(|e| LockError::Server(format!("cannot start lock server: {e}")))?;
+    Ok((server.addr(), Some(Arc::new(server))))
+}
+
+/// `server` for [`crate::schemes::open`]: a connection to the server at `at`.
+pub(crate) fn open_handle(at: Option<SocketAddr>) -> Result<LockServerClient, LockError> {
+    let addr =
+        at.ok_or_else(|| LockError::Config("server: the lock server's address is needed".into()))?;
+    LockServerClient::connect(addr)
 }
 
 #[cfg(test)]

@@ -5,8 +5,8 @@ use super::config::{random_token, FabricKind};
 use anyhow::{Context, Result};
 use data_server::{Backing, DataConfig, DataFabric, DataHandle, DataServer};
 use fs_client::{CitronFs, MountOptions};
+use lockmgr::LockScheme;
 use meta_server::{MetaConfig, MetaFabric, MetaHandle, MetaServer};
-use proto::LockSchemeKind;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -124,7 +124,7 @@ impl EmbeddedCluster {
     }
 
     /// Opens a client session whose reads and writes lock with `scheme`.
-    pub fn connect(&self, scheme: LockSchemeKind) -> Result<CitronFs> {
+    pub fn connect(&self, scheme: LockScheme) -> Result<CitronFs> {
         let mut options = MountOptions::new(
             self.meta.addr().to_string(),
             self.cluster.clone(),

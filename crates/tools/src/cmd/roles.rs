@@ -4,11 +4,11 @@
 use super::config::{load, parse_size, require_token, FabricKind};
 use crate::merge;
 use anyhow::{Context, Result};
-use clap::Args;
+use clap::{value_parser, Args};
 use data_server::{Backing, DataConfig, DataFabric, DataServer};
 use fs_client::{CitronFs, MountOptions};
+use lockmgr::LockScheme;
 use meta_server::{MetaConfig, MetaFabric, MetaServer};
-use proto::LockSchemeKind;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -207,9 +207,10 @@ pub struct MountArgs {
     /// The cluster's shared secret.
     #[arg(long, env = "CITRONFS_TOKEN", hide_env_values = true)]
     token: Option<String>,
-    /// The range-lock scheme of every read and write: citron, mutex, seg, server [default: citron].
-    #[arg(long)]
-    scheme: Option<String>,
+    /// The range-lock scheme of every read and write: citron, mutex, seg, server, or a spec with
+    /// parameters (e.g. seg:4:4096) [default: citron].
+    #[arg(long, value_parser = value_parser!(LockScheme))]
+    scheme: Option<LockScheme>,
     /// Let other users use the mount.
     #[arg(long)]
     allow_other: Option<bool>,
@@ -224,7 +225,7 @@ pub fn mount(mut args: MountArgs) -> Result<()> {
         args.cluster.unwrap_or_else(|| "citronfs".into()),
         require_token(args.token)?,
     );
-    options.scheme = parse_scheme(args.scheme.as_deref())?;
+    options.scheme = args.scheme.unwrap_or(LockScheme::CITRON);
     let fs =
         CitronFs::connect(options).map_err(|e| anyhow::anyhow!("cannot reach the cluster: {e}"))?;
     let fuse = fs_client::fuse::FuseOptions {
@@ -238,13 +239,6 @@ pub fn mount(mut args: MountArgs) -> Result<()> {
     );
     eprintln!("atomic I/O: {}", atomic_bound_line(&handle));
     fs_client::fuse::wait_for_signal(handle).context("unmount")
-}
-
-/// Parses a lock scheme name (default `citron`).
-pub fn parse_scheme(name: Option<&str>) -> Result<LockSchemeKind> {
-    name.unwrap_or("citron")
-        .parse()
-        .map_err(|e: String| anyhow::anyhow!(e))
 }
 
 /// Mounts with a clear error when FUSE is not usable here.

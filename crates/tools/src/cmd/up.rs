@@ -3,9 +3,10 @@
 
 use super::cluster::{prepare_mountpoint, ClusterOptions, EmbeddedCluster};
 use super::config::{parse_size, FabricKind};
-use super::roles::{atomic_bound_line, mount_at, parse_scheme};
+use super::roles::{atomic_bound_line, mount_at};
 use anyhow::{Context, Result};
-use clap::Args;
+use clap::{value_parser, Args};
+use lockmgr::LockScheme;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -23,9 +24,10 @@ pub struct UpArgs {
     /// The fabric between clients and servers.
     #[arg(long, value_enum, default_value = "shm")]
     fabric: FabricKind,
-    /// The range-lock scheme of every read and write: citron, mutex, seg, server.
-    #[arg(long, default_value = "citron")]
-    scheme: String,
+    /// The range-lock scheme of every read and write: citron, mutex, seg, server, or a spec with
+    /// parameters (e.g. seg:4:4096).
+    #[arg(long, default_value = "citron", value_parser = value_parser!(LockScheme))]
+    scheme: LockScheme,
     /// Keep the namespace and the data in this directory, so that the next `up` with the same
     /// directory finds them again. Without it everything lives in memory and is gone on exit.
     #[arg(long)]
@@ -46,7 +48,7 @@ pub fn up(args: UpArgs) -> Result<()> {
         args.memory,
         args.data_servers
     );
-    let scheme = parse_scheme(Some(&args.scheme))?;
+    let scheme = args.scheme;
     prepare_mountpoint(&args.mountpoint)?;
 
     let cluster = EmbeddedCluster::start(&ClusterOptions {
@@ -77,7 +79,7 @@ pub fn up(args: UpArgs) -> Result<()> {
             d.region_bytes() >> 20
         );
     }
-    println!("  lock scheme   {}", scheme.name());
+    println!("  lock scheme   {scheme}");
     match &args.state_dir {
         Some(dir) => println!("  state         kept in {}", dir.display()),
         None => {
