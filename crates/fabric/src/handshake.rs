@@ -57,7 +57,7 @@ impl Protocol {
         match self {
             // 3: the shared hello (protocol field, role).
             Protocol::Verbs => 3,
-            // 2: the shared hello.
+            // 2: the shared hello; `Open` carries a `lockmgr::LockScheme`, `OpenFile` a `LockRef`.
             Protocol::Rpc => 2,
             // 1: the first version with a handshake.
             Protocol::LockServer => 1,

@@ -31,8 +31,9 @@ use crate::meta::{Heartbeat, Meta};
 use crate::plan::Geometry;
 use crate::servers::Servers;
 use crate::workers::WorkerPool;
+use lockmgr::LockScheme;
 use lockmgr::LockStats;
-use proto::{Caller, ClusterInfo, LockSchemeKind};
+use proto::{Caller, ClusterInfo};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -46,7 +47,7 @@ pub struct MountOptions {
     /// The cluster's shared secret.
     pub token: String,
     /// The range-lock scheme of every read and write (`citron` by default).
-    pub scheme: LockSchemeKind,
+    pub scheme: LockScheme,
     /// This client's host name, for the meta server's logs.
     pub host: String,
 }
@@ -67,7 +68,7 @@ impl MountOptions {
             meta_addr: meta_addr.into(),
             cluster: cluster.into(),
             token: token.into(),
-            scheme: LockSchemeKind::Citron,
+            scheme: LockScheme::CITRON,
             host: hostname(),
         }
     }
@@ -99,7 +100,7 @@ pub(crate) struct Inner {
     pub(crate) lease_guard: Duration,
     pub(crate) info: ClusterInfo,
     pub(crate) geometry: Geometry,
-    pub(crate) scheme: LockSchemeKind,
+    pub(crate) scheme: LockScheme,
     /// The connectors to the meta region and the data servers, and the lock server.
     pub(crate) servers: Servers,
     /// File handles and the inodes open on this client.
@@ -155,7 +156,7 @@ impl CitronFs {
     }
 
     /// The lock scheme every read and write uses.
-    pub fn scheme(&self) -> LockSchemeKind {
+    pub fn scheme(&self) -> LockScheme {
         self.inner.scheme
     }
 

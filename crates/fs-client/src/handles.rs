@@ -18,6 +18,7 @@ use crate::client::{CitronFs, FileHandle, Inner};
 use crate::error::Error;
 use crate::meta::unexpected;
 use fabric::RemoteAddr;
+use lockmgr::LockRef;
 use proto::rpc::{Request, Response};
 use proto::{Caller, FsError, Ino, SetAttr};
 use std::collections::HashMap;
@@ -79,7 +80,7 @@ pub(crate) struct OpenInode {
     /// The file control block (SIZE, GENERATION) in the meta region.
     pub(crate) fcb: RemoteAddr,
     /// The file's lock state in the meta region (what `locks::open_file_lock` opens).
-    pub(crate) lock: RemoteAddr,
+    pub(crate) lock: LockRef,
     pub(crate) chunks: RwLock<ChunkCache>,
     /// The next write updates mtime (one `SetAttr` per open, not per write).
     pub(crate) mtime_stale: AtomicBool,

@@ -30,8 +30,9 @@ use crate::plan::{plan, Limits};
 use crate::workers::Worker;
 use fabric::{Batch, RemoteAddr};
 use lockmgr::LockId;
+use lockmgr::LockScheme;
 use proto::rpc::Request;
-use proto::{Attr, Caller, FsError, LockSchemeKind, SetAttr, SetTime};
+use proto::{Attr, Caller, FsError, SetAttr, SetTime};
 use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -159,7 +160,7 @@ impl Inner {
         units: Range<u64>,
         body: impl FnOnce(&mut Worker) -> Result<T, Error>,
     ) -> Result<T, Error> {
-        let range = if self.scheme == LockSchemeKind::Server {
+        let range = if self.scheme == LockScheme::SERVER {
             server_range(inode.ino, units)?
         } else {
             units

@@ -35,8 +35,8 @@ mod workers;
 
 pub use client::{CitronFs, FileHandle, MountOptions};
 pub use error::Error;
+pub use lockmgr::LockScheme;
 pub use proto::rpc::XattrMode;
 pub use proto::{
-    Attr, Caller, DirEntry, FileKind, FsError, FsStats, Ino, LockSchemeKind, SetAttr, SetTime,
-    Timestamp, ROOT_INO,
+    Attr, Caller, DirEntry, FileKind, FsError, FsStats, Ino, SetAttr, SetTime, Timestamp, ROOT_INO,
 };

@@ -15,8 +15,9 @@ use crate::client::Inner;
 use crate::error::Error;
 use crate::handles::OpenInode;
 use crate::locks;
+use lockmgr::LockScheme;
 use lockmgr::{LockStats, RangeLock};
-use proto::{Ino, LockSchemeKind};
+use proto::Ino;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -38,30 +39,25 @@ impl LockCache {
         inner: &Inner,
         inode: &Arc<OpenInode>,
     ) -> Result<&mut Box<dyn RangeLock>, Error> {
-        if inner.scheme == LockSchemeKind::Server {
+        if inner.scheme == LockScheme::SERVER {
             if self.server.is_none() {
-                let (addr, credentials) = inner
+                let at = inner
                     .servers
                     .lock_server
                     .as_ref()
                     .expect("checked at connect");
-                self.server = Some(Box::new(
-                    lockmgr::baselines::LockServerClient::connect(addr, credentials)
+                self.server = Some(
+                    locks::open_server_lock(&*inner.servers.meta, at)
                         .map_err(Error::lock(inode.ino))?,
-                ));
+                );
             }
             return Ok(self.server.as_mut().expect("set above"));
         }
         let fresh = !matches!(self.files.get(&inode.ino),
             Some((known, _)) if known.upgrade().is_some_and(|k| k.open_id == inode.open_id));
         if fresh {
-            let handle = locks::open_file_lock(
-                inner.scheme,
-                &*inner.servers.meta,
-                &inner.meta,
-                inode.ino,
-                inode.lock,
-            )?;
+            let handle =
+                locks::open_file_lock(&inode.lock, &*inner.servers.meta, &inner.meta, inode.ino)?;
             if let Some((_, old)) = self
                 .files
                 .insert(inode.ino, (Arc::downgrade(inode), handle))

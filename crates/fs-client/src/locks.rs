@@ -1,47 +1,40 @@
-//! How the client opens range locks of each scheme on a file.
+//! How the client opens range locks on a file.
 //!
 //! Ranges are in lock units of the file (`[0, FILE_UNITS)`; a whole-file lock is wider, see
-//! [`whole_file`]). Per scheme:
+//! [`whole_file`]). The meta server creates each open file's lock and sends it in the open
+//! reply ([`proto::OpenFile::lock`]: the scheme with every parameter it chose, and the base
+//! address); `open_file_lock` opens exactly that through [`lockmgr::schemes::open`]. What the
+//! file system adds per scheme:
 //!
-//! - `citron`: one CITRON lock per open file at [`proto::OpenFile::lock`] (its config record);
-//!   scale-ups allocate tree words with the `AllocateLockWords` RPC ([`RpcTreeAllocator`]).
-//! - `mutex`: one ticket lock word per open file at `lock`.
-//! - `seg`: static segmentation at `lock`, cut as [`seg_config`] says (the numbers are in
-//!   `proto`, shared with the meta server that creates it).
+//! - `citron`: scale-ups allocate tree words with the `AllocateLockWords` RPC
+//!   ([`RpcTreeAllocator`]), and a lease recovery fences first (`MetaFence`).
+//! - `mutex`, `seg`: nothing.
 //! - `server`: the CPU lock server at [`proto::ClusterInfo::lock_server`] locks one global space
 //!   for every file: file `ino`'s unit `u` is `ino << 40 | u` ([`server_range`]), so files never
-//!   conflict with each other and inode numbers must stay below `2^24`.
+//!   conflict with each other and inode numbers must stay below `2^24`; one connection per
+//!   worker serves every file (`open_server_lock`).
 
 use crate::error::Error;
 use crate::meta::{unexpected, Meta};
 use crate::plan::FILE_UNITS;
 use fabric::RemoteAddr;
-use lockmgr::baselines::{MutexScheme, SegConfig, SegScheme, TicketConfig};
-use lockmgr::citron::{CitronClient, ClientOptions, TreeAllocator};
-use lockmgr::{LockError, RangeLock};
+use lockmgr::baselines::LockServerAt;
+use lockmgr::citron::{ClientOptions, TreeAllocator};
+use lockmgr::schemes::{self, OpenOptions, NO_STATE};
+use lockmgr::{LockError, LockRef, LockScheme, RangeLock};
 use proto::rpc::{Request, Response};
-use proto::{FsError, Ino, LockSchemeKind};
+use proto::{FsError, Ino};
 use std::ops::Range;
 use std::sync::Arc;
-
-/// The `seg` scheme's cut: `proto::SEG_SEGMENT_UNITS` units per segment over
-/// `proto::SEG_SEGMENTS` lock words, as the meta server creates it.
-pub fn seg_config() -> SegConfig {
-    SegConfig {
-        segment_units: proto::SEG_SEGMENT_UNITS,
-        segments: proto::SEG_SEGMENTS,
-        ticket: TicketConfig::default(),
-    }
-}
 
 /// The unit range that excludes every other reader and writer of the file (truncate, append).
 ///
 /// For the fabric schemes it reaches to `u64::MAX`: CITRON then takes its spillover mutex as
 /// well as the tree, and a range ending beyond its largest tree is never ORed into the
 /// maximizer, so a whole-file lock does not make the tree grow.
-pub fn whole_file(scheme: LockSchemeKind) -> Range<u64> {
+pub fn whole_file(scheme: LockScheme) -> Range<u64> {
     match scheme {
-        LockSchemeKind::Server => 0..FILE_UNITS,
+        LockScheme::Server => 0..FILE_UNITS,
         _ => 0..u64::MAX,
     }
 }
@@ -103,48 +96,43 @@ impl lockmgr::Fence for MetaFence {
     }
 }
 
-/// Opens this thread's handle on the lock of an open file (the fabric schemes).
+/// Opens this thread's handle on the lock of an open file (the fabric schemes), as the meta
+/// server created it.
 pub(crate) fn open_file_lock(
-    scheme: LockSchemeKind,
+    lock: &LockRef,
     connector: &dyn fabric::Connector,
     meta: &Arc<Meta>,
     ino: Ino,
-    lock: RemoteAddr,
 ) -> Result<Box<dyn RangeLock>, Error> {
-    let lock_err = Error::lock(ino);
-    Ok(match scheme {
-        LockSchemeKind::Citron => Box::new(
-            CitronClient::open(
-                connector.connect().map_err(|e| lock_err(e.into()))?,
-                lock,
-                Arc::new(RpcTreeAllocator {
-                    meta: meta.clone(),
-                    ino,
-                }),
-                ClientOptions {
-                    fence: Some(Arc::new(MetaFence { meta: meta.clone() })),
-                    ..ClientOptions::default()
-                },
-            )
-            .map_err(lock_err)?,
-        ),
-        LockSchemeKind::Mutex => Box::new(
-            MutexScheme::attach(lock, TicketConfig::default())
-                .open(connector)
-                .map_err(lock_err)?,
-        ),
-        LockSchemeKind::Seg => Box::new(
-            SegScheme::attach(lock, seg_config())
-                .map_err(lock_err)?
-                .open(connector)
-                .map_err(lock_err)?,
-        ),
-        LockSchemeKind::Server => {
-            return Err(lock_err(LockError::Config(
-                "the server scheme has no per-file lock (bug)".into(),
-            )))
-        }
-    })
+    let options = OpenOptions {
+        citron: ClientOptions {
+            fence: Some(Arc::new(MetaFence { meta: meta.clone() })),
+            ..ClientOptions::default()
+        },
+        allocator: Some(Arc::new(RpcTreeAllocator {
+            meta: meta.clone(),
+            ino,
+        })),
+        ..OpenOptions::default()
+    };
+    schemes::open(lock, connector, &options).map_err(Error::lock(ino))
+}
+
+/// Opens this thread's connection to the cluster's lock server (the `server` scheme: one for
+/// every file, see [`server_range`]).
+pub(crate) fn open_server_lock(
+    connector: &dyn fabric::Connector,
+    at: &LockServerAt,
+) -> Result<Box<dyn RangeLock>, LockError> {
+    let lock = LockRef {
+        scheme: LockScheme::SERVER,
+        base: NO_STATE,
+    };
+    let options = OpenOptions {
+        server: Some(at.clone()),
+        ..OpenOptions::default()
+    };
+    schemes::open(&lock, connector, &options)
 }
 
 #[cfg(test)]
@@ -158,9 +146,7 @@ mod tests {
         assert_eq!(a, 1 << 40..2 << 40);
         assert_eq!(b, 2 << 40..(2 << 40) + 1);
         assert_eq!(
-            server_range(3, whole_file(LockSchemeKind::Server))
-                .unwrap()
-                .end,
+            server_range(3, whole_file(LockScheme::SERVER)).unwrap().end,
             4 << 40
         );
         // A fabric scheme's whole-file range is clipped to the file's slice.

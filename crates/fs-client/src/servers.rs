@@ -10,8 +10,10 @@
 use crate::client::MountOptions;
 use crate::error::{Error, Peer};
 use fabric::{Connector, FabricError, RegionId};
-use proto::{ClusterInfo, DataServerInfo, FabricAddr, FsError, LockSchemeKind};
-use std::net::{SocketAddr, ToSocketAddrs};
+use lockmgr::baselines::LockServerAt;
+use lockmgr::LockScheme;
+use proto::{ClusterInfo, DataServerInfo, FabricAddr, FsError};
+use std::net::ToSocketAddrs;
 use std::sync::Arc;
 
 /// One data server as this client reaches it.
@@ -28,7 +30,7 @@ pub(crate) struct Servers {
     data: Vec<Option<DataServer>>,
     /// The `server` scheme's lock server (`None` with the fabric schemes).
     /// The `server` scheme's lock server and the cluster credentials it checks.
-    pub(crate) lock_server: Option<(SocketAddr, fabric::Credentials)>,
+    pub(crate) lock_server: Option<LockServerAt>,
 }
 
 impl Servers {
@@ -55,14 +57,15 @@ impl Servers {
             });
         }
         let lock_server = match (opts.scheme, &info.lock_server) {
-            (LockSchemeKind::Server, Some(addr)) => Some((
-                addr.to_socket_addrs()
+            (LockScheme::SERVER, Some(addr)) => Some(LockServerAt {
+                addr: addr
+                    .to_socket_addrs()
                     .ok()
                     .and_then(|mut a| a.next())
                     .ok_or_else(|| Error::Protocol(format!("bad lock server address {addr:?}")))?,
-                opts.credentials(),
-            )),
-            (LockSchemeKind::Server, None) => {
+                credentials: opts.credentials(),
+            }),
+            (LockScheme::SERVER, None) => {
                 return Err(FsError::Invalid(
                     "the cluster runs no lock server: the server scheme is unavailable".into(),
                 )

@@ -3,7 +3,7 @@
 #![cfg(feature = "fuse")]
 
 use fs_client::fuse::FuseOptions;
-use fs_client::LockSchemeKind;
+use fs_client::LockScheme;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::sync::Arc;
@@ -13,7 +13,7 @@ use testkit::{pattern, skip_without_fuse, Cluster, ClusterSpec, Mount, TEST_CHUN
 fn mount_write_read_stat_unmount() {
     skip_without_fuse!();
     let cluster = Cluster::start(ClusterSpec::default().with_data_servers(2, 64)).unwrap();
-    let fs = Arc::new(cluster.connect(LockSchemeKind::Citron).unwrap());
+    let fs = Arc::new(cluster.connect(LockScheme::CITRON).unwrap());
     // A directory of the test's own, so that it can be checked empty after the unmount.
     let mnt = tempfile::tempdir().unwrap();
     let handle = match Mount::at(fs.clone(), mnt.path(), &FuseOptions::default()) {

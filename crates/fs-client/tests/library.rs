@@ -3,7 +3,7 @@
 //! write atomicity under every lock scheme, and a full data server.
 
 use fabric::Backend;
-use fs_client::{CitronFs, FileKind, FsError, LockSchemeKind, SetAttr, XattrMode, ROOT_INO};
+use fs_client::{CitronFs, FileKind, FsError, LockScheme, SetAttr, XattrMode, ROOT_INO};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -28,7 +28,7 @@ fn new_file(fs: &CitronFs, name: &str) -> (u64, fs_client::FileHandle) {
 #[test]
 fn data_crosses_chunks_and_servers() {
     let cluster = start(2, 64);
-    let fs = cluster.connect(LockSchemeKind::Citron).unwrap();
+    let fs = cluster.connect(LockScheme::CITRON).unwrap();
     let (ino, fh) = new_file(&fs, "striped");
     // 5.5 chunks at an unaligned offset: at least 6 chunks over both servers.
     let off = 1000;
@@ -63,7 +63,7 @@ fn data_crosses_chunks_and_servers() {
 #[test]
 fn holes_read_as_zeros() {
     let cluster = start(2, 64);
-    let fs = cluster.connect(LockSchemeKind::Citron).unwrap();
+    let fs = cluster.connect(LockScheme::CITRON).unwrap();
     let (ino, fh) = new_file(&fs, "sparse");
     let far = 7 * CHUNK + 123;
     fs.write(fh, far, b"end").unwrap();
@@ -81,8 +81,8 @@ fn holes_read_as_zeros() {
 #[test]
 fn two_clients_see_each_others_writes_and_sizes_at_once() {
     let cluster = start(2, 64);
-    let a = cluster.connect(LockSchemeKind::Citron).unwrap();
-    let b = cluster.connect(LockSchemeKind::Citron).unwrap();
+    let a = cluster.connect(LockScheme::CITRON).unwrap();
+    let b = cluster.connect(LockScheme::CITRON).unwrap();
     let (ino, fa) = new_file(&a, "shared");
     // b has not opened the file: its getattr goes to the meta server, which reads the FCB.
     a.write(fa, 0, b"hello").unwrap();
@@ -106,8 +106,8 @@ fn two_clients_see_each_others_writes_and_sizes_at_once() {
 #[test]
 fn truncate_and_regrow_reads_zeros() {
     let cluster = start(2, 64);
-    let a = cluster.connect(LockSchemeKind::Citron).unwrap();
-    let b = cluster.connect(LockSchemeKind::Citron).unwrap();
+    let a = cluster.connect(LockScheme::CITRON).unwrap();
+    let b = cluster.connect(LockScheme::CITRON).unwrap();
     let (ino, fa) = new_file(&a, "trunc");
     let fb = b.open(me(), ino, libc::O_RDWR).unwrap();
     let data = pattern(7, 0, (3 * CHUNK + 500) as usize);
@@ -146,8 +146,8 @@ fn truncate_and_regrow_reads_zeros() {
 #[test]
 fn append_goes_to_the_end_across_clients() {
     let cluster = start(2, 64);
-    let a = cluster.connect(LockSchemeKind::Citron).unwrap();
-    let b = cluster.connect(LockSchemeKind::Citron).unwrap();
+    let a = cluster.connect(LockScheme::CITRON).unwrap();
+    let b = cluster.connect(LockScheme::CITRON).unwrap();
     let (ino, fa) = new_file(&a, "log");
     a.release(fa).unwrap();
     let fa = a.open(me(), ino, libc::O_WRONLY | libc::O_APPEND).unwrap();
@@ -178,12 +178,12 @@ fn append_goes_to_the_end_across_clients() {
 /// overlapping, unaligned ranges that cross a chunk boundary (and so two data servers and many
 /// lock units); one reader thread per client reads the first range. With atomic writes the part
 /// of A outside B holds one writer's tag throughout, and so does the part inside B.
-fn no_torn_records(scheme: LockSchemeKind) {
+fn no_torn_records(scheme: LockScheme) {
     const A: (u64, usize) = (CHUNK - 5_001, 10_000);
     const B: (u64, usize) = (CHUNK + 2_999, 9_000);
     let split = (B.0 - A.0) as usize;
     let cluster = Cluster::start(ClusterSpec {
-        lock_server: scheme == LockSchemeKind::Server,
+        lock_server: scheme == LockScheme::SERVER,
         ..ClusterSpec::default().with_data_servers(2, 64)
     })
     .unwrap();
@@ -267,29 +267,44 @@ fn distinct(bytes: &[u8]) -> Vec<u8> {
 
 #[test]
 fn no_torn_records_citron() {
-    no_torn_records(LockSchemeKind::Citron);
+    no_torn_records(LockScheme::CITRON);
 }
 
 #[test]
 fn no_torn_records_mutex() {
-    no_torn_records(LockSchemeKind::Mutex);
+    no_torn_records(LockScheme::MUTEX);
 }
 
 #[test]
 fn no_torn_records_seg() {
-    no_torn_records(LockSchemeKind::Seg);
+    no_torn_records(LockScheme::SEG);
 }
 
 #[test]
 fn no_torn_records_server() {
-    no_torn_records(LockSchemeKind::Server);
+    no_torn_records(LockScheme::SERVER);
+}
+
+/// A description with parameters: CITRON without the fast path, its growth room (up to 2^16
+/// units) set aside by the meta server right after the tree rather than handed out by RPC; the
+/// clients learn where from the open reply alone.
+#[test]
+fn no_torn_records_citron_with_parameters() {
+    no_torn_records("citron-nofastpath:256:65536:0:0:room".parse().unwrap());
+}
+
+/// A description with parameters: 4-unit segments on 64 words, so that the records' segments
+/// wrap onto shared words.
+#[test]
+fn no_torn_records_seg_with_parameters() {
+    no_torn_records("seg:4:64".parse().unwrap());
 }
 
 #[test]
 fn full_data_server_gives_enospc_and_corrupts_nothing() {
     // 2 servers of 4 chunks: 8 chunks in all.
     let cluster = start(2, 4);
-    let fs = cluster.connect(LockSchemeKind::Citron).unwrap();
+    let fs = cluster.connect(LockScheme::CITRON).unwrap();
     let (ino, fh) = new_file(&fs, "keep");
     let data = pattern(3, 0, (3 * CHUNK) as usize);
     fs.write(fh, 0, &data).unwrap();
@@ -312,7 +327,7 @@ fn full_data_server_gives_enospc_and_corrupts_nothing() {
 #[test]
 fn namespace_calls() {
     let cluster = start(1, 16);
-    let fs = cluster.connect(LockSchemeKind::Citron).unwrap();
+    let fs = cluster.connect(LockScheme::CITRON).unwrap();
     let d = fs.mkdir(me(), ROOT_INO, "dir", 0o755).unwrap();
     assert_eq!(d.kind, FileKind::Dir);
     let (f, fh) = fs.create(me(), d.ino, "f", 0o600, libc::O_RDWR).unwrap();
@@ -374,7 +389,7 @@ fn namespace_calls() {
 #[test]
 fn many_threads_one_client_large_io() {
     let cluster = start(2, 1024);
-    let fs = Arc::new(cluster.connect(LockSchemeKind::Citron).unwrap());
+    let fs = Arc::new(cluster.connect(LockScheme::CITRON).unwrap());
     let (ino, fh) = new_file(&fs, "par");
     fs.release(fh).unwrap();
     let started = Instant::now();
@@ -411,8 +426,8 @@ fn tcp_fabric_two_clients() {
         ..ClusterSpec::default().with_data_servers(2, 64)
     })
     .unwrap();
-    let a = cluster.connect(LockSchemeKind::Citron).unwrap();
-    let b = cluster.connect(LockSchemeKind::Citron).unwrap();
+    let a = cluster.connect(LockScheme::CITRON).unwrap();
+    let b = cluster.connect(LockScheme::CITRON).unwrap();
     let (ino, fa) = new_file(&a, "over-tcp");
     let fb = b.open(me(), ino, libc::O_RDWR).unwrap();
     let data = pattern(11, 333, (3 * CHUNK) as usize);
@@ -428,7 +443,7 @@ fn tcp_fabric_two_clients() {
 #[test]
 fn writes_beyond_one_verb_are_split() {
     let cluster = start(1, 400);
-    let fs = cluster.connect(LockSchemeKind::Citron).unwrap();
+    let fs = cluster.connect(LockScheme::CITRON).unwrap();
     let (_, fh) = new_file(&fs, "huge");
     let data = pattern(13, 100, (20 << 20) + 100);
     assert_eq!(fs.write(fh, 100, &data).unwrap(), data.len());

@@ -3,6 +3,10 @@
 //! [`RangeLock`] is the interface of every scheme: CITRON (seed 000 §3), and the baselines of the
 //! paper's Table 1 that matter to a file system. The crate knows nothing of files: it locks ranges
 //! of an abstract address space of lock units.
+//!
+//! [`schemes`] is the one seam between the schemes and their users: one description type
+//! ([`LockScheme`]), one function that creates a lock's state ([`schemes::create`]) and one that
+//! opens a handle on it ([`schemes::open`]).
 
 pub mod backoff;
 pub mod baselines;
@@ -10,11 +14,12 @@ pub mod chaos;
 pub mod citron;
 pub mod fence;
 pub mod scheme;
+pub mod schemes;
 pub mod stats;
 
-pub use baselines::{open_scheme, SchemeInstance, SchemeKind};
 pub use chaos::{ChaosConfig, ChaosConnector, ChaosEndpoint, StallEndpoint, StallSwitch};
 pub use citron::{Citron, CitronClient, CitronConfig, ClientOptions};
 pub use fence::Fence;
 pub use scheme::{check_range, LockError, LockId, ProgressFn, RangeLock};
+pub use schemes::{LockRef, LockScheme};
 pub use stats::{AbortCounts, LockStats};

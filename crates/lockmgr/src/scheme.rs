@@ -48,6 +48,13 @@ pub enum LockError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The creator's memory cannot hold a lock's state ([`crate::schemes::LockMemory`]), so the
+    /// caller can tell "full" from "broken" (the meta server answers `ENOSPC`).
+    #[error("no room for the lock's state ({bytes} bytes)")]
+    NoSpace {
+        /// Bytes asked for.
+        bytes: u64,
+    },
 }
 
 /// Describes, when called from any thread, where a client's current acquisition is

@@ -16,15 +16,15 @@ use common::servers::{connect_to, Fabric};
 use common::{AtomicShadow, FabricShadow, Report, Workload};
 use fabric::Backend;
 use fabric::{Connector, MemServer, RegionId, RemoteAddr};
-use lockmgr::baselines::TicketConfig;
+use lockmgr::baselines::{LockServerAt, SegSpec};
 use lockmgr::chaos::DelayMode;
-use lockmgr::citron::{ClientOptions, NoAllocator};
+use lockmgr::citron::{CitronSpec, ClientOptions, NoAllocator};
+use lockmgr::schemes::{self, CreateOptions, Created, FixedMemory, OpenOptions};
 use lockmgr::{
-    ChaosConfig, ChaosConnector, CitronClient, LockError, LockId, LockStats, RangeLock,
-    SchemeInstance, SchemeKind,
+    ChaosConfig, ChaosConnector, CitronClient, LockError, LockId, LockRef, LockScheme, LockStats,
+    RangeLock,
 };
 use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
 use std::ops::Range;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
@@ -51,7 +51,7 @@ fn chaos(seed: u64) -> ChaosConfig {
 
 /// The thread runs' workload: `Workload::default()` (150 acquisitions per worker), or for
 /// CITRON [`citron_workload`].
-fn workload(kind: &SchemeKind) -> Workload {
+fn workload(kind: &LockScheme) -> Workload {
     if is_citron(kind) {
         citron_workload()
     } else {
@@ -61,15 +61,15 @@ fn workload(kind: &SchemeKind) -> Workload {
 
 /// The process runs' workload: fewer acquisitions per worker, because the cross-process shadow
 /// claims go through fabric verbs (thousands per large range) and three processes start.
-fn process_workload(kind: &SchemeKind) -> Workload {
+fn process_workload(kind: &LockScheme) -> Workload {
     Workload {
         iterations: 50,
         ..workload(kind)
     }
 }
 
-fn is_citron(kind: &SchemeKind) -> bool {
-    kind.name().starts_with("citron")
+fn is_citron(kind: &LockScheme) -> bool {
+    kind.is_citron()
 }
 
 /// CITRON's tree at first, in units: far below the workload's space, so that out-of-bound
@@ -107,7 +107,7 @@ fn citron_workload() -> Workload {
 const CITRON_LEASE_MS: u64 = 60_000;
 
 /// Scheme-specific expectations on what happened under chaos.
-fn check_stats(kind: &SchemeKind, report: &Report, workers: usize, w: &Workload) {
+fn check_stats(kind: &LockScheme, report: &Report, workers: usize, w: &Workload) {
     let stats = &report.stats;
     let expected = (workers * w.iterations) as u64;
     assert_eq!(stats.acquisitions, expected, "{kind}: acquisitions");
@@ -148,13 +148,25 @@ fn check_stats(kind: &SchemeKind, report: &Report, workers: usize, w: &Workload)
     );
 }
 
-fn lock_region_bytes(kind: &SchemeKind) -> u64 {
-    kind.region_bytes().max(8)
+/// Bytes of the scheme's lock state, as the creator's defaults resolve it.
+fn lock_region_bytes(kind: &LockScheme) -> u64 {
+    kind.resolve(&CreateOptions::default())
+        .and_then(|resolved| resolved.region_bytes())
+        .unwrap_or_else(|e| panic!("{kind}: {e}"))
+}
+
+/// Creates the scheme's lock at [`LOCK_BASE`] through the one create function, with the
+/// default creator's choices.
+fn create_lock(kind: &LockScheme, connector: &dyn Connector) -> Created {
+    let mut endpoint = connector.connect().unwrap();
+    let mut memory = FixedMemory::new(&mut *endpoint, LOCK_BASE, lock_region_bytes(kind));
+    schemes::create(kind, &CreateOptions::default(), &mut memory)
+        .unwrap_or_else(|e| panic!("create {kind}: {e}"))
 }
 
 /// After a CITRON run: every lock word must be back at rest (tickets passed on, notifications
 /// and their scale-up copies given back, the spillover mutex free).
-fn check_at_rest(kind: &SchemeKind, connector: &dyn Connector) {
+fn check_at_rest(kind: &LockScheme, connector: &dyn Connector) {
     if !is_citron(kind) {
         return;
     }
@@ -174,22 +186,16 @@ fn check_at_rest(kind: &SchemeKind, connector: &dyn Connector) {
 }
 
 /// Threads of this process on `backend`, sharing an in-memory shadow.
-fn threads_on(backend: Backend, kind: SchemeKind, threads: usize) {
-    let fabric = Fabric::start(backend, &[(REGION_LOCK, lock_region_bytes(&kind))]);
+fn threads_on(backend: Backend, kind: LockScheme, threads: usize) {
+    let fabric = Fabric::start(backend, &[(REGION_LOCK, lock_region_bytes(&kind).max(8))]);
     let connector = fabric.connector();
-    let instance = SchemeInstance::create(
-        kind,
-        &mut *connector.connect().unwrap(),
-        LOCK_BASE,
-        TicketConfig::default(),
-    )
-    .unwrap();
+    let created = create_lock(&kind, &*connector);
+    let options = created.open_options();
     let connector = ChaosConnector::new(connector, chaos(backend as u64 + 1));
     let w = workload(&kind);
     let shadow = AtomicShadow::new(w.units, threads);
     let report = common::run_threads(threads, 0, w, |_| {
-        let lock = instance
-            .open(&connector)
+        let lock = schemes::open(&created.lock, &connector, &options)
             .map_err(|e| format!("open {kind}: {e}"))?;
         Ok((lock, shadow.clone()))
     })
@@ -203,34 +209,35 @@ fn threads_on(backend: Backend, kind: SchemeKind, threads: usize) {
 /// The shadow map always lives in a separate `shm` fabric: the children are on one host, and
 /// checking ownership through tcp verbs (thousands per large range) would only slow the run
 /// down without testing the lock any harder.
-fn processes_on(backend: Backend, kind: SchemeKind, children: usize, threads: usize) {
+fn processes_on(backend: Backend, kind: LockScheme, children: usize, threads: usize) {
     let w = process_workload(&kind);
     let holders = (children * threads) as u64;
-    let fabric = Fabric::start(backend, &[(REGION_LOCK, lock_region_bytes(&kind))]);
+    let fabric = Fabric::start(backend, &[(REGION_LOCK, lock_region_bytes(&kind).max(8))]);
     let shadow = Fabric::start(
         Backend::Shm,
         &[(REGION_SHADOW, common::fabric_shadow_bytes(w.units, holders))],
     );
-    let instance = SchemeInstance::create(
-        kind,
-        &mut *fabric.connector().connect().unwrap(),
-        LOCK_BASE,
-        TicketConfig::default(),
-    )
-    .unwrap();
+    let created = create_lock(&kind, &*fabric.connector());
     // The lock server's address and token travel to the children in their spec.
-    let server_addr = instance.server_addr().map_or_else(
+    let server_addr = created.server.as_ref().map_or_else(
         || "-".to_string(),
-        |(a, creds)| format!("{a},{},{}", creds.cluster, creds.token),
+        |at| {
+            format!(
+                "{},{},{}",
+                at.addr, at.credentials.cluster, at.credentials.token
+            )
+        },
     );
 
     let (done, results) = mpsc::channel();
     let mut pids = Vec::new();
     for child in 0..children {
+        // The children open exactly what was created: the description as `create` returned it.
         let spec = format!(
-            "{}|{}|{kind}|{server_addr}|{child}|{threads}",
+            "{}|{}|{}|{server_addr}|{child}|{threads}",
             fabric.location(),
-            shadow.location()
+            shadow.location(),
+            created.lock.scheme
         );
         let mut process = Command::new(std::env::current_exe().unwrap())
             .args([
@@ -313,20 +320,25 @@ fn child_main(spec: &str) -> Result<Report, String> {
     let [location, shadow_location, kind, server, child, threads] = fields[..] else {
         return Err(format!("bad child spec {spec:?}"));
     };
-    let kind: SchemeKind = kind.parse().map_err(|e: LockError| e.to_string())?;
-    let server: Option<(SocketAddr, fabric::Credentials)> =
-        match server.split(',').collect::<Vec<_>>()[..] {
-            [addr, cluster, token] => Some((
-                addr.parse().map_err(|_| "bad lock server address")?,
-                fabric::Credentials::new(cluster, token),
-            )),
-            _ => None,
-        };
+    let kind: LockScheme = kind.parse().map_err(|e: LockError| e.to_string())?;
+    let server = match server.split(',').collect::<Vec<_>>()[..] {
+        [addr, cluster, token] => Some(LockServerAt {
+            addr: addr.parse().map_err(|_| "bad lock server address")?,
+            credentials: fabric::Credentials::new(cluster, token),
+        }),
+        _ => None,
+    };
     let child: u64 = child.parse().map_err(|_| "bad child index")?;
     let threads: usize = threads.parse().map_err(|_| "bad thread count")?;
     let w = process_workload(&kind);
-    let instance = SchemeInstance::attach(kind, LOCK_BASE, TicketConfig::default(), server)
-        .map_err(|e| e.to_string())?;
+    let lock = LockRef {
+        scheme: kind,
+        base: LOCK_BASE,
+    };
+    let options = OpenOptions {
+        server,
+        ..OpenOptions::default()
+    };
     let shadow_fabric = connect_to(shadow_location)?;
     let connector = ChaosConnector::new(connect_to(location)?, chaos(100 + child));
     let holder_base = child * threads as u64;
@@ -335,9 +347,8 @@ fn child_main(spec: &str) -> Result<Report, String> {
         ..w
     };
     common::run_threads(threads, holder_base, w, |_| {
-        let lock = instance
-            .open(&connector)
-            .map_err(|e| format!("open {kind}: {e}"))?;
+        let lock =
+            schemes::open(&lock, &connector, &options).map_err(|e| format!("open {kind}: {e}"))?;
         let shadow = FabricShadow::new(
             shadow_fabric.connect().map_err(|e| e.to_string())?,
             REGION_SHADOW,
@@ -451,26 +462,25 @@ macro_rules! schemes {
 }
 
 schemes! {
-    mutex => SchemeKind::Mutex;
+    mutex => LockScheme::MUTEX;
     // Segments wrap: 2^20 units / 256 = 4096 segments onto 1024 lock words.
-    seg => SchemeKind::Seg { segment_units: 256, segments: 1024 };
-    server => SchemeKind::Server;
-    // Scale-ups from CITRON_UNITS through the fabric allocator; a lease far above the
-    // critical sections (see CITRON_LEASE_MS).
-    citron => SchemeKind::CitronScaling {
+    seg => LockScheme::Seg(SegSpec { segment_units: 256, segments: 1024 });
+    server => LockScheme::SERVER;
+    // Scale-ups from CITRON_UNITS through the fabric allocator over the lock's growth room (the
+    // default creator's growth); a lease far above the critical sections (see CITRON_LEASE_MS).
+    citron => LockScheme::Citron(citron(true));
+    citron_nofastpath => LockScheme::Citron(citron(false));
+}
+
+/// The checker's CITRON: [`CITRON_UNITS`] growing to [`CITRON_SPACE`], [`CITRON_LEASE_MS`],
+/// `T_wait` measured by the creator.
+fn citron(fast_path: bool) -> CitronSpec {
+    CitronSpec {
         unit_count: CITRON_UNITS,
-        fast_path: true,
         max_unit_count: CITRON_SPACE,
         lease_ms: CITRON_LEASE_MS,
-        t_wait_us: 0,
-    };
-    citron_nofastpath => SchemeKind::CitronScaling {
-        unit_count: CITRON_UNITS,
-        fast_path: false,
-        max_unit_count: CITRON_SPACE,
-        lease_ms: CITRON_LEASE_MS,
-        t_wait_us: 0,
-    };
+        ..CitronSpec::plain(fast_path)
+    }
 }
 
 // ---- The checker's self-tests: broken locks must be caught. ----
@@ -561,16 +571,9 @@ fn checker_catches_a_lock_that_locks_nothing() {
 fn checker_catches_a_lock_that_drops_the_last_unit() {
     let w = crowded();
     let shadow = AtomicShadow::new(w.units, 4);
-    let instance = SchemeInstance::create(
-        SchemeKind::Server,
-        &mut MemServer::new().endpoint(),
-        LOCK_BASE,
-        TicketConfig::default(),
-    )
-    .unwrap();
+    let created = create_lock(&LockScheme::SERVER, &MemServer::new());
     let result = common::run_threads(4, 0, w, |_| {
-        let inner = instance
-            .open(&MemServer::new())
+        let inner = schemes::open(&created.lock, &MemServer::new(), &created.open_options())
             .map_err(|e| e.to_string())?;
         Ok((
             Box::new(OffByOne(inner)) as Box<dyn RangeLock>,

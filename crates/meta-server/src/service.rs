@@ -11,14 +11,17 @@
 use crate::alloc::RegionAlloc;
 use crate::store::{Effects, Store};
 use fabric::local::{LocalEndpoint, RegionSource};
-use fabric::{Endpoint, EndpointExt, Region, RegionId, RemoteAddr};
-use lockmgr::baselines::{LockServer, TicketConfig};
-use lockmgr::{Citron, CitronConfig, SchemeInstance, SchemeKind};
+use fabric::{Connector, Endpoint, EndpointExt, Region, RegionId, RemoteAddr};
+use lockmgr::baselines::{LockServer, LockServerAt, SegSpec};
+use lockmgr::citron::scheme::{duration_ms, duration_us};
+use lockmgr::citron::{CitronDefaults, CitronGrowth};
+use lockmgr::schemes::{self, CreateOptions, LockMemory};
+use lockmgr::{CitronConfig, LockError, LockRef, LockScheme};
 use proto::fcb;
 use proto::rpc::{Request, Response};
 use proto::{
     Attr, ChunkLoc, ClusterInfo, DataServerInfo, FabricAddr, FileKind, FsError, FsStats, Ino,
-    LockSchemeKind, OpenFile, SEG_SEGMENTS, SEG_SEGMENT_UNITS,
+    OpenFile,
 };
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -45,6 +48,29 @@ impl RegionSource for OwnRegion {
     }
     fn backend(&self) -> &'static str {
         "meta-local"
+    }
+}
+
+/// The meta region as memory for a lock's state: allocations come from the region's allocator
+/// and are remembered, so that a creation that fails gives them back.
+struct MetaLockMemory<'a> {
+    st: &'a mut State,
+    taken: Option<LockAlloc>,
+}
+
+impl LockMemory for MetaLockMemory<'_> {
+    fn endpoint(&mut self) -> &mut dyn Endpoint {
+        &mut self.st.endpoint
+    }
+
+    fn allocate(&mut self, bytes: u64) -> Result<RemoteAddr, LockError> {
+        let offset = self
+            .st
+            .alloc
+            .alloc(bytes)
+            .ok_or(LockError::NoSpace { bytes })?;
+        self.taken = Some(LockAlloc { offset, bytes });
+        Ok(Service::meta_addr(offset))
     }
 }
 
@@ -76,11 +102,20 @@ struct LockAlloc {
     bytes: u64,
 }
 
+/// One open file's lock of one scheme: what clients open, and the memory it holds.
+#[derive(Clone, Copy)]
+struct FileLock {
+    lock: LockRef,
+    /// Bytes from `lock.base` (0: none, e.g. `server`).
+    bytes: u64,
+}
+
 struct OpenState {
     /// The FCB's offset in the meta region.
     fcb: u64,
-    /// Lock state per scheme that has opened the file (`bytes == 0`: none, e.g. `server`).
-    locks: HashMap<LockSchemeKind, LockAlloc>,
+    /// Lock per scheme name that has opened the file. By name rather than by the requested
+    /// description: two locks of one scheme with other parameters would not exclude each other.
+    locks: HashMap<&'static str, FileLock>,
     /// Memory handed out for CITRON scale-ups.
     extra: Vec<LockAlloc>,
     /// Sessions that have it open.
@@ -524,7 +559,7 @@ impl Service {
         attr
     }
 
-    fn open(&self, session: u64, ino: Ino, scheme: LockSchemeKind) -> Result<OpenFile, FsError> {
+    fn open(&self, session: u64, ino: Ino, scheme: LockScheme) -> Result<OpenFile, FsError> {
         let mut st = lock(&self.state);
         let attr = self.store.getattr(ino)?;
         match attr.kind {
@@ -536,7 +571,7 @@ impl Service {
                 ))
             }
         }
-        if scheme == LockSchemeKind::Server && self.lock_server.is_none() {
+        if scheme == LockScheme::SERVER && self.lock_server.is_none() {
             return Err(FsError::NotSupported);
         }
         let st = &mut *st;
@@ -562,14 +597,14 @@ impl Service {
         }
         let fcb_off = st.open[&ino].fcb;
         let size = Self::fcb_word(st, ino, fcb::SIZE).unwrap_or(attr.size);
-        if !st.open[&ino].locks.contains_key(&scheme) {
-            match self.create_lock(st, scheme, size) {
+        if !st.open[&ino].locks.contains_key(scheme.name()) {
+            match self.create_lock(st, &scheme, size) {
                 Ok(lock) => {
                     st.open
                         .get_mut(&ino)
                         .expect("inserted")
                         .locks
-                        .insert(scheme, lock);
+                        .insert(scheme.name(), lock);
                 }
                 Err(e) => {
                     // Leave no FCB behind for a file nobody managed to open.
@@ -583,7 +618,7 @@ impl Service {
         }
         let open = st.open.get_mut(&ino).expect("present");
         open.sessions.insert(session);
-        let lock = open.locks[&scheme];
+        let lock = open.locks[scheme.name()].lock;
         if let Some(s) = st.sessions.get_mut(&session) {
             s.open.insert(ino);
         }
@@ -592,70 +627,72 @@ impl Service {
         Ok(OpenFile {
             attr,
             fcb: Self::meta_addr(fcb_off),
-            lock: Self::meta_addr(if lock.bytes == 0 {
-                fcb_off
-            } else {
-                lock.offset
-            }),
+            lock,
         })
     }
 
-    /// Allocates and initialises the lock state of `scheme` for a file of `size` bytes.
+    /// Creates the lock of `scheme` for a file of `size` bytes in the meta region, with what
+    /// `scheme` leaves open decided here ([`Service::lock_defaults`]).
     fn create_lock(
         &self,
         st: &mut State,
-        scheme: LockSchemeKind,
+        scheme: &LockScheme,
         size: u64,
-    ) -> Result<LockAlloc, FsError> {
-        // CITRON is created here with the meta server's own settings (T_wait measured for the
-        // clients' fabric); the baselines through the scheme factory.
-        let baseline = match scheme {
-            LockSchemeKind::Server => {
-                return Ok(LockAlloc {
-                    offset: 0,
-                    bytes: 0,
+    ) -> Result<FileLock, FsError> {
+        // Clients keep 2 × fence_after of every lease as a guard before posting data verbs
+        // (`MetaConfig::validate` holds our own lease to the same bound).
+        if let LockScheme::Citron(spec) = scheme {
+            if spec.lease_ms != 0
+                && Duration::from_millis(spec.lease_ms) <= 4 * self.settings.fence_after
+            {
+                return Err(FsError::Invalid(format!(
+                    "lock scheme {scheme}: the lease must exceed 4 × fence_after ({:?})",
+                    self.settings.fence_after
+                )));
+            }
+        }
+        let options = self.lock_defaults(size);
+        let mut memory = MetaLockMemory { st, taken: None };
+        match schemes::create(scheme, &options, &mut memory) {
+            Ok(created) => Ok(FileLock {
+                lock: created.lock,
+                bytes: created.bytes,
+            }),
+            Err(e) => {
+                if let Some(taken) = memory.taken {
+                    memory.st.alloc.free(taken.offset, taken.bytes);
+                }
+                Err(match e {
+                    LockError::NoSpace { .. } => FsError::NoSpace,
+                    LockError::Fabric(e) => {
+                        FsError::Io(format!("cannot create {scheme} lock: {e}"))
+                    }
+                    e => FsError::Invalid(format!("lock scheme {scheme}: {e}")),
                 })
             }
-            LockSchemeKind::Citron => None,
-            LockSchemeKind::Mutex => Some(SchemeKind::Mutex),
-            LockSchemeKind::Seg => Some(SchemeKind::Seg {
-                segment_units: SEG_SEGMENT_UNITS,
-                segments: SEG_SEGMENTS,
-            }),
-        };
-        let citron_units = size.max(MIN_LOCK_COVER).div_ceil(self.settings.lock_unit);
-        let bytes = match &baseline {
-            None => Citron::bytes_needed(citron_units)
-                .map_err(|e| FsError::Invalid(format!("lock tree: {e}")))?,
-            Some(kind) => kind.region_bytes(),
-        };
-        let offset = st.alloc.alloc(bytes).ok_or(FsError::NoSpace)?;
-        let base = Self::meta_addr(offset);
-        let result = match baseline {
-            None => Citron::create(
-                &mut st.endpoint,
-                base,
-                CitronConfig {
-                    unit_count: citron_units,
-                    t_wait: Some(self.settings.t_wait),
-                    t_lease: self.settings.lock_lease,
-                    ..CitronConfig::default()
-                },
-            )
-            .map(|_| ()),
-            Some(kind) => {
-                SchemeInstance::create(kind, &mut st.endpoint, base, TicketConfig::default())
-                    .map(|_| ())
-            }
-        };
-        if let Err(e) = result {
-            st.alloc.free(offset, bytes);
-            return Err(FsError::Io(format!(
-                "cannot create {} lock: {e}",
-                scheme.name()
-            )));
         }
-        Ok(LockAlloc { offset, bytes })
+    }
+
+    /// What the meta server decides for a file's lock where the opener's description leaves it
+    /// open: a CITRON tree covering the file (at least [`MIN_LOCK_COVER`]), growing as far as
+    /// [`CitronConfig::default`] allows from scale-up memory this server hands out
+    /// (`AllocateLockWords`), with the cluster's `T_lease` and `T_wait`; `seg` as lockmgr cuts it;
+    /// `server` locks on this server's lock server.
+    fn lock_defaults(&self, size: u64) -> CreateOptions {
+        CreateOptions {
+            citron: CitronDefaults {
+                unit_count: size.max(MIN_LOCK_COVER).div_ceil(self.settings.lock_unit),
+                max_unit_count: CitronConfig::default().max_unit_count,
+                growth: CitronGrowth::Allocator,
+                lease_ms: duration_ms(self.settings.lock_lease),
+                t_wait_us: duration_us(self.settings.t_wait),
+            },
+            seg: SegSpec::DEFAULT,
+            lock_server: self.lock_server.as_ref().map(|server| LockServerAt {
+                addr: server.addr(),
+                credentials: server.credentials().clone(),
+            }),
+        }
     }
 
     fn free_open_state(st: &mut State, open: OpenState) {
@@ -664,7 +701,11 @@ impl Service {
             .endpoint
             .write_u64(Self::meta_addr(open.fcb + fcb::INO), 0);
         st.alloc.free(open.fcb, fcb::FCB_BYTES);
-        for lock in open.locks.values().chain(&open.extra) {
+        let locks = open.locks.values().map(|file| LockAlloc {
+            offset: file.lock.base.offset,
+            bytes: file.bytes,
+        });
+        for lock in locks.chain(open.extra) {
             if lock.bytes > 0 {
                 st.alloc.free(lock.offset, lock.bytes);
             }

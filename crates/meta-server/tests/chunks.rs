@@ -4,11 +4,12 @@
 mod common;
 use common::*;
 use fabric::{EndpointExt, RemoteAddr, ShmConnector};
+use lockmgr::LockScheme;
 use proto::rpc::{Request, Response};
-use proto::{fcb, FabricAddr, FsError, LockSchemeKind, OpenFile, SetAttr, ROOT_INO};
+use proto::{fcb, FabricAddr, FsError, OpenFile, SetAttr, ROOT_INO};
 use std::collections::HashSet;
 
-fn open(fs: &mut Fs, ino: u64, scheme: LockSchemeKind) -> Result<OpenFile, FsError> {
+fn open(fs: &mut Fs, ino: u64, scheme: LockScheme) -> Result<OpenFile, FsError> {
     match fs.call(Request::Open { ino, scheme })? {
         Response::Open(o) => Ok(o),
         other => panic!("{other:?}"),
@@ -96,15 +97,15 @@ fn open_fcb_truncate_and_region_reuse() {
     let free_before = cl.meta().meta_free_bytes();
 
     let f = fs.create(ROOT_INO, "f").unwrap();
-    let o = open(&mut fs, f.ino, LockSchemeKind::Citron).unwrap();
+    let o = open(&mut fs, f.ino, LockScheme::CITRON).unwrap();
     assert_eq!(meta.read_u64(o.fcb.add(fcb::INO)).unwrap(), f.ino);
     assert_eq!(meta.read_u64(o.fcb.add(fcb::SIZE)).unwrap(), 0);
     assert_eq!(meta.read_u64(o.fcb.add(fcb::GENERATION)).unwrap(), 0);
-    assert_ne!(o.lock, o.fcb);
+    assert_ne!(o.lock.base, o.fcb);
     // The other schemes get their own lock state; reopening reuses the FCB.
-    let m = open(&mut fs, f.ino, LockSchemeKind::Mutex).unwrap();
-    let s = open(&mut fs, f.ino, LockSchemeKind::Seg).unwrap();
-    let v = open(&mut fs, f.ino, LockSchemeKind::Server).unwrap();
+    let m = open(&mut fs, f.ino, LockScheme::MUTEX).unwrap();
+    let s = open(&mut fs, f.ino, LockScheme::SEG).unwrap();
+    let v = open(&mut fs, f.ino, LockScheme::SERVER).unwrap();
     assert_eq!((m.fcb, s.fcb, v.fcb), (o.fcb, o.fcb, o.fcb));
     assert!(fs.info.lock_server.is_some());
 
@@ -192,7 +193,7 @@ fn open_fcb_truncate_and_region_reuse() {
 
     // Size persisted at release for a file that stays.
     let g = fs.create(ROOT_INO, "g").unwrap();
-    let o = open(&mut fs, g.ino, LockSchemeKind::Citron).unwrap();
+    let o = open(&mut fs, g.ino, LockScheme::CITRON).unwrap();
     meta.cas(o.fcb.add(fcb::SIZE), 0, 12345).unwrap();
     fs.ok(Request::Release { ino: g.ino }).unwrap();
     assert_eq!(fs.getattr(g.ino).unwrap().size, 12345);
@@ -205,7 +206,7 @@ fn open_fcb_truncate_and_region_reuse() {
         }),
         Err(FsError::Stale)
     );
-    let o = open(&mut fs, g.ino, LockSchemeKind::Citron).unwrap();
+    let o = open(&mut fs, g.ino, LockScheme::CITRON).unwrap();
     match fs
         .call(Request::AllocateLockWords {
             ino: g.ino,
@@ -232,9 +233,60 @@ fn open_fcb_truncate_and_region_reuse() {
     })
     .unwrap();
     assert_eq!(
-        open(&mut fs, g.ino, LockSchemeKind::Citron),
+        open(&mut fs, g.ino, LockScheme::CITRON),
         Err(FsError::NoSpace)
     );
     assert_eq!(cl.meta().meta_free_bytes(), free);
-    assert!(open(&mut fs, g.ino, LockSchemeKind::Mutex).is_ok());
+    assert!(open(&mut fs, g.ino, LockScheme::MUTEX).is_ok());
+}
+
+#[test]
+fn open_reply_carries_the_lock_as_created() {
+    use lockmgr::citron::{CitronGrowth, CitronSpec};
+    let cl = start(2, 8, false);
+    let mut fs = Fs::connect(&cl);
+    let f = fs.create(ROOT_INO, "f").unwrap();
+    // A plain name: the meta server's choices, every one filled in. The tree covers the
+    // 1 MiB minimum in 4 KiB units, grows from memory this server hands out, with the
+    // cluster's lease and a T_wait it measured.
+    let o = open(&mut fs, f.ino, LockScheme::CITRON).unwrap();
+    assert_eq!(
+        o.lock.scheme,
+        LockScheme::Citron(CitronSpec {
+            unit_count: 256,
+            max_unit_count: 1 << 30,
+            lease_ms: 2000,
+            growth: Some(CitronGrowth::Allocator),
+            t_wait_us: match o.lock.scheme {
+                LockScheme::Citron(spec) if spec.t_wait_us > 0 => spec.t_wait_us,
+                other => panic!("T_wait not measured: {other}"),
+            },
+            ..CitronSpec::plain(true)
+        })
+    );
+    // One lock per scheme name: a later opener asking other parameters gets the same lock, as
+    // created, so that the two exclude each other.
+    let again = open(&mut fs, f.ino, "citron:4096:0:60000".parse().unwrap()).unwrap();
+    assert_eq!(again.lock, o.lock);
+    // What a description leaves open is the server's; what it gives, the opener's.
+    let s = open(&mut fs, f.ino, "seg:4".parse().unwrap()).unwrap();
+    assert_eq!(s.lock.scheme.to_string(), "seg:4:1024");
+    let g = fs.create(ROOT_INO, "g").unwrap();
+    let h = open(
+        &mut fs,
+        g.ino,
+        "citron-nofastpath:4096:0:60000".parse().unwrap(),
+    )
+    .unwrap();
+    let LockScheme::Citron(spec) = h.lock.scheme else {
+        panic!("{}", h.lock.scheme)
+    };
+    assert_eq!((spec.unit_count, spec.lease_ms), (4096, 60_000));
+    assert!(!spec.fast_path);
+    // A lease that leaves clients no guard before fencing is refused.
+    let k = fs.create(ROOT_INO, "k").unwrap();
+    assert!(matches!(
+        open(&mut fs, k.ino, "citron:0:0:1".parse().unwrap()),
+        Err(FsError::Invalid(_))
+    ));
 }

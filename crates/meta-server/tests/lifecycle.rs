@@ -5,8 +5,9 @@ use common::*;
 use data_server::DataServer;
 use fabric::Backend;
 use fabric::{EndpointExt, RemoteAddr, ShmConnector};
+use lockmgr::LockScheme;
 use proto::rpc::{Client, Request, Response, Role, RpcError};
-use proto::{fcb, FabricAddr, FsError, LockSchemeKind, ROOT_INO};
+use proto::{fcb, FabricAddr, FsError, ROOT_INO};
 use std::time::Duration;
 
 fn shm(addr: &FabricAddr) -> impl fabric::Endpoint {
@@ -34,7 +35,7 @@ fn restart_keeps_namespace_chunks_sizes_and_data() {
         let o = match fs
             .call(Request::Open {
                 ino: f.ino,
-                scheme: LockSchemeKind::Citron,
+                scheme: LockScheme::CITRON,
             })
             .unwrap()
         {
@@ -142,12 +143,12 @@ fn sessions_expire_and_release_their_files() {
     quiet
         .call(Request::Open {
             ino: f.ino,
-            scheme: LockSchemeKind::Citron,
+            scheme: LockScheme::CITRON,
         })
         .unwrap();
     busy.call(Request::Open {
         ino: f.ino,
-        scheme: LockSchemeKind::Mutex,
+        scheme: LockScheme::MUTEX,
     })
     .unwrap();
     quiet.unlink(ROOT_INO, "f").unwrap();
@@ -172,7 +173,7 @@ fn sessions_expire_and_release_their_files() {
     other
         .call(Request::Open {
             ino: g.ino,
-            scheme: LockSchemeKind::Citron,
+            scheme: LockScheme::CITRON,
         })
         .unwrap();
     assert!(cl.meta().meta_free_bytes() < free);
@@ -219,7 +220,7 @@ fn tcp_fabric_serves_fcbs_and_zeroes_chunks() {
     let o = match fs
         .call(Request::Open {
             ino: f.ino,
-            scheme: LockSchemeKind::Citron,
+            scheme: LockScheme::CITRON,
         })
         .unwrap()
     {
@@ -328,10 +329,10 @@ fn lock_server_runs_only_when_asked_and_checks_the_token() {
     let f = fs.create(ROOT_INO, "f").unwrap();
     let open = |fs: &mut Fs, scheme| fs.call(Request::Open { ino: f.ino, scheme });
     assert_eq!(
-        open(&mut fs, LockSchemeKind::Server).unwrap_err(),
+        open(&mut fs, LockScheme::SERVER).unwrap_err(),
         FsError::NotSupported
     );
-    assert!(open(&mut fs, LockSchemeKind::Citron).is_ok());
+    assert!(open(&mut fs, LockScheme::CITRON).is_ok());
     drop(fs);
     drop(cl);
 

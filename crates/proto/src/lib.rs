@@ -1,6 +1,7 @@
 //! The wire types every CitronFS process agrees on.
 //!
-//! - [`types`]: inodes, attributes, directory entries, how to reach a server's regions;
+//! - [`types`]: inodes, attributes, directory entries, how to reach a server's regions, an open
+//!   file's lock (as [`lockmgr::LockRef`]: lock schemes are described by `lockmgr` alone);
 //! - [`error`]: [`FsError`], the file-system errors, each with its errno;
 //! - [`fcb`]: the layout of a file control block in the meta server's region;
 //! - [`rpc`]: the meta server's requests and responses, and their framing

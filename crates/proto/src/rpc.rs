@@ -225,8 +225,10 @@ pub enum Request {
     Open {
         /// Inode.
         ino: Ino,
-        /// The mount's lock scheme.
-        scheme: LockSchemeKind,
+        /// The mount's lock scheme; what it leaves open, the meta server decides. A file has
+        /// one lock per scheme name: a later opener gets the lock as the first one's open
+        /// created it (the reply says how).
+        scheme: lockmgr::LockScheme,
     },
     /// The client closed its last handle on `ino`; the size is persisted. → `Ok`
     Release {

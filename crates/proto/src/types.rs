@@ -1,6 +1,7 @@
 //! Inodes, attributes, directory entries and server descriptors.
 
 use fabric::{RegionId, RemoteAddr};
+use lockmgr::LockRef;
 use serde::{Deserialize, Serialize};
 
 /// An inode number. The root directory is [`ROOT_INO`]; 0 is never an inode.
@@ -210,55 +211,6 @@ pub struct ChunkLoc {
     pub index: u64,
 }
 
-/// The range-lock scheme a mount uses for reads and writes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum LockSchemeKind {
-    /// CITRON (seed 000 §3), one lock tree per open file.
-    Citron,
-    /// One ticket lock per file.
-    Mutex,
-    /// Static segmentation: one ticket lock per fixed segment of the file.
-    Seg,
-    /// The CPU lock server baseline, on the meta server's host.
-    Server,
-}
-
-impl LockSchemeKind {
-    /// The name used by the mount option and the benchmarks.
-    pub fn name(self) -> &'static str {
-        match self {
-            LockSchemeKind::Citron => "citron",
-            LockSchemeKind::Mutex => "mutex",
-            LockSchemeKind::Seg => "seg",
-            LockSchemeKind::Server => "server",
-        }
-    }
-}
-
-impl std::str::FromStr for LockSchemeKind {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        Ok(match s {
-            "citron" => LockSchemeKind::Citron,
-            "mutex" => LockSchemeKind::Mutex,
-            "seg" => LockSchemeKind::Seg,
-            "server" => LockSchemeKind::Server,
-            other => {
-                return Err(format!(
-                    "unknown lock scheme {other:?} (citron, mutex, seg, server)"
-                ))
-            }
-        })
-    }
-}
-
-/// The `seg` scheme's segment size in lock units: the meta server creates each open file's
-/// `seg` lock with it, and clients attach with the same value.
-pub const SEG_SEGMENT_UNITS: u64 = 16;
-
-/// The `seg` scheme's lock words per file (segments beyond wrap onto them).
-pub const SEG_SEGMENTS: u64 = 1024;
-
 /// What a client learns when it opens a session: how the cluster is laid out.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterInfo {
@@ -291,9 +243,10 @@ pub struct OpenFile {
     pub attr: Attr,
     /// The file control block in the meta server's region ([`crate::fcb`] has its layout).
     pub fcb: RemoteAddr,
-    /// The file's lock state for the requested scheme, in the meta server's region
-    /// (for [`LockSchemeKind::Server`], unused).
-    pub lock: RemoteAddr,
+    /// The file's lock for the requested scheme: its state in the meta server's region, with
+    /// the description as the meta server created it (every parameter it chose filled in), so
+    /// that the client opens exactly that ([`lockmgr::schemes::open`]).
+    pub lock: LockRef,
 }
 
 /// Addresses live in the meta region as [`RemoteAddr`]s; re-exported for convenience.

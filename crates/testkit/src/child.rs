@@ -8,7 +8,7 @@
 use crate::cluster::Cluster;
 use crate::mount::{is_mounted, lazy_unmount, Mount};
 use fs_client::fuse::FuseOptions;
-use fs_client::{CitronFs, LockSchemeKind, MountOptions};
+use fs_client::{CitronFs, LockScheme, MountOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -32,7 +32,7 @@ impl Cluster {
     /// the mount is up. The process is this test binary running the test `child_test`, which
     /// must call [`child_mount_main`] (and does nothing when run normally). Panics if the
     /// child does not mount within 30 s (test-only).
-    pub fn spawn_mount_process(&self, child_test: &str, scheme: LockSchemeKind) -> ChildMount {
+    pub fn spawn_mount_process(&self, child_test: &str, scheme: LockScheme) -> ChildMount {
         let dir = tempfile::Builder::new()
             .prefix("citronfs-mnt-")
             .tempdir()
@@ -43,7 +43,7 @@ impl Cluster {
             .env(ENV_META, self.meta_addr().to_string())
             .env(ENV_CLUSTER, self.name())
             .env(ENV_TOKEN, self.token())
-            .env(ENV_SCHEME, scheme.name())
+            .env(ENV_SCHEME, scheme.to_string())
             .env(ENV_MOUNTPOINT, dir.path())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

@@ -14,7 +14,7 @@ use anyhow::{Context, Result};
 use data_server::{Backing, DataConfig, DataHandle, DataServer};
 use fabric::{Backend, ServeAt};
 use fs_client::fuse::FuseOptions;
-use fs_client::{CitronFs, LockSchemeKind, MountOptions};
+use fs_client::{CitronFs, LockScheme, MountOptions};
 use meta_server::{MetaConfig, MetaHandle, MetaServer};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -66,7 +66,7 @@ pub struct ClusterSpec {
     /// directory, removed on drop.
     pub state_dir: Option<PathBuf>,
     /// The lock scheme of [`Cluster::client`] and [`Cluster::mount`].
-    pub scheme: LockSchemeKind,
+    pub scheme: LockScheme,
     /// How long a client session lives without a request.
     pub session_lease: Duration,
     /// Silence after which a `Fence` revokes a session.
@@ -93,7 +93,7 @@ impl Default for ClusterSpec {
             fabric: Backend::Shm,
             backing: BackingKind::Memory,
             state_dir: None,
-            scheme: LockSchemeKind::Citron,
+            scheme: LockScheme::CITRON,
             session_lease: meta_server::DEFAULT_SESSION_LEASE,
             fence_after: meta_server::DEFAULT_FENCE_AFTER,
             lock_lease: meta_server::DEFAULT_LOCK_LEASE,
@@ -180,7 +180,7 @@ impl Cluster {
         config.session_lease = spec.session_lease;
         config.fence_after = spec.fence_after;
         config.lock_lease = spec.lock_lease;
-        config.lock_server = spec.lock_server || spec.scheme == LockSchemeKind::Server;
+        config.lock_server = spec.lock_server || spec.scheme == LockScheme::SERVER;
         let meta = MetaServer::start(config.clone()).context("start the meta server")?;
         config.listen = meta.addr();
         let mut cluster = Cluster {
@@ -287,7 +287,7 @@ impl Cluster {
     }
 
     /// Client options for this cluster whose reads and writes lock with `scheme`.
-    pub fn options(&self, scheme: LockSchemeKind) -> MountOptions {
+    pub fn options(&self, scheme: LockScheme) -> MountOptions {
         let mut options = MountOptions::new(
             self.meta_addr().to_string(),
             self.spec.name.clone(),
@@ -298,7 +298,7 @@ impl Cluster {
     }
 
     /// Opens a client session (a library client) whose reads and writes lock with `scheme`.
-    pub fn connect(&self, scheme: LockSchemeKind) -> Result<CitronFs> {
+    pub fn connect(&self, scheme: LockScheme) -> Result<CitronFs> {
         CitronFs::connect(self.options(scheme))
             .map_err(|e| anyhow::anyhow!("cannot open a session with the cluster: {e}"))
     }
@@ -314,7 +314,7 @@ impl Cluster {
     }
 
     /// Mounts a new client with `scheme` in a fresh directory.
-    pub fn mount_with(&self, scheme: LockSchemeKind) -> Result<Mount> {
+    pub fn mount_with(&self, scheme: LockScheme) -> Result<Mount> {
         Mount::in_temp_dir(Arc::new(self.connect(scheme)?), &FuseOptions::default())
     }
 

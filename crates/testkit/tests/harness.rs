@@ -1,7 +1,7 @@
 //! The harness itself: clusters on both fabrics, restarts and state directories that keep what
 //! they should, mounts that are never left behind, and directories that are cleaned up.
 
-use fs_client::{CitronFs, LockSchemeKind, ROOT_INO};
+use fs_client::{CitronFs, LockScheme, ROOT_INO};
 use std::path::PathBuf;
 use std::sync::Arc;
 use testkit::Backend;
@@ -54,7 +54,7 @@ fn a_random_token_is_required_and_a_given_one_is_used() {
     let other = Cluster::start(ClusterSpec::default()).unwrap();
     assert_eq!(cluster.token().len(), 32);
     assert_ne!(cluster.token(), other.token(), "each cluster gets its own");
-    let mut wrong = cluster.options(LockSchemeKind::Citron);
+    let mut wrong = cluster.options(LockScheme::CITRON);
     wrong.token = other.token().into();
     assert!(CitronFs::connect(wrong).is_err());
 
@@ -65,7 +65,7 @@ fn a_random_token_is_required_and_a_given_one_is_used() {
     })
     .unwrap();
     assert_eq!(given.token(), "given-token");
-    assert_eq!(given.options(LockSchemeKind::Mutex).token, "given-token");
+    assert_eq!(given.options(LockScheme::MUTEX).token, "given-token");
     given.client().unwrap();
 }
 

@@ -7,7 +7,7 @@
 //! the client processes, so every read and write goes through one of two independent CitronFS
 //! clients.
 
-use fs_client::LockSchemeKind;
+use fs_client::LockScheme;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -208,7 +208,7 @@ fn visible_at_once(a: &Path, b: &Path) {
 
 /// Two writers per mount write whole records into random slots while one reader per mount
 /// reads random slots; every read must pass [`check_read`].
-fn no_torn_records(a: &Path, b: &Path, scheme: LockSchemeKind) {
+fn no_torn_records(a: &Path, b: &Path, scheme: LockScheme) {
     // 60 writes per writer keep CI fast; CITRONFS_COHERENCE_WRITES=N runs longer.
     let writes: u32 = std::env::var("CITRONFS_COHERENCE_WRITES")
         .ok()
@@ -299,7 +299,7 @@ fn no_torn_records(a: &Path, b: &Path, scheme: LockSchemeKind) {
     );
 }
 
-fn two_processes(scheme: LockSchemeKind) {
+fn two_processes(scheme: LockScheme) {
     skip_without_fuse!();
     let cluster = Cluster::start(ClusterSpec {
         chunk_size: CHUNK,
@@ -316,22 +316,22 @@ fn two_processes(scheme: LockSchemeKind) {
 
 #[test]
 fn two_client_processes_citron() {
-    two_processes(LockSchemeKind::Citron);
+    two_processes(LockScheme::CITRON);
 }
 
 #[test]
 fn two_client_processes_mutex() {
-    two_processes(LockSchemeKind::Mutex);
+    two_processes(LockScheme::MUTEX);
 }
 
 #[test]
 fn two_client_processes_seg() {
-    two_processes(LockSchemeKind::Seg);
+    two_processes(LockScheme::SEG);
 }
 
 #[test]
 fn two_client_processes_server() {
-    two_processes(LockSchemeKind::Server);
+    two_processes(LockScheme::SERVER);
 }
 
 /// The checker itself: whole records pass, a record with a foreign piece fails.
@@ -378,8 +378,8 @@ fn create_race_opens_the_existing_file() {
     skip_without_fuse!();
     const NAMES: usize = 300;
     let cluster = Cluster::start(ClusterSpec::default()).unwrap();
-    let a = cluster.spawn_mount_process("child_mount", LockSchemeKind::Citron);
-    let b = cluster.spawn_mount_process("child_mount", LockSchemeKind::Citron);
+    let a = cluster.spawn_mount_process("child_mount", LockScheme::CITRON);
+    let b = cluster.spawn_mount_process("child_mount", LockScheme::CITRON);
     let barrier = Arc::new(std::sync::Barrier::new(2));
     let racer = |dir: std::path::PathBuf, id: u8| {
         let barrier = barrier.clone();

@@ -8,7 +8,7 @@
 //! when it continues, and its write is retried under a new lock. (On shm a stopped client
 //! cannot be fenced; DESIGN.md "Fencing" and docs/ARCHITECTURE.md say what holds there.)
 
-use fs_client::LockSchemeKind;
+use fs_client::LockScheme;
 use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -101,8 +101,8 @@ fn pause_past_lease(fabric: Backend) {
         ..ClusterSpec::default()
     })
     .unwrap();
-    let a: ChildMount = cluster.spawn_mount_process("child_mount", LockSchemeKind::Citron);
-    let b: ChildMount = cluster.spawn_mount_process("child_mount", LockSchemeKind::Citron);
+    let a: ChildMount = cluster.spawn_mount_process("child_mount", LockScheme::CITRON);
+    let b: ChildMount = cluster.spawn_mount_process("child_mount", LockScheme::CITRON);
     std::fs::write(a.path().join("f"), record(0, 0)).unwrap();
 
     let stop = Arc::new(AtomicBool::new(false));

@@ -3,8 +3,9 @@
 //! lock should beat under concurrency.
 
 use super::ticket::{TicketConfig, TicketLock};
-use super::{ClientCore, SCHEME_MUTEX};
+use super::ClientCore;
 use crate::scheme::{check_range, LockError, LockId, RangeLock};
+use crate::schemes::{LockMemory, LockScheme};
 use crate::stats::LockStats;
 use fabric::{Connector, Endpoint, RemoteAddr};
 use std::ops::Range;
@@ -31,6 +32,14 @@ impl MutexScheme {
         let scheme = Self::attach(base, config);
         scheme.lock.init(endpoint)?;
         Ok(scheme)
+    }
+
+    /// `mutex` for [`crate::schemes::create`]: takes its word from `memory` and sets it unlocked.
+    /// Returns the base address and the bytes taken.
+    pub(crate) fn create_in(memory: &mut dyn LockMemory) -> Result<(RemoteAddr, u64), LockError> {
+        let base = memory.allocate(Self::REGION_BYTES)?;
+        Self::create(memory.endpoint(), base, TicketConfig::default())?;
+        Ok((base, Self::REGION_BYTES))
     }
 
     /// Describes an instance that another client already created at `base`.
@@ -99,6 +108,6 @@ impl RangeLock for MutexLock {
     }
 
     fn scheme(&self) -> &'static str {
-        SCHEME_MUTEX
+        LockScheme::MUTEX.name()
     }
 }

@@ -1,4 +1,4 @@
-//! The `seg` baseline: static segmentation (seed 000 Table 1 "SS", [35]).
+//! The `seg` baseline: static segmentation (seed 000 Table 1 "SS", \[35\]).
 //!
 //! The address space is cut into fixed-size segments of `segment_units` units, each guarded by a
 //! [`TicketLock`]. A range locks every segment it touches, in ascending lock-index order, so two
@@ -22,12 +22,111 @@
 //! deadlock). Releasing is one round trip for up to [`MAX_BATCH_VERBS`] locks.
 
 use super::ticket::{TicketConfig, TicketLock};
-use super::{ClientCore, SCHEME_SEG};
+use super::ClientCore;
 use crate::scheme::{check_range, LockError, LockId, RangeLock};
+use crate::schemes::{write_spec, Fields, LockMemory, LockScheme};
 use crate::stats::LockStats;
 use fabric::batch::MAX_BATCH_VERBS;
 use fabric::{Batch, Completions, Connector, Endpoint, RemoteAddr};
 use std::ops::Range;
+
+/// A `seg` lock's description (`seg:<segment_units>:<segments>`): how its words cut the address
+/// space. A 0 field is left to the creator ([`crate::schemes::CreateOptions::seg`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SegSpec {
+    /// Units per segment.
+    pub segment_units: u64,
+    /// Lock words; segments beyond wrap onto them.
+    pub segments: u64,
+}
+
+impl SegSpec {
+    /// `seg` with both parameters left to the creator.
+    pub const PLAIN: Self = Self {
+        segment_units: 0,
+        segments: 0,
+    };
+
+    /// What a creator picks by default: 16 units per segment over 1024 words (8 KiB). For the
+    /// file system, with its 4 KiB lock units, that is one word per 64 KiB of a file, and files
+    /// beyond 64 MiB wrap (false conflicts only, see the module docs).
+    pub const DEFAULT: Self = Self {
+        segment_units: 16,
+        segments: 1024,
+    };
+
+    /// Fills the fields left open from `defaults`.
+    pub fn resolve(&self, defaults: &SegSpec) -> Self {
+        let or = |value: u64, default: u64| if value == 0 { default } else { value };
+        Self {
+            segment_units: or(self.segment_units, defaults.segment_units),
+            segments: or(self.segments, defaults.segments),
+        }
+    }
+
+    /// The configuration of a client with ticket behaviour `ticket` (the one place a
+    /// description becomes a [`SegConfig`]).
+    pub fn config(&self, ticket: TicketConfig) -> SegConfig {
+        SegConfig {
+            segment_units: self.segment_units,
+            segments: self.segments,
+            ticket,
+        }
+    }
+
+    /// Bytes of memory the lock takes from its base: one word per segment lock.
+    pub fn region_bytes(&self) -> Result<u64, LockError> {
+        self.check()?;
+        Ok(SegScheme::region_bytes(
+            &self.config(TicketConfig::default()),
+        ))
+    }
+
+    fn check(&self) -> Result<(), LockError> {
+        if self.segment_units == 0 || self.segments == 0 {
+            return Err(LockError::Config(format!(
+                "seg: segment_units ({}) and segments ({}) must be at least 1",
+                self.segment_units, self.segments
+            )));
+        }
+        Ok(())
+    }
+
+    /// Writes the spec form: `seg:<segment_units>:<segments>`, trailing fields the creator
+    /// decides left out.
+    pub(crate) fn write(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write_spec(
+            f,
+            LockScheme::SEG.name(),
+            &[self.segment_units, self.segments],
+            None,
+        )
+    }
+
+    /// Reads the fields [`SegSpec::write`] writes.
+    pub(crate) fn parse(fields: &mut Fields<'_>) -> Result<Self, LockError> {
+        Ok(Self {
+            segment_units: fields.number("segment units")?,
+            segments: fields.number("segment count")?,
+        })
+    }
+
+    /// Creates the lock from a resolved description: takes its words from `memory` and sets
+    /// them all unlocked. Returns the base address and the bytes taken.
+    pub(crate) fn create_in(
+        &self,
+        memory: &mut dyn LockMemory,
+    ) -> Result<(RemoteAddr, u64), LockError> {
+        let bytes = self.region_bytes()?;
+        let base = memory.allocate(bytes)?;
+        SegScheme::create(
+            memory.endpoint(),
+            base,
+            self.config(TicketConfig::default()),
+        )?;
+        Ok((base, bytes))
+    }
+}
 
 /// How a `seg` instance is cut.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -253,7 +352,7 @@ impl RangeLock for SegLock {
     }
 
     fn scheme(&self) -> &'static str {
-        SCHEME_SEG
+        LockScheme::SEG.name()
     }
 }
 

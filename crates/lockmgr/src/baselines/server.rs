@@ -24,8 +24,8 @@
 //! When a connection closes (the client exited or crashed), the server releases every lock that
 //! connection held and withdraws its waiting request.
 
-use super::SCHEME_SERVER;
 use crate::scheme::{check_range, LockError, LockId, RangeLock};
+use crate::schemes::LockScheme;
 use crate::stats::LockStats;
 use fabric::frame::{read_frame, write_frame, FrameError};
 use fabric::handshake::{self, Credentials, HandshakeError, Protocol, HANDSHAKE_TIMEOUT};
@@ -419,8 +419,45 @@ impl RangeLock for LockServerClient {
     }
 
     fn scheme(&self) -> &'static str {
-        SCHEME_SERVER
+        LockScheme::SERVER.name()
     }
+}
+
+/// Where a lock server listens, and the credentials it checks in the handshake.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockServerAt {
+    /// Its address.
+    pub addr: SocketAddr,
+    /// What a client presents.
+    pub credentials: Credentials,
+}
+
+/// `server` for [`crate::schemes::create`]: the lock server at `at`, or a new one on loopback
+/// in this process, with a fresh token only this process (and whoever it hands `LockServerAt`
+/// to) knows.
+pub(crate) fn create_state(
+    at: Option<&LockServerAt>,
+) -> Result<(LockServerAt, Option<Arc<LockServer>>), LockError> {
+    if let Some(at) = at {
+        return Ok((at.clone(), None));
+    }
+    let token = handshake::random_token()
+        .map_err(|e| LockError::Server(format!("cannot make a token: {e}")))?;
+    let credentials = Credentials::new("lockmgr", token);
+    let server = LockServer::bind("127.0.0.1:0", credentials.clone())
+        .map_err(|e| LockError::Server(format!("cannot start lock server: {e}")))?;
+    let at = LockServerAt {
+        addr: server.addr(),
+        credentials,
+    };
+    Ok((at, Some(Arc::new(server))))
+}
+
+/// `server` for [`crate::schemes::open`]: a connection to the server at `at`.
+pub(crate) fn open_handle(at: Option<&LockServerAt>) -> Result<LockServerClient, LockError> {
+    let at =
+        at.ok_or_else(|| LockError::Config("server: the lock server's address is needed".into()))?;
+    LockServerClient::connect(at.addr, &at.credentials)
 }
 
 #[cfg(test)]

@@ -9,10 +9,14 @@
 //! - [`lease`]: the lease deadline of every held part, derived from the recovery rules of §3.10,
 //!   which bounds waits and makes late releases harmless (issue 8);
 //! - `scaleup`: Algorithm 4, the continuation of releases after a scale-up (Alg. 3 l. 10-12),
-//!   and the blocking scale-down of §3.9.2.
+//!   and the blocking scale-down of §3.9.2;
+//! - [`scheme`]: CITRON as one of [`crate::schemes`]: its description ([`CitronSpec`]), how a
+//!   creator lays it out in memory and how a client opens it.
 //!
 //! Use: [`Citron::create`] initialises a lock's memory once; [`Citron::new`] then describes the
-//! lock to clients, and [`Citron::client`] / [`Citron::boxed`] open one handle per thread.
+//! lock to clients, and [`Citron::client`] / [`Citron::boxed`] open one handle per thread. The
+//! file system and the benchmarks go through [`crate::schemes::create`] and
+//! [`crate::schemes::open`] instead, which call these.
 
 mod acquire;
 pub mod config;
@@ -21,6 +25,7 @@ pub mod lease;
 pub mod progress;
 mod release;
 mod scaleup;
+pub mod scheme;
 mod spillover;
 pub mod split;
 
@@ -38,6 +43,7 @@ use layout::{Node, Segment};
 pub use progress::{Phase, Progress, ProgressSnapshot};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
+pub use scheme::{CitronDefaults, CitronGrowth, CitronSpec};
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
@@ -114,7 +120,7 @@ impl Citron {
         }
         let t_wait = match config.t_wait {
             Some(t) => t,
-            None => t_wait_for_rtt(measure_rtt(endpoint, base.add(SPILLOVER_OFFSET), 64)?),
+            None => measure_t_wait(endpoint, base)?,
         };
         let record = ConfigRecord {
             epoch: 1,
@@ -174,6 +180,20 @@ impl Citron {
     pub fn boxed(&self) -> Result<Box<dyn RangeLock>, LockError> {
         Ok(Box::new(self.client()?))
     }
+}
+
+/// `T_wait` (§3.5.5) for a lock at `base` as `endpoint` reaches it: [`t_wait_for_rtt`] of the
+/// median of 64 reads of the spillover word (what [`Citron::create`] does when no `T_wait` is
+/// given).
+pub(crate) fn measure_t_wait(
+    endpoint: &mut dyn Endpoint,
+    base: RemoteAddr,
+) -> Result<Duration, LockError> {
+    Ok(t_wait_for_rtt(measure_rtt(
+        endpoint,
+        base.add(SPILLOVER_OFFSET),
+        64,
+    )?))
 }
 
 /// A notification this client made (`DMax += 1` on `node`, Alg. 2 l. 31), to be released with
@@ -584,11 +604,7 @@ impl RangeLock for CitronClient {
     }
 
     fn scheme(&self) -> &'static str {
-        if self.opts.fast_path {
-            "citron"
-        } else {
-            "citron-nofastpath"
-        }
+        scheme::name(self.opts.fast_path)
     }
 }
 

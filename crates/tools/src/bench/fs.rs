@@ -25,16 +25,14 @@
 //! (SIGINT or SIGTERM end the run after the current case; a second Ctrl-C exits at once).
 
 use crate::cmd::config::parse_size;
-use crate::cmd::roles::parse_scheme;
 use crate::report::{fmt_f, Report};
 use anyhow::{bail, Context, Result};
-use clap::Args;
+use clap::{value_parser, Args};
 use fabric::Backend;
 use fs_client::{CitronFs, FileHandle};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
-use lockmgr::LockStats;
-use proto::LockSchemeKind;
+use lockmgr::{LockScheme, LockStats};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -160,10 +158,15 @@ pub struct FsArgs {
         default_value = "tmpfs,citronfs"
     )]
     fs: Vec<Target>,
-    /// Range-lock schemes of CitronFS (comma-separated): citron, mutex, seg, server; each one is
-    /// mounted and measured in turn.
-    #[arg(long, value_delimiter = ',', default_value = "citron")]
-    scheme: Vec<String>,
+    /// Range-lock schemes of CitronFS (comma-separated): citron, mutex, seg, server, or a spec
+    /// with parameters (e.g. seg:4:4096); each one is mounted and measured in turn.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "citron",
+        value_parser = value_parser!(LockScheme)
+    )]
+    scheme: Vec<LockScheme>,
     /// The fabric between the client and the servers.
     #[arg(long, value_enum, default_value = "shm")]
     fabric: Backend,
@@ -368,11 +371,7 @@ pub fn run(args: &FsArgs) -> Result<()> {
     anyhow::ensure!(!args.patterns.is_empty(), "--patterns is empty");
     anyhow::ensure!(!args.fs.is_empty(), "--fs is empty");
     anyhow::ensure!(args.data_servers >= 1, "at least one data server is needed");
-    let schemes: Vec<LockSchemeKind> = args
-        .scheme
-        .iter()
-        .map(|s| parse_scheme(Some(s)))
-        .collect::<Result<_>>()?;
+    let schemes: Vec<LockScheme> = args.scheme.clone();
     let citron_targets: Vec<Target> = [Target::Citronfs, Target::Library]
         .into_iter()
         .filter(|t| args.fs.contains(t))
@@ -501,7 +500,7 @@ pub fn run(args: &FsArgs) -> Result<()> {
             data_servers: args.data_servers,
             capacity: per_server,
             fabric: args.fabric,
-            lock_server: schemes.contains(&LockSchemeKind::Server),
+            lock_server: schemes.contains(&LockScheme::SERVER),
             ..ClusterSpec::server_defaults()
         })?;
         let fabric_name = args.fabric.name();

@@ -16,8 +16,10 @@ use anyhow::{anyhow, bail, Context, Result};
 use fabric::{Backend, Backing, Connector, Credentials, FabricServer, RegionId, RemoteAddr};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
-use lockmgr::baselines::TicketConfig;
-use lockmgr::{AbortCounts, LockStats, RangeLock, SchemeInstance, SchemeKind};
+use lockmgr::baselines::SegSpec;
+use lockmgr::citron::CitronSpec;
+use lockmgr::schemes::{self, CreateOptions, FixedMemory};
+use lockmgr::{AbortCounts, LockScheme, LockStats, RangeLock};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
@@ -27,8 +29,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-/// The schemes this benchmark can run, in the order it runs them by default.
-pub const AVAILABLE_SCHEMES: &[&str] = &["citron", "citron-nofastpath", "mutex", "seg", "server"];
+/// The schemes this benchmark can run, in the order it runs them by default: every scheme
+/// ([`LockScheme::PLAIN`]), by name.
+pub fn available_schemes() -> Vec<&'static str> {
+    LockScheme::PLAIN.iter().map(LockScheme::name).collect()
+}
 
 /// Range sizes of the mixed workload (seed 000 §4.2, Figure 7): a third of the threads each.
 const MIXED_SIZES: [u64; 3] = [1, 16, 256];
@@ -189,12 +194,13 @@ pub fn run(args: &LocksArgs) -> Result<()> {
 }
 
 fn select_schemes(args: &LocksArgs) -> Result<Vec<String>> {
+    let available = available_schemes();
     if args.scheme.is_empty() {
-        return Ok(AVAILABLE_SCHEMES.iter().map(|s| s.to_string()).collect());
+        return Ok(available.iter().map(|s| s.to_string()).collect());
     }
     for name in &args.scheme {
-        if !AVAILABLE_SCHEMES.contains(&name.as_str()) {
-            bail!("unknown scheme {name:?} (available: {AVAILABLE_SCHEMES:?})");
+        if !available.contains(&name.as_str()) {
+            bail!("unknown scheme {name:?} (available: {available:?})");
         }
     }
     Ok(args.scheme.clone())
@@ -206,40 +212,31 @@ fn seg_size(args: &LocksArgs) -> u64 {
         .max(1)
 }
 
-fn scheme_kind(args: &LocksArgs, name: &str) -> Result<SchemeKind> {
-    Ok(match name {
-        "mutex" => SchemeKind::Mutex,
-        "server" => SchemeKind::Server,
-        // The tree covers N from the start (seed 000 §4.1: N = 2^28), so no scale-up happens.
-        "citron" | "citron-nofastpath" => match args.t_wait_us {
-            // T_wait is measured once the fabric is up (`run_one`).
-            None => SchemeKind::Citron {
-                unit_count: args.units,
-                fast_path: name == "citron",
-            },
-            Some(t_wait_us) => citron_kind(args, name, t_wait_us),
-        },
-        "seg" => {
+fn scheme_kind(args: &LocksArgs, name: &str) -> Result<LockScheme> {
+    let plain: LockScheme = name.parse()?;
+    Ok(match plain {
+        LockScheme::Mutex | LockScheme::Server => plain,
+        // T_wait given, or (0) measured once the fabric is up (`run_one`).
+        LockScheme::Citron(_) => citron_kind(args, name, args.t_wait_us.unwrap_or(0)),
+        LockScheme::Seg(_) => {
             let segment_units = seg_size(args);
-            SchemeKind::Seg {
+            LockScheme::Seg(SegSpec {
                 segment_units,
                 segments: args.units.div_ceil(segment_units).clamp(1, MAX_SEGMENTS),
-            }
+            })
         }
-        other => bail!("unknown scheme {other:?}"),
     })
 }
 
-/// CITRON with an explicit `T_wait`. The tree covers N from the start (seed 000 §4.1:
-/// N = 2^28), so no scale-up happens.
-fn citron_kind(args: &LocksArgs, name: &str, t_wait_us: u64) -> SchemeKind {
-    SchemeKind::CitronScaling {
+/// CITRON with `T_wait` given (0: measured by `create`). The tree covers N from the start
+/// (seed 000 §4.1: N = 2^28), so no scale-up happens.
+fn citron_kind(args: &LocksArgs, name: &str, t_wait_us: u64) -> LockScheme {
+    LockScheme::Citron(CitronSpec {
         unit_count: args.units,
-        fast_path: name == "citron",
         max_unit_count: args.units,
-        lease_ms: 0,
         t_wait_us,
-    }
+        ..CitronSpec::plain(name == "citron")
+    })
 }
 
 /// The fabric a run uses; kept alive until the run ends.
@@ -319,7 +316,9 @@ impl Borders {
 
 fn run_one(args: &LocksArgs, name: &str, threads: usize) -> Result<LocksResult> {
     let mut kind = scheme_kind(args, name)?;
-    let fabric = Fabric::start(args.backend, kind.region_bytes())?;
+    let options = CreateOptions::default();
+    let region_bytes = kind.resolve(&options)?.region_bytes()?;
+    let fabric = Fabric::start(args.backend, region_bytes)?;
     // CITRON's T_wait: given, or derived from this fabric's round trip under load.
     let t_wait = match (kind.is_citron(), args.t_wait_us) {
         (false, _) => None,
@@ -338,12 +337,16 @@ fn run_one(args: &LocksArgs, name: &str, threads: usize) -> Result<LocksResult> 
             Some(t_wait)
         }
     };
-    let instance = SchemeInstance::create(
-        kind,
-        &mut *fabric.connector().connect()?,
-        RemoteAddr::new(LOCK_REGION, 0),
-        TicketConfig::default(),
+    let created = schemes::create(
+        &kind,
+        &options,
+        &mut FixedMemory::new(
+            &mut *fabric.connector().connect()?,
+            RemoteAddr::new(LOCK_REGION, 0),
+            region_bytes,
+        ),
     )?;
+    let open_options = created.open_options();
 
     let stop = Arc::new(AtomicBool::new(false));
     let start = Arc::new(Barrier::new(threads + 1));
@@ -355,7 +358,7 @@ fn run_one(args: &LocksArgs, name: &str, threads: usize) -> Result<LocksResult> 
             args.range
         };
         let borders = Borders::new(args.units, range, args.alpha)?;
-        let lock = instance.open(fabric.connector())?;
+        let lock = schemes::open(&created.lock, fabric.connector(), &open_options)?;
         let (stop, start) = (stop.clone(), start.clone());
         workers.push(
             std::thread::Builder::new()
@@ -403,7 +406,7 @@ fn run_one(args: &LocksArgs, name: &str, threads: usize) -> Result<LocksResult> 
         },
         units: args.units,
         alpha: args.alpha,
-        seg_size: matches!(kind, SchemeKind::Seg { .. }).then(|| seg_size(args)),
+        seg_size: matches!(kind, LockScheme::Seg(_)).then(|| seg_size(args)),
         seconds,
         ops,
         ops_per_s: ops as f64 / seconds,

@@ -4,12 +4,12 @@
 use super::config::{load, parse_size, require_token};
 use crate::merge;
 use anyhow::{Context, Result};
-use clap::Args;
+use clap::{value_parser, Args};
 use data_server::{Backing, DataConfig, DataServer};
 use fabric::Backend;
 use fs_client::{CitronFs, MountOptions};
+use lockmgr::LockScheme;
 use meta_server::{MetaConfig, MetaServer};
-use proto::LockSchemeKind;
 use serde::Deserialize;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -193,9 +193,10 @@ pub struct MountArgs {
     /// The cluster's shared secret.
     #[arg(long, env = "CITRONFS_TOKEN", hide_env_values = true)]
     token: Option<String>,
-    /// The range-lock scheme of every read and write: citron, mutex, seg, server [default: citron].
-    #[arg(long)]
-    scheme: Option<String>,
+    /// The range-lock scheme of every read and write: citron, mutex, seg, server, or a spec with
+    /// parameters (e.g. seg:4:4096) [default: citron].
+    #[arg(long, value_parser = value_parser!(LockScheme))]
+    scheme: Option<LockScheme>,
     /// Let other users use the mount.
     #[arg(long)]
     allow_other: Option<bool>,
@@ -210,7 +211,7 @@ pub fn mount(mut args: MountArgs) -> Result<()> {
         args.cluster.unwrap_or_else(|| "citronfs".into()),
         require_token(args.token)?,
     );
-    options.scheme = parse_scheme(args.scheme.as_deref())?;
+    options.scheme = args.scheme.unwrap_or(LockScheme::CITRON);
     let fs =
         CitronFs::connect(options).map_err(|e| anyhow::anyhow!("cannot reach the cluster: {e}"))?;
     let fuse = fs_client::fuse::FuseOptions {
@@ -224,13 +225,6 @@ pub fn mount(mut args: MountArgs) -> Result<()> {
     );
     eprintln!("atomic I/O: {}", atomic_bound_line(mount.io_limits()));
     mount.wait_for_signal().context("unmount")
-}
-
-/// Parses a lock scheme name (default `citron`).
-pub fn parse_scheme(name: Option<&str>) -> Result<LockSchemeKind> {
-    name.unwrap_or("citron")
-        .parse()
-        .map_err(|e: String| anyhow::anyhow!(e))
 }
 
 /// What `citronfs mount` and `citronfs up` say about the mount's atomic I/O bound: the size up

@@ -2,10 +2,11 @@
 //! process, on the shm fabric by default — mounted through FUSE until Ctrl-C.
 
 use super::config::parse_size;
-use super::roles::{atomic_bound_line, parse_scheme};
+use super::roles::atomic_bound_line;
 use anyhow::{Context, Result};
-use clap::Args;
+use clap::{value_parser, Args};
 use fabric::Backend;
+use lockmgr::LockScheme;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use testkit::{BackingKind, Cluster, ClusterSpec, Mount};
@@ -24,9 +25,10 @@ pub struct UpArgs {
     /// The fabric between clients and servers.
     #[arg(long, value_enum, default_value = "shm")]
     fabric: Backend,
-    /// The range-lock scheme of every read and write: citron, mutex, seg, server.
-    #[arg(long, default_value = "citron")]
-    scheme: String,
+    /// The range-lock scheme of every read and write: citron, mutex, seg, server, or a spec with
+    /// parameters (e.g. seg:4:4096).
+    #[arg(long, default_value = "citron", value_parser = value_parser!(LockScheme))]
+    scheme: LockScheme,
     /// Keep the namespace and the data in this directory, so that the next `up` with the same
     /// directory finds them again. Without it everything lives in memory and is gone on exit.
     #[arg(long)]
@@ -47,7 +49,7 @@ pub fn up(args: UpArgs) -> Result<()> {
         args.memory,
         args.data_servers
     );
-    let scheme = parse_scheme(Some(&args.scheme))?;
+    let scheme = args.scheme;
     prepare_mountpoint(&args.mountpoint)?;
 
     let cluster = Cluster::start(ClusterSpec {
@@ -84,7 +86,7 @@ pub fn up(args: UpArgs) -> Result<()> {
             d.region_bytes() >> 20
         );
     }
-    println!("  lock scheme   {}", scheme.name());
+    println!("  lock scheme   {scheme}");
     match &args.state_dir {
         Some(dir) => println!("  state         kept in {}", dir.display()),
         None => {

@@ -1,0 +1,638 @@
+//! Every lock scheme behind one description type, one way to create a lock's state and one way
+//! to open it: the seam where the file system, the benchmarks and the tests meet the schemes.
+//!
+//! [`LockScheme`] names a scheme and the parameters that shape its shared state. It is what a
+//! command line takes (`--scheme`, through [`FromStr`]), and what a configuration file and the
+//! wire carry (its serde form is that same string, in every format). A parameter left open (a
+//! plain name, or a 0 field) is the creator's to choose:
+//!
+//! - [`create`] lays out one lock's state in memory the creator provides ([`LockMemory`]),
+//!   filling what the description leaves open from the creator's [`CreateOptions`], and returns
+//!   a [`LockRef`]: the description with every parameter as created, and the base address;
+//! - [`open`] opens one handle (one thread) on a [`LockRef`] through a fabric connector, with the
+//!   choices each client makes for itself ([`OpenOptions`]).
+//!
+//! A [`LockRef`] crosses processes as it is (the meta server's open reply carries one), so a
+//! client never derives a lock's layout on its own: it opens exactly what was created.
+//!
+//! # Spec form
+//!
+//! ```text
+//! citron[:<units>[:<max_units>[:<lease_ms>[:<t_wait_us>[:room|alloc]]]]]   CITRON (seed 000 §3)
+//! citron-nofastpath[:…]                                                    the same without §3.8
+//! mutex                                                                    one ticket lock
+//! seg[:<segment_units>[:<segments>]]                                       static segmentation
+//! server                                                                   a CPU lock server
+//! ```
+//!
+//! A field that is 0 or left out is the creator's choice; [`Display`](std::fmt::Display) leaves
+//! out trailing ones, so that every value reads back as itself. The parameters are documented on
+//! [`CitronSpec`] and [`SegSpec`].
+//!
+//! # Adding a scheme
+//!
+//! 1. Implement [`RangeLock`] for its client handle, next to the others (`baselines/`) or in a
+//!    module of its own, together with its description type (if it has parameters), a
+//!    `create_in(&mut dyn LockMemory)` that lays out its state, and whatever its `open` needs.
+//! 2. Add a variant to [`LockScheme`] and its plain form to [`LockScheme::PLAIN`] (the name is
+//!    then parsed and listed everywhere).
+//! 3. Add its arm to each `match` in this module: [`LockScheme::name`], `Display`, `FromStr`,
+//!    [`LockScheme::resolve`], [`LockScheme::region_bytes`], [`create`] and [`open`]; the
+//!    compiler finds them. Defaults it needs from creators go into [`CreateOptions`], choices
+//!    its clients make into [`OpenOptions`].
+//! 4. The tests at the end of this module run every entry of [`LockScheme::PLAIN`] (round trips,
+//!    create, open, lock); add a parameterised example to their list. The safety checker
+//!    (`tests/safety.rs`) takes one more line in its `schemes!` list.
+
+use crate::baselines::server::{self, LockServer, LockServerAt};
+use crate::baselines::{MutexScheme, SegScheme, SegSpec, TicketConfig};
+use crate::citron::{CitronDefaults, CitronSpec, ClientOptions, TreeAllocator};
+use crate::scheme::{LockError, RangeLock};
+use fabric::{Connector, Endpoint, RegionId, RemoteAddr};
+use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+/// A lock scheme and the parameters that shape its shared state (see the module docs for the
+/// spec form it reads and writes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum LockScheme {
+    /// CITRON (seed 000 §3): a segment tree of lock words, with or without the fast path.
+    Citron(CitronSpec),
+    /// One ticket lock for the whole address space (an inode mutex).
+    Mutex,
+    /// Static segmentation: one ticket lock per fixed segment.
+    Seg(SegSpec),
+    /// A CPU lock server holding an interval set, over TCP.
+    Server,
+}
+
+impl LockScheme {
+    /// `citron`: CITRON with the fast path, every parameter the creator's.
+    pub const CITRON: Self = Self::Citron(CitronSpec::plain(true));
+    /// `citron-nofastpath`: CITRON without the fast path of §3.8.
+    pub const CITRON_NOFASTPATH: Self = Self::Citron(CitronSpec::plain(false));
+    /// `mutex`.
+    pub const MUTEX: Self = Self::Mutex;
+    /// `seg`, cut as the creator chooses.
+    pub const SEG: Self = Self::Seg(SegSpec::PLAIN);
+    /// `server`.
+    pub const SERVER: Self = Self::Server;
+    /// Every scheme by its plain name, in the order the benchmarks run them.
+    pub const PLAIN: [Self; 5] = [
+        Self::CITRON,
+        Self::CITRON_NOFASTPATH,
+        Self::MUTEX,
+        Self::SEG,
+        Self::SERVER,
+    ];
+
+    /// The scheme's name, as [`RangeLock::scheme`] reports it and the spec form starts.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Citron(spec) => spec.name(),
+            Self::Mutex => "mutex",
+            Self::Seg(_) => "seg",
+            Self::Server => "server",
+        }
+    }
+
+    /// Whether this is CITRON (with or without the fast path).
+    pub fn is_citron(&self) -> bool {
+        matches!(self, Self::Citron(_))
+    }
+
+    /// The description with what it leaves open filled from `options`, as [`create`] would
+    /// create it — except CITRON's `T_wait`, which `create` measures when it is still open.
+    pub fn resolve(&self, options: &CreateOptions) -> Result<Self, LockError> {
+        Ok(match self {
+            Self::Citron(spec) => Self::Citron(spec.resolve(&options.citron)?),
+            Self::Seg(spec) => Self::Seg(spec.resolve(&options.seg)),
+            Self::Mutex | Self::Server => *self,
+        })
+    }
+
+    /// Bytes of memory a lock of this (resolved) description takes from its base; 0 for a
+    /// scheme that keeps nothing in remote memory.
+    pub fn region_bytes(&self) -> Result<u64, LockError> {
+        match self {
+            Self::Citron(spec) => spec.region_bytes(),
+            Self::Mutex => Ok(MutexScheme::REGION_BYTES),
+            Self::Seg(spec) => spec.region_bytes(),
+            Self::Server => Ok(0),
+        }
+    }
+}
+
+impl fmt::Display for LockScheme {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Citron(spec) => spec.write(f),
+            Self::Seg(spec) => spec.write(f),
+            Self::Mutex | Self::Server => f.write_str(self.name()),
+        }
+    }
+}
+
+impl FromStr for LockScheme {
+    type Err = LockError;
+
+    fn from_str(spec: &str) -> Result<Self, LockError> {
+        let (name, rest) = match spec.split_once(':') {
+            Some((name, rest)) => (name, Some(rest)),
+            None => (spec, None),
+        };
+        let plain = Self::PLAIN
+            .into_iter()
+            .find(|plain| plain.name() == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Self::PLAIN.iter().map(Self::name).collect();
+                LockError::Config(format!(
+                    "unknown lock scheme {spec:?} ({})",
+                    names.join(", ")
+                ))
+            })?;
+        let mut fields = Fields {
+            spec,
+            rest: rest.map(|rest| rest.split(':')),
+        };
+        let scheme = match plain {
+            Self::Citron(plain) => Self::Citron(CitronSpec::parse(plain.fast_path, &mut fields)?),
+            Self::Seg(_) => Self::Seg(SegSpec::parse(&mut fields)?),
+            Self::Mutex | Self::Server => plain,
+        };
+        fields.end()?;
+        Ok(scheme)
+    }
+}
+
+/// The spec string, in every serde format: configuration files read `scheme = "seg:16:1024"`,
+/// and the wire (postcard) carries the few bytes of the same text, with one grammar to keep.
+impl Serialize for LockScheme {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for LockScheme {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Spec;
+        impl de::Visitor<'_> for Spec {
+            type Value = LockScheme;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a lock scheme such as \"citron\" or \"seg:16:1024\"")
+            }
+            fn visit_str<E: de::Error>(self, spec: &str) -> Result<LockScheme, E> {
+                spec.parse().map_err(E::custom)
+            }
+        }
+        deserializer.deserialize_str(Spec)
+    }
+}
+
+/// The `:`-separated fields after a scheme's name, read in order. A missing number is 0, the
+/// creator's choice.
+pub(crate) struct Fields<'a> {
+    spec: &'a str,
+    rest: Option<std::str::Split<'a, char>>,
+}
+
+impl<'a> Fields<'a> {
+    /// The next field, if any.
+    pub(crate) fn word(&mut self) -> Option<&'a str> {
+        self.rest.as_mut()?.next()
+    }
+
+    /// The next field as a number; 0 when there is none.
+    pub(crate) fn number(&mut self, what: &str) -> Result<u64, LockError> {
+        match self.word() {
+            None => Ok(0),
+            Some(field) => field
+                .parse()
+                .map_err(|e| self.error(format!("bad {what} {field:?}: {e}"))),
+        }
+    }
+
+    /// An error about this spec.
+    pub(crate) fn error(&self, why: String) -> LockError {
+        LockError::Config(format!("lock scheme {:?}: {why}", self.spec))
+    }
+
+    fn end(mut self) -> Result<(), LockError> {
+        match self.word() {
+            None => Ok(()),
+            Some(field) => Err(self.error(format!("unexpected field {field:?}"))),
+        }
+    }
+}
+
+/// Writes `name`, then `numbers` up to the last one that is not 0 (all of them when `word`
+/// follows), then `word`: the shortest spec that reads back as the same value.
+pub(crate) fn write_spec(
+    f: &mut fmt::Formatter<'_>,
+    name: &str,
+    numbers: &[u64],
+    word: Option<&str>,
+) -> fmt::Result {
+    f.write_str(name)?;
+    let shown = match word {
+        Some(_) => numbers.len(),
+        None => numbers.iter().rposition(|&n| n != 0).map_or(0, |i| i + 1),
+    };
+    for n in &numbers[..shown] {
+        write!(f, ":{n}")?;
+    }
+    if let Some(word) = word {
+        write!(f, ":{word}")?;
+    }
+    Ok(())
+}
+
+/// A created lock as its clients find it: the description with every parameter as created,
+/// and where its state begins. All [`open`] needs besides a connector.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct LockRef {
+    /// What was created.
+    pub scheme: LockScheme,
+    /// The base address of its state ([`NO_STATE`] for a scheme that keeps none in remote
+    /// memory, `server`).
+    pub base: RemoteAddr,
+}
+
+/// The base address of a lock that keeps no state in remote memory; never read.
+pub const NO_STATE: RemoteAddr = RemoteAddr::new(RegionId(0), 0);
+
+/// Memory a creator provides for a lock's state.
+pub trait LockMemory {
+    /// The endpoint [`create`] initialises the state through.
+    fn endpoint(&mut self) -> &mut dyn Endpoint;
+
+    /// `bytes` bytes (8-byte aligned) for the state; [`LockError::NoSpace`] when they do not
+    /// fit. [`create`] asks once per lock, and not at all for a scheme without such state.
+    fn allocate(&mut self, bytes: u64) -> Result<RemoteAddr, LockError>;
+}
+
+/// One stretch of memory at a known address (a region registered for the lock): what tests and
+/// benchmarks create a lock in. Hands out its stretch once.
+pub struct FixedMemory<'a> {
+    endpoint: &'a mut dyn Endpoint,
+    base: RemoteAddr,
+    len: u64,
+    taken: bool,
+}
+
+impl<'a> FixedMemory<'a> {
+    /// `len` bytes from `base` (8-byte aligned), initialised through `endpoint`.
+    pub fn new(endpoint: &'a mut dyn Endpoint, base: RemoteAddr, len: u64) -> Self {
+        Self {
+            endpoint,
+            base,
+            len,
+            taken: false,
+        }
+    }
+}
+
+impl LockMemory for FixedMemory<'_> {
+    fn endpoint(&mut self) -> &mut dyn Endpoint {
+        &mut *self.endpoint
+    }
+
+    fn allocate(&mut self, bytes: u64) -> Result<RemoteAddr, LockError> {
+        if self.taken || bytes > self.len {
+            return Err(LockError::NoSpace { bytes });
+        }
+        self.taken = true;
+        Ok(self.base)
+    }
+}
+
+/// What a creator decides: the parameters a description leaves open, and where `server` locks
+/// live.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CreateOptions {
+    /// CITRON's open parameters.
+    pub citron: CitronDefaults,
+    /// `seg`'s cut, field by field where the description has 0.
+    pub seg: SegSpec,
+    /// The lock server that holds `server` locks (the meta server runs one); `None`: [`create`]
+    /// starts one on loopback in this process.
+    pub lock_server: Option<LockServerAt>,
+}
+
+/// [`CitronDefaults::default`], [`SegSpec::DEFAULT`], a lock server started by [`create`].
+impl Default for CreateOptions {
+    fn default() -> Self {
+        Self {
+            citron: CitronDefaults::default(),
+            seg: SegSpec::DEFAULT,
+            lock_server: None,
+        }
+    }
+}
+
+/// What [`create`] made.
+#[derive(Clone)]
+pub struct Created {
+    /// The lock, as clients open it.
+    pub lock: LockRef,
+    /// Bytes taken from the [`LockMemory`] at `lock.base` (0: none).
+    pub bytes: u64,
+    /// `server`: where the lock server listens, and its credentials.
+    pub server: Option<LockServerAt>,
+    /// A lock server [`create`] started, kept running as long as any clone of this.
+    _started: Option<Arc<LockServer>>,
+}
+
+impl Created {
+    /// [`OpenOptions::default`] with the lock server's address: what a client of this process
+    /// opens the lock with.
+    pub fn open_options(&self) -> OpenOptions {
+        OpenOptions {
+            server: self.server.clone(),
+            ..OpenOptions::default()
+        }
+    }
+}
+
+/// What each client chooses for itself when it opens a lock; none of it changes the lock's
+/// state, which the [`LockRef`] describes.
+#[derive(Clone, Default)]
+pub struct OpenOptions {
+    /// CITRON: the client's own options (`k`, backoff, the fence, ...). The fast path is the
+    /// description's; scale-ups happen only where the lock has somewhere to grow.
+    pub citron: ClientOptions,
+    /// CITRON created with [`CitronGrowth::Allocator`](crate::citron::CitronGrowth::Allocator): where scale-ups get memory
+    /// (Alg. 4 l. 3; the file system's `AllocateLockWords` RPC).
+    pub allocator: Option<Arc<dyn TreeAllocator>>,
+    /// `mutex` and `seg`: the ticket locks' client behaviour.
+    pub ticket: TicketConfig,
+    /// `server`: where the lock server listens, and its credentials.
+    pub server: Option<LockServerAt>,
+}
+
+/// Creates one lock of `scheme` in `memory`, with what `scheme` leaves open decided by
+/// `options` ([`LockScheme::resolve`]). Only while no client uses the memory. The returned
+/// [`Created::lock`] has every parameter as created; hand it to the clients.
+pub fn create(
+    scheme: &LockScheme,
+    options: &CreateOptions,
+    memory: &mut dyn LockMemory,
+) -> Result<Created, LockError> {
+    let resolved = scheme.resolve(options)?;
+    let mut created = Created {
+        lock: LockRef {
+            scheme: resolved,
+            base: NO_STATE,
+        },
+        bytes: 0,
+        server: None,
+        _started: None,
+    };
+    match resolved {
+        LockScheme::Citron(spec) => {
+            let (spec, base, bytes) = spec.create_in(memory)?;
+            created.lock = LockRef {
+                scheme: LockScheme::Citron(spec),
+                base,
+            };
+            created.bytes = bytes;
+        }
+        LockScheme::Mutex => {
+            (created.lock.base, created.bytes) = MutexScheme::create_in(memory)?;
+        }
+        LockScheme::Seg(spec) => {
+            (created.lock.base, created.bytes) = spec.create_in(memory)?;
+        }
+        LockScheme::Server => {
+            let (at, started) = server::create_state(options.lock_server.as_ref())?;
+            created.server = Some(at);
+            created._started = started;
+        }
+    }
+    Ok(created)
+}
+
+/// Opens one handle (for one thread) on `lock`; fabric schemes take their endpoints from
+/// `connector`.
+pub fn open(
+    lock: &LockRef,
+    connector: &dyn Connector,
+    options: &OpenOptions,
+) -> Result<Box<dyn RangeLock>, LockError> {
+    Ok(match lock.scheme {
+        LockScheme::Citron(spec) => Box::new(spec.open(
+            lock.base,
+            connector,
+            &options.citron,
+            options.allocator.as_ref(),
+        )?),
+        LockScheme::Mutex => {
+            Box::new(MutexScheme::attach(lock.base, options.ticket.clone()).open(connector)?)
+        }
+        LockScheme::Seg(spec) => Box::new(
+            SegScheme::attach(lock.base, spec.config(options.ticket.clone()))?.open(connector)?,
+        ),
+        LockScheme::Server => Box::new(server::open_handle(options.server.as_ref())?),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::citron::{BumpAllocator, CitronGrowth};
+    use fabric::MemServer;
+
+    /// Every plain scheme, and parameterised ones: each CITRON field and growth kind, both seg
+    /// fields and one left open.
+    fn examples() -> Vec<LockScheme> {
+        let mut all = LockScheme::PLAIN.to_vec();
+        all.extend([
+            LockScheme::Citron(CitronSpec {
+                unit_count: 1024,
+                max_unit_count: 1 << 14,
+                lease_ms: 60_000,
+                ..CitronSpec::plain(true)
+            }),
+            LockScheme::Citron(CitronSpec {
+                fast_path: false,
+                unit_count: 256,
+                max_unit_count: 4096,
+                lease_ms: 1000,
+                t_wait_us: 50,
+                growth: Some(CitronGrowth::Room),
+            }),
+            LockScheme::Citron(CitronSpec {
+                unit_count: 1024,
+                max_unit_count: 1 << 20,
+                growth: Some(CitronGrowth::Allocator),
+                ..CitronSpec::plain(true)
+            }),
+            LockScheme::Seg(SegSpec {
+                segment_units: 256,
+                segments: 1024,
+            }),
+            LockScheme::Seg(SegSpec {
+                segment_units: 4,
+                segments: 0,
+            }),
+        ]);
+        all
+    }
+
+    #[test]
+    fn every_scheme_round_trips_as_text_and_on_the_wire() {
+        for scheme in examples() {
+            let text = scheme.to_string();
+            assert_eq!(text.parse::<LockScheme>().unwrap(), scheme, "{text}");
+            assert!(text.starts_with(scheme.name()), "{text}");
+            let wire = postcard::to_stdvec(&scheme).unwrap();
+            assert_eq!(
+                postcard::from_bytes::<LockScheme>(&wire).unwrap(),
+                scheme,
+                "{text}"
+            );
+            let lock = LockRef {
+                scheme,
+                base: RemoteAddr::new(RegionId(3), 4096),
+            };
+            let wire = postcard::to_stdvec(&lock).unwrap();
+            assert_eq!(postcard::from_bytes::<LockRef>(&wire).unwrap(), lock);
+        }
+        // Plain names are the plain schemes.
+        for plain in LockScheme::PLAIN {
+            assert_eq!(plain.name().parse::<LockScheme>().unwrap(), plain);
+            assert_eq!(plain.to_string(), plain.name());
+        }
+        assert_eq!(
+            "seg:16:1024".parse::<LockScheme>().unwrap().to_string(),
+            "seg:16:1024"
+        );
+        for bad in [
+            "",
+            "rwlock",
+            "mutex:1",
+            "server:",
+            "seg:x",
+            "seg:1:2:3",
+            "citron:",
+        ] {
+            assert!(bad.parse::<LockScheme>().is_err(), "{bad:?}");
+        }
+        // Text that is no scheme does not decode from the wire either.
+        let wire = postcard::to_stdvec("seg:1:2:3").unwrap();
+        assert!(postcard::from_bytes::<LockScheme>(&wire).is_err());
+    }
+
+    #[test]
+    fn every_scheme_is_created_opened_and_locked_on_mem() {
+        const LOCK: RegionId = RegionId(1);
+        const GROWTH: RegionId = RegionId(2);
+        for scheme in examples() {
+            let options = CreateOptions::default();
+            let bytes = scheme.resolve(&options).unwrap().region_bytes().unwrap();
+            let fabric = MemServer::new();
+            fabric.register(LOCK, bytes.max(8)).unwrap();
+            fabric.register(GROWTH, 1 << 20).unwrap();
+            let base = RemoteAddr::new(LOCK, 0);
+            let created = create(
+                &scheme,
+                &options,
+                &mut FixedMemory::new(&mut fabric.endpoint(), base, bytes),
+            )
+            .unwrap_or_else(|e| panic!("create {scheme}: {e}"));
+            // Every parameter is as created: resolving again changes nothing, CITRON's T_wait
+            // was measured.
+            let lock = created.lock;
+            assert_eq!(lock.scheme.resolve(&options).unwrap(), lock.scheme);
+            assert_eq!(lock.scheme.name(), scheme.name());
+            if let LockScheme::Citron(spec) = lock.scheme {
+                assert!(spec.t_wait_us > 0, "{}", lock.scheme);
+            }
+            assert_eq!(created.bytes, bytes, "{scheme}");
+            if bytes > 0 {
+                assert_eq!(lock.base, base);
+            }
+            // What a client receives: the lock as it crossed the wire.
+            let lock: LockRef = postcard::from_bytes(&postcard::to_stdvec(&lock).unwrap()).unwrap();
+            let mut options = created.open_options();
+            if matches!(lock.scheme, LockScheme::Citron(spec)
+                if spec.growth == Some(CitronGrowth::Allocator))
+            {
+                // Without the creator's allocator, such a lock cannot be opened.
+                assert!(open(&lock, &fabric, &options).is_err());
+                options.allocator = Some(Arc::new(BumpAllocator::new(
+                    RemoteAddr::new(GROWTH, 0),
+                    1 << 20,
+                )));
+            }
+            let mut a = open(&lock, &fabric, &options).unwrap();
+            let mut b = open(&lock, &fabric, &options).unwrap();
+            assert_eq!(a.scheme(), scheme.name());
+            // Within the tree and beyond it (CITRON's spillover mutex, a scale-up).
+            for range in [0..10, 5..1 << 16, 0..u64::MAX] {
+                let id = a.acquire(range.clone()).unwrap();
+                a.release(id).unwrap();
+                // Released: another handle gets the same range at once.
+                let id = b.acquire(range).unwrap();
+                b.release(id).unwrap();
+            }
+            assert_eq!(a.stats().acquisitions, 3);
+            assert_eq!(b.stats().releases, 3);
+        }
+    }
+
+    #[test]
+    fn created_in_the_creators_memory_and_lock_server() {
+        // Memory too small: NoSpace, which a file system reports as full.
+        let fabric = MemServer::new();
+        fabric.register(RegionId(1), 256).unwrap();
+        let mut endpoint = fabric.endpoint();
+        let result = create(
+            &LockScheme::SEG,
+            &CreateOptions::default(),
+            &mut FixedMemory::new(&mut endpoint, RemoteAddr::new(RegionId(1), 0), 64),
+        );
+        assert!(matches!(result, Err(LockError::NoSpace { bytes: 8192 })));
+        // A creator that runs a lock server gets no second one.
+        let credentials = fabric::Credentials::new("c", "t");
+        let server = LockServer::bind("127.0.0.1:0", credentials.clone()).unwrap();
+        let at = LockServerAt {
+            addr: server.addr(),
+            credentials,
+        };
+        let options = CreateOptions {
+            lock_server: Some(at.clone()),
+            ..CreateOptions::default()
+        };
+        let mut memory = FixedMemory::new(&mut endpoint, RemoteAddr::new(RegionId(1), 0), 0);
+        let created = create(&LockScheme::SERVER, &options, &mut memory).unwrap();
+        assert_eq!(created.server, Some(at));
+        assert!(created._started.is_none());
+        assert_eq!(created.lock.base, NO_STATE);
+        let mut lock = open(&created.lock, &fabric, &created.open_options()).unwrap();
+        let id = lock.acquire(0..1).unwrap();
+        assert_eq!(server.held(), 1);
+        lock.release(id).unwrap();
+        // Without the server's address, a client cannot open it.
+        assert!(open(&created.lock, &fabric, &OpenOptions::default()).is_err());
+        // The creator's defaults fill what the description leaves open, and only that.
+        let options = CreateOptions {
+            seg: SegSpec {
+                segment_units: 8,
+                segments: 16,
+            },
+            ..CreateOptions::default()
+        };
+        let mut memory = FixedMemory::new(&mut endpoint, RemoteAddr::new(RegionId(1), 0), 256);
+        let created = create(&"seg:4".parse().unwrap(), &options, &mut memory).unwrap();
+        assert_eq!(created.lock.scheme.to_string(), "seg:4:16");
+        assert_eq!(created.bytes, 16 * 8);
+        // The memory hands out its stretch once.
+        assert!(matches!(
+            create(&LockScheme::MUTEX, &options, &mut memory),
+            Err(LockError::NoSpace { .. })
+        ));
+    }
+}
