@@ -44,8 +44,9 @@ impl FabricKind {
     }
 }
 
-/// Builds a server's fabric setting from the two things [`server_fabric`] decides.
-pub(crate) trait ServerFabric {
+/// A server's fabric setting (`meta_server::MetaFabric`, `data_server::DataFabric`), built
+/// from what [`server_fabric`] decides.
+pub trait ServerFabric {
     /// Serve the region from this shm directory.
     fn shm(dir: PathBuf) -> Self;
     /// Serve the region over tcp, listening here.
@@ -71,15 +72,26 @@ impl ServerFabric for DataFabric {
 }
 
 /// The one place where a [`FabricKind`] becomes a server's fabric setting, for the meta server
-/// and the data servers alike: shm serves from `shm_dir`; tcp listens on loopback, any port
-/// (servers tell clients the bound address). When one fabric-owned type replaces `MetaFabric`
-/// and `DataFabric`, this function (and [`ServerFabric`], then gone) is the change.
-fn server_fabric<F: ServerFabric>(kind: FabricKind, shm_dir: PathBuf) -> F {
+/// and the data servers alike, in a [`Cluster`] and in the `citronfs` roles: shm serves the
+/// region from `shm_dir`, tcp listens on `tcp_listen` (port 0: any; servers tell clients the
+/// bound address). When one fabric-owned type replaces `MetaFabric` and `DataFabric`, this
+/// function (and [`ServerFabric`], then gone) is the change.
+pub fn server_fabric<F: ServerFabric>(
+    kind: FabricKind,
+    shm_dir: PathBuf,
+    tcp_listen: SocketAddr,
+) -> F {
     match kind {
         FabricKind::Shm => F::shm(shm_dir),
-        FabricKind::Tcp => F::tcp(SocketAddr::from(([127, 0, 0, 1], 0))),
+        FabricKind::Tcp => F::tcp(tcp_listen),
     }
 }
+
+/// Where a [`Cluster`]'s tcp servers listen: loopback, any port.
+const LOOPBACK_ANY_PORT: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
+    std::net::Ipv4Addr::LOCALHOST,
+    0,
+));
 
 /// What holds the data servers' regions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -221,7 +233,7 @@ impl Cluster {
 
         let mut config = MetaConfig::new(
             state.join("meta-db"),
-            server_fabric(spec.fabric, run.path().join("meta")),
+            server_fabric(spec.fabric, run.path().join("meta"), LOOPBACK_ANY_PORT),
         );
         config.cluster = spec.name.clone();
         config.token = token.clone();
@@ -279,7 +291,7 @@ impl Cluster {
             cluster: self.spec.name.clone(),
             token: self.token.clone(),
             capacity_bytes: self.spec.capacity,
-            fabric: server_fabric(self.spec.fabric, shm_dir),
+            fabric: server_fabric(self.spec.fabric, shm_dir, LOOPBACK_ANY_PORT),
             backing,
         }
     }

@@ -25,6 +25,8 @@ mod mount;
 mod util;
 
 pub use child::{child_mount_main, ChildMount};
-pub use cluster::{BackingKind, Cluster, ClusterSpec, FabricKind, TEST_CHUNK_SIZE};
+pub use cluster::{
+    server_fabric, BackingKind, Cluster, ClusterSpec, FabricKind, ServerFabric, TEST_CHUNK_SIZE,
+};
 pub use mount::{fuse_unavailable, Mount};
 pub use util::{pattern, random_token, wait_until};
