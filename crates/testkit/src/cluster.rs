@@ -24,8 +24,14 @@ use std::time::Duration;
 /// Where a server of this cluster serves: shm from `shm_dir`; tcp on loopback, any port
 /// (servers tell clients the bound address); mem in this process.
 fn serve_at(backend: Backend, shm_dir: PathBuf) -> ServeAt {
-    backend.serve_at(shm_dir, SocketAddr::from(([127, 0, 0, 1], 0)))
+    backend.serve_at(shm_dir, LOOPBACK_ANY_PORT)
 }
+
+/// Where a [`Cluster`]'s tcp servers listen: loopback, any port.
+const LOOPBACK_ANY_PORT: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(
+    std::net::Ipv4Addr::LOCALHOST,
+    0,
+));
 
 /// What holds the data servers' regions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -5,7 +5,9 @@ mod cmd;
 mod report;
 
 use anyhow::Result;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use cmd::config::{init_logging, log_from_env};
+use cmd::roles::SETTINGS_HELP;
 
 /// CitronFS: a distributed in-memory file system with one-sided range locks (CITRON).
 #[derive(Parser)]
@@ -21,10 +23,13 @@ enum Command {
     /// default) and mount it; Ctrl-C unmounts and stops everything.
     Up(cmd::up::UpArgs),
     /// Run a meta server (namespace, sessions, chunk allocation, file control blocks and locks).
+    #[command(after_help = SETTINGS_HELP)]
     MetaServer(cmd::roles::MetaArgs),
     /// Run a data server (serves a region of memory, optionally file-backed).
+    #[command(after_help = SETTINGS_HELP)]
     DataServer(cmd::roles::DataArgs),
     /// Mount a running cluster.
+    #[command(after_help = SETTINGS_HELP)]
     Mount(cmd::roles::MountArgs),
     /// Run a benchmark and print its figures (a table by default, JSON lines with --json).
     #[command(subcommand)]
@@ -43,20 +48,31 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+/// The command line, with the roles' defaults (and the log filter's) shown in `--help`.
+fn command() -> clap::Command {
+    cmd::roles::show_role_defaults(Cli::command()).after_help(format!(
+        "Logging: --log on the roles; {} for every command: a level (error, warn, info, debug, \
+         trace) or a tracing filter such as info,meta_server=debug [default: {}].",
+        cmd::config::LOG_ENV,
+        cmd::config::DEFAULT_LOG
+    ))
+}
+
 fn run() -> Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("CITRONFS_LOG")
-                .unwrap_or_else(|_| "warn".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-    match Cli::parse().command {
-        Command::Up(args) => cmd::up::up(args),
+    let cli = Cli::from_arg_matches(&command().get_matches()).unwrap_or_else(|e| e.exit());
+    // The roles start logging once their settings (`log` among them) are layered; the other
+    // commands take the filter from the environment.
+    match cli.command {
+        Command::Up(args) => {
+            init_logging(&log_from_env())?;
+            cmd::up::up(args)
+        }
         Command::MetaServer(args) => cmd::roles::meta_server(args),
         Command::DataServer(args) => cmd::roles::data_server(args),
         Command::Mount(args) => cmd::roles::mount(args),
-        Command::Bench(bench) => bench.run(),
+        Command::Bench(bench) => {
+            init_logging(&log_from_env())?;
+            bench.run()
+        }
     }
 }

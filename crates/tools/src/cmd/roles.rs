@@ -1,8 +1,17 @@
 //! `citronfs meta-server`, `citronfs data-server`, `citronfs mount`: each role on its own, for a
 //! real cluster over the tcp fabric (or shm on one host).
+//!
+//! Each role has its flags (a clap struct: `MetaArgs`, ...) and its settings (a serde struct:
+//! [`MetaServerConfig`], ...), layered from defaults, the `--config` file, the environment and
+//! the flags by `config::load` (see the `config` module). The settings structs repeat the
+//! shared keys (`cluster`, `token`, `log`, the fabric's) instead of flattening a shared struct:
+//! serde cannot flatten into a struct that denies unknown fields, and an unknown key in a file
+//! must stay an error.
 
-use super::config::{load, parse_size, require_token};
-use crate::merge;
+use super::config::{
+    init_logging, require_token, show_defaults, CommonArgs, FabricArgs, RoleArgs, Size,
+    DEFAULT_CLUSTER, DEFAULT_LOG, DEFAULT_META_ADDR, DEFAULT_ROLE_FABRIC,
+};
 use anyhow::{Context, Result};
 use clap::{value_parser, Args};
 use data_server::{Backing, DataConfig, DataServer};
@@ -10,7 +19,7 @@ use fabric::Backend;
 use fs_client::{CitronFs, MountOptions};
 use lockmgr::LockScheme;
 use meta_server::{MetaConfig, MetaServer};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,82 +27,153 @@ use std::sync::Arc;
 use std::time::Duration;
 use testkit::Mount;
 
-/// Options of `citronfs meta-server`.
-#[derive(Args, Debug, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+/// What `--help` of every role says after the flags.
+pub const SETTINGS_HELP: &str = "Settings: a flag wins over the environment (CITRONFS_ and the \
+setting's name in capitals: CITRONFS_TOKEN, CITRONFS_CHUNK_SIZE=4M), which wins over the \
+--config TOML file (keys are the flag names with _ for -), which wins over the defaults shown.";
+
+/// The default capacity of a data server: 1 GiB.
+pub const DEFAULT_DATA_CAPACITY: Size = Size(1 << 30);
+
+/// Shows each role's defaults, from its settings struct, in its `--help` (see
+/// `config::show_defaults`).
+pub fn show_role_defaults(cli: clap::Command) -> clap::Command {
+    cli.mut_subcommand("meta-server", show_defaults::<MetaServerConfig>)
+        .mut_subcommand("data-server", show_defaults::<DataServerConfig>)
+        .mut_subcommand("mount", show_defaults::<MountConfig>)
+}
+
+/// The shm directory of a role's region when none is given: `<shm root>/CLUSTER/NAME`.
+fn default_region_dir(cluster: &str, name: &str) -> PathBuf {
+    PathBuf::from(fabric::shm::DEFAULT_ROOT)
+        .join(cluster)
+        .join(name)
+}
+
+/// Flags of `citronfs meta-server`.
+#[derive(Args, Debug, Default, Serialize)]
 pub struct MetaArgs {
-    /// A TOML file with any of these options (keys are the long names with `_`).
-    #[arg(long)]
-    #[serde(skip)]
-    config: Option<PathBuf>,
-    /// The cluster's name.
-    #[arg(long)]
-    cluster: Option<String>,
-    /// The cluster's shared secret.
-    #[arg(long, env = "CITRONFS_TOKEN", hide_env_values = true)]
-    token: Option<String>,
-    /// Where the RPC service listens [default: 127.0.0.1:7700].
+    #[command(flatten)]
+    #[serde(flatten)]
+    common: CommonArgs,
+    #[command(flatten)]
+    #[serde(flatten)]
+    fabric: FabricArgs,
+    /// Where the RPC service listens.
     #[arg(long)]
     listen: Option<SocketAddr>,
-    /// The namespace database directory (created if missing, kept across restarts).
+    /// The namespace database directory (created if missing, kept across restarts); required.
     #[arg(long)]
     db: Option<PathBuf>,
-    /// How clients reach the meta region [default: tcp].
-    #[arg(long, value_enum)]
-    fabric: Option<Backend>,
-    /// shm: the meta region's directory [default: /dev/shm/citronfs/CLUSTER/meta].
+    /// Size of the meta region (file control blocks and lock trees).
     #[arg(long)]
-    region_dir: Option<PathBuf>,
-    /// tcp: where the meta region's fabric server listens [default: the --listen host, any port].
+    region_size: Option<Size>,
+    /// Bytes per chunk of file data, fixed for the life of the database.
     #[arg(long)]
-    fabric_listen: Option<SocketAddr>,
-    /// Size of the meta region (file control blocks and lock trees) [default: 64M].
+    chunk_size: Option<Size>,
+    /// Bytes per lock unit.
     #[arg(long)]
-    region_size: Option<String>,
-    /// Bytes per chunk of file data, fixed for the life of the database [default: 1M].
-    #[arg(long)]
-    chunk_size: Option<String>,
-    /// Bytes per lock unit [default: 4K].
-    #[arg(long)]
-    lock_unit: Option<String>,
-    /// Seconds a client session lives without a request [default: 10].
+    lock_unit: Option<Size>,
+    /// Seconds a client session lives without a request.
     #[arg(long)]
     session_lease: Option<u64>,
+    /// Run the lock server of the `server` lock scheme (a baseline, off by default): `true` or
+    /// `false`.
+    #[arg(long)]
+    lock_server: Option<bool>,
+}
+
+impl RoleArgs for MetaArgs {
+    type Config = MetaServerConfig;
+    fn common(&self) -> &CommonArgs {
+        &self.common
+    }
+}
+
+/// Settings of `citronfs meta-server`; each field is a flag, a TOML key and a `CITRONFS_*`
+/// variable of the same name.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetaServerConfig {
+    /// The cluster's name ([`DEFAULT_CLUSTER`]).
+    pub cluster: String,
+    /// The cluster's shared secret; required.
+    pub token: Option<String>,
+    /// The log filter ([`DEFAULT_LOG`]).
+    pub log: String,
+    /// How clients reach the meta region ([`DEFAULT_ROLE_FABRIC`]).
+    pub fabric: Backend,
+    /// shm: the meta region's directory (`None`: `<shm root>/CLUSTER/meta`).
+    pub region_dir: Option<PathBuf>,
+    /// tcp: where the meta region's fabric server listens (`None`: the `listen` host, any
+    /// port).
+    pub fabric_listen: Option<SocketAddr>,
+    /// Where the RPC service listens ([`DEFAULT_META_ADDR`]).
+    pub listen: SocketAddr,
+    /// The namespace database directory; required.
+    pub db: Option<PathBuf>,
+    /// Bytes of the meta region (`meta_server::DEFAULT_REGION_BYTES`).
+    pub region_size: Size,
+    /// Bytes per chunk (`meta_server::DEFAULT_CHUNK_SIZE`).
+    pub chunk_size: Size,
+    /// Bytes per lock unit (`meta_server::DEFAULT_LOCK_UNIT`).
+    pub lock_unit: Size,
+    /// Seconds of a session's lease (`meta_server::DEFAULT_SESSION_LEASE`).
+    pub session_lease: u64,
+    /// Run the lock server of the `server` scheme (off: mounts asking for it are refused).
+    pub lock_server: bool,
+}
+
+impl Default for MetaServerConfig {
+    fn default() -> Self {
+        MetaServerConfig {
+            cluster: DEFAULT_CLUSTER.into(),
+            token: None,
+            log: DEFAULT_LOG.into(),
+            fabric: DEFAULT_ROLE_FABRIC,
+            region_dir: None,
+            fabric_listen: None,
+            listen: DEFAULT_META_ADDR,
+            db: None,
+            region_size: Size(meta_server::DEFAULT_REGION_BYTES),
+            chunk_size: Size(meta_server::DEFAULT_CHUNK_SIZE),
+            lock_unit: Size(meta_server::DEFAULT_LOCK_UNIT),
+            session_lease: meta_server::DEFAULT_SESSION_LEASE.as_secs(),
+            lock_server: false,
+        }
+    }
+}
+
+impl MetaServerConfig {
+    /// The meta server's configuration, failing clearly on a missing database or token.
+    pub fn server_config(self) -> Result<MetaConfig> {
+        let db = self
+            .db
+            .context("the namespace database directory is missing: give --db DIR")?;
+        let fabric = self.fabric.serve_at(
+            self.region_dir
+                .unwrap_or_else(|| default_region_dir(&self.cluster, "meta")),
+            self.fabric_listen
+                .unwrap_or_else(|| SocketAddr::new(self.listen.ip(), 0)),
+        );
+        let mut config = MetaConfig::new(db, fabric);
+        config.token = require_token(self.token)?;
+        config.cluster = self.cluster;
+        config.listen = self.listen;
+        config.region_bytes = self.region_size.0;
+        config.chunk_size = self.chunk_size.0;
+        config.lock_unit = self.lock_unit.0;
+        config.session_lease = Duration::from_secs(self.session_lease);
+        config.lock_server = self.lock_server;
+        Ok(config)
+    }
 }
 
 /// Runs a meta server until SIGINT or SIGTERM.
-pub fn meta_server(mut args: MetaArgs) -> Result<()> {
-    let mut file: MetaArgs = load(args.config.as_deref())?;
-    merge!(args, file; cluster, token, listen, db, fabric, region_dir, fabric_listen, region_size, chunk_size, lock_unit, session_lease);
-    let cluster = args.cluster.unwrap_or_else(|| "citronfs".into());
-    let listen = args
-        .listen
-        .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 7700)));
-    let db = args
-        .db
-        .context("the namespace database directory is missing: give --db DIR")?;
-    let fabric = args.fabric.unwrap_or(Backend::Tcp).serve_at(
-        args.region_dir
-            .unwrap_or_else(|| fabric::transport::default_shm_dir(&cluster, "meta")),
-        args.fabric_listen
-            .unwrap_or_else(|| SocketAddr::new(listen.ip(), 0)),
-    );
-    let mut config = MetaConfig::new(db, fabric);
-    config.cluster = cluster;
-    config.token = require_token(args.token)?;
-    config.listen = listen;
-    if let Some(s) = &args.region_size {
-        config.region_bytes = parse_size(s)?;
-    }
-    if let Some(s) = &args.chunk_size {
-        config.chunk_size = parse_size(s)?;
-    }
-    if let Some(s) = &args.lock_unit {
-        config.lock_unit = parse_size(s)?;
-    }
-    if let Some(secs) = args.session_lease {
-        config.session_lease = Duration::from_secs(secs);
-    }
+pub fn meta_server(args: MetaArgs) -> Result<()> {
+    let settings = args.load()?;
+    init_logging(&settings.log)?;
+    let config = settings.server_config()?;
     eprintln!(
         "citronfs meta-server: cluster {:?}, RPC on {}",
         config.cluster, config.listen
@@ -101,68 +181,110 @@ pub fn meta_server(mut args: MetaArgs) -> Result<()> {
     MetaServer::run_forever(config)
 }
 
-/// Options of `citronfs data-server`.
-#[derive(Args, Debug, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+/// Flags of `citronfs data-server`.
+#[derive(Args, Debug, Default, Serialize)]
 pub struct DataArgs {
-    /// A TOML file with any of these options (keys are the long names with `_`).
-    #[arg(long)]
-    #[serde(skip)]
-    config: Option<PathBuf>,
-    /// A stable name: restarted with the same name, the server gets its chunks back.
+    #[command(flatten)]
+    #[serde(flatten)]
+    common: CommonArgs,
+    #[command(flatten)]
+    #[serde(flatten)]
+    fabric: FabricArgs,
+    /// A stable name: restarted with the same name, the server gets its chunks back; required.
     #[arg(long)]
     name: Option<String>,
-    /// The meta server's RPC address [default: 127.0.0.1:7700].
+    /// The meta server's RPC address.
     #[arg(long)]
     meta: Option<String>,
-    /// The cluster's name.
+    /// Bytes of memory to serve.
     #[arg(long)]
-    cluster: Option<String>,
-    /// The cluster's shared secret.
-    #[arg(long, env = "CITRONFS_TOKEN", hide_env_values = true)]
-    token: Option<String>,
-    /// Bytes of memory to serve [default: 1G].
-    #[arg(long)]
-    capacity: Option<String>,
-    /// How clients reach the region [default: tcp].
-    #[arg(long, value_enum)]
-    fabric: Option<Backend>,
-    /// shm: the region's directory [default: /dev/shm/citronfs/CLUSTER/NAME].
-    #[arg(long)]
-    region_dir: Option<PathBuf>,
-    /// tcp: where the fabric server listens [default: 127.0.0.1:0].
-    #[arg(long)]
-    fabric_listen: Option<SocketAddr>,
+    capacity: Option<Size>,
     /// Keep the data in a file in this directory, so that it survives a restart.
     #[arg(long)]
     backing_dir: Option<PathBuf>,
 }
 
+impl RoleArgs for DataArgs {
+    type Config = DataServerConfig;
+    fn common(&self) -> &CommonArgs {
+        &self.common
+    }
+}
+
+/// Settings of `citronfs data-server`; each field is a flag, a TOML key and a `CITRONFS_*`
+/// variable of the same name.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataServerConfig {
+    /// The cluster's name ([`DEFAULT_CLUSTER`]).
+    pub cluster: String,
+    /// The cluster's shared secret; required.
+    pub token: Option<String>,
+    /// The log filter ([`DEFAULT_LOG`]).
+    pub log: String,
+    /// How clients reach the region ([`DEFAULT_ROLE_FABRIC`]).
+    pub fabric: Backend,
+    /// shm: the region's directory (`None`: `<shm root>/CLUSTER/NAME`).
+    pub region_dir: Option<PathBuf>,
+    /// tcp: where the fabric server listens (`None`: 127.0.0.1, any port).
+    pub fabric_listen: Option<SocketAddr>,
+    /// The server's stable name; required.
+    pub name: Option<String>,
+    /// The meta server's RPC address ([`DEFAULT_META_ADDR`]).
+    pub meta: String,
+    /// Bytes of memory to serve ([`DEFAULT_DATA_CAPACITY`]).
+    pub capacity: Size,
+    /// Keep the data in a file in this directory (`None`: memory only).
+    pub backing_dir: Option<PathBuf>,
+}
+
+impl Default for DataServerConfig {
+    fn default() -> Self {
+        DataServerConfig {
+            cluster: DEFAULT_CLUSTER.into(),
+            token: None,
+            log: DEFAULT_LOG.into(),
+            fabric: DEFAULT_ROLE_FABRIC,
+            region_dir: None,
+            fabric_listen: None,
+            name: None,
+            meta: DEFAULT_META_ADDR.to_string(),
+            capacity: DEFAULT_DATA_CAPACITY,
+            backing_dir: None,
+        }
+    }
+}
+
+impl DataServerConfig {
+    /// The data server's configuration, failing clearly on a missing name or token.
+    pub fn server_config(self) -> Result<DataConfig> {
+        let name = self.name.context("a data server needs a stable --name")?;
+        let fabric = self.fabric.serve_at(
+            self.region_dir
+                .unwrap_or_else(|| default_region_dir(&self.cluster, &name)),
+            self.fabric_listen
+                .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0))),
+        );
+        Ok(DataConfig {
+            token: require_token(self.token)?,
+            name,
+            meta_addr: self.meta,
+            cluster: self.cluster,
+            capacity_bytes: self.capacity.0,
+            fabric,
+            backing: match self.backing_dir {
+                Some(dir) => Backing::File { dir },
+                None => Backing::Memory,
+            },
+        })
+    }
+}
+
 /// Runs a data server until SIGINT or SIGTERM.
-pub fn data_server(mut args: DataArgs) -> Result<()> {
-    let mut file: DataArgs = load(args.config.as_deref())?;
-    merge!(args, file; name, meta, cluster, token, capacity, fabric, region_dir, fabric_listen, backing_dir);
-    let cluster = args.cluster.unwrap_or_else(|| "citronfs".into());
-    let name = args.name.context("a data server needs a stable --name")?;
-    let fabric = args.fabric.unwrap_or(Backend::Tcp).serve_at(
-        args.region_dir
-            .unwrap_or_else(|| fabric::transport::default_shm_dir(&cluster, &name)),
-        args.fabric_listen
-            .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0))),
-    );
-    let config = DataConfig {
-        name,
-        meta_addr: args.meta.unwrap_or_else(|| "127.0.0.1:7700".into()),
-        cluster,
-        token: require_token(args.token)?,
-        capacity_bytes: parse_size(args.capacity.as_deref().unwrap_or("1G"))?,
-        fabric,
-        backing: match args.backing_dir {
-            Some(dir) => Backing::File { dir },
-            None => Backing::Memory,
-        },
-    };
-    let mut handle = DataServer::start(config)?;
+pub fn data_server(args: DataArgs) -> Result<()> {
+    let settings = args.load()?;
+    init_logging(&settings.log)?;
+    let mut handle = DataServer::start(settings.server_config()?)?;
     eprintln!(
         "citronfs data-server: id {}, serving {} bytes",
         handle.id(),
@@ -173,26 +295,18 @@ pub fn data_server(mut args: DataArgs) -> Result<()> {
     Ok(())
 }
 
-/// Options of `citronfs mount`.
-#[derive(Args, Debug, Default, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+/// Flags of `citronfs mount`.
+#[derive(Args, Debug, Default, Serialize)]
 pub struct MountArgs {
     /// Where to mount (an existing, empty directory).
     #[serde(skip)]
     mountpoint: PathBuf,
-    /// A TOML file with any of these options (keys are the long names with `_`).
-    #[arg(long)]
-    #[serde(skip)]
-    config: Option<PathBuf>,
-    /// The meta server's RPC address [default: 127.0.0.1:7700].
+    #[command(flatten)]
+    #[serde(flatten)]
+    common: CommonArgs,
+    /// The meta server's RPC address.
     #[arg(long)]
     meta: Option<String>,
-    /// The cluster's name.
-    #[arg(long)]
-    cluster: Option<String>,
-    /// The cluster's shared secret.
-    #[arg(long, env = "CITRONFS_TOKEN", hide_env_values = true)]
-    token: Option<String>,
     /// The range-lock scheme of every read and write: citron, mutex, seg, server, or a spec with
     /// parameters (e.g. seg:4:4096) [default: citron].
     #[arg(long, value_parser = value_parser!(LockScheme))]
@@ -202,20 +316,59 @@ pub struct MountArgs {
     allow_other: Option<bool>,
 }
 
+impl RoleArgs for MountArgs {
+    type Config = MountConfig;
+    fn common(&self) -> &CommonArgs {
+        &self.common
+    }
+}
+
+/// Settings of `citronfs mount`; each field is a flag, a TOML key and a `CITRONFS_*` variable
+/// of the same name.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MountConfig {
+    /// The cluster's name ([`DEFAULT_CLUSTER`]).
+    pub cluster: String,
+    /// The cluster's shared secret; required.
+    pub token: Option<String>,
+    /// The log filter ([`DEFAULT_LOG`]).
+    pub log: String,
+    /// The meta server's RPC address ([`DEFAULT_META_ADDR`]).
+    pub meta: String,
+    /// The lock scheme (`LockScheme::CITRON`).
+    pub scheme: LockScheme,
+    /// Let other users use the mount.
+    pub allow_other: bool,
+}
+
+impl Default for MountConfig {
+    fn default() -> Self {
+        MountConfig {
+            cluster: DEFAULT_CLUSTER.into(),
+            token: None,
+            log: DEFAULT_LOG.into(),
+            meta: DEFAULT_META_ADDR.to_string(),
+            scheme: LockScheme::CITRON,
+            allow_other: false,
+        }
+    }
+}
+
 /// Mounts a cluster and serves the mount until SIGINT or SIGTERM, then unmounts.
-pub fn mount(mut args: MountArgs) -> Result<()> {
-    let mut file: MountArgs = load(args.config.as_deref())?;
-    merge!(args, file; meta, cluster, token, scheme, allow_other);
+pub fn mount(args: MountArgs) -> Result<()> {
+    let settings = args.load()?;
+    init_logging(&settings.log)?;
     let mut options = MountOptions::new(
-        args.meta.unwrap_or_else(|| "127.0.0.1:7700".into()),
-        args.cluster.unwrap_or_else(|| "citronfs".into()),
-        require_token(args.token)?,
+        settings.meta,
+        settings.cluster,
+        require_token(settings.token)?,
     );
-    options.scheme = args.scheme.unwrap_or(LockScheme::CITRON);
+    options.scheme = settings.scheme;
     let fs =
         CitronFs::connect(options).map_err(|e| anyhow::anyhow!("cannot reach the cluster: {e}"))?;
     let fuse = fs_client::fuse::FuseOptions {
-        allow_other: args.allow_other.unwrap_or(false),
+        allow_other: settings.allow_other,
         ..Default::default()
     };
     let mount = Mount::at(Arc::new(fs), &args.mountpoint, &fuse)?;
@@ -274,4 +427,391 @@ pub fn wait_for_stop_signal() -> Result<()> {
         std::thread::sleep(Duration::from_millis(100));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmd::config::ENV_PREFIX;
+    use clap::FromArgMatches;
+    use figment::Jail;
+
+    /// The subcommand `role` parsed from `args`, through the real command line.
+    fn parse(role: &str, args: &[&str]) -> crate::Command {
+        let argv = ["citronfs", role].into_iter().chain(args.iter().copied());
+        let matches = crate::command()
+            .try_get_matches_from(argv)
+            .unwrap_or_else(|e| panic!("{e}"));
+        crate::Cli::from_arg_matches(&matches).unwrap().command
+    }
+
+    fn meta_args(args: &[&str]) -> MetaArgs {
+        match parse("meta-server", args) {
+            crate::Command::MetaServer(a) => a,
+            _ => unreachable!(),
+        }
+    }
+
+    fn data_args(args: &[&str]) -> DataArgs {
+        match parse("data-server", args) {
+            crate::Command::DataServer(a) => a,
+            _ => unreachable!(),
+        }
+    }
+
+    fn mount_args(args: &[&str]) -> MountArgs {
+        match parse("mount", args) {
+            crate::Command::Mount(a) => a,
+            _ => unreachable!(),
+        }
+    }
+
+    /// Runs `f` in a figment jail (its own directory, environment restored afterwards, one jail
+    /// at a time) with no `CITRONFS_*` variable from outside.
+    fn jailed(f: impl FnOnce(&mut Jail) -> Result<()>) {
+        // The closure's error type is figment's, which Jail asks for.
+        #[allow(clippy::result_large_err)]
+        Jail::expect_with(|jail| {
+            jail.clear_env();
+            f(jail).map_err(|e| figment::Error::from(format!("{e:#}")))
+        });
+    }
+
+    #[test]
+    fn a_flag_overrides_the_file() {
+        jailed(|jail| {
+            jail.create_file(
+                "meta.toml",
+                "chunk_size = \"2M\"\ncluster = \"from-file\"\ntoken = \"t\"\nsession_lease = 3",
+            )?;
+            let args = meta_args(&["--config", "meta.toml", "--chunk-size", "4M"]);
+            let config = args.load()?;
+            assert_eq!(config.chunk_size, Size(4 << 20), "the flag wins");
+            assert_eq!(config.cluster, "from-file", "no flag: the file's value");
+            assert_eq!(config.session_lease, 3);
+            assert_eq!(config.lock_unit, MetaServerConfig::default().lock_unit);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn the_environment_overrides_the_file_and_a_flag_overrides_the_environment() {
+        jailed(|jail| {
+            jail.create_file(
+                "data.toml",
+                "capacity = \"64M\"\nmeta = \"file:1\"\nname = \"from-file\"\ncluster = \"file\"",
+            )?;
+            jail.set_env(format!("{ENV_PREFIX}CAPACITY"), "128M");
+            jail.set_env(format!("{ENV_PREFIX}META"), "env:2");
+            jail.set_env(format!("{ENV_PREFIX}NAME"), "from-env");
+            let args = data_args(&["--config", "data.toml", "--meta", "flag:3"]);
+            let config = args.load()?;
+            assert_eq!(config.capacity, Size(128 << 20), "env over file");
+            assert_eq!(config.name.as_deref(), Some("from-env"), "env over file");
+            assert_eq!(config.meta, "flag:3", "flag over env");
+            assert_eq!(config.cluster, "file", "file over default");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn an_unknown_key_in_the_file_is_an_error_naming_it() {
+        jailed(|jail| {
+            jail.create_file("meta.toml", "chunk_sise = \"2M\"\n")?;
+            let err = meta_args(&["--config", "meta.toml"]).load().unwrap_err();
+            let text = format!("{err:#}");
+            assert!(text.contains("chunk_sise"), "{text}");
+            assert!(text.contains("meta.toml"), "names the file: {text}");
+            // A key of another role is unknown here too.
+            jail.create_file("mount.toml", "allow_other = true\n")?;
+            let err = meta_args(&["--config", "mount.toml"]).load().unwrap_err();
+            assert!(format!("{err:#}").contains("allow_other"), "{err:#}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn a_missing_config_file_is_an_error() {
+        jailed(|_| {
+            let err = mount_args(&["/mnt", "--config", "nowhere.toml"])
+                .load()
+                .unwrap_err();
+            assert!(format!("{err:#}").contains("nowhere.toml"), "{err:#}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn other_roles_variables_are_ignored_and_values_stay_strings() {
+        jailed(|jail| {
+            // `name` is a data server's setting, not the meta server's: ignored here, not an
+            // unknown key. A numeric token stays a string.
+            jail.set_env(format!("{ENV_PREFIX}NAME"), "ds-9");
+            jail.set_env(format!("{ENV_PREFIX}TOKEN"), "0123456789");
+            jail.set_env(format!("{ENV_PREFIX}SESSION_LEASE"), "7");
+            jail.set_env(format!("{ENV_PREFIX}FABRIC"), "shm");
+            let config = meta_args(&[]).load()?;
+            assert_eq!(config.token.as_deref(), Some("0123456789"));
+            assert_eq!(config.session_lease, 7);
+            assert_eq!(config.fabric, Backend::Shm);
+            jail.set_env(format!("{ENV_PREFIX}ALLOW_OTHER"), "true");
+            assert!(mount_args(&["/mnt"]).load()?.allow_other);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn the_token_comes_from_a_flag_the_environment_or_the_file_or_is_missing_clearly() {
+        jailed(|jail| {
+            let missing = meta_args(&["--db", "db"])
+                .load()?
+                .server_config()
+                .unwrap_err();
+            assert_eq!(
+                missing.to_string(),
+                require_token(None).unwrap_err().to_string()
+            );
+            assert!(missing.to_string().contains("--token"), "{missing}");
+            jail.create_file("meta.toml", "token = \"file\"\n")?;
+            let token = |args: &[&str]| -> Result<String> {
+                Ok(meta_args(args).load()?.server_config()?.token)
+            };
+            assert_eq!(token(&["--db", "db", "--config", "meta.toml"])?, "file");
+            jail.set_env(format!("{ENV_PREFIX}TOKEN"), "env");
+            assert_eq!(token(&["--db", "db", "--config", "meta.toml"])?, "env");
+            assert_eq!(
+                token(&["--db", "db", "--config", "meta.toml", "--token", "flag"])?,
+                "flag"
+            );
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn defaults_come_from_one_place() {
+        jailed(|_| {
+            // Nothing given: exactly each struct's `Default`...
+            assert_eq!(meta_args(&[]).load()?, MetaServerConfig::default());
+            assert_eq!(data_args(&[]).load()?, DataServerConfig::default());
+            assert_eq!(mount_args(&["/mnt"]).load()?, MountConfig::default());
+            Ok(())
+        });
+        // ... whose values are the servers' own constants ...
+        let meta = MetaServerConfig::default();
+        assert_eq!(meta.chunk_size.0, meta_server::DEFAULT_CHUNK_SIZE);
+        assert_eq!(meta.lock_unit.0, meta_server::DEFAULT_LOCK_UNIT);
+        assert_eq!(meta.region_size.0, meta_server::DEFAULT_REGION_BYTES);
+        assert_eq!(
+            Duration::from_secs(meta.session_lease),
+            meta_server::DEFAULT_SESSION_LEASE
+        );
+        // ... which the server configuration keeps ...
+        let mut with_db = meta.clone();
+        with_db.db = Some("db".into());
+        with_db.token = Some("t".into());
+        let server = with_db.server_config().unwrap();
+        let library = MetaConfig::new("db", server.fabric.clone());
+        assert_eq!(
+            (server.chunk_size, server.lock_unit, server.region_bytes),
+            (library.chunk_size, library.lock_unit, library.region_bytes)
+        );
+        assert_eq!(server.session_lease, library.session_lease);
+        // ... and which `--help` shows, rendered from the structs, not from the doc strings.
+        let help = |role: &str| {
+            crate::command()
+                .find_subcommand_mut(role)
+                .expect("the role exists")
+                .render_long_help()
+                .to_string()
+        };
+        let meta_help = help("meta-server");
+        for shown in [
+            meta.chunk_size.to_string(),
+            meta.lock_unit.to_string(),
+            meta.region_size.to_string(),
+            meta.session_lease.to_string(),
+            meta.listen.to_string(),
+            meta.cluster.clone(),
+            meta.log.clone(),
+        ] {
+            assert!(
+                meta_help.contains(&format!("[default: {shown}]")),
+                "{shown} missing from:\n{meta_help}"
+            );
+        }
+        let data_help = help("data-server");
+        assert!(data_help.contains(&format!("[default: {}]", DEFAULT_DATA_CAPACITY)));
+        assert!(help("mount").contains(&format!("[default: {}]", DEFAULT_META_ADDR)));
+    }
+
+    /// Every flag of a role is a key of its settings and every key has a flag: a flag whose
+    /// value would be dropped, or a setting that no flag can give, fails here.
+    #[test]
+    fn flags_and_settings_name_the_same_keys() {
+        fn keys<C: Serialize + Default>() -> Vec<String> {
+            let mut keys: Vec<String> = figment::value::Value::serialize(C::default())
+                .unwrap()
+                .into_dict()
+                .unwrap()
+                .into_keys()
+                .collect();
+            keys.sort();
+            keys
+        }
+        let flags = |role: &str| {
+            let mut cli = crate::command();
+            let sub = cli.find_subcommand_mut(role).expect("the role exists");
+            let mut ids: Vec<String> = sub
+                .get_arguments()
+                .filter(|a| a.get_long().is_some())
+                .map(|a| a.get_id().to_string())
+                .filter(|id| !["config", "help", "version"].contains(&id.as_str()))
+                .collect();
+            ids.sort();
+            ids
+        };
+        assert_eq!(flags("meta-server"), keys::<MetaServerConfig>());
+        assert_eq!(flags("data-server"), keys::<DataServerConfig>());
+        assert_eq!(flags("mount"), keys::<MountConfig>());
+    }
+
+    #[test]
+    fn every_existing_flag_name_still_parses() {
+        jailed(|_| {
+            let meta = meta_args(&[
+                "--cluster",
+                "c",
+                "--token",
+                "t",
+                "--listen",
+                "127.0.0.1:7701",
+                "--db",
+                "db",
+                "--fabric",
+                "shm",
+                "--region-dir",
+                "r",
+                "--fabric-listen",
+                "127.0.0.1:0",
+                "--region-size",
+                "2M",
+                "--chunk-size",
+                "64K",
+                "--lock-unit",
+                "512",
+                "--session-lease",
+                "5",
+                "--log",
+                "info",
+            ])
+            .load()?;
+            let server = meta.server_config()?;
+            assert_eq!(server.cluster, "c");
+            assert_eq!(server.listen, "127.0.0.1:7701".parse()?);
+            assert_eq!(server.fabric, fabric::ServeAt::Shm { dir: "r".into() });
+            assert_eq!(
+                (server.region_bytes, server.chunk_size, server.lock_unit),
+                (2 << 20, 64 << 10, 512)
+            );
+            assert_eq!(server.session_lease, Duration::from_secs(5));
+            let data = data_args(&[
+                "--name",
+                "ds",
+                "--meta",
+                "m:1",
+                "--cluster",
+                "c",
+                "--token",
+                "t",
+                "--capacity",
+                "8M",
+                "--fabric",
+                "tcp",
+                "--fabric-listen",
+                "127.0.0.1:9",
+                "--backing-dir",
+                "b",
+                "--region-dir",
+                "r",
+            ])
+            .load()?
+            .server_config()?;
+            assert_eq!(
+                data.fabric,
+                fabric::ServeAt::Tcp {
+                    listen: "127.0.0.1:9".parse()?
+                }
+            );
+            assert_eq!(data.backing, Backing::File { dir: "b".into() });
+            assert_eq!(
+                (data.capacity_bytes, data.meta_addr.as_str()),
+                (8 << 20, "m:1")
+            );
+            let mount = mount_args(&[
+                "/mnt",
+                "--meta",
+                "m:1",
+                "--cluster",
+                "c",
+                "--token",
+                "t",
+                "--scheme",
+                "mutex",
+                "--allow-other",
+                "true",
+            ])
+            .load()?;
+            assert_eq!(mount.scheme, LockScheme::MUTEX);
+            assert!(mount.allow_other);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn region_directories_and_listen_addresses_default_from_the_other_settings() {
+        let meta = MetaServerConfig {
+            db: Some("db".into()),
+            token: Some("t".into()),
+            cluster: "prod".into(),
+            listen: "10.1.2.3:7700".parse().unwrap(),
+            ..MetaServerConfig::default()
+        };
+        assert_eq!(
+            meta.clone().server_config().unwrap().fabric,
+            fabric::ServeAt::Tcp {
+                listen: "10.1.2.3:0".parse().unwrap()
+            }
+        );
+        let shm = MetaServerConfig {
+            fabric: Backend::Shm,
+            ..meta
+        };
+        assert_eq!(
+            shm.server_config().unwrap().fabric,
+            fabric::ServeAt::Shm {
+                dir: default_region_dir("prod", "meta")
+            }
+        );
+        let data = DataServerConfig {
+            name: Some("ds-1".into()),
+            token: Some("t".into()),
+            fabric: Backend::Shm,
+            ..DataServerConfig::default()
+        };
+        assert_eq!(
+            data.server_config().unwrap().fabric,
+            fabric::ServeAt::Shm {
+                dir: default_region_dir(DEFAULT_CLUSTER, "ds-1")
+            }
+        );
+        let nameless = DataServerConfig {
+            token: Some("t".into()),
+            ..DataServerConfig::default()
+        };
+        assert!(nameless
+            .server_config()
+            .unwrap_err()
+            .to_string()
+            .contains("--name"));
+    }
 }

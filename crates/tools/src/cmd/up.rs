@@ -1,7 +1,7 @@
 //! `citronfs up`: an embedded cluster on this machine — a meta server and N data servers in this
 //! process, on the shm fabric by default — mounted through FUSE until Ctrl-C.
 
-use super::config::parse_size;
+use super::config::{parse_size, DEFAULT_CLUSTER};
 use super::roles::atomic_bound_line;
 use anyhow::{Context, Result};
 use clap::{value_parser, Args};
@@ -34,7 +34,7 @@ pub struct UpArgs {
     #[arg(long)]
     state_dir: Option<PathBuf>,
     /// The cluster's name.
-    #[arg(long, default_value = "citronfs")]
+    #[arg(long, default_value = DEFAULT_CLUSTER)]
     cluster: String,
 }
 
