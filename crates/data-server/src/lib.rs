@@ -17,7 +17,7 @@
 use anyhow::Context;
 use fabric::{Credentials, FabricServer, RegionId, ServeAt};
 use proto::rpc::{Client, Request, Response, Role, Welcome};
-use proto::FabricAddr;
+use proto::{FabricAddr, INCARNATION_REGION};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -66,6 +66,12 @@ impl DataServer {
             "capacity must be at least 8 bytes"
         );
         let at = config.fabric.clone().for_backing(&config.backing);
+        // Whether the region's contents survive from an earlier run decides the incarnation;
+        // look before registering creates the file.
+        let kept = match &config.backing {
+            Backing::File { dir } => fabric::shm::region_path(dir, DATA_REGION).exists(),
+            Backing::Memory => false,
+        };
         let server = fabric::serve(
             &at,
             &Credentials::new(config.cluster.clone(), config.token.clone()),
@@ -74,6 +80,18 @@ impl DataServer {
         let region = server
             .register(DATA_REGION, config.capacity_bytes, &config.backing)
             .with_context(|| format!("registering the data region ({:?})", config.backing))?;
+        let incarnation = incarnation(&config.backing, kept)?;
+        // The word clients check after their data verbs (proto::INCARNATION_REGION): memory
+        // only, written anew at every start.
+        let word = server
+            .register(INCARNATION_REGION, 8, &Backing::Memory)
+            .context("registering the incarnation region")?;
+        fabric::region::store_word(
+            &word,
+            fabric::RemoteAddr::new(INCARNATION_REGION, 0),
+            incarnation,
+        )
+        .context("writing the incarnation word")?;
         let fabric = server.addr();
         let server = Arc::new(server);
         let role = Role::DataServer {
@@ -81,6 +99,7 @@ impl DataServer {
             region: DATA_REGION,
             region_bytes: region.len(),
             name: config.name.clone(),
+            incarnation,
         };
         let (client, id) = register(&config, &role).with_context(|| {
             format!(
@@ -113,6 +132,56 @@ impl DataServer {
             server: Some(server),
         })
     }
+}
+
+/// The name of the file, next to a file-backed region, that holds the region's incarnation.
+const INCARNATION_FILE: &str = "incarnation";
+
+/// Which life of the region this is (`Role::DataServer::incarnation`): the one recorded next to
+/// a file-backed region whose file was `kept` from an earlier run, else a new random one
+/// (recorded for the next run where the region is file-backed). Never 0 (the meta server's
+/// "unknown").
+///
+/// Invariant: the same incarnation is presented only for the same contents. A region file
+/// created now gets a new incarnation even if an old incarnation file is there; a crash between
+/// creating the region and recording its incarnation makes the next run present a new one,
+/// which at worst marks chunks lost that were never written.
+fn incarnation(backing: &Backing, kept: bool) -> anyhow::Result<u64> {
+    let fresh = || loop {
+        let n: u64 = rand::random();
+        if n != 0 {
+            return n;
+        }
+    };
+    let Backing::File { dir } = backing else {
+        return Ok(fresh());
+    };
+    let path = dir.join(INCARNATION_FILE);
+    if kept {
+        if let Some(n) = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .filter(|&n| n != 0)
+        {
+            return Ok(n);
+        }
+        tracing::warn!(
+            path = %path.display(),
+            "the region file has no readable incarnation record: presenting a new incarnation \
+             (its chunks will be marked lost)"
+        );
+    }
+    let n = fresh();
+    let tmp = dir.join(format!("{INCARNATION_FILE}.tmp"));
+    let write = || -> std::io::Result<()> {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&tmp)?;
+        writeln!(f, "{n}")?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)
+    };
+    write().with_context(|| format!("recording the region's incarnation in {}", path.display()))?;
+    Ok(n)
 }
 
 /// Connects and registers; the meta server's answer gives the id.
@@ -148,6 +217,10 @@ fn keep_registered(
     let mut client = Some(client);
     let mut applied = 0u64;
     let mut last_attempt: Option<Instant> = None;
+    // Between registration attempts while the meta server is away: short at first (a restart
+    // takes a fraction of a second, and clients wait for data servers to allocate on), up to
+    // the heartbeat period.
+    let mut retry_after = Duration::from_millis(20);
     while !stop.load(Ordering::SeqCst) {
         match client.as_mut() {
             Some(c) => match c.call(Request::AwaitRevocations { known: applied }) {
@@ -174,9 +247,8 @@ fn keep_registered(
                 }
             },
             None => {
-                // At most one registration attempt per heartbeat period.
-                if last_attempt.is_some_and(|t| t.elapsed() < HEARTBEAT_EVERY) {
-                    std::thread::sleep(Duration::from_millis(20));
+                if last_attempt.is_some_and(|t| t.elapsed() < retry_after) {
+                    std::thread::sleep(Duration::from_millis(10));
                     continue;
                 }
                 last_attempt = Some(Instant::now());
@@ -186,8 +258,12 @@ fn keep_registered(
                         // A new meta server numbers its epochs afresh.
                         applied = 0;
                         client = Some(c);
+                        retry_after = Duration::from_millis(20);
                     }
-                    Err(error) => tracing::debug!(name = config.name, %error, "meta server away"),
+                    Err(error) => {
+                        tracing::debug!(name = config.name, %error, "meta server away");
+                        retry_after = (retry_after * 2).min(HEARTBEAT_EVERY);
+                    }
                 }
             }
         }

@@ -58,7 +58,9 @@ impl Protocol {
             // 3: the shared hello (protocol field, role).
             Protocol::Verbs => 3,
             // 2: the shared hello; `Open` carries a `lockmgr::LockScheme`, `OpenFile` a `LockRef`.
-            Protocol::Rpc => 2,
+            // 3: data servers name their incarnation; clients learn the layout epoch in every
+            // heartbeat and fetch the layout with `Cluster`; `FsError::Lost`.
+            Protocol::Rpc => 3,
             // 1: the first version with a handshake.
             Protocol::LockServer => 1,
         }

@@ -341,6 +341,15 @@ impl RegionTable {
     }
 }
 
+/// Stores `value` in the word at `addr` directly (for servers initializing their own regions);
+/// `None` if `addr` is not an aligned word inside the region.
+pub fn store_word(region: &Region, addr: RemoteAddr, value: u64) -> Option<()> {
+    region
+        .check(0, &Verb::Faa { addr, add: 0 })
+        .ok()
+        .map(|()| region.word(addr.offset).store(value, ATOMIC))
+}
+
 /// Reads the word at `addr` directly (for servers inspecting their own regions).
 pub fn load_word(region: &Region, addr: RemoteAddr) -> Option<u64> {
     region

@@ -26,7 +26,9 @@ pub fn server_dir(root: &Path, cluster: &str, server: &str) -> PathBuf {
     root.join(cluster).join(server)
 }
 
-fn region_path(dir: &Path, id: RegionId) -> PathBuf {
+/// The file of region `id` in server directory `dir` (whether a region file of an earlier run
+/// is there tells a server if [`ShmServer::open_region`] would find contents to keep).
+pub fn region_path(dir: &Path, id: RegionId) -> PathBuf {
     dir.join(format!("region-{}", id.0))
 }
 

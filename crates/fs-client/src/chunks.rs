@@ -7,6 +7,9 @@
 //!   it; one that read an older generation (it read the FCB before a truncate) bypasses it, and
 //!   only a cache of the very generation a location was learnt for may keep it.
 //! - Holes are never cached: another client may fill them at any time.
+//! - A cache holds only locations learnt under the client's current chunk epoch (the id of the
+//!   `view` that last changed): a data server that came back with new memory makes the meta
+//!   server answer `Lost` for its chunks, and a cache from before would not know.
 //! - Every location is checked against the data server it names before it is used or cached
 //!   (the server is known, the chunk is inside its region), so a bad answer of the meta server
 //!   cannot make a verb touch memory outside a chunk.
@@ -15,15 +18,19 @@ use crate::client::Inner;
 use crate::error::Error;
 use crate::handles::OpenInode;
 use crate::meta::unexpected;
+use crate::view::View;
 use proto::rpc::{Request, Response};
 use proto::{ChunkLoc, FsError};
 use std::collections::HashMap;
 use std::ops::Range;
+use std::sync::atomic::Ordering;
 use std::sync::PoisonError;
 
 /// Chunk locations of one file generation (see the module docs).
 pub(crate) struct ChunkCache {
     generation: u64,
+    /// The chunk epoch (`Inner::chunk_epoch`) the locations were learnt in.
+    epoch: u64,
     map: HashMap<u64, ChunkLoc>,
 }
 
@@ -32,8 +39,20 @@ impl ChunkCache {
     pub(crate) fn new(generation: u64) -> ChunkCache {
         ChunkCache {
             generation,
+            epoch: 0,
             map: HashMap::new(),
         }
+    }
+
+    /// Empties the cache if it is of an older generation or chunk epoch than given, and says
+    /// whether it may hold locations of `generation` learnt in `epoch` now.
+    fn catch_up(&mut self, generation: u64, epoch: u64) -> bool {
+        if self.generation < generation || self.epoch < epoch {
+            self.generation = self.generation.max(generation);
+            self.epoch = epoch;
+            self.map.clear();
+        }
+        self.generation == generation && self.epoch == epoch
     }
 }
 
@@ -59,6 +78,7 @@ impl Inner {
     /// allocated with one `AllocateChunks` for the whole missing run.
     pub(crate) fn chunk_locations(
         &self,
+        view: &View,
         inode: &OpenInode,
         mut generation: u64,
         off: u64,
@@ -67,7 +87,9 @@ impl Inner {
     ) -> Result<ChunkRun, Error> {
         let chunks = self.geometry.chunks(off, len as u64);
         for _attempt in 0..3 {
-            let (mut locs, missing) = self.cached(inode, generation, chunks.clone());
+            // Read before the call: a change during it leaves the answer uncached.
+            let epoch = self.chunk_epoch.load(Ordering::SeqCst);
+            let (mut locs, missing) = self.cached(inode, generation, epoch, chunks.clone());
             let Some((a, b)) = missing else {
                 return Ok(ChunkRun {
                     first: chunks.start,
@@ -108,12 +130,8 @@ impl Inner {
                 )));
             }
             let mut cache = inode.chunks.write().unwrap_or_else(PoisonError::into_inner);
-            if cache.generation < generation {
-                cache.generation = generation;
-                cache.map.clear();
-            }
-            // Only a cache of this very generation may learn these locations.
-            let cacheable = cache.generation == generation;
+            // Only a cache of this very generation and epoch may learn these locations.
+            let cacheable = cache.catch_up(generation, epoch);
             for (i, loc) in got.into_iter().enumerate() {
                 let c = a + i as u64;
                 let Some(loc) = loc else {
@@ -125,7 +143,7 @@ impl Inner {
                     }
                     continue;
                 };
-                self.check_loc(loc)?;
+                check_loc(view, loc)?;
                 if cacheable {
                     cache.map.insert(c, loc);
                 }
@@ -148,6 +166,7 @@ impl Inner {
         &self,
         inode: &OpenInode,
         generation: u64,
+        epoch: u64,
         chunks: Range<u64>,
     ) -> (Vec<Option<ChunkLoc>>, Option<(u64, u64)>) {
         let lookup = |cache: &ChunkCache| {
@@ -155,7 +174,7 @@ impl Inner {
             let locs = chunks
                 .clone()
                 .map(|c| {
-                    let loc = if cache.generation == generation {
+                    let loc = if cache.generation == generation && cache.epoch == epoch {
                         cache.map.get(&c).copied()
                     } else {
                         None
@@ -170,21 +189,20 @@ impl Inner {
         };
         {
             let cache = inode.chunks.read().unwrap_or_else(PoisonError::into_inner);
-            if cache.generation >= generation {
+            if cache.generation >= generation && cache.epoch >= epoch {
                 return lookup(&cache);
             }
         }
         let mut cache = inode.chunks.write().unwrap_or_else(PoisonError::into_inner);
-        if cache.generation < generation {
-            cache.generation = generation;
-            cache.map.clear();
-        }
+        cache.catch_up(generation, epoch);
         lookup(&cache)
     }
+}
 
-    /// Checks that `loc` names a chunk inside a data server this client knows.
-    fn check_loc(&self, loc: ChunkLoc) -> Result<(), Error> {
-        match self.servers.data(loc.server) {
+/// Checks that `loc` names a chunk inside a data server `view` knows.
+fn check_loc(view: &View, loc: ChunkLoc) -> Result<(), Error> {
+    {
+        match view.servers.data(loc.server) {
             Some(ds) if loc.index < ds.info.chunks => Ok(()),
             Some(ds) => Err(Error::Protocol(format!(
                 "chunk {} is beyond data server {}'s {} chunks",

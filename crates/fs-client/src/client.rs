@@ -12,6 +12,7 @@
 //! | `fcb` | — | reads of a file control block and raises of its SIZE |
 //! | `chunks` | — | the per-inode cache of chunk locations |
 //! | `servers` | — | the connectors to the fabric servers (`connector_for`) and the lock server's address |
+//! | `view` | — | the cluster as this client sees it now (session, layout, connectors), replaced when a server restarts |
 //!
 //! This module connects (assembles `Inner` from those parts), sums lock statistics, and gives
 //! back what is still open when the client is dropped.
@@ -29,12 +30,13 @@ use crate::error::Error;
 use crate::handles::HandleTable;
 use crate::meta::{Heartbeat, Meta};
 use crate::plan::Geometry;
-use crate::servers::Servers;
+use crate::view::View;
 use crate::workers::WorkerPool;
 use lockmgr::LockScheme;
 use lockmgr::LockStats;
 use proto::{Caller, ClusterInfo};
-use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 /// How to reach a cluster and how to lock files.
@@ -98,11 +100,19 @@ pub(crate) struct Inner {
     /// How much of a lock's lease must be left to post data verbs (twice the cluster's
     /// `fence_after`; see `io`'s `check_lease_before_post`).
     pub(crate) lease_guard: Duration,
-    pub(crate) info: ClusterInfo,
+    /// Chunk size and lock unit: fixed for the life of the mount (a meta server that comes
+    /// back with others is refused).
     pub(crate) geometry: Geometry,
     pub(crate) scheme: LockScheme,
-    /// The connectors to the meta region and the data servers, and the lock server.
-    pub(crate) servers: Servers,
+    /// How this client was asked to connect (for reconnections).
+    pub(crate) opts: MountOptions,
+    /// The cluster as this client sees it now: session, layout, connectors (`view`).
+    pub(crate) view: RwLock<Arc<View>>,
+    /// Serializes building new views.
+    pub(crate) view_refresh: Mutex<()>,
+    /// The view id chunk caches must be of: a cache learnt under an older view is emptied
+    /// (`chunks`), since a data server may have lost its chunks meanwhile.
+    pub(crate) chunk_epoch: AtomicU64,
     /// File handles and the inodes open on this client.
     pub(crate) files: HandleTable,
     /// The per-thread data-path state.
@@ -117,7 +127,6 @@ impl CitronFs {
         let (meta, info) = Meta::connect(&opts.meta_addr, &opts.cluster, &opts.token, &opts.host)?;
         let meta = Arc::new(meta);
         let geometry = Geometry::new(info.chunk_size, info.lock_unit)?;
-        let servers = Servers::connect(&info, &opts)?;
         // Often enough for the session lease, and for a fence (which revokes sessions silent
         // for `fence_after`) never to take this live client for a stopped one.
         let heartbeat = Heartbeat::start(
@@ -125,13 +134,17 @@ impl CitronFs {
             (Duration::from_millis(info.session_lease_ms) / 3)
                 .min(Duration::from_millis(info.fence_after_ms) / 4),
         )?;
+        let lease_guard = 2 * Duration::from_millis(info.fence_after_ms);
+        let view = View::first(info, &opts)?;
         let inner = Arc::new(Inner {
-            lease_guard: 2 * Duration::from_millis(info.fence_after_ms),
+            lease_guard,
             meta,
             geometry,
             scheme: opts.scheme,
-            servers,
-            info,
+            chunk_epoch: AtomicU64::new(view.id),
+            view: RwLock::new(Arc::new(view)),
+            view_refresh: Mutex::new(()),
+            opts,
             files: HandleTable::default(),
             pool: WorkerPool::default(),
         });
@@ -150,9 +163,15 @@ impl CitronFs {
         self.inner.pool.lock_stats()
     }
 
-    /// What the meta server told this client about the cluster.
-    pub fn cluster(&self) -> &ClusterInfo {
-        &self.inner.info
+    /// What the meta server told this client about the cluster, as of this client's current
+    /// view (a reconnection or a change of the data servers brings a newer one).
+    pub fn cluster(&self) -> ClusterInfo {
+        self.inner
+            .view
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .info
+            .clone()
     }
 
     /// The lock scheme every read and write uses.
@@ -174,9 +193,16 @@ impl CitronFs {
 
 impl Drop for CitronFs {
     fn drop(&mut self) {
-        // Give back what this client still has open; the session ends with the connection.
-        for ino in self.inner.files.take_all_open() {
-            let _ = self.inner.meta.call(proto::rpc::Request::Release { ino });
+        // Give back what this client still has open in its current session; the session
+        // ends with the connection.
+        let session = self.inner.meta.latest().1.session;
+        for inode in self.inner.files.take_all_open() {
+            if inode.session == session {
+                let _ = self
+                    .inner
+                    .meta
+                    .call(proto::rpc::Request::Release { ino: inode.ino });
+            }
         }
     }
 }

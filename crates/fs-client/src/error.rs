@@ -110,6 +110,30 @@ pub enum Error {
         /// The file.
         ino: Ino,
     },
+    /// A data server an I/O needs stayed unregistered (down, or cut off from the meta server)
+    /// for the whole wait.
+    #[error("data server {server} is not connected to the cluster (waited {waited:?} for it)")]
+    DataServerAway {
+        /// The data server.
+        server: u32,
+        /// How long the client waited.
+        waited: std::time::Duration,
+    },
+    /// A data batch reached another life of a data server than this client's view knows (its
+    /// incarnation word did not match): the server restarted, and the client must catch up
+    /// before the outcome can count.
+    #[error(
+        "data server {server} is at incarnation {found:#x}, not {expected:#x} as this client \
+         knew it (it restarted)"
+    )]
+    StaleDataServer {
+        /// The data server.
+        server: u32,
+        /// The incarnation this client's view has.
+        expected: u64,
+        /// The incarnation word read.
+        found: u64,
+    },
     /// The session's heartbeat thread could not be started.
     #[error("cannot start the heartbeat thread: {0}")]
     Heartbeat(#[source] std::io::Error),
@@ -129,7 +153,46 @@ impl Error {
             | Error::Protocol(_)
             | Error::UnknownDataServer(_)
             | Error::GenerationChurn { .. }
+            | Error::DataServerAway { .. }
+            | Error::StaleDataServer { .. }
             | Error::Heartbeat(_) => libc::EIO,
+        }
+    }
+
+    /// Whether the failure was below the file system and may pass once the client has caught
+    /// up with the cluster (a server restarted, a connection broke, the layout changed): the
+    /// data path then refreshes its view and tries again (`io`). A refusal (wrong token, a
+    /// revoked session: a fenced client stays fenced), a verb refused for its shape, a
+    /// protocol violation or a server's answer are final.
+    pub(crate) fn is_transient(&self) -> bool {
+        fn fabric(e: &FabricError) -> bool {
+            matches!(e, FabricError::Io { .. } | FabricError::Disconnected(_))
+        }
+        match self {
+            Error::Rpc { source, .. } => !matches!(source, RpcError::Refused(_)),
+            Error::Fabric { source, .. } => fabric(source),
+            Error::Lock {
+                source: LockError::Fabric(source),
+                ..
+            } => fabric(source),
+            Error::UnknownDataServer(_)
+            | Error::StaleDataServer { .. }
+            | Error::Fs(FsError::Unavailable(_)) => true,
+            _ => false,
+        }
+    }
+
+    /// The data server a failure is about, if it names one.
+    pub(crate) fn data_server(&self) -> Option<u32> {
+        match self {
+            Error::Fabric {
+                peer: Peer::Data(id),
+                ..
+            }
+            | Error::UnknownDataServer(id)
+            | Error::StaleDataServer { server: id, .. }
+            | Error::DataServerAway { server: id, .. } => Some(*id),
+            _ => None,
         }
     }
 

@@ -73,6 +73,7 @@ impl Inner {
         if attr.kind == FileKind::File {
             if let Some(inode) = self.open_entry(attr.ino) {
                 let mut w = self.checkout()?;
+                let inode = self.live_inode(&inode, &w.view)?;
                 attr.size = self.read_fcb(&mut w, &inode)?.0;
             }
         }

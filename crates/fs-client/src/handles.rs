@@ -9,6 +9,12 @@
 //! - the file handles, each naming its [`OpenInode`]; looked up (a read lock) by every read,
 //!   write and fsync.
 //!
+//! An open belongs to the meta session that made it (`OpenInode::session`): after a
+//! reconnection (a meta server restart) the data path reopens the inode in the new session
+//! before using it ([`Inner::reopen`], called by `view`'s `live_inode`), replacing the table's
+//! entry and every handle's reference to it; a last close sends `Release` only in the session
+//! that holds the open.
+//!
 //! Closing bumps a *close epoch*: workers compare it at checkout and drop the lock handles of
 //! closed files then (`lock_cache`), without taking the open-inode mutex (a checkout happens
 //! while it is held, in [`Inner::open_inode`]).
@@ -56,12 +62,12 @@ impl HandleTable {
     }
 
     /// Empties the open-inode table and returns what was open (the client is going away).
-    pub(crate) fn take_all_open(&self) -> Vec<Ino> {
+    pub(crate) fn take_all_open(&self) -> Vec<Arc<OpenInode>> {
         self.open
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .drain()
-            .map(|(ino, _)| ino)
+            .map(|(_, entry)| entry.inode)
             .collect()
     }
 }
@@ -77,6 +83,8 @@ pub(crate) struct OpenInode {
     /// Unique per `Open` RPC: lock handles opened for an earlier open of the same inode (whose
     /// lock state may have moved) are not reused.
     pub(crate) open_id: u64,
+    /// The meta session the `Open` was made in (`ClusterInfo::session`).
+    pub(crate) session: u64,
     /// The file control block (SIZE, GENERATION) in the meta region.
     pub(crate) fcb: RemoteAddr,
     /// The file's lock state in the meta region (what `locks::open_file_lock` opens).
@@ -184,6 +192,23 @@ impl Inner {
             entry.handles += 1;
             return Ok(entry.inode.clone());
         }
+        let inode = self.send_open(ino)?;
+        open.insert(
+            ino,
+            OpenEntry {
+                inode: inode.clone(),
+                handles: 1,
+            },
+        );
+        Ok(inode)
+    }
+
+    /// Sends `Open` for `ino` and checks what it names. The open is tagged with the session the
+    /// client had before the call: if a reconnection happened during it, the tag is older than
+    /// the session that holds the open, and the next use reopens it (harmless), never the
+    /// other way round.
+    fn send_open(&self, ino: Ino) -> Result<Arc<OpenInode>, Error> {
+        let session = self.meta.latest().1.session;
         let opened = match self.meta.call(Request::Open {
             ino,
             scheme: self.scheme,
@@ -194,6 +219,7 @@ impl Inner {
         let inode = Arc::new(OpenInode {
             ino,
             open_id: self.files.next_open_id.fetch_add(1, Ordering::Relaxed),
+            session,
             fcb: opened.fcb,
             lock: opened.lock,
             chunks: RwLock::new(ChunkCache::new(opened.attr.generation)),
@@ -204,13 +230,51 @@ impl Inner {
             let _ = self.meta.call(Request::Release { ino });
             return Err(e);
         }
-        open.insert(
+        Ok(inode)
+    }
+
+    /// Opens `ino` again in `view`'s session (it was opened in an earlier one, which a restart
+    /// of the meta server ended), unless another thread did already; the open-inode table and
+    /// every handle on `ino` then name the new open. `Stale` if the inode was closed meanwhile.
+    pub(crate) fn reopen(
+        &self,
+        ino: Ino,
+        view: &crate::view::View,
+    ) -> Result<Arc<OpenInode>, Error> {
+        let mut open = self
+            .files
+            .open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let Some(entry) = open.get_mut(&ino) else {
+            return Err(Error::Fs(FsError::Stale));
+        };
+        if entry.inode.session == view.session() {
+            return Ok(entry.inode.clone());
+        }
+        let inode = self.send_open(ino)?;
+        tracing::info!(
             ino,
-            OpenEntry {
-                inode: inode.clone(),
-                handles: 1,
-            },
+            session = inode.session,
+            "reopened in the new meta session"
         );
+        let old = std::mem::replace(&mut entry.inode, inode.clone());
+        old.closed.store(true, Ordering::Relaxed);
+        self.files.close_epoch.fetch_add(1, Ordering::Relaxed);
+        let mut handles = self
+            .files
+            .handles
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        for handle in handles.values_mut() {
+            if handle.inode.ino == ino {
+                *handle = Arc::new(Handle {
+                    inode: inode.clone(),
+                    caller: handle.caller,
+                    flags: handle.flags,
+                });
+            }
+        }
         Ok(inode)
     }
 
@@ -228,10 +292,15 @@ impl Inner {
         if entry.handles > 0 {
             return;
         }
-        if let Some(entry) = open.remove(&ino) {
-            entry.inode.closed.store(true, Ordering::Relaxed);
-        }
+        let Some(entry) = open.remove(&ino) else {
+            return;
+        };
+        entry.inode.closed.store(true, Ordering::Relaxed);
         self.files.close_epoch.fetch_add(1, Ordering::Relaxed);
+        // An open of an earlier session ended with that session.
+        if entry.inode.session != self.meta.latest().1.session {
+            return;
+        }
         if let Err(error) = self.meta.call(Request::Release { ino }) {
             tracing::warn!(ino, %error, "release of a closed file failed");
         }

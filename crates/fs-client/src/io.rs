@@ -14,8 +14,17 @@
 //! 7. **release**, only after the data verbs completed (or failed).
 //!
 //! When the lease ran out mid-I/O (`Error::LeaseLost`), the whole read or write is redone
-//! under a new lock ([`Inner::retry_lease`], [`LEASE_RETRIES`] times, then EIO), so a client
+//! under a new lock ([`Inner::retry`], [`LEASE_RETRIES`] times, then EIO), so a client
 //! that was merely slow never lands a write outside its lock (DESIGN.md "Fencing").
+//!
+//! When it failed below the file system (`Error::is_transient`: a server restarted, a
+//! connection broke, a chunk on a data server this client did not know yet), the client
+//! catches up with the cluster (`view`'s `recover`: reconnects, fetches the layout, waits a
+//! bounded time for the data server) and redoes the whole I/O, [`RECOVERIES`] times, then EIO.
+//! Redoing is safe: a read has no effect, and a write writes the same bytes at the same offsets
+//! under a new lock (an `O_APPEND` write, whose offset is the size it found, is not redone: its
+//! first attempt may have raised the size already). Every attempt starts from a worker and an
+//! open of the current view (`view`'s `live_inode`).
 //!
 //! Invariants: the lock is held from before the FCB read until after the last data verb and
 //! the SIZE raise completed; a worker whose verbs or lock release failed is marked broken and
@@ -32,7 +41,7 @@ use fabric::{Batch, RemoteAddr};
 use lockmgr::LockId;
 use lockmgr::LockScheme;
 use proto::rpc::Request;
-use proto::{Attr, Caller, FsError, SetAttr, SetTime};
+use proto::{Attr, Caller, FsError, SetAttr, SetTime, INCARNATION_REGION};
 use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -40,6 +49,9 @@ use std::time::Instant;
 
 /// How often one read or write is retried under a new lock after its lease ran out.
 const LEASE_RETRIES: u32 = 3;
+
+/// How often one read or write is redone after a failure below the file system.
+const RECOVERIES: u32 = 3;
 
 impl CitronFs {
     /// Reads up to `len` bytes at `offset`; fewer at the end of the file. Atomic with respect
@@ -53,9 +65,9 @@ impl CitronFs {
         let len = len.min((max - offset).min(usize::MAX as u64) as usize);
         let units = self.inner.geometry.lock_range(offset, len as u64)?;
         let inner = &*self.inner;
-        let inode = &handle.inode;
-        inner.retry_lease(|| {
+        inner.retry(true, || {
             let mut w = inner.checkout()?;
+            let inode = &inner.live_inode(&handle.inode, &w.view)?;
             inner.locked(&mut w, inode, units.clone(), |w| {
                 let (size, generation) = inner.read_fcb(w, inode)?;
                 if offset >= size {
@@ -63,7 +75,7 @@ impl CitronFs {
                 }
                 let n = len.min((size - offset).min(usize::MAX as u64) as usize);
                 let mut buf = vec![0u8; n];
-                let locs = inner.chunk_locations(inode, generation, offset, n, false)?;
+                let locs = inner.chunk_locations(&w.view, inode, generation, offset, n, false)?;
                 inner.transfer_read(w, offset, &mut buf, &locs)?;
                 Ok(buf)
             })
@@ -79,24 +91,28 @@ impl CitronFs {
             return Ok(0);
         }
         let inner = &*self.inner;
-        let inode = &handle.inode;
         let append = handle.flags & libc::O_APPEND != 0;
         let units = if append {
             whole_file(inner.scheme)
         } else {
             inner.geometry.lock_range(offset, data.len() as u64)?
         };
-        inner.retry_lease(|| {
+        let mut used = None;
+        inner.retry(!append, || {
             let mut w = inner.checkout()?;
-            inner.locked(&mut w, inode, units.clone(), |w| {
-                let (size, generation) = inner.read_fcb(w, inode)?;
+            let inode = inner.live_inode(&handle.inode, &w.view)?;
+            used = Some(inode.clone());
+            inner.locked(&mut w, &inode, units.clone(), |w| {
+                let (size, generation) = inner.read_fcb(w, &inode)?;
                 let offset = if append { size } else { offset };
                 let end = inner.geometry.checked_end(offset, data.len() as u64)?;
-                let locs = inner.chunk_locations(inode, generation, offset, data.len(), true)?;
+                let locs =
+                    inner.chunk_locations(&w.view, &inode, generation, offset, data.len(), true)?;
                 inner.transfer_write(w, offset, data, &locs)?;
-                inner.raise_size(w, inode, size, end)
+                inner.raise_size(w, &inode, size, end)
             })
         })?;
+        let inode = used.expect("set by the successful attempt");
         if inode.mtime_stale.swap(false, Ordering::Relaxed) {
             let set = SetAttr {
                 mtime: Some(SetTime::Now),
@@ -118,10 +134,12 @@ impl CitronFs {
     /// are file-backed: their regions are the files).
     pub fn fsync(&self, fh: FileHandle) -> Result<(), Error> {
         let handle = self.inner.handle(fh)?;
-        {
-            let mut w = self.inner.checkout()?;
-            self.inner.flush_data(&mut w, &handle.inode)?;
-        }
+        let inner = &*self.inner;
+        inner.retry(true, || {
+            let mut w = inner.checkout()?;
+            let inode = inner.live_inode(&handle.inode, &w.view)?;
+            inner.flush_data(&mut w, &inode)
+        })?;
         self.inner.ok_call(
             "Fsync",
             Request::Fsync {
@@ -134,17 +152,30 @@ impl CitronFs {
 impl Inner {
     /// Runs `op` (one whole locked read or write) again when its lock's lease ran out before
     /// its verbs were done, up to [`LEASE_RETRIES`] times: a stalled client gets a fresh lock
-    /// rather than an error, and only one that keeps stalling sees EIO.
-    fn retry_lease<T>(&self, mut op: impl FnMut() -> Result<T, Error>) -> Result<T, Error> {
-        let mut attempt = 0;
+    /// rather than an error, and only one that keeps stalling sees EIO. With `redo`, also after
+    /// a failure below the file system, once the client has caught up with the cluster, up to
+    /// [`RECOVERIES`] times (see the module docs).
+    fn retry<T>(&self, redo: bool, mut op: impl FnMut() -> Result<T, Error>) -> Result<T, Error> {
+        let mut lease_retries = 0;
+        let mut recoveries = 0;
         loop {
             match op() {
-                Err(Error::LeaseLost) if attempt < LEASE_RETRIES => {
-                    attempt += 1;
+                Err(Error::LeaseLost) if lease_retries < LEASE_RETRIES => {
+                    lease_retries += 1;
                     tracing::warn!(
-                        attempt,
+                        attempt = lease_retries,
                         "range lock lease ran out mid-I/O; retrying under a new lock"
                     );
+                }
+                Err(e) if redo && e.is_transient() && recoveries < RECOVERIES => {
+                    recoveries += 1;
+                    tracing::warn!(
+                        attempt = recoveries,
+                        error = %crate::error::Chain(&e),
+                        "I/O failed below the file system; catching up with the cluster and \
+                         redoing it"
+                    );
+                    self.recover(&e)?;
                 }
                 other => return other,
             }
@@ -165,7 +196,7 @@ impl Inner {
         } else {
             units
         };
-        let lock = w.locks.handle(self, inode)?;
+        let lock = w.locks.handle(self, &w.view, inode)?;
         let (id, lease): (LockId, _) = match lock.acquire(range) {
             Ok(id) => (id, lock.lease_deadline(id)),
             Err(e) => {
@@ -178,7 +209,7 @@ impl Inner {
         w.lease = None;
         let released = w
             .locks
-            .handle(self, inode)
+            .handle(self, &w.view, inode)
             .and_then(|l| l.release(id).map_err(Error::lock(inode.ino)));
         if released.is_err() {
             w.broken = true;
@@ -225,7 +256,7 @@ impl Inner {
             Limits::FABRIC,
         )?;
         for sp in plans {
-            let region = self.servers.region_of(sp.server)?;
+            let region = w.view.servers.region_of(sp.server)?;
             for pb in sp.batches {
                 let handles = self.exec_data(w, sp.server, |batch| {
                     pb.ops
@@ -258,7 +289,7 @@ impl Inner {
             Limits::FABRIC,
         )?;
         for sp in plans {
-            let region = self.servers.region_of(sp.server)?;
+            let region = w.view.servers.region_of(sp.server)?;
             for pb in sp.batches {
                 self.check_lease_before_post(w)?;
                 self.exec_data(w, sp.server, |batch| {
@@ -277,6 +308,15 @@ impl Inner {
     /// Fills the worker's batch with `fill` and executes it on data server `server`, one round
     /// trip; the results are in `w.out` afterwards. A failure marks the worker broken: the
     /// endpoint's state is unknown, so it must not be reused.
+    ///
+    /// The batch ends with a read of the server's incarnation word (`proto::INCARNATION_REGION`)
+    /// after the data verbs: if it is not the incarnation of this worker's view, the verbs
+    /// reached memory other than the one the view describes (the server restarted, and this
+    /// client has not caught up yet), so their outcome is discarded with
+    /// `Error::StaleDataServer` (transient: the I/O is redone once the view is fresh). A read
+    /// therefore never returns a new incarnation's zeros for chunks the meta server now calls
+    /// lost; a write that landed there only wrote into chunks of the same file (lost chunks stay
+    /// allocated to their file until it frees them) and is redone, failing with `Lost`.
     fn exec_data<R>(
         &self,
         w: &mut Worker,
@@ -287,9 +327,22 @@ impl Inner {
         let mut out = std::mem::take(&mut w.out);
         batch.clear();
         let filled = fill(&mut batch);
-        let result = w.data_ep(&self.servers, server).and_then(|ep| {
+        let check = batch.read(RemoteAddr::new(INCARNATION_REGION, 0), 8);
+        let expected = w.view.servers.data(server).map(|ds| ds.info.incarnation);
+        let result = w.data_ep(server).and_then(|ep| {
             ep.execute(&batch, &mut out)
                 .map_err(Error::fabric(Peer::Data(server)))
+        });
+        let result = result.and_then(|()| {
+            let found = out.word(check, 0);
+            match expected {
+                Some(expected) if expected == found => Ok(()),
+                _ => Err(Error::StaleDataServer {
+                    server,
+                    expected: expected.unwrap_or(0),
+                    found,
+                }),
+            }
         });
         w.batch = batch;
         w.out = out;
@@ -310,7 +363,7 @@ impl Inner {
             return Ok(());
         }
         let len = usize::try_from(size).map_err(|_| FsError::Invalid("file too large".into()))?;
-        let run = self.chunk_locations(inode, generation, 0, len, false)?;
+        let run = self.chunk_locations(&w.view.clone(), inode, generation, 0, len, false)?;
         let mut per_server: std::collections::BTreeMap<u32, Vec<u64>> = Default::default();
         for loc in run.locs.iter().flatten() {
             per_server.entry(loc.server).or_default().push(loc.index);
@@ -318,7 +371,7 @@ impl Inner {
         let chunk = self.geometry.chunk_size;
         for (server, mut indexes) in per_server {
             indexes.sort_unstable();
-            let region = self.servers.region_of(server)?;
+            let region = w.view.servers.region_of(server)?;
             // (first chunk, chunk count) of each run of adjacent chunks.
             let mut runs: Vec<(u64, u64)> = Vec::new();
             for index in indexes {
@@ -348,6 +401,7 @@ impl Inner {
         set: SetAttr,
     ) -> Result<Attr, Error> {
         let mut w = self.checkout()?;
+        let inode = &self.live_inode(inode, &w.view)?;
         let ino = inode.ino;
         self.locked(&mut w, inode, whole_file(self.scheme), |_| {
             self.attr_call("SetAttr", Request::SetAttr { ino, set, caller })

@@ -31,6 +31,7 @@ mod meta;
 mod namespace;
 pub mod plan;
 mod servers;
+mod view;
 mod workers;
 
 pub use client::{CitronFs, FileHandle, MountOptions};

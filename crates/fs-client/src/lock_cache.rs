@@ -15,6 +15,7 @@ use crate::client::Inner;
 use crate::error::Error;
 use crate::handles::OpenInode;
 use crate::locks;
+use crate::view::View;
 use lockmgr::LockScheme;
 use lockmgr::{LockStats, RangeLock};
 use proto::Ino;
@@ -37,17 +38,18 @@ impl LockCache {
     pub(crate) fn handle(
         &mut self,
         inner: &Inner,
+        view: &View,
         inode: &Arc<OpenInode>,
     ) -> Result<&mut Box<dyn RangeLock>, Error> {
         if inner.scheme == LockScheme::SERVER {
             if self.server.is_none() {
-                let at = inner
+                let at = view
                     .servers
                     .lock_server
                     .as_ref()
                     .expect("checked at connect");
                 self.server = Some(
-                    locks::open_server_lock(&*inner.servers.meta, at)
+                    locks::open_server_lock(&*view.servers.meta, at)
                         .map_err(Error::lock(inode.ino))?,
                 );
             }
@@ -57,7 +59,7 @@ impl LockCache {
             Some((known, _)) if known.upgrade().is_some_and(|k| k.open_id == inode.open_id));
         if fresh {
             let handle =
-                locks::open_file_lock(&inode.lock, &*inner.servers.meta, &inner.meta, inode.ino)?;
+                locks::open_file_lock(&inode.lock, &*view.servers.meta, &inner.meta, inode.ino)?;
             if let Some((_, old)) = self
                 .files
                 .insert(inode.ino, (Arc::downgrade(inode), handle))

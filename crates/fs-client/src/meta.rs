@@ -1,6 +1,14 @@
 //! The connection to the meta server: calls, reconnection, and the heartbeat that keeps the
 //! session alive.
 //!
+//! Reconnection: a call that finds the connection broken connects again — a new session,
+//! since the meta server ties sessions to connections and forgets them when it restarts —
+//! retrying for up to [`RECONNECT_WAIT`] while the meta server is away (a restart), then fails.
+//! Each new session bumps [`Meta::generation`] and keeps what the meta server said
+//! ([`Meta::latest`]); the client's view (`view`) notices and reopens what it had open. The
+//! heartbeat also brings the layout epoch ([`Meta::layout_epoch`]), so a change of the data
+//! servers reaches the view within a heartbeat period.
+//!
 //! One connection serves the whole client, behind a mutex. Only namespace operations, opens and
 //! chunk allocations use it; reads and writes of allocated chunks never do. It is one connection
 //! (one session) rather than a pool because the meta server ties open files to the session that
@@ -10,13 +18,18 @@
 use crate::error::Error;
 use proto::rpc::{self, Request, Response, Role, Welcome};
 use proto::ClusterInfo;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How long one call may wait for its answer before the connection is declared dead.
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long a call keeps trying to reach a meta server that is away (restarting) before it
+/// fails: long enough for a restart, short enough that nothing hangs.
+pub(crate) const RECONNECT_WAIT: Duration = Duration::from_secs(10);
 
 /// The meta server connection (reconnected on demand after a failure).
 pub(crate) struct Meta {
@@ -25,6 +38,15 @@ pub(crate) struct Meta {
     token: String,
     host: String,
     conn: Mutex<Option<rpc::Client>>,
+    /// Bumped by every new session (the first is 1).
+    generation: AtomicU64,
+    /// What the meta server said when the latest session opened.
+    latest: Mutex<ClusterInfo>,
+    /// The newest layout epoch a heartbeat brought.
+    layout_epoch: AtomicU64,
+    /// Whether the connection is up, as the last call found it: read on every I/O without
+    /// taking `conn`'s mutex (which a call holds across its round trip).
+    up: AtomicBool,
 }
 
 impl Meta {
@@ -35,38 +57,110 @@ impl Meta {
         token: &str,
         host: &str,
     ) -> Result<(Meta, ClusterInfo), Error> {
+        let (client, info) = Meta::open_at(addr, cluster, token, host)?;
         let meta = Meta {
             addr: addr.into(),
             cluster: cluster.into(),
             token: token.into(),
             host: host.into(),
-            conn: Mutex::new(None),
+            conn: Mutex::new(Some(client)),
+            generation: AtomicU64::new(1),
+            latest: Mutex::new(info.clone()),
+            layout_epoch: AtomicU64::new(info.layout_epoch),
+            up: AtomicBool::new(true),
         };
-        let (client, info) = meta.open()?;
-        *meta.conn.lock().unwrap_or_else(PoisonError::into_inner) = Some(client);
         Ok((meta, info))
     }
 
-    fn open(&self) -> Result<(rpc::Client, ClusterInfo), Error> {
+    /// Which session this is: bumped by every reconnection.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
+    }
+
+    /// What the meta server said when the latest session opened, with its generation.
+    pub(crate) fn latest(&self) -> (u64, ClusterInfo) {
+        let latest = self.latest.lock().unwrap_or_else(PoisonError::into_inner);
+        (self.generation(), latest.clone())
+    }
+
+    /// The newest layout epoch heard of (at connect, or in a heartbeat).
+    pub(crate) fn layout_epoch(&self) -> u64 {
+        self.layout_epoch.load(Ordering::SeqCst)
+    }
+
+    /// Notes a layout epoch heard of.
+    pub(crate) fn note_layout_epoch(&self, epoch: u64) {
+        self.layout_epoch.fetch_max(epoch, Ordering::SeqCst);
+    }
+
+    /// Whether the connection is up, as far as the last call knows.
+    pub(crate) fn is_up(&self) -> bool {
+        self.up.load(Ordering::SeqCst)
+    }
+
+    fn open_at(
+        addr: &str,
+        cluster: &str,
+        token: &str,
+        host: &str,
+    ) -> Result<(rpc::Client, ClusterInfo), Error> {
+        let rpc_error = |source| Error::Rpc {
+            addr: addr.to_owned(),
+            source,
+        };
         let role = Role::Client {
-            host: self.host.clone(),
+            host: host.to_owned(),
             pid: std::process::id(),
         };
-        let credentials = fabric::Credentials::new(self.cluster.clone(), self.token.clone());
-        let client = rpc::Client::connect(self.addr.as_str(), &credentials, role)
-            .map_err(|e| self.rpc_error(e))?;
-        client
-            .set_timeout(Some(CALL_TIMEOUT))
-            .map_err(|e| self.rpc_error(e))?;
+        let credentials = fabric::Credentials::new(cluster.to_owned(), token.to_owned());
+        let client = rpc::Client::connect(addr, &credentials, role).map_err(rpc_error)?;
+        client.set_timeout(Some(CALL_TIMEOUT)).map_err(rpc_error)?;
         match client.welcome() {
             Welcome::Client(info) => {
                 let info = info.clone();
                 Ok((client, info))
             }
             other => Err(Error::Protocol(format!(
-                "meta server {} answered the client handshake with {other:?}",
-                self.addr
+                "meta server {addr} answered the client handshake with {other:?}"
             ))),
+        }
+    }
+
+    /// Opens a new session (the connection `conn` is `None`), retrying while the meta server
+    /// is away for up to [`RECONNECT_WAIT`]. A refusal (wrong token, another cluster) is final.
+    /// Holds the connection's mutex only for each attempt, not across the waits.
+    fn reconnect<'a>(
+        &'a self,
+        mut conn: std::sync::MutexGuard<'a, Option<rpc::Client>>,
+    ) -> Result<std::sync::MutexGuard<'a, Option<rpc::Client>>, Error> {
+        let deadline = Instant::now() + RECONNECT_WAIT;
+        let mut pause = Duration::from_millis(20);
+        loop {
+            if conn.is_some() {
+                // Another thread reconnected while this one waited.
+                return Ok(conn);
+            }
+            match Meta::open_at(&self.addr, &self.cluster, &self.token, &self.host) {
+                Ok((client, info)) => {
+                    tracing::warn!(
+                        session = info.session,
+                        "reconnected to the meta server: a new session; open files are \
+                         reopened on their next use"
+                    );
+                    self.note_layout_epoch(info.layout_epoch);
+                    *self.latest.lock().unwrap_or_else(PoisonError::into_inner) = info;
+                    self.generation.fetch_add(1, Ordering::SeqCst);
+                    *conn = Some(client);
+                    self.up.store(true, Ordering::SeqCst);
+                    return Ok(conn);
+                }
+                Err(e) if is_refusal(&e) || Instant::now() + pause > deadline => return Err(e),
+                Err(e) => tracing::debug!(error = %e, "meta server away; retrying"),
+            }
+            drop(conn);
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(500));
+            conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
         }
     }
 
@@ -83,9 +177,7 @@ impl Meta {
     pub(crate) fn call(&self, request: Request) -> Result<Response, Error> {
         let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
         if conn.is_none() {
-            let (client, info) = self.open()?;
-            tracing::warn!(session = info.session, "reconnected to the meta server");
-            *conn = Some(client);
+            conn = self.reconnect(conn)?;
         }
         let client = conn.as_mut().expect("connected above");
         match client.call(request) {
@@ -93,6 +185,7 @@ impl Meta {
             Err(e) => {
                 // The stream may be mid-frame: never reuse it.
                 *conn = None;
+                self.up.store(false, Ordering::SeqCst);
                 Err(self.rpc_error(e))
             }
         }
@@ -114,11 +207,13 @@ impl Heartbeat {
             .name("citronfs-heartbeat".into())
             .spawn(move || loop {
                 match stopped.recv_timeout(period) {
-                    Err(RecvTimeoutError::Timeout) => {
-                        if let Err(error) = meta.call(Request::Heartbeat) {
-                            tracing::warn!(%error, "session heartbeat failed");
+                    Err(RecvTimeoutError::Timeout) => match meta.call(Request::Heartbeat) {
+                        Ok(Response::Heartbeat { layout_epoch }) => {
+                            meta.note_layout_epoch(layout_epoch)
                         }
-                    }
+                        Ok(_) => {}
+                        Err(error) => tracing::warn!(%error, "session heartbeat failed"),
+                    },
                     // Stopped, or the owner is gone.
                     _ => return,
                 }
@@ -138,6 +233,17 @@ impl Drop for Heartbeat {
             let _ = thread.join();
         }
     }
+}
+
+/// Whether `e` is the meta server refusing this client (which retrying cannot change).
+fn is_refusal(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Rpc {
+            source: rpc::RpcError::Refused(_),
+            ..
+        }
+    )
 }
 
 /// A response of the wrong kind: the meta server broke the protocol.
@@ -160,5 +266,7 @@ fn short(response: &Response) -> &'static str {
         Response::Chunks(_) => "Chunks",
         Response::Addr(_) => "Addr",
         Response::Revocations { .. } => "Revocations",
+        Response::Heartbeat { .. } => "Heartbeat",
+        Response::Cluster(_) => "Cluster",
     }
 }

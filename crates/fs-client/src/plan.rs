@@ -148,11 +148,13 @@ pub struct Limits {
 }
 
 impl Limits {
-    /// The fabric's limits ([`fabric::batch`]).
+    /// The fabric's limits ([`fabric::batch`]), less the room of the one verb the data path
+    /// appends to every data batch (the 8-byte read of the data server's incarnation word,
+    /// `io`).
     pub const FABRIC: Limits = Limits {
         max_io: fabric::batch::MAX_IO_BYTES,
-        max_verbs: fabric::batch::MAX_BATCH_VERBS,
-        max_batch_bytes: fabric::batch::MAX_BATCH_BYTES,
+        max_verbs: fabric::batch::MAX_BATCH_VERBS - 1,
+        max_batch_bytes: fabric::batch::MAX_BATCH_BYTES - 8,
     };
 }
 

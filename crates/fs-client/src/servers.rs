@@ -2,10 +2,10 @@
 //! data server (with what the meta server said about it: its region and size), and the lock
 //! server's address for the `server` scheme.
 //!
-//! Invariants: the table is fixed at connect. Data servers are indexed by id (ids are checked
-//! to be below `2^16`, so the table stays small); a data server that joins later is unknown to
-//! this client, and a chunk on it fails the I/O until the file system is mounted again. A
-//! connector makes endpoints; endpoints themselves belong to workers (`workers`).
+//! Invariants: a table is fixed once built; a change of the cluster builds a new one for a new
+//! `view`, reusing the connectors of servers that did not change. Data servers are indexed by
+//! id (ids are checked to be below `2^16`, so the table stays small). A connector makes
+//! endpoints; endpoints themselves belong to workers (`workers`).
 
 use crate::client::MountOptions;
 use crate::error::{Error, Peer};
@@ -26,6 +26,8 @@ pub(crate) struct DataServer {
 pub(crate) struct Servers {
     /// The meta server's fabric (file control blocks and lock words).
     pub(crate) meta: Arc<dyn Connector>,
+    /// Where `meta` reaches.
+    meta_fabric: FabricAddr,
     /// Indexed by data server id.
     data: Vec<Option<DataServer>>,
     /// The `server` scheme's lock server (`None` with the fabric schemes).
@@ -35,10 +37,19 @@ pub(crate) struct Servers {
 
 impl Servers {
     /// Attaches to the meta region and every data server `info` names, for session
-    /// `info.session`, and resolves the lock server when `opts.scheme` needs it.
-    pub(crate) fn connect(info: &ClusterInfo, opts: &MountOptions) -> Result<Servers, Error> {
-        let meta = connector_for(&info.meta_fabric, opts, info.session)
-            .map_err(Error::fabric(Peer::Meta))?;
+    /// `info.session`, and resolves the lock server when `opts.scheme` needs it. The connectors
+    /// of `reuse` (a table of the same session) are kept for servers whose address — and, for
+    /// data servers, incarnation — did not change.
+    pub(crate) fn connect(
+        info: &ClusterInfo,
+        opts: &MountOptions,
+        reuse: Option<&Servers>,
+    ) -> Result<Servers, Error> {
+        let meta = match reuse {
+            Some(old) if old.meta_fabric == info.meta_fabric => old.meta.clone(),
+            _ => connector_for(&info.meta_fabric, opts, info.session)
+                .map_err(Error::fabric(Peer::Meta))?,
+        };
         let mut data: Vec<Option<DataServer>> = Vec::new();
         for ds in &info.data_servers {
             let id = ds.id as usize;
@@ -50,10 +61,28 @@ impl Servers {
             if data.len() <= id {
                 data.resize_with(id + 1, || None);
             }
+            // Never an `Away` stand-in: the old entry must have been live.
+            let kept = reuse.and_then(|old| old.data(ds.id)).filter(|old| {
+                old.info.live
+                    && old.info.fabric == ds.fabric
+                    && old.info.incarnation == ds.incarnation
+            });
+            let connector = match kept {
+                Some(old) => old.connector.clone(),
+                None => match connector_for(&ds.fabric, opts, info.session) {
+                    Ok(c) => c,
+                    // A server that is away now may be back by the time a chunk on it is
+                    // needed: its I/O waits for it then (`view`), the others go on.
+                    Err(error) if !ds.live => {
+                        tracing::debug!(id = ds.id, %error, "data server away");
+                        Arc::new(Away(ds.id))
+                    }
+                    Err(error) => return Err(Error::fabric(Peer::Data(ds.id))(error)),
+                },
+            };
             data[id] = Some(DataServer {
                 info: ds.clone(),
-                connector: connector_for(&ds.fabric, opts, info.session)
-                    .map_err(Error::fabric(Peer::Data(ds.id)))?,
+                connector,
             });
         }
         let lock_server = match (opts.scheme, &info.lock_server) {
@@ -75,6 +104,7 @@ impl Servers {
         };
         Ok(Servers {
             meta,
+            meta_fabric: info.meta_fabric.clone(),
             data,
             lock_server,
         })
@@ -90,6 +120,19 @@ impl Servers {
         self.data(server)
             .map(|ds| ds.info.region)
             .ok_or(Error::UnknownDataServer(server))
+    }
+}
+
+/// The connector of a data server that could not be reached while it was away: every connect
+/// fails, as a transient failure, so that the I/O waits for the server (`view`).
+struct Away(u32);
+
+impl Connector for Away {
+    fn connect(&self) -> Result<Box<dyn fabric::Endpoint>, FabricError> {
+        Err(FabricError::Disconnected(format!(
+            "data server {} was away when this client last learnt the layout",
+            self.0
+        )))
     }
 }
 

@@ -13,14 +13,16 @@
 //!   the statistics of its lock handles are kept in the pool's retired total.
 //! - A worker drops the lock handles of files closed since its last checkout (the close epoch,
 //!   see `handles`) when it is checked out, before any use.
+//! - A worker belongs to one `view`: its endpoints and lock handles were made from that view's
+//!   connectors. A worker of an older view is dropped at checkout, never reused.
 
 use crate::client::Inner;
 use crate::error::{Error, Peer};
 use crate::lock_cache::LockCache;
-use crate::servers::Servers;
+use crate::view::View;
 use fabric::{Batch, Completions, Endpoint};
 use lockmgr::LockStats;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 /// Idle workers, and the statistics of lock handles no worker holds any more.
@@ -57,6 +59,8 @@ impl WorkerPool {
 
 /// One thread's data-path state (see the module docs).
 pub(crate) struct Worker {
+    /// The view this worker's endpoints and lock handles were made from.
+    pub(crate) view: Arc<View>,
     pub(crate) meta_ep: Box<dyn Endpoint>,
     /// Indexed by data server id; connected on first use.
     data_eps: Vec<Option<Box<dyn Endpoint>>>,
@@ -75,13 +79,11 @@ pub(crate) struct Worker {
 
 impl Worker {
     /// This worker's endpoint to data server `server`, connected on first use.
-    pub(crate) fn data_ep(
-        &mut self,
-        servers: &Servers,
-        server: u32,
-    ) -> Result<&mut dyn Endpoint, Error> {
+    pub(crate) fn data_ep(&mut self, server: u32) -> Result<&mut dyn Endpoint, Error> {
         let id = server as usize;
-        let ds = servers
+        let ds = self
+            .view
+            .servers
             .data(server)
             .ok_or(Error::UnknownDataServer(server))?;
         if self.data_eps.len() <= id {
@@ -139,23 +141,35 @@ impl Drop for Checkout<'_> {
 }
 
 impl Inner {
-    /// A worker for one call: an idle one, or a new one (connected to the meta region) when
-    /// none is idle.
+    /// A worker for one call, of the current view: an idle one, or a new one (connected to
+    /// the meta region) when none is idle. Idle workers of older views are dropped.
     pub(crate) fn checkout(&self) -> Result<Checkout<'_>, Error> {
-        let pooled = self
-            .pool
-            .idle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop();
+        let view = self.view()?;
+        let pooled = loop {
+            let w = self
+                .pool
+                .idle
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .pop();
+            match w {
+                Some(w) if w.view.id != view.id => {
+                    let mut retired = LockStats::default();
+                    w.locks.merge_stats(&mut retired);
+                    self.pool.retire(&retired);
+                }
+                other => break other,
+            }
+        };
         let mut worker = match pooled {
             Some(w) => w,
             None => Worker {
-                meta_ep: self
+                meta_ep: view
                     .servers
                     .meta
                     .connect()
                     .map_err(Error::fabric(Peer::Meta))?,
+                view,
                 data_eps: Vec::new(),
                 locks: LockCache::default(),
                 close_epoch: self.files.close_epoch(),

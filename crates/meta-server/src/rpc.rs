@@ -163,11 +163,13 @@ async fn connection(
             region,
             region_bytes,
             name,
+            incarnation,
         } => {
             let svc = service.clone();
-            let registered =
-                blocking(move || svc.register_data_server(&name, fabric, region, region_bytes))
-                    .await;
+            let registered = blocking(move || {
+                svc.register_data_server(&name, fabric, region, region_bytes, incarnation)
+            })
+            .await;
             let (id, epoch) = match registered {
                 Ok(r) => r,
                 Err(e) => {

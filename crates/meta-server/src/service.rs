@@ -178,6 +178,9 @@ pub(crate) struct Service {
     fence_epoch: tokio::sync::watch::Sender<u64>,
     /// Revokes sessions on the meta server's own fabric server (tcp); unset on shm.
     local_revoke: std::sync::OnceLock<RevokeFn>,
+    /// [`ClusterInfo::layout_epoch`]: bumped by every registration and disconnection of a data
+    /// server.
+    layout_epoch: std::sync::atomic::AtomicU64,
 }
 
 /// Revokes client sessions on one fabric server.
@@ -243,6 +246,7 @@ impl Service {
             fence_acked: Condvar::new(),
             fence_epoch: tokio::sync::watch::channel(0).0,
             local_revoke: std::sync::OnceLock::new(),
+            layout_epoch: std::sync::atomic::AtomicU64::new(1),
         };
         // Orphans were open when the last run ended; no session survives a restart.
         for ino in service.store.orphans()? {
@@ -271,17 +275,39 @@ impl Service {
             },
         );
         drop(st);
-        let data_servers = self
-            .store
-            .servers()?
-            .into_iter()
-            .map(|r| DataServerInfo {
+        self.cluster_info(session)
+    }
+
+    /// The layout epoch ([`ClusterInfo::layout_epoch`]).
+    pub fn layout_epoch(&self) -> u64 {
+        self.layout_epoch.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Says that the data servers' layout changed: clients fetch it again at their next
+    /// heartbeat.
+    fn layout_changed(&self) {
+        self.layout_epoch
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The cluster as session `session` sees it now.
+    ///
+    /// The epoch is read before the layout, so a change racing with this call moves the epoch
+    /// past the one returned and the client asks again.
+    fn cluster_info(&self, session: u64) -> Result<ClusterInfo, FsError> {
+        let layout_epoch = self.layout_epoch();
+        let live: HashSet<u32> = lock(&self.state).live.keys().copied().collect();
+        let mut data_servers = Vec::new();
+        for r in self.store.servers()? {
+            data_servers.push(DataServerInfo {
                 id: r.id,
+                incarnation: self.store.incarnation(r.id)?,
+                live: live.contains(&r.id),
                 fabric: r.fabric,
                 region: r.region,
                 chunks: r.chunks,
-            })
-            .collect();
+            });
+        }
         Ok(ClusterInfo {
             session,
             meta_fabric: self.settings.meta_fabric.clone(),
@@ -292,6 +318,7 @@ impl Service {
             session_lease_ms: self.settings.session_lease.as_millis() as u64,
             fence_after_ms: self.settings.fence_after.as_millis() as u64,
             lock_server: self.lock_server.as_ref().map(|s| s.addr().to_string()),
+            layout_epoch,
         })
     }
 
@@ -437,6 +464,7 @@ impl Service {
         fabric: FabricAddr,
         region: RegionId,
         region_bytes: u64,
+        incarnation: u64,
     ) -> Result<(u32, u64), FsError> {
         if name.is_empty() {
             return Err(FsError::Invalid("a data server needs a name".into()));
@@ -450,7 +478,18 @@ impl Service {
         }
         let endpoint = self.connect_fabric(&fabric)?;
         let mut st = lock(&self.state);
-        let record = self.store.register_server(name, &fabric, region, chunks)?;
+        let (record, lost) =
+            self.store
+                .register_server(name, &fabric, region, chunks, incarnation)?;
+        if lost > 0 {
+            tracing::error!(
+                name,
+                id = record.id,
+                lost,
+                "data server came back with new memory (a new incarnation): its chunks are \
+                 lost; reads of them fail with EIO, `citronfs fsck` lists the files"
+            );
+        }
         let epoch = st.next_epoch;
         st.next_epoch += 1;
         st.live.insert(
@@ -464,6 +503,7 @@ impl Service {
         drop(st);
         // From now on a fence waits for this server too; it has applied no epoch yet.
         lock(&self.fences).applied.insert(record.id, (epoch, 0));
+        self.layout_changed();
         tracing::info!(
             name,
             id = record.id,
@@ -502,6 +542,7 @@ impl Service {
         let mut st = lock(&self.state);
         if st.live.get(&id).is_some_and(|s| s.epoch == epoch) {
             st.live.remove(&id);
+            self.layout_changed();
             if self.stopping.load(std::sync::atomic::Ordering::Relaxed) {
                 tracing::info!(id, "data server connection closed at shutdown");
             } else {
@@ -767,7 +808,10 @@ impl Service {
     fn handle_touched(&self, session: u64, request: Request) -> Result<Response, FsError> {
         let is_open = |st: &State, ino: Ino| st.open.contains_key(&ino);
         Ok(match request {
-            Request::Heartbeat => Response::Ok,
+            Request::Heartbeat => Response::Heartbeat {
+                layout_epoch: self.layout_epoch(),
+            },
+            Request::Cluster => Response::Cluster(Box::new(self.cluster_info(session)?)),
             Request::Fence => {
                 self.fence(FENCE_WAIT)?;
                 Response::Ok
@@ -908,7 +952,9 @@ impl Service {
                 let st = lock(&self.state);
                 let servers: Vec<u32> = st.live.keys().copied().collect();
                 if servers.is_empty() && count > 0 {
-                    return Err(FsError::Io("no data server is connected".into()));
+                    return Err(FsError::Unavailable(
+                        "no data server is connected to allocate chunks on".into(),
+                    ));
                 }
                 let locs = self
                     .store

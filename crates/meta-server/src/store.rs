@@ -19,6 +19,8 @@
 //! | `dirty`     | server id ++ chunk index    | empty: freed chunks not yet zeroed           |
 //! | `orphans`   | ino                         | empty: unlinked (nlink 0) but still open     |
 //! | `meta`      | a name                      | counters and settings (`next_ino`, `chunk_size`, ...) |
+//! | `incarnations` | server id (u32)          | the incarnation it last registered with (u64) |
+//! | `lost`      | server id ++ chunk index    | ino ++ chunk index: a file's chunk whose data is gone |
 //!
 //! # Invariants
 //! - Every mutating operation is one sled transaction over all trees; callers serialize
@@ -30,6 +32,9 @@
 //!   `dirty` set, or above its server's `next_fresh` mark (never used). Chunks in `free` and
 //!   above `next_fresh` are zero; `dirty` chunks are zeroed by the service before they move to
 //!   `free` (so a reused chunk reads zeros).
+//! - A chunk in `lost` is in the chunk map it names: its data server came back with new memory
+//!   (a new incarnation) while the chunk held file data. Chunk-map answers that include it fail
+//!   with `FsError::Lost` (never zeros); freeing it (truncate, unlink) clears the mark.
 //! - Directory cookies: `.` is 1, `..` is 2, entries get 3, 4, ... in creation order per
 //!   directory; a cookie is never reused in that directory, so listing "after cookie c" is stable
 //!   across concurrent creates and deletes.
@@ -63,9 +68,25 @@ const T_FREE: usize = 10;
 const T_DIRTY: usize = 11;
 const T_ORPHANS: usize = 12;
 const T_META: usize = 13;
-const TREE_NAMES: [&str; 14] = [
-    "inodes", "parents", "dirents", "dirindex", "cookies", "xattrs", "symlinks", "chunks",
-    "servers", "names", "free", "dirty", "orphans", "meta",
+const T_INCARNATIONS: usize = 14;
+const T_LOST: usize = 15;
+const TREE_NAMES: [&str; 16] = [
+    "inodes",
+    "parents",
+    "dirents",
+    "dirindex",
+    "cookies",
+    "xattrs",
+    "symlinks",
+    "chunks",
+    "servers",
+    "names",
+    "free",
+    "dirty",
+    "orphans",
+    "meta",
+    "incarnations",
+    "lost",
 ];
 
 const FIRST_ENTRY_COOKIE: u64 = 3;
@@ -153,6 +174,14 @@ fn decode_loc(v: &[u8]) -> Result<ChunkLoc, FsError> {
         server: u32::from_be_bytes(v[..4].try_into().expect("4 bytes")),
         index: u64::from_be_bytes(v[4..].try_into().expect("8 bytes")),
     })
+}
+
+/// Two big-endian u64s (a `key_u64s` key).
+fn decode_u64_pair(v: &[u8]) -> Result<(u64, u64), FsError> {
+    if v.len() != 16 {
+        return Err(corrupt("a pair of u64 is not 16 bytes"));
+    }
+    Ok((decode_u64(&v[..8])?, decode_u64(&v[8..])?))
 }
 
 fn corrupt(what: &str) -> FsError {
@@ -289,6 +318,8 @@ impl Tx<'_> {
     fn free_chunks(&self, ino: Ino, chunks: &[(u64, ChunkLoc)]) -> TxResult<()> {
         for (index, loc) in chunks {
             self.t(T_CHUNKS).remove(&key_u64s(ino, *index))?;
+            // A lost chunk freed is an ordinary dirty chunk of the server's new memory.
+            self.t(T_LOST).remove(&key_server(loc.server, loc.index))?;
             self.t(T_DIRTY)
                 .insert(&key_server(loc.server, loc.index), &[][..])?;
         }
@@ -554,9 +585,47 @@ impl Store {
         for item in self.tree(T_CHUNKS).range(start..end) {
             let (k, v) = item.map_err(db_err)?;
             let index = decode_u64(&k[8..])?;
-            out[(index - first) as usize] = Some(decode_loc(&v)?);
+            let loc = decode_loc(&v)?;
+            self.check_not_lost(ino, index, loc)?;
+            out[(index - first) as usize] = Some(loc);
         }
         Ok(out)
+    }
+
+    /// `Lost` if chunk `index` of `ino`, at `loc`, lost its data.
+    fn check_not_lost(&self, ino: Ino, index: u64, loc: ChunkLoc) -> Result<(), FsError> {
+        if self
+            .tree(T_LOST)
+            .contains_key(key_server(loc.server, loc.index))
+            .map_err(db_err)?
+        {
+            return Err(lost_error(ino, index, loc));
+        }
+        Ok(())
+    }
+
+    /// Every lost chunk: (ino, chunk index in the file, where it was).
+    pub fn lost_chunks(&self) -> Result<Vec<(Ino, u64, ChunkLoc)>, FsError> {
+        let mut out = Vec::new();
+        for item in self.tree(T_LOST).iter() {
+            let (k, v) = item.map_err(db_err)?;
+            let loc = decode_loc(&k)?;
+            let (ino, index) = decode_u64_pair(&v)?;
+            out.push((ino, index, loc));
+        }
+        Ok(out)
+    }
+
+    /// The incarnation data server `id` last registered with (0: unknown).
+    pub fn incarnation(&self, id: u32) -> Result<u64, FsError> {
+        match self
+            .tree(T_INCARNATIONS)
+            .get(id.to_be_bytes())
+            .map_err(db_err)?
+        {
+            Some(v) => decode_u64(&v),
+            None => Ok(0),
+        }
     }
 
     /// Every inode in use.
@@ -1139,7 +1208,15 @@ impl Store {
             for c in first..first + count {
                 let key = key_u64s(ino, c);
                 if let Some(v) = tx.t(T_CHUNKS).get(key)? {
-                    out.push(lift(decode_loc(&v))?);
+                    let loc = lift(decode_loc(&v))?;
+                    if tx
+                        .t(T_LOST)
+                        .get(key_server(loc.server, loc.index))?
+                        .is_some()
+                    {
+                        return abort(lost_error(ino, c, loc));
+                    }
+                    out.push(loc);
                     continue;
                 }
                 let n = servers.len();
@@ -1193,16 +1270,34 @@ impl Store {
         })
     }
 
-    /// Registers (or re-registers, by name) a data server; returns its record. A server that
-    /// comes back smaller than the chunks already handed out is refused.
+    /// Registers (or re-registers, by name) a data server presenting `incarnation`; returns its
+    /// record and how many of its chunks were marked lost. A server that comes back smaller than
+    /// the chunks already handed out is refused.
+    ///
+    /// A known server presenting another incarnation than it last did has new memory: every
+    /// chunk of a file on it is marked lost (`lost`), and its dirty chunks need no zeroing
+    /// (they are zero), which the caller's usual zeroing of dirty chunks does harmlessly.
     pub fn register_server(
         &self,
         name: &str,
         fabric: &FabricAddr,
         region: fabric::RegionId,
         chunks: u64,
-    ) -> Result<ServerRecord, FsError> {
-        self.tx(|tx| {
+        incarnation: u64,
+    ) -> Result<(ServerRecord, u64), FsError> {
+        // The scan is outside the transaction (sled deadlocks a read inside one); registrations
+        // and allocations are serialized by the service's state lock, so it stays exact.
+        let known = self
+            .tree(T_NAMES)
+            .get(name.as_bytes())
+            .map_err(db_err)?
+            .and_then(|v| <[u8; 4]>::try_from(v.as_ref()).ok())
+            .map(u32::from_be_bytes);
+        let doomed: Vec<(Ino, u64, ChunkLoc)> = match known {
+            Some(id) if self.incarnation(id)? != incarnation => self.chunks_on(id)?,
+            _ => Vec::new(),
+        };
+        let rec = self.tx(|tx| {
             let id = match tx.t(T_NAMES).get(name.as_bytes())? {
                 Some(v) => {
                     let bytes: [u8; 4] = match v.as_ref().try_into() {
@@ -1249,9 +1344,38 @@ impl Store {
                 }
             };
             tx.put_server(&rec)?;
+            tx.t(T_INCARNATIONS)
+                .insert(&rec.id.to_be_bytes(), &be64(incarnation))?;
+            for (ino, index, loc) in &doomed {
+                tx.t(T_LOST)
+                    .insert(&key_server(loc.server, loc.index), &key_u64s(*ino, *index))?;
+            }
             Ok(rec)
-        })
+        })?;
+        Ok((rec, doomed.len() as u64))
     }
+
+    /// Every chunk of a file on data server `server`: (ino, chunk index, location).
+    fn chunks_on(&self, server: u32) -> Result<Vec<(Ino, u64, ChunkLoc)>, FsError> {
+        let mut out = Vec::new();
+        for item in self.tree(T_CHUNKS).iter() {
+            let (k, v) = item.map_err(db_err)?;
+            let loc = decode_loc(&v)?;
+            if loc.server == server {
+                let (ino, index) = decode_u64_pair(&k)?;
+                out.push((ino, index, loc));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The error of an I/O touching lost chunk `index` of `ino`.
+fn lost_error(ino: Ino, index: u64, loc: ChunkLoc) -> FsError {
+    FsError::Lost(format!(
+        "chunk {index} of inode {ino} was on data server {}, which restarted without its memory",
+        loc.server
+    ))
 }
 
 /// Removes one link of `ino` (its directory entry is gone already): the inode goes when its last

@@ -154,7 +154,7 @@ fn sessions_expire_and_release_their_files() {
     quiet.unlink(ROOT_INO, "f").unwrap();
     for _ in 0..12 {
         std::thread::sleep(Duration::from_millis(50));
-        busy.ok(Request::Heartbeat).unwrap();
+        busy.heartbeat().unwrap();
     }
     // The quiet session is gone; the busy one (heartbeating) still holds the file.
     assert_eq!(quiet.call(Request::Heartbeat), Err(FsError::Stale));
@@ -289,7 +289,7 @@ fn fence_revokes_silent_sessions_on_every_fabric_server() {
     // The silent session says nothing for 3× fence_after; the live one heartbeats.
     for _ in 0..15 {
         std::thread::sleep(Duration::from_millis(20));
-        live.ok(Request::Heartbeat).unwrap();
+        live.heartbeat().unwrap();
     }
     fencer.ok(Request::Fence).unwrap();
 
@@ -310,7 +310,7 @@ fn fence_revokes_silent_sessions_on_every_fabric_server() {
     );
     ld.write_u64(data_word, 3).unwrap();
     assert_eq!(silent.call(Request::Heartbeat), Err(FsError::Stale));
-    live.ok(Request::Heartbeat).unwrap();
+    live.heartbeat().unwrap();
     fencer.ok(Request::Fence).unwrap();
     ld.write_u64(data_word, 4).unwrap();
 }

@@ -55,6 +55,16 @@ pub enum FsError {
     /// The cluster refused this client (wrong cluster id or token, or protocol version).
     #[error("refused by the cluster: {0}")]
     Refused(String),
+    /// A server the call needs is not connected now (no data server registered to allocate
+    /// chunks on, e.g. just after a meta server restart): the call did nothing and may succeed
+    /// later. Clients wait a bounded time and retry before reporting EIO.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+    /// The data asked for is gone: it lived on a data server whose memory was lost (a
+    /// memory-only server that restarted empty). Reads and writes of it fail with EIO rather
+    /// than return zeros; `citronfs fsck` lists the files.
+    #[error("data lost: {0}")]
+    Lost(String),
 }
 
 impl FsError {
@@ -75,7 +85,9 @@ impl FsError {
             FsError::Range => libc::ERANGE,
             FsError::Stale => libc::ESTALE,
             FsError::NotSupported => libc::EOPNOTSUPP,
-            FsError::Io(_) | FsError::Refused(_) => libc::EIO,
+            FsError::Io(_) | FsError::Refused(_) | FsError::Lost(_) | FsError::Unavailable(_) => {
+                libc::EIO
+            }
         }
     }
 }
@@ -91,9 +103,11 @@ pub fn kind_from_errno(errno: i32) -> std::io::ErrorKind {
 impl From<FsError> for std::io::Error {
     fn from(e: FsError) -> Self {
         match e {
-            FsError::Invalid(_) | FsError::Io(_) | FsError::Refused(_) => {
-                std::io::Error::new(kind_from_errno(e.errno()), e)
-            }
+            FsError::Invalid(_)
+            | FsError::Io(_)
+            | FsError::Refused(_)
+            | FsError::Lost(_)
+            | FsError::Unavailable(_) => std::io::Error::new(kind_from_errno(e.errno()), e),
             FsError::NotFound
             | FsError::Exists
             | FsError::NotEmpty

@@ -40,6 +40,11 @@ pub enum Role {
         region: RegionId,
         /// The region's size in bytes; the meta server divides it into chunks of its chunk size.
         region_bytes: u64,
+        /// Which life of the region this is: a server whose region's contents survived since it
+        /// last registered (a file-backed region) presents the same incarnation; one whose
+        /// memory is new (a memory-only server restarted) presents a new one, and the meta
+        /// server marks every chunk it held lost.
+        incarnation: u64,
         /// A stable name, so that a restarted data server gets its old id back (and its data).
         name: String,
     },
@@ -78,8 +83,12 @@ pub enum XattrMode {
 /// A call to the meta server.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Request {
-    /// Keeps the session alive.
+    /// Keeps the session alive. A client session is answered `Heartbeat` (with the layout
+    /// epoch); a data server's registration connection `Ok`.
     Heartbeat,
+    /// The cluster's layout now (data servers, their incarnations and whether they are
+    /// connected), for this session. → `Cluster`
+    Cluster,
     /// The entry `name` in directory `parent`. → `Attr`
     Lookup {
         /// Directory.
@@ -304,6 +313,14 @@ pub enum Response {
     Chunks(Vec<Option<ChunkLoc>>),
     /// An address in the meta region.
     Addr(RemoteAddr),
+    /// A client session's heartbeat answer.
+    Heartbeat {
+        /// The layout epoch ([`crate::ClusterInfo::layout_epoch`]): when it moves, the client
+        /// fetches the layout again (`Cluster`).
+        layout_epoch: u64,
+    },
+    /// The cluster's layout (`session` is the asking session's).
+    Cluster(Box<crate::ClusterInfo>),
     /// The sessions revoked after the epoch the data server named, up to epoch `epoch`.
     Revocations {
         /// The current epoch (bumped by each fence that revoked something).

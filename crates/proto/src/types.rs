@@ -189,6 +189,12 @@ pub struct FsStats {
 /// How to reach a server's registered regions: the fabric's own address type.
 pub use fabric::FabricAddr;
 
+/// The region of a data server that holds one word: its incarnation
+/// ([`DataServerInfo::incarnation`]), written at start. Clients read it in the same batch as
+/// their data verbs, after them, and discard the batch's outcome when it is not the
+/// incarnation they know: their view of the server is older than the memory they reached.
+pub const INCARNATION_REGION: RegionId = RegionId(2);
+
 /// A data server as clients see it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DataServerInfo {
@@ -200,6 +206,12 @@ pub struct DataServerInfo {
     pub region: RegionId,
     /// Chunks it holds (its region is `chunks · chunk_size` bytes).
     pub chunks: u64,
+    /// The life of its region it registered with last (see `Role::DataServer`): clients
+    /// compare it to tell a restarted server whose memory is new from the one they knew.
+    pub incarnation: u64,
+    /// Whether it is registered now (its registration connection is open). A client's I/O on
+    /// a server that is not waits a bounded time for it, then fails with EIO.
+    pub live: bool,
 }
 
 /// Where one chunk of a file lives.
@@ -234,6 +246,10 @@ pub struct ClusterInfo {
     pub fence_after_ms: u64,
     /// Where the `server` lock scheme's lock server listens (`host:port`), if it runs.
     pub lock_server: Option<String>,
+    /// Moves whenever the data servers' layout changes (one registers, comes back with a new
+    /// address or incarnation, or goes away); heartbeats carry it, so clients learn of a
+    /// change within a heartbeat period and fetch the layout again.
+    pub layout_epoch: u64,
 }
 
 /// What a client needs to do I/O on an open file.

@@ -334,6 +334,36 @@ impl Cluster {
         self.start_data_servers()
     }
 
+    /// Stops the meta server and starts it again on the same state and RPC address, while the
+    /// data servers and clients run on: the data servers register again and clients reconnect
+    /// (new sessions) on their own.
+    pub fn restart_meta(&mut self) -> Result<()> {
+        self.meta.shutdown().context("stop the meta server")?;
+        self.meta =
+            MetaServer::start(self.meta_config.clone()).context("restart the meta server")?;
+        Ok(())
+    }
+
+    /// Stops data server `i` (`ds-i`) and starts it again with the same name, while everything
+    /// else runs on. Memory-backed, it comes back with new memory (a new incarnation, whose
+    /// chunks the meta server marks lost); file-backed, with its region file.
+    pub fn restart_data_server(&mut self, i: usize) -> Result<()> {
+        anyhow::ensure!(i < self.data.len(), "no data server {i}");
+        self.data[i].shutdown();
+        self.data[i] = DataServer::start(self.data_config(i))
+            .with_context(|| format!("restart data server {}", data_server_name(i)))?;
+        Ok(())
+    }
+
+    /// Starts one more data server (`ds-N`, N the count so far) of the spec's capacity.
+    pub fn add_data_server(&mut self) -> Result<&DataHandle> {
+        let i = self.data.len();
+        let handle = DataServer::start(self.data_config(i))
+            .with_context(|| format!("start data server {}", data_server_name(i)))?;
+        self.data.push(handle);
+        Ok(&self.data[i])
+    }
+
     /// Stops the meta server (persisting open files' sizes and flushing the namespace; no data
     /// server is needed for that), then the data servers. Dropping does the same, logging the
     /// error instead.

@@ -42,6 +42,17 @@ pub fn pattern(seed: u64, offset: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// Sends this process's logs (`RUST_LOG`, default `warn`) to the test harness's captured
+/// output, so that a failing test shows what the servers and clients said. Idempotent.
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .try_init();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -78,6 +78,14 @@ impl Fs {
         }
     }
 
+    /// Renews the session (a client session's heartbeat answers the layout epoch).
+    pub fn heartbeat(&mut self) -> Result<u64, FsError> {
+        match self.call(Request::Heartbeat)? {
+            Response::Heartbeat { layout_epoch } => Ok(layout_epoch),
+            other => panic!("expected Heartbeat, got {other:?}"),
+        }
+    }
+
     pub fn mkdir(&mut self, parent: Ino, name: &str) -> Result<Attr, FsError> {
         self.attr(Request::Mkdir {
             parent,

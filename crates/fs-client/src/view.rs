@@ -1,0 +1,202 @@
+//! The cluster as this client sees it now: the meta session, the data servers' layout, and the
+//! fabric connectors that follow from them — replaced whole when the session or the layout
+//! changes, so that a server restart does not break the mount.
+//!
+//! A [`View`] is immutable. [`Inner::view`] returns the current one after a cheap check (two
+//! atomic loads and a read lock) that the meta connection is up, that it still belongs to the
+//! meta session the connection has, and that no heartbeat brought a newer layout epoch;
+//! otherwise it builds the next one ([`Inner::refresh_view`]): asks the meta server for the
+//! layout (`Cluster`, which reconnects first if the connection broke — a new session), and
+//! connects to the servers, keeping the connectors of data servers whose address and
+//! incarnation did not change.
+//!
+//! Invariants:
+//! - One call uses one view from start to end: a worker is built for one view (`workers`) and
+//!   is dropped at checkout once a newer view exists, so no endpoint or lock handle of an old
+//!   session or of a data server's earlier life is used after the client learnt of the change.
+//! - What was opened in an older session is reopened in the current one before use
+//!   ([`Inner::live_inode`]): file control blocks and lock states live in the meta server's
+//!   region, which a restarted meta server has laid out afresh.
+//! - A data server that came back with new memory (a new incarnation) gets new connectors, and
+//!   every chunk cache is emptied (the meta server now answers `Lost` for its chunks).
+
+use crate::client::{Inner, MountOptions};
+use crate::error::Error;
+use crate::handles::OpenInode;
+use crate::meta::{unexpected, RECONNECT_WAIT};
+use crate::servers::Servers;
+use proto::rpc::{Request, Response};
+use proto::{ClusterInfo, FsError};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError};
+use std::time::{Duration, Instant};
+
+/// The cluster as this client sees it (see the module docs).
+pub(crate) struct View {
+    /// Client-local, increasing with every new view.
+    pub(crate) id: u64,
+    /// The meta connection's generation (`Meta::generation`) this view belongs to.
+    pub(crate) generation: u64,
+    /// What the meta server said (`info.session` is this view's session).
+    pub(crate) info: ClusterInfo,
+    /// The connectors that follow from `info`.
+    pub(crate) servers: Servers,
+}
+
+impl View {
+    /// The first view, from what the meta server said at connect.
+    pub(crate) fn first(info: ClusterInfo, opts: &MountOptions) -> Result<View, Error> {
+        let servers = Servers::connect(&info, opts, None)?;
+        Ok(View {
+            id: 1,
+            generation: 1,
+            info,
+            servers,
+        })
+    }
+
+    /// The meta session this view belongs to.
+    pub(crate) fn session(&self) -> u64 {
+        self.info.session
+    }
+
+    /// Whether data server `id` is registered with the meta server (as of this view).
+    pub(crate) fn data_server_live(&self, id: u32) -> bool {
+        self.info
+            .data_servers
+            .iter()
+            .any(|ds| ds.id == id && ds.live)
+    }
+}
+
+impl Inner {
+    /// The current view, refreshed first if it is out of date (see the module docs).
+    pub(crate) fn view(&self) -> Result<Arc<View>, Error> {
+        let view = self
+            .view
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if self.meta.is_up()
+            && view.generation == self.meta.generation()
+            && view.info.layout_epoch >= self.meta.layout_epoch()
+        {
+            return Ok(view);
+        }
+        self.refresh_view(view.id)
+    }
+
+    /// Builds and installs a new view unless one newer than view `seen` was installed meanwhile:
+    /// fetches the layout (reconnecting to the meta server, a new session, if the connection
+    /// broke) and connects to the servers it names.
+    pub(crate) fn refresh_view(&self, seen: u64) -> Result<Arc<View>, Error> {
+        let _one_at_a_time = self
+            .view_refresh
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let current = self
+            .view
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if current.id > seen {
+            return Ok(current);
+        }
+        let (generation, info) = loop {
+            let info = match self.meta.call(Request::Cluster)? {
+                Response::Cluster(info) => *info,
+                other => return Err(unexpected("Cluster", other)),
+            };
+            // The answer is of the session the connection had before and after the call; a
+            // reconnection in between (a generation moved) means asking again.
+            let (after, latest) = self.meta.latest();
+            if after == self.meta.generation() && latest.session == info.session {
+                self.meta.note_layout_epoch(info.layout_epoch);
+                break (after, info);
+            }
+        };
+        if info.chunk_size != self.geometry.chunk_size || info.lock_unit != self.geometry.lock_unit
+        {
+            return Err(Error::Protocol(format!(
+                "the cluster's chunk size or lock unit changed (now {} and {} bytes): remount",
+                info.chunk_size, info.lock_unit
+            )));
+        }
+        let reuse = (current.session() == info.session).then_some(&current.servers);
+        let servers = Servers::connect(&info, &self.opts, reuse)?;
+        if current.session() != info.session {
+            tracing::warn!(
+                old = current.session(),
+                new = info.session,
+                "new meta session: files open on this client are reopened on their next use"
+            );
+        }
+        let view = Arc::new(View {
+            id: current.id + 1,
+            generation,
+            info,
+            servers,
+        });
+        *self.view.write().unwrap_or_else(PoisonError::into_inner) = view.clone();
+        // Chunk locations learnt before may name chunks that are lost now: learn them again.
+        self.chunk_epoch.store(view.id, Ordering::SeqCst);
+        Ok(view)
+    }
+
+    /// Recovers from `failure`, an I/O failure below the file system (`Error::is_transient`),
+    /// before the I/O is tried again: a fresh view (reconnecting to the meta server if needed,
+    /// which waits up to [`RECONNECT_WAIT`] for it), and, when the failure was on a data server
+    /// that is not registered now, a wait of up to [`RECONNECT_WAIT`] for it to come back.
+    /// Fails when the cluster stays unreachable past that bound, so nothing hangs.
+    pub(crate) fn recover(&self, failure: &Error) -> Result<Arc<View>, Error> {
+        let deadline = Instant::now() + RECONNECT_WAIT;
+        loop {
+            let seen = self.view.read().unwrap_or_else(PoisonError::into_inner).id;
+            let view = self.refresh_view(seen)?;
+            let waiting = match failure {
+                // The meta server had no data server to allocate on: wait for one.
+                Error::Fs(FsError::Unavailable(_)) => {
+                    !view.info.data_servers.iter().any(|ds| ds.live)
+                }
+                // The server restarted: wait until the meta server has registered the
+                // incarnation the batch found.
+                Error::StaleDataServer { server, found, .. } => !view
+                    .info
+                    .data_servers
+                    .iter()
+                    .any(|ds| ds.id == *server && ds.live && ds.incarnation == *found),
+                _ => failure
+                    .data_server()
+                    .is_some_and(|id| !view.data_server_live(id)),
+            };
+            if !waiting {
+                return Ok(view);
+            }
+            if Instant::now() >= deadline {
+                return Err(match failure.data_server() {
+                    Some(server) => Error::DataServerAway {
+                        server,
+                        waited: RECONNECT_WAIT,
+                    },
+                    None => Error::Fs(FsError::Unavailable(format!(
+                        "no data server connected within {RECONNECT_WAIT:?}"
+                    ))),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `inode` as open in `view`'s session: itself, or reopened if it was opened in an earlier
+    /// session (see the module docs).
+    pub(crate) fn live_inode(
+        &self,
+        inode: &Arc<OpenInode>,
+        view: &View,
+    ) -> Result<Arc<OpenInode>, Error> {
+        if inode.session == view.session() {
+            return Ok(inode.clone());
+        }
+        self.reopen(inode.ino, view)
+    }
+}
