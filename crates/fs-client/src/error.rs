@@ -134,6 +134,13 @@ pub enum Error {
         /// The incarnation word read.
         found: u64,
     },
+    /// An fsync found that changes this client made before the meta server restarted (and
+    /// that no fsync covered) may have been lost with it.
+    #[error(
+        "the meta server restarted since this client's last fsync: changes it acknowledged \
+         before may be lost"
+    )]
+    ChangesMaybeLost,
     /// The session's heartbeat thread could not be started.
     #[error("cannot start the heartbeat thread: {0}")]
     Heartbeat(#[source] std::io::Error),
@@ -155,6 +162,7 @@ impl Error {
             | Error::GenerationChurn { .. }
             | Error::DataServerAway { .. }
             | Error::StaleDataServer { .. }
+            | Error::ChangesMaybeLost
             | Error::Heartbeat(_) => libc::EIO,
         }
     }

@@ -20,7 +20,9 @@
 //! When it failed below the file system (`Error::is_transient`: a server restarted, a
 //! connection broke, a chunk on a data server this client did not know yet), the client
 //! catches up with the cluster (`view`'s `recover`: reconnects, fetches the layout, waits a
-//! bounded time for the data server) and redoes the whole I/O, [`RECOVERIES`] times, then EIO.
+//! bounded time for the data server) and redoes the whole I/O, with growing pauses, for up to
+//! [`RECOVERY_BUDGET`], then EIO. (The meta server may learn of a data server's death a
+//! moment after its clients, so the layout can still name the dead address for a while.)
 //! Redoing is safe: a read has no effect, and a write writes the same bytes at the same offsets
 //! under a new lock (an `O_APPEND` write, whose offset is the size it found, is not redone: its
 //! first attempt may have raised the size already). Every attempt starts from a worker and an
@@ -45,13 +47,17 @@ use proto::{Attr, Caller, FsError, SetAttr, SetTime, INCARNATION_REGION};
 use std::ops::Range;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// How often one read or write is retried under a new lock after its lease ran out.
 const LEASE_RETRIES: u32 = 3;
 
-/// How often one read or write is redone after a failure below the file system.
-const RECOVERIES: u32 = 3;
+/// For how long one read or write is redone after failures below the file system (a server
+/// restarting), with pauses from [`FIRST_PAUSE`] doubling up to half a second in between.
+const RECOVERY_BUDGET: Duration = crate::meta::RECONNECT_WAIT;
+
+/// The pause before the first redo.
+const FIRST_PAUSE: Duration = Duration::from_millis(20);
 
 impl CitronFs {
     /// Reads up to `len` bytes at `offset`; fewer at the end of the file. Atomic with respect
@@ -109,7 +115,12 @@ impl CitronFs {
                 let locs =
                     inner.chunk_locations(&w.view, &inode, generation, offset, data.len(), true)?;
                 inner.transfer_write(w, offset, data, &locs)?;
-                inner.raise_size(w, &inode, size, end)
+                inner.raise_size(w, &inode, size, end)?;
+                // The size lives in the meta server's memory until an fsync or close.
+                if end > size {
+                    inner.meta.note_unsynced(w.view.generation);
+                }
+                Ok(())
             })
         })?;
         let inode = used.expect("set by the successful attempt");
@@ -135,17 +146,36 @@ impl CitronFs {
     pub fn fsync(&self, fh: FileHandle) -> Result<(), Error> {
         let handle = self.inner.handle(fh)?;
         let inner = &*self.inner;
-        inner.retry(true, || {
-            let mut w = inner.checkout()?;
-            let inode = inner.live_inode(&handle.inode, &w.view)?;
-            inner.flush_data(&mut w, &inode)
-        })?;
-        self.inner.ok_call(
-            "Fsync",
-            Request::Fsync {
-                ino: handle.inode.ino,
-            },
-        )
+        // Taken before: a change made while this fsync runs is left for the next one.
+        let unsynced = inner.meta.take_unsynced();
+        let synced = inner
+            .retry(true, || {
+                let mut w = inner.checkout()?;
+                let inode = inner.live_inode(&handle.inode, &w.view)?;
+                inner.flush_data(&mut w, &inode)
+            })
+            .and_then(|()| {
+                inner.ok_call(
+                    "Fsync",
+                    Request::Fsync {
+                        ino: handle.inode.ino,
+                    },
+                )
+            });
+        if let Err(e) = synced {
+            if unsynced != 0 {
+                inner.meta.note_unsynced(unsynced);
+            }
+            return Err(e);
+        }
+        // Changes made in a session that ended before this fsync was answered may be gone
+        // with the meta server that acknowledged them: say so (once), as a local file system
+        // reports a write-back error at the next fsync.
+        let now = inner.meta.generation();
+        if unsynced != 0 && unsynced < now {
+            return Err(Error::ChangesMaybeLost);
+        }
+        Ok(())
     }
 }
 
@@ -153,11 +183,13 @@ impl Inner {
     /// Runs `op` (one whole locked read or write) again when its lock's lease ran out before
     /// its verbs were done, up to [`LEASE_RETRIES`] times: a stalled client gets a fresh lock
     /// rather than an error, and only one that keeps stalling sees EIO. With `redo`, also after
-    /// a failure below the file system, once the client has caught up with the cluster, up to
-    /// [`RECOVERIES`] times (see the module docs).
+    /// a failure below the file system, once the client has caught up with the cluster, for up
+    /// to [`RECOVERY_BUDGET`] (see the module docs).
     fn retry<T>(&self, redo: bool, mut op: impl FnMut() -> Result<T, Error>) -> Result<T, Error> {
         let mut lease_retries = 0;
         let mut recoveries = 0;
+        let mut first_failure: Option<Instant> = None;
+        let mut pause = FIRST_PAUSE;
         loop {
             match op() {
                 Err(Error::LeaseLost) if lease_retries < LEASE_RETRIES => {
@@ -167,14 +199,25 @@ impl Inner {
                         "range lock lease ran out mid-I/O; retrying under a new lock"
                     );
                 }
-                Err(e) if redo && e.is_transient() && recoveries < RECOVERIES => {
+                Err(e)
+                    if redo
+                        && e.is_transient()
+                        && first_failure.is_none_or(|t| t.elapsed() < RECOVERY_BUDGET) =>
+                {
                     recoveries += 1;
+                    let since = *first_failure.get_or_insert_with(Instant::now);
                     tracing::warn!(
                         attempt = recoveries,
                         error = %crate::error::Chain(&e),
                         "I/O failed below the file system; catching up with the cluster and \
                          redoing it"
                     );
+                    if recoveries > 1 {
+                        std::thread::sleep(
+                            pause.min(RECOVERY_BUDGET.saturating_sub(since.elapsed())),
+                        );
+                        pause = (pause * 2).min(Duration::from_millis(500));
+                    }
                     self.recover(&e)?;
                 }
                 other => return other,

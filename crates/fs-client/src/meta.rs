@@ -47,6 +47,10 @@ pub(crate) struct Meta {
     /// Whether the connection is up, as the last call found it: read on every I/O without
     /// taking `conn`'s mutex (which a call holds across its round trip).
     up: AtomicBool,
+    /// The oldest generation in which this client changed something (a namespace change, a
+    /// chunk allocation, a file's size) that no fsync has made durable yet; 0: none. See
+    /// [`Meta::take_unsynced`].
+    unsynced: AtomicU64,
 }
 
 impl Meta {
@@ -68,6 +72,7 @@ impl Meta {
             latest: Mutex::new(info.clone()),
             layout_epoch: AtomicU64::new(info.layout_epoch),
             up: AtomicBool::new(true),
+            unsynced: AtomicU64::new(0),
         };
         Ok((meta, info))
     }
@@ -91,6 +96,24 @@ impl Meta {
     /// Notes a layout epoch heard of.
     pub(crate) fn note_layout_epoch(&self, epoch: u64) {
         self.layout_epoch.fetch_max(epoch, Ordering::SeqCst);
+    }
+
+    /// Notes a change made in session generation `generation` that only an fsync makes
+    /// durable: the meta server's database reaches the disk in the background, so a crash may
+    /// lose what it acknowledged but no fsync covered.
+    pub(crate) fn note_unsynced(&self, generation: u64) {
+        let _ = self
+            .unsynced
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |old| {
+                (old == 0 || generation < old).then_some(generation)
+            });
+    }
+
+    /// Takes the oldest generation with changes no fsync covered yet (0: none), before an
+    /// fsync; an fsync answered in a later generation cannot vouch for them (the session that
+    /// made them ended: the meta server restarted, and may have lost them).
+    pub(crate) fn take_unsynced(&self) -> u64 {
+        self.unsynced.swap(0, Ordering::SeqCst)
     }
 
     /// Whether the connection is up, as far as the last call knows.
@@ -180,8 +203,14 @@ impl Meta {
             conn = self.reconnect(conn)?;
         }
         let client = conn.as_mut().expect("connected above");
+        let changes = changes_state(&request);
         match client.call(request) {
-            Ok(answer) => Ok(answer?),
+            Ok(answer) => {
+                if changes {
+                    self.note_unsynced(self.generation());
+                }
+                Ok(answer?)
+            }
             Err(e) => {
                 // The stream may be mid-frame: never reuse it.
                 *conn = None;
@@ -233,6 +262,25 @@ impl Drop for Heartbeat {
             let _ = thread.join();
         }
     }
+}
+
+/// Whether `request` changes what the meta server keeps (and is durable only after a flush).
+fn changes_state(request: &Request) -> bool {
+    matches!(
+        request,
+        Request::SetAttr { .. }
+            | Request::Mknod { .. }
+            | Request::Mkdir { .. }
+            | Request::Symlink { .. }
+            | Request::Link { .. }
+            | Request::Unlink { .. }
+            | Request::Rmdir { .. }
+            | Request::Rename { .. }
+            | Request::SetXattr { .. }
+            | Request::RemoveXattr { .. }
+            | Request::AllocateChunks { .. }
+            | Request::Release { .. }
+    )
 }
 
 /// Whether `e` is the meta server refusing this client (which retrying cannot change).

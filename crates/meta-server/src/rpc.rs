@@ -16,7 +16,9 @@ use serde::Serialize;
 use std::io;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::{
+    AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter,
+};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
@@ -197,11 +199,21 @@ async fn connection(
                                     let mut watch = service.fence_watch();
                                     // Answer at once if newer revocations exist, else at the
                                     // first one or after a second (the poll is the heartbeat).
-                                    let _ = tokio::time::timeout(
+                                    // Meanwhile watch the connection: a data server that dies
+                                    // must be marked gone at once (clients ask the layout to
+                                    // learn where it comes back), not a second later.
+                                    let poll = tokio::time::timeout(
                                         std::time::Duration::from_secs(1),
                                         watch.wait_for(|&newest| newest > known),
-                                    )
-                                    .await;
+                                    );
+                                    tokio::select! {
+                                        _ = poll => {}
+                                        filled = reader.fill_buf() => {
+                                            if filled.map_or(true, |b| b.is_empty()) {
+                                                break Err("the data server closed its registration".into());
+                                            }
+                                        }
+                                    }
                                     let (newest, sessions) = service.revocations_since(known);
                                     Ok(proto::rpc::Response::Revocations {
                                         epoch: newest,

@@ -519,6 +519,14 @@ impl Service {
             .filter(|l| l.server == record.id)
             .collect();
         self.zero_and_recycle(dirty);
+        // Tails of truncates a crash (or this server's absence) left unzeroed.
+        for (loc, from) in self.store.tails()? {
+            if loc.server == record.id {
+                if let Err(error) = self.zero_tail(loc, from) {
+                    tracing::warn!(?loc, %error, "cannot zero a truncated chunk's tail yet");
+                }
+            }
+        }
         Ok((record.id, epoch))
     }
 
@@ -571,7 +579,18 @@ impl Service {
 
     /// Zeroes freed chunks and returns them to their servers' free stacks; a chunk whose server
     /// is away stays dirty until it registers again.
+    ///
+    /// The change that freed them is made durable first: zeroing is a data effect no crash can
+    /// undo, and a namespace change lost by a crash (sled flushes in the background) would
+    /// otherwise bring back a file whose chunks read zeros.
     fn zero_and_recycle(&self, freed: Vec<ChunkLoc>) {
+        if freed.is_empty() {
+            return;
+        }
+        if let Err(error) = self.store.flush() {
+            tracing::warn!(%error, "cannot make a free durable: its chunks stay dirty for now");
+            return;
+        }
         for loc in freed {
             match self.zero_chunk(loc, 0, self.settings.chunk_size) {
                 Ok(()) => {
@@ -582,6 +601,14 @@ impl Service {
                 Err(error) => tracing::debug!(?loc, %error, "chunk stays dirty for now"),
             }
         }
+    }
+
+    /// Zeroes the tail of a chunk a shrinking truncate left (`Effects::tail`), once the
+    /// truncate is durable; a tail whose server is away is zeroed when it registers again.
+    fn zero_tail(&self, loc: ChunkLoc, from: u64) -> Result<(), FsError> {
+        self.store.flush()?;
+        self.zero_chunk(loc, from, self.settings.chunk_size)?;
+        self.store.tail_zeroed(loc)
     }
 
     // ---- open files -------------------------------------------------------------------------
@@ -839,6 +866,13 @@ impl Service {
                     self.apply_size(&mut st, &attr, previous, size)?;
                 }
                 drop(st);
+                // The client holds the whole-file lock until this answer: nobody writes the
+                // tail meanwhile.
+                if let Some((loc, from)) = effects.tail {
+                    if let Err(error) = self.zero_tail(loc, from) {
+                        tracing::warn!(?loc, %error, "truncated chunk's tail not zeroed yet");
+                    }
+                }
                 self.zero_and_recycle(effects.freed);
                 Response::Attr(attr)
             }
@@ -1012,10 +1046,12 @@ impl Service {
             st.endpoint
                 .write_u64(Self::meta_addr(base + fcb::SIZE), new)?;
         }
+        // Growing: the bytes from the old size to the end of its chunk become part of the file
+        // and must read zeros (they should be; a write that failed after its data verbs may
+        // have left some). Shrinking zeroes the tail once durable (`Effects::tail`).
         let cs = self.settings.chunk_size;
-        let from = old.min(new);
-        if from % cs != 0 {
-            let chunk = from / cs;
+        if new > old && old % cs != 0 {
+            let chunk = old / cs;
             if let Some(Some(loc)) = self.store.chunk_map(attr.ino, chunk, 1)?.first() {
                 let loc = *loc;
                 // The state lock is held: zero through the server's endpoint directly.
@@ -1028,7 +1064,7 @@ impl Service {
                         )))
                     }
                 };
-                let start = loc.index * cs + from % cs;
+                let start = loc.index * cs + old % cs;
                 let mut ep = lock(&endpoint);
                 zero_range(&mut **ep, region, start, (loc.index + 1) * cs)?;
             }

@@ -21,6 +21,7 @@
 //! | `meta`      | a name                      | counters and settings (`next_ino`, `chunk_size`, ...) |
 //! | `incarnations` | server id (u32)          | the incarnation it last registered with (u64) |
 //! | `lost`      | server id ++ chunk index    | ino ++ chunk index: a file's chunk whose data is gone |
+//! | `tails`     | server id ++ chunk index    | offset in the chunk: bytes from there to its end still to be zeroed (a shrinking truncate) |
 //!
 //! # Invariants
 //! - Every mutating operation is one sled transaction over all trees; callers serialize
@@ -35,6 +36,11 @@
 //! - A chunk in `lost` is in the chunk map it names: its data server came back with new memory
 //!   (a new incarnation) while the chunk held file data. Chunk-map answers that include it fail
 //!   with `FsError::Lost` (never zeros); freeing it (truncate, unlink) clears the mark.
+//! - Bytes of a file's chunks beyond its size are zero, except in a chunk named in `tails`
+//!   from the offset recorded there: a shrinking truncate records its tail in the same
+//!   transaction, and the service zeroes it only once that transaction is durable (then drops
+//!   the record), so that a crash never leaves the old size with a zeroed tail; a record left
+//!   by a crash is zeroed when the chunk's server registers.
 //! - Directory cookies: `.` is 1, `..` is 2, entries get 3, 4, ... in creation order per
 //!   directory; a cookie is never reused in that directory, so listing "after cookie c" is stable
 //!   across concurrent creates and deletes.
@@ -70,7 +76,8 @@ const T_ORPHANS: usize = 12;
 const T_META: usize = 13;
 const T_INCARNATIONS: usize = 14;
 const T_LOST: usize = 15;
-const TREE_NAMES: [&str; 16] = [
+const T_TAILS: usize = 16;
+const TREE_NAMES: [&str; 17] = [
     "inodes",
     "parents",
     "dirents",
@@ -87,6 +94,7 @@ const TREE_NAMES: [&str; 16] = [
     "meta",
     "incarnations",
     "lost",
+    "tails",
 ];
 
 const FIRST_ENTRY_COOKIE: u64 = 3;
@@ -318,8 +326,10 @@ impl Tx<'_> {
     fn free_chunks(&self, ino: Ino, chunks: &[(u64, ChunkLoc)]) -> TxResult<()> {
         for (index, loc) in chunks {
             self.t(T_CHUNKS).remove(&key_u64s(ino, *index))?;
-            // A lost chunk freed is an ordinary dirty chunk of the server's new memory.
+            // A lost chunk freed is an ordinary dirty chunk of the server's new memory; a dirty
+            // chunk is zeroed whole, tail included.
             self.t(T_LOST).remove(&key_server(loc.server, loc.index))?;
+            self.t(T_TAILS).remove(&key_server(loc.server, loc.index))?;
             self.t(T_DIRTY)
                 .insert(&key_server(loc.server, loc.index), &[][..])?;
         }
@@ -361,6 +371,9 @@ struct Doomed {
 pub struct Effects {
     /// Chunks freed (now dirty): zero them, then [`Store::recycle`] them.
     pub freed: Vec<ChunkLoc>,
+    /// A chunk whose bytes from an offset on are to be zeroed once the change is durable, then
+    /// [`Store::tail_zeroed`] (a shrinking truncate).
+    pub tail: Option<(ChunkLoc, u64)>,
     /// An inode whose last link went while it is open: deleted at its last release.
     pub orphaned: Option<Ino>,
 }
@@ -614,6 +627,24 @@ impl Store {
             out.push((ino, index, loc));
         }
         Ok(out)
+    }
+
+    /// Every chunk tail still to be zeroed: (chunk, offset in the chunk).
+    pub fn tails(&self) -> Result<Vec<(ChunkLoc, u64)>, FsError> {
+        let mut out = Vec::new();
+        for item in self.tree(T_TAILS).iter() {
+            let (k, v) = item.map_err(db_err)?;
+            out.push((decode_loc(&k)?, decode_u64(&v)?));
+        }
+        Ok(out)
+    }
+
+    /// Forgets the tail record of `loc` (its tail was zeroed).
+    pub fn tail_zeroed(&self, loc: ChunkLoc) -> Result<(), FsError> {
+        self.tree(T_TAILS)
+            .remove(key_server(loc.server, loc.index))
+            .map_err(db_err)?;
+        Ok(())
     }
 
     /// The incarnation data server `id` last registered with (0: unknown).
@@ -1028,7 +1059,7 @@ impl Store {
             tx.delete_inode(ino, &doomed)?;
             Ok(Effects {
                 freed: doomed.chunks.iter().map(|(_, l)| *l).collect(),
-                orphaned: None,
+                ..Effects::default()
             })
         })
     }
@@ -1073,6 +1104,17 @@ impl Store {
                     attr.generation += 1;
                     tx.free_chunks(ino, &doomed)?;
                     effects.freed = doomed.iter().map(|(_, l)| *l).collect();
+                    if size % chunk_size != 0 {
+                        let key = key_u64s(ino, size / chunk_size);
+                        if let Some(v) = tx.t(T_CHUNKS).get(key)? {
+                            let loc = lift(decode_loc(&v))?;
+                            tx.t(T_TAILS).insert(
+                                &key_server(loc.server, loc.index),
+                                &be64(size % chunk_size),
+                            )?;
+                            effects.tail = Some((loc, size % chunk_size));
+                        }
+                    }
                 }
                 attr.size = size;
                 attr.mtime = now;

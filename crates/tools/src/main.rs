@@ -3,6 +3,7 @@
 mod bench;
 mod cmd;
 mod report;
+mod soak;
 
 use anyhow::Result;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
@@ -34,6 +35,12 @@ enum Command {
     /// Run a benchmark and print its figures (a table by default, JSON lines with --json).
     #[command(subcommand)]
     Bench(bench::Bench),
+    /// Run a cluster of processes under a mixed workload while killing and restarting clients
+    /// and servers at random, then verify every file against what the clients acknowledged.
+    Soak(soak::SoakArgs),
+    /// One client of `citronfs soak` (started by it).
+    #[command(hide = true)]
+    SoakClient(soak::client::ClientArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -73,6 +80,14 @@ fn run() -> Result<()> {
         Command::Bench(bench) => {
             init_logging(&log_from_env())?;
             bench.run()
+        }
+        Command::Soak(args) => {
+            init_logging(&log_from_env())?;
+            soak::run(args)
+        }
+        Command::SoakClient(args) => {
+            init_logging(&log_from_env())?;
+            soak::client::run(args)
         }
     }
 }

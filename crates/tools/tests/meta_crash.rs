@@ -1,8 +1,9 @@
 //! A meta server killed (SIGKILL, no clean shutdown) and started again on its database, under a
 //! live client (issue 13, points 1 and 2): what the client fsynced survives with its size, the
-//! client carries on through the handles it had open, and what the durability promise does
-//! not cover (the size of a file grown since its last fsync or close) is the only thing that
-//! may be lost (docs/RELIABILITY.md).
+//! client carries on through the handles it had open, what the durability promise does not
+//! cover (the size of a file grown since its last fsync or close) is the only thing that may
+//! be lost (docs/RELIABILITY.md), and the client's next fsync reports that loss with EIO
+//! instead of vouching for changes the crash took.
 //!
 //! The meta server is the real `citronfs meta-server` process; the data server and the client
 //! run in this process.
@@ -129,8 +130,11 @@ fn a_killed_meta_server_keeps_what_was_fsynced_and_clients_carry_on() {
     );
     let got = fs.read(gh, 0, grown_data.len()).unwrap();
     assert_eq!(&got[..CHUNK], &grown_data[..CHUNK]);
-    // And the client carries on: writes, new files, fsync.
+    // The first fsync after the crash says that changes acknowledged before it (the growth
+    // of `grown`) may be lost — they were; the client carries on: writes, fsync, new files.
     fs.write(gh, 0, &grown_data).unwrap();
+    let err = fs.fsync(gh).unwrap_err();
+    assert_eq!(err.errno(), libc::EIO, "{err}");
     fs.fsync(gh).unwrap();
     assert_eq!(fs.read(gh, 0, grown_data.len()).unwrap(), grown_data);
     let (_, nh) = fs.create(me, root, "after", 0o644, libc::O_RDWR).unwrap();

@@ -34,6 +34,9 @@ pub const ENV_PREFIX: &str = "CITRONFS_";
 /// The variable of the log filter (`log`) for every command: the role commands read it
 /// through the environment layer, `up` and `bench` directly.
 pub const LOG_ENV: &str = "CITRONFS_LOG";
+
+/// The environment variable of the cluster token (the `token` key of every role).
+pub const TOKEN_ENV: &str = "CITRONFS_TOKEN";
 /// The default log filter: warnings and errors.
 pub const DEFAULT_LOG: &str = "warn";
 /// The default cluster name.

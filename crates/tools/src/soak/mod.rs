@@ -1,0 +1,459 @@
+//! `citronfs soak`: a cluster of real processes — a meta server, two file-backed data servers
+//! and several clients — running a mixed workload while the soak kills (SIGKILL) and restarts
+//! clients and servers at random; at the end it verifies every file against what the clients
+//! acknowledged, and prints what it did and what it found.
+//!
+//! The parts: `client` (the workload, `citronfs soak-client`), `journal` (records and the
+//! intent/acknowledgement journal), `verify` (the verdict). This module is the supervisor.
+//!
+//! The data servers are file-backed, so a kill loses no acknowledged data by the file system's
+//! promise (docs/RELIABILITY.md); clients are library clients (no FUSE mount to clean up after
+//! each kill).
+
+pub mod client;
+pub mod journal;
+pub mod verify;
+
+use crate::report::Report;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use fabric::Backend;
+use fs_client::{CitronFs, MountOptions};
+use proto::ROOT_INO;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const CLUSTER: &str = "soak";
+const DATA_SERVERS: usize = 2;
+/// Slots of the shared file per client.
+const SLOTS_PER_CLIENT: u32 = 16;
+
+/// `citronfs soak`.
+#[derive(Args, Debug)]
+pub struct SoakArgs {
+    /// How long the workload runs under faults, in minutes (fractions allowed).
+    #[arg(long, default_value_t = 1.0)]
+    pub minutes: f64,
+    /// Client processes.
+    #[arg(long, default_value_t = 3)]
+    pub clients: u32,
+    /// The fabric between clients and servers (`shm` or `tcp`).
+    #[arg(long, value_enum, default_value_t = Backend::Tcp)]
+    pub fabric: Backend,
+    /// Mean seconds between two kills (exponentially distributed).
+    #[arg(long, default_value_t = 3.0)]
+    pub kill_every: f64,
+    /// Seed of the random choices (kills, workloads); random by default, printed.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Keep the soak's directory (journals, logs, database, regions) and print where it is.
+    #[arg(long)]
+    pub keep: bool,
+    /// One JSON object instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    Meta,
+    Data(usize),
+    Client(u32),
+}
+
+/// A process of the soak cluster, killed on drop.
+struct Proc {
+    role: Role,
+    child: Option<Child>,
+    /// How many times it was started.
+    lives: u32,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// What the soak did.
+#[derive(Debug, Default, Serialize)]
+struct Done {
+    seed: u64,
+    fabric: String,
+    seconds: f64,
+    clients: u32,
+    kills_client: u64,
+    kills_meta: u64,
+    kills_data: u64,
+    /// Clients that exited on their own (and were started again).
+    client_exits: u64,
+    /// When a server was last started again (ms since the Unix epoch; 0: never).
+    last_server_restart_ms: u64,
+}
+
+struct Soak {
+    exe: PathBuf,
+    dir: PathBuf,
+    shm: PathBuf,
+    token: String,
+    listen: SocketAddr,
+    fabric: Backend,
+    clients: u32,
+    rng: StdRng,
+    procs: Vec<Proc>,
+}
+
+impl Soak {
+    fn command(&self, role: Role, life: u32, seed: u64) -> Command {
+        let mut cmd = Command::new(&self.exe);
+        cmd.env(crate::cmd::config::TOKEN_ENV, &self.token)
+            .env(crate::cmd::config::LOG_ENV, "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        let fabric = match self.fabric {
+            Backend::Shm => "shm",
+            _ => "tcp",
+        };
+        match role {
+            Role::Meta => {
+                cmd.args(["meta-server", "--cluster", CLUSTER, "--fabric", fabric])
+                    .args(["--chunk-size", "64K", "--region-size", "64M"])
+                    .arg("--listen")
+                    .arg(self.listen.to_string())
+                    .arg("--db")
+                    .arg(self.dir.join("meta-db"))
+                    .arg("--region-dir")
+                    .arg(self.shm.join("meta"));
+            }
+            Role::Data(i) => {
+                let backing = self.dir.join(format!("ds-{i}"));
+                cmd.args(["data-server", "--cluster", CLUSTER, "--fabric", fabric])
+                    .args(["--name", &format!("ds-{i}"), "--capacity", "128M"])
+                    .arg("--meta")
+                    .arg(self.listen.to_string())
+                    .arg("--backing-dir")
+                    .arg(&backing)
+                    .arg("--region-dir")
+                    .arg(&backing);
+            }
+            Role::Client(id) => {
+                cmd.args(["soak-client", "--cluster", CLUSTER])
+                    .arg("--meta")
+                    .arg(self.listen.to_string())
+                    .args(["--id", &id.to_string(), "--life", &life.to_string()])
+                    .args(["--clients", &self.clients.to_string()])
+                    .args(["--slots", &(self.clients * SLOTS_PER_CLIENT).to_string()])
+                    .arg("--journal")
+                    .arg(self.dir.join(format!("journal-{id}-{life}")))
+                    .args(["--seed", &seed.to_string()]);
+            }
+        }
+        cmd
+    }
+
+    fn log_file(&self, role: Role) -> Result<std::fs::File> {
+        let name = match role {
+            Role::Meta => "meta.log".to_string(),
+            Role::Data(i) => format!("ds-{i}.log"),
+            Role::Client(id) => format!("client-{id}.log"),
+        };
+        Ok(std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(name))?)
+    }
+
+    /// Starts process `i` of `procs` (again).
+    fn start(&mut self, i: usize) -> Result<()> {
+        let role = self.procs[i].role;
+        let life = self.procs[i].lives;
+        // Each life of a client gets its own seed.
+        let seed: u64 = self.rng.random();
+        let mut cmd = self.command(role, life, seed);
+        cmd.stderr(self.log_file(role)?);
+        let child = cmd.spawn().with_context(|| format!("start {role:?}"))?;
+        let p = &mut self.procs[i];
+        p.child = Some(child);
+        p.lives += 1;
+        if role == Role::Meta {
+            self.wait_for_meta()?;
+        }
+        Ok(())
+    }
+
+    fn wait_for_meta(&mut self) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while TcpStream::connect(self.listen).is_err() {
+            if let Some(status) = self.procs[0]
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                bail!(
+                    "the meta server exited ({status}); see {}",
+                    self.dir.join("meta.log").display()
+                );
+            }
+            if Instant::now() > deadline {
+                bail!("the meta server did not listen within a minute");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
+    fn kill(&mut self, i: usize) {
+        if let Some(mut c) = self.procs[i].child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn free_port() -> Result<SocketAddr> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+/// Runs the soak (see the module docs).
+pub fn run(args: SoakArgs) -> Result<()> {
+    if !matches!(args.fabric, Backend::Shm | Backend::Tcp) {
+        bail!("the soak runs its servers as processes: --fabric shm or tcp");
+    }
+    if args.clients == 0 || args.minutes <= 0.0 || args.kill_every <= 0.0 {
+        bail!("--clients, --minutes and --kill-every must be positive");
+    }
+    let seed = args.seed.unwrap_or_else(rand::random);
+    let dir = tempfile::Builder::new()
+        .prefix("citronfs-soak-")
+        .tempdir()
+        .context("create the soak directory")?;
+    let shm = tempfile::Builder::new()
+        .prefix("citronfs-soak-")
+        .tempdir_in(if Path::new("/dev/shm").is_dir() {
+            "/dev/shm"
+        } else {
+            "/tmp"
+        })
+        .context("create the soak's shared-memory directory")?;
+    let mut soak = Soak {
+        exe: std::env::current_exe().context("find the citronfs executable")?,
+        dir: dir.path().to_path_buf(),
+        shm: shm.path().to_path_buf(),
+        token: testkit::random_token()?,
+        listen: free_port()?,
+        fabric: args.fabric,
+        clients: args.clients,
+        rng: StdRng::seed_from_u64(seed),
+        procs: Vec::new(),
+    };
+    let mut roles = vec![Role::Meta];
+    roles.extend((0..DATA_SERVERS).map(Role::Data));
+    roles.extend((0..args.clients).map(Role::Client));
+    soak.procs = roles
+        .iter()
+        .map(|&role| Proc {
+            role,
+            child: None,
+            lives: 0,
+        })
+        .collect();
+    for i in 0..=DATA_SERVERS {
+        soak.start(i)?;
+    }
+    prepare(&soak)?;
+    for i in DATA_SERVERS + 1..soak.procs.len() {
+        soak.start(i)?;
+    }
+
+    let mut done = Done {
+        seed,
+        fabric: format!("{:?}", args.fabric).to_lowercase(),
+        clients: args.clients,
+        ..Done::default()
+    };
+    let started = Instant::now();
+    let total = Duration::from_secs_f64(args.minutes * 60.0);
+    let bar = indicatif::ProgressBar::new(total.as_secs());
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("soak {elapsed_precise}/{len}s {wide_bar} {msg}")
+            .expect("a valid template"),
+    );
+    if args.json {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    let exp = rand_distr::Exp::new(1.0 / args.kill_every).context("--kill-every")?;
+    while started.elapsed() < total {
+        let pause = Duration::from_secs_f64(soak.rng.sample(exp)).min(total - started.elapsed());
+        std::thread::sleep(pause);
+        bar.set_position(started.elapsed().as_secs());
+        // Clients that stopped on their own are started again.
+        for i in DATA_SERVERS + 1..soak.procs.len() {
+            let exited = soak.procs[i]
+                .child
+                .as_mut()
+                .is_some_and(|c| c.try_wait().ok().flatten().is_some());
+            if exited {
+                done.client_exits += 1;
+                soak.procs[i].child = None;
+                soak.start(i)?;
+            }
+        }
+        if started.elapsed() >= total {
+            break;
+        }
+        // The first kills take one of each kind (so that even a short soak kills a client,
+        // the meta server and a data server); then clients are killed most often, each
+        // server about as often as a client.
+        let kills = done.kills_client + done.kills_meta + done.kills_data;
+        let pick = match kills {
+            0 => 0,
+            1 => 2,
+            2 => 4,
+            _ => soak.rng.random_range(0..10),
+        };
+        let victim = match pick {
+            0..=1 => 0,
+            2..=3 => 1 + soak.rng.random_range(0..DATA_SERVERS),
+            _ => DATA_SERVERS + 1 + soak.rng.random_range(0..args.clients as usize),
+        };
+        soak.kill(victim);
+        match soak.procs[victim].role {
+            Role::Meta => done.kills_meta += 1,
+            Role::Data(_) => done.kills_data += 1,
+            Role::Client(_) => done.kills_client += 1,
+        }
+        bar.set_message(format!(
+            "kills: {} clients, {} meta, {} data",
+            done.kills_client, done.kills_meta, done.kills_data
+        ));
+        std::thread::sleep(Duration::from_millis(soak.rng.random_range(100..1000)));
+        soak.start(victim)?;
+        if victim <= DATA_SERVERS {
+            done.last_server_restart_ms = journal::now_ms();
+        }
+    }
+    bar.finish_and_clear();
+    done.seconds = started.elapsed().as_secs_f64();
+
+    // Stop the clients (a kill: whatever they were doing is unacknowledged), and verify with
+    // every server up.
+    for i in DATA_SERVERS + 1..soak.procs.len() {
+        soak.kill(i);
+    }
+    let found = verify_all(&soak, done.last_server_restart_ms)?;
+    report(&args, &done, &found);
+    if args.keep {
+        let kept = dir.keep();
+        let _ = shm.keep();
+        eprintln!("soak directory kept: {}", kept.display());
+    }
+    if !found.clean() {
+        bail!(
+            "the soak found {} lost, {} torn and {} unexpected (seed {seed}): {:#?}",
+            found.lost,
+            found.torn,
+            found.unexpected,
+            found.problems
+        );
+    }
+    Ok(())
+}
+
+fn connect(soak: &Soak) -> Result<CitronFs> {
+    CitronFs::connect(MountOptions::new(
+        soak.listen.to_string(),
+        CLUSTER,
+        soak.token.clone(),
+    ))
+    .map_err(|e| anyhow::anyhow!("connect to the soak cluster: {e}"))
+}
+
+/// Creates the shared file (all slots) and the directory of private files.
+fn prepare(soak: &Soak) -> Result<()> {
+    let fs = connect(soak)?;
+    let me = CitronFs::process_caller();
+    fs.mkdir(me, ROOT_INO, client::DIR, 0o755)
+        .map_err(|e| anyhow::anyhow!("mkdir: {e}"))?;
+    let (_, fh) = fs
+        .create(me, ROOT_INO, client::SHARED, 0o644, libc::O_RDWR)
+        .map_err(|e| anyhow::anyhow!("create the shared file: {e}"))?;
+    fs.fsync(fh).map_err(|e| anyhow::anyhow!("fsync: {e}"))?;
+    let _ = fs.release(fh);
+    Ok(())
+}
+
+fn verify_all(soak: &Soak, last_restart: u64) -> Result<verify::Findings> {
+    let fs = connect(soak)?;
+    let mut journals = Vec::new();
+    for entry in std::fs::read_dir(&soak.dir)? {
+        let path = entry?.path();
+        let is_journal = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with("journal-"));
+        if is_journal {
+            journals.push(journal::read(&path)?);
+        }
+    }
+    verify::verify(
+        &fs,
+        &journals,
+        soak.clients * SLOTS_PER_CLIENT,
+        last_restart,
+    )
+}
+
+fn report(args: &SoakArgs, done: &Done, found: &verify::Findings) {
+    #[derive(Serialize)]
+    struct Out<'a> {
+        did: &'a Done,
+        found: &'a verify::Findings,
+    }
+    let mut r = Report::new(args.json, &["what", "count"]);
+    let acked = |k: &str| found.acked.get(k).copied().unwrap_or(0).to_string();
+    let rows: Vec<(&str, String)> = vec![
+        ("seed", done.seed.to_string()),
+        ("fabric", done.fabric.clone()),
+        ("seconds", format!("{:.0}", done.seconds)),
+        ("clients", done.clients.to_string()),
+        ("kills of clients", done.kills_client.to_string()),
+        ("kills of the meta server", done.kills_meta.to_string()),
+        ("kills of data servers", done.kills_data.to_string()),
+        ("clients that exited", done.client_exits.to_string()),
+        ("acknowledged record writes", acked("write")),
+        ("acknowledged creates", acked("create")),
+        ("acknowledged renames", acked("rename")),
+        ("acknowledged truncates", acked("truncate")),
+        ("acknowledged unlinks", acked("unlink")),
+        ("unacknowledged operations", found.unacked.to_string()),
+        (
+            "acknowledged after the last server restart",
+            found.acked_after_last_server_restart.to_string(),
+        ),
+        ("slots verified", found.slots.to_string()),
+        ("files verified", found.files.to_string()),
+        ("lost acknowledged writes", found.lost.to_string()),
+        ("torn records", found.torn.to_string()),
+        (
+            "interrupted records (allowed)",
+            found.interrupted.to_string(),
+        ),
+        ("unexpected files", found.unexpected.to_string()),
+    ];
+    if args.json {
+        r.add(Vec::new(), &Out { did: done, found });
+    } else {
+        for (what, count) in rows {
+            r.add(vec![what.to_string(), count], &());
+        }
+    }
+    r.finish();
+}

@@ -1,0 +1,366 @@
+//! The soak's verdict: replays every client's journal into what each slot of the shared file
+//! and each private file may hold, then reads them all back through a fresh client.
+//!
+//! Rules (see `journal` for what an acknowledgement means):
+//! - a slot must hold its owner's last acknowledged record, or a later record whose write was
+//!   not acknowledged; an older one is a **lost acknowledged write**, a record that does not
+//!   decode is **torn** — unless a write to that slot was interrupted (not acknowledged) after
+//!   the last acknowledged one: a write cut short by a kill is not atomic, and is counted as
+//!   *interrupted* instead;
+//! - a private file must be in the state its acknowledged operations left it in, or, if its
+//!   last operation was not acknowledged, in the state after it; a file in no such state is a
+//!   **lost acknowledged operation** (or damage), a file nobody created is **unexpected**.
+
+use super::client::{DIR, SHARED};
+use super::journal::{decode, Entry, Op, Slot, RECORD};
+use fs_client::CitronFs;
+use proto::{FileKind, ROOT_INO};
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// What a private file may be.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum State {
+    Absent,
+    /// Exactly `len` bytes of `pattern(seed)`.
+    Data {
+        seed: u64,
+        len: u64,
+    },
+    /// A prefix of `pattern(seed)` of at most `len` bytes (a create whose write may have been
+    /// cut short).
+    Prefix {
+        seed: u64,
+        len: u64,
+    },
+}
+
+/// Counts of what the verification found.
+#[derive(Debug, Default, Serialize)]
+pub struct Findings {
+    /// Slots of the shared file checked.
+    pub slots: u64,
+    /// Private files (names) checked.
+    pub files: u64,
+    /// Acknowledged operations in all journals, by kind.
+    pub acked: BTreeMap<&'static str, u64>,
+    /// Operations not acknowledged (a kill or an error cut them short).
+    pub unacked: u64,
+    /// Operations acknowledged after the last restart of a server: the clients carried on.
+    pub acked_after_last_server_restart: u64,
+    /// Slots or files that lost an acknowledged write or operation.
+    pub lost: u64,
+    /// Slots holding a record that does not decode with no interrupted write to explain it.
+    pub torn: u64,
+    /// Slots holding a cut-short record of a write that was interrupted (allowed).
+    pub interrupted: u64,
+    /// Files present that no journal created.
+    pub unexpected: u64,
+    /// Each problem, in words.
+    pub problems: Vec<String>,
+}
+
+impl Findings {
+    /// Whether nothing was lost, torn or unexpected.
+    pub fn clean(&self) -> bool {
+        self.lost == 0 && self.torn == 0 && self.unexpected == 0
+    }
+}
+
+fn kind(op: &Op) -> &'static str {
+    match op {
+        Op::Write { .. } => "write",
+        Op::Create { .. } => "create",
+        Op::Rename { .. } => "rename",
+        Op::Truncate { .. } => "truncate",
+        Op::Unlink { .. } => "unlink",
+    }
+}
+
+/// What the journals say: per slot the last acknowledged sequence number and the sequence
+/// numbers of writes never acknowledged; per file name its acceptable states.
+#[derive(Default)]
+struct Expected {
+    acked: HashMap<u32, u64>,
+    pending: HashMap<u32, BTreeSet<u64>>,
+    files: BTreeMap<String, Vec<State>>,
+}
+
+impl Expected {
+    fn certain(&self, name: &str) -> State {
+        match self.files.get(name).map(Vec::as_slice) {
+            Some([one]) => one.clone(),
+            _ => State::Absent,
+        }
+    }
+
+    /// Replays one journal (one life of one client), whose entries are sequential; counts
+    /// acknowledgements after `since` (ms since the Unix epoch).
+    fn replay(&mut self, entries: &[Entry], since: u64, found: &mut Findings) {
+        let mut i = 0;
+        while i < entries.len() {
+            let Entry::Intent(op) = &entries[i] else {
+                i += 1;
+                continue;
+            };
+            let acked_at = match entries.get(i + 1) {
+                Some(Entry::Ack(a, at)) if a == op => Some(*at),
+                _ => None,
+            };
+            let acked = acked_at.is_some();
+            if let Some(at) = acked_at {
+                *found.acked.entry(kind(op)).or_default() += 1;
+                if at > since {
+                    found.acked_after_last_server_restart += 1;
+                }
+                i += 2;
+            } else {
+                found.unacked += 1;
+                i += 1;
+            }
+            match op {
+                Op::Write { slot, seq } => {
+                    if acked {
+                        let last = self.acked.entry(*slot).or_default();
+                        *last = (*last).max(*seq);
+                    } else {
+                        self.pending.entry(*slot).or_default().insert(*seq);
+                    }
+                }
+                Op::Create { name, seed, len } => {
+                    let after = if acked {
+                        vec![State::Data {
+                            seed: *seed,
+                            len: *len,
+                        }]
+                    } else {
+                        vec![
+                            State::Absent,
+                            State::Prefix {
+                                seed: *seed,
+                                len: *len,
+                            },
+                        ]
+                    };
+                    self.files.insert(name.clone(), after);
+                }
+                Op::Rename { from, to } => {
+                    let moved = self.certain(from);
+                    if acked {
+                        self.files.insert(from.clone(), vec![State::Absent]);
+                        self.files.insert(to.clone(), vec![moved]);
+                    } else {
+                        self.files
+                            .insert(from.clone(), vec![moved.clone(), State::Absent]);
+                        self.files.insert(to.clone(), vec![State::Absent, moved]);
+                    }
+                }
+                Op::Truncate { name, len } => {
+                    let before = self.certain(name);
+                    let after = match &before {
+                        State::Data { seed, .. } | State::Prefix { seed, .. } => State::Data {
+                            seed: *seed,
+                            len: *len,
+                        },
+                        State::Absent => State::Absent,
+                    };
+                    let states = if acked {
+                        vec![after]
+                    } else {
+                        vec![before, after]
+                    };
+                    self.files.insert(name.clone(), states);
+                }
+                Op::Unlink { name } => {
+                    let before = self.certain(name);
+                    let states = if acked {
+                        vec![State::Absent]
+                    } else {
+                        vec![before, State::Absent]
+                    };
+                    self.files.insert(name.clone(), states);
+                }
+            }
+        }
+    }
+}
+
+/// Whether `data` (None: no such file) is in `state`.
+fn matches(state: &State, data: Option<&[u8]>) -> bool {
+    match (state, data) {
+        (State::Absent, None) => true,
+        (State::Data { seed, len }, Some(d)) => {
+            d.len() as u64 == *len && d == testkit::pattern(*seed, 0, d.len()).as_slice()
+        }
+        (State::Prefix { seed, len }, Some(d)) => {
+            d.len() as u64 <= *len && d == testkit::pattern(*seed, 0, d.len()).as_slice()
+        }
+        _ => false,
+    }
+}
+
+/// Verifies the file system `fs` against `journals` (every client life's entries); the last
+/// server restart was at `last_restart` (ms since the Unix epoch).
+pub fn verify(
+    fs: &CitronFs,
+    journals: &[Vec<Entry>],
+    slots: u32,
+    last_restart: u64,
+) -> anyhow::Result<Findings> {
+    let mut found = Findings::default();
+    let mut expected = Expected::default();
+    for journal in journals {
+        expected.replay(journal, last_restart, &mut found);
+    }
+    let fail = |e: fs_client::Error| anyhow::anyhow!("verification read failed: {e}");
+    let me = CitronFs::process_caller();
+
+    // The shared file, slot by slot.
+    let shared = fs.lookup(ROOT_INO, SHARED).map_err(fail)?;
+    let fh = fs.open(me, shared.ino, libc::O_RDONLY).map_err(fail)?;
+    for slot in 0..slots {
+        found.slots += 1;
+        let bytes = fs
+            .read(fh, u64::from(slot) * RECORD as u64, RECORD)
+            .map_err(fail)?;
+        let acked = expected.acked.get(&slot).copied();
+        let pending = expected.pending.get(&slot);
+        let later_pending = pending.is_some_and(|p| p.iter().any(|&s| Some(s) > acked));
+        let bytes = if bytes.is_empty() {
+            vec![0; RECORD]
+        } else {
+            bytes
+        };
+        match decode(&bytes) {
+            Slot::Empty if acked.is_none() => {}
+            Slot::Empty => {
+                found.lost += 1;
+                found.problems.push(format!(
+                    "slot {slot}: empty, but record {} was acknowledged",
+                    acked.unwrap_or_default()
+                ));
+            }
+            Slot::Whole {
+                slot: s, seq: got, ..
+            } if s == slot => {
+                let ok = Some(got) == acked
+                    || (Some(got) > acked && pending.is_some_and(|p| p.contains(&got)));
+                if !ok {
+                    found.lost += 1;
+                    found.problems.push(format!(
+                        "slot {slot}: record {got}, but {} was the last acknowledged",
+                        acked.map_or("none".into(), |a| a.to_string())
+                    ));
+                }
+            }
+            Slot::Whole { slot: s, .. } => {
+                found.torn += 1;
+                found
+                    .problems
+                    .push(format!("slot {slot}: holds the record of slot {s}"));
+            }
+            Slot::Torn if later_pending => found.interrupted += 1,
+            Slot::Torn => {
+                found.torn += 1;
+                found.problems.push(format!(
+                    "slot {slot}: torn record, and no interrupted write explains it"
+                ));
+            }
+        }
+    }
+    let _ = fs.release(fh);
+
+    // The private files: every name the journals know, and every name present.
+    let dir = fs.lookup(ROOT_INO, DIR).map_err(fail)?.ino;
+    let mut present = BTreeSet::new();
+    let mut cookie = 0;
+    loop {
+        let entries = fs.readdir(dir, cookie, 512).map_err(fail)?;
+        let Some(last) = entries.last() else { break };
+        cookie = last.cookie;
+        for e in entries {
+            if e.name != "." && e.name != ".." && e.kind == FileKind::File {
+                present.insert(e.name);
+            }
+        }
+    }
+    for (name, states) in &expected.files {
+        found.files += 1;
+        let data = if present.contains(name) {
+            let attr = fs.lookup(dir, name).map_err(fail)?;
+            let fh = fs.open(me, attr.ino, libc::O_RDONLY).map_err(fail)?;
+            let data = fs.read(fh, 0, attr.size as usize).map_err(fail)?;
+            let _ = fs.release(fh);
+            Some(data)
+        } else {
+            None
+        };
+        if !states.iter().any(|s| matches(s, data.as_deref())) {
+            found.lost += 1;
+            found.problems.push(format!(
+                "file {name}: {} is in none of the states {states:?}",
+                data.as_ref()
+                    .map_or("absent".to_string(), |d| format!("{} bytes", d.len()))
+            ));
+        }
+    }
+    for name in present {
+        if !expected.files.contains_key(&name) {
+            found.unexpected += 1;
+            found
+                .problems
+                .push(format!("file {name}: present, but no journal created it"));
+        }
+    }
+    Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op_w(slot: u32, seq: u64) -> Op {
+        Op::Write { slot, seq }
+    }
+
+    #[test]
+    fn replay_pairs_intents_with_acknowledgements() {
+        let mut found = Findings::default();
+        let mut e = Expected::default();
+        let create = Op::Create {
+            name: "f".into(),
+            seed: 1,
+            len: 10,
+        };
+        let trunc = Op::Truncate {
+            name: "f".into(),
+            len: 4,
+        };
+        e.replay(
+            &[
+                Entry::Intent(op_w(3, 1)),
+                Entry::Ack(op_w(3, 1), 10),
+                Entry::Intent(op_w(3, 2)),
+                Entry::Intent(create.clone()),
+                Entry::Ack(create, 30),
+                Entry::Intent(trunc),
+            ],
+            20,
+            &mut found,
+        );
+        assert_eq!(e.acked[&3], 1);
+        assert!(e.pending[&3].contains(&2));
+        assert_eq!(found.unacked, 2);
+        assert_eq!(found.acked_after_last_server_restart, 1);
+        assert_eq!(
+            e.files["f"],
+            vec![
+                State::Data { seed: 1, len: 10 },
+                State::Data { seed: 1, len: 4 }
+            ]
+        );
+        assert!(matches(&e.files["f"][1], Some(&testkit::pattern(1, 0, 4))));
+        assert!(!matches(&e.files["f"][1], Some(&testkit::pattern(2, 0, 4))));
+        assert!(!matches(&e.files["f"][1], None));
+    }
+}
