@@ -476,11 +476,18 @@ impl Service {
                 self.settings.chunk_size
             )));
         }
-        let endpoint = self.connect_fabric(&fabric)?;
-        let mut st = lock(&self.state);
-        let (record, lost) =
+        let mut endpoint = self.connect_fabric(&fabric)?;
+        let (record, lost) = {
+            // Serialized with allocations (the lost-chunk scan must be exact).
+            let _st = lock(&self.state);
             self.store
-                .register_server(name, &fabric, region, chunks, incarnation)?;
+                .register_server(name, &fabric, region, chunks, incarnation)?
+        };
+        if self.store.needs_scrub(record.id)? {
+            // Before it is live, so nothing is allocated on it meanwhile.
+            self.scrub(&mut *endpoint, region, record.id)?;
+        }
+        let mut st = lock(&self.state);
         if lost > 0 {
             tracing::error!(
                 name,
@@ -528,6 +535,33 @@ impl Service {
             }
         }
         Ok((record.id, epoch))
+    }
+
+    /// Zeroes every free chunk of data server `id` (after an unclean shutdown, see `store`):
+    /// allocations the crash rolled back left data in chunks now free again.
+    fn scrub(&self, ep: &mut dyn Endpoint, region: RegionId, id: u32) -> Result<(), FsError> {
+        let mut free = self.store.free_chunks_of(id)?;
+        free.sort_unstable();
+        let cs = self.settings.chunk_size;
+        let started = Instant::now();
+        let mut i = 0;
+        while i < free.len() {
+            // One range per run of adjacent chunks.
+            let mut j = i + 1;
+            while j < free.len() && free[j] == free[j - 1] + 1 {
+                j += 1;
+            }
+            zero_range(ep, region, free[i] * cs, (free[j - 1] + 1) * cs)?;
+            i = j;
+        }
+        self.store.scrubbed(id)?;
+        tracing::info!(
+            id,
+            chunks = free.len(),
+            elapsed = ?started.elapsed(),
+            "zeroed the free chunks of a data server after an unclean shutdown"
+        );
+        Ok(())
     }
 
     /// Marks the service as stopping: connections closed from now on are expected.
@@ -818,7 +852,7 @@ impl Service {
             self.persist_fcb_size(&mut st, ino)?;
         }
         drop(st);
-        self.store.flush()
+        self.store.mark_clean()
     }
 
     // ---- requests ---------------------------------------------------------------------------

@@ -22,6 +22,7 @@
 //! | `incarnations` | server id (u32)          | the incarnation it last registered with (u64) |
 //! | `lost`      | server id ++ chunk index    | ino ++ chunk index: a file's chunk whose data is gone |
 //! | `tails`     | server id ++ chunk index    | offset in the chunk: bytes from there to its end still to be zeroed (a shrinking truncate) |
+//! | `scrub`     | server id (u32)             | empty: the server's free chunks may hold data (an unclean shutdown) |
 //!
 //! # Invariants
 //! - Every mutating operation is one sled transaction over all trees; callers serialize
@@ -41,6 +42,10 @@
 //!   transaction, and the service zeroes it only once that transaction is durable (then drops
 //!   the record), so that a crash never leaves the old size with a zeroed tail; a record left
 //!   by a crash is zeroed when the chunk's server registers.
+//! - After an unclean shutdown (the `running` mark of `meta` was still set at open), every
+//!   known server is put in `scrub`: allocations the crash rolled back put chunks that clients
+//!   had written back on the free stack (or above `next_fresh`), so a server's free chunks are
+//!   zeroed when it registers, before any of them is allocated again.
 //! - Directory cookies: `.` is 1, `..` is 2, entries get 3, 4, ... in creation order per
 //!   directory; a cookie is never reused in that directory, so listing "after cookie c" is stable
 //!   across concurrent creates and deletes.
@@ -77,7 +82,8 @@ const T_META: usize = 13;
 const T_INCARNATIONS: usize = 14;
 const T_LOST: usize = 15;
 const T_TAILS: usize = 16;
-const TREE_NAMES: [&str; 17] = [
+const T_SCRUB: usize = 17;
+const TREE_NAMES: [&str; 18] = [
     "inodes",
     "parents",
     "dirents",
@@ -95,6 +101,7 @@ const TREE_NAMES: [&str; 17] = [
     "incarnations",
     "lost",
     "tails",
+    "scrub",
 ];
 
 const FIRST_ENTRY_COOKIE: u64 = 3;
@@ -411,6 +418,21 @@ impl Store {
                 meta.insert(b"chunk_size", &be64(chunk_size))?;
             }
         }
+        // The `running` mark: set from now on until a clean shutdown (`Store::mark_clean`).
+        // Found set, the last run ended in a crash.
+        if store.trees[T_META].get(b"running")?.is_some() {
+            let servers = store.servers().map_err(|e| anyhow::anyhow!("{e}"))?;
+            for rec in &servers {
+                store.trees[T_SCRUB].insert(rec.id.to_be_bytes(), &[][..])?;
+            }
+            tracing::warn!(
+                servers = servers.len(),
+                "the last run of this meta server did not shut down cleanly: free chunks of \
+                 every data server are zeroed when it registers"
+            );
+        }
+        store.trees[T_META].insert(b"running", &[][..])?;
+        store.db.flush()?;
         if store.trees[T_INODES].get(be64(ROOT_INO))?.is_none() {
             let now = Timestamp::now();
             let root = Attr {
@@ -627,6 +649,42 @@ impl Store {
             out.push((ino, index, loc));
         }
         Ok(out)
+    }
+
+    /// Flushes after clearing the `running` mark: the next open finds a clean shutdown.
+    pub fn mark_clean(&self) -> Result<(), FsError> {
+        self.tree(T_META).remove(b"running").map_err(db_err)?;
+        self.flush()
+    }
+
+    /// Whether data server `id`'s free chunks must be zeroed before use (see the module docs).
+    pub fn needs_scrub(&self, id: u32) -> Result<bool, FsError> {
+        self.tree(T_SCRUB)
+            .contains_key(id.to_be_bytes())
+            .map_err(db_err)
+    }
+
+    /// Data server `id`'s free chunks: its free stack and the never-used ones.
+    pub fn free_chunks_of(&self, id: u32) -> Result<Vec<u64>, FsError> {
+        let Some(v) = self.tree(T_SERVERS).get(id.to_be_bytes()).map_err(db_err)? else {
+            return Ok(Vec::new());
+        };
+        let rec: ServerRecord = dec(&v, "server record")?;
+        let mut out: Vec<u64> = (rec.next_fresh..rec.chunks).collect();
+        for item in self.tree(T_FREE).scan_prefix(id.to_be_bytes()) {
+            let (_, v) = item.map_err(db_err)?;
+            out.push(decode_u64(&v)?);
+        }
+        Ok(out)
+    }
+
+    /// Data server `id` was scrubbed. (A crash before this reaches the disk scrubs it again
+    /// at the next start, which is harmless: only free chunks are zeroed.)
+    pub fn scrubbed(&self, id: u32) -> Result<(), FsError> {
+        self.tree(T_SCRUB)
+            .remove(id.to_be_bytes())
+            .map_err(db_err)?;
+        Ok(())
     }
 
     /// Every chunk tail still to be zeroed: (chunk, offset in the chunk).

@@ -8,8 +8,8 @@
 //! The meta server is the real `citronfs meta-server` process; the data server and the client
 //! run in this process.
 
-use data_server::{Backing, DataConfig, DataServer};
-use fabric::ServeAt;
+use data_server::{Backing, DataConfig, DataServer, DATA_REGION};
+use fabric::{EndpointExt, RemoteAddr, ServeAt};
 use fs_client::{CitronFs, MountOptions};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
@@ -77,7 +77,7 @@ fn a_killed_meta_server_keeps_what_was_fsynced_and_clients_carry_on() {
     let listen = free_port();
     let token = testkit::random_token().unwrap();
     let meta = MetaProcess::start(&db, listen, &token);
-    let _data = DataServer::start(DataConfig {
+    let data = DataServer::start(DataConfig {
         name: "ds-0".into(),
         meta_addr: listen.to_string(),
         cluster: CLUSTER.into(),
@@ -109,6 +109,19 @@ fn a_killed_meta_server_keeps_what_was_fsynced_and_clients_carry_on() {
     fs.fsync(gh).unwrap();
     fs.write(gh, CHUNK as u64, &grown_data[CHUNK..]).unwrap();
 
+    // A free chunk holding data, as one handed out by an allocation that the crash rolls
+    // back would (the last chunk of the region: the files above use the first few).
+    let last_chunk = RemoteAddr::new(DATA_REGION, (16 << 20) - CHUNK as u64);
+    let mut raw = fabric::connect(
+        data.fabric(),
+        &fabric::Credentials::new(CLUSTER.to_string(), token.clone()),
+        0,
+    )
+    .unwrap()
+    .connect()
+    .unwrap();
+    raw.write(last_chunk, &vec![0xAB; CHUNK]).unwrap();
+
     meta.kill();
     let _meta = MetaProcess::start(&db, listen, &token);
 
@@ -130,6 +143,13 @@ fn a_killed_meta_server_keeps_what_was_fsynced_and_clients_carry_on() {
     );
     let got = fs.read(gh, 0, grown_data.len()).unwrap();
     assert_eq!(&got[..CHUNK], &grown_data[..CHUNK]);
+    // The meta server found the crash and zeroes the data server's free chunks when it
+    // registers again, before anything can be allocated on it.
+    wait_until(
+        Duration::from_secs(20),
+        "the free chunk zeroed after the crash",
+        || raw.read(last_chunk, CHUNK).unwrap().iter().all(|&b| b == 0),
+    );
     // The first fsync after the crash says that changes acknowledged before it (the growth
     // of `grown`) may be lost — they were; the client carries on: writes, fsync, new files.
     fs.write(gh, 0, &grown_data).unwrap();
