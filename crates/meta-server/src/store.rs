@@ -1516,3 +1516,146 @@ fn check_xattr_name(name: &str) -> Result<(), FsError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CS: u64 = 4096;
+    const ME: Caller = Caller { uid: 0, gid: 0 };
+
+    fn addr() -> FabricAddr {
+        FabricAddr::Tcp {
+            addr: "127.0.0.1:1".into(),
+        }
+    }
+
+    fn file_with_chunks(store: &Store, name: &str, chunks: u64) -> Attr {
+        let attr = store
+            .mknod(ROOT_INO, name, FileKind::File, 0o644, 0, ME)
+            .unwrap();
+        store
+            .allocate_chunks(attr.ino, attr.generation, 0, chunks, &[0])
+            .unwrap();
+        let size = Some(chunks * CS);
+        store
+            .setattr(
+                attr.ino,
+                &SetAttr {
+                    size,
+                    ..SetAttr::default()
+                },
+                ME,
+                CS,
+                None,
+            )
+            .unwrap();
+        store.getattr(attr.ino).unwrap()
+    }
+
+    #[test]
+    fn a_new_incarnation_marks_the_servers_chunks_lost_until_freed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), CS, ME).unwrap();
+        let region = fabric::RegionId(1);
+        store.register_server("ds", &addr(), region, 64, 7).unwrap();
+        let f = file_with_chunks(&store, "f", 3);
+        // The same incarnation again (a file-backed server): nothing lost.
+        let (_, lost) = store.register_server("ds", &addr(), region, 64, 7).unwrap();
+        assert_eq!(lost, 0);
+        assert_eq!(store.chunk_map(f.ino, 0, 3).unwrap().len(), 3);
+        // A new incarnation: every chunk of the file is lost, and says so.
+        let (_, lost) = store.register_server("ds", &addr(), region, 64, 8).unwrap();
+        assert_eq!(lost, 3);
+        assert_eq!(store.incarnation(0).unwrap(), 8);
+        assert!(matches!(
+            store.chunk_map(f.ino, 1, 1),
+            Err(FsError::Lost(_))
+        ));
+        assert!(matches!(
+            store.allocate_chunks(f.ino, f.generation, 0, 4, &[0]),
+            Err(FsError::Lost(_))
+        ));
+        assert_eq!(store.lost_chunks().unwrap().len(), 3);
+        // Truncating to nothing frees them: no longer lost, the file reads as holes.
+        let (_, effects) = store
+            .setattr(
+                f.ino,
+                &SetAttr {
+                    size: Some(0),
+                    ..SetAttr::default()
+                },
+                ME,
+                CS,
+                None,
+            )
+            .unwrap();
+        assert_eq!(effects.freed.len(), 3);
+        assert!(store.lost_chunks().unwrap().is_empty());
+        assert_eq!(store.chunk_map(f.ino, 0, 3).unwrap(), vec![None; 3]);
+    }
+
+    #[test]
+    fn a_shrinking_truncate_records_its_tail_until_zeroed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), CS, ME).unwrap();
+        store
+            .register_server("ds", &addr(), fabric::RegionId(1), 64, 1)
+            .unwrap();
+        let f = file_with_chunks(&store, "f", 2);
+        let shrink = |size| {
+            store
+                .setattr(
+                    f.ino,
+                    &SetAttr {
+                        size: Some(size),
+                        ..SetAttr::default()
+                    },
+                    ME,
+                    CS,
+                    None,
+                )
+                .unwrap()
+                .1
+        };
+        // To a chunk boundary: no tail.
+        assert!(shrink(CS + CS).tail.is_none());
+        // Into the middle of chunk 1: its tail from offset 100 on, recorded durably.
+        let effects = shrink(CS + 100);
+        let (loc, from) = effects.tail.unwrap();
+        assert_eq!(from, 100);
+        assert_eq!(store.tails().unwrap(), vec![(loc, 100)]);
+        store.tail_zeroed(loc).unwrap();
+        assert!(store.tails().unwrap().is_empty());
+        // Freeing the chunk drops a pending tail with it (a dirty chunk is zeroed whole).
+        let effects = shrink(CS + 50);
+        assert!(effects.tail.is_some());
+        let effects = shrink(10);
+        assert_eq!(effects.freed, vec![loc]);
+        assert_eq!(store.tails().unwrap().len(), 1, "chunk 0's tail only");
+    }
+
+    #[test]
+    fn an_unclean_shutdown_puts_every_server_in_scrub() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = Store::open(dir.path(), CS, ME).unwrap();
+            store
+                .register_server("ds", &addr(), fabric::RegionId(1), 64, 1)
+                .unwrap();
+            store.mark_clean().unwrap();
+        }
+        {
+            let store = Store::open(dir.path(), CS, ME).unwrap();
+            assert!(!store.needs_scrub(0).unwrap(), "after a clean shutdown");
+            // Dropped without `mark_clean`: a crash, as far as the next open can tell.
+            store.flush().unwrap();
+        }
+        let store = Store::open(dir.path(), CS, ME).unwrap();
+        assert!(store.needs_scrub(0).unwrap());
+        let free = store.free_chunks_of(0).unwrap();
+        assert_eq!(free.len(), 64);
+        store.scrubbed(0).unwrap();
+        assert!(!store.needs_scrub(0).unwrap());
+    }
+}
