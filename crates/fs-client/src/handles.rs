@@ -61,11 +61,14 @@ impl HandleTable {
         self.close_epoch.load(Ordering::Relaxed)
     }
 
+    /// The open-inode table, locked (held across `Open`/`Release` RPCs: see the field).
+    fn open_inodes(&self) -> std::sync::MutexGuard<'_, HashMap<Ino, OpenEntry>> {
+        self.open.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Empties the open-inode table and returns what was open (the client is going away).
     pub(crate) fn take_all_open(&self) -> Vec<Arc<OpenInode>> {
-        self.open
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.open_inodes()
             .drain()
             .map(|(_, entry)| entry.inode)
             .collect()
@@ -173,21 +176,12 @@ impl Inner {
 
     /// `ino`, if this client has it open.
     pub(crate) fn open_entry(&self, ino: Ino) -> Option<Arc<OpenInode>> {
-        self.files
-            .open
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&ino)
-            .map(|e| e.inode.clone())
+        self.files.open_inodes().get(&ino).map(|e| e.inode.clone())
     }
 
     /// Counts one more open of `ino` on this client, sending `Open` on the first.
     pub(crate) fn open_inode(&self, ino: Ino) -> Result<Arc<OpenInode>, Error> {
-        let mut open = self
-            .files
-            .open
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut open = self.files.open_inodes();
         if let Some(entry) = open.get_mut(&ino) {
             entry.handles += 1;
             return Ok(entry.inode.clone());
@@ -241,11 +235,7 @@ impl Inner {
         ino: Ino,
         view: &crate::view::View,
     ) -> Result<Arc<OpenInode>, Error> {
-        let mut open = self
-            .files
-            .open
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut open = self.files.open_inodes();
         let Some(entry) = open.get_mut(&ino) else {
             return Err(Error::Fs(FsError::Stale));
         };
@@ -280,11 +270,7 @@ impl Inner {
 
     /// Counts one open of `ino` less, sending `Release` after the last.
     pub(crate) fn close_inode(&self, ino: Ino) {
-        let mut open = self
-            .files
-            .open
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut open = self.files.open_inodes();
         let Some(entry) = open.get_mut(&ino) else {
             return;
         };
