@@ -110,6 +110,9 @@ pub(crate) struct Inner {
     pub(crate) view: RwLock<Arc<View>>,
     /// Serializes building new views.
     pub(crate) view_refresh: Mutex<()>,
+    /// The installed view's id: a worker whose view has it (and is still current, see
+    /// `view`) is used without touching `view`'s lock or count.
+    pub(crate) view_id: AtomicU64,
     /// The view id chunk caches must be of: a cache learnt under an older view is emptied
     /// (`chunks`), since a data server may have lost its chunks meanwhile.
     pub(crate) chunk_epoch: AtomicU64,
@@ -142,6 +145,7 @@ impl CitronFs {
             geometry,
             scheme: opts.scheme,
             chunk_epoch: AtomicU64::new(view.id),
+            view_id: AtomicU64::new(view.id),
             view: RwLock::new(Arc::new(view)),
             view_refresh: Mutex::new(()),
             opts,

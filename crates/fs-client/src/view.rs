@@ -70,6 +70,15 @@ impl View {
 }
 
 impl Inner {
+    /// Whether `view` is the installed view and still current: the meta connection is up, of
+    /// the view's session, and no heartbeat brought a newer layout epoch. Atomic loads only.
+    pub(crate) fn is_current(&self, view: &View) -> bool {
+        view.id == self.view_id.load(Ordering::Acquire)
+            && self.meta.is_up()
+            && view.generation == self.meta.generation()
+            && view.info.layout_epoch >= self.meta.layout_epoch()
+    }
+
     /// The current view, refreshed first if it is out of date (see the module docs).
     pub(crate) fn view(&self) -> Result<Arc<View>, Error> {
         let view = self
@@ -77,10 +86,7 @@ impl Inner {
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
-        if self.meta.is_up()
-            && view.generation == self.meta.generation()
-            && view.info.layout_epoch >= self.meta.layout_epoch()
-        {
+        if self.is_current(&view) {
             return Ok(view);
         }
         self.refresh_view(view.id)
@@ -138,6 +144,7 @@ impl Inner {
             servers,
         });
         *self.view.write().unwrap_or_else(PoisonError::into_inner) = view.clone();
+        self.view_id.store(view.id, Ordering::Release);
         // Chunk locations learnt before may name chunks that are lost now: learn them again.
         self.chunk_epoch.store(view.id, Ordering::SeqCst);
         Ok(view)

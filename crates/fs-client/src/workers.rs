@@ -142,42 +142,42 @@ impl Drop for Checkout<'_> {
 
 impl Inner {
     /// A worker for one call, of the current view: an idle one, or a new one (connected to
-    /// the meta region) when none is idle. Idle workers of older views are dropped.
+    /// the meta region) when none is idle. Idle workers of older views are dropped. The usual
+    /// case — an idle worker of the current view — costs the pool's mutex and atomic loads.
     pub(crate) fn checkout(&self) -> Result<Checkout<'_>, Error> {
-        let view = self.view()?;
-        let pooled = loop {
-            let w = self
+        let mut worker = loop {
+            let pooled = self
                 .pool
                 .idle
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .pop();
-            match w {
-                Some(w) if w.view.id != view.id => {
+            match pooled {
+                Some(w) if self.is_current(&w.view) => break w,
+                Some(w) => {
                     let mut retired = LockStats::default();
                     w.locks.merge_stats(&mut retired);
                     self.pool.retire(&retired);
                 }
-                other => break other,
+                None => {
+                    let view = self.view()?;
+                    break Worker {
+                        meta_ep: view
+                            .servers
+                            .meta
+                            .connect()
+                            .map_err(Error::fabric(Peer::Meta))?,
+                        view,
+                        data_eps: Vec::new(),
+                        locks: LockCache::default(),
+                        close_epoch: self.files.close_epoch(),
+                        batch: Batch::new(),
+                        out: Completions::new(),
+                        broken: false,
+                        lease: None,
+                    };
+                }
             }
-        };
-        let mut worker = match pooled {
-            Some(w) => w,
-            None => Worker {
-                meta_ep: view
-                    .servers
-                    .meta
-                    .connect()
-                    .map_err(Error::fabric(Peer::Meta))?,
-                view,
-                data_eps: Vec::new(),
-                locks: LockCache::default(),
-                close_epoch: self.files.close_epoch(),
-                batch: Batch::new(),
-                out: Completions::new(),
-                broken: false,
-                lease: None,
-            },
         };
         let epoch = self.files.close_epoch();
         if worker.close_epoch != epoch {
