@@ -160,5 +160,6 @@ fn short(response: &Response) -> &'static str {
         Response::Chunks(_) => "Chunks",
         Response::Addr(_) => "Addr",
         Response::Revocations { .. } => "Revocations",
+        Response::Fsck(_) => "Fsck",
     }
 }

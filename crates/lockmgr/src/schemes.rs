@@ -48,7 +48,7 @@ use crate::baselines::server::{self, LockServer, LockServerAt};
 use crate::baselines::{MutexScheme, SegScheme, SegSpec, TicketConfig};
 use crate::citron::{CitronDefaults, CitronSpec, ClientOptions, TreeAllocator};
 use crate::scheme::{LockError, RangeLock};
-use fabric::{Connector, Endpoint, RegionId, RemoteAddr};
+use fabric::{Connector, Endpoint, EndpointExt, RegionId, RemoteAddr};
 use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;
 use std::str::FromStr;
@@ -438,6 +438,97 @@ pub fn open(
     })
 }
 
+/// A lock word that is not at rest (see [`inspect`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BusyWord {
+    /// Which word: a CITRON node (`node(hgt, pos)`), the spillover mutex, a ticket lock.
+    pub what: String,
+    /// Its value.
+    pub word: u64,
+}
+
+impl fmt::Display for BusyWord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} = {:#018x}", self.what, self.word)
+    }
+}
+
+/// Reads every word of `lock`'s state through `endpoint` and returns the words that are not at
+/// rest: held (a leaf bit, `Occ`, a ticket being served that was never passed on) or with a
+/// counter pair apart (`TCnt != TMax`, `DCnt != DMax`, a ticket lock's `next != serving`).
+///
+/// Meaningful only while no client holds or waits for the lock — then every word must be at
+/// rest, and a busy one is a lock that a dead or broken client left behind (for `citronfs
+/// fsck --at-rest` and the crash tests). `Ok(None)` for a scheme whose state is not in remote
+/// memory (`server`).
+pub fn inspect(
+    lock: &LockRef,
+    endpoint: Box<dyn Endpoint>,
+) -> Result<Option<Vec<BusyWord>>, LockError> {
+    use crate::baselines::ticket::{next_ticket, now_serving};
+    let mut endpoint = endpoint;
+    let ticket_busy = |word: u64| next_ticket(word) != now_serving(word);
+    Ok(Some(match lock.scheme {
+        LockScheme::Citron(_) => {
+            let mut client = crate::citron::CitronClient::open(
+                endpoint,
+                lock.base,
+                Arc::new(crate::citron::NoAllocator),
+                ClientOptions::default(),
+            )?;
+            let audit = client.audit()?;
+            let mut busy: Vec<BusyWord> = audit
+                .busy_nodes
+                .iter()
+                .map(|(node, word)| BusyWord {
+                    what: format!("node({}, {})", node.hgt, node.pos),
+                    word: *word,
+                })
+                .collect();
+            if audit.spillover_busy {
+                busy.push(BusyWord {
+                    what: "spillover mutex".into(),
+                    word: audit.spillover,
+                });
+            }
+            busy
+        }
+        LockScheme::Mutex => {
+            let word = endpoint.read_u64(lock.base)?;
+            if ticket_busy(word) {
+                vec![BusyWord {
+                    what: "mutex".into(),
+                    word,
+                }]
+            } else {
+                Vec::new()
+            }
+        }
+        LockScheme::Seg(spec) => {
+            let mut busy = Vec::new();
+            // Large reads, but within what any endpoint takes in one verb.
+            const WORDS: u64 = 8192;
+            let mut at = 0;
+            while at < spec.segments {
+                let n = (spec.segments - at).min(WORDS);
+                let bytes = endpoint.read(lock.base.word(at), (n * 8) as usize)?;
+                for (i, w) in bytes.chunks_exact(8).enumerate() {
+                    let word = u64::from_le_bytes(w.try_into().expect("8 bytes"));
+                    if ticket_busy(word) {
+                        busy.push(BusyWord {
+                            what: format!("segment lock {}", at + i as u64),
+                            word,
+                        });
+                    }
+                }
+                at += n;
+            }
+            busy
+        }
+        LockScheme::Server => return Ok(None),
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -580,6 +671,23 @@ mod tests {
             }
             assert_eq!(a.stats().acquisitions, 3);
             assert_eq!(b.stats().releases, 3);
+            // At rest now; a lock held (and never released, as by a dead client) is not.
+            let at_rest = inspect(&lock, Box::new(fabric.endpoint())).unwrap();
+            if lock.scheme == LockScheme::SERVER {
+                assert_eq!(at_rest, None, "the lock server's state is not in memory");
+                continue;
+            }
+            assert_eq!(at_rest, Some(Vec::new()), "{scheme}");
+            for range in [3..40, 0..u64::MAX] {
+                let id = a.acquire(range.clone()).unwrap();
+                let busy = inspect(&lock, Box::new(fabric.endpoint()))
+                    .unwrap()
+                    .unwrap();
+                assert!(!busy.is_empty(), "{scheme}: {range:?} held, but at rest");
+                a.release(id).unwrap();
+                let at_rest = inspect(&lock, Box::new(fabric.endpoint())).unwrap();
+                assert_eq!(at_rest, Some(Vec::new()), "{scheme} after {range:?}");
+            }
         }
     }
 

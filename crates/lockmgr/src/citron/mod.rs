@@ -320,6 +320,8 @@ pub struct Audit {
     pub busy_nodes: Vec<(Node, u64)>,
     /// The spillover mutex is held or waited for.
     pub spillover_busy: bool,
+    /// The spillover mutex's word (next ticket high, now serving low).
+    pub spillover: u64,
     /// The maximizer's value.
     pub maximizer: u64,
 }
@@ -456,6 +458,7 @@ impl CitronClient {
         }
         let spill = self.ep.read_u64(self.spill_addr())?;
         audit.spillover_busy = (spill >> 32) != (spill & 0xFFFF_FFFF);
+        audit.spillover = spill;
         audit.maximizer = self.ep.read_u64(self.maximizer_addr())?;
         Ok(audit)
     }
