@@ -88,7 +88,17 @@ impl Meta {
             *conn = Some(client);
         }
         let client = conn.as_mut().expect("connected above");
-        match client.call(request) {
+        #[cfg(feature = "failpoints")]
+        let call = format!("{request:?}");
+        let answer = client.call(request);
+        // Crash tests: the meta server has answered (and done what was asked); the client
+        // dies before it learns. Named by the request's kind: `...::answered::Mknod`.
+        #[cfg(feature = "failpoints")]
+        if answer.is_ok() {
+            let kind = call.split([' ', '(', '{']).next().unwrap_or_default();
+            failpoint!(&format!("fs_client::meta::answered::{kind}"));
+        }
+        match answer {
             Ok(answer) => Ok(answer?),
             Err(e) => {
                 // The stream may be mid-frame: never reuse it.

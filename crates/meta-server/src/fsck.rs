@@ -77,7 +77,7 @@ pub(crate) fn check(image: &Image, live: &Live, chunk_size: u64) -> (Vec<Finding
         entries: image.entries.len() as u64,
         chunks: image.chunks.len() as u64,
         servers: image.servers.len() as u64,
-        locks: 0,
+        ..FsckCounts::default()
     };
     (out, counts)
 }

@@ -1058,8 +1058,10 @@ impl Service {
             }
             (findings, inspected)
         };
-        let (report, freed) =
+        let (mut report, freed) =
             crate::fsck::run(&self.store, self.settings.chunk_size, options, live, locks)?;
+        report.counts.sessions = others as u64;
+        report.counts.open_files = st.open.len() as u64;
         drop(st);
         if !report.repairs.is_empty() {
             tracing::warn!(

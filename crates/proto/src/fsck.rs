@@ -486,8 +486,13 @@ pub struct FsckCounts {
     pub chunks: u64,
     /// Data servers.
     pub servers: u64,
-    /// Open files whose locks were inspected (0 unless at rest).
+    /// Open files' locks inspected (0 unless at rest).
     pub locks: u64,
+    /// Client sessions connected besides the one asking (a dead client's is gone once the
+    /// meta server noticed its connection close or its lease run out).
+    pub sessions: u64,
+    /// Files open by some session (their control blocks and locks are in the meta region).
+    pub open_files: u64,
 }
 
 /// The checker's answer.

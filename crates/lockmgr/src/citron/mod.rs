@@ -505,6 +505,7 @@ impl CitronClient {
                 held.spill_ticket = ticket;
                 held.spill_deadline = Some(deadline);
                 self.stats.spillover += 1;
+                failpoint!("lockmgr::citron::spillover_held");
             }
             let n = self.rec.units();
             let mut fast = true;
