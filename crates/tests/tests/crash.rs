@@ -104,6 +104,7 @@ impl Op {
 }
 
 /// One kind of trial.
+#[derive(Clone, Copy)]
 struct Point {
     failpoint: &'static str,
     op: Op,
@@ -553,32 +554,33 @@ fn run_point(backend: Backend, point: Point) {
     );
 }
 
+/// Runs `point` on tcp, then with fewer trials on shm (where the victim's stores go straight
+/// into the regions: no fabric server stands between a killed client and the memory).
+fn on_tcp_and_shm(point: Point) {
+    run_point(Backend::Tcp, point);
+    run_point(Backend::Shm, Point { trials: 4, ..point });
+}
+
 #[test]
 fn killed_holding_a_range_lock() {
-    run_point(
-        Backend::Tcp,
-        Point {
-            failpoint: "fs_client::io::locked",
-            op: Op::Overwrite,
-            holds_lock: true,
-            max_skip: 3,
-            trials: 6,
-        },
-    );
+    on_tcp_and_shm(Point {
+        failpoint: "fs_client::io::locked",
+        op: Op::Overwrite,
+        holds_lock: true,
+        max_skip: 3,
+        trials: 6,
+    });
 }
 
 #[test]
 fn killed_between_the_batches_of_a_write_over_two_servers() {
-    run_point(
-        Backend::Tcp,
-        Point {
-            failpoint: "fs_client::io::between_servers",
-            op: Op::Overwrite,
-            holds_lock: true,
-            max_skip: 3,
-            trials: 6,
-        },
-    );
+    on_tcp_and_shm(Point {
+        failpoint: "fs_client::io::between_servers",
+        op: Op::Overwrite,
+        holds_lock: true,
+        max_skip: 3,
+        trials: 6,
+    });
 }
 
 /// Killed between the per-server batches of a write past the end of the file: its chunks are
@@ -600,16 +602,13 @@ fn killed_in_the_middle_of_an_extending_write() {
 
 #[test]
 fn killed_holding_the_spillover_mutex() {
-    run_point(
-        Backend::Tcp,
-        Point {
-            failpoint: "lockmgr::citron::spillover_held",
-            op: Op::Truncate,
-            holds_lock: true,
-            max_skip: 3,
-            trials: 6,
-        },
-    );
+    on_tcp_and_shm(Point {
+        failpoint: "lockmgr::citron::spillover_held",
+        op: Op::Truncate,
+        holds_lock: true,
+        max_skip: 3,
+        trials: 6,
+    });
 }
 
 /// Killed after announcing a scale-up in the config record (Alg. 4, before any `Exp` tag):

@@ -181,12 +181,14 @@ fn print(report: &FsckReport, json: bool) {
     }
     let c = report.counts;
     let summary = format!(
-        "checked {} inodes, {} entries, {} chunk-map entries on {} data servers, {} open-file \
-         locks ({}): {} findings{}{}",
+        "checked {} inodes, {} entries, {} chunk-map entries on {} data servers, {} open files \
+         of {} other sessions, {} open-file locks ({}): {} findings{}{}",
         c.inodes,
         c.entries,
         c.chunks,
         c.servers,
+        c.open_files,
+        c.sessions,
         c.locks,
         if report.at_rest {
             "at rest"
