@@ -267,6 +267,8 @@ struct Tally {
     /// Trials where the survivor, working alongside, broke the dead client's lock itself
     /// before the check could look.
     recovered_alongside: usize,
+    /// Whole-file sweeps needed before fsck found the lock at rest (see [`settle`]).
+    sweeps: usize,
     slowest: Duration,
     survivor_ops: usize,
 }
@@ -308,6 +310,9 @@ fn survivor_round(
     let (r, took) = bounded("the survivor's op", || -> Result<(), fs_client::Error> {
         match op {
             Op::Overwrite | Op::Extend | Op::Create => Ok(()),
+            // Not while the victim runs: the first write past the tree scales it up, and that
+            // must be the victim's.
+            Op::Beyond if !alone => Ok(()),
             Op::Beyond => fs
                 .write(fh, BEYOND, &record(SURVIVOR, seq, BLOCK))
                 .map(drop),
@@ -392,6 +397,47 @@ fn extend_over_the_dead_write(
             "the dead extending write's chunks: {report:#?}"
         );
     }
+}
+
+/// `fsck --at-rest` once the survivor is done, after sweeping what lazy recovery leaves.
+///
+/// A release that comes after its lease deadline leaves leaf bits (and `DCnt`) alone — they
+/// carry no owner, and a recoverer may already have handed them on (lockmgr `lease`) — and
+/// leaves them to lazy recovery: the next request that needs them breaks them after a
+/// `T_lease`. On a loaded machine the survivor's own calls sometimes run past the short lease
+/// of these tests (the slowest took seconds), so such words can be left although every client
+/// is idle; and recovery only repairs the words in a requester's way. Taking the whole-file
+/// lock (a truncate to the file's own size) sweeps them all. So: while the only findings are
+/// lock words of this file, sweep and look again (a few times, each bounded); any other
+/// finding, or words that survive the sweeps, fail the caller's check.
+fn settle(cluster: &Cluster, fs: &CitronFs, ino: Ino, tally: &mut Tally) -> FsckReport {
+    let me = CitronFs::process_caller();
+    for _ in 0..5 {
+        let report = fsck(cluster, true);
+        let only_lock_words = !report.findings.is_empty()
+            && report
+                .findings
+                .iter()
+                .all(|f| matches!(f, Finding::LockNotAtRest { ino: i, .. } if *i == ino));
+        if !only_lock_words {
+            return report;
+        }
+        tally.sweeps += 1;
+        let size = fs.getattr(ino).unwrap().size;
+        let (r, took) = bounded("a whole-file sweep", || {
+            fs.setattr(
+                me,
+                ino,
+                SetAttr {
+                    size: Some(size),
+                    ..SetAttr::default()
+                },
+            )
+        });
+        r.unwrap();
+        tally.slowest = tally.slowest.max(took);
+    }
+    fsck(cluster, true)
 }
 
 fn run_point(backend: Backend, point: Point) {
@@ -524,9 +570,13 @@ fn run_point(backend: Backend, point: Point) {
         if point.op == Op::Extend {
             extend_over_the_dead_write(&cluster, &fs, attr.ino, fh, trial);
         }
-        let report = fsck(&cluster, true);
         // Odd Extend trials leave the dead write's chunks (checked above) for the close.
         let left_for_the_close = point.op == Op::Extend && trial % 2 == 1;
+        let report = if left_for_the_close {
+            fsck(&cluster, true)
+        } else {
+            settle(&cluster, &fs, attr.ino, &mut tally)
+        };
         assert!(
             (report.clean() || left_for_the_close) && report.at_rest && report.counts.locks >= 1,
             "{} trial {trial}: fsck --at-rest after the survivor is done: {report:#?}",
@@ -544,13 +594,16 @@ fn run_point(backend: Backend, point: Point) {
     println!(
         "{backend:?} {}: {} trials, each victim SIGKILLed at its failpoint; dead lock seen by \
          fsck {} times, broken by the survivor before fsck looked {} times; {} survivor \
-         rounds, slowest call {:?} (bound {BOUND:?}); fsck clean after every trial",
+         rounds, slowest call {:?} (bound {BOUND:?}); {} whole-file sweeps of words left by \
+         late releases (the survivor released late {} times); fsck clean after every trial",
         point.failpoint,
         tally.trials,
         tally.locks_seen,
         tally.recovered_alongside,
         tally.survivor_ops,
-        tally.slowest
+        tally.slowest,
+        tally.sweeps,
+        fs.lock_stats().late_releases
     );
 }
 
