@@ -529,6 +529,72 @@ pub fn inspect(
     }))
 }
 
+/// Puts every busy word of `lock`'s state (see [`inspect`]) back at rest, each with a CAS
+/// that expects the word as inspected, and returns the words it reset (as they were);
+/// `Ok(None)` for a scheme whose state is not in remote memory (`server`).
+///
+/// Only while no client holds, waits for or is acquiring the lock — what dead clients left
+/// (`citronfs fsck --at-rest --repair`); a word that changes meanwhile fails the reset.
+pub fn reset_to_rest(
+    lock: &LockRef,
+    endpoint: Box<dyn Endpoint>,
+) -> Result<Option<Vec<BusyWord>>, LockError> {
+    use crate::baselines::ticket::{next_ticket, now_serving};
+    let mut endpoint = endpoint;
+    // A ticket lock at rest serves its next ticket.
+    let reset_ticket = |endpoint: &mut dyn Endpoint, addr: RemoteAddr, what: String| {
+        let word = endpoint.read_u64(addr)?;
+        if next_ticket(word) == now_serving(word) {
+            return Ok::<_, LockError>(None);
+        }
+        let rest = (word & !0xFFFF_FFFF) | u64::from(next_ticket(word));
+        if endpoint.cas(addr, word, rest)? != word {
+            return Err(LockError::Config(format!(
+                "{what} changed while being reset: the lock is in use"
+            )));
+        }
+        Ok(Some(BusyWord { what, word }))
+    };
+    Ok(Some(match lock.scheme {
+        LockScheme::Citron(_) => {
+            let mut client = crate::citron::CitronClient::open(
+                endpoint,
+                lock.base,
+                Arc::new(crate::citron::NoAllocator),
+                ClientOptions::default(),
+            )?;
+            let spill = client.audit()?;
+            let mut reset: Vec<BusyWord> = client
+                .reset_to_rest()?
+                .into_iter()
+                .map(|(node, word)| BusyWord {
+                    what: format!("node({}, {})", node.hgt, node.pos),
+                    word,
+                })
+                .collect();
+            if spill.spillover_busy {
+                reset.push(BusyWord {
+                    what: "spillover mutex".into(),
+                    word: spill.spillover,
+                });
+            }
+            reset
+        }
+        LockScheme::Mutex => reset_ticket(&mut *endpoint, lock.base, "mutex".into())?
+            .into_iter()
+            .collect(),
+        LockScheme::Seg(spec) => {
+            let mut reset = Vec::new();
+            for i in 0..spec.segments {
+                let what = format!("segment lock {i}");
+                reset.extend(reset_ticket(&mut *endpoint, lock.base.word(i), what)?);
+            }
+            reset
+        }
+        LockScheme::Server => return Ok(None),
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -687,6 +753,31 @@ mod tests {
                 a.release(id).unwrap();
                 let at_rest = inspect(&lock, Box::new(fabric.endpoint())).unwrap();
                 assert_eq!(at_rest, Some(Vec::new()), "{scheme} after {range:?}");
+            }
+            // A holder that dies (its handle dropped, nothing released): the reset puts back
+            // exactly the words inspect saw, and the range is free at once.
+            for range in [3..40, 0..u64::MAX] {
+                let mut dead = open(&lock, &fabric, &options).unwrap();
+                dead.acquire(range.clone()).unwrap();
+                drop(dead);
+                let busy = inspect(&lock, Box::new(fabric.endpoint()))
+                    .unwrap()
+                    .unwrap();
+                assert!(!busy.is_empty(), "{scheme}: {range:?} held by the dead");
+                let reset = reset_to_rest(&lock, Box::new(fabric.endpoint()))
+                    .unwrap()
+                    .unwrap();
+                assert_eq!(reset, busy, "{scheme}: {range:?}");
+                let at_rest = inspect(&lock, Box::new(fabric.endpoint())).unwrap();
+                assert_eq!(at_rest, Some(Vec::new()), "{scheme} reset after {range:?}");
+                let start = std::time::Instant::now();
+                let id = b.acquire(range.clone()).unwrap();
+                b.release(id).unwrap();
+                assert!(
+                    start.elapsed() < std::time::Duration::from_millis(100),
+                    "{scheme}: {range:?} waited {:?} after the reset",
+                    start.elapsed()
+                );
             }
         }
     }

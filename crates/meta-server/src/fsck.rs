@@ -37,7 +37,8 @@
 //!
 //! # Repairs ([`repair`])
 //!
-//! Only what has one right answer: dangling entries and strays are removed; unreachable
+//! Only what has one right answer: at rest, lock words that no live client holds or waits
+//! for are put back at rest (`lockmgr::schemes::reset_to_rest`, by the service); dangling entries and strays are removed; unreachable
 //! inodes (open nowhere) are deleted and their chunks freed; stale orphan marks are resolved
 //! (deleted when unlinked, unmarked when linked); link counts are set to what the entries give;
 //! chunks of no file, and chunks beyond the size of a file open nowhere, are freed; leaked
@@ -46,7 +47,7 @@
 //! rounds (one repair can reveal the next: a deleted directory's children become unreachable)
 //! until a round finds nothing more to do. Not repaired, because the right answer is not known:
 //! chunks shared by two files or naming nothing allocated, kind mismatches, directory parent
-//! conflicts, locks not at rest.
+//! conflicts; lock words when the caller does not say no client is active (`at_rest`).
 
 use crate::store::{Image, Store};
 use proto::fsck::{Finding, FsckCounts, FsckOptions, FsckReport, Repair, MAX_FINDINGS};
@@ -586,22 +587,23 @@ pub(crate) fn repair(
 }
 
 /// The whole run on `store`: a check, then with `options.repair` rounds of repair and check.
-/// `live` is called before each check (the service reads its control blocks); `extra` adds
-/// findings the store cannot see (the service's lock inspection) to the first and last check.
-/// Returns the report and the chunks repairs freed.
+/// `live` is called before each check (the service reads its control blocks); `locks(reset)`
+/// inspects the open files' locks (the service; at rest only): it adds findings the store
+/// cannot see to the first and last check, and with `reset` puts busy words back at rest and
+/// says so. Returns the report and the chunks repairs freed.
 pub(crate) fn run(
     store: &Store,
     chunk_size: u64,
     options: FsckOptions,
     mut live: impl FnMut() -> Live,
-    mut extra: impl FnMut() -> (Vec<Finding>, u64),
+    mut locks: impl FnMut(bool) -> (Vec<Finding>, u64, Vec<Repair>),
 ) -> Result<(FsckReport, Vec<ChunkLoc>), FsError> {
     let mut state = live();
     let image = store.image()?;
     let (mut findings, mut counts) = check(&image, &state, chunk_size);
-    let (lock_findings, locks) = extra();
-    findings.extend(lock_findings.iter().cloned());
-    counts.locks = locks;
+    let (lock_findings, inspected, _) = locks(false);
+    findings.extend(lock_findings);
+    counts.locks = inspected;
     let mut report = FsckReport {
         counts,
         at_rest: state.at_rest,
@@ -609,6 +611,7 @@ pub(crate) fn run(
     };
     let mut freed = Vec::new();
     if options.repair && !findings.is_empty() {
+        report.repairs.extend(locks(true).2);
         let (mut image, mut round) = (image, findings.clone());
         for _ in 0..REPAIR_ROUNDS {
             let done = repair(store, &image, &state, &round)?;
@@ -622,8 +625,8 @@ pub(crate) fn run(
                 break;
             }
         }
-        // Lock findings are not repaired; inspect again for the final word.
-        round.extend(extra().0);
+        // The locks' final word.
+        round.extend(locks(false).0);
         round.truncate(MAX_FINDINGS);
         report.remaining = Some(round);
     }
@@ -643,10 +646,9 @@ pub fn check_offline(db_dir: &Path, repair: bool) -> anyhow::Result<FsckReport> 
         repair,
         at_rest: true,
     };
-    let (report, _freed) = run(&store, chunk_size, options, Live::default, || {
-        (Vec::new(), 0)
-    })
-    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let no_locks = |_| (Vec::new(), 0, Vec::new());
+    let (report, _freed) = run(&store, chunk_size, options, Live::default, no_locks)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     store.flush().map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(report)
 }
@@ -724,7 +726,7 @@ mod tests {
                 at_rest: false,
             },
             Live::default,
-            || (Vec::new(), 0),
+            |_| (Vec::new(), 0, Vec::new()),
         )
         .unwrap();
         assert!(!report.repairs.is_empty(), "{kinds:?}: nothing repaired");
@@ -926,7 +928,7 @@ mod tests {
                 at_rest: false,
             },
             Live::default,
-            || (Vec::new(), 0),
+            |_| (Vec::new(), 0, Vec::new()),
         )
         .unwrap();
         let kinds: Vec<&str> = report.findings.iter().map(Finding::kind).collect();

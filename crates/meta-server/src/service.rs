@@ -18,7 +18,7 @@ use lockmgr::citron::{CitronDefaults, CitronGrowth};
 use lockmgr::schemes::{self, CreateOptions, LockMemory};
 use lockmgr::{CitronConfig, LockError, LockRef, LockScheme};
 use proto::fcb;
-use proto::fsck::{Finding, FsckOptions, FsckReport};
+use proto::fsck::{Finding, FsckOptions, FsckReport, Repair};
 use proto::rpc::{Request, Response};
 use proto::{
     Attr, ChunkLoc, ClusterInfo, DataServerInfo, FabricAddr, FileKind, FsError, FsStats, Ino,
@@ -1026,9 +1026,10 @@ impl Service {
                 .collect();
             crate::fsck::Live { open, at_rest }
         };
-        let locks = || {
+        let locks = |reset: bool| {
+            let mut repairs = Vec::new();
             if !at_rest {
-                return (Vec::new(), 0);
+                return (Vec::new(), 0, repairs);
             }
             let st = state.borrow();
             let mut findings = Vec::new();
@@ -1039,6 +1040,23 @@ impl Service {
                     let endpoint =
                         Box::new(LocalEndpoint::new(Arc::new(OwnRegion(self.region.clone()))));
                     let scheme = file.lock.scheme.to_string();
+                    if reset {
+                        // At rest no client holds or waits: what is busy is a dead client's.
+                        match schemes::reset_to_rest(&file.lock, endpoint) {
+                            Ok(Some(words)) if !words.is_empty() => {
+                                repairs.push(Repair::ResetLock {
+                                    ino,
+                                    scheme,
+                                    words: words.iter().map(|b| b.to_string()).collect(),
+                                })
+                            }
+                            Ok(_) => {}
+                            Err(error) => {
+                                tracing::warn!(ino, %error, "fsck could not reset a lock")
+                            }
+                        }
+                        continue;
+                    }
                     match schemes::inspect(&file.lock, endpoint) {
                         Ok(Some(busy)) if !busy.is_empty() => {
                             findings.push(Finding::LockNotAtRest {
@@ -1056,7 +1074,7 @@ impl Service {
                     }
                 }
             }
-            (findings, inspected)
+            (findings, inspected, repairs)
         };
         let (mut report, freed) =
             crate::fsck::run(&self.store, self.settings.chunk_size, options, live, locks)?;

@@ -440,6 +440,15 @@ pub enum Repair {
         /// The inode.
         ino: Ino,
     },
+    /// At rest, an open file's busy lock words (a dead client's) were put back at rest.
+    ResetLock {
+        /// The file.
+        ino: Ino,
+        /// The lock scheme.
+        scheme: String,
+        /// The words reset, as they were.
+        words: Vec<String>,
+    },
 }
 
 impl fmt::Display for Repair {
@@ -471,6 +480,11 @@ impl fmt::Display for Repair {
             Repair::UnmarkedOrphan { ino } => {
                 write!(f, "dropped the orphan mark of linked inode {ino}")
             }
+            Repair::ResetLock { ino, scheme, words } => write!(
+                f,
+                "reset inode {ino}'s {scheme} lock to rest: {}",
+                words.join(", ")
+            ),
         }
     }
 }

@@ -232,15 +232,22 @@ impl Drop for Victim {
 /// Asks the meta server to check itself (a connection of its own: the checker's session is
 /// not counted among `sessions`).
 fn fsck(cluster: &Cluster, at_rest: bool) -> FsckReport {
+    fsck_with(
+        cluster,
+        FsckOptions {
+            repair: false,
+            at_rest,
+        },
+    )
+}
+
+/// [`fsck`] with `options`.
+fn fsck_with(cluster: &Cluster, options: FsckOptions) -> FsckReport {
     let role = Role::Client {
         host: "crash-test-fsck".into(),
         pid: std::process::id(),
     };
     let mut client = Client::connect(cluster.meta_addr(), &cluster.credentials(), role).unwrap();
-    let options = FsckOptions {
-        repair: false,
-        at_rest,
-    };
     match client.call(Request::Fsck(options)).unwrap() {
         Ok(Response::Fsck(report)) => report,
         other => panic!("fsck answered {other:?}"),
@@ -267,6 +274,8 @@ struct Tally {
     /// Trials where the survivor, working alongside, broke the dead client's lock itself
     /// before the check could look.
     recovered_alongside: usize,
+    /// Trials where `fsck --at-rest --repair` reset the dead client's words.
+    reset_by_fsck: usize,
     /// Sweeps of words no request had recovered, before fsck found the lock at rest (see
     /// [`settle`]).
     sweeps: usize,
@@ -565,6 +574,25 @@ fn run_point(backend: Backend, point: Point) {
                 point.failpoint
             );
             tally.locks_seen += 1;
+            if trial % 4 == 3 && point.op != Op::Extend {
+                // The operator's way: nothing is active, so fsck --at-rest --repair puts the
+                // dead client's words back at rest, and nobody waits for a lease.
+                let report = fsck_with(
+                    &cluster,
+                    FsckOptions {
+                        repair: true,
+                        at_rest: true,
+                    },
+                );
+                assert!(
+                    report.repairs.iter().any(
+                        |r| matches!(r, proto::fsck::Repair::ResetLock { ino, .. } if *ino == attr.ino)
+                    ) && report.remaining == Some(Vec::new()),
+                    "{}: fsck --at-rest --repair: {report:#?}",
+                    point.failpoint
+                );
+                tally.reset_by_fsck += 1;
+            }
         }
         // What the dead client left: whole blocks, each the survivor's last record or one of
         // the victim's (its unacknowledged write may have landed on some servers only).
@@ -615,12 +643,14 @@ fn run_point(backend: Backend, point: Point) {
     }
     println!(
         "{backend:?} {}: {} trials, each victim SIGKILLed at its failpoint; dead lock seen by \
-         fsck {} times, broken by the survivor before fsck looked {} times; {} survivor \
+         fsck {} times (reset by fsck --repair {} times), broken by the survivor before fsck \
+         looked {} times; {} survivor \
          rounds, slowest call {:?} (bound {BOUND:?}); {} sweeps of dead words outside every \
          request (the survivor released late {} times); fsck clean after every trial",
         point.failpoint,
         tally.trials,
         tally.locks_seen,
+        tally.reset_by_fsck,
         tally.recovered_alongside,
         tally.survivor_ops,
         tally.slowest,

@@ -463,6 +463,51 @@ impl CitronClient {
         Ok(audit)
     }
 
+    /// Puts every word that [`CitronClient::audit`] finds busy back at rest — leaf bits
+    /// cleared; on internal nodes `Occ` cleared, `TCnt := TMax`, `DCnt := DMax`, the `Exp` tag
+    /// kept; the spillover mutex's served half set to its next ticket — each with a CAS that
+    /// expects the word as audited. Returns the nodes it reset, with their words as they were.
+    ///
+    /// Only while no client holds, waits for or is acquiring the lock: it is how an operator
+    /// who knows that (`citronfs fsck --at-rest --repair`) clears what dead clients left,
+    /// which lazy recovery would break only when a request needs it. A word that changed since
+    /// the audit means someone is active: it is left alone and the reset fails.
+    pub fn reset_to_rest(&mut self) -> Result<Vec<(Node, u64)>, LockError> {
+        let audit = self.audit()?;
+        let mut reset = Vec::new();
+        for &(node, word) in &audit.busy_nodes {
+            let rest = if node.is_leaf() {
+                0
+            } else {
+                (word & layout::EXP)
+                    | (layout::tmax(word) << layout::TCNT_SHIFT)
+                    | (layout::tmax(word) << layout::TMAX_SHIFT)
+                    | (layout::dmax(word) << layout::DCNT_SHIFT)
+                    | (layout::dmax(word) << layout::DMAX_SHIFT)
+            };
+            let addr = self.node_addr(node)?;
+            let old = self.ep.cas(addr, word, rest)?;
+            if old != word {
+                return Err(LockError::Config(format!(
+                    "node {node:?} changed while being reset ({word:#x} -> {old:#x}): the lock \
+                     is in use"
+                )));
+            }
+            reset.push((node, word));
+        }
+        if audit.spillover_busy {
+            let word = audit.spillover;
+            let rest = (word & !0xFFFF_FFFF) | (word >> 32);
+            let old = self.ep.cas(self.spill_addr(), word, rest)?;
+            if old != word {
+                return Err(LockError::Config(
+                    "the spillover mutex changed while being reset: the lock is in use".into(),
+                ));
+            }
+        }
+        Ok(reset)
+    }
+
     fn spill_addr(&self) -> RemoteAddr {
         self.base.add(SPILLOVER_OFFSET)
     }

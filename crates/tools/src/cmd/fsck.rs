@@ -34,7 +34,8 @@ pub struct FsckArgs {
     #[arg(long)]
     meta: Option<String>,
     /// Repair what can be repaired (dangling entries, link counts, unreachable inodes, leaked
-    /// chunks, broken free stacks), then check again.
+    /// chunks, broken free stacks; with --at-rest, lock words dead clients left), then check
+    /// again.
     #[arg(long)]
     #[serde(skip)]
     repair: bool,
