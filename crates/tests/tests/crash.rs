@@ -7,7 +7,8 @@
 //! - the meta server notices the dead session (its connection closed) and gives back what it
 //!   held: its sessions and open files are counted by `fsck` (`FsckCounts`);
 //! - when it died holding a lock, `fsck --at-rest` finds the lock words it left
-//!   (`lock-not-at-rest`): the checker sees them;
+//!   (`lock-not-at-rest`): the checker sees them; in every fourth trial `fsck --at-rest
+//!   --repair` resets them, in the others the survivor's lease recovery breaks them;
 //! - every operation of the survivor returns within [`BOUND`] (lease recovery breaks the dead
 //!   client's lock; CITRON's patience is a few `T_lease`);
 //! - the data is whole: every 4 KiB block holds one record's tag (the dead client's write may
