@@ -248,6 +248,7 @@ impl Inner {
             }
         };
         w.lease = lease;
+        failpoint!("fs_client::io::locked");
         let result = body(w);
         w.lease = None;
         let released = w
@@ -331,7 +332,8 @@ impl Inner {
             |c| run.get(c),
             Limits::FABRIC,
         )?;
-        for sp in plans {
+        let servers = plans.len();
+        for (i, sp) in plans.into_iter().enumerate() {
             let region = w.view.servers.region_of(sp.server)?;
             for pb in sp.batches {
                 self.check_lease_before_post(w)?;
@@ -343,6 +345,9 @@ impl Inner {
                         );
                     }
                 })?;
+            }
+            if i + 1 < servers {
+                failpoint!("fs_client::io::between_servers");
             }
         }
         Ok(())

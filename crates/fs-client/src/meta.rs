@@ -204,7 +204,17 @@ impl Meta {
         }
         let client = conn.as_mut().expect("connected above");
         let changes = changes_state(&request);
-        match client.call(request) {
+        #[cfg(feature = "failpoints")]
+        let call = format!("{request:?}");
+        let answer = client.call(request);
+        // Crash tests: the meta server has answered (and done what was asked); the client
+        // dies before it learns. Named by the request's kind: `...::answered::Mknod`.
+        #[cfg(feature = "failpoints")]
+        if answer.is_ok() {
+            let kind = call.split([' ', '(', '{']).next().unwrap_or_default();
+            failpoint!(&format!("fs_client::meta::answered::{kind}"));
+        }
+        match answer {
             Ok(answer) => {
                 if changes {
                     self.note_unsynced(self.generation());
@@ -316,5 +326,6 @@ fn short(response: &Response) -> &'static str {
         Response::Revocations { .. } => "Revocations",
         Response::Heartbeat { .. } => "Heartbeat",
         Response::Cluster(_) => "Cluster",
+        Response::Fsck(_) => "Fsck",
     }
 }

@@ -8,6 +8,21 @@
 //! ([`LockScheme`]), one function that creates a lock's state ([`schemes::create`]) and one that
 //! opens a handle on it ([`schemes::open`]).
 
+/// A failpoint (`fail::fail_point!`) where a crash test stops a client: compiled to nothing
+/// unless the cargo feature `failpoints` is on, and then inert until a test configures it
+/// (`fail::cfg_callback`); the crash tests make the process SIGKILL itself there.
+#[cfg(feature = "failpoints")]
+macro_rules! failpoint {
+    ($name:expr) => {
+        fail::fail_point!($name)
+    };
+}
+/// A failpoint (see the `failpoints` build): nothing in this build.
+#[cfg(not(feature = "failpoints"))]
+macro_rules! failpoint {
+    ($name:expr) => {};
+}
+
 pub mod backoff;
 pub mod baselines;
 pub mod chaos;

@@ -48,7 +48,7 @@ use crate::baselines::server::{self, LockServer, LockServerAt};
 use crate::baselines::{MutexScheme, SegScheme, SegSpec, TicketConfig};
 use crate::citron::{CitronDefaults, CitronSpec, ClientOptions, TreeAllocator};
 use crate::scheme::{LockError, RangeLock};
-use fabric::{Connector, Endpoint, RegionId, RemoteAddr};
+use fabric::{Connector, Endpoint, EndpointExt, RegionId, RemoteAddr};
 use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;
 use std::str::FromStr;
@@ -438,6 +438,163 @@ pub fn open(
     })
 }
 
+/// A lock word that is not at rest (see [`inspect`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BusyWord {
+    /// Which word: a CITRON node (`node(hgt, pos)`), the spillover mutex, a ticket lock.
+    pub what: String,
+    /// Its value.
+    pub word: u64,
+}
+
+impl fmt::Display for BusyWord {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} = {:#018x}", self.what, self.word)
+    }
+}
+
+/// Reads every word of `lock`'s state through `endpoint` and returns the words that are not at
+/// rest: held (a leaf bit, `Occ`, a ticket being served that was never passed on) or with a
+/// counter pair apart (`TCnt != TMax`, `DCnt != DMax`, a ticket lock's `next != serving`).
+///
+/// Meaningful only while no client holds or waits for the lock — then every word must be at
+/// rest, and a busy one is a lock that a dead or broken client left behind (for `citronfs
+/// fsck --at-rest` and the crash tests). `Ok(None)` for a scheme whose state is not in remote
+/// memory (`server`).
+pub fn inspect(
+    lock: &LockRef,
+    endpoint: Box<dyn Endpoint>,
+) -> Result<Option<Vec<BusyWord>>, LockError> {
+    use crate::baselines::ticket::{next_ticket, now_serving};
+    let mut endpoint = endpoint;
+    let ticket_busy = |word: u64| next_ticket(word) != now_serving(word);
+    Ok(Some(match lock.scheme {
+        LockScheme::Citron(_) => {
+            let mut client = crate::citron::CitronClient::open(
+                endpoint,
+                lock.base,
+                Arc::new(crate::citron::NoAllocator),
+                ClientOptions::default(),
+            )?;
+            let audit = client.audit()?;
+            let mut busy: Vec<BusyWord> = audit
+                .busy_nodes
+                .iter()
+                .map(|(node, word)| BusyWord {
+                    what: format!("node({}, {})", node.hgt, node.pos),
+                    word: *word,
+                })
+                .collect();
+            if audit.spillover_busy {
+                busy.push(BusyWord {
+                    what: "spillover mutex".into(),
+                    word: audit.spillover,
+                });
+            }
+            busy
+        }
+        LockScheme::Mutex => {
+            let word = endpoint.read_u64(lock.base)?;
+            if ticket_busy(word) {
+                vec![BusyWord {
+                    what: "mutex".into(),
+                    word,
+                }]
+            } else {
+                Vec::new()
+            }
+        }
+        LockScheme::Seg(spec) => {
+            let mut busy = Vec::new();
+            // Large reads, but within what any endpoint takes in one verb.
+            const WORDS: u64 = 8192;
+            let mut at = 0;
+            while at < spec.segments {
+                let n = (spec.segments - at).min(WORDS);
+                let bytes = endpoint.read(lock.base.word(at), (n * 8) as usize)?;
+                for (i, w) in bytes.chunks_exact(8).enumerate() {
+                    let word = u64::from_le_bytes(w.try_into().expect("8 bytes"));
+                    if ticket_busy(word) {
+                        busy.push(BusyWord {
+                            what: format!("segment lock {}", at + i as u64),
+                            word,
+                        });
+                    }
+                }
+                at += n;
+            }
+            busy
+        }
+        LockScheme::Server => return Ok(None),
+    }))
+}
+
+/// Puts every busy word of `lock`'s state (see [`inspect`]) back at rest, each with a CAS
+/// that expects the word as inspected, and returns the words it reset (as they were);
+/// `Ok(None)` for a scheme whose state is not in remote memory (`server`).
+///
+/// Only while no client holds, waits for or is acquiring the lock — what dead clients left
+/// (`citronfs fsck --at-rest --repair`); a word that changes meanwhile fails the reset.
+pub fn reset_to_rest(
+    lock: &LockRef,
+    endpoint: Box<dyn Endpoint>,
+) -> Result<Option<Vec<BusyWord>>, LockError> {
+    use crate::baselines::ticket::{next_ticket, now_serving};
+    let mut endpoint = endpoint;
+    // A ticket lock at rest serves its next ticket.
+    let reset_ticket = |endpoint: &mut dyn Endpoint, addr: RemoteAddr, what: String| {
+        let word = endpoint.read_u64(addr)?;
+        if next_ticket(word) == now_serving(word) {
+            return Ok::<_, LockError>(None);
+        }
+        let rest = (word & !0xFFFF_FFFF) | u64::from(next_ticket(word));
+        if endpoint.cas(addr, word, rest)? != word {
+            return Err(LockError::Config(format!(
+                "{what} changed while being reset: the lock is in use"
+            )));
+        }
+        Ok(Some(BusyWord { what, word }))
+    };
+    Ok(Some(match lock.scheme {
+        LockScheme::Citron(_) => {
+            let mut client = crate::citron::CitronClient::open(
+                endpoint,
+                lock.base,
+                Arc::new(crate::citron::NoAllocator),
+                ClientOptions::default(),
+            )?;
+            let spill = client.audit()?;
+            let mut reset: Vec<BusyWord> = client
+                .reset_to_rest()?
+                .into_iter()
+                .map(|(node, word)| BusyWord {
+                    what: format!("node({}, {})", node.hgt, node.pos),
+                    word,
+                })
+                .collect();
+            if spill.spillover_busy {
+                reset.push(BusyWord {
+                    what: "spillover mutex".into(),
+                    word: spill.spillover,
+                });
+            }
+            reset
+        }
+        LockScheme::Mutex => reset_ticket(&mut *endpoint, lock.base, "mutex".into())?
+            .into_iter()
+            .collect(),
+        LockScheme::Seg(spec) => {
+            let mut reset = Vec::new();
+            for i in 0..spec.segments {
+                let what = format!("segment lock {i}");
+                reset.extend(reset_ticket(&mut *endpoint, lock.base.word(i), what)?);
+            }
+            reset
+        }
+        LockScheme::Server => return Ok(None),
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -580,6 +737,48 @@ mod tests {
             }
             assert_eq!(a.stats().acquisitions, 3);
             assert_eq!(b.stats().releases, 3);
+            // At rest now; a lock held (and never released, as by a dead client) is not.
+            let at_rest = inspect(&lock, Box::new(fabric.endpoint())).unwrap();
+            if lock.scheme == LockScheme::SERVER {
+                assert_eq!(at_rest, None, "the lock server's state is not in memory");
+                continue;
+            }
+            assert_eq!(at_rest, Some(Vec::new()), "{scheme}");
+            for range in [3..40, 0..u64::MAX] {
+                let id = a.acquire(range.clone()).unwrap();
+                let busy = inspect(&lock, Box::new(fabric.endpoint()))
+                    .unwrap()
+                    .unwrap();
+                assert!(!busy.is_empty(), "{scheme}: {range:?} held, but at rest");
+                a.release(id).unwrap();
+                let at_rest = inspect(&lock, Box::new(fabric.endpoint())).unwrap();
+                assert_eq!(at_rest, Some(Vec::new()), "{scheme} after {range:?}");
+            }
+            // A holder that dies (its handle dropped, nothing released): the reset puts back
+            // exactly the words inspect saw, and the range is free at once.
+            for range in [3..40, 0..u64::MAX] {
+                let mut dead = open(&lock, &fabric, &options).unwrap();
+                dead.acquire(range.clone()).unwrap();
+                drop(dead);
+                let busy = inspect(&lock, Box::new(fabric.endpoint()))
+                    .unwrap()
+                    .unwrap();
+                assert!(!busy.is_empty(), "{scheme}: {range:?} held by the dead");
+                let reset = reset_to_rest(&lock, Box::new(fabric.endpoint()))
+                    .unwrap()
+                    .unwrap();
+                assert_eq!(reset, busy, "{scheme}: {range:?}");
+                let at_rest = inspect(&lock, Box::new(fabric.endpoint())).unwrap();
+                assert_eq!(at_rest, Some(Vec::new()), "{scheme} reset after {range:?}");
+                let start = std::time::Instant::now();
+                let id = b.acquire(range.clone()).unwrap();
+                b.release(id).unwrap();
+                assert!(
+                    start.elapsed() < std::time::Duration::from_millis(100),
+                    "{scheme}: {range:?} waited {:?} after the reset",
+                    start.elapsed()
+                );
+            }
         }
     }
 

@@ -10,10 +10,14 @@
 //!   (`proto::fcb`) and lock state (CITRON trees, `mutex`/`seg` words), with the allocator that
 //!   CITRON scale-ups call through `AllocateLockWords`.
 //!
+//! - the consistency checker ([`fsck`]): `citronfs fsck`, over the `Fsck` request or on a
+//!   stopped server's database.
+//!
 //! Start it with [`MetaServer::start`]; it runs on its own threads until
 //! [`MetaHandle::shutdown`] (or drop), which persists open files' sizes and flushes sled.
 
 pub mod alloc;
+pub mod fsck;
 pub mod rpc;
 mod service;
 pub mod store;

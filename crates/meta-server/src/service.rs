@@ -18,6 +18,7 @@ use lockmgr::citron::{CitronDefaults, CitronGrowth};
 use lockmgr::schemes::{self, CreateOptions, LockMemory};
 use lockmgr::{CitronConfig, LockError, LockRef, LockScheme};
 use proto::fcb;
+use proto::fsck::{Finding, FsckOptions, FsckReport, Repair};
 use proto::rpc::{Request, Response};
 use proto::{
     Attr, ChunkLoc, ClusterInfo, DataServerInfo, FabricAddr, FileKind, FsError, FsStats, Ino,
@@ -164,6 +165,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub(crate) struct Service {
     pub settings: Settings,
     store: Store,
+    /// The meta region, for the consistency checker's own endpoint on the lock words.
+    region: Arc<Region>,
     state: Mutex<State>,
     lock_server: Option<Arc<LockServer>>,
     /// Set when the meta server itself is stopping: connections it closes are then expected,
@@ -229,6 +232,7 @@ impl Service {
         let service = Service {
             settings,
             store,
+            region: region.clone(),
             state: Mutex::new(State {
                 sessions: HashMap::new(),
                 // Session ids never repeat across restarts: the data servers' fabric servers
@@ -628,7 +632,14 @@ impl Service {
         for loc in freed {
             match self.zero_chunk(loc, 0, self.settings.chunk_size) {
                 Ok(()) => {
-                    if let Err(error) = self.store.recycle(loc) {
+                    // Under the state lock like every other allocation change, so that the
+                    // consistency checker never sees a chunk between the dirty set and the
+                    // free stack.
+                    let recycled = {
+                        let _st = lock(&self.state);
+                        self.store.recycle(loc)
+                    };
+                    if let Err(error) = recycled {
                         tracing::warn!(?loc, %error, "cannot recycle chunk");
                     }
                 }
@@ -841,7 +852,13 @@ impl Service {
         }
         let open = st.open.remove(&ino).expect("present");
         Self::free_open_state(st, open);
-        self.store.delete_orphan(ino)
+        let mut effects = self.store.delete_orphan(ino)?;
+        // Nobody has it open now: chunks beyond its size can only be a dead writer's, which
+        // allocated them but never raised the size (`Store::free_beyond_size`).
+        if effects.freed.is_empty() {
+            effects = self.store.free_beyond_size(ino, self.settings.chunk_size)?;
+        }
+        Ok(effects)
     }
 
     /// Persists every open file's size (clean shutdown) and flushes the database.
@@ -877,6 +894,7 @@ impl Service {
                 self.fence(FENCE_WAIT)?;
                 Response::Ok
             }
+            Request::Fsck(options) => Response::Fsck(self.fsck(session, options)?),
             Request::AwaitRevocations { .. } => {
                 return Err(FsError::Invalid(
                     "AwaitRevocations is for data servers' registration connections".into(),
@@ -1104,6 +1122,89 @@ impl Service {
             }
         }
         Ok(())
+    }
+
+    /// Runs the consistency checker ([`crate::fsck`]) holding the state lock, so that no
+    /// namespace change, chunk allocation or recycling runs between its scans. Locks are
+    /// inspected when the caller says nothing is in flight (`at_rest`) or no session but the
+    /// caller's is connected. Chunks freed by repairs are zeroed and recycled afterwards.
+    fn fsck(&self, session: u64, options: FsckOptions) -> Result<FsckReport, FsError> {
+        let mut st = lock(&self.state);
+        let others = st.sessions.keys().filter(|&&s| s != session).count();
+        let at_rest = options.at_rest || others == 0;
+        let state = std::cell::RefCell::new(&mut *st);
+        let live = || {
+            let mut st = state.borrow_mut();
+            let inos: Vec<Ino> = st.open.keys().copied().collect();
+            let open = inos
+                .into_iter()
+                .map(|ino| (ino, Self::fcb_word(&mut st, ino, fcb::SIZE)))
+                .collect();
+            crate::fsck::Live { open, at_rest }
+        };
+        let locks = |reset: bool| {
+            let mut repairs = Vec::new();
+            if !at_rest {
+                return (Vec::new(), 0, repairs);
+            }
+            let st = state.borrow();
+            let mut findings = Vec::new();
+            let mut inspected = 0;
+            for (&ino, open) in &st.open {
+                for file in open.locks.values() {
+                    inspected += 1;
+                    let endpoint =
+                        Box::new(LocalEndpoint::new(Arc::new(OwnRegion(self.region.clone()))));
+                    let scheme = file.lock.scheme.to_string();
+                    if reset {
+                        // At rest no client holds or waits: what is busy is a dead client's.
+                        match schemes::reset_to_rest(&file.lock, endpoint) {
+                            Ok(Some(words)) if !words.is_empty() => {
+                                repairs.push(Repair::ResetLock {
+                                    ino,
+                                    scheme,
+                                    words: words.iter().map(|b| b.to_string()).collect(),
+                                })
+                            }
+                            Ok(_) => {}
+                            Err(error) => {
+                                tracing::warn!(ino, %error, "fsck could not reset a lock")
+                            }
+                        }
+                        continue;
+                    }
+                    match schemes::inspect(&file.lock, endpoint) {
+                        Ok(Some(busy)) if !busy.is_empty() => {
+                            findings.push(Finding::LockNotAtRest {
+                                ino,
+                                scheme,
+                                busy: busy.iter().take(16).map(|b| b.to_string()).collect(),
+                            })
+                        }
+                        Ok(_) => {}
+                        Err(e) => findings.push(Finding::LockUnreadable {
+                            ino,
+                            scheme,
+                            error: e.to_string(),
+                        }),
+                    }
+                }
+            }
+            (findings, inspected, repairs)
+        };
+        let (mut report, freed) =
+            crate::fsck::run(&self.store, self.settings.chunk_size, options, live, locks)?;
+        report.counts.sessions = others as u64;
+        report.counts.open_files = st.open.len() as u64;
+        drop(st);
+        if !report.repairs.is_empty() {
+            tracing::warn!(
+                repairs = report.repairs.len(),
+                "fsck repaired the namespace"
+            );
+        }
+        self.zero_and_recycle(freed);
+        Ok(report)
     }
 
     fn statfs(&self) -> Result<FsStats, FsError> {

@@ -459,6 +459,33 @@ impl Store {
         Ok(store)
     }
 
+    /// Opens the existing database in `dir` (a stopped meta server's) without creating
+    /// anything; returns it with the chunk size it was created with.
+    pub fn open_existing(dir: &Path) -> anyhow::Result<(Store, u64)> {
+        let has_files = std::fs::read_dir(dir)
+            .map_err(|e| anyhow::anyhow!("cannot read the meta database {}: {e}", dir.display()))?
+            .next()
+            .is_some();
+        anyhow::ensure!(
+            has_files,
+            "{} is empty: no meta database there",
+            dir.display()
+        );
+        let db = sled::open(dir).map_err(|e| {
+            anyhow::anyhow!("cannot open the meta database in {}: {e}", dir.display())
+        })?;
+        let trees = TREE_NAMES
+            .iter()
+            .map(|n| db.open_tree(n))
+            .collect::<Result<Vec<_>, _>>()?;
+        let store = Store { db, trees };
+        let chunk_size = match store.trees[T_META].get(b"chunk_size")? {
+            Some(v) => decode_u64(&v).map_err(|e| anyhow::anyhow!("{e}"))?,
+            None => anyhow::bail!("{} holds no CitronFS meta database", dir.display()),
+        };
+        Ok((store, chunk_size))
+    }
+
     /// Runs `f` as one transaction over every tree.
     fn tx<A>(&self, f: impl Fn(&Tx) -> TxResult<A>) -> Result<A, FsError> {
         self.trees
@@ -1137,9 +1164,14 @@ impl Store {
     ) -> Result<(Attr, Effects), FsError> {
         let current = self.getattr(ino)?;
         let old = old_size.unwrap_or(current.size);
+        // Chunks wholly past the smaller of the two sizes: past the new size when shrinking
+        // (truncate's promise), past the old one when growing — at rest (the caller holds the
+        // whole-file lock, so no write is in flight) a chunk there can only be left by a write
+        // whose client died before it raised the size, and an extension must read zeros there,
+        // not that write's data.
         let doomed = match set.size {
-            Some(size) if size < old => self.scan_chunks(ino, size.div_ceil(chunk_size))?,
-            _ => Vec::new(),
+            Some(size) => self.scan_chunks(ino, size.min(old).div_ceil(chunk_size))?,
+            None => Vec::new(),
         };
         self.tx(|tx| {
             let mut attr = tx.inode(ino)?;
@@ -1158,11 +1190,13 @@ impl Store {
                         ))
                     }
                 }
-                if size < old {
+                if size < old || !doomed.is_empty() {
+                    // Clients drop cached chunk locations of older generations.
                     attr.generation += 1;
                     tx.free_chunks(ino, &doomed)?;
                     effects.freed = doomed.iter().map(|(_, l)| *l).collect();
-                    if size % chunk_size != 0 {
+                    // Only a shrink leaves bytes of the file's last chunk to zero.
+                    if size < old && size % chunk_size != 0 {
                         let key = key_u64s(ino, size / chunk_size);
                         if let Some(v) = tx.t(T_CHUNKS).get(key)? {
                             let loc = lift(decode_loc(&v))?;
@@ -1217,6 +1251,32 @@ impl Store {
             }
             tx.put_inode(&attr)?;
             Ok((attr, effects))
+        })
+    }
+
+    /// Frees the chunks of file `ino` wholly beyond its size (as stored), bumping its generation
+    /// if there were any. Called when the last opener releases the file: at rest, such chunks
+    /// can only be left by a write whose client died between allocating them and raising the
+    /// size, and nothing could ever read them.
+    pub fn free_beyond_size(&self, ino: Ino, chunk_size: u64) -> Result<Effects, FsError> {
+        let attr = match self.getattr(ino) {
+            Ok(attr) if attr.kind == FileKind::File => attr,
+            Ok(_) | Err(FsError::NotFound) => return Ok(Effects::default()),
+            Err(e) => return Err(e),
+        };
+        let doomed = self.scan_chunks(ino, attr.size.div_ceil(chunk_size))?;
+        if doomed.is_empty() {
+            return Ok(Effects::default());
+        }
+        self.tx(|tx| {
+            let mut attr = tx.inode(ino)?;
+            attr.generation += 1;
+            tx.put_inode(&attr)?;
+            tx.free_chunks(ino, &doomed)?;
+            Ok(Effects {
+                freed: doomed.iter().map(|(_, l)| *l).collect(),
+                ..Effects::default()
+            })
         })
     }
 
@@ -1478,6 +1538,398 @@ fn lost_error(ino: Ino, index: u64, loc: ChunkLoc) -> FsError {
     ))
 }
 
+/// A directory entry as the checker sees it.
+#[derive(Clone, Debug)]
+pub(crate) struct ImageEntry {
+    pub parent: Ino,
+    pub name: String,
+    pub ino: Ino,
+    pub kind: FileKind,
+    pub cookie: u64,
+}
+
+/// Every record of the database, decoded, for the consistency checker (`crate::fsck`). Read tree
+/// by tree, so the caller must keep mutations out while it is read (the service holds its state
+/// lock). Everything is in memory: the checker's cost is proportional to the namespace.
+#[derive(Default)]
+pub(crate) struct Image {
+    pub inodes: std::collections::BTreeMap<Ino, Attr>,
+    pub parents: std::collections::BTreeMap<Ino, Ino>,
+    pub entries: Vec<ImageEntry>,
+    /// The readdir index: (dir, cookie) → (ino, kind, name).
+    pub index: Vec<ImageEntry>,
+    pub cookies: std::collections::BTreeMap<Ino, u64>,
+    /// Inodes with at least one xattr.
+    pub xattr_inos: std::collections::BTreeSet<Ino>,
+    pub symlinks: std::collections::BTreeSet<Ino>,
+    /// (ino, chunk index, location).
+    pub chunks: Vec<(Ino, u64, ChunkLoc)>,
+    pub servers: Vec<ServerRecord>,
+    /// (server, slot, chunk index).
+    pub free: Vec<(u32, u64, u64)>,
+    pub dirty: Vec<ChunkLoc>,
+    pub orphans: std::collections::BTreeSet<Ino>,
+    /// Chunks marked lost: (ino, chunk index, location).
+    pub lost: Vec<(Ino, u64, ChunkLoc)>,
+}
+
+fn decode_server_key(k: &[u8]) -> Result<(u32, u64), FsError> {
+    if k.len() != 12 {
+        return Err(corrupt("a server key is not 12 bytes"));
+    }
+    Ok((
+        u32::from_be_bytes(k[..4].try_into().expect("4 bytes")),
+        u64::from_be_bytes(k[4..].try_into().expect("8 bytes")),
+    ))
+}
+
+fn decode_ino_prefix(k: &[u8]) -> Result<Ino, FsError> {
+    k.get(..8)
+        .ok_or_else(|| corrupt("a key is shorter than an inode number"))
+        .and_then(decode_u64)
+}
+
+impl Store {
+    /// Reads every tree into an [`Image`] for the checker. Undecodable records are errors: the
+    /// checker compares records, it does not salvage bytes.
+    pub(crate) fn image(&self) -> Result<Image, FsError> {
+        let mut image = Image::default();
+        for item in self.tree(T_INODES).iter() {
+            let (_, v) = item.map_err(db_err)?;
+            let attr: Attr = dec(&v, "inode")?;
+            image.inodes.insert(attr.ino, attr);
+        }
+        for item in self.tree(T_PARENTS).iter() {
+            let (k, v) = item.map_err(db_err)?;
+            image.parents.insert(decode_u64(&k)?, decode_u64(&v)?);
+        }
+        for item in self.tree(T_DIRENTS).iter() {
+            let (k, v) = item.map_err(db_err)?;
+            let d: Dirent = dec(&v, "directory entry")?;
+            image.entries.push(ImageEntry {
+                parent: decode_ino_prefix(&k)?,
+                name: String::from_utf8_lossy(&k[8..]).into_owned(),
+                ino: d.ino,
+                kind: d.kind,
+                cookie: d.cookie,
+            });
+        }
+        for item in self.tree(T_DIRINDEX).iter() {
+            let (k, v) = item.map_err(db_err)?;
+            let e: IndexEntry = dec(&v, "directory index")?;
+            let cookie = k
+                .get(8..)
+                .ok_or_else(|| corrupt("a directory index key is short"))
+                .and_then(decode_u64)?;
+            image.index.push(ImageEntry {
+                parent: decode_ino_prefix(&k)?,
+                name: e.name,
+                ino: e.ino,
+                kind: e.kind,
+                cookie,
+            });
+        }
+        for item in self.tree(T_COOKIES).iter() {
+            let (k, v) = item.map_err(db_err)?;
+            image.cookies.insert(decode_u64(&k)?, decode_u64(&v)?);
+        }
+        for key in self.tree(T_XATTRS).iter().keys() {
+            image
+                .xattr_inos
+                .insert(decode_ino_prefix(&key.map_err(db_err)?)?);
+        }
+        for key in self.tree(T_SYMLINKS).iter().keys() {
+            image.symlinks.insert(decode_u64(&key.map_err(db_err)?)?);
+        }
+        for item in self.tree(T_CHUNKS).iter() {
+            let (k, v) = item.map_err(db_err)?;
+            let index = k
+                .get(8..)
+                .ok_or_else(|| corrupt("a chunk key is short"))
+                .and_then(decode_u64)?;
+            image
+                .chunks
+                .push((decode_ino_prefix(&k)?, index, decode_loc(&v)?));
+        }
+        image.servers = self.servers()?;
+        for item in self.tree(T_FREE).iter() {
+            let (k, v) = item.map_err(db_err)?;
+            let (server, slot) = decode_server_key(&k)?;
+            image.free.push((server, slot, decode_u64(&v)?));
+        }
+        image.dirty = self.dirty_chunks()?;
+        image.orphans = self.orphans()?.into_iter().collect();
+        image.lost = self.lost_chunks()?;
+        Ok(image)
+    }
+
+    // ---- repairs (`citronfs fsck --repair`; callers serialize them like every mutation) --
+
+    /// Removes the entry `parent/name` and its readdir index, whatever it names. Link counts
+    /// are the checker's next round's business.
+    pub(crate) fn repair_remove_entry(&self, parent: Ino, name: &str) -> Result<bool, FsError> {
+        self.tx(|tx| {
+            let Some(entry) = tx.dirent(parent, name)? else {
+                return Ok(false);
+            };
+            tx.remove_dirent(parent, name, &entry)?;
+            Ok(true)
+        })
+    }
+
+    /// Sets an inode's link count.
+    pub(crate) fn repair_set_nlink(&self, ino: Ino, nlink: u32) -> Result<(), FsError> {
+        self.tx(|tx| {
+            let mut attr = tx.inode(ino)?;
+            attr.nlink = nlink;
+            attr.ctime = Timestamp::now();
+            tx.put_inode(&attr)
+        })
+    }
+
+    /// Deletes an inode that nothing reaches, with everything hanging off it; a directory's
+    /// own entries go too (what they name is unreachable then, for the next round).
+    pub(crate) fn repair_delete_inode(&self, ino: Ino) -> Result<Effects, FsError> {
+        let doomed = self.scan_doomed(ino)?;
+        let entries: Vec<(Vec<u8>, Dirent)> = self
+            .tree(T_DIRENTS)
+            .scan_prefix(be64(ino))
+            .map(|item| {
+                let (k, v) = item.map_err(db_err)?;
+                Ok((k.to_vec(), dec(&v, "directory entry")?))
+            })
+            .collect::<Result<_, FsError>>()?;
+        self.tx(|tx| {
+            for (key, entry) in &entries {
+                tx.t(T_DIRENTS).remove(key.as_slice())?;
+                tx.t(T_DIRINDEX).remove(&key_u64s(ino, entry.cookie))?;
+            }
+            tx.delete_inode(ino, &doomed)?;
+            Ok(Effects {
+                freed: doomed.chunks.iter().map(|(_, l)| *l).collect(),
+                ..Effects::default()
+            })
+        })
+    }
+
+    /// Frees the chunks of `ino`'s chunk map from index `from` on (the inode need not exist).
+    pub(crate) fn repair_free_chunks(&self, ino: Ino, from: u64) -> Result<Effects, FsError> {
+        let doomed = self.scan_chunks(ino, from)?;
+        self.tx(|tx| {
+            if let Some(v) = tx.t(T_INODES).get(be64(ino))? {
+                let mut attr: Attr = lift(dec(&v, "inode"))?;
+                attr.generation += 1;
+                tx.put_inode(&attr)?;
+            }
+            tx.free_chunks(ino, &doomed)?;
+            Ok(Effects {
+                freed: doomed.iter().map(|(_, l)| *l).collect(),
+                ..Effects::default()
+            })
+        })
+    }
+
+    /// Marks a leaked chunk dirty: the service zeroes it and puts it on the free stack.
+    pub(crate) fn repair_mark_dirty(&self, loc: ChunkLoc) -> Result<(), FsError> {
+        self.tx(|tx| {
+            tx.t(T_DIRTY)
+                .insert(&key_server(loc.server, loc.index), &[][..])?;
+            Ok(())
+        })
+    }
+
+    /// Takes a chunk out of the dirty set without freeing it (it is in use, or not a chunk).
+    pub(crate) fn repair_clear_dirty(&self, loc: ChunkLoc) -> Result<(), FsError> {
+        self.tx(|tx| {
+            tx.t(T_DIRTY).remove(&key_server(loc.server, loc.index))?;
+            Ok(())
+        })
+    }
+
+    /// Rewrites server `id`'s free stack as exactly `chunks` (zeroed chunks, decided by the
+    /// checker); returns the entry count before.
+    pub(crate) fn repair_rebuild_free(&self, id: u32, chunks: &[u64]) -> Result<u64, FsError> {
+        let keys: Vec<Vec<u8>> = self
+            .tree(T_FREE)
+            .scan_prefix(id.to_be_bytes())
+            .keys()
+            .map(|k| k.map(|k| k.to_vec()).map_err(db_err))
+            .collect::<Result<_, _>>()?;
+        self.tx(|tx| {
+            for key in &keys {
+                tx.t(T_FREE).remove(key.as_slice())?;
+            }
+            for (slot, index) in chunks.iter().enumerate() {
+                tx.t(T_FREE)
+                    .insert(&key_server(id, slot as u64), &be64(*index))?;
+            }
+            let mut rec = tx.server(id)?;
+            rec.free_count = chunks.len() as u64;
+            tx.put_server(&rec)?;
+            Ok(keys.len() as u64)
+        })
+    }
+
+    /// Removes the orphan mark of an inode that still has links (it must not be deleted at
+    /// its last release).
+    pub(crate) fn repair_unmark_orphan(&self, ino: Ino) -> Result<(), FsError> {
+        self.tx(|tx| {
+            tx.t(T_ORPHANS).remove(&be64(ino))?;
+            Ok(())
+        })
+    }
+
+    /// Removes the records of a missing inode: xattrs, symlink target, parent pointer, cookie
+    /// counter, orphan mark.
+    pub(crate) fn repair_remove_stray(&self, ino: Ino) -> Result<(), FsError> {
+        let xattrs: Vec<Vec<u8>> = self
+            .tree(T_XATTRS)
+            .scan_prefix(be64(ino))
+            .keys()
+            .map(|k| k.map(|k| k.to_vec()).map_err(db_err))
+            .collect::<Result<_, _>>()?;
+        self.tx(|tx| {
+            if tx.t(T_INODES).get(be64(ino))?.is_some() {
+                return Ok(());
+            }
+            for key in &xattrs {
+                tx.t(T_XATTRS).remove(key.as_slice())?;
+            }
+            tx.t(T_SYMLINKS).remove(&be64(ino))?;
+            tx.t(T_PARENTS).remove(&be64(ino))?;
+            tx.t(T_COOKIES).remove(&be64(ino))?;
+            tx.t(T_ORPHANS).remove(&be64(ino))?;
+            Ok(())
+        })
+    }
+}
+
+/// Deliberate damage, for the checker's tests: each breaks one invariant the way a bug or a
+/// torn update could, bypassing the rules every real operation keeps.
+#[cfg(any(test, feature = "test-hooks"))]
+#[derive(Clone, Debug)]
+pub enum Corruption {
+    /// Sets a stored link count.
+    SetNlink {
+        /// The inode.
+        ino: Ino,
+        /// The count to store.
+        nlink: u32,
+    },
+    /// Deletes an inode's record only (its entries then dangle).
+    RemoveInode {
+        /// The inode.
+        ino: Ino,
+    },
+    /// Removes a directory entry (and its index) only: what it named loses a link, and a
+    /// file's last name makes it unreachable.
+    RemoveEntry {
+        /// The directory.
+        parent: Ino,
+        /// The name.
+        name: String,
+    },
+    /// Adds an entry (and its index) naming `ino`, touching no link count.
+    AddEntry {
+        /// The directory.
+        parent: Ino,
+        /// The name.
+        name: String,
+        /// What it names (need not exist).
+        ino: Ino,
+        /// The kind it claims.
+        kind: FileKind,
+    },
+    /// Takes a chunk from a server's allocation state and puts it nowhere (a leak).
+    LeakChunk {
+        /// The server.
+        server: u32,
+    },
+    /// Pushes a chunk onto a server's free stack (a chunk in use: both used and free).
+    PushFree {
+        /// The chunk.
+        loc: ChunkLoc,
+    },
+    /// Marks a chunk dirty.
+    MarkDirty {
+        /// The chunk.
+        loc: ChunkLoc,
+    },
+    /// Writes a chunk-map entry without allocating anything.
+    MapChunk {
+        /// The inode.
+        ino: Ino,
+        /// Its chunk index.
+        chunk: u64,
+        /// Where it claims to be.
+        loc: ChunkLoc,
+    },
+    /// Sets a file's stored size (its chunks stay).
+    SetSize {
+        /// The inode.
+        ino: Ino,
+        /// The size to store.
+        size: u64,
+    },
+}
+
+#[cfg(any(test, feature = "test-hooks"))]
+impl Store {
+    /// Applies one [`Corruption`] (tests of the checker only).
+    pub fn corrupt(&self, damage: &Corruption) -> Result<(), FsError> {
+        self.tx(|tx| {
+            match damage {
+                Corruption::SetNlink { ino, nlink } => {
+                    let mut attr = tx.inode(*ino)?;
+                    attr.nlink = *nlink;
+                    tx.put_inode(&attr)?;
+                }
+                Corruption::RemoveInode { ino } => {
+                    tx.t(T_INODES).remove(&be64(*ino))?;
+                }
+                Corruption::RemoveEntry { parent, name } => {
+                    let Some(entry) = tx.dirent(*parent, name)? else {
+                        return abort(FsError::NotFound);
+                    };
+                    tx.remove_dirent(*parent, name, &entry)?;
+                }
+                Corruption::AddEntry {
+                    parent,
+                    name,
+                    ino,
+                    kind,
+                } => tx.add_dirent(*parent, name, *ino, *kind)?,
+                Corruption::LeakChunk { server } => {
+                    if tx.take_chunk(*server)?.is_none() {
+                        return abort(FsError::NoSpace);
+                    }
+                }
+                Corruption::PushFree { loc } => {
+                    let mut rec = tx.server(loc.server)?;
+                    tx.t(T_FREE)
+                        .insert(&key_server(loc.server, rec.free_count), &be64(loc.index))?;
+                    rec.free_count += 1;
+                    tx.put_server(&rec)?;
+                }
+                Corruption::MarkDirty { loc } => {
+                    tx.t(T_DIRTY)
+                        .insert(&key_server(loc.server, loc.index), &[][..])?;
+                }
+                Corruption::MapChunk { ino, chunk, loc } => {
+                    tx.t(T_CHUNKS)
+                        .insert(&key_u64s(*ino, *chunk), &encode_loc(*loc))?;
+                }
+                Corruption::SetSize { ino, size } => {
+                    let mut attr = tx.inode(*ino)?;
+                    attr.size = *size;
+                    tx.put_inode(&attr)?;
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
 /// Removes one link of `ino` (its directory entry is gone already): the inode goes when its last
 /// link does, unless it is open (then it becomes an orphan).
 fn drop_link(tx: &Tx, ino: Ino, open: bool, doomed: &Doomed, now: Timestamp) -> TxResult<Effects> {
@@ -1531,14 +1983,12 @@ mod tests {
     }
 
     fn file_with_chunks(store: &Store, name: &str, chunks: u64) -> Attr {
+        // The size first: a size change frees chunks past the smaller of the two sizes.
         let attr = store
             .mknod(ROOT_INO, name, FileKind::File, 0o644, 0, ME)
             .unwrap();
-        store
-            .allocate_chunks(attr.ino, attr.generation, 0, chunks, &[0])
-            .unwrap();
         let size = Some(chunks * CS);
-        store
+        let (attr, _) = store
             .setattr(
                 attr.ino,
                 &SetAttr {
@@ -1549,6 +1999,9 @@ mod tests {
                 CS,
                 None,
             )
+            .unwrap();
+        store
+            .allocate_chunks(attr.ino, attr.generation, 0, chunks, &[0])
             .unwrap();
         store.getattr(attr.ino).unwrap()
     }

@@ -290,6 +290,9 @@ pub enum Request {
         /// The revocation epoch this data server has applied.
         known: u64,
     },
+    /// Checks the namespace, the chunk allocation and (at rest) the open files' locks for
+    /// consistency, repairing what it can when asked (`citronfs fsck`). → `Fsck`
+    Fsck(crate::fsck::FsckOptions),
 }
 
 /// A successful result.
@@ -328,6 +331,8 @@ pub enum Response {
         /// The sessions revoked since the epoch asked about.
         sessions: Vec<u64>,
     },
+    /// What the consistency checker found and did.
+    Fsck(crate::fsck::FsckReport),
 }
 
 /// One request on the wire.

@@ -334,6 +334,17 @@ impl Cluster {
         self.start_data_servers()
     }
 
+    /// Asks the meta server to check itself (`citronfs fsck`, through a connection of its own,
+    /// which the report does not count among the sessions).
+    pub fn fsck(&self, options: proto::fsck::FsckOptions) -> Result<proto::fsck::FsckReport> {
+        meta_server::fsck::request(
+            &self.meta_addr().to_string(),
+            &self.credentials(),
+            options,
+            "testkit-fsck",
+        )
+    }
+
     /// Stops the meta server and starts it again on the same state and RPC address, while the
     /// data servers and clients run on: the data servers register again and clients reconnect
     /// (new sessions) on their own.

@@ -6,9 +6,10 @@
 //! Each runs on shm and on tcp: on tcp a restart breaks the client's connections, on shm the
 //! client's mappings stay valid but name dead memory, and the client must notice either way.
 
+use proto::fsck::{Finding, FsckOptions};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::time::Duration;
 use testkit::Backend;
 use testkit::{
@@ -207,9 +208,29 @@ fn memory_data_server_restart(fabric: Backend) {
         .write_all_at(b"x", (lost_chunk * CHUNK) as u64)
         .unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    // fsck lists the file, and only it.
+    let lost_files = || -> Vec<u64> {
+        let report = cluster
+            .fsck(FsckOptions {
+                repair: false,
+                at_rest: false,
+            })
+            .unwrap();
+        report
+            .findings
+            .iter()
+            .filter_map(|x| match x {
+                Finding::LostChunks { ino, .. } => Some(*ino),
+                _ => None,
+            })
+            .collect()
+    };
+    let ino = std::fs::metadata(mnt.path().join("f")).unwrap().ino();
+    assert_eq!(lost_files(), vec![ino]);
     // Removing the file frees the lost chunks; the file system carries on.
     drop((f, g));
     std::fs::remove_file(mnt.path().join("f")).unwrap();
+    assert_eq!(lost_files(), Vec::<u64>::new());
     let again = pattern(8, 0, len);
     std::fs::write(mnt.path().join("f2"), &again).unwrap();
     assert_eq!(std::fs::read(fresh.path().join("f2")).unwrap(), again);

@@ -35,6 +35,10 @@ enum Command {
     /// Run a benchmark and print its figures (a table by default, JSON lines with --json).
     #[command(subcommand)]
     Bench(bench::Bench),
+    /// Check a cluster's namespace, chunk allocation and locks for consistency (and repair
+    /// what can be repaired); exit status 0 clean, 1 findings, 2 error.
+    #[command(after_help = SETTINGS_HELP)]
+    Fsck(cmd::fsck::FsckArgs),
     /// Run a cluster of processes under a mixed workload while killing and restarting clients
     /// and servers at random, then verify every file against what the clients acknowledged.
     Soak(soak::SoakArgs),
@@ -44,7 +48,13 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    match run() {
+    let cli = Cli::from_arg_matches(&command().get_matches()).unwrap_or_else(|e| e.exit());
+    // fsck has an exit status of its own (findings are not errors).
+    let command = match cli.command {
+        Command::Fsck(args) => return cmd::fsck::fsck(args),
+        other => other,
+    };
+    match run(command) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {
             // The cause chain on one line, no backtrace: these are user-facing errors (a wrong
@@ -65,11 +75,10 @@ fn command() -> clap::Command {
     ))
 }
 
-fn run() -> Result<()> {
-    let cli = Cli::from_arg_matches(&command().get_matches()).unwrap_or_else(|e| e.exit());
+fn run(command: Command) -> Result<()> {
     // The roles start logging once their settings (`log` among them) are layered; the other
     // commands take the filter from the environment.
-    match cli.command {
+    match command {
         Command::Up(args) => {
             init_logging(&log_from_env())?;
             cmd::up::up(args)
@@ -81,6 +90,10 @@ fn run() -> Result<()> {
             init_logging(&log_from_env())?;
             bench.run()
         }
+        Command::Fsck(args) => match cmd::fsck::fsck(args) {
+            code if code == std::process::ExitCode::SUCCESS => Ok(()),
+            _ => anyhow::bail!("fsck found problems"),
+        },
         Command::Soak(args) => {
             init_logging(&log_from_env())?;
             soak::run(args)

@@ -28,6 +28,7 @@ fn short_soak(fabric: &str) {
     for bad in ["lost", "torn", "unexpected"] {
         assert_eq!(found[bad].as_u64(), Some(0), "{bad}: {report}");
     }
+    assert_eq!(report["fsck_findings"], serde_json::json!([]), "{report}");
     assert!(found["acked"]["write"].as_u64().unwrap() > 0, "{report}");
     // The clients carried on after the servers came back (they do not just fail safely).
     assert!(

@@ -320,6 +320,8 @@ pub struct Audit {
     pub busy_nodes: Vec<(Node, u64)>,
     /// The spillover mutex is held or waited for.
     pub spillover_busy: bool,
+    /// The spillover mutex's word (next ticket high, now serving low).
+    pub spillover: u64,
     /// The maximizer's value.
     pub maximizer: u64,
 }
@@ -456,8 +458,54 @@ impl CitronClient {
         }
         let spill = self.ep.read_u64(self.spill_addr())?;
         audit.spillover_busy = (spill >> 32) != (spill & 0xFFFF_FFFF);
+        audit.spillover = spill;
         audit.maximizer = self.ep.read_u64(self.maximizer_addr())?;
         Ok(audit)
+    }
+
+    /// Puts every word that [`CitronClient::audit`] finds busy back at rest — leaf bits
+    /// cleared; on internal nodes `Occ` cleared, `TCnt := TMax`, `DCnt := DMax`, the `Exp` tag
+    /// kept; the spillover mutex's served half set to its next ticket — each with a CAS that
+    /// expects the word as audited. Returns the nodes it reset, with their words as they were.
+    ///
+    /// Only while no client holds, waits for or is acquiring the lock: it is how an operator
+    /// who knows that (`citronfs fsck --at-rest --repair`) clears what dead clients left,
+    /// which lazy recovery would break only when a request needs it. A word that changed since
+    /// the audit means someone is active: it is left alone and the reset fails.
+    pub fn reset_to_rest(&mut self) -> Result<Vec<(Node, u64)>, LockError> {
+        let audit = self.audit()?;
+        let mut reset = Vec::new();
+        for &(node, word) in &audit.busy_nodes {
+            let rest = if node.is_leaf() {
+                0
+            } else {
+                (word & layout::EXP)
+                    | (layout::tmax(word) << layout::TCNT_SHIFT)
+                    | (layout::tmax(word) << layout::TMAX_SHIFT)
+                    | (layout::dmax(word) << layout::DCNT_SHIFT)
+                    | (layout::dmax(word) << layout::DMAX_SHIFT)
+            };
+            let addr = self.node_addr(node)?;
+            let old = self.ep.cas(addr, word, rest)?;
+            if old != word {
+                return Err(LockError::Config(format!(
+                    "node {node:?} changed while being reset ({word:#x} -> {old:#x}): the lock \
+                     is in use"
+                )));
+            }
+            reset.push((node, word));
+        }
+        if audit.spillover_busy {
+            let word = audit.spillover;
+            let rest = (word & !0xFFFF_FFFF) | (word >> 32);
+            let old = self.ep.cas(self.spill_addr(), word, rest)?;
+            if old != word {
+                return Err(LockError::Config(
+                    "the spillover mutex changed while being reset: the lock is in use".into(),
+                ));
+            }
+        }
+        Ok(reset)
     }
 
     fn spill_addr(&self) -> RemoteAddr {
@@ -502,6 +550,7 @@ impl CitronClient {
                 held.spill_ticket = ticket;
                 held.spill_deadline = Some(deadline);
                 self.stats.spillover += 1;
+                failpoint!("lockmgr::citron::spillover_held");
             }
             let n = self.rec.units();
             let mut fast = true;

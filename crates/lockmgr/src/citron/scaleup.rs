@@ -146,6 +146,7 @@ impl CitronClient {
         };
         // The event is announced before any tag is written (see the module docs).
         self.ep.write(self.base, &sealed)?;
+        failpoint!("lockmgr::citron::scale_up_announced");
 
         // l. 4-5: Exp on the internal nodes of the old top m levels, by index order.
         let mut top = Vec::new();
@@ -169,6 +170,8 @@ impl CitronClient {
             self.exec()?;
             olds.extend(hs.iter().map(|h| self.out.old(*h)));
         }
+
+        failpoint!("lockmgr::citron::scale_up_tagged");
 
         // l. 6-8: copy the outstanding notifications (and the old root's Occ) upwards.
         let old_root = Node::root(b);

@@ -1,7 +1,7 @@
 //! `citronfs soak`: a cluster of real processes — a meta server, two file-backed data servers
 //! and several clients — running a mixed workload while the soak kills (SIGKILL) and restarts
 //! clients and servers at random; at the end it verifies every file against what the clients
-//! acknowledged, and prints what it did and what it found.
+//! acknowledged, runs `fsck --at-rest`, and prints what it did and what it found.
 //!
 //! The parts: `client` (the workload, `citronfs soak-client`), `journal` (records and the
 //! intent/acknowledgement journal), `verify` (the verdict). This module is the supervisor.
@@ -349,18 +349,22 @@ pub fn run(args: SoakArgs) -> Result<()> {
         soak.kill(i);
     }
     let found = verify_all(&soak, done.last_server_restart_ms)?;
-    report(&args, &done, &found);
+    let fsck = fsck_at_rest(&soak)?;
+    report(&args, &done, &found, &fsck);
     if args.keep {
         let kept = dir.keep();
         let _ = shm.keep();
         eprintln!("soak directory kept: {}", kept.display());
     }
-    if !found.clean() {
+    if !found.clean() || !fsck.clean() {
+        let fsck_findings: Vec<String> = fsck.findings.iter().map(|f| f.to_string()).collect();
         bail!(
-            "the soak found {} lost, {} torn and {} unexpected (seed {seed}): {:#?}",
+            "the soak found {} lost, {} torn, {} unexpected and {} fsck findings (seed {seed}): \
+             {:#?} {fsck_findings:#?}",
             found.lost,
             found.torn,
             found.unexpected,
+            fsck.findings.len() as u64 + fsck.truncated,
             found.problems
         );
     }
@@ -411,11 +415,27 @@ fn verify_all(soak: &Soak, last_restart: u64) -> Result<verify::Findings> {
     )
 }
 
-fn report(args: &SoakArgs, done: &Done, found: &verify::Findings) {
+/// `citronfs fsck --at-rest` of the soak's cluster (no client is left but the checker).
+fn fsck_at_rest(soak: &Soak) -> Result<proto::fsck::FsckReport> {
+    let credentials = fabric::Credentials::new(CLUSTER.to_string(), soak.token.clone());
+    let options = proto::fsck::FsckOptions {
+        repair: false,
+        at_rest: true,
+    };
+    meta_server::fsck::request(
+        &soak.listen.to_string(),
+        &credentials,
+        options,
+        "citronfs-soak",
+    )
+}
+
+fn report(args: &SoakArgs, done: &Done, found: &verify::Findings, fsck: &proto::fsck::FsckReport) {
     #[derive(Serialize)]
     struct Out<'a> {
         did: &'a Done,
         found: &'a verify::Findings,
+        fsck_findings: Vec<String>,
     }
     let mut r = Report::new(args.json, &["what", "count"]);
     let acked = |k: &str| found.acked.get(k).copied().unwrap_or(0).to_string();
@@ -447,9 +467,21 @@ fn report(args: &SoakArgs, done: &Done, found: &verify::Findings) {
             found.interrupted.to_string(),
         ),
         ("unexpected files", found.unexpected.to_string()),
+        (
+            "fsck --at-rest findings",
+            (fsck.findings.len() as u64 + fsck.truncated).to_string(),
+        ),
     ];
     if args.json {
-        r.add(Vec::new(), &Out { did: done, found });
+        let fsck_findings = fsck.findings.iter().map(|f| f.to_string()).collect();
+        r.add(
+            Vec::new(),
+            &Out {
+                did: done,
+                found,
+                fsck_findings,
+            },
+        );
     } else {
         for (what, count) in rows {
             r.add(vec![what.to_string(), count], &());

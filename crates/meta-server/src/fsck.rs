@@ -1,0 +1,1051 @@
+//! The consistency checker (`citronfs fsck`): compares every record of the namespace and the
+//! chunk allocation state with every other, and (at rest) the open files' lock words with "no
+//! lock held", and repairs what can be repaired without guessing.
+//!
+//! It runs in the meta server, which owns all of that: [`crate::store::Store::image`] reads the
+//! database, the service adds what lives only in memory (which files are open, the size in
+//! their control blocks, their locks) and holds its state lock throughout, so that no namespace
+//! change, chunk allocation or chunk recycling runs between the scans. [`check_offline`] runs
+//! the same checks on a stopped server's database.
+//!
+//! # What is compared (each a [`Finding`])
+//!
+//! - **Chunks.** Every chunk-map entry names a known server, a chunk below that server's
+//!   `next_fresh` mark and its region's end, and no chunk named by another entry; the map
+//!   belongs to a regular file. Every chunk below `next_fresh` is in exactly one of: a chunk
+//!   map, the free stack, the dirty set — so in files + free + dirty + never used adds up to the
+//!   server's chunks. The free stack is `free_count` entries in slots `0..free_count`, each a
+//!   distinct chunk.
+//! - **Sizes.** No file has a chunk wholly beyond its size (truncate frees those; at rest no
+//!   write is in flight that allocated ahead of raising the size). For a file open somewhere
+//!   the size is in its control block, and writes in flight allocate ahead of it, so open
+//!   files are compared only at rest.
+//! - **Links.** A non-directory's link count is the number of entries naming it; a
+//!   directory's is 2 + its subdirectories. Every entry names an existing inode of its kind and
+//!   has its readdir index (and every index its entry); a directory is named by exactly one
+//!   entry, matching its parent pointer.
+//! - **Reachability.** Every inode is reachable from the root, or unlinked and open somewhere
+//!   (an orphan, marked as such); an orphan mark on an inode open nowhere is stale (the server
+//!   deletes those at start). Records of missing inodes (xattrs, symlink targets, parent
+//!   pointers, cookie counters) are strays.
+//! - **Locks at rest** (`FsckOptions::at_rest`, or no other session connected): every open
+//!   file's lock words are free and their counters balanced (`lockmgr::schemes::inspect`) —
+//!   the service adds these findings.
+//! - **Lost chunks.** Chunks of a memory-only data server that came back without its memory
+//!   are marked lost by the meta server (`store`'s `lost` tree): each file with some is a
+//!   finding (`lost-chunks`), not repaired — the data is gone; the user truncates or removes
+//!   the file. A mark that does not name the chunk map's entry is reported as a stray record.
+//!
+//! # Repairs ([`repair`])
+//!
+//! Only what has one right answer: at rest, lock words that no live client holds or waits
+//! for are put back at rest (`lockmgr::schemes::reset_to_rest`, by the service); dangling entries and strays are removed; unreachable
+//! inodes (open nowhere) are deleted and their chunks freed; stale orphan marks are resolved
+//! (deleted when unlinked, unmarked when linked); link counts are set to what the entries give;
+//! chunks of no file, and chunks beyond the size of a file open nowhere, are freed; leaked
+//! chunks are freed (marked dirty, so they are zeroed before reuse); a broken free stack is
+//! rebuilt from its valid entries; a dirty mark on a chunk in use is dropped. Repairs run in
+//! rounds (one repair can reveal the next: a deleted directory's children become unreachable)
+//! until a round finds nothing more to do. Not repaired, because the right answer is not known:
+//! chunks shared by two files or naming nothing allocated, kind mismatches, directory parent
+//! conflicts; lock words when the caller does not say no client is active (`at_rest`).
+
+use crate::store::{Image, Store};
+use proto::fsck::{Finding, FsckCounts, FsckOptions, FsckReport, Repair, MAX_FINDINGS};
+use proto::{ChunkLoc, FileKind, FsError, Ino, ROOT_INO};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::path::Path;
+
+/// At most this many repair rounds (each check, repair) before the final check.
+const REPAIR_ROUNDS: usize = 8;
+
+/// What the checker needs to know beyond the database: which files are open (by some live
+/// session) and, at rest, the size in their control blocks.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Live {
+    /// Open files, with the size in their control block when it could be read.
+    pub open: BTreeMap<Ino, Option<u64>>,
+    /// Nothing is in flight: compare open files' chunk maps with their control blocks.
+    pub at_rest: bool,
+}
+
+/// Runs every check of the module docs on `image`; returns the findings and what was looked at.
+pub(crate) fn check(image: &Image, live: &Live, chunk_size: u64) -> (Vec<Finding>, FsckCounts) {
+    let mut out = Vec::new();
+    check_chunks(image, live, chunk_size, &mut out);
+    check_lost(image, &mut out);
+    check_namespace(image, live, &mut out);
+    let counts = FsckCounts {
+        inodes: image.inodes.len() as u64,
+        entries: image.entries.len() as u64,
+        chunks: image.chunks.len() as u64,
+        servers: image.servers.len() as u64,
+        ..FsckCounts::default()
+    };
+    (out, counts)
+}
+
+/// Files with lost chunks (see the module docs).
+fn check_lost(image: &Image, out: &mut Vec<Finding>) {
+    let maps: HashSet<(Ino, u64, ChunkLoc)> = image.chunks.iter().copied().collect();
+    let mut per_file: BTreeMap<Ino, (Vec<u64>, BTreeSet<u32>)> = BTreeMap::new();
+    for &(ino, chunk, loc) in &image.lost {
+        if maps.contains(&(ino, chunk, loc)) {
+            let (chunks, servers) = per_file.entry(ino).or_default();
+            chunks.push(chunk);
+            servers.insert(loc.server);
+        } else {
+            out.push(Finding::StrayRecord {
+                ino,
+                what: format!(
+                    "a lost mark on chunk {chunk} at {loc:?}, which its chunk map does not name"
+                ),
+            });
+        }
+    }
+    for (ino, (mut chunks, servers)) in per_file {
+        chunks.sort_unstable();
+        out.push(Finding::LostChunks {
+            ino,
+            chunks,
+            servers: servers.into_iter().collect(),
+        });
+    }
+}
+
+fn check_chunks(image: &Image, live: &Live, chunk_size: u64, out: &mut Vec<Finding>) {
+    let servers: HashMap<u32, &crate::store::ServerRecord> =
+        image.servers.iter().map(|s| (s.id, s)).collect();
+    let allocated = |loc: &ChunkLoc| {
+        servers
+            .get(&loc.server)
+            .is_some_and(|s| loc.index < s.next_fresh.min(s.chunks))
+    };
+    // Chunk maps: who names each chunk, and maps of what is not a file.
+    let mut owners: HashMap<ChunkLoc, Vec<(Ino, u64)>> = HashMap::new();
+    let mut of_no_file: BTreeMap<Ino, u64> = BTreeMap::new();
+    let mut per_file: BTreeMap<Ino, Vec<u64>> = BTreeMap::new();
+    for &(ino, chunk, loc) in &image.chunks {
+        match image.inodes.get(&ino) {
+            Some(attr) if attr.kind == FileKind::File => {
+                per_file.entry(ino).or_default().push(chunk)
+            }
+            _ => *of_no_file.entry(ino).or_default() += 1,
+        }
+        if !servers.contains_key(&loc.server) {
+            out.push(Finding::ChunkOnUnknownServer { ino, chunk, loc });
+        } else if !allocated(&loc) {
+            out.push(Finding::ChunkNotAllocated { ino, chunk, loc });
+        }
+        owners.entry(loc).or_default().push((ino, chunk));
+    }
+    for (ino, chunks) in of_no_file {
+        out.push(Finding::ChunkOfNoFile { ino, chunks });
+    }
+    let mut shared: Vec<(&ChunkLoc, &Vec<(Ino, u64)>)> =
+        owners.iter().filter(|(_, o)| o.len() > 1).collect();
+    shared.sort_by_key(|(loc, _)| (loc.server, loc.index));
+    for (loc, o) in shared {
+        out.push(Finding::ChunkSharedBy {
+            loc: *loc,
+            owners: o.clone(),
+        });
+    }
+
+    // Sizes: chunks wholly beyond the size (see the module docs for open files).
+    for (ino, chunks) in per_file {
+        let size = match live.open.get(&ino) {
+            None => image.inodes[&ino].size,
+            Some(Some(fcb_size)) if live.at_rest => *fcb_size,
+            Some(_) => continue,
+        };
+        let first_beyond = size.div_ceil(chunk_size);
+        let beyond: Vec<u64> = chunks.into_iter().filter(|&c| c >= first_beyond).collect();
+        if !beyond.is_empty() {
+            out.push(Finding::ChunkBeyondSize {
+                ino,
+                size,
+                chunks: beyond,
+            });
+        }
+    }
+
+    // Free stacks.
+    let mut free: HashMap<u32, Vec<(u64, u64)>> = HashMap::new();
+    for &(server, slot, index) in &image.free {
+        free.entry(server).or_default().push((slot, index));
+    }
+    let mut free_set: HashSet<ChunkLoc> = HashSet::new();
+    for (&server, entries) in &free {
+        let Some(rec) = servers.get(&server) else {
+            out.push(Finding::FreeStackBroken {
+                server,
+                detail: format!("{} entries for a server with no record", entries.len()),
+            });
+            continue;
+        };
+        let mut problems = Vec::new();
+        let slots: BTreeSet<u64> = entries.iter().map(|&(slot, _)| slot).collect();
+        if entries.len() as u64 != rec.free_count || slots.iter().any(|&s| s >= rec.free_count) {
+            problems.push(format!(
+                "{} entries (slots {:?}...) for a free count of {}",
+                entries.len(),
+                slots.iter().take(4).collect::<Vec<_>>(),
+                rec.free_count
+            ));
+        }
+        for &(_, index) in entries {
+            let loc = ChunkLoc { server, index };
+            if !allocated(&loc) {
+                problems.push(format!("chunk {index} was never allocated"));
+            } else if !free_set.insert(loc) {
+                problems.push(format!("chunk {index} is on it twice"));
+            }
+        }
+        if !problems.is_empty() {
+            problems.truncate(8);
+            out.push(Finding::FreeStackBroken {
+                server,
+                detail: problems.join("; "),
+            });
+        }
+    }
+    // A stack with no entries at all but a free count.
+    for rec in &image.servers {
+        if rec.free_count > 0 && !free.contains_key(&rec.id) {
+            out.push(Finding::FreeStackBroken {
+                server: rec.id,
+                detail: format!("no entries for a free count of {}", rec.free_count),
+            });
+        }
+    }
+
+    // Dirty set.
+    let mut dirty_set: HashSet<ChunkLoc> = HashSet::new();
+    for &loc in &image.dirty {
+        if !allocated(&loc) {
+            out.push(Finding::DirtyChunkOutOfRange { loc });
+            continue;
+        }
+        dirty_set.insert(loc);
+        if free_set.contains(&loc) {
+            out.push(Finding::ChunkFreeAndDirty { loc });
+        }
+    }
+    // Used chunks that are also free or dirty.
+    let mut used: Vec<(&ChunkLoc, &Vec<(Ino, u64)>)> = owners.iter().collect();
+    used.sort_by_key(|(loc, _)| (loc.server, loc.index));
+    for (loc, o) in used {
+        let (ino, chunk) = o[0];
+        for (set, dirty) in [(&free_set, false), (&dirty_set, true)] {
+            if set.contains(loc) {
+                out.push(Finding::ChunkUsedAndFree {
+                    ino,
+                    chunk,
+                    loc: *loc,
+                    dirty,
+                });
+            }
+        }
+    }
+    // Leaks: allocated once, now nowhere.
+    for rec in &image.servers {
+        for index in 0..rec.next_fresh.min(rec.chunks) {
+            let loc = ChunkLoc {
+                server: rec.id,
+                index,
+            };
+            if !owners.contains_key(&loc) && !free_set.contains(&loc) && !dirty_set.contains(&loc) {
+                out.push(Finding::LeakedChunk { loc });
+            }
+        }
+    }
+}
+
+fn check_namespace(image: &Image, live: &Live, out: &mut Vec<Finding>) {
+    let inodes = &image.inodes;
+    // Links counted from the entries, and which entries name each directory.
+    let mut links: HashMap<Ino, u32> = HashMap::new();
+    let mut subdirs: HashMap<Ino, u32> = HashMap::new();
+    let mut named_by: HashMap<Ino, Vec<Ino>> = HashMap::new();
+    let index: HashMap<(Ino, u64), &crate::store::ImageEntry> = image
+        .index
+        .iter()
+        .map(|e| ((e.parent, e.cookie), e))
+        .collect();
+    let mut children: HashMap<Ino, Vec<Ino>> = HashMap::new();
+    for e in &image.entries {
+        match inodes.get(&e.parent) {
+            Some(dir) if dir.kind == FileKind::Dir => {}
+            _ => {
+                out.push(Finding::EntryMismatch {
+                    parent: e.parent,
+                    name: e.name.clone(),
+                    detail: "it is in something that is not an existing directory".into(),
+                });
+                continue;
+            }
+        }
+        let Some(target) = inodes.get(&e.ino) else {
+            out.push(Finding::DanglingEntry {
+                parent: e.parent,
+                name: e.name.clone(),
+                ino: e.ino,
+            });
+            continue;
+        };
+        if target.kind != e.kind {
+            out.push(Finding::EntryMismatch {
+                parent: e.parent,
+                name: e.name.clone(),
+                detail: format!("it says {:?}, inode {} is {:?}", e.kind, e.ino, target.kind),
+            });
+        }
+        match index.get(&(e.parent, e.cookie)) {
+            Some(i) if i.ino == e.ino && i.name == e.name && i.kind == e.kind => {}
+            _ => out.push(Finding::EntryMismatch {
+                parent: e.parent,
+                name: e.name.clone(),
+                detail: format!("no matching readdir index at cookie {}", e.cookie),
+            }),
+        }
+        if image
+            .cookies
+            .get(&e.parent)
+            .is_none_or(|&next| e.cookie >= next)
+        {
+            out.push(Finding::EntryMismatch {
+                parent: e.parent,
+                name: e.name.clone(),
+                detail: format!(
+                    "cookie {} is not below the directory's next cookie (it would be reused)",
+                    e.cookie
+                ),
+            });
+        }
+        children.entry(e.parent).or_default().push(e.ino);
+        if target.kind == FileKind::Dir {
+            *subdirs.entry(e.parent).or_default() += 1;
+            named_by.entry(e.ino).or_default().push(e.parent);
+        } else {
+            *links.entry(e.ino).or_default() += 1;
+        }
+    }
+    let entries: HashSet<(Ino, u64)> = image.entries.iter().map(|e| (e.parent, e.cookie)).collect();
+    for i in &image.index {
+        if !entries.contains(&(i.parent, i.cookie)) {
+            out.push(Finding::EntryMismatch {
+                parent: i.parent,
+                name: i.name.clone(),
+                detail: format!("readdir index at cookie {} has no entry", i.cookie),
+            });
+        }
+    }
+
+    // Reachability from the root.
+    let mut reached: HashSet<Ino> = HashSet::new();
+    let mut queue = VecDeque::from([ROOT_INO]);
+    while let Some(ino) = queue.pop_front() {
+        if !reached.insert(ino) {
+            continue;
+        }
+        for &child in children.get(&ino).into_iter().flatten() {
+            if inodes.contains_key(&child) {
+                queue.push_back(child);
+            }
+        }
+    }
+
+    for (&ino, attr) in inodes {
+        let open = live.open.contains_key(&ino);
+        let orphan = image.orphans.contains(&ino);
+        if attr.kind == FileKind::Dir {
+            let counted = 2 + subdirs.get(&ino).copied().unwrap_or(0);
+            if attr.nlink != counted && (reached.contains(&ino) || ino == ROOT_INO) {
+                out.push(Finding::WrongLinkCount {
+                    ino,
+                    kind: attr.kind,
+                    stored: attr.nlink,
+                    counted,
+                });
+            }
+            let namers = named_by.get(&ino).map(Vec::as_slice).unwrap_or(&[]);
+            let parent = image.parents.get(&ino).copied();
+            if ino == ROOT_INO {
+                if parent != Some(ROOT_INO) || !namers.is_empty() {
+                    out.push(Finding::DirectoryParent {
+                        ino,
+                        detail: format!(
+                            "the root's parent is {parent:?} and entries in {namers:?} name it"
+                        ),
+                    });
+                }
+            } else if namers.len() > 1 {
+                out.push(Finding::DirectoryParent {
+                    ino,
+                    detail: format!("named by entries in several directories: {namers:?}"),
+                });
+            } else if namers.len() == 1 && parent != Some(namers[0]) {
+                out.push(Finding::DirectoryParent {
+                    ino,
+                    detail: format!(
+                        "named in directory {} but its parent pointer is {parent:?}",
+                        namers[0]
+                    ),
+                });
+            }
+        } else {
+            let counted = links.get(&ino).copied().unwrap_or(0);
+            // An orphan (unlinked while open) has no entry and a count of 0.
+            if attr.nlink != counted && reached.contains(&ino) {
+                out.push(Finding::WrongLinkCount {
+                    ino,
+                    kind: attr.kind,
+                    stored: attr.nlink,
+                    counted,
+                });
+            }
+            if attr.kind == FileKind::Symlink && !image.symlinks.contains(&ino) {
+                out.push(Finding::StrayRecord {
+                    ino,
+                    what: "a symlink without a target".into(),
+                });
+            }
+            if image.parents.contains_key(&ino) {
+                out.push(Finding::StrayRecord {
+                    ino,
+                    what: "a parent pointer on something that is not a directory".into(),
+                });
+            }
+        }
+        if !reached.contains(&ino) {
+            if orphan {
+                if !open || attr.nlink > 0 {
+                    out.push(Finding::StaleOrphan {
+                        ino,
+                        nlink: attr.nlink,
+                    });
+                }
+            } else {
+                out.push(Finding::Unreachable {
+                    ino,
+                    kind: attr.kind,
+                    nlink: attr.nlink,
+                });
+            }
+        } else if orphan {
+            // Linked and marked: its last release would delete a file that has names.
+            out.push(Finding::StaleOrphan {
+                ino,
+                nlink: attr.nlink,
+            });
+        }
+    }
+
+    // Records of inodes that do not exist.
+    let mut strays: BTreeMap<Ino, Vec<&str>> = BTreeMap::new();
+    let sets: [(&str, Box<dyn Iterator<Item = Ino> + '_>); 5] = [
+        ("xattrs", Box::new(image.xattr_inos.iter().copied())),
+        ("a symlink target", Box::new(image.symlinks.iter().copied())),
+        ("a parent pointer", Box::new(image.parents.keys().copied())),
+        ("a cookie counter", Box::new(image.cookies.keys().copied())),
+        ("an orphan mark", Box::new(image.orphans.iter().copied())),
+    ];
+    for (what, inos) in sets {
+        for ino in inos {
+            if !inodes.contains_key(&ino) {
+                strays.entry(ino).or_default().push(what);
+            }
+        }
+    }
+    for (ino, what) in strays {
+        out.push(Finding::StrayRecord {
+            ino,
+            what: format!("{} of an inode that does not exist", what.join(", ")),
+        });
+    }
+}
+
+/// What one repair round did: the repairs, and the chunks it freed (now dirty: the caller
+/// zeroes and recycles them where their servers are reachable).
+#[derive(Default)]
+pub(crate) struct Repaired {
+    pub repairs: Vec<Repair>,
+    pub freed: Vec<ChunkLoc>,
+}
+
+/// Repairs what `findings` (of a check of `image`) allow (see the module docs); files open
+/// somewhere are never deleted or trimmed.
+pub(crate) fn repair(
+    store: &Store,
+    image: &Image,
+    live: &Live,
+    findings: &[Finding],
+) -> Result<Repaired, FsError> {
+    let mut done = Repaired::default();
+    let mut rebuild: BTreeSet<u32> = BTreeSet::new();
+    let mut deleted: HashSet<Ino> = HashSet::new();
+    for finding in findings {
+        match finding {
+            Finding::DanglingEntry { parent, name, .. }
+                if store.repair_remove_entry(*parent, name)? =>
+            {
+                done.repairs.push(Repair::RemovedEntry {
+                    parent: *parent,
+                    name: name.clone(),
+                });
+            }
+            Finding::StrayRecord { ino, .. } if !image.inodes.contains_key(ino) => {
+                store.repair_remove_stray(*ino)?;
+                done.repairs.push(Repair::RemovedStrayRecords { ino: *ino });
+            }
+            Finding::ChunkOfNoFile { ino, .. } => {
+                let effects = store.repair_free_chunks(*ino, 0)?;
+                done.repairs.push(Repair::FreedChunks {
+                    ino: *ino,
+                    chunks: effects.freed.len() as u64,
+                });
+                done.freed.extend(effects.freed);
+            }
+            Finding::Unreachable { ino, .. }
+                if !live.open.contains_key(ino) && *ino != ROOT_INO && deleted.insert(*ino) =>
+            {
+                let effects = store.repair_delete_inode(*ino)?;
+                done.repairs.push(Repair::DeletedInode {
+                    ino: *ino,
+                    chunks: effects.freed.len() as u64,
+                });
+                done.freed.extend(effects.freed);
+            }
+            Finding::StaleOrphan { ino, nlink } => {
+                if *nlink > 0 {
+                    store.repair_unmark_orphan(*ino)?;
+                    done.repairs.push(Repair::UnmarkedOrphan { ino: *ino });
+                } else if !live.open.contains_key(ino) && deleted.insert(*ino) {
+                    let effects = store.repair_delete_inode(*ino)?;
+                    done.repairs.push(Repair::DeletedInode {
+                        ino: *ino,
+                        chunks: effects.freed.len() as u64,
+                    });
+                    done.freed.extend(effects.freed);
+                }
+            }
+            Finding::WrongLinkCount {
+                ino,
+                stored,
+                counted,
+                ..
+            } => {
+                store.repair_set_nlink(*ino, *counted)?;
+                done.repairs.push(Repair::SetLinkCount {
+                    ino: *ino,
+                    from: *stored,
+                    to: *counted,
+                });
+            }
+            Finding::ChunkBeyondSize { ino, chunks, .. } if !live.open.contains_key(ino) => {
+                let from = chunks.iter().copied().min().unwrap_or(0);
+                let effects = store.repair_free_chunks(*ino, from)?;
+                done.repairs.push(Repair::FreedChunks {
+                    ino: *ino,
+                    chunks: effects.freed.len() as u64,
+                });
+                done.freed.extend(effects.freed);
+            }
+            Finding::LeakedChunk { loc } => {
+                store.repair_mark_dirty(*loc)?;
+                done.repairs.push(Repair::FreedLeakedChunk { loc: *loc });
+                done.freed.push(*loc);
+            }
+            Finding::FreeStackBroken { server, .. } => {
+                rebuild.insert(*server);
+            }
+            Finding::ChunkFreeAndDirty { loc } => {
+                rebuild.insert(loc.server);
+            }
+            Finding::ChunkUsedAndFree { loc, dirty, .. } => {
+                if *dirty {
+                    store.repair_clear_dirty(*loc)?;
+                    done.repairs.push(Repair::ClearedDirtyMark { loc: *loc });
+                } else {
+                    rebuild.insert(loc.server);
+                }
+            }
+            Finding::DirtyChunkOutOfRange { loc } => {
+                store.repair_clear_dirty(*loc)?;
+                done.repairs.push(Repair::ClearedDirtyMark { loc: *loc });
+            }
+            _ => {}
+        }
+    }
+    if !rebuild.is_empty() {
+        // Valid free entries: allocated, in no file, not dirty, each once, in stack order.
+        let used: HashSet<ChunkLoc> = image.chunks.iter().map(|&(_, _, l)| l).collect();
+        let dirty: HashSet<ChunkLoc> = image.dirty.iter().copied().collect();
+        for server in rebuild {
+            let Some(rec) = image.servers.iter().find(|s| s.id == server) else {
+                continue;
+            };
+            let mut entries: Vec<(u64, u64)> = image
+                .free
+                .iter()
+                .filter(|&&(s, _, _)| s == server)
+                .map(|&(_, slot, index)| (slot, index))
+                .collect();
+            entries.sort_unstable();
+            let mut seen = HashSet::new();
+            let keep: Vec<u64> = entries
+                .into_iter()
+                .map(|(_, index)| index)
+                .filter(|&index| {
+                    let loc = ChunkLoc { server, index };
+                    index < rec.next_fresh.min(rec.chunks)
+                        && !used.contains(&loc)
+                        && !dirty.contains(&loc)
+                        && seen.insert(index)
+                })
+                .collect();
+            let before = store.repair_rebuild_free(server, &keep)?;
+            done.repairs.push(Repair::RebuiltFreeStack {
+                server,
+                from: before,
+                to: keep.len() as u64,
+            });
+        }
+    }
+    Ok(done)
+}
+
+/// The whole run on `store`: a check, then with `options.repair` rounds of repair and check.
+/// `live` is called before each check (the service reads its control blocks); `locks(reset)`
+/// inspects the open files' locks (the service; at rest only): it adds findings the store
+/// cannot see to the first and last check, and with `reset` puts busy words back at rest and
+/// says so. Returns the report and the chunks repairs freed.
+pub(crate) fn run(
+    store: &Store,
+    chunk_size: u64,
+    options: FsckOptions,
+    mut live: impl FnMut() -> Live,
+    mut locks: impl FnMut(bool) -> (Vec<Finding>, u64, Vec<Repair>),
+) -> Result<(FsckReport, Vec<ChunkLoc>), FsError> {
+    let mut state = live();
+    let image = store.image()?;
+    let (mut findings, mut counts) = check(&image, &state, chunk_size);
+    let (lock_findings, inspected, _) = locks(false);
+    findings.extend(lock_findings);
+    counts.locks = inspected;
+    let mut report = FsckReport {
+        counts,
+        at_rest: state.at_rest,
+        ..FsckReport::default()
+    };
+    let mut freed = Vec::new();
+    if options.repair && !findings.is_empty() {
+        report.repairs.extend(locks(true).2);
+        let (mut image, mut round) = (image, findings.clone());
+        for _ in 0..REPAIR_ROUNDS {
+            let done = repair(store, &image, &state, &round)?;
+            freed.extend(done.freed);
+            let progress = !done.repairs.is_empty();
+            report.repairs.extend(done.repairs);
+            state = live();
+            image = store.image()?;
+            round = check(&image, &state, chunk_size).0;
+            if !progress || round.is_empty() {
+                break;
+            }
+        }
+        // The locks' final word.
+        round.extend(locks(false).0);
+        round.truncate(MAX_FINDINGS);
+        report.remaining = Some(round);
+    }
+    report.truncated = findings.len().saturating_sub(MAX_FINDINGS) as u64;
+    findings.truncate(MAX_FINDINGS);
+    report.findings = findings;
+    Ok((report, freed))
+}
+
+/// How long [`request`] waits for the meta server's answer: a check reads the whole namespace.
+pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Asks the running meta server at `addr` to check itself (the `Fsck` RPC, with the cluster's
+/// `credentials`), as `citronfs fsck` does; `who` names the caller in the server's log.
+pub fn request(
+    addr: &str,
+    credentials: &fabric::Credentials,
+    options: FsckOptions,
+    who: &str,
+) -> anyhow::Result<FsckReport> {
+    use anyhow::Context;
+    use proto::rpc::{Client, Request, Response, Role};
+    let role = Role::Client {
+        host: who.into(),
+        pid: std::process::id(),
+    };
+    let mut client = Client::connect(addr, credentials, role)
+        .with_context(|| format!("cannot reach the meta server at {addr}"))?;
+    client.set_timeout(Some(REQUEST_TIMEOUT))?;
+    match client.call(Request::Fsck(options))? {
+        Ok(Response::Fsck(report)) => Ok(report),
+        Ok(other) => anyhow::bail!("the meta server answered fsck with {other:?}"),
+        Err(e) => Err(anyhow::anyhow!("the meta server refused fsck: {e}")),
+    }
+}
+
+/// Checks (and with `repair`, repairs) the database of a stopped meta server in `db_dir`. No
+/// file is open then; orphans (unlinked while open when the server stopped) show as stale, and
+/// the server would delete them at its next start anyway. Chunks freed by repairs stay dirty
+/// until their data server registers again, which zeroes them.
+pub fn check_offline(db_dir: &Path, repair: bool) -> anyhow::Result<FsckReport> {
+    let (store, chunk_size) = Store::open_existing(db_dir)?;
+    let options = FsckOptions {
+        repair,
+        at_rest: true,
+    };
+    let no_locks = |_| (Vec::new(), 0, Vec::new());
+    let (report, _freed) = run(&store, chunk_size, options, Live::default, no_locks)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    store.flush().map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Corruption;
+    use proto::{Caller, FabricAddr};
+
+    const CS: u64 = 4096;
+    const OWNER: Caller = Caller { uid: 0, gid: 0 };
+
+    /// A healthy namespace: /d/e (dirs), /d/f and /g (files with chunks, /g linked twice as
+    /// /d/h), /s (symlink), a chunk freed and recycled, on two servers of 8 chunks.
+    fn healthy() -> (tempfile::TempDir, Store, Ino, Ino) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), CS, OWNER).unwrap();
+        for name in ["ds-0", "ds-1"] {
+            let fabric: FabricAddr = "tcp:127.0.0.1:1".parse().unwrap();
+            store
+                .register_server(name, &fabric, fabric::RegionId(1), 8, 1)
+                .unwrap();
+        }
+        let d = store.mkdir(ROOT_INO, "d", 0o755, OWNER).unwrap().ino;
+        store.mkdir(d, "e", 0o755, OWNER).unwrap();
+        let f = store
+            .mknod(d, "f", FileKind::File, 0o644, 0, OWNER)
+            .unwrap()
+            .ino;
+        let g = store
+            .mknod(ROOT_INO, "g", FileKind::File, 0o644, 0, OWNER)
+            .unwrap()
+            .ino;
+        store.link(g, d, "h").unwrap();
+        store.symlink(ROOT_INO, "s", "g", OWNER).unwrap();
+        store.allocate_chunks(f, 0, 0, 3, &[0, 1]).unwrap();
+        store.allocate_chunks(g, 0, 0, 2, &[0, 1]).unwrap();
+        store.persist_size(f, 3 * CS).unwrap();
+        store.persist_size(g, 2 * CS - 1).unwrap();
+        // Truncate f to one chunk: two chunks freed (dirty), then recycled (free).
+        let set = proto::SetAttr {
+            size: Some(CS),
+            ..proto::SetAttr::default()
+        };
+        let (_, effects) = store.setattr(f, &set, OWNER, CS, None).unwrap();
+        assert_eq!(effects.freed.len(), 2);
+        store.recycle(effects.freed[0]).unwrap();
+        (dir, store, f, g)
+    }
+
+    fn findings(store: &Store, live: &Live) -> Vec<Finding> {
+        check(&store.image().unwrap(), live, CS).0
+    }
+
+    /// Damages a healthy store, expects `kind` among the findings, repairs, expects a clean
+    /// store with every file's content as before.
+    fn damaged(damage: impl FnOnce(&Store, Ino, Ino) -> Vec<Corruption>, kinds: &[&str]) {
+        let (_dir, store, f, g) = healthy();
+        for c in damage(&store, f, g) {
+            store.corrupt(&c).unwrap();
+        }
+        let found = findings(&store, &Live::default());
+        for kind in kinds {
+            assert!(
+                found.iter().any(|x| x.kind() == *kind),
+                "expected {kind} in {found:#?}"
+            );
+        }
+        let (report, _) = run(
+            &store,
+            CS,
+            FsckOptions {
+                repair: true,
+                at_rest: false,
+            },
+            Live::default,
+            |_| (Vec::new(), 0, Vec::new()),
+        )
+        .unwrap();
+        assert!(!report.repairs.is_empty(), "{kinds:?}: nothing repaired");
+        assert_eq!(
+            report.remaining,
+            Some(Vec::new()),
+            "{kinds:?} after {:#?}",
+            report.repairs
+        );
+        assert_eq!(findings(&store, &Live::default()), Vec::new());
+    }
+
+    #[test]
+    fn a_healthy_namespace_has_no_findings() {
+        let (_dir, store, f, _) = healthy();
+        assert_eq!(findings(&store, &Live::default()), Vec::new());
+        // Open with a larger size in its control block (a write in flight): fine while not
+        // at rest; at rest, the control block's size is what counts.
+        let mut live = Live::default();
+        live.open.insert(f, Some(3 * CS));
+        assert_eq!(findings(&store, &live), Vec::new());
+        live.at_rest = true;
+        assert_eq!(findings(&store, &live), Vec::new());
+        let generation = store.getattr(f).unwrap().generation;
+        store.allocate_chunks(f, generation, 1, 4, &[0, 1]).unwrap();
+        let found = findings(&store, &live);
+        assert!(
+            matches!(&found[..], [Finding::ChunkBeyondSize { chunks, .. }] if chunks == &[3, 4]),
+            "{found:?}"
+        );
+        // Closing the file frees chunks beyond its size.
+        store.persist_size(f, 3 * CS).unwrap();
+        let effects = store.free_beyond_size(f, CS).unwrap();
+        assert_eq!(effects.freed.len(), 2);
+        assert_eq!(findings(&store, &Live::default()), Vec::new());
+    }
+
+    #[test]
+    fn files_with_lost_chunks_are_listed() {
+        let (_dir, store, f, g) = healthy();
+        // ds-0 comes back with new memory (another incarnation than `healthy` registered).
+        let fabric: FabricAddr = "tcp:127.0.0.1:1".parse().unwrap();
+        let (_, lost) = store
+            .register_server("ds-0", &fabric, fabric::RegionId(1), 8, 2)
+            .unwrap();
+        assert!(lost > 0);
+        let found = findings(&store, &Live::default());
+        let listed: Vec<Ino> = found
+            .iter()
+            .filter_map(|x| match x {
+                Finding::LostChunks { ino, servers, .. } if servers == &[0] => Some(*ino),
+                _ => None,
+            })
+            .collect();
+        assert!(!listed.is_empty(), "{found:#?}");
+        assert!(listed.iter().all(|i| [f, g].contains(i)), "{found:#?}");
+        assert_eq!(found.len(), listed.len(), "only lost chunks: {found:#?}");
+    }
+
+    #[test]
+    fn link_counts() {
+        damaged(
+            |_, f, _| vec![Corruption::SetNlink { ino: f, nlink: 3 }],
+            &["wrong-link-count"],
+        );
+        damaged(
+            |_, _, _| {
+                vec![Corruption::SetNlink {
+                    ino: ROOT_INO,
+                    nlink: 7,
+                }]
+            },
+            &["wrong-link-count"],
+        );
+        // One of g's two names gone: count 2, one entry.
+        damaged(
+            |_, _, _| {
+                vec![Corruption::RemoveEntry {
+                    parent: ROOT_INO,
+                    name: "g".into(),
+                }]
+            },
+            &["wrong-link-count"],
+        );
+    }
+
+    #[test]
+    fn dangling_entries_and_strays() {
+        damaged(
+            |_, _, _| {
+                vec![Corruption::AddEntry {
+                    parent: ROOT_INO,
+                    name: "ghost".into(),
+                    ino: 999,
+                    kind: FileKind::File,
+                }]
+            },
+            &["dangling-entry"],
+        );
+        // A directory's record gone: its entry dangles, its parent pointer and counter stray,
+        // and the root's link count is one too many.
+        damaged(
+            |store, _, _| {
+                let e = store.lookup(store.lookup(ROOT_INO, "d").unwrap().ino, "e");
+                vec![Corruption::RemoveInode {
+                    ino: e.unwrap().ino,
+                }]
+            },
+            &["dangling-entry", "stray-record", "wrong-link-count"],
+        );
+    }
+
+    #[test]
+    fn unreachable_inodes_and_their_chunks() {
+        // f's only name gone: f and its chunk are unreachable until repaired.
+        damaged(
+            |store, _, _| {
+                let d = store.lookup(ROOT_INO, "d").unwrap().ino;
+                vec![Corruption::RemoveEntry {
+                    parent: d,
+                    name: "f".into(),
+                }]
+            },
+            &["unreachable-inode"],
+        );
+        // A whole subtree cut loose: d and everything under it only it reached.
+        damaged(
+            |_, _, _| {
+                vec![Corruption::RemoveEntry {
+                    parent: ROOT_INO,
+                    name: "d".into(),
+                }]
+            },
+            &["unreachable-inode", "wrong-link-count"],
+        );
+    }
+
+    #[test]
+    fn chunk_allocation() {
+        damaged(
+            |_, _, _| vec![Corruption::LeakChunk { server: 1 }],
+            &["leaked-chunk"],
+        );
+        damaged(
+            |store, f, _| {
+                let loc = store.chunk_map(f, 0, 1).unwrap()[0].unwrap();
+                vec![Corruption::PushFree { loc }]
+            },
+            &["chunk-used-and-free"],
+        );
+        damaged(
+            |store, f, _| {
+                let loc = store.chunk_map(f, 0, 1).unwrap()[0].unwrap();
+                vec![Corruption::MarkDirty { loc }]
+            },
+            &["chunk-used-and-free"],
+        );
+        // The freed-and-recycled chunk on the free stack marked dirty too.
+        damaged(
+            |store, _, _| {
+                let image = store.image().unwrap();
+                let (server, _, index) = image.free[0];
+                vec![Corruption::MarkDirty {
+                    loc: ChunkLoc { server, index },
+                }]
+            },
+            &["chunk-free-and-dirty"],
+        );
+        // Chunks under an inode that does not exist.
+        damaged(
+            |store, f, _| {
+                let loc = store.chunk_map(f, 0, 1).unwrap()[0].unwrap();
+                vec![
+                    Corruption::MapChunk {
+                        ino: 4242,
+                        chunk: 0,
+                        loc: ChunkLoc {
+                            server: loc.server,
+                            index: 7,
+                        },
+                    },
+                    Corruption::LeakChunk { server: loc.server },
+                ]
+            },
+            &["chunks-of-no-file"],
+        );
+        // A file's stored size shrunk under its chunks.
+        damaged(
+            |_, _, g| vec![Corruption::SetSize { ino: g, size: 10 }],
+            &["chunks-beyond-size"],
+        );
+    }
+
+    #[test]
+    fn what_is_not_repaired_is_still_found() {
+        let (_dir, store, f, g) = healthy();
+        let loc = store.chunk_map(f, 0, 1).unwrap()[0].unwrap();
+        // g's chunk 5 is f's chunk 0; f's chunk 9 is on a server that does not exist.
+        store
+            .corrupt(&Corruption::MapChunk {
+                ino: g,
+                chunk: 1,
+                loc,
+            })
+            .unwrap();
+        store
+            .corrupt(&Corruption::MapChunk {
+                ino: f,
+                chunk: 0,
+                loc: ChunkLoc {
+                    server: 9,
+                    index: 0,
+                },
+            })
+            .unwrap();
+        let (report, _) = run(
+            &store,
+            CS,
+            FsckOptions {
+                repair: true,
+                at_rest: false,
+            },
+            Live::default,
+            |_| (Vec::new(), 0, Vec::new()),
+        )
+        .unwrap();
+        let kinds: Vec<&str> = report.findings.iter().map(Finding::kind).collect();
+        assert!(kinds.contains(&"chunk-on-unknown-server"), "{kinds:?}");
+        let remaining = report.remaining.unwrap();
+        assert!(
+            remaining
+                .iter()
+                .any(|x| x.kind() == "chunk-on-unknown-server"),
+            "{remaining:?}"
+        );
+    }
+
+    #[test]
+    fn a_stopped_servers_database_is_checked_offline() {
+        let (dir, store, f, _) = healthy();
+        let d = store.lookup(ROOT_INO, "d").unwrap().ino;
+        store
+            .corrupt(&Corruption::RemoveEntry {
+                parent: d,
+                name: "f".into(),
+            })
+            .unwrap();
+        store.flush().unwrap();
+        drop(store);
+        let report = check_offline(dir.path(), false).unwrap();
+        assert!(
+            report
+                .findings
+                .iter()
+                .any(|x| matches!(x, Finding::Unreachable { ino, .. } if *ino == f)),
+            "{report:?}"
+        );
+        assert_eq!(report.remaining, None);
+        let report = check_offline(dir.path(), true).unwrap();
+        assert_eq!(report.remaining, Some(Vec::new()), "{report:?}");
+        assert!(check_offline(dir.path(), false).unwrap().clean());
+        let empty = tempfile::tempdir().unwrap();
+        assert!(check_offline(empty.path(), false).is_err());
+    }
+}
