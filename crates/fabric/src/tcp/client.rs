@@ -9,15 +9,64 @@ use crate::endpoint::{Capabilities, Connector, Endpoint, EndpointStats, MaskedAt
 use crate::error::{BatchError, FabricError, Result};
 use crate::frame::{self, FrameError};
 use crate::handshake::{Credentials, Protocol};
-use std::io::{BufReader, ErrorKind, Write};
+use std::io::{BufReader, ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::{Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// How long connecting and the handshake may take before the server is declared unreachable.
-/// Batches themselves have no timeout: a batch may legitimately wait (a server under load), and a
-/// server that dies closes its sockets, which fails the batch at once.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long connecting and the handshake may take by default before the server is declared
+/// unreachable ([`TcpTimeouts::connect`]).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long one batch may take by default, from the first byte sent to the last byte of its
+/// reply, before the connection is given up ([`TcpTimeouts::batch`]).
+///
+/// A server that dies closes its sockets and fails a batch at once; this bound is for the
+/// silent failures — a cut link, a host that froze or lost power — where nothing is ever
+/// answered and a blocking read would otherwise wait for TCP to give up (about 15 minutes with
+/// Linux's default `tcp_retries2`). The server runs a batch as soon as it arrives (it never
+/// waits on a lock: waiting is the client's, in separate batches), so a live server answers
+/// within a round trip plus its scheduling delay. 5 s is more than twice the range locks'
+/// lease (`T_lease`, 2 s): a client whose batch took that long has lost its lock anyway, so
+/// the bound never fails an I/O that could still have succeeded.
+pub const BATCH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The time bounds of a tcp endpoint: how long a silent peer can keep a caller waiting.
+///
+/// After either runs out the caller gets an error (`Io`/`Protocol` while connecting,
+/// [`FabricError::Disconnected`] for a batch, whose outcome is then unknown) instead of
+/// waiting for TCP's own timeouts, which on a cut link take minutes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TcpTimeouts {
+    /// Connecting and the handshake ([`CONNECT_TIMEOUT`] by default).
+    pub connect: Duration,
+    /// One batch: sending its request and reading its reply ([`BATCH_TIMEOUT`] by default).
+    pub batch: Duration,
+}
+
+impl TcpTimeouts {
+    /// The defaults: [`CONNECT_TIMEOUT`] and [`BATCH_TIMEOUT`].
+    pub const DEFAULT: TcpTimeouts = TcpTimeouts {
+        connect: CONNECT_TIMEOUT,
+        batch: BATCH_TIMEOUT,
+    };
+
+    /// These bounds with every zero duration replaced by its default: a zero socket timeout
+    /// is refused by the standard library, and "no time at all" is never meant.
+    fn or_default(self) -> TcpTimeouts {
+        let pick = |d: Duration, default| if d.is_zero() { default } else { d };
+        TcpTimeouts {
+            connect: pick(self.connect, CONNECT_TIMEOUT),
+            batch: pick(self.batch, BATCH_TIMEOUT),
+        }
+    }
+}
+
+impl Default for TcpTimeouts {
+    fn default() -> Self {
+        TcpTimeouts::DEFAULT
+    }
+}
 
 /// The capabilities of every `tcp` endpoint.
 pub const CAPABILITIES: Capabilities = Capabilities {
@@ -44,6 +93,8 @@ pub struct TcpEndpoint {
     rx: Vec<u8>,
     stats: EndpointStats,
     welcome: Welcome,
+    /// The time bounds this endpoint was opened with.
+    timeouts: TcpTimeouts,
     /// Why the connection was given up, once it has been.
     broken: Option<String>,
 }
@@ -58,14 +109,14 @@ impl std::fmt::Debug for TcpEndpoint {
     }
 }
 
-/// Opens a TCP connection to the first address of `addr` that answers.
-fn open(addr: impl ToSocketAddrs) -> Result<(TcpStream, SocketAddr)> {
+/// Opens a TCP connection to the first address of `addr` that answers within `timeout`.
+fn open(addr: impl ToSocketAddrs, timeout: Duration) -> Result<(TcpStream, SocketAddr)> {
     let addrs = addr
         .to_socket_addrs()
         .map_err(|e| FabricError::io("resolve server address", e))?;
     let mut last = None;
     for candidate in addrs {
-        match TcpStream::connect_timeout(&candidate, CONNECT_TIMEOUT) {
+        match TcpStream::connect_timeout(&candidate, timeout) {
             Ok(stream) => return Ok((stream, candidate)),
             Err(e) => last = Some((candidate, e)),
         }
@@ -94,11 +145,27 @@ impl TcpEndpoint {
         credentials: &Credentials,
         session: u64,
     ) -> Result<Self> {
-        let (stream, peer) = open(addr)?;
+        Self::connect_with(addr, credentials, session, TcpTimeouts::DEFAULT)
+    }
+
+    /// [`TcpEndpoint::connect_session`] with the time bounds `timeouts` (a zero bound means
+    /// its default).
+    pub fn connect_with(
+        addr: impl ToSocketAddrs,
+        credentials: &Credentials,
+        session: u64,
+        timeouts: TcpTimeouts,
+    ) -> Result<Self> {
+        let timeouts = timeouts.or_default();
+        let connect_timeout = timeouts.connect;
+        let (stream, peer) = open(addr, connect_timeout)?;
         let setup = |e| FabricError::io(format!("configure connection to {peer}"), e);
         stream.set_nodelay(true).map_err(setup)?;
         stream
-            .set_read_timeout(Some(CONNECT_TIMEOUT))
+            .set_read_timeout(Some(connect_timeout))
+            .map_err(setup)?;
+        stream
+            .set_write_timeout(Some(connect_timeout))
             .map_err(setup)?;
 
         let mut tx = Vec::new();
@@ -120,7 +187,7 @@ impl TcpEndpoint {
                 if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) =>
             {
                 return Err(FabricError::Protocol(format!(
-                    "{peer} did not answer the handshake within {CONNECT_TIMEOUT:?}: \
+                    "{peer} did not answer the handshake within {connect_timeout:?}: \
                      is it a CitronFS tcp fabric server?"
                 )))
             }
@@ -150,8 +217,15 @@ impl TcpEndpoint {
                 welcome.version
             )));
         }
-        // From now on reads block for as long as a batch takes.
-        stream.get_ref().set_read_timeout(None).map_err(setup)?;
+        // From now on each socket operation of a batch is bounded by the batch's bound; the
+        // whole batch is held to it too (see `execute`).
+        let socket = stream.get_ref();
+        socket
+            .set_read_timeout(Some(timeouts.batch))
+            .map_err(setup)?;
+        socket
+            .set_write_timeout(Some(timeouts.batch))
+            .map_err(setup)?;
         Ok(Self {
             stream,
             peer,
@@ -159,6 +233,7 @@ impl TcpEndpoint {
             rx,
             stats: EndpointStats::default(),
             welcome,
+            timeouts,
             broken: None,
         })
     }
@@ -171,6 +246,11 @@ impl TcpEndpoint {
     /// The regions the server had registered when this endpoint connected.
     pub fn regions(&self) -> &[RegionInfo] {
         &self.welcome.regions
+    }
+
+    /// The time bounds of this endpoint.
+    pub fn timeouts(&self) -> TcpTimeouts {
+        self.timeouts
     }
 
     /// Whether the connection has been given up (every batch now fails with `Disconnected`).
@@ -205,6 +285,31 @@ impl TcpEndpoint {
     }
 }
 
+/// Whether a socket error is a timeout (`SO_RCVTIMEO`/`SO_SNDTIMEO` ran out: Linux reports
+/// `EAGAIN`, i.e. `WouldBlock`) or our own deadline ran out (`TimedOut`).
+fn is_timeout(e: &std::io::Error) -> bool {
+    matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut)
+}
+
+/// A reader that fails with `TimedOut` once `deadline` has passed, so that a reply trickling
+/// in a byte at a time (each read within the socket timeout) still ends at the batch's bound.
+struct Deadline<'a, R> {
+    inner: &'a mut R,
+    deadline: Instant,
+}
+
+impl<R: Read> Read for Deadline<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if Instant::now() >= self.deadline {
+            return Err(std::io::Error::new(
+                ErrorKind::TimedOut,
+                "the batch's time bound ran out",
+            ));
+        }
+        self.inner.read(buf)
+    }
+}
+
 impl Endpoint for TcpEndpoint {
     fn execute(&mut self, batch: &Batch, out: &mut Completions) -> Result<()> {
         if let Some(why) = &self.broken {
@@ -218,17 +323,40 @@ impl Endpoint for TcpEndpoint {
         begin_frame(&mut self.tx);
         wire::encode_batch(&mut self.tx, batch);
         seal_frame(&mut self.tx);
+        // Socket timeouts bound each `write` and `read` call; a peer trickling bytes could
+        // stretch a batch over many calls, so the batch's deadline is checked between them
+        // too (`read_frame_by`).
+        let deadline = Instant::now() + self.timeouts.batch;
         if let Err(e) = self.stream.get_ref().write_all(&self.tx) {
-            let why = format!("sending a batch to {}: {e}", self.peer);
+            let why = if is_timeout(&e) {
+                format!(
+                    "{} accepted no request bytes for {:?} (link down or host frozen?)",
+                    self.peer, self.timeouts.batch
+                )
+            } else {
+                format!("sending a batch to {}: {e}", self.peer)
+            };
             return Err(self.fail(why));
         }
 
         // From here on the batch may have executed: any failure to read a trustworthy reply is
         // `Disconnected` (outcome unknown), as the `Endpoint` contract requires.
-        match frame::read_frame(&mut self.stream, MAX_REPLY_FRAME, &mut self.rx) {
+        let mut reader = Deadline {
+            inner: &mut self.stream,
+            deadline,
+        };
+        match frame::read_frame(&mut reader, MAX_REPLY_FRAME, &mut self.rx) {
             Ok(()) => {}
             Err(FrameError::Io(e)) if e.kind() == ErrorKind::UnexpectedEof => {
                 let why = format!("{} closed the connection", self.peer);
+                return Err(self.fail(why));
+            }
+            Err(FrameError::Io(e)) if is_timeout(&e) => {
+                let why = format!(
+                    "no reply from {} within {:?} (link down or host frozen?); the batch's \
+                     outcome is unknown",
+                    self.peer, self.timeouts.batch
+                );
                 return Err(self.fail(why));
             }
             Err(e) => {
@@ -289,6 +417,7 @@ pub struct TcpConnector {
     addr: SocketAddr,
     credentials: Credentials,
     session: u64,
+    timeouts: TcpTimeouts,
     regions: Vec<RegionInfo>,
     spare: Mutex<Option<TcpEndpoint>>,
 }
@@ -300,6 +429,7 @@ impl std::fmt::Debug for TcpConnector {
             .field("addr", &self.addr)
             .field("credentials", &self.credentials)
             .field("session", &self.session)
+            .field("timeouts", &self.timeouts)
             .finish()
     }
 }
@@ -319,11 +449,22 @@ impl TcpConnector {
         credentials: Credentials,
         session: u64,
     ) -> Result<Self> {
-        let first = TcpEndpoint::connect_session(addr, &credentials, session)?;
+        Self::connect_with(addr, credentials, session, TcpTimeouts::DEFAULT)
+    }
+
+    /// [`TcpConnector::connect_session`] whose endpoints have the time bounds `timeouts`.
+    pub fn connect_with(
+        addr: impl ToSocketAddrs,
+        credentials: Credentials,
+        session: u64,
+        timeouts: TcpTimeouts,
+    ) -> Result<Self> {
+        let first = TcpEndpoint::connect_with(addr, &credentials, session, timeouts)?;
         Ok(Self {
             addr: first.peer_addr(),
             credentials,
             session,
+            timeouts: first.timeouts(),
             regions: first.regions().to_vec(),
             spare: Mutex::new(Some(first)),
         })
@@ -338,7 +479,9 @@ impl TcpConnector {
             .take();
         match spare {
             Some(endpoint) => Ok(endpoint),
-            None => TcpEndpoint::connect_session(self.addr, &self.credentials, self.session),
+            None => {
+                TcpEndpoint::connect_with(self.addr, &self.credentials, self.session, self.timeouts)
+            }
         }
     }
 

@@ -21,7 +21,9 @@ mod server;
 pub mod wire;
 
 pub use crate::handshake::HANDSHAKE_TIMEOUT;
-pub use client::{TcpConnector, TcpEndpoint, CAPABILITIES, CONNECT_TIMEOUT};
+pub use client::{
+    TcpConnector, TcpEndpoint, TcpTimeouts, BATCH_TIMEOUT, CAPABILITIES, CONNECT_TIMEOUT,
+};
 pub use server::TcpServer;
 pub use wire::RegionInfo;
 
