@@ -259,7 +259,15 @@ impl TcpEndpoint {
     }
 
     /// Gives the connection up: after this, the stream may be out of sync or gone.
+    ///
+    /// The close is made abortive (`SO_LINGER` 0): when the endpoint is dropped the kernel
+    /// discards whatever of the request it still holds and resets the connection, instead of
+    /// retransmitting it. On a cut link a timed-out batch sits in the send queue; without
+    /// this it would reach the server once the link came back — a write the caller was told
+    /// had failed landing seconds later, after its lock was gone. (Bytes already on the wire
+    /// can still arrive; that window is the network's own delay.)
     fn fail(&mut self, why: String) -> FabricError {
+        abortive_close_on_drop(self.stream.get_ref());
         let _ = self.stream.get_ref().shutdown(Shutdown::Both);
         self.broken = Some(why.clone());
         FabricError::Disconnected(why)
@@ -282,6 +290,33 @@ impl TcpEndpoint {
             });
         }
         Ok(())
+    }
+}
+
+/// Sets `SO_LINGER` to 0 on `stream`, so that closing it resets the connection and discards
+/// unsent data (see `TcpEndpoint::fail`). Best effort: a failure only loses that guarantee.
+fn abortive_close_on_drop(stream: &TcpStream) {
+    use std::os::fd::AsRawFd;
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: a valid socket descriptor owned by `stream`, and a pointer to a `linger` of the
+    // size given, which the kernel only reads.
+    let rc = unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        tracing::debug!(
+            "SO_LINGER on a failed connection: {}",
+            std::io::Error::last_os_error()
+        );
     }
 }
 
