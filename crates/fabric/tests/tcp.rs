@@ -873,3 +873,59 @@ fn a_trickling_reply_is_held_to_the_batch_bound() {
     );
     assert!(took < bound + Duration::from_secs(2), "took {took:?}");
 }
+
+/// A server that stops taking bytes (a cut link, a frozen host) fails a large batch within its
+/// bound even though the socket accepted part of the request: the bound is on the whole
+/// batch, not on each `write`.
+#[test]
+fn a_peer_that_stops_reading_fails_a_large_batch_within_its_bound() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let at = listener.local_addr().unwrap();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut body = Vec::new();
+        frame::read_frame(&mut s, usize::MAX, &mut body).unwrap();
+        let welcome: HelloAnswer = Ok(wire::Welcome {
+            version: PROTOCOL_VERSION,
+            regions: vec![],
+        });
+        frame::write_frame(&mut s, &postcard::to_stdvec(&welcome).unwrap()).unwrap();
+        // Read nothing more, keeping the connection open until the test ends.
+        let _ = released.recv();
+    });
+    let bound = Duration::from_millis(400);
+    let mut ep = TcpEndpoint::connect_with(
+        at,
+        &creds(),
+        0,
+        fabric::TcpTimeouts {
+            connect: Duration::from_secs(5),
+            batch: bound,
+        },
+    )
+    .unwrap();
+    // 16 MiB: more than the socket buffers of both ends hold.
+    let mut batch = Batch::new();
+    batch.write(addr(0), &vec![7u8; MAX_IO_BYTES]);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let start = Instant::now();
+        let mut out = Completions::new();
+        let result = ep.execute(&batch, &mut out);
+        let _ = tx.send((start.elapsed(), result));
+    });
+    let (took, result) = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("a batch to a peer that stopped reading must fail, not hang");
+    drop(release);
+    assert!(
+        matches!(result, Err(FabricError::Disconnected(_))),
+        "{result:?}"
+    );
+    // At most an eighth over the bound (see the client's `Deadline`), plus scheduling slack.
+    assert!(
+        took >= bound && took < bound.mul_f64(1.125) + Duration::from_millis(250),
+        "took {took:?} for a bound of {bound:?}"
+    );
+}

@@ -326,22 +326,79 @@ fn is_timeout(e: &std::io::Error) -> bool {
     matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut)
 }
 
-/// A reader that fails with `TimedOut` once `deadline` has passed, so that a reply trickling
-/// in a byte at a time (each read within the socket timeout) still ends at the batch's bound.
-struct Deadline<'a, R> {
-    inner: &'a mut R,
+/// One batch's socket I/O, held to the batch's deadline as a whole.
+///
+/// The socket's own timeouts (`SO_SNDTIMEO`/`SO_RCVTIMEO`, set to the batch bound) limit each
+/// `write` or `read` call, not the batch: a peer that takes a few bytes at a time, or trickles
+/// its reply, could stretch a batch over many calls. So before each call the time left is
+/// checked (`TimedOut` once it is gone), and when less than 7/8 of the bound is left the
+/// socket's timeout is narrowed to it, so that no call overshoots the deadline by more than an
+/// eighth of the bound. A batch on a healthy link is done long before that and never pays the
+/// extra system call. Dropping it restores the socket's timeouts if they were narrowed.
+struct Deadline<'a> {
+    stream: &'a mut BufReader<TcpStream>,
     deadline: Instant,
+    bound: Duration,
+    narrowed: bool,
 }
 
-impl<R: Read> Read for Deadline<'_, R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        if Instant::now() >= self.deadline {
+impl<'a> Deadline<'a> {
+    fn new(stream: &'a mut BufReader<TcpStream>, bound: Duration) -> Self {
+        Deadline {
+            stream,
+            deadline: Instant::now() + bound,
+            bound,
+            narrowed: false,
+        }
+    }
+
+    /// Fails once the deadline has passed; narrows the socket's timeouts when needed.
+    fn before_call(&mut self) -> std::io::Result<()> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
             return Err(std::io::Error::new(
                 ErrorKind::TimedOut,
                 "the batch's time bound ran out",
             ));
         }
-        self.inner.read(buf)
+        if left < self.bound.mul_f64(0.875) {
+            let socket = self.stream.get_ref();
+            socket.set_read_timeout(Some(left))?;
+            socket.set_write_timeout(Some(left))?;
+            self.narrowed = true;
+        }
+        Ok(())
+    }
+
+    /// Writes all of `buf` to the socket (unbuffered: one `write` per batch when it fits).
+    fn write_all(&mut self, mut buf: &[u8]) -> std::io::Result<()> {
+        while !buf.is_empty() {
+            self.before_call()?;
+            match self.stream.get_ref().write(buf) {
+                Ok(0) => return Err(ErrorKind::WriteZero.into()),
+                Ok(n) => buf = &buf[n..],
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Read for Deadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.before_call()?;
+        self.stream.read(buf)
+    }
+}
+
+impl Drop for Deadline<'_> {
+    fn drop(&mut self) {
+        if self.narrowed {
+            let socket = self.stream.get_ref();
+            let _ = socket.set_read_timeout(Some(self.bound));
+            let _ = socket.set_write_timeout(Some(self.bound));
+        }
     }
 }
 
@@ -358,14 +415,15 @@ impl Endpoint for TcpEndpoint {
         begin_frame(&mut self.tx);
         wire::encode_batch(&mut self.tx, batch);
         seal_frame(&mut self.tx);
-        // Socket timeouts bound each `write` and `read` call; a peer trickling bytes could
-        // stretch a batch over many calls, so the batch's deadline is checked between them
-        // too (`read_frame_by`).
-        let deadline = Instant::now() + self.timeouts.batch;
-        if let Err(e) = self.stream.get_ref().write_all(&self.tx) {
+        // The socket timeouts bound each `write` and `read` call; `Deadline` holds the batch
+        // as a whole to its bound too, however the bytes trickle (see its docs).
+        let mut io = Deadline::new(&mut self.stream, self.timeouts.batch);
+        if let Err(e) = io.write_all(&self.tx) {
+            drop(io);
             let why = if is_timeout(&e) {
                 format!(
-                    "{} accepted no request bytes for {:?} (link down or host frozen?)",
+                    "{} did not take the request within {:?} (link down or host frozen?); the \
+                     batch's outcome is unknown",
                     self.peer, self.timeouts.batch
                 )
             } else {
@@ -376,11 +434,9 @@ impl Endpoint for TcpEndpoint {
 
         // From here on the batch may have executed: any failure to read a trustworthy reply is
         // `Disconnected` (outcome unknown), as the `Endpoint` contract requires.
-        let mut reader = Deadline {
-            inner: &mut self.stream,
-            deadline,
-        };
-        match frame::read_frame(&mut reader, MAX_REPLY_FRAME, &mut self.rx) {
+        let read = frame::read_frame(&mut io, MAX_REPLY_FRAME, &mut self.rx);
+        drop(io);
+        match read {
             Ok(()) => {}
             Err(FrameError::Io(e)) if e.kind() == ErrorKind::UnexpectedEof => {
                 let why = format!("{} closed the connection", self.peer);
