@@ -35,7 +35,7 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 /// The prefix of every namespace this module makes: `cfs-<pid>-<n>-<host>`.
@@ -60,8 +60,14 @@ macro_rules! skip_without_netns {
 }
 
 /// Why network namespaces cannot be used here (`None`: they can): not root, no `ip`, or
-/// creating one fails (no CAP_SYS_ADMIN in a container, no /run/netns).
+/// creating one fails (no CAP_SYS_ADMIN in a container, no /run/netns). Probed once per
+/// process.
 pub fn netns_unavailable() -> Option<String> {
+    static ANSWER: OnceLock<Option<String>> = OnceLock::new();
+    ANSWER.get_or_init(probe).clone()
+}
+
+fn probe() -> Option<String> {
     // SAFETY: geteuid has no preconditions and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         return Some("network namespaces need root".into());
@@ -69,6 +75,7 @@ pub fn netns_unavailable() -> Option<String> {
     if ip(&["-V"]).is_err() {
         return Some("`ip` (iproute2) is not installed".into());
     }
+    remove_stale_namespaces();
     let probe = format!("{PREFIX}{}-probe", std::process::id());
     match ip(&["netns", "add", &probe]) {
         Ok(()) => {
@@ -524,5 +531,180 @@ impl Drop for MountProcess {
         // connection: requests still waiting get ENOTCONN, so nothing hangs on it.
         self.process.stop();
         lazy_unmount(self.dir.path());
+    }
+}
+
+/// What [`ProcessCluster::start`] builds.
+#[derive(Clone, Debug)]
+pub struct ProcessClusterSpec {
+    /// Data servers: hosts `ds1`, `ds2`, ...
+    pub data_servers: usize,
+    /// Client hosts: `c1`, `c2`, ... (each mounted by [`ProcessCluster::mount`]).
+    pub clients: usize,
+    /// Bytes per chunk (small, so that a small file spans several chunks and servers).
+    pub chunk_size: u64,
+    /// Bytes each data server serves.
+    pub data_capacity: u64,
+    /// The log filter of every process.
+    pub log: String,
+}
+
+impl Default for ProcessClusterSpec {
+    fn default() -> Self {
+        ProcessClusterSpec {
+            data_servers: 2,
+            clients: 2,
+            chunk_size: 64 << 10,
+            data_capacity: 16 << 20,
+            log: "warn".into(),
+        }
+    }
+}
+
+/// The meta server's RPC port on its host.
+const META_PORT: u16 = 7700;
+/// How long a server or a mount may take to come up.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A CitronFS cluster of `citronfs` processes, one host each, over the tcp fabric on a
+/// [`Network`]: host `meta` runs `citronfs meta-server`, `ds1`... `citronfs data-server`
+/// (memory-backed), and `c1`... are client hosts where [`ProcessCluster::mount`] runs
+/// `citronfs mount`. Dropping it stops the mounts, then the data servers, then the meta
+/// server, then deletes the network.
+pub struct ProcessCluster {
+    // Field order is drop order.
+    mounts: Vec<Option<MountProcess>>,
+    data: Vec<HostProcess>,
+    meta: HostProcess,
+    _state: tempfile::TempDir,
+    bin: PathBuf,
+    cluster: String,
+    token: String,
+    log: String,
+    net: Network,
+}
+
+impl ProcessCluster {
+    /// Builds the network and starts the servers of `spec` with the `citronfs` binary `bin`;
+    /// returns once the meta server answers and every data server has registered.
+    pub fn start(bin: &Path, spec: &ProcessClusterSpec) -> Result<ProcessCluster> {
+        let mut names = vec!["meta".to_string()];
+        names.extend((1..=spec.data_servers).map(|i| format!("ds{i}")));
+        names.extend((1..=spec.clients).map(|i| format!("c{i}")));
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let net = Network::new(&refs)?;
+        let state = tempfile::Builder::new()
+            .prefix("citronfs-netns-")
+            .tempdir()
+            .context("state directory")?;
+        let token = crate::random_token()?;
+        let cluster = format!("netns-{}", std::process::id());
+        let meta_at = net.host("meta").at(META_PORT);
+        let common = |role: &str| {
+            let mut c = Command::new(bin);
+            c.arg(role)
+                .args(["--cluster", &cluster, "--token", &token, "--log", &spec.log])
+                .args(["--fabric", "tcp"]);
+            // Settings from this process's environment must not reach the cluster.
+            for (key, _) in std::env::vars_os() {
+                if key.to_string_lossy().starts_with("CITRONFS_") {
+                    c.env_remove(key);
+                }
+            }
+            c
+        };
+        let mut cmd = common("meta-server");
+        cmd.arg("--listen")
+            .arg(meta_at.to_string())
+            .arg("--db")
+            .arg(state.path().join("meta-db"))
+            .args(["--chunk-size", &spec.chunk_size.to_string()]);
+        let meta = net.spawn("meta", "meta-server", cmd)?;
+        let deadline = Instant::now() + START_TIMEOUT;
+        while net
+            .connect_from("meta", meta_at, Duration::from_secs(1))
+            .is_err()
+        {
+            if Instant::now() >= deadline {
+                bail!(
+                    "the meta server did not listen on {meta_at} within {START_TIMEOUT:?}; \
+                     its output:\n{}",
+                    meta.output()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mut data = Vec::new();
+        for i in 1..=spec.data_servers {
+            let host = format!("ds{i}");
+            let mut cmd = common("data-server");
+            cmd.args(["--name", &host])
+                .args(["--meta", &meta_at.to_string()])
+                .args(["--fabric-listen", &net.host(&host).at(0).to_string()])
+                .args(["--capacity", &spec.data_capacity.to_string()]);
+            let mut ds = net.spawn(&host, "data-server", cmd)?;
+            ds.wait_for_output("citronfs data-server: id", START_TIMEOUT)?;
+            data.push(ds);
+        }
+        Ok(ProcessCluster {
+            mounts: (0..spec.clients).map(|_| None).collect(),
+            data,
+            meta,
+            _state: state,
+            bin: bin.to_path_buf(),
+            cluster,
+            token,
+            log: spec.log.clone(),
+            net,
+        })
+    }
+
+    /// The network, to cut and heal links.
+    pub fn net(&self) -> &Network {
+        &self.net
+    }
+
+    /// The meta server's process.
+    pub fn meta(&mut self) -> &mut HostProcess {
+        &mut self.meta
+    }
+
+    /// Data server `i` (1-based: host `ds{i}`).
+    pub fn data_server(&mut self, i: usize) -> &mut HostProcess {
+        &mut self.data[i - 1]
+    }
+
+    /// Mounts the cluster on client host `c{i}` (1-based) with `citronfs mount` and `extra`
+    /// flags, replacing (stopping) a mount already there; returns the mount point.
+    pub fn mount(&mut self, i: usize, extra: &[&str]) -> Result<PathBuf> {
+        let slot = self
+            .mounts
+            .get_mut(i - 1)
+            .with_context(|| format!("no client host c{i}"))?;
+        drop(slot.take());
+        let dir = MountProcess::mount_point()?;
+        let mut cmd = Command::new(&self.bin);
+        cmd.arg("mount")
+            .arg(dir.path())
+            .args(["--cluster", &self.cluster, "--token", &self.token])
+            .args(["--log", &self.log])
+            .args(["--meta", &self.net.host("meta").at(META_PORT).to_string()])
+            .args(extra);
+        let mount = MountProcess::start(&self.net, &format!("c{i}"), dir, cmd, START_TIMEOUT)?;
+        let path = mount.path_buf();
+        *slot = Some(mount);
+        Ok(path)
+    }
+
+    /// The mount process of client `c{i}`, if mounted.
+    pub fn mount_process(&mut self, i: usize) -> Option<&mut MountProcess> {
+        self.mounts.get_mut(i - 1).and_then(Option::as_mut)
+    }
+
+    /// Stops client `c{i}`'s mount (unmounting it).
+    pub fn unmount(&mut self, i: usize) {
+        if let Some(slot) = self.mounts.get_mut(i - 1) {
+            drop(slot.take());
+        }
     }
 }
