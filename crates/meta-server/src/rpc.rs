@@ -80,6 +80,9 @@ pub(crate) async fn accept_loop(
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
                     let _ = stream.set_nodelay(true);
+                    // A client or data server that vanishes (cut link, dead host) must not
+                    // keep its task and session for ever.
+                    fabric::tcp::watch_peer(&stream);
                     let service = service.clone();
                     let stop = stop.clone();
                     tokio::spawn(async move {

@@ -76,3 +76,38 @@ fn a_process_runs_in_its_host_and_keeps_the_mount_namespace() {
         "stop took too long"
     );
 }
+
+/// A tcp fabric server drops the connection of a client whose link was cut (nothing closed,
+/// nothing answered) within `fabric::tcp::DEAD_PEER_AFTER`, instead of keeping its thread
+/// blocked on it for ever.
+#[test]
+fn a_fabric_server_drops_a_vanished_client() {
+    skip_without_netns!();
+    use fabric::{Credentials, EndpointExt, RegionId, RemoteAddr, TcpEndpoint, TcpServer};
+    let net = Network::new(&["server", "client"]).unwrap();
+    let at = net.host("server").at(4100);
+    let creds = Credentials::new("netns", "secret");
+    let c = creds.clone();
+    let server = net
+        .run_in("server", move || TcpServer::bind(at, c))
+        .unwrap()
+        .unwrap();
+    server.register(RegionId(1), 4096).unwrap();
+    let mut ep = net
+        .run_in("client", move || TcpEndpoint::connect(at, &creds))
+        .unwrap()
+        .unwrap();
+    ep.faa(RemoteAddr::new(RegionId(1), 0), 1).unwrap();
+    assert_eq!(server.connection_count(), 1);
+    net.cut("client").unwrap();
+    let start = Instant::now();
+    let bound = fabric::tcp::DEAD_PEER_AFTER + Duration::from_secs(5);
+    testkit::wait_until(bound, "the server to drop the vanished client", || {
+        server.connection_count() == 0
+    });
+    println!(
+        "the server dropped the cut client's connection after {:?}",
+        start.elapsed()
+    );
+    drop(ep);
+}
