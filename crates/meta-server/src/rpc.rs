@@ -16,13 +16,6 @@ use serde::Serialize;
 use std::io;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// How long a data server's registration connection may stay silent before the server is
-/// declared gone. A data server sends its next revocation poll as soon as the last is
-/// answered (at the latest a second after it was asked), so a live one is never silent for
-/// more than a round trip; 5 s is also the data server's own bound on each poll's answer,
-/// after which it registers again.
-pub const DATA_SERVER_SILENCE: Duration = Duration::from_secs(5);
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -68,6 +61,13 @@ async fn recv<R: AsyncRead + Unpin, T: DeserializeOwned>(
         .map_err(|e| e.to_string())?;
     postcard::from_bytes(body).map_err(|e| format!("malformed message: {e}"))
 }
+
+/// How long a data server's registration connection may stay silent before the server is
+/// declared gone. A data server sends its next revocation poll as soon as the last is
+/// answered (at the latest a second after it was asked), so a live one is never silent for
+/// more than a round trip; 5 s is also the data server's own bound on each poll's answer,
+/// after which it registers again.
+pub const DATA_SERVER_SILENCE: Duration = Duration::from_secs(5);
 
 /// Accepts connections until `stop` turns true.
 pub(crate) async fn accept_loop(
