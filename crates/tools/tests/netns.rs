@@ -345,11 +345,11 @@ fn cut_client_mid_write() {
         let recovered_in = sweep_from.elapsed();
         let c1_slowest = w1.slowest_since(sweep_from);
 
-        // c2's call in progress at the cut returns (fails) within the I/O bound of the cut,
-        // while the link is still down.
+        // c2's call in progress at the cut returns (fails) within the I/O bound of the cut
+        // (counted from the cut, not from now), while the link is still down.
         let mut c2_first = None;
         testkit::wait_until(
-            CUT_CLIENT_IO_BOUND,
+            CUT_CLIENT_IO_BOUND.saturating_sub(cut_at.elapsed()),
             "c2's call in progress at the cut to return",
             || {
                 let s = w2.straddling(cut_at);
@@ -357,6 +357,12 @@ fn cut_client_mid_write() {
                 s.iter().all(|(_, e)| e.is_some())
             },
         );
+        for (ended, _) in w2.straddling(cut_at) {
+            assert!(
+                ended <= CUT_CLIENT_IO_BOUND,
+                "trial {trial}: c2's call in progress at the cut ended {ended:?} after it"
+            );
+        }
         let c1_log = w1.stop(IO_BOUND, "c1's writer");
         assert!(c1_log.ops.iter().all(|(_, _, e)| *e == 0));
 
