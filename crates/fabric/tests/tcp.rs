@@ -763,8 +763,8 @@ fn cuttable_proxy(
     (addr, cut)
 }
 
-/// A batch on a link that went silent fails with `Disconnected` within the endpoint's batch
-/// bound instead of blocking until TCP gives up (minutes), and the endpoint is then dead.
+/// A batch on a link that went silent fails with `TimedOut` within the endpoint's batch bound
+/// instead of blocking until TCP gives up (minutes), and the endpoint is then dead.
 #[test]
 fn a_silent_link_fails_a_batch_within_its_bound() {
     use std::sync::atomic::Ordering;
@@ -793,10 +793,10 @@ fn a_silent_link_fails_a_batch_within_its_bound() {
         .recv_timeout(Duration::from_secs(10))
         .expect("a batch on a cut link must fail within its bound, not hang");
     match result {
-        Err(FabricError::Disconnected(why)) => {
+        Err(FabricError::TimedOut(why)) => {
             assert!(why.contains("no reply"), "{why}");
         }
-        other => panic!("expected Disconnected, got {other:?}"),
+        other => panic!("expected TimedOut, got {other:?}"),
     }
     assert!(
         took >= bound && took < bound + Duration::from_secs(2),
@@ -868,7 +868,7 @@ fn a_trickling_reply_is_held_to_the_batch_bound() {
         .recv_timeout(Duration::from_secs(10))
         .expect("a trickled reply must fail at the batch's bound, not hang");
     assert!(
-        matches!(result, Err(FabricError::Disconnected(_))),
+        matches!(result, Err(FabricError::TimedOut(_))),
         "{result:?}"
     );
     assert!(took < bound + Duration::from_secs(2), "took {took:?}");
@@ -920,7 +920,7 @@ fn a_peer_that_stops_reading_fails_a_large_batch_within_its_bound() {
         .expect("a batch to a peer that stopped reading must fail, not hang");
     drop(release);
     assert!(
-        matches!(result, Err(FabricError::Disconnected(_))),
+        matches!(result, Err(FabricError::TimedOut(_))),
         "{result:?}"
     );
     // At most an eighth over the bound (see the client's `Deadline`), plus scheduling slack.

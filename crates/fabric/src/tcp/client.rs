@@ -33,9 +33,10 @@ pub const BATCH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The time bounds of a tcp endpoint: how long a silent peer can keep a caller waiting.
 ///
-/// After either runs out the caller gets an error (`Io`/`Protocol` while connecting,
-/// [`FabricError::Disconnected`] for a batch, whose outcome is then unknown) instead of
-/// waiting for TCP's own timeouts, which on a cut link take minutes.
+/// After either runs out the caller gets [`FabricError::TimedOut`] (for a batch: its outcome
+/// is then unknown, and the endpoint is dead) instead of waiting for TCP's own timeouts, which
+/// on a cut link take minutes. A server that restarted or died closes or refuses connections
+/// and gives `Disconnected` or `Io` at once instead: callers can tell "gone" from "silent".
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TcpTimeouts {
     /// Connecting and the handshake ([`CONNECT_TIMEOUT`] by default).
@@ -122,6 +123,9 @@ fn open(addr: impl ToSocketAddrs, timeout: Duration) -> Result<(TcpStream, Socke
         }
     }
     Err(match last {
+        Some((candidate, e)) if is_timeout(&e) => FabricError::TimedOut(format!(
+            "connect to {candidate}: no answer within {timeout:?} (link down or host gone?)"
+        )),
         Some((candidate, e)) => FabricError::io(format!("connect to {candidate}"), e),
         None => FabricError::Config("server address resolved to nothing".into()),
     })
@@ -267,10 +271,20 @@ impl TcpEndpoint {
     /// had failed landing seconds later, after its lock was gone. (Bytes already on the wire
     /// can still arrive; that window is the network's own delay.)
     fn fail(&mut self, why: String) -> FabricError {
+        self.give_up(why.clone());
+        FabricError::Disconnected(why)
+    }
+
+    /// [`TcpEndpoint::fail`] for a peer that did not answer within the batch's bound.
+    fn fail_timed_out(&mut self, why: String) -> FabricError {
+        self.give_up(why.clone());
+        FabricError::TimedOut(why)
+    }
+
+    fn give_up(&mut self, why: String) {
         abortive_close_on_drop(self.stream.get_ref());
         let _ = self.stream.get_ref().shutdown(Shutdown::Both);
-        self.broken = Some(why.clone());
-        FabricError::Disconnected(why)
+        self.broken = Some(why);
     }
 
     /// Refuses batches no server would accept, before sending them: the server would have to
@@ -439,16 +453,17 @@ impl Endpoint for TcpEndpoint {
         let mut io = Deadline::new(&mut self.stream, self.timeouts.batch);
         if let Err(e) = io.write_all(&self.tx) {
             drop(io);
-            let why = if is_timeout(&e) {
-                format!(
+            return Err(if is_timeout(&e) {
+                let why = format!(
                     "{} did not take the request within {:?} (link down or host frozen?); the \
                      batch's outcome is unknown",
                     self.peer, self.timeouts.batch
-                )
+                );
+                self.fail_timed_out(why)
             } else {
-                format!("sending a batch to {}: {e}", self.peer)
-            };
-            return Err(self.fail(why));
+                let why = format!("sending a batch to {}: {e}", self.peer);
+                self.fail(why)
+            });
         }
 
         // From here on the batch may have executed: any failure to read a trustworthy reply is
@@ -467,7 +482,7 @@ impl Endpoint for TcpEndpoint {
                      outcome is unknown",
                     self.peer, self.timeouts.batch
                 );
-                return Err(self.fail(why));
+                return Err(self.fail_timed_out(why));
             }
             Err(e) => {
                 let why = format!("reading the reply from {}: {e}", self.peer);
