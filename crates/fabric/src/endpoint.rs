@@ -96,7 +96,8 @@ pub trait Endpoint: Send {
     /// Executes `batch` and fills `out` with its results.
     ///
     /// On `Err`, no verb of the batch executed, except for [`FabricError::Disconnected`]
-    /// (crate::FabricError::Disconnected), after which the outcome is unknown.
+    /// (crate::FabricError::Disconnected) and [`FabricError::TimedOut`]
+    /// (crate::FabricError::TimedOut), after which the outcome is unknown.
     fn execute(&mut self, batch: &Batch, out: &mut Completions) -> Result<()>;
 
     /// The counters of everything this endpoint has executed.

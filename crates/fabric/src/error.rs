@@ -121,6 +121,12 @@ pub enum FabricError {
     /// The connection to the server is gone; the batch may or may not have executed.
     #[error("connection to server lost: {0}")]
     Disconnected(String),
+    /// The server did not answer within the endpoint's time bound (`tcp::TcpTimeouts`): a cut
+    /// link, a frozen or dead host — nothing closed the connection. Like `Disconnected`, the
+    /// batch may or may not have executed and the endpoint is dead; unlike it, the bound has
+    /// already been spent waiting, so an immediate retry on the same path is not worth it.
+    #[error("no answer from server in time: {0}")]
+    TimedOut(String),
     /// A backend-level configuration problem (bad path, region exists, ...).
     #[error("{0}")]
     Config(String),

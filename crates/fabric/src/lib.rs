@@ -46,5 +46,7 @@ pub use handshake::Credentials;
 pub use mem::MemServer;
 pub use region::{Region, RegionTable};
 pub use shm::{ShmConnector, ShmServer};
-pub use tcp::{TcpConnector, TcpEndpoint, TcpServer};
-pub use transport::{connect, serve, Backend, Backing, FabricAddr, FabricServer, ServeAt};
+pub use tcp::{TcpConnector, TcpEndpoint, TcpServer, TcpTimeouts};
+pub use transport::{
+    connect, connect_with, serve, Backend, Backing, FabricAddr, FabricServer, ServeAt,
+};

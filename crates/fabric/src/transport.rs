@@ -20,7 +20,7 @@ use crate::handshake::Credentials;
 use crate::mem::MemServer;
 use crate::region::Region;
 use crate::shm::{ShmConnector, ShmServer};
-use crate::tcp::{TcpConnector, TcpServer};
+use crate::tcp::{TcpConnector, TcpServer, TcpTimeouts};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::fmt;
@@ -255,18 +255,34 @@ pub fn serve(at: &ServeAt, credentials: &Credentials) -> Result<FabricServer> {
 /// Opens a connector to the server at `addr`, presenting `credentials` and client session
 /// `session` (0: none) where the backend authenticates; a tcp server can later fence the
 /// session ([`FabricServer::revoke`]).
+///
+/// tcp endpoints get the default time bounds ([`TcpTimeouts::DEFAULT`]); see [`connect_with`].
 pub fn connect(
     addr: &FabricAddr,
     credentials: &Credentials,
     session: u64,
 ) -> Result<Arc<dyn Connector>> {
+    connect_with(addr, credentials, session, TcpTimeouts::DEFAULT)
+}
+
+/// [`connect`] with the time bounds of a networked backend's endpoints: how long connecting
+/// and one batch may take before a silent server (a cut link, a frozen host) fails the call
+/// instead of blocking it. `mem` and `shm` verbs run on this host's CPU and cannot be kept
+/// waiting by a network, so they ignore `timeouts`.
+pub fn connect_with(
+    addr: &FabricAddr,
+    credentials: &Credentials,
+    session: u64,
+    timeouts: TcpTimeouts,
+) -> Result<Arc<dyn Connector>> {
     Ok(match addr {
         FabricAddr::Mem { name } => Arc::new(mem_registry::find(name)?),
         FabricAddr::Shm { dir } => Arc::new(ShmConnector::attach(dir.clone())?),
-        FabricAddr::Tcp { addr } => Arc::new(TcpConnector::connect_session(
+        FabricAddr::Tcp { addr } => Arc::new(TcpConnector::connect_with(
             addr.as_str(),
             credentials.clone(),
             session,
+            timeouts,
         )?),
     })
 }

@@ -717,3 +717,215 @@ fn revoked_session_is_fenced() {
     assert_eq!(other.read_u64(word).unwrap(), 3);
     assert_healthy(&server);
 }
+
+/// A one-connection tcp proxy in front of `upstream` whose link can be cut: once `cut` is set,
+/// bytes read from either side are dropped instead of forwarded, as on a network link that
+/// went down (both sockets stay open; nothing is ever answered or closed).
+fn cuttable_proxy(
+    upstream: std::net::SocketAddr,
+) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicBool>) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let cut = Arc::new(AtomicBool::new(false));
+    let flag = cut.clone();
+    std::thread::spawn(move || {
+        let Ok((client, _)) = listener.accept() else {
+            return;
+        };
+        let Ok(server) = TcpStream::connect(upstream) else {
+            return;
+        };
+        let pump = |mut from: TcpStream, mut to: TcpStream, cut: Arc<AtomicBool>| {
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 64 << 10];
+                loop {
+                    match from.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) if !cut.load(Ordering::SeqCst) => {
+                            if to.write_all(&buf[..n]).is_err() {
+                                return;
+                            }
+                        }
+                        Ok(_) => {} // the link is down: the bytes are lost
+                    }
+                }
+            })
+        };
+        let a = pump(
+            client.try_clone().unwrap(),
+            server.try_clone().unwrap(),
+            flag.clone(),
+        );
+        let b = pump(server, client, flag);
+        let _ = (a.join(), b.join());
+    });
+    (addr, cut)
+}
+
+/// A batch on a link that went silent fails with `TimedOut` within the endpoint's batch bound
+/// instead of blocking until TCP gives up (minutes), and the endpoint is then dead.
+#[test]
+fn a_silent_link_fails_a_batch_within_its_bound() {
+    use std::sync::atomic::Ordering;
+    let server = TcpServer::bind("127.0.0.1:0", creds()).unwrap();
+    server.register(R, REGION_LEN).unwrap();
+    let (proxy, cut) = cuttable_proxy(server.local_addr());
+    let bound = Duration::from_millis(300);
+    let timeouts = fabric::TcpTimeouts {
+        connect: Duration::from_secs(5),
+        batch: bound,
+    };
+    let mut ep = TcpEndpoint::connect_with(proxy, &creds(), 0, timeouts).unwrap();
+    assert_eq!(ep.timeouts(), timeouts);
+    ep.faa(addr(0), 1).unwrap();
+    cut.store(true, Ordering::SeqCst);
+    // Run the batch on a thread so that a regression (a read without a bound) fails this test
+    // instead of hanging it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let start = Instant::now();
+        let result = ep.faa(addr(0), 1);
+        let again = ep.faa(addr(0), 1);
+        let _ = tx.send((start.elapsed(), result, again));
+    });
+    let (took, result, again) = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("a batch on a cut link must fail within its bound, not hang");
+    match result {
+        Err(FabricError::TimedOut(why)) => {
+            assert!(why.contains("no reply"), "{why}");
+        }
+        other => panic!("expected TimedOut, got {other:?}"),
+    }
+    assert!(
+        took >= bound && took < bound + Duration::from_secs(2),
+        "failed after {took:?}, bound {bound:?}"
+    );
+    assert!(
+        matches!(again, Err(FabricError::Disconnected(_))),
+        "{again:?}"
+    );
+}
+
+/// A zero bound means the default, not "no time at all" (which sockets refuse).
+#[test]
+fn zero_time_bounds_mean_the_defaults() {
+    let (server, _connector) = setup();
+    let ep = TcpEndpoint::connect_with(
+        server.local_addr(),
+        &creds(),
+        0,
+        fabric::TcpTimeouts {
+            connect: Duration::ZERO,
+            batch: Duration::ZERO,
+        },
+    )
+    .unwrap();
+    assert_eq!(ep.timeouts(), fabric::TcpTimeouts::DEFAULT);
+}
+
+/// A server that trickles its reply a byte at a time, each byte within the socket timeout,
+/// still fails the batch at its bound: the bound is on the whole batch.
+#[test]
+fn a_trickling_reply_is_held_to_the_batch_bound() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let at = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut body = Vec::new();
+        frame::read_frame(&mut s, usize::MAX, &mut body).unwrap();
+        let welcome: HelloAnswer = Ok(wire::Welcome {
+            version: PROTOCOL_VERSION,
+            regions: vec![],
+        });
+        frame::write_frame(&mut s, &postcard::to_stdvec(&welcome).unwrap()).unwrap();
+        frame::read_frame(&mut s, usize::MAX, &mut body).unwrap();
+        // A header announcing a large reply, then one byte every 50 ms, forever.
+        let _ = s.write_all(&(1u32 << 20).to_le_bytes());
+        while s.write_all(&[0]).is_ok() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    });
+    let bound = Duration::from_millis(400);
+    let mut ep = TcpEndpoint::connect_with(
+        at,
+        &creds(),
+        0,
+        fabric::TcpTimeouts {
+            connect: Duration::from_secs(5),
+            batch: bound,
+        },
+    )
+    .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let start = Instant::now();
+        let result = ep.faa(addr(0), 1);
+        let _ = tx.send((start.elapsed(), result));
+    });
+    let (took, result) = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("a trickled reply must fail at the batch's bound, not hang");
+    assert!(
+        matches!(result, Err(FabricError::TimedOut(_))),
+        "{result:?}"
+    );
+    assert!(took < bound + Duration::from_secs(2), "took {took:?}");
+}
+
+/// A server that stops taking bytes (a cut link, a frozen host) fails a large batch within its
+/// bound even though the socket accepted part of the request: the bound is on the whole
+/// batch, not on each `write`.
+#[test]
+fn a_peer_that_stops_reading_fails_a_large_batch_within_its_bound() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let at = listener.local_addr().unwrap();
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut body = Vec::new();
+        frame::read_frame(&mut s, usize::MAX, &mut body).unwrap();
+        let welcome: HelloAnswer = Ok(wire::Welcome {
+            version: PROTOCOL_VERSION,
+            regions: vec![],
+        });
+        frame::write_frame(&mut s, &postcard::to_stdvec(&welcome).unwrap()).unwrap();
+        // Read nothing more, keeping the connection open until the test ends.
+        let _ = released.recv();
+    });
+    let bound = Duration::from_millis(400);
+    let mut ep = TcpEndpoint::connect_with(
+        at,
+        &creds(),
+        0,
+        fabric::TcpTimeouts {
+            connect: Duration::from_secs(5),
+            batch: bound,
+        },
+    )
+    .unwrap();
+    // 16 MiB: more than the socket buffers of both ends hold.
+    let mut batch = Batch::new();
+    batch.write(addr(0), &vec![7u8; MAX_IO_BYTES]);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let start = Instant::now();
+        let mut out = Completions::new();
+        let result = ep.execute(&batch, &mut out);
+        let _ = tx.send((start.elapsed(), result));
+    });
+    let (took, result) = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("a batch to a peer that stopped reading must fail, not hang");
+    drop(release);
+    assert!(
+        matches!(result, Err(FabricError::TimedOut(_))),
+        "{result:?}"
+    );
+    // At most an eighth over the bound (see the client's `Deadline`), plus scheduling slack.
+    assert!(
+        took >= bound && took < bound.mul_f64(1.125) + Duration::from_millis(250),
+        "took {took:?} for a bound of {bound:?}"
+    );
+}

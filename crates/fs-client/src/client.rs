@@ -52,6 +52,10 @@ pub struct MountOptions {
     pub scheme: LockScheme,
     /// This client's host name, for the meta server's logs.
     pub host: String,
+    /// How long connecting to a tcp fabric server and one batch of verbs may take before a
+    /// silent server (a cut link, a frozen host) fails the call with EIO instead of blocking
+    /// it ([`fabric::TcpTimeouts::DEFAULT`]: 5 s each).
+    pub fabric_timeouts: fabric::TcpTimeouts,
 }
 
 impl MountOptions {
@@ -72,6 +76,7 @@ impl MountOptions {
             token: token.into(),
             scheme: LockScheme::CITRON,
             host: hostname(),
+            fabric_timeouts: fabric::TcpTimeouts::DEFAULT,
         }
     }
 }

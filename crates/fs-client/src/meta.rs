@@ -24,8 +24,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// How long one call may wait for its answer before the connection is declared dead.
-const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long one call may wait for its answer before the connection is declared dead: the
+/// meta server's default session lease (10 s), since a session unanswered for that long is
+/// gone on the server anyway. The slowest legitimate call, a `Fence`, waits at most 3 s for
+/// the data servers; a cut link must not block a caller (and the heartbeat) for minutes.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long a call keeps trying to reach a meta server that is away (restarting) before it
 /// fails: long enough for a restart, short enough that nothing hangs.

@@ -144,5 +144,5 @@ fn connector_for(
     opts: &MountOptions,
     session: u64,
 ) -> Result<Arc<dyn Connector>, FabricError> {
-    fabric::connect(addr, &opts.credentials(), session)
+    fabric::connect_with(addr, &opts.credentials(), session, opts.fabric_timeouts)
 }

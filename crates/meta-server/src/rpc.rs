@@ -64,6 +64,13 @@ async fn recv<R: AsyncRead + Unpin, T: DeserializeOwned>(
     postcard::from_bytes(body).map_err(|e| format!("malformed message: {e}"))
 }
 
+/// How long a data server's registration connection may stay silent before the server is
+/// declared gone. A data server sends its next revocation poll as soon as the last is
+/// answered (at the latest a second after it was asked), so a live one is never silent for
+/// more than a round trip; 5 s is also the data server's own bound on each poll's answer,
+/// after which it registers again.
+pub const DATA_SERVER_SILENCE: Duration = Duration::from_secs(5);
+
 /// Accepts connections until `stop` turns true.
 pub(crate) async fn accept_loop(
     listener: TcpListener,
@@ -75,6 +82,9 @@ pub(crate) async fn accept_loop(
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
                     let _ = stream.set_nodelay(true);
+                    // A client or data server that vanishes (cut link, dead host) must not
+                    // keep its task and session for ever.
+                    fabric::tcp::watch_peer(&stream);
                     let service = service.clone();
                     let stop = stop.clone();
                     tokio::spawn(async move {
@@ -190,8 +200,24 @@ async fn connection(
             // The connection's life is the registration's: answer heartbeats until it closes.
             let result = loop {
                 tokio::select! {
-                    frame = recv::<_, RequestFrame>(&mut reader, &mut body) => match frame {
-                        Ok(frame) => {
+                    frame = tokio::time::timeout(
+                        DATA_SERVER_SILENCE,
+                        recv::<_, RequestFrame>(&mut reader, &mut body),
+                    ) => match frame {
+                        Err(_) => {
+                            // A cut link or a frozen host closes nothing: without this bound the
+                            // registration would stay live (and fences would wait on it) until
+                            // TCP gave up, minutes later.
+                            tracing::warn!(
+                                id,
+                                "data server silent for {DATA_SERVER_SILENCE:?}: declared gone"
+                            );
+                            break Err(format!(
+                                "data server {id} sent nothing for {DATA_SERVER_SILENCE:?}"
+                            ));
+                        }
+                        Ok(Err(why)) => break Err(why),
+                        Ok(Ok(frame)) => {
                             let result = match frame.request {
                                 proto::rpc::Request::Heartbeat => Ok(proto::rpc::Response::Ok),
                                 proto::rpc::Request::AwaitRevocations { known } => {
@@ -230,7 +256,6 @@ async fn connection(
                                 break Err(e.to_string());
                             }
                         }
-                        Err(why) => break Err(why),
                     },
                     _ = stop.changed() => break Ok(()),
                 }

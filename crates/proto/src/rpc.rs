@@ -397,6 +397,25 @@ pub fn recv<T: DeserializeOwned>(r: &mut impl Read) -> Result<T, RpcError> {
     Ok(postcard::from_bytes(&body)?)
 }
 
+/// Connects to the first address of `addr` that answers within `timeout` each: a cut link
+/// drops the SYN, and a plain `connect` would wait for the kernel's SYN retries (about two
+/// minutes) instead.
+fn connect_bounded(addr: impl ToSocketAddrs, timeout: Duration) -> std::io::Result<TcpStream> {
+    let mut last = None;
+    for candidate in addr.to_socket_addrs()? {
+        match TcpStream::connect_timeout(&candidate, timeout) {
+            Ok(stream) => return Ok(stream),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "the address resolved to nothing",
+        )
+    }))
+}
+
 /// A blocking connection to the meta server: one call at a time.
 pub struct Client {
     reader: BufReader<TcpStream>,
@@ -412,9 +431,10 @@ impl Client {
         credentials: &Credentials,
         role: Role,
     ) -> Result<Client, RpcError> {
-        let mut stream = TcpStream::connect(addr)?;
+        let mut stream = connect_bounded(addr, HANDSHAKE_TIMEOUT)?;
         stream.set_nodelay(true)?;
         stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+        stream.set_write_timeout(Some(HANDSHAKE_TIMEOUT))?;
         let hello = Hello::new(Protocol::Rpc, credentials, 0, role);
         let welcome: Welcome = handshake::client_handshake(&mut stream, &hello, MAX_FRAME)
             .map_err(|e| match e {
@@ -423,6 +443,7 @@ impl Client {
                 HandshakeError::Decode(e) => RpcError::Decode(e),
             })?;
         stream.set_read_timeout(None)?;
+        stream.set_write_timeout(None)?;
         let client = Client {
             reader: BufReader::new(stream.try_clone()?),
             writer: BufWriter::new(stream),
@@ -437,9 +458,11 @@ impl Client {
         &self.welcome
     }
 
-    /// Sets a timeout for each response (None: wait as long as it takes).
+    /// Sets a timeout for each response, and for sending each request (None: wait as long as
+    /// it takes). After a timeout the connection may be mid-frame: drop it.
     pub fn set_timeout(&self, timeout: Option<Duration>) -> Result<(), RpcError> {
         self.reader.get_ref().set_read_timeout(timeout)?;
+        self.writer.get_ref().set_write_timeout(timeout)?;
         Ok(())
     }
 

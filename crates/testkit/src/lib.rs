@@ -12,6 +12,9 @@
 //! - Test-only extras: [`Cluster::spawn_mount_process`] ([`ChildMount`], a second client
 //!   *process*: the test binary re-executed, running [`child_mount_main`]),
 //!   [`fuse_unavailable`] and [`skip_without_fuse!`], [`wait_until`], [`pattern`].
+//! - [`netns`]: several hosts on one machine (network namespaces on a private switch, links
+//!   that can be cut and healed), processes run on them, for tests of real network faults;
+//!   [`skip_without_netns!`] skips where namespaces cannot be made.
 //!
 //! Every server setting is made here once: a change to a server's configuration is a change to
 //! [`ClusterSpec`] and [`Cluster`], not to each suite.
@@ -22,6 +25,7 @@
 mod child;
 mod cluster;
 mod mount;
+pub mod netns;
 mod util;
 
 pub use child::{child_mount_main, ChildMount};

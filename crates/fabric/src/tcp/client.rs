@@ -9,15 +9,65 @@ use crate::endpoint::{Capabilities, Connector, Endpoint, EndpointStats, MaskedAt
 use crate::error::{BatchError, FabricError, Result};
 use crate::frame::{self, FrameError};
 use crate::handshake::{Credentials, Protocol};
-use std::io::{BufReader, ErrorKind, Write};
+use std::io::{BufReader, ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::{Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// How long connecting and the handshake may take before the server is declared unreachable.
-/// Batches themselves have no timeout: a batch may legitimately wait (a server under load), and a
-/// server that dies closes its sockets, which fails the batch at once.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long connecting and the handshake may take by default before the server is declared
+/// unreachable ([`TcpTimeouts::connect`]).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long one batch may take by default, from the first byte sent to the last byte of its
+/// reply, before the connection is given up ([`TcpTimeouts::batch`]).
+///
+/// A server that dies closes its sockets and fails a batch at once; this bound is for the
+/// silent failures — a cut link, a host that froze or lost power — where nothing is ever
+/// answered and a blocking read would otherwise wait for TCP to give up (about 15 minutes with
+/// Linux's default `tcp_retries2`). The server runs a batch as soon as it arrives (it never
+/// waits on a lock: waiting is the client's, in separate batches), so a live server answers
+/// within a round trip plus its scheduling delay. 5 s is more than twice the range locks'
+/// lease (`T_lease`, 2 s): a client whose batch took that long has lost its lock anyway, so
+/// the bound never fails an I/O that could still have succeeded.
+pub const BATCH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The time bounds of a tcp endpoint: how long a silent peer can keep a caller waiting.
+///
+/// After either runs out the caller gets [`FabricError::TimedOut`] (for a batch: its outcome
+/// is then unknown, and the endpoint is dead) instead of waiting for TCP's own timeouts, which
+/// on a cut link take minutes. A server that restarted or died closes or refuses connections
+/// and gives `Disconnected` or `Io` at once instead: callers can tell "gone" from "silent".
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TcpTimeouts {
+    /// Connecting and the handshake ([`CONNECT_TIMEOUT`] by default).
+    pub connect: Duration,
+    /// One batch: sending its request and reading its reply ([`BATCH_TIMEOUT`] by default).
+    pub batch: Duration,
+}
+
+impl TcpTimeouts {
+    /// The defaults: [`CONNECT_TIMEOUT`] and [`BATCH_TIMEOUT`].
+    pub const DEFAULT: TcpTimeouts = TcpTimeouts {
+        connect: CONNECT_TIMEOUT,
+        batch: BATCH_TIMEOUT,
+    };
+
+    /// These bounds with every zero duration replaced by its default: a zero socket timeout
+    /// is refused by the standard library, and "no time at all" is never meant.
+    fn or_default(self) -> TcpTimeouts {
+        let pick = |d: Duration, default| if d.is_zero() { default } else { d };
+        TcpTimeouts {
+            connect: pick(self.connect, CONNECT_TIMEOUT),
+            batch: pick(self.batch, BATCH_TIMEOUT),
+        }
+    }
+}
+
+impl Default for TcpTimeouts {
+    fn default() -> Self {
+        TcpTimeouts::DEFAULT
+    }
+}
 
 /// The capabilities of every `tcp` endpoint.
 pub const CAPABILITIES: Capabilities = Capabilities {
@@ -44,6 +94,8 @@ pub struct TcpEndpoint {
     rx: Vec<u8>,
     stats: EndpointStats,
     welcome: Welcome,
+    /// The time bounds this endpoint was opened with.
+    timeouts: TcpTimeouts,
     /// Why the connection was given up, once it has been.
     broken: Option<String>,
 }
@@ -58,19 +110,22 @@ impl std::fmt::Debug for TcpEndpoint {
     }
 }
 
-/// Opens a TCP connection to the first address of `addr` that answers.
-fn open(addr: impl ToSocketAddrs) -> Result<(TcpStream, SocketAddr)> {
+/// Opens a TCP connection to the first address of `addr` that answers within `timeout`.
+fn open(addr: impl ToSocketAddrs, timeout: Duration) -> Result<(TcpStream, SocketAddr)> {
     let addrs = addr
         .to_socket_addrs()
         .map_err(|e| FabricError::io("resolve server address", e))?;
     let mut last = None;
     for candidate in addrs {
-        match TcpStream::connect_timeout(&candidate, CONNECT_TIMEOUT) {
+        match TcpStream::connect_timeout(&candidate, timeout) {
             Ok(stream) => return Ok((stream, candidate)),
             Err(e) => last = Some((candidate, e)),
         }
     }
     Err(match last {
+        Some((candidate, e)) if is_timeout(&e) => FabricError::TimedOut(format!(
+            "connect to {candidate}: no answer within {timeout:?} (link down or host gone?)"
+        )),
         Some((candidate, e)) => FabricError::io(format!("connect to {candidate}"), e),
         None => FabricError::Config("server address resolved to nothing".into()),
     })
@@ -94,11 +149,27 @@ impl TcpEndpoint {
         credentials: &Credentials,
         session: u64,
     ) -> Result<Self> {
-        let (stream, peer) = open(addr)?;
+        Self::connect_with(addr, credentials, session, TcpTimeouts::DEFAULT)
+    }
+
+    /// [`TcpEndpoint::connect_session`] with the time bounds `timeouts` (a zero bound means
+    /// its default).
+    pub fn connect_with(
+        addr: impl ToSocketAddrs,
+        credentials: &Credentials,
+        session: u64,
+        timeouts: TcpTimeouts,
+    ) -> Result<Self> {
+        let timeouts = timeouts.or_default();
+        let connect_timeout = timeouts.connect;
+        let (stream, peer) = open(addr, connect_timeout)?;
         let setup = |e| FabricError::io(format!("configure connection to {peer}"), e);
         stream.set_nodelay(true).map_err(setup)?;
         stream
-            .set_read_timeout(Some(CONNECT_TIMEOUT))
+            .set_read_timeout(Some(connect_timeout))
+            .map_err(setup)?;
+        stream
+            .set_write_timeout(Some(connect_timeout))
             .map_err(setup)?;
 
         let mut tx = Vec::new();
@@ -120,7 +191,7 @@ impl TcpEndpoint {
                 if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) =>
             {
                 return Err(FabricError::Protocol(format!(
-                    "{peer} did not answer the handshake within {CONNECT_TIMEOUT:?}: \
+                    "{peer} did not answer the handshake within {connect_timeout:?}: \
                      is it a CitronFS tcp fabric server?"
                 )))
             }
@@ -150,8 +221,15 @@ impl TcpEndpoint {
                 welcome.version
             )));
         }
-        // From now on reads block for as long as a batch takes.
-        stream.get_ref().set_read_timeout(None).map_err(setup)?;
+        // From now on each socket operation of a batch is bounded by the batch's bound; the
+        // whole batch is held to it too (see `execute`).
+        let socket = stream.get_ref();
+        socket
+            .set_read_timeout(Some(timeouts.batch))
+            .map_err(setup)?;
+        socket
+            .set_write_timeout(Some(timeouts.batch))
+            .map_err(setup)?;
         Ok(Self {
             stream,
             peer,
@@ -159,6 +237,7 @@ impl TcpEndpoint {
             rx,
             stats: EndpointStats::default(),
             welcome,
+            timeouts,
             broken: None,
         })
     }
@@ -173,16 +252,39 @@ impl TcpEndpoint {
         &self.welcome.regions
     }
 
+    /// The time bounds of this endpoint.
+    pub fn timeouts(&self) -> TcpTimeouts {
+        self.timeouts
+    }
+
     /// Whether the connection has been given up (every batch now fails with `Disconnected`).
     pub fn is_broken(&self) -> bool {
         self.broken.is_some()
     }
 
     /// Gives the connection up: after this, the stream may be out of sync or gone.
+    ///
+    /// The close is made abortive (`SO_LINGER` 0): when the endpoint is dropped the kernel
+    /// discards whatever of the request it still holds and resets the connection, instead of
+    /// retransmitting it. On a cut link a timed-out batch sits in the send queue; without
+    /// this it would reach the server once the link came back — a write the caller was told
+    /// had failed landing seconds later, after its lock was gone. (Bytes already on the wire
+    /// can still arrive; that window is the network's own delay.)
     fn fail(&mut self, why: String) -> FabricError {
-        let _ = self.stream.get_ref().shutdown(Shutdown::Both);
-        self.broken = Some(why.clone());
+        self.give_up(why.clone());
         FabricError::Disconnected(why)
+    }
+
+    /// [`TcpEndpoint::fail`] for a peer that did not answer within the batch's bound.
+    fn fail_timed_out(&mut self, why: String) -> FabricError {
+        self.give_up(why.clone());
+        FabricError::TimedOut(why)
+    }
+
+    fn give_up(&mut self, why: String) {
+        abortive_close_on_drop(self.stream.get_ref());
+        let _ = self.stream.get_ref().shutdown(Shutdown::Both);
+        self.broken = Some(why);
     }
 
     /// Refuses batches no server would accept, before sending them: the server would have to
@@ -205,6 +307,134 @@ impl TcpEndpoint {
     }
 }
 
+/// Sets `SO_LINGER` to 0 on `stream`, so that closing it resets the connection and discards
+/// unsent data (see `TcpEndpoint::fail`). Best effort: a failure only loses that guarantee.
+fn abortive_close_on_drop(stream: &TcpStream) {
+    use std::os::fd::AsRawFd;
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: a valid socket descriptor owned by `stream`, and a pointer to a `linger` of the
+    // size given, which the kernel only reads.
+    let rc = unsafe {
+        libc::setsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        tracing::debug!(
+            "SO_LINGER on a failed connection: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
+/// Whether a socket error is a timeout (`SO_RCVTIMEO`/`SO_SNDTIMEO` ran out: Linux reports
+/// `EAGAIN`, i.e. `WouldBlock`) or our own deadline ran out (`TimedOut`).
+fn is_timeout(e: &std::io::Error) -> bool {
+    matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut)
+}
+
+/// One batch's socket I/O, held to the batch's deadline as a whole.
+///
+/// The socket's own timeouts (`SO_SNDTIMEO`/`SO_RCVTIMEO`, set to the batch bound) limit each
+/// `write` or `read` call, not the batch: a peer that takes a few bytes at a time, or trickles
+/// its reply, could stretch a batch over many calls. So before each call the time left is
+/// checked (`TimedOut` once it is gone), and when less than 7/8 of the bound is left the
+/// socket's timeout is narrowed to it, so that no call overshoots the deadline by more than an
+/// eighth of the bound. A batch on a healthy link is done long before that and never pays the
+/// extra system call. Dropping it restores the socket's timeouts if they were narrowed.
+///
+/// Past the deadline, what has already arrived is still taken, for an eighth of the bound
+/// more, with calls that wait at most a millisecond: a process stopped (SIGSTOP, a frozen VM)
+/// through its deadline finds its reply waiting when it resumes, and that reply is good.
+struct Deadline<'a> {
+    stream: &'a mut BufReader<TcpStream>,
+    deadline: Instant,
+    bound: Duration,
+    narrowed: bool,
+    /// When taking what has already arrived after the deadline stops (set at the first call
+    /// past the deadline).
+    grace_end: Option<Instant>,
+}
+
+impl<'a> Deadline<'a> {
+    fn new(stream: &'a mut BufReader<TcpStream>, bound: Duration) -> Self {
+        Deadline {
+            stream,
+            deadline: Instant::now() + bound,
+            bound,
+            narrowed: false,
+            grace_end: None,
+        }
+    }
+
+    /// Fails once the deadline (and the grace after it) has passed; narrows the socket's
+    /// timeouts when needed.
+    fn before_call(&mut self) -> std::io::Result<()> {
+        let now = Instant::now();
+        let left = self.deadline.saturating_duration_since(now);
+        if left.is_zero() {
+            let grace_end = *self.grace_end.get_or_insert(now + self.bound / 8);
+            if now >= grace_end {
+                return Err(std::io::Error::new(
+                    ErrorKind::TimedOut,
+                    "the batch's time bound ran out",
+                ));
+            }
+            // Only what is already here: a call that would wait fails (as a timeout) at once.
+            let socket = self.stream.get_ref();
+            socket.set_read_timeout(Some(Duration::from_millis(1)))?;
+            socket.set_write_timeout(Some(Duration::from_millis(1)))?;
+            self.narrowed = true;
+            return Ok(());
+        }
+        if left < self.bound.mul_f64(0.875) {
+            let socket = self.stream.get_ref();
+            socket.set_read_timeout(Some(left))?;
+            socket.set_write_timeout(Some(left))?;
+            self.narrowed = true;
+        }
+        Ok(())
+    }
+
+    /// Writes all of `buf` to the socket (unbuffered: one `write` per batch when it fits).
+    fn write_all(&mut self, mut buf: &[u8]) -> std::io::Result<()> {
+        while !buf.is_empty() {
+            self.before_call()?;
+            match self.stream.get_ref().write(buf) {
+                Ok(0) => return Err(ErrorKind::WriteZero.into()),
+                Ok(n) => buf = &buf[n..],
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Read for Deadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.before_call()?;
+        self.stream.read(buf)
+    }
+}
+
+impl Drop for Deadline<'_> {
+    fn drop(&mut self) {
+        if self.narrowed {
+            let socket = self.stream.get_ref();
+            let _ = socket.set_read_timeout(Some(self.bound));
+            let _ = socket.set_write_timeout(Some(self.bound));
+        }
+    }
+}
+
 impl Endpoint for TcpEndpoint {
     fn execute(&mut self, batch: &Batch, out: &mut Completions) -> Result<()> {
         if let Some(why) = &self.broken {
@@ -218,18 +448,41 @@ impl Endpoint for TcpEndpoint {
         begin_frame(&mut self.tx);
         wire::encode_batch(&mut self.tx, batch);
         seal_frame(&mut self.tx);
-        if let Err(e) = self.stream.get_ref().write_all(&self.tx) {
-            let why = format!("sending a batch to {}: {e}", self.peer);
-            return Err(self.fail(why));
+        // The socket timeouts bound each `write` and `read` call; `Deadline` holds the batch
+        // as a whole to its bound too, however the bytes trickle (see its docs).
+        let mut io = Deadline::new(&mut self.stream, self.timeouts.batch);
+        if let Err(e) = io.write_all(&self.tx) {
+            drop(io);
+            return Err(if is_timeout(&e) {
+                let why = format!(
+                    "{} did not take the request within {:?} (link down or host frozen?); the \
+                     batch's outcome is unknown",
+                    self.peer, self.timeouts.batch
+                );
+                self.fail_timed_out(why)
+            } else {
+                let why = format!("sending a batch to {}: {e}", self.peer);
+                self.fail(why)
+            });
         }
 
         // From here on the batch may have executed: any failure to read a trustworthy reply is
         // `Disconnected` (outcome unknown), as the `Endpoint` contract requires.
-        match frame::read_frame(&mut self.stream, MAX_REPLY_FRAME, &mut self.rx) {
+        let read = frame::read_frame(&mut io, MAX_REPLY_FRAME, &mut self.rx);
+        drop(io);
+        match read {
             Ok(()) => {}
             Err(FrameError::Io(e)) if e.kind() == ErrorKind::UnexpectedEof => {
                 let why = format!("{} closed the connection", self.peer);
                 return Err(self.fail(why));
+            }
+            Err(FrameError::Io(e)) if is_timeout(&e) => {
+                let why = format!(
+                    "no reply from {} within {:?} (link down or host frozen?); the batch's \
+                     outcome is unknown",
+                    self.peer, self.timeouts.batch
+                );
+                return Err(self.fail_timed_out(why));
             }
             Err(e) => {
                 let why = format!("reading the reply from {}: {e}", self.peer);
@@ -289,6 +542,7 @@ pub struct TcpConnector {
     addr: SocketAddr,
     credentials: Credentials,
     session: u64,
+    timeouts: TcpTimeouts,
     regions: Vec<RegionInfo>,
     spare: Mutex<Option<TcpEndpoint>>,
 }
@@ -300,6 +554,7 @@ impl std::fmt::Debug for TcpConnector {
             .field("addr", &self.addr)
             .field("credentials", &self.credentials)
             .field("session", &self.session)
+            .field("timeouts", &self.timeouts)
             .finish()
     }
 }
@@ -319,11 +574,22 @@ impl TcpConnector {
         credentials: Credentials,
         session: u64,
     ) -> Result<Self> {
-        let first = TcpEndpoint::connect_session(addr, &credentials, session)?;
+        Self::connect_with(addr, credentials, session, TcpTimeouts::DEFAULT)
+    }
+
+    /// [`TcpConnector::connect_session`] whose endpoints have the time bounds `timeouts`.
+    pub fn connect_with(
+        addr: impl ToSocketAddrs,
+        credentials: Credentials,
+        session: u64,
+        timeouts: TcpTimeouts,
+    ) -> Result<Self> {
+        let first = TcpEndpoint::connect_with(addr, &credentials, session, timeouts)?;
         Ok(Self {
             addr: first.peer_addr(),
             credentials,
             session,
+            timeouts: first.timeouts(),
             regions: first.regions().to_vec(),
             spare: Mutex::new(Some(first)),
         })
@@ -338,7 +604,9 @@ impl TcpConnector {
             .take();
         match spare {
             Some(endpoint) => Ok(endpoint),
-            None => TcpEndpoint::connect_session(self.addr, &self.credentials, self.session),
+            None => {
+                TcpEndpoint::connect_with(self.addr, &self.credentials, self.session, self.timeouts)
+            }
         }
     }
 

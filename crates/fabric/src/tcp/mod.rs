@@ -21,14 +21,74 @@ mod server;
 pub mod wire;
 
 pub use crate::handshake::HANDSHAKE_TIMEOUT;
-pub use client::{TcpConnector, TcpEndpoint, CAPABILITIES, CONNECT_TIMEOUT};
+pub use client::{
+    TcpConnector, TcpEndpoint, TcpTimeouts, BATCH_TIMEOUT, CAPABILITIES, CONNECT_TIMEOUT,
+};
 pub use server::TcpServer;
 pub use wire::RegionInfo;
+
+/// How long a server keeps a connection whose peer has stopped answering: a cut link or a
+/// host that died closes nothing, and without this a server thread (or task) would wait on it
+/// forever — for the next request of an idle connection, or to send a reply that is never
+/// acknowledged. See [`watch_peer`].
+pub const DEAD_PEER_AFTER: Duration = Duration::from_secs(10);
+
+/// Makes the kernel drop connection `socket` once its peer has not answered for about
+/// [`DEAD_PEER_AFTER`]: TCP keepalive probes an idle connection after half of it, once a
+/// second, and `TCP_USER_TIMEOUT` aborts a connection whose data (or probes) went
+/// unacknowledged that long. A live peer's kernel answers the probes, however idle its
+/// program is, so only a dead or unreachable peer is dropped. The blocked read or write then
+/// fails, and the server's connection ends. Best effort: a failure is logged at debug.
+pub fn watch_peer(socket: &impl AsRawFd) {
+    let fd = socket.as_raw_fd();
+    let secs = |d: Duration| d.as_secs().max(1) as libc::c_int;
+    let options: [(libc::c_int, libc::c_int, libc::c_int); 5] = [
+        (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
+        (
+            libc::IPPROTO_TCP,
+            libc::TCP_KEEPIDLE,
+            secs(DEAD_PEER_AFTER / 2),
+        ),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 1),
+        (
+            libc::IPPROTO_TCP,
+            libc::TCP_KEEPCNT,
+            secs(DEAD_PEER_AFTER / 2),
+        ),
+        (
+            libc::IPPROTO_TCP,
+            libc::TCP_USER_TIMEOUT,
+            DEAD_PEER_AFTER.as_millis() as libc::c_int,
+        ),
+    ];
+    for (level, name, value) in options {
+        // SAFETY: `fd` is a socket owned by `socket`, alive for this call; the value is a
+        // `c_int` of the size given, which the kernel only reads.
+        let rc = unsafe {
+            libc::setsockopt(
+                fd,
+                level,
+                name,
+                (&value as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            tracing::debug!(
+                name,
+                "setsockopt for dead-peer detection: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+}
 
 use crate::addr::RegionId;
 use crate::region::Region;
 use server::{serve, Next, Session, Shared};
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Runs the server's handling of untrusted bytes on `data`, for fuzzing; panics only on a bug.
 ///

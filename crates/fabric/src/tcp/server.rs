@@ -338,6 +338,8 @@ fn run_connection(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
     if let Err(e) = stream.set_nodelay(true) {
         tracing::debug!(%peer, "set_nodelay: {e}");
     }
+    // A peer that vanishes (cut link, dead host) must not hold a thread for ever.
+    super::watch_peer(&stream);
     // An unauthenticated peer may not hold a thread for long.
     if let Err(e) = stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT)) {
         tracing::debug!(%peer, "set_read_timeout: {e}");

@@ -315,6 +315,14 @@ pub struct MountArgs {
     /// Let other users use the mount.
     #[arg(long)]
     allow_other: Option<bool>,
+    /// Milliseconds connecting to a tcp fabric server may take before it is declared
+    /// unreachable.
+    #[arg(long)]
+    connect_timeout_ms: Option<u64>,
+    /// Milliseconds one batch of verbs to a tcp fabric server may take before the call fails
+    /// with EIO (a cut link or a frozen host).
+    #[arg(long)]
+    batch_timeout_ms: Option<u64>,
 }
 
 impl RoleArgs for MountArgs {
@@ -341,6 +349,10 @@ pub struct MountConfig {
     pub scheme: LockScheme,
     /// Let other users use the mount.
     pub allow_other: bool,
+    /// Milliseconds a tcp fabric connect may take (`fabric::tcp::CONNECT_TIMEOUT`).
+    pub connect_timeout_ms: u64,
+    /// Milliseconds one tcp batch may take (`fabric::tcp::BATCH_TIMEOUT`).
+    pub batch_timeout_ms: u64,
 }
 
 impl Default for MountConfig {
@@ -352,6 +364,8 @@ impl Default for MountConfig {
             meta: DEFAULT_META_ADDR.to_string(),
             scheme: LockScheme::CITRON,
             allow_other: false,
+            connect_timeout_ms: fabric::tcp::CONNECT_TIMEOUT.as_millis() as u64,
+            batch_timeout_ms: fabric::tcp::BATCH_TIMEOUT.as_millis() as u64,
         }
     }
 }
@@ -366,6 +380,10 @@ pub fn mount(args: MountArgs) -> Result<()> {
         require_token(settings.token)?,
     );
     options.scheme = settings.scheme;
+    options.fabric_timeouts = fabric::TcpTimeouts {
+        connect: Duration::from_millis(settings.connect_timeout_ms),
+        batch: Duration::from_millis(settings.batch_timeout_ms),
+    };
     let fs =
         CitronFs::connect(options).map_err(|e| anyhow::anyhow!("cannot reach the cluster: {e}"))?;
     let fuse = fs_client::fuse::FuseOptions {
