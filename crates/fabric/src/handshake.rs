@@ -58,7 +58,8 @@ impl Protocol {
             // 3: the shared hello (protocol field, role).
             Protocol::Verbs => 3,
             // 2: the shared hello; `Open` carries a `lockmgr::LockScheme`, `OpenFile` a `LockRef`.
-            Protocol::Rpc => 2,
+            // 3: `FsError` answers `Busy`, `TooManyOpen`, `TooManySessions`.
+            Protocol::Rpc => 3,
             // 1: the first version with a handshake.
             Protocol::LockServer => 1,
         }
@@ -224,6 +225,208 @@ pub enum Refusal {
     /// failed, the meta server is shutting down, …).
     #[error("{0}")]
     Rejected(String),
+    /// A limit of the server was reached: the peer is refused before anything of it is read,
+    /// and may try again later.
+    #[error("{} (limit {} = {value}); try again later", .limit.describe(), .limit.setting())]
+    Limit {
+        /// Which limit.
+        limit: Limit,
+        /// Its value on this server.
+        value: u64,
+    },
+}
+
+/// A limit a server puts on its peers, named as its setting is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Limit {
+    /// Concurrent connections from one IP address.
+    ConnectionsPerPeer,
+    /// Connections, from all peers together, that have not completed the handshake.
+    PendingHandshakes,
+    /// Client sessions of a meta server.
+    Sessions,
+}
+
+impl Limit {
+    /// The name of the setting that sets this limit (in config files and, with dashes, flags).
+    pub const fn setting(self) -> &'static str {
+        match self {
+            Limit::ConnectionsPerPeer => "max_connections_per_peer",
+            Limit::PendingHandshakes => "max_pending_handshakes",
+            Limit::Sessions => "max_sessions",
+        }
+    }
+
+    /// What was exceeded, for messages.
+    pub const fn describe(self) -> &'static str {
+        match self {
+            Limit::ConnectionsPerPeer => "too many connections from this address",
+            Limit::PendingHandshakes => "too many connections waiting for their handshake",
+            Limit::Sessions => "too many client sessions",
+        }
+    }
+}
+
+/// Limits on the connections a TCP server of CitronFS takes: every server (the tcp fabric,
+/// the meta server's RPC port, the lock server) checks them when it accepts a connection,
+/// before it reads a byte, with an [`Admission`].
+///
+/// Why both: a single hostile address cannot take every slot ([`max_per_peer`]), and many
+/// addresses together cannot hold more than a bounded number of unauthenticated connections —
+/// each of which may make the server buffer up to [`MAX_HELLO_FRAME`] — at once
+/// ([`max_pending`]). Authenticated connections are not bounded in total: they hold the
+/// cluster's token.
+///
+/// [`max_per_peer`]: ConnectionLimits::max_per_peer
+/// [`max_pending`]: ConnectionLimits::max_pending
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConnectionLimits {
+    /// Concurrent connections (authenticated or not) from one IP address. Every thread of a
+    /// client has its own fabric connection, so clients on one host need many.
+    pub max_per_peer: usize,
+    /// Connections from all peers that have not completed the handshake yet.
+    pub max_pending: usize,
+}
+
+impl ConnectionLimits {
+    /// Default of [`ConnectionLimits::max_per_peer`].
+    pub const DEFAULT_MAX_PER_PEER: usize = 1024;
+    /// Default of [`ConnectionLimits::max_pending`]: a handshake takes a round trip, so even a
+    /// cluster whose clients all start at once rarely has more than a few dozen pending.
+    pub const DEFAULT_MAX_PENDING: usize = 256;
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        Self {
+            max_per_peer: Self::DEFAULT_MAX_PER_PEER,
+            max_pending: Self::DEFAULT_MAX_PENDING,
+        }
+    }
+}
+
+/// The connections a server holds, counted against its [`ConnectionLimits`].
+///
+/// Invariant: `per_peer[ip]` is the number of live [`Admitted`] of `ip` (absent when 0) and
+/// `pending` the number of those not yet [`Admitted::authenticated`]; both are changed only
+/// under the mutex, by `admit` and by an `Admitted`'s methods and drop.
+#[derive(Debug)]
+pub struct Admission {
+    limits: ConnectionLimits,
+    counts: std::sync::Mutex<Counts>,
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    per_peer: std::collections::HashMap<std::net::IpAddr, usize>,
+    pending: usize,
+}
+
+impl Admission {
+    /// Counts connections against `limits`.
+    pub fn new(limits: ConnectionLimits) -> std::sync::Arc<Self> {
+        std::sync::Arc::new(Self {
+            limits,
+            counts: std::sync::Mutex::new(Counts::default()),
+        })
+    }
+
+    /// The limits counted against.
+    pub fn limits(&self) -> ConnectionLimits {
+        self.limits
+    }
+
+    fn counts(&self) -> std::sync::MutexGuard<'_, Counts> {
+        // Every critical section leaves the counts consistent; a panic elsewhere must not stop
+        // the server from accepting.
+        self.counts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Admits a new connection from `peer` as pending its handshake, or says which limit it
+    /// would exceed. The connection counts until the returned guard is dropped.
+    pub fn admit(self: &std::sync::Arc<Self>, peer: std::net::IpAddr) -> Result<Admitted, Refusal> {
+        let mut counts = self.counts();
+        let from_peer = counts.per_peer.get(&peer).copied().unwrap_or(0);
+        if from_peer >= self.limits.max_per_peer {
+            return Err(Refusal::Limit {
+                limit: Limit::ConnectionsPerPeer,
+                value: self.limits.max_per_peer as u64,
+            });
+        }
+        if counts.pending >= self.limits.max_pending {
+            return Err(Refusal::Limit {
+                limit: Limit::PendingHandshakes,
+                value: self.limits.max_pending as u64,
+            });
+        }
+        *counts.per_peer.entry(peer).or_insert(0) += 1;
+        counts.pending += 1;
+        Ok(Admitted {
+            admission: self.clone(),
+            peer,
+            pending: true,
+        })
+    }
+
+    /// Connections counted now: (from `peer`, pending in total).
+    pub fn counts_for(&self, peer: std::net::IpAddr) -> (usize, usize) {
+        let counts = self.counts();
+        (
+            counts.per_peer.get(&peer).copied().unwrap_or(0),
+            counts.pending,
+        )
+    }
+}
+
+/// One admitted connection: counted by its [`Admission`] until dropped.
+#[derive(Debug)]
+pub struct Admitted {
+    admission: std::sync::Arc<Admission>,
+    peer: std::net::IpAddr,
+    pending: bool,
+}
+
+impl Admitted {
+    /// The peer passed the handshake: it no longer counts as pending.
+    pub fn authenticated(&mut self) {
+        if std::mem::take(&mut self.pending) {
+            self.admission.counts().pending -= 1;
+        }
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let mut counts = self.admission.counts();
+        if self.pending {
+            counts.pending -= 1;
+        }
+        if let Some(n) = counts.per_peer.get_mut(&self.peer) {
+            *n -= 1;
+            if *n == 0 {
+                counts.per_peer.remove(&self.peer);
+            }
+        }
+    }
+}
+
+/// Answers a connection refused at accept time ([`Admission::admit`]) with `refusal` as the
+/// answer to the hello it has not sent yet, then closes it. The answer is a few dozen bytes,
+/// so the write lands in an empty socket buffer and does not block; the write timeout guards
+/// the case where it would. The peer's hello is never read, so the close may reset the
+/// connection after the refusal; clients read the refusal first either way on Linux.
+///
+/// Every protocol's answer is a postcard `Result<Welcome, Refusal>`, and the encoding of an
+/// `Err` does not depend on the welcome type, so one function serves them all.
+pub fn refuse_at_accept(stream: &std::net::TcpStream, refusal: &Refusal) {
+    let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
+    if let Ok(bytes) = refusal_answer(refusal) {
+        let mut w = stream;
+        let _ = write_frame(&mut w, &bytes);
+    }
+    let _ = stream.shutdown(std::net::Shutdown::Write);
 }
 
 /// Decodes and checks the hello in `body` for a server of `protocol` belonging to
@@ -278,6 +481,11 @@ pub fn accept<R: DeserializeOwned>(
         });
     }
     Ok(hello)
+}
+
+/// The encoded answer (a frame body) that refuses a hello with `refusal`, in every protocol.
+pub fn refusal_answer(refusal: &Refusal) -> Result<Vec<u8>, postcard::Error> {
+    postcard::to_stdvec::<Result<(), Refusal>>(&Err(refusal.clone()))
 }
 
 /// Why a client's handshake failed.

@@ -8,7 +8,9 @@
 
 use crate::service::Service;
 use fabric::frame::{check_body, header_for, parse_header, FrameError, HEADER_LEN};
-use fabric::handshake::{self, Protocol, Refusal, HANDSHAKE_TIMEOUT, MAX_HELLO_FRAME};
+use fabric::handshake::{
+    self, Admission, Admitted, Limit, Protocol, Refusal, HANDSHAKE_TIMEOUT, MAX_HELLO_FRAME,
+};
 use proto::rpc::{HelloAnswer, RequestFrame, ResponseFrame, Role, Welcome, MAX_FRAME};
 use proto::FsError;
 use serde::de::DeserializeOwned;
@@ -68,15 +70,26 @@ pub(crate) async fn accept_loop(
     service: Arc<Service>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let admission = Admission::new(service.settings.connection_limits);
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
                     let _ = stream.set_nodelay(true);
+                    // Counted before a byte is read: beyond the limits a peer gets a refusal
+                    // naming the limit and costs no buffer.
+                    let admitted = match admission.admit(peer.ip()) {
+                        Ok(admitted) => admitted,
+                        Err(refusal) => {
+                            tracing::warn!(%peer, %refusal, "refused a connection");
+                            tokio::spawn(refuse(stream, refusal));
+                            continue;
+                        }
+                    };
                     let service = service.clone();
                     let stop = stop.clone();
                     tokio::spawn(async move {
-                        if let Err(why) = connection(stream, service, stop).await {
+                        if let Err(why) = connection(stream, service, stop, admitted).await {
                             tracing::debug!(%peer, why, "connection closed");
                         }
                     });
@@ -89,6 +102,28 @@ pub(crate) async fn accept_loop(
             _ = stop.changed() => break,
         }
     }
+}
+
+/// Answers a connection refused at accept time with `refusal` and closes it. The peer's hello
+/// is read and discarded for a moment first (at most [`MAX_HELLO_FRAME`] bytes, half a second),
+/// so that the close does not reset the connection before the refusal arrives.
+async fn refuse(stream: TcpStream, refusal: Refusal) {
+    let (mut r, mut w) = stream.into_split();
+    if send(&mut w, &HelloAnswer::Err(refusal)).await.is_err() {
+        return;
+    }
+    let _ = w.shutdown().await;
+    let mut sink = [0u8; 4096];
+    let mut left = MAX_HELLO_FRAME;
+    let _ = tokio::time::timeout(Duration::from_millis(500), async {
+        while left > 0 {
+            match r.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    })
+    .await;
 }
 
 /// Runs `f` on the blocking pool.
@@ -104,6 +139,7 @@ async fn connection(
     stream: TcpStream,
     service: Arc<Service>,
     mut stop: watch::Receiver<bool>,
+    mut admitted: Admitted,
 ) -> Result<(), String> {
     let (r, w) = stream.into_split();
     let mut reader = BufReader::new(r);
@@ -132,15 +168,24 @@ async fn connection(
             return Err(refusal.to_string());
         }
     };
+    admitted.authenticated();
     match hello.role {
         Role::Client { host, pid } => {
             let svc = service.clone();
             let info = match blocking(move || svc.open_session()).await {
                 Ok(info) => info,
                 Err(e) => {
-                    let refusal = Refusal::Rejected(e.to_string());
+                    let refusal = match e {
+                        FsError::TooManySessions { limit } => Refusal::Limit {
+                            limit: Limit::Sessions,
+                            value: limit,
+                        },
+                        e => Refusal::Rejected(e.to_string()),
+                    };
+                    tracing::warn!(host, pid, %refusal, "refused a client session");
+                    let why = refusal.to_string();
                     let _ = send(&mut writer, &HelloAnswer::Err(refusal)).await;
-                    return Err(e.to_string());
+                    return Err(why);
                 }
             };
             let session = info.session;

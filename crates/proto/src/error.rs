@@ -55,6 +55,22 @@ pub enum FsError {
     /// The cluster refused this client (wrong cluster id or token, or protocol version).
     #[error("refused by the cluster: {0}")]
     Refused(String),
+    /// The object is in use by the system in a way that forbids the call (`rename` from or
+    /// onto `.` or `..`, as Linux answers).
+    #[error("device or resource busy")]
+    Busy,
+    /// The session has as many files open as the meta server allows (EMFILE).
+    #[error("too many open files in this session (limit max_open_per_session = {limit})")]
+    TooManyOpen {
+        /// The meta server's limit.
+        limit: u64,
+    },
+    /// The meta server has as many client sessions as it allows.
+    #[error("too many client sessions (limit max_sessions = {limit}); try again later")]
+    TooManySessions {
+        /// The meta server's limit.
+        limit: u64,
+    },
 }
 
 impl FsError {
@@ -76,6 +92,9 @@ impl FsError {
             FsError::Stale => libc::ESTALE,
             FsError::NotSupported => libc::EOPNOTSUPP,
             FsError::Io(_) | FsError::Refused(_) => libc::EIO,
+            FsError::Busy => libc::EBUSY,
+            FsError::TooManyOpen { .. } => libc::EMFILE,
+            FsError::TooManySessions { .. } => libc::EUSERS,
         }
     }
 }
@@ -91,9 +110,11 @@ pub fn kind_from_errno(errno: i32) -> std::io::ErrorKind {
 impl From<FsError> for std::io::Error {
     fn from(e: FsError) -> Self {
         match e {
-            FsError::Invalid(_) | FsError::Io(_) | FsError::Refused(_) => {
-                std::io::Error::new(kind_from_errno(e.errno()), e)
-            }
+            FsError::Invalid(_)
+            | FsError::Io(_)
+            | FsError::Refused(_)
+            | FsError::TooManyOpen { .. }
+            | FsError::TooManySessions { .. } => std::io::Error::new(kind_from_errno(e.errno()), e),
             FsError::NotFound
             | FsError::Exists
             | FsError::NotEmpty
@@ -106,7 +127,8 @@ impl From<FsError> for std::io::Error {
             | FsError::NoAttr
             | FsError::Range
             | FsError::Stale
-            | FsError::NotSupported => std::io::Error::from_raw_os_error(e.errno()),
+            | FsError::NotSupported
+            | FsError::Busy => std::io::Error::from_raw_os_error(e.errno()),
         }
     }
 }

@@ -12,7 +12,9 @@ use crate::addr::RegionId;
 use crate::batch::{Batch, Completions, Verb};
 use crate::error::{FabricError, Result, VerbError};
 use crate::frame::{self, FrameError};
-use crate::handshake::{self, Credentials, Protocol, HANDSHAKE_TIMEOUT};
+use crate::handshake::{
+    self, Admission, Admitted, ConnectionLimits, Credentials, Protocol, HANDSHAKE_TIMEOUT,
+};
 use crate::region::{Region, RegionTable};
 use std::collections::{HashMap, HashSet};
 use std::io::{BufReader, Read, Write};
@@ -333,7 +335,12 @@ pub(crate) fn serve<R: Read, W: Write>(
 }
 
 /// One accepted connection, from its thread's point of view.
-fn run_connection(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
+fn run_connection(
+    shared: Arc<Shared>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    mut admitted: Admitted,
+) {
     // Small frames must leave at once: Nagle would hold a reply back for the peer's delayed ACK.
     if let Err(e) = stream.set_nodelay(true) {
         tracing::debug!(%peer, "set_nodelay: {e}");
@@ -346,6 +353,7 @@ fn run_connection(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
     let mut reader = BufReader::with_capacity(64 << 10, &stream);
     let mut writer = &stream;
     let server_closed = serve(&mut session, &mut reader, &mut writer, || {
+        admitted.authenticated();
         // A batch may legitimately wait for a long time between batches.
         if let Err(e) = stream.set_read_timeout(None) {
             tracing::debug!(%peer, "clear read timeout: {e}");
@@ -407,6 +415,7 @@ pub struct TcpServer {
     stopping: Arc<AtomicBool>,
     accept: Mutex<Option<JoinHandle<()>>>,
     connections: Arc<Mutex<Connections>>,
+    admission: Arc<Admission>,
 }
 
 impl std::fmt::Debug for TcpServer {
@@ -422,6 +431,17 @@ impl TcpServer {
     /// Binds `addr` (use port 0 for any free port, then [`TcpServer::local_addr`]) and starts
     /// accepting connections that present `credentials`. The server starts with no regions.
     pub fn bind(addr: impl ToSocketAddrs, credentials: Credentials) -> Result<Self> {
+        Self::bind_with_limits(addr, credentials, ConnectionLimits::default())
+    }
+
+    /// [`TcpServer::bind`] with the given limits on connections instead of the defaults: a
+    /// connection beyond them is refused ([`Refusal::Limit`](crate::handshake::Refusal::Limit))
+    /// before any of its bytes are read.
+    pub fn bind_with_limits(
+        addr: impl ToSocketAddrs,
+        credentials: Credentials,
+        limits: ConnectionLimits,
+    ) -> Result<Self> {
         let listener = TcpListener::bind(addr).map_err(|e| FabricError::io("bind", e))?;
         let local_addr = listener
             .local_addr()
@@ -432,12 +452,19 @@ impl TcpServer {
         let shared = Arc::new(Shared::new(credentials));
         let stopping = Arc::new(AtomicBool::new(false));
         let connections = Arc::new(Mutex::new(Connections::default()));
+        let admission = Admission::new(limits);
         let accept = {
-            let (shared, stopping, connections) =
-                (shared.clone(), stopping.clone(), connections.clone());
+            let (shared, stopping, connections, admission) = (
+                shared.clone(),
+                stopping.clone(),
+                connections.clone(),
+                admission.clone(),
+            );
             thread::Builder::new()
                 .name(format!("fabric-tcp-accept-{}", local_addr.port()))
-                .spawn(move || accept_loop(accept_listener, shared, stopping, connections))
+                .spawn(move || {
+                    accept_loop(accept_listener, shared, stopping, connections, admission)
+                })
                 .map_err(|e| FabricError::io("spawn accept thread", e))?
         };
         tracing::debug!(%local_addr, "fabric tcp server listening");
@@ -448,6 +475,7 @@ impl TcpServer {
             stopping,
             accept: Mutex::new(Some(accept)),
             connections,
+            admission,
         })
     }
 
@@ -504,6 +532,11 @@ impl TcpServer {
         lock(&self.connections).live.len()
     }
 
+    /// The limits on connections this server enforces.
+    pub fn limits(&self) -> ConnectionLimits {
+        self.admission.limits()
+    }
+
     /// Stops accepting, closes every connection and joins every server thread. Idempotent;
     /// clients see [`FabricError::Disconnected`] on their next batch (or the one in flight).
     pub fn shutdown(&self) {
@@ -541,6 +574,7 @@ fn accept_loop(
     shared: Arc<Shared>,
     stopping: Arc<AtomicBool>,
     connections: Arc<Mutex<Connections>>,
+    admission: Arc<Admission>,
 ) {
     loop {
         let accepted = listener.accept();
@@ -555,6 +589,16 @@ fn accept_loop(
                 // that a persistent error does not spin a core.
                 tracing::warn!("fabric tcp accept: {e}");
                 thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        // Counted before a thread is spent on it: a flood of connections costs an accept and a
+        // refusal each, not a thread and a buffer.
+        let admitted = match admission.admit(peer.ip()) {
+            Ok(admitted) => admitted,
+            Err(refusal) => {
+                tracing::warn!(%peer, %refusal, "fabric tcp: refused a connection");
+                handshake::refuse_at_accept(&stream, &refusal);
                 continue;
             }
         };
@@ -574,7 +618,7 @@ fn accept_loop(
         let spawned = thread::Builder::new()
             .name(format!("fabric-tcp-conn-{id}"))
             .spawn(move || {
-                run_connection(shared, stream, peer);
+                run_connection(shared, stream, peer, admitted);
                 // Dropping our own JoinHandle detaches the (ending) thread; shutdown may already
                 // have taken it, in which case it joins us.
                 lock(&connections).live.remove(&id);

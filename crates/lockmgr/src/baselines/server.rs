@@ -28,7 +28,10 @@ use crate::scheme::{check_range, LockError, LockId, RangeLock};
 use crate::schemes::LockScheme;
 use crate::stats::LockStats;
 use fabric::frame::{read_frame, write_frame, FrameError};
-use fabric::handshake::{self, Credentials, HandshakeError, Protocol, HANDSHAKE_TIMEOUT};
+use fabric::handshake::{
+    self, Admission, Admitted, ConnectionLimits, Credentials, HandshakeError, Protocol,
+    HANDSHAKE_TIMEOUT,
+};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{self, BufReader, BufWriter, Write};
@@ -151,6 +154,17 @@ impl LockServer {
     /// Binds to `addr` (e.g. `127.0.0.1:0`) and starts serving, on a background thread, the
     /// peers that present `credentials` in the handshake.
     pub fn bind(addr: impl ToSocketAddrs, credentials: Credentials) -> io::Result<Self> {
+        Self::bind_with_limits(addr, credentials, ConnectionLimits::default())
+    }
+
+    /// [`LockServer::bind`] with the given limits on connections instead of the defaults: a
+    /// connection beyond them is refused with
+    /// [`Refusal::Limit`](fabric::handshake::Refusal::Limit) before any of its bytes are read.
+    pub fn bind_with_limits(
+        addr: impl ToSocketAddrs,
+        credentials: Credentials,
+        limits: ConnectionLimits,
+    ) -> io::Result<Self> {
         let listener = TcpListener::bind(addr)?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
@@ -161,9 +175,10 @@ impl LockServer {
         let acceptor = {
             let shared = shared.clone();
             let credentials = credentials.clone();
+            let admission = Admission::new(limits);
             std::thread::Builder::new()
                 .name("lock-server".into())
-                .spawn(move || accept_loop(listener, shared, credentials))?
+                .spawn(move || accept_loop(listener, shared, credentials, admission))?
         };
         Ok(Self {
             addr,
@@ -200,7 +215,12 @@ impl Drop for LockServer {
     }
 }
 
-fn accept_loop(listener: TcpListener, shared: Arc<Shared>, credentials: Credentials) {
+fn accept_loop(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    credentials: Credentials,
+    admission: Arc<Admission>,
+) {
     for stream in listener.incoming() {
         if shared.stopping.load(Ordering::SeqCst) {
             return;
@@ -212,12 +232,26 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>, credentials: Credenti
                 continue;
             }
         };
+        // Counted before a thread is spent on it.
+        let admitted = match stream
+            .peer_addr()
+            .map(|peer| (peer, admission.admit(peer.ip())))
+        {
+            Ok((_, Ok(admitted))) => admitted,
+            Ok((peer, Err(refusal))) => {
+                tracing::warn!(%peer, %refusal, "lock server: refused a connection");
+                handshake::refuse_at_accept(&stream, &refusal);
+                continue;
+            }
+            // The peer is gone already.
+            Err(_) => continue,
+        };
         let shared = shared.clone();
         let credentials = credentials.clone();
         let spawned = std::thread::Builder::new()
             .name("lock-server-conn".into())
             .spawn(move || {
-                if let Err(error) = serve(stream, &shared, &credentials) {
+                if let Err(error) = serve(stream, &shared, &credentials, admitted) {
                     tracing::debug!(%error, "lock server: connection ended");
                 }
             });
@@ -229,7 +263,12 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>, credentials: Credenti
 
 /// Serves one connection until it closes, then releases what it still holds. Nothing is served
 /// before the peer has passed the handshake.
-fn serve(mut stream: TcpStream, shared: &Shared, credentials: &Credentials) -> io::Result<()> {
+fn serve(
+    mut stream: TcpStream,
+    shared: &Shared,
+    credentials: &Credentials,
+    mut admitted: Admitted,
+) -> io::Result<()> {
     stream.set_nodelay(true)?;
     stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
     if let Err(refusal) = handshake::server_handshake::<(), ()>(
@@ -241,6 +280,7 @@ fn serve(mut stream: TcpStream, shared: &Shared, credentials: &Credentials) -> i
         tracing::warn!(%refusal, "lock server: refused a connection");
         return Ok(());
     }
+    admitted.authenticated();
     stream.set_read_timeout(None)?;
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut writer = BufWriter::new(stream);

@@ -15,6 +15,7 @@ use super::config::{
 use anyhow::{Context, Result};
 use clap::{value_parser, Args};
 use data_server::{Backing, DataConfig, DataServer};
+use fabric::handshake::ConnectionLimits;
 use fabric::Backend;
 use fs_client::{CitronFs, MountOptions};
 use lockmgr::LockScheme;
@@ -81,6 +82,20 @@ pub struct MetaArgs {
     /// `false`.
     #[arg(long)]
     lock_server: Option<bool>,
+    /// Concurrent connections from one IP address to the RPC port (and the lock server); more
+    /// are refused before any of their bytes are read.
+    #[arg(long)]
+    max_connections_per_peer: Option<usize>,
+    /// Connections, from all peers, that may wait for their handshake at once (each may be
+    /// buffering an unauthenticated hello); more are refused.
+    #[arg(long)]
+    max_pending_handshakes: Option<usize>,
+    /// Client sessions open at once; more clients are refused at the handshake.
+    #[arg(long)]
+    max_sessions: Option<usize>,
+    /// Files one client session may have open at once; an open beyond fails with EMFILE.
+    #[arg(long)]
+    max_open_per_session: Option<usize>,
 }
 
 impl RoleArgs for MetaArgs {
@@ -122,6 +137,16 @@ pub struct MetaServerConfig {
     pub session_lease: u64,
     /// Run the lock server of the `server` scheme (off: mounts asking for it are refused).
     pub lock_server: bool,
+    /// Connections from one IP address
+    /// (`fabric::handshake::ConnectionLimits::DEFAULT_MAX_PER_PEER`).
+    pub max_connections_per_peer: usize,
+    /// Connections waiting for their handshake, in total
+    /// (`fabric::handshake::ConnectionLimits::DEFAULT_MAX_PENDING`).
+    pub max_pending_handshakes: usize,
+    /// Client sessions (`meta_server::DEFAULT_MAX_SESSIONS`).
+    pub max_sessions: usize,
+    /// Open files per session (`meta_server::DEFAULT_MAX_OPEN_PER_SESSION`).
+    pub max_open_per_session: usize,
 }
 
 impl Default for MetaServerConfig {
@@ -140,6 +165,10 @@ impl Default for MetaServerConfig {
             lock_unit: Size(meta_server::DEFAULT_LOCK_UNIT),
             session_lease: meta_server::DEFAULT_SESSION_LEASE.as_secs(),
             lock_server: false,
+            max_connections_per_peer: ConnectionLimits::DEFAULT_MAX_PER_PEER,
+            max_pending_handshakes: ConnectionLimits::DEFAULT_MAX_PENDING,
+            max_sessions: meta_server::DEFAULT_MAX_SESSIONS,
+            max_open_per_session: meta_server::DEFAULT_MAX_OPEN_PER_SESSION,
         }
     }
 }
@@ -165,6 +194,12 @@ impl MetaServerConfig {
         config.lock_unit = self.lock_unit.0;
         config.session_lease = Duration::from_secs(self.session_lease);
         config.lock_server = self.lock_server;
+        config.connection_limits = ConnectionLimits {
+            max_per_peer: self.max_connections_per_peer,
+            max_pending: self.max_pending_handshakes,
+        };
+        config.max_sessions = self.max_sessions;
+        config.max_open_per_session = self.max_open_per_session;
         Ok(config)
     }
 }
