@@ -548,6 +548,96 @@ pub fn server_handshake<R: DeserializeOwned, W: Serialize>(
     result
 }
 
+/// The credentials of every fuzz entry's server: cluster `fuzz`, token `secret`.
+pub fn fuzz_credentials() -> Credentials {
+    Credentials::new("fuzz", "secret")
+}
+
+/// Fuzz entry of the handshake as every server runs it ([`server_handshake`]) for `protocol`
+/// with hellos carrying a role of type `R` (the RPC protocol's is `proto::rpc::Role`, the
+/// others' `()`); `input` is the byte stream the peer sends. Checks, panicking on a finding:
+/// the hello's body is not allocated beyond the bytes that arrived; the server writes exactly
+/// one frame, a decodable answer that agrees with the outcome; an accepted hello is of this
+/// protocol and version and presents the server's credentials, and is accepted again after a
+/// round trip through its encoding.
+pub fn fuzz_server_handshake<R: DeserializeOwned + Serialize + PartialEq + std::fmt::Debug>(
+    input: &[u8],
+    protocol: Protocol,
+) {
+    let credentials = fuzz_credentials();
+    let mut body = Vec::new();
+    let _ = read_frame(&mut &input[..], MAX_HELLO_FRAME, &mut body);
+    crate::fuzz::assert_bounded(&body, input.len());
+
+    let mut pipe = crate::fuzz::Pipe::new(input);
+    let outcome = server_handshake::<R, ()>(&mut pipe, protocol, &credentials, |_| Ok(()));
+    let mut written = &pipe.output[..];
+    let mut answer = Vec::new();
+    if let Err(e) = read_frame(&mut written, MAX_HELLO_FRAME, &mut answer) {
+        panic!("the server's answer is not a frame: {e}");
+    }
+    assert!(written.is_empty(), "the server wrote more than one answer");
+    let answer: Result<(), Refusal> = match postcard::from_bytes(&answer) {
+        Ok(answer) => answer,
+        Err(e) => panic!("the server's answer does not decode: {e}"),
+    };
+    match (outcome, answer) {
+        (Ok(hello), Ok(())) => {
+            assert_eq!(
+                (hello.magic, hello.protocol, hello.version),
+                (MAGIC, protocol, protocol.version())
+            );
+            assert_eq!(hello.cluster, credentials.cluster);
+            assert!(credentials.token_matches(&hello.token));
+            let again = postcard::to_stdvec(&hello).expect("an accepted hello encodes");
+            match accept::<R>(&again, protocol, &credentials) {
+                Ok(back) => assert!(back == hello, "the hello changed in a round trip"),
+                Err(refusal) => panic!("a re-encoded accepted hello is refused: {refusal}"),
+            }
+        }
+        (Err(refused), Err(answered)) => assert_eq!(refused, answered),
+        (outcome, answer) => panic!(
+            "the answer {answer:?} disagrees with the outcome {:?}",
+            outcome.map(|_| ())
+        ),
+    }
+}
+
+/// Seeds for [`fuzz_server_handshake`]: framed hellos of `protocol` with `role` — the right
+/// one, and one with each field wrong — plus other protocols' hellos.
+pub fn fuzz_hello_seeds<R: Serialize + Clone>(protocol: Protocol, role: R) -> Vec<Vec<u8>> {
+    let good = Hello::new(protocol, &fuzz_credentials(), 7, role.clone());
+    let mut hellos = vec![good.clone()];
+    let mut h = good.clone();
+    h.token = "wrong".into();
+    hellos.push(h);
+    let mut h = good.clone();
+    h.cluster = "other".into();
+    hellos.push(h);
+    let mut h = good.clone();
+    h.version += 1;
+    hellos.push(h);
+    let mut h = good.clone();
+    h.magic ^= 1;
+    hellos.push(h);
+    for other in [Protocol::Verbs, Protocol::Rpc, Protocol::LockServer] {
+        let mut h = good.clone();
+        h.protocol = other;
+        h.version = other.version();
+        hellos.push(h);
+    }
+    let mut seeds: Vec<Vec<u8>> = hellos
+        .iter()
+        .map(|h| crate::fuzz::frame(&postcard::to_stdvec(h).expect("a hello encodes")))
+        .collect();
+    // A good hello followed by more bytes (the first request), and one split short.
+    let mut followed = seeds[0].clone();
+    followed.extend_from_slice(&seeds[0]);
+    seeds.push(followed);
+    seeds.push(seeds[0][..seeds[0].len() / 2].to_vec());
+    seeds
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -643,6 +733,24 @@ mod tests {
         assert!(!text.contains("secret"));
         let text = format!("{:?}", Hello::new(Protocol::Rpc, &creds(), 0, ()));
         assert!(!text.contains("secret"));
+    }
+
+    /// The handshake of every protocol under the stable fuzzer (see `crate::fuzz`).
+    #[test]
+    fn fuzz_handshakes() {
+        let budget = crate::fuzz::DEFAULT_BUDGET / 3;
+        for protocol in [Protocol::Verbs, Protocol::LockServer] {
+            let seeds = fuzz_hello_seeds(protocol, ());
+            let report = crate::fuzz::run("handshake", &seeds, budget, |input| {
+                fuzz_server_handshake::<()>(input, protocol)
+            });
+            assert!(report.execs > seeds.len() as u64);
+        }
+        // A protocol whose role carries data (the RPC protocol's is in `proto`).
+        let seeds = fuzz_hello_seeds(Protocol::Rpc, ("host".to_string(), 42u32));
+        crate::fuzz::run("handshake", &seeds, budget, |input| {
+            fuzz_server_handshake::<(String, u32)>(input, Protocol::Rpc)
+        });
     }
 
     #[test]
