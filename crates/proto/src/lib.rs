@@ -9,6 +9,7 @@
 
 pub mod error;
 pub mod fcb;
+pub mod fuzz;
 pub mod rpc;
 pub mod types;
 
