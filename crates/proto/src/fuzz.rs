@@ -22,9 +22,7 @@ pub fn hello_entry(input: &[u8]) {
 }
 
 /// Asserts that `value` survives a round trip through its encoding.
-pub fn assert_round_trip<T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug>(
-    value: &T,
-) {
+pub fn assert_round_trip<T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug>(value: &T) {
     let bytes = match postcard::to_stdvec(value) {
         Ok(bytes) => bytes,
         Err(e) => panic!("a decoded message does not encode: {e}: {value:?}"),
@@ -86,10 +84,7 @@ fn attr(ino: Ino, kind: FileKind) -> Attr {
             secs: 1_700_000_000,
             nanos: 999_999_999,
         },
-        ctime: Timestamp {
-            secs: -1,
-            nanos: 1,
-        },
+        ctime: Timestamp { secs: -1, nanos: 1 },
         crtime: Timestamp::default(),
         generation: 3,
     }
@@ -404,7 +399,12 @@ mod tests {
 
     #[test]
     fn fuzz_rpc_client() {
-        run("rpc client", &response_seeds(), DEFAULT_BUDGET, client_entry);
+        run(
+            "rpc client",
+            &response_seeds(),
+            DEFAULT_BUDGET,
+            client_entry,
+        );
     }
 
     /// The seeds are what they claim: every response stream is read to its end.
