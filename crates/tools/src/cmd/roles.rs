@@ -204,6 +204,62 @@ impl MetaServerConfig {
     }
 }
 
+/// Fuzz entry of the roles' settings files: the first byte selects the role (meta server,
+/// data server, mount), the rest is its `--config` file (as UTF-8, invalid sequences
+/// replaced); see `config::fuzz_settings_file` for what is checked. Settings that load are
+/// also turned into the role's configuration, which must end in a value or an error.
+pub fn fuzz_config_file(data: &[u8]) {
+    use super::config::fuzz_settings_file;
+    let Some((&role, text)) = data.split_first() else {
+        return;
+    };
+    let text = String::from_utf8_lossy(text);
+    match role % 3 {
+        0 => {
+            fuzz_settings_file::<MetaServerConfig>(&text);
+            if let Ok(settings) = super::config::load_str::<MetaServerConfig>(&text) {
+                let _ = settings.server_config();
+            }
+        }
+        1 => {
+            fuzz_settings_file::<DataServerConfig>(&text);
+            if let Ok(settings) = super::config::load_str::<DataServerConfig>(&text) {
+                let _ = settings.server_config();
+            }
+        }
+        _ => fuzz_settings_file::<MountConfig>(&text),
+    }
+}
+
+/// Seeds for [`fuzz_config_file`]: each role's file with every setting, and with an unknown
+/// key, a size in each notation, and a bad value.
+pub fn fuzz_config_seeds() -> Vec<Vec<u8>> {
+    use super::config::settings_file_seed;
+    let files = [
+        settings_file_seed::<MetaServerConfig>(),
+        settings_file_seed::<DataServerConfig>(),
+        settings_file_seed::<MountConfig>(),
+    ];
+    let mut seeds = Vec::new();
+    for (role, file) in files.iter().enumerate() {
+        for extra in [
+            "",
+            "no_such_key = 1\n",
+            "chunk_size = \"4M\"\n",
+            "chunk_size = 4096\n",
+            "capacity = \"-1\"\n",
+            "listen = \"not an address\"\n",
+            "[table]\nx = 1\n",
+        ] {
+            let mut seed = vec![role as u8];
+            seed.extend_from_slice(file.as_bytes());
+            seed.extend_from_slice(extra.as_bytes());
+            seeds.push(seed);
+        }
+    }
+    seeds
+}
+
 /// Runs a meta server until SIGINT or SIGTERM.
 pub fn meta_server(args: MetaArgs) -> Result<()> {
     let settings = args.load()?;
@@ -510,6 +566,19 @@ mod tests {
             jail.clear_env();
             f(jail).map_err(|e| figment::Error::from(format!("{e:#}")))
         });
+    }
+
+    /// The roles' settings files under the stable fuzzer (see `fabric::fuzz`).
+    #[test]
+    fn fuzz_config_files() {
+        let seeds = fuzz_config_seeds();
+        let report = fabric::fuzz::run(
+            "config files",
+            &seeds,
+            fabric::fuzz::DEFAULT_BUDGET,
+            fuzz_config_file,
+        );
+        assert!(report.execs > seeds.len() as u64);
     }
 
     #[test]
