@@ -283,9 +283,37 @@ async fn serve<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
 ) -> Result<(), String> {
     let mut body = Vec::new();
     loop {
-        let frame: RequestFrame = tokio::select! {
-            frame = recv(reader, &mut body) => frame?,
+        let read = tokio::select! {
+            read = read_frame(reader, MAX_FRAME, &mut body) => read,
             _ = stop.changed() => return Ok(()),
+        };
+        // A frame the server cannot take is answered under id 0 (no request has it), with
+        // the reason, before the connection closes: the client learns why (see
+        // `proto::rpc::Client::call`).
+        let refuse = |why: String| ResponseFrame {
+            id: 0,
+            result: Err(FsError::Invalid(why)),
+        };
+        let frame: RequestFrame = match read {
+            Ok(()) => match postcard::from_bytes(&body) {
+                Ok(frame) => frame,
+                Err(e) => {
+                    let why = format!("malformed request: {e}");
+                    tracing::warn!(session, why, "closing a client connection");
+                    let _ = send(writer, &refuse(why.clone())).await;
+                    return Err(why);
+                }
+            },
+            Err(FrameError::TooLarge { len, max }) => {
+                let why = format!(
+                    "a request frame of {len} bytes exceeds the limit of {max} bytes \
+                     (proto::rpc::MAX_FRAME)"
+                );
+                tracing::warn!(session, why, "closing a client connection");
+                let _ = send(writer, &refuse(why.clone())).await;
+                return Err(why);
+            }
+            Err(e) => return Err(e.to_string()),
         };
         let svc = service.clone();
         let request = frame.request;

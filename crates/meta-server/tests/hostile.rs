@@ -319,3 +319,61 @@ fn pending_handshakes_and_connections_per_peer_are_limited() {
         server.client().map(|c| clients.push(c)).is_ok()
     });
 }
+
+/// Opens a raw client connection past the handshake.
+fn raw_session(server: &Server) -> TcpStream {
+    let mut s = TcpStream::connect(server.handle.addr()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let hello = proto::rpc::Hello::new(
+        fabric::handshake::Protocol::Rpc,
+        &server.credentials,
+        0,
+        Role::Client {
+            host: "raw".into(),
+            pid: 1,
+        },
+    );
+    proto::rpc::send(&mut s, &hello).unwrap();
+    let answer: proto::rpc::HelloAnswer = proto::rpc::recv(&mut s).unwrap();
+    assert!(answer.is_ok(), "{answer:?}");
+    s
+}
+
+/// A request frame over the limit, or one that does not decode, is answered under id 0 with
+/// the reason (naming the limit and its value) before the connection closes.
+#[test]
+fn oversized_and_malformed_requests_get_a_reason() {
+    let server = Server::start(|_| {});
+    let mut s = raw_session(&server);
+    let len = proto::rpc::MAX_FRAME as u32 + 1;
+    let mut header = [0u8; fabric::frame::HEADER_LEN];
+    header[..4].copy_from_slice(&len.to_le_bytes());
+    s.write_all(&header).unwrap();
+    let answer: proto::rpc::ResponseFrame = proto::rpc::recv(&mut s).unwrap();
+    assert_eq!(answer.id, 0);
+    match answer.result {
+        Err(FsError::Invalid(why)) => {
+            assert!(why.contains(&len.to_string()), "{why}");
+            assert!(why.contains(&proto::rpc::MAX_FRAME.to_string()), "{why}");
+        }
+        other => panic!("expected the reason, got {other:?}"),
+    }
+    let mut rest = Vec::new();
+    assert_eq!(
+        std::io::Read::read_to_end(&mut s, &mut rest).unwrap(),
+        0,
+        "then the connection closes"
+    );
+
+    let mut s = raw_session(&server);
+    fabric::frame::write_frame(&mut s, &[0xff; 16]).unwrap();
+    let answer: proto::rpc::ResponseFrame = proto::rpc::recv(&mut s).unwrap();
+    assert_eq!(answer.id, 0);
+    assert!(
+        matches!(&answer.result, Err(FsError::Invalid(why)) if why.contains("malformed request")),
+        "{answer:?}"
+    );
+    // The server is still serving everyone else.
+    let mut c = server.client().unwrap();
+    assert_eq!(c.call(Request::Heartbeat).unwrap(), Ok(Response::Ok));
+}

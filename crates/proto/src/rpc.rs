@@ -427,6 +427,17 @@ impl Client {
         self.next_id += 1;
         send(&mut self.writer, &RequestFrame { id, request })?;
         let response: ResponseFrame = recv(&mut self.reader)?;
+        if response.id == 0 {
+            // The server refused the connection's input (a frame over the limit, a malformed
+            // request) and closes it; no request has id 0.
+            let why = match response.result {
+                Err(e) => e.to_string(),
+                Ok(_) => "an answer to no request".into(),
+            };
+            return Err(RpcError::Protocol(format!(
+                "the meta server closed the connection: {why}"
+            )));
+        }
         if response.id != id {
             return Err(RpcError::Protocol(format!(
                 "response {} to request {id}",

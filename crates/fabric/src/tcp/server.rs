@@ -195,6 +195,12 @@ impl Session {
             // Closed, reset or timed out: nothing to answer.
             Err(FrameError::Io(_)) => Next::Close,
             Err(FrameError::TooLarge { len, max }) => {
+                tracing::warn!(
+                    len,
+                    max,
+                    authenticated = self.authenticated,
+                    "fabric tcp: frame over the limit, closing the connection"
+                );
                 if self.authenticated {
                     self.send(&Reply::Error(RemoteError::FrameTooLarge {
                         len: len as u64,

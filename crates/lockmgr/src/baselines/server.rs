@@ -309,7 +309,16 @@ fn serve_requests(
                 break Ok(())
             }
             Err(FrameError::Io(error)) => break Err(error),
-            Err(error) => break Err(io::Error::new(io::ErrorKind::InvalidData, error)),
+            Err(error) => {
+                // Too large (the stream cannot be resynchronised) or corrupt: say why, then
+                // close.
+                tracing::warn!(%error, "lock server: closing a connection");
+                let answer = Response::Error(format!("{error} (lock server frames)"));
+                if let Ok(encoded) = postcard::to_stdvec(&answer) {
+                    let _ = write_frame(writer, &encoded).and_then(|()| writer.flush());
+                }
+                break Err(io::Error::new(io::ErrorKind::InvalidData, error));
+            }
         }
         let response = match postcard::from_bytes::<Request>(&body) {
             Ok(Request::Acquire { start, end }) if start < end => {
