@@ -413,10 +413,11 @@ impl Drop for Admitted {
 }
 
 /// Answers a connection refused at accept time ([`Admission::admit`]) with `refusal` as the
-/// answer to the hello it has not sent yet, then closes it. The answer is a few dozen bytes,
-/// so the write lands in an empty socket buffer and does not block; the write timeout guards
-/// the case where it would. The peer's hello is never read, so the close may reset the
-/// connection after the refusal; clients read the refusal first either way on Linux.
+/// answer to the hello it has not sent yet, and half-closes it. The answer is a few dozen
+/// bytes, so the write lands in an empty socket buffer and does not block; the write timeout
+/// guards the case where it would. The caller must keep the socket open a moment and read
+/// what arrives ([`Refuser`] does): closing it with the peer's hello unread would reset the
+/// connection, and the reset can destroy the refusal before the peer reads it.
 ///
 /// Every protocol's answer is a postcard `Result<Welcome, Refusal>`, and the encoding of an
 /// `Err` does not depend on the welcome type, so one function serves them all.
@@ -427,6 +428,98 @@ pub fn refuse_at_accept(stream: &std::net::TcpStream, refusal: &Refusal) {
         let _ = write_frame(&mut w, &bytes);
     }
     let _ = stream.shutdown(std::net::Shutdown::Write);
+}
+
+/// Refuses connections for a thread-per-connection server's accept loop without making it
+/// wait: one thread answers each refused connection ([`refuse_at_accept`]), then reads and
+/// discards what the peer sends for at most [`Refuser::LINGER`] before closing it, so that the
+/// refusal is not destroyed by a reset. A flood costs one thread and at most
+/// [`Refuser::MAX_LINGERING`] open sockets; beyond that a refused connection is closed at once.
+pub struct Refuser {
+    tx: Option<std::sync::mpsc::SyncSender<(std::net::TcpStream, Refusal)>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Refuser {
+    /// How long a refused connection is kept open, reading, before it is closed.
+    pub const LINGER: Duration = Duration::from_millis(200);
+    /// Most refused connections kept open at once.
+    pub const MAX_LINGERING: usize = 1024;
+
+    /// Starts the refusing thread, named `name`.
+    pub fn start(name: &str) -> std::io::Result<Refuser> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(Self::MAX_LINGERING);
+        let thread = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || refuser_loop(rx))?;
+        Ok(Refuser {
+            tx: Some(tx),
+            thread: Some(thread),
+        })
+    }
+
+    /// Refuses `stream` with `refusal` (closed at once if too many are lingering).
+    pub fn refuse(&self, stream: std::net::TcpStream, refusal: Refusal) {
+        if let Some(tx) = &self.tx {
+            if let Err(std::sync::mpsc::TrySendError::Full((stream, refusal))) =
+                tx.try_send((stream, refusal))
+            {
+                refuse_at_accept(&stream, &refusal);
+            }
+        }
+    }
+}
+
+impl Drop for Refuser {
+    fn drop(&mut self) {
+        // Disconnects the channel: the thread closes what it holds and ends.
+        self.tx.take();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn refuser_loop(rx: std::sync::mpsc::Receiver<(std::net::TcpStream, Refusal)>) {
+    use std::io::ErrorKind;
+    use std::sync::mpsc::RecvTimeoutError;
+    use std::time::Instant;
+    let mut lingering: Vec<(std::net::TcpStream, Instant)> = Vec::new();
+    let mut sink = [0u8; 4096];
+    loop {
+        let next = if lingering.is_empty() {
+            rx.recv().map_err(|_| RecvTimeoutError::Disconnected)
+        } else {
+            rx.recv_timeout(Duration::from_millis(10))
+        };
+        match next {
+            Ok((stream, refusal)) => {
+                refuse_at_accept(&stream, &refusal);
+                if stream.set_nonblocking(true).is_ok() && lingering.len() < Refuser::MAX_LINGERING
+                {
+                    lingering.push((stream, Instant::now() + Refuser::LINGER));
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+        let now = Instant::now();
+        lingering.retain_mut(|(stream, deadline)| {
+            if now >= *deadline {
+                return false;
+            }
+            // Discard what arrived; keep the socket until the peer closes or time is up.
+            loop {
+                match stream.read(&mut sink) {
+                    Ok(0) => return false,
+                    Ok(_) => {}
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => return true,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(_) => return false,
+                }
+            }
+        });
+    }
 }
 
 /// Decodes and checks the hello in `body` for a server of `protocol` belonging to

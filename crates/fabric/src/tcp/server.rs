@@ -582,6 +582,13 @@ fn accept_loop(
     connections: Arc<Mutex<Connections>>,
     admission: Arc<Admission>,
 ) {
+    let refuser = match handshake::Refuser::start("fabric-tcp-refuse") {
+        Ok(refuser) => Some(refuser),
+        Err(e) => {
+            tracing::warn!("fabric tcp: cannot start the refusing thread: {e}");
+            None
+        }
+    };
     loop {
         let accepted = listener.accept();
         if stopping.load(Ordering::SeqCst) {
@@ -604,7 +611,10 @@ fn accept_loop(
             Ok(admitted) => admitted,
             Err(refusal) => {
                 tracing::warn!(%peer, %refusal, "fabric tcp: refused a connection");
-                handshake::refuse_at_accept(&stream, &refusal);
+                match &refuser {
+                    Some(refuser) => refuser.refuse(stream, refusal),
+                    None => handshake::refuse_at_accept(&stream, &refusal),
+                }
                 continue;
             }
         };

@@ -221,6 +221,13 @@ fn accept_loop(
     credentials: Credentials,
     admission: Arc<Admission>,
 ) {
+    let refuser = match handshake::Refuser::start("lock-server-refuse") {
+        Ok(refuser) => Some(refuser),
+        Err(error) => {
+            tracing::warn!(%error, "lock server: cannot start the refusing thread");
+            None
+        }
+    };
     for stream in listener.incoming() {
         if shared.stopping.load(Ordering::SeqCst) {
             return;
@@ -240,7 +247,10 @@ fn accept_loop(
             Ok((_, Ok(admitted))) => admitted,
             Ok((peer, Err(refusal))) => {
                 tracing::warn!(%peer, %refusal, "lock server: refused a connection");
-                handshake::refuse_at_accept(&stream, &refusal);
+                match &refuser {
+                    Some(refuser) => refuser.refuse(stream, refusal),
+                    None => handshake::refuse_at_accept(&stream, &refusal),
+                }
                 continue;
             }
             // The peer is gone already.
