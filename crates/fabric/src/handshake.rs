@@ -289,8 +289,10 @@ pub struct ConnectionLimits {
 }
 
 impl ConnectionLimits {
-    /// Default of [`ConnectionLimits::max_per_peer`].
-    pub const DEFAULT_MAX_PER_PEER: usize = 1024;
+    /// Default of [`ConnectionLimits::max_per_peer`]: every thread of every client process on
+    /// a host has its own fabric connection to each server, and benchmarks on one host run
+    /// dozens of processes of dozens of threads.
+    pub const DEFAULT_MAX_PER_PEER: usize = 4096;
     /// Default of [`ConnectionLimits::max_pending`]: a handshake takes a round trip, so even a
     /// cluster whose clients all start at once rarely has more than a few dozen pending.
     pub const DEFAULT_MAX_PENDING: usize = 256;
