@@ -129,6 +129,19 @@ fn mutate(rng: &mut Rng, input: &mut Vec<u8>, other: &[u8]) {
 /// (or `CITRONFS_FUZZ_MS`). A panic in `entry` is re-raised after the failing input is
 /// printed (hex) with the seed of the run. Returns what was done.
 pub fn run(name: &str, seeds: &[Vec<u8>], budget: Duration, entry: impl Fn(&[u8])) -> Report {
+    run_framed(name, seeds, budget, None, entry)
+}
+
+/// [`run`] for an entry whose input holds a stream of frames from byte `frames_at` on: half
+/// of the mutated inputs have their frames' checksums recomputed ([`reseal`]) before they are
+/// run, so that mutations reach the decoders behind the checksum instead of stopping at it.
+pub fn run_framed(
+    name: &str,
+    seeds: &[Vec<u8>],
+    budget: Duration,
+    frames_at: Option<usize>,
+    entry: impl Fn(&[u8]),
+) -> Report {
     let budget = env_u64("CITRONFS_FUZZ_MS")
         .map(Duration::from_millis)
         .unwrap_or(budget);
@@ -165,6 +178,11 @@ pub fn run(name: &str, seeds: &[Vec<u8>], budget: Duration, entry: impl Fn(&[u8]
             input.clone_from(&seeds[rng.below(seeds.len())]);
             let other = &seeds[rng.below(seeds.len())];
             mutate(&mut rng, &mut input, other);
+            if let Some(at) = frames_at {
+                if rng.below(2) == 0 && at <= input.len() {
+                    reseal(&mut input[at..]);
+                }
+            }
         }
         exec(&input);
     }
@@ -225,6 +243,38 @@ pub fn assert_bounded(body: &Vec<u8>, available: usize) {
     );
 }
 
+/// Recomputes the checksum of every frame in `stream` (frames back to back, the last one
+/// possibly cut short: its checksum covers what is there), leaving the lengths as they are.
+/// A fuzzer's mutations of a frame body are rejected by the checksum unless it is resealed.
+pub fn reseal(stream: &mut [u8]) {
+    let header = crate::frame::HEADER_LEN;
+    let mut at = 0;
+    while stream.len() - at >= header {
+        let len = u32::from_le_bytes(stream[at..at + 4].try_into().expect("4 bytes")) as usize;
+        let body = at + header..(at + header).saturating_add(len).min(stream.len());
+        let crc = crc32fast::hash(&stream[body.clone()]);
+        stream[at + 4..at + header].copy_from_slice(&crc.to_le_bytes());
+        at = body.end;
+    }
+}
+
+/// The input of a cargo-fuzz target whose entry takes a stream of frames from byte
+/// `frames_at` on: the first byte's lowest bit says whether to [`reseal`] them, so that
+/// libFuzzer can explore both the checksum check and what lies behind it.
+pub fn libfuzzer_input(data: &[u8], frames_at: usize) -> std::borrow::Cow<'_, [u8]> {
+    match data.split_first() {
+        Some((&flags, rest)) if flags & 1 == 1 => {
+            let mut owned = rest.to_vec();
+            if frames_at <= owned.len() {
+                reseal(&mut owned[frames_at..]);
+            }
+            std::borrow::Cow::Owned(owned)
+        }
+        Some((_, rest)) => std::borrow::Cow::Borrowed(rest),
+        None => std::borrow::Cow::Borrowed(data),
+    }
+}
+
 /// A frame holding `body`, as every CitronFS protocol writes one.
 pub fn frame(body: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(body.len() + crate::frame::HEADER_LEN);
@@ -256,5 +306,21 @@ mod tests {
             )
         });
         assert!(found.is_err(), "a reachable assertion must be found");
+    }
+
+    /// Resealed frames pass their checksum, a cut-short last frame included.
+    #[test]
+    fn reseal_fixes_checksums() {
+        let mut stream = [frame(b"abc"), frame(b"defgh")].concat();
+        stream[crate::frame::HEADER_LEN] = b'x';
+        stream.truncate(stream.len() - 2);
+        reseal(&mut stream);
+        let mut r = &stream[..];
+        let mut body = Vec::new();
+        crate::frame::read_frame(&mut r, 16, &mut body).unwrap();
+        assert_eq!(body, b"xbc");
+        let header: [u8; 8] = r[..8].try_into().unwrap();
+        let header = crate::frame::parse_header(&header, 16).unwrap();
+        assert_eq!(header.crc, crc32fast::hash(b"def"));
     }
 }

@@ -836,14 +836,14 @@ mod tests {
         let budget = crate::fuzz::DEFAULT_BUDGET / 3;
         for protocol in [Protocol::Verbs, Protocol::LockServer] {
             let seeds = fuzz_hello_seeds(protocol, ());
-            let report = crate::fuzz::run("handshake", &seeds, budget, |input| {
+            let report = crate::fuzz::run_framed("handshake", &seeds, budget, Some(0), |input| {
                 fuzz_server_handshake::<()>(input, protocol)
             });
             assert!(report.execs > seeds.len() as u64);
         }
         // A protocol whose role carries data (the RPC protocol's is in `proto`).
         let seeds = fuzz_hello_seeds(Protocol::Rpc, ("host".to_string(), 42u32));
-        crate::fuzz::run("handshake", &seeds, budget, |input| {
+        crate::fuzz::run_framed("handshake", &seeds, budget, Some(0), |input| {
             fuzz_server_handshake::<(String, u32)>(input, Protocol::Rpc)
         });
     }

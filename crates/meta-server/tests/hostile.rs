@@ -20,10 +20,11 @@ fn fuzz_rpc_requests() {
     let dir = tempfile::tempdir().unwrap();
     let store = meta_server::store::Store::open(dir.path(), 4096, ME).unwrap();
     let seeds = proto::fuzz::request_seeds();
-    let report = fabric::fuzz::run(
+    let report = fabric::fuzz::run_framed(
         "rpc requests",
         &seeds,
         fabric::fuzz::DEFAULT_BUDGET,
+        Some(0),
         |input| meta_server::rpc::fuzz_entry(input, Some(&store)),
     );
     assert!(report.execs > seeds.len() as u64);

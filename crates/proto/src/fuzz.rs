@@ -382,7 +382,7 @@ pub fn response_seeds() -> Vec<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fabric::fuzz::{run, DEFAULT_BUDGET};
+    use fabric::fuzz::{run_framed, DEFAULT_BUDGET};
 
     #[test]
     fn fuzz_rpc_hello() {
@@ -394,17 +394,13 @@ mod tests {
             },
         );
         seeds.extend(request_seeds());
-        run("rpc hello", &seeds, DEFAULT_BUDGET, hello_entry);
+        run_framed("rpc hello", &seeds, DEFAULT_BUDGET, Some(0), hello_entry);
     }
 
     #[test]
     fn fuzz_rpc_client() {
-        run(
-            "rpc client",
-            &response_seeds(),
-            DEFAULT_BUDGET,
-            client_entry,
-        );
+        let seeds = response_seeds();
+        run_framed("rpc client", &seeds, DEFAULT_BUDGET, Some(0), client_entry);
     }
 
     /// The seeds are what they claim: every response stream is read to its end.

@@ -173,10 +173,11 @@ mod tests {
     #[test]
     fn fuzz_tcp_server() {
         let seeds = fuzz_seeds();
-        let report = crate::fuzz::run(
+        let report = crate::fuzz::run_framed(
             "tcp server",
             &seeds,
             crate::fuzz::DEFAULT_BUDGET,
+            Some(1),
             fuzz_entry,
         );
         assert!(report.execs > seeds.len() as u64);

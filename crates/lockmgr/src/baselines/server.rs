@@ -645,10 +645,11 @@ mod tests {
     #[test]
     fn fuzz_lock_server() {
         let seeds = fuzz_seeds();
-        let report = fabric::fuzz::run(
+        let report = fabric::fuzz::run_framed(
             "lock server",
             &seeds,
             fabric::fuzz::DEFAULT_BUDGET,
+            Some(1),
             fuzz_entry,
         );
         assert!(report.execs > seeds.len() as u64);
