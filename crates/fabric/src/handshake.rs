@@ -371,15 +371,6 @@ impl Admission {
             pending: true,
         })
     }
-
-    /// Connections counted now: (from `peer`, pending in total).
-    pub fn counts_for(&self, peer: std::net::IpAddr) -> (usize, usize) {
-        let counts = self.counts();
-        (
-            counts.per_peer.get(&peer).copied().unwrap_or(0),
-            counts.pending,
-        )
-    }
 }
 
 /// One admitted connection: counted by its [`Admission`] until dropped.
@@ -828,6 +819,46 @@ mod tests {
         assert!(!text.contains("secret"));
         let text = format!("{:?}", Hello::new(Protocol::Rpc, &creds(), 0, ()));
         assert!(!text.contains("secret"));
+    }
+
+    /// Admission counts pending and per-peer connections, frees pending places on
+    /// authentication and every place on drop, and names the limit it refuses by.
+    #[test]
+    fn admission_counts_and_frees() {
+        let admission = Admission::new(ConnectionLimits {
+            max_per_peer: 2,
+            max_pending: 2,
+        });
+        let a: std::net::IpAddr = [10, 0, 0, 1].into();
+        let b: std::net::IpAddr = [10, 0, 0, 2].into();
+        let limit = |r: Result<Admitted, Refusal>| match r {
+            Err(Refusal::Limit { limit, value }) => Some((limit, value)),
+            Err(other) => panic!("{other}"),
+            Ok(_) => None,
+        };
+        let mut first = admission.admit(a).unwrap();
+        let second = admission.admit(b).unwrap();
+        assert_eq!(
+            limit(admission.admit(a)),
+            Some((Limit::PendingHandshakes, 2))
+        );
+        first.authenticated();
+        first.authenticated(); // idempotent
+        let third = admission.admit(a).unwrap();
+        assert_eq!(
+            limit(admission.admit(b)),
+            Some((Limit::PendingHandshakes, 2))
+        );
+        drop(second);
+        assert_eq!(
+            limit(admission.admit(a)),
+            Some((Limit::ConnectionsPerPeer, 2))
+        );
+        let from_b = admission.admit(b).unwrap();
+        drop((first, third, from_b));
+        let counts = admission.counts();
+        assert_eq!(counts.pending, 0);
+        assert!(counts.per_peer.is_empty(), "{:?}", counts.per_peer);
     }
 
     /// The handshake of every protocol under the stable fuzzer (see `crate::fuzz`).
