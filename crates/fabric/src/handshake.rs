@@ -243,6 +243,8 @@ pub enum Limit {
     ConnectionsPerPeer,
     /// Connections, from all peers together, that have not completed the handshake.
     PendingHandshakes,
+    /// Connections from one IP address that have not completed the handshake.
+    PendingHandshakesPerPeer,
     /// Client sessions of a meta server.
     Sessions,
 }
@@ -253,6 +255,7 @@ impl Limit {
         match self {
             Limit::ConnectionsPerPeer => "max_connections_per_peer",
             Limit::PendingHandshakes => "max_pending_handshakes",
+            Limit::PendingHandshakesPerPeer => "max_pending_handshakes_per_peer",
             Limit::Sessions => "max_sessions",
         }
     }
@@ -262,6 +265,9 @@ impl Limit {
         match self {
             Limit::ConnectionsPerPeer => "too many connections from this address",
             Limit::PendingHandshakes => "too many connections waiting for their handshake",
+            Limit::PendingHandshakesPerPeer => {
+                "too many connections from this address waiting for their handshake"
+            }
             Limit::Sessions => "too many client sessions",
         }
     }
@@ -271,13 +277,14 @@ impl Limit {
 /// the meta server's RPC port, the lock server) checks them when it accepts a connection,
 /// before it reads a byte, with an [`Admission`].
 ///
-/// Why both: a single hostile address cannot take every slot ([`max_per_peer`]), and many
-/// addresses together cannot hold more than a bounded number of unauthenticated connections —
-/// each of which may make the server buffer up to [`MAX_HELLO_FRAME`] — at once
-/// ([`max_pending`]). Authenticated connections are not bounded in total: they hold the
-/// cluster's token.
+/// Why these: a single hostile address cannot take every slot ([`max_per_peer`]) nor every
+/// place in the handshake ([`max_pending_per_peer`]), and many addresses together cannot hold
+/// more than a bounded number of unauthenticated connections — each of which may make the
+/// server buffer up to [`MAX_HELLO_FRAME`] — at once ([`max_pending`]). Authenticated
+/// connections are not bounded in total: they hold the cluster's token.
 ///
 /// [`max_per_peer`]: ConnectionLimits::max_per_peer
+/// [`max_pending_per_peer`]: ConnectionLimits::max_pending_per_peer
 /// [`max_pending`]: ConnectionLimits::max_pending
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ConnectionLimits {
@@ -286,6 +293,10 @@ pub struct ConnectionLimits {
     pub max_per_peer: usize,
     /// Connections from all peers that have not completed the handshake yet.
     pub max_pending: usize,
+    /// Connections from one IP address that have not completed the handshake yet: one
+    /// address cannot hold every place of `max_pending` (each for up to
+    /// [`HANDSHAKE_TIMEOUT`]) and so keep everyone else out.
+    pub max_pending_per_peer: usize,
 }
 
 impl ConnectionLimits {
@@ -296,6 +307,9 @@ impl ConnectionLimits {
     /// Default of [`ConnectionLimits::max_pending`]: a handshake takes a round trip, so even a
     /// cluster whose clients all start at once rarely has more than a few dozen pending.
     pub const DEFAULT_MAX_PENDING: usize = 256;
+    /// Default of [`ConnectionLimits::max_pending_per_peer`]: a quarter of the pending places,
+    /// still far more than a host's clients starting at once need.
+    pub const DEFAULT_MAX_PENDING_PER_PEER: usize = 64;
 }
 
 impl Default for ConnectionLimits {
@@ -303,15 +317,17 @@ impl Default for ConnectionLimits {
         Self {
             max_per_peer: Self::DEFAULT_MAX_PER_PEER,
             max_pending: Self::DEFAULT_MAX_PENDING,
+            max_pending_per_peer: Self::DEFAULT_MAX_PENDING_PER_PEER,
         }
     }
 }
 
 /// The connections a server holds, counted against its [`ConnectionLimits`].
 ///
-/// Invariant: `per_peer[ip]` is the number of live [`Admitted`] of `ip` (absent when 0) and
-/// `pending` the number of those not yet [`Admitted::authenticated`]; both are changed only
-/// under the mutex, by `admit` and by an `Admitted`'s methods and drop.
+/// Invariant: `per_peer[ip]` counts the live [`Admitted`] of `ip` and those of them not yet
+/// [`Admitted::authenticated`] (absent when both are 0), and `pending` the latter over all
+/// peers; all are changed only under the mutex, by `admit` and by an `Admitted`'s methods and
+/// drop.
 #[derive(Debug)]
 pub struct Admission {
     limits: ConnectionLimits,
@@ -320,7 +336,14 @@ pub struct Admission {
 
 #[derive(Debug, Default)]
 struct Counts {
-    per_peer: std::collections::HashMap<std::net::IpAddr, usize>,
+    per_peer: std::collections::HashMap<std::net::IpAddr, PeerCounts>,
+    pending: usize,
+}
+
+/// One peer's connections, and how many of them are pending their handshake.
+#[derive(Debug, Default, Clone, Copy)]
+struct PeerCounts {
+    open: usize,
     pending: usize,
 }
 
@@ -350,20 +373,29 @@ impl Admission {
     /// would exceed. The connection counts until the returned guard is dropped.
     pub fn admit(self: &std::sync::Arc<Self>, peer: std::net::IpAddr) -> Result<Admitted, Refusal> {
         let mut counts = self.counts();
-        let from_peer = counts.per_peer.get(&peer).copied().unwrap_or(0);
-        if from_peer >= self.limits.max_per_peer {
-            return Err(Refusal::Limit {
-                limit: Limit::ConnectionsPerPeer,
-                value: self.limits.max_per_peer as u64,
-            });
+        let from_peer = counts.per_peer.get(&peer).copied().unwrap_or_default();
+        let exceeded = |limit: Limit, value: usize| Refusal::Limit {
+            limit,
+            value: value as u64,
+        };
+        if from_peer.open >= self.limits.max_per_peer {
+            return Err(exceeded(
+                Limit::ConnectionsPerPeer,
+                self.limits.max_per_peer,
+            ));
+        }
+        if from_peer.pending >= self.limits.max_pending_per_peer {
+            return Err(exceeded(
+                Limit::PendingHandshakesPerPeer,
+                self.limits.max_pending_per_peer,
+            ));
         }
         if counts.pending >= self.limits.max_pending {
-            return Err(Refusal::Limit {
-                limit: Limit::PendingHandshakes,
-                value: self.limits.max_pending as u64,
-            });
+            return Err(exceeded(Limit::PendingHandshakes, self.limits.max_pending));
         }
-        *counts.per_peer.entry(peer).or_insert(0) += 1;
+        let entry = counts.per_peer.entry(peer).or_default();
+        entry.open += 1;
+        entry.pending += 1;
         counts.pending += 1;
         Ok(Admitted {
             admission: self.clone(),
@@ -385,7 +417,11 @@ impl Admitted {
     /// The peer passed the handshake: it no longer counts as pending.
     pub fn authenticated(&mut self) {
         if std::mem::take(&mut self.pending) {
-            self.admission.counts().pending -= 1;
+            let mut counts = self.admission.counts();
+            counts.pending -= 1;
+            if let Some(peer) = counts.per_peer.get_mut(&self.peer) {
+                peer.pending -= 1;
+            }
         }
     }
 }
@@ -396,9 +432,12 @@ impl Drop for Admitted {
         if self.pending {
             counts.pending -= 1;
         }
-        if let Some(n) = counts.per_peer.get_mut(&self.peer) {
-            *n -= 1;
-            if *n == 0 {
+        if let Some(peer) = counts.per_peer.get_mut(&self.peer) {
+            peer.open -= 1;
+            if self.pending {
+                peer.pending -= 1;
+            }
+            if peer.open == 0 {
                 counts.per_peer.remove(&self.peer);
             }
         }
@@ -828,6 +867,7 @@ mod tests {
         let admission = Admission::new(ConnectionLimits {
             max_per_peer: 2,
             max_pending: 2,
+            max_pending_per_peer: 2,
         });
         let a: std::net::IpAddr = [10, 0, 0, 1].into();
         let b: std::net::IpAddr = [10, 0, 0, 2].into();
@@ -859,6 +899,25 @@ mod tests {
         let counts = admission.counts();
         assert_eq!(counts.pending, 0);
         assert!(counts.per_peer.is_empty(), "{:?}", counts.per_peer);
+        drop(counts);
+
+        // One address cannot take every pending place.
+        let admission = Admission::new(ConnectionLimits {
+            max_per_peer: 10,
+            max_pending: 3,
+            max_pending_per_peer: 2,
+        });
+        let held: Vec<Admitted> = (0..2).map(|_| admission.admit(a).unwrap()).collect();
+        assert_eq!(
+            limit(admission.admit(a)),
+            Some((Limit::PendingHandshakesPerPeer, 2))
+        );
+        let other = admission.admit(b).unwrap();
+        assert_eq!(
+            limit(admission.admit(b)),
+            Some((Limit::PendingHandshakes, 3))
+        );
+        drop((held, other));
     }
 
     /// The handshake of every protocol under the stable fuzzer (see `crate::fuzz`).

@@ -737,6 +737,7 @@ fn connections_are_limited_per_peer_and_while_pending() {
     let limits = ConnectionLimits {
         max_per_peer: 3,
         max_pending: 2,
+        max_pending_per_peer: 3,
     };
     let server = TcpServer::bind_with_limits("127.0.0.1:0", creds(), limits).unwrap();
     server.register(R, REGION_LEN).unwrap();

@@ -168,7 +168,9 @@ impl MetaConfig {
         );
         anyhow::ensure!(!self.cluster.is_empty(), "the cluster needs a name");
         anyhow::ensure!(
-            self.connection_limits.max_per_peer > 0 && self.connection_limits.max_pending > 0,
+            self.connection_limits.max_per_peer > 0
+                && self.connection_limits.max_pending > 0
+                && self.connection_limits.max_pending_per_peer > 0,
             "connection limits must be at least 1: {:?}",
             self.connection_limits
         );

@@ -265,6 +265,7 @@ fn pending_handshakes_and_connections_per_peer_are_limited() {
         c.connection_limits = ConnectionLimits {
             max_per_peer: 4,
             max_pending: 2,
+            max_pending_per_peer: 3,
         }
     });
     let addr = server.handle.addr();
@@ -377,4 +378,35 @@ fn oversized_and_malformed_requests_get_a_reason() {
     // The server is still serving everyone else.
     let mut c = server.client().unwrap();
     assert_eq!(c.call(Request::Heartbeat).unwrap(), Ok(Response::Ok));
+}
+
+/// One address cannot hold every place in the handshake: its silent connections are limited
+/// on their own, below the total.
+#[test]
+fn pending_handshakes_per_peer_are_limited() {
+    let server = Server::start(|c| {
+        c.connection_limits = ConnectionLimits {
+            max_per_peer: 10,
+            max_pending: 10,
+            max_pending_per_peer: 1,
+        }
+    });
+    let silent = TcpStream::connect(server.handle.addr()).unwrap();
+    wait_until(
+        Duration::from_secs(10),
+        "the per-peer pending limit",
+        || {
+            matches!(
+                server.client(),
+                Err(RpcError::Refused(Refusal::Limit {
+                    limit: Limit::PendingHandshakesPerPeer,
+                    value: 1
+                }))
+            )
+        },
+    );
+    drop(silent);
+    wait_until(Duration::from_secs(10), "the place to free", || {
+        server.client().is_ok()
+    });
 }

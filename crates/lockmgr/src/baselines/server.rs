@@ -689,6 +689,7 @@ mod tests {
         let limits = ConnectionLimits {
             max_per_peer: 2,
             max_pending: 1,
+            max_pending_per_peer: 2,
         };
         let server = LockServer::bind_with_limits("127.0.0.1:0", creds(), limits).unwrap();
         let silent = TcpStream::connect(server.addr()).unwrap();

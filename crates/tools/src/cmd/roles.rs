@@ -90,6 +90,10 @@ pub struct MetaArgs {
     /// buffering an unauthenticated hello); more are refused.
     #[arg(long)]
     max_pending_handshakes: Option<usize>,
+    /// Connections from one IP address that may wait for their handshake at once; more are
+    /// refused.
+    #[arg(long)]
+    max_pending_handshakes_per_peer: Option<usize>,
     /// Client sessions open at once; more clients are refused at the handshake.
     #[arg(long)]
     max_sessions: Option<usize>,
@@ -143,6 +147,9 @@ pub struct MetaServerConfig {
     /// Connections waiting for their handshake, in total
     /// (`fabric::handshake::ConnectionLimits::DEFAULT_MAX_PENDING`).
     pub max_pending_handshakes: usize,
+    /// Connections from one IP address waiting for their handshake
+    /// (`fabric::handshake::ConnectionLimits::DEFAULT_MAX_PENDING_PER_PEER`).
+    pub max_pending_handshakes_per_peer: usize,
     /// Client sessions (`meta_server::DEFAULT_MAX_SESSIONS`).
     pub max_sessions: usize,
     /// Open files per session (`meta_server::DEFAULT_MAX_OPEN_PER_SESSION`).
@@ -167,6 +174,7 @@ impl Default for MetaServerConfig {
             lock_server: false,
             max_connections_per_peer: ConnectionLimits::DEFAULT_MAX_PER_PEER,
             max_pending_handshakes: ConnectionLimits::DEFAULT_MAX_PENDING,
+            max_pending_handshakes_per_peer: ConnectionLimits::DEFAULT_MAX_PENDING_PER_PEER,
             max_sessions: meta_server::DEFAULT_MAX_SESSIONS,
             max_open_per_session: meta_server::DEFAULT_MAX_OPEN_PER_SESSION,
         }
@@ -197,6 +205,7 @@ impl MetaServerConfig {
         config.connection_limits = ConnectionLimits {
             max_per_peer: self.max_connections_per_peer,
             max_pending: self.max_pending_handshakes,
+            max_pending_per_peer: self.max_pending_handshakes_per_peer,
         };
         config.max_sessions = self.max_sessions;
         config.max_open_per_session = self.max_open_per_session;
