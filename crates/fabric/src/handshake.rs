@@ -59,7 +59,8 @@ impl Protocol {
             Protocol::Verbs => 3,
             // 2: the shared hello; `Open` carries a `lockmgr::LockScheme`, `OpenFile` a `LockRef`.
             // 3: data servers name their incarnation; clients learn the layout epoch in every
-            // heartbeat and fetch the layout with `Cluster`; `FsError::Lost`.
+            // heartbeat and fetch the layout with `Cluster`; `FsError` answers `Lost`,
+            // `Unavailable`, `Busy`, `TooManyOpen`, `TooManySessions`.
             Protocol::Rpc => 3,
             // 1: the first version with a handshake.
             Protocol::LockServer => 1,
@@ -226,6 +227,333 @@ pub enum Refusal {
     /// failed, the meta server is shutting down, …).
     #[error("{0}")]
     Rejected(String),
+    /// A limit of the server was reached: the peer is refused before anything of it is read,
+    /// and may try again later.
+    #[error("{} (limit {} = {value}); try again later", .limit.describe(), .limit.setting())]
+    Limit {
+        /// Which limit.
+        limit: Limit,
+        /// Its value on this server.
+        value: u64,
+    },
+}
+
+/// A limit a server puts on its peers, named as its setting is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Limit {
+    /// Concurrent connections from one IP address.
+    ConnectionsPerPeer,
+    /// Connections, from all peers together, that have not completed the handshake.
+    PendingHandshakes,
+    /// Connections from one IP address that have not completed the handshake.
+    PendingHandshakesPerPeer,
+    /// Client sessions of a meta server.
+    Sessions,
+}
+
+impl Limit {
+    /// The name of the setting that sets this limit (in config files and, with dashes, flags).
+    pub const fn setting(self) -> &'static str {
+        match self {
+            Limit::ConnectionsPerPeer => "max_connections_per_peer",
+            Limit::PendingHandshakes => "max_pending_handshakes",
+            Limit::PendingHandshakesPerPeer => "max_pending_handshakes_per_peer",
+            Limit::Sessions => "max_sessions",
+        }
+    }
+
+    /// What was exceeded, for messages.
+    pub const fn describe(self) -> &'static str {
+        match self {
+            Limit::ConnectionsPerPeer => "too many connections from this address",
+            Limit::PendingHandshakes => "too many connections waiting for their handshake",
+            Limit::PendingHandshakesPerPeer => {
+                "too many connections from this address waiting for their handshake"
+            }
+            Limit::Sessions => "too many client sessions",
+        }
+    }
+}
+
+/// Limits on the connections a TCP server of CitronFS takes: every server (the tcp fabric,
+/// the meta server's RPC port, the lock server) checks them when it accepts a connection,
+/// before it reads a byte, with an [`Admission`].
+///
+/// Why these: a single hostile address cannot take every slot ([`max_per_peer`]) nor every
+/// place in the handshake ([`max_pending_per_peer`]), and many addresses together cannot hold
+/// more than a bounded number of unauthenticated connections — each of which may make the
+/// server buffer up to [`MAX_HELLO_FRAME`] — at once ([`max_pending`]). Authenticated
+/// connections are not bounded in total: they hold the cluster's token.
+///
+/// [`max_per_peer`]: ConnectionLimits::max_per_peer
+/// [`max_pending_per_peer`]: ConnectionLimits::max_pending_per_peer
+/// [`max_pending`]: ConnectionLimits::max_pending
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConnectionLimits {
+    /// Concurrent connections (authenticated or not) from one IP address. Every thread of a
+    /// client has its own fabric connection, so clients on one host need many.
+    pub max_per_peer: usize,
+    /// Connections from all peers that have not completed the handshake yet.
+    pub max_pending: usize,
+    /// Connections from one IP address that have not completed the handshake yet: one
+    /// address cannot hold every place of `max_pending` (each for up to
+    /// [`HANDSHAKE_TIMEOUT`]) and so keep everyone else out.
+    pub max_pending_per_peer: usize,
+}
+
+impl ConnectionLimits {
+    /// Default of [`ConnectionLimits::max_per_peer`]: every thread of every client process on
+    /// a host has its own fabric connection to each server, and benchmarks on one host run
+    /// dozens of processes of dozens of threads.
+    pub const DEFAULT_MAX_PER_PEER: usize = 4096;
+    /// Default of [`ConnectionLimits::max_pending`]: a handshake takes a round trip, so even a
+    /// cluster whose clients all start at once rarely has more than a few dozen pending.
+    pub const DEFAULT_MAX_PENDING: usize = 256;
+    /// Default of [`ConnectionLimits::max_pending_per_peer`]: a quarter of the pending places,
+    /// still far more than a host's clients starting at once need.
+    pub const DEFAULT_MAX_PENDING_PER_PEER: usize = 64;
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        Self {
+            max_per_peer: Self::DEFAULT_MAX_PER_PEER,
+            max_pending: Self::DEFAULT_MAX_PENDING,
+            max_pending_per_peer: Self::DEFAULT_MAX_PENDING_PER_PEER,
+        }
+    }
+}
+
+/// The connections a server holds, counted against its [`ConnectionLimits`].
+///
+/// Invariant: `per_peer[ip]` counts the live [`Admitted`] of `ip` and those of them not yet
+/// [`Admitted::authenticated`] (absent when both are 0), and `pending` the latter over all
+/// peers; all are changed only under the mutex, by `admit` and by an `Admitted`'s methods and
+/// drop.
+#[derive(Debug)]
+pub struct Admission {
+    limits: ConnectionLimits,
+    counts: std::sync::Mutex<Counts>,
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    per_peer: std::collections::HashMap<std::net::IpAddr, PeerCounts>,
+    pending: usize,
+}
+
+/// One peer's connections, and how many of them are pending their handshake.
+#[derive(Debug, Default, Clone, Copy)]
+struct PeerCounts {
+    open: usize,
+    pending: usize,
+}
+
+impl Admission {
+    /// Counts connections against `limits`.
+    pub fn new(limits: ConnectionLimits) -> std::sync::Arc<Self> {
+        std::sync::Arc::new(Self {
+            limits,
+            counts: std::sync::Mutex::new(Counts::default()),
+        })
+    }
+
+    /// The limits counted against.
+    pub fn limits(&self) -> ConnectionLimits {
+        self.limits
+    }
+
+    fn counts(&self) -> std::sync::MutexGuard<'_, Counts> {
+        // Every critical section leaves the counts consistent; a panic elsewhere must not stop
+        // the server from accepting.
+        self.counts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Admits a new connection from `peer` as pending its handshake, or says which limit it
+    /// would exceed. The connection counts until the returned guard is dropped.
+    pub fn admit(self: &std::sync::Arc<Self>, peer: std::net::IpAddr) -> Result<Admitted, Refusal> {
+        let mut counts = self.counts();
+        let from_peer = counts.per_peer.get(&peer).copied().unwrap_or_default();
+        let exceeded = |limit: Limit, value: usize| Refusal::Limit {
+            limit,
+            value: value as u64,
+        };
+        if from_peer.open >= self.limits.max_per_peer {
+            return Err(exceeded(
+                Limit::ConnectionsPerPeer,
+                self.limits.max_per_peer,
+            ));
+        }
+        if from_peer.pending >= self.limits.max_pending_per_peer {
+            return Err(exceeded(
+                Limit::PendingHandshakesPerPeer,
+                self.limits.max_pending_per_peer,
+            ));
+        }
+        if counts.pending >= self.limits.max_pending {
+            return Err(exceeded(Limit::PendingHandshakes, self.limits.max_pending));
+        }
+        let entry = counts.per_peer.entry(peer).or_default();
+        entry.open += 1;
+        entry.pending += 1;
+        counts.pending += 1;
+        Ok(Admitted {
+            admission: self.clone(),
+            peer,
+            pending: true,
+        })
+    }
+}
+
+/// One admitted connection: counted by its [`Admission`] until dropped.
+#[derive(Debug)]
+pub struct Admitted {
+    admission: std::sync::Arc<Admission>,
+    peer: std::net::IpAddr,
+    pending: bool,
+}
+
+impl Admitted {
+    /// The peer passed the handshake: it no longer counts as pending.
+    pub fn authenticated(&mut self) {
+        if std::mem::take(&mut self.pending) {
+            let mut counts = self.admission.counts();
+            counts.pending -= 1;
+            if let Some(peer) = counts.per_peer.get_mut(&self.peer) {
+                peer.pending -= 1;
+            }
+        }
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        let mut counts = self.admission.counts();
+        if self.pending {
+            counts.pending -= 1;
+        }
+        if let Some(peer) = counts.per_peer.get_mut(&self.peer) {
+            peer.open -= 1;
+            if self.pending {
+                peer.pending -= 1;
+            }
+            if peer.open == 0 {
+                counts.per_peer.remove(&self.peer);
+            }
+        }
+    }
+}
+
+/// Answers a connection refused at accept time ([`Admission::admit`]) with `refusal` as the
+/// answer to the hello it has not sent yet, and half-closes it. The answer is a few dozen
+/// bytes, so the write lands in an empty socket buffer and does not block; the write timeout
+/// guards the case where it would. The caller must keep the socket open a moment and read
+/// what arrives ([`Refuser`] does): closing it with the peer's hello unread would reset the
+/// connection, and the reset can destroy the refusal before the peer reads it.
+///
+/// Every protocol's answer is a postcard `Result<Welcome, Refusal>`, and the encoding of an
+/// `Err` does not depend on the welcome type, so one function serves them all.
+pub fn refuse_at_accept(stream: &std::net::TcpStream, refusal: &Refusal) {
+    let _ = stream.set_write_timeout(Some(Duration::from_millis(100)));
+    if let Ok(bytes) = refusal_answer(refusal) {
+        let mut w = stream;
+        let _ = write_frame(&mut w, &bytes);
+    }
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+}
+
+/// Refuses connections for a thread-per-connection server's accept loop without making it
+/// wait: one thread answers each refused connection ([`refuse_at_accept`]), then reads and
+/// discards what the peer sends for at most [`Refuser::LINGER`] before closing it, so that the
+/// refusal is not destroyed by a reset. A flood costs one thread and at most
+/// [`Refuser::MAX_LINGERING`] open sockets; beyond that a refused connection is closed at once.
+pub struct Refuser {
+    tx: Option<std::sync::mpsc::SyncSender<(std::net::TcpStream, Refusal)>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Refuser {
+    /// How long a refused connection is kept open, reading, before it is closed.
+    pub const LINGER: Duration = Duration::from_millis(200);
+    /// Most refused connections kept open at once.
+    pub const MAX_LINGERING: usize = 1024;
+
+    /// Starts the refusing thread, named `name`.
+    pub fn start(name: &str) -> std::io::Result<Refuser> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(Self::MAX_LINGERING);
+        let thread = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || refuser_loop(rx))?;
+        Ok(Refuser {
+            tx: Some(tx),
+            thread: Some(thread),
+        })
+    }
+
+    /// Refuses `stream` with `refusal` (closed at once if too many are lingering).
+    pub fn refuse(&self, stream: std::net::TcpStream, refusal: Refusal) {
+        if let Some(tx) = &self.tx {
+            if let Err(std::sync::mpsc::TrySendError::Full((stream, refusal))) =
+                tx.try_send((stream, refusal))
+            {
+                refuse_at_accept(&stream, &refusal);
+            }
+        }
+    }
+}
+
+impl Drop for Refuser {
+    fn drop(&mut self) {
+        // Disconnects the channel: the thread closes what it holds and ends.
+        self.tx.take();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn refuser_loop(rx: std::sync::mpsc::Receiver<(std::net::TcpStream, Refusal)>) {
+    use std::io::ErrorKind;
+    use std::sync::mpsc::RecvTimeoutError;
+    use std::time::Instant;
+    let mut lingering: Vec<(std::net::TcpStream, Instant)> = Vec::new();
+    let mut sink = [0u8; 4096];
+    loop {
+        let next = if lingering.is_empty() {
+            rx.recv().map_err(|_| RecvTimeoutError::Disconnected)
+        } else {
+            rx.recv_timeout(Duration::from_millis(10))
+        };
+        match next {
+            Ok((stream, refusal)) => {
+                refuse_at_accept(&stream, &refusal);
+                if stream.set_nonblocking(true).is_ok() && lingering.len() < Refuser::MAX_LINGERING
+                {
+                    lingering.push((stream, Instant::now() + Refuser::LINGER));
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => return,
+        }
+        let now = Instant::now();
+        lingering.retain_mut(|(stream, deadline)| {
+            if now >= *deadline {
+                return false;
+            }
+            // Discard what arrived; keep the socket until the peer closes or time is up.
+            loop {
+                match stream.read(&mut sink) {
+                    Ok(0) => return false,
+                    Ok(_) => {}
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => return true,
+                    Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                    Err(_) => return false,
+                }
+            }
+        });
+    }
 }
 
 /// Decodes and checks the hello in `body` for a server of `protocol` belonging to
@@ -280,6 +608,11 @@ pub fn accept<R: DeserializeOwned>(
         });
     }
     Ok(hello)
+}
+
+/// The encoded answer (a frame body) that refuses a hello with `refusal`, in every protocol.
+pub fn refusal_answer(refusal: &Refusal) -> Result<Vec<u8>, postcard::Error> {
+    postcard::to_stdvec::<Result<(), Refusal>>(&Err(refusal.clone()))
 }
 
 /// Why a client's handshake failed.
@@ -340,6 +673,96 @@ pub fn server_handshake<R: DeserializeOwned, W: Serialize>(
         let _ = write_frame(stream, &bytes).and_then(|()| stream.flush());
     }
     result
+}
+
+/// The credentials of every fuzz entry's server: cluster `fuzz`, token `secret`.
+pub fn fuzz_credentials() -> Credentials {
+    Credentials::new("fuzz", "secret")
+}
+
+/// Fuzz entry of the handshake as every server runs it ([`server_handshake`]) for `protocol`
+/// with hellos carrying a role of type `R` (the RPC protocol's is `proto::rpc::Role`, the
+/// others' `()`); `input` is the byte stream the peer sends. Checks, panicking on a finding:
+/// the hello's body is not allocated beyond the bytes that arrived; the server writes exactly
+/// one frame, a decodable answer that agrees with the outcome; an accepted hello is of this
+/// protocol and version and presents the server's credentials, and is accepted again after a
+/// round trip through its encoding.
+pub fn fuzz_server_handshake<R: DeserializeOwned + Serialize + PartialEq + std::fmt::Debug>(
+    input: &[u8],
+    protocol: Protocol,
+) {
+    let credentials = fuzz_credentials();
+    let mut body = Vec::new();
+    let _ = read_frame(&mut &input[..], MAX_HELLO_FRAME, &mut body);
+    crate::fuzz::assert_bounded(&body, input.len());
+
+    let mut pipe = crate::fuzz::Pipe::new(input);
+    let outcome = server_handshake::<R, ()>(&mut pipe, protocol, &credentials, |_| Ok(()));
+    let mut written = &pipe.output[..];
+    let mut answer = Vec::new();
+    if let Err(e) = read_frame(&mut written, MAX_HELLO_FRAME, &mut answer) {
+        panic!("the server's answer is not a frame: {e}");
+    }
+    assert!(written.is_empty(), "the server wrote more than one answer");
+    let answer: Result<(), Refusal> = match postcard::from_bytes(&answer) {
+        Ok(answer) => answer,
+        Err(e) => panic!("the server's answer does not decode: {e}"),
+    };
+    match (outcome, answer) {
+        (Ok(hello), Ok(())) => {
+            assert_eq!(
+                (hello.magic, hello.protocol, hello.version),
+                (MAGIC, protocol, protocol.version())
+            );
+            assert_eq!(hello.cluster, credentials.cluster);
+            assert!(credentials.token_matches(&hello.token));
+            let again = postcard::to_stdvec(&hello).expect("an accepted hello encodes");
+            match accept::<R>(&again, protocol, &credentials) {
+                Ok(back) => assert!(back == hello, "the hello changed in a round trip"),
+                Err(refusal) => panic!("a re-encoded accepted hello is refused: {refusal}"),
+            }
+        }
+        (Err(refused), Err(answered)) => assert_eq!(refused, answered),
+        (outcome, answer) => panic!(
+            "the answer {answer:?} disagrees with the outcome {:?}",
+            outcome.map(|_| ())
+        ),
+    }
+}
+
+/// Seeds for [`fuzz_server_handshake`]: framed hellos of `protocol` with `role` — the right
+/// one, and one with each field wrong — plus other protocols' hellos.
+pub fn fuzz_hello_seeds<R: Serialize + Clone>(protocol: Protocol, role: R) -> Vec<Vec<u8>> {
+    let good = Hello::new(protocol, &fuzz_credentials(), 7, role.clone());
+    let mut hellos = vec![good.clone()];
+    let mut h = good.clone();
+    h.token = "wrong".into();
+    hellos.push(h);
+    let mut h = good.clone();
+    h.cluster = "other".into();
+    hellos.push(h);
+    let mut h = good.clone();
+    h.version += 1;
+    hellos.push(h);
+    let mut h = good.clone();
+    h.magic ^= 1;
+    hellos.push(h);
+    for other in [Protocol::Verbs, Protocol::Rpc, Protocol::LockServer] {
+        let mut h = good.clone();
+        h.protocol = other;
+        h.version = other.version();
+        hellos.push(h);
+    }
+    let mut seeds: Vec<Vec<u8>> = hellos
+        .iter()
+        .map(|h| crate::fuzz::frame(&postcard::to_stdvec(h).expect("a hello encodes")))
+        .collect();
+    // A good hello followed by more bytes (the first request), and one split short.
+    let mut followed = seeds[0].clone();
+    followed.extend_from_slice(&seeds[0]);
+    seeds.push(followed);
+    seeds.push(seeds[0][..seeds[0].len() / 2].to_vec());
+    seeds
 }
 
 #[cfg(test)]
@@ -437,6 +860,84 @@ mod tests {
         assert!(!text.contains("secret"));
         let text = format!("{:?}", Hello::new(Protocol::Rpc, &creds(), 0, ()));
         assert!(!text.contains("secret"));
+    }
+
+    /// Admission counts pending and per-peer connections, frees pending places on
+    /// authentication and every place on drop, and names the limit it refuses by.
+    #[test]
+    fn admission_counts_and_frees() {
+        let admission = Admission::new(ConnectionLimits {
+            max_per_peer: 2,
+            max_pending: 2,
+            max_pending_per_peer: 2,
+        });
+        let a: std::net::IpAddr = [10, 0, 0, 1].into();
+        let b: std::net::IpAddr = [10, 0, 0, 2].into();
+        let limit = |r: Result<Admitted, Refusal>| match r {
+            Err(Refusal::Limit { limit, value }) => Some((limit, value)),
+            Err(other) => panic!("{other}"),
+            Ok(_) => None,
+        };
+        let mut first = admission.admit(a).unwrap();
+        let second = admission.admit(b).unwrap();
+        assert_eq!(
+            limit(admission.admit(a)),
+            Some((Limit::PendingHandshakes, 2))
+        );
+        first.authenticated();
+        first.authenticated(); // idempotent
+        let third = admission.admit(a).unwrap();
+        assert_eq!(
+            limit(admission.admit(b)),
+            Some((Limit::PendingHandshakes, 2))
+        );
+        drop(second);
+        assert_eq!(
+            limit(admission.admit(a)),
+            Some((Limit::ConnectionsPerPeer, 2))
+        );
+        let from_b = admission.admit(b).unwrap();
+        drop((first, third, from_b));
+        let counts = admission.counts();
+        assert_eq!(counts.pending, 0);
+        assert!(counts.per_peer.is_empty(), "{:?}", counts.per_peer);
+        drop(counts);
+
+        // One address cannot take every pending place.
+        let admission = Admission::new(ConnectionLimits {
+            max_per_peer: 10,
+            max_pending: 3,
+            max_pending_per_peer: 2,
+        });
+        let held: Vec<Admitted> = (0..2).map(|_| admission.admit(a).unwrap()).collect();
+        assert_eq!(
+            limit(admission.admit(a)),
+            Some((Limit::PendingHandshakesPerPeer, 2))
+        );
+        let other = admission.admit(b).unwrap();
+        assert_eq!(
+            limit(admission.admit(b)),
+            Some((Limit::PendingHandshakes, 3))
+        );
+        drop((held, other));
+    }
+
+    /// The handshake of every protocol under the stable fuzzer (see `crate::fuzz`).
+    #[test]
+    fn fuzz_handshakes() {
+        let budget = crate::fuzz::DEFAULT_BUDGET / 3;
+        for protocol in [Protocol::Verbs, Protocol::LockServer] {
+            let seeds = fuzz_hello_seeds(protocol, ());
+            let report = crate::fuzz::run_framed("handshake", &seeds, budget, Some(0), |input| {
+                fuzz_server_handshake::<()>(input, protocol)
+            });
+            assert!(report.execs > seeds.len() as u64);
+        }
+        // A protocol whose role carries data (the RPC protocol's is in `proto`).
+        let seeds = fuzz_hello_seeds(Protocol::Rpc, ("host".to_string(), 42u32));
+        crate::fuzz::run_framed("handshake", &seeds, budget, Some(0), |input| {
+            fuzz_server_handshake::<(String, u32)>(input, Protocol::Rpc)
+        });
     }
 
     #[test]

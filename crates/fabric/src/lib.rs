@@ -26,6 +26,7 @@ pub mod batch;
 pub mod endpoint;
 pub mod error;
 pub mod frame;
+pub mod fuzz;
 pub mod handshake;
 pub mod local;
 pub mod mem;

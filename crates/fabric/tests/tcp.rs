@@ -929,3 +929,74 @@ fn a_peer_that_stops_reading_fails_a_large_batch_within_its_bound() {
         "took {took:?} for a bound of {bound:?}"
     );
 }
+
+/// Polls `done` until it holds, failing after 10 s.
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Beyond its connection limits the server refuses a peer with `Refusal::Limit`, naming the
+/// setting, before it reads a byte or spends a thread on it; the places free when the
+/// connections holding them close. Silent peers hold pending places; authenticated endpoints
+/// hold per-peer places.
+#[test]
+fn connections_are_limited_per_peer_and_while_pending() {
+    use fabric::handshake::{ConnectionLimits, Limit};
+    let limits = ConnectionLimits {
+        max_per_peer: 3,
+        max_pending: 2,
+        max_pending_per_peer: 3,
+    };
+    let server = TcpServer::bind_with_limits("127.0.0.1:0", creds(), limits).unwrap();
+    server.register(R, REGION_LEN).unwrap();
+    assert_eq!(server.limits(), limits);
+    let refused_with = |limit: Limit| {
+        move |result: Result<TcpEndpoint, FabricError>| match result {
+            Err(FabricError::Refused(why)) => {
+                let value = match limit {
+                    Limit::PendingHandshakes => 2,
+                    _ => 3,
+                };
+                why == Refusal::Limit { limit, value }.to_string()
+            }
+            _ => false,
+        }
+    };
+
+    // Two silent peers, one of them declaring a huge frame: the third peer is refused.
+    let silent: Vec<TcpStream> = (0..2)
+        .map(|_| TcpStream::connect(server.local_addr()).unwrap())
+        .collect();
+    (&silent[1])
+        .write_all(&u32::MAX.to_le_bytes()[..3])
+        .unwrap();
+    wait_for("the pending limit", || {
+        refused_with(Limit::PendingHandshakes)(TcpEndpoint::connect(server.local_addr(), &creds()))
+    });
+    drop(silent);
+    let mut endpoints = Vec::new();
+    wait_for("three endpoints", || {
+        if let Ok(ep) = TcpEndpoint::connect(server.local_addr(), &creds()) {
+            endpoints.push(ep);
+        }
+        endpoints.len() == 3
+    });
+    assert!(refused_with(Limit::ConnectionsPerPeer)(
+        TcpEndpoint::connect(server.local_addr(), &creds())
+    ));
+    // The endpoints in place are served all the while.
+    for ep in &mut endpoints {
+        ep.faa(addr(0), 1).unwrap();
+    }
+    endpoints.pop();
+    wait_for("a per-peer place to free", || {
+        TcpEndpoint::connect(server.local_addr(), &creds())
+            .map(|ep| endpoints.push(ep))
+            .is_ok()
+    });
+    assert_eq!(endpoints[0].read_u64(addr(0)).unwrap(), 3);
+}

@@ -3,22 +3,33 @@
 //! lives there, in sled; every mutation is one transaction).
 //!
 //! This module owns no state. Two rules it keeps:
-//! - names are checked here (`check_name`) before they travel, with the same rules as the meta
-//!   server, so a bad name costs no round trip;
+//! - names are checked here (`check_name_for`) before they travel, with the same rules and
+//!   errnos as the meta server, so a bad name costs no round trip — except `.` and `..`,
+//!   whose answer depends on the parent (Linux checks the parent first), which the meta
+//!   server checks;
 //! - the size in an attribute of a file open on this client comes from its file control block
 //!   (`fcb`'s `fresh_size`), not from the meta server, whose copy lags behind one-sided writes.
 
 use crate::client::{CitronFs, FileHandle, Inner};
 use crate::error::Error;
 use crate::meta::unexpected;
-use proto::rpc::{check_name, Request, Response, XattrMode};
+use proto::rpc::{check_name_for, is_dot, NameOp, Request, Response, XattrMode};
 use proto::{Attr, Caller, DirEntry, FileKind, FsError, FsStats, Ino, SetAttr};
 use std::sync::atomic::Ordering;
+
+/// Checks a name given to `op` before it travels (see the module docs); `.` and `..` travel.
+fn check(op: NameOp, name: &str) -> Result<(), Error> {
+    if is_dot(name) {
+        return Ok(());
+    }
+    Ok(check_name_for(op, name)?)
+}
 
 impl CitronFs {
     /// The entry `name` in directory `parent`.
     pub fn lookup(&self, parent: Ino, name: &str) -> Result<Attr, Error> {
-        check_name(name)?;
+        // Any call's rules: they differ only for `.` and `..`, which the server resolves.
+        check(NameOp::Create, name)?;
         let attr = self.inner.attr_call(
             "Lookup",
             Request::Lookup {
@@ -75,7 +86,7 @@ impl CitronFs {
         perm: u16,
         rdev: u32,
     ) -> Result<Attr, Error> {
-        check_name(name)?;
+        check(NameOp::Create, name)?;
         if matches!(kind, FileKind::Dir | FileKind::Symlink) {
             return Err(FsError::Invalid(format!("mknod cannot create a {kind:?}")).into());
         }
@@ -146,7 +157,7 @@ impl CitronFs {
 
     /// Creates a directory.
     pub fn mkdir(&self, caller: Caller, parent: Ino, name: &str, perm: u16) -> Result<Attr, Error> {
-        check_name(name)?;
+        check(NameOp::Create, name)?;
         self.inner.attr_call(
             "Mkdir",
             Request::Mkdir {
@@ -160,7 +171,7 @@ impl CitronFs {
 
     /// Removes a non-directory entry.
     pub fn unlink(&self, parent: Ino, name: &str) -> Result<(), Error> {
-        check_name(name)?;
+        check(NameOp::Unlink, name)?;
         self.inner.ok_call(
             "Unlink",
             Request::Unlink {
@@ -172,7 +183,7 @@ impl CitronFs {
 
     /// Removes an empty directory.
     pub fn rmdir(&self, parent: Ino, name: &str) -> Result<(), Error> {
-        check_name(name)?;
+        check(NameOp::Rmdir, name)?;
         self.inner.ok_call(
             "Rmdir",
             Request::Rmdir {
@@ -192,8 +203,8 @@ impl CitronFs {
         new_name: &str,
         no_replace: bool,
     ) -> Result<(), Error> {
-        check_name(name)?;
-        check_name(new_name)?;
+        check(NameOp::RenameFrom, name)?;
+        check(NameOp::RenameTo { no_replace }, new_name)?;
         self.inner.ok_call(
             "Rename",
             Request::Rename {
@@ -208,7 +219,7 @@ impl CitronFs {
 
     /// Adds the hard link `new_parent/new_name` to `ino`.
     pub fn link(&self, ino: Ino, new_parent: Ino, new_name: &str) -> Result<Attr, Error> {
-        check_name(new_name)?;
+        check(NameOp::Create, new_name)?;
         let attr = self.inner.attr_call(
             "Link",
             Request::Link {
@@ -228,7 +239,7 @@ impl CitronFs {
         name: &str,
         target: &str,
     ) -> Result<Attr, Error> {
-        check_name(name)?;
+        check(NameOp::Create, name)?;
         if target.len() > proto::SYMLINK_MAX {
             return Err(FsError::NameTooLong.into());
         }

@@ -62,6 +62,13 @@ pub const DEFAULT_LOCK_LEASE: Duration = Duration::from_secs(2);
 /// left.
 pub const DEFAULT_FENCE_AFTER: Duration = Duration::from_millis(100);
 
+/// Default of [`MetaConfig::max_sessions`].
+pub const DEFAULT_MAX_SESSIONS: usize = 4096;
+
+/// Default of [`MetaConfig::max_open_per_session`]: as many as a process may open by default
+/// (`ulimit -n` hard limit on most distributions).
+pub const DEFAULT_MAX_OPEN_PER_SESSION: usize = 1 << 20;
+
 /// Everything a meta server needs.
 #[derive(Clone, Debug)]
 pub struct MetaConfig {
@@ -95,6 +102,16 @@ pub struct MetaConfig {
     /// it). It listens on the RPC address's host, on a port of its own, and authenticates
     /// peers with the cluster's credentials like every other server.
     pub lock_server: bool,
+    /// Limits on connections to the RPC port and the lock server: per peer address, and
+    /// pending their handshake in total. A connection beyond them is refused
+    /// (`Refusal::Limit`, naming the setting) before any of its bytes are read.
+    pub connection_limits: fabric::handshake::ConnectionLimits,
+    /// Client sessions open at once; a client beyond is refused at the handshake
+    /// (`Refusal::Limit`).
+    pub max_sessions: usize,
+    /// Files one client session may have open at once; an open beyond fails with EMFILE
+    /// (`FsError::TooManyOpen`).
+    pub max_open_per_session: usize,
 }
 
 impl MetaConfig {
@@ -114,6 +131,9 @@ impl MetaConfig {
             fence_after: DEFAULT_FENCE_AFTER,
             lock_lease: DEFAULT_LOCK_LEASE,
             lock_server: false,
+            connection_limits: fabric::handshake::ConnectionLimits::default(),
+            max_sessions: DEFAULT_MAX_SESSIONS,
+            max_open_per_session: DEFAULT_MAX_OPEN_PER_SESSION,
         }
     }
 
@@ -151,6 +171,18 @@ impl MetaConfig {
             self.fence_after
         );
         anyhow::ensure!(!self.cluster.is_empty(), "the cluster needs a name");
+        anyhow::ensure!(
+            self.connection_limits.max_per_peer > 0
+                && self.connection_limits.max_pending > 0
+                && self.connection_limits.max_pending_per_peer > 0,
+            "connection limits must be at least 1: {:?}",
+            self.connection_limits
+        );
+        anyhow::ensure!(self.max_sessions > 0, "max_sessions must be at least 1");
+        anyhow::ensure!(
+            self.max_open_per_session > 0,
+            "max_open_per_session must be at least 1"
+        );
         Ok(())
     }
 }
@@ -179,9 +211,12 @@ impl MetaServer {
         let t_wait = measure_t_wait(&region_server)?;
 
         let lock_server = if config.lock_server {
-            let server =
-                LockServer::bind(SocketAddr::new(config.listen.ip(), 0), config.credentials())
-                    .context("starting the lock server")?;
+            let server = LockServer::bind_with_limits(
+                SocketAddr::new(config.listen.ip(), 0),
+                config.credentials(),
+                config.connection_limits,
+            )
+            .context("starting the lock server")?;
             Some(Arc::new(server))
         } else {
             None
@@ -196,6 +231,9 @@ impl MetaServer {
             lock_lease: config.lock_lease,
             meta_fabric,
             t_wait,
+            connection_limits: config.connection_limits,
+            max_sessions: config.max_sessions,
+            max_open_per_session: config.max_open_per_session,
         };
         let service = Arc::new(Service::new(settings, store, region, lock_server)?);
         let region_server = Arc::new(region_server);

@@ -8,7 +8,9 @@
 
 use crate::service::Service;
 use fabric::frame::{check_body, header_for, parse_header, FrameError, HEADER_LEN};
-use fabric::handshake::{self, Protocol, Refusal, HANDSHAKE_TIMEOUT, MAX_HELLO_FRAME};
+use fabric::handshake::{
+    self, Admission, Admitted, Limit, Protocol, Refusal, HANDSHAKE_TIMEOUT, MAX_HELLO_FRAME,
+};
 use proto::rpc::{HelloAnswer, RequestFrame, ResponseFrame, Role, Welcome, MAX_FRAME};
 use proto::FsError;
 use serde::de::DeserializeOwned;
@@ -77,18 +79,29 @@ pub(crate) async fn accept_loop(
     service: Arc<Service>,
     mut stop: watch::Receiver<bool>,
 ) {
+    let admission = Admission::new(service.settings.connection_limits);
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
                     let _ = stream.set_nodelay(true);
+                    // Counted before a byte is read: beyond the limits a peer gets a refusal
+                    // naming the limit and costs no buffer.
+                    let admitted = match admission.admit(peer.ip()) {
+                        Ok(admitted) => admitted,
+                        Err(refusal) => {
+                            tracing::warn!(%peer, %refusal, "refused a connection");
+                            tokio::spawn(refuse(stream, refusal));
+                            continue;
+                        }
+                    };
                     // A client or data server that vanishes (cut link, dead host) must not
                     // keep its task and session for ever.
                     fabric::tcp::watch_peer(&stream);
                     let service = service.clone();
                     let stop = stop.clone();
                     tokio::spawn(async move {
-                        if let Err(why) = connection(stream, service, stop).await {
+                        if let Err(why) = connection(stream, service, stop, admitted).await {
                             tracing::debug!(%peer, why, "connection closed");
                         }
                     });
@@ -101,6 +114,28 @@ pub(crate) async fn accept_loop(
             _ = stop.changed() => break,
         }
     }
+}
+
+/// Answers a connection refused at accept time with `refusal` and closes it. The peer's hello
+/// is read and discarded for a moment first (at most [`MAX_HELLO_FRAME`] bytes, half a second),
+/// so that the close does not reset the connection before the refusal arrives.
+async fn refuse(stream: TcpStream, refusal: Refusal) {
+    let (mut r, mut w) = stream.into_split();
+    if send(&mut w, &HelloAnswer::Err(refusal)).await.is_err() {
+        return;
+    }
+    let _ = w.shutdown().await;
+    let mut sink = [0u8; 4096];
+    let mut left = MAX_HELLO_FRAME;
+    let _ = tokio::time::timeout(Duration::from_millis(500), async {
+        while left > 0 {
+            match r.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    })
+    .await;
 }
 
 /// Runs `f` on the blocking pool.
@@ -116,6 +151,7 @@ async fn connection(
     stream: TcpStream,
     service: Arc<Service>,
     mut stop: watch::Receiver<bool>,
+    mut admitted: Admitted,
 ) -> Result<(), String> {
     let (r, w) = stream.into_split();
     let mut reader = BufReader::new(r);
@@ -144,15 +180,24 @@ async fn connection(
             return Err(refusal.to_string());
         }
     };
+    admitted.authenticated();
     match hello.role {
         Role::Client { host, pid } => {
             let svc = service.clone();
             let info = match blocking(move || svc.open_session()).await {
                 Ok(info) => info,
                 Err(e) => {
-                    let refusal = Refusal::Rejected(e.to_string());
+                    let refusal = match e {
+                        FsError::TooManySessions { limit } => Refusal::Limit {
+                            limit: Limit::Sessions,
+                            value: limit,
+                        },
+                        e => Refusal::Rejected(e.to_string()),
+                    };
+                    tracing::warn!(host, pid, %refusal, "refused a client session");
+                    let why = refusal.to_string();
                     let _ = send(&mut writer, &HelloAnswer::Err(refusal)).await;
-                    return Err(e.to_string());
+                    return Err(why);
                 }
             };
             let session = info.session;
@@ -277,9 +322,37 @@ async fn serve<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
 ) -> Result<(), String> {
     let mut body = Vec::new();
     loop {
-        let frame: RequestFrame = tokio::select! {
-            frame = recv(reader, &mut body) => frame?,
+        let read = tokio::select! {
+            read = read_frame(reader, MAX_FRAME, &mut body) => read,
             _ = stop.changed() => return Ok(()),
+        };
+        // A frame the server cannot take is answered under id 0 (no request has it), with
+        // the reason, before the connection closes: the client learns why (see
+        // `proto::rpc::Client::call`).
+        let refuse = |why: String| ResponseFrame {
+            id: 0,
+            result: Err(FsError::Invalid(why)),
+        };
+        let frame: RequestFrame = match read {
+            Ok(()) => match postcard::from_bytes(&body) {
+                Ok(frame) => frame,
+                Err(e) => {
+                    let why = format!("malformed request: {e}");
+                    tracing::warn!(session, why, "closing a client connection");
+                    let _ = send(writer, &refuse(why.clone())).await;
+                    return Err(why);
+                }
+            },
+            Err(FrameError::TooLarge { len, max }) => {
+                let why = format!(
+                    "a request frame of {len} bytes exceeds the limit of {max} bytes \
+                     (proto::rpc::MAX_FRAME)"
+                );
+                tracing::warn!(session, why, "closing a client connection");
+                let _ = send(writer, &refuse(why.clone())).await;
+                return Err(why);
+            }
+            Err(e) => return Err(e.to_string()),
         };
         let svc = service.clone();
         let request = frame.request;
@@ -293,5 +366,186 @@ async fn serve<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         )
         .await
         .map_err(|e| e.to_string())?;
+    }
+}
+
+/// Fuzz entry: `input` is the byte stream a peer sends to the meta server's RPC port, read
+/// exactly as a connection reads it ([`read_frame`]: the hello at most [`MAX_HELLO_FRAME`]
+/// bytes, checked by `handshake::accept`; then request frames of at most [`MAX_FRAME`]
+/// decoded as [`RequestFrame`]s). With a `store`, each namespace request is also run against
+/// it as the service runs it. Checks, panicking on a finding:
+/// - no frame body is allocated beyond the bytes that arrived, whatever length it declares;
+/// - every decoded request survives a round trip through its encoding;
+/// - the store answers every request with a result (no panic), never creates an entry under
+///   a name that `check_name_for` refuses, and its root stays a directory whose listing holds
+///   only good names.
+pub fn fuzz_entry(input: &[u8], store: Option<&crate::store::Store>) {
+    thread_local! {
+        static RUNTIME: tokio::runtime::Runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a current-thread runtime");
+    }
+    RUNTIME.with(|rt| rt.block_on(fuzz_stream(input, store)));
+}
+
+async fn fuzz_stream(input: &[u8], store: Option<&crate::store::Store>) {
+    let mut reader = input;
+    let mut body = Vec::new();
+    let read = read_frame(&mut reader, MAX_HELLO_FRAME, &mut body).await;
+    fabric::fuzz::assert_bounded(&body, input.len());
+    if read.is_err() {
+        return;
+    }
+    let credentials = fabric::handshake::fuzz_credentials();
+    match handshake::accept::<Role>(&body, Protocol::Rpc, &credentials) {
+        Ok(hello) if matches!(hello.role, Role::Client { .. }) => {}
+        _ => return,
+    }
+    loop {
+        let available = reader.len();
+        let read = read_frame(&mut reader, MAX_FRAME, &mut body).await;
+        fabric::fuzz::assert_bounded(&body, available);
+        if read.is_err() {
+            return;
+        }
+        let Ok(frame) = postcard::from_bytes::<RequestFrame>(&body) else {
+            continue;
+        };
+        proto::fuzz::assert_round_trip(&frame);
+        if let Some(store) = store {
+            fuzz_dispatch(store, frame.request);
+        }
+    }
+}
+
+/// Runs a namespace request against `store` the way the service does and checks the
+/// invariants [`fuzz_entry`] lists.
+fn fuzz_dispatch(store: &crate::store::Store, request: proto::rpc::Request) {
+    use proto::rpc::{check_name, check_name_for, NameOp, Request};
+    use proto::{FileKind, ROOT_INO};
+    let never_open = |_| false;
+    // (the name a successful call created, and the call)
+    let created: Option<(String, Result<(), FsError>)> = match request {
+        Request::Lookup { parent, name } => {
+            let _ = store.lookup(parent, &name);
+            None
+        }
+        Request::GetAttr { ino } => {
+            let _ = store.getattr(ino);
+            None
+        }
+        Request::Mknod {
+            parent,
+            name,
+            kind,
+            perm,
+            rdev,
+            caller,
+        } => {
+            let r = store.mknod(parent, &name, kind, perm, rdev, caller);
+            Some((name, r.map(drop)))
+        }
+        Request::Mkdir {
+            parent,
+            name,
+            perm,
+            caller,
+        } => {
+            let r = store.mkdir(parent, &name, perm, caller);
+            Some((name, r.map(drop)))
+        }
+        Request::Symlink {
+            parent,
+            name,
+            target,
+            caller,
+        } => {
+            let r = store.symlink(parent, &name, &target, caller);
+            Some((name, r.map(drop)))
+        }
+        Request::Link {
+            ino,
+            new_parent,
+            new_name,
+        } => {
+            let r = store.link(ino, new_parent, &new_name);
+            Some((new_name, r.map(drop)))
+        }
+        Request::Unlink { parent, name } => {
+            let _ = store.unlink(parent, &name, never_open);
+            None
+        }
+        Request::Rmdir { parent, name } => {
+            let _ = store.rmdir(parent, &name);
+            None
+        }
+        Request::Rename {
+            parent,
+            name,
+            new_parent,
+            new_name,
+            no_replace,
+        } => {
+            let r = store.rename(parent, &name, new_parent, &new_name, no_replace, never_open);
+            Some((new_name, r.map(drop)))
+        }
+        Request::Readlink { ino } => {
+            let _ = store.readlink(ino);
+            None
+        }
+        Request::ReadDir { ino, cookie, max } => {
+            if let Ok(entries) = store.readdir(ino, cookie, max) {
+                assert!(entries.len() <= (max.clamp(1, 4096)) as usize);
+            }
+            None
+        }
+        Request::SetXattr {
+            ino,
+            name,
+            value,
+            mode,
+        } => {
+            let _ = store.setxattr(ino, &name, &value, mode);
+            None
+        }
+        Request::GetXattr { ino, name } => {
+            let _ = store.getxattr(ino, &name);
+            None
+        }
+        Request::ListXattr { ino } => {
+            let _ = store.listxattr(ino);
+            None
+        }
+        Request::RemoveXattr { ino, name } => {
+            let _ = store.removexattr(ino, &name);
+            None
+        }
+        Request::ChunkMap { ino, first, count } => {
+            if let Ok(chunks) = store.chunk_map(ino, first, count) {
+                assert_eq!(chunks.len() as u64, count);
+            }
+            None
+        }
+        // The rest need the service's state (open files, data servers, the meta region).
+        _ => None,
+    };
+    if let Some((name, Ok(()))) = created {
+        let op = NameOp::Create;
+        assert!(
+            check_name_for(op, &name).is_ok(),
+            "the store accepted the bad name {name:?}"
+        );
+    }
+    let root = store.getattr(ROOT_INO).expect("the root exists");
+    assert_eq!(root.kind, FileKind::Dir);
+    let entries = store
+        .readdir(ROOT_INO, 2, 4096)
+        .expect("the root can be listed");
+    for entry in entries {
+        assert!(
+            check_name(&entry.name).is_ok(),
+            "bad name {:?} in the root",
+            entry.name
+        );
     }
 }

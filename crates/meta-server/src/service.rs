@@ -89,6 +89,12 @@ pub(crate) struct Settings {
     /// `T_wait` for CITRON trees, measured as clients reach the region (through the fabric,
     /// not the server's local memory).
     pub t_wait: Duration,
+    /// Limits on the RPC port's connections (checked in `rpc` before a byte is read).
+    pub connection_limits: fabric::handshake::ConnectionLimits,
+    /// Client sessions open at once.
+    pub max_sessions: usize,
+    /// Files one session may have open at once (distinct inodes; EMFILE beyond).
+    pub max_open_per_session: usize,
 }
 
 struct Session {
@@ -269,6 +275,11 @@ impl Service {
     /// Opens a client session and describes the cluster to it.
     pub fn open_session(&self) -> Result<ClusterInfo, FsError> {
         let mut st = lock(&self.state);
+        if st.sessions.len() >= self.settings.max_sessions {
+            return Err(FsError::TooManySessions {
+                limit: self.settings.max_sessions as u64,
+            });
+        }
         let session = st.next_session;
         st.next_session += 1;
         st.sessions.insert(
@@ -688,6 +699,20 @@ impl Service {
             return Err(FsError::NotSupported);
         }
         let st = &mut *st;
+        // Checked before anything is allocated for the file; a file the session has open
+        // already does not count again.
+        if let Some(s) = st.sessions.get(&session) {
+            if !s.open.contains(&ino) && s.open.len() >= self.settings.max_open_per_session {
+                tracing::warn!(
+                    session,
+                    limit = self.settings.max_open_per_session,
+                    "open refused: the session has too many files open"
+                );
+                return Err(FsError::TooManyOpen {
+                    limit: self.settings.max_open_per_session as u64,
+                });
+            }
+        }
         if !st.open.contains_key(&ino) {
             let off = st.alloc.alloc(fcb::FCB_BYTES).ok_or(FsError::NoSpace)?;
             let mut block = [0u8; fcb::FCB_BYTES as usize];

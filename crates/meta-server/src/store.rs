@@ -50,8 +50,8 @@
 //!   directory; a cookie is never reused in that directory, so listing "after cookie c" is stable
 //!   across concurrent creates and deletes.
 
-use proto::rpc::check_name;
 use proto::rpc::XattrMode;
+use proto::rpc::{check_name_for, is_dot, NameOp};
 use proto::{
     Attr, Caller, ChunkLoc, DirEntry, FabricAddr, FileKind, FsError, Ino, SetAttr, SetTime,
     Timestamp, NAME_MAX, ROOT_INO, SYMLINK_MAX, XATTR_NAME_MAX, XATTR_VALUE_MAX,
@@ -816,6 +816,26 @@ impl Store {
 
     // ---- namespace changes (callers serialize them) -----------------------------------------
 
+    /// Fails unless `ino` is a directory (`NotFound`, `NotDir`).
+    fn check_dir(&self, ino: Ino) -> Result<(), FsError> {
+        match self.getattr(ino)?.kind {
+            FileKind::Dir => Ok(()),
+            _ => Err(FsError::NotDir),
+        }
+    }
+
+    /// Checks a name given to `op` in directory `parent` as Linux orders the checks: for `.`
+    /// and `..` the parent first (a missing or non-directory parent answers before the name),
+    /// then the name with the errno Linux gives for `op` ([`check_name_for`]). A hostile
+    /// client need not go through the kernel, which never sends these names, so the meta
+    /// server checks every name itself.
+    fn check_entry_name(&self, parent: Ino, name: &str, op: NameOp) -> Result<(), FsError> {
+        if is_dot(name) {
+            self.check_dir(parent)?;
+        }
+        check_name_for(op, name)
+    }
+
     fn create(
         &self,
         parent: Ino,
@@ -829,7 +849,7 @@ impl Store {
             rdev,
             target,
         } = node;
-        check_name(name)?;
+        self.check_entry_name(parent, name, NameOp::Create)?;
         self.tx(|tx| {
             let mut dir = tx.dir(parent)?;
             if tx.dirent(parent, name)?.is_some() {
@@ -946,7 +966,7 @@ impl Store {
 
     /// Adds a hard link.
     pub fn link(&self, ino: Ino, new_parent: Ino, new_name: &str) -> Result<Attr, FsError> {
-        check_name(new_name)?;
+        self.check_entry_name(new_parent, new_name, NameOp::Create)?;
         self.tx(|tx| {
             let mut attr = tx.inode(ino)?;
             if attr.kind == FileKind::Dir {
@@ -980,7 +1000,7 @@ impl Store {
         name: &str,
         is_open: impl Fn(Ino) -> bool,
     ) -> Result<Effects, FsError> {
-        check_name(name)?;
+        self.check_entry_name(parent, name, NameOp::Unlink)?;
         let entry = self.get_dirent(parent, name)?;
         let doomed = match &entry {
             Some(e) if e.kind != FileKind::Dir && !is_open(e.ino) => self.scan_doomed(e.ino)?,
@@ -1006,7 +1026,7 @@ impl Store {
 
     /// Removes an empty directory.
     pub fn rmdir(&self, parent: Ino, name: &str) -> Result<(), FsError> {
-        check_name(name)?;
+        self.check_entry_name(parent, name, NameOp::Rmdir)?;
         let entry = self.get_dirent(parent, name)?;
         let (doomed, empty) = match &entry {
             Some(e) if e.kind == FileKind::Dir => (self.scan_doomed(e.ino)?, self.is_empty(e.ino)?),
@@ -1044,8 +1064,13 @@ impl Store {
         no_replace: bool,
         is_open: impl Fn(Ino) -> bool,
     ) -> Result<Effects, FsError> {
-        check_name(name)?;
-        check_name(new_name)?;
+        if is_dot(name) || is_dot(new_name) {
+            // Linux resolves both parents before it looks at either last name.
+            self.check_dir(parent)?;
+            self.check_dir(new_parent)?;
+        }
+        check_name_for(NameOp::RenameFrom, name)?;
+        check_name_for(NameOp::RenameTo { no_replace }, new_name)?;
         let src = self.get_dirent(parent, name)?.ok_or(FsError::NotFound)?;
         let dst = self.get_dirent(new_parent, new_name)?;
         if src.kind == FileKind::Dir {

@@ -65,6 +65,22 @@ pub enum FsError {
     /// than return zeros; `citronfs fsck` lists the files.
     #[error("data lost: {0}")]
     Lost(String),
+    /// The object is in use by the system in a way that forbids the call (`rename` from or
+    /// onto `.` or `..`, as Linux answers).
+    #[error("device or resource busy")]
+    Busy,
+    /// The session has as many files open as the meta server allows (EMFILE).
+    #[error("too many open files in this session (limit max_open_per_session = {limit})")]
+    TooManyOpen {
+        /// The meta server's limit.
+        limit: u64,
+    },
+    /// The meta server has as many client sessions as it allows.
+    #[error("too many client sessions (limit max_sessions = {limit}); try again later")]
+    TooManySessions {
+        /// The meta server's limit.
+        limit: u64,
+    },
 }
 
 impl FsError {
@@ -88,6 +104,9 @@ impl FsError {
             FsError::Io(_) | FsError::Refused(_) | FsError::Lost(_) | FsError::Unavailable(_) => {
                 libc::EIO
             }
+            FsError::Busy => libc::EBUSY,
+            FsError::TooManyOpen { .. } => libc::EMFILE,
+            FsError::TooManySessions { .. } => libc::EUSERS,
         }
     }
 }
@@ -107,7 +126,9 @@ impl From<FsError> for std::io::Error {
             | FsError::Io(_)
             | FsError::Refused(_)
             | FsError::Lost(_)
-            | FsError::Unavailable(_) => std::io::Error::new(kind_from_errno(e.errno()), e),
+            | FsError::Unavailable(_)
+            | FsError::TooManyOpen { .. }
+            | FsError::TooManySessions { .. } => std::io::Error::new(kind_from_errno(e.errno()), e),
             FsError::NotFound
             | FsError::Exists
             | FsError::NotEmpty
@@ -120,7 +141,8 @@ impl From<FsError> for std::io::Error {
             | FsError::NoAttr
             | FsError::Range
             | FsError::Stale
-            | FsError::NotSupported => std::io::Error::from_raw_os_error(e.errno()),
+            | FsError::NotSupported
+            | FsError::Busy => std::io::Error::from_raw_os_error(e.errno()),
         }
     }
 }

@@ -11,6 +11,7 @@
 pub mod error;
 pub mod fcb;
 pub mod fsck;
+pub mod fuzz;
 pub mod rpc;
 pub mod types;
 

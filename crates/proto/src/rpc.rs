@@ -472,6 +472,17 @@ impl Client {
         self.next_id += 1;
         send(&mut self.writer, &RequestFrame { id, request })?;
         let response: ResponseFrame = recv(&mut self.reader)?;
+        if response.id == 0 {
+            // The server refused the connection's input (a frame over the limit, a malformed
+            // request) and closes it; no request has id 0.
+            let why = match response.result {
+                Err(e) => e.to_string(),
+                Ok(_) => "an answer to no request".into(),
+            };
+            return Err(RpcError::Protocol(format!(
+                "the meta server closed the connection: {why}"
+            )));
+        }
         if response.id != id {
             return Err(RpcError::Protocol(format!(
                 "response {} to request {id}",
@@ -483,7 +494,8 @@ impl Client {
 }
 
 /// Checks one path component: not empty, not `.` or `..`, no `/` or NUL, at most
-/// [`NAME_MAX`] bytes.
+/// [`NAME_MAX`] bytes. A bad name is `Invalid` whatever the call; [`check_name_for`] gives the
+/// errno Linux gives for the call at hand.
 pub fn check_name(name: &str) -> Result<(), FsError> {
     if name.len() > NAME_MAX {
         return Err(FsError::NameTooLong);
@@ -492,6 +504,71 @@ pub fn check_name(name: &str) -> Result<(), FsError> {
         return Err(FsError::Invalid(format!("bad file name {name:?}")));
     }
     Ok(())
+}
+
+/// The call a new or removed name is given to, for [`check_name_for`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NameOp {
+    /// `mkdir`, `mknod`, `symlink`, `open(O_CREAT)`, and the new name of `link`.
+    Create,
+    /// `unlink`.
+    Unlink,
+    /// `rmdir`.
+    Rmdir,
+    /// The old name of `rename`.
+    RenameFrom,
+    /// The new name of `rename` (`no_replace`: `RENAME_NOREPLACE` was asked).
+    RenameTo {
+        /// `RENAME_NOREPLACE`.
+        no_replace: bool,
+    },
+}
+
+/// Checks one path component given to `op`, answering what Linux answers for the same call on
+/// tmpfs (checked there, see docs/RELIABILITY.md) when the name is one it never lets through
+/// to a file system:
+///
+/// | name | Create | Unlink | Rmdir | RenameFrom | RenameTo | RenameTo no_replace |
+/// | --- | --- | --- | --- | --- | --- | --- |
+/// | `.` | EEXIST | EISDIR | EINVAL | EBUSY | EBUSY | EEXIST |
+/// | `..` | EEXIST | EISDIR | ENOTEMPTY | EBUSY | EBUSY | EEXIST |
+/// | empty | ENOENT | ENOENT | ENOENT | ENOENT | ENOENT | ENOENT |
+///
+/// A name containing `/` or NUL cannot reach a file system through the kernel at all (it
+/// splits or ends the path), so there is no Linux answer to copy: it is `Invalid` (EINVAL).
+/// Longer than [`NAME_MAX`] bytes: `NameTooLong`. Linux resolves the parent directory before it
+/// looks at the last name, so callers that can check the parent first should (the meta server
+/// does).
+pub fn check_name_for(op: NameOp, name: &str) -> Result<(), FsError> {
+    if name.len() > NAME_MAX {
+        return Err(FsError::NameTooLong);
+    }
+    if name.is_empty() {
+        return Err(FsError::NotFound);
+    }
+    if name.contains(['/', '\0']) {
+        return Err(FsError::Invalid(format!(
+            "file name {name:?} contains '/' or NUL"
+        )));
+    }
+    let dot = name == ".";
+    if !dot && name != ".." {
+        return Ok(());
+    }
+    Err(match op {
+        NameOp::Create => FsError::Exists,
+        NameOp::Unlink => FsError::IsDir,
+        NameOp::Rmdir if dot => FsError::Invalid("cannot remove '.'".into()),
+        NameOp::Rmdir => FsError::NotEmpty,
+        NameOp::RenameFrom => FsError::Busy,
+        NameOp::RenameTo { no_replace: true } => FsError::Exists,
+        NameOp::RenameTo { no_replace: false } => FsError::Busy,
+    })
+}
+
+/// Whether `name` is `.` or `..`.
+pub fn is_dot(name: &str) -> bool {
+    name == "." || name == ".."
 }
 
 #[cfg(test)]
@@ -535,6 +612,36 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    #[test]
+    fn names_per_call() {
+        use NameOp::*;
+        let errno = |op, name| check_name_for(op, name).unwrap_err().errno();
+        for ok in ["a", "...", ".a", "a."] {
+            for op in [
+                Create,
+                Unlink,
+                Rmdir,
+                RenameFrom,
+                RenameTo { no_replace: true },
+            ] {
+                assert!(check_name_for(op, ok).is_ok(), "{op:?} {ok:?}");
+            }
+        }
+        assert_eq!(errno(Create, "."), libc::EEXIST);
+        assert_eq!(errno(Create, ".."), libc::EEXIST);
+        assert_eq!(errno(Unlink, "."), libc::EISDIR);
+        assert_eq!(errno(Unlink, ".."), libc::EISDIR);
+        assert_eq!(errno(Rmdir, "."), libc::EINVAL);
+        assert_eq!(errno(Rmdir, ".."), libc::ENOTEMPTY);
+        assert_eq!(errno(RenameFrom, ".."), libc::EBUSY);
+        assert_eq!(errno(RenameTo { no_replace: false }, "."), libc::EBUSY);
+        assert_eq!(errno(RenameTo { no_replace: true }, "."), libc::EEXIST);
+        assert_eq!(errno(Create, ""), libc::ENOENT);
+        assert_eq!(errno(Rmdir, "a/b"), libc::EINVAL);
+        assert_eq!(errno(Unlink, "a\0"), libc::EINVAL);
+        assert_eq!(errno(Create, &"x".repeat(256)), libc::ENAMETOOLONG);
     }
 
     #[test]

@@ -82,6 +82,8 @@ pub struct ClusterSpec {
     /// Run the lock server of the `server` scheme (a baseline; off unless a client will lock
     /// with it).
     pub lock_server: bool,
+    /// Files one client session may have open at once (beyond: EMFILE).
+    pub max_open_per_session: usize,
 }
 
 impl Default for ClusterSpec {
@@ -104,6 +106,7 @@ impl Default for ClusterSpec {
             fence_after: meta_server::DEFAULT_FENCE_AFTER,
             lock_lease: meta_server::DEFAULT_LOCK_LEASE,
             lock_server: false,
+            max_open_per_session: meta_server::DEFAULT_MAX_OPEN_PER_SESSION,
         }
     }
 }
@@ -187,6 +190,7 @@ impl Cluster {
         config.fence_after = spec.fence_after;
         config.lock_lease = spec.lock_lease;
         config.lock_server = spec.lock_server || spec.scheme == LockScheme::SERVER;
+        config.max_open_per_session = spec.max_open_per_session;
         let meta = MetaServer::start(config.clone()).context("start the meta server")?;
         config.listen = meta.addr();
         let mut cluster = Cluster {

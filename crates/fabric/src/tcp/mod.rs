@@ -112,7 +112,7 @@ pub fn fuzz_entry(data: &[u8]) {
         fuzz_client_decoders(input);
         return;
     }
-    let shared = Arc::new(Shared::new(crate::Credentials::new("fuzz", "secret")));
+    let shared = Arc::new(Shared::new(crate::handshake::fuzz_credentials()));
     // Region ids with a gap, one region a single word long: edges for the bounds checks.
     for (id, len) in [(0, 8), (2, 4096)] {
         if shared
@@ -179,9 +179,69 @@ fn fuzz_client_decoders(input: &[u8]) {
     }
 }
 
+/// Seeds for [`fuzz_entry`]: a well-formed session (a hello, then a batch of every verb) in
+/// each mode, and the session's frame bodies in the unframed mode.
+pub fn fuzz_seeds() -> Vec<Vec<u8>> {
+    use crate::addr::RemoteAddr;
+    let mut body = Vec::new();
+    wire::encode_message(
+        &mut body,
+        &wire::Hello::new(
+            crate::handshake::Protocol::Verbs,
+            &crate::handshake::fuzz_credentials(),
+            0,
+            (),
+        ),
+    );
+    let hello = body.clone();
+    let mut batch = crate::Batch::new();
+    let a = RemoteAddr::new(RegionId(2), 8);
+    batch.write(a, b"hello");
+    batch.read(a, 5);
+    batch.faa(a, 1);
+    batch.cas(a, 0, 1);
+    batch.masked_cas(RemoteAddr::new(RegionId(2), 16), 1, 1, 2, 2);
+    batch.read(RemoteAddr::new(RegionId(0), 0), 8);
+    body.clear();
+    wire::encode_batch(&mut body, &batch);
+    let request = body;
+    let framed = [crate::fuzz::frame(&hello), crate::fuzz::frame(&request)].concat();
+    let unframed = |bodies: &[&[u8]]| -> Vec<u8> {
+        bodies
+            .iter()
+            .flat_map(|b| {
+                let mut out = (b.len() as u16).to_le_bytes().to_vec();
+                out.extend_from_slice(b);
+                out
+            })
+            .collect()
+    };
+    vec![
+        [&[0u8][..], &framed].concat(),
+        [&[1u8][..], &crate::fuzz::frame(&request)].concat(),
+        [&[2u8][..], &unframed(&[&hello, &request])].concat(),
+        [&[3u8][..], &unframed(&[&request, &request])].concat(),
+        vec![4, 2, 2, 200],
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The server's handling of untrusted bytes under the stable fuzzer (see `crate::fuzz`).
+    #[test]
+    fn fuzz_tcp_server() {
+        let seeds = fuzz_seeds();
+        let report = crate::fuzz::run_framed(
+            "tcp server",
+            &seeds,
+            crate::fuzz::DEFAULT_BUDGET,
+            Some(1),
+            fuzz_entry,
+        );
+        assert!(report.execs > seeds.len() as u64);
+    }
 
     #[test]
     fn fuzz_entry_survives_seeds() {

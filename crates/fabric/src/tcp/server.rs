@@ -12,7 +12,9 @@ use crate::addr::RegionId;
 use crate::batch::{Batch, Completions, Verb};
 use crate::error::{FabricError, Result, VerbError};
 use crate::frame::{self, FrameError};
-use crate::handshake::{self, Credentials, Protocol, HANDSHAKE_TIMEOUT};
+use crate::handshake::{
+    self, Admission, Admitted, ConnectionLimits, Credentials, Protocol, HANDSHAKE_TIMEOUT,
+};
 use crate::region::{Region, RegionTable};
 use std::collections::{HashMap, HashSet};
 use std::io::{BufReader, Read, Write};
@@ -193,6 +195,12 @@ impl Session {
             // Closed, reset or timed out: nothing to answer.
             Err(FrameError::Io(_)) => Next::Close,
             Err(FrameError::TooLarge { len, max }) => {
+                tracing::warn!(
+                    len,
+                    max,
+                    authenticated = self.authenticated,
+                    "fabric tcp: frame over the limit, closing the connection"
+                );
                 if self.authenticated {
                     self.send(&Reply::Error(RemoteError::FrameTooLarge {
                         len: len as u64,
@@ -333,7 +341,12 @@ pub(crate) fn serve<R: Read, W: Write>(
 }
 
 /// One accepted connection, from its thread's point of view.
-fn run_connection(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
+fn run_connection(
+    shared: Arc<Shared>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    mut admitted: Admitted,
+) {
     // Small frames must leave at once: Nagle would hold a reply back for the peer's delayed ACK.
     if let Err(e) = stream.set_nodelay(true) {
         tracing::debug!(%peer, "set_nodelay: {e}");
@@ -348,6 +361,7 @@ fn run_connection(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr) {
     let mut reader = BufReader::with_capacity(64 << 10, &stream);
     let mut writer = &stream;
     let server_closed = serve(&mut session, &mut reader, &mut writer, || {
+        admitted.authenticated();
         // A batch may legitimately wait for a long time between batches.
         if let Err(e) = stream.set_read_timeout(None) {
             tracing::debug!(%peer, "clear read timeout: {e}");
@@ -409,6 +423,7 @@ pub struct TcpServer {
     stopping: Arc<AtomicBool>,
     accept: Mutex<Option<JoinHandle<()>>>,
     connections: Arc<Mutex<Connections>>,
+    admission: Arc<Admission>,
 }
 
 impl std::fmt::Debug for TcpServer {
@@ -424,6 +439,17 @@ impl TcpServer {
     /// Binds `addr` (use port 0 for any free port, then [`TcpServer::local_addr`]) and starts
     /// accepting connections that present `credentials`. The server starts with no regions.
     pub fn bind(addr: impl ToSocketAddrs, credentials: Credentials) -> Result<Self> {
+        Self::bind_with_limits(addr, credentials, ConnectionLimits::default())
+    }
+
+    /// [`TcpServer::bind`] with the given limits on connections instead of the defaults: a
+    /// connection beyond them is refused ([`Refusal::Limit`](crate::handshake::Refusal::Limit))
+    /// before any of its bytes are read.
+    pub fn bind_with_limits(
+        addr: impl ToSocketAddrs,
+        credentials: Credentials,
+        limits: ConnectionLimits,
+    ) -> Result<Self> {
         let listener = TcpListener::bind(addr).map_err(|e| FabricError::io("bind", e))?;
         let local_addr = listener
             .local_addr()
@@ -434,12 +460,19 @@ impl TcpServer {
         let shared = Arc::new(Shared::new(credentials));
         let stopping = Arc::new(AtomicBool::new(false));
         let connections = Arc::new(Mutex::new(Connections::default()));
+        let admission = Admission::new(limits);
         let accept = {
-            let (shared, stopping, connections) =
-                (shared.clone(), stopping.clone(), connections.clone());
+            let (shared, stopping, connections, admission) = (
+                shared.clone(),
+                stopping.clone(),
+                connections.clone(),
+                admission.clone(),
+            );
             thread::Builder::new()
                 .name(format!("fabric-tcp-accept-{}", local_addr.port()))
-                .spawn(move || accept_loop(accept_listener, shared, stopping, connections))
+                .spawn(move || {
+                    accept_loop(accept_listener, shared, stopping, connections, admission)
+                })
                 .map_err(|e| FabricError::io("spawn accept thread", e))?
         };
         tracing::debug!(%local_addr, "fabric tcp server listening");
@@ -450,6 +483,7 @@ impl TcpServer {
             stopping,
             accept: Mutex::new(Some(accept)),
             connections,
+            admission,
         })
     }
 
@@ -506,6 +540,11 @@ impl TcpServer {
         lock(&self.connections).live.len()
     }
 
+    /// The limits on connections this server enforces.
+    pub fn limits(&self) -> ConnectionLimits {
+        self.admission.limits()
+    }
+
     /// Stops accepting, closes every connection and joins every server thread. Idempotent;
     /// clients see [`FabricError::Disconnected`] on their next batch (or the one in flight).
     pub fn shutdown(&self) {
@@ -543,7 +582,15 @@ fn accept_loop(
     shared: Arc<Shared>,
     stopping: Arc<AtomicBool>,
     connections: Arc<Mutex<Connections>>,
+    admission: Arc<Admission>,
 ) {
+    let refuser = match handshake::Refuser::start("fabric-tcp-refuse") {
+        Ok(refuser) => Some(refuser),
+        Err(e) => {
+            tracing::warn!("fabric tcp: cannot start the refusing thread: {e}");
+            None
+        }
+    };
     loop {
         let accepted = listener.accept();
         if stopping.load(Ordering::SeqCst) {
@@ -557,6 +604,19 @@ fn accept_loop(
                 // that a persistent error does not spin a core.
                 tracing::warn!("fabric tcp accept: {e}");
                 thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        // Counted before a thread is spent on it: a flood of connections costs an accept and a
+        // refusal each, not a thread and a buffer.
+        let admitted = match admission.admit(peer.ip()) {
+            Ok(admitted) => admitted,
+            Err(refusal) => {
+                tracing::warn!(%peer, %refusal, "fabric tcp: refused a connection");
+                match &refuser {
+                    Some(refuser) => refuser.refuse(stream, refusal),
+                    None => handshake::refuse_at_accept(&stream, &refusal),
+                }
                 continue;
             }
         };
@@ -576,7 +636,7 @@ fn accept_loop(
         let spawned = thread::Builder::new()
             .name(format!("fabric-tcp-conn-{id}"))
             .spawn(move || {
-                run_connection(shared, stream, peer);
+                run_connection(shared, stream, peer, admitted);
                 // Dropping our own JoinHandle detaches the (ending) thread; shutdown may already
                 // have taken it, in which case it joins us.
                 lock(&connections).live.remove(&id);

@@ -28,9 +28,12 @@ use crate::scheme::{check_range, LockError, LockId, RangeLock};
 use crate::schemes::LockScheme;
 use crate::stats::LockStats;
 use fabric::frame::{read_frame, write_frame, FrameError};
-use fabric::handshake::{self, Credentials, HandshakeError, Protocol, HANDSHAKE_TIMEOUT};
+use fabric::handshake::{
+    self, Admission, Admitted, ConnectionLimits, Credentials, HandshakeError, Protocol,
+    HANDSHAKE_TIMEOUT,
+};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::io::{self, BufReader, BufWriter, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::ops::Range;
@@ -151,6 +154,17 @@ impl LockServer {
     /// Binds to `addr` (e.g. `127.0.0.1:0`) and starts serving, on a background thread, the
     /// peers that present `credentials` in the handshake.
     pub fn bind(addr: impl ToSocketAddrs, credentials: Credentials) -> io::Result<Self> {
+        Self::bind_with_limits(addr, credentials, ConnectionLimits::default())
+    }
+
+    /// [`LockServer::bind`] with the given limits on connections instead of the defaults: a
+    /// connection beyond them is refused with
+    /// [`Refusal::Limit`](fabric::handshake::Refusal::Limit) before any of its bytes are read.
+    pub fn bind_with_limits(
+        addr: impl ToSocketAddrs,
+        credentials: Credentials,
+        limits: ConnectionLimits,
+    ) -> io::Result<Self> {
         let listener = TcpListener::bind(addr)?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
@@ -161,9 +175,10 @@ impl LockServer {
         let acceptor = {
             let shared = shared.clone();
             let credentials = credentials.clone();
+            let admission = Admission::new(limits);
             std::thread::Builder::new()
                 .name("lock-server".into())
-                .spawn(move || accept_loop(listener, shared, credentials))?
+                .spawn(move || accept_loop(listener, shared, credentials, admission))?
         };
         Ok(Self {
             addr,
@@ -200,7 +215,19 @@ impl Drop for LockServer {
     }
 }
 
-fn accept_loop(listener: TcpListener, shared: Arc<Shared>, credentials: Credentials) {
+fn accept_loop(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    credentials: Credentials,
+    admission: Arc<Admission>,
+) {
+    let refuser = match handshake::Refuser::start("lock-server-refuse") {
+        Ok(refuser) => Some(refuser),
+        Err(error) => {
+            tracing::warn!(%error, "lock server: cannot start the refusing thread");
+            None
+        }
+    };
     for stream in listener.incoming() {
         if shared.stopping.load(Ordering::SeqCst) {
             return;
@@ -212,12 +239,29 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>, credentials: Credenti
                 continue;
             }
         };
+        // Counted before a thread is spent on it.
+        let admitted = match stream
+            .peer_addr()
+            .map(|peer| (peer, admission.admit(peer.ip())))
+        {
+            Ok((_, Ok(admitted))) => admitted,
+            Ok((peer, Err(refusal))) => {
+                tracing::warn!(%peer, %refusal, "lock server: refused a connection");
+                match &refuser {
+                    Some(refuser) => refuser.refuse(stream, refusal),
+                    None => handshake::refuse_at_accept(&stream, &refusal),
+                }
+                continue;
+            }
+            // The peer is gone already.
+            Err(_) => continue,
+        };
         let shared = shared.clone();
         let credentials = credentials.clone();
         let spawned = std::thread::Builder::new()
             .name("lock-server-conn".into())
             .spawn(move || {
-                if let Err(error) = serve(stream, &shared, &credentials) {
+                if let Err(error) = serve(stream, &shared, &credentials, admitted) {
                     tracing::debug!(%error, "lock server: connection ended");
                 }
             });
@@ -229,7 +273,12 @@ fn accept_loop(listener: TcpListener, shared: Arc<Shared>, credentials: Credenti
 
 /// Serves one connection until it closes, then releases what it still holds. Nothing is served
 /// before the peer has passed the handshake.
-fn serve(mut stream: TcpStream, shared: &Shared, credentials: &Credentials) -> io::Result<()> {
+fn serve(
+    mut stream: TcpStream,
+    shared: &Shared,
+    credentials: &Credentials,
+    mut admitted: Admitted,
+) -> io::Result<()> {
     stream.set_nodelay(true)?;
     stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
     if let Err(refusal) = handshake::server_handshake::<(), ()>(
@@ -241,31 +290,77 @@ fn serve(mut stream: TcpStream, shared: &Shared, credentials: &Credentials) -> i
         tracing::warn!(%refusal, "lock server: refused a connection");
         return Ok(());
     }
+    admitted.authenticated();
     stream.set_read_timeout(None)?;
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut writer = BufWriter::new(stream);
-    let mut mine: HashSet<u64> = HashSet::new();
+    serve_requests(&mut reader, &mut writer, shared)
+}
+
+/// Most locks one connection may hold at once: a hostile (authenticated) client cannot grow
+/// the server's table without bound, and the check for a connection's own overlapping lock
+/// stays cheap.
+pub const MAX_HELD_PER_CONNECTION: usize = 4096;
+
+/// Answers an authenticated connection's requests until it closes, then releases every lock
+/// it still holds.
+fn serve_requests(
+    reader: &mut impl io::Read,
+    writer: &mut impl Write,
+    shared: &Shared,
+) -> io::Result<()> {
+    // The ranges this connection holds, by lock id.
+    let mut mine: HashMap<u64, Range<u64>> = HashMap::new();
     let mut body = Vec::new();
     let result = loop {
-        match read_frame(&mut reader, MAX_FRAME, &mut body) {
+        match read_frame(reader, MAX_FRAME, &mut body) {
             Ok(()) => {}
             Err(FrameError::Io(error)) if error.kind() == io::ErrorKind::UnexpectedEof => {
                 break Ok(())
             }
             Err(FrameError::Io(error)) => break Err(error),
-            Err(error) => break Err(io::Error::new(io::ErrorKind::InvalidData, error)),
+            Err(error) => {
+                // Too large (the stream cannot be resynchronised) or corrupt: say why, then
+                // close.
+                tracing::warn!(%error, "lock server: closing a connection");
+                let answer = Response::Error(format!("{error} (lock server frames)"));
+                if let Ok(encoded) = postcard::to_stdvec(&answer) {
+                    let _ = write_frame(writer, &encoded).and_then(|()| writer.flush());
+                }
+                break Err(io::Error::new(io::ErrorKind::InvalidData, error));
+            }
         }
         let response = match postcard::from_bytes::<Request>(&body) {
             Ok(Request::Acquire { start, end }) if start < end => {
-                let id = acquire(shared, start..end);
-                mine.insert(id);
-                Response::Granted { id }
+                let range = start..end;
+                if mine.len() >= MAX_HELD_PER_CONNECTION {
+                    Response::Error(format!(
+                        "this connection holds {} locks, the most it may \
+                         (MAX_HELD_PER_CONNECTION)",
+                        mine.len()
+                    ))
+                } else if let Some((id, held)) = mine
+                    .iter()
+                    .find(|(_, held)| held.start < range.end && range.start < held.end)
+                {
+                    // Waiting would never end: the request waits for this connection, which
+                    // waits for the answer.
+                    Response::Error(format!(
+                        "{start}..{end} overlaps {}..{} that this connection holds (lock {id}): \
+                         it would wait for itself",
+                        held.start, held.end
+                    ))
+                } else {
+                    let id = acquire(shared, range.clone());
+                    mine.insert(id, range);
+                    Response::Granted { id }
+                }
             }
             Ok(Request::Acquire { start, end }) => {
                 Response::Error(format!("empty range {start}..{end}"))
             }
             Ok(Request::Release { id }) => {
-                if mine.remove(&id) && shared.table().release(id) {
+                if mine.remove(&id).is_some() && shared.table().release(id) {
                     shared.changed.notify_all();
                     Response::Released
                 } else {
@@ -276,19 +371,101 @@ fn serve(mut stream: TcpStream, shared: &Shared, credentials: &Credentials) -> i
         };
         let encoded = postcard::to_stdvec(&response)
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-        if let Err(error) = write_frame(&mut writer, &encoded).and_then(|()| writer.flush()) {
+        if let Err(error) = write_frame(writer, &encoded).and_then(|()| writer.flush()) {
             break Err(error);
         }
     };
     if !mine.is_empty() {
         let mut table = shared.table();
-        for id in mine {
+        for id in mine.into_keys() {
             table.release(id);
         }
         drop(table);
         shared.changed.notify_all();
     }
     result
+}
+
+/// Fuzz entry: `input` is what a peer sends the lock server. The first byte selects whether
+/// the connection starts authenticated (bit 0 set) or must pass the handshake first; the rest
+/// is the byte stream, served exactly as a connection is (handshake, then requests, against a
+/// fresh table). Checks, panicking on a finding: nothing blocks (a connection's request never
+/// waits on its own lock); every answer is a well-formed frame holding a decodable answer; and
+/// when the stream ends, the connection's locks are all released and nothing waits.
+pub fn fuzz_entry(data: &[u8]) {
+    let Some((&mode, input)) = data.split_first() else {
+        return;
+    };
+    let shared = Shared {
+        table: Mutex::new(Table::default()),
+        changed: Condvar::new(),
+        stopping: AtomicBool::new(false),
+    };
+    let mut pipe = fabric::fuzz::Pipe::new(input);
+    let authenticated = mode & 1 != 0
+        || handshake::server_handshake::<(), ()>(
+            &mut pipe,
+            Protocol::LockServer,
+            &handshake::fuzz_credentials(),
+            |_| Ok(()),
+        )
+        .is_ok();
+    if authenticated {
+        let mut reader = pipe.input;
+        let mut writer = Vec::new();
+        let _ = serve_requests(&mut reader, &mut writer, &shared);
+        pipe.output.extend_from_slice(&writer);
+    }
+    let mut out = &pipe.output[..];
+    let mut body = Vec::new();
+    let mut first = mode & 1 == 0;
+    while !out.is_empty() {
+        if let Err(e) = read_frame(&mut out, MAX_FRAME, &mut body) {
+            panic!("the lock server wrote a bad frame: {e}");
+        }
+        let decoded = if std::mem::take(&mut first) {
+            postcard::from_bytes::<Result<(), handshake::Refusal>>(&body).map(drop)
+        } else {
+            postcard::from_bytes::<Response>(&body).map(drop)
+        };
+        if let Err(e) = decoded {
+            panic!("the lock server wrote an undecodable answer: {e}");
+        }
+    }
+    let table = shared.table();
+    assert!(
+        table.held.is_empty() && table.owners.is_empty() && table.waiting.is_empty(),
+        "a closed connection left locks behind"
+    );
+}
+
+/// Seeds for [`fuzz_entry`]: a handshake then requests of every kind (acquire, overlapping
+/// acquire, release of a held and of an unknown lock, an empty range), and the same requests
+/// on a connection that starts authenticated.
+pub fn fuzz_seeds() -> Vec<Vec<u8>> {
+    let frame = |r: &Request| fabric::fuzz::frame(&postcard::to_stdvec(r).expect("encodes"));
+    let requests: Vec<u8> = [
+        Request::Acquire { start: 0, end: 10 },
+        Request::Acquire { start: 5, end: 20 },
+        Request::Acquire {
+            start: 10,
+            end: u64::MAX,
+        },
+        Request::Release { id: 0 },
+        Request::Release { id: 99 },
+        Request::Acquire { start: 7, end: 7 },
+        Request::Acquire { start: 0, end: 1 },
+    ]
+    .iter()
+    .flat_map(frame)
+    .collect();
+    let hello = handshake::Hello::new(Protocol::LockServer, &handshake::fuzz_credentials(), 0, ());
+    let hello = fabric::fuzz::frame(&postcard::to_stdvec(&hello).expect("encodes"));
+    vec![
+        [&[0u8][..], &hello, &requests].concat(),
+        [&[1u8][..], &requests].concat(),
+        [&[0u8][..], &requests].concat(),
+    ]
 }
 
 /// Blocks until `range` can be granted, then grants it.
@@ -463,6 +640,82 @@ pub(crate) fn open_handle(at: Option<&LockServerAt>) -> Result<LockServerClient,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The lock server's protocol under the stable fuzzer (see `fabric::fuzz`).
+    #[test]
+    fn fuzz_lock_server() {
+        let seeds = fuzz_seeds();
+        let report = fabric::fuzz::run_framed(
+            "lock server",
+            &seeds,
+            fabric::fuzz::DEFAULT_BUDGET,
+            Some(1),
+            fuzz_entry,
+        );
+        assert!(report.execs > seeds.len() as u64);
+    }
+
+    /// A connection asking again for a range it holds is told so instead of waiting for
+    /// itself forever; other ranges are still granted, and its locks are freed when it closes.
+    #[test]
+    fn an_overlapping_request_of_the_holder_is_refused_not_hung() {
+        let server = LockServer::bind("127.0.0.1:0", creds()).unwrap();
+        let mut a = LockServerClient::connect(server.addr(), &creds()).unwrap();
+        let id = a.acquire(0..10).unwrap();
+        match a.acquire(5..6) {
+            Err(LockError::Server(why)) => assert!(why.contains("wait for itself"), "{why}"),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        let other = a.acquire(10..20).unwrap();
+        a.release(id).unwrap();
+        a.release(other).unwrap();
+        assert_eq!(server.held(), 0);
+    }
+
+    /// Polls `done` until it holds, failing after 10 s (the server counts a connection when
+    /// its accept thread gets to it, and uncounts it when its thread sees the close).
+    fn wait_for(mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        while !done() {
+            assert!(Instant::now() < deadline, "timed out");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
+    /// Beyond its connection limits the lock server refuses a peer, naming the limit, before
+    /// reading it; the place frees when the silent peer goes.
+    #[test]
+    fn connections_are_limited() {
+        let limits = ConnectionLimits {
+            max_per_peer: 2,
+            max_pending: 1,
+            max_pending_per_peer: 2,
+        };
+        let server = LockServer::bind_with_limits("127.0.0.1:0", creds(), limits).unwrap();
+        let silent = TcpStream::connect(server.addr()).unwrap();
+        let refused = |result: Result<LockServerClient, LockError>, setting: &str| match result {
+            Err(LockError::Server(why)) => why.contains(setting),
+            _ => false,
+        };
+        wait_for(|| {
+            refused(
+                LockServerClient::connect(server.addr(), &creds()),
+                "max_pending_handshakes = 1",
+            )
+        });
+        drop(silent);
+        let mut clients = Vec::new();
+        wait_for(|| {
+            if let Ok(c) = LockServerClient::connect(server.addr(), &creds()) {
+                clients.push(c);
+            }
+            clients.len() == 2
+        });
+        assert!(refused(
+            LockServerClient::connect(server.addr(), &creds()),
+            "max_connections_per_peer = 2"
+        ));
+    }
 
     #[test]
     fn interval_set_finds_overlaps() {

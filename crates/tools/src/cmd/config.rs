@@ -182,12 +182,21 @@ pub fn load<C: Serialize + DeserializeOwned + Default>(
     file: Option<&Path>,
     flags: &impl Serialize,
 ) -> Result<C> {
+    // `file_exact`: a file named but missing is an error, not an empty layer.
+    layered(file.map(Toml::file_exact), flags)
+}
+
+/// [`load`] with the file layer given as a figment TOML source (a file, or a string for the
+/// fuzz entry).
+fn layered<C: Serialize + DeserializeOwned + Default>(
+    file: Option<impl Provider>,
+    flags: &impl Serialize,
+) -> Result<C> {
     let defaults = C::default();
     let keys: Vec<String> = settings_of(&defaults)?.into_keys().collect();
     let mut figment = Figment::from(Serialized::defaults(&defaults));
-    if let Some(path) = file {
-        // `file_exact`: a file named but missing is an error, not an empty layer.
-        figment = figment.merge(Toml::file_exact(path));
+    if let Some(file) = file {
+        figment = figment.merge(file);
     }
     figment
         .merge(RawEnv::for_keys(&keys))
@@ -323,6 +332,92 @@ pub fn init_logging(filter: &str) -> Result<()> {
 /// else [`DEFAULT_LOG`].
 pub fn log_from_env() -> String {
     std::env::var(LOG_ENV).unwrap_or_else(|_| DEFAULT_LOG.into())
+}
+
+/// A role's settings from the TOML `text` as its `--config` file, with no flags given.
+// Used by the tests, and by the `config_file` target of `fuzz/`, which compiles this module
+// from its source (`citronfs` is a binary crate): dead only in the command itself.
+#[cfg_attr(not(test), allow(dead_code))]
+pub fn load_str<C: Serialize + DeserializeOwned + Default>(text: &str) -> Result<C> {
+    layered(Some(Toml::string(text)), &Dict::new())
+}
+
+/// Fuzz entry of a role's settings file: `text` is read as the `--config` TOML file of a role
+/// whose settings are `C`, layered exactly as [`load`] layers a file (no flags given). Checks,
+/// panicking on a finding: loading ends in settings or an error, never a panic; a file with a
+/// top-level key that is not a setting is refused, with an error naming the key when it is
+/// the file's only fault; settings that load survive a round trip through figment's values
+/// unchanged.
+// Used by the tests, and by the `config_file` target of `fuzz/`, which compiles this module
+// from its source (`citronfs` is a binary crate): dead only in the command itself.
+#[cfg_attr(not(test), allow(dead_code))]
+pub fn fuzz_settings_file<C>(text: &str)
+where
+    C: Serialize + DeserializeOwned + Default + PartialEq + fmt::Debug,
+{
+    let loaded = load_str::<C>(text);
+    let keys = match settings_of(&C::default()) {
+        Ok(dict) => dict.into_keys().collect::<Vec<_>>(),
+        Err(e) => panic!("the defaults are not a dictionary: {e:#}"),
+    };
+    let parsed = Toml::string(text).data().ok();
+    let unknown = parsed
+        .as_ref()
+        .and_then(|profiles| profiles.get(&Profile::Default))
+        .and_then(|dict| dict.keys().find(|k| !keys.contains(k)).cloned());
+    match (loaded, unknown) {
+        (Ok(settings), None) => {
+            let back: C = match Figment::from(Serialized::defaults(&settings)).extract() {
+                Ok(back) => back,
+                Err(e) => panic!("loaded settings do not load again: {e}: {settings:?}"),
+            };
+            assert_eq!(back, settings, "settings changed in a round trip");
+        }
+        (Ok(settings), Some(key)) => {
+            panic!("the unknown key {key:?} was accepted: {settings:?}")
+        }
+        (Err(error), Some(key)) => {
+            // Figment reports one error; the key must be it when nothing else is wrong.
+            let mut known = parsed
+                .and_then(|mut profiles| profiles.remove(&Profile::Default))
+                .unwrap_or_default();
+            known.retain(|k, _| keys.contains(k));
+            let file = Serialized::defaults(known);
+            if layered::<C>(Some(file), &Dict::new()).is_ok() {
+                let message = format!("{error:#}");
+                assert!(
+                    message.contains(&key),
+                    "the error for the unknown key {key:?} does not name it: {message}"
+                );
+            }
+        }
+        (Err(_), None) => {}
+    }
+}
+
+/// A settings file holding every setting of `C` at its default (settings without a default
+/// left out), as a seed for [`fuzz_settings_file`].
+// Used by the tests, and by the `config_file` target of `fuzz/`, which compiles this module
+// from its source (`citronfs` is a binary crate): dead only in the command itself.
+#[cfg_attr(not(test), allow(dead_code))]
+pub fn settings_file_seed<C: Serialize + Default>() -> String {
+    let mut text = String::new();
+    let Ok(dict) = settings_of(&C::default()) else {
+        return text;
+    };
+    for (key, value) in dict {
+        let shown = match &value {
+            Value::String(_, s) => format!("{s:?}"),
+            Value::Bool(_, b) => b.to_string(),
+            Value::Num(..) => match value.to_u128() {
+                Some(n) => n.to_string(),
+                None => continue,
+            },
+            _ => continue,
+        };
+        text.push_str(&format!("{key} = {shown}\n"));
+    }
+    text
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ use super::config::{
 use anyhow::{Context, Result};
 use clap::{value_parser, Args};
 use data_server::{Backing, DataConfig, DataServer};
+use fabric::handshake::ConnectionLimits;
 use fabric::Backend;
 use fs_client::{CitronFs, MountOptions};
 use lockmgr::LockScheme;
@@ -82,6 +83,24 @@ pub struct MetaArgs {
     /// `false`.
     #[arg(long)]
     lock_server: Option<bool>,
+    /// Concurrent connections from one IP address to the RPC port (and the lock server); more
+    /// are refused before any of their bytes are read.
+    #[arg(long)]
+    max_connections_per_peer: Option<usize>,
+    /// Connections, from all peers, that may wait for their handshake at once (each may be
+    /// buffering an unauthenticated hello); more are refused.
+    #[arg(long)]
+    max_pending_handshakes: Option<usize>,
+    /// Connections from one IP address that may wait for their handshake at once; more are
+    /// refused.
+    #[arg(long)]
+    max_pending_handshakes_per_peer: Option<usize>,
+    /// Client sessions open at once; more clients are refused at the handshake.
+    #[arg(long)]
+    max_sessions: Option<usize>,
+    /// Files one client session may have open at once; an open beyond fails with EMFILE.
+    #[arg(long)]
+    max_open_per_session: Option<usize>,
 }
 
 impl RoleArgs for MetaArgs {
@@ -123,6 +142,19 @@ pub struct MetaServerConfig {
     pub session_lease: u64,
     /// Run the lock server of the `server` scheme (off: mounts asking for it are refused).
     pub lock_server: bool,
+    /// Connections from one IP address
+    /// (`fabric::handshake::ConnectionLimits::DEFAULT_MAX_PER_PEER`).
+    pub max_connections_per_peer: usize,
+    /// Connections waiting for their handshake, in total
+    /// (`fabric::handshake::ConnectionLimits::DEFAULT_MAX_PENDING`).
+    pub max_pending_handshakes: usize,
+    /// Connections from one IP address waiting for their handshake
+    /// (`fabric::handshake::ConnectionLimits::DEFAULT_MAX_PENDING_PER_PEER`).
+    pub max_pending_handshakes_per_peer: usize,
+    /// Client sessions (`meta_server::DEFAULT_MAX_SESSIONS`).
+    pub max_sessions: usize,
+    /// Open files per session (`meta_server::DEFAULT_MAX_OPEN_PER_SESSION`).
+    pub max_open_per_session: usize,
 }
 
 impl Default for MetaServerConfig {
@@ -141,6 +173,11 @@ impl Default for MetaServerConfig {
             lock_unit: Size(meta_server::DEFAULT_LOCK_UNIT),
             session_lease: meta_server::DEFAULT_SESSION_LEASE.as_secs(),
             lock_server: false,
+            max_connections_per_peer: ConnectionLimits::DEFAULT_MAX_PER_PEER,
+            max_pending_handshakes: ConnectionLimits::DEFAULT_MAX_PENDING,
+            max_pending_handshakes_per_peer: ConnectionLimits::DEFAULT_MAX_PENDING_PER_PEER,
+            max_sessions: meta_server::DEFAULT_MAX_SESSIONS,
+            max_open_per_session: meta_server::DEFAULT_MAX_OPEN_PER_SESSION,
         }
     }
 }
@@ -166,8 +203,77 @@ impl MetaServerConfig {
         config.lock_unit = self.lock_unit.0;
         config.session_lease = Duration::from_secs(self.session_lease);
         config.lock_server = self.lock_server;
+        config.connection_limits = ConnectionLimits {
+            max_per_peer: self.max_connections_per_peer,
+            max_pending: self.max_pending_handshakes,
+            max_pending_per_peer: self.max_pending_handshakes_per_peer,
+        };
+        config.max_sessions = self.max_sessions;
+        config.max_open_per_session = self.max_open_per_session;
         Ok(config)
     }
+}
+
+/// Fuzz entry of the roles' settings files: the first byte selects the role (meta server,
+/// data server, mount), the rest is its `--config` file (as UTF-8, invalid sequences
+/// replaced); see `config::fuzz_settings_file` for what is checked. Settings that load are
+/// also turned into the role's configuration, which must end in a value or an error.
+// Used by the tests, and by the `config_file` target of `fuzz/`, which compiles this module
+// from its source (`citronfs` is a binary crate): dead only in the command itself.
+#[cfg_attr(not(test), allow(dead_code))]
+pub fn fuzz_config_file(data: &[u8]) {
+    use super::config::fuzz_settings_file;
+    let Some((&role, text)) = data.split_first() else {
+        return;
+    };
+    let text = String::from_utf8_lossy(text);
+    match role % 3 {
+        0 => {
+            fuzz_settings_file::<MetaServerConfig>(&text);
+            if let Ok(settings) = super::config::load_str::<MetaServerConfig>(&text) {
+                let _ = settings.server_config();
+            }
+        }
+        1 => {
+            fuzz_settings_file::<DataServerConfig>(&text);
+            if let Ok(settings) = super::config::load_str::<DataServerConfig>(&text) {
+                let _ = settings.server_config();
+            }
+        }
+        _ => fuzz_settings_file::<MountConfig>(&text),
+    }
+}
+
+/// Seeds for [`fuzz_config_file`]: each role's file with every setting, and with an unknown
+/// key, a size in each notation, and a bad value.
+// Used by the tests, and by the `config_file` target of `fuzz/`, which compiles this module
+// from its source (`citronfs` is a binary crate): dead only in the command itself.
+#[cfg_attr(not(test), allow(dead_code))]
+pub fn fuzz_config_seeds() -> Vec<Vec<u8>> {
+    use super::config::settings_file_seed;
+    let files = [
+        settings_file_seed::<MetaServerConfig>(),
+        settings_file_seed::<DataServerConfig>(),
+        settings_file_seed::<MountConfig>(),
+    ];
+    let mut seeds = Vec::new();
+    for (role, file) in files.iter().enumerate() {
+        for extra in [
+            "",
+            "no_such_key = 1\n",
+            "chunk_size = \"4M\"\n",
+            "chunk_size = 4096\n",
+            "capacity = \"-1\"\n",
+            "listen = \"not an address\"\n",
+            "[table]\nx = 1\n",
+        ] {
+            let mut seed = vec![role as u8];
+            seed.extend_from_slice(file.as_bytes());
+            seed.extend_from_slice(extra.as_bytes());
+            seeds.push(seed);
+        }
+    }
+    seeds
 }
 
 /// Runs a meta server until SIGINT or SIGTERM.
@@ -494,6 +600,19 @@ mod tests {
             jail.clear_env();
             f(jail).map_err(|e| figment::Error::from(format!("{e:#}")))
         });
+    }
+
+    /// The roles' settings files under the stable fuzzer (see `fabric::fuzz`).
+    #[test]
+    fn fuzz_config_files() {
+        let seeds = fuzz_config_seeds();
+        let report = fabric::fuzz::run(
+            "config files",
+            &seeds,
+            fabric::fuzz::DEFAULT_BUDGET,
+            fuzz_config_file,
+        );
+        assert!(report.execs > seeds.len() as u64);
     }
 
     #[test]

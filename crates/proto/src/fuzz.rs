@@ -1,0 +1,437 @@
+//! Fuzz entries of the meta server's RPC protocol as its clients decode it, and the seed
+//! corpus of every message kind that they and `meta_server::rpc`'s entry start from (see
+//! `fabric::fuzz` for how entries are run on the stable toolchain and in `fuzz/`).
+
+use crate::error::FsError;
+use crate::rpc::{
+    recv, HelloAnswer, Request, RequestFrame, Response, ResponseFrame, Role, Welcome, XattrMode,
+    MAX_FRAME,
+};
+use crate::types::*;
+use fabric::frame::read_frame;
+use fabric::fuzz::{assert_bounded, frame, Pipe};
+use fabric::handshake::{self, fuzz_credentials, Hello, Limit, Protocol, Refusal};
+use fabric::{RegionId, RemoteAddr};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+/// Fuzz entry: the hello of the RPC protocol as the meta server checks it
+/// ([`handshake::fuzz_server_handshake`] with [`Role`]).
+pub fn hello_entry(input: &[u8]) {
+    handshake::fuzz_server_handshake::<Role>(input, Protocol::Rpc);
+}
+
+/// Asserts that `value` survives a round trip through its encoding.
+pub fn assert_round_trip<T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug>(value: &T) {
+    let bytes = match postcard::to_stdvec(value) {
+        Ok(bytes) => bytes,
+        Err(e) => panic!("a decoded message does not encode: {e}: {value:?}"),
+    };
+    match postcard::from_bytes::<T>(&bytes) {
+        Ok(back) => assert_eq!(&back, value, "a message changed in a round trip"),
+        Err(e) => panic!("a re-encoded message does not decode: {e}: {value:?}"),
+    }
+}
+
+/// Fuzz entry: `input` is what a meta server sends a client: the answer to its hello, then
+/// response frames, read exactly as [`crate::rpc::Client`] reads them
+/// ([`handshake::client_handshake`], then [`recv`]). Checks: no frame body is allocated
+/// beyond the bytes that arrived, every decoded message survives a round trip, and the
+/// stream ends in a typed error.
+pub fn client_entry(input: &[u8]) {
+    let mut pipe = Pipe::new(input);
+    let hello = Hello::new(
+        Protocol::Rpc,
+        &fuzz_credentials(),
+        0,
+        Role::Client {
+            host: "fuzz".into(),
+            pid: 1,
+        },
+    );
+    match handshake::client_handshake::<Role, Welcome>(&mut pipe, &hello, MAX_FRAME) {
+        Ok(welcome) => assert_round_trip(&welcome),
+        Err(handshake::HandshakeError::Refused(refusal)) => {
+            assert_round_trip(&refusal);
+            return;
+        }
+        Err(_) => return,
+    }
+    loop {
+        // The bound first, on a copy of what is left (recv reads the same way).
+        let mut body = Vec::new();
+        let _ = read_frame(&mut &pipe.input[..], MAX_FRAME, &mut body);
+        assert_bounded(&body, pipe.input.len());
+        match recv::<ResponseFrame>(&mut pipe) {
+            Ok(response) => assert_round_trip(&response),
+            Err(_) => return,
+        }
+    }
+}
+
+fn attr(ino: Ino, kind: FileKind) -> Attr {
+    Attr {
+        ino,
+        kind,
+        perm: 0o644,
+        nlink: 1,
+        uid: 1000,
+        gid: 1000,
+        rdev: 0,
+        size: 4096,
+        atime: Timestamp::default(),
+        mtime: Timestamp {
+            secs: 1_700_000_000,
+            nanos: 999_999_999,
+        },
+        ctime: Timestamp { secs: -1, nanos: 1 },
+        crtime: Timestamp::default(),
+        generation: 3,
+    }
+}
+
+/// One request of every kind, with names and values at the edges the server checks ('.',
+/// '..', '/', NUL, long names, huge counts).
+pub fn sample_requests() -> Vec<Request> {
+    let caller = Caller {
+        uid: 1000,
+        gid: 1000,
+    };
+    let mut requests = vec![
+        Request::Heartbeat,
+        Request::Lookup {
+            parent: ROOT_INO,
+            name: "f".into(),
+        },
+        Request::GetAttr { ino: ROOT_INO },
+        Request::SetAttr {
+            ino: 2,
+            set: SetAttr {
+                size: Some(1 << 20),
+                mtime: Some(SetTime::Now),
+                atime: Some(SetTime::At(Timestamp::default())),
+                ..SetAttr::default()
+            },
+            caller,
+        },
+        Request::Mkdir {
+            parent: ROOT_INO,
+            name: "d".into(),
+            perm: 0o755,
+            caller,
+        },
+        Request::Symlink {
+            parent: ROOT_INO,
+            name: "s".into(),
+            target: "f".into(),
+            caller,
+        },
+        Request::Link {
+            ino: 2,
+            new_parent: ROOT_INO,
+            new_name: "g".into(),
+        },
+        Request::Rename {
+            parent: ROOT_INO,
+            name: "f".into(),
+            new_parent: ROOT_INO,
+            new_name: "..".into(),
+            no_replace: true,
+        },
+        Request::Readlink { ino: 3 },
+        Request::ReadDir {
+            ino: ROOT_INO,
+            cookie: 0,
+            max: u32::MAX,
+        },
+        Request::Statfs,
+        Request::SetXattr {
+            ino: 2,
+            name: "user.a".into(),
+            value: vec![7; 100],
+            mode: XattrMode::Create,
+        },
+        Request::GetXattr {
+            ino: 2,
+            name: "user.a".into(),
+        },
+        Request::ListXattr { ino: 2 },
+        Request::RemoveXattr {
+            ino: 2,
+            name: "user.a".into(),
+        },
+        Request::Open {
+            ino: 2,
+            scheme: lockmgr::LockScheme::CITRON,
+        },
+        Request::Release { ino: 2 },
+        Request::ChunkMap {
+            ino: 2,
+            first: 0,
+            count: u64::MAX,
+        },
+        Request::AllocateChunks {
+            ino: 2,
+            generation: 3,
+            first: u64::MAX - 1,
+            count: 4,
+        },
+        Request::Fsync { ino: 2 },
+        Request::AllocateLockWords {
+            ino: 2,
+            words: u64::MAX / 4,
+        },
+        Request::Fence,
+        Request::AwaitRevocations { known: 0 },
+        Request::Cluster,
+        Request::Fsck(crate::fsck::FsckOptions {
+            repair: false,
+            at_rest: true,
+        }),
+    ];
+    for name in ["f", ".", "..", "", "a/b", "a\0b", &"n".repeat(300)] {
+        requests.push(Request::Mknod {
+            parent: ROOT_INO,
+            name: name.into(),
+            kind: FileKind::File,
+            perm: 0o644,
+            rdev: 0,
+            caller,
+        });
+        requests.push(Request::Unlink {
+            parent: ROOT_INO,
+            name: name.into(),
+        });
+        requests.push(Request::Rmdir {
+            parent: ROOT_INO,
+            name: name.into(),
+        });
+    }
+    requests
+}
+
+/// Framed request streams as a meta server reads them: a client's hello, then requests.
+pub fn request_seeds() -> Vec<Vec<u8>> {
+    let hello = Hello::new(
+        Protocol::Rpc,
+        &fuzz_credentials(),
+        0,
+        Role::Client {
+            host: "fuzz".into(),
+            pid: 1,
+        },
+    );
+    let hello = frame(&postcard::to_stdvec(&hello).expect("encodes"));
+    let requests: Vec<Vec<u8>> = sample_requests()
+        .into_iter()
+        .enumerate()
+        .map(|(id, request)| {
+            let body = postcard::to_stdvec(&RequestFrame {
+                id: id as u64,
+                request,
+            })
+            .expect("encodes");
+            frame(&body)
+        })
+        .collect();
+    let mut seeds: Vec<Vec<u8>> = requests
+        .iter()
+        .map(|r| [hello.clone(), r.clone()].concat())
+        .collect();
+    // Everything in one stream, and a data server's hello.
+    seeds.push([vec![hello.clone()], requests].concat().concat());
+    let ds = Hello::new(
+        Protocol::Rpc,
+        &fuzz_credentials(),
+        0,
+        Role::DataServer {
+            fabric: FabricAddr::Tcp {
+                addr: "127.0.0.1:1".into(),
+            },
+            region: RegionId(1),
+            region_bytes: 1 << 20,
+            name: "ds".into(),
+            incarnation: 0x1234,
+        },
+    );
+    seeds.push(frame(&postcard::to_stdvec(&ds).expect("encodes")));
+    seeds
+}
+
+/// A cluster description with every field set.
+fn sample_cluster() -> ClusterInfo {
+    ClusterInfo {
+        session: 9,
+        meta_fabric: FabricAddr::Shm {
+            dir: "/dev/shm/x".into(),
+        },
+        meta_region: RegionId(0),
+        data_servers: vec![DataServerInfo {
+            id: 0,
+            fabric: FabricAddr::Tcp {
+                addr: "10.0.0.2:7701".into(),
+            },
+            region: RegionId(1),
+            chunks: 16,
+            incarnation: 7,
+            live: true,
+        }],
+        chunk_size: 1 << 20,
+        lock_unit: 4096,
+        session_lease_ms: 10_000,
+        fence_after_ms: 100,
+        lock_server: Some("10.0.0.1:7702".into()),
+        layout_epoch: 4,
+    }
+}
+
+/// One response of every kind, and errors of every kind.
+pub fn sample_responses() -> Vec<Result<Response, FsError>> {
+    let mut out: Vec<Result<Response, FsError>> = vec![
+        Ok(Response::Ok),
+        Ok(Response::Attr(attr(2, FileKind::File))),
+        Ok(Response::Entries(vec![DirEntry {
+            ino: 2,
+            kind: FileKind::Dir,
+            name: "..".into(),
+            cookie: 2,
+        }])),
+        Ok(Response::Data(vec![1, 2, 3])),
+        Ok(Response::Names(vec!["user.a".into()])),
+        Ok(Response::Stats(FsStats {
+            chunk_size: 1 << 20,
+            total_chunks: 10,
+            free_chunks: 5,
+            inodes: 3,
+        })),
+        Ok(Response::Open(OpenFile {
+            attr: attr(2, FileKind::File),
+            fcb: RemoteAddr::new(RegionId(0), 64),
+            lock: lockmgr::schemes::LockRef {
+                scheme: lockmgr::LockScheme::CITRON,
+                base: RemoteAddr::new(RegionId(0), 128),
+            },
+        })),
+        Ok(Response::Chunks(vec![
+            None,
+            Some(ChunkLoc {
+                server: 1,
+                index: 9,
+            }),
+        ])),
+        Ok(Response::Addr(RemoteAddr::new(RegionId(0), 4096))),
+        Ok(Response::Revocations {
+            epoch: 2,
+            sessions: vec![5, 6],
+        }),
+        Ok(Response::Heartbeat { layout_epoch: 3 }),
+        Ok(Response::Cluster(Box::new(sample_cluster()))),
+    ];
+    out.extend(
+        [
+            FsError::NotFound,
+            FsError::Exists,
+            FsError::NotEmpty,
+            FsError::NotDir,
+            FsError::IsDir,
+            FsError::NameTooLong,
+            FsError::NoSpace,
+            FsError::Access,
+            FsError::Perm,
+            FsError::Invalid("bad".into()),
+            FsError::NoAttr,
+            FsError::Range,
+            FsError::Stale,
+            FsError::NotSupported,
+            FsError::Io("gone".into()),
+            FsError::Refused("no".into()),
+            FsError::Busy,
+            FsError::TooManyOpen { limit: 8 },
+            FsError::TooManySessions { limit: 8 },
+            FsError::Lost("chunk".into()),
+            FsError::Unavailable("no data server".into()),
+        ]
+        .into_iter()
+        .map(Err),
+    );
+    out
+}
+
+/// Framed streams as a client reads them: a welcome (or a refusal), then responses.
+pub fn response_seeds() -> Vec<Vec<u8>> {
+    let info = sample_cluster();
+    let answers: Vec<HelloAnswer> = vec![
+        Ok(Welcome::Client(info)),
+        Ok(Welcome::DataServer { id: 3 }),
+        Err(Refusal::BadToken {
+            cluster: "fuzz".into(),
+        }),
+        Err(Refusal::Limit {
+            limit: Limit::Sessions,
+            value: 4,
+        }),
+    ];
+    let answers: Vec<Vec<u8>> = answers
+        .iter()
+        .map(|a| frame(&postcard::to_stdvec(a).expect("encodes")))
+        .collect();
+    let responses: Vec<Vec<u8>> = sample_responses()
+        .into_iter()
+        .enumerate()
+        .map(|(id, result)| {
+            frame(
+                &postcard::to_stdvec(&ResponseFrame {
+                    id: id as u64 + 1,
+                    result,
+                })
+                .expect("encodes"),
+            )
+        })
+        .collect();
+    let mut seeds: Vec<Vec<u8>> = responses
+        .iter()
+        .map(|r| [answers[0].clone(), r.clone()].concat())
+        .collect();
+    seeds.push([answers.clone(), responses].concat().concat());
+    seeds.extend(answers);
+    seeds
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fabric::fuzz::{run_framed, DEFAULT_BUDGET};
+
+    #[test]
+    fn fuzz_rpc_hello() {
+        let mut seeds = fabric::handshake::fuzz_hello_seeds(
+            Protocol::Rpc,
+            Role::Client {
+                host: "fuzz".into(),
+                pid: 1,
+            },
+        );
+        seeds.extend(request_seeds());
+        run_framed("rpc hello", &seeds, DEFAULT_BUDGET, Some(0), hello_entry);
+    }
+
+    #[test]
+    fn fuzz_rpc_client() {
+        let seeds = response_seeds();
+        run_framed("rpc client", &seeds, DEFAULT_BUDGET, Some(0), client_entry);
+    }
+
+    /// The seeds are what they claim: every response stream is read to its end.
+    #[test]
+    fn response_seeds_decode() {
+        let seeds = response_seeds();
+        for (seed, expected) in seeds.iter().zip(sample_responses()) {
+            let mut pipe = Pipe::new(seed);
+            let answer: HelloAnswer = recv(&mut pipe).unwrap();
+            assert!(answer.is_ok());
+            let response: ResponseFrame = recv(&mut pipe).unwrap();
+            assert_eq!(response.result, expected);
+            assert!(pipe.input.is_empty());
+        }
+    }
+}
