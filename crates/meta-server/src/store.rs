@@ -392,10 +392,8 @@ pub struct Store {
 }
 
 impl Store {
-    /// Opens (or creates) the database in `dir`, creating the root directory (owned by
-    /// `root_owner`) on first start. A database created with another chunk size is refused: its
-    /// chunk maps would be meaningless.
-    pub fn open(dir: &Path, chunk_size: u64, root_owner: Caller) -> anyhow::Result<Store> {
+    /// Opens sled in `dir` and every tree of the namespace, touching nothing.
+    fn open_trees(dir: &Path) -> anyhow::Result<Store> {
         let db = sled::open(dir).map_err(|e| {
             anyhow::anyhow!("cannot open the meta database in {}: {e}", dir.display())
         })?;
@@ -403,7 +401,14 @@ impl Store {
             .iter()
             .map(|n| db.open_tree(n))
             .collect::<Result<Vec<_>, _>>()?;
-        let store = Store { db, trees };
+        Ok(Store { db, trees })
+    }
+
+    /// Opens (or creates) the database in `dir`, creating the root directory (owned by
+    /// `root_owner`) on first start. A database created with another chunk size is refused: its
+    /// chunk maps would be meaningless.
+    pub fn open(dir: &Path, chunk_size: u64, root_owner: Caller) -> anyhow::Result<Store> {
+        let store = Store::open_trees(dir)?;
         let meta = &store.trees[T_META];
         match meta.get(b"chunk_size")? {
             Some(v) => {
@@ -471,14 +476,7 @@ impl Store {
             "{} is empty: no meta database there",
             dir.display()
         );
-        let db = sled::open(dir).map_err(|e| {
-            anyhow::anyhow!("cannot open the meta database in {}: {e}", dir.display())
-        })?;
-        let trees = TREE_NAMES
-            .iter()
-            .map(|n| db.open_tree(n))
-            .collect::<Result<Vec<_>, _>>()?;
-        let store = Store { db, trees };
+        let store = Store::open_trees(dir)?;
         let chunk_size = match store.trees[T_META].get(b"chunk_size")? {
             Some(v) => decode_u64(&v).map_err(|e| anyhow::anyhow!("{e}"))?,
             None => anyhow::bail!("{} holds no CitronFS meta database", dir.display()),
