@@ -393,10 +393,25 @@ pub struct Store {
 
 impl Store {
     /// Opens sled in `dir` and every tree of the namespace, touching nothing.
+    ///
+    /// sled releases its directory lock from a background thread after the last handle of a
+    /// database is dropped, so a meta server restarted in the same process (the test kit) can
+    /// find it still held for a moment: the lock is waited for, up to 5 s.
     fn open_trees(dir: &Path) -> anyhow::Result<Store> {
-        let db = sled::open(dir).map_err(|e| {
-            anyhow::anyhow!("cannot open the meta database in {}: {e}", dir.display())
-        })?;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let db = loop {
+            match sled::open(dir) {
+                Ok(db) => break db,
+                // sled reports it as an `Other` error with this text (sled 0.34's config.rs).
+                Err(sled::Error::Io(e))
+                    if e.to_string().starts_with("could not acquire lock")
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+                Err(e) => anyhow::bail!("cannot open the meta database in {}: {e}", dir.display()),
+            }
+        };
         let trees = TREE_NAMES
             .iter()
             .map(|n| db.open_tree(n))
@@ -2109,6 +2124,20 @@ mod tests {
         let effects = shrink(10);
         assert_eq!(effects.freed, vec![loc]);
         assert_eq!(store.tails().unwrap().len(), 1, "chunk 0's tail only");
+    }
+
+    #[test]
+    fn opening_waits_for_the_directory_lock_of_a_store_being_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = Store::open(dir.path(), CS, ME).unwrap();
+        let dropper = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            drop(first);
+        });
+        // Held for 300 ms more: without the wait this fails at once.
+        let second = Store::open(dir.path(), CS, ME);
+        dropper.join().unwrap();
+        assert!(second.is_ok(), "{:?}", second.err());
     }
 
     #[test]
