@@ -47,7 +47,17 @@ pub(crate) struct Shared {
     /// Bumped after every revocation, so that a connection looks at `revoked` only when it
     /// changed (the hot path reads one atomic).
     revocations: AtomicU64,
+    /// Every connection's execution state ([`IDLE`], or [`BUSY`] with the revocation count it
+    /// checked its session against): a revocation waits for the batches that passed their
+    /// check before it (see [`Shared::revoke`]).
+    executing: Mutex<Vec<std::sync::Weak<AtomicU64>>>,
 }
+
+/// A connection's execution state when it executes nothing.
+const IDLE: u64 = 0;
+/// Set in a connection's execution state while it checks and executes a batch; the other bits
+/// hold the revocation count it checked against.
+const BUSY: u64 = 1 << 63;
 
 impl Shared {
     pub(crate) fn new(credentials: Credentials) -> Self {
@@ -57,7 +67,15 @@ impl Shared {
             generation: AtomicU64::new(0),
             revoked: RwLock::new(HashSet::new()),
             revocations: AtomicU64::new(0),
+            executing: Mutex::new(Vec::new()),
         }
+    }
+
+    /// A new connection's execution state, registered for revocations to wait on.
+    fn register(&self) -> Arc<AtomicU64> {
+        let state = Arc::new(AtomicU64::new(IDLE));
+        lock(&self.executing).push(Arc::downgrade(&state));
+        state
     }
 
     fn is_revoked(&self, session: u64) -> bool {
@@ -69,11 +87,39 @@ impl Shared {
                 .contains(&session)
     }
 
+    /// Revokes `sessions` and returns only when no batch of theirs can execute any more: a
+    /// batch that passed its session check before the revocation is waited for.
+    ///
+    /// Without the wait, a connection thread preempted between its check and its execution
+    /// (a loaded host) would land a revoked client's write after the fence that revoked it had
+    /// been acknowledged — after the breaker took the lock (seen as a torn record in the pause
+    /// test under load). The handshake with [`Session::request`] is Dekker's: the connection
+    /// publishes `BUSY | count` and then re-reads the count; the revoker bumps the count and
+    /// then reads every state (all `SeqCst`). Either the connection sees the new count and
+    /// checks again, or the revoker sees it busy with an older count and waits for `IDLE`.
     fn revoke(&self, sessions: &[u64]) {
-        let mut set = self.revoked.write().unwrap_or_else(PoisonError::into_inner);
-        set.extend(sessions.iter().copied().filter(|&s| s != 0));
+        {
+            let mut set = self.revoked.write().unwrap_or_else(PoisonError::into_inner);
+            set.extend(sessions.iter().copied().filter(|&s| s != 0));
+        }
         // After the insertion: a connection that sees the new count finds its session revoked.
-        self.revocations.fetch_add(1, Ordering::SeqCst);
+        let count = self.revocations.fetch_add(1, Ordering::SeqCst) + 1;
+        let states: Vec<Arc<AtomicU64>> = {
+            let mut all = lock(&self.executing);
+            all.retain(|s| s.strong_count() > 0);
+            all.iter().filter_map(std::sync::Weak::upgrade).collect()
+        };
+        for state in states {
+            let mut pause = std::time::Duration::from_micros(10);
+            loop {
+                let s = state.load(Ordering::SeqCst);
+                if s & BUSY == 0 || s & !BUSY >= count {
+                    break;
+                }
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(std::time::Duration::from_millis(1));
+            }
+        }
     }
 
     fn resolve(&self, id: RegionId) -> Option<Arc<Region>> {
@@ -146,6 +192,8 @@ pub(crate) struct Session {
     client_session: u64,
     /// The value of `Shared::revocations` when this connection last checked its session.
     revocations: u64,
+    /// This connection's execution state (see [`Shared::revoke`]).
+    state: Arc<AtomicU64>,
     scratch: Vec<Verb>,
     batch: Batch,
     completions: Completions,
@@ -158,7 +206,9 @@ pub(crate) struct Session {
 impl Session {
     pub(crate) fn new(shared: Arc<Shared>) -> Self {
         let generation = shared.generation.load(Ordering::SeqCst);
+        let state = shared.register();
         Self {
+            state,
             shared,
             authenticated: false,
             cache: RegionTable::new(),
@@ -275,7 +325,24 @@ impl Session {
     /// Decodes, checks and executes the request in `self.rx`; a connection whose session has
     /// been revoked executes nothing more and is closed.
     fn request(&mut self) -> Next {
-        let revocations = self.shared.revocations.load(Ordering::SeqCst);
+        // Busy from before the check until after the execution (see `Shared::revoke`).
+        let mut revocations = self.shared.revocations.load(Ordering::SeqCst);
+        loop {
+            self.state.store(BUSY | revocations, Ordering::SeqCst);
+            let now = self.shared.revocations.load(Ordering::SeqCst);
+            if now == revocations {
+                break;
+            }
+            revocations = now;
+        }
+        let next = self.checked_request(revocations);
+        self.state.store(IDLE, Ordering::SeqCst);
+        next
+    }
+
+    /// [`Session::request`] once busy: the session check against `revocations`, then the
+    /// batch.
+    fn checked_request(&mut self, revocations: u64) -> Next {
         if revocations != self.revocations {
             self.revocations = revocations;
             if self.shared.is_revoked(self.client_session) {
@@ -530,7 +597,8 @@ impl TcpServer {
     /// stays revoked for the life of the server; session ids are never reused by a meta server.
     ///
     /// This is the tcp fabric's version of what seed 000 §3.10 has the cluster manager do on
-    /// RDMA (destroy the failed client's queue pairs). A batch already executing finishes.
+    /// RDMA (destroy the failed client's queue pairs). A batch already executing finishes, and
+    /// this returns only after it did: from then on nothing of theirs executes.
     pub fn revoke(&self, sessions: &[u64]) {
         self.shared.revoke(sessions);
     }
@@ -647,5 +715,46 @@ fn accept_loop(
             }
             Err(e) => tracing::warn!(%peer, "fabric tcp: cannot spawn connection thread: {e}"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    #[test]
+    fn a_revocation_waits_for_a_batch_that_passed_its_check_before_it() {
+        let shared = Arc::new(Shared::new(Credentials::default()));
+        let busy = shared.register();
+        let idle = shared.register();
+        // A connection that checked against count 0 and is executing (its thread preempted).
+        busy.store(BUSY, Ordering::SeqCst);
+        let (done_tx, done) = mpsc::channel();
+        let revoker = {
+            let shared = shared.clone();
+            std::thread::spawn(move || {
+                shared.revoke(&[7]);
+                done_tx.send(()).unwrap();
+            })
+        };
+        assert!(
+            done.recv_timeout(Duration::from_millis(200)).is_err(),
+            "the revocation returned while a batch checked before it was executing"
+        );
+        assert!(shared.is_revoked(7));
+        busy.store(IDLE, Ordering::SeqCst);
+        done.recv_timeout(Duration::from_secs(5))
+            .expect("the revocation returns once the batch is done");
+        revoker.join().unwrap();
+        drop(idle);
+        // A connection busy with the count the next revocation makes (it checked after that
+        // revocation's bump, so it saw it) is not waited for.
+        let next = shared.revocations.load(Ordering::SeqCst) + 1;
+        busy.store(BUSY | next, Ordering::SeqCst);
+        let start = std::time::Instant::now();
+        shared.revoke(&[8]);
+        assert!(start.elapsed() < Duration::from_secs(1));
     }
 }

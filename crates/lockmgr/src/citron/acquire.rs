@@ -308,6 +308,12 @@ impl CitronClient {
             if self.rec.epoch != old && !self.rec.pending {
                 return Ok(());
             }
+            if self.rec.pending && start.elapsed() > self.rec.t_lease() * 2 {
+                // The scaler holds the spillover mutex while it scales: past its lease, take
+                // the mutex (breaking a dead holder's), which finishes the scale-up.
+                self.finish_abandoned_scale_up()?;
+                continue;
+            }
             if start.elapsed() > patience {
                 return Err(LockError::Config(
                     "a scale-up started but never finished (scaler died?)".into(),
@@ -315,6 +321,15 @@ impl CitronClient {
             }
             backoff.snooze(&mut self.rng);
         }
+    }
+
+    /// Takes the spillover mutex (breaking a dead holder's after its lease) and gives it back:
+    /// a holder that finds the record pending finishes the scale-up (`acquire_spillover`).
+    fn finish_abandoned_scale_up(&mut self) -> Result<(), LockError> {
+        if let Some((ticket, _)) = self.acquire_spillover(0)? {
+            self.release_spillover(ticket)?;
+        }
+        Ok(())
     }
 
     /// `LOCKNODE` (Alg. 2 l. 8-37) on `node` for the request `[l, r)`.

@@ -36,6 +36,26 @@
 //! snapshotted first, so an acquirer whose notification came after some node's snapshot (and
 //! was therefore not copied) sees the root's `Exp` in the same batch, posted after it.
 //!
+//! # A scale-up whose scaler died (beyond the paper)
+//!
+//! The scaler holds the spillover mutex throughout. If it dies after announcing (the record is
+//! `pending`) — and in particular after tagging, when every acquirer meeting the old root
+//! aborts and waits for the new configuration — the next client to take the mutex (which it
+//! gets only by breaking the dead holder's lease) finishes the scale-up
+//! ([`CitronClient::finish_scale_up`]). It cannot redo l. 6-8 as written: the words the tags
+//! snapshotted are gone with the scaler. But what l. 6-8 must achieve at each copy target `t`
+//! can be computed from what is there now. The copies at `t` must count every notification
+//! (and occupied old root) that was outstanding at the snapshot of a node `y` copying to `t`.
+//! Of those, the ones released since went on to release their copy at `t` (`DCnt(t)`, added
+//! by releasers that saw the tag change), and the others are still outstanding at `y`. So
+//! `t` needs `DMax(t) = DCnt(t) + Σ outstanding(y) now` (+1 for an old root occupied now), set
+//! with one masked FAA of the difference whatever the dead scaler added before it died.
+//! Untagged nodes are tagged first (their snapshot is now). Races only over-count (a release
+//! between reading `y` and reading `t` counts twice; a scaler that was only paused and adds
+//! its copies late counts twice): an over-count makes acquirers at `t` wait for a notification
+//! that is not there, which lease recovery repairs (§3.10); it never lets two requests overlap,
+//! which an under-count could.
+//!
 //! # Scale-down (§3.9.2)
 //!
 //! Under a whole-range lock (`[0, ∞)`: the spillover mutex plus the root), the tree can shrink
@@ -210,6 +230,92 @@ impl CitronClient {
         self.stats.scale_ups += 1;
         tracing::debug!(from = b, to = a, tag, "lock tree scaled up");
         Ok(true)
+    }
+
+    /// Finishes the scale-up the current record announces (`pending`) whose scaler lost the
+    /// spillover mutex (see the module docs). Called holding the spillover mutex with the
+    /// pending record as `self.rec`; the caller releases the mutex.
+    pub(crate) fn finish_scale_up(&mut self) -> Result<(), LockError> {
+        let Some(e) = self.rec.events.last().copied().filter(|_| self.rec.pending) else {
+            return Ok(());
+        };
+        let (b, a, tag, m) = (e.before, e.after, e.tag, self.rec.m);
+        // l. 4-5 where the scaler did not get to; the words of every top node now.
+        let mut top = Vec::new();
+        for level in 0..m.min(b - 1) {
+            let hgt = b - 1 - level;
+            for pos in 0..pow4(level) {
+                top.push(Node::new(hgt, pos));
+            }
+        }
+        let mut words = Vec::with_capacity(top.len());
+        for chunk in top.chunks(CHUNK) {
+            self.batch.clear();
+            let mut hs: Vec<AtomicHandle> = Vec::with_capacity(chunk.len());
+            for y in chunk {
+                let addr = self.node_addr(*y)?;
+                hs.push(
+                    self.batch
+                        .masked_cas(addr, 0, 0, u64::from(tag) << EXP_SHIFT, EXP),
+                );
+            }
+            self.exec()?;
+            words.extend(hs.iter().map(|h| self.out.old(*h)));
+        }
+        // What each copy target must count besides its DCnt: the outstanding notifications of
+        // the nodes copying to it (and an occupied old root), every target listed.
+        let old_root = Node::root(b);
+        let mut need: std::collections::BTreeMap<(u32, u64), (Node, u64)> = Default::default();
+        for (y, v) in top.iter().zip(&words) {
+            let outstanding = counter_gap(dmax(*v), dcnt(*v));
+            for t in copy_targets(*y, a, a, m, m) {
+                need.entry((t.hgt, t.pos)).or_insert((t, 0)).1 += outstanding;
+            }
+            if *y == old_root {
+                let occupied = u64::from(occ(*v));
+                for t in copy_targets(*y, a, a, 1, m) {
+                    need.entry((t.hgt, t.pos)).or_insert((t, 0)).1 += occupied;
+                }
+            }
+        }
+        let targets: Vec<(Node, u64)> = need.into_values().collect();
+        for chunk in targets.chunks(CHUNK) {
+            let addrs = chunk
+                .iter()
+                .map(|(t, _)| node_addr_in(&self.rec, *t))
+                .collect::<Result<Vec<_>, _>>()?;
+            self.batch.clear();
+            let reads: Vec<_> = addrs.iter().map(|addr| self.batch.read(*addr, 8)).collect();
+            self.exec()?;
+            let now: Vec<u64> = reads.iter().map(|h| self.out.word(*h, 0)).collect();
+            self.batch.clear();
+            for ((addr, (_, n)), w) in addrs.iter().zip(chunk).zip(now) {
+                let delta = counter_gap(dcnt(w) + n, dmax(w));
+                if delta != 0 {
+                    self.batch.masked_faa(*addr, add_dmax(delta), BOUNDARY);
+                }
+            }
+            self.exec()?;
+        }
+        // l. 9-10.
+        let mut next = self.rec.clone();
+        next.height = a;
+        next.pending = false;
+        next.epoch += 1;
+        let sealed = next.seal()?;
+        self.batch.clear();
+        self.batch.write(self.base, &sealed);
+        self.batch.write_u64(self.maximizer_addr(), 0);
+        self.exec()?;
+        self.rec = next;
+        self.stats.recoveries += 1;
+        tracing::warn!(
+            from = b,
+            to = a,
+            tag,
+            "lock tree: finished a scale-up whose scaler died"
+        );
+        Ok(())
     }
 
     /// Alg. 3 l. 10-12, generalised: give back the copies a scale-up made of our notifications

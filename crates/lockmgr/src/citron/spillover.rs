@@ -144,6 +144,15 @@ impl CitronClient {
             Some(r) => r,
             None => super::read_record(self.ep.as_mut(), self.base, self.rec.t_lease() * 4)?,
         };
+        if record.pending {
+            // A scale-up announced by a holder of this mutex that lost it (it died, or it was
+            // stopped past its lease): finish it, then start over on the grown tree.
+            self.rec = record;
+            let finished = self.finish_scale_up();
+            self.release_spillover(ticket)?;
+            finished?;
+            return Ok(None);
+        }
         if record.epoch != self.rec.epoch {
             let grew = record.units() != self.rec.units();
             self.rec = record;
