@@ -338,6 +338,11 @@ impl Service {
     }
 
     /// Ends a session (its connection closed, or its lease ran out): releases its open files.
+    ///
+    /// The session is revoked on every fabric server too, whatever ended it (its lease ran out,
+    /// its connection closed, a fence): its client may still be alive — stopped, or reconnected
+    /// as a new session — with batches of the old one on their way, and a later fence revokes
+    /// only sessions it still knows.
     pub fn end_session(&self, session: u64) {
         let mut st = lock(&self.state);
         let Some(s) = st.sessions.remove(&session) else {
@@ -351,7 +356,24 @@ impl Service {
             }
         }
         drop(st);
+        self.revoke_ended(session);
         self.zero_and_recycle(freed);
+    }
+
+    /// Revokes an ended session on the meta server's fabric server and, through the next
+    /// revocation poll, on every data server; a later fence waits for its epoch like its own.
+    fn revoke_ended(&self, session: u64) {
+        let mut f = lock(&self.fences);
+        if f.revoked.iter().any(|&(_, s)| s == session) {
+            return;
+        }
+        f.epoch += 1;
+        let epoch = f.epoch;
+        f.revoked.push((epoch, session));
+        if let Some(revoke) = self.local_revoke.get() {
+            revoke(&[session]);
+        }
+        self.fence_epoch.send_replace(epoch);
     }
 
     /// Ends every session whose lease ran out; returns how many.

@@ -315,6 +315,54 @@ fn fence_revokes_silent_sessions_on_every_fabric_server() {
     ld.write_u64(data_word, 4).unwrap();
 }
 
+/// A session that ended without a fence — its lease ran out while its client was stopped — is
+/// revoked on every fabric server too: a later fence revokes only sessions it still knows, so
+/// without this the stopped client's batches would still execute when it resumes.
+#[test]
+fn a_session_ended_by_its_lease_is_revoked_on_every_fabric_server() {
+    use fabric::{FabricError, TcpConnector};
+    let cl = Cluster::start(ClusterSpec {
+        fabric: Backend::Tcp,
+        session_lease: Duration::from_millis(300),
+        ..spec(1, 4, false)
+    })
+    .unwrap();
+    let mut expired = Fs::connect(&cl);
+    let mut live = Fs::connect(&cl);
+    let ds = expired.info.data_servers[0].clone();
+    let FabricAddr::Tcp { addr } = &ds.fabric else {
+        panic!("tcp expected")
+    };
+    let connector =
+        TcpConnector::connect_session(addr.as_str(), cl.credentials(), expired.info.session)
+            .unwrap();
+    let mut ep = connector.endpoint().unwrap();
+    let word = RemoteAddr::new(ds.region, 0);
+    ep.write_u64(word, 1).unwrap();
+    // The expired session says nothing past its lease; the live one heartbeats.
+    for _ in 0..20 {
+        std::thread::sleep(Duration::from_millis(50));
+        live.heartbeat().unwrap();
+    }
+    assert_eq!(expired.call(Request::Heartbeat), Err(FsError::Stale));
+    // The data server applies the revocation at its next poll.
+    testkit::wait_until(
+        Duration::from_secs(10),
+        "the expired session revoked",
+        || matches!(ep.write_u64(word, 2), Err(FabricError::Refused(_))),
+    );
+    let mut check =
+        TcpConnector::connect_session(addr.as_str(), cl.credentials(), live.info.session)
+            .unwrap()
+            .endpoint()
+            .unwrap();
+    assert_eq!(
+        check.read_u64(word).unwrap(),
+        1,
+        "nothing landed once revoked"
+    );
+}
+
 /// The lock server of the `server` scheme runs only when asked for, and then takes no request
 /// from a peer without the cluster's token; without it, opening a file for the `server` scheme
 /// fails with a clear error instead of pointing clients at nothing.
