@@ -169,27 +169,7 @@ impl CitronClient {
         failpoint!("lockmgr::citron::scale_up_announced");
 
         // l. 4-5: Exp on the internal nodes of the old top m levels, by index order.
-        let mut top = Vec::new();
-        for level in 0..m.min(b - 1) {
-            let hgt = b - 1 - level;
-            for pos in 0..pow4(level) {
-                top.push(Node::new(hgt, pos));
-            }
-        }
-        let mut olds = Vec::with_capacity(top.len());
-        for chunk in top.chunks(CHUNK) {
-            self.batch.clear();
-            let mut hs: Vec<AtomicHandle> = Vec::with_capacity(chunk.len());
-            for y in chunk {
-                let addr = self.node_addr(*y)?;
-                hs.push(
-                    self.batch
-                        .masked_cas(addr, 0, 0, u64::from(tag) << EXP_SHIFT, EXP),
-                );
-            }
-            self.exec()?;
-            olds.extend(hs.iter().map(|h| self.out.old(*h)));
-        }
+        let (top, olds) = self.tag_top(b, m, tag)?;
 
         failpoint!("lockmgr::citron::scale_up_tagged");
 
@@ -218,29 +198,16 @@ impl CitronClient {
         }
 
         // l. 9-10: publish the new configuration, clear the maximizer.
-        next.height = a;
-        next.pending = false;
-        next.epoch += 1;
-        let sealed = next.seal()?;
-        self.batch.clear();
-        self.batch.write(self.base, &sealed);
-        self.batch.write_u64(self.maximizer_addr(), 0);
-        self.exec()?;
-        self.rec = next;
+        self.publish_scale_up(next, a)?;
         self.stats.scale_ups += 1;
         tracing::debug!(from = b, to = a, tag, "lock tree scaled up");
         Ok(true)
     }
 
-    /// Finishes the scale-up the current record announces (`pending`) whose scaler lost the
-    /// spillover mutex (see the module docs). Called holding the spillover mutex with the
-    /// pending record as `self.rec`; the caller releases the mutex.
-    pub(crate) fn finish_scale_up(&mut self) -> Result<(), LockError> {
-        let Some(e) = self.rec.events.last().copied().filter(|_| self.rec.pending) else {
-            return Ok(());
-        };
-        let (b, a, tag, m) = (e.before, e.after, e.tag, self.rec.m);
-        // l. 4-5 where the scaler did not get to; the words of every top node now.
+    /// Alg. 4 l. 4-5: writes scale-up tag `tag` into `Exp` of every internal node in the top
+    /// `m` levels of the tree of height `b`, by index order (the root first), and returns those
+    /// nodes with the words the masked CASes returned (their snapshots).
+    fn tag_top(&mut self, b: u32, m: u32, tag: u8) -> Result<(Vec<Node>, Vec<u64>), LockError> {
         let mut top = Vec::new();
         for level in 0..m.min(b - 1) {
             let hgt = b - 1 - level;
@@ -262,6 +229,34 @@ impl CitronClient {
             self.exec()?;
             words.extend(hs.iter().map(|h| self.out.old(*h)));
         }
+        Ok((top, words))
+    }
+
+    /// Alg. 4 l. 9-10: publishes `next` (the announced record) as the finished configuration
+    /// of height `a` and clears the maximizer, in one batch.
+    fn publish_scale_up(&mut self, mut next: ConfigRecord, a: u32) -> Result<(), LockError> {
+        next.height = a;
+        next.pending = false;
+        next.epoch += 1;
+        let sealed = next.seal()?;
+        self.batch.clear();
+        self.batch.write(self.base, &sealed);
+        self.batch.write_u64(self.maximizer_addr(), 0);
+        self.exec()?;
+        self.rec = next;
+        Ok(())
+    }
+
+    /// Finishes the scale-up the current record announces (`pending`) whose scaler lost the
+    /// spillover mutex (see the module docs). Called holding the spillover mutex with the
+    /// pending record as `self.rec`; the caller releases the mutex.
+    pub(crate) fn finish_scale_up(&mut self) -> Result<(), LockError> {
+        let Some(e) = self.rec.events.last().copied().filter(|_| self.rec.pending) else {
+            return Ok(());
+        };
+        let (b, a, tag, m) = (e.before, e.after, e.tag, self.rec.m);
+        // l. 4-5 where the scaler did not get to (idempotent where it did); the words now.
+        let (top, words) = self.tag_top(b, m, tag)?;
         // What each copy target must count besides its DCnt: the outstanding notifications of
         // the nodes copying to it (and an occupied old root), every target listed.
         let old_root = Node::root(b);
@@ -298,16 +293,7 @@ impl CitronClient {
             self.exec()?;
         }
         // l. 9-10.
-        let mut next = self.rec.clone();
-        next.height = a;
-        next.pending = false;
-        next.epoch += 1;
-        let sealed = next.seal()?;
-        self.batch.clear();
-        self.batch.write(self.base, &sealed);
-        self.batch.write_u64(self.maximizer_addr(), 0);
-        self.exec()?;
-        self.rec = next;
+        self.publish_scale_up(self.rec.clone(), a)?;
         self.stats.recoveries += 1;
         tracing::warn!(
             from = b,
