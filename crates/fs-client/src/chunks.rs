@@ -201,14 +201,12 @@ impl Inner {
 
 /// Checks that `loc` names a chunk inside a data server `view` knows.
 fn check_loc(view: &View, loc: ChunkLoc) -> Result<(), Error> {
-    {
-        match view.servers.data(loc.server) {
-            Some(ds) if loc.index < ds.info.chunks => Ok(()),
-            Some(ds) => Err(Error::Protocol(format!(
-                "chunk {} is beyond data server {}'s {} chunks",
-                loc.index, loc.server, ds.info.chunks
-            ))),
-            None => Err(Error::UnknownDataServer(loc.server)),
-        }
+    match view.servers.data(loc.server) {
+        Some(ds) if loc.index < ds.info.chunks => Ok(()),
+        Some(ds) => Err(Error::Protocol(format!(
+            "chunk {} is beyond data server {}'s {} chunks",
+            loc.index, loc.server, ds.info.chunks
+        ))),
+        None => Err(Error::UnknownDataServer(loc.server)),
     }
 }
