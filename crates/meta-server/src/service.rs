@@ -426,6 +426,11 @@ impl Service {
                 revoke(&silent);
             }
             self.fence_epoch.send_replace(epoch);
+        } else {
+            tracing::info!(
+                "fence: no session silent for {:?}; nothing to revoke",
+                self.settings.fence_after
+            );
         }
         let epoch = f.epoch;
         drop(f);

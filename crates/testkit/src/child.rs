@@ -165,6 +165,15 @@ pub fn child_mount_main() {
     ) else {
         return;
     };
+    // Its log goes to the inherited stderr, next to the test's output (RUST_LOG; warn by
+    // default), so that a failing test shows what each client process saw.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+    tracing::info!(pid = std::process::id(), "client process starting");
     let mut options = MountOptions::new(meta, cluster, token);
     options.scheme = scheme.parse().expect("scheme");
     let fs = Arc::new(CitronFs::connect(options).expect("the client process connects"));

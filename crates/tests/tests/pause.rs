@@ -96,6 +96,7 @@ fn signal(pid: u32, sig: i32) {
 /// range through its own; A's client process is stopped `pauses` times for `stop` each.
 fn pause_past_lease(fabric: Backend) {
     skip_without_fuse!();
+    testkit::init_logging();
     let cluster = Cluster::start(ClusterSpec {
         fabric,
         ..ClusterSpec::default()

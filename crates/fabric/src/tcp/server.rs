@@ -346,6 +346,10 @@ impl Session {
         if revocations != self.revocations {
             self.revocations = revocations;
             if self.shared.is_revoked(self.client_session) {
+                tracing::info!(
+                    session = self.client_session,
+                    "fabric tcp: a batch of a revoked session refused; closing its connection"
+                );
                 self.send(&Reply::Error(RemoteError::Revoked {
                     session: self.client_session,
                 }));
