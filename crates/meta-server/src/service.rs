@@ -99,6 +99,9 @@ pub(crate) struct Settings {
 
 struct Session {
     last_seen: Instant,
+    /// Until when a `Fence` revokes this session even though it speaks again: it was silent
+    /// for longer than `fence_after` before it last spoke (see [`Service::fence_targets`]).
+    resumed_until: Option<Instant>,
     open: HashSet<Ino>,
 }
 
@@ -145,6 +148,13 @@ struct State {
     live: BTreeMap<u32, LiveServer>,
     /// The meta server's endpoint on its own region.
     endpoint: LocalEndpoint<OwnRegion>,
+}
+
+/// How long after a silence longer than `fence_after` a session that speaks again stays a
+/// fence's target ([`Service::fence_targets`]): twice fs-client's lease guard of
+/// `2·fence_after`, i.e. `4·fence_after` (400 ms by default; `T_lease` must exceed it).
+fn resumed_window(fence_after: Duration) -> Duration {
+    4 * fence_after
 }
 
 /// How long a `Fence` waits for the data servers to apply a revocation (their long poll
@@ -286,6 +296,7 @@ impl Service {
             session,
             Session {
                 last_seen: Instant::now(),
+                resumed_until: None,
                 open: HashSet::new(),
             },
         );
@@ -403,18 +414,51 @@ impl Service {
             .collect()
     }
 
-    /// Revokes every session not heard from within `fence_after` (`caller` was just heard
-    /// from) and returns once no fabric server executes their batches any more (the
-    /// [`Fences`] invariant), or fails after `wait` if a data server does not acknowledge.
+    /// The sessions a `Fence` revokes now: those silent for longer than `fence_after`, and
+    /// those that spoke again after such a silence less than [`resumed_window`] ago.
     ///
-    /// Why "silent sessions" is the right set: a client posts data verbs only while its lock's
-    /// lease has more than `2·fence_after` left (fs-client's guard), and a lock is broken only
-    /// after its lease ran out. So a holder that can still land a write after the break must
-    /// have stopped between its check and its post for at least `2·fence_after`, its heartbeat
-    /// thread with it (a stopped or frozen process), and is silent here. A live client that is
-    /// merely slow keeps heartbeating and is protected by its own lease check instead.
-    pub fn fence(&self, wait: Duration) -> Result<(), FsError> {
-        let silent = self.silent_sessions(self.settings.fence_after);
+    /// Why the second set: a client stopped past its lease (SIGSTOP, a frozen VM) between its
+    /// lease check and its post resumes with both threads runnable at once — its heartbeat and
+    /// the stale post. When the heartbeat reaches us first, the client is no longer silent, yet
+    /// the post is still on its way; a breaker fencing at that moment (its patience ran out
+    /// just after the resume) would revoke nothing and then take the lock, and the stale post
+    /// would land after the breaker's write. (Seen as a torn record in
+    /// `crates/tests/tests/pause.rs`, about two runs in three of the full suite.) A live
+    /// thread's check-to-post takes less than fs-client's guard of `2·fence_after` (the
+    /// assumption the guard rests on); right after a resume every thread of the process
+    /// competes for the CPU, so the window is twice that: [`resumed_window`]. The cost: a client
+    /// whose heartbeat stalled for `fence_after` (a starved host) is fenced by a fence within
+    /// that window — and fences happen only when some holder's lease ran out.
+    /// The fencing session itself (`caller`, just heard from) is never a target: it breaks a
+    /// lock of someone else's.
+    fn fence_targets(&self, caller: u64) -> Vec<u64> {
+        let now = Instant::now();
+        lock(&self.state)
+            .sessions
+            .iter()
+            .filter(|&(&id, s)| {
+                id != caller
+                    && (now.saturating_duration_since(s.last_seen) > self.settings.fence_after
+                        || s.resumed_until.is_some_and(|until| now < until))
+            })
+            .map(|(&id, _)| id)
+            .collect()
+    }
+
+    /// Revokes every session a fence must ([`Service::fence_targets`]: silent for longer than
+    /// `fence_after`, or recently back from such a silence; never `caller`) and returns once no fabric server
+    /// executes their batches any more (the [`Fences`] invariant), or fails after `wait` if a
+    /// data server does not acknowledge.
+    ///
+    /// Why silence is the right test: a client posts data verbs only while its lock's lease has
+    /// more than `2·fence_after` left (fs-client's guard), and a lock is broken only after its
+    /// lease ran out. So a holder that can still land a write after the break must have
+    /// stopped between its check and its post for at least `2·fence_after`, its heartbeat
+    /// thread with it (a stopped or frozen process): it is silent here, or has just come back
+    /// from such a silence. A live client that is merely slow keeps heartbeating and is
+    /// protected by its own lease check instead.
+    pub fn fence(&self, caller: u64, wait: Duration) -> Result<(), FsError> {
+        let silent = self.fence_targets(caller);
         let mut f = lock(&self.fences);
         if !silent.is_empty() {
             f.epoch += 1;
@@ -485,11 +529,23 @@ impl Service {
         (f.epoch, sessions)
     }
 
-    /// Renews a session's lease; `Stale` if it is gone (expired).
+    /// Renews a session's lease; `Stale` if it is gone (expired). A session heard from after a
+    /// silence longer than `fence_after` stays a fence's target for [`resumed_window`]
+    /// ([`Service::fence_targets`]).
     fn touch(&self, session: u64) -> Result<(), FsError> {
         match lock(&self.state).sessions.get_mut(&session) {
             Some(s) => {
-                s.last_seen = Instant::now();
+                let now = Instant::now();
+                let silence = now.saturating_duration_since(s.last_seen);
+                if silence > self.settings.fence_after {
+                    tracing::info!(
+                        session,
+                        ?silence,
+                        "session heard from again after a silence: still fenceable for a while"
+                    );
+                    s.resumed_until = Some(now + resumed_window(self.settings.fence_after));
+                }
+                s.last_seen = now;
                 Ok(())
             }
             None => Err(FsError::Stale),
@@ -943,7 +999,7 @@ impl Service {
             },
             Request::Cluster => Response::Cluster(Box::new(self.cluster_info(session)?)),
             Request::Fence => {
-                self.fence(FENCE_WAIT)?;
+                self.fence(session, FENCE_WAIT)?;
                 Response::Ok
             }
             Request::Fsck(options) => Response::Fsck(self.fsck(session, options)?),

@@ -315,6 +315,63 @@ fn fence_revokes_silent_sessions_on_every_fabric_server() {
     ld.write_u64(data_word, 4).unwrap();
 }
 
+/// A client stopped past `fence_after` and resumed just before a fence is still fenced: on a
+/// resume, its heartbeat and a stale post (checked before the stop) race, and when the heartbeat
+/// wins, the client is no longer silent while the post is still on its way — the breaker must
+/// revoke it anyway, or the post lands after the breaker took the lock (the torn record of
+/// `crates/tests/tests/pause.rs`).
+#[test]
+fn a_session_back_from_a_silence_is_still_fenced() {
+    use fabric::{FabricError, TcpConnector};
+    let cl = Cluster::start(ClusterSpec {
+        fabric: Backend::Tcp,
+        fence_after: Duration::from_millis(100),
+        ..spec(1, 4, false)
+    })
+    .unwrap();
+    let mut resumed = Fs::connect(&cl);
+    let mut live = Fs::connect(&cl);
+    let mut fencer = Fs::connect(&cl);
+    let ds = resumed.info.data_servers[0].clone();
+    let FabricAddr::Tcp { addr } = &ds.fabric else {
+        panic!("tcp expected")
+    };
+    let connector =
+        TcpConnector::connect_session(addr.as_str(), cl.credentials(), resumed.info.session)
+            .unwrap();
+    let mut ep = connector.endpoint().unwrap();
+    let word = RemoteAddr::new(ds.region, 0);
+    ep.write_u64(word, 1).unwrap();
+    // "Stopped" for 3× fence_after while the others heartbeat, then back: it speaks first.
+    for _ in 0..15 {
+        std::thread::sleep(Duration::from_millis(20));
+        live.heartbeat().unwrap();
+        fencer.heartbeat().unwrap();
+    }
+    resumed.heartbeat().unwrap();
+    live.heartbeat().unwrap();
+    fencer.ok(Request::Fence).unwrap();
+    // Its stale post arrives after the fence: refused.
+    match ep.write_u64(word, 2) {
+        Err(FabricError::Refused(why)) => assert!(why.contains("revoked"), "{why}"),
+        other => panic!("the resumed session's post must be refused, got {other:?}"),
+    }
+    let mut check =
+        TcpConnector::connect_session(addr.as_str(), cl.credentials(), live.info.session)
+            .unwrap()
+            .endpoint()
+            .unwrap();
+    assert_eq!(
+        check.read_u64(word).unwrap(),
+        1,
+        "the stale post did not land"
+    );
+    // The live session and the fencer were not fenced.
+    check.write_u64(word, 3).unwrap();
+    live.heartbeat().unwrap();
+    fencer.heartbeat().unwrap();
+}
+
 /// A session that ended without a fence — its lease ran out while its client was stopped — is
 /// revoked on every fabric server too: a later fence revokes only sessions it still knows, so
 /// without this the stopped client's batches would still execute when it resumes.
