@@ -472,7 +472,7 @@ impl Service {
             self.fence_epoch.send_replace(epoch);
         } else {
             tracing::info!(
-                "fence: no session silent for {:?}; nothing to revoke",
+                "fence: no session silent for {:?} or just back from such a silence; nothing to revoke",
                 self.settings.fence_after
             );
         }
