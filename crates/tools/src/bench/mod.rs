@@ -1,5 +1,6 @@
 //! `citronfs bench`: workloads that print figures.
 
+pub mod compare;
 pub mod fabric;
 pub mod false_conflicts;
 pub mod fs;
@@ -24,6 +25,11 @@ pub enum Bench {
     /// writes, 1 and 4 threads on a shared file, on an embedded cluster's FUSE mount and on
     /// /dev/shm, with the ratios.
     Fs(fs::FsArgs),
+    /// CitronFS (shm and tcp fabrics) against tmpfs, a GlusterFS volume and a MooseFS cluster
+    /// in one run: the fio jobs of bench/fio/ (IO500-hard-like, BT-IO-like, OLTP-like, 1 MiB
+    /// sequential write and read) and a metadata pass (create, stat, unlink), with the ratios.
+    /// The peers are set up from Debian's packages by bench/peers/ and torn down afterwards.
+    Compare(compare::CompareArgs),
 }
 
 impl Bench {
@@ -34,6 +40,7 @@ impl Bench {
             Bench::Locks(args) => locks::run(&args),
             Bench::FalseConflicts(args) => false_conflicts::run(&args),
             Bench::Fs(args) => fs::run(&args),
+            Bench::Compare(args) => compare::run(&args),
         }
     }
 }
