@@ -67,9 +67,9 @@ use serde::Serialize;
 /// The IO500 hard-write record size (seed 000 §4.5).
 pub const IO500_HARD_RECORD: u64 = 47008;
 /// Grid points per axis of NPB BT class D.
-pub const BT_CLASS_D_GRID: u64 = 408;
+pub const BT_CLASS_D_GRID: u64 = super::btio::Class::D.n();
 /// Bytes per BT grid point: 5 doubles.
-pub const BT_POINT_BYTES: u64 = 40;
+pub const BT_POINT_BYTES: u64 = super::btio::POINT;
 
 /// Access patterns of pattern mode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize)]
@@ -468,38 +468,37 @@ pub fn io500_hard(procs: u64, rounds: u64) -> Steps {
     }
 }
 
-/// NPB BT-IO class D with `q²` processes, at most `max_steps` steps (module docs).
+/// NPB BT-IO class D with `q²` processes, at most `max_steps` steps (module docs): the `t`-th
+/// row of every process, for evenly spaced `t`, as `bench btio` writes them
+/// ([`super::btio::rows_of`]).
 pub fn btio(q: u64, max_steps: u64) -> Result<Steps> {
     let n = BT_CLASS_D_GRID;
     if q == 0 || n % q != 0 {
         bail!("btio: √P = {q} does not divide the grid of {n} points");
     }
-    let g = n / q;
-    let run = g * BT_POINT_BYTES;
-    // Steps of one process: slab c, then z inside the cell, then y inside the cell.
-    let total = q * g * g;
+    let rows: Vec<Vec<(u64, u64)>> = (0..q * q)
+        .map(|p| super::btio::rows_of(n, q, p, 0))
+        .collect();
+    let total = rows[0].len() as u64;
     let take = total.min(max_steps.max(1));
     let steps = (0..take)
         .map(|j| {
-            let t = j * total / take;
-            let (c, rz, ry) = (t / (g * g), (t / g) % g, t % g);
-            (0..q * q)
-                .map(|p| {
-                    let (pi, pj) = (p / q, p % q);
-                    let (ci, cj) = ((pi + c) % q, (pj + c) % q);
-                    let (x0, y, z) = (ci * g, cj * g + ry, c * g + rz);
-                    let start = ((z * n + y) * n + x0) * BT_POINT_BYTES;
+            let t = (j * total / take) as usize;
+            rows.iter()
+                .enumerate()
+                .map(|(p, r)| {
+                    let (start, len) = r[t];
                     Write {
-                        rank: p,
+                        rank: p as u64,
                         start,
-                        end: start + run,
+                        end: start + len,
                     }
                 })
                 .collect()
         })
         .collect();
     Ok(Steps {
-        record: run,
+        record: n / q * BT_POINT_BYTES,
         file_bytes: n * n * n * BT_POINT_BYTES,
         steps,
     })

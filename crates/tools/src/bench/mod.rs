@@ -1,5 +1,7 @@
 //! `citronfs bench`: workloads that print figures.
 
+pub mod btio;
+pub mod clients;
 pub mod compare;
 pub mod fabric;
 pub mod false_conflicts;
@@ -30,6 +32,11 @@ pub enum Bench {
     /// sequential write and read) and a metadata pass (create, stat, unlink), with the ratios.
     /// The peers are set up from Debian's packages by bench/peers/ and torn down afterwards.
     Compare(compare::CompareArgs),
+    /// The NPB BT-IO output pattern (seed 000 §4.3.1): P processes on a square grid write
+    /// their rows of every output step into one shared file as interleaved, non-conflicting
+    /// records, over C client processes (or library instances); every lock scheme in one run,
+    /// the data read back and verified; bandwidth, p99 and the ratios to citron.
+    Btio(btio::BtioArgs),
 }
 
 impl Bench {
@@ -41,6 +48,7 @@ impl Bench {
             Bench::FalseConflicts(args) => false_conflicts::run(&args),
             Bench::Fs(args) => fs::run(&args),
             Bench::Compare(args) => compare::run(&args),
+            Bench::Btio(args) => btio::run(&args),
         }
     }
 }

@@ -1,0 +1,266 @@
+//! Clients of the workload benchmarks (`bench btio`, ...) as the paper has them: separate
+//! client processes, each its own `citronfs mount` of one embedded cluster (its own mountpoint,
+//! endpoints and lock handles), so that coherence and lock traffic cross client boundaries as
+//! on a cluster — or, with `--via library`, as many client-library instances in this process
+//! (no FUSE), to separate FUSE's cost.
+
+use anyhow::{bail, Context, Result};
+use clap::ValueEnum;
+use fs_client::{CitronFs, FileHandle, LockScheme};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use testkit::Cluster;
+
+/// How the workload reaches CitronFS.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Via {
+    /// Through FUSE: one `citronfs mount` process per client.
+    Fuse,
+    /// Through the client library in this process: one `CitronFs` per client.
+    Library,
+}
+
+/// One open file as a workload thread sees it: positional reads and writes.
+pub trait SharedFile: Send + Sync {
+    /// Writes all of `buf` at `offset` (one call: one range lock).
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()>;
+    /// Reads exactly `buf.len()` bytes at `offset`.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()>;
+}
+
+impl SharedFile for File {
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        FileExt::write_all_at(self, buf, offset).context("pwrite")
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        FileExt::read_exact_at(self, buf, offset).context("pread")
+    }
+}
+
+/// A file opened through the client library.
+struct LibraryFile {
+    fs: Arc<CitronFs>,
+    fh: FileHandle,
+}
+
+impl SharedFile for LibraryFile {
+    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
+        let n = self
+            .fs
+            .write(self.fh, offset, buf)
+            .map_err(|e| anyhow::anyhow!("write: {e}"))?;
+        anyhow::ensure!(n == buf.len(), "short write: {n} of {}", buf.len());
+        Ok(())
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
+        let got = self
+            .fs
+            .read(self.fh, offset, buf.len())
+            .map_err(|e| anyhow::anyhow!("read: {e}"))?;
+        anyhow::ensure!(
+            got.len() == buf.len(),
+            "short read: {} of {}",
+            got.len(),
+            buf.len()
+        );
+        buf.copy_from_slice(&got);
+        Ok(())
+    }
+}
+
+impl Drop for LibraryFile {
+    fn drop(&mut self) {
+        let _ = self.fs.release(self.fh);
+    }
+}
+
+/// The clients of one run, all of one lock scheme.
+pub struct Clients {
+    kind: ClientsKind,
+}
+
+enum ClientsKind {
+    Fuse(Vec<MountProcess>),
+    Library(Vec<Arc<CitronFs>>),
+}
+
+/// A `citronfs mount` child process and its mountpoint; unmounted and stopped on drop.
+struct MountProcess {
+    child: Child,
+    dir: tempfile::TempDir,
+    /// Its stderr (removed with it).
+    log: PathBuf,
+}
+
+impl Drop for MountProcess {
+    fn drop(&mut self) {
+        // SIGTERM: the mount unmounts and exits; a stuck one is killed and detached lazily.
+        // SAFETY: kill(2) on our own child's pid touches no memory of ours.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(_)) | Err(_) => break,
+                Ok(None) if Instant::now() > deadline => {
+                    let _ = self.child.kill();
+                    let _ = self.child.wait();
+                    let _ = Command::new("umount")
+                        .arg("-l")
+                        .arg(self.dir.path())
+                        .status();
+                    break;
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+/// FUSE's `statfs` magic number.
+const FUSE_SUPER_MAGIC: i64 = 0x6573_5546;
+
+fn is_fuse_mount(dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c_path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: `statfs` is plain old data that the call only writes into; `c_path` is a valid
+    // NUL-terminated string for the duration of the call.
+    unsafe {
+        let mut st: libc::statfs = std::mem::zeroed();
+        libc::statfs(c_path.as_ptr(), &mut st) == 0 && st.f_type as i64 == FUSE_SUPER_MAGIC
+    }
+}
+
+impl Clients {
+    /// Starts `count` clients of `cluster` with lock scheme `scheme`: `citronfs mount`
+    /// processes (this same executable) or library instances.
+    pub fn start(cluster: &Cluster, scheme: LockScheme, count: usize, via: Via) -> Result<Clients> {
+        anyhow::ensure!(count >= 1, "at least one client is needed");
+        let kind = match via {
+            Via::Library => ClientsKind::Library(
+                (0..count)
+                    .map(|_| cluster.connect(scheme).map(Arc::new))
+                    .collect::<Result<_>>()?,
+            ),
+            Via::Fuse => {
+                let exe = std::env::current_exe().context("this executable's path")?;
+                let mut mounts = Vec::new();
+                for _ in 0..count {
+                    let dir = tempfile::Builder::new()
+                        .prefix("citronfs-bench-client-")
+                        .tempdir()?;
+                    // Its log (and the line it prints once mounted) goes to a file next to
+                    // the mountpoint, shown when it fails to mount.
+                    let log_path = dir.path().with_extension("log");
+                    let log = File::create(&log_path)
+                        .with_context(|| format!("create {}", log_path.display()))?;
+                    let child = Command::new(&exe)
+                        .arg("mount")
+                        .arg("--meta")
+                        .arg(cluster.meta_addr().to_string())
+                        .arg("--cluster")
+                        .arg(cluster.name())
+                        .arg("--scheme")
+                        .arg(scheme.to_string())
+                        .arg(dir.path())
+                        .env("CITRONFS_TOKEN", cluster.token())
+                        .stdin(Stdio::null())
+                        .stdout(Stdio::null())
+                        .stderr(log)
+                        .spawn()
+                        .with_context(|| format!("start {} mount", exe.display()))?;
+                    let mut m = MountProcess {
+                        child,
+                        dir,
+                        log: log_path,
+                    };
+                    let log_text = |m: &MountProcess| {
+                        std::fs::read_to_string(&m.log)
+                            .unwrap_or_default()
+                            .trim()
+                            .to_string()
+                    };
+                    let deadline = Instant::now() + Duration::from_secs(30);
+                    while !is_fuse_mount(m.dir.path()) {
+                        if let Some(status) = m.child.try_wait()? {
+                            bail!(
+                                "client process `citronfs mount` exited with {status}: {}",
+                                log_text(&m)
+                            );
+                        }
+                        if Instant::now() > deadline {
+                            bail!("client process did not mount within 30 s: {}", log_text(&m));
+                        }
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                    mounts.push(m);
+                }
+                ClientsKind::Fuse(mounts)
+            }
+        };
+        Ok(Clients { kind })
+    }
+
+    /// How many clients there are.
+    pub fn len(&self) -> usize {
+        match &self.kind {
+            ClientsKind::Fuse(m) => m.len(),
+            ClientsKind::Library(l) => l.len(),
+        }
+    }
+
+    /// Opens (creating it if needed) `name` in the root directory through client `i`, for
+    /// reading and writing.
+    pub fn open(&self, i: usize, name: &str) -> Result<Box<dyn SharedFile>> {
+        match &self.kind {
+            ClientsKind::Fuse(mounts) => {
+                let path = mounts[i].dir.path().join(name);
+                let f = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(&path)
+                    .with_context(|| format!("open {}", path.display()))?;
+                Ok(Box::new(f))
+            }
+            ClientsKind::Library(clients) => {
+                let fs = &clients[i];
+                let caller = CitronFs::process_caller();
+                let fh = match fs.lookup(proto::ROOT_INO, name) {
+                    Ok(attr) => fs
+                        .open(caller, attr.ino, libc::O_RDWR)
+                        .map_err(|e| anyhow::anyhow!("open {name}: {e}"))?,
+                    Err(_) => {
+                        fs.create(caller, proto::ROOT_INO, name, 0o644, libc::O_RDWR)
+                            .map_err(|e| anyhow::anyhow!("create {name}: {e}"))?
+                            .1
+                    }
+                };
+                Ok(Box::new(LibraryFile { fs: fs.clone(), fh }))
+            }
+        }
+    }
+
+    /// Removes `name` through client 0 (frees its space for the next run).
+    pub fn remove(&self, name: &str) -> Result<()> {
+        match &self.kind {
+            ClientsKind::Fuse(mounts) => {
+                let path: PathBuf = mounts[0].dir.path().join(name);
+                std::fs::remove_file(&path).with_context(|| format!("remove {}", path.display()))
+            }
+            ClientsKind::Library(clients) => clients[0]
+                .unlink(proto::ROOT_INO, name)
+                .map_err(|e| anyhow::anyhow!("unlink {name}: {e}")),
+        }
+    }
+}
