@@ -7,6 +7,7 @@ pub mod fabric;
 pub mod false_conflicts;
 pub mod fs;
 pub mod locks;
+pub mod oltp;
 
 use anyhow::Result;
 use clap::Subcommand;
@@ -37,6 +38,10 @@ pub enum Bench {
     /// records, over C client processes (or library instances); every lock scheme in one run,
     /// the data read back and verified; bandwidth, p99 and the ratios to citron.
     Btio(btio::BtioArgs),
+    /// The distributed Filebench OLTP of seed 000 §4.3.2 (Table 2): per client 1 log writer,
+    /// 10 data writers and 50 readers on 10 data files and a log of 10 MB, 8 KiB random I/O;
+    /// every lock scheme in one run, every read checked whole; throughput and reader/writer p99.
+    Oltp(oltp::OltpArgs),
 }
 
 impl Bench {
@@ -49,6 +54,7 @@ impl Bench {
             Bench::Fs(args) => fs::run(&args),
             Bench::Compare(args) => compare::run(&args),
             Bench::Btio(args) => btio::run(&args),
+            Bench::Oltp(args) => oltp::run(&args),
         }
     }
 }

@@ -1,0 +1,400 @@
+//! `citronfs bench oltp`: the distributed Filebench OLTP workload of seed 000 §4.3.2 (Table 2)
+//! on CitronFS, every lock scheme in one run.
+//!
+//! Ten data files and one log file of 10 MB, shared by every client. Each client runs one log
+//! writer, ten data writers and fifty readers (threads of this process, each using its client's
+//! mount — a separate `citronfs mount` process — or library instance). Readers read 8 KiB at
+//! random 8 KiB-aligned offsets of a random data file; data writers write 8 KiB the same way,
+//! paced at 100 writes per 1000 reads; the log writer writes 256 KiB at the log's next offset
+//! (wrapping), paced at one per 3200 reads. Every 8 KiB block written carries its own checksum
+//! (a header naming the writer's sequence and a crc32 of the body), and every read checks that
+//! the block it got is whole: a torn read fails the run.
+
+use super::clients::{Clients, SharedFile, Via};
+use crate::report::{fmt_f, Report};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use fabric::Backend;
+use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressStyle};
+use lockmgr::LockScheme;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use testkit::{Cluster, ClusterSpec};
+
+/// Bytes of each data file and of the log file.
+const FILE_BYTES: u64 = 10 << 20;
+/// Data files.
+const DATA_FILES: usize = 10;
+/// Bytes of one read or data write.
+const BLOCK: usize = 8 << 10;
+/// Bytes of one log write.
+const LOG_WRITE: usize = 256 << 10;
+/// Threads of one client.
+const READERS: usize = 50;
+const DATA_WRITERS: usize = 10;
+/// Data writes per 1000 reads, and reads per log write.
+const WRITES_PER_1000_READS: u64 = 100;
+const READS_PER_LOG_WRITE: u64 = 3200;
+
+/// Options of `citronfs bench oltp`.
+#[derive(Args, Debug)]
+pub struct OltpArgs {
+    /// Clients: separate `citronfs mount` processes (or library instances with --via library),
+    /// each with 1 log writer, 10 data writers and 50 readers.
+    #[arg(long, default_value_t = 2)]
+    clients: usize,
+    /// Seconds each scheme runs.
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// Lock schemes, comma-separated, each run in this one run.
+    #[arg(long, value_delimiter = ',', default_value = "citron,mutex,seg,server",
+          value_parser = clap::value_parser!(LockScheme))]
+    scheme: Vec<LockScheme>,
+    /// The fabric of the embedded cluster.
+    #[arg(long, value_enum, default_value = "tcp")]
+    fabric: Backend,
+    /// Through FUSE mounts (client processes) or the client library (no FUSE).
+    #[arg(long, value_enum, default_value = "fuse")]
+    via: Via,
+    /// Data servers of the embedded cluster.
+    #[arg(long, default_value_t = 2)]
+    data_servers: usize,
+    /// One JSON object per result instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The result of one scheme.
+#[derive(Debug, Serialize)]
+struct OltpResult {
+    scheme: String,
+    clients: usize,
+    via: Via,
+    fabric: &'static str,
+    seconds: f64,
+    reads: u64,
+    data_writes: u64,
+    log_writes: u64,
+    /// Operations (reads, data writes and log writes) per second.
+    ops_per_s: f64,
+    reader_p50_us: f64,
+    reader_p99_us: f64,
+    writer_p99_us: f64,
+    log_p99_us: f64,
+    /// Every read got a whole block.
+    verified: bool,
+    /// Throughput over citron's.
+    ops_vs_citron: Option<f64>,
+    /// Reader p99 over citron's.
+    reader_p99_vs_citron: Option<f64>,
+}
+
+/// A block as a writer fills it: 8 bytes of sequence, 4 of crc32 over the rest, then bytes
+/// that follow from the sequence.
+fn block(seq: u64) -> Vec<u8> {
+    let mut b = vec![0u8; BLOCK];
+    b[..8].copy_from_slice(&seq.to_le_bytes());
+    let body = testkit::pattern(seq, 0, BLOCK - 12);
+    b[12..].copy_from_slice(&body);
+    let crc = crc32fast::hash(&b[12..]);
+    b[8..12].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// Whether `b` is one whole block as [`block`] makes them, or never written (zeros).
+fn is_whole(b: &[u8]) -> bool {
+    if b.iter().all(|&x| x == 0) {
+        return true;
+    }
+    let crc = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes"));
+    crc == crc32fast::hash(&b[12..])
+        && b[12..]
+            == testkit::pattern(
+                u64::from_le_bytes(b[..8].try_into().expect("8")),
+                0,
+                BLOCK - 12,
+            )[..]
+}
+
+/// Runs the benchmark.
+pub fn run(args: &OltpArgs) -> Result<()> {
+    anyhow::ensure!(args.clients >= 1, "--clients must be at least 1");
+    anyhow::ensure!(
+        args.duration > 0.0 && args.duration.is_finite(),
+        "--duration must be positive"
+    );
+    anyhow::ensure!(!args.scheme.is_empty(), "--scheme is empty");
+    let per_server =
+        (FILE_BYTES * (DATA_FILES as u64 + 1) * 2) / args.data_servers as u64 + (64 << 20);
+    let cluster = Cluster::start(ClusterSpec {
+        name: "citronfs-oltp".into(),
+        data_servers: args.data_servers,
+        capacity: per_server,
+        fabric: args.fabric,
+        lock_server: args.scheme.contains(&LockScheme::SERVER),
+        ..ClusterSpec::server_defaults()
+    })?;
+    let progress = if args.json {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(args.scheme.len() as u64).with_style(
+            ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} ({elapsed})")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        )
+    };
+    let mut results = Vec::new();
+    for &scheme in &args.scheme {
+        progress.set_message(format!("{scheme}: starting {} clients", args.clients));
+        let clients = Clients::start(&cluster, scheme, args.clients, args.via)?;
+        progress.set_message(format!("{scheme}: running"));
+        let r = run_scheme(args, &clients, scheme).with_context(|| format!("scheme {scheme}"))?;
+        for f in file_names(scheme) {
+            clients.remove(&f)?;
+        }
+        drop(clients);
+        results.push(r);
+        progress.inc(1);
+    }
+    progress.finish_and_clear();
+    let citron = results
+        .iter()
+        .find(|r| r.scheme == LockScheme::CITRON.to_string())
+        .map(|r| (r.ops_per_s, r.reader_p99_us));
+    let mut report = Report::new(
+        args.json,
+        &[
+            "scheme",
+            "ops/s",
+            "vs citron",
+            "reader p50 µs",
+            "reader p99 µs",
+            "p99 vs citron",
+            "writer p99 µs",
+            "log p99 µs",
+            "verified",
+        ],
+    );
+    for mut r in results {
+        if let Some((ops, p99)) = citron {
+            r.ops_vs_citron = (ops > 0.0).then(|| r.ops_per_s / ops);
+            r.reader_p99_vs_citron = (p99 > 0.0).then(|| r.reader_p99_us / p99);
+        }
+        let ratio = |x: Option<f64>| x.map(|x| format!("{x:.2}")).unwrap_or_else(|| "-".into());
+        report.add(
+            vec![
+                r.scheme.clone(),
+                format!("{:.0}", r.ops_per_s),
+                ratio(r.ops_vs_citron),
+                fmt_f(r.reader_p50_us, 1),
+                fmt_f(r.reader_p99_us, 1),
+                ratio(r.reader_p99_vs_citron),
+                fmt_f(r.writer_p99_us, 1),
+                fmt_f(r.log_p99_us, 1),
+                if r.verified { "yes" } else { "NO" }.into(),
+            ],
+            &r,
+        );
+    }
+    report.finish();
+    if !args.json {
+        println!();
+        println!(
+            "Filebench OLTP (seed 000 §4.3.2): {} clients via {:?} on the {} fabric, each with 1 \
+             log writer, {DATA_WRITERS} data writers and {READERS} readers; 10 data files and 1 \
+             log file of 10 MB; 8 KiB random reads and writes ({WRITES_PER_1000_READS} writes per \
+             1000 reads), a 256 KiB log write per {READS_PER_LOG_WRITE} reads; {} s per scheme. \
+             Every read was checked to be a whole block.",
+            args.clients,
+            args.via,
+            args.fabric.name(),
+            args.duration
+        );
+    }
+    cluster.shutdown()
+}
+
+fn file_names(scheme: LockScheme) -> Vec<String> {
+    let mut names: Vec<String> = (0..DATA_FILES)
+        .map(|i| format!("oltp-{}-data{i}", scheme.name()))
+        .collect();
+    names.push(format!("oltp-{}-log", scheme.name()));
+    names
+}
+
+/// What one thread measured.
+struct ThreadOutcome {
+    role: Role,
+    hist: Histogram<u64>,
+    ops: u64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Reader,
+    DataWriter,
+    LogWriter,
+}
+
+fn run_scheme(args: &OltpArgs, clients: &Clients, scheme: LockScheme) -> Result<OltpResult> {
+    let names = file_names(scheme);
+    // The files' full size, through client 0, before anyone reads.
+    {
+        let zero = vec![0u8; 1 << 20];
+        for name in &names {
+            let f = clients.open(0, name)?;
+            for off in (0..FILE_BYTES).step_by(zero.len()) {
+                f.write_at(&zero, off)?;
+            }
+        }
+    }
+    // Each client opens every file once; its threads share the handles.
+    let files: Vec<Vec<Arc<dyn SharedFile>>> = (0..clients.len())
+        .map(|c| {
+            names
+                .iter()
+                .map(|n| clients.open(c, n).map(Arc::from))
+                .collect::<Result<_>>()
+        })
+        .collect::<Result<_>>()?;
+    let reads = Arc::new(AtomicU64::new(0));
+    let data_writes = Arc::new(AtomicU64::new(0));
+    let log_writes = Arc::new(AtomicU64::new(0));
+    let seq = Arc::new(AtomicU64::new(1));
+    let stop = Arc::new(AtomicBool::new(false));
+    let blocks = FILE_BYTES / BLOCK as u64;
+    let log_slots = FILE_BYTES / LOG_WRITE as u64;
+    let started = Instant::now();
+    let outcomes: Vec<Result<ThreadOutcome>> = std::thread::scope(|s| {
+        let mut handles = Vec::new();
+        for (c, client_files) in files.iter().enumerate() {
+            let roles = std::iter::once(Role::LogWriter)
+                .chain(std::iter::repeat_n(Role::DataWriter, DATA_WRITERS))
+                .chain(std::iter::repeat_n(Role::Reader, READERS));
+            for (t, role) in roles.enumerate() {
+                let (reads, data_writes, log_writes, seq, stop) = (
+                    reads.clone(),
+                    data_writes.clone(),
+                    log_writes.clone(),
+                    seq.clone(),
+                    stop.clone(),
+                );
+                handles.push(s.spawn(move || -> Result<ThreadOutcome> {
+                    let mut rng = rand::rngs::StdRng::seed_from_u64((c * 1000 + t) as u64);
+                    let mut hist = Histogram::<u64>::new(3)?;
+                    let mut ops = 0;
+                    let mut buf = vec![0u8; BLOCK];
+                    let log = &client_files[DATA_FILES];
+                    while !stop.load(Ordering::Relaxed) {
+                        let file = &client_files[rng.random_range(0..DATA_FILES)];
+                        let off = rng.random_range(0..blocks) * BLOCK as u64;
+                        let t0 = Instant::now();
+                        match role {
+                            Role::Reader => {
+                                file.read_at(&mut buf, off)?;
+                                if !is_whole(&buf) {
+                                    bail!("a torn 8 KiB block read at offset {off}");
+                                }
+                                reads.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Role::DataWriter => {
+                                let due =
+                                    reads.load(Ordering::Relaxed) * WRITES_PER_1000_READS / 1000;
+                                if data_writes.load(Ordering::Relaxed) >= due {
+                                    std::thread::sleep(Duration::from_micros(200));
+                                    continue;
+                                }
+                                data_writes.fetch_add(1, Ordering::Relaxed);
+                                let b = block(seq.fetch_add(1, Ordering::Relaxed));
+                                file.write_at(&b, off)?;
+                            }
+                            Role::LogWriter => {
+                                let due = reads.load(Ordering::Relaxed) / READS_PER_LOG_WRITE;
+                                let n = log_writes.load(Ordering::Relaxed);
+                                if n >= due {
+                                    std::thread::sleep(Duration::from_micros(500));
+                                    continue;
+                                }
+                                log_writes.fetch_add(1, Ordering::Relaxed);
+                                let record = vec![(n % 251) as u8; LOG_WRITE];
+                                log.write_at(&record, (n % log_slots) * LOG_WRITE as u64)?;
+                            }
+                        }
+                        hist.record(t0.elapsed().as_nanos() as u64)?;
+                        ops += 1;
+                    }
+                    Ok(ThreadOutcome { role, hist, ops })
+                }));
+            }
+        }
+        let deadline = started + Duration::from_secs_f64(args.duration);
+        while Instant::now() < deadline && !handles.iter().any(|h| h.is_finished()) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        stop.store(true, Ordering::Relaxed);
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| bail!("a workload thread panicked"))
+            })
+            .collect()
+    });
+    let seconds = started.elapsed().as_secs_f64();
+    let mut hists = [
+        Histogram::<u64>::new(3)?,
+        Histogram::<u64>::new(3)?,
+        Histogram::<u64>::new(3)?,
+    ];
+    let mut counts = [0u64; 3];
+    for o in outcomes {
+        let o = o?;
+        let i = match o.role {
+            Role::Reader => 0,
+            Role::DataWriter => 1,
+            Role::LogWriter => 2,
+        };
+        hists[i].add(&o.hist)?;
+        counts[i] += o.ops;
+    }
+    let us = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    Ok(OltpResult {
+        scheme: scheme.to_string(),
+        clients: args.clients,
+        via: args.via,
+        fabric: args.fabric.name(),
+        seconds,
+        reads: counts[0],
+        data_writes: counts[1],
+        log_writes: counts[2],
+        ops_per_s: counts.iter().sum::<u64>() as f64 / seconds,
+        reader_p50_us: us(&hists[0], 0.5),
+        reader_p99_us: us(&hists[0], 0.99),
+        writer_p99_us: us(&hists[1], 0.99),
+        log_p99_us: us(&hists[2], 0.99),
+        verified: true,
+        ops_vs_citron: None,
+        reader_p99_vs_citron: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_block_is_whole_and_a_mixed_one_is_not() {
+        let (a, b) = (block(7), block(8));
+        assert!(is_whole(&a));
+        assert!(is_whole(&vec![0u8; BLOCK]), "never written");
+        let mut torn = a.clone();
+        torn[BLOCK / 2..].copy_from_slice(&b[BLOCK / 2..]);
+        assert!(!is_whole(&torn));
+        let mut half_zero = a.clone();
+        half_zero[4096..].fill(0);
+        assert!(!is_whole(&half_zero));
+    }
+}
