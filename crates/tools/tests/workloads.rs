@@ -69,3 +69,51 @@ fn oltp_small_run_checks_every_read_through_client_processes() {
         assert!(r["ops_per_s"].as_f64().unwrap() > 0.0, "{r}");
     }
 }
+
+#[test]
+fn io500_hard_lock_only_scales_up_and_replays_a_recorded_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("hard.trace");
+    let run = |args: &[&str]| -> Vec<serde_json::Value> {
+        let out = Command::new(env!("CARGO_BIN_EXE_citronfs"))
+            .args(["bench", "io500-hard", "--json"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let trace_arg = trace.to_str().unwrap();
+    let recorded = run(&[
+        "--procs",
+        "4",
+        "--records",
+        "3000",
+        "--trace-out",
+        trace_arg,
+    ]);
+    let replayed = run(&["--trace", trace_arg]);
+    for results in [&recorded, &replayed] {
+        let schemes: Vec<&str> = results
+            .iter()
+            .map(|r| r["scheme"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            schemes,
+            ["citron", "citron-prealloc", "mutex", "seg", "server"]
+        );
+        for r in results.iter() {
+            assert_eq!(r["writes"], 3000, "{r}");
+        }
+        // 3000 records of 47008 B reach 34,430 units: four scale-ups from 256 (to 65,536).
+        assert_eq!(results[0]["scale_ups"].as_array().unwrap().len(), 4);
+        assert_eq!(results[1]["scale_ups"].as_array().unwrap().len(), 0);
+    }
+}

@@ -39,10 +39,10 @@ pub fn available_schemes() -> Vec<&'static str> {
 const MIXED_SIZES: [u64; 3] = [1, 16, 256];
 
 /// Most lock words a `seg` instance gets (32 MiB); segments beyond wrap onto them.
-const MAX_SEGMENTS: u64 = 1 << 22;
+pub(crate) const MAX_SEGMENTS: u64 = 1 << 22;
 
 /// The region holding the scheme's shared state.
-const LOCK_REGION: RegionId = RegionId(1);
+pub(crate) const LOCK_REGION: RegionId = RegionId(1);
 
 /// Options of `citronfs bench locks`.
 #[derive(clap::Args, Clone, Debug)]
@@ -240,7 +240,7 @@ fn citron_kind(args: &LocksArgs, name: &str, t_wait_us: u64) -> LockScheme {
 }
 
 /// The fabric a run uses; kept alive until the run ends.
-struct Fabric {
+pub(crate) struct Fabric {
     connector: Arc<dyn Connector>,
     _server: FabricServer,
     /// The shm backend's region directory, removed after the server.
@@ -248,7 +248,7 @@ struct Fabric {
 }
 
 impl Fabric {
-    fn start(backend: Backend, region_bytes: u64) -> Result<Self> {
+    pub(crate) fn start(backend: Backend, region_bytes: u64) -> Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("citronfs-bench-locks-")
             .tempdir_in(if std::path::Path::new("/dev/shm").is_dir() {
@@ -271,7 +271,7 @@ impl Fabric {
         })
     }
 
-    fn connector(&self) -> &dyn Connector {
+    pub(crate) fn connector(&self) -> &dyn Connector {
         &*self.connector
     }
 }

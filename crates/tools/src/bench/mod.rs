@@ -6,6 +6,7 @@ pub mod compare;
 pub mod fabric;
 pub mod false_conflicts;
 pub mod fs;
+pub mod io500_hard;
 pub mod locks;
 pub mod oltp;
 
@@ -42,6 +43,11 @@ pub enum Bench {
     /// 10 data writers and 50 readers on 10 data files and a log of 10 MB, 8 KiB random I/O;
     /// every lock scheme in one run, every read checked whole; throughput and reader/writer p99.
     Oltp(oltp::OltpArgs),
+    /// IO500's IOR hard-write pattern, lock-only (seed 000 §4.5, Fig. 10): 47008 B records
+    /// interleaved by rank, replayed as locks by one thread per rank — CITRON scaling up from a
+    /// small tree against a preallocated tree and the baselines, with throughput over time and
+    /// each scale-up's duration; records or replays a trace file.
+    Io500Hard(io500_hard::Io500HardArgs),
 }
 
 impl Bench {
@@ -55,6 +61,7 @@ impl Bench {
             Bench::Compare(args) => compare::run(&args),
             Bench::Btio(args) => btio::run(&args),
             Bench::Oltp(args) => oltp::run(&args),
+            Bench::Io500Hard(args) => io500_hard::run(&args),
         }
     }
 }

@@ -1,0 +1,469 @@
+//! `citronfs bench io500-hard`: the IOR hard-write pattern of IO500 (seed 000 §4.5, Fig. 10),
+//! lock-only, every lock scheme in one run — CITRON from a small tree that scales up as the
+//! offsets grow, against CITRON with the whole tree preallocated and the baselines.
+//!
+//! The trace: P ranks write 47008-byte records into one shared file, interleaved by rank (rank r
+//! writes records r, r+P, r+2P, ..., offsets always growing). `--trace-out FILE` writes it (one
+//! line per write: `rank offset length`), `--trace FILE` replays a recorded one instead. Each
+//! rank is a thread with its own lock handle; every write becomes an acquire and a release of
+//! its byte range in lock units (4 KiB, the file system's default), as §4.5 replays its trace.
+//! Reported per scheme: locks per second over the whole run, the throughput in time buckets, and
+//! for CITRON with scale-ups, each scale-up (when, and how long the acquire that performed it
+//! took — an upper bound of the scale-up itself).
+
+use super::locks::{Fabric, LOCK_REGION, MAX_SEGMENTS};
+use crate::report::{fmt_f, Report};
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Args;
+use fabric::{Backend, RemoteAddr};
+use lockmgr::baselines::SegSpec;
+use lockmgr::citron::{CitronGrowth, CitronSpec};
+use lockmgr::schemes::{self, CreateOptions, FixedMemory};
+use lockmgr::{LockScheme, RangeLock};
+use serde::Serialize;
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+/// IOR hard's record size.
+pub const RECORD: u64 = 47008;
+/// Bytes per lock unit (the file system's default).
+const UNIT: u64 = 4096;
+
+/// Options of `citronfs bench io500-hard`.
+#[derive(Args, Debug)]
+pub struct Io500HardArgs {
+    /// Ranks (threads, each with its own lock handle).
+    #[arg(long, default_value_t = 16)]
+    procs: u64,
+    /// Records written by all ranks together (the generated trace).
+    #[arg(long, default_value_t = 200_000)]
+    records: u64,
+    /// Replay this trace (lines `rank offset length`) instead of generating one.
+    #[arg(long, conflicts_with = "records")]
+    trace: Option<PathBuf>,
+    /// Write the trace replayed to this file.
+    #[arg(long)]
+    trace_out: Option<PathBuf>,
+    /// Lock units of CITRON's first tree when it scales up (the file system starts at 256: 1 MiB).
+    #[arg(long, default_value_t = 256)]
+    initial_units: u64,
+    /// Width of the throughput-over-time buckets, in milliseconds.
+    #[arg(long, default_value_t = 100)]
+    bucket_ms: u64,
+    /// The fabric.
+    #[arg(long, value_enum, default_value = "shm")]
+    fabric: Backend,
+    /// One JSON object per result instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One write of the trace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TraceWrite {
+    /// The rank that writes it.
+    pub rank: u64,
+    /// File offset.
+    pub offset: u64,
+    /// Bytes.
+    pub len: u64,
+}
+
+/// The IOR hard-write trace: `records` records of `procs` ranks, interleaved by rank.
+pub fn trace(procs: u64, records: u64) -> Vec<TraceWrite> {
+    (0..records)
+        .map(|i| TraceWrite {
+            rank: i % procs,
+            offset: i * RECORD,
+            len: RECORD,
+        })
+        .collect()
+}
+
+/// Parses a trace file (lines `rank offset length`; `#` comments and blank lines skipped).
+fn read_trace(path: &std::path::Path) -> Result<Vec<TraceWrite>> {
+    let file = std::fs::File::open(path).with_context(|| format!("open {}", path.display()))?;
+    let mut out = Vec::new();
+    for (n, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line = line?;
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let fields: Vec<u64> = line
+            .split_whitespace()
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .with_context(|| format!("{}:{}: not three numbers", path.display(), n + 1))?;
+        let [rank, offset, len] = fields[..] else {
+            bail!(
+                "{}:{}: expected `rank offset length`",
+                path.display(),
+                n + 1
+            );
+        };
+        anyhow::ensure!(len > 0, "{}:{}: a write of 0 bytes", path.display(), n + 1);
+        offset
+            .checked_add(len)
+            .with_context(|| format!("{}:{}: offset + length overflows", path.display(), n + 1))?;
+        out.push(TraceWrite { rank, offset, len });
+    }
+    Ok(out)
+}
+
+fn write_trace(path: &std::path::Path, trace: &[TraceWrite]) -> Result<()> {
+    let mut f = std::io::BufWriter::new(
+        std::fs::File::create(path).with_context(|| format!("create {}", path.display()))?,
+    );
+    writeln!(
+        f,
+        "# rank offset length (IOR hard-write, citronfs bench io500-hard)"
+    )?;
+    for w in trace {
+        writeln!(f, "{} {} {}", w.rank, w.offset, w.len)?;
+    }
+    f.flush()?;
+    Ok(())
+}
+
+/// A scale-up seen by the rank that performed it.
+#[derive(Clone, Copy, Debug, Serialize)]
+struct ScaleUp {
+    /// Since the start of the run.
+    at_ms: f64,
+    /// The acquire that scaled up, whole (an upper bound of the scale-up).
+    acquire_us: f64,
+}
+
+/// The result of one scheme.
+#[derive(Debug, Serialize)]
+struct HardResult {
+    scheme: String,
+    fabric: &'static str,
+    procs: u64,
+    writes: u64,
+    seconds: f64,
+    locks_per_s: f64,
+    /// Units the tree covered at first (CITRON).
+    initial_units: Option<u64>,
+    scale_ups: Vec<ScaleUp>,
+    /// Locks per second in each bucket of `bucket_ms`.
+    series: Vec<f64>,
+    bucket_ms: u64,
+    vs_citron: Option<f64>,
+}
+
+/// Runs the benchmark.
+pub fn run(args: &Io500HardArgs) -> Result<()> {
+    anyhow::ensure!(args.bucket_ms >= 1, "--bucket-ms must be at least 1");
+    let trace = match &args.trace {
+        Some(path) => read_trace(path)?,
+        None => {
+            anyhow::ensure!(args.procs >= 1, "--procs must be at least 1");
+            anyhow::ensure!(args.records >= 1, "--records must be at least 1");
+            trace(args.procs, args.records)
+        }
+    };
+    anyhow::ensure!(!trace.is_empty(), "the trace is empty");
+    if let Some(out) = &args.trace_out {
+        write_trace(out, &trace)?;
+    }
+    let procs = trace.iter().map(|w| w.rank).max().unwrap_or(0) + 1;
+    let end = trace.iter().map(|w| w.offset + w.len).max().unwrap_or(0);
+    // Whole trees (64·4^k units): a growth limit below the next whole tree would stop the
+    // scale-ups short of the trace's end and leave the rest to the spillover mutex.
+    let units = whole_tree(end.div_ceil(UNIT));
+    anyhow::ensure!(
+        args.initial_units >= 1 && args.initial_units <= units,
+        "--initial-units must be between 1 and the trace's {units} units"
+    );
+
+    let kinds: Vec<(&str, LockScheme, Option<u64>)> = vec![
+        (
+            "citron",
+            citron(args.initial_units, units),
+            Some(args.initial_units),
+        ),
+        ("citron-prealloc", citron(units, units), Some(units)),
+        ("mutex", LockScheme::Mutex, None),
+        (
+            "seg",
+            LockScheme::Seg(SegSpec {
+                segment_units: 16,
+                segments: units.div_ceil(16).clamp(1, MAX_SEGMENTS),
+            }),
+            None,
+        ),
+        ("server", LockScheme::Server, None),
+    ];
+    let mut results = Vec::new();
+    for (name, kind, initial) in kinds {
+        let r = replay(args, &trace, procs, name, kind, initial)
+            .with_context(|| format!("scheme {name}"))?;
+        results.push(r);
+    }
+    let citron_rate = results
+        .iter()
+        .find(|r| r.scheme == "citron")
+        .map(|r| r.locks_per_s);
+    let mut report = Report::new(
+        args.json,
+        &[
+            "scheme",
+            "locks/s",
+            "vs citron",
+            "scale-ups",
+            "slowest scale-up µs",
+        ],
+    );
+    for mut r in results {
+        r.vs_citron = citron_rate.filter(|&c| c > 0.0).map(|c| r.locks_per_s / c);
+        let slowest = r
+            .scale_ups
+            .iter()
+            .map(|s| s.acquire_us)
+            .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))));
+        report.add(
+            vec![
+                r.scheme.clone(),
+                format!("{:.0}", r.locks_per_s),
+                r.vs_citron
+                    .map(|x| format!("{x:.2}"))
+                    .unwrap_or_else(|| "-".into()),
+                r.scale_ups.len().to_string(),
+                slowest.map(|x| fmt_f(x, 1)).unwrap_or_else(|| "-".into()),
+            ],
+            &r,
+        );
+        if !args.json && r.scheme == "citron" {
+            print_series(&r);
+        }
+    }
+    report.finish();
+    if !args.json {
+        println!();
+        println!(
+            "IOR hard-write, lock-only (seed 000 §4.5): {} writes of {RECORD} B by {procs} ranks, \
+             one thread and lock handle each, a tree of {units} lock units of {UNIT} B at the \
+             end; {} \
+             fabric. citron starts from a tree of {} units and scales up as the offsets grow; \
+             citron-prealloc has the whole tree from the start. A scale-up's time is the whole \
+             acquire that performed it.",
+            trace.len(),
+            args.fabric.name(),
+            args.initial_units
+        );
+    }
+    Ok(())
+}
+
+/// The smallest whole tree (64·4^k units, seed 000 §3.2) covering `units`.
+fn whole_tree(units: u64) -> u64 {
+    let mut n = 64;
+    while n < units {
+        n *= 4;
+    }
+    n
+}
+
+/// CITRON covering `initial` units at first, growing (room set aside after the tree) to `max`.
+fn citron(initial: u64, max: u64) -> LockScheme {
+    LockScheme::Citron(CitronSpec {
+        unit_count: initial,
+        max_unit_count: max,
+        growth: Some(CitronGrowth::Room),
+        ..CitronSpec::plain(true)
+    })
+}
+
+/// Prints citron's throughput over time, a line per bucket, with the scale-ups marked.
+fn print_series(r: &HardResult) {
+    println!(
+        "citron, locks/s per {} ms (* = a scale-up in the bucket):",
+        r.bucket_ms
+    );
+    for (i, v) in r.series.iter().enumerate() {
+        let from = (i as u64 * r.bucket_ms) as f64;
+        let to = from + r.bucket_ms as f64;
+        let ups: Vec<String> = r
+            .scale_ups
+            .iter()
+            .filter(|s| s.at_ms >= from && s.at_ms < to)
+            .map(|s| format!("{:.0} µs", s.acquire_us))
+            .collect();
+        println!(
+            "  {:>7.0} ms {:>10.0}{}",
+            from,
+            v,
+            if ups.is_empty() {
+                String::new()
+            } else {
+                format!("  * scale-up ({})", ups.join(", "))
+            }
+        );
+    }
+    println!();
+}
+
+/// Replays `trace` on a fresh lock of `kind`.
+fn replay(
+    args: &Io500HardArgs,
+    trace: &[TraceWrite],
+    procs: u64,
+    name: &str,
+    mut kind: LockScheme,
+    initial: Option<u64>,
+) -> Result<HardResult> {
+    let options = CreateOptions::default();
+    let region_bytes = kind.resolve(&options)?.region_bytes()?;
+    let fabric = Fabric::start(args.fabric, region_bytes)?;
+    if let LockScheme::Citron(spec) = &mut kind {
+        let (t_wait, _) = lockmgr::citron::t_wait_under_load(
+            fabric.connector(),
+            RemoteAddr::new(LOCK_REGION, 0),
+        )?;
+        spec.t_wait_us = t_wait.as_micros().max(1) as u64;
+    }
+    let created = schemes::create(
+        &kind,
+        &options,
+        &mut FixedMemory::new(
+            &mut *fabric.connector().connect()?,
+            RemoteAddr::new(LOCK_REGION, 0),
+            region_bytes,
+        ),
+    )?;
+    let open_options = created.open_options();
+    let per_rank: Vec<Vec<(u64, u64)>> = (0..procs)
+        .map(|r| {
+            trace
+                .iter()
+                .filter(|w| w.rank == r)
+                .map(|w| (w.offset / UNIT, (w.offset + w.len).div_ceil(UNIT)))
+                .collect()
+        })
+        .collect();
+    let start = Arc::new(Barrier::new(procs as usize + 1));
+    let mut workers = Vec::new();
+    for ranges in per_rank {
+        let lock = schemes::open(&created.lock, fabric.connector(), &open_options)?;
+        let start = start.clone();
+        workers.push(std::thread::spawn(move || rank(lock, ranges, &start)));
+    }
+    start.wait();
+    let began = Instant::now();
+    let mut done: Vec<Duration> = Vec::with_capacity(trace.len());
+    let mut scale_ups = Vec::new();
+    for w in workers {
+        let (times, ups) = w.join().map_err(|_| anyhow!("a rank panicked"))??;
+        done.extend(times);
+        scale_ups.extend(ups);
+    }
+    let seconds = began.elapsed().as_secs_f64();
+    let bucket = Duration::from_millis(args.bucket_ms);
+    let buckets = (seconds / bucket.as_secs_f64()).ceil().max(1.0) as usize;
+    let mut series = vec![0f64; buckets];
+    for t in &done {
+        let i = ((t.as_nanos() / bucket.as_nanos()) as usize).min(buckets - 1);
+        series[i] += 1.0;
+    }
+    for v in &mut series {
+        *v /= bucket.as_secs_f64();
+    }
+    let mut scale_ups: Vec<ScaleUp> = scale_ups
+        .into_iter()
+        .map(|(at, took)| ScaleUp {
+            at_ms: at.as_secs_f64() * 1000.0,
+            acquire_us: took.as_secs_f64() * 1e6,
+        })
+        .collect();
+    scale_ups.sort_by(|a, b| a.at_ms.total_cmp(&b.at_ms));
+    Ok(HardResult {
+        scheme: name.to_string(),
+        fabric: args.fabric.name(),
+        procs,
+        writes: done.len() as u64,
+        seconds,
+        locks_per_s: done.len() as f64 / seconds,
+        initial_units: initial,
+        scale_ups,
+        series,
+        bucket_ms: args.bucket_ms,
+        vs_citron: None,
+    })
+}
+
+/// What one rank saw: when each of its locks was released (since the start), and its
+/// scale-ups (when, and how long that acquire took).
+type RankOutcome = (Vec<Duration>, Vec<(Duration, Duration)>);
+
+/// One rank: acquires and releases its ranges in order.
+fn rank(
+    mut lock: Box<dyn RangeLock>,
+    ranges: Vec<(u64, u64)>,
+    start: &Barrier,
+) -> Result<RankOutcome> {
+    let mut done = Vec::with_capacity(ranges.len());
+    let mut ups = Vec::new();
+    start.wait();
+    let began = Instant::now();
+    for (l, r) in ranges {
+        let before = lock.stats().scale_ups;
+        let t = Instant::now();
+        let id = lock.acquire(l..r)?;
+        let took = t.elapsed();
+        if lock.stats().scale_ups > before {
+            ups.push((t.duration_since(began), took));
+        }
+        lock.release(id)?;
+        done.push(began.elapsed());
+    }
+    Ok((done, ups))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn whole_trees_are_64_times_powers_of_4() {
+        assert_eq!(whole_tree(1), 64);
+        assert_eq!(whole_tree(64), 64);
+        assert_eq!(whole_tree(65), 256);
+        assert_eq!(whole_tree(229_532), 262_144);
+    }
+
+    #[test]
+    fn the_trace_interleaves_ranks_with_growing_offsets() {
+        let t = trace(4, 10);
+        assert_eq!(
+            t[5],
+            TraceWrite {
+                rank: 1,
+                offset: 5 * RECORD,
+                len: RECORD
+            }
+        );
+        for r in 0..4 {
+            let mine: Vec<u64> = t.iter().filter(|w| w.rank == r).map(|w| w.offset).collect();
+            assert!(mine.windows(2).all(|w| w[1] > w[0]), "rank {r}");
+        }
+    }
+
+    #[test]
+    fn a_written_trace_reads_back_and_bad_lines_are_clear_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t");
+        let t = trace(3, 7);
+        write_trace(&path, &t).unwrap();
+        assert_eq!(read_trace(&path).unwrap(), t);
+        std::fs::write(&path, "0 1\n").unwrap();
+        assert!(read_trace(&path).unwrap_err().to_string().contains(":1:"));
+        std::fs::write(&path, "0 18446744073709551615 2\n").unwrap();
+        assert!(read_trace(&path).is_err());
+        std::fs::write(&path, "0 x 2\n").unwrap();
+        assert!(read_trace(&path).is_err());
+    }
+}
