@@ -2,6 +2,7 @@
 
 mod bench;
 mod cmd;
+mod plot;
 mod report;
 mod soak;
 

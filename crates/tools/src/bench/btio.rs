@@ -86,6 +86,9 @@ pub struct BtioArgs {
     /// Data servers of the embedded cluster.
     #[arg(long, default_value_t = 2)]
     data_servers: usize,
+    /// Also draw the results into this SVG file.
+    #[arg(long)]
+    plot: Option<std::path::PathBuf>,
     /// One JSON object per result instead of the table.
     #[arg(long)]
     json: bool,
@@ -197,6 +200,24 @@ pub fn run(args: &BtioArgs) -> Result<()> {
         .iter()
         .find(|r| r.scheme == LockScheme::CITRON.to_string())
         .map(|r| r.mib_per_s);
+    if let Some(path) = &args.plot {
+        crate::plot::grouped_bars(
+            path,
+            &format!(
+                "BT-IO class {:?}, {} processes over {} clients ({})",
+                args.class,
+                args.procs,
+                args.clients,
+                args.fabric.name()
+            ),
+            "MiB/s",
+            &["MiB/s".to_string()],
+            &results
+                .iter()
+                .map(|r| (r.scheme.clone(), vec![Some(r.mib_per_s)]))
+                .collect::<Vec<_>>(),
+        )?;
+    }
     let mut report = Report::new(
         args.json,
         &[

@@ -150,6 +150,9 @@ pub struct CompareArgs {
     /// tmpfs by default, so that every file system compared keeps its data in memory.
     #[arg(long, default_value = "/dev/shm")]
     work_dir: PathBuf,
+    /// Also draw the results into this SVG file.
+    #[arg(long)]
+    plot: Option<std::path::PathBuf>,
     /// One JSON object per result instead of the table.
     #[arg(long)]
     json: bool,
@@ -246,6 +249,42 @@ pub fn run(args: &CompareArgs) -> Result<()> {
     progress.finish_and_clear();
 
     fill_ratios(&mut rows);
+    if let Some(path) = &args.plot {
+        let series: Vec<String> = args.fs.iter().map(|f| f.name().to_string()).collect();
+        let mut jobs: Vec<&str> = Vec::new();
+        for r in &rows {
+            if !jobs.contains(&r.job) {
+                jobs.push(r.job);
+            }
+        }
+        let groups: Vec<(String, Vec<Option<f64>>)> = jobs
+            .iter()
+            .map(|&job| {
+                let best = rows
+                    .iter()
+                    .filter(|r| r.job == job)
+                    .fold(0f64, |m, r| m.max(r.value));
+                let values = args
+                    .fs
+                    .iter()
+                    .map(|f| {
+                        rows.iter()
+                            .find(|r| r.job == job && r.fs == f.name())
+                            .filter(|_| best > 0.0)
+                            .map(|r| r.value / best)
+                    })
+                    .collect();
+                (job.to_string(), values)
+            })
+            .collect();
+        crate::plot::grouped_bars(
+            path,
+            "bench compare: each job's result over the best file system's",
+            "fraction of the best",
+            &series,
+            &groups,
+        )?;
+    }
     let mut report = Report::new(
         args.json,
         &[

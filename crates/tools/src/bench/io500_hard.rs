@@ -55,6 +55,9 @@ pub struct Io500HardArgs {
     /// The fabric.
     #[arg(long, value_enum, default_value = "shm")]
     fabric: Backend,
+    /// Also draw the results into this SVG file.
+    #[arg(long)]
+    plot: Option<std::path::PathBuf>,
     /// One JSON object per result instead of the table.
     #[arg(long)]
     json: bool,
@@ -208,6 +211,36 @@ pub fn run(args: &Io500HardArgs) -> Result<()> {
         .iter()
         .find(|r| r.scheme == "citron")
         .map(|r| r.locks_per_s);
+    if let Some(path) = &args.plot {
+        let series: Vec<(String, Vec<(f64, f64)>)> = results
+            .iter()
+            .map(|r| {
+                let points = r
+                    .series
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &v)| ((i as u64 * r.bucket_ms) as f64, v))
+                    .collect();
+                (r.scheme.clone(), points)
+            })
+            .collect();
+        let marks: Vec<f64> = results
+            .iter()
+            .filter(|r| r.scheme == "citron")
+            .flat_map(|r| r.scale_ups.iter().map(|s| s.at_ms))
+            .collect();
+        crate::plot::lines(
+            path,
+            &format!(
+                "IOR hard-write, lock-only, {procs} ranks ({}); grey: citron's scale-ups",
+                args.fabric.name()
+            ),
+            "ms",
+            "locks/s",
+            &series,
+            &marks,
+        )?;
+    }
     let mut report = Report::new(
         args.json,
         &[
@@ -268,12 +301,15 @@ fn whole_tree(units: u64) -> u64 {
     n
 }
 
-/// CITRON covering `initial` units at first, growing (room set aside after the tree) to `max`.
+/// CITRON covering `initial` units at first, growing (room set aside after the tree) to `max`,
+/// with the file system's `T_lease` (a shorter one mistakes a thread descheduled on a loaded
+/// host for a dead holder, and the run measures recoveries instead of locks).
 fn citron(initial: u64, max: u64) -> LockScheme {
     LockScheme::Citron(CitronSpec {
         unit_count: initial,
         max_unit_count: max,
         growth: Some(CitronGrowth::Room),
+        lease_ms: meta_server::DEFAULT_LOCK_LEASE.as_millis() as u64,
         ..CitronSpec::plain(true)
     })
 }

@@ -63,6 +63,9 @@ pub struct OltpArgs {
     /// Data servers of the embedded cluster.
     #[arg(long, default_value_t = 2)]
     data_servers: usize,
+    /// Also draw the results into this SVG file.
+    #[arg(long)]
+    plot: Option<std::path::PathBuf>,
     /// One JSON object per result instead of the table.
     #[arg(long)]
     json: bool,
@@ -164,6 +167,27 @@ pub fn run(args: &OltpArgs) -> Result<()> {
         .iter()
         .find(|r| r.scheme == LockScheme::CITRON.to_string())
         .map(|r| (r.ops_per_s, r.reader_p99_us));
+    if let Some(path) = &args.plot {
+        crate::plot::grouped_bars(
+            path,
+            &format!(
+                "Filebench OLTP, {} clients ({}): p99 latency",
+                args.clients,
+                args.fabric.name()
+            ),
+            "µs",
+            &["reader p99".to_string(), "writer p99".to_string()],
+            &results
+                .iter()
+                .map(|r| {
+                    (
+                        r.scheme.clone(),
+                        vec![Some(r.reader_p99_us), Some(r.writer_p99_us)],
+                    )
+                })
+                .collect::<Vec<_>>(),
+        )?;
+    }
     let mut report = Report::new(
         args.json,
         &[
