@@ -117,3 +117,25 @@ fn io500_hard_lock_only_scales_up_and_replays_a_recorded_trace() {
         assert_eq!(results[1]["scale_ups"].as_array().unwrap().len(), 0);
     }
 }
+
+#[test]
+fn io500_hard_with_io_writes_and_verifies_every_record_through_client_processes() {
+    if let Some(why) = testkit::fuse_unavailable() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let results = bench(&[
+        "io500-hard",
+        "--io",
+        "--procs",
+        "4",
+        "--records",
+        "400",
+        "--clients",
+        "2",
+    ]);
+    for r in &results {
+        assert_eq!(r["writes"], 400, "{r}");
+        assert!(r["mib_per_s"].as_f64().unwrap() > 0.0, "{r}");
+    }
+}

@@ -11,6 +11,7 @@
 //! for CITRON with scale-ups, each scale-up (when, and how long the acquire that performed it
 //! took — an upper bound of the scale-up itself).
 
+use super::clients::{Clients, SharedFile, Via};
 use super::locks::{Fabric, LOCK_REGION, MAX_SEGMENTS};
 use crate::report::{fmt_f, Report};
 use anyhow::{anyhow, bail, Context, Result};
@@ -25,6 +26,7 @@ use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
+use testkit::{Cluster, ClusterSpec};
 
 /// IOR hard's record size.
 pub const RECORD: u64 = 47008;
@@ -55,6 +57,17 @@ pub struct Io500HardArgs {
     /// The fabric.
     #[arg(long, value_enum, default_value = "shm")]
     fabric: Backend,
+    /// Replay with I/O instead of lock-only: the ranks write their records into one file of an
+    /// embedded cluster through --clients clients (the file system's own locks, which scale up
+    /// as the file grows), and read them back to verify.
+    #[arg(long)]
+    io: bool,
+    /// With --io: clients, separate `citronfs mount` processes (or library instances).
+    #[arg(long, default_value_t = 2)]
+    clients: usize,
+    /// With --io: through FUSE mounts (client processes) or the client library.
+    #[arg(long, value_enum, default_value = "fuse")]
+    via: Via,
     /// Also draw the results into this SVG file.
     #[arg(long)]
     plot: Option<std::path::PathBuf>,
@@ -152,8 +165,10 @@ struct HardResult {
     /// Units the tree covered at first (CITRON).
     initial_units: Option<u64>,
     scale_ups: Vec<ScaleUp>,
-    /// Locks per second in each bucket of `bucket_ms`.
+    /// Locks (with --io: writes) per second in each bucket of `bucket_ms`.
     series: Vec<f64>,
+    /// With --io: MiB written per second over the run.
+    mib_per_s: Option<f64>,
     bucket_ms: u64,
     vs_citron: Option<f64>,
 }
@@ -202,10 +217,14 @@ pub fn run(args: &Io500HardArgs) -> Result<()> {
         ("server", LockScheme::Server, None),
     ];
     let mut results = Vec::new();
-    for (name, kind, initial) in kinds {
-        let r = replay(args, &trace, procs, name, kind, initial)
-            .with_context(|| format!("scheme {name}"))?;
-        results.push(r);
+    if args.io {
+        results = replay_io(args, &trace, procs, end)?;
+    } else {
+        for (name, kind, initial) in kinds {
+            let r = replay(args, &trace, procs, name, kind, initial)
+                .with_context(|| format!("scheme {name}"))?;
+            results.push(r);
+        }
     }
     let citron_rate = results
         .iter()
@@ -245,7 +264,8 @@ pub fn run(args: &Io500HardArgs) -> Result<()> {
         args.json,
         &[
             "scheme",
-            "locks/s",
+            if args.io { "writes/s" } else { "locks/s" },
+            "MiB/s",
             "vs citron",
             "scale-ups",
             "slowest scale-up µs",
@@ -262,10 +282,17 @@ pub fn run(args: &Io500HardArgs) -> Result<()> {
             vec![
                 r.scheme.clone(),
                 format!("{:.0}", r.locks_per_s),
+                r.mib_per_s
+                    .map(|x| fmt_f(x, 1))
+                    .unwrap_or_else(|| "-".into()),
                 r.vs_citron
                     .map(|x| format!("{x:.2}"))
                     .unwrap_or_else(|| "-".into()),
-                r.scale_ups.len().to_string(),
+                if args.io {
+                    "-".to_string()
+                } else {
+                    r.scale_ups.len().to_string()
+                },
                 slowest.map(|x| fmt_f(x, 1)).unwrap_or_else(|| "-".into()),
             ],
             &r,
@@ -275,7 +302,19 @@ pub fn run(args: &Io500HardArgs) -> Result<()> {
         }
     }
     report.finish();
-    if !args.json {
+    if !args.json && args.io {
+        println!();
+        println!(
+            "IOR hard-write with I/O: {} writes of {RECORD} B by {procs} ranks into one file, \
+             through {} client(s) via {:?} on the {} fabric; the file system's own locks (CITRON's \
+             tree scales up as the file grows; its scale-ups happen in the client processes and \
+             are not counted here); every record read back by its writer and compared.",
+            trace.len(),
+            args.clients,
+            args.via,
+            args.fabric.name()
+        );
+    } else if !args.json {
         println!();
         println!(
             "IOR hard-write, lock-only (seed 000 §4.5): {} writes of {RECORD} B by {procs} ranks, \
@@ -317,7 +356,7 @@ fn citron(initial: u64, max: u64) -> LockScheme {
 /// Prints citron's throughput over time, a line per bucket, with the scale-ups marked.
 fn print_series(r: &HardResult) {
     println!(
-        "citron, locks/s per {} ms (* = a scale-up in the bucket):",
+        "citron, locks (with --io: writes) per second in buckets of {} ms (* = a scale-up in the bucket):",
         r.bucket_ms
     );
     for (i, v) in r.series.iter().enumerate() {
@@ -398,16 +437,7 @@ fn replay(
         scale_ups.extend(ups);
     }
     let seconds = began.elapsed().as_secs_f64();
-    let bucket = Duration::from_millis(args.bucket_ms);
-    let buckets = (seconds / bucket.as_secs_f64()).ceil().max(1.0) as usize;
-    let mut series = vec![0f64; buckets];
-    for t in &done {
-        let i = ((t.as_nanos() / bucket.as_nanos()) as usize).min(buckets - 1);
-        series[i] += 1.0;
-    }
-    for v in &mut series {
-        *v /= bucket.as_secs_f64();
-    }
+    let series = buckets(&done, seconds, Duration::from_millis(args.bucket_ms));
     let mut scale_ups: Vec<ScaleUp> = scale_ups
         .into_iter()
         .map(|(at, took)| ScaleUp {
@@ -426,9 +456,130 @@ fn replay(
         initial_units: initial,
         scale_ups,
         series,
+        mib_per_s: None,
         bucket_ms: args.bucket_ms,
         vs_citron: None,
     })
+}
+
+/// Locks (or writes) per second per bucket of `bucket`, from completion times.
+fn buckets(done: &[Duration], seconds: f64, bucket: Duration) -> Vec<f64> {
+    let n = (seconds / bucket.as_secs_f64()).ceil().max(1.0) as usize;
+    let mut series = vec![0f64; n];
+    for t in done {
+        let i = ((t.as_nanos() / bucket.as_nanos()) as usize).min(n - 1);
+        series[i] += 1.0;
+    }
+    for v in &mut series {
+        *v /= bucket.as_secs_f64();
+    }
+    series
+}
+
+/// Replays `trace` with I/O: every scheme on one embedded cluster, the ranks writing through
+/// their clients, then every record read back by its writer.
+fn replay_io(
+    args: &Io500HardArgs,
+    trace: &[TraceWrite],
+    procs: u64,
+    end: u64,
+) -> Result<Vec<HardResult>> {
+    let schemes = [
+        LockScheme::CITRON,
+        LockScheme::Mutex,
+        LockScheme::SEG,
+        LockScheme::Server,
+    ];
+    let cluster = Cluster::start(ClusterSpec {
+        name: "citronfs-io500-hard".into(),
+        data_servers: 2,
+        capacity: end / 2 + (64 << 20),
+        fabric: args.fabric,
+        lock_server: true,
+        ..ClusterSpec::server_defaults()
+    })?;
+    let mut results = Vec::new();
+    for scheme in schemes {
+        let clients = Clients::start(&cluster, scheme, args.clients, args.via)?;
+        let name = format!("io500-hard-{}.dat", scheme.name());
+        let seed = 0x10500 + results.len() as u64;
+        let files: Vec<Arc<dyn SharedFile>> = (0..procs)
+            .map(|r| {
+                clients
+                    .open(r as usize % clients.len(), &name)
+                    .map(Arc::from)
+            })
+            .collect::<Result<_>>()?;
+        let start = Arc::new(Barrier::new(procs as usize + 1));
+        let began = std::thread::scope(|s| -> Result<(Instant, Vec<Duration>)> {
+            let handles: Vec<_> = files
+                .iter()
+                .enumerate()
+                .map(|(r, file)| {
+                    let start = start.clone();
+                    let mine: Vec<TraceWrite> = trace
+                        .iter()
+                        .filter(|w| w.rank == r as u64)
+                        .copied()
+                        .collect();
+                    s.spawn(move || -> Result<Vec<Duration>> {
+                        start.wait();
+                        let began = Instant::now();
+                        let mut done = Vec::with_capacity(mine.len());
+                        for w in mine {
+                            let buf = testkit::pattern(seed, w.offset, w.len as usize);
+                            file.write_at(&buf, w.offset)
+                                .with_context(|| format!("rank {r}: write at {}", w.offset))?;
+                            done.push(began.elapsed());
+                        }
+                        Ok(done)
+                    })
+                })
+                .collect();
+            start.wait();
+            let began = Instant::now();
+            let mut done = Vec::new();
+            for h in handles {
+                done.extend(h.join().map_err(|_| anyhow!("a rank panicked"))??);
+            }
+            Ok((began, done))
+        });
+        let (began, done) = began.with_context(|| format!("scheme {scheme}"))?;
+        let seconds = began.elapsed().as_secs_f64();
+        // Every record, read back through its writer's client.
+        for (r, file) in files.iter().enumerate() {
+            for w in trace.iter().filter(|w| w.rank == r as u64) {
+                let mut buf = vec![0u8; w.len as usize];
+                file.read_at(&mut buf, w.offset)?;
+                if buf != testkit::pattern(seed, w.offset, w.len as usize) {
+                    bail!(
+                        "scheme {scheme}: the record at {} does not hold what rank {r} wrote",
+                        w.offset
+                    );
+                }
+            }
+        }
+        drop(files);
+        clients.remove(&name)?;
+        drop(clients);
+        let bytes: u64 = trace.iter().map(|w| w.len).sum();
+        results.push(HardResult {
+            scheme: scheme.to_string(),
+            fabric: args.fabric.name(),
+            procs,
+            writes: done.len() as u64,
+            seconds,
+            locks_per_s: done.len() as f64 / seconds,
+            initial_units: None,
+            scale_ups: Vec::new(),
+            series: buckets(&done, seconds, Duration::from_millis(args.bucket_ms)),
+            mib_per_s: Some(bytes as f64 / (1u64 << 20) as f64 / seconds),
+            bucket_ms: args.bucket_ms,
+            vs_citron: None,
+        });
+    }
+    cluster.shutdown()?;
+    Ok(results)
 }
 
 /// What one rank saw: when each of its locks was released (since the start), and its
