@@ -415,7 +415,7 @@ pub struct MountArgs {
     #[arg(long)]
     meta: Option<String>,
     /// The range-lock scheme of every read and write: citron, mutex, seg, server, or a spec with
-    /// parameters (e.g. seg:4:4096) [default: citron].
+    /// parameters (e.g. seg:4:4096).
     #[arg(long, value_parser = value_parser!(LockScheme))]
     scheme: Option<LockScheme>,
     /// Let other users use the mount.
