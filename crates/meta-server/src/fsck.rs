@@ -877,8 +877,15 @@ mod tests {
     /// A healthy namespace: /d/e (dirs), /d/f and /g (files with chunks, /g linked twice as
     /// /d/h), /s (symlink), a chunk freed and recycled, on two servers of 8 chunks.
     fn healthy() -> (tempfile::TempDir, Store, Ino, Ino) {
+        healthy_with(CS)
+    }
+
+    /// [`healthy`] with chunks of `cs` bytes (above 4 KiB the first chunks of a file are
+    /// smaller: blocks of several orders share the servers' regions).
+    fn healthy_with(cs: u64) -> (tempfile::TempDir, Store, Ino, Ino) {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path(), CS, OWNER).unwrap();
+        let store = Store::open(dir.path(), cs, OWNER).unwrap();
+        let l = store.layout();
         for name in ["ds-0", "ds-1"] {
             let fabric: FabricAddr = "tcp:127.0.0.1:1".parse().unwrap();
             store
@@ -899,27 +906,37 @@ mod tests {
         store.symlink(ROOT_INO, "s", "g", OWNER).unwrap();
         store.allocate_chunks(f, 0, 0, 3, &[0, 1]).unwrap();
         store.allocate_chunks(g, 0, 0, 2, &[0, 1]).unwrap();
-        store.persist_size(f, 3 * CS).unwrap();
-        store.persist_size(g, 2 * CS - 1).unwrap();
+        store.persist_size(f, l.start(3)).unwrap();
+        store.persist_size(g, l.start(2) - 1).unwrap();
         // Truncate f to one chunk: two chunks freed (dirty), then recycled (free).
         let set = proto::SetAttr {
-            size: Some(CS),
+            size: Some(l.start(1)),
             ..proto::SetAttr::default()
         };
-        let (_, effects) = store.setattr(f, &set, OWNER, CS, None).unwrap();
+        let (_, effects) = store.setattr(f, &set, OWNER, None).unwrap();
         assert_eq!(effects.freed.len(), 2);
-        store.recycle(effects.freed[0]).unwrap();
+        store.recycle(effects.freed[0].loc).unwrap();
         (dir, store, f, g)
     }
 
     fn findings(store: &Store, live: &Live) -> Vec<Finding> {
-        check(&store.image().unwrap(), live, CS).0
+        check(&store.image().unwrap(), live, store.layout()).0
     }
 
     /// Damages a healthy store, expects `kind` among the findings, repairs, expects a clean
     /// store with every file's content as before.
-    fn damaged(damage: impl FnOnce(&Store, Ino, Ino) -> Vec<Corruption>, kinds: &[&str]) {
-        let (_dir, store, f, g) = healthy();
+    fn damaged(damage: impl Fn(&Store, Ino, Ino) -> Vec<Corruption>, kinds: &[&str]) {
+        for cs in [CS, 64 << 10] {
+            damaged_with(cs, &damage, kinds);
+        }
+    }
+
+    fn damaged_with(
+        cs: u64,
+        damage: &impl Fn(&Store, Ino, Ino) -> Vec<Corruption>,
+        kinds: &[&str],
+    ) {
+        let (_dir, store, f, g) = healthy_with(cs);
         for c in damage(&store, f, g) {
             store.corrupt(&c).unwrap();
         }
@@ -932,7 +949,6 @@ mod tests {
         }
         let (report, _) = run(
             &store,
-            CS,
             FsckOptions {
                 repair: true,
                 at_rest: false,
@@ -948,6 +964,12 @@ mod tests {
             "{kinds:?} after {:#?}",
             report.repairs
         );
+        assert_eq!(findings(&store, &Live::default()), Vec::new());
+    }
+
+    #[test]
+    fn a_healthy_namespace_of_mixed_block_sizes_has_no_findings() {
+        let (_dir, store, _, _) = healthy_with(64 << 10);
         assert_eq!(findings(&store, &Live::default()), Vec::new());
     }
 
@@ -971,7 +993,7 @@ mod tests {
         );
         // Closing the file frees chunks beyond its size.
         store.persist_size(f, 3 * CS).unwrap();
-        let effects = store.free_beyond_size(f, CS).unwrap();
+        let effects = store.free_beyond_size(f).unwrap();
         assert_eq!(effects.freed.len(), 2);
         assert_eq!(findings(&store, &Live::default()), Vec::new());
     }
@@ -1100,7 +1122,7 @@ mod tests {
         damaged(
             |store, _, _| {
                 let image = store.image().unwrap();
-                let (server, _, index) = image.free[0];
+                let (server, _, _, index) = image.free[0];
                 vec![Corruption::MarkDirty {
                     loc: ChunkLoc { server, index },
                 }]
@@ -1156,7 +1178,6 @@ mod tests {
             .unwrap();
         let (report, _) = run(
             &store,
-            CS,
             FsckOptions {
                 repair: true,
                 at_rest: false,
