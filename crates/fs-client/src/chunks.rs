@@ -18,6 +18,7 @@ use crate::client::Inner;
 use crate::error::Error;
 use crate::handles::OpenInode;
 use crate::meta::unexpected;
+use crate::plan::Geometry;
 use crate::view::View;
 use proto::rpc::{Request, Response};
 use proto::{ChunkLoc, FsError};
@@ -58,7 +59,7 @@ impl ChunkCache {
 
 /// Chunk locations for a run of chunks starting at `first`.
 pub(crate) struct ChunkRun {
-    first: u64,
+    pub(crate) first: u64,
     /// `locs[i]`: chunk `first + i` (`None`: a hole).
     pub(crate) locs: Vec<Option<ChunkLoc>>,
 }
@@ -143,7 +144,7 @@ impl Inner {
                     }
                     continue;
                 };
-                check_loc(view, loc)?;
+                check_loc(view, &self.geometry, c, loc)?;
                 if cacheable {
                     cache.map.insert(c, loc);
                 }
@@ -199,14 +200,17 @@ impl Inner {
     }
 }
 
-/// Checks that `loc` names a chunk inside a data server `view` knows.
-fn check_loc(view: &View, loc: ChunkLoc) -> Result<(), Error> {
-    match view.servers.data(loc.server) {
-        Some(ds) if loc.index < ds.info.chunks => Ok(()),
-        Some(ds) => Err(Error::Protocol(format!(
-            "chunk {} is beyond data server {}'s {} chunks",
-            loc.index, loc.server, ds.info.chunks
+/// Checks that chunk `chunk` of a file, at `loc`, lies inside a data server `view` knows.
+fn check_loc(view: &View, geometry: &Geometry, chunk: u64, loc: ChunkLoc) -> Result<(), Error> {
+    let Some(ds) = view.servers.data(loc.server) else {
+        return Err(Error::UnknownDataServer(loc.server));
+    };
+    let region = ds.info.chunks.saturating_mul(geometry.chunk_size);
+    match geometry.region_range(chunk, loc) {
+        Some(r) if r.end <= region => Ok(()),
+        _ => Err(Error::Protocol(format!(
+            "chunk {chunk} at unit {} is beyond data server {}'s {region} bytes",
+            loc.index, loc.server
         ))),
-        None => Err(Error::UnknownDataServer(loc.server)),
     }
 }

@@ -953,13 +953,15 @@ impl Filesystem for CitronFuse {
     fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
         match self.fs.statfs() {
             Ok(s) => {
-                let bsize = s.chunk_size.min(u32::MAX as u64) as u32;
+                let bsize = s.block_size.min(u32::MAX as u64) as u32;
+                // Inodes: those in use plus those that can still be made, so that `df -i`'s
+                // used column (total − free) is the inodes in use.
                 reply.statfs(
-                    s.total_chunks,
-                    s.free_chunks,
-                    s.free_chunks,
-                    s.inodes,
-                    u64::from(u32::MAX).saturating_sub(s.inodes),
+                    s.total_blocks,
+                    s.free_blocks,
+                    s.free_blocks,
+                    s.inodes.saturating_add(s.free_inodes),
+                    s.free_inodes,
                     bsize,
                     proto::NAME_MAX as u32,
                     bsize,

@@ -412,27 +412,33 @@ impl Inner {
         }
         let len = usize::try_from(size).map_err(|_| FsError::Invalid("file too large".into()))?;
         let run = self.chunk_locations(&w.view.clone(), inode, generation, 0, len, false)?;
-        let mut per_server: std::collections::BTreeMap<u32, Vec<u64>> = Default::default();
-        for loc in run.locs.iter().flatten() {
-            per_server.entry(loc.server).or_default().push(loc.index);
+        // Byte ranges of the chunks in each server's region.
+        let mut per_server: std::collections::BTreeMap<u32, Vec<Range<u64>>> = Default::default();
+        for (i, loc) in run.locs.iter().enumerate() {
+            let Some(loc) = loc else { continue };
+            let chunk = run.first + i as u64;
+            let range = self
+                .geometry
+                .region_range(chunk, *loc)
+                .ok_or_else(|| Error::Protocol(format!("chunk {chunk} lies beyond any address")))?;
+            per_server.entry(loc.server).or_default().push(range);
         }
-        let chunk = self.geometry.chunk_size;
-        for (server, mut indexes) in per_server {
-            indexes.sort_unstable();
+        for (server, mut ranges) in per_server {
+            ranges.sort_unstable_by_key(|r| r.start);
             let region = w.view.servers.region_of(server)?;
-            // (first chunk, chunk count) of each run of adjacent chunks.
-            let mut runs: Vec<(u64, u64)> = Vec::new();
-            for index in indexes {
+            // One range per run of adjacent chunks.
+            let mut runs: Vec<Range<u64>> = Vec::new();
+            for r in ranges {
                 match runs.last_mut() {
-                    Some((first, count)) if *first + *count == index => *count += 1,
-                    _ => runs.push((index, 1)),
+                    Some(last) if last.end == r.start => last.end = r.end,
+                    _ => runs.push(r),
                 }
             }
             // A batch carries at most MAX_BATCH_VERBS verbs; stay well below.
             for group in runs.chunks(1024) {
                 self.exec_data(w, server, |batch| {
-                    for &(first, count) in group {
-                        batch.flush(RemoteAddr::new(region, first * chunk), count * chunk);
+                    for r in group {
+                        batch.flush(RemoteAddr::new(region, r.start), r.end - r.start);
                     }
                 })?;
             }

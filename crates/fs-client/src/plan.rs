@@ -2,10 +2,13 @@
 //! rounding a byte range outward to lock units, cutting it into per-chunk pieces, and planning
 //! the one-sided verbs that move it, grouped into batches per data server.
 //!
-//! A file's byte `p` lives in chunk `p / chunk_size`, at byte `p % chunk_size` of that chunk;
-//! a chunk `ChunkLoc { server, index }` starts at byte `index · chunk_size` of the data server's
-//! region. Lock unit `u` covers bytes `[u · lock_unit, (u + 1) · lock_unit)`.
+//! A file's byte `p` lives in the chunk [`proto::layout::Layout::locate`] names (chunks grow
+//! geometrically from 4 KiB to the chunk size, so small files take small allocations); a chunk
+//! `ChunkLoc { server, index }` starts at byte `index · unit` of the data server's region
+//! (`unit`: the layout's smallest chunk). Lock unit `u` covers bytes
+//! `[u · lock_unit, (u + 1) · lock_unit)`.
 
+use proto::layout::Layout;
 use proto::{ChunkLoc, FsError};
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -15,13 +18,15 @@ use std::ops::Range;
 /// [`crate::locks`]). With 4 KiB lock units that is 4 PiB per file.
 pub const FILE_UNITS: u64 = 1 << 40;
 
-/// The cluster's chunk size and lock unit, both powers of two.
+/// The cluster's chunk size and lock unit, both powers of two, and the file layout they give.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Geometry {
-    /// Bytes per chunk.
+    /// Bytes of the largest chunk.
     pub chunk_size: u64,
     /// Bytes per lock unit.
     pub lock_unit: u64,
+    /// Where a file's bytes lie in its chunks.
+    pub layout: Layout,
 }
 
 impl Geometry {
@@ -34,9 +39,12 @@ impl Geometry {
                 )));
             }
         }
+        let layout = Layout::new(chunk_size)
+            .map_err(|e| FsError::Io(format!("the meta server announced a bad layout: {e}")))?;
         Ok(Geometry {
             chunk_size,
             lock_unit,
+            layout,
         })
     }
 
@@ -68,7 +76,14 @@ impl Geometry {
         if len == 0 {
             return 0..0;
         }
-        off / self.chunk_size..(off + len - 1) / self.chunk_size + 1
+        self.layout.locate(off).0..self.layout.locate(off + len - 1).0 + 1
+    }
+
+    /// The byte range chunk `chunk` of a file occupies in a data server's region at `loc`, or
+    /// `None` when it lies beyond any address.
+    pub fn region_range(&self, chunk: u64, loc: ChunkLoc) -> Option<Range<u64>> {
+        let start = loc.index.checked_mul(self.layout.unit())?;
+        Some(start..start.checked_add(self.layout.len(chunk))?)
     }
 
     /// Cuts bytes `[off, off + len)` into pieces that each lie within one chunk, in file order.
@@ -79,10 +94,10 @@ impl Geometry {
                 return None;
             }
             let pos = off + done as u64;
-            let chunk_off = pos % self.chunk_size;
-            let n = ((self.chunk_size - chunk_off) as usize).min(len - done);
+            let (chunk, chunk_off) = self.layout.locate(pos);
+            let n = ((self.layout.len(chunk) - chunk_off) as usize).min(len - done);
             let piece = Piece {
-                chunk: pos / self.chunk_size,
+                chunk,
                 chunk_off,
                 buf_off: done,
                 len: n,
@@ -180,7 +195,7 @@ pub fn plan(
         };
         let base = loc
             .index
-            .checked_mul(geometry.chunk_size)
+            .checked_mul(geometry.layout.unit())
             .and_then(|b| b.checked_add(piece.chunk_off))
             .ok_or_else(|| {
                 FsError::Io(format!(
@@ -370,7 +385,6 @@ mod tests {
             hole_every in 0u64..5,
         ) {
             let g = Geometry::new(1 << chunk_shift, 8).unwrap();
-            let cs = g.chunk_size;
             // A scattered but deterministic layout: consecutive chunks sometimes adjacent.
             let locate = |c: u64| {
                 if hole_every > 0 && c % (hole_every + 1) == hole_every {
@@ -392,30 +406,34 @@ mod tests {
                         for i in 0..op.len {
                             let b = op.buf_off + i;
                             let p = off + b as u64;
-                            let loc = locate(p / cs).expect("verb on a hole");
+                            let (c, at) = g.layout.locate(p);
+                            let loc = locate(c).expect("verb on a hole");
                             prop_assert_eq!(loc.server, sp.server);
-                            prop_assert_eq!(op.remote_off + i as u64, loc.index * cs + p % cs);
+                            prop_assert_eq!(
+                                op.remote_off + i as u64,
+                                loc.index * g.layout.unit() + at
+                            );
                             covered[b] += 1;
                         }
                     }
                 }
             }
             for (b, n) in covered.iter().enumerate() {
-                let hole = locate((off + b as u64) / cs).is_none();
+                let hole = locate(g.layout.locate(off + b as u64).0).is_none();
                 prop_assert_eq!(*n, if hole { 0 } else { 1 }, "byte {}", b);
             }
         }
 
         /// Pieces tile the range in order, each inside one chunk.
         #[test]
-        fn pieces_tile_the_range(chunk_shift in 0u32..10, off in 0u64..5000, len in 0usize..5000) {
+        fn pieces_tile_the_range(chunk_shift in 0u32..18, off in 0u64..300_000, len in 0usize..300_000) {
             let g = Geometry::new(1 << chunk_shift, 1).unwrap();
             let mut next = 0usize;
             for p in g.pieces(off, len) {
                 prop_assert_eq!(p.buf_off, next);
                 prop_assert!(p.len > 0);
-                prop_assert!(p.chunk_off + p.len as u64 <= g.chunk_size);
-                prop_assert_eq!(p.chunk * g.chunk_size + p.chunk_off, off + p.buf_off as u64);
+                prop_assert!(p.chunk_off + p.len as u64 <= g.layout.len(p.chunk));
+                prop_assert_eq!(g.layout.start(p.chunk) + p.chunk_off, off + p.buf_off as u64);
                 next += p.len;
             }
             prop_assert_eq!(next, len);

@@ -51,7 +51,14 @@ fn data_crosses_chunks_and_servers() {
     assert_eq!(fs.read(fh, 0, off as usize).unwrap(), vec![0; off as usize]);
     // Both data servers hold chunks of the file.
     let stats = fs.statfs().unwrap();
-    assert_eq!(stats.total_chunks - stats.free_chunks, 6);
+    let layout = proto::layout::Layout::new(CHUNK).unwrap();
+    let end = off + data.len() as u64;
+    let (first, last) = (layout.locate(off).0, layout.locate(end - 1).0);
+    let charged: u64 = (first..=last).map(|k| layout.len(k)).sum();
+    assert_eq!(
+        (stats.total_blocks - stats.free_blocks) * stats.block_size,
+        charged
+    );
     fs.release(fh).unwrap();
 
     // Reopened (a new Open on the meta server), the data is still there.
@@ -75,7 +82,12 @@ fn holes_read_as_zeros() {
     assert!(all[15..far as usize].iter().all(|&b| b == 0));
     // Only the two chunks written were allocated.
     let stats = fs.statfs().unwrap();
-    assert_eq!(stats.total_chunks - stats.free_chunks, 2);
+    let layout = proto::layout::Layout::new(CHUNK).unwrap();
+    let charged = layout.len(0) + layout.len(layout.locate(far).0);
+    assert_eq!(
+        (stats.total_blocks - stats.free_blocks) * stats.block_size,
+        charged
+    );
 }
 
 #[test]

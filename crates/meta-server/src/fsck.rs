@@ -50,8 +50,9 @@
 //! chunks shared by two files or naming nothing allocated, kind mismatches, directory parent
 //! conflicts; lock words when the caller does not say no client is active (`at_rest`).
 
-use crate::store::{Image, Store};
+use crate::store::{Block, Image, Store};
 use proto::fsck::{Finding, FsckCounts, FsckOptions, FsckReport, Repair, MAX_FINDINGS};
+use proto::layout::Layout;
 use proto::{ChunkLoc, FileKind, FsError, Ino, ROOT_INO};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::path::Path;
@@ -70,9 +71,9 @@ pub(crate) struct Live {
 }
 
 /// Runs every check of the module docs on `image`; returns the findings and what was looked at.
-pub(crate) fn check(image: &Image, live: &Live, chunk_size: u64) -> (Vec<Finding>, FsckCounts) {
+pub(crate) fn check(image: &Image, live: &Live, layout: Layout) -> (Vec<Finding>, FsckCounts) {
     let mut out = Vec::new();
-    check_chunks(image, live, chunk_size, &mut out);
+    check_chunks(image, live, layout, &mut out);
     check_lost(image, &mut out);
     check_namespace(image, live, &mut out);
     let counts = FsckCounts {
@@ -113,16 +114,26 @@ fn check_lost(image: &Image, out: &mut Vec<Finding>) {
     }
 }
 
-fn check_chunks(image: &Image, live: &Live, chunk_size: u64, out: &mut Vec<Finding>) {
+fn check_chunks(image: &Image, live: &Live, layout: Layout, out: &mut Vec<Finding>) {
     let servers: HashMap<u32, &crate::store::ServerRecord> =
         image.servers.iter().map(|s| (s.id, s)).collect();
-    let allocated = |loc: &ChunkLoc| {
-        servers
-            .get(&loc.server)
-            .is_some_and(|s| loc.index < s.next_fresh.min(s.chunks))
+    let max = layout.max_order();
+    // Units below `next_fresh` (in chunk-size blocks): allocated at least once.
+    let limit = |s: &crate::store::ServerRecord| s.next_fresh.min(s.chunks) << max;
+    let allocated = |b: &Block| {
+        let units = Layout::units_of(b.order);
+        servers.get(&b.loc.server).is_some_and(|s| {
+            b.order <= max
+                && b.loc.index % units == 0
+                && b.loc
+                    .index
+                    .checked_add(units)
+                    .is_some_and(|e| e <= limit(s))
+        })
     };
     // Chunk maps: who names each chunk, and maps of what is not a file.
     let mut owners: HashMap<ChunkLoc, Vec<(Ino, u64)>> = HashMap::new();
+    let mut used: Vec<(Block, Ino, u64)> = Vec::new();
     let mut of_no_file: BTreeMap<Ino, u64> = BTreeMap::new();
     let mut per_file: BTreeMap<Ino, Vec<u64>> = BTreeMap::new();
     for &(ino, chunk, loc) in &image.chunks {
@@ -132,12 +143,20 @@ fn check_chunks(image: &Image, live: &Live, chunk_size: u64, out: &mut Vec<Findi
             }
             _ => *of_no_file.entry(ino).or_default() += 1,
         }
+        let block = Block {
+            loc,
+            order: layout.order(chunk),
+        };
         if !servers.contains_key(&loc.server) {
             out.push(Finding::ChunkOnUnknownServer { ino, chunk, loc });
-        } else if !allocated(&loc) {
+        } else if !allocated(&block) {
             out.push(Finding::ChunkNotAllocated { ino, chunk, loc });
         }
-        owners.entry(loc).or_default().push((ino, chunk));
+        let o = owners.entry(loc).or_default();
+        if o.is_empty() {
+            used.push((block, ino, chunk));
+        }
+        o.push((ino, chunk));
     }
     for (ino, chunks) in of_no_file {
         out.push(Finding::ChunkOfNoFile { ino, chunks });
@@ -159,7 +178,7 @@ fn check_chunks(image: &Image, live: &Live, chunk_size: u64, out: &mut Vec<Findi
             Some(Some(fcb_size)) if live.at_rest => *fcb_size,
             Some(_) => continue,
         };
-        let first_beyond = size.div_ceil(chunk_size);
+        let first_beyond = layout.chunks_below(size);
         let beyond: Vec<u64> = chunks.into_iter().filter(|&c| c >= first_beyond).collect();
         if !beyond.is_empty() {
             out.push(Finding::ChunkBeyondSize {
@@ -170,95 +189,207 @@ fn check_chunks(image: &Image, live: &Live, chunk_size: u64, out: &mut Vec<Findi
         }
     }
 
-    // Free stacks.
-    let mut free: HashMap<u32, Vec<(u64, u64)>> = HashMap::new();
-    for &(server, slot, index) in &image.free {
-        free.entry(server).or_default().push((slot, index));
+    // Free stacks: per server and order, `free_counts[order]` entries in slots
+    // `0..free_counts[order]`, each a distinct allocated block with its free-index entry.
+    let mut free: BTreeMap<u32, Vec<(u32, u64, u64)>> = BTreeMap::new();
+    for &(server, order, slot, at) in &image.free {
+        free.entry(server).or_default().push((order, slot, at));
     }
-    let mut free_set: HashSet<ChunkLoc> = HashSet::new();
-    for (&server, entries) in &free {
-        let Some(rec) = servers.get(&server) else {
-            out.push(Finding::FreeStackBroken {
-                server,
-                detail: format!("{} entries for a server with no record", entries.len()),
-            });
-            continue;
-        };
+    let mut index: HashMap<(u32, u64), (u32, u64)> = HashMap::new();
+    let mut index_count: HashMap<u32, u64> = HashMap::new();
+    for &(server, at, order, slot) in &image.freeidx {
+        index.insert((server, at), (order, slot));
+        *index_count.entry(server).or_default() += 1;
+    }
+    let mut free_blocks: Vec<Block> = Vec::new();
+    for rec in &image.servers {
+        let entries = free.remove(&rec.id).unwrap_or_default();
         let mut problems = Vec::new();
-        let slots: BTreeSet<u64> = entries.iter().map(|&(slot, _)| slot).collect();
-        if entries.len() as u64 != rec.free_count || slots.iter().any(|&s| s >= rec.free_count) {
+        if rec.free_counts.len() != max as usize + 1 {
             problems.push(format!(
-                "{} entries (slots {:?}...) for a free count of {}",
-                entries.len(),
-                slots.iter().take(4).collect::<Vec<_>>(),
-                rec.free_count
+                "{} stack counts for {} orders",
+                rec.free_counts.len(),
+                max + 1
             ));
         }
-        for &(_, index) in entries {
-            let loc = ChunkLoc { server, index };
-            if !allocated(&loc) {
-                problems.push(format!("chunk {index} was never allocated"));
-            } else if !free_set.insert(loc) {
-                problems.push(format!("chunk {index} is on it twice"));
+        let mut slots: BTreeMap<u32, BTreeSet<u64>> = BTreeMap::new();
+        let mut seen = HashSet::new();
+        for &(order, slot, at) in &entries {
+            let count = rec.free_counts.get(order as usize).copied().unwrap_or(0);
+            if slot >= count || !slots.entry(order).or_default().insert(slot) {
+                problems.push(format!("order {order} slot {slot} for a count of {count}"));
+            }
+            let block = Block {
+                loc: ChunkLoc {
+                    server: rec.id,
+                    index: at,
+                },
+                order,
+            };
+            if !allocated(&block) {
+                problems.push(format!(
+                    "block {at} of order {order} was never allocated or is misaligned"
+                ));
+            } else if !seen.insert(at) {
+                problems.push(format!("block {at} is on it twice"));
+            } else {
+                free_blocks.push(block);
+            }
+            if index.get(&(rec.id, at)) != Some(&(order, slot)) {
+                problems.push(format!("block {at} has no matching free-index entry"));
             }
         }
+        for (order, &count) in rec.free_counts.iter().enumerate() {
+            let n = slots.get(&(order as u32)).map_or(0, |s| s.len() as u64);
+            if n != count {
+                problems.push(format!("order {order}: {n} entries for a count of {count}"));
+            }
+        }
+        if index_count.get(&rec.id).copied().unwrap_or(0) != entries.len() as u64 {
+            problems.push(format!(
+                "{} free-index entries for {} stack entries",
+                index_count.get(&rec.id).copied().unwrap_or(0),
+                entries.len()
+            ));
+        }
         if !problems.is_empty() {
+            problems.sort();
+            problems.dedup();
             problems.truncate(8);
             out.push(Finding::FreeStackBroken {
-                server,
+                server: rec.id,
                 detail: problems.join("; "),
             });
         }
     }
-    // A stack with no entries at all but a free count.
-    for rec in &image.servers {
-        if rec.free_count > 0 && !free.contains_key(&rec.id) {
-            out.push(Finding::FreeStackBroken {
-                server: rec.id,
-                detail: format!("no entries for a free count of {}", rec.free_count),
-            });
-        }
+    for (server, entries) in free {
+        out.push(Finding::FreeStackBroken {
+            server,
+            detail: format!("{} entries for a server with no record", entries.len()),
+        });
     }
 
     // Dirty set.
-    let mut dirty_set: HashSet<ChunkLoc> = HashSet::new();
-    for &loc in &image.dirty {
-        if !allocated(&loc) {
-            out.push(Finding::DirtyChunkOutOfRange { loc });
-            continue;
-        }
-        dirty_set.insert(loc);
-        if free_set.contains(&loc) {
-            out.push(Finding::ChunkFreeAndDirty { loc });
+    let mut dirty_blocks: Vec<Block> = Vec::new();
+    for &block in &image.dirty {
+        if !allocated(&block) {
+            out.push(Finding::DirtyChunkOutOfRange { loc: block.loc });
+        } else {
+            dirty_blocks.push(block);
         }
     }
-    // Used chunks that are also free or dirty.
-    let mut used: Vec<(&ChunkLoc, &Vec<(Ino, u64)>)> = owners.iter().collect();
-    used.sort_by_key(|(loc, _)| (loc.server, loc.index));
-    for (loc, o) in used {
-        let (ino, chunk) = o[0];
-        for (set, dirty) in [(&free_set, false), (&dirty_set, true)] {
-            if set.contains(loc) {
-                out.push(Finding::ChunkUsedAndFree {
-                    ino,
-                    chunk,
-                    loc: *loc,
-                    dirty,
-                });
-            }
+
+    // Every unit below `next_fresh` in exactly one block: a sweep per server over the used,
+    // free and dirty blocks in address order finds overlaps and gaps (leaks).
+    #[derive(Clone, Copy)]
+    enum Kind {
+        Used(Ino, u64),
+        Free,
+        Dirty,
+    }
+    let mut per_server: BTreeMap<u32, Vec<(u64, u64, Kind)>> = BTreeMap::new();
+    let mut add = |b: &Block, kind: Kind| {
+        let start = b.loc.index;
+        let end = start.saturating_add(Layout::units_of(b.order));
+        per_server
+            .entry(b.loc.server)
+            .or_default()
+            .push((start, end, kind));
+    };
+    for (b, ino, chunk) in &used {
+        if allocated(b) {
+            add(b, Kind::Used(*ino, *chunk));
         }
     }
-    // Leaks: allocated once, now nowhere.
+    free_blocks.iter().for_each(|b| add(b, Kind::Free));
+    dirty_blocks.iter().for_each(|b| add(b, Kind::Dirty));
     for rec in &image.servers {
-        for index in 0..rec.next_fresh.min(rec.chunks) {
-            let loc = ChunkLoc {
-                server: rec.id,
-                index,
-            };
-            if !owners.contains_key(&loc) && !free_set.contains(&loc) && !dirty_set.contains(&loc) {
-                out.push(Finding::LeakedChunk { loc });
+        let mut blocks = per_server.remove(&rec.id).unwrap_or_default();
+        blocks.sort_by_key(|&(start, end, _)| (start, end));
+        let loc = |index| ChunkLoc {
+            server: rec.id,
+            index,
+        };
+        // The block reaching furthest so far.
+        let mut cover: Option<(u64, u64, Kind)> = None;
+        let mut reached = 0u64;
+        for &(start, end, kind) in &blocks {
+            if start > reached {
+                leaks(rec.id, reached, start, max, layout, out);
+            }
+            if let Some((c_start, _, c_kind)) = cover.filter(|_| start < reached) {
+                match (c_kind, kind) {
+                    (Kind::Used(ino, chunk), Kind::Free) | (Kind::Free, Kind::Used(ino, chunk)) => {
+                        out.push(Finding::ChunkUsedAndFree {
+                            ino,
+                            chunk,
+                            loc: loc(if matches!(kind, Kind::Free) {
+                                start
+                            } else {
+                                c_start
+                            }),
+                            dirty: false,
+                        })
+                    }
+                    (Kind::Used(ino, chunk), Kind::Dirty)
+                    | (Kind::Dirty, Kind::Used(ino, chunk)) => {
+                        out.push(Finding::ChunkUsedAndFree {
+                            ino,
+                            chunk,
+                            loc: loc(if matches!(kind, Kind::Dirty) {
+                                start
+                            } else {
+                                c_start
+                            }),
+                            dirty: true,
+                        })
+                    }
+                    (Kind::Free, Kind::Dirty) => {
+                        out.push(Finding::ChunkFreeAndDirty { loc: loc(start) })
+                    }
+                    (Kind::Dirty, Kind::Free) => {
+                        out.push(Finding::ChunkFreeAndDirty { loc: loc(c_start) })
+                    }
+                    (Kind::Used(a, ca), Kind::Used(b, cb)) => out.push(Finding::ChunkSharedBy {
+                        loc: loc(start),
+                        owners: vec![(a, ca), (b, cb)],
+                    }),
+                    (Kind::Free, Kind::Free) => out.push(Finding::FreeStackBroken {
+                        server: rec.id,
+                        detail: format!("free blocks at {c_start} and {start} overlap"),
+                    }),
+                    // Dirty blocks come from chunk maps and leaks: two overlapping ones were two
+                    // overlapping chunks, reported while they were used.
+                    (Kind::Dirty, Kind::Dirty) => {}
+                }
+            }
+            if end > reached {
+                reached = end;
+                cover = Some((start, end, kind));
             }
         }
+        let top = limit(rec);
+        if top > reached {
+            leaks(rec.id, reached, top, max, layout, out);
+        }
+    }
+}
+
+/// Reports units `from..to` of `server` (in no block) as the fewest aligned blocks.
+fn leaks(server: u32, mut from: u64, to: u64, max: u32, layout: Layout, out: &mut Vec<Finding>) {
+    while from < to {
+        let mut order = max.min(from.trailing_zeros());
+        while from + Layout::units_of(order) > to {
+            order -= 1;
+        }
+        out.push(Finding::LeakedChunk {
+            loc: ChunkLoc {
+                server,
+                index: from,
+            },
+            bytes: layout.unit() << order,
+        });
+        from += Layout::units_of(order);
     }
 }
 
@@ -471,7 +602,7 @@ fn check_namespace(image: &Image, live: &Live, out: &mut Vec<Finding>) {
 #[derive(Default)]
 pub(crate) struct Repaired {
     pub repairs: Vec<Repair>,
-    pub freed: Vec<ChunkLoc>,
+    pub freed: Vec<Block>,
 }
 
 /// Repairs what `findings` (of a check of `image`) allow (see the module docs); files open
@@ -552,10 +683,18 @@ pub(crate) fn repair(
                 });
                 done.freed.extend(effects.freed);
             }
-            Finding::LeakedChunk { loc } => {
-                store.repair_mark_dirty(*loc)?;
+            Finding::LeakedChunk { loc, bytes } => {
+                let units = bytes / store.layout().unit();
+                if !units.is_power_of_two() {
+                    continue;
+                }
+                let block = Block {
+                    loc: *loc,
+                    order: units.trailing_zeros(),
+                };
+                store.repair_mark_dirty(block)?;
                 done.repairs.push(Repair::FreedLeakedChunk { loc: *loc });
-                done.freed.push(*loc);
+                done.freed.push(block);
             }
             Finding::FreeStackBroken { server, .. } => {
                 rebuild.insert(*server);
@@ -579,32 +718,49 @@ pub(crate) fn repair(
         }
     }
     if !rebuild.is_empty() {
-        // Valid free entries: allocated, in no file, not dirty, each once, in stack order.
-        let used: HashSet<ChunkLoc> = image.chunks.iter().map(|&(_, _, l)| l).collect();
-        let dirty: HashSet<ChunkLoc> = image.dirty.iter().copied().collect();
+        // Valid free blocks: allocated and aligned, overlapping no chunk, dirty block or other
+        // kept free block, in stack order.
+        let layout = store.layout();
         for server in rebuild {
             let Some(rec) = image.servers.iter().find(|s| s.id == server) else {
                 continue;
             };
-            let mut entries: Vec<(u64, u64)> = image
+            let limit = rec.next_fresh.min(rec.chunks) << layout.max_order();
+            // Occupied ranges: start → end.
+            let mut taken: BTreeMap<u64, u64> = BTreeMap::new();
+            let overlaps = |taken: &BTreeMap<u64, u64>, start: u64, end: u64| {
+                taken
+                    .range(..end)
+                    .next_back()
+                    .is_some_and(|(_, &e)| e > start)
+            };
+            for &(_, chunk, loc) in image.chunks.iter().filter(|c| c.2.server == server) {
+                let end = loc.index.saturating_add(layout.len(chunk) / layout.unit());
+                taken.insert(loc.index, end);
+            }
+            for b in image.dirty.iter().filter(|b| b.loc.server == server) {
+                let end = b.loc.index.saturating_add(Layout::units_of(b.order));
+                taken.insert(b.loc.index, end);
+            }
+            let mut entries: Vec<(u32, u64, u64)> = image
                 .free
                 .iter()
-                .filter(|&&(s, _, _)| s == server)
-                .map(|&(_, slot, index)| (slot, index))
+                .filter(|&&(s, _, _, _)| s == server)
+                .map(|&(_, order, slot, at)| (order, slot, at))
                 .collect();
             entries.sort_unstable();
-            let mut seen = HashSet::new();
-            let keep: Vec<u64> = entries
-                .into_iter()
-                .map(|(_, index)| index)
-                .filter(|&index| {
-                    let loc = ChunkLoc { server, index };
-                    index < rec.next_fresh.min(rec.chunks)
-                        && !used.contains(&loc)
-                        && !dirty.contains(&loc)
-                        && seen.insert(index)
-                })
-                .collect();
+            let mut keep = Vec::new();
+            for (order, _, at) in entries {
+                if order > layout.max_order() {
+                    continue;
+                }
+                let units = Layout::units_of(order);
+                let end = at.saturating_add(units);
+                if at % units == 0 && end <= limit && !overlaps(&taken, at, end) {
+                    taken.insert(at, end);
+                    keep.push((at, order));
+                }
+            }
             let before = store.repair_rebuild_free(server, &keep)?;
             done.repairs.push(Repair::RebuiltFreeStack {
                 server,
@@ -623,14 +779,13 @@ pub(crate) fn repair(
 /// says so. Returns the report and the chunks repairs freed.
 pub(crate) fn run(
     store: &Store,
-    chunk_size: u64,
     options: FsckOptions,
     mut live: impl FnMut() -> Live,
     mut locks: impl FnMut(bool) -> (Vec<Finding>, u64, Vec<Repair>),
-) -> Result<(FsckReport, Vec<ChunkLoc>), FsError> {
+) -> Result<(FsckReport, Vec<Block>), FsError> {
     let mut state = live();
     let image = store.image()?;
-    let (mut findings, mut counts) = check(&image, &state, chunk_size);
+    let (mut findings, mut counts) = check(&image, &state, store.layout());
     let (lock_findings, inspected, _) = locks(false);
     findings.extend(lock_findings);
     counts.locks = inspected;
@@ -650,7 +805,7 @@ pub(crate) fn run(
             report.repairs.extend(done.repairs);
             state = live();
             image = store.image()?;
-            round = check(&image, &state, chunk_size).0;
+            round = check(&image, &state, store.layout()).0;
             if !progress || round.is_empty() {
                 break;
             }
@@ -698,14 +853,14 @@ pub fn request(
 /// the server would delete them at its next start anyway. Chunks freed by repairs stay dirty
 /// until their data server registers again, which zeroes them.
 pub fn check_offline(db_dir: &Path, repair: bool) -> anyhow::Result<FsckReport> {
-    let (store, chunk_size) = Store::open_existing(db_dir)?;
+    let (store, _chunk_size) = Store::open_existing(db_dir)?;
     let options = FsckOptions {
         repair,
         at_rest: true,
     };
     let no_locks = |_| (Vec::new(), 0, Vec::new());
-    let (report, _freed) = run(&store, chunk_size, options, Live::default, no_locks)
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let (report, _freed) =
+        run(&store, options, Live::default, no_locks).map_err(|e| anyhow::anyhow!("{e}"))?;
     store.flush().map_err(|e| anyhow::anyhow!("{e}"))?;
     Ok(report)
 }
@@ -722,8 +877,15 @@ mod tests {
     /// A healthy namespace: /d/e (dirs), /d/f and /g (files with chunks, /g linked twice as
     /// /d/h), /s (symlink), a chunk freed and recycled, on two servers of 8 chunks.
     fn healthy() -> (tempfile::TempDir, Store, Ino, Ino) {
+        healthy_with(CS)
+    }
+
+    /// [`healthy`] with chunks of `cs` bytes (above 4 KiB the first chunks of a file are
+    /// smaller: blocks of several orders share the servers' regions).
+    fn healthy_with(cs: u64) -> (tempfile::TempDir, Store, Ino, Ino) {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path(), CS, OWNER).unwrap();
+        let store = Store::open(dir.path(), cs, OWNER).unwrap();
+        let l = store.layout();
         for name in ["ds-0", "ds-1"] {
             let fabric: FabricAddr = "tcp:127.0.0.1:1".parse().unwrap();
             store
@@ -744,27 +906,37 @@ mod tests {
         store.symlink(ROOT_INO, "s", "g", OWNER).unwrap();
         store.allocate_chunks(f, 0, 0, 3, &[0, 1]).unwrap();
         store.allocate_chunks(g, 0, 0, 2, &[0, 1]).unwrap();
-        store.persist_size(f, 3 * CS).unwrap();
-        store.persist_size(g, 2 * CS - 1).unwrap();
+        store.persist_size(f, l.start(3)).unwrap();
+        store.persist_size(g, l.start(2) - 1).unwrap();
         // Truncate f to one chunk: two chunks freed (dirty), then recycled (free).
         let set = proto::SetAttr {
-            size: Some(CS),
+            size: Some(l.start(1)),
             ..proto::SetAttr::default()
         };
-        let (_, effects) = store.setattr(f, &set, OWNER, CS, None).unwrap();
+        let (_, effects) = store.setattr(f, &set, OWNER, None).unwrap();
         assert_eq!(effects.freed.len(), 2);
-        store.recycle(effects.freed[0]).unwrap();
+        store.recycle(effects.freed[0].loc).unwrap();
         (dir, store, f, g)
     }
 
     fn findings(store: &Store, live: &Live) -> Vec<Finding> {
-        check(&store.image().unwrap(), live, CS).0
+        check(&store.image().unwrap(), live, store.layout()).0
     }
 
     /// Damages a healthy store, expects `kind` among the findings, repairs, expects a clean
     /// store with every file's content as before.
-    fn damaged(damage: impl FnOnce(&Store, Ino, Ino) -> Vec<Corruption>, kinds: &[&str]) {
-        let (_dir, store, f, g) = healthy();
+    fn damaged(damage: impl Fn(&Store, Ino, Ino) -> Vec<Corruption>, kinds: &[&str]) {
+        for cs in [CS, 64 << 10] {
+            damaged_with(cs, &damage, kinds);
+        }
+    }
+
+    fn damaged_with(
+        cs: u64,
+        damage: &impl Fn(&Store, Ino, Ino) -> Vec<Corruption>,
+        kinds: &[&str],
+    ) {
+        let (_dir, store, f, g) = healthy_with(cs);
         for c in damage(&store, f, g) {
             store.corrupt(&c).unwrap();
         }
@@ -777,7 +949,6 @@ mod tests {
         }
         let (report, _) = run(
             &store,
-            CS,
             FsckOptions {
                 repair: true,
                 at_rest: false,
@@ -793,6 +964,12 @@ mod tests {
             "{kinds:?} after {:#?}",
             report.repairs
         );
+        assert_eq!(findings(&store, &Live::default()), Vec::new());
+    }
+
+    #[test]
+    fn a_healthy_namespace_of_mixed_block_sizes_has_no_findings() {
+        let (_dir, store, _, _) = healthy_with(64 << 10);
         assert_eq!(findings(&store, &Live::default()), Vec::new());
     }
 
@@ -816,7 +993,7 @@ mod tests {
         );
         // Closing the file frees chunks beyond its size.
         store.persist_size(f, 3 * CS).unwrap();
-        let effects = store.free_beyond_size(f, CS).unwrap();
+        let effects = store.free_beyond_size(f).unwrap();
         assert_eq!(effects.freed.len(), 2);
         assert_eq!(findings(&store, &Live::default()), Vec::new());
     }
@@ -945,7 +1122,7 @@ mod tests {
         damaged(
             |store, _, _| {
                 let image = store.image().unwrap();
-                let (server, _, index) = image.free[0];
+                let (server, _, _, index) = image.free[0];
                 vec![Corruption::MarkDirty {
                     loc: ChunkLoc { server, index },
                 }]
@@ -1001,7 +1178,6 @@ mod tests {
             .unwrap();
         let (report, _) = run(
             &store,
-            CS,
             FsckOptions {
                 repair: true,
                 at_rest: false,

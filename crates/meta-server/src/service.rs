@@ -9,7 +9,7 @@
 //! runs after the state lock is released, on the server's own endpoint mutex.
 
 use crate::alloc::RegionAlloc;
-use crate::store::{Effects, Store};
+use crate::store::{Block, Effects, Store, Tail};
 use fabric::local::{LocalEndpoint, RegionSource};
 use fabric::{Connector, Endpoint, EndpointExt, Region, RegionId, RemoteAddr};
 use lockmgr::baselines::{LockServer, LockServerAt, SegSpec};
@@ -617,39 +617,41 @@ impl Service {
             "data server registered"
         );
         // Chunks freed while it was away are zeroed now that it is reachable.
-        let dirty: Vec<ChunkLoc> = self
+        let dirty: Vec<Block> = self
             .store
             .dirty_chunks()?
             .into_iter()
-            .filter(|l| l.server == record.id)
+            .filter(|b| b.loc.server == record.id)
             .collect();
         self.zero_and_recycle(dirty);
         // Tails of truncates a crash (or this server's absence) left unzeroed.
-        for (loc, from) in self.store.tails()? {
-            if loc.server == record.id {
-                if let Err(error) = self.zero_tail(loc, from) {
-                    tracing::warn!(?loc, %error, "cannot zero a truncated chunk's tail yet");
+        for tail in self.store.tails()? {
+            if tail.block.loc.server == record.id {
+                if let Err(error) = self.zero_tail(tail) {
+                    tracing::warn!(?tail, %error, "cannot zero a truncated chunk's tail yet");
                 }
             }
         }
         Ok((record.id, epoch))
     }
 
-    /// Zeroes every free chunk of data server `id` (after an unclean shutdown, see `store`):
-    /// allocations the crash rolled back left data in chunks now free again.
+    /// Zeroes every free block of data server `id` (after an unclean shutdown, see `store`):
+    /// allocations the crash rolled back left data in blocks now free again.
     fn scrub(&self, ep: &mut dyn Endpoint, region: RegionId, id: u32) -> Result<(), FsError> {
         let mut free = self.store.free_chunks_of(id)?;
         free.sort_unstable();
-        let cs = self.settings.chunk_size;
+        let unit = self.store.layout().unit();
         let started = Instant::now();
         let mut i = 0;
         while i < free.len() {
-            // One range per run of adjacent chunks.
+            // One range per run of adjacent blocks.
+            let (start, mut end) = (free[i].0, free[i].0 + free[i].1);
             let mut j = i + 1;
-            while j < free.len() && free[j] == free[j - 1] + 1 {
+            while j < free.len() && free[j].0 == end {
+                end += free[j].1;
                 j += 1;
             }
-            zero_range(ep, region, free[i] * cs, (free[j - 1] + 1) * cs)?;
+            zero_range(ep, region, start * unit, end * unit)?;
             i = j;
         }
         self.store.scrubbed(id)?;
@@ -695,7 +697,7 @@ impl Service {
         Ok(fabric::connect(fabric, &self.settings.credentials, 0)?.connect()?)
     }
 
-    /// Zeroes bytes `from..to` of chunk `loc` with one-sided writes.
+    /// Zeroes bytes `from..to` of the block at `loc` with one-sided writes.
     fn zero_chunk(&self, loc: ChunkLoc, from: u64, to: u64) -> Result<(), FsError> {
         let (endpoint, region) = {
             let st = lock(&self.state);
@@ -704,7 +706,7 @@ impl Service {
             })?;
             (live.endpoint.clone(), live.region)
         };
-        let base = loc.index * self.settings.chunk_size;
+        let base = loc.index * self.store.layout().unit();
         let mut ep = lock(&endpoint);
         zero_range(&mut **ep, region, base + from, base + to)
     }
@@ -715,7 +717,7 @@ impl Service {
     /// The change that freed them is made durable first: zeroing is a data effect no crash can
     /// undo, and a namespace change lost by a crash (sled flushes in the background) would
     /// otherwise bring back a file whose chunks read zeros.
-    fn zero_and_recycle(&self, freed: Vec<ChunkLoc>) {
+    fn zero_and_recycle(&self, freed: Vec<Block>) {
         if freed.is_empty() {
             return;
         }
@@ -723,8 +725,9 @@ impl Service {
             tracing::warn!(%error, "cannot make a free durable: its chunks stay dirty for now");
             return;
         }
-        for loc in freed {
-            match self.zero_chunk(loc, 0, self.settings.chunk_size) {
+        let unit = self.store.layout().unit();
+        for Block { loc, order } in freed {
+            match self.zero_chunk(loc, 0, unit << order) {
                 Ok(()) => {
                     // Under the state lock like every other allocation change, so that the
                     // consistency checker never sees a chunk between the dirty set and the
@@ -744,9 +747,10 @@ impl Service {
 
     /// Zeroes the tail of a chunk a shrinking truncate left (`Effects::tail`), once the
     /// truncate is durable; a tail whose server is away is zeroed when it registers again.
-    fn zero_tail(&self, loc: ChunkLoc, from: u64) -> Result<(), FsError> {
+    fn zero_tail(&self, tail: Tail) -> Result<(), FsError> {
         self.store.flush()?;
-        self.zero_chunk(loc, from, self.settings.chunk_size)?;
+        let Block { loc, order } = tail.block;
+        self.zero_chunk(loc, tail.from, self.store.layout().unit() << order)?;
         self.store.tail_zeroed(loc)
     }
 
@@ -964,7 +968,7 @@ impl Service {
         // Nobody has it open now: chunks beyond its size can only be a dead writer's, which
         // allocated them but never raised the size (`Store::free_beyond_size`).
         if effects.freed.is_empty() {
-            effects = self.store.free_beyond_size(ino, self.settings.chunk_size)?;
+            effects = self.store.free_beyond_size(ino)?;
         }
         Ok(effects)
     }
@@ -1019,18 +1023,16 @@ impl Service {
                     Some(size) => size,
                     None => self.store.getattr(ino)?.size,
                 };
-                let (attr, effects) =
-                    self.store
-                        .setattr(ino, &set, caller, self.settings.chunk_size, old_size)?;
+                let (attr, effects) = self.store.setattr(ino, &set, caller, old_size)?;
                 if let Some(size) = set.size {
                     self.apply_size(&mut st, &attr, previous, size)?;
                 }
                 drop(st);
                 // The client holds the whole-file lock until this answer: nobody writes the
                 // tail meanwhile.
-                if let Some((loc, from)) = effects.tail {
-                    if let Err(error) = self.zero_tail(loc, from) {
-                        tracing::warn!(?loc, %error, "truncated chunk's tail not zeroed yet");
+                if let Some(tail) = effects.tail {
+                    if let Err(error) = self.zero_tail(tail) {
+                        tracing::warn!(?tail, %error, "truncated chunk's tail not zeroed yet");
                     }
                 }
                 self.zero_and_recycle(effects.freed);
@@ -1209,9 +1211,9 @@ impl Service {
         // Growing: the bytes from the old size to the end of its chunk become part of the file
         // and must read zeros (they should be; a write that failed after its data verbs may
         // have left some). Shrinking zeroes the tail once durable (`Effects::tail`).
-        let cs = self.settings.chunk_size;
-        if new > old && old % cs != 0 {
-            let chunk = old / cs;
+        let layout = self.store.layout();
+        let (chunk, from) = layout.locate(old);
+        if new > old && from != 0 {
             if let Some(Some(loc)) = self.store.chunk_map(attr.ino, chunk, 1)?.first() {
                 let loc = *loc;
                 // The state lock is held: zero through the server's endpoint directly.
@@ -1224,9 +1226,9 @@ impl Service {
                         )))
                     }
                 };
-                let start = loc.index * cs + old % cs;
+                let base = loc.index * layout.unit();
                 let mut ep = lock(&endpoint);
-                zero_range(&mut **ep, region, start, (loc.index + 1) * cs)?;
+                zero_range(&mut **ep, region, base + from, base + layout.len(chunk))?;
             }
         }
         Ok(())
@@ -1300,8 +1302,7 @@ impl Service {
             }
             (findings, inspected, repairs)
         };
-        let (mut report, freed) =
-            crate::fsck::run(&self.store, self.settings.chunk_size, options, live, locks)?;
+        let (mut report, freed) = crate::fsck::run(&self.store, options, live, locks)?;
         report.counts.sessions = others as u64;
         report.counts.open_files = st.open.len() as u64;
         drop(st);
@@ -1315,20 +1316,28 @@ impl Service {
         Ok(report)
     }
 
+    /// Space and inodes in layout units (`df`'s blocks): every registered server's region,
+    /// and what no file holds (free, never used, or freed and being zeroed). Read under the
+    /// state lock, so that no allocation runs between the scans and the figures add up.
     fn statfs(&self) -> Result<FsStats, FsError> {
+        let _st = lock(&self.state);
+        let layout = self.store.layout();
+        let max = layout.max_order();
         let mut dirty: HashMap<u32, u64> = HashMap::new();
-        for loc in self.store.dirty_chunks()? {
-            *dirty.entry(loc.server).or_default() += 1;
+        for b in self.store.dirty_chunks()? {
+            *dirty.entry(b.loc.server).or_default() += proto::layout::Layout::units_of(b.order);
         }
         let servers = self.store.servers()?;
+        let free_blocks: u64 = servers
+            .iter()
+            .map(|s| s.unallocated_units(max, dirty.get(&s.id).copied().unwrap_or(0)))
+            .sum();
         Ok(FsStats {
-            chunk_size: self.settings.chunk_size,
-            total_chunks: servers.iter().map(|s| s.chunks).sum(),
-            free_chunks: servers
-                .iter()
-                .map(|s| s.unallocated(dirty.get(&s.id).copied().unwrap_or(0)))
-                .sum(),
+            block_size: layout.unit(),
+            total_blocks: servers.iter().map(|s| s.chunks << max).sum(),
+            free_blocks,
             inodes: self.store.inode_count(),
+            free_inodes: free_blocks,
         })
     }
 

@@ -12,17 +12,31 @@
 //! | `cookies`   | dir ino                     | the next cookie to hand out in that dir       |
 //! | `xattrs`    | ino ++ name                 | value                                        |
 //! | `symlinks`  | ino                         | target                                       |
-//! | `chunks`    | ino ++ chunk index          | server (u32) ++ index in its region (u64)    |
+//! | `chunks`    | ino ++ chunk index          | server (u32) ++ offset in its region in layout units (u64) |
 //! | `servers`   | server id (u32)             | postcard [`ServerRecord`]                    |
 //! | `names`     | server name                 | server id (u32)                              |
-//! | `free`      | server id ++ slot           | chunk index: the server's stack of zeroed free chunks |
-//! | `dirty`     | server id ++ chunk index    | empty: freed chunks not yet zeroed           |
+//! | `free`      | server id ++ order (u8) ++ slot | unit offset: the server's stack of zeroed free blocks of that order |
+//! | `freeidx`   | server id ++ unit offset    | order (u8) ++ slot: where a free block sits in its stack |
+//! | `dirty`     | server id ++ unit offset    | order (u8): freed blocks not yet zeroed      |
 //! | `orphans`   | ino                         | empty: unlinked (nlink 0) but still open     |
-//! | `meta`      | a name                      | counters and settings (`next_ino`, `chunk_size`, ...) |
+//! | `meta`      | a name                      | counters and settings (`next_ino`, `chunk_size`, `layout`, ...) |
 //! | `incarnations` | server id (u32)          | the incarnation it last registered with (u64) |
 //! | `lost`      | server id ++ chunk index    | ino ++ chunk index: a file's chunk whose data is gone |
-//! | `tails`     | server id ++ chunk index    | offset in the chunk: bytes from there to its end still to be zeroed (a shrinking truncate) |
+//! | `tails`     | server id ++ unit offset    | offset in the chunk ++ the chunk's order (u8): bytes from there to its end still to be zeroed (a shrinking truncate) |
 //! | `scrub`     | server id (u32)             | empty: the server's free chunks may hold data (an unclean shutdown) |
+//!
+//! # Space: the geometric layout and a buddy allocator
+//!
+//! A file's chunk `k` holds `unit · 2^order(k)` bytes ([`proto::layout`]: 4 KiB, 4 KiB, 8 KiB,
+//! ... up to the chunk size, then chunk-size chunks), so a file is charged less than twice its
+//! size above 4 KiB. A server's region is `chunks` blocks of the chunk size (order `L`); a
+//! *block* of order `o` is `2^o` units at a unit offset that is a multiple of `2^o`. Blocks are
+//! handed out buddy-style: the smallest free block of at least the order asked is split, its
+//! upper halves going onto the free stacks of the orders below; a block given back (zeroed)
+//! merges with its buddy while the buddy is free at the same order. Each order has a stack
+//! (slots `0..free_counts[order]` of the server record, so a transaction pops without a scan)
+//! and `freeidx` finds a free block by offset (to merge, the buddy leaves the middle of its
+//! stack: the top entry takes its slot).
 //!
 //! # Invariants
 //! - Every mutating operation is one sled transaction over all trees; callers serialize
@@ -30,10 +44,13 @@
 //!   do just before their transaction (chunk maps and xattrs of an inode to delete, whether a
 //!   directory is empty) are exact. Those scans must stay outside the transaction closure:
 //!   sled 0.34 deadlocks a plain read issued while a transaction holds its locks.
-//! - A chunk is in exactly one of: a file's chunk map, the `free` stack of its server, the
-//!   `dirty` set, or above its server's `next_fresh` mark (never used). Chunks in `free` and
-//!   above `next_fresh` are zero; `dirty` chunks are zeroed by the service before they move to
-//!   `free` (so a reused chunk reads zeros).
+//! - Every unit of a server's region is in exactly one block of: a file's chunk map (the
+//!   block's order is the layout's for the chunk index), a `free` stack (with its `freeidx`
+//!   entry naming that stack and slot), the `dirty` set, or above the server's `next_fresh`
+//!   mark (counted in chunk-size blocks: never used). Blocks in `free` and above `next_fresh`
+//!   are zero; `dirty` blocks are zeroed by the service before they move to `free` (so a
+//!   reused block reads zeros), and only zeroed blocks merge (a free block's buddy is merged
+//!   only when it is free too), so a merged block is zero.
 //! - A chunk in `lost` is in the chunk map it names: its data server came back with new memory
 //!   (a new incarnation) while the chunk held file data. Chunk-map answers that include it fail
 //!   with `FsError::Lost` (never zeros); freeing it (truncate, unlink) clears the mark.
@@ -50,6 +67,7 @@
 //!   directory; a cookie is never reused in that directory, so listing "after cookie c" is stable
 //!   across concurrent creates and deletes.
 
+use proto::layout::Layout;
 use proto::rpc::XattrMode;
 use proto::rpc::{check_name_for, is_dot, NameOp};
 use proto::{
@@ -83,7 +101,8 @@ const T_INCARNATIONS: usize = 14;
 const T_LOST: usize = 15;
 const T_TAILS: usize = 16;
 const T_SCRUB: usize = 17;
-const TREE_NAMES: [&str; 18] = [
+const T_FREEIDX: usize = 18;
+const TREE_NAMES: [&str; 19] = [
     "inodes",
     "parents",
     "dirents",
@@ -102,7 +121,13 @@ const TREE_NAMES: [&str; 18] = [
     "lost",
     "tails",
     "scrub",
+    "freeidx",
 ];
+
+/// The `layout` mark of `meta`: chunks follow [`proto::layout`] and `ChunkLoc::index` counts
+/// layout units. A database without it whose servers hold chunks was made by a CitronFS whose
+/// chunks were all the chunk size: its maps cannot be read with this layout.
+const LAYOUT_MARK: &[u8] = b"geometric-1";
 
 const FIRST_ENTRY_COOKIE: u64 = 3;
 
@@ -117,19 +142,83 @@ pub struct ServerRecord {
     pub fabric: FabricAddr,
     /// Its chunk region.
     pub region: fabric::RegionId,
-    /// Chunks its region holds.
+    /// Chunk-size blocks its region holds.
     pub chunks: u64,
-    /// Chunks `next_fresh..chunks` have never been allocated (and are zero).
+    /// Chunk-size blocks `next_fresh..chunks` have never been allocated (and are zero).
     pub next_fresh: u64,
-    /// Entries in its `free` stack (slots `0..free_count`).
-    pub free_count: u64,
+    /// Entries in its `free` stack of each order `0..=L` (slots `0..free_counts[order]`).
+    pub free_counts: Vec<u64>,
 }
 
 impl ServerRecord {
-    /// Chunks not in any file (free, dirty or never used).
-    pub fn unallocated(&self, dirty: u64) -> u64 {
-        self.chunks.saturating_sub(self.next_fresh) + self.free_count + dirty
+    /// Layout units not in any file (free, never used, or `dirty_units` freed and not yet
+    /// zeroed), with chunk-size blocks of order `max_order`.
+    pub fn unallocated_units(&self, max_order: u32, dirty_units: u64) -> u64 {
+        let free: u64 = self
+            .free_counts
+            .iter()
+            .enumerate()
+            .map(|(order, n)| n << order)
+            .sum();
+        (self.chunks.saturating_sub(self.next_fresh) << max_order) + free + dirty_units
     }
+}
+
+/// A block of a data server's region: where it starts and its order (`2^order` units).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Block {
+    /// The server and the unit offset.
+    pub loc: ChunkLoc,
+    /// Its size is `unit << order`.
+    pub order: u32,
+}
+
+fn free_key(server: u32, order: u32, slot: u64) -> [u8; 13] {
+    let mut k = [0u8; 13];
+    k[..4].copy_from_slice(&server.to_be_bytes());
+    k[4] = order as u8;
+    k[5..].copy_from_slice(&slot.to_be_bytes());
+    k
+}
+
+fn decode_free_key(k: &[u8]) -> Result<(u32, u32, u64), FsError> {
+    if k.len() != 13 {
+        return Err(corrupt("a free-stack key is not 13 bytes"));
+    }
+    Ok((
+        u32::from_be_bytes(k[..4].try_into().expect("4 bytes")),
+        u32::from(k[4]),
+        u64::from_be_bytes(k[5..].try_into().expect("8 bytes")),
+    ))
+}
+
+fn encode_slot(order: u32, slot: u64) -> [u8; 9] {
+    let mut v = [0u8; 9];
+    v[0] = order as u8;
+    v[1..].copy_from_slice(&slot.to_be_bytes());
+    v
+}
+
+fn decode_slot(v: &[u8]) -> Result<(u32, u64), FsError> {
+    if v.len() != 9 {
+        return Err(corrupt("a free-index entry is not 9 bytes"));
+    }
+    Ok((u32::from(v[0]), decode_u64(&v[1..])?))
+}
+
+fn decode_order(v: &[u8]) -> Result<u32, FsError> {
+    match v {
+        [o] => Ok(u32::from(*o)),
+        _ => Err(corrupt("a block order is not 1 byte")),
+    }
+}
+
+/// A tail record: the offset in the chunk, then the chunk's order.
+fn encode_tail(from: u64, order: u32) -> [u8; 9] {
+    let mut v = [0u8; 9];
+    v[..8].copy_from_slice(&from.to_be_bytes());
+    v[8] = order as u8;
+    v
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -226,8 +315,8 @@ fn lift<T>(r: Result<T, FsError>) -> TxResult<T> {
     r.map_err(ConflictableTransactionError::Abort)
 }
 
-/// One transaction's view of every tree, with typed accessors.
-struct Tx<'a>(&'a [TransactionalTree]);
+/// One transaction's view of every tree, with typed accessors, and the file layout.
+struct Tx<'a>(&'a [TransactionalTree], Layout);
 
 impl Tx<'_> {
     fn t(&self, i: usize) -> &TransactionalTree {
@@ -309,23 +398,102 @@ impl Tx<'_> {
         Ok(())
     }
 
-    /// Takes one zeroed chunk from server `id`, if it has one.
-    fn take_chunk(&self, id: u32) -> TxResult<Option<u64>> {
-        let mut rec = self.server(id)?;
-        let index = if rec.free_count > 0 {
-            rec.free_count -= 1;
-            match self.t(T_FREE).remove(&key_server(id, rec.free_count))? {
-                Some(v) => lift(decode_u64(&v))?,
-                None => return abort(corrupt("free stack has a hole")),
-            }
-        } else if rec.next_fresh < rec.chunks {
-            rec.next_fresh += 1;
-            rec.next_fresh - 1
-        } else {
-            return Ok(None);
+    /// Server `id`'s record, checked to have a free stack per order of the layout.
+    fn allocator(&self, id: u32) -> TxResult<ServerRecord> {
+        let rec = self.server(id)?;
+        if rec.free_counts.len() != self.1.max_order() as usize + 1 {
+            return abort(corrupt(&format!(
+                "data server {id} has {} free stacks for {} orders",
+                rec.free_counts.len(),
+                self.1.max_order() + 1
+            )));
+        }
+        Ok(rec)
+    }
+
+    /// Pushes the zeroed free block at unit offset `at` onto its order's stack.
+    fn push_free(&self, rec: &mut ServerRecord, at: u64, order: u32) -> TxResult<()> {
+        let slot = rec.free_counts[order as usize];
+        self.t(T_FREE)
+            .insert(&free_key(rec.id, order, slot), &be64(at))?;
+        self.t(T_FREEIDX)
+            .insert(&key_server(rec.id, at), &encode_slot(order, slot))?;
+        rec.free_counts[order as usize] += 1;
+        Ok(())
+    }
+
+    /// Takes the block in `slot` of `order`'s stack out (the top entry moves into its slot);
+    /// returns its unit offset.
+    fn unlink_free(&self, rec: &mut ServerRecord, order: u32, slot: u64) -> TxResult<u64> {
+        let o = order as usize;
+        let Some(last) = rec.free_counts[o].checked_sub(1) else {
+            return abort(corrupt("a free stack is empty"));
         };
+        let Some(at) = self.t(T_FREE).remove(&free_key(rec.id, order, slot))? else {
+            return abort(corrupt("a free stack has a hole"));
+        };
+        let at = lift(decode_u64(&at))?;
+        if slot != last {
+            let Some(moved) = self.t(T_FREE).remove(&free_key(rec.id, order, last))? else {
+                return abort(corrupt("a free stack has a hole"));
+            };
+            self.t(T_FREE)
+                .insert(&free_key(rec.id, order, slot), moved.clone())?;
+            let moved = lift(decode_u64(&moved))?;
+            self.t(T_FREEIDX)
+                .insert(&key_server(rec.id, moved), &encode_slot(order, slot))?;
+        }
+        self.t(T_FREEIDX).remove(&key_server(rec.id, at))?;
+        rec.free_counts[o] = last;
+        Ok(at)
+    }
+
+    /// Takes a zeroed block of `order` from server `id`, if it has room: the smallest free
+    /// block of at least that order, else a never-used chunk-size block, split down to `order`
+    /// (the upper halves go free). Returns its unit offset.
+    fn take_block(&self, id: u32, order: u32) -> TxResult<Option<u64>> {
+        let mut rec = self.allocator(id)?;
+        let max = self.1.max_order();
+        let found = (order..=max).find(|&p| rec.free_counts[p as usize] > 0);
+        let (at, mut p) = match found {
+            Some(p) => {
+                let top = rec.free_counts[p as usize] - 1;
+                (self.unlink_free(&mut rec, p, top)?, p)
+            }
+            None if rec.next_fresh < rec.chunks => {
+                rec.next_fresh += 1;
+                ((rec.next_fresh - 1) << max, max)
+            }
+            None => return Ok(None),
+        };
+        while p > order {
+            p -= 1;
+            self.push_free(&mut rec, at + Layout::units_of(p), p)?;
+        }
         self.put_server(&rec)?;
-        Ok(Some(index))
+        Ok(Some(at))
+    }
+
+    /// Gives back a zeroed block: merged with its buddy while the buddy is free at the same
+    /// order, then pushed onto its order's stack.
+    fn release_block(&self, block: Block) -> TxResult<()> {
+        let mut rec = self.allocator(block.loc.server)?;
+        let (mut at, mut order) = (block.loc.index, block.order);
+        while order < self.1.max_order() {
+            let buddy = at ^ Layout::units_of(order);
+            let Some(v) = self.t(T_FREEIDX).get(key_server(rec.id, buddy))? else {
+                break;
+            };
+            let (buddy_order, slot) = lift(decode_slot(&v))?;
+            if buddy_order != order {
+                break;
+            }
+            self.unlink_free(&mut rec, order, slot)?;
+            at = at.min(buddy);
+            order += 1;
+        }
+        self.push_free(&mut rec, at, order)?;
+        self.put_server(&rec)
     }
 
     /// Frees the chunks of `ino` listed in `chunks` (keys and locations, scanned by the caller):
@@ -337,10 +505,23 @@ impl Tx<'_> {
             // chunk is zeroed whole, tail included.
             self.t(T_LOST).remove(&key_server(loc.server, loc.index))?;
             self.t(T_TAILS).remove(&key_server(loc.server, loc.index))?;
-            self.t(T_DIRTY)
-                .insert(&key_server(loc.server, loc.index), &[][..])?;
+            self.t(T_DIRTY).insert(
+                &key_server(loc.server, loc.index),
+                &[self.1.order(*index) as u8],
+            )?;
         }
         Ok(())
+    }
+
+    /// The blocks of a file's chunks (index in the file, location).
+    fn blocks(&self, chunks: &[(u64, ChunkLoc)]) -> Vec<Block> {
+        chunks
+            .iter()
+            .map(|&(k, loc)| Block {
+                loc,
+                order: self.1.order(k),
+            })
+            .collect()
     }
 
     /// Deletes an inode and everything hanging off it (`doomed`: scanned by the caller).
@@ -376,19 +557,29 @@ struct Doomed {
 /// What a namespace change did that the service must follow up on.
 #[derive(Debug, Default)]
 pub struct Effects {
-    /// Chunks freed (now dirty): zero them, then [`Store::recycle`] them.
-    pub freed: Vec<ChunkLoc>,
-    /// A chunk whose bytes from an offset on are to be zeroed once the change is durable, then
-    /// [`Store::tail_zeroed`] (a shrinking truncate).
-    pub tail: Option<(ChunkLoc, u64)>,
+    /// Blocks freed (now dirty): zero them, then [`Store::recycle`] them.
+    pub freed: Vec<Block>,
+    /// A chunk whose bytes from an offset on (to its end) are to be zeroed once the change is
+    /// durable, then [`Store::tail_zeroed`] (a shrinking truncate).
+    pub tail: Option<Tail>,
     /// An inode whose last link went while it is open: deleted at its last release.
     pub orphaned: Option<Ino>,
+}
+
+/// A chunk's tail to zero: bytes `from..block size` of `block`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tail {
+    /// The chunk.
+    pub block: Block,
+    /// The first byte to zero, from the chunk's start.
+    pub from: u64,
 }
 
 /// The sled database of one meta server.
 pub struct Store {
     db: sled::Db,
     trees: Vec<Tree>,
+    layout: Layout,
 }
 
 impl Store {
@@ -397,7 +588,8 @@ impl Store {
     /// sled releases its directory lock from a background thread after the last handle of a
     /// database is dropped, so a meta server restarted in the same process (the test kit) can
     /// find it still held for a moment: the lock is waited for, up to 5 s.
-    fn open_trees(dir: &Path) -> anyhow::Result<Store> {
+    fn open_trees(dir: &Path, chunk_size: u64) -> anyhow::Result<Store> {
+        let layout = Layout::new(chunk_size).map_err(|e| anyhow::anyhow!("{e}"))?;
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         let db = loop {
             match sled::open(dir) {
@@ -416,15 +608,32 @@ impl Store {
             .iter()
             .map(|n| db.open_tree(n))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Store { db, trees })
+        Ok(Store { db, trees, layout })
     }
 
     /// Opens (or creates) the database in `dir`, creating the root directory (owned by
     /// `root_owner`) on first start. A database created with another chunk size is refused: its
     /// chunk maps would be meaningless.
     pub fn open(dir: &Path, chunk_size: u64, root_owner: Caller) -> anyhow::Result<Store> {
-        let store = Store::open_trees(dir)?;
+        let store = Store::open_trees(dir, chunk_size)?;
         let meta = &store.trees[T_META];
+        match meta.get(b"layout")? {
+            Some(v) if v.as_ref() == LAYOUT_MARK => {}
+            Some(v) => anyhow::bail!(
+                "the meta database in {} has the unknown chunk layout {:?}",
+                dir.display(),
+                String::from_utf8_lossy(&v)
+            ),
+            None if store.trees[T_SERVERS].is_empty() => {
+                meta.insert(b"layout", LAYOUT_MARK)?;
+            }
+            None => anyhow::bail!(
+                "the meta database in {} was made by an older CitronFS (every chunk {} bytes); \
+                 this one sizes chunks geometrically: start from an empty state directory",
+                dir.display(),
+                chunk_size
+            ),
+        }
         match meta.get(b"chunk_size")? {
             Some(v) => {
                 let stored = decode_u64(&v).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -491,11 +700,19 @@ impl Store {
             "{} is empty: no meta database there",
             dir.display()
         );
-        let store = Store::open_trees(dir)?;
-        let chunk_size = match store.trees[T_META].get(b"chunk_size")? {
+        // Opened with the smallest layout, replaced by the stored chunk size's at once.
+        let mut store = Store::open_trees(dir, proto::layout::MIN_CHUNK)?;
+        let meta = &store.trees[T_META];
+        let chunk_size = match meta.get(b"chunk_size")? {
             Some(v) => decode_u64(&v).map_err(|e| anyhow::anyhow!("{e}"))?,
             None => anyhow::bail!("{} holds no CitronFS meta database", dir.display()),
         };
+        anyhow::ensure!(
+            meta.get(b"layout")?.as_deref() == Some(LAYOUT_MARK),
+            "the meta database in {} does not use this CitronFS's chunk layout",
+            dir.display()
+        );
+        store.layout = Layout::new(chunk_size).map_err(|e| anyhow::anyhow!("{e}"))?;
         Ok((store, chunk_size))
     }
 
@@ -503,7 +720,7 @@ impl Store {
     fn tx<A>(&self, f: impl Fn(&Tx) -> TxResult<A>) -> Result<A, FsError> {
         self.trees
             .as_slice()
-            .transaction(|trees| f(&Tx(trees)))
+            .transaction(|trees| f(&Tx(trees, self.layout)))
             .map_err(|e| match e {
                 TransactionError::Abort(e) => e,
                 TransactionError::Storage(e) => db_err(e),
@@ -704,16 +921,27 @@ impl Store {
             .map_err(db_err)
     }
 
-    /// Data server `id`'s free chunks: its free stack and the never-used ones.
-    pub fn free_chunks_of(&self, id: u32) -> Result<Vec<u64>, FsError> {
+    /// The file layout of this database.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// Data server `id`'s free space as (unit offset, units) ranges: its free blocks and the
+    /// never-used chunk-size blocks (one range), in no order.
+    pub fn free_chunks_of(&self, id: u32) -> Result<Vec<(u64, u64)>, FsError> {
         let Some(v) = self.tree(T_SERVERS).get(id.to_be_bytes()).map_err(db_err)? else {
             return Ok(Vec::new());
         };
         let rec: ServerRecord = dec(&v, "server record")?;
-        let mut out: Vec<u64> = (rec.next_fresh..rec.chunks).collect();
+        let max = self.layout.max_order();
+        let mut out = Vec::new();
+        if rec.next_fresh < rec.chunks {
+            out.push((rec.next_fresh << max, (rec.chunks - rec.next_fresh) << max));
+        }
         for item in self.tree(T_FREE).scan_prefix(id.to_be_bytes()) {
-            let (_, v) = item.map_err(db_err)?;
-            out.push(decode_u64(&v)?);
+            let (k, v) = item.map_err(db_err)?;
+            let (_, order, _) = decode_free_key(&k)?;
+            out.push((decode_u64(&v)?, Layout::units_of(order)));
         }
         Ok(out)
     }
@@ -727,12 +955,21 @@ impl Store {
         Ok(())
     }
 
-    /// Every chunk tail still to be zeroed: (chunk, offset in the chunk).
-    pub fn tails(&self) -> Result<Vec<(ChunkLoc, u64)>, FsError> {
+    /// Every chunk tail still to be zeroed.
+    pub fn tails(&self) -> Result<Vec<Tail>, FsError> {
         let mut out = Vec::new();
         for item in self.tree(T_TAILS).iter() {
             let (k, v) = item.map_err(db_err)?;
-            out.push((decode_loc(&k)?, decode_u64(&v)?));
+            if v.len() != 9 {
+                return Err(corrupt("a tail record is not 9 bytes"));
+            }
+            out.push(Tail {
+                block: Block {
+                    loc: decode_loc(&k)?,
+                    order: decode_order(&v[8..])?,
+                },
+                from: decode_u64(&v[..8])?,
+            });
         }
         Ok(out)
     }
@@ -772,12 +1009,15 @@ impl Store {
         Ok(out)
     }
 
-    /// The dirty (freed, not yet zeroed) chunks, per server.
-    pub fn dirty_chunks(&self) -> Result<Vec<ChunkLoc>, FsError> {
+    /// The dirty (freed, not yet zeroed) blocks.
+    pub fn dirty_chunks(&self) -> Result<Vec<Block>, FsError> {
         let mut out = Vec::new();
         for item in self.tree(T_DIRTY).iter() {
-            let (k, _) = item.map_err(db_err)?;
-            out.push(decode_loc(&k)?);
+            let (k, v) = item.map_err(db_err)?;
+            out.push(Block {
+                loc: decode_loc(&k)?,
+                order: decode_order(&v)?,
+            });
         }
         Ok(out)
     }
@@ -1181,7 +1421,7 @@ impl Store {
             }
             tx.delete_inode(ino, &doomed)?;
             Ok(Effects {
-                freed: doomed.chunks.iter().map(|(_, l)| *l).collect(),
+                freed: tx.blocks(&doomed.chunks),
                 ..Effects::default()
             })
         })
@@ -1197,9 +1437,9 @@ impl Store {
         ino: Ino,
         set: &SetAttr,
         caller: Caller,
-        chunk_size: u64,
         old_size: Option<u64>,
     ) -> Result<(Attr, Effects), FsError> {
+        let layout = self.layout;
         let current = self.getattr(ino)?;
         let old = old_size.unwrap_or(current.size);
         // Chunks wholly past the smaller of the two sizes: past the new size when shrinking
@@ -1208,7 +1448,7 @@ impl Store {
         // whose client died before it raised the size, and an extension must read zeros there,
         // not that write's data.
         let doomed = match set.size {
-            Some(size) => self.scan_chunks(ino, size.min(old).div_ceil(chunk_size))?,
+            Some(size) => self.scan_chunks(ino, layout.chunks_below(size.min(old)))?,
             None => Vec::new(),
         };
         self.tx(|tx| {
@@ -1232,17 +1472,21 @@ impl Store {
                     // Clients drop cached chunk locations of older generations.
                     attr.generation += 1;
                     tx.free_chunks(ino, &doomed)?;
-                    effects.freed = doomed.iter().map(|(_, l)| *l).collect();
+                    effects.freed = tx.blocks(&doomed);
                     // Only a shrink leaves bytes of the file's last chunk to zero.
-                    if size < old && size % chunk_size != 0 {
-                        let key = key_u64s(ino, size / chunk_size);
-                        if let Some(v) = tx.t(T_CHUNKS).get(key)? {
+                    let (chunk, from) = layout.locate(size);
+                    if size < old && from != 0 {
+                        if let Some(v) = tx.t(T_CHUNKS).get(key_u64s(ino, chunk))? {
                             let loc = lift(decode_loc(&v))?;
+                            let order = layout.order(chunk);
                             tx.t(T_TAILS).insert(
                                 &key_server(loc.server, loc.index),
-                                &be64(size % chunk_size),
+                                &encode_tail(from, order),
                             )?;
-                            effects.tail = Some((loc, size % chunk_size));
+                            effects.tail = Some(Tail {
+                                block: Block { loc, order },
+                                from,
+                            });
                         }
                     }
                 }
@@ -1296,13 +1540,13 @@ impl Store {
     /// if there were any. Called when the last opener releases the file: at rest, such chunks
     /// can only be left by a write whose client died between allocating them and raising the
     /// size, and nothing could ever read them.
-    pub fn free_beyond_size(&self, ino: Ino, chunk_size: u64) -> Result<Effects, FsError> {
+    pub fn free_beyond_size(&self, ino: Ino) -> Result<Effects, FsError> {
         let attr = match self.getattr(ino) {
             Ok(attr) if attr.kind == FileKind::File => attr,
             Ok(_) | Err(FsError::NotFound) => return Ok(Effects::default()),
             Err(e) => return Err(e),
         };
-        let doomed = self.scan_chunks(ino, attr.size.div_ceil(chunk_size))?;
+        let doomed = self.scan_chunks(ino, self.layout.chunks_below(attr.size))?;
         if doomed.is_empty() {
             return Ok(Effects::default());
         }
@@ -1312,7 +1556,7 @@ impl Store {
             tx.put_inode(&attr)?;
             tx.free_chunks(ino, &doomed)?;
             Ok(Effects {
-                freed: doomed.iter().map(|(_, l)| *l).collect(),
+                freed: tx.blocks(&doomed),
                 ..Effects::default()
             })
         })
@@ -1377,8 +1621,8 @@ impl Store {
 
     // ---- chunk allocation -------------------------------------------------------------------
 
-    /// Makes sure chunks `first..first+count` of `ino` exist, taking zeroed chunks from the
-    /// servers in `servers` (the connected ones, by id): chunk `c` prefers server
+    /// Makes sure chunks `first..first+count` of `ino` exist, taking zeroed blocks of each
+    /// chunk's order from the servers in `servers` (the connected ones, by id): chunk `c` prefers server
     /// `servers[(ino + c) % n]` (striping), then any other with space. All or nothing: out of
     /// space aborts the whole transaction with `NoSpace`.
     pub fn allocate_chunks(
@@ -1401,7 +1645,8 @@ impl Store {
                 return abort(FsError::Stale);
             }
             let mut out = Vec::with_capacity(count as usize);
-            // Servers found full in this transaction are not asked again.
+            // Servers found without a block of some order in this transaction are not asked
+            // again for that order or a larger one (chunk orders only grow with the index).
             let mut full = vec![false; servers.len()];
             for c in first..first + count {
                 let key = key_u64s(ino, c);
@@ -1429,7 +1674,7 @@ impl Store {
                     if full[slot] {
                         continue;
                     }
-                    match tx.take_chunk(servers[slot])? {
+                    match tx.take_block(servers[slot], tx.1.order(c))? {
                         Some(index) => {
                             placed = Some(ChunkLoc {
                                 server: servers[slot],
@@ -1450,21 +1695,26 @@ impl Store {
         })
     }
 
-    /// Moves a zeroed dirty chunk onto its server's free stack.
+    /// The order of dirty block `loc` (`None`: not dirty, recycled already).
+    pub fn dirty_order(&self, loc: ChunkLoc) -> Result<Option<u32>, FsError> {
+        match self
+            .tree(T_DIRTY)
+            .get(key_server(loc.server, loc.index))
+            .map_err(db_err)?
+        {
+            Some(v) => decode_order(&v).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Gives a zeroed dirty block back to its server's allocator (merged with its free buddies).
     pub fn recycle(&self, loc: ChunkLoc) -> Result<(), FsError> {
         self.tx(|tx| {
-            if tx
-                .t(T_DIRTY)
-                .remove(&key_server(loc.server, loc.index))?
-                .is_none()
-            {
+            let Some(v) = tx.t(T_DIRTY).remove(&key_server(loc.server, loc.index))? else {
                 return Ok(());
-            }
-            let mut rec = tx.server(loc.server)?;
-            tx.t(T_FREE)
-                .insert(&key_server(loc.server, rec.free_count), &be64(loc.index))?;
-            rec.free_count += 1;
-            tx.put_server(&rec)
+            };
+            let order = lift(decode_order(&v))?;
+            tx.release_block(Block { loc, order })
         })
     }
 
@@ -1537,7 +1787,7 @@ impl Store {
                         region,
                         chunks,
                         next_fresh: 0,
-                        free_count: 0,
+                        free_counts: vec![0; tx.1.max_order() as usize + 1],
                     }
                 }
             };
@@ -1603,9 +1853,11 @@ pub(crate) struct Image {
     /// (ino, chunk index, location).
     pub chunks: Vec<(Ino, u64, ChunkLoc)>,
     pub servers: Vec<ServerRecord>,
-    /// (server, slot, chunk index).
-    pub free: Vec<(u32, u64, u64)>,
-    pub dirty: Vec<ChunkLoc>,
+    /// Free-stack entries: (server, order, slot, unit offset).
+    pub free: Vec<(u32, u32, u64, u64)>,
+    /// The free index: (server, unit offset, order, slot).
+    pub freeidx: Vec<(u32, u64, u32, u64)>,
+    pub dirty: Vec<Block>,
     pub orphans: std::collections::BTreeSet<Ino>,
     /// Chunks marked lost: (ino, chunk index, location).
     pub lost: Vec<(Ino, u64, ChunkLoc)>,
@@ -1692,8 +1944,14 @@ impl Store {
         image.servers = self.servers()?;
         for item in self.tree(T_FREE).iter() {
             let (k, v) = item.map_err(db_err)?;
-            let (server, slot) = decode_server_key(&k)?;
-            image.free.push((server, slot, decode_u64(&v)?));
+            let (server, order, slot) = decode_free_key(&k)?;
+            image.free.push((server, order, slot, decode_u64(&v)?));
+        }
+        for item in self.tree(T_FREEIDX).iter() {
+            let (k, v) = item.map_err(db_err)?;
+            let (server, at) = decode_server_key(&k)?;
+            let (order, slot) = decode_slot(&v)?;
+            image.freeidx.push((server, at, order, slot));
         }
         image.dirty = self.dirty_chunks()?;
         image.orphans = self.orphans()?.into_iter().collect();
@@ -1744,7 +2002,7 @@ impl Store {
             }
             tx.delete_inode(ino, &doomed)?;
             Ok(Effects {
-                freed: doomed.chunks.iter().map(|(_, l)| *l).collect(),
+                freed: tx.blocks(&doomed.chunks),
                 ..Effects::default()
             })
         })
@@ -1761,17 +2019,19 @@ impl Store {
             }
             tx.free_chunks(ino, &doomed)?;
             Ok(Effects {
-                freed: doomed.iter().map(|(_, l)| *l).collect(),
+                freed: tx.blocks(&doomed),
                 ..Effects::default()
             })
         })
     }
 
-    /// Marks a leaked chunk dirty: the service zeroes it and puts it on the free stack.
-    pub(crate) fn repair_mark_dirty(&self, loc: ChunkLoc) -> Result<(), FsError> {
+    /// Marks a leaked block dirty: the service zeroes it and gives it back to the allocator.
+    pub(crate) fn repair_mark_dirty(&self, block: Block) -> Result<(), FsError> {
         self.tx(|tx| {
-            tx.t(T_DIRTY)
-                .insert(&key_server(loc.server, loc.index), &[][..])?;
+            tx.t(T_DIRTY).insert(
+                &key_server(block.loc.server, block.loc.index),
+                &[block.order as u8],
+            )?;
             Ok(())
         })
     }
@@ -1784,25 +2044,34 @@ impl Store {
         })
     }
 
-    /// Rewrites server `id`'s free stack as exactly `chunks` (zeroed chunks, decided by the
-    /// checker); returns the entry count before.
-    pub(crate) fn repair_rebuild_free(&self, id: u32, chunks: &[u64]) -> Result<u64, FsError> {
-        let keys: Vec<Vec<u8>> = self
-            .tree(T_FREE)
-            .scan_prefix(id.to_be_bytes())
-            .keys()
-            .map(|k| k.map(|k| k.to_vec()).map_err(db_err))
-            .collect::<Result<_, _>>()?;
+    /// Rewrites server `id`'s free stacks and free index as exactly `blocks` (zeroed blocks,
+    /// decided by the checker: (unit offset, order)); returns the entry count before.
+    pub(crate) fn repair_rebuild_free(
+        &self,
+        id: u32,
+        blocks: &[(u64, u32)],
+    ) -> Result<u64, FsError> {
+        let scan = |tree: usize| -> Result<Vec<Vec<u8>>, FsError> {
+            self.tree(tree)
+                .scan_prefix(id.to_be_bytes())
+                .keys()
+                .map(|k| k.map(|k| k.to_vec()).map_err(db_err))
+                .collect()
+        };
+        let keys = scan(T_FREE)?;
+        let index_keys = scan(T_FREEIDX)?;
         self.tx(|tx| {
             for key in &keys {
                 tx.t(T_FREE).remove(key.as_slice())?;
             }
-            for (slot, index) in chunks.iter().enumerate() {
-                tx.t(T_FREE)
-                    .insert(&key_server(id, slot as u64), &be64(*index))?;
+            for key in &index_keys {
+                tx.t(T_FREEIDX).remove(key.as_slice())?;
             }
             let mut rec = tx.server(id)?;
-            rec.free_count = chunks.len() as u64;
+            rec.free_counts = vec![0; tx.1.max_order() as usize + 1];
+            for &(at, order) in blocks {
+                tx.push_free(&mut rec, at, order)?;
+            }
             tx.put_server(&rec)?;
             Ok(keys.len() as u64)
         })
@@ -1878,17 +2147,17 @@ pub enum Corruption {
         /// The kind it claims.
         kind: FileKind,
     },
-    /// Takes a chunk from a server's allocation state and puts it nowhere (a leak).
+    /// Takes a smallest block from a server's allocation state and puts it nowhere (a leak).
     LeakChunk {
         /// The server.
         server: u32,
     },
-    /// Pushes a chunk onto a server's free stack (a chunk in use: both used and free).
+    /// Pushes a smallest block onto a server's free stack (a chunk in use: both used and free).
     PushFree {
         /// The chunk.
         loc: ChunkLoc,
     },
-    /// Marks a chunk dirty.
+    /// Marks a smallest block dirty.
     MarkDirty {
         /// The chunk.
         loc: ChunkLoc,
@@ -1938,20 +2207,18 @@ impl Store {
                     kind,
                 } => tx.add_dirent(*parent, name, *ino, *kind)?,
                 Corruption::LeakChunk { server } => {
-                    if tx.take_chunk(*server)?.is_none() {
+                    if tx.take_block(*server, 0)?.is_none() {
                         return abort(FsError::NoSpace);
                     }
                 }
                 Corruption::PushFree { loc } => {
-                    let mut rec = tx.server(loc.server)?;
-                    tx.t(T_FREE)
-                        .insert(&key_server(loc.server, rec.free_count), &be64(loc.index))?;
-                    rec.free_count += 1;
+                    let mut rec = tx.allocator(loc.server)?;
+                    tx.push_free(&mut rec, loc.index, 0)?;
                     tx.put_server(&rec)?;
                 }
                 Corruption::MarkDirty { loc } => {
                     tx.t(T_DIRTY)
-                        .insert(&key_server(loc.server, loc.index), &[][..])?;
+                        .insert(&key_server(loc.server, loc.index), &[0u8])?;
                 }
                 Corruption::MapChunk { ino, chunk, loc } => {
                     tx.t(T_CHUNKS)
@@ -1983,7 +2250,7 @@ fn drop_link(tx: &Tx, ino: Ino, open: bool, doomed: &Doomed, now: Timestamp) -> 
         effects.orphaned = Some(ino);
     } else {
         tx.delete_inode(ino, doomed)?;
-        effects.freed = doomed.chunks.iter().map(|(_, l)| *l).collect();
+        effects.freed = tx.blocks(&doomed.chunks);
     }
     Ok(effects)
 }
@@ -2034,7 +2301,6 @@ mod tests {
                     ..SetAttr::default()
                 },
                 ME,
-                CS,
                 None,
             )
             .unwrap();
@@ -2077,7 +2343,6 @@ mod tests {
                     ..SetAttr::default()
                 },
                 ME,
-                CS,
                 None,
             )
             .unwrap();
@@ -2103,7 +2368,6 @@ mod tests {
                         ..SetAttr::default()
                     },
                     ME,
-                    CS,
                     None,
                 )
                 .unwrap()
@@ -2113,16 +2377,17 @@ mod tests {
         assert!(shrink(CS + CS).tail.is_none());
         // Into the middle of chunk 1: its tail from offset 100 on, recorded durably.
         let effects = shrink(CS + 100);
-        let (loc, from) = effects.tail.unwrap();
-        assert_eq!(from, 100);
-        assert_eq!(store.tails().unwrap(), vec![(loc, 100)]);
+        let tail = effects.tail.unwrap();
+        assert_eq!(tail.from, 100);
+        assert_eq!(store.tails().unwrap(), vec![tail]);
+        let loc = tail.block.loc;
         store.tail_zeroed(loc).unwrap();
         assert!(store.tails().unwrap().is_empty());
         // Freeing the chunk drops a pending tail with it (a dirty chunk is zeroed whole).
         let effects = shrink(CS + 50);
         assert!(effects.tail.is_some());
         let effects = shrink(10);
-        assert_eq!(effects.freed, vec![loc]);
+        assert_eq!(effects.freed, vec![Block { loc, order: 0 }]);
         assert_eq!(store.tails().unwrap().len(), 1, "chunk 0's tail only");
     }
 
@@ -2159,8 +2424,78 @@ mod tests {
         let store = Store::open(dir.path(), CS, ME).unwrap();
         assert!(store.needs_scrub(0).unwrap());
         let free = store.free_chunks_of(0).unwrap();
-        assert_eq!(free.len(), 64);
+        assert_eq!(free, vec![(0, 64)]);
         store.scrubbed(0).unwrap();
         assert!(!store.needs_scrub(0).unwrap());
+    }
+
+    /// Units of server 0 in no file, as statfs counts them.
+    fn unallocated(store: &Store) -> u64 {
+        let rec = &store.servers().unwrap()[0];
+        let dirty: u64 = store
+            .dirty_chunks()
+            .unwrap()
+            .iter()
+            .map(|b| Layout::units_of(b.order))
+            .sum();
+        rec.unallocated_units(store.layout().max_order(), dirty)
+    }
+
+    #[test]
+    fn small_files_take_small_blocks_which_merge_back_when_freed() {
+        let dir = tempfile::tempdir().unwrap();
+        // 64 KiB chunks: orders 0..=4 of 4 KiB; a region of 2 chunks = 32 units.
+        let store = Store::open(dir.path(), 64 << 10, ME).unwrap();
+        store
+            .register_server("ds", &addr(), fabric::RegionId(1), 2, 1)
+            .unwrap();
+        let mut files = Vec::new();
+        // 32 one-block files fill exactly the two 64 KiB chunks (the old layout: 2 files).
+        for i in 0..32 {
+            let f = store
+                .mknod(ROOT_INO, &format!("f{i}"), FileKind::File, 0o644, 0, ME)
+                .unwrap();
+            let loc = store
+                .allocate_chunks(f.ino, f.generation, 0, 1, &[0])
+                .unwrap()[0];
+            files.push((f, loc));
+        }
+        let mut offsets: Vec<u64> = files.iter().map(|(_, l)| l.index).collect();
+        offsets.sort_unstable();
+        assert_eq!(offsets, (0..32).collect::<Vec<_>>(), "every unit once");
+        assert_eq!(unallocated(&store), 0);
+        let g = store
+            .mknod(ROOT_INO, "g", FileKind::File, 0o644, 0, ME)
+            .unwrap();
+        assert!(matches!(
+            store.allocate_chunks(g.ino, g.generation, 0, 1, &[0]),
+            Err(FsError::NoSpace)
+        ));
+        // Freed and zeroed, the blocks merge back into whole chunks: a 64 KiB chunk (index 5 of
+        // a file, order 4) fits again.
+        for i in 0..files.len() {
+            let effects = store.unlink(ROOT_INO, &format!("f{i}"), |_| false).unwrap();
+            for b in effects.freed {
+                assert_eq!(b.order, 0);
+                store.recycle(b.loc).unwrap();
+            }
+        }
+        assert_eq!(unallocated(&store), 32);
+        let rec = &store.servers().unwrap()[0];
+        assert_eq!(
+            rec.free_counts,
+            vec![0, 0, 0, 0, 2],
+            "merged into two whole chunks"
+        );
+        let locs = store
+            .allocate_chunks(g.ino, g.generation, 0, 6, &[0])
+            .unwrap();
+        let layout = store.layout();
+        for (k, loc) in locs.iter().enumerate() {
+            let units = layout.len(k as u64) / layout.unit();
+            assert_eq!(loc.index % units, 0, "chunk {k} aligned to its size");
+        }
+        // Chunks 0..=5 hold 4+4+8+16+32+64 KiB = 32 units: the whole region.
+        assert_eq!(unallocated(&store), 0);
     }
 }

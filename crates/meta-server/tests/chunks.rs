@@ -29,35 +29,46 @@ fn allocation_is_striped_and_all_or_nothing() {
     let mut fs = Fs::connect(&cl);
     assert_eq!(fs.info.data_servers.len(), 2);
     assert_eq!(fs.info.chunk_size, CHUNK);
+    // Chunks from `full()` on are whole chunks (the first ones of a file are smaller).
+    let c0 = full();
     let f = fs.create(ROOT_INO, "f").unwrap();
-    let locs = fs.allocate(f.ino, 0, 0, 4).unwrap();
+    let locs = fs.allocate(f.ino, 0, c0, 4).unwrap();
     let servers: HashSet<u32> = locs.iter().map(|l| l.server).collect();
     assert_eq!(servers.len(), 2, "striped over both servers: {locs:?}");
     // Allocating again returns the same chunks.
-    assert_eq!(fs.allocate(f.ino, 0, 0, 4).unwrap(), locs);
+    assert_eq!(fs.allocate(f.ino, 0, c0, 4).unwrap(), locs);
     assert_eq!(
-        fs.chunk_map(f.ino, 0, 6)[..4]
+        fs.chunk_map(f.ino, c0, 6)[..4]
             .iter()
             .map(|l| l.unwrap())
             .collect::<Vec<_>>(),
         locs
     );
-    assert_eq!(fs.chunk_map(f.ino, 4, 2), vec![None, None]);
+    assert_eq!(fs.chunk_map(f.ino, c0 + 4, 2), vec![None, None]);
     // A wrong generation is stale.
-    assert_eq!(fs.allocate(f.ino, 7, 4, 1), Err(FsError::Stale));
+    assert_eq!(fs.allocate(f.ino, 7, c0 + 4, 1), Err(FsError::Stale));
 
     let s = fs.stats();
-    assert_eq!((s.total_chunks, s.free_chunks), (8, 4));
+    let free = |fs: &mut Fs| {
+        let s = fs.stats();
+        in_chunks(s.free_blocks, &s)
+    };
+    assert_eq!(
+        (in_chunks(s.total_blocks, &s), in_chunks(s.free_blocks, &s)),
+        (8, 4)
+    );
     // 5 more chunks do not fit in the 4 left: nothing is allocated.
     let g = fs.create(ROOT_INO, "g").unwrap();
-    assert_eq!(fs.allocate(g.ino, 0, 10, 5), Err(FsError::NoSpace));
-    assert_eq!(fs.stats().free_chunks, 4);
-    assert!(fs.chunk_map(g.ino, 10, 5).iter().all(|l| l.is_none()));
+    assert_eq!(fs.allocate(g.ino, 0, c0 + 10, 5), Err(FsError::NoSpace));
+    assert_eq!(free(&mut fs), 4);
+    assert!(fs.chunk_map(g.ino, c0 + 10, 5).iter().all(|l| l.is_none()));
     // 4 fit, falling back to whichever server has room.
-    let more = fs.allocate(g.ino, 0, 10, 4).unwrap();
+    let more = fs.allocate(g.ino, 0, c0 + 10, 4).unwrap();
     assert_eq!(more.len(), 4);
-    assert_eq!(fs.stats().free_chunks, 0);
-    assert_eq!(fs.allocate(g.ino, 0, 20, 1), Err(FsError::NoSpace));
+    assert_eq!(free(&mut fs), 0);
+    assert_eq!(fs.allocate(g.ino, 0, c0 + 20, 1), Err(FsError::NoSpace));
+    // Not even the smallest chunk.
+    assert_eq!(fs.allocate(g.ino, 0, 0, 1), Err(FsError::NoSpace));
 
     // Unlinking a file frees (and zeroes) its chunks for reuse.
     let ep_data = cl
@@ -68,17 +79,17 @@ fn allocation_is_striped_and_all_or_nothing() {
     let loc = more[0];
     let region = fs.info.data_servers[loc.server as usize].region;
     let mut ep = endpoint(&ep_data[loc.server as usize]);
-    let addr = RemoteAddr::new(region, loc.index * CHUNK);
+    let addr = RemoteAddr::new(region, loc.index * layout().unit());
     ep.write(addr, b"dirty data").unwrap();
     fs.unlink(ROOT_INO, "g").unwrap();
-    assert_eq!(fs.stats().free_chunks, 4);
+    assert_eq!(free(&mut fs), 4);
     assert_eq!(
         ep.read(addr, 10).unwrap(),
         vec![0u8; 10],
         "freed chunks are zeroed"
     );
     let h = fs.create(ROOT_INO, "h").unwrap();
-    assert_eq!(fs.allocate(h.ino, 0, 0, 4).unwrap().len(), 4);
+    assert_eq!(fs.allocate(h.ino, 0, c0, 4).unwrap().len(), 4);
 }
 
 #[test]
@@ -119,23 +130,22 @@ fn open_fcb_truncate_and_region_reuse() {
     let mut eps: Vec<_> = data_eps.iter().map(endpoint).collect();
     let regions: Vec<fabric::RegionId> = fs.info.data_servers.iter().map(|d| d.region).collect();
     let region = |id: u32| regions[id as usize];
+    let l = layout();
+    let at = |loc: proto::ChunkLoc| RemoteAddr::new(region(loc.server), loc.index * l.unit());
     for (i, loc) in chunks.iter().enumerate() {
-        let r = region(loc.server);
         eps[loc.server as usize]
-            .write(
-                RemoteAddr::new(r, loc.index * CHUNK),
-                &vec![0xAB; CHUNK as usize],
-            )
+            .write(at(*loc), &vec![0xAB; l.len(i as u64) as usize])
             .unwrap_or_else(|e| panic!("chunk {i}: {e}"));
     }
-    let size = 3 * CHUNK - 100;
+    let size = l.start(3) - 100;
     assert_eq!(meta.cas(o.fcb.add(fcb::SIZE), 0, size).unwrap(), 0);
     assert_eq!(fs.getattr(f.ino).unwrap().size, size);
     assert_eq!(fs.lookup(ROOT_INO, "f").unwrap().size, size);
 
-    // Truncate to 1.5 chunks: generation bumps (FCB and attr), chunk 2 is freed, the tail of
-    // chunk 1 reads zeros, the head of it keeps its data.
-    let new_size = CHUNK + CHUNK / 2;
+    // Truncate to the middle of chunk 1: generation bumps (FCB and attr), chunk 2 is freed,
+    // the tail of chunk 1 reads zeros, the head of it keeps its data.
+    let half = l.len(1) / 2;
+    let new_size = l.start(1) + half;
     let a = fs
         .attr(Request::SetAttr {
             ino: f.ino,
@@ -155,16 +165,15 @@ fn open_fcb_truncate_and_region_reuse() {
         "{map:?}"
     );
     let c1 = chunks[1];
-    let base = RemoteAddr::new(region(c1.server), c1.index * CHUNK);
+    let base = at(c1);
     let ep = &mut eps[c1.server as usize];
-    assert_eq!(ep.read(base.add(CHUNK / 2 - 8), 8).unwrap(), vec![0xAB; 8]);
-    assert_eq!(ep.read(base.add(CHUNK / 2), 8).unwrap(), vec![0; 8]);
-    assert_eq!(ep.read(base.add(CHUNK - 8), 8).unwrap(), vec![0; 8]);
+    assert_eq!(ep.read(base.add(half - 8), 8).unwrap(), vec![0xAB; 8]);
+    assert_eq!(ep.read(base.add(half), 8).unwrap(), vec![0; 8]);
+    assert_eq!(ep.read(base.add(l.len(1) - 8), 8).unwrap(), vec![0; 8]);
     let c2 = chunks[2];
     let mut ep2 = endpoint(&data_eps[c2.server as usize]);
     assert_eq!(
-        ep2.read(RemoteAddr::new(region(c2.server), c2.index * CHUNK), 8)
-            .unwrap(),
+        ep2.read(at(c2).add(l.len(2) - 8), 8).unwrap(),
         vec![0; 8],
         "the freed chunk is zeroed"
     );
@@ -173,13 +182,14 @@ fn open_fcb_truncate_and_region_reuse() {
     assert!(fs.allocate(f.ino, 1, 2, 1).is_ok());
 
     // Unlink while open: the inode lives until release; then its chunks come back.
-    let free_chunks = fs.stats().free_chunks;
+    let free_blocks = fs.stats().free_blocks;
     fs.unlink(ROOT_INO, "f").unwrap();
     assert_eq!(fs.getattr(f.ino).unwrap().nlink, 0);
-    assert_eq!(fs.stats().free_chunks, free_chunks);
+    assert_eq!(fs.stats().free_blocks, free_blocks);
     fs.ok(Request::Release { ino: f.ino }).unwrap();
     assert_eq!(fs.getattr(f.ino), Err(FsError::NotFound));
-    assert_eq!(fs.stats().free_chunks, 16);
+    let s = fs.stats();
+    assert_eq!(in_chunks(s.free_blocks, &s), 16);
     assert_eq!(
         cl.meta().meta_free_bytes(),
         free_before,

@@ -47,7 +47,7 @@ fn restart_keeps_namespace_chunks_sizes_and_data() {
             let info = &fs.info.data_servers[loc.server as usize];
             shm(&info.fabric)
                 .write(
-                    RemoteAddr::new(info.region, loc.index * CHUNK),
+                    RemoteAddr::new(info.region, loc.index * layout().unit()),
                     &[i as u8 + 1; 16],
                 )
                 .unwrap();
@@ -87,12 +87,20 @@ fn restart_keeps_namespace_chunks_sizes_and_data() {
     for (i, loc) in locs.iter().enumerate() {
         let info = &fs.info.data_servers[loc.server as usize];
         let got = shm(&info.fabric)
-            .read(RemoteAddr::new(info.region, loc.index * CHUNK), 16)
+            .read(
+                RemoteAddr::new(info.region, loc.index * layout().unit()),
+                16,
+            )
             .unwrap();
         assert_eq!(got, vec![i as u8 + 1; 16], "chunk {i} kept its data");
     }
     let s = fs.stats();
-    assert_eq!((s.total_chunks, s.free_chunks), (16, 13));
+    // Chunks 0..3 of a file hold 4 + 4 + 8 KiB.
+    assert_eq!(s.total_blocks * s.block_size, 16 * CHUNK);
+    assert_eq!(
+        (s.total_blocks - s.free_blocks) * s.block_size,
+        layout().charged(layout().start(3))
+    );
     // New inodes do not reuse old numbers.
     assert!(fs.create(ROOT_INO, "new").unwrap().ino > f.ino);
 }
@@ -196,9 +204,10 @@ fn allocation_avoids_departed_data_servers() {
     // blocking pool a moment to run the bookkeeping.
     std::thread::sleep(Duration::from_millis(200));
     let g = fs.getattr(f.ino).unwrap().generation;
-    let locs = fs.allocate(f.ino, g, 0, 4).unwrap();
+    // Four whole chunks (from `full()` on) fill the one server left.
+    let locs = fs.allocate(f.ino, g, full(), 4).unwrap();
     assert!(locs.iter().all(|l| l.server != gone), "{locs:?}");
-    assert_eq!(fs.allocate(f.ino, g, 4, 1), Err(FsError::NoSpace));
+    assert_eq!(fs.allocate(f.ino, g, 0, 1), Err(FsError::NoSpace));
 }
 
 #[test]
@@ -231,7 +240,7 @@ fn tcp_fabric_serves_fcbs_and_zeroes_chunks() {
     let loc = fs.allocate(f.ino, 0, 0, 1).unwrap()[0];
     let info = fs.info.data_servers[0].clone();
     let mut data_ep = tcp(&info.fabric);
-    let at = RemoteAddr::new(info.region, loc.index * CHUNK);
+    let at = RemoteAddr::new(info.region, loc.index * layout().unit());
     data_ep.write(at, &[7u8; 64]).unwrap();
     meta_ep.cas(o.fcb.add(fcb::SIZE), 0, 64).unwrap();
     fs.attr(Request::SetAttr {

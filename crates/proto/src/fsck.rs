@@ -91,8 +91,11 @@ pub enum Finding {
     /// A chunk below its server's `next_fresh` mark is in no chunk map, not free and not
     /// dirty: space lost until repaired.
     LeakedChunk {
-        /// The chunk.
+        /// Where the block starts.
         loc: ChunkLoc,
+        /// Its length in bytes: a power-of-two multiple of the layout's unit, aligned to it
+        /// (a leaked range is reported as the fewest such blocks).
+        bytes: u64,
     },
     /// A server's free stack is not `free_count` entries in slots `0..free_count` of distinct
     /// chunks below `next_fresh`.
@@ -275,7 +278,7 @@ impl Finding {
 }
 
 fn loc(l: &ChunkLoc) -> String {
-    format!("server {} chunk {}", l.server, l.index)
+    format!("server {} block at unit {}", l.server, l.index)
 }
 
 impl fmt::Display for Finding {
@@ -323,8 +326,12 @@ impl fmt::Display for Finding {
                 chunks.len(),
                 chunks.first().copied().unwrap_or(0)
             ),
-            Finding::LeakedChunk { loc: l } => {
-                write!(f, "{} is allocated but in no file, free or dirty", loc(l))
+            Finding::LeakedChunk { loc: l, bytes } => {
+                write!(
+                    f,
+                    "{} ({bytes} bytes) is allocated but in no file, free or dirty",
+                    loc(l)
+                )
             }
             Finding::FreeStackBroken { server, detail } => {
                 write!(f, "server {server}'s free stack: {detail}")
@@ -568,6 +575,7 @@ mod tests {
                         server: 1,
                         index: 7,
                     },
+                    bytes: 4096,
                 },
                 Finding::WrongLinkCount {
                     ino: 5,

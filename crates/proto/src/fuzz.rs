@@ -299,10 +299,11 @@ pub fn sample_responses() -> Vec<Result<Response, FsError>> {
         Ok(Response::Data(vec![1, 2, 3])),
         Ok(Response::Names(vec!["user.a".into()])),
         Ok(Response::Stats(FsStats {
-            chunk_size: 1 << 20,
-            total_chunks: 10,
-            free_chunks: 5,
+            block_size: 4096,
+            total_blocks: 10,
+            free_blocks: 5,
             inodes: 3,
+            free_inodes: 5,
         })),
         Ok(Response::Open(OpenFile {
             attr: attr(2, FileKind::File),

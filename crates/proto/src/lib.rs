@@ -4,6 +4,7 @@
 //!   file's lock (as [`lockmgr::LockRef`]: lock schemes are described by `lockmgr` alone);
 //! - [`error`]: [`FsError`], the file-system errors, each with its errno;
 //! - [`fcb`]: the layout of a file control block in the meta server's region;
+//! - [`layout`]: where a file's bytes lie in its chunks (the geometric chunk sizes);
 //! - [`fsck`]: what the consistency checker finds and repairs, and its report;
 //! - [`rpc`]: the meta server's requests and responses, and their framing
 //!   (`fabric::frame` + postcard, a versioned handshake).
@@ -12,6 +13,7 @@ pub mod error;
 pub mod fcb;
 pub mod fsck;
 pub mod fuzz;
+pub mod layout;
 pub mod rpc;
 pub mod types;
 

@@ -176,14 +176,18 @@ pub struct DirEntry {
 /// File-system totals, for `statfs`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FsStats {
-    /// Chunk size in bytes (the block size reported).
-    pub chunk_size: u64,
-    /// Chunks in all data servers.
-    pub total_chunks: u64,
-    /// Chunks not allocated.
-    pub free_chunks: u64,
+    /// The block size reported: the layout's smallest chunk
+    /// ([`crate::layout::Layout::unit`]), the unit every allocation is a power-of-two multiple of.
+    pub block_size: u64,
+    /// Blocks in all data servers' regions (registered ones, connected or not).
+    pub total_blocks: u64,
+    /// Blocks in no file (free, never used, or freed and still to be zeroed).
+    pub free_blocks: u64,
     /// Inodes in use.
     pub inodes: u64,
+    /// How many more inodes can be created: every file holding data takes at least one block,
+    /// so this is `free_blocks` (files without data cost no block and are not limited by it).
+    pub free_inodes: u64,
 }
 
 /// How to reach a server's registered regions: the fabric's own address type.
@@ -219,7 +223,9 @@ pub struct DataServerInfo {
 pub struct ChunkLoc {
     /// The data server.
     pub server: u32,
-    /// The chunk's index in that server's region (its byte offset is `index · chunk_size`).
+    /// Where the chunk starts in that server's region, in units of
+    /// [`crate::layout::Layout::unit`] (its byte offset is `index · unit`); its length is the
+    /// layout's for its chunk index in the file.
     pub index: u64,
 }
 

@@ -10,6 +10,21 @@ pub use testkit::{Cluster, ClusterSpec};
 /// Bytes per chunk of every test cluster here.
 pub const CHUNK: u64 = testkit::TEST_CHUNK_SIZE;
 
+/// The file layout of test clusters (chunks grow from 4 KiB to [`CHUNK`]).
+pub fn layout() -> proto::layout::Layout {
+    proto::layout::Layout::new(CHUNK).unwrap()
+}
+
+/// The first chunk index of a file from which on every chunk is [`CHUNK`] bytes.
+pub fn full() -> u64 {
+    layout().locate(CHUNK).0
+}
+
+/// `statfs` blocks as whole [`CHUNK`]s.
+pub fn in_chunks(blocks: u64, s: &proto::FsStats) -> u64 {
+    blocks * s.block_size / CHUNK
+}
+
 /// `n` data servers of `chunks` chunks each on shm, file-backed if `file`, and a small (1 MiB)
 /// meta region.
 pub fn spec(n: usize, chunks: u64, file: bool) -> ClusterSpec {

@@ -19,9 +19,12 @@ pub struct UpArgs {
     /// Data servers to start.
     #[arg(long, default_value_t = 2)]
     data_servers: usize,
-    /// Memory for file data, shared evenly by the data servers (e.g. 512M, 4G).
-    #[arg(long, default_value = "1G")]
-    memory: String,
+    /// Memory for file data, shared evenly by the data servers (e.g. 512M, 4G). Default: what
+    /// fits this machine — a quarter of the memory available now (MemAvailable), no more than
+    /// half the free space where the regions live (/dev/shm, or the --state-dir file system),
+    /// in whole chunks, at least 4 MiB per data server.
+    #[arg(long)]
+    memory: Option<String>,
     /// The fabric between clients and servers.
     #[arg(long, value_enum, default_value = "shm")]
     fabric: Backend,
@@ -38,15 +41,60 @@ pub struct UpArgs {
     cluster: String,
 }
 
+/// The default `--memory` (see its help): a quarter of `MemAvailable`, at most half the free
+/// space of the file system the regions live on (`/dev/shm` or the state directory), rounded
+/// down to whole chunks per data server and raised to the 4 MiB minimum per server.
+fn default_memory(state_dir: Option<&Path>, servers: u64) -> Result<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").context("reading /proc/meminfo")?;
+    let available = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(|kib| kib << 10)
+        .context("no MemAvailable in /proc/meminfo: give --memory")?;
+    let mut memory = available / 4;
+    let regions = match state_dir {
+        Some(dir) => dir.to_path_buf(),
+        None => PathBuf::from("/dev/shm"),
+    };
+    if let Some(free) = free_space(&regions) {
+        memory = memory.min(free / 2);
+    }
+    let quantum = meta_server::DEFAULT_CHUNK_SIZE * servers;
+    Ok((memory / quantum * quantum).max((4 << 20) * servers))
+}
+
+/// Bytes free to an unprivileged user on the file system holding `path` (its nearest existing
+/// ancestor), if it can be asked.
+fn free_space(path: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let existing = path.ancestors().find(|p| p.exists())?;
+    let c = std::ffi::CString::new(existing.as_os_str().as_bytes()).ok()?;
+    // SAFETY: `c` is a NUL-terminated path and `st` is written whole by a successful call.
+    let st = unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        if libc::statvfs(c.as_ptr(), &mut st) != 0 {
+            return None;
+        }
+        st
+    };
+    Some(st.f_bavail.saturating_mul(st.f_frsize))
+}
+
 /// Starts the cluster, mounts it, waits for SIGINT or SIGTERM, then unmounts and stops.
 pub fn up(args: UpArgs) -> Result<()> {
     anyhow::ensure!(args.data_servers >= 1, "at least one data server is needed");
-    let memory = parse_size(&args.memory)?;
-    let per_server = memory / args.data_servers as u64;
+    let servers = args.data_servers as u64;
+    let memory = match &args.memory {
+        Some(text) => parse_size(text)?,
+        None => default_memory(args.state_dir.as_deref(), servers)?,
+    };
+    let per_server = memory / servers;
     anyhow::ensure!(
         per_server >= 4 << 20,
         "--memory {} split over {} data servers leaves less than 4 MiB each",
-        args.memory,
+        memory,
         args.data_servers
     );
     let scheme = args.scheme;
