@@ -350,6 +350,12 @@ impl MetaHandle {
             .map_or(0, |r| r.service.meta_free_bytes())
     }
 
+    /// Client requests (RPCs) the server has handled since it started, heartbeats excepted
+    /// (0 once shut down): what `citronfs bench meta` divides by its operations.
+    pub fn request_count(&self) -> u64 {
+        self.inner.as_ref().map_or(0, |r| r.service.request_count())
+    }
+
     /// Stops accepting, closes every connection, persists the sizes of open files and flushes
     /// the database. Idempotent.
     pub fn shutdown(&mut self) -> anyhow::Result<()> {

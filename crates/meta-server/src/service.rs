@@ -190,6 +190,10 @@ pub(crate) struct Service {
     /// [`ClusterInfo::layout_epoch`]: bumped by every registration and disconnection of a data
     /// server.
     layout_epoch: std::sync::atomic::AtomicU64,
+    /// Client requests handled since start, heartbeats excepted (they come by the clock, not
+    /// by the file system's work): what
+    /// `citronfs bench meta` divides by its operations to show RPCs per operation.
+    requests: std::sync::atomic::AtomicU64,
 }
 
 /// Revokes client sessions on one fabric server.
@@ -257,6 +261,7 @@ impl Service {
             fence_epoch: tokio::sync::watch::channel(0).0,
             local_revoke: std::sync::OnceLock::new(),
             layout_epoch: std::sync::atomic::AtomicU64::new(1),
+            requests: std::sync::atomic::AtomicU64::new(0),
         };
         // Orphans were open when the last run ended; no session survives a restart.
         for ino in service.store.orphans()? {
@@ -923,6 +928,10 @@ impl Service {
 
     /// Handles one request of client session `session`.
     pub fn handle(&self, session: u64, request: Request) -> Result<Response, FsError> {
+        if !matches!(request, Request::Heartbeat) {
+            self.requests
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         self.touch(session)?;
         let result = self.handle_touched(session, request);
         // A session is not silent while its request runs: its heartbeat waits behind it.
@@ -1269,6 +1278,11 @@ impl Service {
                 .sum(),
             inodes: self.store.inode_count(),
         })
+    }
+
+    /// Client requests handled since start, heartbeats excepted.
+    pub fn request_count(&self) -> u64 {
+        self.requests.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Bytes of the meta region not in use (for tests and reports).

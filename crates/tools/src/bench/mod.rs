@@ -4,6 +4,7 @@ pub mod fabric;
 pub mod false_conflicts;
 pub mod fs;
 pub mod locks;
+pub mod meta;
 
 use anyhow::Result;
 use clap::Subcommand;
@@ -24,6 +25,10 @@ pub enum Bench {
     /// writes, 1 and 4 threads on a shared file, on an embedded cluster's FUSE mount and on
     /// /dev/shm, with the ratios.
     Fs(fs::FsArgs),
+    /// Metadata operations against tmpfs in one run: create, stat, open+close and unlink per
+    /// second through an embedded cluster's FUSE mount and on /dev/shm, 1 and 4 threads, with
+    /// the ratios and the meta server's requests per operation.
+    Meta(meta::MetaArgs),
 }
 
 impl Bench {
@@ -34,6 +39,7 @@ impl Bench {
             Bench::Locks(args) => locks::run(&args),
             Bench::FalseConflicts(args) => false_conflicts::run(&args),
             Bench::Fs(args) => fs::run(&args),
+            Bench::Meta(args) => meta::run(&args),
         }
     }
 }
