@@ -61,7 +61,9 @@ impl Protocol {
             // 3: data servers name their incarnation; clients learn the layout epoch in every
             // heartbeat and fetch the layout with `Cluster`; `FsError` answers `Lost`,
             // `Unavailable`, `Busy`, `TooManyOpen`, `TooManySessions`.
-            Protocol::Rpc => 3,
+            // 4: a client connection carries concurrent calls, answered in completion order
+            // under their ids; `ClusterInfo` names the attribute table (`proto::attrs`).
+            Protocol::Rpc => 4,
             // 1: the first version with a handshake.
             Protocol::LockServer => 1,
         }

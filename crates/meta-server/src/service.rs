@@ -17,6 +17,7 @@ use lockmgr::citron::scheme::{duration_ms, duration_us};
 use lockmgr::citron::{CitronDefaults, CitronGrowth};
 use lockmgr::schemes::{self, CreateOptions, LockMemory};
 use lockmgr::{CitronConfig, LockError, LockRef, LockScheme};
+use proto::attrs::{AttrSlot, AttrTableRef};
 use proto::fcb;
 use proto::fsck::{Finding, FsckOptions, FsckReport, Repair};
 use proto::rpc::{Request, Response};
@@ -145,7 +146,24 @@ struct State {
     live: BTreeMap<u32, LiveServer>,
     /// The meta server's endpoint on its own region.
     endpoint: LocalEndpoint<OwnRegion>,
+    /// The attribute table in the meta region ([`proto::attrs`]); `None` when the region had
+    /// no room for it.
+    attrs: Option<AttrTable>,
 }
+
+/// The attribute table and the next version to publish (see [`proto::attrs`]).
+struct AttrTable {
+    table: AttrTableRef,
+    next_version: u64,
+}
+
+/// Most slots of the attribute table: 12 MiB of 192-byte slots; never more than an eighth of
+/// the meta region (FCBs and lock trees need the rest).
+const MAX_ATTR_SLOTS: u64 = 1 << 16;
+
+/// How long an allocation that found no free chunk waits for the reclaimer to recycle the
+/// chunks freed before it.
+const RECLAIM_WAIT: Duration = Duration::from_secs(5);
 
 /// How long a `Fence` waits for the data servers to apply a revocation (their long poll
 /// answers at once; this covers a data server that is slow or going away).
@@ -194,6 +212,8 @@ pub(crate) struct Service {
     /// by the file system's work): what
     /// `citronfs bench meta` divides by its operations to show RPCs per operation.
     requests: std::sync::atomic::AtomicU64,
+    /// Freed chunks on their way to being zeroed and recycled ([`crate::reclaim`]).
+    reclaimer: crate::reclaim::Reclaimer,
 }
 
 /// Revokes client sessions on one fabric server.
@@ -239,6 +259,19 @@ impl Service {
             len >= RESERVED + 4 * fcb::FCB_BYTES,
             "meta region of {len} bytes is too small"
         );
+        let mut alloc = RegionAlloc::new(RESERVED, len);
+        let slots = (len / 8 / proto::attrs::SLOT_BYTES).min(MAX_ATTR_SLOTS);
+        let attrs = (slots > 0)
+            .then(|| alloc.alloc(slots * proto::attrs::SLOT_BYTES))
+            .flatten()
+            .map(|offset| AttrTable {
+                table: AttrTableRef {
+                    base: Self::meta_addr(offset),
+                    slots,
+                },
+                // Above every version of an earlier run (see `proto::attrs`).
+                next_version: first_session_id().saturating_mul(1024),
+            });
         let service = Service {
             settings,
             store,
@@ -250,9 +283,10 @@ impl Service {
                 next_session: first_session_id(),
                 next_epoch: 1,
                 open: HashMap::new(),
-                alloc: RegionAlloc::new(RESERVED, len),
+                alloc,
                 live: BTreeMap::new(),
                 endpoint: LocalEndpoint::new(Arc::new(OwnRegion(region))),
+                attrs,
             }),
             lock_server,
             stopping: std::sync::atomic::AtomicBool::new(false),
@@ -262,12 +296,15 @@ impl Service {
             local_revoke: std::sync::OnceLock::new(),
             layout_epoch: std::sync::atomic::AtomicU64::new(1),
             requests: std::sync::atomic::AtomicU64::new(0),
+            reclaimer: crate::reclaim::Reclaimer::default(),
         };
         // Orphans were open when the last run ended; no session survives a restart.
         for ino in service.store.orphans()? {
             let effects = service.store.delete_orphan(ino)?;
             tracing::info!(ino, chunks = effects.freed.len(), "deleted orphan inode");
         }
+        // The table starts empty (every slot falls back to the RPC until published).
+        service.store.take_touched();
         Ok(service)
     }
 
@@ -339,6 +376,7 @@ impl Service {
             fence_after_ms: self.settings.fence_after.as_millis() as u64,
             lock_server: self.lock_server.as_ref().map(|s| s.addr().to_string()),
             layout_epoch,
+            attr_table: lock(&self.state).attrs.as_ref().map(|a| a.table),
         })
     }
 
@@ -360,6 +398,7 @@ impl Service {
                 Err(error) => tracing::warn!(session, ino, %error, "release at session end"),
             }
         }
+        self.publish_touched(&mut st);
         drop(st);
         self.revoke_ended(session);
         self.zero_and_recycle(freed);
@@ -653,37 +692,41 @@ impl Service {
         zero_range(&mut **ep, region, base + from, base + to)
     }
 
-    /// Zeroes freed chunks and returns them to their servers' free stacks; a chunk whose server
-    /// is away stays dirty until it registers again.
-    ///
-    /// The change that freed them is made durable first: zeroing is a data effect no crash can
-    /// undo, and a namespace change lost by a crash (sled flushes in the background) would
-    /// otherwise bring back a file whose chunks read zeros.
+    /// Hands freed chunks (their free has committed) to the reclaimer thread, which zeroes
+    /// them once the free is durable and returns them to their servers' free stacks
+    /// ([`crate::reclaim`]); a chunk whose server is away stays dirty until it registers again.
     fn zero_and_recycle(&self, freed: Vec<ChunkLoc>) {
-        if freed.is_empty() {
-            return;
-        }
-        if let Err(error) = self.store.flush() {
-            tracing::warn!(%error, "cannot make a free durable: its chunks stay dirty for now");
-            return;
-        }
-        for loc in freed {
-            match self.zero_chunk(loc, 0, self.settings.chunk_size) {
-                Ok(()) => {
+        self.reclaimer.push(freed);
+    }
+
+    /// The reclaimer thread's loop (started by `MetaServer::start`): one flush, then zeroing
+    /// and recycling, per batch; returns once stopped and drained.
+    pub fn run_reclaimer(&self) {
+        while let Some(batch) = self.reclaimer.next_batch() {
+            crate::reclaim::reclaim_batch(
+                &batch,
+                || self.store.flush(),
+                |loc| {
+                    self.zero_chunk(loc, 0, self.settings.chunk_size)?;
                     // Under the state lock like every other allocation change, so that the
                     // consistency checker never sees a chunk between the dirty set and the
                     // free stack.
-                    let recycled = {
-                        let _st = lock(&self.state);
-                        self.store.recycle(loc)
-                    };
-                    if let Err(error) = recycled {
-                        tracing::warn!(?loc, %error, "cannot recycle chunk");
-                    }
-                }
-                Err(error) => tracing::debug!(?loc, %error, "chunk stays dirty for now"),
-            }
+                    let _st = lock(&self.state);
+                    self.store.recycle(loc)
+                },
+            );
+            self.reclaimer.done();
         }
+    }
+
+    /// Stops the reclaimer thread once it has drained its queue.
+    pub fn stop_reclaimer(&self) {
+        self.reclaimer.stop();
+    }
+
+    /// Waits up to `timeout` for the reclaimer to have nothing queued; whether it is idle.
+    pub fn reclaimer_idle(&self, timeout: Duration) -> bool {
+        self.reclaimer.wait_idle(timeout)
     }
 
     /// Zeroes the tail of a chunk a shrinking truncate left (`Effects::tail`), once the
@@ -692,6 +735,79 @@ impl Service {
         self.store.flush()?;
         self.zero_chunk(loc, from, self.settings.chunk_size)?;
         self.store.tail_zeroed(loc)
+    }
+
+    // ---- the attribute table -----------------------------------------------------------------
+
+    /// Rewrites the slots of `inos` from the database (clearing those of deleted inodes),
+    /// with the FCB of open files. Called with the state lock held, after the change is
+    /// committed and before it is answered (the invariants of [`proto::attrs`]).
+    fn publish(&self, st: &mut State, inos: impl IntoIterator<Item = Ino>) {
+        let State {
+            attrs,
+            open,
+            endpoint,
+            ..
+        } = st;
+        let Some(attrs) = attrs.as_mut() else {
+            return;
+        };
+        for ino in inos {
+            let addr = attrs.table.slot_addr(ino);
+            let bytes = match self.store.getattr(ino) {
+                Ok(attr) => {
+                    attrs.next_version += 1;
+                    let slot = AttrSlot {
+                        version: attrs.next_version,
+                        fcb: open.get(&ino).map_or(0, |o| o.fcb),
+                        attr,
+                    };
+                    proto::attrs::encode(&slot)
+                }
+                Err(_) => None,
+            };
+            let bytes = match bytes {
+                Some(bytes) => bytes,
+                None => {
+                    // Deleted (or unencodable): clear the slot if it is this inode's, so that
+                    // readers fall back; a colliding inode's slot stays.
+                    let mine = endpoint
+                        .read(addr, proto::attrs::SLOT_BYTES as usize)
+                        .is_ok_and(|held| proto::attrs::decode(&held, ino).is_some());
+                    if !mine {
+                        continue;
+                    }
+                    vec![0u8; proto::attrs::SLOT_BYTES as usize]
+                }
+            };
+            if let Err(error) = endpoint.write(addr, &bytes) {
+                tracing::warn!(ino, %error, "cannot publish attributes");
+            }
+        }
+    }
+
+    /// Publishes every inode committed transactions touched since the last call.
+    fn publish_touched(&self, st: &mut State) {
+        let touched = self.store.take_touched();
+        self.publish(st, touched);
+    }
+
+    /// Publishes `ino` unless its slot holds it already (a stat or lookup by RPC fills the
+    /// table, so the next one is one-sided).
+    fn fill(&self, ino: Ino) {
+        let mut st = lock(&self.state);
+        let Some(attrs) = st.attrs.as_ref() else {
+            return;
+        };
+        let addr = attrs.table.slot_addr(ino);
+        if st
+            .endpoint
+            .read(addr, proto::attrs::SLOT_BYTES as usize)
+            .is_ok_and(|held| proto::attrs::decode(&held, ino).is_some())
+        {
+            return;
+        }
+        self.publish(&mut st, [ino]);
     }
 
     // ---- open files -------------------------------------------------------------------------
@@ -759,6 +875,8 @@ impl Service {
                     sessions: HashSet::new(),
                 },
             );
+            // Readers of the table now take the size from the FCB.
+            self.publish(st, [ino]);
         }
         let fcb_off = st.open[&ino].fcb;
         let size = Self::fcb_word(st, ino, fcb::SIZE).unwrap_or(attr.size);
@@ -776,6 +894,7 @@ impl Service {
                     if st.open[&ino].sessions.is_empty() {
                         let gone = st.open.remove(&ino).expect("present");
                         Self::free_open_state(st, gone);
+                        self.publish(st, [ino]);
                     }
                     return Err(e);
                 }
@@ -904,6 +1023,7 @@ impl Service {
         }
         let open = st.open.remove(&ino).expect("present");
         Self::free_open_state(st, open);
+        self.publish(st, [ino]);
         let mut effects = self.store.delete_orphan(ino)?;
         // Nobody has it open now: chunks beyond its size can only be a dead writer's, which
         // allocated them but never raised the size (`Store::free_beyond_size`).
@@ -933,7 +1053,13 @@ impl Service {
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         self.touch(session)?;
+        let changes = changes_inodes(&request);
         let result = self.handle_touched(session, request);
+        if changes {
+            // Before the answer: a client that saw it reads the change one-sidedly.
+            let mut st = lock(&self.state);
+            self.publish_touched(&mut st);
+        }
         // A session is not silent while its request runs: its heartbeat waits behind it.
         let _ = self.touch(session);
         result
@@ -957,9 +1083,15 @@ impl Service {
                 ))
             }
             Request::Lookup { parent, name } => {
-                Response::Attr(self.live_attr(self.store.lookup(parent, &name)?))
+                let attr = self.store.lookup(parent, &name)?;
+                self.fill(attr.ino);
+                Response::Attr(self.live_attr(attr))
             }
-            Request::GetAttr { ino } => Response::Attr(self.live_attr(self.store.getattr(ino)?)),
+            Request::GetAttr { ino } => {
+                let attr = self.store.getattr(ino)?;
+                self.fill(ino);
+                Response::Attr(self.live_attr(attr))
+            }
             Request::SetAttr { ino, set, caller } => {
                 let mut st = lock(&self.state);
                 let old_size = Self::fcb_word(&mut st, ino, fcb::SIZE);
@@ -1075,6 +1207,20 @@ impl Service {
                 Response::Ok
             }
             Request::Open { ino, scheme } => Response::Open(self.open(session, ino, scheme)?),
+            Request::Create {
+                parent,
+                name,
+                perm,
+                caller,
+                scheme,
+            } => {
+                let attr = {
+                    let _st = lock(&self.state);
+                    self.store
+                        .mknod(parent, &name, FileKind::File, perm, 0, caller)?
+                };
+                Response::Open(self.open(session, attr.ino, scheme)?)
+            }
             Request::Release { ino } => {
                 let mut st = lock(&self.state);
                 let effects = self.release_locked(&mut st, session, ino)?;
@@ -1091,16 +1237,26 @@ impl Service {
                 first,
                 count,
             } => {
-                let st = lock(&self.state);
-                let servers: Vec<u32> = st.live.keys().copied().collect();
-                if servers.is_empty() && count > 0 {
-                    return Err(FsError::Unavailable(
-                        "no data server is connected to allocate chunks on".into(),
-                    ));
-                }
-                let locs = self
-                    .store
-                    .allocate_chunks(ino, generation, first, count, &servers)?;
+                let allocate = || {
+                    let st = lock(&self.state);
+                    let servers: Vec<u32> = st.live.keys().copied().collect();
+                    if servers.is_empty() && count > 0 {
+                        return Err(FsError::Unavailable(
+                            "no data server is connected to allocate chunks on".into(),
+                        ));
+                    }
+                    self.store
+                        .allocate_chunks(ino, generation, first, count, &servers)
+                };
+                let locs = match allocate() {
+                    // Freed chunks may still be on their way to the free stacks: a write
+                    // after an unlink on a full file system waits for them, not ENOSPC.
+                    Err(FsError::NoSpace) if !self.reclaimer.wait_idle(Duration::ZERO) => {
+                        self.reclaimer.wait_idle(RECLAIM_WAIT);
+                        allocate()?
+                    }
+                    other => other?,
+                };
                 Response::Chunks(locs.into_iter().map(Some).collect())
             }
             Request::Fsync { ino } => {
@@ -1289,6 +1445,28 @@ impl Service {
     pub fn meta_free_bytes(&self) -> u64 {
         lock(&self.state).alloc.free_bytes()
     }
+}
+
+/// Whether `request` may change an inode's attributes or whether it is open (and so its slot
+/// in the attribute table).
+fn changes_inodes(request: &Request) -> bool {
+    !matches!(
+        request,
+        Request::Heartbeat
+            | Request::Cluster
+            | Request::Fence
+            | Request::AwaitRevocations { .. }
+            | Request::Lookup { .. }
+            | Request::GetAttr { .. }
+            | Request::Readlink { .. }
+            | Request::ReadDir { .. }
+            | Request::Statfs
+            | Request::GetXattr { .. }
+            | Request::ListXattr { .. }
+            | Request::ChunkMap { .. }
+            | Request::AllocateChunks { .. }
+            | Request::AllocateLockWords { .. }
+    )
 }
 
 /// Zeroes bytes `start..end` of `region` with one-sided writes no larger than the endpoint takes.

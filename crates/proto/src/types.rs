@@ -250,6 +250,9 @@ pub struct ClusterInfo {
     /// address or incarnation, or goes away); heartbeats carry it, so clients learn of a
     /// change within a heartbeat period and fetch the layout again.
     pub layout_epoch: u64,
+    /// The attribute table in the meta region, read one-sidedly by `getattr`
+    /// ([`crate::attrs`]); `None`: every stat is an RPC.
+    pub attr_table: Option<crate::attrs::AttrTableRef>,
 }
 
 /// What a client needs to do I/O on an open file.
