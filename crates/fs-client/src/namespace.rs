@@ -117,6 +117,11 @@ impl CitronFs {
             other => return Err(unexpected("Create", other)),
         };
         let attr = opened.attr.clone();
+        if opened.dir_version != 0 {
+            self.inner
+                .names
+                .note(parent, name, attr.ino, opened.dir_version);
+        }
         let inode = self.inner.adopt_open(attr.ino, session, opened)?;
         Ok((attr, self.inner.new_handle(inode, caller, flags)))
     }

@@ -126,6 +126,12 @@ fn a_known_name_is_looked_up_one_sidedly_until_its_directory_changes() {
     let dir = a.mkdir(me(), ROOT_INO, "d", 0o755).unwrap().ino;
     let (first, fh) = a.create(me(), dir, "x", 0o644, libc::O_RDWR).unwrap();
     a.release(fh).unwrap();
+    let (seen, rpcs) = requests_during(&cluster, || a.lookup(dir, "x").unwrap());
+    assert_eq!(
+        (seen.ino, rpcs),
+        (first.ino, 0),
+        "the creator knows the name it created"
+    );
 
     let (seen, rpcs) = requests_during(&cluster, || b.lookup(dir, "x").unwrap());
     assert_eq!(

@@ -786,6 +786,16 @@ impl Service {
         }
     }
 
+    /// The version `ino`'s slot holds now, if it holds `ino`.
+    fn slot_version(&self, st: &mut State, ino: Ino) -> Option<u64> {
+        let addr = st.attrs.as_ref()?.table.slot_addr(ino);
+        let held = st
+            .endpoint
+            .read(addr, proto::attrs::SLOT_BYTES as usize)
+            .ok()?;
+        proto::attrs::decode(&held, ino).map(|slot| slot.version)
+    }
+
     /// Publishes every inode committed transactions touched since the last call.
     fn publish_touched(&self, st: &mut State) {
         let touched = self.store.take_touched();
@@ -912,6 +922,7 @@ impl Service {
             attr,
             fcb: Self::meta_addr(fcb_off),
             lock,
+            dir_version: 0,
         })
     }
 
@@ -1214,12 +1225,19 @@ impl Service {
                 caller,
                 scheme,
             } => {
-                let attr = {
-                    let _st = lock(&self.state);
-                    self.store
-                        .mknod(parent, &name, FileKind::File, perm, 0, caller)?
+                let (attr, dir_version) = {
+                    let mut st = lock(&self.state);
+                    let attr = self
+                        .store
+                        .mknod(parent, &name, FileKind::File, perm, 0, caller)?;
+                    // Published now, under the lock that keeps every other change out: the
+                    // parent's version is one under which `name` is the new file.
+                    self.publish_touched(&mut st);
+                    (attr, self.slot_version(&mut st, parent).unwrap_or(0))
                 };
-                Response::Open(self.open(session, attr.ino, scheme)?)
+                let mut opened = self.open(session, attr.ino, scheme)?;
+                opened.dir_version = dir_version;
+                Response::Open(opened)
             }
             Request::Release { ino } => {
                 let mut st = lock(&self.state);

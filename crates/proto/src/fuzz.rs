@@ -322,6 +322,7 @@ pub fn sample_responses() -> Vec<Result<Response, FsError>> {
                 scheme: lockmgr::LockScheme::CITRON,
                 base: RemoteAddr::new(RegionId(0), 128),
             },
+            dir_version: 9,
         })),
         Ok(Response::Chunks(vec![
             None,

@@ -266,6 +266,10 @@ pub struct OpenFile {
     /// the description as the meta server created it (every parameter it chose filled in), so
     /// that the client opens exactly that ([`lockmgr::schemes::open`]).
     pub lock: LockRef,
+    /// For a `Create`: the version of the parent directory's slot in the attribute table
+    /// ([`crate::attrs`]) right after the new entry was published, so that the creator can
+    /// cache the name for one-sided lookups; 0 when unknown (and for `Open`).
+    pub dir_version: u64,
 }
 
 /// Addresses live in the meta region as [`RemoteAddr`]s; re-exported for convenience.
