@@ -62,7 +62,9 @@ impl Protocol {
             // heartbeat and fetch the layout with `Cluster`; `FsError` answers `Lost`,
             // `Unavailable`, `Busy`, `TooManyOpen`, `TooManySessions`.
             // 4: `ChunkLoc::index` counts 4 KiB units and chunks grow geometrically
-            // (`proto::layout`); `FsStats` reports blocks and free inodes.
+            // (`proto::layout`); `FsStats` reports blocks and free inodes; a client connection
+            // carries concurrent calls, answered in completion order under their ids;
+            // `ClusterInfo` names the attribute table (`proto::attrs`).
             Protocol::Rpc => 4,
             // 1: the first version with a handshake.
             Protocol::LockServer => 1,

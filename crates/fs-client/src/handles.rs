@@ -3,9 +3,11 @@
 //! Owns two tables ([`HandleTable`]):
 //! - the open inodes, each with its handle count: the first open of an inode by this client
 //!   sends `Open` (which tells where the file control block and the lock live), the last close
-//!   sends `Release`. The table's mutex is held across those RPCs, so an open and a last close
-//!   of one inode never race: at any time an inode has at most one [`OpenInode`] here, and it
-//!   is the one the meta server's latest `Open` describes.
+//!   sends `Release`. While either RPC is in flight the inode's entry is *busy*: other opens and
+//!   closes of that inode wait for it (a condition variable), so an open and a last close of one
+//!   inode never race — at any time an inode has at most one [`OpenInode`] here, and it is the
+//!   one the meta server's latest `Open` describes — while opens of other inodes proceed (the
+//!   table's mutex is never held across an RPC, except by the rare `reopen`).
 //! - the file handles, each naming its [`OpenInode`]; looked up (a read lock) by every read,
 //!   write and fsync.
 //!
@@ -29,13 +31,15 @@ use proto::rpc::{Request, Response};
 use proto::{Caller, FsError, Ino, SetAttr};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock};
 
 /// The file-handle and open-inode tables (see the module docs).
 pub(crate) struct HandleTable {
     /// Inodes this client has open, with their handle counts. Held across `Open`/`Release`
     /// RPCs so that opens and last closes of one inode never race.
     open: Mutex<HashMap<Ino, OpenEntry>>,
+    /// Signalled when an entry stops being busy (its `Open` or `Release` answered).
+    settled: Condvar,
     handles: RwLock<HashMap<u64, Arc<Handle>>>,
     next_fh: AtomicU64,
     next_open_id: AtomicU64,
@@ -47,6 +51,7 @@ impl Default for HandleTable {
     fn default() -> Self {
         HandleTable {
             open: Mutex::new(HashMap::new()),
+            settled: Condvar::new(),
             handles: RwLock::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             next_open_id: AtomicU64::new(1),
@@ -61,23 +66,41 @@ impl HandleTable {
         self.close_epoch.load(Ordering::Relaxed)
     }
 
-    /// The open-inode table, locked (held across `Open`/`Release` RPCs: see the field).
-    fn open_inodes(&self) -> std::sync::MutexGuard<'_, HashMap<Ino, OpenEntry>> {
+    /// The open-inode table, locked.
+    fn open_inodes(&self) -> MutexGuard<'_, HashMap<Ino, OpenEntry>> {
         self.open.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The table locked with `ino`'s entry not busy (absent, or settled).
+    fn settled(&self, ino: Ino) -> MutexGuard<'_, HashMap<Ino, OpenEntry>> {
+        let mut open = self.open_inodes();
+        while open.get(&ino).is_some_and(|e| e.busy) {
+            open = self
+                .settled
+                .wait(open)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+        open
     }
 
     /// Empties the open-inode table and returns what was open (the client is going away).
     pub(crate) fn take_all_open(&self) -> Vec<Arc<OpenInode>> {
-        self.open_inodes()
+        let taken = self
+            .open_inodes()
             .drain()
-            .map(|(_, entry)| entry.inode)
-            .collect()
+            .filter_map(|(_, entry)| entry.inode)
+            .collect();
+        self.settled.notify_all();
+        taken
     }
 }
 
 struct OpenEntry {
-    inode: Arc<OpenInode>,
+    /// None while the first `Open` is in flight.
+    inode: Option<Arc<OpenInode>>,
     handles: usize,
+    /// An `Open` or `Release` of this inode is in flight: wait for it (see the module docs).
+    busy: bool,
 }
 
 /// An inode open on this client.
@@ -125,21 +148,7 @@ impl CitronFs {
                 return Err(e);
             }
         }
-        let files = &self.inner.files;
-        let fh = files.next_fh.fetch_add(1, Ordering::Relaxed);
-        files
-            .handles
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(
-                fh,
-                Arc::new(Handle {
-                    inode,
-                    caller,
-                    flags,
-                }),
-            );
-        Ok(FileHandle(fh))
+        Ok(self.inner.new_handle(inode, caller, flags))
     }
 
     /// Closes a handle; the last handle of an inode on this client releases the inode.
@@ -163,6 +172,30 @@ impl CitronFs {
 }
 
 impl Inner {
+    /// A new file handle on `inode` (counted in the open-inode table already).
+    pub(crate) fn new_handle(
+        &self,
+        inode: Arc<OpenInode>,
+        caller: Caller,
+        flags: i32,
+    ) -> FileHandle {
+        let files = &self.files;
+        let fh = files.next_fh.fetch_add(1, Ordering::Relaxed);
+        files
+            .handles
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(
+                fh,
+                Arc::new(Handle {
+                    inode,
+                    caller,
+                    flags,
+                }),
+            );
+        FileHandle(fh)
+    }
+
     /// What handle `fh` stands for (`Stale` once released).
     pub(crate) fn handle(&self, fh: FileHandle) -> Result<Arc<Handle>, Error> {
         self.files
@@ -176,25 +209,54 @@ impl Inner {
 
     /// `ino`, if this client has it open.
     pub(crate) fn open_entry(&self, ino: Ino) -> Option<Arc<OpenInode>> {
-        self.files.open_inodes().get(&ino).map(|e| e.inode.clone())
+        self.files
+            .open_inodes()
+            .get(&ino)
+            .and_then(|e| e.inode.clone())
+            .filter(|inode| !inode.closed.load(Ordering::Relaxed))
     }
 
-    /// Counts one more open of `ino` on this client, sending `Open` on the first.
+    /// Counts one more open of `ino` on this client, sending `Open` on the first (without
+    /// holding the table: see the module docs).
     pub(crate) fn open_inode(&self, ino: Ino) -> Result<Arc<OpenInode>, Error> {
-        let mut open = self.files.open_inodes();
+        let mut open = self.files.settled(ino);
         if let Some(entry) = open.get_mut(&ino) {
-            entry.handles += 1;
-            return Ok(entry.inode.clone());
+            if let Some(inode) = &entry.inode {
+                entry.handles += 1;
+                return Ok(inode.clone());
+            }
         }
-        let inode = self.send_open(ino)?;
         open.insert(
             ino,
             OpenEntry {
-                inode: inode.clone(),
-                handles: 1,
+                inode: None,
+                handles: 0,
+                busy: true,
             },
         );
-        Ok(inode)
+        drop(open);
+        let sent = self.send_open(ino);
+        let mut open = self.files.open_inodes();
+        let result = match (sent, open.get_mut(&ino)) {
+            (Ok(inode), Some(entry)) => {
+                entry.inode = Some(inode.clone());
+                entry.handles = 1;
+                entry.busy = false;
+                Ok(inode)
+            }
+            (Ok(_), None) => {
+                // The client is going away (`take_all_open` emptied the table).
+                let _ = self.meta.call(Request::Release { ino });
+                Err(Error::Fs(FsError::Stale))
+            }
+            (Err(e), _) => {
+                open.remove(&ino);
+                Err(e)
+            }
+        };
+        drop(open);
+        self.files.settled.notify_all();
+        result
     }
 
     /// Sends `Open` for `ino` and checks what it names. The open is tagged with the session the
@@ -210,6 +272,17 @@ impl Inner {
             Response::Open(opened) => opened,
             other => return Err(unexpected("Open", other)),
         };
+        self.opened(ino, session, opened)
+    }
+
+    /// The [`OpenInode`] an `Open` (or `Create`) answered in `session` describes, once its FCB
+    /// is checked (a mismatch releases it).
+    fn opened(
+        &self,
+        ino: Ino,
+        session: u64,
+        opened: proto::OpenFile,
+    ) -> Result<Arc<OpenInode>, Error> {
         let inode = Arc::new(OpenInode {
             ino,
             open_id: self.files.next_open_id.fetch_add(1, Ordering::Relaxed),
@@ -227,6 +300,34 @@ impl Inner {
         Ok(inode)
     }
 
+    /// Counts an open of `ino` that a `Create` sent in `session` made (the file is new, so
+    /// this client normally has no entry for it; if another thread opened it meanwhile, that
+    /// open — the same one on the meta server, which counts opens per session — is shared).
+    pub(crate) fn adopt_open(
+        &self,
+        ino: Ino,
+        session: u64,
+        opened: proto::OpenFile,
+    ) -> Result<Arc<OpenInode>, Error> {
+        let inode = self.opened(ino, session, opened)?;
+        let mut open = self.files.settled(ino);
+        if let Some(entry) = open.get_mut(&ino) {
+            if let Some(existing) = &entry.inode {
+                entry.handles += 1;
+                return Ok(existing.clone());
+            }
+        }
+        open.insert(
+            ino,
+            OpenEntry {
+                inode: Some(inode.clone()),
+                handles: 1,
+                busy: false,
+            },
+        );
+        Ok(inode)
+    }
+
     /// Opens `ino` again in `view`'s session (it was opened in an earlier one, which a restart
     /// of the meta server ended), unless another thread did already; the open-inode table and
     /// every handle on `ino` then name the new open. `Stale` if the inode was closed meanwhile.
@@ -235,20 +336,24 @@ impl Inner {
         ino: Ino,
         view: &crate::view::View,
     ) -> Result<Arc<OpenInode>, Error> {
-        let mut open = self.files.open_inodes();
+        let mut open = self.files.settled(ino);
         let Some(entry) = open.get_mut(&ino) else {
             return Err(Error::Fs(FsError::Stale));
         };
-        if entry.inode.session == view.session() {
-            return Ok(entry.inode.clone());
+        let Some(current) = entry.inode.as_mut() else {
+            return Err(Error::Fs(FsError::Stale));
+        };
+        if current.session == view.session() {
+            return Ok(current.clone());
         }
+        // Rare (after a meta server restart): the table stays locked across this `Open`.
         let inode = self.send_open(ino)?;
         tracing::info!(
             ino,
             session = inode.session,
             "reopened in the new meta session"
         );
-        let old = std::mem::replace(&mut entry.inode, inode.clone());
+        let old = std::mem::replace(current, inode.clone());
         old.closed.store(true, Ordering::Relaxed);
         self.files.close_epoch.fetch_add(1, Ordering::Relaxed);
         let mut handles = self
@@ -268,27 +373,42 @@ impl Inner {
         Ok(inode)
     }
 
-    /// Counts one open of `ino` less, sending `Release` after the last.
+    /// Counts one open of `ino` less, sending `Release` after the last (the entry busy
+    /// meanwhile, so that a new open of `ino` waits for it: see the module docs).
     pub(crate) fn close_inode(&self, ino: Ino) {
-        let mut open = self.files.open_inodes();
+        let mut open = self.files.settled(ino);
         let Some(entry) = open.get_mut(&ino) else {
             return;
         };
-        entry.handles -= 1;
+        let Some(inode) = entry.inode.clone() else {
+            return;
+        };
+        entry.handles = entry.handles.saturating_sub(1);
         if entry.handles > 0 {
             return;
         }
-        let Some(entry) = open.remove(&ino) else {
-            return;
-        };
-        entry.inode.closed.store(true, Ordering::Relaxed);
+        inode.closed.store(true, Ordering::Relaxed);
         self.files.close_epoch.fetch_add(1, Ordering::Relaxed);
         // An open of an earlier session ended with that session.
-        if entry.inode.session != self.meta.latest().1.session {
+        if inode.session != self.meta.latest().1.session {
+            open.remove(&ino);
             return;
         }
+        entry.busy = true;
+        drop(open);
         if let Err(error) = self.meta.call(Request::Release { ino }) {
             tracing::warn!(ino, %error, "release of a closed file failed");
         }
+        let mut open = self.files.open_inodes();
+        // Only this close's entry: the table may have been emptied and refilled meanwhile.
+        if open
+            .get(&ino)
+            .and_then(|e| e.inode.as_ref())
+            .is_some_and(|i| Arc::ptr_eq(i, &inode))
+        {
+            open.remove(&ino);
+        }
+        drop(open);
+        self.files.settled.notify_all();
     }
 }

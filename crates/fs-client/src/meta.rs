@@ -9,11 +9,14 @@
 //! heartbeat also brings the layout epoch ([`Meta::layout_epoch`]), so a change of the data
 //! servers reaches the view within a heartbeat period.
 //!
-//! One connection serves the whole client, behind a mutex. Only namespace operations, opens and
-//! chunk allocations use it; reads and writes of allocated chunks never do. It is one connection
-//! (one session) rather than a pool because the meta server ties open files to the session that
-//! opened them: a pool of sessions would have to send each `Release` down the connection that
-//! sent the matching `Open`.
+//! One connection serves the whole client, shared by its threads: a call is sent at once and
+//! waits for its own answer ([`rpc::SharedClient`]), and the meta server runs a connection's
+//! requests concurrently, so threads never queue behind each other's round trips (a mutex
+//! around the connection made every create of a client wait for the one before). Only
+//! namespace operations, opens and chunk allocations use it; reads and writes of allocated
+//! chunks never do. It is one connection (one session) rather than a pool because the meta
+//! server ties open files to the session that opened them: a pool of sessions would have to
+//! send each `Release` down the connection that sent the matching `Open`.
 
 use crate::error::Error;
 use proto::rpc::{self, Request, Response, Role, Welcome};
@@ -40,7 +43,9 @@ pub(crate) struct Meta {
     cluster: String,
     token: String,
     host: String,
-    conn: Mutex<Option<rpc::Client>>,
+    /// The current connection (None: broken, the next call reconnects). Held only to clone
+    /// or replace it, never across a call.
+    conn: Mutex<Option<Arc<rpc::SharedClient>>>,
     /// Bumped by every new session (the first is 1).
     generation: AtomicU64,
     /// What the meta server said when the latest session opened.
@@ -48,7 +53,7 @@ pub(crate) struct Meta {
     /// The newest layout epoch a heartbeat brought.
     layout_epoch: AtomicU64,
     /// Whether the connection is up, as the last call found it: read on every I/O without
-    /// taking `conn`'s mutex (which a call holds across its round trip).
+    /// taking `conn`'s mutex.
     up: AtomicBool,
     /// The oldest generation in which this client changed something (a namespace change, a
     /// chunk allocation, a file's size) that no fsync has made durable yet; 0: none. See
@@ -70,7 +75,7 @@ impl Meta {
             cluster: cluster.into(),
             token: token.into(),
             host: host.into(),
-            conn: Mutex::new(Some(client)),
+            conn: Mutex::new(Some(Arc::new(client))),
             generation: AtomicU64::new(1),
             latest: Mutex::new(info.clone()),
             layout_epoch: AtomicU64::new(info.layout_epoch),
@@ -129,7 +134,7 @@ impl Meta {
         cluster: &str,
         token: &str,
         host: &str,
-    ) -> Result<(rpc::Client, ClusterInfo), Error> {
+    ) -> Result<(rpc::SharedClient, ClusterInfo), Error> {
         let rpc_error = |source| Error::Rpc {
             addr: addr.to_owned(),
             source,
@@ -139,8 +144,8 @@ impl Meta {
             pid: std::process::id(),
         };
         let credentials = fabric::Credentials::new(cluster.to_owned(), token.to_owned());
-        let client = rpc::Client::connect(addr, &credentials, role).map_err(rpc_error)?;
-        client.set_timeout(Some(CALL_TIMEOUT)).map_err(rpc_error)?;
+        let client = rpc::SharedClient::connect(addr, &credentials, role, Some(CALL_TIMEOUT))
+            .map_err(rpc_error)?;
         match client.welcome() {
             Welcome::Client(info) => {
                 let info = info.clone();
@@ -157,8 +162,8 @@ impl Meta {
     /// Holds the connection's mutex only for each attempt, not across the waits.
     fn reconnect<'a>(
         &'a self,
-        mut conn: std::sync::MutexGuard<'a, Option<rpc::Client>>,
-    ) -> Result<std::sync::MutexGuard<'a, Option<rpc::Client>>, Error> {
+        mut conn: std::sync::MutexGuard<'a, Option<Arc<rpc::SharedClient>>>,
+    ) -> Result<std::sync::MutexGuard<'a, Option<Arc<rpc::SharedClient>>>, Error> {
         let deadline = Instant::now() + RECONNECT_WAIT;
         let mut pause = Duration::from_millis(20);
         loop {
@@ -176,7 +181,7 @@ impl Meta {
                     self.note_layout_epoch(info.layout_epoch);
                     *self.latest.lock().unwrap_or_else(PoisonError::into_inner) = info;
                     self.generation.fetch_add(1, Ordering::SeqCst);
-                    *conn = Some(client);
+                    *conn = Some(Arc::new(client));
                     self.up.store(true, Ordering::SeqCst);
                     return Ok(conn);
                 }
@@ -201,11 +206,13 @@ impl Meta {
     /// A broken connection is dropped and the call fails with `Error::Rpc`; the next call
     /// reconnects (as a new session: files opened before must be reopened).
     pub(crate) fn call(&self, request: Request) -> Result<Response, Error> {
-        let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
-        if conn.is_none() {
-            conn = self.reconnect(conn)?;
-        }
-        let client = conn.as_mut().expect("connected above");
+        let client = {
+            let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
+            if conn.is_none() {
+                conn = self.reconnect(conn)?;
+            }
+            conn.clone().expect("connected above")
+        };
         let changes = changes_state(&request);
         #[cfg(feature = "failpoints")]
         let call = format!("{request:?}");
@@ -225,9 +232,13 @@ impl Meta {
                 Ok(answer?)
             }
             Err(e) => {
-                // The stream may be mid-frame: never reuse it.
-                *conn = None;
-                self.up.store(false, Ordering::SeqCst);
+                // The stream may be mid-frame: never reuse it. Another thread may have
+                // replaced it already; a newer connection stays.
+                let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
+                if conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, &client)) {
+                    *conn = None;
+                    self.up.store(false, Ordering::SeqCst);
+                }
                 Err(self.rpc_error(e))
             }
         }
@@ -283,6 +294,7 @@ fn changes_state(request: &Request) -> bool {
         request,
         Request::SetAttr { .. }
             | Request::Mknod { .. }
+            | Request::Create { .. }
             | Request::Mkdir { .. }
             | Request::Symlink { .. }
             | Request::Link { .. }

@@ -1,6 +1,7 @@
 //! Namespace calls: lookups, attributes, creation and removal of names, links, directories,
 //! extended attributes and file-system totals, each one RPC to the meta server (the namespace
-//! lives there, in sled; every mutation is one transaction).
+//! lives there, in sled; every mutation is one transaction) — except `getattr`, which reads the
+//! meta server's attribute table one-sidedly and falls back to the RPC.
 //!
 //! This module owns no state. Two rules it keeps:
 //! - names are checked here (`check_name_for`) before they travel, with the same rules and
@@ -26,10 +27,16 @@ fn check(op: NameOp, name: &str) -> Result<(), Error> {
 }
 
 impl CitronFs {
-    /// The entry `name` in directory `parent`.
+    /// The entry `name` in directory `parent`: read one-sidedly (the parent's and the
+    /// entry's slots in the attribute table) when this client looked it up before and the
+    /// directory has not changed since; else by RPC.
     pub fn lookup(&self, parent: Ino, name: &str) -> Result<Attr, Error> {
         // Any call's rules: they differ only for `.` and `..`, which the server resolves.
         check(NameOp::Create, name)?;
+        if let Some(attr) = self.inner.lookup_one_sided(parent, name)? {
+            return self.inner.fresh_size(attr);
+        }
+        let version = self.inner.dir_version(parent)?;
         let attr = self.inner.attr_call(
             "Lookup",
             Request::Lookup {
@@ -37,13 +44,24 @@ impl CitronFs {
                 name: name.into(),
             },
         )?;
+        if let Some(version) = version {
+            if !is_dot(name) {
+                self.inner.names.note(parent, name, attr.ino, version);
+            }
+        }
         self.inner.fresh_size(attr)
     }
 
     /// An inode's attributes; for a file open on this client the size comes one-sidedly from
     /// its file control block.
+    ///
+    /// Read one-sidedly from the meta server's attribute table when it holds the inode
+    /// (`proto::attrs`: no RPC, no meta-server CPU); else, or when the read tore, by RPC.
     pub fn getattr(&self, ino: Ino) -> Result<Attr, Error> {
-        let attr = self.inner.attr_call("GetAttr", Request::GetAttr { ino })?;
+        let attr = match self.inner.attr_one_sided(ino)? {
+            Some(attr) => attr,
+            None => self.inner.attr_call("GetAttr", Request::GetAttr { ino })?,
+        };
         self.inner.fresh_size(attr)
     }
 
@@ -74,6 +92,38 @@ impl CitronFs {
             }
         }
         self.inner.fresh_size(attr)
+    }
+
+    /// Creates a new regular file and opens it: one `Create` call (the name checked here
+    /// first). `Exists` when the name is taken.
+    fn create_new(
+        &self,
+        caller: Caller,
+        parent: Ino,
+        name: &str,
+        perm: u16,
+        flags: i32,
+    ) -> Result<(Attr, FileHandle), Error> {
+        check(NameOp::Create, name)?;
+        let session = self.inner.meta.latest().1.session;
+        let opened = match self.inner.meta.call(Request::Create {
+            parent,
+            name: name.into(),
+            perm,
+            caller,
+            scheme: self.inner.scheme,
+        })? {
+            Response::Open(opened) => opened,
+            other => return Err(unexpected("Create", other)),
+        };
+        let attr = opened.attr.clone();
+        if opened.dir_version != 0 {
+            self.inner
+                .names
+                .note(parent, name, attr.ino, opened.dir_version);
+        }
+        let inode = self.inner.adopt_open(attr.ino, session, opened)?;
+        Ok((attr, self.inner.new_handle(inode, caller, flags)))
     }
 
     /// Creates a file, device node, fifo or socket.
@@ -122,11 +172,8 @@ impl CitronFs {
         // unless someone loops create/unlink on exactly this name.
         const ROUNDS: usize = 8;
         for _ in 0..ROUNDS {
-            match self.mknod(caller, parent, name, FileKind::File, perm, 0) {
-                Ok(attr) => {
-                    let fh = self.open(caller, attr.ino, flags & !libc::O_TRUNC)?;
-                    return Ok((attr, fh));
-                }
+            match self.create_new(caller, parent, name, perm, flags & !libc::O_TRUNC) {
+                Ok(created) => return Ok(created),
                 Err(Error::Fs(FsError::Exists)) if flags & libc::O_EXCL == 0 => {}
                 Err(e) => return Err(e),
             }

@@ -18,6 +18,7 @@
 
 pub mod alloc;
 pub mod fsck;
+mod reclaim;
 pub mod rpc;
 mod service;
 pub mod store;
@@ -254,6 +255,13 @@ impl MetaServer {
             .block_on(tokio::net::TcpListener::bind(config.listen))
             .with_context(|| format!("listening on {}", config.listen))?;
         let addr = listener.local_addr()?;
+        let reclaimer = {
+            let service = service.clone();
+            std::thread::Builder::new()
+                .name("meta-reclaimer".into())
+                .spawn(move || service.run_reclaimer())
+                .context("starting the reclaimer thread")?
+        };
         let (stop_tx, stop_rx) = watch::channel(false);
         runtime.spawn(rpc::accept_loop(listener, service.clone(), stop_rx.clone()));
         runtime.spawn(reaper(service.clone(), config.session_lease, stop_rx));
@@ -264,6 +272,7 @@ impl MetaServer {
                 runtime,
                 stop: stop_tx,
                 service,
+                reclaimer: Some(reclaimer),
                 _region_server: region_server,
             }),
         })
@@ -326,6 +335,8 @@ struct Running {
     runtime: tokio::runtime::Runtime,
     stop: watch::Sender<bool>,
     service: Arc<Service>,
+    /// Zeroes and recycles freed chunks ([`reclaim`]); drained and joined at shutdown.
+    reclaimer: Option<std::thread::JoinHandle<()>>,
     /// Serves the meta region; dropped at shutdown (removing an shm region file, stopping the
     /// tcp fabric).
     _region_server: Arc<FabricServer>,
@@ -350,16 +361,36 @@ impl MetaHandle {
             .map_or(0, |r| r.service.meta_free_bytes())
     }
 
+    /// Waits up to `timeout` until every chunk freed so far is zeroed and back on a free stack
+    /// (or left dirty because its server is away); whether the reclaimer is idle.
+    pub fn wait_reclaimed(&self, timeout: Duration) -> bool {
+        self.inner
+            .as_ref()
+            .is_none_or(|r| r.service.reclaimer_idle(timeout))
+    }
+
+    /// Client requests (RPCs) the server has handled since it started, heartbeats excepted
+    /// (0 once shut down): what `citronfs bench meta` divides by its operations.
+    pub fn request_count(&self) -> u64 {
+        self.inner.as_ref().map_or(0, |r| r.service.request_count())
+    }
+
     /// Stops accepting, closes every connection, persists the sizes of open files and flushes
     /// the database. Idempotent.
     pub fn shutdown(&mut self) -> anyhow::Result<()> {
-        let Some(running) = self.inner.take() else {
+        let Some(mut running) = self.inner.take() else {
             return Ok(());
         };
         running.service.begin_shutdown();
         let _ = running.stop.send(true);
         // Connection tasks see `stop` and end; requests already on the blocking pool finish.
         running.runtime.shutdown_timeout(Duration::from_secs(5));
+        // Chunks freed by the last requests are zeroed (after one flush) before the clean
+        // shutdown mark.
+        running.service.stop_reclaimer();
+        if let Some(reclaimer) = running.reclaimer.take() {
+            let _ = reclaimer.join();
+        }
         let result = running.service.persist_all();
         // Dropping the service closes sled (releasing its directory lock) and the lock server;
         // dropping the region server removes the shm region file or stops the tcp fabric.

@@ -1,6 +1,7 @@
 //! The RPC service over TCP (tokio): the async twin of `proto::rpc::{send, recv}` — a
 //! `fabric::frame` (8-byte header: length, crc32) around a postcard message — the handshake,
-//! and one task per connection that answers one request at a time.
+//! and one task per connection that reads requests and runs them concurrently, answering each
+//! under its id as it finishes.
 //!
 //! sled and the fabric verbs block, so each request runs on tokio's blocking pool
 //! (`spawn_blocking`): the async workers only move bytes, and a slow request (zeroing chunks, a
@@ -311,8 +312,23 @@ async fn connection(
     }
 }
 
-/// Answers a client session's requests, one at a time, until the connection closes or the
-/// server stops.
+/// Requests of one client connection that may run at once. A client's threads share one
+/// connection (fs-client multiplexes it), so a connection carries as many concurrent calls as
+/// the client has threads in namespace operations; the bound keeps what one connection can
+/// queue on the blocking pool (and buffer as unsent answers) finite.
+pub const MAX_IN_FLIGHT_PER_CONNECTION: usize = 64;
+
+/// One answer on its way to the writer, with the in-flight permit it holds until written.
+type Answer = (ResponseFrame, Option<tokio::sync::OwnedSemaphorePermit>);
+
+/// Answers a client session's requests until the connection closes or the server stops.
+///
+/// Requests run concurrently (each on the blocking pool, at most
+/// [`MAX_IN_FLIGHT_PER_CONNECTION`] at once) and are answered as they finish, under their
+/// request id: one client's threads do not wait behind each other's calls. A caller waits for
+/// its answer before its next call, so each thread's calls stay in order. One writer sends the
+/// answers; a request's permit is released only once its answer is written, so a client that
+/// stops reading stops being served.
 async fn serve<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     reader: &mut R,
     writer: &mut W,
@@ -320,53 +336,78 @@ async fn serve<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     stop: &mut watch::Receiver<bool>,
     session: u64,
 ) -> Result<(), String> {
-    let mut body = Vec::new();
-    loop {
-        let read = tokio::select! {
-            read = read_frame(reader, MAX_FRAME, &mut body) => read,
-            _ = stop.changed() => return Ok(()),
-        };
-        // A frame the server cannot take is answered under id 0 (no request has it), with
-        // the reason, before the connection closes: the client learns why (see
-        // `proto::rpc::Client::call`).
-        let refuse = |why: String| ResponseFrame {
-            id: 0,
-            result: Err(FsError::Invalid(why)),
-        };
-        let frame: RequestFrame = match read {
-            Ok(()) => match postcard::from_bytes(&body) {
-                Ok(frame) => frame,
-                Err(e) => {
-                    let why = format!("malformed request: {e}");
+    let (answers, mut to_send) = tokio::sync::mpsc::unbounded_channel::<Answer>();
+    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT_PER_CONNECTION));
+    let read_loop = async move {
+        let mut body = Vec::new();
+        loop {
+            let read = tokio::select! {
+                read = read_frame(reader, MAX_FRAME, &mut body) => read,
+                _ = stop.changed() => return Ok(()),
+            };
+            // A frame the server cannot take is answered under id 0 (no request has it), with
+            // the reason, before the connection closes: the client learns why (see
+            // `proto::rpc::Client::call`).
+            let refuse = |why: String| {
+                let frame = ResponseFrame {
+                    id: 0,
+                    result: Err(FsError::Invalid(why)),
+                };
+                let _ = answers.send((frame, None));
+            };
+            let frame: RequestFrame = match read {
+                Ok(()) => match postcard::from_bytes(&body) {
+                    Ok(frame) => frame,
+                    Err(e) => {
+                        let why = format!("malformed request: {e}");
+                        tracing::warn!(session, why, "closing a client connection");
+                        refuse(why.clone());
+                        return Err(why);
+                    }
+                },
+                Err(FrameError::TooLarge { len, max }) => {
+                    let why = format!(
+                        "a request frame of {len} bytes exceeds the limit of {max} bytes \
+                         (proto::rpc::MAX_FRAME)"
+                    );
                     tracing::warn!(session, why, "closing a client connection");
-                    let _ = send(writer, &refuse(why.clone())).await;
+                    refuse(why.clone());
                     return Err(why);
                 }
-            },
-            Err(FrameError::TooLarge { len, max }) => {
-                let why = format!(
-                    "a request frame of {len} bytes exceeds the limit of {max} bytes \
-                     (proto::rpc::MAX_FRAME)"
-                );
-                tracing::warn!(session, why, "closing a client connection");
-                let _ = send(writer, &refuse(why.clone())).await;
-                return Err(why);
-            }
-            Err(e) => return Err(e.to_string()),
-        };
-        let svc = service.clone();
-        let request = frame.request;
-        let result = blocking(move || svc.handle(session, request)).await;
-        send(
-            writer,
-            &ResponseFrame {
-                id: frame.id,
-                result,
-            },
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-    }
+                Err(e) => return Err(e.to_string()),
+            };
+            let permit = tokio::select! {
+                permit = permits.clone().acquire_owned() => {
+                    permit.map_err(|e| e.to_string())?
+                }
+                _ = stop.changed() => return Ok(()),
+            };
+            let svc = service.clone();
+            let answers = answers.clone();
+            tokio::spawn(async move {
+                let request = frame.request;
+                let result = blocking(move || svc.handle(session, request)).await;
+                let _ = answers.send((
+                    ResponseFrame {
+                        id: frame.id,
+                        result,
+                    },
+                    Some(permit),
+                ));
+            });
+        }
+    };
+    let write_loop = async move {
+        // Ends when every sender is gone: the read loop ended and every request it started
+        // has answered.
+        while let Some((frame, permit)) = to_send.recv().await {
+            send(writer, &frame).await.map_err(|e| e.to_string())?;
+            drop(permit);
+        }
+        Ok::<(), String>(())
+    };
+    let (read, write) = tokio::join!(read_loop, write_loop);
+    read.and(write)
 }
 
 /// Fuzz entry: `input` is the byte stream a peer sends to the meta server's RPC port, read
@@ -443,6 +484,17 @@ fn fuzz_dispatch(store: &crate::store::Store, request: proto::rpc::Request) {
             caller,
         } => {
             let r = store.mknod(parent, &name, kind, perm, rdev, caller);
+            Some((name, r.map(drop)))
+        }
+        // The service runs `Create` as `Mknod` of a file, then `Open`.
+        Request::Create {
+            parent,
+            name,
+            perm,
+            caller,
+            ..
+        } => {
+            let r = store.mknod(parent, &name, FileKind::File, perm, 0, caller);
             Some((name, r.map(drop)))
         }
         Request::Mkdir {

@@ -17,6 +17,7 @@ use lockmgr::citron::scheme::{duration_ms, duration_us};
 use lockmgr::citron::{CitronDefaults, CitronGrowth};
 use lockmgr::schemes::{self, CreateOptions, LockMemory};
 use lockmgr::{CitronConfig, LockError, LockRef, LockScheme};
+use proto::attrs::{AttrSlot, AttrTableRef};
 use proto::fcb;
 use proto::fsck::{Finding, FsckOptions, FsckReport, Repair};
 use proto::rpc::{Request, Response};
@@ -148,6 +149,9 @@ struct State {
     live: BTreeMap<u32, LiveServer>,
     /// The meta server's endpoint on its own region.
     endpoint: LocalEndpoint<OwnRegion>,
+    /// The attribute table in the meta region ([`proto::attrs`]); `None` when the region had
+    /// no room for it.
+    attrs: Option<AttrTable>,
 }
 
 /// How long after a silence longer than `fence_after` a session that speaks again stays a
@@ -156,6 +160,20 @@ struct State {
 fn resumed_window(fence_after: Duration) -> Duration {
     4 * fence_after
 }
+
+/// The attribute table and the next version to publish (see [`proto::attrs`]).
+struct AttrTable {
+    table: AttrTableRef,
+    next_version: u64,
+}
+
+/// Most slots of the attribute table: 12 MiB of 192-byte slots; never more than an eighth of
+/// the meta region (FCBs and lock trees need the rest).
+const MAX_ATTR_SLOTS: u64 = 1 << 16;
+
+/// How long an allocation that found no free chunk waits for the reclaimer to recycle the
+/// chunks freed before it.
+const RECLAIM_WAIT: Duration = Duration::from_secs(5);
 
 /// How long a `Fence` waits for the data servers to apply a revocation (their long poll
 /// answers at once; this covers a data server that is slow or going away).
@@ -200,6 +218,12 @@ pub(crate) struct Service {
     /// [`ClusterInfo::layout_epoch`]: bumped by every registration and disconnection of a data
     /// server.
     layout_epoch: std::sync::atomic::AtomicU64,
+    /// Client requests handled since start, heartbeats excepted (they come by the clock, not
+    /// by the file system's work): what
+    /// `citronfs bench meta` divides by its operations to show RPCs per operation.
+    requests: std::sync::atomic::AtomicU64,
+    /// Freed chunks on their way to being zeroed and recycled ([`crate::reclaim`]).
+    reclaimer: crate::reclaim::Reclaimer,
 }
 
 /// Revokes client sessions on one fabric server.
@@ -245,6 +269,19 @@ impl Service {
             len >= RESERVED + 4 * fcb::FCB_BYTES,
             "meta region of {len} bytes is too small"
         );
+        let mut alloc = RegionAlloc::new(RESERVED, len);
+        let slots = (len / 8 / proto::attrs::SLOT_BYTES).min(MAX_ATTR_SLOTS);
+        let attrs = (slots > 0)
+            .then(|| alloc.alloc(slots * proto::attrs::SLOT_BYTES))
+            .flatten()
+            .map(|offset| AttrTable {
+                table: AttrTableRef {
+                    base: Self::meta_addr(offset),
+                    slots,
+                },
+                // Above every version of an earlier run (see `proto::attrs`).
+                next_version: first_session_id().saturating_mul(1024),
+            });
         let service = Service {
             settings,
             store,
@@ -256,9 +293,10 @@ impl Service {
                 next_session: first_session_id(),
                 next_epoch: 1,
                 open: HashMap::new(),
-                alloc: RegionAlloc::new(RESERVED, len),
+                alloc,
                 live: BTreeMap::new(),
                 endpoint: LocalEndpoint::new(Arc::new(OwnRegion(region))),
+                attrs,
             }),
             lock_server,
             stopping: std::sync::atomic::AtomicBool::new(false),
@@ -267,12 +305,16 @@ impl Service {
             fence_epoch: tokio::sync::watch::channel(0).0,
             local_revoke: std::sync::OnceLock::new(),
             layout_epoch: std::sync::atomic::AtomicU64::new(1),
+            requests: std::sync::atomic::AtomicU64::new(0),
+            reclaimer: crate::reclaim::Reclaimer::default(),
         };
         // Orphans were open when the last run ended; no session survives a restart.
         for ino in service.store.orphans()? {
             let effects = service.store.delete_orphan(ino)?;
             tracing::info!(ino, chunks = effects.freed.len(), "deleted orphan inode");
         }
+        // The table starts empty (every slot falls back to the RPC until published).
+        service.store.take_touched();
         Ok(service)
     }
 
@@ -345,6 +387,7 @@ impl Service {
             fence_after_ms: self.settings.fence_after.as_millis() as u64,
             lock_server: self.lock_server.as_ref().map(|s| s.addr().to_string()),
             layout_epoch,
+            attr_table: lock(&self.state).attrs.as_ref().map(|a| a.table),
         })
     }
 
@@ -366,6 +409,7 @@ impl Service {
                 Err(error) => tracing::warn!(session, ino, %error, "release at session end"),
             }
         }
+        self.publish_touched(&mut st);
         drop(st);
         self.revoke_ended(session);
         self.zero_and_recycle(freed);
@@ -711,38 +755,42 @@ impl Service {
         zero_range(&mut **ep, region, base + from, base + to)
     }
 
-    /// Zeroes freed chunks and returns them to their servers' free stacks; a chunk whose server
-    /// is away stays dirty until it registers again.
-    ///
-    /// The change that freed them is made durable first: zeroing is a data effect no crash can
-    /// undo, and a namespace change lost by a crash (sled flushes in the background) would
-    /// otherwise bring back a file whose chunks read zeros.
+    /// Hands freed blocks (their free has committed) to the reclaimer thread, which zeroes
+    /// them once the free is durable and returns them to their servers' free stacks
+    /// ([`crate::reclaim`]); a block whose server is away stays dirty until it registers again.
     fn zero_and_recycle(&self, freed: Vec<Block>) {
-        if freed.is_empty() {
-            return;
-        }
-        if let Err(error) = self.store.flush() {
-            tracing::warn!(%error, "cannot make a free durable: its chunks stay dirty for now");
-            return;
-        }
+        self.reclaimer.push(freed);
+    }
+
+    /// The reclaimer thread's loop (started by `MetaServer::start`): one flush, then zeroing
+    /// and recycling, per batch; returns once stopped and drained.
+    pub fn run_reclaimer(&self) {
         let unit = self.store.layout().unit();
-        for Block { loc, order } in freed {
-            match self.zero_chunk(loc, 0, unit << order) {
-                Ok(()) => {
+        while let Some(batch) = self.reclaimer.next_batch() {
+            crate::reclaim::reclaim_batch(
+                &batch,
+                || self.store.flush(),
+                |Block { loc, order }| {
+                    self.zero_chunk(loc, 0, unit << order)?;
                     // Under the state lock like every other allocation change, so that the
                     // consistency checker never sees a chunk between the dirty set and the
                     // free stack.
-                    let recycled = {
-                        let _st = lock(&self.state);
-                        self.store.recycle(loc)
-                    };
-                    if let Err(error) = recycled {
-                        tracing::warn!(?loc, %error, "cannot recycle chunk");
-                    }
-                }
-                Err(error) => tracing::debug!(?loc, %error, "chunk stays dirty for now"),
-            }
+                    let _st = lock(&self.state);
+                    self.store.recycle(loc)
+                },
+            );
+            self.reclaimer.done();
         }
+    }
+
+    /// Stops the reclaimer thread once it has drained its queue.
+    pub fn stop_reclaimer(&self) {
+        self.reclaimer.stop();
+    }
+
+    /// Waits up to `timeout` for the reclaimer to have nothing queued; whether it is idle.
+    pub fn reclaimer_idle(&self, timeout: Duration) -> bool {
+        self.reclaimer.wait_idle(timeout)
     }
 
     /// Zeroes the tail of a chunk a shrinking truncate left (`Effects::tail`), once the
@@ -752,6 +800,89 @@ impl Service {
         let Block { loc, order } = tail.block;
         self.zero_chunk(loc, tail.from, self.store.layout().unit() << order)?;
         self.store.tail_zeroed(loc)
+    }
+
+    // ---- the attribute table -----------------------------------------------------------------
+
+    /// Rewrites the slots of `inos` from the database (clearing those of deleted inodes),
+    /// with the FCB of open files. Called with the state lock held, after the change is
+    /// committed and before it is answered (the invariants of [`proto::attrs`]).
+    fn publish(&self, st: &mut State, inos: impl IntoIterator<Item = Ino>) {
+        let State {
+            attrs,
+            open,
+            endpoint,
+            ..
+        } = st;
+        let Some(attrs) = attrs.as_mut() else {
+            return;
+        };
+        for ino in inos {
+            let addr = attrs.table.slot_addr(ino);
+            let bytes = match self.store.getattr(ino) {
+                Ok(attr) => {
+                    attrs.next_version += 1;
+                    let slot = AttrSlot {
+                        version: attrs.next_version,
+                        fcb: open.get(&ino).map_or(0, |o| o.fcb),
+                        attr,
+                    };
+                    proto::attrs::encode(&slot)
+                }
+                Err(_) => None,
+            };
+            let bytes = match bytes {
+                Some(bytes) => bytes,
+                None => {
+                    // Deleted (or unencodable): clear the slot if it is this inode's, so that
+                    // readers fall back; a colliding inode's slot stays.
+                    let mine = endpoint
+                        .read(addr, proto::attrs::SLOT_BYTES as usize)
+                        .is_ok_and(|held| proto::attrs::decode(&held, ino).is_some());
+                    if !mine {
+                        continue;
+                    }
+                    vec![0u8; proto::attrs::SLOT_BYTES as usize]
+                }
+            };
+            if let Err(error) = endpoint.write(addr, &bytes) {
+                tracing::warn!(ino, %error, "cannot publish attributes");
+            }
+        }
+    }
+
+    /// The version `ino`'s slot holds now, if it holds `ino`.
+    fn slot_version(&self, st: &mut State, ino: Ino) -> Option<u64> {
+        let addr = st.attrs.as_ref()?.table.slot_addr(ino);
+        let held = st
+            .endpoint
+            .read(addr, proto::attrs::SLOT_BYTES as usize)
+            .ok()?;
+        proto::attrs::decode(&held, ino).map(|slot| slot.version)
+    }
+
+    /// Publishes every inode committed transactions touched since the last call.
+    fn publish_touched(&self, st: &mut State) {
+        let touched = self.store.take_touched();
+        self.publish(st, touched);
+    }
+
+    /// Publishes `ino` unless its slot holds it already (a stat or lookup by RPC fills the
+    /// table, so the next one is one-sided).
+    fn fill(&self, ino: Ino) {
+        let mut st = lock(&self.state);
+        let Some(attrs) = st.attrs.as_ref() else {
+            return;
+        };
+        let addr = attrs.table.slot_addr(ino);
+        if st
+            .endpoint
+            .read(addr, proto::attrs::SLOT_BYTES as usize)
+            .is_ok_and(|held| proto::attrs::decode(&held, ino).is_some())
+        {
+            return;
+        }
+        self.publish(&mut st, [ino]);
     }
 
     // ---- open files -------------------------------------------------------------------------
@@ -819,6 +950,8 @@ impl Service {
                     sessions: HashSet::new(),
                 },
             );
+            // Readers of the table now take the size from the FCB.
+            self.publish(st, [ino]);
         }
         let fcb_off = st.open[&ino].fcb;
         let size = Self::fcb_word(st, ino, fcb::SIZE).unwrap_or(attr.size);
@@ -836,6 +969,7 @@ impl Service {
                     if st.open[&ino].sessions.is_empty() {
                         let gone = st.open.remove(&ino).expect("present");
                         Self::free_open_state(st, gone);
+                        self.publish(st, [ino]);
                     }
                     return Err(e);
                 }
@@ -853,6 +987,7 @@ impl Service {
             attr,
             fcb: Self::meta_addr(fcb_off),
             lock,
+            dir_version: 0,
         })
     }
 
@@ -964,6 +1099,7 @@ impl Service {
         }
         let open = st.open.remove(&ino).expect("present");
         Self::free_open_state(st, open);
+        self.publish(st, [ino]);
         let mut effects = self.store.delete_orphan(ino)?;
         // Nobody has it open now: chunks beyond its size can only be a dead writer's, which
         // allocated them but never raised the size (`Store::free_beyond_size`).
@@ -988,8 +1124,18 @@ impl Service {
 
     /// Handles one request of client session `session`.
     pub fn handle(&self, session: u64, request: Request) -> Result<Response, FsError> {
+        if !matches!(request, Request::Heartbeat) {
+            self.requests
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         self.touch(session)?;
+        let changes = changes_inodes(&request);
         let result = self.handle_touched(session, request);
+        if changes {
+            // Before the answer: a client that saw it reads the change one-sidedly.
+            let mut st = lock(&self.state);
+            self.publish_touched(&mut st);
+        }
         // A session is not silent while its request runs: its heartbeat waits behind it.
         let _ = self.touch(session);
         result
@@ -1013,9 +1159,15 @@ impl Service {
                 ))
             }
             Request::Lookup { parent, name } => {
-                Response::Attr(self.live_attr(self.store.lookup(parent, &name)?))
+                let attr = self.store.lookup(parent, &name)?;
+                self.fill(attr.ino);
+                Response::Attr(self.live_attr(attr))
             }
-            Request::GetAttr { ino } => Response::Attr(self.live_attr(self.store.getattr(ino)?)),
+            Request::GetAttr { ino } => {
+                let attr = self.store.getattr(ino)?;
+                self.fill(ino);
+                Response::Attr(self.live_attr(attr))
+            }
             Request::SetAttr { ino, set, caller } => {
                 let mut st = lock(&self.state);
                 let old_size = Self::fcb_word(&mut st, ino, fcb::SIZE);
@@ -1129,6 +1281,27 @@ impl Service {
                 Response::Ok
             }
             Request::Open { ino, scheme } => Response::Open(self.open(session, ino, scheme)?),
+            Request::Create {
+                parent,
+                name,
+                perm,
+                caller,
+                scheme,
+            } => {
+                let (attr, dir_version) = {
+                    let mut st = lock(&self.state);
+                    let attr = self
+                        .store
+                        .mknod(parent, &name, FileKind::File, perm, 0, caller)?;
+                    // Published now, under the lock that keeps every other change out: the
+                    // parent's version is one under which `name` is the new file.
+                    self.publish_touched(&mut st);
+                    (attr, self.slot_version(&mut st, parent).unwrap_or(0))
+                };
+                let mut opened = self.open(session, attr.ino, scheme)?;
+                opened.dir_version = dir_version;
+                Response::Open(opened)
+            }
             Request::Release { ino } => {
                 let mut st = lock(&self.state);
                 let effects = self.release_locked(&mut st, session, ino)?;
@@ -1145,16 +1318,26 @@ impl Service {
                 first,
                 count,
             } => {
-                let st = lock(&self.state);
-                let servers: Vec<u32> = st.live.keys().copied().collect();
-                if servers.is_empty() && count > 0 {
-                    return Err(FsError::Unavailable(
-                        "no data server is connected to allocate chunks on".into(),
-                    ));
-                }
-                let locs = self
-                    .store
-                    .allocate_chunks(ino, generation, first, count, &servers)?;
+                let allocate = || {
+                    let st = lock(&self.state);
+                    let servers: Vec<u32> = st.live.keys().copied().collect();
+                    if servers.is_empty() && count > 0 {
+                        return Err(FsError::Unavailable(
+                            "no data server is connected to allocate chunks on".into(),
+                        ));
+                    }
+                    self.store
+                        .allocate_chunks(ino, generation, first, count, &servers)
+                };
+                let locs = match allocate() {
+                    // Freed chunks may still be on their way to the free stacks: a write
+                    // after an unlink on a full file system waits for them, not ENOSPC.
+                    Err(FsError::NoSpace) if !self.reclaimer.wait_idle(Duration::ZERO) => {
+                        self.reclaimer.wait_idle(RECLAIM_WAIT);
+                        allocate()?
+                    }
+                    other => other?,
+                };
                 Response::Chunks(locs.into_iter().map(Some).collect())
             }
             Request::Fsync { ino } => {
@@ -1341,10 +1524,37 @@ impl Service {
         })
     }
 
+    /// Client requests handled since start, heartbeats excepted.
+    pub fn request_count(&self) -> u64 {
+        self.requests.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Bytes of the meta region not in use (for tests and reports).
     pub fn meta_free_bytes(&self) -> u64 {
         lock(&self.state).alloc.free_bytes()
     }
+}
+
+/// Whether `request` may change an inode's attributes or whether it is open (and so its slot
+/// in the attribute table).
+fn changes_inodes(request: &Request) -> bool {
+    !matches!(
+        request,
+        Request::Heartbeat
+            | Request::Cluster
+            | Request::Fence
+            | Request::AwaitRevocations { .. }
+            | Request::Lookup { .. }
+            | Request::GetAttr { .. }
+            | Request::Readlink { .. }
+            | Request::ReadDir { .. }
+            | Request::Statfs
+            | Request::GetXattr { .. }
+            | Request::ListXattr { .. }
+            | Request::ChunkMap { .. }
+            | Request::AllocateChunks { .. }
+            | Request::AllocateLockWords { .. }
+    )
 }
 
 /// Zeroes bytes `start..end` of `region` with one-sided writes no larger than the endpoint takes.

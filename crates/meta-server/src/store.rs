@@ -315,12 +315,21 @@ fn lift<T>(r: Result<T, FsError>) -> TxResult<T> {
     r.map_err(ConflictableTransactionError::Abort)
 }
 
-/// One transaction's view of every tree, with typed accessors, and the file layout.
-struct Tx<'a>(&'a [TransactionalTree], Layout);
+/// One transaction's view of every tree, with typed accessors, the file layout, and the
+/// inodes it wrote or deleted (for [`Store::take_touched`]).
+struct Tx<'a>(
+    &'a [TransactionalTree],
+    Layout,
+    &'a std::cell::RefCell<Vec<Ino>>,
+);
 
 impl Tx<'_> {
     fn t(&self, i: usize) -> &TransactionalTree {
         &self.0[i]
+    }
+
+    fn touch(&self, ino: Ino) {
+        self.2.borrow_mut().push(ino);
     }
 
     fn inode(&self, ino: Ino) -> TxResult<Attr> {
@@ -331,6 +340,7 @@ impl Tx<'_> {
     }
 
     fn put_inode(&self, attr: &Attr) -> TxResult<()> {
+        self.touch(attr.ino);
         self.t(T_INODES).insert(&be64(attr.ino), enc(attr))?;
         Ok(())
     }
@@ -350,7 +360,10 @@ impl Tx<'_> {
         }
     }
 
+    /// Adds an entry. The parent counts as touched: its slot in the attribute table is
+    /// republished with a new version, which is what clients' name caches check.
     fn add_dirent(&self, parent: Ino, name: &str, ino: Ino, kind: FileKind) -> TxResult<()> {
+        self.touch(parent);
         let cookie = match self.t(T_COOKIES).get(be64(parent))? {
             Some(v) => lift(decode_u64(&v))?,
             None => FIRST_ENTRY_COOKIE,
@@ -371,7 +384,9 @@ impl Tx<'_> {
         Ok(())
     }
 
+    /// Removes an entry; the parent counts as touched (see `add_dirent`).
     fn remove_dirent(&self, parent: Ino, name: &str, entry: &Dirent) -> TxResult<()> {
+        self.touch(parent);
         self.t(T_DIRENTS).remove(key2(parent, name.as_bytes()))?;
         self.t(T_DIRINDEX).remove(&key_u64s(parent, entry.cookie))?;
         Ok(())
@@ -526,6 +541,7 @@ impl Tx<'_> {
 
     /// Deletes an inode and everything hanging off it (`doomed`: scanned by the caller).
     fn delete_inode(&self, ino: Ino, doomed: &Doomed) -> TxResult<()> {
+        self.touch(ino);
         self.t(T_INODES).remove(&be64(ino))?;
         self.t(T_PARENTS).remove(&be64(ino))?;
         self.t(T_COOKIES).remove(&be64(ino))?;
@@ -580,6 +596,9 @@ pub struct Store {
     db: sled::Db,
     trees: Vec<Tree>,
     layout: Layout,
+    /// Inodes written or deleted by committed transactions since the last
+    /// [`Store::take_touched`]: the meta server republishes their attributes.
+    touched: std::sync::Mutex<Vec<Ino>>,
 }
 
 impl Store {
@@ -608,7 +627,12 @@ impl Store {
             .iter()
             .map(|n| db.open_tree(n))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Store { db, trees, layout })
+        Ok(Store {
+            db,
+            trees,
+            layout,
+            touched: std::sync::Mutex::new(Vec::new()),
+        })
     }
 
     /// Opens (or creates) the database in `dir`, creating the root directory (owned by
@@ -718,13 +742,41 @@ impl Store {
 
     /// Runs `f` as one transaction over every tree.
     fn tx<A>(&self, f: impl Fn(&Tx) -> TxResult<A>) -> Result<A, FsError> {
-        self.trees
+        let touched = std::cell::RefCell::new(Vec::new());
+        let result = self
+            .trees
             .as_slice()
-            .transaction(|trees| f(&Tx(trees, self.layout)))
+            .transaction(|trees| {
+                // A retried attempt starts afresh: only the committed one's inodes count.
+                touched.borrow_mut().clear();
+                f(&Tx(trees, self.layout, &touched))
+            })
             .map_err(|e| match e {
                 TransactionError::Abort(e) => e,
                 TransactionError::Storage(e) => db_err(e),
-            })
+            })?;
+        let touched = touched.into_inner();
+        if !touched.is_empty() {
+            self.touched
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .extend(touched);
+        }
+        Ok(result)
+    }
+
+    /// Takes the inodes committed transactions wrote or deleted since the last call, each
+    /// once.
+    pub fn take_touched(&self) -> Vec<Ino> {
+        let mut inos = std::mem::take(
+            &mut *self
+                .touched
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        inos.sort_unstable();
+        inos.dedup();
+        inos
     }
 
     fn tree(&self, i: usize) -> &Tree {
@@ -2192,6 +2244,7 @@ impl Store {
                     tx.put_inode(&attr)?;
                 }
                 Corruption::RemoveInode { ino } => {
+                    tx.touch(*ino);
                     tx.t(T_INODES).remove(&be64(*ino))?;
                 }
                 Corruption::RemoveEntry { parent, name } => {

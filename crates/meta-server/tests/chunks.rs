@@ -82,6 +82,8 @@ fn allocation_is_striped_and_all_or_nothing() {
     let addr = RemoteAddr::new(region, loc.index * layout().unit());
     ep.write(addr, b"dirty data").unwrap();
     fs.unlink(ROOT_INO, "g").unwrap();
+    // The reclaimer zeroes and recycles in the background.
+    assert!(cl.meta().wait_reclaimed(std::time::Duration::from_secs(10)));
     assert_eq!(free(&mut fs), 4);
     assert_eq!(
         ep.read(addr, 10).unwrap(),

@@ -188,6 +188,13 @@ pub fn sample_requests() -> Vec<Request> {
             repair: false,
             at_rest: true,
         }),
+        Request::Create {
+            parent: ROOT_INO,
+            name: "f".into(),
+            perm: 0o644,
+            caller,
+            scheme: lockmgr::LockScheme::CITRON,
+        },
     ];
     for name in ["f", ".", "..", "", "a/b", "a\0b", &"n".repeat(300)] {
         requests.push(Request::Mknod {
@@ -282,6 +289,10 @@ fn sample_cluster() -> ClusterInfo {
         fence_after_ms: 100,
         lock_server: Some("10.0.0.1:7702".into()),
         layout_epoch: 4,
+        attr_table: Some(crate::attrs::AttrTableRef {
+            base: fabric::RemoteAddr::new(fabric::RegionId(0), 4096),
+            slots: 1024,
+        }),
     }
 }
 
@@ -312,6 +323,7 @@ pub fn sample_responses() -> Vec<Result<Response, FsError>> {
                 scheme: lockmgr::LockScheme::CITRON,
                 base: RemoteAddr::new(RegionId(0), 128),
             },
+            dir_version: 9,
         })),
         Ok(Response::Chunks(vec![
             None,

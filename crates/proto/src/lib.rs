@@ -3,12 +3,14 @@
 //! - [`types`]: inodes, attributes, directory entries, how to reach a server's regions, an open
 //!   file's lock (as [`lockmgr::LockRef`]: lock schemes are described by `lockmgr` alone);
 //! - [`error`]: [`FsError`], the file-system errors, each with its errno;
+//! - [`attrs`]: the attribute table clients read one-sidedly;
 //! - [`fcb`]: the layout of a file control block in the meta server's region;
 //! - [`layout`]: where a file's bytes lie in its chunks (the geometric chunk sizes);
 //! - [`fsck`]: what the consistency checker finds and repairs, and its report;
 //! - [`rpc`]: the meta server's requests and responses, and their framing
 //!   (`fabric::frame` + postcard, a versioned handshake).
 
+pub mod attrs;
 pub mod error;
 pub mod fcb;
 pub mod fsck;

@@ -293,6 +293,21 @@ pub enum Request {
     /// Checks the namespace, the chunk allocation and (at rest) the open files' locks for
     /// consistency, repairing what it can when asked (`citronfs fsck`). → `Fsck`
     Fsck(crate::fsck::FsckOptions),
+    /// Creates a regular file and opens it for I/O in one call (`Mknod` then `Open`, as the
+    /// FUSE `create` needs: one round trip instead of two). Fails with `Exists` when the name
+    /// is taken, whatever it names. → `Open`
+    Create {
+        /// Parent directory.
+        parent: Ino,
+        /// Name.
+        name: String,
+        /// Permission bits.
+        perm: u16,
+        /// Owner.
+        caller: Caller,
+        /// The opener's lock scheme (as in `Open`).
+        scheme: lockmgr::LockScheme,
+    },
 }
 
 /// A successful result.
@@ -490,6 +505,207 @@ impl Client {
             )));
         }
         Ok(response.result)
+    }
+}
+
+/// Why a [`SharedClient`]'s connection broke, kept for every call that finds it broken.
+#[derive(Clone, Debug)]
+enum Broken {
+    /// The server answered under id 0: it refused the connection's input and closed it.
+    Closed(String),
+    /// Reading, writing or decoding failed, or a call timed out (the stream may be mid-frame).
+    Failed(std::io::ErrorKind, String),
+}
+
+impl Broken {
+    fn error(&self) -> RpcError {
+        match self {
+            Broken::Closed(why) => {
+                RpcError::Protocol(format!("the meta server closed the connection: {why}"))
+            }
+            Broken::Failed(kind, why) => RpcError::Io(std::io::Error::new(*kind, why.clone())),
+        }
+    }
+}
+
+type Waiter = std::sync::mpsc::SyncSender<Result<Result<Response, FsError>, Broken>>;
+
+/// The calls of a [`SharedClient`] waiting for their answers, or why the connection broke.
+#[derive(Default)]
+struct MuxState {
+    waiting: std::collections::HashMap<u64, Waiter>,
+    broken: Option<Broken>,
+}
+
+/// A connection to the meta server shared by many threads: each thread's call is sent at once
+/// and waits for the answer under its own id, so calls of different threads are in flight
+/// together (the server runs a connection's requests concurrently and answers them as they
+/// finish). A reader thread hands each answer to its caller. Once the connection breaks — an
+/// I/O or decoding error, the server closing it, a call timing out — every waiting and later
+/// call fails; the owner connects again.
+pub struct SharedClient {
+    stream: TcpStream,
+    writer: std::sync::Mutex<BufWriter<TcpStream>>,
+    state: std::sync::Arc<std::sync::Mutex<MuxState>>,
+    next_id: std::sync::atomic::AtomicU64,
+    timeout: Option<Duration>,
+    welcome: Welcome,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+fn lock_mux(state: &std::sync::Mutex<MuxState>) -> std::sync::MutexGuard<'_, MuxState> {
+    state
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Marks the connection broken and fails every waiting call.
+fn break_mux(state: &std::sync::Mutex<MuxState>, why: Broken) {
+    let mut st = lock_mux(state);
+    if st.broken.is_none() {
+        st.broken = Some(why.clone());
+    }
+    for (_, waiter) in st.waiting.drain() {
+        let _ = waiter.try_send(Err(why.clone()));
+    }
+}
+
+impl SharedClient {
+    /// Connects to `addr` and performs the handshake as `role`; each call then waits at most
+    /// `timeout` for its answer (None: as long as it takes).
+    pub fn connect(
+        addr: impl ToSocketAddrs,
+        credentials: &Credentials,
+        role: Role,
+        timeout: Option<Duration>,
+    ) -> Result<SharedClient, RpcError> {
+        let client = Client::connect(addr, credentials, role)?;
+        let Client {
+            reader, welcome, ..
+        } = client;
+        let stream = reader.get_ref().try_clone()?;
+        stream.set_write_timeout(timeout)?;
+        let state = std::sync::Arc::new(std::sync::Mutex::new(MuxState::default()));
+        let mut reader = reader;
+        let read_state = state.clone();
+        let reader_thread = std::thread::Builder::new()
+            .name("citronfs-meta-rx".into())
+            .spawn(move || loop {
+                match recv::<ResponseFrame>(&mut reader) {
+                    Ok(frame) if frame.id == 0 => {
+                        let why = match frame.result {
+                            Err(e) => e.to_string(),
+                            Ok(_) => "an answer to no request".into(),
+                        };
+                        break_mux(&read_state, Broken::Closed(why));
+                        return;
+                    }
+                    Ok(frame) => {
+                        let waiter = lock_mux(&read_state).waiting.remove(&frame.id);
+                        // None: its caller timed out and broke the connection already.
+                        if let Some(waiter) = waiter {
+                            let _ = waiter.try_send(Ok(frame.result));
+                        }
+                    }
+                    Err(e) => {
+                        let kind = match &e {
+                            RpcError::Io(io) => io.kind(),
+                            _ => std::io::ErrorKind::InvalidData,
+                        };
+                        break_mux(&read_state, Broken::Failed(kind, e.to_string()));
+                        return;
+                    }
+                }
+            })?;
+        Ok(SharedClient {
+            writer: std::sync::Mutex::new(BufWriter::new(stream.try_clone()?)),
+            stream,
+            state,
+            next_id: std::sync::atomic::AtomicU64::new(1),
+            timeout,
+            welcome,
+            reader: Some(reader_thread),
+        })
+    }
+
+    /// What the server answered to the handshake.
+    pub fn welcome(&self) -> &Welcome {
+        &self.welcome
+    }
+
+    /// Whether the connection broke (every call on it fails).
+    pub fn is_broken(&self) -> bool {
+        lock_mux(&self.state).broken.is_some()
+    }
+
+    /// Makes one call and waits for its result; other threads' calls proceed meanwhile.
+    pub fn call(&self, request: Request) -> Result<Result<Response, FsError>, RpcError> {
+        let id = self
+            .next_id
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (waiter, answer) = std::sync::mpsc::sync_channel(1);
+        {
+            let mut st = lock_mux(&self.state);
+            if let Some(why) = &st.broken {
+                return Err(why.error());
+            }
+            st.waiting.insert(id, waiter);
+        }
+        let sent = {
+            let mut w = self
+                .writer
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            send(&mut *w, &RequestFrame { id, request })
+        };
+        if let Err(e) = sent {
+            // A partly written frame leaves the stream unusable for everyone.
+            let kind = match &e {
+                RpcError::Io(io) => io.kind(),
+                _ => std::io::ErrorKind::InvalidData,
+            };
+            self.fail(Broken::Failed(kind, e.to_string()));
+            return Err(e);
+        }
+        let received = match self.timeout {
+            Some(t) => answer.recv_timeout(t).map_err(|e| match e {
+                std::sync::mpsc::RecvTimeoutError::Timeout => Broken::Failed(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no answer within {t:?}"),
+                ),
+                std::sync::mpsc::RecvTimeoutError::Disconnected => {
+                    Broken::Failed(std::io::ErrorKind::BrokenPipe, "connection dropped".into())
+                }
+            }),
+            None => answer.recv().map_err(|_| {
+                Broken::Failed(std::io::ErrorKind::BrokenPipe, "connection dropped".into())
+            }),
+        };
+        match received {
+            Ok(Ok(result)) => Ok(result),
+            Ok(Err(why)) => Err(why.error()),
+            Err(why) => {
+                // Its answer may still come, mid-frame or late: the connection is not reused.
+                self.fail(why.clone());
+                Err(why.error())
+            }
+        }
+    }
+
+    /// Breaks the connection: fails every waiting call and closes the stream, which ends the
+    /// reader thread.
+    fn fail(&self, why: Broken) {
+        break_mux(&self.state, why);
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+    }
+}
+
+impl Drop for SharedClient {
+    fn drop(&mut self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
     }
 }
 

@@ -748,8 +748,8 @@ fn killed_during_a_scale_up_after_tagging_the_old_tree() {
 #[test]
 fn killed_during_create_and_rename() {
     for (failpoint, op) in [
-        ("fs_client::meta::answered::Mknod", Op::Create),
-        ("fs_client::meta::answered::Open", Op::Create),
+        // A create is one `Create` call (the file made and opened on the meta server).
+        ("fs_client::meta::answered::Create", Op::Create),
         ("fs_client::meta::answered::Rename", Op::Rename),
     ] {
         run_point(

@@ -783,11 +783,11 @@ impl Drop for RemoveFileOnDrop {
 
 /// Fails with a clear message when this machine cannot mount FUSE file systems: `fuse_dev`
 /// (normally /dev/fuse) must open read-write, and a non-root user needs fusermount3.
-fn check_fuse(fuse_dev: &Path) -> Result<()> {
+pub(crate) fn check_fuse(fuse_dev: &Path) -> Result<()> {
     if let Err(why) = fs_client::fuse::check_mountable(fuse_dev) {
         bail!(
             "FUSE is not available here: {why}. `citronfs bench fs` measures a FUSE mount of \
-             CitronFS: load the fuse module (`modprobe fuse`), or start the container with \
+             CitronFS (as does `bench meta`): load the fuse module (`modprobe fuse`), or start the container with \
              `--device /dev/fuse --cap-add SYS_ADMIN`; `--fs tmpfs,library` runs without FUSE"
         );
     }
@@ -795,7 +795,7 @@ fn check_fuse(fuse_dev: &Path) -> Result<()> {
 }
 
 /// Whether `dir` is on tmpfs.
-fn is_tmpfs(dir: &Path) -> bool {
+pub(crate) fn is_tmpfs(dir: &Path) -> bool {
     use std::os::unix::ffi::OsStrExt;
     let Ok(c_path) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
         return false;

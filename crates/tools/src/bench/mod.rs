@@ -8,6 +8,7 @@ pub mod false_conflicts;
 pub mod fs;
 pub mod io500_hard;
 pub mod locks;
+pub mod meta;
 pub mod oltp;
 
 use anyhow::Result;
@@ -48,6 +49,10 @@ pub enum Bench {
     /// small tree against a preallocated tree and the baselines, with throughput over time and
     /// each scale-up's duration; records or replays a trace file.
     Io500Hard(io500_hard::Io500HardArgs),
+    /// Metadata operations against tmpfs in one run: create, stat, open+close and unlink per
+    /// second through an embedded cluster's FUSE mount and on /dev/shm, 1 and 4 threads, with
+    /// the ratios and the meta server's requests per operation.
+    Meta(meta::MetaArgs),
 }
 
 impl Bench {
@@ -62,6 +67,7 @@ impl Bench {
             Bench::Btio(args) => btio::run(&args),
             Bench::Oltp(args) => oltp::run(&args),
             Bench::Io500Hard(args) => io500_hard::run(&args),
+            Bench::Meta(args) => meta::run(&args),
         }
     }
 }

@@ -1,0 +1,428 @@
+//! `citronfs bench meta`: metadata operations per second through a real mount, against tmpfs
+//! in the same run.
+//!
+//! The run starts an embedded CitronFS cluster in this process (shm fabric by default), mounts
+//! it through FUSE in a temporary directory, and runs four phases, mdtest-style, in one shared
+//! directory per thread count, on that mount and on a directory under /dev/shm (tmpfs):
+//! - `create`: `open(O_CREAT|O_EXCL|O_WRONLY)` + `close` of a new, empty file;
+//! - `stat`: `stat` of each file by path;
+//! - `open-close`: `open(O_RDONLY)` + `close` of each file;
+//! - `unlink`: `unlink` of each file.
+//!
+//! Each of `n` threads handles its own `--files` names; a phase starts when every thread is
+//! ready (a barrier) and ends when the last thread is done, so ops/s is the whole phase's
+//! throughput. For CitronFS the meta server's request counter (`MetaHandle::request_count`,
+//! heartbeats excepted) is read before and after each phase: `RPCs/op` shows which operations
+//! still cost the meta server a request.
+//!
+//! The mount's attribute and entry TTL is `--attr-ttl-ms` (0 by default), so that every stat and
+//! every path walk reaches CitronFS instead of the kernel's cache: the figures are the file
+//! system's, not the dentry cache's. tmpfs has no such cache to bypass: its dentries are the
+//! file system.
+
+use crate::bench::fs::{check_fuse, is_tmpfs};
+use crate::report::{fmt_f, Report};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use fabric::Backend;
+use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressStyle};
+use lockmgr::LockScheme;
+use serde::Serialize;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+use testkit::{Cluster, ClusterSpec, Mount};
+
+/// One phase of the run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Phase {
+    /// Create (O_CREAT|O_EXCL) and close a new empty file.
+    Create,
+    /// stat(2) a file by path.
+    Stat,
+    /// Open an existing file read-only and close it.
+    OpenClose,
+    /// Unlink a file.
+    Unlink,
+}
+
+impl Phase {
+    fn name(self) -> &'static str {
+        match self {
+            Phase::Create => "create",
+            Phase::Stat => "stat",
+            Phase::OpenClose => "open-close",
+            Phase::Unlink => "unlink",
+        }
+    }
+
+    /// Runs the phase's operation on `path`.
+    fn run(self, path: &Path) -> std::io::Result<()> {
+        match self {
+            Phase::Create => std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o644)
+                .open(path)
+                .map(drop),
+            Phase::Stat => std::fs::metadata(path).map(drop),
+            Phase::OpenClose => std::fs::File::open(path).map(drop),
+            Phase::Unlink => std::fs::remove_file(path),
+        }
+    }
+}
+
+/// Every phase, in the order they must run (each needs the files the one before left).
+const PHASES: [Phase; 4] = [Phase::Create, Phase::Stat, Phase::OpenClose, Phase::Unlink];
+
+/// What is measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum MetaTarget {
+    /// The CitronFS FUSE mount.
+    Citronfs,
+    /// A directory on tmpfs (the reference).
+    Tmpfs,
+}
+
+/// Options of `citronfs bench meta`.
+#[derive(Args, Debug)]
+pub struct MetaArgs {
+    /// Thread counts to run (comma-separated); the threads of a run share one directory.
+    #[arg(long, value_delimiter = ',', default_value = "1,4")]
+    threads: Vec<usize>,
+    /// Files each thread creates, stats, opens and unlinks.
+    #[arg(long, default_value_t = 2000)]
+    files: usize,
+    /// What to measure (comma-separated): citronfs (the FUSE mount), tmpfs.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "tmpfs,citronfs"
+    )]
+    fs: Vec<MetaTarget>,
+    /// The fabric between the client and the servers.
+    #[arg(long, value_enum, default_value = "shm")]
+    fabric: Backend,
+    /// Range-lock scheme of the mount (files are opened, so their lock state is created).
+    #[arg(long, default_value = "citron")]
+    scheme: LockScheme,
+    /// How long the kernel may cache CitronFS attributes and entries, in milliseconds; 0 (the
+    /// default) sends every stat and path lookup to CitronFS.
+    #[arg(long, default_value_t = 0)]
+    attr_ttl_ms: u64,
+    /// Directory for the tmpfs runs [default: a fresh directory under /dev/shm].
+    #[arg(long)]
+    tmpfs_dir: Option<PathBuf>,
+    /// Print one JSON object per result instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One result: a file system, a phase, a thread count.
+#[derive(Clone, Debug, Serialize)]
+struct MetaResult {
+    /// `tmpfs` or `citronfs`.
+    fs: &'static str,
+    /// The fabric (`null` for tmpfs).
+    fabric: Option<&'static str>,
+    phase: &'static str,
+    threads: usize,
+    /// Operations of the phase, all threads together.
+    ops: u64,
+    seconds: f64,
+    ops_per_s: f64,
+    p50_us: f64,
+    p99_us: f64,
+    max_us: f64,
+    /// `ops_per_s` over tmpfs's for the same phase and threads (when tmpfs ran).
+    ratio_vs_tmpfs: Option<f64>,
+    /// CitronFS: meta-server requests per operation during the phase (heartbeats excepted).
+    rpcs_per_op: Option<f64>,
+}
+
+/// Runs `citronfs bench meta`.
+pub fn run(args: &MetaArgs) -> Result<()> {
+    anyhow::ensure!(
+        !args.threads.is_empty() && args.threads.iter().all(|&t| t >= 1),
+        "--threads needs thread counts of at least 1"
+    );
+    anyhow::ensure!(args.files >= 1, "--files must be at least 1");
+    anyhow::ensure!(!args.fs.is_empty(), "--fs is empty");
+    if args.fs.contains(&MetaTarget::Citronfs) {
+        check_fuse(Path::new("/dev/fuse"))?;
+    }
+    // Ctrl-C and SIGTERM end the run between phases, so that the mount is unmounted and the
+    // servers stopped; a second signal exits at once.
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register_conditional_shutdown(signal, 130, stop.clone())?;
+        signal_hook::flag::register(signal, stop.clone())?;
+    }
+    let progress = if args.json {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new((args.fs.len() * args.threads.len() * PHASES.len()) as u64).with_style(
+            ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        )
+    };
+    let mut report = Report::new(
+        args.json,
+        &[
+            "fs", "phase", "threads", "ops/s", "p50 µs", "p99 µs", "vs tmpfs", "RPCs/op",
+        ],
+    );
+    let mut tmpfs_results: Vec<MetaResult> = Vec::new();
+    let mut emit = |mut r: MetaResult, tmpfs: &[MetaResult]| {
+        r.ratio_vs_tmpfs = tmpfs
+            .iter()
+            .find(|t| t.phase == r.phase && t.threads == r.threads)
+            .filter(|t| t.ops_per_s > 0.0)
+            .map(|t| r.ops_per_s / t.ops_per_s);
+        report.add(
+            vec![
+                r.fs.to_string(),
+                r.phase.to_string(),
+                r.threads.to_string(),
+                format!("{:.0}", r.ops_per_s),
+                fmt_f(r.p50_us, 1),
+                fmt_f(r.p99_us, 1),
+                r.ratio_vs_tmpfs
+                    .map(|x| format!("{x:.3}"))
+                    .unwrap_or_else(|| "-".into()),
+                r.rpcs_per_op
+                    .map(|x| fmt_f(x, 2))
+                    .unwrap_or_else(|| "-".into()),
+            ],
+            &r,
+        );
+        r
+    };
+
+    let mut tmpfs_note = None;
+    if args.fs.contains(&MetaTarget::Tmpfs) {
+        let (dir, _temp) = match &args.tmpfs_dir {
+            Some(dir) => (dir.clone(), None),
+            None => {
+                let temp = tempfile::Builder::new()
+                    .prefix("citronfs-bench-meta-")
+                    .tempdir_in("/dev/shm")
+                    .context("create a directory under /dev/shm (give --tmpfs-dir)")?;
+                (temp.path().to_path_buf(), Some(temp))
+            }
+        };
+        if !is_tmpfs(&dir) {
+            tmpfs_note = Some(format!(
+                "{} is NOT on tmpfs: the `tmpfs` rows measure whatever file system it is on",
+                dir.display()
+            ));
+        }
+        for r in run_target(args, "tmpfs", None, &dir, None, &stop, &progress)? {
+            tmpfs_results.push(emit(r, &[]));
+        }
+    }
+    if args.fs.contains(&MetaTarget::Citronfs) {
+        progress.set_message("starting the cluster");
+        let cluster = Cluster::start(ClusterSpec {
+            name: "citronfs-bench-meta".into(),
+            fabric: args.fabric,
+            lock_server: args.scheme == LockScheme::SERVER,
+            ..ClusterSpec::server_defaults()
+        })?;
+        let fs = Arc::new(cluster.connect(args.scheme)?);
+        let options = fs_client::fuse::FuseOptions {
+            attr_ttl: Duration::from_millis(args.attr_ttl_ms),
+            ..Default::default()
+        };
+        let mount = Mount::in_temp_dir(fs, &options)?;
+        let results = run_target(
+            args,
+            "citronfs",
+            Some(args.fabric.name()),
+            mount.path(),
+            Some(&cluster),
+            &stop,
+            &progress,
+        );
+        let mountpoint = mount.path().to_path_buf();
+        mount
+            .unmount()
+            .with_context(|| format!("unmount {}", mountpoint.display()))?;
+        progress.set_message("stopping the cluster");
+        cluster.shutdown()?;
+        for r in results? {
+            emit(r, &tmpfs_results);
+        }
+    }
+    progress.finish_and_clear();
+    report.finish();
+    if !args.json {
+        println!();
+        println!(
+            "{} files per thread, all threads of a run in one directory; ops/s is the phase's \
+             throughput (all threads), latency is per call. CitronFS: FUSE mount with attribute/\
+             entry TTL {} ms over the {} fabric; RPCs/op: meta-server requests per operation \
+             (heartbeats excepted).",
+            args.files,
+            args.attr_ttl_ms,
+            args.fabric.name()
+        );
+        if let Some(note) = tmpfs_note {
+            println!("warning: {note}");
+        }
+    }
+    Ok(())
+}
+
+/// Runs every thread count's four phases in a fresh directory under `root`.
+fn run_target(
+    args: &MetaArgs,
+    fs: &'static str,
+    fabric: Option<&'static str>,
+    root: &Path,
+    cluster: Option<&Cluster>,
+    stop: &AtomicBool,
+    progress: &ProgressBar,
+) -> Result<Vec<MetaResult>> {
+    let mut results = Vec::new();
+    for &threads in &args.threads {
+        let dir = root.join(format!("bench-meta-{}-{threads}", std::process::id()));
+        std::fs::create_dir(&dir).with_context(|| format!("create {}", dir.display()))?;
+        for phase in PHASES {
+            progress.set_message(format!("{fs}: {}, {threads} threads", phase.name()));
+            let before = cluster.map(|c| c.meta().request_count());
+            let m = run_phase(&dir, phase, threads, args.files, stop)
+                .with_context(|| format!("{fs} {} with {threads} threads", phase.name()))?;
+            let rpcs = before
+                .zip(cluster.map(|c| c.meta().request_count()))
+                .map(|(b, a)| a.saturating_sub(b) as f64 / m.ops.max(1) as f64);
+            if stop.load(Ordering::Relaxed) {
+                bail!("interrupted");
+            }
+            let us = |q: f64| m.histogram.value_at_quantile(q) as f64 / 1000.0;
+            results.push(MetaResult {
+                fs,
+                fabric,
+                phase: phase.name(),
+                threads,
+                ops: m.ops,
+                seconds: m.seconds,
+                ops_per_s: m.ops as f64 / m.seconds,
+                p50_us: us(0.5),
+                p99_us: us(0.99),
+                max_us: m.histogram.max() as f64 / 1000.0,
+                ratio_vs_tmpfs: None,
+                rpcs_per_op: rpcs,
+            });
+            progress.inc(1);
+        }
+        std::fs::remove_dir(&dir).with_context(|| format!("remove {}", dir.display()))?;
+    }
+    Ok(results)
+}
+
+/// What one phase measured.
+struct Measured {
+    ops: u64,
+    seconds: f64,
+    histogram: Histogram<u64>,
+}
+
+/// The name of thread `t`'s file `i`.
+fn file_name(dir: &Path, t: usize, i: usize) -> PathBuf {
+    dir.join(format!("f{t}.{i}"))
+}
+
+/// Runs `phase` on `files` names per thread with `threads` threads; the clock runs from the
+/// barrier every thread passed to the end of the last thread.
+fn run_phase(
+    dir: &Path,
+    phase: Phase,
+    threads: usize,
+    files: usize,
+    stop: &AtomicBool,
+) -> Result<Measured> {
+    let barrier = Barrier::new(threads + 1);
+    let (start, outcomes) = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let barrier = &barrier;
+                s.spawn(move || -> Result<Histogram<u64>> {
+                    let mut histogram = new_histogram();
+                    let paths: Vec<PathBuf> = (0..files).map(|i| file_name(dir, t, i)).collect();
+                    barrier.wait();
+                    for path in &paths {
+                        if stop.load(Ordering::Relaxed) {
+                            break;
+                        }
+                        let begin = Instant::now();
+                        phase
+                            .run(path)
+                            .with_context(|| format!("{} {}", phase.name(), path.display()))?;
+                        histogram.saturating_record(begin.elapsed().as_nanos() as u64);
+                    }
+                    Ok(histogram)
+                })
+            })
+            .collect();
+        barrier.wait();
+        let start = Instant::now();
+        let outcomes: Vec<_> = workers
+            .into_iter()
+            .map(|w| {
+                w.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a benchmark thread panicked")))
+            })
+            .collect();
+        (start, outcomes)
+    });
+    let seconds = start.elapsed().as_secs_f64();
+    let mut histogram = new_histogram();
+    for outcome in outcomes {
+        histogram
+            .add(outcome?)
+            .context("merge latency histograms")?;
+    }
+    Ok(Measured {
+        ops: histogram.len(),
+        seconds,
+        histogram,
+    })
+}
+
+/// Nanoseconds from 1 ns to 60 s, 3 significant digits.
+fn new_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid histogram bounds")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn phases_run_on_a_plain_directory_and_leave_it_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let stop = AtomicBool::new(false);
+        for phase in PHASES {
+            let m = run_phase(dir.path(), phase, 2, 5, &stop).unwrap();
+            assert_eq!(m.ops, 10, "{phase:?}");
+        }
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_failing_operation_fails_the_phase_with_its_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let stop = AtomicBool::new(false);
+        // Nothing to stat yet.
+        let Err(err) = run_phase(dir.path(), Phase::Stat, 1, 1, &stop) else {
+            panic!("a stat of a missing file succeeded");
+        };
+        assert!(format!("{err:#}").contains("f0.0"), "{err:#}");
+    }
+}
