@@ -61,7 +61,9 @@ impl Protocol {
             // 3: data servers name their incarnation; clients learn the layout epoch in every
             // heartbeat and fetch the layout with `Cluster`; `FsError` answers `Lost`,
             // `Unavailable`, `Busy`, `TooManyOpen`, `TooManySessions`.
-            Protocol::Rpc => 3,
+            // 4: `SetAttr::kill_suidgid`, `Rename::exchange`; file control blocks carry MTIME
+            // and MODE (`proto::fcb`).
+            Protocol::Rpc => 4,
             // 1: the first version with a handshake.
             Protocol::LockServer => 1,
         }

@@ -145,6 +145,7 @@ impl Fs {
             new_parent: np,
             new_name: nn.into(),
             no_replace,
+            exchange: false,
         })
     }
 
