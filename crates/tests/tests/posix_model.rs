@@ -371,6 +371,12 @@ fn show(op: &Op) -> String {
                 data.len()
             )
         }
+        Op::WriteAgain { path, offset, data } => {
+            format!(
+                "WriteAgain {{ path: {path:?}, offset: {offset}, len: {} }}",
+                data.len()
+            )
+        }
         other => format!("{other:?}"),
     }
 }
