@@ -195,7 +195,7 @@ impl CitronFs {
     ///   allocated); the size does not change.
     ///
     /// Each moves mtime and ctime like a write (and clears set-ID bits when `kill_suidgid`).
-    /// `len` 0 is EINVAL; a range past the largest file is EFBIG.
+    /// `len` 0 is EINVAL, and so is a range past the largest file (as for a write there).
     pub fn fallocate(
         &self,
         fh: FileHandle,
