@@ -15,7 +15,7 @@
 //!                     written at open and after every change of them; writers read it in the
 //!                     same batch to learn whether their write must clear the set-user-ID and
 //!                     set-group-ID bits (an RPC only then)
-//! word 5..8           reserved, zero
+//! word 5..7           reserved, zero
 //! ```
 //!
 //! Invariants: `SIZE` only grows through one-sided CAS under a range lock; it shrinks only
