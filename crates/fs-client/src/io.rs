@@ -35,6 +35,7 @@
 use crate::chunks::ChunkRun;
 use crate::client::{CitronFs, FileHandle, Inner};
 use crate::error::{Error, Peer};
+use crate::fcb::FcbForWrite;
 use crate::handles::OpenInode;
 use crate::locks::{server_range, whole_file};
 use crate::plan::{plan, Limits};
@@ -74,8 +75,12 @@ impl Fallocate {
     }
 }
 
-/// How many bytes of zeros one step of a hole punch writes.
+/// How many bytes of zeros one batch of a hole punch writes.
 const ZERO_WINDOW: usize = 1 << 20;
+
+/// The bytes of a fallocate done under one range lock; a larger range is done in steps, each
+/// atomic by itself (as a write beyond the atomic bound is).
+const FALLOCATE_STEP: u64 = 16 << 20;
 
 /// How often one read or write is retried under a new lock after its lease ran out.
 const LEASE_RETRIES: u32 = 3;
@@ -183,7 +188,8 @@ impl CitronFs {
     }
 
     /// fallocate(2) on an open file, under the range lock of `[offset, offset + len)` like a
-    /// write (so it is atomic against every read and write that overlaps it):
+    /// write, so it is atomic against every read and write that overlaps it (a range over
+    /// [`FALLOCATE_STEP`] is done in steps of that size, each atomic by itself):
     ///
     /// - [`Fallocate::Allocate`] (mode 0): allocates the chunks of the range and raises the
     ///   size to its end when it is beyond; reads of the range give what was there, or zeros.
@@ -210,58 +216,27 @@ impl CitronFs {
         }
         let inner = &*self.inner;
         let end = inner.geometry.checked_end(offset, len)?;
-        let units = inner.geometry.lock_range(offset, len)?;
-        inner.retry(true, || {
-            let mut w = inner.checkout()?;
-            let inode = inner.live_inode(&handle.inode, &w.view)?;
-            inner.locked(&mut w, &inode, units.clone(), |w| {
-                let found = inner.read_fcb_for_write(w, &inode, Timestamp::now().as_nanos())?;
-                if kill_suidgid {
-                    inner.kill_suidgid(&inode, found.mode, handle.caller)?;
-                }
-                let size = found.size;
-                // The bytes of the range that get chunks: all of it, or what lies below SIZE.
-                let alloc_end = match mode {
-                    Fallocate::Allocate => end,
-                    Fallocate::KeepSize | Fallocate::PunchHole => end.min(size),
-                };
-                if alloc_end <= offset {
-                    return Ok(());
-                }
-                let n = usize::try_from(alloc_end - offset)
-                    .map_err(|_| FsError::Invalid("fallocate range too large".into()))?;
-                match mode {
-                    Fallocate::Allocate | Fallocate::KeepSize => {
-                        inner.chunk_locations(
-                            &w.view,
-                            &inode,
-                            found.generation,
-                            offset,
-                            n,
-                            true,
-                        )?;
+        // One step at a time, each under its own range lock, so that no lock is held for
+        // longer than a write of the atomic bound takes (a hole punch moves bytes).
+        let mut at = offset;
+        while at < end {
+            let step_end = end.min(at.saturating_add(FALLOCATE_STEP));
+            let units = inner.geometry.lock_range(at, step_end - at)?;
+            inner.retry(true, || {
+                let mut w = inner.checkout()?;
+                let inode = inner.live_inode(&handle.inode, &w.view)?;
+                inner.locked(&mut w, &inode, units.clone(), |w| {
+                    let now = Timestamp::now().as_nanos();
+                    let found = inner.read_fcb_for_write(w, &inode, now)?;
+                    if kill_suidgid {
+                        inner.kill_suidgid(&inode, found.mode, handle.caller)?;
                     }
-                    Fallocate::PunchHole => {
-                        let locs = inner.chunk_locations(
-                            &w.view,
-                            &inode,
-                            found.generation,
-                            offset,
-                            n,
-                            false,
-                        )?;
-                        inner.zero_allocated(w, offset, n, &locs)?;
-                    }
-                }
-                if mode == Fallocate::Allocate {
-                    inner.raise_size(w, &inode, size, end)?;
-                    if end > size {
-                        inner.meta.note_unsynced(w.view.generation);
-                    }
-                }
-                Ok(())
-            })
-        })
+                    inner.fallocate_step(w, &inode, found, at..step_end, mode)
+                })
+            })?;
+            at = step_end;
+        }
+        Ok(())
     }
 
     /// Makes the file's size durable on the meta server (and its data, where the data servers
@@ -435,6 +410,42 @@ impl Inner {
                 for (op, h) in pb.ops.iter().zip(handles) {
                     buf[op.buf_off..op.buf_off + op.len].copy_from_slice(w.out.bytes(h));
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// One step of [`CitronFs::fallocate`] on `range`, holding its range lock; `found` is what
+    /// the FCB held at its start.
+    fn fallocate_step(
+        &self,
+        w: &mut Worker,
+        inode: &Arc<OpenInode>,
+        found: FcbForWrite,
+        range: Range<u64>,
+        mode: Fallocate,
+    ) -> Result<(), Error> {
+        let size = found.size;
+        // The bytes of the range that get chunks: all of it, or what lies below SIZE.
+        let alloc_end = match mode {
+            Fallocate::Allocate => range.end,
+            Fallocate::KeepSize | Fallocate::PunchHole => range.end.min(size),
+        };
+        if alloc_end > range.start {
+            let n = usize::try_from(alloc_end - range.start)
+                .map_err(|_| FsError::Invalid("fallocate range too large".into()))?;
+            let allocate = mode != Fallocate::PunchHole;
+            let view = w.view.clone();
+            let locs =
+                self.chunk_locations(&view, inode, found.generation, range.start, n, allocate)?;
+            if mode == Fallocate::PunchHole {
+                self.zero_allocated(w, range.start, n, &locs)?;
+            }
+        }
+        if mode == Fallocate::Allocate {
+            self.raise_size(w, inode, size, range.end)?;
+            if range.end > size {
+                self.meta.note_unsynced(w.view.generation);
             }
         }
         Ok(())

@@ -579,3 +579,34 @@ fn an_unprivileged_write_clears_set_id_bits() {
     assert_eq!(fs.getattr(ino).unwrap().perm, 0o2745);
     fs.release(fh).unwrap();
 }
+
+#[test]
+fn fallocate_beyond_one_step_is_done_in_pieces() {
+    use fs_client::Fallocate;
+    // 25 MiB of chunks: room for a range over the 16 MiB done under one lock.
+    let cluster = start(1, 400);
+    let fs = cluster.connect(LockScheme::CITRON).unwrap();
+    let (ino, fh) = new_file(&fs, "big");
+    let len = 20u64 << 20;
+    fs.fallocate(fh, 0, len, Fallocate::Allocate, false)
+        .unwrap();
+    assert_eq!(fs.getattr(ino).unwrap().size, len);
+    let s = fs.statfs().unwrap();
+    assert_eq!(s.total_chunks - s.free_chunks, len / CHUNK);
+    // Data on both sides of a punch across the step boundary.
+    let data = pattern(3, 0, len as usize);
+    for (i, piece) in data.chunks(4 << 20).enumerate() {
+        fs.write(fh, (i as u64) * (4 << 20), piece).unwrap();
+    }
+    let (from, to) = (1_000_001u64, 19_000_003u64);
+    fs.fallocate(fh, from, to - from, Fallocate::PunchHole, false)
+        .unwrap();
+    let mut want = data;
+    want[from as usize..to as usize].fill(0);
+    for at in (0..len).step_by(4 << 20) {
+        let got = fs.read(fh, at, 4 << 20).unwrap();
+        assert!(got == want[at as usize..][..got.len()], "bytes at {at}");
+    }
+    assert_eq!(fs.getattr(ino).unwrap().size, len);
+    fs.release(fh).unwrap();
+}
