@@ -64,7 +64,8 @@ impl Protocol {
             // 4: `ChunkLoc::index` counts 4 KiB units and chunks grow geometrically
             // (`proto::layout`); `FsStats` reports blocks and free inodes; a client connection
             // carries concurrent calls, answered in completion order under their ids;
-            // `ClusterInfo` names the attribute table (`proto::attrs`).
+            // `ClusterInfo` names the attribute table (`proto::attrs`); `SetAttr::kill_suidgid`,
+            // `Rename::exchange`; file control blocks carry MTIME and MODE (`proto::fcb`).
             Protocol::Rpc => 4,
             // 1: the first version with a handshake.
             Protocol::LockServer => 1,

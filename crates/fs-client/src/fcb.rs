@@ -1,11 +1,15 @@
-//! One-sided access to an open file's control block (FCB, `proto::fcb`): its INO, SIZE and
-//! GENERATION words in the meta region.
+//! One-sided access to an open file's control block (FCB, `proto::fcb`): its INO, SIZE,
+//! GENERATION, MTIME and MODE words in the meta region.
 //!
 //! Invariants:
 //! - SIZE is the truth about a file's size while it is open anywhere: writers of every client
 //!   raise it one-sidedly, and only upward, with a CAS ([`Inner::raise_size`]) while they hold
 //!   the range lock of their write; the meta server persists it on release, fsync and truncate.
 //!   Attributes of an open file therefore take their size from here ([`Inner::fresh_size`]).
+//! - MTIME (the latest data change) is raised by every write and fallocate, with a CAS in the
+//!   batch that reads SIZE and GENERATION ([`Inner::read_fcb_for_write`]): no extra round trip
+//!   unless another client raised it meanwhile. So mtime and ctime move on every write, as
+//!   POSIX asks, without an RPC; attributes merge it through `proto::fcb::live`.
 //! - Each word is read atomically; SIZE and GENERATION are read in one round trip but are two
 //!   words, so a reader that needs them consistent holds the range lock that a truncate would
 //!   need (every read and write does).
@@ -20,6 +24,7 @@ use fabric::{Batch, Completions};
 use proto::attrs::{AttrSlot, AttrTableRef};
 use proto::{fcb, Attr, FileKind, Ino};
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Mutex, PoisonError};
 
 /// Names this client looked up: `(parent, name)` → the inode and the version of the parent's
@@ -100,6 +105,7 @@ fn live_slot_attr(
     let fcb_addr = fabric::RemoteAddr::new(table.base.region, slot.fcb);
     let owner = batch.read(fcb_addr.add(fcb::INO), 8);
     let size = batch.read(fcb_addr.add(fcb::SIZE), 8);
+    let mtime = batch.read(fcb_addr.add(fcb::MTIME), 8);
     if let Err(e) = meta_ep.execute(batch, out) {
         *broken = true;
         return Err(Error::fabric(Peer::Meta)(e));
@@ -107,8 +113,19 @@ fn live_slot_attr(
     if out.word(owner, 0) != attr.ino {
         return Ok(None);
     }
-    attr.size = out.word(size, 0);
+    attr = fcb::live(attr, out.word(size, 0), out.word(mtime, 0));
     Ok(Some(attr))
+}
+
+/// What a write read from the FCB ([`Inner::read_fcb_for_write`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FcbForWrite {
+    /// SIZE.
+    pub(crate) size: u64,
+    /// GENERATION.
+    pub(crate) generation: u64,
+    /// MODE: the permission bits as the meta server holds them.
+    pub(crate) mode: u16,
 }
 
 impl Inner {
@@ -180,6 +197,62 @@ impl Inner {
         Ok((out.word(size, 0), out.word(generation, 0)))
     }
 
+    /// What a write needs from the FCB, read in one round trip with the MTIME raise: SIZE,
+    /// GENERATION and MODE (whether set-ID bits must be cleared). `now_ns` is this write's time;
+    /// MTIME ends at least that high (a CAS expecting the value last seen; only when another
+    /// client moved it meanwhile does it take more round trips, and never lowers it). Like
+    /// Linux, the time is taken before the data lands.
+    pub(crate) fn read_fcb_for_write(
+        &self,
+        w: &mut Worker,
+        inode: &OpenInode,
+        now_ns: u64,
+    ) -> Result<FcbForWrite, Error> {
+        let mtime_addr = inode.fcb.add(fcb::MTIME);
+        let Worker {
+            meta_ep,
+            batch,
+            out,
+            broken,
+            ..
+        } = w;
+        let mut expected = inode.mtime_seen.load(Ordering::Relaxed);
+        batch.clear();
+        let size = batch.read(inode.fcb.add(fcb::SIZE), 8);
+        let generation = batch.read(inode.fcb.add(fcb::GENERATION), 8);
+        let mode = batch.read(inode.fcb.add(fcb::MODE), 8);
+        let mut cas = batch.cas(mtime_addr, expected, now_ns);
+        if let Err(e) = meta_ep.execute(batch, out) {
+            *broken = true;
+            return Err(Error::fabric(Peer::Meta)(e));
+        }
+        let found = FcbForWrite {
+            size: out.word(size, 0),
+            generation: out.word(generation, 0),
+            mode: out.word(mode, 0) as u16,
+        };
+        loop {
+            let old = out.old(cas);
+            if old == expected {
+                inode.mtime_seen.store(now_ns, Ordering::Relaxed);
+                break;
+            }
+            if old >= now_ns {
+                // A later write (of another client) is there already.
+                inode.mtime_seen.store(old, Ordering::Relaxed);
+                break;
+            }
+            expected = old;
+            batch.clear();
+            cas = batch.cas(mtime_addr, expected, now_ns);
+            if let Err(e) = meta_ep.execute(batch, out) {
+                *broken = true;
+                return Err(Error::fabric(Peer::Meta)(e));
+            }
+        }
+        Ok(found)
+    }
+
     /// Raises SIZE to `end` unless it is there already (CAS loop from `seen`). Called under the
     /// write's range lock: each CAS is posted only within the lock's lease.
     pub(crate) fn raise_size(
@@ -207,14 +280,28 @@ impl Inner {
         Ok(())
     }
 
-    /// For a file open here, replaces the size with the FCB's (the truth, updated one-sidedly
-    /// by writers of every client).
-    pub(crate) fn fresh_size(&self, mut attr: Attr) -> Result<Attr, Error> {
+    /// For a file open here, corrects the attributes with the FCB (`proto::fcb::live`: its
+    /// SIZE and MTIME are the truth, updated one-sidedly by writers of every client).
+    pub(crate) fn fresh_size(&self, attr: Attr) -> Result<Attr, Error> {
         if attr.kind == FileKind::File {
             if let Some(inode) = self.open_entry(attr.ino) {
                 let mut w = self.checkout()?;
                 let inode = self.live_inode(&inode, &w.view)?;
-                attr.size = self.read_fcb(&mut w, &inode)?.0;
+                let Worker {
+                    meta_ep,
+                    batch,
+                    out,
+                    broken,
+                    ..
+                } = &mut *w;
+                batch.clear();
+                let size = batch.read(inode.fcb.add(fcb::SIZE), 8);
+                let mtime = batch.read(inode.fcb.add(fcb::MTIME), 8);
+                if let Err(e) = meta_ep.execute(batch, out) {
+                    *broken = true;
+                    return Err(Error::fabric(Peer::Meta)(e));
+                }
+                return Ok(fcb::live(attr, out.word(size, 0), out.word(mtime, 0)));
             }
         }
         Ok(attr)

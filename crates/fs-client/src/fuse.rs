@@ -24,8 +24,16 @@
 //!   bytes (or fewer, at page boundaries of the buffer), each atomic by itself.
 //! - Attribute and entry replies carry a short TTL ([`FuseOptions::attr_ttl`]) so sizes and
 //!   names changed by other clients show up quickly.
-//! - Mounted with `default_permissions` (the kernel checks mode bits, so EACCES/EPERM come from
-//!   it) and fsname `citronfs`; `allow_other` only on request.
+//! - **Shared by default**: mounted with `allow_other` and `default_permissions`, so every
+//!   local user can use the mount and the kernel checks mode bits, ownership and sticky
+//!   directories against each caller (EACCES/EPERM come from it); the meta server records each
+//!   caller as owner of what it creates (and the group of a set-group-ID directory).
+//!   [`FuseOptions::allow_other`] `false` restricts the mount to the mounting user. A non-root
+//!   mounter needs `user_allow_other` in /etc/fuse.conf for a shared mount ([`mount`] says so).
+//! - **Set-ID bits** are cleared as Linux clears them: on truncate and chown the kernel sends
+//!   the new mode itself (CitronFS does not negotiate `FUSE_HANDLE_KILLPRIV(_V2)`); on a direct
+//!   write the kernel clears nothing but sets `FUSE_WRITE_KILL_SUIDGID` when the writer lacks
+//!   `CAP_FSETID`, and the write clears them first (`CitronFs::write_as`).
 //! - Every failure is answered with [`Error::errno`], through one helper that also logs it
 //!   (`failed`, `refused`): a failure that is not an ordinary outcome (EIO, ESTALE,
 //!   ENOSPC, ...: see `loudness`) at warn, naming the request and the error's whole cause
@@ -37,6 +45,7 @@
 
 use crate::client::{CitronFs, FileHandle as Fh};
 use crate::error::{Chain, Error};
+use crate::io::Fallocate;
 use fuser::{
     Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
     KernelConfig, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
@@ -78,6 +87,29 @@ pub fn check_mountable(device: &Path) -> Result<(), String> {
         return Err("not root and no fusermount3 on PATH (Debian package fuse3)".into());
     }
     Ok(())
+}
+
+/// Where fusermount3 reads whether non-root users may mount with `allow_other`.
+pub const FUSE_CONF: &str = "/etc/fuse.conf";
+
+/// Whether this process may mount with `allow_other`: root may, another user only when
+/// [`FUSE_CONF`] has a `user_allow_other` line. `Err` says why not and what to do.
+pub fn other_users_allowed() -> Result<(), String> {
+    // SAFETY: geteuid has no preconditions and touches no memory.
+    if unsafe { libc::geteuid() } == 0 {
+        return Ok(());
+    }
+    let conf = std::fs::read_to_string(FUSE_CONF).unwrap_or_default();
+    if conf
+        .lines()
+        .any(|line| line.split('#').next().unwrap_or("").trim() == "user_allow_other")
+    {
+        return Ok(());
+    }
+    Err(format!(
+        "a mount that other users may use (allow_other) needs root or a `user_allow_other` \
+         line in {FUSE_CONF}; add it, or mount for yourself only (citronfs: --private)"
+    ))
 }
 
 /// The size up to which every read and write call should be one FUSE request (and so atomic),
@@ -185,8 +217,9 @@ const OPEN_FLAGS: FopenFlags =
 /// How to mount.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FuseOptions {
-    /// Let users other than the mounting one use the mount (`allow_other`; needs
-    /// `user_allow_other` in /etc/fuse.conf when not root).
+    /// Let users other than the mounting one use the mount (`allow_other`, with the kernel
+    /// checking permissions); needs `user_allow_other` in /etc/fuse.conf when not root
+    /// ([`other_users_allowed`]). On by default; `false` restricts the mount to its owner.
     pub allow_other: bool,
     /// Kernel request threads.
     pub threads: usize,
@@ -197,7 +230,7 @@ pub struct FuseOptions {
 impl Default for FuseOptions {
     fn default() -> Self {
         FuseOptions {
-            allow_other: false,
+            allow_other: true,
             threads: 8,
             attr_ttl: Duration::from_millis(100),
         }
@@ -268,6 +301,9 @@ pub fn mount(
     opts: &FuseOptions,
 ) -> std::io::Result<MountHandle> {
     let mountpoint = mountpoint.as_ref().to_path_buf();
+    if opts.allow_other {
+        other_users_allowed().map_err(std::io::Error::other)?;
+    }
     let mut config = Config::default();
     config.mount_options = vec![
         MountOption::FSName("citronfs".into()),
@@ -696,6 +732,10 @@ impl Filesystem for CitronFuse {
             size,
             atime: atime.map(set_time),
             mtime: mtime.map(set_time),
+            // Without FUSE_HANDLE_KILLPRIV the kernel clears set-ID bits on truncate and chown
+            // itself, sending the new mode along (with the caller's credentials: the meta
+            // server lets anyone clear set-ID bits).
+            kill_suidgid: false,
         };
         match self.fs.setattr(caller(req), ino.0, set) {
             Ok(attr) => reply.attr(&self.ttl, &file_attr(&attr, self.blksize())),
@@ -785,13 +825,20 @@ impl Filesystem for CitronFuse {
         reply: ReplyEmpty,
     ) {
         let no_replace = flags.contains(RenameFlags::RENAME_NOREPLACE);
-        if !(flags - RenameFlags::RENAME_NOREPLACE).is_empty() {
-            // RENAME_EXCHANGE and RENAME_WHITEOUT have no counterpart in the protocol.
+        let exchange = flags.contains(RenameFlags::RENAME_EXCHANGE);
+        let known = RenameFlags::RENAME_NOREPLACE | RenameFlags::RENAME_EXCHANGE;
+        if !(flags - known).is_empty() {
+            // RENAME_WHITEOUT is for overlay file systems; CitronFS has no whiteouts.
             return reply.error(refused(&Req::name("rename", parent, name), libc::EINVAL));
         }
         let result = name_str(name).and_then(|n| {
             let nn = name_str(newname)?;
-            self.fs.rename(parent.0, n, newparent.0, nn, no_replace)
+            if exchange {
+                // The kernel refuses RENAME_EXCHANGE together with RENAME_NOREPLACE.
+                self.fs.exchange(parent.0, n, newparent.0, nn)
+            } else {
+                self.fs.rename(parent.0, n, newparent.0, nn, no_replace)
+            }
         });
         Self::empty(Req::name("rename", parent, name), reply, result)
     }
@@ -842,18 +889,45 @@ impl Filesystem for CitronFuse {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<fuser::LockOwner>,
         reply: ReplyWrite,
     ) {
-        match self.fs.write(Fh(fh.0), offset, data) {
+        // Direct I/O: the kernel clears no set-ID bits itself; it flags every write by a
+        // caller without CAP_FSETID, whatever was negotiated (see the module docs).
+        let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        match self.fs.write_as(Fh(fh.0), offset, data, kill) {
             Ok(n) => reply.written(n as u32),
             Err(e) => {
                 let req = Req::io("write", ino, fh, offset, data.len() as u64);
                 reply.error(failed(&req, &e))
             }
         }
+    }
+
+    fn fallocate(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let r = Req::io("fallocate", ino, fh, offset, length);
+        let Some(how) = Fallocate::from_mode(mode) else {
+            return reply.error(refused(&r, libc::EOPNOTSUPP));
+        };
+        // Clear set-ID bits as a write does (Linux's file systems do, through file_modified),
+        // for a caller other than root: the request carries no capability.
+        let kill = req.uid() != 0;
+        Self::empty(
+            r,
+            reply,
+            self.fs.fallocate(Fh(fh.0), offset, length, how, kill),
+        )
     }
 
     fn flush(

@@ -111,13 +111,14 @@ pub(crate) struct OpenInode {
     pub(crate) open_id: u64,
     /// The meta session the `Open` was made in (`ClusterInfo::session`).
     pub(crate) session: u64,
-    /// The file control block (SIZE, GENERATION) in the meta region.
+    /// The file control block (SIZE, GENERATION, MTIME, MODE: `proto::fcb`) in the meta region.
     pub(crate) fcb: RemoteAddr,
     /// The file's lock state in the meta region (what `locks::open_file_lock` opens).
     pub(crate) lock: LockRef,
     pub(crate) chunks: RwLock<ChunkCache>,
-    /// The next write updates mtime (one `SetAttr` per open, not per write).
-    pub(crate) mtime_stale: AtomicBool,
+    /// The FCB's MTIME word as this client last saw it: what a write's CAS expects there
+    /// (`fcb`'s `touch`), so that an uncontended write raises it in the batch that reads SIZE.
+    pub(crate) mtime_seen: AtomicU64,
     /// Set at the last close: workers drop their lock handles on it.
     pub(crate) closed: AtomicBool,
 }
@@ -125,7 +126,7 @@ pub(crate) struct OpenInode {
 /// What a file handle stands for.
 pub(crate) struct Handle {
     pub(crate) inode: Arc<OpenInode>,
-    /// Who opened it (for the mtime update after a write).
+    /// Who opened it (a library write by a caller other than root clears set-ID bits).
     pub(crate) caller: Caller,
     /// open(2) flags (`O_APPEND` matters to writes).
     pub(crate) flags: i32,
@@ -141,6 +142,8 @@ impl CitronFs {
         if flags & libc::O_TRUNC != 0 && flags & libc::O_ACCMODE != libc::O_RDONLY {
             let set = SetAttr {
                 size: Some(0),
+                // Linux clears set-ID bits on a truncate by a caller without CAP_FSETID.
+                kill_suidgid: caller.uid != 0,
                 ..SetAttr::default()
             };
             if let Err(e) = self.inner.truncate(&inode, caller, set) {
@@ -290,7 +293,7 @@ impl Inner {
             fcb: opened.fcb,
             lock: opened.lock,
             chunks: RwLock::new(ChunkCache::new(opened.attr.generation)),
-            mtime_stale: AtomicBool::new(true),
+            mtime_seen: AtomicU64::new(0),
             closed: AtomicBool::new(false),
         });
         if let Err(e) = self.check_fcb_owner(&inode) {

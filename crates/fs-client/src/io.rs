@@ -35,6 +35,7 @@
 use crate::chunks::ChunkRun;
 use crate::client::{CitronFs, FileHandle, Inner};
 use crate::error::{Error, Peer};
+use crate::fcb::FcbForWrite;
 use crate::handles::OpenInode;
 use crate::locks::{server_range, whole_file};
 use crate::plan::{plan, Limits};
@@ -43,11 +44,43 @@ use fabric::{Batch, RemoteAddr};
 use lockmgr::LockId;
 use lockmgr::LockScheme;
 use proto::rpc::Request;
-use proto::{Attr, Caller, FsError, SetAttr, SetTime, INCARNATION_REGION};
+use proto::{Attr, Caller, FsError, SetAttr, Timestamp, INCARNATION_REGION};
 use std::ops::Range;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// What [`CitronFs::fallocate`] does (fallocate(2)'s modes that CitronFS supports; the FUSE
+/// adapter answers EOPNOTSUPP to the others).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fallocate {
+    /// Mode 0: allocate the range, extending the file to its end.
+    Allocate,
+    /// `FALLOC_FL_KEEP_SIZE`: allocate the range without changing the size.
+    KeepSize,
+    /// `FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`: make the range read zeros.
+    PunchHole,
+}
+
+impl Fallocate {
+    /// The mode fallocate(2) was called with, or `None` for one CitronFS does not support
+    /// (EOPNOTSUPP).
+    pub fn from_mode(mode: i32) -> Option<Fallocate> {
+        const PUNCH: i32 = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        match mode {
+            0 => Some(Fallocate::Allocate),
+            libc::FALLOC_FL_KEEP_SIZE => Some(Fallocate::KeepSize),
+            PUNCH => Some(Fallocate::PunchHole),
+            _ => None,
+        }
+    }
+}
+
+/// How many bytes of zeros one batch of a hole punch writes.
+const ZERO_WINDOW: usize = 1 << 20;
+
+/// The bytes of a fallocate done under one range lock; a larger range is done in steps, each
+/// atomic by itself (as a write beyond the atomic bound is).
+const FALLOCATE_STEP: u64 = 16 << 20;
 
 /// How often one read or write is retried under a new lock after its lease ran out.
 const LEASE_RETRIES: u32 = 3;
@@ -90,8 +123,28 @@ impl CitronFs {
 
     /// Writes `data` at `offset` (or at the end of the file for an `O_APPEND` handle) and
     /// returns the bytes written (all of them). Atomic with respect to every read and write of
-    /// every client that overlaps it.
+    /// every client that overlaps it. A handle opened by a caller other than root clears the
+    /// file's set-ID bits as Linux does ([`CitronFs::write_as`]).
     pub fn write(&self, fh: FileHandle, offset: u64, data: &[u8]) -> Result<usize, Error> {
+        let handle = self.inner.handle(fh)?;
+        self.write_as(fh, offset, data, handle.caller.uid != 0)
+    }
+
+    /// [`CitronFs::write`], saying whether the writer lacks `CAP_FSETID` (`kill_suidgid`, FUSE's
+    /// `FUSE_WRITE_KILL_SUIDGID`): then the write first clears the file's set-user-ID bit, and
+    /// its set-group-ID bit when group-execute is set (`proto::fcb::setid_to_clear`). The
+    /// permission bits come from the file control block in the batch that also raises mtime,
+    /// so a write costs an RPC for this only when there is a bit to clear.
+    ///
+    /// Every write moves the file's mtime and ctime to its start time (MTIME in the file control
+    /// block, `proto::fcb`), one-sidedly.
+    pub fn write_as(
+        &self,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        kill_suidgid: bool,
+    ) -> Result<usize, Error> {
         let handle = self.inner.handle(fh)?;
         if data.is_empty() {
             return Ok(0);
@@ -103,17 +156,25 @@ impl CitronFs {
         } else {
             inner.geometry.lock_range(offset, data.len() as u64)?
         };
-        let mut used = None;
         inner.retry(!append, || {
             let mut w = inner.checkout()?;
             let inode = inner.live_inode(&handle.inode, &w.view)?;
-            used = Some(inode.clone());
             inner.locked(&mut w, &inode, units.clone(), |w| {
-                let (size, generation) = inner.read_fcb(w, &inode)?;
+                let found = inner.read_fcb_for_write(w, &inode, Timestamp::now().as_nanos())?;
+                if kill_suidgid {
+                    inner.kill_suidgid(&inode, found.mode, handle.caller)?;
+                }
+                let size = found.size;
                 let offset = if append { size } else { offset };
                 let end = inner.geometry.checked_end(offset, data.len() as u64)?;
-                let locs =
-                    inner.chunk_locations(&w.view, &inode, generation, offset, data.len(), true)?;
+                let locs = inner.chunk_locations(
+                    &w.view,
+                    &inode,
+                    found.generation,
+                    offset,
+                    data.len(),
+                    true,
+                )?;
                 inner.transfer_write(w, offset, data, &locs)?;
                 inner.raise_size(w, &inode, size, end)?;
                 // The size lives in the meta server's memory until an fsync or close.
@@ -123,22 +184,59 @@ impl CitronFs {
                 Ok(())
             })
         })?;
-        let inode = used.expect("set by the successful attempt");
-        if inode.mtime_stale.swap(false, Ordering::Relaxed) {
-            let set = SetAttr {
-                mtime: Some(SetTime::Now),
-                ..SetAttr::default()
-            };
-            let request = Request::SetAttr {
-                ino: inode.ino,
-                set,
-                caller: handle.caller,
-            };
-            if let Err(error) = inner.meta.call(request) {
-                tracing::debug!(ino = inode.ino, %error, "mtime update after write failed");
-            }
-        }
         Ok(data.len())
+    }
+
+    /// fallocate(2) on an open file, under the range lock of `[offset, offset + len)` like a
+    /// write, so it is atomic against every read and write that overlaps it (a range over
+    /// [`FALLOCATE_STEP`] is done in steps of that size, each atomic by itself):
+    ///
+    /// - [`Fallocate::Allocate`] (mode 0): allocates the chunks of the range and raises the
+    ///   size to its end when it is beyond; reads of the range give what was there, or zeros.
+    /// - [`Fallocate::KeepSize`] (`FALLOC_FL_KEEP_SIZE`): allocates the chunks of the range
+    ///   below the size; past the size nothing is reserved, because no chunk outlives the size
+    ///   at rest (docs/ARCHITECTURE.md): a later write there may still fail with ENOSPC.
+    /// - [`Fallocate::PunchHole`] (`FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`): the range reads
+    ///   zeros afterwards (its allocated bytes are overwritten with zeros; chunks stay
+    ///   allocated); the size does not change.
+    ///
+    /// Each moves mtime and ctime like a write (and clears set-ID bits when `kill_suidgid`).
+    /// `len` 0 is EINVAL, and so is a range past the largest file (as for a write there).
+    pub fn fallocate(
+        &self,
+        fh: FileHandle,
+        offset: u64,
+        len: u64,
+        mode: Fallocate,
+        kill_suidgid: bool,
+    ) -> Result<(), Error> {
+        let handle = self.inner.handle(fh)?;
+        if len == 0 {
+            return Err(FsError::Invalid("fallocate of 0 bytes".into()).into());
+        }
+        let inner = &*self.inner;
+        let end = inner.geometry.checked_end(offset, len)?;
+        // One step at a time, each under its own range lock, so that no lock is held for
+        // longer than a write of the atomic bound takes (a hole punch moves bytes).
+        let mut at = offset;
+        while at < end {
+            let step_end = end.min(at.saturating_add(FALLOCATE_STEP));
+            let units = inner.geometry.lock_range(at, step_end - at)?;
+            inner.retry(true, || {
+                let mut w = inner.checkout()?;
+                let inode = inner.live_inode(&handle.inode, &w.view)?;
+                inner.locked(&mut w, &inode, units.clone(), |w| {
+                    let now = Timestamp::now().as_nanos();
+                    let found = inner.read_fcb_for_write(w, &inode, now)?;
+                    if kill_suidgid {
+                        inner.kill_suidgid(&inode, found.mode, handle.caller)?;
+                    }
+                    inner.fallocate_step(w, &inode, found, at..step_end, mode)
+                })
+            })?;
+            at = step_end;
+        }
+        Ok(())
     }
 
     /// Makes the file's size durable on the meta server (and its data, where the data servers
@@ -313,6 +411,97 @@ impl Inner {
                     buf[op.buf_off..op.buf_off + op.len].copy_from_slice(w.out.bytes(h));
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// One step of [`CitronFs::fallocate`] on `range`, holding its range lock; `found` is what
+    /// the FCB held at its start.
+    fn fallocate_step(
+        &self,
+        w: &mut Worker,
+        inode: &Arc<OpenInode>,
+        found: FcbForWrite,
+        range: Range<u64>,
+        mode: Fallocate,
+    ) -> Result<(), Error> {
+        let size = found.size;
+        // The bytes of the range that get chunks: all of it, or what lies below SIZE.
+        let alloc_end = match mode {
+            Fallocate::Allocate => range.end,
+            Fallocate::KeepSize | Fallocate::PunchHole => range.end.min(size),
+        };
+        if alloc_end > range.start {
+            let n = usize::try_from(alloc_end - range.start)
+                .map_err(|_| FsError::Invalid("fallocate range too large".into()))?;
+            let allocate = mode != Fallocate::PunchHole;
+            let view = w.view.clone();
+            let locs =
+                self.chunk_locations(&view, inode, found.generation, range.start, n, allocate)?;
+            if mode == Fallocate::PunchHole {
+                self.zero_allocated(w, range.start, n, &locs)?;
+            }
+        }
+        if mode == Fallocate::Allocate {
+            self.raise_size(w, inode, size, range.end)?;
+            if range.end > size {
+                self.meta.note_unsynced(w.view.generation);
+            }
+        }
+        Ok(())
+    }
+
+    /// Asks the meta server to clear the set-ID bits a write by a caller without `CAP_FSETID`
+    /// clears, when `mode` (the FCB's MODE) has one; nothing otherwise.
+    fn kill_suidgid(&self, inode: &OpenInode, mode: u16, caller: Caller) -> Result<(), Error> {
+        if proto::fcb::setid_to_clear(mode) == 0 {
+            return Ok(());
+        }
+        let set = SetAttr {
+            kill_suidgid: true,
+            ..SetAttr::default()
+        };
+        self.attr_call(
+            "SetAttr",
+            Request::SetAttr {
+                ino: inode.ino,
+                set,
+                caller,
+            },
+        )
+        .map(drop)
+    }
+
+    /// Overwrites with zeros the allocated bytes of `[off, off + len)` (holes already read
+    /// zeros), in windows of [`ZERO_WINDOW`] bytes, each batch posted within the lease.
+    fn zero_allocated(
+        &self,
+        w: &mut Worker,
+        off: u64,
+        len: usize,
+        run: &ChunkRun,
+    ) -> Result<(), Error> {
+        let zeros = vec![0u8; ZERO_WINDOW.min(len)];
+        let mut done = 0usize;
+        while done < len {
+            let n = (len - done).min(ZERO_WINDOW);
+            let at = off + done as u64;
+            let plans = plan(&self.geometry, at, n, |c| run.get(c), Limits::FABRIC)?;
+            for sp in plans {
+                let region = w.view.servers.region_of(sp.server)?;
+                for pb in sp.batches {
+                    self.check_lease_before_post(w)?;
+                    self.exec_data(w, sp.server, |batch| {
+                        for op in &pb.ops {
+                            batch.write(
+                                RemoteAddr::new(region, op.remote_off),
+                                &zeros[op.buf_off..op.buf_off + op.len],
+                            );
+                        }
+                    })?;
+                }
+            }
+            done += n;
         }
         Ok(())
     }

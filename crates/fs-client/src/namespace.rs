@@ -16,7 +16,6 @@ use crate::error::Error;
 use crate::meta::unexpected;
 use proto::rpc::{check_name_for, is_dot, NameOp, Request, Response, XattrMode};
 use proto::{Attr, Caller, DirEntry, FileKind, FsError, FsStats, Ino, SetAttr};
-use std::sync::atomic::Ordering;
 
 /// Checks a name given to `op` before it travels (see the module docs); `.` and `..` travel.
 fn check(op: NameOp, name: &str) -> Result<(), Error> {
@@ -68,7 +67,6 @@ impl CitronFs {
     /// Changes attributes (chmod, chown, utimens, truncate). A size change takes the whole-file
     /// range lock around the `SetAttr` call, so no read or write of any client overlaps it.
     pub fn setattr(&self, caller: Caller, ino: Ino, set: SetAttr) -> Result<Attr, Error> {
-        let explicit_mtime = set.mtime.is_some();
         let attr = match set.size {
             None => self
                 .inner
@@ -85,12 +83,6 @@ impl CitronFs {
                 result?
             }
         };
-        if explicit_mtime {
-            if let Some(inode) = self.inner.open_entry(ino) {
-                // A write after utimens must move mtime again.
-                inode.mtime_stale.store(true, Ordering::Relaxed);
-            }
-        }
         self.inner.fresh_size(attr)
     }
 
@@ -260,6 +252,31 @@ impl CitronFs {
                 new_parent,
                 new_name: new_name.into(),
                 no_replace,
+                exchange: false,
+            },
+        )
+    }
+
+    /// Swaps the entries `parent/name` and `new_parent/new_name`, both of which must exist
+    /// (`RENAME_EXCHANGE`).
+    pub fn exchange(
+        &self,
+        parent: Ino,
+        name: &str,
+        new_parent: Ino,
+        new_name: &str,
+    ) -> Result<(), Error> {
+        check(NameOp::RenameFrom, name)?;
+        check(NameOp::RenameFrom, new_name)?;
+        self.inner.ok_call(
+            "Rename",
+            Request::Rename {
+                parent,
+                name: name.into(),
+                new_parent,
+                new_name: new_name.into(),
+                no_replace: false,
+                exchange: true,
             },
         )
     }

@@ -2,7 +2,6 @@
 //! with the reason printed, where /dev/fuse or the rights to mount are missing.
 #![cfg(feature = "fuse")]
 
-use fs_client::fuse::FuseOptions;
 use fs_client::LockScheme;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -16,7 +15,7 @@ fn mount_write_read_stat_unmount() {
     let fs = Arc::new(cluster.connect(LockScheme::CITRON).unwrap());
     // A directory of the test's own, so that it can be checked empty after the unmount.
     let mnt = tempfile::tempdir().unwrap();
-    let handle = match Mount::at(fs.clone(), mnt.path(), &FuseOptions::default()) {
+    let handle = match Mount::at(fs.clone(), mnt.path(), &testkit::fuse_options()) {
         Ok(h) => h,
         Err(e) => {
             println!("skipped: mount failed: {e:#}");

@@ -10,6 +10,13 @@ use std::time::{Duration, Instant};
 use testkit::{pattern, Cluster, ClusterSpec, TEST_CHUNK_SIZE as CHUNK};
 
 /// A cluster on shm of `servers` data servers of `chunks` chunks of [`CHUNK`] bytes each.
+/// Bytes the layout charges for the chunks that hold bytes `[from, to)`.
+fn charged(from: u64, to: u64) -> u64 {
+    let layout = proto::layout::Layout::new(CHUNK).unwrap();
+    let (first, last) = (layout.locate(from).0, layout.locate(to - 1).0);
+    (first..=last).map(|k| layout.len(k)).sum()
+}
+
 fn start(servers: usize, chunks: u64) -> Cluster {
     Cluster::start(ClusterSpec::default().with_data_servers(servers, chunks)).unwrap()
 }
@@ -460,4 +467,168 @@ fn writes_beyond_one_verb_are_split() {
     let data = pattern(13, 100, (20 << 20) + 100);
     assert_eq!(fs.write(fh, 100, &data).unwrap(), data.len());
     assert_eq!(fs.read(fh, 100, data.len()).unwrap(), data);
+}
+
+/// Waits until the wall clock is past `t` (file times come from it), so that the next change
+/// must give a later time.
+fn clock_past(t: fs_client::Timestamp) {
+    while fs_client::Timestamp::now() <= t {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn every_write_moves_mtime_and_ctime_for_every_client() {
+    let cluster = start(1, 64);
+    let a = cluster.connect(LockScheme::CITRON).unwrap();
+    let b = cluster.connect(LockScheme::CITRON).unwrap();
+    let (ino, fh) = new_file(&a, "times");
+    let mut last = a.getattr(ino).unwrap();
+    for i in 0..3u64 {
+        clock_past(last.mtime.max(last.ctime));
+        // Overwrites too, not only writes that extend the file.
+        a.write(fh, 0, &[i as u8; 100]).unwrap();
+        // The writer and a client without the file open (the meta server merges the FCB).
+        let mine = a.getattr(ino).unwrap();
+        let theirs = b.getattr(ino).unwrap();
+        assert!(
+            mine.mtime > last.mtime && mine.ctime > last.ctime,
+            "write {i}"
+        );
+        assert_eq!(
+            (theirs.mtime, theirs.ctime),
+            (mine.mtime, mine.ctime),
+            "write {i}"
+        );
+        last = mine;
+    }
+    // An explicit time is kept until the next write, which moves it again.
+    let past = fs_client::Timestamp {
+        secs: 1_000_000_000,
+        nanos: 0,
+    };
+    let set = SetAttr {
+        mtime: Some(fs_client::SetTime::At(past)),
+        ..SetAttr::default()
+    };
+    assert_eq!(a.setattr(me(), ino, set).unwrap().mtime, past);
+    assert_eq!(b.getattr(ino).unwrap().mtime, past);
+    a.write(fh, 0, b"x").unwrap();
+    assert!(b.getattr(ino).unwrap().mtime > last.mtime);
+    // The times reach the database on release: a restartless reopen elsewhere sees them.
+    let before = a.getattr(ino).unwrap();
+    a.release(fh).unwrap();
+    assert_eq!(b.getattr(ino).unwrap().mtime, before.mtime);
+}
+
+#[test]
+fn fallocate_allocates_extends_and_punches() {
+    use fs_client::Fallocate;
+    let cluster = start(1, 64);
+    let fs = cluster.connect(LockScheme::CITRON).unwrap();
+    let (ino, fh) = new_file(&fs, "falloc");
+    let used = |fs: &CitronFs| {
+        let s = fs.statfs().unwrap();
+        (s.total_blocks - s.free_blocks) * s.block_size
+    };
+    // Mode 0: chunks for the range, and the size to its end.
+    fs.fallocate(fh, CHUNK / 2, 2 * CHUNK, Fallocate::Allocate, false)
+        .unwrap();
+    assert_eq!(fs.getattr(ino).unwrap().size, CHUNK / 2 + 2 * CHUNK);
+    assert_eq!(used(&fs), charged(CHUNK / 2, CHUNK / 2 + 2 * CHUNK));
+    assert_eq!(
+        fs.read(fh, 0, 3 * CHUNK as usize).unwrap(),
+        vec![0; (CHUNK / 2 + 2 * CHUNK) as usize]
+    );
+    // Keep size: the chunks below the size are taken, nothing past the end; the size stays.
+    fs.fallocate(fh, 0, 10 * CHUNK, Fallocate::KeepSize, false)
+        .unwrap();
+    assert_eq!(fs.getattr(ino).unwrap().size, CHUNK / 2 + 2 * CHUNK);
+    assert_eq!(used(&fs), charged(0, CHUNK / 2 + 2 * CHUNK));
+    // Punch: the range reads zeros, the rest keeps its data, the size stays.
+    let data = pattern(7, 0, (2 * CHUNK) as usize);
+    fs.write(fh, 0, &data).unwrap();
+    fs.fallocate(fh, 100, CHUNK, Fallocate::PunchHole, false)
+        .unwrap();
+    let got = fs.read(fh, 0, (2 * CHUNK) as usize).unwrap();
+    let mut want = data.clone();
+    want[100..(100 + CHUNK) as usize].fill(0);
+    assert_eq!(got, want);
+    assert_eq!(fs.getattr(ino).unwrap().size, CHUNK / 2 + 2 * CHUNK);
+    // Zero length is EINVAL, and so is a range past the largest file.
+    let err = fs
+        .fallocate(fh, 0, 0, Fallocate::Allocate, false)
+        .unwrap_err();
+    assert_eq!(err.errno(), libc::EINVAL);
+    let err = fs
+        .fallocate(fh, u64::MAX - 10, 100, Fallocate::Allocate, false)
+        .unwrap_err();
+    assert_eq!(err.errno(), libc::EINVAL);
+    // Modes: the supported three, nothing else.
+    assert_eq!(Fallocate::from_mode(0), Some(Fallocate::Allocate));
+    assert_eq!(
+        Fallocate::from_mode(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE),
+        Some(Fallocate::PunchHole)
+    );
+    assert_eq!(Fallocate::from_mode(libc::FALLOC_FL_PUNCH_HOLE), None);
+    assert_eq!(Fallocate::from_mode(libc::FALLOC_FL_ZERO_RANGE), None);
+    assert_eq!(Fallocate::from_mode(libc::FALLOC_FL_COLLAPSE_RANGE), None);
+    fs.release(fh).unwrap();
+}
+
+#[test]
+fn an_unprivileged_write_clears_set_id_bits() {
+    let cluster = start(1, 64);
+    let fs = cluster.connect(LockScheme::CITRON).unwrap();
+    let (ino, fh) = new_file(&fs, "setid");
+    let chmod = |p: u16| SetAttr {
+        perm: Some(p),
+        ..SetAttr::default()
+    };
+    fs.setattr(me(), ino, chmod(0o6755)).unwrap();
+    // A privileged writer (CAP_FSETID) clears nothing.
+    fs.write_as(fh, 0, b"root", false).unwrap();
+    assert_eq!(fs.getattr(ino).unwrap().perm, 0o6755);
+    // Another writer clears set-user-ID, and set-group-ID as group-execute is set; the
+    // permission bits reach the writer through the file control block (set while open).
+    fs.write_as(fh, 0, b"user", true).unwrap();
+    assert_eq!(fs.getattr(ino).unwrap().perm, 0o755);
+    fs.setattr(me(), ino, chmod(0o6745)).unwrap();
+    fs.write_as(fh, 4, b"more", true).unwrap();
+    assert_eq!(fs.getattr(ino).unwrap().perm, 0o2745);
+    fs.release(fh).unwrap();
+}
+
+#[test]
+fn fallocate_beyond_one_step_is_done_in_pieces() {
+    use fs_client::Fallocate;
+    // 25 MiB of chunks: room for a range over the 16 MiB done under one lock.
+    let cluster = start(1, 400);
+    let fs = cluster.connect(LockScheme::CITRON).unwrap();
+    let (ino, fh) = new_file(&fs, "big");
+    let len = 20u64 << 20;
+    fs.fallocate(fh, 0, len, Fallocate::Allocate, false)
+        .unwrap();
+    assert_eq!(fs.getattr(ino).unwrap().size, len);
+    let s = fs.statfs().unwrap();
+    assert_eq!(
+        (s.total_blocks - s.free_blocks) * s.block_size,
+        charged(0, len)
+    );
+    // Data on both sides of a punch across the step boundary.
+    let data = pattern(3, 0, len as usize);
+    for (i, piece) in data.chunks(4 << 20).enumerate() {
+        fs.write(fh, (i as u64) * (4 << 20), piece).unwrap();
+    }
+    let (from, to) = (1_000_001u64, 19_000_003u64);
+    fs.fallocate(fh, from, to - from, Fallocate::PunchHole, false)
+        .unwrap();
+    let mut want = data;
+    want[from as usize..to as usize].fill(0);
+    for at in (0..len).step_by(4 << 20) {
+        let got = fs.read(fh, at, 4 << 20).unwrap();
+        assert!(got == want[at as usize..][..got.len()], "bytes at {at}");
+    }
+    assert_eq!(fs.getattr(ino).unwrap().size, len);
+    fs.release(fh).unwrap();
 }

@@ -537,8 +537,13 @@ fn fuzz_dispatch(store: &crate::store::Store, request: proto::rpc::Request) {
             new_parent,
             new_name,
             no_replace,
+            exchange,
         } => {
-            let r = store.rename(parent, &name, new_parent, &new_name, no_replace, never_open);
+            let r = if exchange {
+                store.exchange(parent, &name, new_parent, &new_name)
+            } else {
+                store.rename(parent, &name, new_parent, &new_name, no_replace, never_open)
+            };
             Some((new_name, r.map(drop)))
         }
         Request::Readlink { ino } => {

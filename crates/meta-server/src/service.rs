@@ -23,7 +23,7 @@ use proto::fsck::{Finding, FsckOptions, FsckReport, Repair};
 use proto::rpc::{Request, Response};
 use proto::{
     Attr, ChunkLoc, ClusterInfo, DataServerInfo, FabricAddr, FileKind, FsError, FsStats, Ino,
-    OpenFile,
+    OpenFile, SetAttr,
 };
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -892,13 +892,21 @@ impl Service {
         st.endpoint.read_u64(Self::meta_addr(off + word)).ok()
     }
 
-    /// The attributes with the size from the FCB for an open file.
-    fn live_attr(&self, mut attr: Attr) -> Attr {
+    /// The attributes of an open file as its FCB corrects them (`fcb::live`: size, data
+    /// times); others' as they are.
+    fn live_attr(&self, attr: Attr) -> Attr {
         let mut st = lock(&self.state);
-        if let Some(size) = Self::fcb_word(&mut st, attr.ino, fcb::SIZE) {
-            attr.size = size;
+        Self::live_locked(&mut st, attr)
+    }
+
+    fn live_locked(st: &mut State, attr: Attr) -> Attr {
+        match Self::fcb_word(st, attr.ino, fcb::SIZE) {
+            Some(size) => {
+                let mtime = Self::fcb_word(st, attr.ino, fcb::MTIME).unwrap_or(0);
+                fcb::live(attr, size, mtime)
+            }
+            None => attr,
         }
-        attr
     }
 
     fn open(&self, session: u64, ino: Ino, scheme: LockScheme) -> Result<OpenFile, FsError> {
@@ -937,6 +945,8 @@ impl Service {
             block[fcb::INO as usize..][..8].copy_from_slice(&ino.to_le_bytes());
             block[fcb::SIZE as usize..][..8].copy_from_slice(&attr.size.to_le_bytes());
             block[fcb::GENERATION as usize..][..8].copy_from_slice(&attr.generation.to_le_bytes());
+            // MTIME starts at 0: the database's times are the truth until a write.
+            block[fcb::MODE as usize..][..8].copy_from_slice(&u64::from(attr.perm).to_le_bytes());
             if let Err(e) = st.endpoint.write(Self::meta_addr(off), &block) {
                 st.alloc.free(off, fcb::FCB_BYTES);
                 return Err(e.into());
@@ -1072,10 +1082,11 @@ impl Service {
         }
     }
 
-    /// Persists the size in an open file's FCB into the database.
+    /// Persists what an open file's FCB holds (size, data-change time) into the database.
     fn persist_fcb_size(&self, st: &mut State, ino: Ino) -> Result<(), FsError> {
         if let Some(size) = Self::fcb_word(st, ino, fcb::SIZE) {
-            self.store.persist_size(ino, size)?;
+            let mtime = Self::fcb_word(st, ino, fcb::MTIME).unwrap_or(0);
+            self.store.persist_live(ino, size, mtime)?;
         }
         Ok(())
     }
@@ -1179,6 +1190,7 @@ impl Service {
                 if let Some(size) = set.size {
                     self.apply_size(&mut st, &attr, previous, size)?;
                 }
+                let attr = self.publish_setattr(&mut st, attr, &set)?;
                 drop(st);
                 // The client holds the whole-file lock until this answer: nobody writes the
                 // tail meanwhile.
@@ -1247,13 +1259,22 @@ impl Service {
                 new_parent,
                 new_name,
                 no_replace,
+                exchange,
             } => {
                 let st = lock(&self.state);
-                let effects =
+                let effects = if exchange {
+                    if no_replace {
+                        return Err(FsError::Invalid(
+                            "RENAME_EXCHANGE and RENAME_NOREPLACE exclude each other".into(),
+                        ));
+                    }
+                    self.store.exchange(parent, &name, new_parent, &new_name)?
+                } else {
                     self.store
                         .rename(parent, &name, new_parent, &new_name, no_replace, |ino| {
                             is_open(&st, ino)
-                        })?;
+                        })?
+                };
                 drop(st);
                 self.zero_and_recycle(effects.freed);
                 Response::Ok
@@ -1378,6 +1399,22 @@ impl Service {
                 Response::Addr(Self::meta_addr(offset))
             }
         })
+    }
+
+    /// After a `SetAttr` of an open file: publishes its permission bits in the FCB (writers
+    /// read them to decide whether to clear set-ID bits), and, when the caller set mtime, clears
+    /// the FCB's MTIME (so that the time set is not hidden by an earlier write's); returns the attributes as the FCB corrects them.
+    fn publish_setattr(&self, st: &mut State, attr: Attr, set: &SetAttr) -> Result<Attr, FsError> {
+        let Some(base) = st.open.get(&attr.ino).map(|o| o.fcb) else {
+            return Ok(attr);
+        };
+        st.endpoint
+            .write_u64(Self::meta_addr(base + fcb::MODE), u64::from(attr.perm))?;
+        if set.mtime.is_some() {
+            st.endpoint
+                .write_u64(Self::meta_addr(base + fcb::MTIME), 0)?;
+        }
+        Ok(Self::live_locked(st, attr))
     }
 
     /// After a size change: publishes it in the FCB (generation first, so a client that sees the

@@ -67,6 +67,7 @@
 //!   directory; a cookie is never reused in that directory, so listing "after cookie c" is stable
 //!   across concurrent creates and deletes.
 
+use proto::fcb;
 use proto::layout::Layout;
 use proto::rpc::XattrMode;
 use proto::rpc::{check_name_for, is_dot, NameOp};
@@ -1162,13 +1163,14 @@ impl Store {
             }
             let ino = tx.next_ino()?;
             let now = Timestamp::now();
+            let (perm, gid) = new_node_owner(&dir, kind, perm, caller);
             let attr = Attr {
                 ino,
                 kind,
-                perm: perm & 0o7777,
+                perm,
                 nlink: if kind == FileKind::Dir { 2 } else { 1 },
                 uid: caller.uid,
-                gid: caller.gid,
+                gid,
                 rdev,
                 size: target.map_or(0, |t| t.len() as u64),
                 atime: now,
@@ -1464,6 +1466,96 @@ impl Store {
         })
     }
 
+    /// Swaps `parent/name` and `new_parent/new_name`, both of which must exist
+    /// (`RENAME_EXCHANGE`): each name then refers to the other's inode. A directory that moves
+    /// to another parent takes its `..` (parent record and link counts) along; neither may move
+    /// into its own subtree. Both inodes' ctimes and both directories' mtimes and ctimes move.
+    pub fn exchange(
+        &self,
+        parent: Ino,
+        name: &str,
+        new_parent: Ino,
+        new_name: &str,
+    ) -> Result<Effects, FsError> {
+        if is_dot(name) || is_dot(new_name) {
+            self.check_dir(parent)?;
+            self.check_dir(new_parent)?;
+        }
+        check_name_for(NameOp::RenameFrom, name)?;
+        // Both names are existing entries: the rules of a source name hold for each.
+        check_name_for(NameOp::RenameFrom, new_name)?;
+        let a = self.get_dirent(parent, name)?.ok_or(FsError::NotFound)?;
+        let b = self
+            .get_dirent(new_parent, new_name)?
+            .ok_or(FsError::NotFound)?;
+        if parent != new_parent {
+            // A directory moving to the other parent must not land in its own subtree.
+            for (moving, into) in [(&a, new_parent), (&b, parent)] {
+                if moving.kind != FileKind::Dir {
+                    continue;
+                }
+                let mut at = into;
+                loop {
+                    if at == moving.ino {
+                        return Err(FsError::Invalid(
+                            "cannot move a directory into its own subtree".into(),
+                        ));
+                    }
+                    if at == ROOT_INO {
+                        break;
+                    }
+                    at = self.parent_of(at)?;
+                }
+            }
+        }
+        self.tx(|tx| {
+            tx.dir(parent)?;
+            tx.dir(new_parent)?;
+            let (Some(a), Some(b)) = (tx.dirent(parent, name)?, tx.dirent(new_parent, new_name)?)
+            else {
+                return abort(FsError::NotFound);
+            };
+            if a.ino == b.ino {
+                // The same inode under both names (or the same name): nothing changes.
+                return Ok(Effects::default());
+            }
+            let now = Timestamp::now();
+            tx.remove_dirent(parent, name, &a)?;
+            tx.remove_dirent(new_parent, new_name, &b)?;
+            tx.add_dirent(parent, name, b.ino, b.kind)?;
+            tx.add_dirent(new_parent, new_name, a.ino, a.kind)?;
+            let mut old_dir = tx.inode(parent)?;
+            if parent != new_parent {
+                let mut np = tx.inode(new_parent)?;
+                // `..` links: a directory leaving a parent takes one link with it.
+                for (moved, from, to) in [(&a, parent, new_parent), (&b, new_parent, parent)] {
+                    if moved.kind == FileKind::Dir {
+                        tx.t(T_PARENTS).insert(&be64(moved.ino), &be64(to))?;
+                        let (from_dir, to_dir) = if from == parent {
+                            (&mut old_dir, &mut np)
+                        } else {
+                            (&mut np, &mut old_dir)
+                        };
+                        from_dir.nlink = from_dir.nlink.saturating_sub(1);
+                        to_dir.nlink += 1;
+                    }
+                }
+                np.mtime = now;
+                np.ctime = now;
+                tx.put_inode(&np)?;
+            }
+            old_dir.mtime = now;
+            old_dir.ctime = now;
+            tx.put_inode(&old_dir)?;
+            for ino in [a.ino, b.ino] {
+                let mut moved = tx.inode(ino)?;
+                moved.ctime = now;
+                tx.put_inode(&moved)?;
+            }
+            Ok(Effects::default())
+        })
+    }
+
     /// Deletes an orphan (unlinked while open) once nobody has it open.
     pub fn delete_orphan(&self, ino: Ino) -> Result<Effects, FsError> {
         let doomed = self.scan_doomed(ino)?;
@@ -1547,11 +1639,23 @@ impl Store {
                 changed = true;
             }
             if let Some(perm) = set.perm {
-                if !root && !owner {
+                let perm = perm & 0o7777;
+                // Anyone may clear set-ID bits and nothing else: the kernel asks so, with the
+                // caller's credentials, when a non-owner truncates or writes a set-ID file.
+                let only_clears_setid =
+                    perm & !attr.perm == 0 && (perm ^ attr.perm) & !fcb::SETID_BITS == 0;
+                if !root && !owner && !only_clears_setid {
                     return abort(FsError::Perm);
                 }
-                attr.perm = perm & 0o7777;
+                attr.perm = perm;
                 changed = true;
+            }
+            if set.kill_suidgid && attr.kind == FileKind::File {
+                let clear = fcb::setid_to_clear(attr.perm);
+                if clear != 0 {
+                    attr.perm &= !clear;
+                    changed = true;
+                }
             }
             if let Some(uid) = set.uid {
                 if !root && uid != attr.uid {
@@ -1616,13 +1720,19 @@ impl Store {
 
     /// Records a file's size (from its file control block) without touching anything else.
     pub fn persist_size(&self, ino: Ino, size: u64) -> Result<(), FsError> {
+        self.persist_live(ino, size, 0)
+    }
+
+    /// Records what a file's control block holds (`proto::fcb::live`): its size, and its
+    /// latest data-change time `mtime_ns` (0: none) as mtime and ctime where it is later.
+    pub fn persist_live(&self, ino: Ino, size: u64, mtime_ns: u64) -> Result<(), FsError> {
         self.tx(|tx| {
-            let mut attr = match tx.t(T_INODES).get(be64(ino))? {
+            let old = match tx.t(T_INODES).get(be64(ino))? {
                 Some(v) => lift(dec::<Attr>(&v, "inode"))?,
                 None => return Ok(()),
             };
-            if attr.size != size {
-                attr.size = size;
+            let attr = fcb::live(old.clone(), size, mtime_ns);
+            if attr != old {
                 tx.put_inode(&attr)?;
             }
             Ok(())
@@ -2306,6 +2416,24 @@ fn drop_link(tx: &Tx, ino: Ino, open: bool, doomed: &Doomed, now: Timestamp) -> 
         effects.freed = tx.blocks(&doomed.chunks);
     }
     Ok(effects)
+}
+
+/// Permission bits and group of a node `caller` creates in directory `dir` with bits `perm`:
+/// in a set-group-ID directory the node takes the directory's group, and a new directory keeps
+/// the set-group-ID bit (POSIX, Linux `inode_init_owner`). The kernel has already removed
+/// set-group-ID from a non-directory's `perm` where the caller may not keep it.
+fn new_node_owner(dir: &Attr, kind: FileKind, perm: u16, caller: Caller) -> (u16, u32) {
+    let perm = perm & 0o7777;
+    let sgid = libc::S_ISGID as u16;
+    if dir.perm & sgid == 0 {
+        return (perm, caller.gid);
+    }
+    let perm = if kind == FileKind::Dir {
+        perm | sgid
+    } else {
+        perm
+    };
+    (perm, dir.gid)
 }
 
 fn check_chunk_range(first: u64, count: u64) -> Result<(), FsError> {

@@ -330,3 +330,153 @@ fn readdir_cookies_are_stable() {
         Err(FsError::NotDir)
     );
 }
+
+/// `SetAttr` as `caller`.
+fn set_as(
+    fs: &mut Fs,
+    ino: proto::Ino,
+    set: proto::SetAttr,
+    caller: proto::Caller,
+) -> Result<proto::Attr, FsError> {
+    fs.attr(Request::SetAttr { ino, set, caller })
+}
+
+fn perm(p: u16) -> proto::SetAttr {
+    proto::SetAttr {
+        perm: Some(p),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn set_group_id_directories_pass_on_their_group() {
+    let cl = start(0, 1, false);
+    let mut fs = Fs::connect(&cl);
+    let root = proto::Caller { uid: 0, gid: 0 };
+    let s = fs.mkdir(ROOT_INO, "s").unwrap();
+    let set = proto::SetAttr {
+        perm: Some(0o2777),
+        gid: Some(100),
+        ..Default::default()
+    };
+    set_as(&mut fs, s.ino, set, root).unwrap();
+    // ME (gid ME.gid) creates in it: the directory's group; a subdirectory keeps the bit.
+    let f = fs.create(s.ino, "f").unwrap();
+    assert_eq!((f.gid, f.perm), (100, 0o644));
+    let d = fs.mkdir(s.ino, "d").unwrap();
+    assert_eq!((d.gid, d.perm & 0o7777), (100, 0o2755));
+    let deeper = fs.mkdir(d.ino, "deeper").unwrap();
+    assert_eq!((deeper.gid, deeper.perm), (100, 0o2755));
+    // An ordinary directory gives the creator's group.
+    let o = fs.mkdir(ROOT_INO, "o").unwrap();
+    assert_eq!((o.gid, o.perm), (ME.gid, 0o755));
+    assert_eq!(fs.create(o.ino, "f").unwrap().gid, ME.gid);
+}
+
+#[test]
+fn set_id_bits_are_cleared_by_anyone_and_only_cleared() {
+    let cl = start(0, 1, false);
+    let mut fs = Fs::connect(&cl);
+    let other = proto::Caller {
+        uid: ME.uid + 1,
+        gid: ME.gid + 1,
+    };
+    let f = fs.create(ROOT_INO, "f").unwrap();
+    set_as(&mut fs, f.ino, perm(0o6777), ME).unwrap();
+    // A non-owner may not change the mode, nor add bits ...
+    assert_eq!(
+        set_as(&mut fs, f.ino, perm(0o6775), other),
+        Err(FsError::Perm)
+    );
+    assert_eq!(
+        set_as(&mut fs, f.ino, perm(0o7777), other),
+        Err(FsError::Perm)
+    );
+    // ... but may clear set-ID bits (the kernel asks so on a truncate by a non-owner).
+    let a = set_as(&mut fs, f.ino, perm(0o2777), other).unwrap();
+    assert_eq!(a.perm, 0o2777);
+    assert!(a.ctime >= f.ctime);
+    // kill_suidgid: set-user-ID always, set-group-ID with group-execute only.
+    let kill = proto::SetAttr {
+        kill_suidgid: true,
+        ..Default::default()
+    };
+    set_as(&mut fs, f.ino, perm(0o6777), ME).unwrap();
+    assert_eq!(
+        set_as(&mut fs, f.ino, kill.clone(), other).unwrap().perm,
+        0o777
+    );
+    set_as(&mut fs, f.ino, perm(0o6767), ME).unwrap();
+    assert_eq!(
+        set_as(&mut fs, f.ino, kill.clone(), other).unwrap().perm,
+        0o2767
+    );
+    // Directories are left alone.
+    let d = fs.mkdir(ROOT_INO, "d").unwrap();
+    set_as(&mut fs, d.ino, perm(0o2775), ME).unwrap();
+    assert_eq!(set_as(&mut fs, d.ino, kill, other).unwrap().perm, 0o2775);
+}
+
+fn exchange(fs: &mut Fs, p: proto::Ino, n: &str, np: proto::Ino, nn: &str) -> Result<(), FsError> {
+    fs.ok(Request::Rename {
+        parent: p,
+        name: n.into(),
+        new_parent: np,
+        new_name: nn.into(),
+        no_replace: false,
+        exchange: true,
+    })
+}
+
+#[test]
+fn rename_exchange_swaps_entries_and_directory_links() {
+    let cl = start(0, 1, false);
+    let mut fs = Fs::connect(&cl);
+    let d = fs.mkdir(ROOT_INO, "d").unwrap();
+    let e = fs.mkdir(ROOT_INO, "e").unwrap();
+    let f = fs.create(ROOT_INO, "f").unwrap();
+    let g = fs.create(d.ino, "g").unwrap();
+    // Two files in different directories.
+    exchange(&mut fs, ROOT_INO, "f", d.ino, "g").unwrap();
+    assert_eq!(fs.lookup(ROOT_INO, "f").unwrap().ino, g.ino);
+    assert_eq!(fs.lookup(d.ino, "g").unwrap().ino, f.ino);
+    // A directory and a file across parents: the directory's `..` and link counts move.
+    assert_eq!(fs.getattr(ROOT_INO).unwrap().nlink, 4);
+    exchange(&mut fs, ROOT_INO, "e", d.ino, "g").unwrap();
+    assert_eq!(fs.lookup(d.ino, "g").unwrap().ino, e.ino);
+    assert_eq!(fs.lookup(ROOT_INO, "e").unwrap().ino, f.ino);
+    assert_eq!(fs.getattr(ROOT_INO).unwrap().nlink, 3);
+    assert_eq!(fs.getattr(d.ino).unwrap().nlink, 3);
+    assert_eq!(fs.lookup(e.ino, "..").unwrap().ino, d.ino);
+    // Both must exist.
+    assert_eq!(
+        exchange(&mut fs, ROOT_INO, "f", ROOT_INO, "nope"),
+        Err(FsError::NotFound)
+    );
+    assert_eq!(
+        exchange(&mut fs, ROOT_INO, "nope", ROOT_INO, "e"),
+        Err(FsError::NotFound)
+    );
+    // No directory into its own subtree, either way round.
+    assert!(matches!(
+        exchange(&mut fs, ROOT_INO, "d", d.ino, "g"),
+        Err(FsError::Invalid(_))
+    ));
+    assert!(matches!(
+        exchange(&mut fs, d.ino, "g", ROOT_INO, "d"),
+        Err(FsError::Invalid(_))
+    ));
+    // The same name: nothing changes.
+    exchange(&mut fs, ROOT_INO, "d", ROOT_INO, "d").unwrap();
+    assert_eq!(fs.lookup(ROOT_INO, "d").unwrap().ino, d.ino);
+    // Not with RENAME_NOREPLACE.
+    let both = fs.ok(Request::Rename {
+        parent: ROOT_INO,
+        name: "d".into(),
+        new_parent: ROOT_INO,
+        new_name: "e".into(),
+        no_replace: true,
+        exchange: true,
+    });
+    assert!(matches!(both, Err(FsError::Invalid(_))), "{both:?}");
+}

@@ -7,11 +7,29 @@
 //!                     that covers the new end, so every client sees the new size without an RPC
 //! word 2  GENERATION  the file's data-layout generation (see `Attr::generation`); chunk-map
 //!                     caches of an older generation are stale
-//! word 3..8           reserved, zero
+//! word 3  MTIME       nanoseconds since the Unix epoch of the latest data change (write,
+//!                     fallocate) made through this block, 0 = none since the times were last
+//!                     set; raised with CAS by every writer, in the batch that reads SIZE and
+//!                     GENERATION (never lowered by a client)
+//! word 4  MODE        the file's permission bits (`0o7777`) as the meta server holds them,
+//!                     written at open and after every change of them; writers read it in the
+//!                     same batch to learn whether their write must clear the set-user-ID and
+//!                     set-group-ID bits (an RPC only then)
+//! word 5..7           reserved, zero
 //! ```
 //!
-//! Invariant: `SIZE` only grows through one-sided CAS under a range lock; it shrinks only through
-//! the meta server's truncate, which bumps `GENERATION` first.
+//! Invariants: `SIZE` only grows through one-sided CAS under a range lock; it shrinks only
+//! through the meta server's truncate, which bumps `GENERATION` first. `MTIME` only grows
+//! through one-sided CAS; the meta server folds it into the database (release, fsync, clean
+//! shutdown) and zeroes it when a caller sets the times (utimens), so that an older explicit
+//! time is not hidden by it.
+//!
+//! **Where the attribute truth is.** While a file is open anywhere, its size and its data times
+//! are those of the database corrected by its block: [`live`] is the one place that merges
+//! them, used by the meta server (`GetAttr`, `Lookup`) and by clients (files open there), and by
+//! anything that reads a block one-sidedly.
+
+use crate::types::{Attr, Timestamp};
 
 /// Bytes in one file control block.
 pub const FCB_BYTES: u64 = 64;
@@ -21,3 +39,35 @@ pub const INO: u64 = 0;
 pub const SIZE: u64 = 8;
 /// Byte offset of the generation word.
 pub const GENERATION: u64 = 16;
+/// Byte offset of the data-change time word (nanoseconds since the epoch, 0 = none).
+pub const MTIME: u64 = 24;
+/// Byte offset of the permission-bits word.
+pub const MODE: u64 = 32;
+
+/// The set-user-ID and set-group-ID bits of a mode.
+pub const SETID_BITS: u16 = (libc::S_ISUID | libc::S_ISGID) as u16;
+
+/// The attributes of an open file: the database's `attr` with the block's SIZE, and mtime and
+/// ctime raised to its MTIME (a one-sided write changes data, so both times move).
+pub fn live(mut attr: Attr, size: u64, mtime_ns: u64) -> Attr {
+    attr.size = size;
+    if mtime_ns != 0 {
+        let t = Timestamp::from_nanos(mtime_ns);
+        attr.mtime = attr.mtime.max(t);
+        attr.ctime = attr.ctime.max(t);
+    }
+    attr
+}
+
+/// Which set-ID bits a write (or truncate) by a caller without `CAP_FSETID` clears from a
+/// regular file of mode `perm`, as Linux does (`setattr_should_drop_suidgid`): set-user-ID
+/// always, set-group-ID when group-execute is set (without it the bit marks mandatory locking
+/// and stays). Linux also clears set-group-ID when the writer is not in the file's group; a
+/// FUSE server is not told the writer's groups, so that case is not covered.
+pub fn setid_to_clear(perm: u16) -> u16 {
+    let mut clear = perm & libc::S_ISUID as u16;
+    if perm & libc::S_ISGID as u16 != 0 && perm & libc::S_IXGRP as u16 != 0 {
+        clear |= libc::S_ISGID as u16;
+    }
+    clear
+}

@@ -599,7 +599,7 @@ mod tests {
         assert_eq!(report.findings[0].kind(), "leaked-chunk");
         assert_eq!(
             report.findings[0].to_string(),
-            "server 1 chunk 7 is allocated but in no file, free or dirty"
+            "server 1 block at unit 7 (4096 bytes) is allocated but in no file, free or dirty"
         );
         assert_eq!(report.findings[1].ino(), Some(5));
         assert!(!report.clean());

@@ -137,6 +137,15 @@ pub fn sample_requests() -> Vec<Request> {
             new_parent: ROOT_INO,
             new_name: "..".into(),
             no_replace: true,
+            exchange: false,
+        },
+        Request::Rename {
+            parent: ROOT_INO,
+            name: "f".into(),
+            new_parent: ROOT_INO,
+            new_name: "g".into(),
+            no_replace: false,
+            exchange: true,
         },
         Request::Readlink { ino: 3 },
         Request::ReadDir {

@@ -182,6 +182,9 @@ pub enum Request {
         new_name: String,
         /// Fail with `Exists` rather than replace (`RENAME_NOREPLACE`).
         no_replace: bool,
+        /// Swap the two entries, both of which must exist (`RENAME_EXCHANGE`; not with
+        /// `no_replace`).
+        exchange: bool,
     },
     /// A symlink's target. → `Data`
     Readlink {
@@ -801,6 +804,7 @@ mod tests {
                 new_parent: 2,
                 new_name: "b".into(),
                 no_replace: true,
+                exchange: false,
             },
         };
         let mut wire = Vec::new();

@@ -91,6 +91,25 @@ impl Timestamp {
             nanos: d.subsec_nanos(),
         }
     }
+
+    /// The time `nanos` nanoseconds after the epoch.
+    pub fn from_nanos(nanos: u64) -> Timestamp {
+        Timestamp {
+            secs: (nanos / 1_000_000_000) as i64,
+            nanos: (nanos % 1_000_000_000) as u32,
+        }
+    }
+
+    /// Nanoseconds since the epoch; 0 for a time before it, saturating far after it (a file
+    /// control block's MTIME word, `crate::fcb`).
+    pub fn as_nanos(self) -> u64 {
+        if self.secs < 0 {
+            return 0;
+        }
+        (self.secs as u64)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(u64::from(self.nanos))
+    }
 }
 
 /// An inode's attributes.
@@ -149,6 +168,11 @@ pub struct SetAttr {
     pub atime: Option<SetTime>,
     /// New modification time.
     pub mtime: Option<SetTime>,
+    /// Clear the set-user-ID bit, and the set-group-ID bit when group-execute is set
+    /// ([`crate::fcb::setid_to_clear`]), of a regular file: a write or truncate by a caller
+    /// without `CAP_FSETID` (FUSE's `FUSE_WRITE_KILL_SUIDGID`). Any caller may ask; it changes
+    /// ctime only when a bit was set.
+    pub kill_suidgid: bool,
 }
 
 /// Who asks: the caller's credentials, for permission checks and new objects' owners.

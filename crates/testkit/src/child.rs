@@ -7,7 +7,6 @@
 
 use crate::cluster::Cluster;
 use crate::mount::{is_mounted, lazy_unmount, Mount};
-use fs_client::fuse::FuseOptions;
 use fs_client::{CitronFs, LockScheme, MountOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -177,7 +176,7 @@ pub fn child_mount_main() {
     let mut options = MountOptions::new(meta, cluster, token);
     options.scheme = scheme.parse().expect("scheme");
     let fs = Arc::new(CitronFs::connect(options).expect("the client process connects"));
-    let mount = Mount::at(fs, Path::new(&mountpoint), &FuseOptions::default())
+    let mount = Mount::at(fs, Path::new(&mountpoint), &crate::fuse_options())
         .expect("the client process mounts");
     let mut stdout = std::io::stdout().lock();
     let _ = writeln!(stdout, "{READY}");

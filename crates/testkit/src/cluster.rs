@@ -13,7 +13,6 @@ use crate::util::random_token;
 use anyhow::{Context, Result};
 use data_server::{Backing, DataConfig, DataHandle, DataServer};
 use fabric::{Backend, ServeAt};
-use fs_client::fuse::FuseOptions;
 use fs_client::{CitronFs, LockScheme, MountOptions};
 use meta_server::{MetaConfig, MetaHandle, MetaServer};
 use std::net::SocketAddr;
@@ -325,7 +324,7 @@ impl Cluster {
 
     /// Mounts a new client with `scheme` in a fresh directory.
     pub fn mount_with(&self, scheme: LockScheme) -> Result<Mount> {
-        Mount::in_temp_dir(Arc::new(self.connect(scheme)?), &FuseOptions::default())
+        Mount::in_temp_dir(Arc::new(self.connect(scheme)?), &crate::fuse_options())
     }
 
     /// Stops every server and starts them again on the same state, names and meta address.

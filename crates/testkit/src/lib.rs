@@ -32,5 +32,5 @@ pub use child::{child_mount_main, ChildMount};
 pub use cluster::{BackingKind, Cluster, ClusterSpec, TEST_CHUNK_SIZE};
 /// The fabric backend a cluster runs on (the fabric crate's own choice type).
 pub use fabric::Backend;
-pub use mount::{fuse_unavailable, Mount};
+pub use mount::{fuse_options, fuse_unavailable, Mount};
 pub use util::{init_logging, pattern, random_token, wait_until};

@@ -54,6 +54,16 @@ pub struct Mount {
     dir: MountDir,
 }
 
+/// The FUSE options of the harness's mounts: shared with every local user (`allow_other`,
+/// the kernel checking permissions) where this process may mount so — root, or
+/// `user_allow_other` in /etc/fuse.conf — else for this user only.
+pub fn fuse_options() -> FuseOptions {
+    FuseOptions {
+        allow_other: fs_client::fuse::other_users_allowed().is_ok(),
+        ..FuseOptions::default()
+    }
+}
+
 impl Mount {
     /// Mounts `fs` in a fresh, empty directory (in the ordinary temporary directory).
     pub fn in_temp_dir(fs: Arc<CitronFs>, fuse: &FuseOptions) -> Result<Mount> {

@@ -3,14 +3,23 @@
 //! CitronFS mount and to a directory of the local file system, the model. Every operation must
 //! give the same result — the same value, or an error with the same errno — and the trees must
 //! be equal at the end. A failure is shrunk to a minimal sequence of operations.
+//!
+//! Besides the classic calls: fallocate(2) in the modes CitronFS supports (allocate, keep
+//! size, punch hole), renameat2(2) with `RENAME_EXCHANGE` and `RENAME_NOREPLACE`, and
+//! `WriteAgain`, which writes twice through one open file and reports whether each write moved
+//! mtime and ctime (every write must, not only the first after an open).
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
+use std::ffi::CString;
 use std::fs::OpenOptions;
 use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use testkit::{skip_without_fuse, Cluster, ClusterSpec};
 
 /// Names for files and for directories. Operations mostly pick the fitting kind, sometimes the
@@ -79,7 +88,37 @@ enum Op {
         path: &'static str,
         mode: u32,
     },
+    /// fallocate(2) on a file opened for writing (not created).
+    Fallocate {
+        path: &'static str,
+        mode: i32,
+        offset: u64,
+        len: u64,
+    },
+    /// renameat2(2) with `flags` (`RENAME_EXCHANGE` or `RENAME_NOREPLACE`).
+    Rename2 {
+        from: &'static str,
+        to: &'static str,
+        flags: u32,
+    },
+    /// Opens an existing file for writing, writes `data` at `offset`, waits until the clock
+    /// has moved past the file's times, writes again: did each write move mtime and ctime?
+    WriteAgain {
+        path: &'static str,
+        offset: u64,
+        data: Vec<u8>,
+    },
 }
+
+/// The fallocate(2) modes CitronFS supports.
+const FALLOCATE_MODES: &[i32] = &[
+    0,
+    libc::FALLOC_FL_KEEP_SIZE,
+    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+];
+
+/// The renameat2(2) flags tried.
+const RENAME2_FLAGS: &[u32] = &[libc::RENAME_EXCHANGE, libc::RENAME_NOREPLACE];
 
 /// A name, usually a file's.
 fn path() -> impl Strategy<Value = &'static str> {
@@ -127,6 +166,12 @@ fn op() -> impl Strategy<Value = Op> {
         3 => dir_path().prop_map(|path| Op::ReadDir { path }),
         2 => (any_path(), proptest::sample::select(MODES))
             .prop_map(|(path, mode)| Op::Chmod { path, mode }),
+        3 => (path(), proptest::sample::select(FALLOCATE_MODES), 0u64..70_000, 0u64..70_000)
+            .prop_map(|(path, mode, offset, len)| Op::Fallocate { path, mode, offset, len }),
+        3 => (any_path(), any_path(), proptest::sample::select(RENAME2_FLAGS))
+            .prop_map(|(from, to, flags)| Op::Rename2 { from, to, flags }),
+        1 => (path(), 0u64..70_000, proptest::collection::vec(any::<u8>(), 1..2_000))
+            .prop_map(|(path, offset, data)| Op::WriteAgain { path, offset, data }),
     ]
 }
 
@@ -135,6 +180,19 @@ type Outcome = Result<String, i32>;
 
 fn errno(e: io::Error) -> i32 {
     e.raw_os_error().unwrap_or(-1)
+}
+
+fn ctime(meta: &std::fs::Metadata) -> SystemTime {
+    UNIX_EPOCH + Duration::new(meta.ctime() as u64, meta.ctime_nsec() as u32)
+}
+
+/// Waits until the clock reads well past the file's mtime and ctime, so that a write must
+/// give it later ones (local file systems stamp with a coarse clock tick).
+fn wait_past(meta: &std::fs::Metadata) {
+    let latest = meta.modified().unwrap().max(ctime(meta)) + Duration::from_millis(20);
+    while SystemTime::now() <= latest {
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 fn describe(meta: &std::fs::Metadata) -> String {
@@ -212,6 +270,54 @@ fn apply(root: &Path, op: &Op) -> Outcome {
             std::fs::set_permissions(p(path), std::fs::Permissions::from_mode(*mode))
                 .map(|()| String::new())
         }
+        Op::Fallocate {
+            path,
+            mode,
+            offset,
+            len,
+        } => {
+            let f = OpenOptions::new().write(true).open(p(path))?;
+            // SAFETY: a valid descriptor; fallocate touches no memory of ours.
+            let r = unsafe { libc::fallocate(f.as_raw_fd(), *mode, *offset as i64, *len as i64) };
+            if r != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(String::new())
+        }
+        Op::Rename2 { from, to, flags } => {
+            let c = |s: &str| CString::new(p(s).as_os_str().as_bytes()).expect("no NUL");
+            let (from, to) = (c(from), c(to));
+            // SAFETY: two NUL-terminated paths that outlive the call.
+            let r = unsafe {
+                libc::renameat2(
+                    libc::AT_FDCWD,
+                    from.as_ptr(),
+                    libc::AT_FDCWD,
+                    to.as_ptr(),
+                    *flags,
+                )
+            };
+            if r != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(String::new())
+        }
+        Op::WriteAgain { path, offset, data } => {
+            let f = OpenOptions::new().write(true).open(p(path))?;
+            let mut moved = Vec::new();
+            for _ in 0..2 {
+                let before = f.metadata()?;
+                wait_past(&before);
+                f.write_all_at(data, *offset)?;
+                let after = f.metadata()?;
+                moved.push(format!(
+                    "mtime moved {}, ctime moved {}",
+                    after.modified()? > before.modified()?,
+                    ctime(&after) > ctime(&before)
+                ));
+            }
+            Ok(moved.join("; "))
+        }
     })();
     r.map_err(errno)
 }
@@ -262,6 +368,12 @@ fn show(op: &Op) -> String {
         Op::Write { path, offset, data } => {
             format!(
                 "Write {{ path: {path:?}, offset: {offset}, len: {} }}",
+                data.len()
+            )
+        }
+        Op::WriteAgain { path, offset, data } => {
+            format!(
+                "WriteAgain {{ path: {path:?}, offset: {offset}, len: {} }}",
                 data.len()
             )
         }

@@ -160,6 +160,7 @@ impl Fs {
             new_parent: np,
             new_name: nn.into(),
             no_replace,
+            exchange: false,
         })
     }
 

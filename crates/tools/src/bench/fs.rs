@@ -510,10 +510,7 @@ pub fn run(args: &FsArgs) -> Result<()> {
                 let name = format!("bench-{}-{}.dat", scheme.name(), std::process::id());
                 let results = match target {
                     Target::Citronfs => {
-                        let mount = Mount::in_temp_dir(
-                            fs.clone(),
-                            &fs_client::fuse::FuseOptions::default(),
-                        )?;
+                        let mount = Mount::in_temp_dir(fs.clone(), &testkit::fuse_options())?;
                         let mountpoint = mount.path().to_path_buf();
                         let path = mountpoint.join(&name);
                         let results = {

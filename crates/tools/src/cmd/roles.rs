@@ -418,9 +418,11 @@ pub struct MountArgs {
     /// parameters (e.g. seg:4:4096).
     #[arg(long, value_parser = value_parser!(LockScheme))]
     scheme: Option<LockScheme>,
-    /// Let other users use the mount.
-    #[arg(long)]
-    allow_other: Option<bool>,
+    /// Restrict the mount to the mounting user. Without it every local user may use the mount,
+    /// with the kernel checking permissions (allow_other + default_permissions), which needs
+    /// root or `user_allow_other` in /etc/fuse.conf.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    private: Option<bool>,
     /// Milliseconds connecting to a tcp fabric server may take before it is declared
     /// unreachable.
     #[arg(long)]
@@ -453,8 +455,8 @@ pub struct MountConfig {
     pub meta: String,
     /// The lock scheme (`LockScheme::CITRON`).
     pub scheme: LockScheme,
-    /// Let other users use the mount.
-    pub allow_other: bool,
+    /// Restrict the mount to the mounting user (else shared: `FuseOptions::allow_other`).
+    pub private: bool,
     /// Milliseconds a tcp fabric connect may take (`fabric::tcp::CONNECT_TIMEOUT`).
     pub connect_timeout_ms: u64,
     /// Milliseconds one tcp batch may take (`fabric::tcp::BATCH_TIMEOUT`).
@@ -469,7 +471,7 @@ impl Default for MountConfig {
             log: DEFAULT_LOG.into(),
             meta: DEFAULT_META_ADDR.to_string(),
             scheme: LockScheme::CITRON,
-            allow_other: false,
+            private: false,
             connect_timeout_ms: fabric::tcp::CONNECT_TIMEOUT.as_millis() as u64,
             batch_timeout_ms: fabric::tcp::BATCH_TIMEOUT.as_millis() as u64,
         }
@@ -480,6 +482,10 @@ impl Default for MountConfig {
 pub fn mount(args: MountArgs) -> Result<()> {
     let settings = args.load()?;
     init_logging(&settings.log)?;
+    if !settings.private {
+        // Said before connecting: a shared mount this user may not make is a usage error.
+        fs_client::fuse::other_users_allowed().map_err(anyhow::Error::msg)?;
+    }
     let mut options = MountOptions::new(
         settings.meta,
         settings.cluster,
@@ -493,7 +499,7 @@ pub fn mount(args: MountArgs) -> Result<()> {
     let fs =
         CitronFs::connect(options).map_err(|e| anyhow::anyhow!("cannot reach the cluster: {e}"))?;
     let fuse = fs_client::fuse::FuseOptions {
-        allow_other: settings.allow_other,
+        allow_other: !settings.private,
         ..Default::default()
     };
     let mount = Mount::at(Arc::new(fs), &args.mountpoint, &fuse)?;
@@ -661,9 +667,9 @@ mod tests {
             assert!(text.contains("chunk_sise"), "{text}");
             assert!(text.contains("meta.toml"), "names the file: {text}");
             // A key of another role is unknown here too.
-            jail.create_file("mount.toml", "allow_other = true\n")?;
+            jail.create_file("mount.toml", "private = true\n")?;
             let err = meta_args(&["--config", "mount.toml"]).load().unwrap_err();
-            assert!(format!("{err:#}").contains("allow_other"), "{err:#}");
+            assert!(format!("{err:#}").contains("private"), "{err:#}");
             Ok(())
         });
     }
@@ -692,8 +698,9 @@ mod tests {
             assert_eq!(config.token.as_deref(), Some("0123456789"));
             assert_eq!(config.session_lease, 7);
             assert_eq!(config.fabric, Backend::Shm);
-            jail.set_env(format!("{ENV_PREFIX}ALLOW_OTHER"), "true");
-            assert!(mount_args(&["/mnt"]).load()?.allow_other);
+            assert!(!mount_args(&["/mnt"]).load()?.private, "shared by default");
+            jail.set_env(format!("{ENV_PREFIX}PRIVATE"), "true");
+            assert!(mount_args(&["/mnt"]).load()?.private);
             Ok(())
         });
     }
@@ -895,12 +902,11 @@ mod tests {
                 "t",
                 "--scheme",
                 "mutex",
-                "--allow-other",
-                "true",
+                "--private",
             ])
             .load()?;
             assert_eq!(mount.scheme, LockScheme::MUTEX);
-            assert!(mount.allow_other);
+            assert!(mount.private);
             Ok(())
         });
     }

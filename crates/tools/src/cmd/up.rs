@@ -39,6 +39,11 @@ pub struct UpArgs {
     /// The cluster's name.
     #[arg(long, default_value = DEFAULT_CLUSTER)]
     cluster: String,
+    /// Restrict the mount to the user running `up`. Without it every local user may use the
+    /// mount, with the kernel checking permissions (allow_other + default_permissions), which
+    /// needs root or `user_allow_other` in /etc/fuse.conf.
+    #[arg(long)]
+    private: bool,
 }
 
 /// The default `--memory` (see its help): a quarter of `MemAvailable`, at most half the free
@@ -98,6 +103,14 @@ pub fn up(args: UpArgs) -> Result<()> {
         args.data_servers
     );
     let scheme = args.scheme;
+    let fuse = fs_client::fuse::FuseOptions {
+        allow_other: !args.private,
+        ..Default::default()
+    };
+    // Before anything starts: a shared mount this user may not make is a usage error.
+    if fuse.allow_other {
+        fs_client::fuse::other_users_allowed().map_err(anyhow::Error::msg)?;
+    }
     prepare_mountpoint(&args.mountpoint)?;
 
     let cluster = Cluster::start(ClusterSpec {
@@ -114,11 +127,7 @@ pub fn up(args: UpArgs) -> Result<()> {
         scheme,
         ..ClusterSpec::server_defaults()
     })?;
-    let mount = Mount::at(
-        Arc::new(cluster.client()?),
-        &args.mountpoint,
-        &fs_client::fuse::FuseOptions::default(),
-    )?;
+    let mount = Mount::at(Arc::new(cluster.client()?), &args.mountpoint, &fuse)?;
 
     println!("CitronFS is up:");
     println!(
@@ -141,7 +150,15 @@ pub fn up(args: UpArgs) -> Result<()> {
             println!("  state         in memory only (gone when stopped; --state-dir keeps it)")
         }
     }
-    println!("  mounted at    {}", args.mountpoint.display());
+    println!(
+        "  mounted at    {} ({})",
+        args.mountpoint.display(),
+        if fuse.allow_other {
+            "shared: every local user, permissions checked by the kernel"
+        } else {
+            "private: this user only"
+        }
+    );
     println!("  atomic I/O    {}", atomic_bound_line(mount.io_limits()));
     println!(
         "Stop with Ctrl-C (or `kill {}`): it unmounts and stops every server.",
