@@ -42,10 +42,17 @@ impl SharedFile for File {
     }
 }
 
-/// A file opened through the client library.
-struct LibraryFile {
+/// A file opened through the client library; its handle is released on drop.
+pub struct LibraryFile {
     fs: Arc<CitronFs>,
     fh: FileHandle,
+}
+
+impl LibraryFile {
+    /// Wraps handle `fh` of `fs` (released when this is dropped).
+    pub fn new(fs: Arc<CitronFs>, fh: FileHandle) -> Self {
+        Self { fs, fh }
+    }
 }
 
 impl SharedFile for LibraryFile {

@@ -24,12 +24,13 @@
 //! The mount is unmounted and the cluster stopped at the end, on an error, and on Ctrl-C
 //! (SIGINT or SIGTERM end the run after the current case; a second Ctrl-C exits at once).
 
+use super::clients::{LibraryFile, SharedFile};
 use crate::cmd::config::parse_size;
 use crate::report::{fmt_f, Report};
 use anyhow::{bail, Context, Result};
 use clap::{value_parser, Args};
 use fabric::Backend;
-use fs_client::{CitronFs, FileHandle};
+use fs_client::CitronFs;
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 use lockmgr::{LockScheme, LockStats};
@@ -37,7 +38,6 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
@@ -284,54 +284,6 @@ impl Offsets {
     }
 }
 
-/// A file the workers read and write at offsets, from many threads at once.
-trait Io: Sync {
-    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()>;
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()>;
-}
-
-impl Io for File {
-    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
-        Ok(FileExt::write_all_at(self, buf, offset)?)
-    }
-
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        Ok(FileExt::read_exact_at(self, buf, offset)?)
-    }
-}
-
-/// A file opened through the client library.
-struct LibFile {
-    fs: Arc<CitronFs>,
-    fh: FileHandle,
-}
-
-impl Io for LibFile {
-    fn write_at(&self, buf: &[u8], offset: u64) -> Result<()> {
-        let n = self
-            .fs
-            .write(self.fh, offset, buf)
-            .map_err(|e| anyhow::anyhow!("write: {e}"))?;
-        anyhow::ensure!(n == buf.len(), "short write: {n} of {}", buf.len());
-        Ok(())
-    }
-
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        let data = self
-            .fs
-            .read(self.fh, offset, buf.len())
-            .map_err(|e| anyhow::anyhow!("read: {e}"))?;
-        anyhow::ensure!(
-            data.len() == buf.len(),
-            "short read: {} of {}",
-            data.len(),
-            buf.len()
-        );
-        buf.copy_from_slice(&data);
-        Ok(())
-    }
-}
-
 /// Settings shared by every case of a run.
 struct Plan<'a> {
     file_size: u64,
@@ -537,7 +489,7 @@ pub fn run(args: &FsArgs) -> Result<()> {
                         let (_, fh) = fs
                             .create(caller, proto::ROOT_INO, &name, 0o644, libc::O_RDWR)
                             .map_err(|e| anyhow::anyhow!("create {name}: {e}"))?;
-                        let file = LibFile { fs: fs.clone(), fh };
+                        let file = LibraryFile::new(fs.clone(), fh);
                         let results = run_target(
                             &plan,
                             target,
@@ -546,7 +498,8 @@ pub fn run(args: &FsArgs) -> Result<()> {
                             &file,
                             Some(&fs),
                         );
-                        let _ = fs.release(fh);
+                        // Dropping the file releases its handle.
+                        drop(file);
                         let _ = fs.unlink(proto::ROOT_INO, &name);
                         results?
                     }
@@ -575,7 +528,7 @@ fn run_target(
     target: Target,
     scheme: Option<&str>,
     fabric: Option<&'static str>,
-    io: &dyn Io,
+    io: &dyn SharedFile,
     client: Option<&CitronFs>,
 ) -> Result<Vec<FsResult>> {
     plan.progress
@@ -659,7 +612,7 @@ impl LockDelta {
 }
 
 /// Writes the whole file once with a non-zero pattern, 1 MiB at a time.
-fn fill(io: &dyn Io, file_size: u64, stop: &AtomicBool) -> Result<()> {
+fn fill(io: &dyn SharedFile, file_size: u64, stop: &AtomicBool) -> Result<()> {
     let buf = pattern_buffer(SEQ_BLOCK as usize, 0x5a);
     let whole = file_size / SEQ_BLOCK * SEQ_BLOCK;
     let mut offset = 0;
@@ -681,7 +634,12 @@ fn pattern_buffer(len: usize, seed: u8) -> Vec<u8> {
 }
 
 /// `threads` threads run `pattern` on `io` for the warm-up, then for the measured duration.
-fn run_case(plan: &Plan, io: &dyn Io, pattern: Pattern, threads: usize) -> Result<Measured> {
+fn run_case(
+    plan: &Plan,
+    io: &dyn SharedFile,
+    pattern: Pattern,
+    threads: usize,
+) -> Result<Measured> {
     let barrier = Barrier::new(threads);
     let per_thread = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
