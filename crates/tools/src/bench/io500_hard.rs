@@ -17,6 +17,7 @@ use crate::report::{fmt_f, Report};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use fabric::{Backend, RemoteAddr};
+use indicatif::{ProgressBar, ProgressStyle};
 use lockmgr::baselines::SegSpec;
 use lockmgr::citron::{CitronGrowth, CitronSpec};
 use lockmgr::schemes::{self, CreateOptions, FixedMemory};
@@ -216,16 +217,27 @@ pub fn run(args: &Io500HardArgs) -> Result<()> {
         ),
         ("server", LockScheme::Server, None),
     ];
+    let progress = if args.json {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(if args.io { 4 } else { kinds.len() as u64 }).with_style(
+            ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} ({elapsed})")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        )
+    };
     let mut results = Vec::new();
     if args.io {
-        results = replay_io(args, &trace, procs, end)?;
+        results = replay_io(args, &trace, procs, end, &progress)?;
     } else {
         for (name, kind, initial) in kinds {
+            progress.set_message(name);
             let r = replay(args, &trace, procs, name, kind, initial)
                 .with_context(|| format!("scheme {name}"))?;
             results.push(r);
+            progress.inc(1);
         }
     }
+    progress.finish_and_clear();
     let citron_rate = results
         .iter()
         .find(|r| r.scheme == "citron")
@@ -483,6 +495,7 @@ fn replay_io(
     trace: &[TraceWrite],
     procs: u64,
     end: u64,
+    progress: &ProgressBar,
 ) -> Result<Vec<HardResult>> {
     let schemes = [
         LockScheme::CITRON,
@@ -500,6 +513,7 @@ fn replay_io(
     })?;
     let mut results = Vec::new();
     for scheme in schemes {
+        progress.set_message(scheme.to_string());
         let clients = Clients::start(&cluster, scheme, args.clients, args.via)?;
         let name = format!("io500-hard-{}.dat", scheme.name());
         let seed = 0x10500 + results.len() as u64;
@@ -577,6 +591,7 @@ fn replay_io(
             bucket_ms: args.bucket_ms,
             vs_citron: None,
         });
+        progress.inc(1);
     }
     cluster.shutdown()?;
     Ok(results)
