@@ -485,28 +485,14 @@ impl Inner {
         let mut done = 0usize;
         while done < len {
             let n = (len - done).min(ZERO_WINDOW);
-            let at = off + done as u64;
-            let plans = plan(&self.geometry, at, n, |c| run.get(c), Limits::FABRIC)?;
-            for sp in plans {
-                let region = w.view.servers.region_of(sp.server)?;
-                for pb in sp.batches {
-                    self.check_lease_before_post(w)?;
-                    self.exec_data(w, sp.server, |batch| {
-                        for op in &pb.ops {
-                            batch.write(
-                                RemoteAddr::new(region, op.remote_off),
-                                &zeros[op.buf_off..op.buf_off + op.len],
-                            );
-                        }
-                    })?;
-                }
-            }
+            self.transfer_write(w, off + done as u64, &zeros[..n], run)?;
             done += n;
         }
         Ok(())
     }
 
-    /// Writes `data` at file offset `off` (every chunk of `run` allocated).
+    /// Writes `data` at file offset `off`; chunks `run` does not have allocated are skipped
+    /// (holes: what `zero_allocated` relies on; a write allocates its chunks first).
     fn transfer_write(
         &self,
         w: &mut Worker,

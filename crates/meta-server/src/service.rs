@@ -575,13 +575,15 @@ impl Service {
 
     /// Renews a session's lease; `Stale` if it is gone (expired). A session heard from after a
     /// silence longer than `fence_after` stays a fence's target for [`resumed_window`]
-    /// ([`Service::fence_targets`]).
-    fn touch(&self, session: u64) -> Result<(), FsError> {
+    /// ([`Service::fence_targets`]). Only a request's arrival (`arrival`) can end a silence:
+    /// the renewal after a request that ran long (its own `Fence` waits for the data servers)
+    /// is no sign of a stopped client.
+    fn touch(&self, session: u64, arrival: bool) -> Result<(), FsError> {
         match lock(&self.state).sessions.get_mut(&session) {
             Some(s) => {
                 let now = Instant::now();
                 let silence = now.saturating_duration_since(s.last_seen);
-                if silence > self.settings.fence_after {
+                if arrival && silence > self.settings.fence_after {
                     tracing::info!(
                         session,
                         ?silence,
@@ -1139,7 +1141,7 @@ impl Service {
             self.requests
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
-        self.touch(session)?;
+        self.touch(session, true)?;
         let changes = changes_inodes(&request);
         let result = self.handle_touched(session, request);
         if changes {
@@ -1148,7 +1150,7 @@ impl Service {
             self.publish_touched(&mut st);
         }
         // A session is not silent while its request runs: its heartbeat waits behind it.
-        let _ = self.touch(session);
+        let _ = self.touch(session, false);
         result
     }
 

@@ -1,6 +1,7 @@
 //! Plots of benchmark results (`--plot FILE.svg`), drawn with plotters' SVG backend.
 
 use anyhow::{anyhow, Context, Result};
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use std::path::Path;
 
@@ -26,6 +27,25 @@ fn svg_path(path: &Path) -> Result<()> {
 
 fn err(e: impl std::fmt::Display) -> anyhow::Error {
     anyhow!("plot: {e}")
+}
+
+/// The charts here: f64 against f64, drawn on SVG.
+type Chart<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// Draws the legend and writes the file.
+fn finish<'a>(
+    chart: &mut Chart<'a, 'a>,
+    root: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    path: &Path,
+) -> Result<()> {
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)?;
+    root.present()
+        .with_context(|| format!("write {}", path.display()))
 }
 
 /// Groups of bars: one group per `groups` entry (its label, then one value per series), one
@@ -84,14 +104,7 @@ pub fn grouped_bars(
             .label(name.as_str())
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 10, y + 5)], color.filled()));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
-    root.present()
-        .with_context(|| format!("write {}", path.display()))
+    finish(&mut chart, &root, path)
 }
 
 /// Lines over time: `series` of (x, y) points, and vertical markers at `marks` (x values).
@@ -141,14 +154,7 @@ pub fn lines(
             .label(name.as_str())
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2)));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
-    root.present()
-        .with_context(|| format!("write {}", path.display()))
+    finish(&mut chart, &root, path)
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@
 //! except where a scheme's granularity makes it (the false conflicts CITRON avoids). After the
 //! last step every process reads its rows back through its own client and checks them.
 
-use super::clients::{Clients, SharedFile, Via};
+use super::clients::{Clients, SharedFile, Via, WorkloadArgs};
 use crate::report::{fmt_f, Report};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
@@ -67,31 +67,14 @@ pub struct BtioArgs {
     /// clients); a square: 1, 4, 9, 16, ...
     #[arg(long, default_value_t = 4)]
     procs: u64,
-    /// Clients: separate `citronfs mount` processes (or library instances with --via library).
-    #[arg(long, default_value_t = 2)]
-    clients: usize,
     /// Output steps written.
     #[arg(long, default_value_t = 4)]
     steps: u64,
-    /// Lock schemes, comma-separated, each run on a fresh file in this one run.
-    #[arg(long, value_delimiter = ',', default_value = "citron,mutex,seg,server",
-          value_parser = clap::value_parser!(LockScheme))]
-    scheme: Vec<LockScheme>,
     /// The fabric of the embedded cluster.
     #[arg(long, value_enum, default_value = "shm")]
     fabric: Backend,
-    /// Through FUSE mounts (client processes) or the client library (no FUSE).
-    #[arg(long, value_enum, default_value = "fuse")]
-    via: Via,
-    /// Data servers of the embedded cluster.
-    #[arg(long, default_value_t = 2)]
-    data_servers: usize,
-    /// Also draw the results into this SVG file.
-    #[arg(long)]
-    plot: Option<std::path::PathBuf>,
-    /// One JSON object per result instead of the table.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    common: WorkloadArgs,
 }
 
 /// The result of one scheme.
@@ -114,8 +97,6 @@ struct BtioResult {
     mib_per_s: f64,
     p50_us: f64,
     p99_us: f64,
-    /// Every row read back by its writer matched what it wrote.
-    verified: bool,
     /// This scheme's bandwidth over citron's (citron: 1).
     vs_citron: Option<f64>,
 }
@@ -160,34 +141,37 @@ pub fn run(args: &BtioArgs) -> Result<()> {
         args.class.n(),
         args.procs
     );
-    anyhow::ensure!(args.clients >= 1, "--clients must be at least 1");
+    anyhow::ensure!(args.common.clients >= 1, "--clients must be at least 1");
     anyhow::ensure!(args.steps >= 1, "--steps must be at least 1");
-    anyhow::ensure!(!args.scheme.is_empty(), "--scheme is empty");
+    anyhow::ensure!(!args.common.scheme.is_empty(), "--scheme is empty");
     let n = args.class.n();
     let step_bytes = n * n * n * POINT;
     let file_bytes = step_bytes * args.steps;
-    let per_server = (file_bytes + (64 << 20)) / args.data_servers as u64 + (64 << 20);
+    let per_server = (file_bytes + (64 << 20)) / args.common.data_servers as u64 + (64 << 20);
     let cluster = Cluster::start(ClusterSpec {
         name: "citronfs-btio".into(),
-        data_servers: args.data_servers,
+        data_servers: args.common.data_servers,
         capacity: per_server,
         fabric: args.fabric,
-        lock_server: args.scheme.contains(&LockScheme::SERVER),
+        lock_server: args.common.scheme.contains(&LockScheme::SERVER),
         ..ClusterSpec::server_defaults()
     })?;
 
-    let progress = if args.json {
+    let progress = if args.common.json {
         ProgressBar::hidden()
     } else {
-        ProgressBar::new(args.scheme.len() as u64 * args.steps).with_style(
+        ProgressBar::new(args.common.scheme.len() as u64 * args.steps).with_style(
             ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} ({elapsed})")
                 .unwrap_or_else(|_| ProgressStyle::default_bar()),
         )
     };
     let mut results: Vec<BtioResult> = Vec::new();
-    for &scheme in &args.scheme {
-        progress.set_message(format!("{scheme}: starting {} clients", args.clients));
-        let clients = Clients::start(&cluster, scheme, args.clients, args.via)?;
+    for &scheme in &args.common.scheme {
+        progress.set_message(format!(
+            "{scheme}: starting {} clients",
+            args.common.clients
+        ));
+        let clients = Clients::start(&cluster, scheme, args.common.clients, args.common.via)?;
         let name = format!("btio-{}.dat", scheme.name());
         let r = run_scheme(args, &clients, &name, scheme, &progress)
             .with_context(|| format!("scheme {scheme}"))?;
@@ -200,14 +184,14 @@ pub fn run(args: &BtioArgs) -> Result<()> {
         .iter()
         .find(|r| r.scheme == LockScheme::CITRON.to_string())
         .map(|r| r.mib_per_s);
-    if let Some(path) = &args.plot {
+    if let Some(path) = &args.common.plot {
         crate::plot::grouped_bars(
             path,
             &format!(
                 "BT-IO class {:?}, {} processes over {} clients ({})",
                 args.class,
                 args.procs,
-                args.clients,
+                args.common.clients,
                 args.fabric.name()
             ),
             "MiB/s",
@@ -219,16 +203,8 @@ pub fn run(args: &BtioArgs) -> Result<()> {
         )?;
     }
     let mut report = Report::new(
-        args.json,
-        &[
-            "scheme",
-            "MiB/s",
-            "vs citron",
-            "p50 µs",
-            "p99 µs",
-            "writes",
-            "verified",
-        ],
+        args.common.json,
+        &["scheme", "MiB/s", "vs citron", "p50 µs", "p99 µs", "writes"],
     );
     for mut r in results {
         r.vs_citron = citron.filter(|&c| c > 0.0).map(|c| r.mib_per_s / c);
@@ -242,13 +218,12 @@ pub fn run(args: &BtioArgs) -> Result<()> {
                 fmt_f(r.p50_us, 1),
                 fmt_f(r.p99_us, 1),
                 r.writes.to_string(),
-                if r.verified { "yes" } else { "NO" }.into(),
             ],
             &r,
         );
     }
     report.finish();
-    if !args.json {
+    if !args.common.json {
         println!();
         println!(
             "BT-IO class {:?} ({n}³ points, {} KiB per step), {} steps, {} processes on a {side}x{side} \
@@ -259,10 +234,10 @@ pub fn run(args: &BtioArgs) -> Result<()> {
             step_bytes >> 10,
             args.steps,
             args.procs,
-            args.clients,
-            args.via,
+            args.common.clients,
+            args.common.via,
             args.fabric.name(),
-            args.data_servers,
+            args.common.data_servers,
             n / side * POINT,
             n / side,
         );
@@ -374,8 +349,8 @@ fn run_scheme(
         scheme: scheme.to_string(),
         class: args.class,
         procs: args.procs,
-        clients: args.clients,
-        via: args.via,
+        clients: args.common.clients,
+        via: args.common.via,
         fabric: args.fabric.name(),
         steps: args.steps,
         bytes,
@@ -385,7 +360,6 @@ fn run_scheme(
         mib_per_s: bytes as f64 / (1u64 << 20) as f64 / write_seconds,
         p50_us: us(0.5),
         p99_us: us(0.99),
-        verified: true,
         vs_citron: None,
     })
 }

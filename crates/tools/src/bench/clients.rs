@@ -5,7 +5,7 @@
 //! (no FUSE), to separate FUSE's cost.
 
 use anyhow::{bail, Context, Result};
-use clap::ValueEnum;
+use clap::{Args, ValueEnum};
 use fs_client::{CitronFs, FileHandle, LockScheme};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -23,6 +23,30 @@ pub enum Via {
     Fuse,
     /// Through the client library in this process: one `CitronFs` per client.
     Library,
+}
+
+/// The options every workload benchmark over clients shares (`bench btio`, `bench oltp`).
+#[derive(Args, Debug)]
+pub struct WorkloadArgs {
+    /// Clients: separate `citronfs mount` processes (or library instances with --via library).
+    #[arg(long, default_value_t = 2)]
+    pub clients: usize,
+    /// Lock schemes, comma-separated, each run on fresh files in this one run.
+    #[arg(long, value_delimiter = ',', default_value = "citron,mutex,seg,server",
+          value_parser = clap::value_parser!(LockScheme))]
+    pub scheme: Vec<LockScheme>,
+    /// Through FUSE mounts (client processes) or the client library (no FUSE).
+    #[arg(long, value_enum, default_value = "fuse")]
+    pub via: Via,
+    /// Data servers of the embedded cluster.
+    #[arg(long, default_value_t = 2)]
+    pub data_servers: usize,
+    /// Also draw the results into this SVG file.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// One JSON object per result instead of the table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// One open file as a workload thread sees it: positional reads and writes.

@@ -10,7 +10,7 @@
 //! (a header naming the writer's sequence and a crc32 of the body), and every read checks that
 //! the block it got is whole: a torn read fails the run.
 
-use super::clients::{Clients, SharedFile, Via};
+use super::clients::{Clients, SharedFile, Via, WorkloadArgs};
 use crate::report::{fmt_f, Report};
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -43,32 +43,14 @@ const READS_PER_LOG_WRITE: u64 = 3200;
 /// Options of `citronfs bench oltp`.
 #[derive(Args, Debug)]
 pub struct OltpArgs {
-    /// Clients: separate `citronfs mount` processes (or library instances with --via library),
-    /// each with 1 log writer, 10 data writers and 50 readers.
-    #[arg(long, default_value_t = 2)]
-    clients: usize,
     /// Seconds each scheme runs.
     #[arg(long, default_value_t = 10.0)]
     duration: f64,
-    /// Lock schemes, comma-separated, each run in this one run.
-    #[arg(long, value_delimiter = ',', default_value = "citron,mutex,seg,server",
-          value_parser = clap::value_parser!(LockScheme))]
-    scheme: Vec<LockScheme>,
     /// The fabric of the embedded cluster.
     #[arg(long, value_enum, default_value = "tcp")]
     fabric: Backend,
-    /// Through FUSE mounts (client processes) or the client library (no FUSE).
-    #[arg(long, value_enum, default_value = "fuse")]
-    via: Via,
-    /// Data servers of the embedded cluster.
-    #[arg(long, default_value_t = 2)]
-    data_servers: usize,
-    /// Also draw the results into this SVG file.
-    #[arg(long)]
-    plot: Option<std::path::PathBuf>,
-    /// One JSON object per result instead of the table.
-    #[arg(long)]
-    json: bool,
+    #[command(flatten)]
+    common: WorkloadArgs,
 }
 
 /// The result of one scheme.
@@ -88,8 +70,6 @@ struct OltpResult {
     reader_p99_us: f64,
     writer_p99_us: f64,
     log_p99_us: f64,
-    /// Every read got a whole block.
-    verified: bool,
     /// Throughput over citron's.
     ops_vs_citron: Option<f64>,
     /// Reader p99 over citron's.
@@ -125,34 +105,37 @@ fn is_whole(b: &[u8]) -> bool {
 
 /// Runs the benchmark.
 pub fn run(args: &OltpArgs) -> Result<()> {
-    anyhow::ensure!(args.clients >= 1, "--clients must be at least 1");
+    anyhow::ensure!(args.common.clients >= 1, "--clients must be at least 1");
     anyhow::ensure!(
         args.duration > 0.0 && args.duration.is_finite(),
         "--duration must be positive"
     );
-    anyhow::ensure!(!args.scheme.is_empty(), "--scheme is empty");
+    anyhow::ensure!(!args.common.scheme.is_empty(), "--scheme is empty");
     let per_server =
-        (FILE_BYTES * (DATA_FILES as u64 + 1) * 2) / args.data_servers as u64 + (64 << 20);
+        (FILE_BYTES * (DATA_FILES as u64 + 1) * 2) / args.common.data_servers as u64 + (64 << 20);
     let cluster = Cluster::start(ClusterSpec {
         name: "citronfs-oltp".into(),
-        data_servers: args.data_servers,
+        data_servers: args.common.data_servers,
         capacity: per_server,
         fabric: args.fabric,
-        lock_server: args.scheme.contains(&LockScheme::SERVER),
+        lock_server: args.common.scheme.contains(&LockScheme::SERVER),
         ..ClusterSpec::server_defaults()
     })?;
-    let progress = if args.json {
+    let progress = if args.common.json {
         ProgressBar::hidden()
     } else {
-        ProgressBar::new(args.scheme.len() as u64).with_style(
+        ProgressBar::new(args.common.scheme.len() as u64).with_style(
             ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} ({elapsed})")
                 .unwrap_or_else(|_| ProgressStyle::default_bar()),
         )
     };
     let mut results = Vec::new();
-    for &scheme in &args.scheme {
-        progress.set_message(format!("{scheme}: starting {} clients", args.clients));
-        let clients = Clients::start(&cluster, scheme, args.clients, args.via)?;
+    for &scheme in &args.common.scheme {
+        progress.set_message(format!(
+            "{scheme}: starting {} clients",
+            args.common.clients
+        ));
+        let clients = Clients::start(&cluster, scheme, args.common.clients, args.common.via)?;
         progress.set_message(format!("{scheme}: running"));
         let r = run_scheme(args, &clients, scheme).with_context(|| format!("scheme {scheme}"))?;
         for f in file_names(scheme) {
@@ -167,12 +150,12 @@ pub fn run(args: &OltpArgs) -> Result<()> {
         .iter()
         .find(|r| r.scheme == LockScheme::CITRON.to_string())
         .map(|r| (r.ops_per_s, r.reader_p99_us));
-    if let Some(path) = &args.plot {
+    if let Some(path) = &args.common.plot {
         crate::plot::grouped_bars(
             path,
             &format!(
                 "Filebench OLTP, {} clients ({}): p99 latency",
-                args.clients,
+                args.common.clients,
                 args.fabric.name()
             ),
             "µs",
@@ -189,7 +172,7 @@ pub fn run(args: &OltpArgs) -> Result<()> {
         )?;
     }
     let mut report = Report::new(
-        args.json,
+        args.common.json,
         &[
             "scheme",
             "ops/s",
@@ -199,7 +182,6 @@ pub fn run(args: &OltpArgs) -> Result<()> {
             "p99 vs citron",
             "writer p99 µs",
             "log p99 µs",
-            "verified",
         ],
     );
     for mut r in results {
@@ -218,13 +200,12 @@ pub fn run(args: &OltpArgs) -> Result<()> {
                 ratio(r.reader_p99_vs_citron),
                 fmt_f(r.writer_p99_us, 1),
                 fmt_f(r.log_p99_us, 1),
-                if r.verified { "yes" } else { "NO" }.into(),
             ],
             &r,
         );
     }
     report.finish();
-    if !args.json {
+    if !args.common.json {
         println!();
         println!(
             "Filebench OLTP (seed 000 §4.3.2): {} clients via {:?} on the {} fabric, each with 1 \
@@ -232,8 +213,8 @@ pub fn run(args: &OltpArgs) -> Result<()> {
              log file of 10 MB; 8 KiB random reads and writes ({WRITES_PER_1000_READS} writes per \
              1000 reads), a 256 KiB log write per {READS_PER_LOG_WRITE} reads; {} s per scheme. \
              Every read was checked to be a whole block.",
-            args.clients,
-            args.via,
+            args.common.clients,
+            args.common.via,
             args.fabric.name(),
             args.duration
         );
@@ -387,8 +368,8 @@ fn run_scheme(args: &OltpArgs, clients: &Clients, scheme: LockScheme) -> Result<
     let us = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
     Ok(OltpResult {
         scheme: scheme.to_string(),
-        clients: args.clients,
-        via: args.via,
+        clients: args.common.clients,
+        via: args.common.via,
         fabric: args.fabric.name(),
         seconds,
         reads: counts[0],
@@ -399,7 +380,6 @@ fn run_scheme(args: &OltpArgs, clients: &Clients, scheme: LockScheme) -> Result<
         reader_p99_us: us(&hists[0], 0.99),
         writer_p99_us: us(&hists[1], 0.99),
         log_p99_us: us(&hists[2], 0.99),
-        verified: true,
         ops_vs_citron: None,
         reader_p99_vs_citron: None,
     })
