@@ -17,10 +17,9 @@
 //!   writing through another file's FCB would corrupt it.
 
 use crate::client::Inner;
-use crate::error::{Error, Peer};
+use crate::error::Error;
 use crate::handles::OpenInode;
 use crate::workers::Worker;
-use fabric::{Batch, Completions};
 use proto::attrs::{AttrSlot, AttrTableRef};
 use proto::{fcb, Attr, FileKind, Ino};
 use std::collections::HashMap;
@@ -61,23 +60,15 @@ fn read_slots<const N: usize>(
     table: &AttrTableRef,
     inos: [Ino; N],
 ) -> Result<[Option<AttrSlot>; N], Error> {
-    let Worker {
-        meta_ep,
-        batch,
-        out,
-        broken,
-        ..
-    } = w;
-    batch.clear();
-    let handles =
-        inos.map(|ino| batch.read(table.slot_addr(ino), proto::attrs::SLOT_BYTES as usize));
-    if let Err(e) = meta_ep.execute(batch, out) {
-        *broken = true;
-        return Err(Error::fabric(Peer::Meta)(e));
-    }
+    w.batch.clear();
+    let handles = inos.map(|ino| {
+        w.batch
+            .read(table.slot_addr(ino), proto::attrs::SLOT_BYTES as usize)
+    });
+    w.exec_meta()?;
     let mut i = 0;
     Ok(handles.map(|h| {
-        let slot = proto::attrs::decode(out.bytes(h), inos[i]);
+        let slot = proto::attrs::decode(w.out.bytes(h), inos[i]);
         i += 1;
         slot
     }))
@@ -94,26 +85,16 @@ fn live_slot_attr(
     if slot.fcb == 0 {
         return Ok(Some(attr));
     }
-    let Worker {
-        meta_ep,
-        batch,
-        out,
-        broken,
-        ..
-    } = w;
-    batch.clear();
+    w.batch.clear();
     let fcb_addr = fabric::RemoteAddr::new(table.base.region, slot.fcb);
-    let owner = batch.read(fcb_addr.add(fcb::INO), 8);
-    let size = batch.read(fcb_addr.add(fcb::SIZE), 8);
-    let mtime = batch.read(fcb_addr.add(fcb::MTIME), 8);
-    if let Err(e) = meta_ep.execute(batch, out) {
-        *broken = true;
-        return Err(Error::fabric(Peer::Meta)(e));
-    }
-    if out.word(owner, 0) != attr.ino {
+    let owner = w.batch.read(fcb_addr.add(fcb::INO), 8);
+    let size = w.batch.read(fcb_addr.add(fcb::SIZE), 8);
+    let mtime = w.batch.read(fcb_addr.add(fcb::MTIME), 8);
+    w.exec_meta()?;
+    if w.out.word(owner, 0) != attr.ino {
         return Ok(None);
     }
-    attr = fcb::live(attr, out.word(size, 0), out.word(mtime, 0));
+    attr = fcb::live(attr, w.out.word(size, 0), w.out.word(mtime, 0));
     Ok(Some(attr))
 }
 
@@ -180,21 +161,11 @@ impl Inner {
     /// Reads SIZE and GENERATION from the FCB (two word reads in one round trip: each word is
     /// read atomically).
     pub(crate) fn read_fcb(&self, w: &mut Worker, inode: &OpenInode) -> Result<(u64, u64), Error> {
-        let Worker {
-            meta_ep,
-            batch,
-            out,
-            broken,
-            ..
-        } = w;
-        batch.clear();
-        let size = batch.read(inode.fcb.add(fcb::SIZE), 8);
-        let generation = batch.read(inode.fcb.add(fcb::GENERATION), 8);
-        if let Err(e) = meta_ep.execute(batch, out) {
-            *broken = true;
-            return Err(Error::fabric(Peer::Meta)(e));
-        }
-        Ok((out.word(size, 0), out.word(generation, 0)))
+        w.batch.clear();
+        let size = w.batch.read(inode.fcb.add(fcb::SIZE), 8);
+        let generation = w.batch.read(inode.fcb.add(fcb::GENERATION), 8);
+        w.exec_meta()?;
+        Ok((w.out.word(size, 0), w.out.word(generation, 0)))
     }
 
     /// What a write needs from the FCB, read in one round trip with the MTIME raise: SIZE,
@@ -209,30 +180,20 @@ impl Inner {
         now_ns: u64,
     ) -> Result<FcbForWrite, Error> {
         let mtime_addr = inode.fcb.add(fcb::MTIME);
-        let Worker {
-            meta_ep,
-            batch,
-            out,
-            broken,
-            ..
-        } = w;
         let mut expected = inode.mtime_seen.load(Ordering::Relaxed);
-        batch.clear();
-        let size = batch.read(inode.fcb.add(fcb::SIZE), 8);
-        let generation = batch.read(inode.fcb.add(fcb::GENERATION), 8);
-        let mode = batch.read(inode.fcb.add(fcb::MODE), 8);
-        let mut cas = batch.cas(mtime_addr, expected, now_ns);
-        if let Err(e) = meta_ep.execute(batch, out) {
-            *broken = true;
-            return Err(Error::fabric(Peer::Meta)(e));
-        }
+        w.batch.clear();
+        let size = w.batch.read(inode.fcb.add(fcb::SIZE), 8);
+        let generation = w.batch.read(inode.fcb.add(fcb::GENERATION), 8);
+        let mode = w.batch.read(inode.fcb.add(fcb::MODE), 8);
+        let mut cas = w.batch.cas(mtime_addr, expected, now_ns);
+        w.exec_meta()?;
         let found = FcbForWrite {
-            size: out.word(size, 0),
-            generation: out.word(generation, 0),
-            mode: out.word(mode, 0) as u16,
+            size: w.out.word(size, 0),
+            generation: w.out.word(generation, 0),
+            mode: w.out.word(mode, 0) as u16,
         };
         loop {
-            let old = out.old(cas);
+            let old = w.out.old(cas);
             if old == expected {
                 inode.mtime_seen.store(now_ns, Ordering::Relaxed);
                 break;
@@ -243,12 +204,9 @@ impl Inner {
                 break;
             }
             expected = old;
-            batch.clear();
-            cas = batch.cas(mtime_addr, expected, now_ns);
-            if let Err(e) = meta_ep.execute(batch, out) {
-                *broken = true;
-                return Err(Error::fabric(Peer::Meta)(e));
-            }
+            w.batch.clear();
+            cas = w.batch.cas(mtime_addr, expected, now_ns);
+            w.exec_meta()?;
         }
         Ok(found)
     }
@@ -267,10 +225,7 @@ impl Inner {
             self.check_lease_before_post(w)?;
             w.batch.clear();
             let h = w.batch.cas(addr, seen, end);
-            if let Err(e) = w.meta_ep.execute(&w.batch, &mut w.out) {
-                w.broken = true;
-                return Err(Error::fabric(Peer::Meta)(e));
-            }
+            w.exec_meta()?;
             let old = w.out.old(h);
             if old == seen {
                 break;
@@ -287,21 +242,11 @@ impl Inner {
             if let Some(inode) = self.open_entry(attr.ino) {
                 let mut w = self.checkout()?;
                 let inode = self.live_inode(&inode, &w.view)?;
-                let Worker {
-                    meta_ep,
-                    batch,
-                    out,
-                    broken,
-                    ..
-                } = &mut *w;
-                batch.clear();
-                let size = batch.read(inode.fcb.add(fcb::SIZE), 8);
-                let mtime = batch.read(inode.fcb.add(fcb::MTIME), 8);
-                if let Err(e) = meta_ep.execute(batch, out) {
-                    *broken = true;
-                    return Err(Error::fabric(Peer::Meta)(e));
-                }
-                return Ok(fcb::live(attr, out.word(size, 0), out.word(mtime, 0)));
+                w.batch.clear();
+                let size = w.batch.read(inode.fcb.add(fcb::SIZE), 8);
+                let mtime = w.batch.read(inode.fcb.add(fcb::MTIME), 8);
+                w.exec_meta()?;
+                return Ok(fcb::live(attr, w.out.word(size, 0), w.out.word(mtime, 0)));
             }
         }
         Ok(attr)
@@ -312,14 +257,10 @@ impl Inner {
     /// file.
     pub(crate) fn check_fcb_owner(&self, inode: &OpenInode) -> Result<(), Error> {
         let mut w = self.checkout()?;
-        let mut batch = Batch::new();
-        let h = batch.read(inode.fcb.add(fcb::INO), 8);
-        let mut out = Completions::new();
-        if let Err(e) = w.meta_ep.execute(&batch, &mut out) {
-            w.broken = true;
-            return Err(Error::fabric(Peer::Meta)(e));
-        }
-        let found = out.word(h, 0);
+        w.batch.clear();
+        let h = w.batch.read(inode.fcb.add(fcb::INO), 8);
+        w.exec_meta()?;
+        let found = w.out.word(h, 0);
         if found != inode.ino {
             return Err(Error::Protocol(format!(
                 "file control block at {} belongs to inode {found}, not {}",

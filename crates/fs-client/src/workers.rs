@@ -78,6 +78,16 @@ pub(crate) struct Worker {
 }
 
 impl Worker {
+    /// Executes `self.batch` on the meta endpoint, one round trip, results in `self.out`; a
+    /// failure marks the worker broken (the endpoint's state is unknown).
+    pub(crate) fn exec_meta(&mut self) -> Result<(), Error> {
+        if let Err(e) = self.meta_ep.execute(&self.batch, &mut self.out) {
+            self.broken = true;
+            return Err(Error::fabric(Peer::Meta)(e));
+        }
+        Ok(())
+    }
+
     /// This worker's endpoint to data server `server`, connected on first use.
     pub(crate) fn data_ep(&mut self, server: u32) -> Result<&mut dyn Endpoint, Error> {
         let id = server as usize;
