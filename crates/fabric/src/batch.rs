@@ -303,6 +303,19 @@ impl Batch {
         }
     }
 
+    /// Posts every verb of `other` after this batch's, in `other`'s order, with their payload.
+    ///
+    /// Handles `other`'s poster holds stay valid for the results of `other`'s verbs alone: the
+    /// executed batch's completions, split with [`Completions::take_tail`] (or
+    /// [`Completions::take_front`] when `other` went first), hold exactly those. This is how a
+    /// lock scheme carries a caller's verbs in its own batches (`lockmgr`'s `acquire_with`).
+    pub fn append(&mut self, other: &Batch) {
+        self.verbs.extend_from_slice(&other.verbs);
+        self.payload.extend_from_slice(&other.payload);
+        self.atomics += other.atomics;
+        self.read_bytes = self.read_bytes.saturating_add(other.read_bytes);
+    }
+
     fn push_atomic(&mut self, verb: Verb) -> AtomicHandle {
         let handle = AtomicHandle(self.atomics);
         self.atomics += 1;
@@ -412,6 +425,36 @@ impl Completions {
         let start = self.data.len();
         self.data.resize(start + len, 0);
         &mut self.data[start..]
+    }
+
+    /// Moves the results after the first `olds` old values and `bytes` read bytes into `into`
+    /// (replacing what it held), leaving the first ones here: after executing `a` followed by
+    /// [`Batch::append`]ed `b`, `take_tail(a.atomic_count(), a.read_bytes(), into)` leaves `a`'s
+    /// results here and puts `b`'s into `into`, where `b`'s handles read them.
+    ///
+    /// # Panics
+    /// If these completions hold fewer results than that (a programming error).
+    pub fn take_tail(&mut self, olds: usize, bytes: usize, into: &mut Completions) {
+        into.olds.clear();
+        into.olds.extend_from_slice(&self.olds[olds..]);
+        self.olds.truncate(olds);
+        into.data.clear();
+        into.data.extend_from_slice(&self.data[bytes..]);
+        self.data.truncate(bytes);
+    }
+
+    /// Moves the first `olds` old values and `bytes` read bytes into `into` (replacing what it
+    /// held) and keeps the rest here, from the start: after executing `a` followed by
+    /// [`Batch::append`]ed `b`, `take_front(a.atomic_count(), a.read_bytes(), into)` puts `a`'s
+    /// results into `into` and leaves `b`'s here, where `b`'s handles read them.
+    ///
+    /// # Panics
+    /// If these completions hold fewer results than that (a programming error).
+    pub fn take_front(&mut self, olds: usize, bytes: usize, into: &mut Completions) {
+        into.olds.clear();
+        into.olds.extend(self.olds.drain(..olds));
+        into.data.clear();
+        into.data.extend(self.data.drain(..bytes));
     }
 
     /// Checks that these completions (decoded from the network) answer `batch`.

@@ -127,6 +127,8 @@ pub(crate) struct Inner {
     pub(crate) pool: WorkerPool,
     /// Names looked up (`fcb`'s name cache for one-sided lookups).
     pub(crate) names: crate::fcb::NameCache,
+    /// The data path's fabric traffic ([`CitronFs::io_stats`]).
+    pub(crate) io: crate::io::IoCounters,
 }
 
 impl CitronFs {
@@ -159,6 +161,7 @@ impl CitronFs {
             files: HandleTable::default(),
             pool: WorkerPool::default(),
             names: crate::fcb::NameCache::default(),
+            io: crate::io::IoCounters::default(),
         });
         // Open one worker now so that a fabric that cannot be reached fails the connect.
         drop(inner.checkout()?);
@@ -173,6 +176,12 @@ impl CitronFs {
     /// it returns.
     pub fn lock_stats(&self) -> LockStats {
         self.inner.pool.lock_stats()
+    }
+
+    /// The fabric round trips of this client's locked I/Os so far (reads, writes, fallocate,
+    /// truncate): all of them, and those of the range lock. Counted as each I/O finishes.
+    pub fn io_stats(&self) -> crate::io::IoStats {
+        self.inner.io.snapshot()
     }
 
     /// What the meta server told this client about the cluster, as of this client's current

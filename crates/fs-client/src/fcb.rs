@@ -6,9 +6,9 @@
 //!   raise it one-sidedly, and only upward, with a CAS ([`Inner::raise_size`]) while they hold
 //!   the range lock of their write; the meta server persists it on release, fsync and truncate.
 //!   Attributes of an open file therefore take their size from here ([`Inner::fresh_size`]).
-//! - MTIME (the latest data change) is raised by every write and fallocate, with a CAS in the
-//!   batch that reads SIZE and GENERATION ([`Inner::read_fcb_for_write`]): no extra round trip
-//!   unless another client raised it meanwhile. So mtime and ctime move on every write, as
+//! - MTIME (the latest data change) is raised by every write and fallocate, with a CAS at the
+//!   head of its range lock's release batch ([`MtimeRaise`]), from the value read in the
+//!   acquisition ([`FcbReads`]): no extra round trip unless another client raised it meanwhile. So mtime and ctime move on every write, as
 //!   POSIX asks, without an RPC; attributes merge it through `proto::fcb::live`.
 //! - Each word is read atomically; SIZE and GENERATION are read in one round trip but are two
 //!   words, so a reader that needs them consistent holds the range lock that a truncate would
@@ -20,10 +20,10 @@ use crate::client::Inner;
 use crate::error::Error;
 use crate::handles::OpenInode;
 use crate::workers::Worker;
+use fabric::{AtomicHandle, Batch, Completions, ReadHandle};
 use proto::attrs::{AttrSlot, AttrTableRef};
 use proto::{fcb, Attr, FileKind, Ino};
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::{Mutex, PoisonError};
 
 /// Names this client looked up: `(parent, name)` → the inode and the version of the parent's
@@ -98,15 +98,83 @@ fn live_slot_attr(
     Ok(Some(attr))
 }
 
-/// What a write read from the FCB ([`Inner::read_fcb_for_write`]).
+/// The FCB words a locked I/O found, read in the batch that granted its range lock
+/// ([`FcbReads`]).
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct FcbForWrite {
+pub(crate) struct Fcb {
     /// SIZE.
     pub(crate) size: u64,
     /// GENERATION.
     pub(crate) generation: u64,
+    /// MTIME: the latest data change, in nanoseconds.
+    pub(crate) mtime: u64,
     /// MODE: the permission bits as the meta server holds them.
     pub(crate) mode: u16,
+}
+
+/// The reads of SIZE, GENERATION, MTIME and MODE that ride in a range lock's acquisition
+/// (`lockmgr::RangeLock::acquire_with`, on the lock's endpoint to the meta region): four word
+/// reads, each atomic, executed after the verbs that granted the lock. Values read there are
+/// as good as a read after the acquisition (the lock scheme's invariant): no writer of the
+/// range is active, and every one that held it before has released, its SIZE raise and MTIME
+/// included. Values read in any earlier batch would not be; the scheme hands back only the
+/// granting batch's (or a later one's).
+pub(crate) struct FcbReads {
+    size: ReadHandle,
+    generation: ReadHandle,
+    mtime: ReadHandle,
+    mode: ReadHandle,
+}
+
+impl FcbReads {
+    /// Posts the reads of `inode`'s FCB words into `batch`.
+    pub(crate) fn post(batch: &mut Batch, inode: &OpenInode) -> Self {
+        Self {
+            size: batch.read(inode.fcb.add(fcb::SIZE), 8),
+            generation: batch.read(inode.fcb.add(fcb::GENERATION), 8),
+            mtime: batch.read(inode.fcb.add(fcb::MTIME), 8),
+            mode: batch.read(inode.fcb.add(fcb::MODE), 8),
+        }
+    }
+
+    /// What the reads returned.
+    pub(crate) fn decode(&self, out: &Completions) -> Fcb {
+        Fcb {
+            size: out.word(self.size, 0),
+            generation: out.word(self.generation, 0),
+            mtime: out.word(self.mtime, 0),
+            mode: out.word(self.mode, 0) as u16,
+        }
+    }
+}
+
+/// A write's MTIME raise, posted at the head of its range lock's release batch
+/// (`lockmgr::RangeLock::release_with`): a CAS from the MTIME the acquisition read to the
+/// write's start time, so a reader that locks after the release sees it, without a round trip
+/// of its own. MTIME is not guarded by the range lock (writers of other ranges raise it too),
+/// so the CAS may find another value: [`Inner::finish_mtime_raise`] then retries after the
+/// release, and never lowers it.
+pub(crate) struct MtimeRaise {
+    cas: AtomicHandle,
+    expected: u64,
+    now_ns: u64,
+}
+
+impl MtimeRaise {
+    /// Posts the raise of `inode`'s MTIME from `seen` to `now_ns` into `batch`; nothing when
+    /// it is at `now_ns` or later already.
+    pub(crate) fn post(
+        batch: &mut Batch,
+        inode: &OpenInode,
+        seen: u64,
+        now_ns: u64,
+    ) -> Option<Self> {
+        (seen < now_ns).then(|| Self {
+            cas: batch.cas(inode.fcb.add(fcb::MTIME), seen, now_ns),
+            expected: seen,
+            now_ns,
+        })
+    }
 }
 
 impl Inner {
@@ -168,47 +236,28 @@ impl Inner {
         Ok((w.out.word(size, 0), w.out.word(generation, 0)))
     }
 
-    /// What a write needs from the FCB, read in one round trip with the MTIME raise: SIZE,
-    /// GENERATION and MODE (whether set-ID bits must be cleared). `now_ns` is this write's time;
-    /// MTIME ends at least that high (a CAS expecting the value last seen; only when another
-    /// client moved it meanwhile does it take more round trips, and never lowers it). Like
-    /// Linux, the time is taken before the data lands.
-    pub(crate) fn read_fcb_for_write(
+    /// Completes an MTIME raise whose CAS executed with results `out`: when another client
+    /// moved MTIME meanwhile to a time before ours, CAS again from what it found (one round
+    /// trip each, rare); a later time is left as it is.
+    pub(crate) fn finish_mtime_raise(
         &self,
         w: &mut Worker,
         inode: &OpenInode,
-        now_ns: u64,
-    ) -> Result<FcbForWrite, Error> {
-        let mtime_addr = inode.fcb.add(fcb::MTIME);
-        let mut expected = inode.mtime_seen.load(Ordering::Relaxed);
-        w.batch.clear();
-        let size = w.batch.read(inode.fcb.add(fcb::SIZE), 8);
-        let generation = w.batch.read(inode.fcb.add(fcb::GENERATION), 8);
-        let mode = w.batch.read(inode.fcb.add(fcb::MODE), 8);
-        let mut cas = w.batch.cas(mtime_addr, expected, now_ns);
-        w.exec_meta()?;
-        let found = FcbForWrite {
-            size: w.out.word(size, 0),
-            generation: w.out.word(generation, 0),
-            mode: w.out.word(mode, 0) as u16,
-        };
-        loop {
-            let old = w.out.old(cas);
-            if old == expected {
-                inode.mtime_seen.store(now_ns, Ordering::Relaxed);
-                break;
-            }
-            if old >= now_ns {
-                // A later write (of another client) is there already.
-                inode.mtime_seen.store(old, Ordering::Relaxed);
-                break;
-            }
+        raise: &MtimeRaise,
+        out: &Completions,
+    ) -> Result<(), Error> {
+        let mut old = out.old(raise.cas);
+        let mut expected = raise.expected;
+        while old != expected && old < raise.now_ns {
             expected = old;
             w.batch.clear();
-            cas = w.batch.cas(mtime_addr, expected, now_ns);
+            let cas = w
+                .batch
+                .cas(inode.fcb.add(fcb::MTIME), expected, raise.now_ns);
             w.exec_meta()?;
+            old = w.out.old(cas);
         }
-        Ok(found)
+        Ok(())
     }
 
     /// Raises SIZE to `end` unless it is there already (CAS loop from `seen`). Called under the

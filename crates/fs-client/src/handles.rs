@@ -116,9 +116,6 @@ pub(crate) struct OpenInode {
     /// The file's lock state in the meta region (what `locks::open_file_lock` opens).
     pub(crate) lock: LockRef,
     pub(crate) chunks: RwLock<ChunkCache>,
-    /// The FCB's MTIME word as this client last saw it: what a write's CAS expects there
-    /// (`fcb`'s `touch`), so that an uncontended write raises it in the batch that reads SIZE.
-    pub(crate) mtime_seen: AtomicU64,
     /// Set at the last close: workers drop their lock handles on it.
     pub(crate) closed: AtomicBool,
 }
@@ -293,7 +290,6 @@ impl Inner {
             fcb: opened.fcb,
             lock: opened.lock,
             chunks: RwLock::new(ChunkCache::new(opened.attr.generation)),
-            mtime_seen: AtomicU64::new(0),
             closed: AtomicBool::new(false),
         });
         if let Err(e) = self.check_fcb_owner(&inode) {

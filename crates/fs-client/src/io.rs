@@ -4,14 +4,22 @@
 //!
 //! 1. check out a worker (`workers`): its own endpoints and lock handles;
 //! 2. **lock** `[off, off+len)` rounded outward to lock units ([`Inner::locked`]; an `O_APPEND`
-//!    write locks the whole file) and note the lock's lease deadline;
-//! 3. read SIZE and GENERATION from the file control block (`fcb`);
-//! 4. find the chunks (`chunks`; a write allocates the missing run with one RPC);
-//! 5. **post the data verbs**, one batch per data server ([`Inner::transfer_read`],
+//!    write locks the whole file) and note the lock's lease deadline. SIZE, GENERATION, MTIME
+//!    and MODE of the file control block (`fcb`) ride in the lock's granting batch
+//!    (`lockmgr::RangeLock::acquire_with`): no round trip of their own;
+//! 3. find the chunks (`chunks`; a write allocates the missing run with one RPC);
+//! 4. **post the data verbs**, one batch per data server ([`Inner::transfer_read`],
 //!    [`Inner::transfer_write`]), **checking the lease**: a write's verbs are posted only while
 //!    the lease has more than `lease_guard` left, a read's are checked after they completed;
-//! 6. (writes) raise SIZE with CAS, still under the lock and within the lease;
-//! 7. **release**, only after the data verbs completed (or failed).
+//! 5. (extending writes) raise SIZE with CAS, still under the lock and within the lease, in a
+//!    round trip of its own: a reader that locks after the release must find the new size, and
+//!    the CAS fails when a writer of another range raised SIZE meanwhile, which a batch that
+//!    also releases the lock could not retry under it;
+//! 6. **release**, only after the data verbs completed (or failed); a write's MTIME raise
+//!    rides at the head of the release batch (`fcb`'s `MtimeRaise`).
+//!
+//! So a 4 KiB read or overwrite on one data server takes three round trips in sequence
+//! (acquire, data, release; uncontended, with a fabric lock scheme), an extending write four.
 //!
 //! When the lease ran out mid-I/O (`Error::LeaseLost`), the whole read or write is redone
 //! under a new lock ([`Inner::retry`], [`LEASE_RETRIES`] times, then EIO), so a client
@@ -28,24 +36,24 @@
 //! first attempt may have raised the size already). Every attempt starts from a worker and an
 //! open of the current view (`view`'s `live_inode`).
 //!
-//! Invariants: the lock is held from before the FCB read until after the last data verb and
-//! the SIZE raise completed; a worker whose verbs or lock release failed is marked broken and
+//! Invariants: the lock is held from the batch that read the FCB (its granting batch) until
+//! after the last data verb and the SIZE raise completed; a worker whose verbs or lock release failed is marked broken and
 //! never reused; no shared lock is held while verbs are in flight.
 
 use crate::chunks::ChunkRun;
 use crate::client::{CitronFs, FileHandle, Inner};
 use crate::error::{Error, Peer};
-use crate::fcb::FcbForWrite;
+use crate::fcb::{Fcb, FcbReads, MtimeRaise};
 use crate::handles::OpenInode;
 use crate::locks::{server_range, whole_file};
 use crate::plan::{plan, Limits};
 use crate::workers::Worker;
 use fabric::{Batch, RemoteAddr};
-use lockmgr::LockId;
-use lockmgr::LockScheme;
+use lockmgr::{LockScheme, LockStats};
 use proto::rpc::Request;
 use proto::{Attr, Caller, FsError, SetAttr, Timestamp, INCARNATION_REGION};
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -73,6 +81,72 @@ impl Fallocate {
             _ => None,
         }
     }
+}
+
+/// The fabric traffic of the data path: what [`CitronFs::io_stats`] reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IoStats {
+    /// Locked I/Os done (each read, write, fallocate step and truncate takes one range lock;
+    /// one redone after a lost lease or a failure counts again).
+    pub locked_ios: u64,
+    /// Fabric round trips they took, all endpoints together: the lock's, the meta region's
+    /// (FCB, chunk tables) and the data servers'. RPCs to the meta server (allocating chunks)
+    /// are not fabric round trips and are not counted.
+    pub round_trips: u64,
+    /// Those of them spent acquiring and releasing the range lock (FCB words carried in them
+    /// included).
+    pub lock_round_trips: u64,
+}
+
+impl IoStats {
+    /// The counts accumulated since `earlier` was taken.
+    pub fn since(&self, earlier: &IoStats) -> IoStats {
+        IoStats {
+            locked_ios: self.locked_ios - earlier.locked_ios,
+            round_trips: self.round_trips - earlier.round_trips,
+            lock_round_trips: self.lock_round_trips - earlier.lock_round_trips,
+        }
+    }
+}
+
+/// The client's [`IoStats`], summed by every call as it finishes its locked I/O.
+#[derive(Default)]
+pub(crate) struct IoCounters {
+    locked_ios: AtomicU64,
+    round_trips: AtomicU64,
+    lock_round_trips: AtomicU64,
+}
+
+impl IoCounters {
+    /// The round trips `w`'s own endpoints (meta region, data servers) have taken so far.
+    fn start(&self, w: &Worker) -> u64 {
+        w.meta_ep.stats().round_trips + w.data_round_trips()
+    }
+
+    /// Counts one locked I/O on `w` that started when its endpoints had taken `before` round
+    /// trips, and whose lock handle took `lock_rtts`.
+    fn finish(&self, w: &Worker, before: u64, lock_rtts: u64) {
+        let own = self.start(w).saturating_sub(before);
+        self.locked_ios.fetch_add(1, Ordering::Relaxed);
+        self.round_trips
+            .fetch_add(own + lock_rtts, Ordering::Relaxed);
+        self.lock_round_trips
+            .fetch_add(lock_rtts, Ordering::Relaxed);
+    }
+
+    /// The counts so far.
+    pub(crate) fn snapshot(&self) -> IoStats {
+        IoStats {
+            locked_ios: self.locked_ios.load(Ordering::Relaxed),
+            round_trips: self.round_trips.load(Ordering::Relaxed),
+            lock_round_trips: self.lock_round_trips.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// The round trips a lock handle has spent acquiring and releasing.
+fn lock_round_trips(stats: &LockStats) -> u64 {
+    stats.acquire.round_trips + stats.release.round_trips
 }
 
 /// How many bytes of zeros one batch of a hole punch writes.
@@ -107,8 +181,8 @@ impl CitronFs {
         inner.retry(true, || {
             let mut w = inner.checkout()?;
             let inode = &inner.live_inode(&handle.inode, &w.view)?;
-            inner.locked(&mut w, inode, units.clone(), |w| {
-                let (size, generation) = inner.read_fcb(w, inode)?;
+            inner.locked(&mut w, inode, units.clone(), None, |w, found| {
+                let (size, generation) = (found.size, found.generation);
                 if offset >= size {
                     return Ok(Vec::new());
                 }
@@ -133,8 +207,8 @@ impl CitronFs {
     /// [`CitronFs::write`], saying whether the writer lacks `CAP_FSETID` (`kill_suidgid`, FUSE's
     /// `FUSE_WRITE_KILL_SUIDGID`): then the write first clears the file's set-user-ID bit, and
     /// its set-group-ID bit when group-execute is set (`proto::fcb::setid_to_clear`). The
-    /// permission bits come from the file control block in the batch that also raises mtime,
-    /// so a write costs an RPC for this only when there is a bit to clear.
+    /// permission bits come from the file control block, read in the lock's granting batch, so
+    /// a write costs an RPC for this only when there is a bit to clear.
     ///
     /// Every write moves the file's mtime and ctime to its start time (MTIME in the file control
     /// block, `proto::fcb`), one-sidedly.
@@ -159,8 +233,9 @@ impl CitronFs {
         inner.retry(!append, || {
             let mut w = inner.checkout()?;
             let inode = inner.live_inode(&handle.inode, &w.view)?;
-            inner.locked(&mut w, &inode, units.clone(), |w| {
-                let found = inner.read_fcb_for_write(w, &inode, Timestamp::now().as_nanos())?;
+            // Like Linux, the time is taken before the data lands.
+            let now = Timestamp::now().as_nanos();
+            inner.locked(&mut w, &inode, units.clone(), Some(now), |w, found| {
                 if kill_suidgid {
                     inner.kill_suidgid(&inode, found.mode, handle.caller)?;
                 }
@@ -225,9 +300,8 @@ impl CitronFs {
             inner.retry(true, || {
                 let mut w = inner.checkout()?;
                 let inode = inner.live_inode(&handle.inode, &w.view)?;
-                inner.locked(&mut w, &inode, units.clone(), |w| {
-                    let now = Timestamp::now().as_nanos();
-                    let found = inner.read_fcb_for_write(w, &inode, now)?;
+                let now = Timestamp::now().as_nanos();
+                inner.locked(&mut w, &inode, units.clone(), Some(now), |w, found| {
                     if kill_suidgid {
                         inner.kill_suidgid(&inode, found.mode, handle.caller)?;
                     }
@@ -323,39 +397,79 @@ impl Inner {
         }
     }
 
-    /// Runs `body` holding units `units` of `inode` locked; releases after it, whatever it
-    /// returned. A failed release marks the worker broken (its lock handle is in doubt).
+    /// Runs `body` holding units `units` of `inode` locked, with the file's FCB words as the
+    /// acquisition found them; releases after it, whatever it returned. A failed acquisition
+    /// or release marks the worker broken (its lock handle is in doubt).
+    ///
+    /// Round trips: the FCB reads ride in the lock's granting batch ([`FcbReads`]; the lock
+    /// handle's endpoint reaches the meta region, where the lock words and the FCB live), and
+    /// with `touch` (a write's start time) the MTIME raise rides at the head of the release
+    /// batch ([`MtimeRaise`]), so a locked I/O costs the lock's own round trips plus its data
+    /// batches: three for a 4 KiB read or overwrite on one data server. A scheme that cannot
+    /// carry verbs (`server`) runs them on the worker's meta endpoint, one round trip each,
+    /// after the grant and before the release.
     pub(crate) fn locked<T>(
         &self,
         w: &mut Worker,
         inode: &Arc<OpenInode>,
         units: Range<u64>,
-        body: impl FnOnce(&mut Worker) -> Result<T, Error>,
+        touch: Option<u64>,
+        body: impl FnOnce(&mut Worker, Fcb) -> Result<T, Error>,
     ) -> Result<T, Error> {
         let range = if self.scheme == LockScheme::SERVER {
             server_range(inode.ino, units)?
         } else {
             units
         };
+        let before = self.io.start(w);
+        let mut extra = std::mem::take(&mut w.batch);
+        let mut out = std::mem::take(&mut w.out);
+        extra.clear();
+        let reads = FcbReads::post(&mut extra, inode);
         let lock = w.locks.handle(self, &w.view, inode)?;
-        let (id, lease): (LockId, _) = match lock.acquire(range) {
-            Ok(id) => (id, lock.lease_deadline(id)),
+        let lock_before = lock.stats();
+        let acquired = lock
+            .acquire_with(range, &extra, &mut out, &mut *w.meta_ep)
+            .map(|id| (id, lock.lease_deadline(id)));
+        let (id, lease) = match acquired {
+            Ok(held) => held,
             Err(e) => {
+                w.batch = extra;
+                w.out = out;
                 w.broken = true;
                 return Err(Error::lock(inode.ino)(e));
             }
         };
+        let found = reads.decode(&out);
+        w.batch = extra;
+        w.out = out;
         w.lease = lease;
         failpoint!("fs_client::io::locked");
-        let result = body(w);
+        let result = body(w, found);
         w.lease = None;
-        let released = w
-            .locks
-            .handle(self, &w.view, inode)
-            .and_then(|l| l.release(id).map_err(Error::lock(inode.ino)));
+        let mut extra = std::mem::take(&mut w.batch);
+        let mut out = std::mem::take(&mut w.out);
+        extra.clear();
+        let raise = touch.and_then(|now| MtimeRaise::post(&mut extra, inode, found.mtime, now));
+        let meta_ep = &mut *w.meta_ep;
+        let mut lock_rtts = 0;
+        let released = w.locks.handle(self, &w.view, inode).and_then(|l| {
+            let released = l
+                .release_with(id, &extra, &mut out, meta_ep)
+                .map_err(Error::lock(inode.ino));
+            lock_rtts = lock_round_trips(&l.stats()) - lock_round_trips(&lock_before);
+            released
+        });
+        w.batch = extra;
+        let released = released.and_then(|()| match &raise {
+            Some(raise) => self.finish_mtime_raise(w, inode, raise, &out),
+            None => Ok(()),
+        });
+        w.out = out;
         if released.is_err() {
             w.broken = true;
         }
+        self.io.finish(w, before, lock_rtts);
         let value = result?;
         released?;
         Ok(value)
@@ -421,7 +535,7 @@ impl Inner {
         &self,
         w: &mut Worker,
         inode: &Arc<OpenInode>,
-        found: FcbForWrite,
+        found: Fcb,
         range: Range<u64>,
         mode: Fallocate,
     ) -> Result<(), Error> {
@@ -632,7 +746,7 @@ impl Inner {
         let mut w = self.checkout()?;
         let inode = &self.live_inode(inode, &w.view)?;
         let ino = inode.ino;
-        self.locked(&mut w, inode, whole_file(self.scheme), |_| {
+        self.locked(&mut w, inode, whole_file(self.scheme), None, |_, _| {
             self.attr_call("SetAttr", Request::SetAttr { ino, set, caller })
         })
     }

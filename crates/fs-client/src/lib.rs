@@ -51,7 +51,7 @@ mod workers;
 
 pub use client::{CitronFs, FileHandle, MountOptions};
 pub use error::Error;
-pub use io::Fallocate;
+pub use io::{Fallocate, IoStats};
 pub use lockmgr::LockScheme;
 pub use proto::rpc::XattrMode;
 pub use proto::{

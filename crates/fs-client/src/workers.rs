@@ -88,6 +88,15 @@ impl Worker {
         Ok(())
     }
 
+    /// The round trips this worker's data-server endpoints have taken.
+    pub(crate) fn data_round_trips(&self) -> u64 {
+        self.data_eps
+            .iter()
+            .flatten()
+            .map(|ep| ep.stats().round_trips)
+            .sum()
+    }
+
     /// This worker's endpoint to data server `server`, connected on first use.
     pub(crate) fn data_ep(&mut self, server: u32) -> Result<&mut dyn Endpoint, Error> {
         let id = server as usize;

@@ -25,6 +25,7 @@ macro_rules! failpoint {
 
 pub mod backoff;
 pub mod baselines;
+pub(crate) mod carry;
 pub mod chaos;
 pub mod citron;
 pub mod fence;

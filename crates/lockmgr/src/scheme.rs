@@ -2,7 +2,7 @@
 //! file system and the benchmarks can use any of them.
 
 use crate::stats::LockStats;
-use fabric::FabricError;
+use fabric::{Batch, Completions, Endpoint, FabricError};
 use std::ops::Range;
 use thiserror::Error;
 
@@ -71,6 +71,67 @@ pub trait RangeLock: Send {
 
     /// Releases a lock taken with [`RangeLock::acquire`].
     fn release(&mut self, id: LockId) -> Result<(), LockError>;
+
+    /// [`RangeLock::acquire`], also executing the caller's verbs `extra` (reads of the data
+    /// the lock guards, say) **after the lock was granted**, with their results in `out`
+    /// (`extra`'s handles read them there). This is how a file system learns a file's size in
+    /// the lock's round trips instead of one of its own.
+    ///
+    /// Invariant (what makes the values usable): `out` holds the results of a batch that
+    /// executed after the verbs by which the scheme learned that the lock is its own, in
+    /// posting order on one endpoint; so every write of a conflicting holder released before
+    /// the grant is visible in them, and no conflicting holder writes until this lock is
+    /// released. Values read in an earlier batch of the acquisition (one that ended in an
+    /// abort or a wait) would not be: a scheme that carries `extra` in its own batches keeps
+    /// only the results of the last one.
+    ///
+    /// `fallback` is an endpoint to the memory `extra` addresses. The schemes whose lock words
+    /// live there (CITRON, `mutex`, `seg`) carry `extra` at the end of every batch of the
+    /// acquisition and never touch it, so a grant in one round trip stays one; this default,
+    /// for schemes that cannot carry verbs (the `server` scheme's RPC), executes `extra` on
+    /// `fallback` in one more round trip after the grant: correct, one round trip slower. If
+    /// that fails the lock is released again (best effort) and the error returned. An empty
+    /// `extra` costs nothing.
+    fn acquire_with(
+        &mut self,
+        range: Range<u64>,
+        extra: &Batch,
+        out: &mut Completions,
+        fallback: &mut dyn Endpoint,
+    ) -> Result<LockId, LockError> {
+        let id = self.acquire(range)?;
+        if extra.is_empty() {
+            return Ok(id);
+        }
+        if let Err(e) = fallback.execute(extra, out) {
+            let _ = self.release(id);
+            return Err(e.into());
+        }
+        Ok(id)
+    }
+
+    /// [`RangeLock::release`], executing the caller's verbs `extra` **before** the release
+    /// verbs (the next holder sees their effects), with their results in `out`.
+    ///
+    /// Schemes whose lock words live where `extra` goes post it at the head of the release's
+    /// first batch (same endpoint, so posting order puts it before the release); this default
+    /// executes it on `fallback` first, in a round trip of its own. The lock is released even
+    /// if `extra` failed; the first error is returned.
+    fn release_with(
+        &mut self,
+        id: LockId,
+        extra: &Batch,
+        out: &mut Completions,
+        fallback: &mut dyn Endpoint,
+    ) -> Result<(), LockError> {
+        let carried = match extra.is_empty() {
+            true => Ok(()),
+            false => fallback.execute(extra, out),
+        };
+        let released = self.release(id);
+        carried?;
+        released
+    }
 
     /// This client's statistics so far.
     fn stats(&self) -> LockStats;

@@ -19,9 +19,10 @@ pub use seg::{SegConfig, SegLock, SegScheme, SegSpec};
 pub use server::{LockServer, LockServerAt, LockServerClient};
 pub use ticket::{Backoff, TicketConfig, TicketLock};
 
+use crate::carry::CarryingEndpoint;
 use crate::scheme::{LockError, LockId};
 use crate::stats::LockStats;
-use fabric::{Endpoint, EndpointStats};
+use fabric::{Batch, Completions, Endpoint, EndpointStats};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use std::collections::HashMap;
@@ -30,7 +31,8 @@ use std::time::Instant;
 /// The bookkeeping every fabric-based baseline client shares: its endpoint, a random stream for
 /// backoff, the locks it holds (`T`: what releasing needs) and its statistics.
 pub(crate) struct ClientCore<T> {
-    endpoint: Box<dyn Endpoint>,
+    /// The lock words' endpoint, which can carry a caller's verbs (`crate::carry`).
+    endpoint: CarryingEndpoint,
     rng: SmallRng,
     /// Per held lock: what releasing needs, and its lease deadline (`None`: no lease).
     held: HashMap<u64, (T, Option<Instant>)>,
@@ -41,7 +43,7 @@ pub(crate) struct ClientCore<T> {
 impl<T> ClientCore<T> {
     pub(crate) fn new(endpoint: Box<dyn Endpoint>) -> Self {
         Self {
-            endpoint,
+            endpoint: CarryingEndpoint::new(endpoint),
             rng: SmallRng::from_rng(&mut rand::rng()),
             held: HashMap::new(),
             next_id: 1,
@@ -50,9 +52,15 @@ impl<T> ClientCore<T> {
     }
 
     /// Runs one acquisition, accounting its time and traffic, and records what it holds and
-    /// its lease deadline.
-    pub(crate) fn acquire(
+    /// its lease deadline; carries `extra` in the acquisition's batches
+    /// ([`crate::RangeLock::acquire_with`]; empty for a plain acquire): the ticket lock learns its grant from the FAA that
+    /// takes the ticket, or from the poll that sees it served, and whichever that is, it is the
+    /// acquisition's last batch and `extra` rides at its end. On a fabric failure after the
+    /// grant the lock is still recorded as held, for the caller to release.
+    pub(crate) fn acquire_carrying(
         &mut self,
+        extra: &Batch,
+        out: &mut Completions,
         take: impl FnOnce(
             &mut dyn Endpoint,
             &mut SmallRng,
@@ -61,7 +69,9 @@ impl<T> ClientCore<T> {
     ) -> Result<LockId, LockError> {
         let started = Instant::now();
         let before = self.endpoint.stats();
-        let result = take(&mut *self.endpoint, &mut self.rng, &mut self.stats);
+        self.endpoint.carry_after(extra);
+        let result = take(&mut self.endpoint, &mut self.rng, &mut self.stats);
+        let carried = self.endpoint.finish(result.is_ok(), out);
         self.stats.acquire_time += started.elapsed();
         add_traffic(
             &mut self.stats.acquire,
@@ -72,6 +82,7 @@ impl<T> ClientCore<T> {
         self.next_id += 1;
         self.held.insert(id, held);
         self.stats.acquisitions += 1;
+        carried?;
         Ok(LockId(id))
     }
 
@@ -83,20 +94,28 @@ impl<T> ClientCore<T> {
     /// Runs one release of a lock this client holds, accounting its traffic. `give_back`
     /// returns whether every word was still ours; if not (or the lease deadline had passed) the
     /// release is counted as late: the conditional verbs left a successor's state alone.
-    pub(crate) fn release(
+    ///
+    /// Carries `extra` at the head of the release's first batch
+    /// ([`crate::RangeLock::release_with`]; empty for a plain release).
+    pub(crate) fn release_carrying(
         &mut self,
         id: LockId,
+        extra: &Batch,
+        out: &mut Completions,
         give_back: impl FnOnce(&mut dyn Endpoint, T) -> Result<bool, LockError>,
     ) -> Result<(), LockError> {
         let (held, deadline) = self.held.remove(&id.0).ok_or(LockError::NotHeld(id))?;
         let late = deadline.is_some_and(|d| Instant::now() >= d);
         let before = self.endpoint.stats();
-        let result = give_back(&mut *self.endpoint, held);
+        self.endpoint.carry_before(extra);
+        let result = give_back(&mut self.endpoint, held);
+        let carried = self.endpoint.finish(result.is_ok(), out);
         add_traffic(
             &mut self.stats.release,
             &self.endpoint.stats().since(&before),
         );
         let ours = result?;
+        carried?;
         if late || !ours {
             self.stats.late_releases += 1;
             tracing::warn!(

@@ -7,7 +7,7 @@ use super::ClientCore;
 use crate::scheme::{check_range, LockError, LockId, RangeLock};
 use crate::schemes::{LockMemory, LockScheme};
 use crate::stats::LockStats;
-use fabric::{Connector, Endpoint, RemoteAddr};
+use fabric::{Batch, Completions, Connector, Endpoint, RemoteAddr};
 use std::ops::Range;
 
 /// The shared state of one `mutex` instance: where its lock word is. Cheap to copy; every
@@ -75,28 +75,75 @@ pub struct MutexLock {
     core: ClientCore<u32>,
 }
 
-impl RangeLock for MutexLock {
-    fn acquire(&mut self, range: Range<u64>) -> Result<LockId, LockError> {
+impl MutexLock {
+    /// An acquisition carrying `extra` ([`RangeLock::acquire_with`]).
+    fn take(
+        &mut self,
+        range: Range<u64>,
+        extra: &Batch,
+        out: &mut Completions,
+    ) -> Result<LockId, LockError> {
         check_range(&range)?;
         let lock = self.scheme.lock;
         let config = &self.scheme.config;
-        self.core.acquire(|endpoint, rng, stats| {
-            let outcome = lock.acquire(endpoint, config, rng)?;
-            stats.recoveries += outcome.recoveries;
-            stats.passed_over += outcome.passed_over;
-            Ok((outcome.ticket, outcome.deadline))
-        })
+        self.core
+            .acquire_carrying(extra, out, |endpoint, rng, stats| {
+                let outcome = lock.acquire(endpoint, config, rng)?;
+                stats.recoveries += outcome.recoveries;
+                stats.passed_over += outcome.passed_over;
+                Ok((outcome.ticket, outcome.deadline))
+            })
+    }
+
+    /// A release carrying `extra` ([`RangeLock::release_with`]).
+    fn give_back(
+        &mut self,
+        id: LockId,
+        extra: &Batch,
+        out: &mut Completions,
+    ) -> Result<(), LockError> {
+        let lock = self.scheme.lock;
+        let config = &self.scheme.config;
+        self.core
+            .release_carrying(id, extra, out, |endpoint, ticket| {
+                lock.release(endpoint, config, ticket)
+            })
+    }
+}
+
+impl RangeLock for MutexLock {
+    fn acquire(&mut self, range: Range<u64>) -> Result<LockId, LockError> {
+        self.take(range, &Batch::new(), &mut Completions::new())
+    }
+
+    /// Carries `extra` in the ticket lock's own batches (`ClientCore::acquire_carrying`):
+    /// an uncontended grant stays one round trip. `fallback` is not used.
+    fn acquire_with(
+        &mut self,
+        range: Range<u64>,
+        extra: &Batch,
+        out: &mut Completions,
+        _fallback: &mut dyn Endpoint,
+    ) -> Result<LockId, LockError> {
+        self.take(range, extra, out)
     }
 
     /// With a lease, a release after the lease deadline is a conditional masked CAS that leaves
     /// a lock broken meanwhile alone; it returns `Ok` and is counted in
     /// [`LockStats::late_releases`].
     fn release(&mut self, id: LockId) -> Result<(), LockError> {
-        let lock = self.scheme.lock;
-        let config = &self.scheme.config;
-        self.core.release(id, |endpoint, ticket| {
-            lock.release(endpoint, config, ticket)
-        })
+        self.give_back(id, &Batch::new(), &mut Completions::new())
+    }
+
+    /// Carries `extra` at the head of the release's batch; `fallback` is not used.
+    fn release_with(
+        &mut self,
+        id: LockId,
+        extra: &Batch,
+        out: &mut Completions,
+        _fallback: &mut dyn Endpoint,
+    ) -> Result<(), LockError> {
+        self.give_back(id, extra, out)
     }
 
     fn lease_deadline(&self, id: LockId) -> Option<std::time::Instant> {

@@ -291,56 +291,105 @@ fn release_all(
     Ok(all_ours)
 }
 
+impl SegLock {
+    /// An acquisition carrying `extra` ([`RangeLock::acquire_with`]).
+    fn take(
+        &mut self,
+        range: Range<u64>,
+        extra: &Batch,
+        out: &mut Completions,
+    ) -> Result<LockId, LockError> {
+        check_range(&range)?;
+        let scheme = &self.scheme;
+        self.core
+            .acquire_carrying(extra, out, |endpoint, rng, stats| loop {
+                let mut held = Vec::new();
+                let mut deadline: Option<std::time::Instant> = None;
+                for index in scheme.locks_for(&range) {
+                    let lock = TicketLock::new(scheme.base.word(index));
+                    match lock.acquire(endpoint, &scheme.config.ticket, rng) {
+                        Ok(outcome) => {
+                            stats.recoveries += outcome.recoveries;
+                            stats.passed_over += outcome.passed_over;
+                            held.push((index, outcome.ticket));
+                            deadline = match (deadline, outcome.deadline) {
+                                (Some(a), Some(b)) => Some(a.min(b)),
+                                (a, b) => a.or(b),
+                            };
+                        }
+                        Err(error) => {
+                            // Do not leave the locks taken so far behind; the fabric already failed,
+                            // so this is best effort.
+                            let _ = release_all(scheme, endpoint, &held);
+                            return Err(error);
+                        }
+                    }
+                }
+                if deadline.is_none_or(|d| std::time::Instant::now() < d) {
+                    return Ok((held, deadline));
+                }
+                stats.passed_over += 1;
+                tracing::warn!(
+                ?range,
+                "seg: a segment's lease deadline passed while waiting for the others; starting over"
+            );
+                release_all(scheme, endpoint, &held)?;
+            })
+    }
+
+    /// A release carrying `extra` ([`RangeLock::release_with`]).
+    fn give_back(
+        &mut self,
+        id: LockId,
+        extra: &Batch,
+        out: &mut Completions,
+    ) -> Result<(), LockError> {
+        let scheme = &self.scheme;
+        self.core
+            .release_carrying(id, extra, out, |endpoint, held| {
+                release_all(scheme, endpoint, &held)
+            })
+    }
+}
+
 impl RangeLock for SegLock {
     /// With a lease, the lock's deadline is the earliest of its ticket locks' deadlines. The
     /// first locks may pass theirs while the client waits for later ones: then everything is
     /// given back (conditionally, harmless to whoever broke them) and the acquisition starts
     /// over, so that a returned lock always has its deadline ahead.
     fn acquire(&mut self, range: Range<u64>) -> Result<LockId, LockError> {
-        check_range(&range)?;
-        let scheme = &self.scheme;
-        self.core.acquire(|endpoint, rng, stats| loop {
-            let mut held = Vec::new();
-            let mut deadline: Option<std::time::Instant> = None;
-            for index in scheme.locks_for(&range) {
-                let lock = TicketLock::new(scheme.base.word(index));
-                match lock.acquire(endpoint, &scheme.config.ticket, rng) {
-                    Ok(outcome) => {
-                        stats.recoveries += outcome.recoveries;
-                        stats.passed_over += outcome.passed_over;
-                        held.push((index, outcome.ticket));
-                        deadline = match (deadline, outcome.deadline) {
-                            (Some(a), Some(b)) => Some(a.min(b)),
-                            (a, b) => a.or(b),
-                        };
-                    }
-                    Err(error) => {
-                        // Do not leave the locks taken so far behind; the fabric already failed,
-                        // so this is best effort.
-                        let _ = release_all(scheme, endpoint, &held);
-                        return Err(error);
-                    }
-                }
-            }
-            if deadline.is_none_or(|d| std::time::Instant::now() < d) {
-                return Ok((held, deadline));
-            }
-            stats.passed_over += 1;
-            tracing::warn!(
-                ?range,
-                "seg: a segment's lease deadline passed while waiting for the others; starting over"
-            );
-            release_all(scheme, endpoint, &held)?;
-        })
+        self.take(range, &Batch::new(), &mut Completions::new())
+    }
+
+    /// Carries `extra` in the ticket locks' own batches (`ClientCore::acquire_carrying`): the
+    /// last batch is the grant of the last segment's ticket lock, taken after every earlier
+    /// one. `fallback` is not used.
+    fn acquire_with(
+        &mut self,
+        range: Range<u64>,
+        extra: &Batch,
+        out: &mut Completions,
+        _fallback: &mut dyn Endpoint,
+    ) -> Result<LockId, LockError> {
+        self.take(range, extra, out)
     }
 
     /// With a lease, a release after the lease deadline uses conditional masked CASes that
     /// leave segments broken meanwhile alone; it returns `Ok` and is counted in
     /// [`LockStats::late_releases`].
     fn release(&mut self, id: LockId) -> Result<(), LockError> {
-        let scheme = &self.scheme;
-        self.core
-            .release(id, |endpoint, held| release_all(scheme, endpoint, &held))
+        self.give_back(id, &Batch::new(), &mut Completions::new())
+    }
+
+    /// Carries `extra` at the head of the release's first batch; `fallback` is not used.
+    fn release_with(
+        &mut self,
+        id: LockId,
+        extra: &Batch,
+        out: &mut Completions,
+        _fallback: &mut dyn Endpoint,
+    ) -> Result<(), LockError> {
+        self.give_back(id, extra, out)
     }
 
     fn lease_deadline(&self, id: LockId) -> Option<std::time::Instant> {

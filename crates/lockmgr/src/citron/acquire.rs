@@ -44,6 +44,22 @@
 //!   its lock's deadline gives everything back and starts over (`acquire_inner`).
 //!
 //! The releases that follow are safe for whoever holds the lock now (`release` module docs).
+//!
+//! Verbs carried for the caller (`RangeLock::acquire_with`, `crate::carry`): they ride at the
+//! end of every batch this module executes, and the results of the acquisition's last batch
+//! are handed back. That batch is where the grant is learned, or later: for the last node of
+//! the split (l. 6-7 lock the nodes in ascending order, so it is the last one acquired), l. 37
+//! returns ACQUIRED right after either l. 31's notification batch (a leaf, no descendants to
+//! wait for; with the one-batch leaf, the batch of l. 14, l. 22 and l. 31 together), accepted
+//! by l. 32-33's checks, or the l. 36 poll that found `DCnt = DMax` on the last descendant (an
+//! internal node). In both the carried verbs are posted after the granting verbs on the same
+//! endpoint, so they execute after them: every conflicting holder that released before the
+//! grant (its release verbs observed by l. 11, l. 18 or l. 36, or l. 22's CAS succeeding) is
+//! seen, and one that comes after waits for our release (l. 34-36 against our l. 31
+//! notification, which inequality (1) of l. 32 guarantees landed in time). The spillover
+//! mutex (Alg. 1 l. 4) is taken before the tree (l. 6), so a tree batch is the last whenever
+//! the range reaches into the tree. An attempt that aborts (l. 15, 26, 32, 33) or restarts is
+//! followed by more batches, whose results replace its own.
 
 use super::config::DELTA;
 use super::layout::{

@@ -35,6 +35,7 @@ pub use config::{
 };
 
 use crate::backoff::{pause, Backoff, BackoffState, SLEEP_THRESHOLD};
+use crate::carry::CarryingEndpoint;
 use crate::scheme::{check_range, LockError, LockId, RangeLock};
 use crate::stats::LockStats;
 use config::{MAXIMIZER_OFFSET, RECORD_BYTES, SPILLOVER_OFFSET, TREE_OFFSET};
@@ -335,7 +336,9 @@ impl Audit {
 
 /// One thread's handle on a CITRON lock.
 pub struct CitronClient {
-    ep: Box<dyn Endpoint>,
+    /// The lock's endpoint; it carries a caller's verbs in the acquisition's and the release's
+    /// batches (`crate::carry`, [`RangeLock::acquire_with`]).
+    ep: CarryingEndpoint,
     base: RemoteAddr,
     allocator: Arc<dyn TreeAllocator>,
     opts: ClientOptions,
@@ -369,7 +372,7 @@ impl CitronClient {
         }
         let rec = read_record(endpoint.as_mut(), base, Duration::from_secs(1))?;
         Ok(Self {
-            ep: endpoint,
+            ep: CarryingEndpoint::new(endpoint),
             base,
             allocator,
             opts: options,
@@ -417,7 +420,7 @@ impl CitronClient {
 
     /// Re-reads the config record.
     pub fn refresh(&mut self) -> Result<(), LockError> {
-        self.rec = read_record(self.ep.as_mut(), self.base, self.rec.t_lease() * 4)?;
+        self.rec = read_record(&mut self.ep, self.base, self.rec.t_lease() * 4)?;
         Ok(())
     }
 
@@ -609,11 +612,21 @@ pub(crate) fn read_record(
     }
 }
 
-impl RangeLock for CitronClient {
-    fn acquire(&mut self, range: Range<u64>) -> Result<LockId, LockError> {
+impl CitronClient {
+    /// An acquisition carrying `extra` at the end of every batch it executes, the results of
+    /// the last one into `out` ([`RangeLock::acquire_with`]; see `acquire`'s module docs for
+    /// which batch grants the lock).
+    fn take(
+        &mut self,
+        range: Range<u64>,
+        extra: &Batch,
+        out: &mut Completions,
+    ) -> Result<LockId, LockError> {
         let start = Instant::now();
         let before = self.ep.stats();
+        self.ep.carry_after(extra);
         let result = self.acquire_inner(range);
+        let carried = self.ep.finish(result.is_ok(), out);
         self.progress.set(Phase::Idle);
         let spent = self.ep.stats().since(&before);
         add_stats(&mut self.stats.acquire, &spent);
@@ -623,18 +636,66 @@ impl RangeLock for CitronClient {
         if fast && self.opts.fast_path {
             self.stats.fast_path += 1;
         }
+        if let Err(e) = carried {
+            // Held, but the caller cannot use it without its verbs' results: give it back.
+            let _ = self.give_back(id, &Batch::new(), &mut Completions::new());
+            return Err(e.into());
+        }
         Ok(id)
     }
 
-    fn release(&mut self, id: LockId) -> Result<(), LockError> {
+    /// A release carrying `extra` at the head of its first batch ([`RangeLock::release_with`]).
+    fn give_back(
+        &mut self,
+        id: LockId,
+        extra: &Batch,
+        out: &mut Completions,
+    ) -> Result<(), LockError> {
         let held = self.held.remove(&id.0).ok_or(LockError::NotHeld(id))?;
         let before = self.ep.stats();
+        self.ep.carry_before(extra);
         let result = self.release_held(&held);
+        let carried = self.ep.finish(result.is_ok(), out);
         let spent = self.ep.stats().since(&before);
         add_stats(&mut self.stats.release, &spent);
         result?;
+        carried?;
         self.stats.releases += 1;
         Ok(())
+    }
+}
+
+impl RangeLock for CitronClient {
+    fn acquire(&mut self, range: Range<u64>) -> Result<LockId, LockError> {
+        self.take(range, &Batch::new(), &mut Completions::new())
+    }
+
+    fn release(&mut self, id: LockId) -> Result<(), LockError> {
+        self.give_back(id, &Batch::new(), &mut Completions::new())
+    }
+
+    /// Carries `extra` in the acquisition's own batches: an uncontended leaf stays one round
+    /// trip. `fallback` is not used.
+    fn acquire_with(
+        &mut self,
+        range: Range<u64>,
+        extra: &Batch,
+        out: &mut Completions,
+        _fallback: &mut dyn Endpoint,
+    ) -> Result<LockId, LockError> {
+        self.take(range, extra, out)
+    }
+
+    /// Carries `extra` at the head of the release's first batch (Alg. 3's first verbs follow
+    /// it). `fallback` is not used.
+    fn release_with(
+        &mut self,
+        id: LockId,
+        extra: &Batch,
+        out: &mut Completions,
+        _fallback: &mut dyn Endpoint,
+    ) -> Result<(), LockError> {
+        self.give_back(id, extra, out)
     }
 
     fn stats(&self) -> LockStats {

@@ -125,11 +125,8 @@ impl CitronClient {
                         anchor = cas_posted;
                         self.stats.recoveries += 1;
                         tracing::warn!(ticket, serving, "spillover mutex: holder presumed dead");
-                        let fresh = super::read_record(
-                            self.ep.as_mut(),
-                            self.base,
-                            self.rec.t_lease() * 4,
-                        )?;
+                        let fresh =
+                            super::read_record(&mut self.ep, self.base, self.rec.t_lease() * 4)?;
                         record = Some(fresh);
                         maximizer = self.ep_read_u64(maxi)?;
                         break;
@@ -142,7 +139,7 @@ impl CitronClient {
         // writer that has finished; read it again.
         let record = match record {
             Some(r) => r,
-            None => super::read_record(self.ep.as_mut(), self.base, self.rec.t_lease() * 4)?,
+            None => super::read_record(&mut self.ep, self.base, self.rec.t_lease() * 4)?,
         };
         if record.pending {
             // A scale-up announced by a holder of this mutex that lost it (it died, or it was

@@ -1,0 +1,84 @@
+//! Fabric round trips per small I/O (issue 11): a 4 KiB read or overwrite on one data server
+//! takes three in sequence — the lock's acquisition (carrying the file's FCB words), the data
+//! batch, the lock's release (carrying a write's MTIME raise) — and an extending write one more
+//! (the SIZE raise, before the release). Counted from the endpoints' own statistics
+//! (`CitronFs::io_stats`).
+
+use fs_client::{CitronFs, IoStats, LockScheme, ROOT_INO};
+use testkit::{pattern, Cluster, ClusterSpec};
+
+/// Runs `op` and returns the round trips it took, checking it took one locked I/O.
+fn counted(fs: &CitronFs, op: impl FnOnce()) -> IoStats {
+    let before = fs.io_stats();
+    op();
+    let spent = fs.io_stats().since(&before);
+    assert_eq!(spent.locked_ios, 1, "{spent:?}");
+    spent
+}
+
+/// `(read, overwrite, extending write)` round trips, total and of the lock, under `scheme`.
+fn small_io_round_trips(scheme: LockScheme) -> [(u64, u64); 3] {
+    // shm, the default fabric; one data server.
+    let spec = ClusterSpec {
+        lock_server: scheme == LockScheme::SERVER,
+        ..ClusterSpec::default()
+    };
+    let cluster = Cluster::start(spec.with_data_servers(1, 64)).unwrap();
+    let fs = cluster.connect(scheme).unwrap();
+    let (attr, fh) = fs
+        .create(
+            CitronFs::process_caller(),
+            ROOT_INO,
+            "small",
+            0o644,
+            libc::O_RDWR,
+        )
+        .unwrap();
+    let block = pattern(7, 0, 4096);
+    // Warm up: the chunk is allocated, its location cached, the lock handle opened.
+    fs.write(fh, 0, &block).unwrap();
+    assert_eq!(fs.read(fh, 0, 4096).unwrap(), block);
+    let read = counted(&fs, || assert_eq!(fs.read(fh, 0, 4096).unwrap(), block));
+    let mtime_before = fs.getattr(attr.ino).unwrap().mtime;
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    let other = pattern(8, 0, 4096);
+    let overwrite = counted(&fs, || assert_eq!(fs.write(fh, 0, &other).unwrap(), 4096));
+    // The MTIME raise carried in the release landed; the data too.
+    let after = fs.getattr(attr.ino).unwrap();
+    assert!(
+        after.mtime > mtime_before,
+        "{:?} {:?}",
+        after.mtime,
+        mtime_before
+    );
+    assert_eq!(after.size, 4096);
+    assert_eq!(fs.read(fh, 0, 4096).unwrap(), other);
+    let extend = counted(&fs, || {
+        assert_eq!(fs.write(fh, 4096, &block).unwrap(), 4096)
+    });
+    assert_eq!(fs.getattr(attr.ino).unwrap().size, 8192);
+    fs.release(fh).unwrap();
+    [read, overwrite, extend].map(|s| (s.round_trips, s.lock_round_trips))
+}
+
+#[test]
+fn small_io_takes_three_round_trips_under_fabric_schemes() {
+    for scheme in [LockScheme::CITRON, LockScheme::MUTEX, LockScheme::SEG] {
+        // Uncontended: the lock takes one round trip each way, the FCB riding in them.
+        assert_eq!(
+            small_io_round_trips(scheme),
+            [(3, 2), (3, 2), (4, 2)],
+            "{scheme}: (total, lock) for a read, an overwrite, an extending write"
+        );
+    }
+}
+
+#[test]
+fn the_server_scheme_posts_the_fcb_words_on_its_own() {
+    // The lock server's RPC cannot carry fabric verbs: the FCB reads and the MTIME raise take a
+    // round trip each on the meta endpoint (after the grant, before the release).
+    assert_eq!(
+        small_io_round_trips(LockScheme::SERVER),
+        [(4, 2), (5, 2), (6, 2)]
+    );
+}
