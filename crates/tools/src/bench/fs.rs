@@ -205,6 +205,10 @@ struct FsResult {
     max_us: f64,
     /// `mib_per_s` over tmpfs's for the same pattern and threads (when tmpfs ran).
     ratio_vs_tmpfs: Option<f64>,
+    /// CitronFS: fabric round trips per operation, all of them: the range lock's (the file
+    /// control block's words carried in them), the meta region's, the data servers'
+    /// (`CitronFs::io_stats`; warm-up included).
+    rtts_per_op: Option<f64>,
     /// CitronFS: fabric round trips per operation spent acquiring and releasing its range lock
     /// (warm-up included).
     lock_rtts_per_op: Option<f64>,
@@ -376,6 +380,7 @@ pub fn run(args: &FsArgs) -> Result<()> {
             "p50 µs",
             "p99 µs",
             "vs tmpfs",
+            "RTTs/op",
             "lock RTTs/op",
             "acquire µs",
         ],
@@ -399,6 +404,9 @@ pub fn run(args: &FsArgs) -> Result<()> {
                 fmt_f(r.p99_us, 1),
                 r.ratio_vs_tmpfs
                     .map(|x| format!("{x:.3}"))
+                    .unwrap_or_else(|| "-".into()),
+                r.rtts_per_op
+                    .map(|x| fmt_f(x, 2))
                     .unwrap_or_else(|| "-".into()),
                 r.lock_rtts_per_op
                     .map(|x| fmt_f(x, 2))
@@ -544,6 +552,7 @@ fn run_target(
                 pattern.name()
             ));
             let before = client.map(CitronFs::lock_stats);
+            let io_before = client.map(CitronFs::io_stats);
             let m = run_case(plan, io, pattern, threads).with_context(|| {
                 format!(
                     "{} {} with {threads} threads",
@@ -555,6 +564,11 @@ fn run_target(
             let lock = before
                 .zip(client.map(CitronFs::lock_stats))
                 .and_then(|(b, a)| LockDelta::between(&b, &a));
+            let rtts_per_op = io_before
+                .zip(client.map(CitronFs::io_stats))
+                .map(|(b, a)| a.since(&b))
+                .filter(|d| d.locked_ios > 0)
+                .map(|d| d.round_trips as f64 / d.locked_ios as f64);
             if plan.stop.load(Ordering::Relaxed) {
                 bail!("interrupted");
             }
@@ -575,6 +589,7 @@ fn run_target(
                 p99_us: us(0.99),
                 max_us: m.histogram.max() as f64 / 1000.0,
                 ratio_vs_tmpfs: None,
+                rtts_per_op,
                 lock_rtts_per_op: lock.map(|l| l.rtts_per_op),
                 lock_acquire_us: lock.map(|l| l.acquire_us),
                 lock_aborts: lock.map(|l| l.aborts),
@@ -787,9 +802,10 @@ fn print_notes(args: &FsArgs, file_size: u64, tmpfs_note: Option<String>) {
         args.fabric.name()
     );
     println!(
-        "lock RTTs/op: fabric round trips per call spent acquiring and releasing its range lock; \
-         acquire µs: mean time per call inside the acquire (the client's lock statistics, \
-         warm-up included)."
+        "RTTs/op: fabric round trips per call, all endpoints (lock, meta region, data servers); \
+         lock RTTs/op: those spent acquiring and releasing its range lock (the file's size and \
+         times ride in them); acquire µs: mean time per call inside the acquire (the client's \
+         lock statistics, warm-up included)."
     );
     if let Some(note) = tmpfs_note {
         println!("warning: {note}");
