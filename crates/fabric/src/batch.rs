@@ -153,6 +153,14 @@ pub struct Batch {
     atomics: u32,
     #[serde(skip)]
     read_bytes: u32,
+    /// A *placed* batch ([`Batch::read_to`]): where each read's bytes go in the completions'
+    /// data, in posting order of the reads. Empty for a packed batch (reads concatenated).
+    /// Client side only: the wire carries the verbs, not where the client wants the bytes.
+    #[serde(skip)]
+    places: Vec<u32>,
+    /// The end of the furthest placed read.
+    #[serde(skip)]
+    placed_end: u32,
 }
 
 impl Batch {
@@ -167,6 +175,8 @@ impl Batch {
         self.payload.clear();
         self.atomics = 0;
         self.read_bytes = 0;
+        self.places.clear();
+        self.placed_end = 0;
     }
 
     /// The verbs, in posting order.
@@ -204,6 +214,57 @@ impl Batch {
     /// # Panics
     /// If `len` exceeds [`MAX_IO_BYTES`]: a programming error, not remote input.
     pub fn read(&mut self, addr: RemoteAddr, len: usize) -> ReadHandle {
+        assert!(
+            self.places.is_empty(),
+            "a packed read posted into a placed batch"
+        );
+        self.post_read(addr, len)
+    }
+
+    /// Posts a read of `len` bytes at `addr` whose bytes land at `data[at..at + len]` of the
+    /// completions, where `data` is whatever buffer the caller put there
+    /// ([`Completions::swap_data`]): the fabric writes them straight into the caller's buffer,
+    /// with no copy through a result buffer. A batch with such reads is *placed*: all its reads
+    /// are posted with this (bytes of the buffer no read covers are left as they were), and
+    /// the reads of several placed batches may fill one buffer, each its own part.
+    ///
+    /// # Panics
+    /// If `len` exceeds [`MAX_IO_BYTES`], or a read was posted with [`Batch::read`] before:
+    /// programming errors, not remote input.
+    pub fn read_to(&mut self, addr: RemoteAddr, len: usize, at: usize) -> ReadHandle {
+        assert!(
+            self.read_bytes == 0 || !self.places.is_empty(),
+            "a placed read posted into a packed batch"
+        );
+        let end = at
+            .checked_add(len)
+            .filter(|&e| e <= u32::MAX as usize)
+            .expect("a placed read beyond 4 GiB");
+        let handle = self.post_read(addr, len);
+        self.places.push(at as u32);
+        self.placed_end = self.placed_end.max(end as u32);
+        ReadHandle {
+            start: at as u32,
+            len: handle.len,
+        }
+    }
+
+    /// Whether the batch's reads are placed ([`Batch::read_to`]).
+    pub fn is_placed(&self) -> bool {
+        !self.places.is_empty()
+    }
+
+    /// The bytes the completions' data must have for this batch: the end of the furthest
+    /// placed read, or all reads' bytes of a packed batch.
+    pub fn data_len(&self) -> usize {
+        if self.is_placed() {
+            self.placed_end as usize
+        } else {
+            self.read_bytes as usize
+        }
+    }
+
+    fn post_read(&mut self, addr: RemoteAddr, len: usize) -> ReadHandle {
         assert!(
             len <= MAX_IO_BYTES,
             "read of {len} bytes exceeds MAX_IO_BYTES"
@@ -309,7 +370,14 @@ impl Batch {
     /// executed batch's completions, split with [`Completions::take_tail`] (or
     /// [`Completions::take_front`] when `other` went first), hold exactly those. This is how a
     /// lock scheme carries a caller's verbs in its own batches (`lockmgr`'s `acquire_with`).
+    ///
+    /// # Panics
+    /// If either batch is placed ([`Batch::read_to`]): their reads' places would clash.
     pub fn append(&mut self, other: &Batch) {
+        assert!(
+            !self.is_placed() && !other.is_placed(),
+            "placed batches cannot be joined"
+        );
         self.verbs.extend_from_slice(&other.verbs);
         self.payload.extend_from_slice(&other.payload);
         self.atomics += other.atomics;
@@ -362,6 +430,8 @@ impl Batch {
         }
         self.atomics = atomics as u32;
         self.read_bytes = reads as u32;
+        self.places.clear();
+        self.placed_end = 0;
         Ok(())
     }
 }
@@ -372,6 +442,9 @@ impl Batch {
 pub struct Completions {
     olds: Vec<u64>,
     data: Vec<u8>,
+    /// For a placed batch: how many of its reads executors have filled so far.
+    #[serde(skip)]
+    next_read: usize,
 }
 
 impl Completions {
@@ -406,12 +479,57 @@ impl Completions {
         &self.data
     }
 
-    /// Empties the completions and sizes them for `batch`; executors then fill them in order.
+    /// Empties the completions and sizes them for `batch`; executors then fill them in order
+    /// ([`Completions::push_old`], [`Completions::next_read`]). For a placed batch the data
+    /// buffer is kept (it is the caller's, see [`Completions::swap_data`]) and only extended
+    /// with zeros when shorter than the batch's places need.
     pub fn reset_for(&mut self, batch: &Batch) {
         self.olds.clear();
         self.olds.reserve(batch.atomic_count());
-        self.data.clear();
-        self.data.reserve(batch.read_bytes());
+        self.next_read = 0;
+        if batch.is_placed() {
+            if self.data.len() < batch.data_len() {
+                self.data.resize(batch.data_len(), 0);
+            }
+        } else {
+            self.data.clear();
+            self.data.reserve(batch.read_bytes());
+        }
+    }
+
+    /// Exchanges the data buffer with `data`: the caller lends its own buffer before executing
+    /// a placed batch ([`Batch::read_to`]), whose reads then land in it directly, and takes it
+    /// back afterwards, with no copy.
+    pub fn swap_data(&mut self, data: &mut Vec<u8>) {
+        std::mem::swap(&mut self.data, data);
+    }
+
+    /// The bytes where the next read verb of `batch`, of `len` bytes, puts its result, to be
+    /// filled (executors only): its place in a placed batch, else `len` zero bytes appended.
+    pub fn next_read(&mut self, batch: &Batch, len: usize) -> &mut [u8] {
+        if !batch.is_placed() {
+            return self.push_read(len);
+        }
+        let at = batch.places[self.next_read] as usize;
+        self.next_read += 1;
+        &mut self.data[at..at + len]
+    }
+
+    /// Fills the reads of `batch` from `data`, every read's bytes concatenated in posting
+    /// order (a reply off the wire; executors only). `data` must be `batch.read_bytes()` long.
+    pub fn fill_reads(&mut self, batch: &Batch, data: &[u8]) {
+        if !batch.is_placed() {
+            self.push_read(data.len()).copy_from_slice(data);
+            return;
+        }
+        let mut rest = data;
+        for verb in batch.verbs() {
+            if let Verb::Read { len, .. } = *verb {
+                let (bytes, after) = rest.split_at(len as usize);
+                self.next_read(batch, bytes.len()).copy_from_slice(bytes);
+                rest = after;
+            }
+        }
     }
 
     /// Appends the old value of the next atomic verb (executors only).
@@ -459,6 +577,11 @@ impl Completions {
 
     /// Checks that these completions (decoded from the network) answer `batch`.
     pub fn matches(&self, batch: &Batch) -> bool {
-        self.olds.len() == batch.atomic_count() && self.data.len() == batch.read_bytes()
+        self.olds.len() == batch.atomic_count()
+            && if batch.is_placed() {
+                self.next_read == batch.places.len() && self.data.len() >= batch.data_len()
+            } else {
+                self.data.len() == batch.read_bytes()
+            }
     }
 }

@@ -90,8 +90,13 @@ impl EndpointStats {
 /// One client thread's connection to one server.
 ///
 /// Verbs of a batch execute in posting order, and batches on one endpoint execute in the order
-/// they are executed; `execute` returns once the whole batch has completed (one round trip).
+/// they are posted; `execute` returns once the whole batch has completed (one round trip).
 /// An endpoint is used by one thread at a time (`&mut self`); give every thread its own.
+///
+/// A batch can also be posted now and completed later ([`Endpoint::post`],
+/// [`Endpoint::complete`]), so that one thread has batches in flight to several servers at
+/// once, each on its own endpoint, and waits for them together: the round trips overlap
+/// instead of adding up. One batch at a time is in flight per endpoint.
 pub trait Endpoint: Send {
     /// Executes `batch` and fills `out` with its results.
     ///
@@ -99,6 +104,25 @@ pub trait Endpoint: Send {
     /// (crate::FabricError::Disconnected) and [`FabricError::TimedOut`]
     /// (crate::FabricError::TimedOut), after which the outcome is unknown.
     fn execute(&mut self, batch: &Batch, out: &mut Completions) -> Result<()>;
+
+    /// Starts executing `batch`, whose results go into `out`; [`Endpoint::complete`] with the
+    /// same batch and completions waits for them. `batch` and `out` must not change in
+    /// between (a placed batch's reads may land in `out` at either call).
+    ///
+    /// This default executes the whole batch here and leaves nothing to `complete`: what the
+    /// backends whose verbs run on the client's own CPU (`mem`, `shm`) and wrappers do. `tcp`
+    /// sends the request here and reads the reply in `complete`. Errors as for `execute`; a
+    /// batch whose post failed is not completed.
+    fn post(&mut self, batch: &Batch, out: &mut Completions) -> Result<()> {
+        self.execute(batch, out)
+    }
+
+    /// Waits for the batch posted last on this endpoint and fills `out` with its results (see
+    /// [`Endpoint::post`]). Errors as for `execute`.
+    fn complete(&mut self, batch: &Batch, out: &mut Completions) -> Result<()> {
+        let _ = (batch, out);
+        Ok(())
+    }
 
     /// The counters of everything this endpoint has executed.
     fn stats(&self) -> EndpointStats;
@@ -110,6 +134,12 @@ pub trait Endpoint: Send {
 impl<E: Endpoint + ?Sized> Endpoint for Box<E> {
     fn execute(&mut self, batch: &Batch, out: &mut Completions) -> Result<()> {
         (**self).execute(batch, out)
+    }
+    fn post(&mut self, batch: &Batch, out: &mut Completions) -> Result<()> {
+        (**self).post(batch, out)
+    }
+    fn complete(&mut self, batch: &Batch, out: &mut Completions) -> Result<()> {
+        (**self).complete(batch, out)
     }
     fn stats(&self) -> EndpointStats {
         (**self).stats()

@@ -318,7 +318,7 @@ impl RegionTable {
             let region = self.get(verb.addr().region).expect("checked above");
             match *verb {
                 Verb::Read { addr, len } => {
-                    region.read_into(addr.offset, out.push_read(len as usize))
+                    region.read_into(addr.offset, out.next_read(batch, len as usize))
                 }
                 Verb::Write { addr, len } => {
                     let (data, rest) = payload.split_at(len as usize);

@@ -555,6 +555,59 @@ fn processes_hammer_faa_and_bits(f: &Fixture) {
     );
 }
 
+/// Batches posted on two endpoints before either is completed, with placed reads
+/// (`Batch::read_to`) landing in one caller buffer lent to the completions: every read at its
+/// place, the bytes no read covers untouched, the buffer the same allocation afterwards (no
+/// copy), and a write in a posted batch done once it completed.
+fn posted_batches_and_placed_reads(f: &Fixture) {
+    let mut a = f.connector.connect().unwrap();
+    let mut b = f.connector.connect().unwrap();
+    a.write(at(0), &[1u8; 16]).unwrap();
+    b.write(at(100), &[2u8; 16]).unwrap();
+    let mut ra = Batch::new();
+    let ha = ra.read_to(at(0), 16, 16);
+    ra.write(at(200), &[3u8; 8]);
+    let mut rb = Batch::new();
+    rb.read_to(at(100), 16, 0);
+    rb.read_to(at(104), 4, 40);
+    let mut buf = vec![9u8; 48];
+    let allocation = buf.as_ptr();
+    let mut out = Completions::new();
+    out.swap_data(&mut buf);
+    let before = (a.stats().round_trips, b.stats().round_trips);
+    a.post(&ra, &mut out).unwrap();
+    b.post(&rb, &mut out).unwrap();
+    a.complete(&ra, &mut out).unwrap();
+    b.complete(&rb, &mut out).unwrap();
+    assert_eq!(out.bytes(ha), &[1u8; 16]);
+    out.swap_data(&mut buf);
+    assert_eq!(buf.as_ptr(), allocation, "the caller's buffer was replaced");
+    assert_eq!(&buf[..16], &[2u8; 16]);
+    assert_eq!(&buf[16..32], &[1u8; 16]);
+    assert_eq!(&buf[32..40], &[9u8; 8]);
+    assert_eq!(&buf[40..44], &[2u8; 4]);
+    assert_eq!(&buf[44..], &[9u8; 4]);
+    assert_eq!(a.read(at(200), 8).unwrap(), vec![3u8; 8]);
+    // One round trip each, counted once.
+    assert_eq!(a.stats().round_trips, before.0 + 2);
+    assert_eq!(b.stats().round_trips, before.1 + 1);
+}
+
+#[test]
+fn posted_batches_and_placed_reads_mem() {
+    posted_batches_and_placed_reads(&fixture(Backend::Mem));
+}
+
+#[test]
+fn posted_batches_and_placed_reads_shm() {
+    posted_batches_and_placed_reads(&fixture(Backend::Shm));
+}
+
+#[test]
+fn posted_batches_and_placed_reads_tcp() {
+    posted_batches_and_placed_reads(&fixture(Backend::Tcp));
+}
+
 macro_rules! conformance {
     ($backend:ident, $fixture:expr) => {
         mod $backend {

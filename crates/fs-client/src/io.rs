@@ -149,6 +149,10 @@ fn lock_round_trips(stats: &LockStats) -> u64 {
     stats.acquire.round_trips + stats.release.round_trips
 }
 
+/// Bytes of a data server's incarnation word, read at the end of every data batch
+/// ([`Inner::exec_data_round`]).
+const CHECK_BYTES: usize = 8;
+
 /// How many bytes of zeros one batch of a hole punch writes.
 const ZERO_WINDOW: usize = 1 << 20;
 
@@ -187,10 +191,8 @@ impl CitronFs {
                     return Ok(Vec::new());
                 }
                 let n = len.min((size - offset).min(usize::MAX as u64) as usize);
-                let mut buf = vec![0u8; n];
                 let locs = inner.chunk_locations(&w.view, inode, generation, offset, n, false)?;
-                inner.transfer_read(w, offset, &mut buf, &locs)?;
-                Ok(buf)
+                inner.transfer_read(w, offset, n, &locs)
             })
         })
     }
@@ -496,37 +498,42 @@ impl Inner {
         }
     }
 
-    /// Reads bytes `[off, off + buf.len())` into `buf` (holes stay as they are: zeros).
+    /// Reads bytes `[off, off + n)` and returns them (holes read zeros).
+    ///
+    /// No second copy: the buffer returned is the one the fabric's reads land in, each at its
+    /// place (`fabric::Batch::read_to`): a memcpy straight from the region on `shm` and `mem`,
+    /// one from the reply frame on `tcp`. The batches of every data server are in flight
+    /// together ([`Inner::exec_data_round`]).
     fn transfer_read(
         &self,
         w: &mut Worker,
         off: u64,
-        buf: &mut [u8],
+        n: usize,
         run: &ChunkRun,
-    ) -> Result<(), Error> {
-        let plans = plan(
-            &self.geometry,
-            off,
-            buf.len(),
-            |c| run.get(c),
-            Limits::FABRIC,
-        )?;
-        for sp in plans {
-            let region = w.view.servers.region_of(sp.server)?;
-            for pb in sp.batches {
-                let handles = self.exec_data(w, sp.server, |batch| {
-                    pb.ops
-                        .iter()
-                        .map(|op| batch.read(RemoteAddr::new(region, op.remote_off), op.len))
-                        .collect::<Vec<_>>()
-                })?;
-                self.check_lease_after_read(w)?;
-                for (op, h) in pb.ops.iter().zip(handles) {
-                    buf[op.buf_off..op.buf_off + op.len].copy_from_slice(w.out.bytes(h));
+    ) -> Result<Vec<u8>, Error> {
+        let plans = plan(&self.geometry, off, n, |c| run.get(c), Limits::FABRIC)?;
+        // The file's bytes, then one incarnation word per batch of a round (see
+        // `exec_data_round`), zeroed by the allocator (holes stay zeros).
+        let mut buf = vec![0u8; n + CHECK_BYTES * plans.len()];
+        let rounds = plans.iter().map(|sp| sp.batches.len()).max().unwrap_or(0);
+        for r in 0..rounds {
+            let mut round = Vec::with_capacity(plans.len());
+            for sp in plans.iter() {
+                let Some(pb) = sp.batches.get(r) else {
+                    continue;
+                };
+                let region = w.view.servers.region_of(sp.server)?;
+                let mut batch = self.round_batch(w, round.len());
+                for op in &pb.ops {
+                    batch.read_to(RemoteAddr::new(region, op.remote_off), op.len, op.buf_off);
                 }
+                round.push((sp.server, batch));
             }
+            self.exec_data_round(w, &mut round, &mut buf, n, false)?;
         }
-        Ok(())
+        self.check_lease_after_read(w)?;
+        buf.truncate(n);
+        Ok(buf)
     }
 
     /// One step of [`CitronFs::fallocate`] on `range`, holding its range lock; `found` is what
@@ -606,7 +613,9 @@ impl Inner {
     }
 
     /// Writes `data` at file offset `off`; chunks `run` does not have allocated are skipped
-    /// (holes: what `zero_allocated` relies on; a write allocates its chunks first).
+    /// (holes: what `zero_allocated` relies on; a write allocates its chunks first). The
+    /// batches of every data server are in flight together, each posted within the lease
+    /// ([`Inner::exec_data_round`]).
     fn transfer_write(
         &self,
         w: &mut Worker,
@@ -621,72 +630,133 @@ impl Inner {
             |c| run.get(c),
             Limits::FABRIC,
         )?;
-        let servers = plans.len();
-        for (i, sp) in plans.into_iter().enumerate() {
-            let region = w.view.servers.region_of(sp.server)?;
-            for pb in sp.batches {
-                self.check_lease_before_post(w)?;
-                self.exec_data(w, sp.server, |batch| {
-                    for op in &pb.ops {
-                        batch.write(
-                            RemoteAddr::new(region, op.remote_off),
-                            &data[op.buf_off..op.buf_off + op.len],
-                        );
-                    }
-                })?;
+        let mut checks = vec![0u8; CHECK_BYTES * plans.len()];
+        let rounds = plans.iter().map(|sp| sp.batches.len()).max().unwrap_or(0);
+        for r in 0..rounds {
+            let mut round = Vec::with_capacity(plans.len());
+            for sp in plans.iter() {
+                let Some(pb) = sp.batches.get(r) else {
+                    continue;
+                };
+                let region = w.view.servers.region_of(sp.server)?;
+                let mut batch = self.round_batch(w, round.len());
+                for op in &pb.ops {
+                    batch.write(
+                        RemoteAddr::new(region, op.remote_off),
+                        &data[op.buf_off..op.buf_off + op.len],
+                    );
+                }
+                round.push((sp.server, batch));
             }
-            if i + 1 < servers {
-                failpoint!("fs_client::io::between_servers");
-            }
+            self.exec_data_round(w, &mut round, &mut checks, 0, true)?;
         }
         Ok(())
     }
 
-    /// Fills the worker's batch with `fill` and executes it on data server `server`, one round
-    /// trip; the results are in `w.out` afterwards. A failure marks the worker broken: the
-    /// endpoint's state is unknown, so it must not be reused.
+    /// An empty batch for the `i`-th data server of a round: the worker's own for the first
+    /// (a round on one server allocates nothing), a new one for the others.
+    fn round_batch(&self, w: &mut Worker, i: usize) -> Batch {
+        let mut batch = match i {
+            0 => std::mem::take(&mut w.batch),
+            _ => Batch::new(),
+        };
+        batch.clear();
+        batch
+    }
+
+    /// Executes one round of data batches, at most one per data server, all posted before any
+    /// is awaited (`fabric::Endpoint::post`, then `complete`), so their round trips overlap.
+    /// Their reads land in `data` at their places (`fabric::Batch::read_to`); `data` is the
+    /// caller's buffer, lent to the worker's completions and taken back, never copied. With
+    /// `write`, each batch is posted only while the lock's lease has `lease_guard` left
+    /// ([`Inner::check_lease_before_post`]). A failure marks the worker broken: the endpoints'
+    /// state is unknown, so they must not be reused.
     ///
-    /// The batch ends with a read of the server's incarnation word (`proto::INCARNATION_REGION`)
-    /// after the data verbs: if it is not the incarnation of this worker's view, the verbs
-    /// reached memory other than the one the view describes (the server restarted, and this
-    /// client has not caught up yet), so their outcome is discarded with
-    /// `Error::StaleDataServer` (transient: the I/O is redone once the view is fresh). A read
-    /// therefore never returns a new incarnation's zeros for chunks the meta server now calls
-    /// lost; a write that landed there only wrote into chunks of the same file (lost chunks stay
-    /// allocated to their file until it frees them) and is redone, failing with `Lost`.
-    fn exec_data<R>(
+    /// Every batch posted is completed before this returns, whatever failed: the caller
+    /// releases its lock next, and no verb of its may be in flight then.
+    ///
+    /// Each batch ends with a read of its server's incarnation word (`proto::INCARNATION_REGION`)
+    /// after the data verbs, placed at `data[checks_at + 8 i..]` for the round's `i`-th batch:
+    /// if it is not the incarnation of this worker's view, the verbs reached memory other than
+    /// the one the view describes (the server restarted, and this client has not caught up
+    /// yet), so their outcome is discarded with `Error::StaleDataServer` (transient: the I/O is
+    /// redone once the view is fresh). A read therefore never returns a new incarnation's zeros
+    /// for chunks the meta server now calls lost; a write that landed there only wrote into
+    /// chunks of the same file (lost chunks stay allocated to their file until it frees them)
+    /// and is redone, failing with `Lost`.
+    pub(crate) fn exec_data_round(
         &self,
         w: &mut Worker,
-        server: u32,
-        fill: impl FnOnce(&mut Batch) -> R,
-    ) -> Result<R, Error> {
-        let mut batch = std::mem::take(&mut w.batch);
+        round: &mut [(u32, Batch)],
+        data: &mut Vec<u8>,
+        checks_at: usize,
+        write: bool,
+    ) -> Result<(), Error> {
         let mut out = std::mem::take(&mut w.out);
-        batch.clear();
-        let filled = fill(&mut batch);
-        let check = batch.read(RemoteAddr::new(INCARNATION_REGION, 0), 8);
-        let expected = w.view.servers.data(server).map(|ds| ds.info.incarnation);
-        let result = w.data_ep(server).and_then(|ep| {
-            ep.execute(&batch, &mut out)
-                .map_err(Error::fabric(Peer::Data(server)))
-        });
-        let result = result.and_then(|()| {
-            let found = out.word(check, 0);
-            match expected {
-                Some(expected) if expected == found => Ok(()),
-                _ => Err(Error::StaleDataServer {
-                    server,
-                    expected: expected.unwrap_or(0),
-                    found,
-                }),
+        out.swap_data(data);
+        let incarnation = RemoteAddr::new(INCARNATION_REGION, 0);
+        let mut posted = 0;
+        let mut failure = None;
+        let batches = round.len();
+        for (i, (server, batch)) in round.iter_mut().enumerate() {
+            batch.read_to(incarnation, CHECK_BYTES, checks_at + CHECK_BYTES * i);
+            if write {
+                // A lease that ran out is not a fault of the endpoints: not broken.
+                if let Err(e) = self.check_lease_before_post(w) {
+                    failure = Some(e);
+                    break;
+                }
             }
-        });
-        w.batch = batch;
-        w.out = out;
-        if result.is_err() {
-            w.broken = true;
+            let post = w.data_ep(*server).and_then(|ep| {
+                ep.post(batch, &mut out)
+                    .map_err(Error::fabric(Peer::Data(*server)))
+            });
+            if let Err(e) = post {
+                w.broken = true;
+                failure = Some(e);
+                break;
+            }
+            posted += 1;
+            if write && i + 1 < batches {
+                failpoint!("fs_client::io::between_servers");
+            }
         }
-        result.map(|()| filled)
+        for (server, batch) in round[..posted].iter() {
+            let done = w.data_ep(*server).and_then(|ep| {
+                ep.complete(batch, &mut out)
+                    .map_err(Error::fabric(Peer::Data(*server)))
+            });
+            if let Err(e) = done {
+                w.broken = true;
+                failure.get_or_insert(e);
+            }
+        }
+        if failure.is_none() {
+            for (i, (server, _)) in round.iter().enumerate() {
+                let at = checks_at + CHECK_BYTES * i;
+                let found = u64::from_le_bytes(
+                    out.data()[at..at + CHECK_BYTES]
+                        .try_into()
+                        .expect("8 bytes"),
+                );
+                let expected = w.view.servers.data(*server).map(|ds| ds.info.incarnation);
+                if expected != Some(found) {
+                    w.broken = true;
+                    failure = Some(Error::StaleDataServer {
+                        server: *server,
+                        expected: expected.unwrap_or(0),
+                        found,
+                    });
+                    break;
+                }
+            }
+        }
+        out.swap_data(data);
+        w.out = out;
+        if let Some((_, first)) = round.iter_mut().next() {
+            w.batch = std::mem::take(first);
+        }
+        failure.map_or(Ok(()), Err)
     }
 
     /// Makes the file's data durable where its data servers are file-backed (the data half of
@@ -725,11 +795,12 @@ impl Inner {
             }
             // A batch carries at most MAX_BATCH_VERBS verbs; stay well below.
             for group in runs.chunks(1024) {
-                self.exec_data(w, server, |batch| {
-                    for r in group {
-                        batch.flush(RemoteAddr::new(region, r.start), r.end - r.start);
-                    }
-                })?;
+                let mut batch = self.round_batch(w, 0);
+                for r in group {
+                    batch.flush(RemoteAddr::new(region, r.start), r.end - r.start);
+                }
+                let mut check = vec![0u8; CHECK_BYTES];
+                self.exec_data_round(w, &mut [(server, batch)], &mut check, 0, false)?;
             }
         }
         Ok(())

@@ -7,13 +7,29 @@
 use fs_client::{CitronFs, IoStats, LockScheme, ROOT_INO};
 use testkit::{pattern, Cluster, ClusterSpec};
 
-/// Runs `op` and returns the round trips it took, checking it took one locked I/O.
-fn counted(fs: &CitronFs, op: impl FnOnce()) -> IoStats {
-    let before = fs.io_stats();
-    op();
-    let spent = fs.io_stats().since(&before);
-    assert_eq!(spent.locked_ios, 1, "{spent:?}");
-    spent
+/// How often each I/O is timed: an acquisition that CITRON's inequality (1) aborts on a loaded
+/// machine (a thread descheduled mid-round-trip) takes more round trips, legitimately, so the
+/// lock's count is the least seen. Only the lock's count varies.
+const TRIES: usize = 5;
+
+/// Runs `op` [`TRIES`] times and returns the round trips of the try whose lock took the
+/// fewest, checking that each took one locked I/O and `others` round trips besides the lock's.
+fn counted(fs: &CitronFs, others: u64, mut op: impl FnMut()) -> IoStats {
+    (0..TRIES)
+        .map(|_| {
+            let before = fs.io_stats();
+            op();
+            let spent = fs.io_stats().since(&before);
+            assert_eq!(spent.locked_ios, 1, "{spent:?}");
+            assert_eq!(
+                spent.round_trips - spent.lock_round_trips,
+                others,
+                "{spent:?}"
+            );
+            spent
+        })
+        .min_by_key(|s| s.lock_round_trips)
+        .expect("tried")
 }
 
 /// `(read, overwrite, extending write)` round trips, total and of the lock, under `scheme`.
@@ -38,11 +54,18 @@ fn small_io_round_trips(scheme: LockScheme) -> [(u64, u64); 3] {
     // Warm up: the chunk is allocated, its location cached, the lock handle opened.
     fs.write(fh, 0, &block).unwrap();
     assert_eq!(fs.read(fh, 0, 4096).unwrap(), block);
-    let read = counted(&fs, || assert_eq!(fs.read(fh, 0, 4096).unwrap(), block));
+    let lone = u64::from(scheme == LockScheme::SERVER);
+    // Data; the server scheme reads the FCB in a round trip of its own.
+    let read = counted(&fs, 1 + lone, || {
+        assert_eq!(fs.read(fh, 0, 4096).unwrap(), block)
+    });
     let mtime_before = fs.getattr(attr.ino).unwrap().mtime;
     std::thread::sleep(std::time::Duration::from_millis(2));
     let other = pattern(8, 0, 4096);
-    let overwrite = counted(&fs, || assert_eq!(fs.write(fh, 0, &other).unwrap(), 4096));
+    // Data; the server scheme also raises MTIME in one.
+    let overwrite = counted(&fs, 1 + 2 * lone, || {
+        assert_eq!(fs.write(fh, 0, &other).unwrap(), 4096)
+    });
     // The MTIME raise carried in the release landed; the data too.
     let after = fs.getattr(attr.ino).unwrap();
     assert!(
@@ -53,10 +76,13 @@ fn small_io_round_trips(scheme: LockScheme) -> [(u64, u64); 3] {
     );
     assert_eq!(after.size, 4096);
     assert_eq!(fs.read(fh, 0, 4096).unwrap(), other);
-    let extend = counted(&fs, || {
-        assert_eq!(fs.write(fh, 4096, &block).unwrap(), 4096)
+    // Data and SIZE; each try extends the file by another block.
+    let mut end = 4096;
+    let extend = counted(&fs, 2 + 2 * lone, || {
+        assert_eq!(fs.write(fh, end, &block).unwrap(), 4096);
+        end += 4096;
+        assert_eq!(fs.getattr(attr.ino).unwrap().size, end);
     });
-    assert_eq!(fs.getattr(attr.ino).unwrap().size, 8192);
     fs.release(fh).unwrap();
     [read, overwrite, extend].map(|s| (s.round_trips, s.lock_round_trips))
 }

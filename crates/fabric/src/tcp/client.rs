@@ -98,6 +98,8 @@ pub struct TcpEndpoint {
     timeouts: TcpTimeouts,
     /// Why the connection was given up, once it has been.
     broken: Option<String>,
+    /// A batch was posted and its reply not read yet ([`Endpoint::post`]).
+    in_flight: bool,
 }
 
 impl std::fmt::Debug for TcpEndpoint {
@@ -239,6 +241,7 @@ impl TcpEndpoint {
             welcome,
             timeouts,
             broken: None,
+            in_flight: false,
         })
     }
 
@@ -437,6 +440,19 @@ impl Drop for Deadline<'_> {
 
 impl Endpoint for TcpEndpoint {
     fn execute(&mut self, batch: &Batch, out: &mut Completions) -> Result<()> {
+        self.post(batch, out)?;
+        self.complete(batch, out)
+    }
+
+    /// Sends the request; the reply is read by `complete`. The batch's time bound applies to
+    /// the sending here and again to the waiting for the reply there.
+    fn post(&mut self, batch: &Batch, _out: &mut Completions) -> Result<()> {
+        if self.in_flight {
+            return Err(FabricError::Protocol(format!(
+                "a second batch posted to {} before the first was completed",
+                self.peer
+            )));
+        }
         if let Some(why) = &self.broken {
             return Err(FabricError::Disconnected(format!(
                 "endpoint to {} is closed after an earlier failure: {why}",
@@ -465,9 +481,22 @@ impl Endpoint for TcpEndpoint {
                 self.fail(why)
             });
         }
+        self.in_flight = true;
+        Ok(())
+    }
 
+    /// Reads the reply of the batch `post` sent, straight into `out` (a placed batch's reads
+    /// into the caller's buffer, see `Completions::fill_reads`).
+    fn complete(&mut self, batch: &Batch, out: &mut Completions) -> Result<()> {
+        if !std::mem::take(&mut self.in_flight) {
+            return Err(FabricError::Protocol(format!(
+                "no batch in flight to {} to complete",
+                self.peer
+            )));
+        }
         // From here on the batch may have executed: any failure to read a trustworthy reply is
         // `Disconnected` (outcome unknown), as the `Endpoint` contract requires.
+        let mut io = Deadline::new(&mut self.stream, self.timeouts.batch);
         let read = frame::read_frame(&mut io, MAX_REPLY_FRAME, &mut self.rx);
         drop(io);
         match read {

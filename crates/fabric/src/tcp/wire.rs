@@ -363,7 +363,7 @@ pub fn decode_reply(
             batch.read_bytes()
         ));
     }
-    out.push_read(data.len()).copy_from_slice(data);
+    out.fill_reads(batch, data);
     if !out.matches(batch) {
         return Err("completions do not match the batch".into());
     }
