@@ -46,7 +46,7 @@ use crate::error::{Error, Peer};
 use crate::fcb::{Fcb, FcbReads, MtimeRaise};
 use crate::handles::OpenInode;
 use crate::locks::{server_range, whole_file};
-use crate::plan::{plan, Limits};
+use crate::plan::{plan, Limits, Op, ServerPlan};
 use crate::workers::Worker;
 use fabric::{Batch, RemoteAddr};
 use lockmgr::{LockScheme, LockStats};
@@ -515,22 +515,9 @@ impl Inner {
         // The file's bytes, then one incarnation word per batch of a round (see
         // `exec_data_round`), zeroed by the allocator (holes stay zeros).
         let mut buf = vec![0u8; n + CHECK_BYTES * plans.len()];
-        let rounds = plans.iter().map(|sp| sp.batches.len()).max().unwrap_or(0);
-        for r in 0..rounds {
-            let mut round = Vec::with_capacity(plans.len());
-            for sp in plans.iter() {
-                let Some(pb) = sp.batches.get(r) else {
-                    continue;
-                };
-                let region = w.view.servers.region_of(sp.server)?;
-                let mut batch = self.round_batch(w, round.len());
-                for op in &pb.ops {
-                    batch.read_to(RemoteAddr::new(region, op.remote_off), op.len, op.buf_off);
-                }
-                round.push((sp.server, batch));
-            }
-            self.exec_data_round(w, &mut round, &mut buf, n, false)?;
-        }
+        self.exec_plans(w, &plans, &mut buf, n, false, |batch, at, op| {
+            batch.read_to(at, op.len, op.buf_off);
+        })?;
         self.check_lease_after_read(w)?;
         buf.truncate(n);
         Ok(buf)
@@ -631,24 +618,37 @@ impl Inner {
             Limits::FABRIC,
         )?;
         let mut checks = vec![0u8; CHECK_BYTES * plans.len()];
+        self.exec_plans(w, &plans, &mut checks, 0, true, |batch, at, op| {
+            batch.write(at, &data[op.buf_off..op.buf_off + op.len]);
+        })
+    }
+
+    /// Executes `plans` in rounds of one batch per data server ([`Inner::exec_data_round`]),
+    /// each batch filled by `fill` with the verbs of its ops (given the op's remote address).
+    fn exec_plans(
+        &self,
+        w: &mut Worker,
+        plans: &[ServerPlan],
+        data: &mut Vec<u8>,
+        checks_at: usize,
+        write: bool,
+        mut fill: impl FnMut(&mut Batch, RemoteAddr, &Op),
+    ) -> Result<(), Error> {
         let rounds = plans.iter().map(|sp| sp.batches.len()).max().unwrap_or(0);
         for r in 0..rounds {
             let mut round = Vec::with_capacity(plans.len());
-            for sp in plans.iter() {
+            for sp in plans {
                 let Some(pb) = sp.batches.get(r) else {
                     continue;
                 };
                 let region = w.view.servers.region_of(sp.server)?;
                 let mut batch = self.round_batch(w, round.len());
                 for op in &pb.ops {
-                    batch.write(
-                        RemoteAddr::new(region, op.remote_off),
-                        &data[op.buf_off..op.buf_off + op.len],
-                    );
+                    fill(&mut batch, RemoteAddr::new(region, op.remote_off), op);
                 }
                 round.push((sp.server, batch));
             }
-            self.exec_data_round(w, &mut round, &mut checks, 0, true)?;
+            self.exec_data_round(w, &mut round, data, checks_at, write)?;
         }
         Ok(())
     }

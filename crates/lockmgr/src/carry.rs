@@ -23,6 +23,50 @@
 
 use fabric::{Batch, Capabilities, Completions, Endpoint, EndpointStats};
 
+/// The [`RangeLock`](crate::RangeLock) methods `acquire`, `release`, `acquire_with` and
+/// `release_with` of a scheme that carries a caller's verbs in its own batches, through its
+/// inherent `take(range, extra, out)` and `give_back(id, extra, out)`: the plain calls carry
+/// nothing, and `fallback` is never used (an uncontended grant stays one round trip).
+macro_rules! carrying_lock_methods {
+    () => {
+        fn acquire(
+            &mut self,
+            range: std::ops::Range<u64>,
+        ) -> Result<$crate::LockId, $crate::LockError> {
+            self.take(
+                range,
+                &fabric::Batch::new(),
+                &mut fabric::Completions::new(),
+            )
+        }
+
+        fn release(&mut self, id: $crate::LockId) -> Result<(), $crate::LockError> {
+            self.give_back(id, &fabric::Batch::new(), &mut fabric::Completions::new())
+        }
+
+        fn acquire_with(
+            &mut self,
+            range: std::ops::Range<u64>,
+            extra: &fabric::Batch,
+            out: &mut fabric::Completions,
+            _fallback: &mut dyn fabric::Endpoint,
+        ) -> Result<$crate::LockId, $crate::LockError> {
+            self.take(range, extra, out)
+        }
+
+        fn release_with(
+            &mut self,
+            id: $crate::LockId,
+            extra: &fabric::Batch,
+            out: &mut fabric::Completions,
+            _fallback: &mut dyn fabric::Endpoint,
+        ) -> Result<(), $crate::LockError> {
+            self.give_back(id, extra, out)
+        }
+    };
+}
+pub(crate) use carrying_lock_methods;
+
 /// Where the carried verbs go in the batches executed meanwhile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {

@@ -76,7 +76,8 @@ pub struct MutexLock {
 }
 
 impl MutexLock {
-    /// An acquisition carrying `extra` ([`RangeLock::acquire_with`]).
+    /// An acquisition carrying `extra` ([`RangeLock::acquire_with`]) in the ticket lock's own
+    /// batches (`ClientCore::acquire_carrying`).
     fn take(
         &mut self,
         range: Range<u64>,
@@ -95,7 +96,9 @@ impl MutexLock {
             })
     }
 
-    /// A release carrying `extra` ([`RangeLock::release_with`]).
+    /// A release carrying `extra` ([`RangeLock::release_with`]). With a lease, a release
+    /// after the lease deadline is a conditional masked CAS that leaves a lock broken meanwhile
+    /// alone; it returns `Ok` and is counted in [`LockStats::late_releases`].
     fn give_back(
         &mut self,
         id: LockId,
@@ -112,39 +115,7 @@ impl MutexLock {
 }
 
 impl RangeLock for MutexLock {
-    fn acquire(&mut self, range: Range<u64>) -> Result<LockId, LockError> {
-        self.take(range, &Batch::new(), &mut Completions::new())
-    }
-
-    /// Carries `extra` in the ticket lock's own batches (`ClientCore::acquire_carrying`):
-    /// an uncontended grant stays one round trip. `fallback` is not used.
-    fn acquire_with(
-        &mut self,
-        range: Range<u64>,
-        extra: &Batch,
-        out: &mut Completions,
-        _fallback: &mut dyn Endpoint,
-    ) -> Result<LockId, LockError> {
-        self.take(range, extra, out)
-    }
-
-    /// With a lease, a release after the lease deadline is a conditional masked CAS that leaves
-    /// a lock broken meanwhile alone; it returns `Ok` and is counted in
-    /// [`LockStats::late_releases`].
-    fn release(&mut self, id: LockId) -> Result<(), LockError> {
-        self.give_back(id, &Batch::new(), &mut Completions::new())
-    }
-
-    /// Carries `extra` at the head of the release's batch; `fallback` is not used.
-    fn release_with(
-        &mut self,
-        id: LockId,
-        extra: &Batch,
-        out: &mut Completions,
-        _fallback: &mut dyn Endpoint,
-    ) -> Result<(), LockError> {
-        self.give_back(id, extra, out)
-    }
+    crate::carry::carrying_lock_methods!();
 
     fn lease_deadline(&self, id: LockId) -> Option<std::time::Instant> {
         self.core.deadline(id)

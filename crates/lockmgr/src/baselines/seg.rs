@@ -292,7 +292,14 @@ fn release_all(
 }
 
 impl SegLock {
-    /// An acquisition carrying `extra` ([`RangeLock::acquire_with`]).
+    /// An acquisition carrying `extra` ([`RangeLock::acquire_with`]) in the ticket locks' own
+    /// batches (`ClientCore::acquire_carrying`): the last batch is the grant of the last
+    /// segment's ticket lock, taken after every earlier one.
+    ///
+    /// With a lease, the lock's deadline is the earliest of its ticket locks' deadlines. The
+    /// first locks may pass theirs while the client waits for later ones: then everything is
+    /// given back (conditionally, harmless to whoever broke them) and the acquisition starts
+    /// over, so that a returned lock always has its deadline ahead.
     fn take(
         &mut self,
         range: Range<u64>,
@@ -337,7 +344,10 @@ impl SegLock {
             })
     }
 
-    /// A release carrying `extra` ([`RangeLock::release_with`]).
+    /// A release carrying `extra` ([`RangeLock::release_with`]) at the head of its first
+    /// batch. With a lease, a release after the lease deadline uses conditional masked CASes
+    /// that leave segments broken meanwhile alone; it returns `Ok` and is counted in
+    /// [`LockStats::late_releases`].
     fn give_back(
         &mut self,
         id: LockId,
@@ -353,44 +363,7 @@ impl SegLock {
 }
 
 impl RangeLock for SegLock {
-    /// With a lease, the lock's deadline is the earliest of its ticket locks' deadlines. The
-    /// first locks may pass theirs while the client waits for later ones: then everything is
-    /// given back (conditionally, harmless to whoever broke them) and the acquisition starts
-    /// over, so that a returned lock always has its deadline ahead.
-    fn acquire(&mut self, range: Range<u64>) -> Result<LockId, LockError> {
-        self.take(range, &Batch::new(), &mut Completions::new())
-    }
-
-    /// Carries `extra` in the ticket locks' own batches (`ClientCore::acquire_carrying`): the
-    /// last batch is the grant of the last segment's ticket lock, taken after every earlier
-    /// one. `fallback` is not used.
-    fn acquire_with(
-        &mut self,
-        range: Range<u64>,
-        extra: &Batch,
-        out: &mut Completions,
-        _fallback: &mut dyn Endpoint,
-    ) -> Result<LockId, LockError> {
-        self.take(range, extra, out)
-    }
-
-    /// With a lease, a release after the lease deadline uses conditional masked CASes that
-    /// leave segments broken meanwhile alone; it returns `Ok` and is counted in
-    /// [`LockStats::late_releases`].
-    fn release(&mut self, id: LockId) -> Result<(), LockError> {
-        self.give_back(id, &Batch::new(), &mut Completions::new())
-    }
-
-    /// Carries `extra` at the head of the release's first batch; `fallback` is not used.
-    fn release_with(
-        &mut self,
-        id: LockId,
-        extra: &Batch,
-        out: &mut Completions,
-        _fallback: &mut dyn Endpoint,
-    ) -> Result<(), LockError> {
-        self.give_back(id, extra, out)
-    }
+    crate::carry::carrying_lock_methods!();
 
     fn lease_deadline(&self, id: LockId) -> Option<std::time::Instant> {
         self.core.deadline(id)

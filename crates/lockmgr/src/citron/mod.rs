@@ -666,37 +666,7 @@ impl CitronClient {
 }
 
 impl RangeLock for CitronClient {
-    fn acquire(&mut self, range: Range<u64>) -> Result<LockId, LockError> {
-        self.take(range, &Batch::new(), &mut Completions::new())
-    }
-
-    fn release(&mut self, id: LockId) -> Result<(), LockError> {
-        self.give_back(id, &Batch::new(), &mut Completions::new())
-    }
-
-    /// Carries `extra` in the acquisition's own batches: an uncontended leaf stays one round
-    /// trip. `fallback` is not used.
-    fn acquire_with(
-        &mut self,
-        range: Range<u64>,
-        extra: &Batch,
-        out: &mut Completions,
-        _fallback: &mut dyn Endpoint,
-    ) -> Result<LockId, LockError> {
-        self.take(range, extra, out)
-    }
-
-    /// Carries `extra` at the head of the release's first batch (Alg. 3's first verbs follow
-    /// it). `fallback` is not used.
-    fn release_with(
-        &mut self,
-        id: LockId,
-        extra: &Batch,
-        out: &mut Completions,
-        _fallback: &mut dyn Endpoint,
-    ) -> Result<(), LockError> {
-        self.give_back(id, extra, out)
-    }
+    crate::carry::carrying_lock_methods!();
 
     fn stats(&self) -> LockStats {
         self.stats
