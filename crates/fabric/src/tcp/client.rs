@@ -1,8 +1,8 @@
 //! The `tcp` client: one endpoint is one TCP connection, one batch is one frame each way.
 
 use super::wire::{
-    self, begin_frame, seal_frame, DecodedReply, Hello, RegionInfo, RemoteError, Welcome,
-    MAX_REPLY_FRAME, PROTOCOL_VERSION,
+    self, begin_frame, seal_frame, DecodedReply, DecodedReturn, Hello, RegionInfo, RemoteError,
+    Welcome, MAX_REPLY_FRAME, PROTOCOL_VERSION,
 };
 use crate::batch::{Batch, Completions, MAX_BATCH_BYTES, MAX_BATCH_VERBS, MAX_IO_BYTES};
 use crate::endpoint::{Capabilities, Connector, Endpoint, EndpointStats, MaskedAtomics};
@@ -448,6 +448,83 @@ impl Endpoint for TcpEndpoint {
         begin_frame(&mut self.tx);
         wire::encode_batch(&mut self.tx, batch);
         seal_frame(&mut self.tx);
+        self.exchange()?;
+        match wire::decode_reply(&self.rx, batch, out) {
+            Ok(DecodedReply::Completions) => {
+                self.stats.record(batch);
+                Ok(())
+            }
+            Ok(DecodedReply::Error(e)) => Err(self.remote_error(e)),
+            Err(why) => {
+                let why = format!(
+                    "bad reply from {} (batch outcome unknown): {why}",
+                    self.peer
+                );
+                Err(self.fail(why))
+            }
+        }
+    }
+
+    fn call(
+        &mut self,
+        procedure: crate::procedure::ProcedureId,
+        args: &[u8],
+        result: &mut Vec<u8>,
+    ) -> Result<()> {
+        if let Some(why) = &self.broken {
+            return Err(FabricError::Disconnected(format!(
+                "endpoint to {} is closed after an earlier failure: {why}",
+                self.peer
+            )));
+        }
+        if args.len() > crate::procedure::MAX_CALL_BYTES {
+            return Err(FabricError::Config(format!(
+                "{} bytes of arguments exceed the limit of {}",
+                args.len(),
+                crate::procedure::MAX_CALL_BYTES
+            )));
+        }
+        begin_frame(&mut self.tx);
+        wire::encode_call(&mut self.tx, procedure, args);
+        seal_frame(&mut self.tx);
+        self.exchange()?;
+        match wire::decode_returned(&self.rx) {
+            Ok(DecodedReturn::Returned(bytes)) => {
+                result.extend_from_slice(bytes);
+                self.stats.round_trips += 1;
+                Ok(())
+            }
+            // A server that predates procedures does not know the request.
+            Ok(DecodedReturn::Error(RemoteError::UnknownProcedure { .. }))
+            | Ok(DecodedReturn::Error(RemoteError::Malformed(_))) => Err(FabricError::Unsupported(
+                format!("{} offers no procedure {procedure}", self.peer),
+            )),
+            Ok(DecodedReturn::Error(RemoteError::Procedure(why))) => {
+                Err(FabricError::Procedure(why))
+            }
+            Ok(DecodedReturn::Error(e)) => Err(self.remote_error(e)),
+            Err(why) => {
+                let why = format!("bad reply from {} (call outcome unknown): {why}", self.peer);
+                Err(self.fail(why))
+            }
+        }
+    }
+
+    fn stats(&self) -> EndpointStats {
+        self.stats
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        CAPABILITIES
+    }
+}
+
+impl TcpEndpoint {
+    /// Sends the request frame in `self.tx` and reads the reply frame into `self.rx`, the pair
+    /// held to the batch's time bound. Any failure gives the connection up: from the first
+    /// byte sent, the request may have executed, so the outcome is unknown (`Disconnected` or
+    /// `TimedOut`, as the `Endpoint` contract requires).
+    fn exchange(&mut self) -> Result<()> {
         // The socket timeouts bound each `write` and `read` call; `Deadline` holds the batch
         // as a whole to its bound too, however the bytes trickle (see its docs).
         let mut io = Deadline::new(&mut self.stream, self.timeouts.batch);
@@ -489,14 +566,15 @@ impl Endpoint for TcpEndpoint {
                 return Err(self.fail(why));
             }
         }
-        match wire::decode_reply(&self.rx, batch, out) {
-            Ok(DecodedReply::Completions) => {
-                self.stats.record(batch);
-                Ok(())
-            }
-            Ok(DecodedReply::Error(RemoteError::Verb(e))) => Err(FabricError::Verb(e)),
-            Ok(DecodedReply::Error(RemoteError::Batch(e))) => Err(FabricError::Batch(e)),
-            Ok(DecodedReply::Error(RemoteError::Revoked { session })) => {
+        Ok(())
+    }
+
+    /// What a refusal from the server means for this endpoint (see [`RemoteError`]).
+    fn remote_error(&mut self, e: RemoteError) -> FabricError {
+        match e {
+            RemoteError::Verb(e) => FabricError::Verb(e),
+            RemoteError::Batch(e) => FabricError::Batch(e),
+            RemoteError::Revoked { session } => {
                 // The server closes the connection after this one; nothing executed.
                 let why = format!(
                     "{}: session {session} was revoked by the cluster (this client was fenced \
@@ -504,33 +582,15 @@ impl Endpoint for TcpEndpoint {
                     self.peer
                 );
                 self.broken = Some(why.clone());
-                Err(FabricError::Refused(why))
+                FabricError::Refused(why)
             }
-            Ok(DecodedReply::Error(e @ RemoteError::FrameTooLarge { .. })) => {
+            e @ RemoteError::FrameTooLarge { .. } => {
                 // The server closes the connection after this one.
                 let why = format!("{} refused a request: {e}", self.peer);
-                Err(self.fail(why))
+                self.fail(why)
             }
-            Ok(DecodedReply::Error(e)) => Err(FabricError::Protocol(format!(
-                "{} refused a request: {e}",
-                self.peer
-            ))),
-            Err(why) => {
-                let why = format!(
-                    "bad reply from {} (batch outcome unknown): {why}",
-                    self.peer
-                );
-                Err(self.fail(why))
-            }
+            e => FabricError::Protocol(format!("{} refused a request: {e}", self.peer)),
         }
-    }
-
-    fn stats(&self) -> EndpointStats {
-        self.stats
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        CAPABILITIES
     }
 }
 

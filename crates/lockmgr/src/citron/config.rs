@@ -293,6 +293,9 @@ pub struct ClientOptions {
     /// of §3.10: ticket break-in, `DCnt` repair, leaf zeroing, spillover-mutex repair); see
     /// [`crate::Fence`]. A failing fence keeps the hold unbroken for now. Default: none.
     pub fence: Option<std::sync::Arc<dyn crate::fence::Fence>>,
+    /// Where acquisitions run: here, one-sided, or at the lock tree's host in one round trip
+    /// ([`super::hosted`]); default [`Hosting::Auto`](super::Hosting::Auto).
+    pub hosting: super::Hosting,
 }
 
 impl std::fmt::Debug for ClientOptions {
@@ -306,6 +309,7 @@ impl std::fmt::Debug for ClientOptions {
             .field("backoff_base", &self.backoff_base)
             .field("backoff_max", &self.backoff_max)
             .field("fence", &self.fence.as_ref().map(|_| "Fence"))
+            .field("hosting", &self.hosting)
             .finish()
     }
 }
@@ -320,6 +324,7 @@ impl PartialEq for ClientOptions {
             && self.restart_after == other.restart_after
             && self.backoff_base == other.backoff_base
             && self.backoff_max == other.backoff_max
+            && self.hosting == other.hosting
             && match (&self.fence, &other.fence) {
                 (None, None) => true,
                 (Some(a), Some(b)) => std::sync::Arc::ptr_eq(a, b),
@@ -339,6 +344,7 @@ impl Default for ClientOptions {
             backoff_base: Duration::from_micros(1),
             backoff_max: Duration::from_micros(256),
             fence: None,
+            hosting: super::Hosting::Auto,
         }
     }
 }

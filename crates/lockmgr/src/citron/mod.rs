@@ -20,6 +20,7 @@
 
 mod acquire;
 pub mod config;
+pub mod hosted;
 pub mod layout;
 pub mod lease;
 pub mod progress;
@@ -33,6 +34,7 @@ pub use config::{
     rtt_load_threads, t_wait_for_rtt, t_wait_under_load, BumpAllocator, CitronConfig,
     ClientOptions, ConfigRecord, FabricBumpAllocator, NoAllocator, TreeAllocator,
 };
+pub use hosted::{CitronHost, Hosting};
 
 use crate::backoff::{pause, Backoff, BackoffState, SLEEP_THRESHOLD};
 use crate::scheme::{check_range, LockError, LockId, RangeLock};
@@ -350,6 +352,8 @@ pub struct CitronClient {
     scale_failed_epoch: Option<u64>,
     /// Where the current acquisition is, for watchdogs ([`CitronClient::progress`]).
     progress: Arc<Progress>,
+    /// Set when this client acquires at the host ([`hosted`]); its books of hosted locks.
+    hosted: Option<hosted::Hosted>,
 }
 
 impl CitronClient {
@@ -382,6 +386,7 @@ impl CitronClient {
             rng: SmallRng::from_os_rng(),
             scale_failed_epoch: None,
             progress: Arc::default(),
+            hosted: None,
         })
     }
 
@@ -409,6 +414,9 @@ impl CitronClient {
     /// Drops the bookkeeping of a held lock without releasing it: what a client that dies
     /// holding it leaves behind (for recovery tests, §3.10).
     pub fn forget(&mut self, id: LockId) -> Result<(), LockError> {
+        if self.hosted.is_some() {
+            return self.forget_hosted(id);
+        }
         self.held
             .remove(&id.0)
             .map(|_| ())
@@ -611,6 +619,9 @@ pub(crate) fn read_record(
 
 impl RangeLock for CitronClient {
     fn acquire(&mut self, range: Range<u64>) -> Result<LockId, LockError> {
+        if self.hosted.is_some() {
+            return self.acquire_hosted(range);
+        }
         let start = Instant::now();
         let before = self.ep.stats();
         let result = self.acquire_inner(range);
@@ -627,6 +638,9 @@ impl RangeLock for CitronClient {
     }
 
     fn release(&mut self, id: LockId) -> Result<(), LockError> {
+        if self.hosted.is_some() {
+            return self.release_hosted(id);
+        }
         let held = self.held.remove(&id.0).ok_or(LockError::NotHeld(id))?;
         let before = self.ep.stats();
         let result = self.release_held(&held);
@@ -649,6 +663,9 @@ impl RangeLock for CitronClient {
     /// The earliest of the lock's parts' deadlines (see `lease`): the file system must not post
     /// data verbs under the lock past it.
     fn lease_deadline(&self, id: LockId) -> Option<Instant> {
+        if self.hosted.is_some() {
+            return self.hosted_deadline(id);
+        }
         self.held.get(&id.0).and_then(Held::deadline)
     }
 
