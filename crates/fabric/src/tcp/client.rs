@@ -26,7 +26,9 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// answered and a blocking read would otherwise wait for TCP to give up (about 15 minutes with
 /// Linux's default `tcp_retries2`). The server runs a batch as soon as it arrives (it never
 /// waits on a lock: waiting is the client's, in separate batches), so a live server answers
-/// within a round trip plus its scheduling delay. 5 s is more than twice the range locks'
+/// within a round trip plus its scheduling delay. A procedure call
+/// ([`Endpoint::call`](crate::Endpoint::call)) is held to the same bound; one that waits (a
+/// lock acquired at the host) longer than it fails the endpoint like a silent server. 5 s is more than twice the range locks'
 /// lease (`T_lease`, 2 s): a client whose batch took that long has lost its lock anyway, so
 /// the bound never fails an I/O that could still have succeeded.
 pub const BATCH_TIMEOUT: Duration = Duration::from_secs(5);

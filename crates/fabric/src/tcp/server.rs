@@ -3,6 +3,10 @@
 //! One accept thread, and one thread per connection with blocking I/O: a connection carries one
 //! outstanding batch at a time (an endpoint is one client thread), so a blocked `read` that wakes
 //! straight into the executor is the shortest path from the wire to memory.
+//!
+//! A connection may also call the procedures registered on the server ([`crate::procedure`]);
+//! a call runs on the connection's thread, and each batch it executes on the server's memory
+//! passes the connection's fencing gate ([`Gate`]) as the connection's own batches do.
 
 use super::wire::{
     self, begin_frame, seal_frame, HelloAnswer, Refusal, RegionInfo, RemoteError, Reply, Welcome,

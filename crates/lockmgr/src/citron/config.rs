@@ -48,6 +48,13 @@ pub fn t_wait_for_rtt(rtt: Duration) -> Duration {
     per * T_WAIT_ROUND_TRIPS
 }
 
+/// The round trip a `T_wait` was derived from ([`t_wait_for_rtt`] inverted; at least the floor's
+/// share, 2 µs): what a client that only knows the lock's record knows of the fabric's round
+/// trip under load.
+pub fn rtt_for_t_wait(t_wait: Duration) -> Duration {
+    t_wait.div_f64(f64::from(T_WAIT_ROUND_TRIPS) * T_WAIT_RTT_FACTOR)
+}
+
 /// Threads of the load under which [`t_wait_under_load`] measures the round trip: twice the
 /// cores (at least 4), enough to keep every core busy with clients and, on `tcp`, the server
 /// threads that execute their verbs.
@@ -485,6 +492,15 @@ mod tests {
         assert_eq!(
             t_wait_for_rtt(Duration::from_micros(40)),
             Duration::from_micros(300)
+        );
+        // And back: the round trip a record's T_wait stands for (the floor's, 2 µs, at least).
+        assert_eq!(
+            rtt_for_t_wait(Duration::from_micros(300)),
+            Duration::from_micros(40)
+        );
+        assert_eq!(
+            rtt_for_t_wait(t_wait_for_rtt(Duration::from_nanos(100))),
+            Duration::from_micros(2)
         );
     }
 }

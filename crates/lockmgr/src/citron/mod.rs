@@ -31,8 +31,8 @@ mod spillover;
 pub mod split;
 
 pub use config::{
-    rtt_load_threads, t_wait_for_rtt, t_wait_under_load, BumpAllocator, CitronConfig,
-    ClientOptions, ConfigRecord, FabricBumpAllocator, NoAllocator, TreeAllocator,
+    rtt_for_t_wait, rtt_load_threads, t_wait_for_rtt, t_wait_under_load, BumpAllocator,
+    CitronConfig, ClientOptions, ConfigRecord, FabricBumpAllocator, NoAllocator, TreeAllocator,
 };
 pub use hosted::{CitronHost, Hosting};
 
@@ -354,6 +354,9 @@ pub struct CitronClient {
     progress: Arc<Progress>,
     /// Set when this client acquires at the host ([`hosted`]); its books of hosted locks.
     hosted: Option<hosted::Hosted>,
+    /// Every poll costs the server's CPU a wake-up (`Capabilities::server_cpu_on_data_path`,
+    /// tcp): backoffs start at a round trip instead of `backoff_base` (see `backoff`).
+    polls_cost_server: bool,
 }
 
 impl CitronClient {
@@ -372,6 +375,7 @@ impl CitronClient {
             )));
         }
         let rec = read_record(endpoint.as_mut(), base, Duration::from_secs(1))?;
+        let endpoint_capabilities = endpoint.capabilities();
         Ok(Self {
             ep: endpoint,
             base,
@@ -387,6 +391,7 @@ impl CitronClient {
             scale_failed_epoch: None,
             progress: Arc::default(),
             hosted: None,
+            polls_cost_server: endpoint_capabilities.server_cpu_on_data_path,
         })
     }
 
@@ -530,10 +535,23 @@ impl CitronClient {
         })
     }
 
+    /// The backoff between polls (seed 002 §4.3: the first bound "about a round trip").
+    /// Where a poll costs the server a wake-up (tcp), the first bound is at least the round
+    /// trip the lock's `T_wait` was derived from ([`config::rtt_for_t_wait`]): polling faster
+    /// than a round trip only queues polls at the server, each a wake-up that delays the holder
+    /// it waits for. Where polls cost no server (mem, shm, the host of a hosted acquisition),
+    /// `backoff_base` as configured.
     fn backoff(&self) -> BackoffState {
+        let base = if self.polls_cost_server {
+            self.opts
+                .backoff_base
+                .max(config::rtt_for_t_wait(self.rec.t_wait()))
+        } else {
+            self.opts.backoff_base
+        };
         BackoffState::new(Backoff {
-            base: self.opts.backoff_base,
-            max: self.opts.backoff_max,
+            base,
+            max: self.opts.backoff_max.max(base),
             sleep_threshold: SLEEP_THRESHOLD,
         })
     }
