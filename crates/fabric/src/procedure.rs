@@ -2,7 +2,7 @@
 //! call (seed 003, "Cell": where a server's CPU is on the data path anyway, let it do a
 //! multi-step operation locally instead of answering one round trip per step).
 //!
-//! A procedure sees the server's memory exactly as a client does: through [`Endpoint`]s
+//! A procedure sees the server's memory exactly as a client does: through endpoints ([`crate::Endpoint`])
 //! (opened from the [`Connector`] it is given), whose batches run through the same executor,
 //! region checks and fencing as the batches a client sends. So a procedure that implements a
 //! one-sided protocol step by step is that protocol, on the same words, and interoperates with
@@ -10,7 +10,7 @@
 //!
 //! Only a backend whose verbs a server CPU executes offers procedures (`tcp`): there the call
 //! replaces round trips that each cost the server a wake-up. On `mem` and `shm` the client's
-//! own CPU is next to the memory already; [`Endpoint::call`] refuses with
+//! own CPU is next to the memory already; [`crate::Endpoint::call`] refuses with
 //! [`FabricError::Unsupported`] and callers run the steps themselves.
 
 use crate::endpoint::Connector;

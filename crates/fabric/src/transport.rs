@@ -361,7 +361,7 @@ impl FabricServer {
 
     /// Offers `procedure` under number `id` to this server's clients ([`crate::procedure`]).
     /// Only a backend whose verbs a server CPU executes runs procedures (tcp); the others
-    /// refuse with [`FabricError::Unsupported`](crate::FabricError::Unsupported), and their
+    /// refuse with [`crate::FabricError::Unsupported`], and their
     /// clients run the steps themselves.
     pub fn register_procedure(
         &self,
