@@ -129,6 +129,26 @@ pub trait Endpoint: Send {
 
     /// What this endpoint's backend can do.
     fn capabilities(&self) -> Capabilities;
+
+    /// Calls procedure `procedure` at the server with `args` and appends its result to
+    /// `result` (one round trip; [`crate::procedure`]).
+    ///
+    /// Errors: [`FabricError::Unsupported`](crate::FabricError::Unsupported) when this backend
+    /// or its server offers no such procedure (nothing ran; the default for backends without
+    /// a server CPU), [`FabricError::Procedure`](crate::FabricError::Procedure) when it ran and
+    /// failed, and otherwise as [`Endpoint::execute`].
+    fn call(
+        &mut self,
+        procedure: crate::procedure::ProcedureId,
+        args: &[u8],
+        result: &mut Vec<u8>,
+    ) -> Result<()> {
+        let _ = (args, result);
+        Err(crate::FabricError::Unsupported(format!(
+            "{} endpoints run no procedures (asked for {procedure})",
+            self.capabilities().backend
+        )))
+    }
 }
 
 impl<E: Endpoint + ?Sized> Endpoint for Box<E> {
@@ -146,6 +166,14 @@ impl<E: Endpoint + ?Sized> Endpoint for Box<E> {
     }
     fn capabilities(&self) -> Capabilities {
         (**self).capabilities()
+    }
+    fn call(
+        &mut self,
+        procedure: crate::procedure::ProcedureId,
+        args: &[u8],
+        result: &mut Vec<u8>,
+    ) -> Result<()> {
+        (**self).call(procedure, args, result)
     }
 }
 

@@ -130,6 +130,14 @@ pub enum FabricError {
     /// A backend-level configuration problem (bad path, region exists, ...).
     #[error("{0}")]
     Config(String),
+    /// The endpoint or its server does not offer what was asked (a procedure, on a backend or
+    /// server without it); nothing ran, and the endpoint stays usable.
+    #[error("not offered: {0}")]
+    Unsupported(String),
+    /// A procedure ran at the server and failed (`crate::procedure`); what it did before
+    /// failing is its own contract. The endpoint stays usable.
+    #[error("remote procedure failed: {0}")]
+    Procedure(String),
 }
 
 impl FabricError {

@@ -30,6 +30,7 @@ pub mod fuzz;
 pub mod handshake;
 pub mod local;
 pub mod mem;
+pub mod procedure;
 pub mod record;
 pub mod region;
 pub mod shm;
@@ -45,6 +46,7 @@ pub use endpoint::{
 pub use error::{BatchError, FabricError, Result, VerbError};
 pub use handshake::Credentials;
 pub use mem::MemServer;
+pub use procedure::{Procedure, ProcedureId, ProcedureSession};
 pub use region::{Region, RegionTable};
 pub use shm::{ShmConnector, ShmServer};
 pub use tcp::{TcpConnector, TcpEndpoint, TcpServer, TcpTimeouts};

@@ -359,6 +359,24 @@ impl FabricServer {
         connect(&self.addr(), &self.credentials, 0)
     }
 
+    /// Offers `procedure` under number `id` to this server's clients ([`crate::procedure`]).
+    /// Only a backend whose verbs a server CPU executes runs procedures (tcp); the others
+    /// refuse with [`crate::FabricError::Unsupported`], and their
+    /// clients run the steps themselves.
+    pub fn register_procedure(
+        &self,
+        id: crate::procedure::ProcedureId,
+        procedure: Arc<dyn crate::procedure::Procedure>,
+    ) -> Result<()> {
+        match &self.served {
+            Served::Tcp(tcp) => tcp.register_procedure(id, procedure),
+            Served::Mem { .. } | Served::Shm(_) => Err(crate::FabricError::Unsupported(format!(
+                "{} servers run no procedures",
+                self.backend()
+            ))),
+        }
+    }
+
     /// Whether this backend can fence client sessions ([`FabricServer::revoke`]).
     pub fn can_fence(&self) -> bool {
         matches!(self.served, Served::Tcp(_))

@@ -182,6 +182,16 @@ impl Endpoint for CarryingEndpoint {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
+
+    /// Procedures carry nothing: a hosted acquisition's call goes through as it is.
+    fn call(
+        &mut self,
+        procedure: fabric::procedure::ProcedureId,
+        args: &[u8],
+        result: &mut Vec<u8>,
+    ) -> fabric::Result<()> {
+        self.inner.call(procedure, args, result)
+    }
 }
 
 #[cfg(test)]

@@ -137,6 +137,19 @@ impl<E: Endpoint> Endpoint for ChaosEndpoint<E> {
         result
     }
 
+    /// A procedure call is delayed like a batch: it is one round trip.
+    fn call(
+        &mut self,
+        procedure: fabric::ProcedureId,
+        args: &[u8],
+        result: &mut Vec<u8>,
+    ) -> fabric::Result<()> {
+        self.maybe_delay(self.config.before);
+        let outcome = self.inner.call(procedure, args, result);
+        self.maybe_delay(self.config.after);
+        outcome
+    }
+
     fn stats(&self) -> EndpointStats {
         self.inner.stats()
     }
@@ -272,6 +285,16 @@ impl Endpoint for StallEndpoint {
     fn execute(&mut self, batch: &Batch, out: &mut Completions) -> fabric::Result<()> {
         self.switch.check();
         self.inner.execute(batch, out)
+    }
+
+    fn call(
+        &mut self,
+        procedure: fabric::ProcedureId,
+        args: &[u8],
+        result: &mut Vec<u8>,
+    ) -> fabric::Result<()> {
+        self.switch.check();
+        self.inner.call(procedure, args, result)
     }
 
     fn stats(&self) -> EndpointStats {

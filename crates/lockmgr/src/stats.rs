@@ -1,11 +1,11 @@
 //! Per-client lock statistics.
 
 use fabric::EndpointStats;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
 /// Why an acquisition attempt was aborted and retried.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AbortCounts {
     /// Inequality (1) failed: the notification took longer than `(1 - δ)·T_wait` (Alg. 2 l. 32).
     pub time_limit: u64,

@@ -204,6 +204,46 @@ fn threads_on(backend: Backend, kind: LockScheme, threads: usize) {
     check_at_rest(&kind, &connector);
 }
 
+/// CITRON on `tcp` with half the threads acquiring at the host ([`lockmgr::citron::hosted`]:
+/// the server runs their acquire and release next to memory) and half one-sided, on one tree.
+/// Delays are injected into the one-sided clients' verbs, the hosted clients' calls, and the
+/// host's own steps (the procedure's host endpoints are wrapped in a [`ChaosConnector`] too).
+fn hosted_and_one_sided_on_tcp(kind: LockScheme, threads: usize) {
+    use lockmgr::citron::{hosted, CitronHost, Hosting};
+    let fabric = Fabric::start(
+        Backend::Tcp,
+        &[(REGION_LOCK, lock_region_bytes(&kind).max(8))],
+    );
+    let host_chaos = chaos(11);
+    let host = CitronHost::wrapped(std::sync::Arc::new(move |host| {
+        std::sync::Arc::new(ChaosConnector::new(host, host_chaos)) as std::sync::Arc<dyn Connector>
+    }));
+    fabric
+        .server()
+        .register_procedure(hosted::PROCEDURE, std::sync::Arc::new(host))
+        .unwrap();
+    let connector = fabric.connector();
+    let created = create_lock(&kind, &*connector);
+    let connector = ChaosConnector::new(connector, chaos(12));
+    let w = workload(&kind);
+    let shadow = AtomicShadow::new(w.units, threads);
+    let report = common::run_threads(threads, 0, w, |worker| {
+        let mut options = created.open_options();
+        // `Always`: opening fails unless the host really runs this worker's acquisitions.
+        options.citron.hosting = if worker % 2 == 0 {
+            Hosting::Always
+        } else {
+            Hosting::Never
+        };
+        let lock = schemes::open(&created.lock, &connector, &options)
+            .map_err(|e| format!("open {kind}: {e}"))?;
+        Ok((lock, shadow.clone()))
+    })
+    .unwrap_or_else(|violation| panic!("{kind}, hosted and one-sided on tcp: {violation}"));
+    check_stats(&kind, &report, threads, &w);
+    check_at_rest(&kind, &connector);
+}
+
 /// Several processes (this binary, re-executed) locking on one `shm` or `tcp` fabric.
 ///
 /// The shadow map always lives in a separate `shm` fabric: the children are on one host, and
@@ -459,6 +499,16 @@ macro_rules! schemes {
             }
         }
     )*};
+}
+
+#[test]
+fn citron_hosted_and_one_sided_on_tcp() {
+    hosted_and_one_sided_on_tcp(LockScheme::Citron(citron(true)), 4);
+}
+
+#[test]
+fn citron_nofastpath_hosted_and_one_sided_on_tcp() {
+    hosted_and_one_sided_on_tcp(LockScheme::Citron(citron(false)), 4);
 }
 
 schemes! {

@@ -1,8 +1,8 @@
 //! The `tcp` client: one endpoint is one TCP connection, one batch is one frame each way.
 
 use super::wire::{
-    self, begin_frame, seal_frame, DecodedReply, Hello, RegionInfo, RemoteError, Welcome,
-    MAX_REPLY_FRAME, PROTOCOL_VERSION,
+    self, begin_frame, seal_frame, DecodedReply, DecodedReturn, Hello, RegionInfo, RemoteError,
+    Welcome, MAX_REPLY_FRAME, PROTOCOL_VERSION,
 };
 use crate::batch::{Batch, Completions, MAX_BATCH_BYTES, MAX_BATCH_VERBS, MAX_IO_BYTES};
 use crate::endpoint::{Capabilities, Connector, Endpoint, EndpointStats, MaskedAtomics};
@@ -26,7 +26,9 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// answered and a blocking read would otherwise wait for TCP to give up (about 15 minutes with
 /// Linux's default `tcp_retries2`). The server runs a batch as soon as it arrives (it never
 /// waits on a lock: waiting is the client's, in separate batches), so a live server answers
-/// within a round trip plus its scheduling delay. 5 s is more than twice the range locks'
+/// within a round trip plus its scheduling delay. A procedure call
+/// ([`Endpoint::call`](crate::Endpoint::call)) is held to the same bound; one that waits (a
+/// lock acquired at the host) longer than it fails the endpoint like a silent server. 5 s is more than twice the range locks'
 /// lease (`T_lease`, 2 s): a client whose batch took that long has lost its lock anyway, so
 /// the bound never fails an I/O that could still have succeeded.
 pub const BATCH_TIMEOUT: Duration = Duration::from_secs(5);
@@ -453,18 +455,116 @@ impl Endpoint for TcpEndpoint {
                 self.peer
             )));
         }
-        if let Some(why) = &self.broken {
-            return Err(FabricError::Disconnected(format!(
-                "endpoint to {} is closed after an earlier failure: {why}",
-                self.peer
-            )));
-        }
+        self.check_open()?;
         Self::check_limits(batch)?;
 
         begin_frame(&mut self.tx);
         wire::encode_batch(&mut self.tx, batch);
         seal_frame(&mut self.tx);
-        // The socket timeouts bound each `write` and `read` call; `Deadline` holds the batch
+        self.send()?;
+        self.in_flight = true;
+        Ok(())
+    }
+
+    /// Reads the reply of the batch `post` sent, straight into `out` (a placed batch's reads
+    /// into the caller's buffer, see `Completions::fill_reads`).
+    fn complete(&mut self, batch: &Batch, out: &mut Completions) -> Result<()> {
+        if !std::mem::take(&mut self.in_flight) {
+            return Err(FabricError::Protocol(format!(
+                "no batch in flight to {} to complete",
+                self.peer
+            )));
+        }
+        self.receive()?;
+        match wire::decode_reply(&self.rx, batch, out) {
+            Ok(DecodedReply::Completions) => {
+                self.stats.record(batch);
+                Ok(())
+            }
+            Ok(DecodedReply::Error(e)) => Err(self.remote_error(e)),
+            Err(why) => {
+                let why = format!(
+                    "bad reply from {} (batch outcome unknown): {why}",
+                    self.peer
+                );
+                Err(self.fail(why))
+            }
+        }
+    }
+
+    fn call(
+        &mut self,
+        procedure: crate::procedure::ProcedureId,
+        args: &[u8],
+        result: &mut Vec<u8>,
+    ) -> Result<()> {
+        if self.in_flight {
+            return Err(FabricError::Protocol(format!(
+                "a procedure called on {} while a batch is in flight",
+                self.peer
+            )));
+        }
+        self.check_open()?;
+        if args.len() > crate::procedure::MAX_CALL_BYTES {
+            return Err(FabricError::Config(format!(
+                "{} bytes of arguments exceed the limit of {}",
+                args.len(),
+                crate::procedure::MAX_CALL_BYTES
+            )));
+        }
+        begin_frame(&mut self.tx);
+        wire::encode_call(&mut self.tx, procedure, args);
+        seal_frame(&mut self.tx);
+        self.send()?;
+        self.receive()?;
+        match wire::decode_returned(&self.rx) {
+            Ok(DecodedReturn::Returned(bytes)) => {
+                result.extend_from_slice(bytes);
+                self.stats.round_trips += 1;
+                Ok(())
+            }
+            // A server that predates procedures does not know the request.
+            Ok(DecodedReturn::Error(RemoteError::UnknownProcedure { .. }))
+            | Ok(DecodedReturn::Error(RemoteError::Malformed(_))) => Err(FabricError::Unsupported(
+                format!("{} offers no procedure {procedure}", self.peer),
+            )),
+            Ok(DecodedReturn::Error(RemoteError::Procedure(why))) => {
+                Err(FabricError::Procedure(why))
+            }
+            Ok(DecodedReturn::Error(e)) => Err(self.remote_error(e)),
+            Err(why) => {
+                let why = format!("bad reply from {} (call outcome unknown): {why}", self.peer);
+                Err(self.fail(why))
+            }
+        }
+    }
+
+    fn stats(&self) -> EndpointStats {
+        self.stats
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        CAPABILITIES
+    }
+}
+
+impl TcpEndpoint {
+    /// `Disconnected` when an earlier failure closed this endpoint.
+    fn check_open(&self) -> Result<()> {
+        match &self.broken {
+            Some(why) => Err(FabricError::Disconnected(format!(
+                "endpoint to {} is closed after an earlier failure: {why}",
+                self.peer
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Sends the request frame in `self.tx`, held to the batch's time bound. Any failure gives
+    /// the connection up: from the first byte sent, the request may have executed, so the
+    /// outcome is unknown (`Disconnected` or `TimedOut`, as the `Endpoint` contract requires).
+    fn send(&mut self) -> Result<()> {
+        // The socket timeouts bound each `write` and `read` call; `Deadline` holds the request
         // as a whole to its bound too, however the bytes trickle (see its docs).
         let mut io = Deadline::new(&mut self.stream, self.timeouts.batch);
         if let Err(e) = io.write_all(&self.tx) {
@@ -481,29 +581,21 @@ impl Endpoint for TcpEndpoint {
                 self.fail(why)
             });
         }
-        self.in_flight = true;
         Ok(())
     }
 
-    /// Reads the reply of the batch `post` sent, straight into `out` (a placed batch's reads
-    /// into the caller's buffer, see `Completions::fill_reads`).
-    fn complete(&mut self, batch: &Batch, out: &mut Completions) -> Result<()> {
-        if !std::mem::take(&mut self.in_flight) {
-            return Err(FabricError::Protocol(format!(
-                "no batch in flight to {} to complete",
-                self.peer
-            )));
-        }
-        // From here on the batch may have executed: any failure to read a trustworthy reply is
-        // `Disconnected` (outcome unknown), as the `Endpoint` contract requires.
+    /// Reads the reply frame of the request sent last into `self.rx`, held to the batch's time
+    /// bound. The request may have executed: any failure to read a trustworthy reply is
+    /// `Disconnected` or `TimedOut` (outcome unknown).
+    fn receive(&mut self) -> Result<()> {
         let mut io = Deadline::new(&mut self.stream, self.timeouts.batch);
         let read = frame::read_frame(&mut io, MAX_REPLY_FRAME, &mut self.rx);
         drop(io);
         match read {
-            Ok(()) => {}
+            Ok(()) => Ok(()),
             Err(FrameError::Io(e)) if e.kind() == ErrorKind::UnexpectedEof => {
                 let why = format!("{} closed the connection", self.peer);
-                return Err(self.fail(why));
+                Err(self.fail(why))
             }
             Err(FrameError::Io(e)) if is_timeout(&e) => {
                 let why = format!(
@@ -511,21 +603,21 @@ impl Endpoint for TcpEndpoint {
                      outcome is unknown",
                     self.peer, self.timeouts.batch
                 );
-                return Err(self.fail_timed_out(why));
+                Err(self.fail_timed_out(why))
             }
             Err(e) => {
                 let why = format!("reading the reply from {}: {e}", self.peer);
-                return Err(self.fail(why));
+                Err(self.fail(why))
             }
         }
-        match wire::decode_reply(&self.rx, batch, out) {
-            Ok(DecodedReply::Completions) => {
-                self.stats.record(batch);
-                Ok(())
-            }
-            Ok(DecodedReply::Error(RemoteError::Verb(e))) => Err(FabricError::Verb(e)),
-            Ok(DecodedReply::Error(RemoteError::Batch(e))) => Err(FabricError::Batch(e)),
-            Ok(DecodedReply::Error(RemoteError::Revoked { session })) => {
+    }
+
+    /// What a refusal from the server means for this endpoint (see [`RemoteError`]).
+    fn remote_error(&mut self, e: RemoteError) -> FabricError {
+        match e {
+            RemoteError::Verb(e) => FabricError::Verb(e),
+            RemoteError::Batch(e) => FabricError::Batch(e),
+            RemoteError::Revoked { session } => {
                 // The server closes the connection after this one; nothing executed.
                 let why = format!(
                     "{}: session {session} was revoked by the cluster (this client was fenced \
@@ -533,33 +625,15 @@ impl Endpoint for TcpEndpoint {
                     self.peer
                 );
                 self.broken = Some(why.clone());
-                Err(FabricError::Refused(why))
+                FabricError::Refused(why)
             }
-            Ok(DecodedReply::Error(e @ RemoteError::FrameTooLarge { .. })) => {
+            e @ RemoteError::FrameTooLarge { .. } => {
                 // The server closes the connection after this one.
                 let why = format!("{} refused a request: {e}", self.peer);
-                Err(self.fail(why))
+                self.fail(why)
             }
-            Ok(DecodedReply::Error(e)) => Err(FabricError::Protocol(format!(
-                "{} refused a request: {e}",
-                self.peer
-            ))),
-            Err(why) => {
-                let why = format!(
-                    "bad reply from {} (batch outcome unknown): {why}",
-                    self.peer
-                );
-                Err(self.fail(why))
-            }
+            e => FabricError::Protocol(format!("{} refused a request: {e}", self.peer)),
         }
-    }
-
-    fn stats(&self) -> EndpointStats {
-        self.stats
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        CAPABILITIES
     }
 }
 

@@ -84,6 +84,8 @@ pub fn watch_peer(socket: &impl AsRawFd) {
 }
 
 use crate::addr::RegionId;
+use crate::endpoint::{Connector, Endpoint, EndpointExt};
+use crate::procedure::{Procedure, ProcedureId, ProcedureSession};
 use crate::region::Region;
 use server::{serve, Next, Session, Shared};
 use std::os::fd::AsRawFd;
@@ -100,6 +102,10 @@ use std::time::Duration;
 /// - bit 1 set: the input is a sequence of frame bodies, each `[len: u16 LE][body]`, handed to
 ///   the same session code without framing (so the fuzzer need not forge checksums);
 /// - bit 2 set: instead, the input is a reply body given to the client's decoders.
+///
+/// The server offers one procedure, [`FUZZ_PROCEDURE`] (it reads a word the arguments name
+/// through a host endpoint and echoes the arguments), so that calls reach a procedure's
+/// session and its host endpoint as well as the refusals.
 ///
 /// Every reply the server produces must itself be a well-formed frame holding a decodable
 /// [`wire::HelloAnswer`] (the first, unless the session started authenticated) or
@@ -122,6 +128,12 @@ pub fn fuzz_entry(data: &[u8]) {
             unreachable!("fresh table");
         }
     }
+    if shared
+        .add_procedure(FUZZ_PROCEDURE, Arc::new(FuzzEcho))
+        .is_err()
+    {
+        unreachable!("fresh server");
+    }
     let mut session = Session::new(shared);
     session.authenticated = mode & 1 != 0;
     let answer_first = !session.authenticated;
@@ -143,6 +155,36 @@ pub fn fuzz_entry(data: &[u8]) {
         }
     }
     check_replies(&replies, answer_first);
+}
+
+/// The number of the procedure the fuzz target's server offers.
+pub const FUZZ_PROCEDURE: ProcedureId = 7;
+
+/// [`FUZZ_PROCEDURE`]: reads the word of region 2 at the offset the first 8 bytes of its
+/// arguments give (0 without them) through a host endpoint, and returns the arguments followed
+/// by that word. A hostile offset fails the read, and with it the call.
+struct FuzzEcho;
+
+impl Procedure for FuzzEcho {
+    fn open(&self, host: Arc<dyn Connector>) -> crate::Result<Box<dyn ProcedureSession>> {
+        Ok(Box::new(FuzzEchoSession(host.connect()?)))
+    }
+}
+
+struct FuzzEchoSession(Box<dyn Endpoint>);
+
+impl ProcedureSession for FuzzEchoSession {
+    fn call(&mut self, args: &[u8], result: &mut Vec<u8>) -> crate::Result<()> {
+        let offset = args
+            .get(..8)
+            .map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])));
+        let word = self
+            .0
+            .read_u64(crate::RemoteAddr::new(RegionId(2), offset))?;
+        result.extend_from_slice(args);
+        result.extend_from_slice(&word.to_le_bytes());
+        Ok(())
+    }
 }
 
 /// Asserts that `replies` is a sequence of well-formed frames: the answer to a hello first if
@@ -168,6 +210,7 @@ fn check_replies(mut replies: &[u8], mut answer_first: bool) {
 fn fuzz_client_decoders(input: &[u8]) {
     use crate::addr::RemoteAddr;
     let _ = wire::decode_welcome(input);
+    let _ = wire::decode_returned(input);
     let mut batch = crate::Batch::new();
     let r = RegionId(2);
     batch.faa(RemoteAddr::new(r, 0), 1);
@@ -205,7 +248,16 @@ pub fn fuzz_seeds() -> Vec<Vec<u8>> {
     body.clear();
     wire::encode_batch(&mut body, &batch);
     let request = body;
-    let framed = [crate::fuzz::frame(&hello), crate::fuzz::frame(&request)].concat();
+    let mut call = Vec::new();
+    wire::encode_call(&mut call, FUZZ_PROCEDURE, &16u64.to_le_bytes());
+    let mut unknown_call = Vec::new();
+    wire::encode_call(&mut unknown_call, FUZZ_PROCEDURE + 1, b"?");
+    let framed = [
+        crate::fuzz::frame(&hello),
+        crate::fuzz::frame(&request),
+        crate::fuzz::frame(&call),
+    ]
+    .concat();
     let unframed = |bodies: &[&[u8]]| -> Vec<u8> {
         bodies
             .iter()
@@ -221,7 +273,13 @@ pub fn fuzz_seeds() -> Vec<Vec<u8>> {
         [&[1u8][..], &crate::fuzz::frame(&request)].concat(),
         [&[2u8][..], &unframed(&[&hello, &request])].concat(),
         [&[3u8][..], &unframed(&[&request, &request])].concat(),
+        [&[3u8][..], &unframed(&[&call, &unknown_call, &request])].concat(),
         vec![4, 2, 2, 200],
+        {
+            let mut returned = vec![4u8];
+            wire::encode_returned(&mut returned, b"result");
+            returned
+        },
     ]
 }
 

@@ -3,6 +3,10 @@
 //! One accept thread, and one thread per connection with blocking I/O: a connection carries one
 //! outstanding batch at a time (an endpoint is one client thread), so a blocked `read` that wakes
 //! straight into the executor is the shortest path from the wire to memory.
+//!
+//! A connection may also call the procedures registered on the server ([`crate::procedure`]);
+//! a call runs on the connection's thread, and each batch it executes on the server's memory
+//! passes the connection's fencing gate ([`Gate`]) as the connection's own batches do.
 
 use super::wire::{
     self, begin_frame, seal_frame, HelloAnswer, Refusal, RegionInfo, RemoteError, Reply, Welcome,
@@ -10,11 +14,13 @@ use super::wire::{
 };
 use crate::addr::RegionId;
 use crate::batch::{Batch, Completions, Verb};
+use crate::endpoint::{Capabilities, Connector, Endpoint, EndpointStats};
 use crate::error::{FabricError, Result, VerbError};
 use crate::frame::{self, FrameError};
 use crate::handshake::{
     self, Admission, Admitted, ConnectionLimits, Credentials, Protocol, HANDSHAKE_TIMEOUT,
 };
+use crate::procedure::{Procedure, ProcedureId, ProcedureSession, Procedures, MAX_CALL_BYTES};
 use crate::region::{Region, RegionTable};
 use std::collections::{HashMap, HashSet};
 use std::io::{BufReader, Read, Write};
@@ -51,6 +57,8 @@ pub(crate) struct Shared {
     /// checked its session against): a revocation waits for the batches that passed their
     /// check before it (see [`Shared::revoke`]).
     executing: Mutex<Vec<std::sync::Weak<AtomicU64>>>,
+    /// The procedures this server runs for its clients ([`crate::procedure`]).
+    procedures: Procedures,
 }
 
 /// A connection's execution state when it executes nothing.
@@ -68,7 +76,17 @@ impl Shared {
             revoked: RwLock::new(HashSet::new()),
             revocations: AtomicU64::new(0),
             executing: Mutex::new(Vec::new()),
+            procedures: Procedures::default(),
         }
+    }
+
+    /// Offers `procedure` under `id` to every connection.
+    pub(crate) fn add_procedure(
+        &self,
+        id: ProcedureId,
+        procedure: Arc<dyn Procedure>,
+    ) -> Result<()> {
+        self.procedures.add(id, procedure)
     }
 
     /// A new connection's execution state, registered for revocations to wait on.
@@ -166,6 +184,132 @@ impl Shared {
     }
 }
 
+/// One connection's admission of executions against the revocations (see [`Shared::revoke`]):
+/// every batch of the connection, and every batch a procedure runs for it, passes through
+/// [`Gate::run`].
+struct Gate {
+    shared: Arc<Shared>,
+    /// The connection's execution state, registered with `shared` (shared by the gates of the
+    /// host endpoints its procedures open: they run on the connection's thread, never at once).
+    state: Arc<AtomicU64>,
+    /// The client session named in the handshake (0: none).
+    session: u64,
+    /// The value of `Shared::revocations` when this gate last checked its session.
+    checked: u64,
+    /// The session was found revoked: nothing runs through this gate any more.
+    revoked: bool,
+}
+
+impl Gate {
+    fn new(shared: Arc<Shared>, state: Arc<AtomicU64>, session: u64) -> Self {
+        Self {
+            shared,
+            state,
+            session,
+            checked: 0,
+            revoked: false,
+        }
+    }
+
+    /// Runs `f` as one execution of the connection, unless its session has been revoked
+    /// (`None`). Busy from before the check until after `f` (see `Shared::revoke`).
+    fn run<T>(&mut self, f: impl FnOnce(&Shared) -> T) -> Option<T> {
+        let mut revocations = self.shared.revocations.load(Ordering::SeqCst);
+        loop {
+            self.state.store(BUSY | revocations, Ordering::SeqCst);
+            let now = self.shared.revocations.load(Ordering::SeqCst);
+            if now == revocations {
+                break;
+            }
+            revocations = now;
+        }
+        if revocations != self.checked {
+            self.checked = revocations;
+            self.revoked |= self.shared.is_revoked(self.session);
+        }
+        let out = (!self.revoked).then(|| f(&self.shared));
+        self.state.store(IDLE, Ordering::SeqCst);
+        out
+    }
+}
+
+/// Executes `batch` against `shared`'s regions through a connection's region cache (dropped
+/// when a region was deregistered since `generation`).
+fn execute_cached(
+    shared: &Shared,
+    cache: &mut RegionTable,
+    generation: &mut u64,
+    batch: &Batch,
+    out: &mut Completions,
+) -> Result<(), VerbError> {
+    let now = shared.generation.load(Ordering::SeqCst);
+    if now != *generation {
+        *cache = RegionTable::new();
+        *generation = now;
+    }
+    cache.fill_from(batch, |id| shared.resolve(id));
+    cache.execute(batch, out)
+}
+
+/// Opens [`HostEndpoint`]s for one connection's procedures.
+struct HostConnector {
+    shared: Arc<Shared>,
+    state: Arc<AtomicU64>,
+    session: u64,
+}
+
+impl Connector for HostConnector {
+    fn connect(&self) -> Result<Box<dyn Endpoint>> {
+        Ok(Box::new(HostEndpoint {
+            generation: self.shared.generation.load(Ordering::SeqCst),
+            gate: Gate::new(self.shared.clone(), self.state.clone(), self.session),
+            cache: RegionTable::new(),
+            stats: EndpointStats::default(),
+        }))
+    }
+}
+
+/// An endpoint on the server's own memory, for a procedure running on a connection's behalf:
+/// the connection's executor, region checks and fencing, without the network. A batch of a
+/// revoked session fails with [`FabricError::Refused`] and executes nothing.
+struct HostEndpoint {
+    gate: Gate,
+    cache: RegionTable,
+    generation: u64,
+    stats: EndpointStats,
+}
+
+impl Endpoint for HostEndpoint {
+    fn execute(&mut self, batch: &Batch, out: &mut Completions) -> Result<()> {
+        let Self {
+            gate,
+            cache,
+            generation,
+            ..
+        } = self;
+        match gate.run(|shared| execute_cached(shared, cache, generation, batch, out)) {
+            Some(Ok(())) => {
+                self.stats.record(batch);
+                Ok(())
+            }
+            Some(Err(e)) => Err(FabricError::Verb(e)),
+            None => Err(FabricError::Refused(format!(
+                "session {} was revoked by the cluster",
+                self.gate.session
+            ))),
+        }
+    }
+
+    fn stats(&self) -> EndpointStats {
+        self.stats
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        // The server's CPU on its own memory: what `mem` and `shm` clients have.
+        Capabilities::local("tcp-host")
+    }
+}
+
 /// What a connection does after a frame has been handled.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Next {
@@ -182,18 +326,18 @@ pub(crate) enum Next {
 /// Everything the server does with untrusted bytes goes through [`Session::handle`], which is
 /// what the fuzz target drives.
 pub(crate) struct Session {
-    shared: Arc<Shared>,
+    /// The server's shared state, the client session and the execution state (see
+    /// [`Shared::revoke`]).
+    gate: Gate,
     pub(crate) authenticated: bool,
     /// Regions this connection has used; filled from `shared` on a miss, so the hot path takes no
     /// lock (seed 002: nothing shared on the post path).
     cache: RegionTable,
     generation: u64,
-    /// The client session named in the handshake (0: none).
-    client_session: u64,
-    /// The value of `Shared::revocations` when this connection last checked its session.
-    revocations: u64,
-    /// This connection's execution state (see [`Shared::revoke`]).
-    state: Arc<AtomicU64>,
+    /// The procedures this connection has called, each with its state.
+    calls: HashMap<ProcedureId, Box<dyn ProcedureSession>>,
+    /// A call's result, before it is framed.
+    result: Vec<u8>,
     scratch: Vec<Verb>,
     batch: Batch,
     completions: Completions,
@@ -208,13 +352,12 @@ impl Session {
         let generation = shared.generation.load(Ordering::SeqCst);
         let state = shared.register();
         Self {
-            state,
-            shared,
+            gate: Gate::new(shared, state, 0),
             authenticated: false,
             cache: RegionTable::new(),
             generation,
-            client_session: 0,
-            revocations: 0,
+            calls: HashMap::new(),
+            result: Vec::new(),
             scratch: Vec::new(),
             batch: Batch::new(),
             completions: Completions::new(),
@@ -292,9 +435,7 @@ impl Session {
 
     /// Encodes `reply` as the frame to send.
     fn send(&mut self, reply: &Reply) {
-        begin_frame(&mut self.tx);
-        wire::encode_message(&mut self.tx, reply);
-        seal_frame(&mut self.tx);
+        frame_reply(&mut self.tx, reply);
     }
 
     /// Encodes the answer to the hello as the frame to send.
@@ -307,80 +448,149 @@ impl Session {
     /// Checks the hello in `self.rx` with the handshake every protocol shares, then the
     /// session against the revoked ones.
     fn handshake(&mut self) -> HelloAnswer {
-        let hello = handshake::accept::<()>(&self.rx, Protocol::Verbs, &self.shared.credentials)?;
+        let shared = &self.gate.shared;
+        let hello = handshake::accept::<()>(&self.rx, Protocol::Verbs, &shared.credentials)?;
         // Read the count before the set: a revocation after this check bumps it again.
-        self.revocations = self.shared.revocations.load(Ordering::SeqCst);
-        if self.shared.is_revoked(hello.session) {
+        self.gate.checked = shared.revocations.load(Ordering::SeqCst);
+        if shared.is_revoked(hello.session) {
             return Err(Refusal::Revoked {
                 session: hello.session,
             });
         }
-        self.client_session = hello.session;
+        self.gate.session = hello.session;
         Ok(Welcome {
             version: PROTOCOL_VERSION,
-            regions: self.shared.list(),
+            regions: shared.list(),
         })
     }
 
     /// Decodes, checks and executes the request in `self.rx`; a connection whose session has
     /// been revoked executes nothing more and is closed.
     fn request(&mut self) -> Next {
-        // Busy from before the check until after the execution (see `Shared::revoke`).
-        let mut revocations = self.shared.revocations.load(Ordering::SeqCst);
-        loop {
-            self.state.store(BUSY | revocations, Ordering::SeqCst);
-            let now = self.shared.revocations.load(Ordering::SeqCst);
-            if now == revocations {
-                break;
-            }
-            revocations = now;
+        if wire::is_call(&self.rx) {
+            return self.call();
         }
-        let next = self.checked_request(revocations);
-        self.state.store(IDLE, Ordering::SeqCst);
+        let Self {
+            gate,
+            cache,
+            generation,
+            scratch,
+            batch,
+            completions,
+            rx,
+            tx,
+            ..
+        } = self;
+        let ran = gate.run(|shared| match wire::decode_request(rx, scratch, batch) {
+            Ok(()) => match execute_cached(shared, cache, generation, batch, completions) {
+                Ok(()) => {
+                    begin_frame(tx);
+                    wire::encode_completions(tx, completions);
+                    seal_frame(tx);
+                }
+                Err(e) => frame_reply(tx, &Reply::Error(RemoteError::Verb(e))),
+            },
+            Err(e) => frame_reply(tx, &Reply::Error(e.into())),
+        });
+        match ran {
+            Some(()) => Next::Continue,
+            None => self.refuse_revoked(),
+        }
+    }
+
+    /// Answers that the connection's session was revoked; the connection is then closed.
+    fn refuse_revoked(&mut self) -> Next {
+        let session = self.gate.session;
+        tracing::info!(
+            session,
+            "fabric tcp: a request of a revoked session refused; closing its connection"
+        );
+        self.send(&Reply::Error(RemoteError::Revoked { session }));
+        Next::Close
+    }
+
+    /// Runs the procedure call in `self.rx` ([`crate::procedure`]). Not busy for the whole
+    /// call: a procedure may wait (for a lock, say), and a revocation must not wait for it;
+    /// each of its batches passes the gate instead, so nothing of a revoked session's runs.
+    fn call(&mut self) -> Next {
+        let rx = std::mem::take(&mut self.rx);
+        let next = self.call_with(&rx);
+        self.rx = rx;
         next
     }
 
-    /// [`Session::request`] once busy: the session check against `revocations`, then the
-    /// batch.
-    fn checked_request(&mut self, revocations: u64) -> Next {
-        if revocations != self.revocations {
-            self.revocations = revocations;
-            if self.shared.is_revoked(self.client_session) {
-                tracing::info!(
-                    session = self.client_session,
-                    "fabric tcp: a batch of a revoked session refused; closing its connection"
-                );
-                self.send(&Reply::Error(RemoteError::Revoked {
-                    session: self.client_session,
+    fn call_with(&mut self, body: &[u8]) -> Next {
+        let (id, args) = match wire::decode_call(body) {
+            Ok(call) => call,
+            Err(e) => {
+                self.send(&Reply::Error(e.into()));
+                return Next::Continue;
+            }
+        };
+        if self.gate.run(|_| ()).is_none() {
+            return self.refuse_revoked();
+        }
+        if !self.calls.contains_key(&id) {
+            let Some(procedure) = self.gate.shared.procedures.get(id) else {
+                self.send(&Reply::Error(RemoteError::UnknownProcedure {
+                    procedure: id,
                 }));
-                return Next::Close;
+                return Next::Continue;
+            };
+            let host = Arc::new(HostConnector {
+                shared: self.gate.shared.clone(),
+                state: self.gate.state.clone(),
+                session: self.gate.session,
+            });
+            match procedure.open(host) {
+                Ok(session) => {
+                    self.calls.insert(id, session);
+                }
+                Err(e) => {
+                    self.send(&Reply::Error(RemoteError::Procedure(e.to_string())));
+                    return Next::Continue;
+                }
             }
         }
-        match wire::decode_request(&self.rx, &mut self.scratch, &mut self.batch) {
-            Ok(()) => match self.execute() {
-                Ok(()) => {
-                    begin_frame(&mut self.tx);
-                    wire::encode_completions(&mut self.tx, &self.completions);
-                    seal_frame(&mut self.tx);
-                }
-                Err(e) => self.send(&Reply::Error(RemoteError::Verb(e))),
-            },
-            Err(e) => self.send(&Reply::Error(e.into())),
+        self.result.clear();
+        let outcome = match self.calls.get_mut(&id) {
+            Some(session) => session.call(args, &mut self.result),
+            None => unreachable!("opened above"),
+        };
+        match outcome {
+            Ok(()) if self.result.len() <= MAX_CALL_BYTES => {
+                begin_frame(&mut self.tx);
+                wire::encode_returned(&mut self.tx, &self.result);
+                seal_frame(&mut self.tx);
+                Next::Continue
+            }
+            Ok(()) => {
+                let why = format!(
+                    "procedure {id} returned {} bytes, over the limit of {MAX_CALL_BYTES}",
+                    self.result.len()
+                );
+                self.send(&Reply::Error(RemoteError::Procedure(why)));
+                Next::Continue
+            }
+            // A host endpoint's gate found the session revoked (its own gate: the session's
+            // is not consulted by the procedure's batches).
+            Err(FabricError::Refused(_)) if self.gate.shared.is_revoked(self.gate.session) => {
+                self.gate.revoked = true;
+                self.refuse_revoked()
+            }
+            Err(e) => {
+                self.send(&Reply::Error(RemoteError::Procedure(e.to_string())));
+                Next::Continue
+            }
         }
-        Next::Continue
     }
+}
 
-    /// Executes the shape-checked batch in `self.batch` with the shared executor.
-    fn execute(&mut self) -> Result<(), VerbError> {
-        let generation = self.shared.generation.load(Ordering::SeqCst);
-        if generation != self.generation {
-            self.cache = RegionTable::new();
-            self.generation = generation;
-        }
-        let shared = &self.shared;
-        self.cache.fill_from(&self.batch, |id| shared.resolve(id));
-        self.cache.execute(&self.batch, &mut self.completions)
-    }
+/// Encodes `reply` as one frame in `tx`.
+fn frame_reply(tx: &mut Vec<u8>, reply: &Reply) {
+    begin_frame(tx);
+    wire::encode_message(tx, reply);
+    seal_frame(tx);
 }
 
 /// Runs one connection's protocol over `r` and `w` until the peer closes or must be dropped.
@@ -578,6 +788,12 @@ impl TcpServer {
     /// Serves an existing region (e.g. a file-backed shared mapping) under its own id.
     pub fn add_region(&self, region: Arc<Region>) -> Result<()> {
         self.shared.add(region)
+    }
+
+    /// Offers `procedure` to this server's clients under number `id` ([`crate::procedure`]);
+    /// a number already taken is refused.
+    pub fn register_procedure(&self, id: ProcedureId, procedure: Arc<dyn Procedure>) -> Result<()> {
+        self.shared.add_procedure(id, procedure)
     }
 
     /// Stops serving a region; connections stop reaching it before their next batch.

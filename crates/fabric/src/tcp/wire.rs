@@ -13,7 +13,15 @@
 //!   Request::Batch(batch)            ──▶   (one frame per batch)
 //!                                    ◀──   Reply::Completions(completions)
 //!                                          or Reply::Error(RemoteError)
+//!   Request::Call{procedure, args}   ──▶   (a procedure run next to memory, crate::procedure)
+//!                                    ◀──   Reply::Returned(result)
+//!                                          or Reply::Error(RemoteError)
 //! ```
+//!
+//! `Call` and `Returned` came after the protocol's first version without changing it: they are
+//! new variants at the end of their enums, so the existing encodings are unchanged, and a server
+//! that predates them answers a call `Malformed` ("unknown request tag"), which a client takes
+//! as "no procedures here".
 //!
 //! The two hot messages, `Request::Batch` and `Reply::Completions`, are encoded and decoded by
 //! hand rather than through serde, so that a 1 MiB write payload or read result is one `memcpy`
@@ -29,6 +37,7 @@ use crate::batch::{Batch, Completions, Verb, MAX_BATCH_BYTES, MAX_BATCH_VERBS, M
 use crate::error::{BatchError, VerbError};
 use crate::frame::HEADER_LEN;
 use crate::handshake::Protocol;
+use crate::procedure::{ProcedureId, MAX_CALL_BYTES};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -62,14 +71,25 @@ pub const MAX_REPLY_FRAME: usize = MAX_BATCH_BYTES + MAX_BATCH_VERBS * 10 + (1 <
 
 /// Postcard variant index of [`Request::Batch`].
 const REQUEST_BATCH_TAG: u32 = 0;
+/// Postcard variant index of [`Request::Call`].
+const REQUEST_CALL_TAG: u32 = 1;
 /// Postcard variant index of [`Reply::Completions`].
 const REPLY_COMPLETIONS_TAG: u32 = 0;
+/// Postcard variant index of [`Reply::Returned`].
+const REPLY_RETURNED_TAG: u32 = 2;
 
 /// A client-to-server message after the handshake.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Request {
     /// One batch of verbs to execute (one round trip).
     Batch(Batch),
+    /// One call of a procedure the server offers ([`crate::procedure`]; one round trip).
+    Call {
+        /// The procedure's number.
+        procedure: ProcedureId,
+        /// Its arguments, at most [`MAX_CALL_BYTES`].
+        args: Vec<u8>,
+    },
 }
 
 /// A region the server serves, as announced in [`Welcome`].
@@ -129,6 +149,15 @@ pub enum RemoteError {
         /// The revoked session.
         session: u64,
     },
+    /// The server offers no procedure under this number; nothing ran.
+    #[error("the server offers no procedure {procedure}")]
+    UnknownProcedure {
+        /// The number called.
+        procedure: ProcedureId,
+    },
+    /// The procedure ran and failed; it says what it did (its own contract).
+    #[error("procedure failed: {0}")]
+    Procedure(String),
 }
 
 /// A server-to-client message.
@@ -136,8 +165,10 @@ pub enum RemoteError {
 pub enum Reply {
     /// The batch's completions.
     Completions(Completions),
-    /// The batch was refused.
+    /// The request was refused.
     Error(RemoteError),
+    /// A procedure's result (the answer to [`Request::Call`]).
+    Returned(Vec<u8>),
 }
 
 /// Appends `value` as a postcard (LEB128) varint.
@@ -339,6 +370,7 @@ pub fn decode_reply(
             }
             // Unreachable: the tag was not the completions tag. Decoding it slowly is correct.
             Ok((Reply::Completions(_), _)) => Err("unexpected encoding of Completions".into()),
+            Ok((Reply::Returned(_), _)) => Err("a call's result where completions were due".into()),
             Err(e) => Err(format!("reply: {e}")),
         };
     }
@@ -368,6 +400,103 @@ pub fn decode_reply(
         return Err("completions do not match the batch".into());
     }
     Ok(DecodedReply::Completions)
+}
+
+/// Appends the encoding of `Request::Call { procedure, args }` to `buf` (postcard's: the tag,
+/// the number, then `args` as a length-prefixed byte string, copied in one piece).
+pub fn encode_call(buf: &mut Vec<u8>, procedure: ProcedureId, args: &[u8]) {
+    put_varint(buf, u64::from(REQUEST_CALL_TAG));
+    put_varint(buf, u64::from(procedure));
+    put_varint(buf, args.len() as u64);
+    buf.extend_from_slice(args);
+}
+
+/// Whether a request body is a [`Request::Call`] (by its tag; the body is decoded by
+/// [`decode_call`]).
+pub fn is_call(body: &[u8]) -> bool {
+    matches!(
+        postcard::take_from_bytes::<u32>(body),
+        Ok((REQUEST_CALL_TAG, _))
+    )
+}
+
+/// Decodes a [`Request::Call`] body into the procedure's number and its arguments (borrowed
+/// from `body`). Arguments over [`MAX_CALL_BYTES`] are refused.
+pub fn decode_call(body: &[u8]) -> Result<(ProcedureId, &[u8]), DecodeError> {
+    let malformed = DecodeError::Malformed;
+    let (tag, rest) = postcard::take_from_bytes::<u32>(body)
+        .map_err(|e| malformed(format!("message tag: {e}")))?;
+    if tag != REQUEST_CALL_TAG {
+        return Err(malformed(format!("request tag {tag} is not a call")));
+    }
+    let (procedure, rest) = postcard::take_from_bytes::<u32>(rest)
+        .map_err(|e| malformed(format!("procedure number: {e}")))?;
+    let (len, args) = take_varint(rest, "argument length").map_err(malformed)?;
+    if len != args.len() as u64 {
+        return Err(malformed(format!(
+            "argument length {len} but {} bytes follow",
+            args.len()
+        )));
+    }
+    if args.len() > MAX_CALL_BYTES {
+        return Err(malformed(format!(
+            "{} bytes of arguments exceed the limit of {MAX_CALL_BYTES}",
+            args.len()
+        )));
+    }
+    Ok((procedure, args))
+}
+
+/// Appends the encoding of `Reply::Returned(result)` to `buf`.
+pub fn encode_returned(buf: &mut Vec<u8>, result: &[u8]) {
+    put_varint(buf, u64::from(REPLY_RETURNED_TAG));
+    put_varint(buf, result.len() as u64);
+    buf.extend_from_slice(result);
+}
+
+/// What a reply body to a call turned out to be.
+#[derive(Debug, PartialEq, Eq)]
+pub enum DecodedReturn<'a> {
+    /// The procedure's result (borrowed from the body).
+    Returned(&'a [u8]),
+    /// The server refused the call, or the procedure failed.
+    Error(RemoteError),
+}
+
+/// Decodes the reply to a call. `Err` means the reply cannot be trusted (undecodable, or
+/// completions where a result was due); the caller must drop the connection.
+pub fn decode_returned(body: &[u8]) -> Result<DecodedReturn<'_>, String> {
+    let (tag, rest) =
+        postcard::take_from_bytes::<u32>(body).map_err(|e| format!("reply tag: {e}"))?;
+    if tag == REPLY_RETURNED_TAG {
+        let (len, result) = take_varint(rest, "result length")?;
+        if len != result.len() as u64 || result.len() > MAX_CALL_BYTES {
+            return Err(format!(
+                "{} bytes of result ({len} declared, at most {MAX_CALL_BYTES})",
+                result.len()
+            ));
+        }
+        return Ok(DecodedReturn::Returned(result));
+    }
+    match postcard::take_from_bytes::<Reply>(body) {
+        Ok((Reply::Error(e), [])) => Ok(DecodedReturn::Error(e)),
+        Ok((Reply::Error(_), trailing)) => {
+            Err(format!("{} trailing bytes after an error", trailing.len()))
+        }
+        Ok((other, _)) => Err(format!("a {} where a call's result was due", other.kind())),
+        Err(e) => Err(format!("reply: {e}")),
+    }
+}
+
+impl Reply {
+    /// The variant's name, for error messages.
+    fn kind(&self) -> &'static str {
+        match self {
+            Reply::Completions(_) => "batch's completions",
+            Reply::Error(_) => "error",
+            Reply::Returned(_) => "call's result",
+        }
+    }
 }
 
 /// Decodes the answer to a [`Hello`].

@@ -48,6 +48,13 @@ pub fn t_wait_for_rtt(rtt: Duration) -> Duration {
     per * T_WAIT_ROUND_TRIPS
 }
 
+/// The round trip a `T_wait` was derived from ([`t_wait_for_rtt`] inverted; at least the floor's
+/// share, 2 µs): what a client that only knows the lock's record knows of the fabric's round
+/// trip under load.
+pub fn rtt_for_t_wait(t_wait: Duration) -> Duration {
+    t_wait.div_f64(f64::from(T_WAIT_ROUND_TRIPS) * T_WAIT_RTT_FACTOR)
+}
+
 /// Threads of the load under which [`t_wait_under_load`] measures the round trip: twice the
 /// cores (at least 4), enough to keep every core busy with clients and, on `tcp`, the server
 /// threads that execute their verbs.
@@ -293,6 +300,9 @@ pub struct ClientOptions {
     /// of §3.10: ticket break-in, `DCnt` repair, leaf zeroing, spillover-mutex repair); see
     /// [`crate::Fence`]. A failing fence keeps the hold unbroken for now. Default: none.
     pub fence: Option<std::sync::Arc<dyn crate::fence::Fence>>,
+    /// Where acquisitions run: here, one-sided, or at the lock tree's host in one round trip
+    /// ([`super::hosted`]); default [`Hosting::Auto`](super::Hosting::Auto).
+    pub hosting: super::Hosting,
 }
 
 impl std::fmt::Debug for ClientOptions {
@@ -306,6 +316,7 @@ impl std::fmt::Debug for ClientOptions {
             .field("backoff_base", &self.backoff_base)
             .field("backoff_max", &self.backoff_max)
             .field("fence", &self.fence.as_ref().map(|_| "Fence"))
+            .field("hosting", &self.hosting)
             .finish()
     }
 }
@@ -320,6 +331,7 @@ impl PartialEq for ClientOptions {
             && self.restart_after == other.restart_after
             && self.backoff_base == other.backoff_base
             && self.backoff_max == other.backoff_max
+            && self.hosting == other.hosting
             && match (&self.fence, &other.fence) {
                 (None, None) => true,
                 (Some(a), Some(b)) => std::sync::Arc::ptr_eq(a, b),
@@ -339,6 +351,7 @@ impl Default for ClientOptions {
             backoff_base: Duration::from_micros(1),
             backoff_max: Duration::from_micros(256),
             fence: None,
+            hosting: super::Hosting::Auto,
         }
     }
 }
@@ -479,6 +492,15 @@ mod tests {
         assert_eq!(
             t_wait_for_rtt(Duration::from_micros(40)),
             Duration::from_micros(300)
+        );
+        // And back: the round trip a record's T_wait stands for (the floor's, 2 µs, at least).
+        assert_eq!(
+            rtt_for_t_wait(Duration::from_micros(300)),
+            Duration::from_micros(40)
+        );
+        assert_eq!(
+            rtt_for_t_wait(t_wait_for_rtt(Duration::from_nanos(100))),
+            Duration::from_micros(2)
         );
     }
 }

@@ -20,6 +20,7 @@
 
 mod acquire;
 pub mod config;
+pub mod hosted;
 pub mod layout;
 pub mod lease;
 pub mod progress;
@@ -30,9 +31,10 @@ mod spillover;
 pub mod split;
 
 pub use config::{
-    rtt_load_threads, t_wait_for_rtt, t_wait_under_load, BumpAllocator, CitronConfig,
-    ClientOptions, ConfigRecord, FabricBumpAllocator, NoAllocator, TreeAllocator,
+    rtt_for_t_wait, rtt_load_threads, t_wait_for_rtt, t_wait_under_load, BumpAllocator,
+    CitronConfig, ClientOptions, ConfigRecord, FabricBumpAllocator, NoAllocator, TreeAllocator,
 };
+pub use hosted::{CitronHost, Hosting};
 
 use crate::backoff::{pause, Backoff, BackoffState, SLEEP_THRESHOLD};
 use crate::carry::CarryingEndpoint;
@@ -353,6 +355,11 @@ pub struct CitronClient {
     scale_failed_epoch: Option<u64>,
     /// Where the current acquisition is, for watchdogs ([`CitronClient::progress`]).
     progress: Arc<Progress>,
+    /// Set when this client acquires at the host ([`hosted`]); its books of hosted locks.
+    hosted: Option<hosted::Hosted>,
+    /// Every poll costs the server's CPU a wake-up (`Capabilities::server_cpu_on_data_path`,
+    /// tcp): backoffs start at a round trip instead of `backoff_base` (see `backoff`).
+    polls_cost_server: bool,
 }
 
 impl CitronClient {
@@ -371,6 +378,7 @@ impl CitronClient {
             )));
         }
         let rec = read_record(endpoint.as_mut(), base, Duration::from_secs(1))?;
+        let endpoint_capabilities = endpoint.capabilities();
         Ok(Self {
             ep: CarryingEndpoint::new(endpoint),
             base,
@@ -385,6 +393,8 @@ impl CitronClient {
             rng: SmallRng::from_os_rng(),
             scale_failed_epoch: None,
             progress: Arc::default(),
+            hosted: None,
+            polls_cost_server: endpoint_capabilities.server_cpu_on_data_path,
         })
     }
 
@@ -412,6 +422,9 @@ impl CitronClient {
     /// Drops the bookkeeping of a held lock without releasing it: what a client that dies
     /// holding it leaves behind (for recovery tests, §3.10).
     pub fn forget(&mut self, id: LockId) -> Result<(), LockError> {
+        if self.hosted.is_some() {
+            return self.forget_hosted(id);
+        }
         self.held
             .remove(&id.0)
             .map(|_| ())
@@ -525,10 +538,23 @@ impl CitronClient {
         })
     }
 
+    /// The backoff between polls (seed 002 §4.3: the first bound "about a round trip").
+    /// Where a poll costs the server a wake-up (tcp), the first bound is at least the round
+    /// trip the lock's `T_wait` was derived from ([`config::rtt_for_t_wait`]): polling faster
+    /// than a round trip only queues polls at the server, each a wake-up that delays the holder
+    /// it waits for. Where polls cost no server (mem, shm, the host of a hosted acquisition),
+    /// `backoff_base` as configured.
     fn backoff(&self) -> BackoffState {
+        let base = if self.polls_cost_server {
+            self.opts
+                .backoff_base
+                .max(config::rtt_for_t_wait(self.rec.t_wait()))
+        } else {
+            self.opts.backoff_base
+        };
         BackoffState::new(Backoff {
-            base: self.opts.backoff_base,
-            max: self.opts.backoff_max,
+            base,
+            max: self.opts.backoff_max.max(base),
             sleep_threshold: SLEEP_THRESHOLD,
         })
     }
@@ -615,13 +641,26 @@ pub(crate) fn read_record(
 impl CitronClient {
     /// An acquisition carrying `extra` at the end of every batch it executes, the results of
     /// the last one into `out` ([`RangeLock::acquire_with`]; see `acquire`'s module docs for
-    /// which batch grants the lock).
+    /// which batch grants the lock). A client that acquires at the host ([`hosted`]) runs the
+    /// acquisition there in one call and `extra` in one round trip after it (posted after the
+    /// grant on the same endpoint, so read under the lock).
     fn take(
         &mut self,
         range: Range<u64>,
         extra: &Batch,
         out: &mut Completions,
     ) -> Result<LockId, LockError> {
+        if self.hosted.is_some() {
+            let id = self.acquire_hosted(range)?;
+            if !extra.is_empty() {
+                self.ep.carry_after(extra);
+                if let Err(e) = self.ep.finish(true, out) {
+                    let _ = self.release_hosted(id);
+                    return Err(e.into());
+                }
+            }
+            return Ok(id);
+        }
         let start = Instant::now();
         let before = self.ep.stats();
         self.ep.carry_after(extra);
@@ -645,12 +684,24 @@ impl CitronClient {
     }
 
     /// A release carrying `extra` at the head of its first batch ([`RangeLock::release_with`]).
+    /// At the host ([`hosted`]): `extra` in one round trip before the release call.
     fn give_back(
         &mut self,
         id: LockId,
         extra: &Batch,
         out: &mut Completions,
     ) -> Result<(), LockError> {
+        if self.hosted.is_some() {
+            let carried = if extra.is_empty() {
+                Ok(())
+            } else {
+                self.ep.carry_before(extra);
+                self.ep.finish(true, out)
+            };
+            // Released even when the carried verbs failed: the lock must not outlive the call.
+            self.release_hosted(id)?;
+            return carried.map_err(LockError::from);
+        }
         let held = self.held.remove(&id.0).ok_or(LockError::NotHeld(id))?;
         let before = self.ep.stats();
         self.ep.carry_before(extra);
@@ -680,6 +731,9 @@ impl RangeLock for CitronClient {
     /// The earliest of the lock's parts' deadlines (see `lease`): the file system must not post
     /// data verbs under the lock past it.
     fn lease_deadline(&self, id: LockId) -> Option<Instant> {
+        if self.hosted.is_some() {
+            return self.hosted_deadline(id);
+        }
         self.held.get(&id.0).and_then(Held::deadline)
     }
 

@@ -284,7 +284,7 @@ impl CitronSpec {
             // No room: ranges beyond N stay on the spillover mutex (§3.3), nothing scales up.
             _ => None,
         };
-        CitronClient::open(
+        let mut client = CitronClient::open(
             connector.connect()?,
             base,
             allocator.clone().unwrap_or_else(|| Arc::new(NoAllocator)),
@@ -293,7 +293,9 @@ impl CitronSpec {
                 auto_scale_up: options.auto_scale_up && allocator.is_some(),
                 ..options.clone()
             },
-        )
+        )?;
+        client.choose_hosting(&crate::schemes::LockScheme::Citron(*self))?;
+        Ok(client)
     }
 }
 

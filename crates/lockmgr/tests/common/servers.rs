@@ -43,6 +43,11 @@ impl Fabric {
         self.server.addr().to_string()
     }
 
+    /// The server itself (to offer procedures on it).
+    pub fn server(&self) -> &FabricServer {
+        &self.server
+    }
+
     /// A connector to this fabric, from this process.
     pub fn connector(&self) -> Arc<dyn Connector> {
         self.server.connector().unwrap()

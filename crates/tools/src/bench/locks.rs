@@ -17,7 +17,7 @@ use fabric::{Backend, Backing, Connector, Credentials, FabricServer, RegionId, R
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 use lockmgr::baselines::SegSpec;
-use lockmgr::citron::CitronSpec;
+use lockmgr::citron::{hosted, CitronHost, CitronSpec, Hosting};
 use lockmgr::schemes::{self, CreateOptions, FixedMemory};
 use lockmgr::{AbortCounts, LockScheme, LockStats, RangeLock};
 use rand::rngs::SmallRng;
@@ -82,9 +82,36 @@ pub struct LocksArgs {
     /// wait longer in phase (d).
     #[arg(long)]
     pub t_wait_us: Option<u64>,
+    /// Where CITRON clients acquire: `auto` at the lock tree's host when the fabric's server
+    /// executes every verb anyway (tcp: one round trip per acquire and per release, the host
+    /// running the same protocol on the same words), one-sided otherwise; `never`: always
+    /// one-sided; `always`: always at the host (fails where the fabric cannot).
+    #[arg(long, value_enum, default_value_t = CitronHostingArg::Auto)]
+    pub citron_hosting: CitronHostingArg,
     /// Print one JSON object per result instead of a table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `--citron-hosting` ([`lockmgr::citron::Hosting`]).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CitronHostingArg {
+    /// At the host where it pays (tcp), one-sided elsewhere.
+    Auto,
+    /// Always one-sided.
+    Never,
+    /// Always at the host.
+    Always,
+}
+
+impl CitronHostingArg {
+    fn hosting(self) -> Hosting {
+        match self {
+            CitronHostingArg::Auto => Hosting::Auto,
+            CitronHostingArg::Never => Hosting::Never,
+            CitronHostingArg::Always => Hosting::Always,
+        }
+    }
 }
 
 /// One benchmark result: a scheme at a thread count.
@@ -135,6 +162,8 @@ pub struct LocksResult {
     pub fast_path_rate: f64,
     /// Leaf requests escalated to the parent to avoid starvation (CITRON, §3.5.4).
     pub starvation_escalations: u64,
+    /// CITRON: every acquisition ran at the lock tree's host (`--citron-hosting`).
+    pub hosted: bool,
 }
 
 /// Runs the benchmark and prints its results.
@@ -264,6 +293,10 @@ impl Fabric {
         );
         let server = fabric::serve(&at, &Credentials::new("bench", token))?;
         server.register(LOCK_REGION, region_bytes.max(8), &Backing::Memory)?;
+        if backend == Backend::Tcp {
+            // CITRON clients may acquire at the host (`--citron-hosting`).
+            server.register_procedure(hosted::PROCEDURE, Arc::new(CitronHost::new()))?;
+        }
         Ok(Fabric {
             connector: server.connector()?,
             _server: server,
@@ -346,7 +379,8 @@ fn run_one(args: &LocksArgs, name: &str, threads: usize) -> Result<LocksResult> 
             region_bytes,
         ),
     )?;
-    let open_options = created.open_options();
+    let mut open_options = created.open_options();
+    open_options.citron.hosting = args.citron_hosting.hosting();
 
     let stop = Arc::new(AtomicBool::new(false));
     let start = Arc::new(Barrier::new(threads + 1));
@@ -430,6 +464,8 @@ fn run_one(args: &LocksArgs, name: &str, threads: usize) -> Result<LocksResult> 
             stats.fast_path as f64 / stats.acquisitions as f64
         },
         starvation_escalations: stats.starvation_escalations,
+        // A hosted acquisition posts no verbs of its own: one call, the steps at the host.
+        hosted: kind.is_citron() && stats.acquisitions > 0 && stats.acquire.verbs == 0,
     })
 }
 
@@ -501,6 +537,7 @@ fn print_table(results: &[LocksResult]) {
     for r in results {
         let scheme = match r.seg_size {
             Some(size) => format!("{} ({size})", r.scheme),
+            None if r.hosted => format!("{} (host)", r.scheme),
             None => r.scheme.clone(),
         };
         println!(

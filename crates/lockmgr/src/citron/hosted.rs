@@ -1,0 +1,462 @@
+//! Host-executed acquisitions: CITRON's acquire and release run at the lock tree's host, in one
+//! round trip each, on behalf of a client (seed 003, Cell: where a server's CPU executes every
+//! verb anyway, let it run the multi-step operation next to memory instead of answering one
+//! round trip per step; chosen per endpoint).
+//!
+//! On the `tcp` fabric every one-sided verb is executed by the server's CPU, so each round trip
+//! of Alg. 2 — the ticket, the phase-(b) reads, each poll of a ticket or of the phase-(d)
+//! window — costs the server a wake-up and the client a system call pair. A hosted client sends
+//! one procedure call ([`fabric::procedure`]) instead; the host runs *the same protocol on the
+//! same words*: it opens an ordinary [`CitronClient`] whose endpoint is the host's own memory
+//! (`fabric`'s host endpoints: the same executor, region checks and fencing as the client's
+//! batches) and calls its `acquire` — Alg. 1 and Alg. 2 l. 4-37 with the fast path (§3.8),
+//! starvation avoidance (§3.5.4) and lease recovery (§3.10) — and later its `release` (Alg. 3).
+//! Nothing in the lock words tells a hosted acquisition from a one-sided one, so hosted and
+//! one-sided clients share one tree, and the protocol's safety argument covers both: the host
+//! client is just another client, with its own `t1`/`t2` for inequality (1) (§3.5.5) on the
+//! host's clock, and its waits (ticket polls, the phase-(d) window) cost no network at all.
+//!
+//! The lease: the host returns, with a grant, how much of the lock's lease (`lease` module) was
+//! left when the call *began* at the host; the client counts it from the instant it *sent* the
+//! call, which is earlier, so its deadline is never later than the host's.
+//!
+//! Choosing (per endpoint, [`Hosting`]): a client hosts its acquisitions when its endpoint's
+//! backend has the server's CPU on the data path (`tcp`: the round trips a one-sided acquire
+//! would take cost the server CPU anyway), the server offers the procedure ([`CitronHost`]
+//! registered under [`PROCEDURE`]), and the host can open the lock as the client would. A client
+//! with a fence (`ClientOptions::fence`) never hosts: the host could not call it before a break-in.
+//! A host connection that closes leaves what its client held to lease recovery, exactly like a
+//! one-sided client that died: the client may still be inside its critical section.
+
+use super::{CitronClient, ClientOptions};
+use crate::scheme::{LockError, LockId, RangeLock};
+use crate::schemes::LockScheme;
+use crate::stats::{AbortCounts, LockStats};
+use fabric::procedure::{Procedure, ProcedureId, ProcedureSession};
+use fabric::{Connector, Endpoint, FabricError, RemoteAddr};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The fabric procedure number of [`CitronHost`].
+pub const PROCEDURE: ProcedureId = 0xC17_0001;
+
+/// Where a client runs its acquisitions ([`ClientOptions::hosting`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Hosting {
+    /// Always one-sided, on the client.
+    Never,
+    /// At the host where the endpoint's server executes every verb anyway (`tcp`) and offers
+    /// the procedure, and the client has no fence; one-sided otherwise.
+    #[default]
+    Auto,
+    /// At the host; opening the lock fails if the host cannot.
+    Always,
+}
+
+/// The client options the host's client uses (all but the fence, which never travels).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct HostOptions {
+    k: u32,
+    auto_scale_up: bool,
+    starvation_after: Duration,
+    restart_after: Duration,
+    backoff_base: Duration,
+    backoff_max: Duration,
+}
+
+impl HostOptions {
+    fn of(options: &ClientOptions) -> Self {
+        Self {
+            k: options.k as u32,
+            auto_scale_up: options.auto_scale_up,
+            starvation_after: options.starvation_after,
+            restart_after: options.restart_after,
+            backoff_base: options.backoff_base,
+            backoff_max: options.backoff_max,
+        }
+    }
+
+    fn client_options(&self) -> ClientOptions {
+        ClientOptions {
+            k: self.k as usize,
+            auto_scale_up: self.auto_scale_up,
+            starvation_after: self.starvation_after,
+            restart_after: self.restart_after,
+            backoff_base: self.backoff_base,
+            backoff_max: self.backoff_max,
+            fence: None,
+            hosting: Hosting::Never,
+            ..ClientOptions::default()
+        }
+    }
+}
+
+/// A call of [`PROCEDURE`].
+#[derive(Debug, Serialize, Deserialize)]
+enum Call {
+    /// Open (or reopen) the lock at `base`, described by `scheme` (its spec string, as
+    /// created), for this connection.
+    Open {
+        scheme: String,
+        base: RemoteAddr,
+        options: HostOptions,
+    },
+    /// Acquire `[start, end)` on the lock at `base` (Alg. 1).
+    Acquire {
+        base: RemoteAddr,
+        start: u64,
+        end: u64,
+    },
+    /// Release lock `id` of the lock at `base` (Alg. 3).
+    Release { base: RemoteAddr, id: u64 },
+}
+
+/// What the host's client counted during one call (everything a client's statistics hold but
+/// the traffic, which stayed in the host, and the operation counts, which the caller keeps).
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
+struct Counts {
+    aborts: AbortCounts,
+    retries: u64,
+    fast_path: u64,
+    starvation_escalations: u64,
+    spillover: u64,
+    scale_ups: u64,
+    recoveries: u64,
+    late_releases: u64,
+    passed_over: u64,
+}
+
+impl Counts {
+    fn of(d: &LockStats) -> Self {
+        Self {
+            aborts: d.aborts,
+            retries: d.retries,
+            fast_path: d.fast_path,
+            starvation_escalations: d.starvation_escalations,
+            spillover: d.spillover,
+            scale_ups: d.scale_ups,
+            recoveries: d.recoveries,
+            late_releases: d.late_releases,
+            passed_over: d.passed_over,
+        }
+    }
+
+    fn add_to(&self, stats: &mut LockStats) {
+        stats.merge(&LockStats {
+            aborts: self.aborts,
+            retries: self.retries,
+            fast_path: self.fast_path,
+            starvation_escalations: self.starvation_escalations,
+            spillover: self.spillover,
+            scale_ups: self.scale_ups,
+            recoveries: self.recoveries,
+            late_releases: self.late_releases,
+            passed_over: self.passed_over,
+            ..LockStats::default()
+        });
+    }
+}
+
+/// The host's answer.
+#[derive(Debug, Serialize, Deserialize)]
+enum Answer {
+    Opened,
+    /// Granted as `id`; `lease_left`: the lock's lease left when the call began at the host
+    /// (`None`: no deadline).
+    Acquired {
+        id: u64,
+        lease_left: Option<Duration>,
+        counts: Counts,
+    },
+    Released {
+        counts: Counts,
+    },
+}
+
+/// The procedure a `tcp` fabric server offers so that CITRON clients can acquire at the host
+/// (register it under [`PROCEDURE`] with `TcpServer::register_procedure` or
+/// `FabricServer::register_procedure`).
+#[derive(Default)]
+pub struct CitronHost {
+    /// Wraps the host connector of every connection (tests inject delays into the host's
+    /// steps with it, as into any client's).
+    wrap: Option<HostWrap>,
+}
+
+/// A wrapper of the host connector ([`CitronHost::wrapped`]).
+pub type HostWrap = Arc<dyn Fn(Arc<dyn Connector>) -> Arc<dyn Connector> + Send + Sync>;
+
+impl CitronHost {
+    /// The procedure, reaching the host's memory directly.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The procedure, reaching the host's memory through `wrap(host)` (e.g. a
+    /// [`crate::ChaosConnector`] that injects delays around every host batch).
+    pub fn wrapped(wrap: HostWrap) -> Self {
+        Self { wrap: Some(wrap) }
+    }
+}
+
+impl Procedure for CitronHost {
+    fn open(&self, host: Arc<dyn Connector>) -> fabric::Result<Box<dyn ProcedureSession>> {
+        let host = match &self.wrap {
+            Some(wrap) => wrap(host),
+            None => host,
+        };
+        Ok(Box::new(HostSession {
+            host,
+            locks: HashMap::new(),
+        }))
+    }
+}
+
+/// One connection's hosted locks: a CITRON client per lock it opened.
+struct HostSession {
+    host: Arc<dyn Connector>,
+    locks: HashMap<RemoteAddr, CitronClient>,
+}
+
+/// A lock error as a procedure's failure; a fabric error keeps its kind (a revoked session's
+/// `Refused` closes the connection).
+fn failed(e: LockError) -> FabricError {
+    match e {
+        LockError::Fabric(e) => e,
+        e => FabricError::Procedure(e.to_string()),
+    }
+}
+
+impl HostSession {
+    fn lock(&mut self, base: RemoteAddr) -> fabric::Result<&mut CitronClient> {
+        self.locks.get_mut(&base).ok_or_else(|| {
+            FabricError::Procedure(format!("lock at {base:?} not opened on this connection"))
+        })
+    }
+}
+
+impl ProcedureSession for HostSession {
+    fn call(&mut self, args: &[u8], result: &mut Vec<u8>) -> fabric::Result<()> {
+        let began = Instant::now();
+        let call: Call = postcard::from_bytes(args)
+            .map_err(|e| FabricError::Procedure(format!("bad CITRON host call: {e}")))?;
+        let answer = match call {
+            Call::Open {
+                scheme,
+                base,
+                options,
+            } => {
+                let spec = match scheme.parse::<LockScheme>() {
+                    Ok(LockScheme::Citron(spec)) => spec,
+                    Ok(other) => {
+                        return Err(FabricError::Procedure(format!(
+                            "{other} is not a CITRON lock"
+                        )))
+                    }
+                    Err(e) => return Err(FabricError::Procedure(e.to_string())),
+                };
+                let client = spec
+                    .open(base, &*self.host, &options.client_options(), None)
+                    .map_err(failed)?;
+                self.locks.insert(base, client);
+                Answer::Opened
+            }
+            Call::Acquire { base, start, end } => {
+                let client = self.lock(base)?;
+                let before = client.stats();
+                let id = client.acquire(start..end).map_err(failed)?;
+                let lease_left = client
+                    .lease_deadline(id)
+                    .map(|d| d.saturating_duration_since(began));
+                Answer::Acquired {
+                    id: id.0,
+                    lease_left,
+                    counts: Counts::of(&client.stats().since(&before)),
+                }
+            }
+            Call::Release { base, id } => {
+                let client = self.lock(base)?;
+                let before = client.stats();
+                client.release(LockId(id)).map_err(failed)?;
+                Answer::Released {
+                    counts: Counts::of(&client.stats().since(&before)),
+                }
+            }
+        };
+        *result = postcard::to_extend(&answer, std::mem::take(result))
+            .map_err(|e| FabricError::Procedure(format!("encode CITRON host answer: {e}")))?;
+        Ok(())
+    }
+}
+
+/// A client's side of hosting: where its locks are held (`CitronClient` keeps one when it
+/// hosts).
+#[derive(Debug, Default)]
+pub(crate) struct Hosted {
+    /// The host's lock ids this client holds, with their lease deadlines.
+    held: HashMap<u64, Option<Instant>>,
+    args: Vec<u8>,
+    reply: Vec<u8>,
+}
+
+impl CitronClient {
+    /// Decides where this client acquires ([`Hosting`]): asks the host to open the lock
+    /// described by `scheme` when hosting is possible and wanted; stays one-sided otherwise.
+    pub(crate) fn choose_hosting(&mut self, scheme: &LockScheme) -> Result<(), LockError> {
+        let wanted = match self.opts.hosting {
+            Hosting::Never => false,
+            Hosting::Always => true,
+            Hosting::Auto => {
+                self.opts.fence.is_none() && self.ep.capabilities().server_cpu_on_data_path
+            }
+        };
+        if !wanted {
+            return Ok(());
+        }
+        if self.opts.fence.is_some() {
+            return Err(LockError::Config(
+                "a CITRON client with a fence cannot acquire at the host".into(),
+            ));
+        }
+        let call = Call::Open {
+            scheme: scheme.to_string(),
+            base: self.base,
+            options: HostOptions::of(&self.opts),
+        };
+        let mut hosted = Hosted::default();
+        match host_call(&mut self.ep, &mut hosted, &call) {
+            Ok(Answer::Opened) => {
+                self.hosted = Some(hosted);
+                Ok(())
+            }
+            Ok(other) => Err(LockError::Config(format!(
+                "CITRON host answered {other:?} to an open"
+            ))),
+            Err(e) if self.opts.hosting == Hosting::Auto && !is_connection_lost(&e) => {
+                tracing::debug!("CITRON: acquiring one-sided, the host cannot: {e}");
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether this client acquires at the host.
+    pub fn is_hosted(&self) -> bool {
+        self.hosted.is_some()
+    }
+
+    /// [`RangeLock::acquire`] at the host: one round trip.
+    pub(crate) fn acquire_hosted(
+        &mut self,
+        range: std::ops::Range<u64>,
+    ) -> Result<LockId, LockError> {
+        crate::scheme::check_range(&range)?;
+        let Some(mut hosted) = self.hosted.take() else {
+            unreachable!("only called when hosted")
+        };
+        let sent = Instant::now();
+        let before = self.ep.stats();
+        let call = Call::Acquire {
+            base: self.base,
+            start: range.start,
+            end: range.end,
+        };
+        let answer = host_call(&mut self.ep, &mut hosted, &call);
+        let spent = self.ep.stats().since(&before);
+        super::add_stats(&mut self.stats.acquire, &spent);
+        self.stats.acquire_time += sent.elapsed();
+        let result = match answer {
+            Ok(Answer::Acquired {
+                id,
+                lease_left,
+                counts,
+            }) => {
+                counts.add_to(&mut self.stats);
+                self.stats.acquisitions += 1;
+                hosted.held.insert(id, lease_left.map(|left| sent + left));
+                Ok(LockId(id))
+            }
+            Ok(other) => Err(LockError::Config(format!(
+                "CITRON host answered {other:?} to an acquire"
+            ))),
+            Err(e) => Err(e),
+        };
+        self.hosted = Some(hosted);
+        result
+    }
+
+    /// [`RangeLock::release`] at the host: one round trip.
+    pub(crate) fn release_hosted(&mut self, id: LockId) -> Result<(), LockError> {
+        let Some(mut hosted) = self.hosted.take() else {
+            unreachable!("only called when hosted")
+        };
+        let result = if hosted.held.remove(&id.0).is_none() {
+            Err(LockError::NotHeld(id))
+        } else {
+            let before = self.ep.stats();
+            let call = Call::Release {
+                base: self.base,
+                id: id.0,
+            };
+            let answer = host_call(&mut self.ep, &mut hosted, &call);
+            let spent = self.ep.stats().since(&before);
+            super::add_stats(&mut self.stats.release, &spent);
+            match answer {
+                Ok(Answer::Released { counts }) => {
+                    counts.add_to(&mut self.stats);
+                    self.stats.releases += 1;
+                    Ok(())
+                }
+                Ok(other) => Err(LockError::Config(format!(
+                    "CITRON host answered {other:?} to a release"
+                ))),
+                Err(e) => Err(e),
+            }
+        };
+        self.hosted = Some(hosted);
+        result
+    }
+
+    /// The lease deadline of hosted lock `id` (see the module docs).
+    pub(crate) fn hosted_deadline(&self, id: LockId) -> Option<Instant> {
+        self.hosted
+            .as_ref()
+            .and_then(|h| h.held.get(&id.0).copied().flatten())
+    }
+
+    /// Drops hosted lock `id` from this client's books without releasing it.
+    pub(crate) fn forget_hosted(&mut self, id: LockId) -> Result<(), LockError> {
+        self.hosted
+            .as_mut()
+            .and_then(|h| h.held.remove(&id.0))
+            .map(|_| ())
+            .ok_or(LockError::NotHeld(id))
+    }
+}
+
+/// Whether an error means the connection is gone (as opposed to the host refusing).
+fn is_connection_lost(e: &LockError) -> bool {
+    matches!(
+        e,
+        LockError::Fabric(
+            FabricError::Disconnected(_) | FabricError::TimedOut(_) | FabricError::Io { .. }
+        )
+    )
+}
+
+/// One call of [`PROCEDURE`] through `ep`.
+fn host_call(
+    ep: &mut dyn fabric::Endpoint,
+    bufs: &mut Hosted,
+    call: &Call,
+) -> Result<Answer, LockError> {
+    bufs.args.clear();
+    bufs.args = postcard::to_extend(call, std::mem::take(&mut bufs.args))
+        .map_err(|e| LockError::Config(format!("encode CITRON host call: {e}")))?;
+    bufs.reply.clear();
+    ep.call(PROCEDURE, &bufs.args, &mut bufs.reply)?;
+    postcard::from_bytes(&bufs.reply)
+        .map_err(|e| LockError::Config(format!("bad CITRON host answer: {e}")))
+}

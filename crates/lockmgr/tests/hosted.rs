@@ -1,0 +1,212 @@
+//! CITRON acquired at the lock tree's host (`lockmgr::citron::hosted`): one round trip per
+//! acquire and per release, a lease deadline no later than the host's, the choice of where to
+//! acquire per endpoint, and a dead host connection leaving its locks to lease recovery.
+
+mod common;
+
+use common::servers::Fabric;
+use fabric::{Backend, Connector, RegionId, RemoteAddr};
+use lockmgr::chaos::DelayMode;
+use lockmgr::citron::{hosted, CitronClient, CitronHost, CitronSpec, Hosting, NoAllocator};
+use lockmgr::schemes::{self, CreateOptions, Created, FixedMemory, OpenOptions};
+use lockmgr::{ChaosConfig, ChaosConnector, Fence, LockError, LockScheme, RangeLock};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const REGION: RegionId = RegionId(1);
+const BASE: RemoteAddr = RemoteAddr::new(REGION, 0);
+const LEASE: Duration = Duration::from_secs(3);
+
+fn kind() -> LockScheme {
+    LockScheme::Citron(CitronSpec {
+        unit_count: 1 << 12,
+        lease_ms: LEASE.as_millis() as u64,
+        t_wait_us: 2_000,
+        ..CitronSpec::plain(true)
+    })
+}
+
+/// A fabric of `backend` holding one CITRON lock, the host procedure offered where it can be.
+fn start(backend: Backend, offer: bool) -> (Fabric, Arc<dyn Connector>, Created) {
+    let kind = kind();
+    let bytes = kind
+        .resolve(&CreateOptions::default())
+        .unwrap()
+        .region_bytes()
+        .unwrap();
+    let fabric = Fabric::start(backend, &[(REGION, bytes)]);
+    if offer {
+        fabric
+            .server()
+            .register_procedure(hosted::PROCEDURE, Arc::new(CitronHost::new()))
+            .unwrap();
+    }
+    let connector = fabric.connector();
+    let mut ep = connector.connect().unwrap();
+    let created = schemes::create(
+        &kind,
+        &CreateOptions::default(),
+        &mut FixedMemory::new(&mut *ep, BASE, bytes),
+    )
+    .unwrap();
+    (fabric, connector, created)
+}
+
+fn open(
+    connector: &Arc<dyn Connector>,
+    created: &Created,
+    hosting: Hosting,
+    fence: Option<Arc<dyn Fence>>,
+) -> Result<Box<dyn RangeLock>, LockError> {
+    let mut options: OpenOptions = created.open_options();
+    options.citron.hosting = hosting;
+    options.citron.fence = fence;
+    schemes::open(&created.lock, connector, &options)
+}
+
+/// Whether `lock` acquired at the host: one round trip, no verbs of its own.
+fn was_hosted(lock: &mut dyn RangeLock) -> bool {
+    let id = lock.acquire(100..300).unwrap();
+    lock.release(id).unwrap();
+    let stats = lock.stats();
+    stats.acquire.verbs == 0
+}
+
+fn audit(connector: &Arc<dyn Connector>) -> lockmgr::citron::Audit {
+    CitronClient::open(
+        connector.connect().unwrap(),
+        BASE,
+        Arc::new(NoAllocator),
+        Default::default(),
+    )
+    .unwrap()
+    .audit()
+    .unwrap()
+}
+
+struct NoFence;
+
+impl Fence for NoFence {
+    fn fence(&self) -> Result<(), LockError> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_hosted_lock_is_one_round_trip_each_way_with_a_conservative_lease() {
+    let (_fabric, connector, created) = start(Backend::Tcp, true);
+    // Every call of the hosted client is delayed before it is sent and after its answer came
+    // (up to 40 ms): a deadline counted from the answer instead of the send would be late by
+    // the delay after.
+    let delayed: Arc<dyn Connector> = Arc::new(ChaosConnector::new(
+        connector.clone(),
+        ChaosConfig {
+            before: 1.0,
+            after: 1.0,
+            max_delay: Duration::from_millis(40),
+            mode: DelayMode::Sleep,
+            seed: Some(5),
+        },
+    ));
+    let mut lock = open(&delayed, &created, Hosting::Always, None).unwrap();
+    let mut reference = open(&connector, &created, Hosting::Never, None).unwrap();
+    for range in [10..20, 256..512, 0..1024, 60..70, 0..4096] {
+        // The deadline a one-sided client gets for the range, uncontended, counted from the
+        // call: the host's is the same protocol's, counted from the send, before the host
+        // began (both carry their client's few µs between the call and the protocol's anchor:
+        // a millisecond of slack, far below the round trip a late count would add under load).
+        let sent = Instant::now();
+        let id = reference.acquire(range.clone()).unwrap();
+        let one_sided = reference.lease_deadline(id).unwrap() - sent;
+        reference.release(id).unwrap();
+        let sent = Instant::now();
+        let id = lock.acquire(range.clone()).unwrap();
+        let deadline = lock
+            .lease_deadline(id)
+            .expect("a CITRON lock has a deadline");
+        assert!(
+            deadline > Instant::now() && deadline - sent <= one_sided + Duration::from_millis(1),
+            "{range:?}: hosted deadline {:?} after the send, one-sided {one_sided:?}",
+            deadline - sent
+        );
+        // The tree holds it, as one-sided clients see it.
+        assert!(!audit(&connector).at_rest(), "{range:?}: nothing held");
+        lock.release(id).unwrap();
+        assert!(audit(&connector).at_rest(), "{range:?}: not given back");
+        assert!(lock.lease_deadline(id).is_none());
+    }
+    let stats = lock.stats();
+    assert_eq!((stats.acquisitions, stats.releases), (5, 5));
+    assert_eq!(stats.rtts_per_acquire(), 1.0);
+    assert_eq!(stats.rtts_per_release(), 1.0);
+    assert!(matches!(
+        lock.release(lockmgr::LockId(12345)),
+        Err(LockError::NotHeld(_))
+    ));
+    // A one-sided client on the same tree waits for a hosted holder, and the other way round.
+    let mut one_sided = open(&connector, &created, Hosting::Never, None).unwrap();
+    let held = lock.acquire(0..64).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let id = one_sided.acquire(10..11).unwrap();
+        tx.send(()).unwrap();
+        one_sided.release(id).unwrap();
+    });
+    assert!(rx.recv_timeout(Duration::from_millis(200)).is_err());
+    lock.release(held).unwrap();
+    rx.recv_timeout(Duration::from_secs(5)).unwrap();
+    waiter.join().unwrap();
+}
+
+#[test]
+fn where_a_client_acquires_is_chosen_per_endpoint() {
+    // tcp with the procedure: Auto hosts.
+    let (_fabric, connector, created) = start(Backend::Tcp, true);
+    assert!(was_hosted(
+        &mut *open(&connector, &created, Hosting::Auto, None).unwrap()
+    ));
+    assert!(!was_hosted(
+        &mut *open(&connector, &created, Hosting::Never, None).unwrap()
+    ));
+    // A fence cannot travel to the host: Auto stays one-sided, Always is refused.
+    let fence: Arc<dyn Fence> = Arc::new(NoFence);
+    assert!(!was_hosted(
+        &mut *open(&connector, &created, Hosting::Auto, Some(fence.clone())).unwrap()
+    ));
+    assert!(open(&connector, &created, Hosting::Always, Some(fence)).is_err());
+
+    // tcp without the procedure: Auto falls back, Always fails.
+    let (_fabric, connector, created) = start(Backend::Tcp, false);
+    assert!(!was_hosted(
+        &mut *open(&connector, &created, Hosting::Auto, None).unwrap()
+    ));
+    assert!(open(&connector, &created, Hosting::Always, None).is_err());
+
+    // shm: the client's CPU is next to the memory already.
+    let (_fabric, connector, created) = start(Backend::Shm, false);
+    assert!(!was_hosted(
+        &mut *open(&connector, &created, Hosting::Auto, None).unwrap()
+    ));
+    assert!(open(&connector, &created, Hosting::Always, None).is_err());
+}
+
+/// A client whose host connection goes away holding a lock is a dead client to the others: the
+/// lock stays held (its holder may still be in its critical section) until lease recovery
+/// (a leaf's bits: after `T_lease`, seed 000 §3.10).
+#[test]
+fn a_lost_host_connection_leaves_its_lock_to_lease_recovery() {
+    let (_fabric, connector, created) = start(Backend::Tcp, true);
+    let mut lock = open(&connector, &created, Hosting::Always, None).unwrap();
+    let _held = lock.acquire(0..16).unwrap();
+    drop(lock);
+    let mut other = open(&connector, &created, Hosting::Never, None).unwrap();
+    let start = Instant::now();
+    let id = other.acquire(8..9).unwrap();
+    let waited = start.elapsed();
+    assert!(
+        waited >= LEASE / 2,
+        "granted after {waited:?}: the lost connection's lock was given back early"
+    );
+    assert!(waited < LEASE * 10, "never recovered");
+    other.release(id).unwrap();
+}
