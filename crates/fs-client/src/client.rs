@@ -125,8 +125,6 @@ pub(crate) struct Inner {
     pub(crate) files: HandleTable,
     /// The per-thread data-path state.
     pub(crate) pool: WorkerPool,
-    /// Names looked up (`fcb`'s name cache for one-sided lookups).
-    pub(crate) names: crate::fcb::NameCache,
 }
 
 impl CitronFs {
@@ -158,7 +156,6 @@ impl CitronFs {
             opts,
             files: HandleTable::default(),
             pool: WorkerPool::default(),
-            names: crate::fcb::NameCache::default(),
         });
         // Open one worker now so that a fabric that cannot be reached fails the connect.
         drop(inner.checkout()?);

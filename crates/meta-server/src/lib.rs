@@ -17,6 +17,7 @@
 //! [`MetaHandle::shutdown`] (or drop), which persists open files' sizes and flushes sled.
 
 pub mod alloc;
+mod dentries;
 pub mod fsck;
 mod reclaim;
 pub mod rpc;
