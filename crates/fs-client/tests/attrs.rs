@@ -151,7 +151,11 @@ fn names_are_resolved_one_sidedly_by_every_client_even_after_their_directory_cha
     }
     a.rename(dir, "x", dir, "renamed", false).unwrap();
     let (seen, rpcs) = requests_during(&cluster, || b.lookup(dir, "renamed").unwrap());
-    assert_eq!((seen.ino, rpcs), (first.ino, 0), "the new name, one-sidedly");
+    assert_eq!(
+        (seen.ino, rpcs),
+        (first.ino, 0),
+        "the new name, one-sidedly"
+    );
     let (gone, rpcs) = requests_during(&cluster, || b.lookup(dir, "x"));
     assert!(
         matches!(gone, Err(fs_client::Error::Fs(FsError::NotFound))),
@@ -192,7 +196,9 @@ fn names_that_overflow_their_slot_are_still_resolved_rightly() {
     let long = |i: usize| format!("{i:03}-{}", "n".repeat(240));
     let mut inos = Vec::new();
     for i in 0..5 {
-        let (attr, fh) = fs.create(me(), ROOT_INO, &long(i), 0o644, libc::O_RDWR).unwrap();
+        let (attr, fh) = fs
+            .create(me(), ROOT_INO, &long(i), 0o644, libc::O_RDWR)
+            .unwrap();
         fs.release(fh).unwrap();
         inos.push(attr.ino);
     }
@@ -237,7 +243,10 @@ fn readdirplus_answers_each_entrys_attributes() {
     let by_name = |n: &str| listed.iter().find(|(e, _)| e.name == n).unwrap().1.clone();
     assert_eq!((by_name("f").size, by_name("f").perm), (7000, 0o640));
     assert_eq!(by_name("f").ino, f.ino);
-    assert_eq!((by_name("sub").kind, by_name("sub").ino), (FileKind::Dir, sub.ino));
+    assert_eq!(
+        (by_name("sub").kind, by_name("sub").ino),
+        (FileKind::Dir, sub.ino)
+    );
     assert_eq!(by_name("l").kind, FileKind::Symlink);
     assert_eq!(by_name("l").ino, link.ino);
     assert_eq!((by_name(".").ino, by_name("..").ino), (dir, ROOT_INO));
