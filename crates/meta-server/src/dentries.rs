@@ -169,7 +169,7 @@ mod tests {
             }
             t.apply(adds, &mut ep);
             let removes: Vec<_> = (0..60)
-                .filter(|i| i % 3 == round as u64)
+                .filter(|i| i % 3 == round)
                 .map(|i| change(1, &format!("n{i}"), None))
                 .collect();
             for c in &removes {

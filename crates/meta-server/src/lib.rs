@@ -376,6 +376,13 @@ impl MetaHandle {
         self.inner.as_ref().map_or(0, |r| r.service.request_count())
     }
 
+    /// Nanoseconds the server spent handling those requests, from a handler's start to its
+    /// answer (waits for the state lock included, the transport not): with `request_count`,
+    /// the server's share of an operation's time (0 once shut down).
+    pub fn request_nanos(&self) -> u64 {
+        self.inner.as_ref().map_or(0, |r| r.service.request_nanos())
+    }
+
     /// Stops accepting, closes every connection, persists the sizes of open files and flushes
     /// the database. Idempotent.
     pub fn shutdown(&mut self) -> anyhow::Result<()> {

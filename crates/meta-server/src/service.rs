@@ -229,6 +229,10 @@ pub(crate) struct Service {
     /// by the file system's work): what
     /// `citronfs bench meta` divides by its operations to show RPCs per operation.
     requests: std::sync::atomic::AtomicU64,
+    /// Nanoseconds spent handling those requests (from the handler's start to its answer, the
+    /// state lock's waits included; not the transport's): what `citronfs bench meta` shows as
+    /// the server's share of an operation.
+    request_ns: std::sync::atomic::AtomicU64,
     /// Freed chunks on their way to being zeroed and recycled ([`crate::reclaim`]).
     reclaimer: crate::reclaim::Reclaimer,
 }
@@ -322,6 +326,7 @@ impl Service {
             local_revoke: std::sync::OnceLock::new(),
             layout_epoch: std::sync::atomic::AtomicU64::new(1),
             requests: std::sync::atomic::AtomicU64::new(0),
+            request_ns: std::sync::atomic::AtomicU64::new(0),
             reclaimer: crate::reclaim::Reclaimer::default(),
         };
         // Orphans were open when the last run ended; no session survives a restart.
@@ -1201,10 +1206,21 @@ impl Service {
 
     /// Handles one request of client session `session`.
     pub fn handle(&self, session: u64, request: Request) -> Result<Response, FsError> {
-        if !matches!(request, Request::Heartbeat) {
+        let counted = !matches!(request, Request::Heartbeat);
+        let start = Instant::now();
+        let result = self.handle_timed(session, request);
+        if counted {
             self.requests
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.request_ns.fetch_add(
+                start.elapsed().as_nanos() as u64,
+                std::sync::atomic::Ordering::Relaxed,
+            );
         }
+        result
+    }
+
+    fn handle_timed(&self, session: u64, request: Request) -> Result<Response, FsError> {
         self.touch(session, true)?;
         let changes = changes_inodes(&request);
         let result = self.handle_touched(session, request);
@@ -1645,6 +1661,11 @@ impl Service {
     /// Client requests handled since start, heartbeats excepted.
     pub fn request_count(&self) -> u64 {
         self.requests.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Nanoseconds spent handling those requests.
+    pub fn request_nanos(&self) -> u64 {
+        self.request_ns.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Bytes of the meta region not in use (for tests and reports).
