@@ -119,23 +119,13 @@ impl DentrySlot {
 
 /// The sealed bytes of `slot`, or `None` if they would not fit a slot.
 pub fn encode(slot: &DentrySlot) -> Option<Vec<u8>> {
-    let payload = postcard::to_stdvec(slot).ok()?;
-    let mut sealed = fabric::record::seal(&payload);
-    if sealed.len() as u64 > SLOT_BYTES {
-        return None;
-    }
-    sealed.resize(SLOT_BYTES as usize, 0);
-    Some(sealed)
+    crate::attrs::seal_slot(slot, SLOT_BYTES)
 }
 
 /// The slot in `bytes` if it is whole and sealed; `None` (torn, never written) sends the
 /// reader to the RPC.
 pub fn decode(bytes: &[u8]) -> Option<DentrySlot> {
-    let payload = fabric::record::open(bytes).ok()?;
-    if payload.is_empty() {
-        return None;
-    }
-    postcard::from_bytes(payload).ok()
+    crate::attrs::open_slot(bytes)
 }
 
 #[cfg(test)]
