@@ -390,8 +390,8 @@ impl Tx<'_> {
         }
     }
 
-    /// Adds an entry. The parent counts as touched: its slot in the attribute table is
-    /// republished with a new version, which is what clients' name caches check.
+    /// Adds an entry. The parent counts as touched (its size and times changed: its slot in
+    /// the attribute table is republished), and the entry as changed (the entry table).
     fn add_dirent(&self, parent: Ino, name: &str, ino: Ino, kind: FileKind) -> TxResult<()> {
         self.touch(parent);
         self.entry_changed(parent, name, Some(ino));
@@ -415,7 +415,8 @@ impl Tx<'_> {
         Ok(())
     }
 
-    /// Removes an entry; the parent counts as touched (see `add_dirent`).
+    /// Removes an entry; the parent counts as touched and the entry as changed (see
+    /// `add_dirent`).
     fn remove_dirent(&self, parent: Ino, name: &str, entry: &Dirent) -> TxResult<()> {
         self.touch(parent);
         self.entry_changed(parent, name, None);
