@@ -66,7 +66,9 @@ impl Protocol {
             // carries concurrent calls, answered in completion order under their ids;
             // `ClusterInfo` names the attribute table (`proto::attrs`); `SetAttr::kill_suidgid`,
             // `Rename::exchange`; file control blocks carry MTIME and MODE (`proto::fcb`).
-            Protocol::Rpc => 4,
+            // 5: `ClusterInfo` names the directory-entry table (`proto::dentries`); `OpenFile`
+            // no longer carries a directory version.
+            Protocol::Rpc => 5,
             // 1: the first version with a handshake.
             Protocol::LockServer => 1,
         }

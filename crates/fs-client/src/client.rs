@@ -125,8 +125,6 @@ pub(crate) struct Inner {
     pub(crate) files: HandleTable,
     /// The per-thread data-path state.
     pub(crate) pool: WorkerPool,
-    /// Names looked up (`fcb`'s name cache for one-sided lookups).
-    pub(crate) names: crate::fcb::NameCache,
     /// The data path's fabric traffic ([`CitronFs::io_stats`]).
     pub(crate) io: crate::io::IoCounters,
 }
@@ -160,7 +158,6 @@ impl CitronFs {
             opts,
             files: HandleTable::default(),
             pool: WorkerPool::default(),
-            names: crate::fcb::NameCache::default(),
             io: crate::io::IoCounters::default(),
         });
         // Open one worker now so that a fabric that cannot be reached fails the connect.

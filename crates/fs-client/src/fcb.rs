@@ -23,39 +23,9 @@ use crate::workers::Worker;
 use fabric::{AtomicHandle, Batch, Completions, ReadHandle};
 use proto::attrs::{AttrSlot, AttrTableRef};
 use proto::{fcb, Attr, FileKind, Ino};
-use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
-
-/// Names this client looked up: `(parent, name)` → the inode and the version of the parent's
-/// slot in the attribute table when it was looked up. An entry is used only while the parent's
-/// slot still has that version (no entry of the directory changed since), so it is never
-/// stale; it is dropped when the cache is full.
-#[derive(Default)]
-pub(crate) struct NameCache {
-    names: Mutex<HashMap<(Ino, String), (Ino, u64)>>,
-}
-
-/// Most names cached (then the cache starts afresh).
-const NAME_CACHE_MAX: usize = 1 << 16;
-
-impl NameCache {
-    fn get(&self, parent: Ino, name: &str) -> Option<(Ino, u64)> {
-        let names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
-        names.get(&(parent, name.to_owned())).copied()
-    }
-
-    /// Remembers that `name` in `parent` was `ino` when the parent's slot had `version`.
-    pub(crate) fn note(&self, parent: Ino, name: &str, ino: Ino, version: u64) {
-        let mut names = self.names.lock().unwrap_or_else(PoisonError::into_inner);
-        if names.len() >= NAME_CACHE_MAX {
-            names.clear();
-        }
-        names.insert((parent, name.to_owned()), (ino, version));
-    }
-}
 
 /// Reads the slots of `inos` in one round trip; each is `None` unless whole and its inode's.
-fn read_slots<const N: usize>(
+pub(crate) fn read_slots<const N: usize>(
     w: &mut Worker,
     table: &AttrTableRef,
     inos: [Ino; N],
@@ -76,7 +46,7 @@ fn read_slots<const N: usize>(
 
 /// The attributes a slot holds, with the size from the FCB it names (an open file's truth);
 /// `None` if that FCB is no longer the file's (closed meanwhile).
-fn live_slot_attr(
+pub(crate) fn live_slot_attr(
     w: &mut Worker,
     table: &AttrTableRef,
     slot: AttrSlot,
@@ -193,37 +163,6 @@ impl Inner {
             Some(slot) => live_slot_attr(&mut w, &table, slot),
             None => Ok(None),
         }
-    }
-
-    /// The entry `name` of `parent` read one-sidedly, when this client looked it up before
-    /// and `parent` has not changed since (its slot's version is the one cached: every change
-    /// of its entries republishes it with a new version). One round trip reads both slots.
-    pub(crate) fn lookup_one_sided(&self, parent: Ino, name: &str) -> Result<Option<Attr>, Error> {
-        let Some((ino, version)) = self.names.get(parent, name) else {
-            return Ok(None);
-        };
-        let mut w = self.checkout()?;
-        let Some(table) = w.view.info.attr_table else {
-            return Ok(None);
-        };
-        let [dir, child] = read_slots(&mut w, &table, [parent, ino])?;
-        match (dir, child) {
-            (Some(dir), Some(child)) if dir.version == version => {
-                live_slot_attr(&mut w, &table, child)
-            }
-            _ => Ok(None),
-        }
-    }
-
-    /// The version of `parent`'s slot now, read before a lookup by RPC so that the name the
-    /// RPC answers is cached under a version no newer than the one it was found under.
-    pub(crate) fn dir_version(&self, parent: Ino) -> Result<Option<u64>, Error> {
-        let mut w = self.checkout()?;
-        let Some(table) = w.view.info.attr_table else {
-            return Ok(None);
-        };
-        let [dir] = read_slots(&mut w, &table, [parent])?;
-        Ok(dir.map(|d| d.version))
     }
 
     /// Reads SIZE and GENERATION from the FCB (two word reads in one round trip: each word is

@@ -49,8 +49,8 @@ use crate::io::Fallocate;
 use fuser::{
     Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
     KernelConfig, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr,
-    Request, SessionACL, TimeOrNow, WriteFlags,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
 };
 use proto::rpc::XattrMode;
 use proto::{Attr, Caller, FileKind, FsError, SetAttr, SetTime, Timestamp};
@@ -687,6 +687,12 @@ impl Filesystem for CitronFuse {
             .capabilities()
             .contains(fuser::InitFlags::FUSE_MAX_PAGES);
         let _ = config.set_max_pages(self.pages_asked);
+        // `ls -l` lists a directory with its attributes in one request per batch of entries
+        // (`readdirplus`); AUTO lets the kernel use it only where stats follow a listing.
+        // Kernels without it keep plain `readdir`.
+        let _ = config.add_capabilities(
+            fuser::InitFlags::FUSE_DO_READDIRPLUS | fuser::InitFlags::FUSE_READDIRPLUS_AUTO,
+        );
         *self.negotiated.lock().unwrap_or_else(|e| e.into_inner()) = Some(Negotiated {
             max_write,
             max_pages_asked: self.pages_asked,
@@ -1003,6 +1009,40 @@ impl Filesystem for CitronFuse {
                     entry.cookie,
                     file_type(entry.kind),
                     &entry.name,
+                ) {
+                    // The kernel's buffer is full; it asks again from the last cookie added.
+                    return reply.ok();
+                }
+                cookie = entry.cookie;
+            }
+        }
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let mut cookie = offset;
+        loop {
+            let entries = match self.fs.readdirplus(ino.0, cookie, 128) {
+                Ok(entries) => entries,
+                Err(e) => return reply.error(failed(&Req::ino("readdirplus", ino), &e)),
+            };
+            if entries.is_empty() {
+                return reply.ok();
+            }
+            for (entry, attr) in entries {
+                if reply.add(
+                    INodeNo(entry.ino),
+                    entry.cookie,
+                    &entry.name,
+                    &self.ttl,
+                    &file_attr(&attr, self.blksize()),
+                    Generation(0),
                 ) {
                     // The kernel's buffer is full; it asks again from the last cookie added.
                     return reply.ok();

@@ -34,6 +34,7 @@ macro_rules! failpoint {
 
 mod chunks;
 pub mod client;
+mod dentries;
 pub mod error;
 mod fcb;
 #[cfg(feature = "fuse")]

@@ -332,6 +332,7 @@ fn short(response: &Response) -> &'static str {
         Response::Ok => "Ok",
         Response::Attr(_) => "Attr",
         Response::Entries(_) => "Entries",
+        Response::EntriesPlus(_) => "EntriesPlus",
         Response::Data(_) => "Data",
         Response::Names(_) => "Names",
         Response::Stats(_) => "Stats",

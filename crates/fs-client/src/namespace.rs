@@ -1,7 +1,8 @@
 //! Namespace calls: lookups, attributes, creation and removal of names, links, directories,
 //! extended attributes and file-system totals, each one RPC to the meta server (the namespace
-//! lives there, in sled; every mutation is one transaction) — except `getattr`, which reads the
-//! meta server's attribute table one-sidedly and falls back to the RPC.
+//! lives there, in sled; every mutation is one transaction) — except `getattr` and `lookup`,
+//! which read the meta server's attribute and directory-entry tables one-sidedly and fall back
+//! to the RPC.
 //!
 //! This module owns no state. Two rules it keeps:
 //! - names are checked here (`check_name_for`) before they travel, with the same rules and
@@ -12,6 +13,7 @@
 //!   (`fcb`'s `fresh_size`), not from the meta server, whose copy lags behind one-sided writes.
 
 use crate::client::{CitronFs, FileHandle, Inner};
+use crate::dentries::OneSided;
 use crate::error::Error;
 use crate::meta::unexpected;
 use proto::rpc::{check_name_for, is_dot, NameOp, Request, Response, XattrMode};
@@ -26,16 +28,17 @@ fn check(op: NameOp, name: &str) -> Result<(), Error> {
 }
 
 impl CitronFs {
-    /// The entry `name` in directory `parent`: read one-sidedly (the parent's and the
-    /// entry's slots in the attribute table) when this client looked it up before and the
-    /// directory has not changed since; else by RPC.
+    /// The entry `name` in directory `parent`: resolved one-sidedly in the meta server's
+    /// directory-entry and attribute tables (`dentries`: found, or absent, with no RPC) in the
+    /// common cases; else by RPC.
     pub fn lookup(&self, parent: Ino, name: &str) -> Result<Attr, Error> {
         // Any call's rules: they differ only for `.` and `..`, which the server resolves.
         check(NameOp::Create, name)?;
-        if let Some(attr) = self.inner.lookup_one_sided(parent, name)? {
-            return self.inner.fresh_size(attr);
+        match self.inner.lookup_one_sided(parent, name)? {
+            OneSided::Found(attr) => return self.inner.fresh_size(attr),
+            OneSided::Absent => return Err(FsError::NotFound.into()),
+            OneSided::Unknown => {}
         }
-        let version = self.inner.dir_version(parent)?;
         let attr = self.inner.attr_call(
             "Lookup",
             Request::Lookup {
@@ -43,11 +46,6 @@ impl CitronFs {
                 name: name.into(),
             },
         )?;
-        if let Some(version) = version {
-            if !is_dot(name) {
-                self.inner.names.note(parent, name, attr.ino, version);
-            }
-        }
         self.inner.fresh_size(attr)
     }
 
@@ -109,11 +107,6 @@ impl CitronFs {
             other => return Err(unexpected("Create", other)),
         };
         let attr = opened.attr.clone();
-        if opened.dir_version != 0 {
-            self.inner
-                .names
-                .note(parent, name, attr.ino, opened.dir_version);
-        }
         let inode = self.inner.adopt_open(attr.ino, session, opened)?;
         Ok((attr, self.inner.new_handle(inode, caller, flags)))
     }
@@ -333,6 +326,27 @@ impl CitronFs {
         {
             Response::Entries(entries) => Ok(entries),
             other => Err(unexpected("ReadDir", other)),
+        }
+    }
+
+    /// Like [`CitronFs::readdir`], with each entry's attributes (the size of a file open on
+    /// this client from its control block): one RPC for what `ls -l` needs of `max` entries.
+    pub fn readdirplus(
+        &self,
+        ino: Ino,
+        cookie: u64,
+        max: u32,
+    ) -> Result<Vec<(DirEntry, Attr)>, Error> {
+        match self
+            .inner
+            .meta
+            .call(Request::ReadDirPlus { ino, cookie, max })?
+        {
+            Response::EntriesPlus(entries) => entries
+                .into_iter()
+                .map(|(entry, attr)| Ok((entry, self.inner.fresh_size(attr)?)))
+                .collect(),
+            other => Err(unexpected("ReadDirPlus", other)),
         }
     }
 

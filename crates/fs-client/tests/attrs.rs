@@ -1,9 +1,11 @@
 //! The attribute table (`proto::attrs`): `getattr` reads it one-sidedly — no request reaches
 //! the meta server — sees every change another client made (chmod, a write to an open file,
 //! truncate, unlink), and falls back to the RPC when a slot is torn, empty or another inode's.
+//! The directory-entry table (`proto::dentries`): `lookup` resolves names, found or absent,
+//! one-sidedly on every client, right after the directory changed. `readdirplus`.
 
 use fabric::{EndpointExt, RemoteAddr};
-use fs_client::{CitronFs, FsError, LockScheme, SetAttr, ROOT_INO};
+use fs_client::{CitronFs, FileKind, FsError, LockScheme, SetAttr, ROOT_INO};
 use proto::attrs::{self, AttrSlot};
 use testkit::{Cluster, ClusterSpec};
 
@@ -119,45 +121,134 @@ fn torn_empty_and_foreign_slots_fall_back_to_the_rpc() {
 }
 
 #[test]
-fn a_known_name_is_looked_up_one_sidedly_until_its_directory_changes() {
+fn names_are_resolved_one_sidedly_by_every_client_even_after_their_directory_changed() {
     let cluster = start();
     let a = cluster.connect(LockScheme::CITRON).unwrap();
     let b = cluster.connect(LockScheme::CITRON).unwrap();
+    assert!(
+        b.cluster().dentry_table.is_some(),
+        "the meta server publishes an entry table"
+    );
     let dir = a.mkdir(me(), ROOT_INO, "d", 0o755).unwrap().ino;
     let (first, fh) = a.create(me(), dir, "x", 0o644, libc::O_RDWR).unwrap();
     a.release(fh).unwrap();
-    let (seen, rpcs) = requests_during(&cluster, || a.lookup(dir, "x").unwrap());
-    assert_eq!(
-        (seen.ino, rpcs),
-        (first.ino, 0),
-        "the creator knows the name it created"
-    );
-
-    let (seen, rpcs) = requests_during(&cluster, || b.lookup(dir, "x").unwrap());
-    assert_eq!(
-        (seen.ino, rpcs),
-        (first.ino, 1),
-        "the first lookup of a name is an RPC"
-    );
     let (seen, rpcs) = requests_during(&cluster, || b.lookup(dir, "x").unwrap());
     assert_eq!(
         (seen.ino, rpcs),
         (first.ino, 0),
-        "a known name is read one-sidedly"
+        "a name another client created is resolved with no RPC"
     );
+    let (seen, rpcs) = requests_during(&cluster, || b.lookup(ROOT_INO, "d").unwrap());
+    assert_eq!((seen.ino, seen.kind, rpcs), (dir, FileKind::Dir, 0));
 
-    // Another client replaces the name: b must see the new file, not its cached inode (which
-    // lives on under another name, so its slot stays valid: only the directory's version
-    // tells the cached name is stale).
+    // The directory changes (new names, a rename within it): lookups stay one-sided and
+    // see every answered change at once.
+    for i in 0..20 {
+        let (_, fh) = a
+            .create(me(), dir, &format!("other{i}"), 0o644, libc::O_RDWR)
+            .unwrap();
+        a.release(fh).unwrap();
+    }
+    a.rename(dir, "x", dir, "renamed", false).unwrap();
+    let (seen, rpcs) = requests_during(&cluster, || b.lookup(dir, "renamed").unwrap());
+    assert_eq!(
+        (seen.ino, rpcs),
+        (first.ino, 0),
+        "the new name, one-sidedly"
+    );
+    let (gone, rpcs) = requests_during(&cluster, || b.lookup(dir, "x"));
+    assert!(
+        matches!(gone, Err(fs_client::Error::Fs(FsError::NotFound))),
+        "the old name is gone: {gone:?}"
+    );
+    assert_eq!(rpcs, 0, "an absent name is known absent without an RPC");
+
+    // Replaced by a rename over it: b sees the new file, not the old inode (which lives on
+    // under another name, so its attribute slot stays valid).
     a.link(first.ino, ROOT_INO, "keep").unwrap();
     let (second, fh) = a.create(me(), dir, "y", 0o600, libc::O_RDWR).unwrap();
     a.release(fh).unwrap();
-    a.rename(dir, "y", dir, "x", false).unwrap();
-    let seen = b.lookup(dir, "x").unwrap();
-    assert_eq!((seen.ino, seen.perm), (second.ino, 0o600));
-    a.unlink(dir, "x").unwrap();
+    a.rename(dir, "y", dir, "renamed", false).unwrap();
+    let (seen, rpcs) = requests_during(&cluster, || b.lookup(dir, "renamed").unwrap());
+    assert_eq!((seen.ino, seen.perm, rpcs), (second.ino, 0o600, 0));
+    a.unlink(dir, "renamed").unwrap();
+    let (gone, rpcs) = requests_during(&cluster, || b.lookup(dir, "renamed"));
+    assert!(matches!(gone, Err(fs_client::Error::Fs(FsError::NotFound))));
+    assert_eq!(rpcs, 0);
+
+    // A name in a file is ENOTDIR, not ENOENT: the table cannot say, the RPC does.
+    let (file, fh) = a.create(me(), dir, "plain", 0o644, libc::O_RDWR).unwrap();
+    a.release(fh).unwrap();
     assert!(matches!(
-        b.lookup(dir, "x"),
-        Err(fs_client::Error::Fs(FsError::NotFound))
+        b.lookup(file.ino, "z"),
+        Err(fs_client::Error::Fs(FsError::NotDir))
     ));
+    // And `..` is the server's to resolve.
+    assert_eq!(b.lookup(dir, "..").unwrap().ino, ROOT_INO);
+}
+
+#[test]
+fn names_that_overflow_their_slot_are_still_resolved_rightly() {
+    // Names too long to be held in a slot are only counted there: lookups of them, and of
+    // absent names hashing to the same slot, go to the RPC and get the truth.
+    let cluster = start();
+    let fs = cluster.connect(LockScheme::CITRON).unwrap();
+    let long = |i: usize| format!("{i:03}-{}", "n".repeat(240));
+    let mut inos = Vec::new();
+    for i in 0..5 {
+        let (attr, fh) = fs
+            .create(me(), ROOT_INO, &long(i), 0o644, libc::O_RDWR)
+            .unwrap();
+        fs.release(fh).unwrap();
+        inos.push(attr.ino);
+    }
+    for (i, &ino) in inos.iter().enumerate() {
+        let (seen, rpcs) = requests_during(&cluster, || fs.lookup(ROOT_INO, &long(i)).unwrap());
+        assert_eq!((seen.ino, rpcs), (ino, 1));
+    }
+    for i in 0..5 {
+        fs.unlink(ROOT_INO, &long(i)).unwrap();
+        assert!(matches!(
+            fs.lookup(ROOT_INO, &long(i)),
+            Err(fs_client::Error::Fs(FsError::NotFound))
+        ));
+    }
+}
+
+#[test]
+fn readdirplus_answers_each_entrys_attributes() {
+    let cluster = start();
+    let a = cluster.connect(LockScheme::CITRON).unwrap();
+    let b = cluster.connect(LockScheme::CITRON).unwrap();
+    let dir = a.mkdir(me(), ROOT_INO, "d", 0o750).unwrap().ino;
+    let (f, fh) = a.create(me(), dir, "f", 0o640, libc::O_RDWR).unwrap();
+    // Written and still open: the size is the control block's, not the database's.
+    a.write(fh, 0, &[1u8; 7000]).unwrap();
+    let sub = a.mkdir(me(), dir, "sub", 0o700).unwrap();
+    let link = a.symlink(me(), dir, "l", "f").unwrap();
+    let mut listed = Vec::new();
+    let mut cookie = 0;
+    loop {
+        let batch = b.readdirplus(dir, cookie, 2).unwrap();
+        let Some((last, _)) = batch.last() else { break };
+        cookie = last.cookie;
+        listed.extend(batch);
+    }
+    let names: Vec<&str> = listed.iter().map(|(e, _)| e.name.as_str()).collect();
+    assert_eq!(names, [".", "..", "f", "sub", "l"]);
+    for (entry, attr) in &listed {
+        assert_eq!(entry.ino, attr.ino, "{}", entry.name);
+        assert_eq!(attr, &b.getattr(entry.ino).unwrap(), "{}", entry.name);
+    }
+    let by_name = |n: &str| listed.iter().find(|(e, _)| e.name == n).unwrap().1.clone();
+    assert_eq!((by_name("f").size, by_name("f").perm), (7000, 0o640));
+    assert_eq!(by_name("f").ino, f.ino);
+    assert_eq!(
+        (by_name("sub").kind, by_name("sub").ino),
+        (FileKind::Dir, sub.ino)
+    );
+    assert_eq!(by_name("l").kind, FileKind::Symlink);
+    assert_eq!(by_name("l").ino, link.ino);
+    assert_eq!((by_name(".").ino, by_name("..").ino), (dir, ROOT_INO));
+    a.release(fh).unwrap();
 }

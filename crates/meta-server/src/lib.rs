@@ -17,6 +17,7 @@
 //! [`MetaHandle::shutdown`] (or drop), which persists open files' sizes and flushes sled.
 
 pub mod alloc;
+mod dentries;
 pub mod fsck;
 mod reclaim;
 pub mod rpc;
@@ -373,6 +374,13 @@ impl MetaHandle {
     /// (0 once shut down): what `citronfs bench meta` divides by its operations.
     pub fn request_count(&self) -> u64 {
         self.inner.as_ref().map_or(0, |r| r.service.request_count())
+    }
+
+    /// Nanoseconds the server spent handling those requests, from a handler's start to its
+    /// answer (waits for the state lock included, the transport not): with `request_count`,
+    /// the server's share of an operation's time (0 once shut down).
+    pub fn request_nanos(&self) -> u64 {
+        self.inner.as_ref().map_or(0, |r| r.service.request_nanos())
     }
 
     /// Stops accepting, closes every connection, persists the sizes of open files and flushes

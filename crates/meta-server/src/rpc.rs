@@ -550,7 +550,7 @@ fn fuzz_dispatch(store: &crate::store::Store, request: proto::rpc::Request) {
             let _ = store.readlink(ino);
             None
         }
-        Request::ReadDir { ino, cookie, max } => {
+        Request::ReadDir { ino, cookie, max } | Request::ReadDirPlus { ino, cookie, max } => {
             if let Ok(entries) = store.readdir(ino, cookie, max) {
                 assert!(entries.len() <= (max.clamp(1, 4096)) as usize);
             }

@@ -152,6 +152,9 @@ struct State {
     /// The attribute table in the meta region ([`proto::attrs`]); `None` when the region had
     /// no room for it.
     attrs: Option<AttrTable>,
+    /// The directory-entry table in the meta region ([`proto::dentries`]); `None` when the
+    /// region had no room for it.
+    dentries: Option<crate::dentries::DentryTable>,
 }
 
 /// How long after a silence longer than `fence_after` a session that speaks again stays a
@@ -170,6 +173,10 @@ struct AttrTable {
 /// Most slots of the attribute table: 12 MiB of 192-byte slots; never more than an eighth of
 /// the meta region (FCBs and lock trees need the rest).
 const MAX_ATTR_SLOTS: u64 = 1 << 16;
+
+/// Most slots of the directory-entry table: 8 MiB of 256-byte slots (about 400,000 short names
+/// held); never more than an eighth of the meta region.
+const MAX_DENTRY_SLOTS: u64 = 1 << 15;
 
 /// How long an allocation that found no free chunk waits for the reclaimer to recycle the
 /// chunks freed before it.
@@ -222,6 +229,10 @@ pub(crate) struct Service {
     /// by the file system's work): what
     /// `citronfs bench meta` divides by its operations to show RPCs per operation.
     requests: std::sync::atomic::AtomicU64,
+    /// Nanoseconds spent handling those requests (from the handler's start to its answer, the
+    /// state lock's waits included; not the transport's): what `citronfs bench meta` shows as
+    /// the server's share of an operation.
+    request_ns: std::sync::atomic::AtomicU64,
     /// Freed chunks on their way to being zeroed and recycled ([`crate::reclaim`]).
     reclaimer: crate::reclaim::Reclaimer,
 }
@@ -282,6 +293,14 @@ impl Service {
                 // Above every version of an earlier run (see `proto::attrs`).
                 next_version: first_session_id().saturating_mul(1024),
             });
+        let dentry_slots = (len / 8 / proto::dentries::SLOT_BYTES).min(MAX_DENTRY_SLOTS);
+        let dentry_table = (dentry_slots > 0)
+            .then(|| alloc.alloc(dentry_slots * proto::dentries::SLOT_BYTES))
+            .flatten()
+            .map(|offset| proto::dentries::DentryTableRef {
+                base: Self::meta_addr(offset),
+                slots: dentry_slots,
+            });
         let service = Service {
             settings,
             store,
@@ -297,6 +316,7 @@ impl Service {
                 live: BTreeMap::new(),
                 endpoint: LocalEndpoint::new(Arc::new(OwnRegion(region))),
                 attrs,
+                dentries: None,
             }),
             lock_server,
             stopping: std::sync::atomic::AtomicBool::new(false),
@@ -306,6 +326,7 @@ impl Service {
             local_revoke: std::sync::OnceLock::new(),
             layout_epoch: std::sync::atomic::AtomicU64::new(1),
             requests: std::sync::atomic::AtomicU64::new(0),
+            request_ns: std::sync::atomic::AtomicU64::new(0),
             reclaimer: crate::reclaim::Reclaimer::default(),
         };
         // Orphans were open when the last run ended; no session survives a restart.
@@ -315,6 +336,15 @@ impl Service {
         }
         // The table starts empty (every slot falls back to the RPC until published).
         service.store.take_touched();
+        // The entry table starts whole: every entry of the database, before any client is
+        // told where it is.
+        service.store.take_entry_changes();
+        if let Some(table) = dentry_table {
+            let mut st = lock(&service.state);
+            let entries = service.store.all_entries()?;
+            let filled = crate::dentries::DentryTable::new(table, entries, &mut st.endpoint)?;
+            st.dentries = Some(filled);
+        }
         Ok(service)
     }
 
@@ -364,7 +394,15 @@ impl Service {
     /// past the one returned and the client asks again.
     fn cluster_info(&self, session: u64) -> Result<ClusterInfo, FsError> {
         let layout_epoch = self.layout_epoch();
-        let live: HashSet<u32> = lock(&self.state).live.keys().copied().collect();
+        let (live, attr_table, dentry_table) = {
+            let st = lock(&self.state);
+            let live: HashSet<u32> = st.live.keys().copied().collect();
+            (
+                live,
+                st.attrs.as_ref().map(|a| a.table),
+                st.dentries.as_ref().map(|d| d.table),
+            )
+        };
         let mut data_servers = Vec::new();
         for r in self.store.servers()? {
             data_servers.push(DataServerInfo {
@@ -387,7 +425,8 @@ impl Service {
             fence_after_ms: self.settings.fence_after.as_millis() as u64,
             lock_server: self.lock_server.as_ref().map(|s| s.addr().to_string()),
             layout_epoch,
-            attr_table: lock(&self.state).attrs.as_ref().map(|a| a.table),
+            attr_table,
+            dentry_table,
         })
     }
 
@@ -853,20 +892,51 @@ impl Service {
         }
     }
 
-    /// The version `ino`'s slot holds now, if it holds `ino`.
-    fn slot_version(&self, st: &mut State, ino: Ino) -> Option<u64> {
-        let addr = st.attrs.as_ref()?.table.slot_addr(ino);
-        let held = st
-            .endpoint
-            .read(addr, proto::attrs::SLOT_BYTES as usize)
-            .ok()?;
-        proto::attrs::decode(&held, ino).map(|slot| slot.version)
-    }
-
-    /// Publishes every inode committed transactions touched since the last call.
+    /// Publishes every inode and directory entry committed transactions touched since the
+    /// last call.
     fn publish_touched(&self, st: &mut State) {
         let touched = self.store.take_touched();
         self.publish(st, touched);
+        let changes = self.store.take_entry_changes();
+        if let Some(table) = st.dentries.as_mut() {
+            if !changes.is_empty() {
+                table.apply(changes, &mut st.endpoint);
+            }
+        }
+    }
+
+    /// Holds `parent/name` in the entry table if it was only counted there (a lookup by RPC
+    /// found it, so that the next one is one-sided); checked against the database under the
+    /// state lock, after every committed change is applied.
+    fn fill_entry(&self, parent: Ino, name: &str) {
+        let mut st = lock(&self.state);
+        if st.dentries.is_none() || proto::rpc::is_dot(name) {
+            return;
+        }
+        self.publish_touched(&mut st);
+        if let Ok(Some(ino)) = self.store.entry_ino(parent, name) {
+            let State {
+                dentries, endpoint, ..
+            } = &mut *st;
+            if let Some(table) = dentries.as_mut() {
+                table.fill(parent, name, ino, endpoint);
+            }
+        }
+    }
+
+    /// Rebuilds the entry table from the database (after repairs).
+    fn refill_entries(&self, st: &mut State) -> Result<(), FsError> {
+        let Some(table) = st.dentries.as_ref().map(|d| d.table) else {
+            return Ok(());
+        };
+        self.store.take_entry_changes();
+        let entries = self.store.all_entries()?;
+        st.dentries = Some(crate::dentries::DentryTable::new(
+            table,
+            entries,
+            &mut st.endpoint,
+        )?);
+        Ok(())
     }
 
     /// Publishes `ino` unless its slot holds it already (a stat or lookup by RPC fills the
@@ -999,7 +1069,6 @@ impl Service {
             attr,
             fcb: Self::meta_addr(fcb_off),
             lock,
-            dir_version: 0,
         })
     }
 
@@ -1137,10 +1206,21 @@ impl Service {
 
     /// Handles one request of client session `session`.
     pub fn handle(&self, session: u64, request: Request) -> Result<Response, FsError> {
-        if !matches!(request, Request::Heartbeat) {
+        let counted = !matches!(request, Request::Heartbeat);
+        let start = Instant::now();
+        let result = self.handle_timed(session, request);
+        if counted {
             self.requests
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.request_ns.fetch_add(
+                start.elapsed().as_nanos() as u64,
+                std::sync::atomic::Ordering::Relaxed,
+            );
         }
+        result
+    }
+
+    fn handle_timed(&self, session: u64, request: Request) -> Result<Response, FsError> {
         self.touch(session, true)?;
         let changes = changes_inodes(&request);
         let result = self.handle_touched(session, request);
@@ -1174,6 +1254,7 @@ impl Service {
             Request::Lookup { parent, name } => {
                 let attr = self.store.lookup(parent, &name)?;
                 self.fill(attr.ino);
+                self.fill_entry(parent, &name);
                 Response::Attr(self.live_attr(attr))
             }
             Request::GetAttr { ino } => {
@@ -1285,6 +1366,23 @@ impl Service {
             Request::ReadDir { ino, cookie, max } => {
                 Response::Entries(self.store.readdir(ino, cookie, max)?)
             }
+            Request::ReadDirPlus { ino, cookie, max } => {
+                let entries = self.store.readdir(ino, cookie, max)?;
+                let mut plus = Vec::with_capacity(entries.len());
+                for entry in entries {
+                    // An entry removed since the scan is left out, as if listed after it.
+                    match self.store.getattr(entry.ino) {
+                        Ok(attr) => plus.push((entry, attr)),
+                        Err(FsError::NotFound) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                let mut st = lock(&self.state);
+                for (_, attr) in &mut plus {
+                    *attr = Self::live_locked(&mut st, attr.clone());
+                }
+                Response::EntriesPlus(plus)
+            }
             Request::Statfs => Response::Stats(self.statfs()?),
             Request::SetXattr {
                 ino,
@@ -1311,19 +1409,12 @@ impl Service {
                 caller,
                 scheme,
             } => {
-                let (attr, dir_version) = {
-                    let mut st = lock(&self.state);
-                    let attr = self
-                        .store
-                        .mknod(parent, &name, FileKind::File, perm, 0, caller)?;
-                    // Published now, under the lock that keeps every other change out: the
-                    // parent's version is one under which `name` is the new file.
-                    self.publish_touched(&mut st);
-                    (attr, self.slot_version(&mut st, parent).unwrap_or(0))
+                let attr = {
+                    let _st = lock(&self.state);
+                    self.store
+                        .mknod(parent, &name, FileKind::File, perm, 0, caller)?
                 };
-                let mut opened = self.open(session, attr.ino, scheme)?;
-                opened.dir_version = dir_version;
-                Response::Open(opened)
+                Response::Open(self.open(session, attr.ino, scheme)?)
             }
             Request::Release { ino } => {
                 let mut st = lock(&self.state);
@@ -1527,6 +1618,10 @@ impl Service {
         let (mut report, freed) = crate::fsck::run(&self.store, options, live, locks)?;
         report.counts.sessions = others as u64;
         report.counts.open_files = st.open.len() as u64;
+        if !report.repairs.is_empty() {
+            // Repairs may change entries the table holds: take it afresh from the database.
+            self.refill_entries(&mut st)?;
+        }
         drop(st);
         if !report.repairs.is_empty() {
             tracing::warn!(
@@ -1568,6 +1663,11 @@ impl Service {
         self.requests.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Nanoseconds spent handling those requests.
+    pub fn request_nanos(&self) -> u64 {
+        self.request_ns.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Bytes of the meta region not in use (for tests and reports).
     pub fn meta_free_bytes(&self) -> u64 {
         lock(&self.state).alloc.free_bytes()
@@ -1587,6 +1687,7 @@ fn changes_inodes(request: &Request) -> bool {
             | Request::GetAttr { .. }
             | Request::Readlink { .. }
             | Request::ReadDir { .. }
+            | Request::ReadDirPlus { .. }
             | Request::Statfs
             | Request::GetXattr { .. }
             | Request::ListXattr { .. }

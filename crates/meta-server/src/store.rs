@@ -316,12 +316,33 @@ fn lift<T>(r: Result<T, FsError>) -> TxResult<T> {
     r.map_err(ConflictableTransactionError::Abort)
 }
 
-/// One transaction's view of every tree, with typed accessors, the file layout, and the
-/// inodes it wrote or deleted (for [`Store::take_touched`]).
+/// What committed transactions changed, for the meta server's one-sided tables.
+#[derive(Default)]
+struct Touched {
+    /// Inodes written or deleted (the attribute table: [`Store::take_touched`]).
+    inos: Vec<Ino>,
+    /// Directory entries added or removed, in the order they happened (the entry table:
+    /// [`Store::take_entry_changes`]).
+    entries: Vec<EntryChange>,
+}
+
+/// A directory entry added (`ino` is `Some`) or removed (`None`) by a committed transaction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EntryChange {
+    /// The directory.
+    pub parent: Ino,
+    /// The entry's name.
+    pub name: String,
+    /// The inode it names now, or `None`: removed.
+    pub ino: Option<Ino>,
+}
+
+/// One transaction's view of every tree, with typed accessors, the file layout, and what it
+/// changed (for [`Store::take_touched`] and [`Store::take_entry_changes`]).
 struct Tx<'a>(
     &'a [TransactionalTree],
     Layout,
-    &'a std::cell::RefCell<Vec<Ino>>,
+    &'a std::cell::RefCell<Touched>,
 );
 
 impl Tx<'_> {
@@ -330,7 +351,15 @@ impl Tx<'_> {
     }
 
     fn touch(&self, ino: Ino) {
-        self.2.borrow_mut().push(ino);
+        self.2.borrow_mut().inos.push(ino);
+    }
+
+    fn entry_changed(&self, parent: Ino, name: &str, ino: Option<Ino>) {
+        self.2.borrow_mut().entries.push(EntryChange {
+            parent,
+            name: name.to_owned(),
+            ino,
+        });
     }
 
     fn inode(&self, ino: Ino) -> TxResult<Attr> {
@@ -361,10 +390,11 @@ impl Tx<'_> {
         }
     }
 
-    /// Adds an entry. The parent counts as touched: its slot in the attribute table is
-    /// republished with a new version, which is what clients' name caches check.
+    /// Adds an entry. The parent counts as touched (its size and times changed: its slot in
+    /// the attribute table is republished), and the entry as changed (the entry table).
     fn add_dirent(&self, parent: Ino, name: &str, ino: Ino, kind: FileKind) -> TxResult<()> {
         self.touch(parent);
+        self.entry_changed(parent, name, Some(ino));
         let cookie = match self.t(T_COOKIES).get(be64(parent))? {
             Some(v) => lift(decode_u64(&v))?,
             None => FIRST_ENTRY_COOKIE,
@@ -385,9 +415,11 @@ impl Tx<'_> {
         Ok(())
     }
 
-    /// Removes an entry; the parent counts as touched (see `add_dirent`).
+    /// Removes an entry; the parent counts as touched and the entry as changed (see
+    /// `add_dirent`).
     fn remove_dirent(&self, parent: Ino, name: &str, entry: &Dirent) -> TxResult<()> {
         self.touch(parent);
+        self.entry_changed(parent, name, None);
         self.t(T_DIRENTS).remove(key2(parent, name.as_bytes()))?;
         self.t(T_DIRINDEX).remove(&key_u64s(parent, entry.cookie))?;
         Ok(())
@@ -598,8 +630,9 @@ pub struct Store {
     trees: Vec<Tree>,
     layout: Layout,
     /// Inodes written or deleted by committed transactions since the last
-    /// [`Store::take_touched`]: the meta server republishes their attributes.
-    touched: std::sync::Mutex<Vec<Ino>>,
+    /// [`Store::take_touched`]: the meta server republishes their attributes; and the
+    /// directory entries they changed, in commit order ([`Store::take_entry_changes`]).
+    touched: std::sync::Mutex<Touched>,
 }
 
 impl Store {
@@ -632,7 +665,7 @@ impl Store {
             db,
             trees,
             layout,
-            touched: std::sync::Mutex::new(Vec::new()),
+            touched: std::sync::Mutex::new(Touched::default()),
         })
     }
 
@@ -743,13 +776,13 @@ impl Store {
 
     /// Runs `f` as one transaction over every tree.
     fn tx<A>(&self, f: impl Fn(&Tx) -> TxResult<A>) -> Result<A, FsError> {
-        let touched = std::cell::RefCell::new(Vec::new());
+        let touched = std::cell::RefCell::new(Touched::default());
         let result = self
             .trees
             .as_slice()
             .transaction(|trees| {
-                // A retried attempt starts afresh: only the committed one's inodes count.
-                touched.borrow_mut().clear();
+                // A retried attempt starts afresh: only the committed one's changes count.
+                *touched.borrow_mut() = Touched::default();
                 f(&Tx(trees, self.layout, &touched))
             })
             .map_err(|e| match e {
@@ -757,27 +790,48 @@ impl Store {
                 TransactionError::Storage(e) => db_err(e),
             })?;
         let touched = touched.into_inner();
-        if !touched.is_empty() {
-            self.touched
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .extend(touched);
+        if !touched.inos.is_empty() || !touched.entries.is_empty() {
+            let mut all = self.touched_now();
+            all.inos.extend(touched.inos);
+            all.entries.extend(touched.entries);
         }
         Ok(result)
+    }
+
+    fn touched_now(&self) -> std::sync::MutexGuard<'_, Touched> {
+        self.touched
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Takes the inodes committed transactions wrote or deleted since the last call, each
     /// once.
     pub fn take_touched(&self) -> Vec<Ino> {
-        let mut inos = std::mem::take(
-            &mut *self
-                .touched
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        );
+        let mut inos = std::mem::take(&mut self.touched_now().inos);
         inos.sort_unstable();
         inos.dedup();
         inos
+    }
+
+    /// Takes the directory entries committed transactions added or removed since the last
+    /// call, in commit order (callers serialize mutations, so that is the database's order).
+    pub fn take_entry_changes(&self) -> Vec<EntryChange> {
+        std::mem::take(&mut self.touched_now().entries)
+    }
+
+    /// Every directory entry: `(parent, name, ino)`, for filling the entry table at start.
+    pub fn all_entries(&self) -> Result<Vec<(Ino, String, Ino)>, FsError> {
+        self.tree(T_DIRENTS)
+            .iter()
+            .map(|item| {
+                let (k, v) = item.map_err(db_err)?;
+                let parent = decode_u64(k.get(..8).ok_or_else(|| corrupt("short entry key"))?)?;
+                let name = String::from_utf8(k[8..].to_vec())
+                    .map_err(|_| corrupt("entry name is not UTF-8"))?;
+                let entry: Dirent = dec(&v, "directory entry")?;
+                Ok((parent, name, entry.ino))
+            })
+            .collect()
     }
 
     fn tree(&self, i: usize) -> &Tree {
@@ -808,6 +862,11 @@ impl Store {
             Some(v) => Ok(Some(dec(&v, "directory entry")?)),
             None => Ok(None),
         }
+    }
+
+    /// The inode the entry `name` in `parent` names, if it exists.
+    pub fn entry_ino(&self, parent: Ino, name: &str) -> Result<Option<Ino>, FsError> {
+        Ok(self.get_dirent(parent, name)?.map(|e| e.ino))
     }
 
     /// The entry `name` in `parent`.
@@ -1558,6 +1617,16 @@ impl Store {
 
     /// Deletes an orphan (unlinked while open) once nobody has it open.
     pub fn delete_orphan(&self, ino: Ino) -> Result<Effects, FsError> {
+        // Every last close asks; few files are orphans. Callers serialize mutations, so a
+        // plain read is exact and spares the scans and a transaction.
+        if self
+            .tree(T_ORPHANS)
+            .get(be64(ino))
+            .map_err(db_err)?
+            .is_none()
+        {
+            return Ok(Effects::default());
+        }
         let doomed = self.scan_doomed(ino)?;
         self.tx(|tx| {
             if tx.t(T_ORPHANS).get(be64(ino))?.is_none() {
@@ -1726,6 +1795,13 @@ impl Store {
     /// Records what a file's control block holds (`proto::fcb::live`): its size, and its
     /// latest data-change time `mtime_ns` (0: none) as mtime and ctime where it is later.
     pub fn persist_live(&self, ino: Ino, size: u64, mtime_ns: u64) -> Result<(), FsError> {
+        // Most closes change nothing (a file opened and closed, or created empty): a plain
+        // read settles it without a transaction (callers serialize mutations, so it is exact).
+        match self.getattr(ino) {
+            Ok(old) if fcb::live(old.clone(), size, mtime_ns) == old => return Ok(()),
+            Err(FsError::NotFound) => return Ok(()),
+            _ => {}
+        }
         self.tx(|tx| {
             let old = match tx.t(T_INODES).get(be64(ino))? {
                 Some(v) => lift(dec::<Attr>(&v, "inode"))?,
@@ -2161,6 +2237,7 @@ impl Store {
             for (key, entry) in &entries {
                 tx.t(T_DIRENTS).remove(key.as_slice())?;
                 tx.t(T_DIRINDEX).remove(&key_u64s(ino, entry.cookie))?;
+                tx.entry_changed(ino, &String::from_utf8_lossy(&key[8..]), None);
             }
             tx.delete_inode(ino, &doomed)?;
             Ok(Effects {

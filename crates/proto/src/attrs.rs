@@ -59,23 +59,36 @@ pub struct AttrSlot {
 
 /// The sealed bytes of `slot`, or `None` if they would not fit a slot.
 pub fn encode(slot: &AttrSlot) -> Option<Vec<u8>> {
-    let payload = postcard::to_stdvec(slot).ok()?;
-    let mut sealed = fabric::record::seal(&payload);
-    if sealed.len() as u64 > SLOT_BYTES {
-        return None;
-    }
-    sealed.resize(SLOT_BYTES as usize, 0);
-    Some(sealed)
+    seal_slot(slot, SLOT_BYTES)
 }
 
 /// The slot in `bytes` if it is whole and of inode `ino`; `None` sends the reader to the RPC.
 pub fn decode(bytes: &[u8], ino: Ino) -> Option<AttrSlot> {
+    let slot: AttrSlot = open_slot(bytes)?;
+    (slot.attr.ino == ino).then_some(slot)
+}
+
+/// `value` in postcard, sealed as a `fabric::record` and padded to `slot_bytes`; `None` if it
+/// would not fit. The one encoding of the one-sided tables' slots (this one and
+/// [`crate::dentries`]).
+pub(crate) fn seal_slot<T: Serialize>(value: &T, slot_bytes: u64) -> Option<Vec<u8>> {
+    let payload = postcard::to_stdvec(value).ok()?;
+    let mut sealed = fabric::record::seal(&payload);
+    if sealed.len() as u64 > slot_bytes {
+        return None;
+    }
+    sealed.resize(slot_bytes as usize, 0);
+    Some(sealed)
+}
+
+/// The value a slot sealed by [`seal_slot`] holds, or `None`: torn, never written (an empty
+/// payload), or not a `T`.
+pub(crate) fn open_slot<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Option<T> {
     let payload = fabric::record::open(bytes).ok()?;
     if payload.is_empty() {
         return None;
     }
-    let slot: AttrSlot = postcard::from_bytes(payload).ok()?;
-    (slot.attr.ino == ino).then_some(slot)
+    postcard::from_bytes(payload).ok()
 }
 
 #[cfg(test)]

@@ -153,6 +153,11 @@ pub fn sample_requests() -> Vec<Request> {
             cookie: 0,
             max: u32::MAX,
         },
+        Request::ReadDirPlus {
+            ino: ROOT_INO,
+            cookie: 3,
+            max: 128,
+        },
         Request::Statfs,
         Request::SetXattr {
             ino: 2,
@@ -302,6 +307,10 @@ fn sample_cluster() -> ClusterInfo {
             base: fabric::RemoteAddr::new(fabric::RegionId(0), 4096),
             slots: 1024,
         }),
+        dentry_table: Some(crate::dentries::DentryTableRef {
+            base: fabric::RemoteAddr::new(fabric::RegionId(0), 1 << 20),
+            slots: 2048,
+        }),
     }
 }
 
@@ -316,6 +325,15 @@ pub fn sample_responses() -> Vec<Result<Response, FsError>> {
             name: "..".into(),
             cookie: 2,
         }])),
+        Ok(Response::EntriesPlus(vec![(
+            DirEntry {
+                ino: 5,
+                kind: FileKind::File,
+                name: "f".into(),
+                cookie: 3,
+            },
+            attr(5, FileKind::File),
+        )])),
         Ok(Response::Data(vec![1, 2, 3])),
         Ok(Response::Names(vec!["user.a".into()])),
         Ok(Response::Stats(FsStats {
@@ -332,7 +350,6 @@ pub fn sample_responses() -> Vec<Result<Response, FsError>> {
                 scheme: lockmgr::LockScheme::CITRON,
                 base: RemoteAddr::new(RegionId(0), 128),
             },
-            dir_version: 9,
         })),
         Ok(Response::Chunks(vec![
             None,

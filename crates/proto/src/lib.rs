@@ -4,6 +4,7 @@
 //!   file's lock (as [`lockmgr::LockRef`]: lock schemes are described by `lockmgr` alone);
 //! - [`error`]: [`FsError`], the file-system errors, each with its errno;
 //! - [`attrs`]: the attribute table clients read one-sidedly;
+//! - [`dentries`]: the directory-entry table clients resolve names in one-sidedly;
 //! - [`fcb`]: the layout of a file control block in the meta server's region;
 //! - [`layout`]: where a file's bytes lie in its chunks (the geometric chunk sizes);
 //! - [`fsck`]: what the consistency checker finds and repairs, and its report;
@@ -11,6 +12,7 @@
 //!   (`fabric::frame` + postcard, a versioned handshake).
 
 pub mod attrs;
+pub mod dentries;
 pub mod error;
 pub mod fcb;
 pub mod fsck;

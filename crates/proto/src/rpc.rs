@@ -200,6 +200,16 @@ pub enum Request {
         /// At most this many.
         max: u32,
     },
+    /// Like `ReadDir`, with each entry's attributes (as `GetAttr` would answer them): what
+    /// `readdirplus` needs to list a directory with its attributes in one call. → `EntriesPlus`
+    ReadDirPlus {
+        /// Directory.
+        ino: Ino,
+        /// Continue after this cookie.
+        cookie: u64,
+        /// At most this many.
+        max: u32,
+    },
     /// File-system totals. → `Stats`
     Statfs,
     /// Sets an extended attribute. → `Ok`
@@ -322,6 +332,8 @@ pub enum Response {
     Attr(Attr),
     /// Directory entries.
     Entries(Vec<DirEntry>),
+    /// Directory entries with their attributes (`ReadDirPlus`).
+    EntriesPlus(Vec<(DirEntry, Attr)>),
     /// Bytes (a symlink target, an xattr value).
     Data(Vec<u8>),
     /// Names (xattrs).

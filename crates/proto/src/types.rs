@@ -283,6 +283,9 @@ pub struct ClusterInfo {
     /// The attribute table in the meta region, read one-sidedly by `getattr`
     /// ([`crate::attrs`]); `None`: every stat is an RPC.
     pub attr_table: Option<crate::attrs::AttrTableRef>,
+    /// The directory-entry table in the meta region, where `lookup` resolves names
+    /// one-sidedly ([`crate::dentries`]); `None`: every lookup is an RPC.
+    pub dentry_table: Option<crate::dentries::DentryTableRef>,
 }
 
 /// What a client needs to do I/O on an open file.
@@ -296,10 +299,6 @@ pub struct OpenFile {
     /// the description as the meta server created it (every parameter it chose filled in), so
     /// that the client opens exactly that ([`lockmgr::schemes::open`]).
     pub lock: LockRef,
-    /// For a `Create`: the version of the parent directory's slot in the attribute table
-    /// ([`crate::attrs`]) right after the new entry was published, so that the creator can
-    /// cache the name for one-sided lookups; 0 when unknown (and for `Open`).
-    pub dir_version: u64,
 }
 
 /// Addresses live in the meta region as [`RemoteAddr`]s; re-exported for convenience.

@@ -184,7 +184,7 @@ impl FabricBumpAllocator {
         len: u64,
     ) -> Result<(), LockError> {
         use fabric::EndpointExt;
-        let chunk = vec![0u8; 1 << 20];
+        let chunk = vec![0u8; len.min(1 << 20) as usize];
         let mut offset = 0;
         while offset < len {
             let n = (len - offset).min(chunk.len() as u64) as usize;

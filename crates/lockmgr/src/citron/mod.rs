@@ -115,7 +115,9 @@ impl Citron {
         // the lock too early finds no valid record rather than a half-built tree.
         endpoint.write(base, &vec![0u8; RECORD_BYTES as usize])?;
         let mut offset = SPILLOVER_OFFSET;
-        let chunk = vec![0u8; 1 << 20];
+        // A buffer only as large as the tree (at most 1 MiB a write): a file's first tree is a
+        // few hundred bytes, and zeroing a 1 MiB buffer cost more than the rest of an open.
+        let chunk = vec![0u8; bytes.saturating_sub(offset).min(1 << 20) as usize];
         while offset < bytes {
             let n = (bytes - offset).min(chunk.len() as u64) as usize;
             endpoint.write(base.add(offset), &chunk[..n])?;

@@ -13,7 +13,9 @@
 //! ready (a barrier) and ends when the last thread is done, so ops/s is the whole phase's
 //! throughput. For CitronFS the meta server's request counter (`MetaHandle::request_count`,
 //! heartbeats excepted) is read before and after each phase: `RPCs/op` shows which operations
-//! still cost the meta server a request.
+//! still cost the meta server a request, and `server µs/op` how long its handlers ran for them
+//! (`MetaHandle::request_nanos`; the rest of an operation's time is FUSE, the client and the
+//! RPC transport).
 //!
 //! The mount's attribute and entry TTL is `--attr-ttl-ms` (0 by default), so that every stat and
 //! every path walk reaches CitronFS instead of the kernel's cache: the figures are the file
@@ -143,6 +145,11 @@ struct MetaResult {
     ratio_vs_tmpfs: Option<f64>,
     /// CitronFS: meta-server requests per operation during the phase (heartbeats excepted).
     rpcs_per_op: Option<f64>,
+    /// CitronFS: microseconds the meta server spent handling those requests, per operation
+    /// (`MetaHandle::request_nanos`: handler start to answer, state-lock waits included, the
+    /// RPC transport not). Handlers of concurrent requests overlap, so with several threads
+    /// this can exceed the phase's time per operation.
+    server_us_per_op: Option<f64>,
 }
 
 /// Runs `citronfs bench meta`.
@@ -174,7 +181,15 @@ pub fn run(args: &MetaArgs) -> Result<()> {
     let mut report = Report::new(
         args.json,
         &[
-            "fs", "phase", "threads", "ops/s", "p50 µs", "p99 µs", "vs tmpfs", "RPCs/op",
+            "fs",
+            "phase",
+            "threads",
+            "ops/s",
+            "p50 µs",
+            "p99 µs",
+            "vs tmpfs",
+            "RPCs/op",
+            "server µs/op",
         ],
     );
     let mut tmpfs_results: Vec<MetaResult> = Vec::new();
@@ -197,6 +212,9 @@ pub fn run(args: &MetaArgs) -> Result<()> {
                     .unwrap_or_else(|| "-".into()),
                 r.rpcs_per_op
                     .map(|x| fmt_f(x, 2))
+                    .unwrap_or_else(|| "-".into()),
+                r.server_us_per_op
+                    .map(|x| fmt_f(x, 1))
                     .unwrap_or_else(|| "-".into()),
             ],
             &r,
@@ -267,7 +285,8 @@ pub fn run(args: &MetaArgs) -> Result<()> {
             "{} files per thread, all threads of a run in one directory; ops/s is the phase's \
              throughput (all threads), latency is per call. CitronFS: FUSE mount with attribute/\
              entry TTL {} ms over the {} fabric; RPCs/op: meta-server requests per operation \
-             (heartbeats excepted).",
+             (heartbeats excepted); server µs/op: time in the meta server's handlers per \
+             operation (the rest is FUSE, the client and the RPC transport).",
             args.files,
             args.attr_ttl_ms,
             args.fabric.name()
@@ -295,12 +314,17 @@ fn run_target(
         std::fs::create_dir(&dir).with_context(|| format!("create {}", dir.display()))?;
         for phase in PHASES {
             progress.set_message(format!("{fs}: {}, {threads} threads", phase.name()));
-            let before = cluster.map(|c| c.meta().request_count());
+            let before = cluster.map(|c| (c.meta().request_count(), c.meta().request_nanos()));
             let m = run_phase(&dir, phase, threads, args.files, stop)
                 .with_context(|| format!("{fs} {} with {threads} threads", phase.name()))?;
+            let after = cluster.map(|c| (c.meta().request_count(), c.meta().request_nanos()));
+            let per_op = |d: u64| d as f64 / m.ops.max(1) as f64;
             let rpcs = before
-                .zip(cluster.map(|c| c.meta().request_count()))
-                .map(|(b, a)| a.saturating_sub(b) as f64 / m.ops.max(1) as f64);
+                .zip(after)
+                .map(|(b, a)| per_op(a.0.saturating_sub(b.0)));
+            let server_us = before
+                .zip(after)
+                .map(|(b, a)| per_op(a.1.saturating_sub(b.1)) / 1000.0);
             if stop.load(Ordering::Relaxed) {
                 bail!("interrupted");
             }
@@ -318,6 +342,7 @@ fn run_target(
                 max_us: m.histogram.max() as f64 / 1000.0,
                 ratio_vs_tmpfs: None,
                 rpcs_per_op: rpcs,
+                server_us_per_op: server_us,
             });
             progress.inc(1);
         }
