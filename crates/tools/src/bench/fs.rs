@@ -19,7 +19,11 @@
 //!
 //! With `--fs ...,library` the run also calls the CitronFS client library directly on the same
 //! cluster (no kernel, no FUSE), which separates what FUSE costs from what the lock and the
-//! fabric cost.
+//! fabric cost. With `--fs ...,null` it measures the ceiling of the FUSE path on this machine:
+//! the same FUSE adapter, with the same mount options, over `fs_client::null::NullFs`, a
+//! backend that stores nothing and answers at once (reads return zeros, writes their length).
+//! Every CitronFS row then carries its ratio to the null mount's: throughput (`vs null`) and
+//! p50 latency (`p50/null`).
 //!
 //! The mount is unmounted and the cluster stopped at the end, on an error, and on Ctrl-C
 //! (SIGINT or SIGTERM end the run after the current case; a second Ctrl-C exits at once).
@@ -113,6 +117,9 @@ pub enum Target {
     Citronfs,
     /// A file under the tmpfs directory (the reference).
     Tmpfs,
+    /// A file on a FUSE mount of the null backend (stores nothing, answers at once) through
+    /// the same adapter and mount options: the ceiling of the FUSE path.
+    Null,
     /// The CitronFS client library called directly, without the kernel and FUSE.
     Library,
 }
@@ -122,6 +129,7 @@ impl Target {
         match self {
             Target::Citronfs => "citronfs",
             Target::Tmpfs => "tmpfs",
+            Target::Null => "null",
             Target::Library => "citronfs-lib",
         }
     }
@@ -150,7 +158,8 @@ pub struct FsArgs {
     )]
     patterns: Vec<Pattern>,
     /// What to measure (comma-separated): citronfs (the FUSE mount), tmpfs, library (the client
-    /// library without FUSE).
+    /// library without FUSE), null (the same FUSE mount over a backend that stores nothing:
+    /// the FUSE path's ceiling).
     #[arg(
         long,
         value_enum,
@@ -184,9 +193,10 @@ pub struct FsArgs {
 /// One result: a file system, a pattern, a thread count.
 #[derive(Clone, Debug, Serialize)]
 struct FsResult {
-    /// `tmpfs`, `citronfs` (the FUSE mount) or `citronfs-lib` (the library without FUSE).
+    /// `tmpfs`, `null` (the null FUSE backend), `citronfs` (the FUSE mount) or `citronfs-lib`
+    /// (the library without FUSE).
     fs: &'static str,
-    /// The lock scheme (`null` for tmpfs).
+    /// The lock scheme (`null` for tmpfs and the null backend).
     scheme: Option<String>,
     /// The fabric (`null` for tmpfs).
     fabric: Option<&'static str>,
@@ -205,6 +215,12 @@ struct FsResult {
     max_us: f64,
     /// `mib_per_s` over tmpfs's for the same pattern and threads (when tmpfs ran).
     ratio_vs_tmpfs: Option<f64>,
+    /// `mib_per_s` over the null FUSE backend's for the same pattern and threads (when it ran):
+    /// the share of the FUSE path's ceiling reached.
+    ratio_vs_null: Option<f64>,
+    /// `p50_us` over the null FUSE backend's (when it ran): how many times the FUSE path's
+    /// own latency a call takes.
+    p50_vs_null: Option<f64>,
     /// CitronFS: fabric round trips per operation spent acquiring and releasing its range lock
     /// (warm-up included).
     lock_rtts_per_op: Option<f64>,
@@ -328,7 +344,7 @@ pub fn run(args: &FsArgs) -> Result<()> {
         .into_iter()
         .filter(|t| args.fs.contains(t))
         .collect();
-    if args.fs.contains(&Target::Citronfs) {
+    if args.fs.contains(&Target::Citronfs) || args.fs.contains(&Target::Null) {
         // Before anything starts, so that a machine without FUSE gets one clear message.
         check_fuse(Path::new("/dev/fuse"))?;
     }
@@ -342,8 +358,9 @@ pub fn run(args: &FsArgs) -> Result<()> {
     }
 
     let cases_per_fs = (args.patterns.len() * args.threads.len()) as u64;
-    let fs_runs =
-        u64::from(args.fs.contains(&Target::Tmpfs)) + (citron_targets.len() * schemes.len()) as u64;
+    let fs_runs = u64::from(args.fs.contains(&Target::Tmpfs))
+        + u64::from(args.fs.contains(&Target::Null))
+        + (citron_targets.len() * schemes.len()) as u64;
     let progress = if args.json {
         ProgressBar::hidden()
     } else {
@@ -376,17 +393,27 @@ pub fn run(args: &FsArgs) -> Result<()> {
             "p50 µs",
             "p99 µs",
             "vs tmpfs",
+            "vs null",
+            "p50/null",
             "lock RTTs/op",
             "acquire µs",
         ],
     );
     let mut tmpfs_results: Vec<FsResult> = Vec::new();
-    let mut emit = |mut r: FsResult, tmpfs: &[FsResult]| {
+    let mut null_results: Vec<FsResult> = Vec::new();
+    let mut emit = |mut r: FsResult, tmpfs: &[FsResult], null: &[FsResult]| {
+        let same = |t: &&FsResult| t.pattern == r.pattern && t.threads == r.threads;
         r.ratio_vs_tmpfs = tmpfs
             .iter()
-            .find(|t| t.pattern == r.pattern && t.threads == r.threads)
+            .find(same)
             .filter(|t| t.mib_per_s > 0.0)
             .map(|t| r.mib_per_s / t.mib_per_s);
+        let null = null.iter().find(same);
+        r.ratio_vs_null = null
+            .filter(|t| t.mib_per_s > 0.0)
+            .map(|t| r.mib_per_s / t.mib_per_s);
+        r.p50_vs_null = null.filter(|t| t.p50_us > 0.0).map(|t| r.p50_us / t.p50_us);
+        let ratio = |x: Option<f64>| x.map(|x| format!("{x:.3}")).unwrap_or_else(|| "-".into());
         report.add(
             vec![
                 r.fs.to_string(),
@@ -397,9 +424,9 @@ pub fn run(args: &FsArgs) -> Result<()> {
                 format!("{:.0}", r.ops_per_s),
                 fmt_f(r.p50_us, 1),
                 fmt_f(r.p99_us, 1),
-                r.ratio_vs_tmpfs
-                    .map(|x| format!("{x:.3}"))
-                    .unwrap_or_else(|| "-".into()),
+                ratio(r.ratio_vs_tmpfs),
+                ratio(r.ratio_vs_null),
+                ratio(r.p50_vs_null),
                 r.lock_rtts_per_op
                     .map(|x| fmt_f(x, 2))
                     .unwrap_or_else(|| "-".into()),
@@ -436,8 +463,34 @@ pub fn run(args: &FsArgs) -> Result<()> {
         let file = open_rw(&path)?;
         let results = run_target(&plan, Target::Tmpfs, None, None, &file, None)?;
         for r in results {
-            let r = emit(r, &[]);
+            let r = emit(r, &[], &[]);
             tmpfs_results.push(r);
+        }
+    }
+
+    // The null FUSE backend next, so that every CitronFS result carries its ratio to it.
+    if args.fs.contains(&Target::Null) {
+        progress.set_message("mounting the null backend");
+        let dir = tempfile::Builder::new()
+            .prefix("citronfs-bench-null-")
+            .tempdir()
+            .context("create a mount point")?;
+        let null = Arc::new(fs_client::null::NullFs::new());
+        let handle = fs_client::fuse::mount(null, dir.path(), &testkit::fuse_options())
+            .with_context(|| format!("mount the null backend at {}", dir.path().display()))?;
+        let path = dir
+            .path()
+            .join(format!("bench-null-{}.dat", std::process::id()));
+        let results = {
+            let file = open_rw(&path)?;
+            run_target(&plan, Target::Null, None, None, &file, None)
+        };
+        handle
+            .unmount()
+            .with_context(|| format!("unmount {}", dir.path().display()))?;
+        for r in results? {
+            let r = emit(r, &tmpfs_results, &[]);
+            null_results.push(r);
         }
     }
 
@@ -503,10 +556,10 @@ pub fn run(args: &FsArgs) -> Result<()> {
                         let _ = fs.unlink(proto::ROOT_INO, &name);
                         results?
                     }
-                    Target::Tmpfs => unreachable!("tmpfs ran above"),
+                    Target::Tmpfs | Target::Null => unreachable!("ran above"),
                 };
                 for r in results {
-                    emit(r, &tmpfs_results);
+                    emit(r, &tmpfs_results, &null_results);
                 }
             }
         }
@@ -575,6 +628,8 @@ fn run_target(
                 p99_us: us(0.99),
                 max_us: m.histogram.max() as f64 / 1000.0,
                 ratio_vs_tmpfs: None,
+                ratio_vs_null: None,
+                p50_vs_null: None,
                 lock_rtts_per_op: lock.map(|l| l.rtts_per_op),
                 lock_acquire_us: lock.map(|l| l.acquire_us),
                 lock_aborts: lock.map(|l| l.aborts),
@@ -786,6 +841,13 @@ fn print_notes(args: &FsArgs, file_size: u64, tmpfs_note: Option<String>) {
         args.data_servers,
         args.fabric.name()
     );
+    if args.fs.contains(&Target::Null) {
+        println!(
+            "null: the same FUSE adapter and mount options over a backend that stores nothing \
+             and answers at once (reads return zeros, writes their length): the FUSE path's \
+             ceiling here. vs null: MiB/s over null's; p50/null: p50 latency over null's."
+        );
+    }
     println!(
         "lock RTTs/op: fabric round trips per call spent acquiring and releasing its range lock; \
          acquire µs: mean time per call inside the acquire (the client's lock statistics, \
