@@ -11,8 +11,10 @@
 //!
 //! All threads of a case share one file (a shared file is what CITRON's range locks are for); in
 //! the disjoint patterns thread `t` of `n` works only in the `t`-th `1/n` of it. Every file is
-//! filled once before its cases (untimed), so reads return data and writes overwrite allocated
-//! chunks: no chunk allocation happens in a timed loop. I/O is `pread`/`pwrite`
+//! filled once before the cases (untimed), so reads return data and writes overwrite allocated
+//! chunks: no chunk allocation happens in a timed loop. Every file system is set up and filled
+//! first; then each case (pattern, threads) runs on all of them back to back, so that the
+//! ratios compare measurements seconds apart even on a loaded machine. I/O is `pread`/`pwrite`
 //! (`FileExt::read_at`/`write_at`). The CitronFS mount uses direct I/O, so every call is a FUSE
 //! request that takes a range lock and moves data with one-sided verbs; on tmpfs the page cache
 //! *is* the storage, so a call there is a memory copy behind a syscall.
@@ -179,6 +181,10 @@ pub struct FsArgs {
     /// The fabric between the client and the servers.
     #[arg(long, value_enum, default_value = "shm")]
     fabric: Backend,
+    /// Request threads of the FUSE mounts (CitronFS's and the null backend's alike)
+    /// [default: the mount's default].
+    #[arg(long)]
+    fuse_threads: Option<usize>,
     /// Data servers of the embedded cluster (files are striped over them).
     #[arg(long, default_value_t = 2)]
     data_servers: usize,
@@ -339,6 +345,14 @@ pub fn run(args: &FsArgs) -> Result<()> {
     anyhow::ensure!(!args.patterns.is_empty(), "--patterns is empty");
     anyhow::ensure!(!args.fs.is_empty(), "--fs is empty");
     anyhow::ensure!(args.data_servers >= 1, "at least one data server is needed");
+    anyhow::ensure!(
+        args.fuse_threads != Some(0),
+        "--fuse-threads needs at least 1 thread"
+    );
+    let fuse_options = fs_client::fuse::FuseOptions {
+        threads: args.fuse_threads.unwrap_or(testkit::fuse_options().threads),
+        ..testkit::fuse_options()
+    };
     let schemes: Vec<LockScheme> = args.scheme.clone();
     let citron_targets: Vec<Target> = [Target::Citronfs, Target::Library]
         .into_iter()
@@ -399,16 +413,12 @@ pub fn run(args: &FsArgs) -> Result<()> {
             "acquire µs",
         ],
     );
-    let mut tmpfs_results: Vec<FsResult> = Vec::new();
-    let mut null_results: Vec<FsResult> = Vec::new();
-    let mut emit = |mut r: FsResult, tmpfs: &[FsResult], null: &[FsResult]| {
-        let same = |t: &&FsResult| t.pattern == r.pattern && t.threads == r.threads;
-        r.ratio_vs_tmpfs = tmpfs
-            .iter()
-            .find(same)
+    let mut emit = |mut r: FsResult, case: &[FsResult]| {
+        let of = |fs: &str| case.iter().find(|t| t.fs == fs);
+        r.ratio_vs_tmpfs = of(Target::Tmpfs.name())
             .filter(|t| t.mib_per_s > 0.0)
             .map(|t| r.mib_per_s / t.mib_per_s);
-        let null = null.iter().find(same);
+        let null = of(Target::Null.name());
         r.ratio_vs_null = null
             .filter(|t| t.mib_per_s > 0.0)
             .map(|t| r.mib_per_s / t.mib_per_s);
@@ -439,17 +449,27 @@ pub fn run(args: &FsArgs) -> Result<()> {
         r
     };
 
-    // tmpfs first, so that every CitronFS result (and JSON line) carries its ratio.
+    // Everything measured is opened and filled first; then each case runs on every subject in
+    // turn, back to back (tmpfs, null, then CitronFS), so that a ratio compares runs seconds
+    // apart: on a loaded machine, runs minutes apart would compare the load as much as the
+    // file systems. Locals drop in reverse order: the files close (`subjects`) and are removed
+    // before their mounts go and the cluster stops.
+    let mut cluster: Option<Cluster> = None;
+    let mut null_mount: Option<(fs_client::fuse::MountHandle, tempfile::TempDir)> = None;
+    let mut mounts: Vec<Mount> = Vec::new();
+    let mut tmpfs_temp: Option<tempfile::TempDir> = None;
+    let mut removals: Vec<RemoveOnDrop> = Vec::new();
+    let mut subjects: Vec<Subject> = Vec::new();
     let mut tmpfs_note = None;
     if args.fs.contains(&Target::Tmpfs) {
-        let (dir, _temp) = match &args.tmpfs_dir {
-            Some(dir) => (dir.clone(), None),
+        let dir = match &args.tmpfs_dir {
+            Some(dir) => dir.clone(),
             None => {
                 let temp = tempfile::Builder::new()
                     .prefix("citronfs-bench-fs-")
                     .tempdir_in("/dev/shm")
                     .context("create a directory under /dev/shm (give --tmpfs-dir)")?;
-                (temp.path().to_path_buf(), Some(temp))
+                tmpfs_temp.insert(temp).path().to_path_buf()
             }
         };
         if !is_tmpfs(&dir) {
@@ -459,16 +479,15 @@ pub fn run(args: &FsArgs) -> Result<()> {
             ));
         }
         let path = dir.join(format!("bench-{}.dat", std::process::id()));
-        let _remove = RemoveFileOnDrop(path.clone());
-        let file = open_rw(&path)?;
-        let results = run_target(&plan, Target::Tmpfs, None, None, &file, None)?;
-        for r in results {
-            let r = emit(r, &[], &[]);
-            tmpfs_results.push(r);
-        }
+        removals.push(RemoveOnDrop::Path(path.clone()));
+        subjects.push(Subject::new(
+            Target::Tmpfs,
+            None,
+            None,
+            open_rw(&path)?,
+            None,
+        ));
     }
-
-    // The null FUSE backend next, so that every CitronFS result carries its ratio to it.
     if args.fs.contains(&Target::Null) {
         progress.set_message("mounting the null backend");
         let dir = tempfile::Builder::new()
@@ -476,93 +495,106 @@ pub fn run(args: &FsArgs) -> Result<()> {
             .tempdir()
             .context("create a mount point")?;
         let null = Arc::new(fs_client::null::NullFs::new());
-        let handle = fs_client::fuse::mount(null, dir.path(), &testkit::fuse_options())
+        let handle = fs_client::fuse::mount(null, dir.path(), &fuse_options)
             .with_context(|| format!("mount the null backend at {}", dir.path().display()))?;
         let path = dir
             .path()
             .join(format!("bench-null-{}.dat", std::process::id()));
-        let results = {
-            let file = open_rw(&path)?;
-            run_target(&plan, Target::Null, None, None, &file, None)
-        };
-        handle
-            .unmount()
-            .with_context(|| format!("unmount {}", dir.path().display()))?;
-        for r in results? {
-            let r = emit(r, &tmpfs_results, &[]);
-            null_results.push(r);
-        }
+        null_mount = Some((handle, dir));
+        subjects.push(Subject::new(
+            Target::Null,
+            None,
+            None,
+            open_rw(&path)?,
+            None,
+        ));
     }
-
     if !citron_targets.is_empty() {
         progress.set_message("starting the cluster");
         // Each scheme's files, with room to spare for chunk rounding and the stripes.
         let files = (citron_targets.len() * schemes.len()) as u64;
         let memory = (file_size + SEQ_BLOCK * args.data_servers as u64) * files + (256 << 20);
         let per_server = (memory / args.data_servers as u64).max(64 << 20);
-        let cluster = Cluster::start(ClusterSpec {
+        let cluster = cluster.insert(Cluster::start(ClusterSpec {
             name: "citronfs-bench".into(),
             data_servers: args.data_servers,
             capacity: per_server,
             fabric: args.fabric,
             lock_server: schemes.contains(&LockScheme::SERVER),
             ..ClusterSpec::server_defaults()
-        })?;
-        let fabric_name = args.fabric.name();
+        })?);
+        let fabric_name = Some(args.fabric.name());
         for &scheme in &schemes {
             let fs = Arc::new(cluster.connect(scheme)?);
-            for &target in &citron_targets {
-                let name = format!("bench-{}-{}.dat", scheme.name(), std::process::id());
-                let results = match target {
-                    Target::Citronfs => {
-                        let mount = Mount::in_temp_dir(fs.clone(), &testkit::fuse_options())?;
-                        let mountpoint = mount.path().to_path_buf();
-                        let path = mountpoint.join(&name);
-                        let results = {
-                            let file = open_rw(&path)?;
-                            run_target(
-                                &plan,
-                                target,
-                                Some(scheme.name()),
-                                Some(fabric_name),
-                                &file,
-                                Some(&fs),
-                            )
-                        };
-                        // Free the chunks for the next scheme; the run's result matters more
-                        // than a failed cleanup.
-                        let _ = std::fs::remove_file(&path);
-                        mount
-                            .unmount()
-                            .with_context(|| format!("unmount {}", mountpoint.display()))?;
-                        results?
-                    }
-                    Target::Library => {
-                        let caller = CitronFs::process_caller();
-                        let (_, fh) = fs
-                            .create(caller, proto::ROOT_INO, &name, 0o644, libc::O_RDWR)
-                            .map_err(|e| anyhow::anyhow!("create {name}: {e}"))?;
-                        let file = LibraryFile::new(fs.clone(), fh);
-                        let results = run_target(
-                            &plan,
-                            target,
-                            Some(scheme.name()),
-                            Some(fabric_name),
-                            &file,
-                            Some(&fs),
-                        );
-                        // Dropping the file releases its handle.
-                        drop(file);
-                        let _ = fs.unlink(proto::ROOT_INO, &name);
-                        results?
-                    }
-                    Target::Tmpfs | Target::Null => unreachable!("ran above"),
-                };
-                for r in results {
-                    emit(r, &tmpfs_results, &null_results);
-                }
+            let name = format!("bench-{}-{}.dat", scheme.name(), std::process::id());
+            let scheme = Some(scheme.name());
+            if args.fs.contains(&Target::Citronfs) {
+                let mount = Mount::in_temp_dir(fs.clone(), &fuse_options)?;
+                let path = mount.path().join(&name);
+                mounts.push(mount);
+                // Frees the chunks; the run's result matters more than a failed cleanup.
+                removals.push(RemoveOnDrop::Path(path.clone()));
+                let file = open_rw(&path)?;
+                subjects.push(Subject::new(
+                    Target::Citronfs,
+                    scheme,
+                    fabric_name,
+                    file,
+                    Some(fs.clone()),
+                ));
+            }
+            if args.fs.contains(&Target::Library) {
+                let name = format!("lib-{name}");
+                let caller = CitronFs::process_caller();
+                let (_, fh) = fs
+                    .create(caller, proto::ROOT_INO, &name, 0o644, libc::O_RDWR)
+                    .map_err(|e| anyhow::anyhow!("create {name}: {e}"))?;
+                removals.push(RemoveOnDrop::Library(fs.clone(), name));
+                // Dropping the file releases its handle.
+                let file = LibraryFile::new(fs.clone(), fh);
+                subjects.push(Subject::new(
+                    Target::Library,
+                    scheme,
+                    fabric_name,
+                    file,
+                    Some(fs.clone()),
+                ));
             }
         }
+    }
+    progress.set_length(cases_per_fs * subjects.len() as u64);
+
+    for s in &subjects {
+        progress.set_message(format!("{}: filling the file", s.label()));
+        fill(s.io.as_ref(), plan.file_size, plan.stop)?;
+    }
+    for &threads in plan.threads {
+        for &pattern in plan.patterns {
+            let mut case = Vec::with_capacity(subjects.len());
+            for s in &subjects {
+                let r = measure(&plan, s, pattern, threads)?;
+                case.push(emit(r, &case));
+                progress.inc(1);
+            }
+        }
+    }
+
+    // Close, remove, unmount, stop — in that order, reporting what fails.
+    drop(subjects);
+    drop(removals);
+    drop(tmpfs_temp);
+    for mount in mounts {
+        let at = mount.path().to_path_buf();
+        mount
+            .unmount()
+            .with_context(|| format!("unmount {}", at.display()))?;
+    }
+    if let Some((handle, dir)) = null_mount {
+        handle
+            .unmount()
+            .with_context(|| format!("unmount {}", dir.path().display()))?;
+    }
+    if let Some(cluster) = cluster {
         progress.set_message("stopping the cluster");
         cluster.shutdown()?;
     }
@@ -574,70 +606,109 @@ pub fn run(args: &FsArgs) -> Result<()> {
     Ok(())
 }
 
-/// Fills the file, then runs every (threads, pattern) case on it; `client`, the CitronFS client
-/// behind `io`, gives the lock statistics.
-fn run_target(
-    plan: &Plan,
+/// One thing measured: a file on tmpfs, on a FUSE mount (CitronFS's, the null backend's), or
+/// opened through the client library.
+struct Subject {
     target: Target,
-    scheme: Option<&str>,
+    /// The lock scheme (CitronFS only).
+    scheme: Option<&'static str>,
+    /// The fabric (CitronFS only).
     fabric: Option<&'static str>,
-    io: &dyn SharedFile,
-    client: Option<&CitronFs>,
-) -> Result<Vec<FsResult>> {
-    plan.progress
-        .set_message(format!("{}: filling the file", target.name()));
-    fill(io, plan.file_size, plan.stop)?;
-    let mut results = Vec::new();
-    for &threads in plan.threads {
-        for &pattern in plan.patterns {
-            plan.progress.set_message(format!(
-                "{}{}: {}, {threads} threads",
-                target.name(),
-                scheme.map(|s| format!(" ({s})")).unwrap_or_default(),
-                pattern.name()
-            ));
-            let before = client.map(CitronFs::lock_stats);
-            let m = run_case(plan, io, pattern, threads).with_context(|| {
-                format!(
-                    "{} {} with {threads} threads",
-                    target.name(),
-                    pattern.name()
-                )
-            })?;
-            // Every call has returned, so every worker's lock handle is counted.
-            let lock = before
-                .zip(client.map(CitronFs::lock_stats))
-                .and_then(|(b, a)| LockDelta::between(&b, &a));
-            if plan.stop.load(Ordering::Relaxed) {
-                bail!("interrupted");
-            }
-            let us = |q: f64| m.histogram.value_at_quantile(q) as f64 / 1000.0;
-            results.push(FsResult {
-                fs: target.name(),
-                scheme: scheme.map(str::to_string),
-                fabric,
-                pattern: pattern.name(),
-                threads,
-                block_bytes: pattern.block(),
-                file_bytes: plan.file_size,
-                seconds: m.seconds,
-                ops: m.ops,
-                mib_per_s: m.bytes as f64 / (1 << 20) as f64 / m.seconds,
-                ops_per_s: m.ops as f64 / m.seconds,
-                p50_us: us(0.5),
-                p99_us: us(0.99),
-                max_us: m.histogram.max() as f64 / 1000.0,
-                ratio_vs_tmpfs: None,
-                ratio_vs_null: None,
-                p50_vs_null: None,
-                lock_rtts_per_op: lock.map(|l| l.rtts_per_op),
-                lock_acquire_us: lock.map(|l| l.acquire_us),
-                lock_aborts: lock.map(|l| l.aborts),
-            });
-            plan.progress.inc(1);
+    io: Box<dyn SharedFile>,
+    /// The CitronFS client behind `io`, for its lock statistics.
+    client: Option<Arc<CitronFs>>,
+}
+
+impl Subject {
+    fn new(
+        target: Target,
+        scheme: Option<&'static str>,
+        fabric: Option<&'static str>,
+        io: impl SharedFile + 'static,
+        client: Option<Arc<CitronFs>>,
+    ) -> Subject {
+        Subject {
+            target,
+            scheme,
+            fabric,
+            io: Box::new(io),
+            client,
         }
     }
-    Ok(results)
+
+    fn label(&self) -> String {
+        match self.scheme {
+            Some(scheme) => format!("{} ({scheme})", self.target.name()),
+            None => self.target.name().to_string(),
+        }
+    }
+}
+
+/// A file removed on drop: by path, or through the client library that created it.
+enum RemoveOnDrop {
+    Path(PathBuf),
+    Library(Arc<CitronFs>, String),
+}
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        match self {
+            RemoveOnDrop::Path(path) => {
+                let _ = std::fs::remove_file(path);
+            }
+            RemoveOnDrop::Library(fs, name) => {
+                let _ = fs.unlink(proto::ROOT_INO, name);
+            }
+        }
+    }
+}
+
+/// Runs one case (`pattern`, `threads`) on `subject`'s file, already filled.
+fn measure(plan: &Plan, subject: &Subject, pattern: Pattern, threads: usize) -> Result<FsResult> {
+    plan.progress.set_message(format!(
+        "{}: {}, {threads} threads",
+        subject.label(),
+        pattern.name()
+    ));
+    let client = subject.client.as_deref();
+    let before = client.map(CitronFs::lock_stats);
+    let m = run_case(plan, subject.io.as_ref(), pattern, threads).with_context(|| {
+        format!(
+            "{} {} with {threads} threads",
+            subject.label(),
+            pattern.name()
+        )
+    })?;
+    // Every call has returned, so every worker's lock handle is counted.
+    let lock = before
+        .zip(client.map(CitronFs::lock_stats))
+        .and_then(|(b, a)| LockDelta::between(&b, &a));
+    if plan.stop.load(Ordering::Relaxed) {
+        bail!("interrupted");
+    }
+    let us = |q: f64| m.histogram.value_at_quantile(q) as f64 / 1000.0;
+    Ok(FsResult {
+        fs: subject.target.name(),
+        scheme: subject.scheme.map(str::to_string),
+        fabric: subject.fabric,
+        pattern: pattern.name(),
+        threads,
+        block_bytes: pattern.block(),
+        file_bytes: plan.file_size,
+        seconds: m.seconds,
+        ops: m.ops,
+        mib_per_s: m.bytes as f64 / (1 << 20) as f64 / m.seconds,
+        ops_per_s: m.ops as f64 / m.seconds,
+        p50_us: us(0.5),
+        p99_us: us(0.99),
+        max_us: m.histogram.max() as f64 / 1000.0,
+        ratio_vs_tmpfs: None,
+        ratio_vs_null: None,
+        p50_vs_null: None,
+        lock_rtts_per_op: lock.map(|l| l.rtts_per_op),
+        lock_acquire_us: lock.map(|l| l.acquire_us),
+        lock_aborts: lock.map(|l| l.aborts),
+    })
 }
 
 /// What the range locks did during one case.
@@ -780,15 +851,6 @@ fn open_rw(path: &Path) -> Result<File> {
         .truncate(true)
         .open(path)
         .with_context(|| format!("open {}", path.display()))
-}
-
-/// Removes a file on drop.
-struct RemoveFileOnDrop(PathBuf);
-
-impl Drop for RemoveFileOnDrop {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
 }
 
 /// Fails with a clear message when this machine cannot mount FUSE file systems: `fuse_dev`
