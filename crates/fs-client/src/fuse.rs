@@ -1,4 +1,8 @@
-//! The FUSE adapter: a thin layer that turns kernel requests into [`CitronFs`] calls.
+//! The FUSE adapter: a thin layer that turns kernel requests into calls of an [`FsBackend`]
+//! — [`CitronFs`], the file system, or [`NullFs`], which stores nothing and answers at once and
+//! so measures what this adapter, fuser and the kernel cost by themselves. Both are served by
+//! the same code here (one generic adapter, the same mount options and negotiation); only the
+//! backend differs.
 //!
 //! - Multi-threaded: fuser runs `threads` event loops, each with its own cloned `/dev/fuse`
 //!   descriptor; the library gives each concurrent call its own endpoints and lock handles.
@@ -40,10 +44,14 @@
 //!   chain; an ordinary outcome (ENOENT, EEXIST, ...) at debug only, so that an `ls` of missing
 //!   files does not flood the log.
 //!
+//! [`CitronFs`]: crate::CitronFs
+//! [`NullFs`]: crate::null::NullFs
+//!
 //! [`mount`] returns a [`MountHandle`] that unmounts on drop; [`wait_for_signal`] blocks until
 //! SIGINT or SIGTERM (or an external unmount), for command-line use.
 
-use crate::client::{CitronFs, FileHandle as Fh};
+use crate::backend::FsBackend;
+use crate::client::FileHandle as Fh;
 use crate::error::{Chain, Error};
 use crate::io::Fallocate;
 use fuser::{
@@ -290,13 +298,14 @@ impl Drop for MountHandle {
     }
 }
 
-/// Mounts `fs` at `mountpoint` and serves it from background threads.
+/// Mounts `fs` — [`crate::CitronFs`], or [`crate::null::NullFs`] to measure the FUSE path
+/// itself — at `mountpoint` and serves it from background threads.
 ///
 /// Before mounting, raises `/proc/sys/fs/fuse/max_pages_limit` if it is too low for the atomic
 /// I/O bound of [`ATOMIC_IO_TARGET`] and the process may write it (see the module docs); logs
 /// the bound obtained at info, and at warn when it is below [`ATOMIC_IO_TARGET`].
-pub fn mount(
-    fs: Arc<CitronFs>,
+pub fn mount<B: FsBackend>(
+    fs: Arc<B>,
     mountpoint: impl AsRef<Path>,
     opts: &FuseOptions,
 ) -> std::io::Result<MountHandle> {
@@ -306,8 +315,8 @@ pub fn mount(
     }
     let mut config = Config::default();
     config.mount_options = vec![
-        MountOption::FSName("citronfs".into()),
-        MountOption::Subtype("citronfs".into()),
+        MountOption::FSName(fs.fs_name().into()),
+        MountOption::Subtype(fs.fs_name().into()),
         MountOption::DefaultPermissions,
         MountOption::RW,
         MountOption::NoAtime,
@@ -324,7 +333,7 @@ pub fn mount(
     // The kernel copies the limit into the connection when it is made, at mount(2).
     let limit = raise_max_pages_limit(u32::from(pages_asked));
     let negotiated = Arc::new(Mutex::new(None));
-    let adapter = CitronFuse {
+    let adapter = FuseAdapter {
         fs,
         ttl: opts.attr_ttl,
         pages_asked,
@@ -416,9 +425,9 @@ pub fn wait_for_signal(handle: MountHandle) -> std::io::Result<()> {
     handle.unmount()
 }
 
-/// The adapter fuser calls.
-struct CitronFuse {
-    fs: Arc<CitronFs>,
+/// The adapter fuser calls: the same code for every backend (see the module docs).
+struct FuseAdapter<B> {
+    fs: Arc<B>,
     ttl: Duration,
     /// `max_pages` to ask for (see the module docs).
     pages_asked: u16,
@@ -651,10 +660,9 @@ fn file_attr(a: &Attr, blksize: u64) -> FileAttr {
     }
 }
 
-impl CitronFuse {
+impl<B: FsBackend> FuseAdapter<B> {
     fn blksize(&self) -> u64 {
-        // Large enough that tools issue big I/Os, small enough for a page-sized sanity.
-        self.fs.cluster().chunk_size.min(1 << 20)
+        self.fs.blksize()
     }
 
     fn entry(&self, req: Req<'_>, reply: ReplyEntry, result: Result<Attr, Error>) {
@@ -672,7 +680,7 @@ impl CitronFuse {
     }
 }
 
-impl Filesystem for CitronFuse {
+impl<B: FsBackend> Filesystem for FuseAdapter<B> {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // Reads and writes up to the atomic bound reach the library whole: one request, one
         // range lock (see the module docs). fuser refuses more than its buffer holds.
@@ -880,7 +888,7 @@ impl Filesystem for CitronFuse {
         reply: ReplyData,
     ) {
         match self.fs.read(Fh(fh.0), offset, size as usize) {
-            Ok(data) => reply.data(&data),
+            Ok(data) => reply.data(data.as_ref()),
             Err(e) => {
                 let req = Req::io("read", ino, fh, offset, size.into());
                 reply.error(failed(&req, &e))

@@ -6,7 +6,9 @@
 //!   implement them, and the module `io` reads the data path top-down.
 //! - [`Error`] ([`error`]): why a call failed, with its typed cause kept, and [`Error::errno`],
 //!   the one mapping to an errno.
-//! - [`fuse`] (cargo feature `fuse`, on by default): the FUSE adapter, thin over the library.
+//! - [`fuse`] (cargo feature `fuse`, on by default): the FUSE adapter, thin over the library,
+//!   generic over [`backend::FsBackend`]: the library, or [`null::NullFs`], a backend that
+//!   stores nothing, for measuring the FUSE path by itself (`citronfs bench fs --fs null`).
 //! - [`plan`]: the byte-range arithmetic of the data path (lock units, chunks, verb batches).
 //! - [`locks`]: how each lock scheme is opened on a file.
 //!
@@ -32,6 +34,8 @@ macro_rules! failpoint {
     ($name:expr) => {};
 }
 
+#[cfg(feature = "fuse")]
+pub mod backend;
 mod chunks;
 pub mod client;
 mod dentries;
@@ -45,6 +49,8 @@ mod lock_cache;
 pub mod locks;
 mod meta;
 mod namespace;
+#[cfg(feature = "fuse")]
+pub mod null;
 pub mod plan;
 mod servers;
 mod view;

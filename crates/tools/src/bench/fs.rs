@@ -11,15 +11,21 @@
 //!
 //! All threads of a case share one file (a shared file is what CITRON's range locks are for); in
 //! the disjoint patterns thread `t` of `n` works only in the `t`-th `1/n` of it. Every file is
-//! filled once before its cases (untimed), so reads return data and writes overwrite allocated
-//! chunks: no chunk allocation happens in a timed loop. I/O is `pread`/`pwrite`
+//! filled once before the cases (untimed), so reads return data and writes overwrite allocated
+//! chunks: no chunk allocation happens in a timed loop. Every file system is set up and filled
+//! first; then each case (pattern, threads) runs on all of them back to back, so that the
+//! ratios compare measurements seconds apart even on a loaded machine. I/O is `pread`/`pwrite`
 //! (`FileExt::read_at`/`write_at`). The CitronFS mount uses direct I/O, so every call is a FUSE
 //! request that takes a range lock and moves data with one-sided verbs; on tmpfs the page cache
 //! *is* the storage, so a call there is a memory copy behind a syscall.
 //!
 //! With `--fs ...,library` the run also calls the CitronFS client library directly on the same
 //! cluster (no kernel, no FUSE), which separates what FUSE costs from what the lock and the
-//! fabric cost.
+//! fabric cost. With `--fs ...,null` it measures the ceiling of the FUSE path on this machine:
+//! the same FUSE adapter, with the same mount options, over `fs_client::null::NullFs`, a
+//! backend that stores nothing and answers at once (reads return zeros, writes their length).
+//! Every CitronFS row then carries its ratio to the null mount's: throughput (`vs null`) and
+//! p50 latency (`p50/null`).
 //!
 //! The mount is unmounted and the cluster stopped at the end, on an error, and on Ctrl-C
 //! (SIGINT or SIGTERM end the run after the current case; a second Ctrl-C exits at once).
@@ -113,6 +119,9 @@ pub enum Target {
     Citronfs,
     /// A file under the tmpfs directory (the reference).
     Tmpfs,
+    /// A file on a FUSE mount of the null backend (stores nothing, answers at once) through
+    /// the same adapter and mount options: the ceiling of the FUSE path.
+    Null,
     /// The CitronFS client library called directly, without the kernel and FUSE.
     Library,
 }
@@ -122,6 +131,7 @@ impl Target {
         match self {
             Target::Citronfs => "citronfs",
             Target::Tmpfs => "tmpfs",
+            Target::Null => "null",
             Target::Library => "citronfs-lib",
         }
     }
@@ -150,7 +160,8 @@ pub struct FsArgs {
     )]
     patterns: Vec<Pattern>,
     /// What to measure (comma-separated): citronfs (the FUSE mount), tmpfs, library (the client
-    /// library without FUSE).
+    /// library without FUSE), null (the same FUSE mount over a backend that stores nothing:
+    /// the FUSE path's ceiling).
     #[arg(
         long,
         value_enum,
@@ -170,6 +181,10 @@ pub struct FsArgs {
     /// The fabric between the client and the servers.
     #[arg(long, value_enum, default_value = "shm")]
     fabric: Backend,
+    /// Request threads of the FUSE mounts (CitronFS's and the null backend's alike)
+    /// [default: the mount's default].
+    #[arg(long)]
+    fuse_threads: Option<usize>,
     /// Data servers of the embedded cluster (files are striped over them).
     #[arg(long, default_value_t = 2)]
     data_servers: usize,
@@ -184,9 +199,10 @@ pub struct FsArgs {
 /// One result: a file system, a pattern, a thread count.
 #[derive(Clone, Debug, Serialize)]
 struct FsResult {
-    /// `tmpfs`, `citronfs` (the FUSE mount) or `citronfs-lib` (the library without FUSE).
+    /// `tmpfs`, `null` (the null FUSE backend), `citronfs` (the FUSE mount) or `citronfs-lib`
+    /// (the library without FUSE).
     fs: &'static str,
-    /// The lock scheme (`null` for tmpfs).
+    /// The lock scheme (`null` for tmpfs and the null backend).
     scheme: Option<String>,
     /// The fabric (`null` for tmpfs).
     fabric: Option<&'static str>,
@@ -209,6 +225,12 @@ struct FsResult {
     /// control block's words carried in them), the meta region's, the data servers'
     /// (`CitronFs::io_stats`; warm-up included).
     rtts_per_op: Option<f64>,
+    /// `mib_per_s` over the null FUSE backend's for the same pattern and threads (when it ran):
+    /// the share of the FUSE path's ceiling reached.
+    ratio_vs_null: Option<f64>,
+    /// `p50_us` over the null FUSE backend's (when it ran): how many times the FUSE path's
+    /// own latency a call takes.
+    p50_vs_null: Option<f64>,
     /// CitronFS: fabric round trips per operation spent acquiring and releasing its range lock
     /// (warm-up included).
     lock_rtts_per_op: Option<f64>,
@@ -327,12 +349,20 @@ pub fn run(args: &FsArgs) -> Result<()> {
     anyhow::ensure!(!args.patterns.is_empty(), "--patterns is empty");
     anyhow::ensure!(!args.fs.is_empty(), "--fs is empty");
     anyhow::ensure!(args.data_servers >= 1, "at least one data server is needed");
+    anyhow::ensure!(
+        args.fuse_threads != Some(0),
+        "--fuse-threads needs at least 1 thread"
+    );
+    let fuse_options = fs_client::fuse::FuseOptions {
+        threads: args.fuse_threads.unwrap_or(testkit::fuse_options().threads),
+        ..testkit::fuse_options()
+    };
     let schemes: Vec<LockScheme> = args.scheme.clone();
     let citron_targets: Vec<Target> = [Target::Citronfs, Target::Library]
         .into_iter()
         .filter(|t| args.fs.contains(t))
         .collect();
-    if args.fs.contains(&Target::Citronfs) {
+    if args.fs.contains(&Target::Citronfs) || args.fs.contains(&Target::Null) {
         // Before anything starts, so that a machine without FUSE gets one clear message.
         check_fuse(Path::new("/dev/fuse"))?;
     }
@@ -346,8 +376,9 @@ pub fn run(args: &FsArgs) -> Result<()> {
     }
 
     let cases_per_fs = (args.patterns.len() * args.threads.len()) as u64;
-    let fs_runs =
-        u64::from(args.fs.contains(&Target::Tmpfs)) + (citron_targets.len() * schemes.len()) as u64;
+    let fs_runs = u64::from(args.fs.contains(&Target::Tmpfs))
+        + u64::from(args.fs.contains(&Target::Null))
+        + (citron_targets.len() * schemes.len()) as u64;
     let progress = if args.json {
         ProgressBar::hidden()
     } else {
@@ -380,18 +411,24 @@ pub fn run(args: &FsArgs) -> Result<()> {
             "p50 µs",
             "p99 µs",
             "vs tmpfs",
+            "vs null",
+            "p50/null",
             "RTTs/op",
             "lock RTTs/op",
             "acquire µs",
         ],
     );
-    let mut tmpfs_results: Vec<FsResult> = Vec::new();
-    let mut emit = |mut r: FsResult, tmpfs: &[FsResult]| {
-        r.ratio_vs_tmpfs = tmpfs
-            .iter()
-            .find(|t| t.pattern == r.pattern && t.threads == r.threads)
+    let mut emit = |mut r: FsResult, case: &[FsResult]| {
+        let of = |fs: &str| case.iter().find(|t| t.fs == fs);
+        r.ratio_vs_tmpfs = of(Target::Tmpfs.name())
             .filter(|t| t.mib_per_s > 0.0)
             .map(|t| r.mib_per_s / t.mib_per_s);
+        let null = of(Target::Null.name());
+        r.ratio_vs_null = null
+            .filter(|t| t.mib_per_s > 0.0)
+            .map(|t| r.mib_per_s / t.mib_per_s);
+        r.p50_vs_null = null.filter(|t| t.p50_us > 0.0).map(|t| r.p50_us / t.p50_us);
+        let ratio = |x: Option<f64>| x.map(|x| format!("{x:.3}")).unwrap_or_else(|| "-".into());
         report.add(
             vec![
                 r.fs.to_string(),
@@ -402,9 +439,9 @@ pub fn run(args: &FsArgs) -> Result<()> {
                 format!("{:.0}", r.ops_per_s),
                 fmt_f(r.p50_us, 1),
                 fmt_f(r.p99_us, 1),
-                r.ratio_vs_tmpfs
-                    .map(|x| format!("{x:.3}"))
-                    .unwrap_or_else(|| "-".into()),
+                ratio(r.ratio_vs_tmpfs),
+                ratio(r.ratio_vs_null),
+                ratio(r.p50_vs_null),
                 r.rtts_per_op
                     .map(|x| fmt_f(x, 2))
                     .unwrap_or_else(|| "-".into()),
@@ -420,17 +457,27 @@ pub fn run(args: &FsArgs) -> Result<()> {
         r
     };
 
-    // tmpfs first, so that every CitronFS result (and JSON line) carries its ratio.
+    // Everything measured is opened and filled first; then each case runs on every subject in
+    // turn, back to back (tmpfs, null, then CitronFS), so that a ratio compares runs seconds
+    // apart: on a loaded machine, runs minutes apart would compare the load as much as the
+    // file systems. Locals drop in reverse order: the files close (`subjects`) and are removed
+    // before their mounts go and the cluster stops.
+    let mut cluster: Option<Cluster> = None;
+    let mut null_mount: Option<(fs_client::fuse::MountHandle, tempfile::TempDir)> = None;
+    let mut mounts: Vec<Mount> = Vec::new();
+    let mut tmpfs_temp: Option<tempfile::TempDir> = None;
+    let mut removals: Vec<RemoveOnDrop> = Vec::new();
+    let mut subjects: Vec<Subject> = Vec::new();
     let mut tmpfs_note = None;
     if args.fs.contains(&Target::Tmpfs) {
-        let (dir, _temp) = match &args.tmpfs_dir {
-            Some(dir) => (dir.clone(), None),
+        let dir = match &args.tmpfs_dir {
+            Some(dir) => dir.clone(),
             None => {
                 let temp = tempfile::Builder::new()
                     .prefix("citronfs-bench-fs-")
                     .tempdir_in("/dev/shm")
                     .context("create a directory under /dev/shm (give --tmpfs-dir)")?;
-                (temp.path().to_path_buf(), Some(temp))
+                tmpfs_temp.insert(temp).path().to_path_buf()
             }
         };
         if !is_tmpfs(&dir) {
@@ -440,84 +487,122 @@ pub fn run(args: &FsArgs) -> Result<()> {
             ));
         }
         let path = dir.join(format!("bench-{}.dat", std::process::id()));
-        let _remove = RemoveFileOnDrop(path.clone());
-        let file = open_rw(&path)?;
-        let results = run_target(&plan, Target::Tmpfs, None, None, &file, None)?;
-        for r in results {
-            let r = emit(r, &[]);
-            tmpfs_results.push(r);
-        }
+        removals.push(RemoveOnDrop::Path(path.clone()));
+        subjects.push(Subject::new(
+            Target::Tmpfs,
+            None,
+            None,
+            open_rw(&path)?,
+            None,
+        ));
     }
-
+    if args.fs.contains(&Target::Null) {
+        progress.set_message("mounting the null backend");
+        let dir = tempfile::Builder::new()
+            .prefix("citronfs-bench-null-")
+            .tempdir()
+            .context("create a mount point")?;
+        let null = Arc::new(fs_client::null::NullFs::new());
+        let handle = fs_client::fuse::mount(null, dir.path(), &fuse_options)
+            .with_context(|| format!("mount the null backend at {}", dir.path().display()))?;
+        let path = dir
+            .path()
+            .join(format!("bench-null-{}.dat", std::process::id()));
+        null_mount = Some((handle, dir));
+        subjects.push(Subject::new(
+            Target::Null,
+            None,
+            None,
+            open_rw(&path)?,
+            None,
+        ));
+    }
     if !citron_targets.is_empty() {
         progress.set_message("starting the cluster");
         // Each scheme's files, with room to spare for chunk rounding and the stripes.
         let files = (citron_targets.len() * schemes.len()) as u64;
         let memory = (file_size + SEQ_BLOCK * args.data_servers as u64) * files + (256 << 20);
         let per_server = (memory / args.data_servers as u64).max(64 << 20);
-        let cluster = Cluster::start(ClusterSpec {
+        let cluster = cluster.insert(Cluster::start(ClusterSpec {
             name: "citronfs-bench".into(),
             data_servers: args.data_servers,
             capacity: per_server,
             fabric: args.fabric,
             lock_server: schemes.contains(&LockScheme::SERVER),
             ..ClusterSpec::server_defaults()
-        })?;
-        let fabric_name = args.fabric.name();
+        })?);
+        let fabric_name = Some(args.fabric.name());
         for &scheme in &schemes {
             let fs = Arc::new(cluster.connect(scheme)?);
-            for &target in &citron_targets {
-                let name = format!("bench-{}-{}.dat", scheme.name(), std::process::id());
-                let results = match target {
-                    Target::Citronfs => {
-                        let mount = Mount::in_temp_dir(fs.clone(), &testkit::fuse_options())?;
-                        let mountpoint = mount.path().to_path_buf();
-                        let path = mountpoint.join(&name);
-                        let results = {
-                            let file = open_rw(&path)?;
-                            run_target(
-                                &plan,
-                                target,
-                                Some(scheme.name()),
-                                Some(fabric_name),
-                                &file,
-                                Some(&fs),
-                            )
-                        };
-                        // Free the chunks for the next scheme; the run's result matters more
-                        // than a failed cleanup.
-                        let _ = std::fs::remove_file(&path);
-                        mount
-                            .unmount()
-                            .with_context(|| format!("unmount {}", mountpoint.display()))?;
-                        results?
-                    }
-                    Target::Library => {
-                        let caller = CitronFs::process_caller();
-                        let (_, fh) = fs
-                            .create(caller, proto::ROOT_INO, &name, 0o644, libc::O_RDWR)
-                            .map_err(|e| anyhow::anyhow!("create {name}: {e}"))?;
-                        let file = LibraryFile::new(fs.clone(), fh);
-                        let results = run_target(
-                            &plan,
-                            target,
-                            Some(scheme.name()),
-                            Some(fabric_name),
-                            &file,
-                            Some(&fs),
-                        );
-                        // Dropping the file releases its handle.
-                        drop(file);
-                        let _ = fs.unlink(proto::ROOT_INO, &name);
-                        results?
-                    }
-                    Target::Tmpfs => unreachable!("tmpfs ran above"),
-                };
-                for r in results {
-                    emit(r, &tmpfs_results);
-                }
+            let name = format!("bench-{}-{}.dat", scheme.name(), std::process::id());
+            let scheme = Some(scheme.name());
+            if args.fs.contains(&Target::Citronfs) {
+                let mount = Mount::in_temp_dir(fs.clone(), &fuse_options)?;
+                let path = mount.path().join(&name);
+                mounts.push(mount);
+                // Frees the chunks; the run's result matters more than a failed cleanup.
+                removals.push(RemoveOnDrop::Path(path.clone()));
+                let file = open_rw(&path)?;
+                subjects.push(Subject::new(
+                    Target::Citronfs,
+                    scheme,
+                    fabric_name,
+                    file,
+                    Some(fs.clone()),
+                ));
+            }
+            if args.fs.contains(&Target::Library) {
+                let name = format!("lib-{name}");
+                let caller = CitronFs::process_caller();
+                let (_, fh) = fs
+                    .create(caller, proto::ROOT_INO, &name, 0o644, libc::O_RDWR)
+                    .map_err(|e| anyhow::anyhow!("create {name}: {e}"))?;
+                removals.push(RemoveOnDrop::Library(fs.clone(), name));
+                // Dropping the file releases its handle.
+                let file = LibraryFile::new(fs.clone(), fh);
+                subjects.push(Subject::new(
+                    Target::Library,
+                    scheme,
+                    fabric_name,
+                    file,
+                    Some(fs.clone()),
+                ));
             }
         }
+    }
+    progress.set_length(cases_per_fs * subjects.len() as u64);
+
+    for s in &subjects {
+        progress.set_message(format!("{}: filling the file", s.label()));
+        fill(s.io.as_ref(), plan.file_size, plan.stop)?;
+    }
+    for &threads in plan.threads {
+        for &pattern in plan.patterns {
+            let mut case = Vec::with_capacity(subjects.len());
+            for s in &subjects {
+                let r = measure(&plan, s, pattern, threads)?;
+                case.push(emit(r, &case));
+                progress.inc(1);
+            }
+        }
+    }
+
+    // Close, remove, unmount, stop — in that order, reporting what fails.
+    drop(subjects);
+    drop(removals);
+    drop(tmpfs_temp);
+    for mount in mounts {
+        let at = mount.path().to_path_buf();
+        mount
+            .unmount()
+            .with_context(|| format!("unmount {}", at.display()))?;
+    }
+    if let Some((handle, dir)) = null_mount {
+        handle
+            .unmount()
+            .with_context(|| format!("unmount {}", dir.path().display()))?;
+    }
+    if let Some(cluster) = cluster {
         progress.set_message("stopping the cluster");
         cluster.shutdown()?;
     }
@@ -529,75 +614,116 @@ pub fn run(args: &FsArgs) -> Result<()> {
     Ok(())
 }
 
-/// Fills the file, then runs every (threads, pattern) case on it; `client`, the CitronFS client
-/// behind `io`, gives the lock statistics.
-fn run_target(
-    plan: &Plan,
+/// One thing measured: a file on tmpfs, on a FUSE mount (CitronFS's, the null backend's), or
+/// opened through the client library.
+struct Subject {
     target: Target,
-    scheme: Option<&str>,
+    /// The lock scheme (CitronFS only).
+    scheme: Option<&'static str>,
+    /// The fabric (CitronFS only).
     fabric: Option<&'static str>,
-    io: &dyn SharedFile,
-    client: Option<&CitronFs>,
-) -> Result<Vec<FsResult>> {
-    plan.progress
-        .set_message(format!("{}: filling the file", target.name()));
-    fill(io, plan.file_size, plan.stop)?;
-    let mut results = Vec::new();
-    for &threads in plan.threads {
-        for &pattern in plan.patterns {
-            plan.progress.set_message(format!(
-                "{}{}: {}, {threads} threads",
-                target.name(),
-                scheme.map(|s| format!(" ({s})")).unwrap_or_default(),
-                pattern.name()
-            ));
-            let before = client.map(CitronFs::lock_stats);
-            let io_before = client.map(CitronFs::io_stats);
-            let m = run_case(plan, io, pattern, threads).with_context(|| {
-                format!(
-                    "{} {} with {threads} threads",
-                    target.name(),
-                    pattern.name()
-                )
-            })?;
-            // Every call has returned, so every worker's lock handle is counted.
-            let lock = before
-                .zip(client.map(CitronFs::lock_stats))
-                .and_then(|(b, a)| LockDelta::between(&b, &a));
-            let rtts_per_op = io_before
-                .zip(client.map(CitronFs::io_stats))
-                .map(|(b, a)| a.since(&b))
-                .filter(|d| d.locked_ios > 0)
-                .map(|d| d.round_trips as f64 / d.locked_ios as f64);
-            if plan.stop.load(Ordering::Relaxed) {
-                bail!("interrupted");
-            }
-            let us = |q: f64| m.histogram.value_at_quantile(q) as f64 / 1000.0;
-            results.push(FsResult {
-                fs: target.name(),
-                scheme: scheme.map(str::to_string),
-                fabric,
-                pattern: pattern.name(),
-                threads,
-                block_bytes: pattern.block(),
-                file_bytes: plan.file_size,
-                seconds: m.seconds,
-                ops: m.ops,
-                mib_per_s: m.bytes as f64 / (1 << 20) as f64 / m.seconds,
-                ops_per_s: m.ops as f64 / m.seconds,
-                p50_us: us(0.5),
-                p99_us: us(0.99),
-                max_us: m.histogram.max() as f64 / 1000.0,
-                ratio_vs_tmpfs: None,
-                rtts_per_op,
-                lock_rtts_per_op: lock.map(|l| l.rtts_per_op),
-                lock_acquire_us: lock.map(|l| l.acquire_us),
-                lock_aborts: lock.map(|l| l.aborts),
-            });
-            plan.progress.inc(1);
+    io: Box<dyn SharedFile>,
+    /// The CitronFS client behind `io`, for its lock statistics.
+    client: Option<Arc<CitronFs>>,
+}
+
+impl Subject {
+    fn new(
+        target: Target,
+        scheme: Option<&'static str>,
+        fabric: Option<&'static str>,
+        io: impl SharedFile + 'static,
+        client: Option<Arc<CitronFs>>,
+    ) -> Subject {
+        Subject {
+            target,
+            scheme,
+            fabric,
+            io: Box::new(io),
+            client,
         }
     }
-    Ok(results)
+
+    fn label(&self) -> String {
+        match self.scheme {
+            Some(scheme) => format!("{} ({scheme})", self.target.name()),
+            None => self.target.name().to_string(),
+        }
+    }
+}
+
+/// A file removed on drop: by path, or through the client library that created it.
+enum RemoveOnDrop {
+    Path(PathBuf),
+    Library(Arc<CitronFs>, String),
+}
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        match self {
+            RemoveOnDrop::Path(path) => {
+                let _ = std::fs::remove_file(path);
+            }
+            RemoveOnDrop::Library(fs, name) => {
+                let _ = fs.unlink(proto::ROOT_INO, name);
+            }
+        }
+    }
+}
+
+/// Runs one case (`pattern`, `threads`) on `subject`'s file, already filled.
+fn measure(plan: &Plan, subject: &Subject, pattern: Pattern, threads: usize) -> Result<FsResult> {
+    plan.progress.set_message(format!(
+        "{}: {}, {threads} threads",
+        subject.label(),
+        pattern.name()
+    ));
+    let client = subject.client.as_deref();
+    let before = client.map(CitronFs::lock_stats);
+    let io_before = client.map(CitronFs::io_stats);
+    let m = run_case(plan, subject.io.as_ref(), pattern, threads).with_context(|| {
+        format!(
+            "{} {} with {threads} threads",
+            subject.label(),
+            pattern.name()
+        )
+    })?;
+    // Every call has returned, so every worker's lock handle is counted.
+    let lock = before
+        .zip(client.map(CitronFs::lock_stats))
+        .and_then(|(b, a)| LockDelta::between(&b, &a));
+    let rtts_per_op = io_before
+        .zip(client.map(CitronFs::io_stats))
+        .map(|(b, a)| a.since(&b))
+        .filter(|d| d.locked_ios > 0)
+        .map(|d| d.round_trips as f64 / d.locked_ios as f64);
+    if plan.stop.load(Ordering::Relaxed) {
+        bail!("interrupted");
+    }
+    let us = |q: f64| m.histogram.value_at_quantile(q) as f64 / 1000.0;
+    Ok(FsResult {
+        fs: subject.target.name(),
+        scheme: subject.scheme.map(str::to_string),
+        fabric: subject.fabric,
+        pattern: pattern.name(),
+        threads,
+        block_bytes: pattern.block(),
+        file_bytes: plan.file_size,
+        seconds: m.seconds,
+        ops: m.ops,
+        mib_per_s: m.bytes as f64 / (1 << 20) as f64 / m.seconds,
+        ops_per_s: m.ops as f64 / m.seconds,
+        p50_us: us(0.5),
+        p99_us: us(0.99),
+        max_us: m.histogram.max() as f64 / 1000.0,
+        ratio_vs_tmpfs: None,
+        rtts_per_op,
+        ratio_vs_null: None,
+        p50_vs_null: None,
+        lock_rtts_per_op: lock.map(|l| l.rtts_per_op),
+        lock_acquire_us: lock.map(|l| l.acquire_us),
+        lock_aborts: lock.map(|l| l.aborts),
+    })
 }
 
 /// What the range locks did during one case.
@@ -742,15 +868,6 @@ fn open_rw(path: &Path) -> Result<File> {
         .with_context(|| format!("open {}", path.display()))
 }
 
-/// Removes a file on drop.
-struct RemoveFileOnDrop(PathBuf);
-
-impl Drop for RemoveFileOnDrop {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
 /// Fails with a clear message when this machine cannot mount FUSE file systems: `fuse_dev`
 /// (normally /dev/fuse) must open read-write, and a non-root user needs fusermount3.
 pub(crate) fn check_fuse(fuse_dev: &Path) -> Result<()> {
@@ -801,6 +918,13 @@ fn print_notes(args: &FsArgs, file_size: u64, tmpfs_note: Option<String>) {
         args.data_servers,
         args.fabric.name()
     );
+    if args.fs.contains(&Target::Null) {
+        println!(
+            "null: the same FUSE adapter and mount options over a backend that stores nothing \
+             and answers at once (reads return zeros, writes their length): the FUSE path's \
+             ceiling here. vs null: MiB/s over null's; p50/null: p50 latency over null's."
+        );
+    }
     println!(
         "RTTs/op: fabric round trips per call, all endpoints (lock, meta region, data servers); \
          lock RTTs/op: those spent acquiring and releasing its range lock (the file's size and \

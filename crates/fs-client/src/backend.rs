@@ -1,0 +1,371 @@
+//! [`FsBackend`]: what the FUSE adapter ([`crate::fuse`]) serves — the file system's core,
+//! kept apart from the fuser glue (as mountpoint-s3 keeps its `S3Filesystem` apart from its
+//! `fuse` module).
+//!
+//! Two backends implement it:
+//! - [`CitronFs`], the file system (every method forwards to the library call of the same
+//!   name);
+//! - [`crate::null::NullFs`], a measuring tool that stores nothing and answers at once, so
+//!   that the same adapter over it shows what the FUSE path itself costs on a machine
+//!   (`citronfs bench fs --fs null`).
+//!
+//! The trait speaks the library's types (inode numbers, [`Attr`], [`FileHandle`], [`Error`]),
+//! never fuser's: the adapter alone converts between the two. Errors become errnos through
+//! [`Error::errno`] there, for every backend alike.
+//!
+//! Operations a backend may lack have default bodies that answer as a file system without the
+//! feature does (`EOPNOTSUPP`, or "no extended attributes"); [`CitronFs`] overrides them all.
+
+use crate::client::{CitronFs, FileHandle};
+use crate::error::Error;
+use crate::io::Fallocate;
+use proto::rpc::XattrMode;
+use proto::{Attr, Caller, DirEntry, FileKind, FsError, FsStats, Ino, SetAttr};
+
+/// A file system the FUSE adapter can mount (see the module docs). `Send + Sync`: the
+/// adapter calls it from all its request threads at once.
+pub trait FsBackend: Send + Sync + 'static {
+    /// What [`FsBackend::read`] returns: owned bytes, or bytes the backend lends for as long
+    /// as the reply is being sent (the adapter only reads them, once).
+    type ReadData<'a>: AsRef<[u8]>
+    where
+        Self: 'a;
+
+    /// The file system's name in the mount table (`fsname` and `subtype`).
+    fn fs_name(&self) -> &'static str;
+
+    /// The block size reported in attributes (`st_blksize`).
+    fn blksize(&self) -> u64;
+
+    /// The entry `name` of directory `parent`.
+    fn lookup(&self, parent: Ino, name: &str) -> Result<Attr, Error>;
+
+    /// An inode's attributes.
+    fn getattr(&self, ino: Ino) -> Result<Attr, Error>;
+
+    /// Changes attributes; returns them as they are after the change.
+    fn setattr(&self, caller: Caller, ino: Ino, set: SetAttr) -> Result<Attr, Error>;
+
+    /// Opens a file (`flags` as open(2)'s).
+    fn open(&self, caller: Caller, ino: Ino, flags: i32) -> Result<FileHandle, Error>;
+
+    /// Creates a regular file and opens it.
+    fn create(
+        &self,
+        caller: Caller,
+        parent: Ino,
+        name: &str,
+        perm: u16,
+        flags: i32,
+    ) -> Result<(Attr, FileHandle), Error>;
+
+    /// Closes a handle.
+    fn release(&self, fh: FileHandle) -> Result<(), Error>;
+
+    /// Reads up to `len` bytes at `offset`; fewer at the end of the file.
+    fn read(&self, fh: FileHandle, offset: u64, len: usize) -> Result<Self::ReadData<'_>, Error>;
+
+    /// Writes all of `data` at `offset` and returns its length; `kill_suidgid`: the writer
+    /// lacks `CAP_FSETID` (see [`CitronFs::write_as`]).
+    fn write_as(
+        &self,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        kill_suidgid: bool,
+    ) -> Result<usize, Error>;
+
+    /// Makes the file's writes durable as far as the file system can.
+    fn fsync(&self, fh: FileHandle) -> Result<(), Error>;
+
+    /// Up to `max` entries of directory `ino` after `cookie` (0: from the start).
+    fn readdir(&self, ino: Ino, cookie: u64, max: u32) -> Result<Vec<DirEntry>, Error>;
+
+    /// [`FsBackend::readdir`] with each entry's attributes (FUSE's readdirplus). By default the
+    /// listing and then a `getattr` of each entry.
+    fn readdirplus(&self, ino: Ino, cookie: u64, max: u32) -> Result<Vec<(DirEntry, Attr)>, Error> {
+        self.readdir(ino, cookie, max)?
+            .into_iter()
+            .map(|entry| {
+                let attr = self.getattr(entry.ino)?;
+                Ok((entry, attr))
+            })
+            .collect()
+    }
+
+    /// File-system totals.
+    fn statfs(&self) -> Result<FsStats, Error>;
+
+    /// Removes a name (not a directory).
+    fn unlink(&self, parent: Ino, name: &str) -> Result<(), Error>;
+
+    /// Creates a file, device node, fifo or socket.
+    fn mknod(
+        &self,
+        _caller: Caller,
+        _parent: Ino,
+        _name: &str,
+        _kind: FileKind,
+        _perm: u16,
+        _rdev: u32,
+    ) -> Result<Attr, Error> {
+        Err(FsError::NotSupported.into())
+    }
+
+    /// Creates a directory.
+    fn mkdir(&self, _caller: Caller, _parent: Ino, _name: &str, _perm: u16) -> Result<Attr, Error> {
+        Err(FsError::NotSupported.into())
+    }
+
+    /// Removes an empty directory.
+    fn rmdir(&self, _parent: Ino, _name: &str) -> Result<(), Error> {
+        Err(FsError::NotSupported.into())
+    }
+
+    /// Creates a symbolic link.
+    fn symlink(
+        &self,
+        _caller: Caller,
+        _parent: Ino,
+        _name: &str,
+        _target: &str,
+    ) -> Result<Attr, Error> {
+        Err(FsError::NotSupported.into())
+    }
+
+    /// A symbolic link's target.
+    fn readlink(&self, _ino: Ino) -> Result<Vec<u8>, Error> {
+        Err(FsError::NotSupported.into())
+    }
+
+    /// Renames `parent/name` to `new_parent/new_name` (`no_replace`: `RENAME_NOREPLACE`).
+    fn rename(
+        &self,
+        _parent: Ino,
+        _name: &str,
+        _new_parent: Ino,
+        _new_name: &str,
+        _no_replace: bool,
+    ) -> Result<(), Error> {
+        Err(FsError::NotSupported.into())
+    }
+
+    /// Swaps two names (`RENAME_EXCHANGE`).
+    fn exchange(
+        &self,
+        _parent: Ino,
+        _name: &str,
+        _new_parent: Ino,
+        _new_name: &str,
+    ) -> Result<(), Error> {
+        Err(FsError::NotSupported.into())
+    }
+
+    /// Adds a hard link.
+    fn link(&self, _ino: Ino, _new_parent: Ino, _new_name: &str) -> Result<Attr, Error> {
+        Err(FsError::NotSupported.into())
+    }
+
+    /// fallocate(2) on an open file (`kill_suidgid` as for [`FsBackend::write_as`]).
+    fn fallocate(
+        &self,
+        _fh: FileHandle,
+        _offset: u64,
+        _len: u64,
+        _how: Fallocate,
+        _kill_suidgid: bool,
+    ) -> Result<(), Error> {
+        Err(FsError::NotSupported.into())
+    }
+
+    /// Sets an extended attribute.
+    fn setxattr(
+        &self,
+        _ino: Ino,
+        _name: &str,
+        _value: &[u8],
+        _mode: XattrMode,
+    ) -> Result<(), Error> {
+        Err(FsError::NotSupported.into())
+    }
+
+    /// An extended attribute's value (default: there are none).
+    fn getxattr(&self, _ino: Ino, _name: &str) -> Result<Vec<u8>, Error> {
+        Err(FsError::NoAttr.into())
+    }
+
+    /// The names of an inode's extended attributes (default: none).
+    fn listxattr(&self, _ino: Ino) -> Result<Vec<String>, Error> {
+        Ok(Vec::new())
+    }
+
+    /// Removes an extended attribute (default: there are none).
+    fn removexattr(&self, _ino: Ino, _name: &str) -> Result<(), Error> {
+        Err(FsError::NoAttr.into())
+    }
+}
+
+/// The file system: each method is the library call of the same name.
+impl FsBackend for CitronFs {
+    type ReadData<'a> = Vec<u8>;
+
+    fn fs_name(&self) -> &'static str {
+        "citronfs"
+    }
+
+    fn blksize(&self) -> u64 {
+        // Large enough that tools issue big I/Os, small enough for a page-sized sanity.
+        self.cluster().chunk_size.min(1 << 20)
+    }
+
+    fn lookup(&self, parent: Ino, name: &str) -> Result<Attr, Error> {
+        CitronFs::lookup(self, parent, name)
+    }
+
+    fn getattr(&self, ino: Ino) -> Result<Attr, Error> {
+        CitronFs::getattr(self, ino)
+    }
+
+    fn setattr(&self, caller: Caller, ino: Ino, set: SetAttr) -> Result<Attr, Error> {
+        CitronFs::setattr(self, caller, ino, set)
+    }
+
+    fn open(&self, caller: Caller, ino: Ino, flags: i32) -> Result<FileHandle, Error> {
+        CitronFs::open(self, caller, ino, flags)
+    }
+
+    fn create(
+        &self,
+        caller: Caller,
+        parent: Ino,
+        name: &str,
+        perm: u16,
+        flags: i32,
+    ) -> Result<(Attr, FileHandle), Error> {
+        CitronFs::create(self, caller, parent, name, perm, flags)
+    }
+
+    fn release(&self, fh: FileHandle) -> Result<(), Error> {
+        CitronFs::release(self, fh)
+    }
+
+    fn read(&self, fh: FileHandle, offset: u64, len: usize) -> Result<Vec<u8>, Error> {
+        CitronFs::read(self, fh, offset, len)
+    }
+
+    fn write_as(
+        &self,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        kill_suidgid: bool,
+    ) -> Result<usize, Error> {
+        CitronFs::write_as(self, fh, offset, data, kill_suidgid)
+    }
+
+    fn fsync(&self, fh: FileHandle) -> Result<(), Error> {
+        CitronFs::fsync(self, fh)
+    }
+
+    fn readdir(&self, ino: Ino, cookie: u64, max: u32) -> Result<Vec<DirEntry>, Error> {
+        CitronFs::readdir(self, ino, cookie, max)
+    }
+
+    fn readdirplus(&self, ino: Ino, cookie: u64, max: u32) -> Result<Vec<(DirEntry, Attr)>, Error> {
+        CitronFs::readdirplus(self, ino, cookie, max)
+    }
+
+    fn statfs(&self) -> Result<FsStats, Error> {
+        CitronFs::statfs(self)
+    }
+
+    fn unlink(&self, parent: Ino, name: &str) -> Result<(), Error> {
+        CitronFs::unlink(self, parent, name)
+    }
+
+    fn mknod(
+        &self,
+        caller: Caller,
+        parent: Ino,
+        name: &str,
+        kind: FileKind,
+        perm: u16,
+        rdev: u32,
+    ) -> Result<Attr, Error> {
+        CitronFs::mknod(self, caller, parent, name, kind, perm, rdev)
+    }
+
+    fn mkdir(&self, caller: Caller, parent: Ino, name: &str, perm: u16) -> Result<Attr, Error> {
+        CitronFs::mkdir(self, caller, parent, name, perm)
+    }
+
+    fn rmdir(&self, parent: Ino, name: &str) -> Result<(), Error> {
+        CitronFs::rmdir(self, parent, name)
+    }
+
+    fn symlink(
+        &self,
+        caller: Caller,
+        parent: Ino,
+        name: &str,
+        target: &str,
+    ) -> Result<Attr, Error> {
+        CitronFs::symlink(self, caller, parent, name, target)
+    }
+
+    fn readlink(&self, ino: Ino) -> Result<Vec<u8>, Error> {
+        CitronFs::readlink(self, ino)
+    }
+
+    fn rename(
+        &self,
+        parent: Ino,
+        name: &str,
+        new_parent: Ino,
+        new_name: &str,
+        no_replace: bool,
+    ) -> Result<(), Error> {
+        CitronFs::rename(self, parent, name, new_parent, new_name, no_replace)
+    }
+
+    fn exchange(
+        &self,
+        parent: Ino,
+        name: &str,
+        new_parent: Ino,
+        new_name: &str,
+    ) -> Result<(), Error> {
+        CitronFs::exchange(self, parent, name, new_parent, new_name)
+    }
+
+    fn link(&self, ino: Ino, new_parent: Ino, new_name: &str) -> Result<Attr, Error> {
+        CitronFs::link(self, ino, new_parent, new_name)
+    }
+
+    fn fallocate(
+        &self,
+        fh: FileHandle,
+        offset: u64,
+        len: u64,
+        how: Fallocate,
+        kill_suidgid: bool,
+    ) -> Result<(), Error> {
+        CitronFs::fallocate(self, fh, offset, len, how, kill_suidgid)
+    }
+
+    fn setxattr(&self, ino: Ino, name: &str, value: &[u8], mode: XattrMode) -> Result<(), Error> {
+        CitronFs::setxattr(self, ino, name, value, mode)
+    }
+
+    fn getxattr(&self, ino: Ino, name: &str) -> Result<Vec<u8>, Error> {
+        CitronFs::getxattr(self, ino, name)
+    }
+
+    fn listxattr(&self, ino: Ino) -> Result<Vec<String>, Error> {
+        CitronFs::listxattr(self, ino)
+    }
+
+    fn removexattr(&self, ino: Ino, name: &str) -> Result<(), Error> {
+        CitronFs::removexattr(self, ino, name)
+    }
+}

@@ -1,0 +1,478 @@
+//! [`NullFs`]: a file system that stores nothing and answers at once — a **measuring tool**,
+//! not a file system to keep data in.
+//!
+//! Mounted through the very FUSE adapter that serves CitronFS ([`crate::fuse::mount`], same
+//! mount options, same request threads, same negotiated request sizes), it shows the ceiling of
+//! the FUSE path on a machine: what a read or write costs when the file system behind the
+//! adapter takes no time at all. `citronfs bench fs --fs null` measures it in the same run as
+//! CitronFS and tmpfs and reports CitronFS's ratio to it.
+//!
+//! What it keeps, all in memory and bounded:
+//! - one directory, the root, holding up to [`NullFs::MAX_FILES`] regular files created over
+//!   its life (names, owner, mode, times: enough for `open(O_CREAT)`, `stat`, `ls` and
+//!   `unlink`);
+//! - each file's size: a write raises it to the write's end, a truncate sets it.
+//!
+//! What it does with data: nothing. A write returns its length and keeps no byte of it; a
+//! read returns zeros, as many as asked for up to the file's size. The hot path — [`read`],
+//! [`write_as`] — takes no lock and allocates nothing (one atomic on the file's size; reads
+//! lend a shared buffer of zeros).
+//!
+//! [`read`]: FsBackend::read
+//! [`write_as`]: FsBackend::write_as
+
+use crate::backend::FsBackend;
+use crate::client::FileHandle;
+use crate::error::Error;
+use proto::{
+    Attr, Caller, DirEntry, FileKind, FsError, FsStats, Ino, SetAttr, SetTime, Timestamp, NAME_MAX,
+    ROOT_INO,
+};
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
+
+/// The first file's inode number (the root is [`ROOT_INO`]).
+const FIRST_FILE: Ino = ROOT_INO + 1;
+
+/// Bytes of zeros a read can lend without allocating: the largest FUSE request (16 MiB plus a
+/// page). The buffer is never written, so its pages stay the kernel's shared zero page.
+const ZEROS: usize = (16 << 20) + 4096;
+
+/// The block size reported (as CitronFS reports its 1 MiB chunks).
+const BLOCK: u64 = 1 << 20;
+
+/// The file-system totals reported: a nominal 1 TiB, all of it free (nothing is stored).
+const NOMINAL_BLOCKS: u64 = (1 << 40) / BLOCK;
+
+/// A file's attributes other than its size.
+#[derive(Clone, Debug)]
+struct Meta {
+    perm: u16,
+    uid: u32,
+    gid: u32,
+    nlink: u32,
+    atime: Timestamp,
+    mtime: Timestamp,
+    ctime: Timestamp,
+    crtime: Timestamp,
+}
+
+/// The names and attributes (not on the hot path: one mutex).
+#[derive(Default)]
+struct Tree {
+    /// Names in the root directory.
+    names: BTreeMap<String, Ino>,
+    /// Every file created, linked or not (an unlinked file may still be open).
+    files: HashMap<Ino, Meta>,
+    /// The next inode number to give.
+    next: Ino,
+}
+
+/// The null file system (see the module docs).
+pub struct NullFs {
+    tree: Mutex<Tree>,
+    /// File sizes, indexed by `ino - FIRST_FILE`: read and raised without the tree's lock.
+    sizes: Box<[AtomicU64]>,
+    zeros: Vec<u8>,
+    /// Who owns the root.
+    owner: Caller,
+    created: Timestamp,
+}
+
+impl Default for NullFs {
+    fn default() -> Self {
+        NullFs::new()
+    }
+}
+
+impl NullFs {
+    /// Files a null file system can create over its life (then `ENOSPC`).
+    pub const MAX_FILES: usize = 1024;
+
+    /// An empty null file system, its root owned by this process.
+    pub fn new() -> NullFs {
+        // SAFETY: geteuid and getegid cannot fail and touch no memory.
+        let owner = unsafe {
+            Caller {
+                uid: libc::geteuid(),
+                gid: libc::getegid(),
+            }
+        };
+        NullFs {
+            tree: Mutex::new(Tree {
+                next: FIRST_FILE,
+                ..Tree::default()
+            }),
+            sizes: (0..Self::MAX_FILES).map(|_| AtomicU64::new(0)).collect(),
+            zeros: vec![0; ZEROS],
+            owner,
+            created: Timestamp::now(),
+        }
+    }
+
+    fn tree(&self) -> std::sync::MutexGuard<'_, Tree> {
+        self.tree.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The size word of file `ino`.
+    fn size_of(&self, ino: Ino) -> Result<&AtomicU64, Error> {
+        ino.checked_sub(FIRST_FILE)
+            .and_then(|i| self.sizes.get(usize::try_from(i).ok()?))
+            .ok_or_else(|| FsError::Stale.into())
+    }
+
+    fn root_attr(&self) -> Attr {
+        Attr {
+            ino: ROOT_INO,
+            kind: FileKind::Dir,
+            perm: 0o777,
+            nlink: 2,
+            uid: self.owner.uid,
+            gid: self.owner.gid,
+            rdev: 0,
+            size: 0,
+            atime: self.created,
+            mtime: self.created,
+            ctime: self.created,
+            crtime: self.created,
+            generation: 0,
+        }
+    }
+
+    fn file_attr(&self, ino: Ino, m: &Meta) -> Attr {
+        let size = self.size_of(ino).map_or(0, |s| s.load(Ordering::Relaxed));
+        Attr {
+            ino,
+            kind: FileKind::File,
+            perm: m.perm,
+            nlink: m.nlink,
+            uid: m.uid,
+            gid: m.gid,
+            rdev: 0,
+            size,
+            atime: m.atime,
+            mtime: m.mtime,
+            ctime: m.ctime,
+            crtime: m.crtime,
+            generation: 0,
+        }
+    }
+
+    fn attr(&self, tree: &Tree, ino: Ino) -> Result<Attr, Error> {
+        if ino == ROOT_INO {
+            return Ok(self.root_attr());
+        }
+        let meta = tree.files.get(&ino).ok_or(FsError::NotFound)?;
+        Ok(self.file_attr(ino, meta))
+    }
+}
+
+/// Checks a name in the root directory.
+fn check_name(parent: Ino, name: &str) -> Result<(), Error> {
+    if parent != ROOT_INO {
+        return Err(FsError::NotDir.into());
+    }
+    if name.len() > NAME_MAX {
+        return Err(FsError::NameTooLong.into());
+    }
+    if name.is_empty() || name == "." || name == ".." || name.contains('/') {
+        return Err(FsError::Invalid(format!("name {name:?}")).into());
+    }
+    Ok(())
+}
+
+fn set_time(t: SetTime) -> Timestamp {
+    match t {
+        SetTime::At(t) => t,
+        SetTime::Now => Timestamp::now(),
+    }
+}
+
+impl FsBackend for NullFs {
+    type ReadData<'a> = Cow<'a, [u8]>;
+
+    fn fs_name(&self) -> &'static str {
+        "citronfs-null"
+    }
+
+    fn blksize(&self) -> u64 {
+        BLOCK
+    }
+
+    fn lookup(&self, parent: Ino, name: &str) -> Result<Attr, Error> {
+        if parent != ROOT_INO {
+            return Err(FsError::NotDir.into());
+        }
+        let tree = self.tree();
+        let ino = *tree.names.get(name).ok_or(FsError::NotFound)?;
+        self.attr(&tree, ino)
+    }
+
+    fn getattr(&self, ino: Ino) -> Result<Attr, Error> {
+        self.attr(&self.tree(), ino)
+    }
+
+    fn setattr(&self, _caller: Caller, ino: Ino, set: SetAttr) -> Result<Attr, Error> {
+        let mut tree = self.tree();
+        if ino == ROOT_INO {
+            return Err(FsError::Perm.into());
+        }
+        let meta = tree.files.get_mut(&ino).ok_or(FsError::NotFound)?;
+        if let Some(size) = set.size {
+            self.size_of(ino)?.store(size, Ordering::Relaxed);
+            meta.mtime = Timestamp::now();
+        }
+        if let Some(perm) = set.perm {
+            meta.perm = perm & 0o7777;
+        }
+        if set.kill_suidgid {
+            meta.perm &= !0o6000;
+        }
+        meta.uid = set.uid.unwrap_or(meta.uid);
+        meta.gid = set.gid.unwrap_or(meta.gid);
+        if let Some(t) = set.atime {
+            meta.atime = set_time(t);
+        }
+        if let Some(t) = set.mtime {
+            meta.mtime = set_time(t);
+        }
+        meta.ctime = Timestamp::now();
+        let meta = meta.clone();
+        Ok(self.file_attr(ino, &meta))
+    }
+
+    fn open(&self, _caller: Caller, ino: Ino, _flags: i32) -> Result<FileHandle, Error> {
+        match self.tree().files.get(&ino) {
+            Some(_) => Ok(FileHandle(ino)),
+            None if ino == ROOT_INO => Err(FsError::IsDir.into()),
+            None => Err(FsError::NotFound.into()),
+        }
+    }
+
+    fn create(
+        &self,
+        caller: Caller,
+        parent: Ino,
+        name: &str,
+        perm: u16,
+        flags: i32,
+    ) -> Result<(Attr, FileHandle), Error> {
+        check_name(parent, name)?;
+        let mut tree = self.tree();
+        if let Some(&ino) = tree.names.get(name) {
+            if flags & libc::O_EXCL != 0 {
+                return Err(FsError::Exists.into());
+            }
+            return Ok((self.attr(&tree, ino)?, FileHandle(ino)));
+        }
+        let ino = tree.next;
+        let size = self.size_of(ino).map_err(|_| FsError::NoSpace)?;
+        size.store(0, Ordering::Relaxed);
+        tree.next += 1;
+        let now = Timestamp::now();
+        let meta = Meta {
+            perm: perm & 0o7777,
+            uid: caller.uid,
+            gid: caller.gid,
+            nlink: 1,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            crtime: now,
+        };
+        let attr = self.file_attr(ino, &meta);
+        tree.names.insert(name.to_string(), ino);
+        tree.files.insert(ino, meta);
+        Ok((attr, FileHandle(ino)))
+    }
+
+    fn release(&self, _fh: FileHandle) -> Result<(), Error> {
+        // A handle is the inode number: nothing to give back.
+        Ok(())
+    }
+
+    fn read(&self, fh: FileHandle, offset: u64, len: usize) -> Result<Cow<'_, [u8]>, Error> {
+        let size = self.size_of(fh.0)?.load(Ordering::Relaxed);
+        let n = size
+            .saturating_sub(offset)
+            .min(len.try_into().unwrap_or(u64::MAX)) as usize;
+        Ok(match self.zeros.get(..n) {
+            Some(zeros) => Cow::Borrowed(zeros),
+            None => Cow::Owned(vec![0; n]),
+        })
+    }
+
+    fn write_as(
+        &self,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _kill_suidgid: bool,
+    ) -> Result<usize, Error> {
+        let end = offset
+            .checked_add(data.len() as u64)
+            .ok_or_else(|| FsError::Invalid("write past the largest offset".into()))?;
+        self.size_of(fh.0)?.fetch_max(end, Ordering::Relaxed);
+        Ok(data.len())
+    }
+
+    fn fsync(&self, _fh: FileHandle) -> Result<(), Error> {
+        Ok(())
+    }
+
+    fn readdir(&self, ino: Ino, cookie: u64, max: u32) -> Result<Vec<DirEntry>, Error> {
+        if ino != ROOT_INO {
+            return Err(FsError::NotDir.into());
+        }
+        let tree = self.tree();
+        let dots = [
+            (".", ROOT_INO, FileKind::Dir),
+            ("..", ROOT_INO, FileKind::Dir),
+        ];
+        let entries = dots
+            .into_iter()
+            .chain(
+                tree.names
+                    .iter()
+                    .map(|(name, &ino)| (name.as_str(), ino, FileKind::File)),
+            )
+            .enumerate()
+            // Cookie `i + 1` continues after the `i`-th entry. A name created or removed
+            // between two calls shifts the later ones: a listing during changes may show an
+            // entry twice or miss one, as POSIX allows.
+            .skip(usize::try_from(cookie).unwrap_or(usize::MAX))
+            .take(max as usize)
+            .map(|(i, (name, ino, kind))| DirEntry {
+                ino,
+                kind,
+                name: name.to_string(),
+                cookie: i as u64 + 1,
+            })
+            .collect();
+        Ok(entries)
+    }
+
+    fn statfs(&self) -> Result<FsStats, Error> {
+        let used = self.tree().files.len() as u64;
+        Ok(FsStats {
+            block_size: BLOCK,
+            total_blocks: NOMINAL_BLOCKS,
+            free_blocks: NOMINAL_BLOCKS,
+            inodes: used + 1,
+            free_inodes: (Self::MAX_FILES as u64).saturating_sub(used),
+        })
+    }
+
+    fn unlink(&self, parent: Ino, name: &str) -> Result<(), Error> {
+        check_name(parent, name)?;
+        let mut tree = self.tree();
+        let ino = tree.names.remove(name).ok_or(FsError::NotFound)?;
+        if let Some(meta) = tree.files.get_mut(&ino) {
+            meta.nlink = 0;
+            meta.ctime = Timestamp::now();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn me() -> Caller {
+        Caller { uid: 0, gid: 0 }
+    }
+
+    #[test]
+    fn reads_zeros_up_to_the_size_writes_keep_nothing() {
+        let fs = NullFs::new();
+        let (attr, fh) = fs.create(me(), ROOT_INO, "a", 0o644, 0).unwrap();
+        assert_eq!((attr.kind, attr.size), (FileKind::File, 0));
+        assert!(fs.read(fh, 0, 4096).unwrap().is_empty());
+        assert_eq!(fs.write_as(fh, 8192, &[7; 4096], false).unwrap(), 4096);
+        assert_eq!(fs.getattr(attr.ino).unwrap().size, 12288);
+        // A write below the end does not shrink the file.
+        fs.write_as(fh, 0, &[7; 10], false).unwrap();
+        assert_eq!(fs.lookup(ROOT_INO, "a").unwrap().size, 12288);
+        let data = fs.read(fh, 4096, 4096).unwrap();
+        assert_eq!(&*data, &[0u8; 4096][..], "zeros, not what was written");
+        assert_eq!(
+            fs.read(fh, 10240, 4096).unwrap().len(),
+            2048,
+            "short at the end"
+        );
+        assert!(fs.read(fh, 1 << 30, 1).unwrap().is_empty());
+        // Larger than the shared buffer of zeros: still zeros, still the length asked.
+        fs.setattr(
+            me(),
+            attr.ino,
+            SetAttr {
+                size: Some(64 << 20),
+                ..SetAttr::default()
+            },
+        )
+        .unwrap();
+        let big = fs.read(fh, 0, 32 << 20).unwrap();
+        assert!(big.len() == 32 << 20 && big.iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn names_come_and_go() {
+        let fs = NullFs::new();
+        let (a, _) = fs.create(me(), ROOT_INO, "a", 0o600, 0).unwrap();
+        let (b, _) = fs.create(me(), ROOT_INO, "b", 0o600, 0).unwrap();
+        assert_ne!(a.ino, b.ino);
+        // open(O_CREAT) of an existing name opens it; O_EXCL refuses.
+        assert_eq!(
+            fs.create(me(), ROOT_INO, "a", 0o600, 0).unwrap().0.ino,
+            a.ino
+        );
+        assert!(matches!(
+            fs.create(me(), ROOT_INO, "a", 0o600, libc::O_EXCL),
+            Err(Error::Fs(FsError::Exists))
+        ));
+        let names = |fs: &NullFs| -> Vec<String> {
+            let mut all = Vec::new();
+            let mut cookie = 0;
+            loop {
+                let page = fs.readdir(ROOT_INO, cookie, 2).unwrap();
+                let Some(last) = page.last() else { break };
+                cookie = last.cookie;
+                all.extend(page.into_iter().map(|e| e.name));
+            }
+            all
+        };
+        assert_eq!(names(&fs), [".", "..", "a", "b"]);
+        fs.unlink(ROOT_INO, "a").unwrap();
+        assert_eq!(names(&fs), [".", "..", "b"]);
+        assert!(matches!(
+            fs.lookup(ROOT_INO, "a"),
+            Err(Error::Fs(FsError::NotFound))
+        ));
+        // Still there for whoever holds it open.
+        assert_eq!(fs.getattr(a.ino).unwrap().nlink, 0);
+        assert!(matches!(
+            fs.mkdir(me(), ROOT_INO, "d", 0o755),
+            Err(Error::Fs(FsError::NotSupported))
+        ));
+    }
+
+    #[test]
+    fn the_table_is_bounded() {
+        let fs = NullFs::new();
+        for i in 0..NullFs::MAX_FILES {
+            fs.create(me(), ROOT_INO, &format!("f{i}"), 0o600, 0)
+                .unwrap();
+        }
+        assert!(matches!(
+            fs.create(me(), ROOT_INO, "one-too-many", 0o600, 0),
+            Err(Error::Fs(FsError::NoSpace))
+        ));
+        assert!(matches!(
+            fs.read(FileHandle(u64::MAX), 0, 1),
+            Err(Error::Fs(FsError::Stale))
+        ));
+    }
+}
