@@ -124,19 +124,38 @@ impl Region {
         }
     }
 
-    /// Copies `out.len()` bytes starting at `offset` out of the region, word by word.
-    /// The caller has checked bounds.
+    /// Copies `out.len()` bytes starting at `offset` out of the region, word by word (each word
+    /// one atomic load, so a read never tears a word another thread stores). The caller has
+    /// checked bounds.
+    ///
+    /// The whole words in the middle are copied with a fixed-size store each: the general
+    /// partial-word copy costs a `memmove` call per word, which made reads two to three times
+    /// slower than writes (`bench fs --fs library`, 1 MiB sequential).
     fn read_into(&self, offset: u64, out: &mut [u8]) {
         let mut pos = offset;
         let mut done = 0;
-        while done < out.len() {
+        // A partial word at the start.
+        if pos % 8 != 0 && !out.is_empty() {
             let word_start = pos & !7;
             let skip = (pos - word_start) as usize;
-            let take = (8 - skip).min(out.len() - done);
+            let take = (8 - skip).min(out.len());
             let bytes = self.word(word_start).load(Ordering::Acquire).to_le_bytes();
-            out[done..done + take].copy_from_slice(&bytes[skip..skip + take]);
-            done += take;
+            out[..take].copy_from_slice(&bytes[skip..skip + take]);
+            done = take;
             pos += take as u64;
+        }
+        // Whole words (`pos` is aligned here unless `out` is used up).
+        let whole = (out.len() - done) / 8 * 8;
+        for chunk in out[done..done + whole].chunks_exact_mut(8) {
+            chunk.copy_from_slice(&self.word(pos).load(Ordering::Acquire).to_le_bytes());
+            pos += 8;
+        }
+        done += whole;
+        // A partial word at the end.
+        if done < out.len() {
+            let take = out.len() - done;
+            let bytes = self.word(pos).load(Ordering::Acquire).to_le_bytes();
+            out[done..].copy_from_slice(&bytes[..take]);
         }
     }
 
@@ -356,4 +375,29 @@ pub fn load_word(region: &Region, addr: RemoteAddr) -> Option<u64> {
         .check(0, &Verb::Faa { addr, add: 0 })
         .ok()
         .map(|()| region.word(addr.offset).load(ATOMIC))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every (offset, length) near word boundaries reads exactly the bytes written: the split
+    /// into a head, whole words and a tail loses or shifts nothing.
+    #[test]
+    fn reads_at_every_offset_and_length_match_what_was_written() {
+        let region = Region::anonymous(RegionId(1), 64);
+        let pattern: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(37) ^ 0x5a).collect();
+        region.write_from(0, &pattern);
+        for offset in 0..24u64 {
+            for len in 0..=(64 - offset as usize).min(40) {
+                let mut out = vec![0xEEu8; len];
+                region.read_into(offset, &mut out);
+                assert_eq!(
+                    out,
+                    &pattern[offset as usize..offset as usize + len],
+                    "offset {offset}, length {len}"
+                );
+            }
+        }
+    }
 }
