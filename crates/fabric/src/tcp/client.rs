@@ -102,6 +102,10 @@ pub struct TcpEndpoint {
     broken: Option<String>,
     /// A batch was posted and its reply not read yet ([`Endpoint::post`]).
     in_flight: bool,
+    /// When the request sent last must have been answered: its batch bound counts from the
+    /// send, so that batches posted together to several servers time out together (their
+    /// replies awaited one after another must not add up their bounds).
+    answer_by: Instant,
 }
 
 impl std::fmt::Debug for TcpEndpoint {
@@ -244,6 +248,7 @@ impl TcpEndpoint {
             timeouts,
             broken: None,
             in_flight: false,
+            answer_by: Instant::now(),
         })
     }
 
@@ -369,10 +374,11 @@ struct Deadline<'a> {
 }
 
 impl<'a> Deadline<'a> {
-    fn new(stream: &'a mut BufReader<TcpStream>, bound: Duration) -> Self {
+    /// A deadline set earlier (`bound` is the length it was set for, which sizes the grace).
+    fn until(stream: &'a mut BufReader<TcpStream>, deadline: Instant, bound: Duration) -> Self {
         Deadline {
             stream,
-            deadline: Instant::now() + bound,
+            deadline,
             bound,
             narrowed: false,
             grace_end: None,
@@ -446,8 +452,9 @@ impl Endpoint for TcpEndpoint {
         self.complete(batch, out)
     }
 
-    /// Sends the request; the reply is read by `complete`. The batch's time bound applies to
-    /// the sending here and again to the waiting for the reply there.
+    /// Sends the request; the reply is read by `complete`. The batch's time bound counts from
+    /// here and covers the sending and the waiting for the reply, so batches posted together to
+    /// several servers over dead links fail together, one bound after their posts.
     fn post(&mut self, batch: &Batch, _out: &mut Completions) -> Result<()> {
         if self.in_flight {
             return Err(FabricError::Protocol(format!(
@@ -565,8 +572,9 @@ impl TcpEndpoint {
     /// outcome is unknown (`Disconnected` or `TimedOut`, as the `Endpoint` contract requires).
     fn send(&mut self) -> Result<()> {
         // The socket timeouts bound each `write` and `read` call; `Deadline` holds the request
-        // as a whole to its bound too, however the bytes trickle (see its docs).
-        let mut io = Deadline::new(&mut self.stream, self.timeouts.batch);
+        // and its reply as a whole to its bound too, however the bytes trickle (see its docs).
+        self.answer_by = Instant::now() + self.timeouts.batch;
+        let mut io = Deadline::until(&mut self.stream, self.answer_by, self.timeouts.batch);
         if let Err(e) = io.write_all(&self.tx) {
             drop(io);
             return Err(if is_timeout(&e) {
@@ -588,7 +596,7 @@ impl TcpEndpoint {
     /// bound. The request may have executed: any failure to read a trustworthy reply is
     /// `Disconnected` or `TimedOut` (outcome unknown).
     fn receive(&mut self) -> Result<()> {
-        let mut io = Deadline::new(&mut self.stream, self.timeouts.batch);
+        let mut io = Deadline::until(&mut self.stream, self.answer_by, self.timeouts.batch);
         let read = frame::read_frame(&mut io, MAX_REPLY_FRAME, &mut self.rx);
         drop(io);
         match read {
