@@ -889,6 +889,24 @@ impl Store {
         }
     }
 
+    /// `Invalid` when directory `moving` would land in its own subtree by moving into `into`:
+    /// that would cut the subtree loose. Walks up from `into` to the root; meeting `moving`
+    /// means it is an ancestor of `into` (or `into` itself).
+    fn check_not_into_own_subtree(&self, moving: Ino, into: Ino) -> Result<(), FsError> {
+        let mut at = into;
+        loop {
+            if at == moving {
+                return Err(FsError::Invalid(
+                    "cannot move a directory into its own subtree".into(),
+                ));
+            }
+            if at == ROOT_INO {
+                return Ok(());
+            }
+            at = self.parent_of(at)?;
+        }
+    }
+
     fn parent_of(&self, dir: Ino) -> Result<Ino, FsError> {
         match self.tree(T_PARENTS).get(be64(dir)).map_err(db_err)? {
             Some(v) => decode_u64(&v),
@@ -1440,20 +1458,7 @@ impl Store {
         let src = self.get_dirent(parent, name)?.ok_or(FsError::NotFound)?;
         let dst = self.get_dirent(new_parent, new_name)?;
         if src.kind == FileKind::Dir {
-            // Moving a directory under itself would cut a subtree loose: walk up from the target
-            // directory to the root; meeting the source means it is an ancestor (or itself).
-            let mut at = new_parent;
-            loop {
-                if at == src.ino {
-                    return Err(FsError::Invalid(
-                        "cannot move a directory into its own subtree".into(),
-                    ));
-                }
-                if at == ROOT_INO {
-                    break;
-                }
-                at = self.parent_of(at)?;
-            }
+            self.check_not_into_own_subtree(src.ino, new_parent)?;
         }
         let dst_open = dst.as_ref().is_some_and(|d| is_open(d.ino));
         let dst_empty = match &dst {
@@ -1550,20 +1555,8 @@ impl Store {
         if parent != new_parent {
             // A directory moving to the other parent must not land in its own subtree.
             for (moving, into) in [(&a, new_parent), (&b, parent)] {
-                if moving.kind != FileKind::Dir {
-                    continue;
-                }
-                let mut at = into;
-                loop {
-                    if at == moving.ino {
-                        return Err(FsError::Invalid(
-                            "cannot move a directory into its own subtree".into(),
-                        ));
-                    }
-                    if at == ROOT_INO {
-                        break;
-                    }
-                    at = self.parent_of(at)?;
+                if moving.kind == FileKind::Dir {
+                    self.check_not_into_own_subtree(moving.ino, into)?;
                 }
             }
         }
