@@ -24,9 +24,9 @@
 use crate::backend::FsBackend;
 use crate::client::FileHandle;
 use crate::error::Error;
+use proto::rpc::{check_name_for, NameOp};
 use proto::{
-    Attr, Caller, DirEntry, FileKind, FsError, FsStats, Ino, SetAttr, SetTime, Timestamp, NAME_MAX,
-    ROOT_INO,
+    Attr, Caller, DirEntry, FileKind, FsError, FsStats, Ino, SetAttr, SetTime, Timestamp, ROOT_INO,
 };
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
@@ -170,17 +170,13 @@ impl NullFs {
 }
 
 /// Checks a name in the root directory.
-fn check_name(parent: Ino, name: &str) -> Result<(), Error> {
+/// The checks of a name for `op` in `parent`: the null tree has one directory, and a name is
+/// checked as the meta server checks it (`proto::rpc::check_name_for`).
+fn check_name(op: NameOp, parent: Ino, name: &str) -> Result<(), Error> {
     if parent != ROOT_INO {
         return Err(FsError::NotDir.into());
     }
-    if name.len() > NAME_MAX {
-        return Err(FsError::NameTooLong.into());
-    }
-    if name.is_empty() || name == "." || name == ".." || name.contains('/') {
-        return Err(FsError::Invalid(format!("name {name:?}")).into());
-    }
-    Ok(())
+    Ok(check_name_for(op, name)?)
 }
 
 fn set_time(t: SetTime) -> Timestamp {
@@ -259,7 +255,7 @@ impl FsBackend for NullFs {
         perm: u16,
         flags: i32,
     ) -> Result<(Attr, FileHandle), Error> {
-        check_name(parent, name)?;
+        check_name(NameOp::Create, parent, name)?;
         let mut tree = self.tree();
         if let Some(&ino) = tree.names.get(name) {
             if flags & libc::O_EXCL != 0 {
@@ -366,7 +362,7 @@ impl FsBackend for NullFs {
     }
 
     fn unlink(&self, parent: Ino, name: &str) -> Result<(), Error> {
-        check_name(parent, name)?;
+        check_name(NameOp::Unlink, parent, name)?;
         let mut tree = self.tree();
         let ino = tree.names.remove(name).ok_or(FsError::NotFound)?;
         if let Some(meta) = tree.files.get_mut(&ino) {
