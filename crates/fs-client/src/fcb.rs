@@ -83,37 +83,42 @@ pub(crate) struct Fcb {
 }
 
 /// The reads of SIZE, GENERATION, MTIME and MODE that ride in a range lock's acquisition
-/// (`lockmgr::RangeLock::acquire_with`, on the lock's endpoint to the meta region): four word
-/// reads, each atomic, executed after the verbs that granted the lock. Values read there are
-/// as good as a read after the acquisition (the lock scheme's invariant): no writer of the
-/// range is active, and every one that held it before has released, its SIZE raise and MTIME
-/// included. Values read in any earlier batch would not be; the scheme hands back only the
-/// granting batch's (or a later one's).
+/// (`lockmgr::RangeLock::acquire_with`, on the lock's endpoint to the meta region): one read
+/// of the four adjacent words, each word atomic, executed after the verbs that granted the
+/// lock. Values read there are as good as a read after the acquisition (the lock scheme's
+/// invariant): no writer of the range is active, and every one that held it before has
+/// released, its SIZE raise and MTIME included. Values read in any earlier batch would not
+/// be; the scheme hands back only the granting batch's (or a later one's).
 pub(crate) struct FcbReads {
-    size: ReadHandle,
-    generation: ReadHandle,
-    mtime: ReadHandle,
-    mode: ReadHandle,
+    /// SIZE, GENERATION, MTIME and MODE: adjacent words, one read verb (word-atomic each, as
+    /// four reads would be; appended to every batch of an acquisition, so one verb, not four).
+    words: ReadHandle,
 }
+
+/// The FCB words an I/O reads, from SIZE to MODE (adjacent, in this order).
+const READ_FIRST: u64 = fcb::SIZE;
+/// How many words from [`READ_FIRST`].
+const READ_WORDS: usize = ((fcb::MODE - fcb::SIZE) / 8 + 1) as usize;
+const _: () = assert!(
+    fcb::GENERATION == fcb::SIZE + 8 && fcb::MTIME == fcb::SIZE + 16 && fcb::MODE == fcb::SIZE + 24
+);
 
 impl FcbReads {
     /// Posts the reads of `inode`'s FCB words into `batch`.
     pub(crate) fn post(batch: &mut Batch, inode: &OpenInode) -> Self {
         Self {
-            size: batch.read(inode.fcb.add(fcb::SIZE), 8),
-            generation: batch.read(inode.fcb.add(fcb::GENERATION), 8),
-            mtime: batch.read(inode.fcb.add(fcb::MTIME), 8),
-            mode: batch.read(inode.fcb.add(fcb::MODE), 8),
+            words: batch.read(inode.fcb.add(READ_FIRST), READ_WORDS * 8),
         }
     }
 
     /// What the reads returned.
     pub(crate) fn decode(&self, out: &Completions) -> Fcb {
+        let word = |at: u64| out.word(self.words, ((at - READ_FIRST) / 8) as usize);
         Fcb {
-            size: out.word(self.size, 0),
-            generation: out.word(self.generation, 0),
-            mtime: out.word(self.mtime, 0),
-            mode: out.word(self.mode, 0) as u16,
+            size: word(fcb::SIZE),
+            generation: word(fcb::GENERATION),
+            mtime: word(fcb::MTIME),
+            mode: word(fcb::MODE) as u16,
         }
     }
 }
