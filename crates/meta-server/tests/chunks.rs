@@ -173,6 +173,8 @@ fn open_fcb_truncate_and_region_reuse() {
     assert_eq!(ep.read(base.add(half), 8).unwrap(), vec![0; 8]);
     assert_eq!(ep.read(base.add(l.len(1) - 8), 8).unwrap(), vec![0; 8]);
     let c2 = chunks[2];
+    // Freed chunks are zeroed by the reclaimer thread, after the free is durable.
+    assert!(cl.meta().wait_reclaimed(std::time::Duration::from_secs(10)));
     let mut ep2 = endpoint(&data_eps[c2.server as usize]);
     assert_eq!(
         ep2.read(at(c2).add(l.len(2) - 8), 8).unwrap(),
