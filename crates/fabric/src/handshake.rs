@@ -68,7 +68,8 @@ impl Protocol {
             // `Rename::exchange`; file control blocks carry MTIME and MODE (`proto::fcb`).
             // 5: `ClusterInfo` names the directory-entry table (`proto::dentries`); `OpenFile`
             // no longer carries a directory version.
-            Protocol::Rpc => 5,
+            // 6: `RequestFrame::release_first` (releases riding on a call).
+            Protocol::Rpc => 6,
             // 1: the first version with a handshake.
             Protocol::LockServer => 1,
         }

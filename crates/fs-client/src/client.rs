@@ -122,7 +122,7 @@ pub(crate) struct Inner {
     /// (`chunks`), since a data server may have lost its chunks meanwhile.
     pub(crate) chunk_epoch: AtomicU64,
     /// File handles and the inodes open on this client.
-    pub(crate) files: HandleTable,
+    pub(crate) files: Arc<HandleTable>,
     /// The per-thread data-path state.
     pub(crate) pool: WorkerPool,
     /// The data path's fabric traffic ([`CitronFs::io_stats`]).
@@ -136,6 +136,8 @@ impl CitronFs {
     pub fn connect(opts: MountOptions) -> Result<CitronFs, Error> {
         let (meta, info) = Meta::connect(&opts.meta_addr, &opts.cluster, &opts.token, &opts.host)?;
         let meta = Arc::new(meta);
+        let files = Arc::new(HandleTable::default());
+        meta.set_riders(files.clone());
         let geometry = Geometry::new(info.chunk_size, info.lock_unit)?;
         // Often enough for the session lease, and for a fence (which revokes sessions silent
         // for `fence_after`) never to take this live client for a stopped one.
@@ -156,7 +158,7 @@ impl CitronFs {
             view: RwLock::new(Arc::new(view)),
             view_refresh: Mutex::new(()),
             opts,
-            files: HandleTable::default(),
+            files,
             pool: WorkerPool::default(),
             io: crate::io::IoCounters::default(),
         });

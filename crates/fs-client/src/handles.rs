@@ -2,12 +2,24 @@
 //!
 //! Owns two tables ([`HandleTable`]):
 //! - the open inodes, each with its handle count: the first open of an inode by this client
-//!   sends `Open` (which tells where the file control block and the lock live), the last close
-//!   sends `Release`. While either RPC is in flight the inode's entry is *busy*: other opens and
-//!   closes of that inode wait for it (a condition variable), so an open and a last close of one
-//!   inode never race — at any time an inode has at most one [`OpenInode`] here, and it is the
-//!   one the meta server's latest `Open` describes — while opens of other inodes proceed (the
-//!   table's mutex is never held across an RPC, except by the rare `reopen`).
+//!   sends `Open` (which tells where the file control block and the lock live). While it is in
+//!   flight the inode's entry is *busy*: other opens and closes of that inode wait for it (a
+//!   condition variable), so at any time an inode has at most one [`OpenInode`] here, and it is
+//!   the one the meta server's latest `Open` describes — while opens of other inodes proceed
+//!   (the table's mutex is never held across an RPC, except by the rare `reopen`).
+//!
+//! **Lingering opens.** The last close sends nothing: the inode *lingers* in the table with
+//! no handles ([`Linger::Queued`]) and its release rides ahead of the next call this client
+//! makes to the meta server, whichever thread makes it (`RequestFrame::release_first`, through
+//! [`Riders`]; the heartbeat carries it when the client is idle). So a close costs no round
+//! trip and no meta-server request of its own (create + close: one RPC, not two), and a file
+//! reopened before then is taken back without an `Open`. While the carrying call is in flight
+//! the entry is [`Linger::Riding`] and a new open of the inode waits for it, then sends `Open`
+//! — so an open never races the release of the same inode. The server releases a frame's
+//! inodes before its request: an `Unlink` after a close finds the file no longer open (no
+//! orphan), as before. A lingering open is an open like any other to the meta server and to
+//! other clients (its FCB stays live, its size is persisted at the release); what lingers is
+//! bounded by the inodes this client closed since its last call.
 //! - the file handles, each naming its [`OpenInode`]; looked up (a read lock) by every read,
 //!   write and fsync.
 //!
@@ -24,7 +36,7 @@
 use crate::chunks::ChunkCache;
 use crate::client::{CitronFs, FileHandle, Inner};
 use crate::error::Error;
-use crate::meta::unexpected;
+use crate::meta::{unexpected, Riders};
 use fabric::RemoteAddr;
 use lockmgr::LockRef;
 use proto::rpc::{Request, Response};
@@ -35,9 +47,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock};
 
 /// The file-handle and open-inode tables (see the module docs).
 pub(crate) struct HandleTable {
-    /// Inodes this client has open, with their handle counts. Held across `Open`/`Release`
-    /// RPCs so that opens and last closes of one inode never race.
-    open: Mutex<HashMap<Ino, OpenEntry>>,
+    /// Inodes this client has open, with their handle counts, and the lingering ones.
+    open: Mutex<OpenInodes>,
     /// Signalled when an entry stops being busy (its `Open` or `Release` answered).
     settled: Condvar,
     handles: RwLock<HashMap<u64, Arc<Handle>>>,
@@ -47,10 +58,19 @@ pub(crate) struct HandleTable {
     close_epoch: AtomicU64,
 }
 
+/// The open-inode table.
+#[derive(Default)]
+struct OpenInodes {
+    entries: HashMap<Ino, OpenEntry>,
+    /// Inodes whose last close queued their release ([`Linger::Queued`]), in closing order;
+    /// an inode reopened meanwhile stays listed and is skipped ([`Riders::take`]).
+    lingering: Vec<Ino>,
+}
+
 impl Default for HandleTable {
     fn default() -> Self {
         HandleTable {
-            open: Mutex::new(HashMap::new()),
+            open: Mutex::new(OpenInodes::default()),
             settled: Condvar::new(),
             handles: RwLock::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
@@ -67,14 +87,19 @@ impl HandleTable {
     }
 
     /// The open-inode table, locked.
-    fn open_inodes(&self) -> MutexGuard<'_, HashMap<Ino, OpenEntry>> {
+    fn open_inodes(&self) -> MutexGuard<'_, OpenInodes> {
         self.open.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The table locked with `ino`'s entry not busy (absent, or settled).
-    fn settled(&self, ino: Ino) -> MutexGuard<'_, HashMap<Ino, OpenEntry>> {
+    /// The table locked with `ino`'s entry not busy (absent, or settled: no `Open` in flight,
+    /// no release riding on a call).
+    fn settled(&self, ino: Ino) -> MutexGuard<'_, OpenInodes> {
         let mut open = self.open_inodes();
-        while open.get(&ino).is_some_and(|e| e.busy) {
+        while open
+            .entries
+            .get(&ino)
+            .is_some_and(|e| e.busy || e.linger == Linger::Riding)
+        {
             open = self
                 .settled
                 .wait(open)
@@ -85,11 +110,14 @@ impl HandleTable {
 
     /// Empties the open-inode table and returns what was open (the client is going away).
     pub(crate) fn take_all_open(&self) -> Vec<Arc<OpenInode>> {
-        let taken = self
-            .open_inodes()
+        let mut open = self.open_inodes();
+        open.lingering.clear();
+        let taken = open
+            .entries
             .drain()
             .filter_map(|(_, entry)| entry.inode)
             .collect();
+        drop(open);
         self.settled.notify_all();
         taken
     }
@@ -101,6 +129,84 @@ struct OpenEntry {
     handles: usize,
     /// An `Open` or `Release` of this inode is in flight: wait for it (see the module docs).
     busy: bool,
+    /// Where the release of a closed inode (no handles) stands.
+    linger: Linger,
+}
+
+/// The release of an inode this client has closed (see the module docs, "lingering opens").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Linger {
+    /// The inode has handles (or its `Open` is in flight).
+    No,
+    /// Closed; its release waits for the next call to the meta server. A new open takes the
+    /// inode back without an RPC.
+    Queued,
+    /// Closed; its release rides on a call in flight. A new open waits for that call, then
+    /// sends `Open`.
+    Riding,
+}
+
+impl Riders for HandleTable {
+    fn take(&self, session: u64) -> Vec<Ino> {
+        // Never waits for the table: a thread may call the meta server while it holds it
+        // (`reopen`, and what its `Open` needs: a new view, the FCB check). The releases then
+        // ride on a later call (the heartbeat's at the latest).
+        let mut open = match self.open.try_lock() {
+            Ok(open) => open,
+            Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return Vec::new(),
+        };
+        let OpenInodes { entries, lingering } = &mut *open;
+        let mut riding = Vec::new();
+        let mut ended = false;
+        for ino in lingering.drain(..) {
+            let Some(entry) = entries.get_mut(&ino) else {
+                continue;
+            };
+            // Reopened since (No), or listed twice (closed, reopened, closed: Riding).
+            if entry.linger != Linger::Queued {
+                continue;
+            }
+            let Some(inode) = entry.inode.clone() else {
+                continue;
+            };
+            if inode.session != session {
+                // Its open ended with its session: nothing to release.
+                entries.remove(&ino);
+                inode.closed.store(true, Ordering::Relaxed);
+                ended = true;
+                continue;
+            }
+            entry.linger = Linger::Riding;
+            riding.push(ino);
+        }
+        drop(open);
+        if ended {
+            self.close_epoch.fetch_add(1, Ordering::Relaxed);
+            self.settled.notify_all();
+        }
+        riding
+    }
+
+    fn done(&self, inos: &[Ino]) {
+        let mut open = self.open_inodes();
+        for ino in inos {
+            // Riding entries are never reopened (`settled` waits for them) nor taken by
+            // another call, so each is still this call's.
+            if open
+                .entries
+                .get(ino)
+                .is_some_and(|e| e.linger == Linger::Riding)
+            {
+                if let Some(inode) = open.entries.remove(ino).and_then(|e| e.inode) {
+                    inode.closed.store(true, Ordering::Relaxed);
+                }
+            }
+        }
+        drop(open);
+        self.close_epoch.fetch_add(1, Ordering::Relaxed);
+        self.settled.notify_all();
+    }
 }
 
 /// An inode open on this client.
@@ -211,6 +317,7 @@ impl Inner {
     pub(crate) fn open_entry(&self, ino: Ino) -> Option<Arc<OpenInode>> {
         self.files
             .open_inodes()
+            .entries
             .get(&ino)
             .and_then(|e| e.inode.clone())
             .filter(|inode| !inode.closed.load(Ordering::Relaxed))
@@ -220,24 +327,27 @@ impl Inner {
     /// holding the table: see the module docs).
     pub(crate) fn open_inode(&self, ino: Ino) -> Result<Arc<OpenInode>, Error> {
         let mut open = self.files.settled(ino);
-        if let Some(entry) = open.get_mut(&ino) {
+        if let Some(entry) = open.entries.get_mut(&ino) {
             if let Some(inode) = &entry.inode {
+                // A lingering inode is taken back: its queued release is skipped.
                 entry.handles += 1;
+                entry.linger = Linger::No;
                 return Ok(inode.clone());
             }
         }
-        open.insert(
+        open.entries.insert(
             ino,
             OpenEntry {
                 inode: None,
                 handles: 0,
                 busy: true,
+                linger: Linger::No,
             },
         );
         drop(open);
         let sent = self.send_open(ino);
         let mut open = self.files.open_inodes();
-        let result = match (sent, open.get_mut(&ino)) {
+        let result = match (sent, open.entries.get_mut(&ino)) {
             (Ok(inode), Some(entry)) => {
                 entry.inode = Some(inode.clone());
                 entry.handles = 1;
@@ -250,7 +360,7 @@ impl Inner {
                 Err(Error::Fs(FsError::Stale))
             }
             (Err(e), _) => {
-                open.remove(&ino);
+                open.entries.remove(&ino);
                 Err(e)
             }
         };
@@ -310,18 +420,20 @@ impl Inner {
     ) -> Result<Arc<OpenInode>, Error> {
         let inode = self.opened(ino, session, opened)?;
         let mut open = self.files.settled(ino);
-        if let Some(entry) = open.get_mut(&ino) {
+        if let Some(entry) = open.entries.get_mut(&ino) {
             if let Some(existing) = &entry.inode {
                 entry.handles += 1;
+                entry.linger = Linger::No;
                 return Ok(existing.clone());
             }
         }
-        open.insert(
+        open.entries.insert(
             ino,
             OpenEntry {
                 inode: Some(inode.clone()),
                 handles: 1,
                 busy: false,
+                linger: Linger::No,
             },
         );
         Ok(inode)
@@ -336,7 +448,7 @@ impl Inner {
         view: &crate::view::View,
     ) -> Result<Arc<OpenInode>, Error> {
         let mut open = self.files.settled(ino);
-        let Some(entry) = open.get_mut(&ino) else {
+        let Some(entry) = open.entries.get_mut(&ino) else {
             return Err(Error::Fs(FsError::Stale));
         };
         let Some(current) = entry.inode.as_mut() else {
@@ -372,11 +484,13 @@ impl Inner {
         Ok(inode)
     }
 
-    /// Counts one open of `ino` less, sending `Release` after the last (the entry busy
-    /// meanwhile, so that a new open of `ino` waits for it: see the module docs).
+    /// Counts one open of `ino` less. After the last, the inode *lingers*: its release is
+    /// queued to ride on the next call to the meta server (any thread's, the heartbeat at
+    /// the latest: [`Riders`]), and a new open meanwhile takes it back without an RPC (see
+    /// the module docs).
     pub(crate) fn close_inode(&self, ino: Ino) {
         let mut open = self.files.settled(ino);
-        let Some(entry) = open.get_mut(&ino) else {
+        let Some(entry) = open.entries.get_mut(&ino) else {
             return;
         };
         let Some(inode) = entry.inode.clone() else {
@@ -386,28 +500,15 @@ impl Inner {
         if entry.handles > 0 {
             return;
         }
-        inode.closed.store(true, Ordering::Relaxed);
-        self.files.close_epoch.fetch_add(1, Ordering::Relaxed);
         // An open of an earlier session ended with that session.
         if inode.session != self.meta.latest().1.session {
-            open.remove(&ino);
+            open.entries.remove(&ino);
+            drop(open);
+            inode.closed.store(true, Ordering::Relaxed);
+            self.files.close_epoch.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        entry.busy = true;
-        drop(open);
-        if let Err(error) = self.meta.call(Request::Release { ino }) {
-            tracing::warn!(ino, %error, "release of a closed file failed");
-        }
-        let mut open = self.files.open_inodes();
-        // Only this close's entry: the table may have been emptied and refilled meanwhile.
-        if open
-            .get(&ino)
-            .and_then(|e| e.inode.as_ref())
-            .is_some_and(|i| Arc::ptr_eq(i, &inode))
-        {
-            open.remove(&ino);
-        }
-        drop(open);
-        self.files.settled.notify_all();
+        entry.linger = Linger::Queued;
+        open.lingering.push(ino);
     }
 }

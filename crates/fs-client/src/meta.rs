@@ -20,10 +20,10 @@
 
 use crate::error::Error;
 use proto::rpc::{self, Request, Response, Role, Welcome};
-use proto::ClusterInfo;
+use proto::{ClusterInfo, Ino};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -55,6 +55,9 @@ pub(crate) struct Meta {
     /// Whether the connection is up, as the last call found it: read on every I/O without
     /// taking `conn`'s mutex.
     up: AtomicBool,
+    /// What rides on every call (releases of closed files, `handles`); set once, after the
+    /// connection (the handle table is made after it).
+    riders: OnceLock<Arc<dyn Riders>>,
     /// The oldest generation in which this client changed something (a namespace change, a
     /// chunk allocation, a file's size) that no fsync has made durable yet; 0: none. See
     /// [`Meta::take_unsynced`].
@@ -81,6 +84,7 @@ impl Meta {
             layout_epoch: AtomicU64::new(info.layout_epoch),
             up: AtomicBool::new(true),
             unsynced: AtomicU64::new(0),
+            riders: OnceLock::new(),
         };
         Ok((meta, info))
     }
@@ -94,6 +98,11 @@ impl Meta {
     pub(crate) fn latest(&self) -> (u64, ClusterInfo) {
         let latest = self.latest.lock().unwrap_or_else(PoisonError::into_inner);
         (self.generation(), latest.clone())
+    }
+
+    /// Sets what rides on every call from now on (once; later calls are ignored).
+    pub(crate) fn set_riders(&self, riders: Arc<dyn Riders>) {
+        let _ = self.riders.set(riders);
     }
 
     /// The newest layout epoch heard of (at connect, or in a heartbeat).
@@ -204,7 +213,8 @@ impl Meta {
 
     /// Makes one call: the meta server's answer, or `Error::Fs` with the error it answered.
     /// A broken connection is dropped and the call fails with `Error::Rpc`; the next call
-    /// reconnects (as a new session: files opened before must be reopened).
+    /// reconnects (as a new session: files opened before must be reopened). The releases
+    /// queued by closes ride ahead of it ([`Riders`]).
     pub(crate) fn call(&self, request: Request) -> Result<Response, Error> {
         let client = {
             let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
@@ -213,10 +223,24 @@ impl Meta {
             }
             conn.clone().expect("connected above")
         };
-        let changes = changes_state(&request);
+        let riders = self.riders.get();
+        // Releases ride only in the session that holds their opens (a reconnection ended the
+        // others, and a release in the new session could end a reopen there).
+        let session = match client.welcome() {
+            Welcome::Client(info) => info.session,
+            _ => 0,
+        };
+        let release_first = riders.map(|r| r.take(session)).unwrap_or_default();
+        let changes = changes_state(&request) || !release_first.is_empty();
         #[cfg(feature = "failpoints")]
         let call = format!("{request:?}");
-        let answer = client.call(request);
+        let released = (!release_first.is_empty()).then(|| release_first.clone());
+        let answer = client.call_releasing(release_first, request);
+        if let (Some(riders), Some(released)) = (riders, released) {
+            // Answered or failed, the server holds these opens no longer: it released them
+            // before the request, or the session ended with the connection.
+            riders.done(&released);
+        }
         // Crash tests: the meta server has answered (and done what was asked); the client
         // dies before it learns. Named by the request's kind: `...::answered::Mknod`.
         #[cfg(feature = "failpoints")]
@@ -243,6 +267,21 @@ impl Meta {
             }
         }
     }
+}
+
+/// What rides on the next call to the meta server: the releases of files this client closed
+/// (`handles`, "lingering opens"), so that a close costs no round trip of its own — the next
+/// call of any thread carries them (`RequestFrame::release_first`), the heartbeat at the
+/// latest.
+pub(crate) trait Riders: Send + Sync {
+    /// Hands over the releases for one call in meta session `session` (those of other
+    /// sessions are dropped: their opens ended with their session). Never blocks: the
+    /// calling thread may hold what the riders are kept under.
+    fn take(&self, session: u64) -> Vec<Ino>;
+    /// The call that carried `inos` returned, answered or failed: either way the meta server
+    /// holds those opens no longer (it ran the releases first, or the session ended with the
+    /// connection).
+    fn done(&self, inos: &[Ino]);
 }
 
 /// The heartbeat thread: renews the session every `period` until stopped.

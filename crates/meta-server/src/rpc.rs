@@ -385,15 +385,13 @@ async fn serve<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
             let svc = service.clone();
             let answers = answers.clone();
             tokio::spawn(async move {
-                let request = frame.request;
-                let result = blocking(move || svc.handle(session, request)).await;
-                let _ = answers.send((
-                    ResponseFrame {
-                        id: frame.id,
-                        result,
-                    },
-                    Some(permit),
-                ));
+                let RequestFrame {
+                    id,
+                    release_first,
+                    request,
+                } = frame;
+                let result = blocking(move || svc.handle(session, release_first, request)).await;
+                let _ = answers.send((ResponseFrame { id, result }, Some(permit)));
             });
         }
     };

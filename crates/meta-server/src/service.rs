@@ -1204,10 +1204,24 @@ impl Service {
 
     // ---- requests ---------------------------------------------------------------------------
 
-    /// Handles one request of client session `session`.
-    pub fn handle(&self, session: u64, request: Request) -> Result<Response, FsError> {
-        let counted = !matches!(request, Request::Heartbeat);
+    /// Handles one request of client session `session`: releases `release_first` (files the
+    /// client closed since its last call, riding in the request's frame:
+    /// `RequestFrame::release_first`), each as `Release` would, then handles `request`. A release that fails (the file is not open in this session: the client
+    /// reconnected meanwhile) is logged and skipped; it never fails the request. Counted as
+    /// one request, its releases' time included.
+    pub fn handle(
+        &self,
+        session: u64,
+        release_first: Vec<Ino>,
+        request: Request,
+    ) -> Result<Response, FsError> {
+        let counted = !matches!(request, Request::Heartbeat) || !release_first.is_empty();
         let start = Instant::now();
+        for ino in release_first {
+            if let Err(error) = self.handle_timed(session, Request::Release { ino }) {
+                tracing::debug!(session, ino, %error, "a release riding on a request failed");
+            }
+        }
         let result = self.handle_timed(session, request);
         if counted {
             self.requests

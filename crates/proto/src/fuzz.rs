@@ -249,6 +249,8 @@ pub fn request_seeds() -> Vec<Vec<u8>> {
         .map(|(id, request)| {
             let body = postcard::to_stdvec(&RequestFrame {
                 id: id as u64,
+                // Some seeds carry releases ahead of their request.
+                release_first: if id % 2 == 0 { Vec::new() } else { vec![2] },
                 request,
             })
             .expect("encodes");

@@ -370,6 +370,10 @@ pub enum Response {
 pub struct RequestFrame {
     /// Echoed in the response.
     pub id: u64,
+    /// Files the sender closed since its last call: the server releases each (as `Release`
+    /// would, errors logged and ignored) before it runs `request`, in the same frame, so a
+    /// close costs the client no round trip of its own (fs-client's lingering opens).
+    pub release_first: Vec<Ino>,
     /// The call.
     pub request: Request,
 }
@@ -500,7 +504,14 @@ impl Client {
     pub fn call(&mut self, request: Request) -> Result<Result<Response, FsError>, RpcError> {
         let id = self.next_id;
         self.next_id += 1;
-        send(&mut self.writer, &RequestFrame { id, request })?;
+        send(
+            &mut self.writer,
+            &RequestFrame {
+                id,
+                release_first: Vec::new(),
+                request,
+            },
+        )?;
         let response: ResponseFrame = recv(&mut self.reader)?;
         if response.id == 0 {
             // The server refused the connection's input (a frame over the limit, a malformed
@@ -655,6 +666,16 @@ impl SharedClient {
 
     /// Makes one call and waits for its result; other threads' calls proceed meanwhile.
     pub fn call(&self, request: Request) -> Result<Result<Response, FsError>, RpcError> {
+        self.call_releasing(Vec::new(), request)
+    }
+
+    /// Makes one call, with releases of `release_first` riding ahead of it in its frame
+    /// ([`RequestFrame::release_first`]), and waits for its result.
+    pub fn call_releasing(
+        &self,
+        release_first: Vec<Ino>,
+        request: Request,
+    ) -> Result<Result<Response, FsError>, RpcError> {
         let id = self
             .next_id
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -671,7 +692,14 @@ impl SharedClient {
                 .writer
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            send(&mut *w, &RequestFrame { id, request })
+            send(
+                &mut *w,
+                &RequestFrame {
+                    id,
+                    release_first,
+                    request,
+                },
+            )
         };
         if let Err(e) = sent {
             // A partly written frame leaves the stream unusable for everyone.
@@ -810,6 +838,7 @@ mod tests {
     fn messages_round_trip() {
         let frame = RequestFrame {
             id: 7,
+            release_first: vec![3, 9],
             request: Request::Rename {
                 parent: 1,
                 name: "a".into(),

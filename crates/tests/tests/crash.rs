@@ -533,7 +533,9 @@ fn run_point(backend: Backend, point: Point) {
             point.failpoint
         );
 
-        // The meta server ends the dead session and gives back its opens.
+        // The meta server ends the dead session and gives back its opens. (The survivor's
+        // call carries the releases of the files its rounds closed: lingering opens.)
+        fs.statfs().unwrap();
         let mut report = fsck(&cluster, false);
         wait_until(BOUND, "the meta server to end the dead session", || {
             report = fsck(&cluster, false);
@@ -625,6 +627,8 @@ fn run_point(backend: Backend, point: Point) {
             point.failpoint
         );
         fs.release(fh).unwrap();
+        // The close's release lingers until the survivor's next call, which carries it.
+        fs.statfs().unwrap();
         let report = fsck(&cluster, false);
         assert!(
             report.clean() && report.counts.open_files == 0,
