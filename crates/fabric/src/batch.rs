@@ -7,7 +7,40 @@
 
 use crate::addr::RemoteAddr;
 use crate::error::BatchError;
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::time::{Duration, Instant};
+
+/// A batch's expiry on the wire: the microseconds left when it is encoded (0 once passed),
+/// made an instant again from the moment it is decoded. The receiver's instant is therefore
+/// later than the sender's by the one-way delay: the sender's own check before posting
+/// (the data path's lease guard) covers that delay, this covers everything after arrival.
+mod expiry_on_the_wire {
+    use super::*;
+
+    pub fn serialize<S: Serializer>(expires: &Option<Instant>, s: S) -> Result<S::Ok, S::Error> {
+        expires.map(micros_left).serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Instant>, D::Error> {
+        Ok(Option::<u64>::deserialize(d)?.map(expiry_in))
+    }
+}
+
+/// Microseconds from now until `expires` (0 if it has passed).
+pub(crate) fn micros_left(expires: Instant) -> u64 {
+    expires
+        .saturating_duration_since(Instant::now())
+        .as_micros()
+        .try_into()
+        .unwrap_or(u64::MAX)
+}
+
+/// The instant `micros` from now (saturating far in the future).
+pub(crate) fn expiry_in(micros: u64) -> Instant {
+    let now = Instant::now();
+    now.checked_add(Duration::from_micros(micros))
+        .unwrap_or(now + Duration::from_secs(1 << 30))
+}
 
 /// Most verbs one batch may carry.
 pub const MAX_BATCH_VERBS: usize = 4096;
@@ -147,6 +180,12 @@ impl ReadHandle {
 /// arrived from the network.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Batch {
+    /// When the batch expires ([`Batch::expire_at`]): no verb of it executes at or after this
+    /// instant. On the wire it travels as the microseconds left when it is sent (first, so
+    /// that the payload stays the frame's tail), and the receiver counts them from its
+    /// arrival.
+    #[serde(with = "expiry_on_the_wire")]
+    expires: Option<Instant>,
     verbs: Vec<Verb>,
     payload: Vec<u8>,
     #[serde(skip)]
@@ -171,12 +210,30 @@ impl Batch {
 
     /// Empties the batch, keeping its buffers for reuse.
     pub fn clear(&mut self) {
+        self.expires = None;
         self.verbs.clear();
         self.payload.clear();
         self.atomics = 0;
         self.read_bytes = 0;
         self.places.clear();
         self.placed_end = 0;
+    }
+
+    /// Sets when the batch expires (None: never): the executor checks the instant before each
+    /// verb and stops at the first it reaches at or after it, with [`VerbError::Expired`]
+    /// (the verbs before it executed, none after). A lock holder's data verbs carry the
+    /// lock's lease deadline this way, so that a batch posted in time but delayed (queued at a
+    /// server, its thread descheduled) cannot land after a waiter broke the lock. Cleared by
+    /// [`Batch::clear`].
+    ///
+    /// [`VerbError::Expired`]: crate::VerbError::Expired
+    pub fn expire_at(&mut self, expires: Option<Instant>) {
+        self.expires = expires;
+    }
+
+    /// When the batch expires ([`Batch::expire_at`]).
+    pub fn expires(&self) -> Option<Instant> {
+        self.expires
     }
 
     /// The verbs, in posting order.

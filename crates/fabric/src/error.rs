@@ -45,6 +45,14 @@ pub enum VerbError {
         /// What the backing store said.
         reason: String,
     },
+    /// The batch expired ([`crate::Batch::expire_at`]) before this verb could execute: the
+    /// verbs before it executed, this one and those after did not. Found while the batch
+    /// runs, like a failed flush.
+    #[error("verb {index}: the batch expired before it could execute")]
+    Expired {
+        /// Position of the first verb not executed.
+        index: usize,
+    },
     /// An atomic verb on an address that is not 8-byte aligned.
     #[error("verb {index}: atomic verb at {addr} is not 8-byte aligned")]
     Misaligned {

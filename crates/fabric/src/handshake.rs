@@ -56,7 +56,8 @@ impl Protocol {
     pub const fn version(self) -> u16 {
         match self {
             // 3: the shared hello (protocol field, role).
-            Protocol::Verbs => 3,
+            // 4: a batch carries its expiry (`Batch::expire_at`); `VerbError::Expired`.
+            Protocol::Verbs => 4,
             // 2: the shared hello; `Open` carries a `lockmgr::LockScheme`, `OpenFile` a `LockRef`.
             // 3: data servers name their incarnation; clients learn the layout epoch in every
             // heartbeat and fetch the layout with `Cluster`; `FsError` answers `Lost`,

@@ -338,8 +338,9 @@ impl RegionTable {
 
     /// Checks `batch`, then executes all of its verbs in posting order, filling `out`.
     ///
-    /// Nothing executes unless every verb is valid. The one error found while running is a
-    /// failed flush ([`VerbError::FlushFailed`]), reported after the whole batch has run. The batch's shape (payload length) is an
+    /// Nothing executes unless every verb is valid. Two errors are found while running: a
+    /// failed flush ([`VerbError::FlushFailed`]), reported after the whole batch has run, and
+    /// the batch's expiry ([`VerbError::Expired`]), which stops it before the verb it names. The batch's shape (payload length) is an
     /// invariant of [`Batch`]; batches decoded from the network must pass
     /// [`Batch::check_shape`] first.
     pub fn execute(&self, batch: &Batch, out: &mut Completions) -> Result<(), VerbError> {
@@ -347,7 +348,13 @@ impl RegionTable {
         out.reset_for(batch);
         let mut payload = batch.payload();
         let mut failed = None;
+        let expires = batch.expires();
         for (index, verb) in batch.verbs().iter().enumerate() {
+            // An expired batch stops before its next verb: nothing of it lands after the
+            // instant (a lock holder's lease deadline, `Batch::expire_at`).
+            if expires.is_some_and(|t| std::time::Instant::now() >= t) {
+                return Err(VerbError::Expired { index });
+            }
             let region = self.get(verb.addr().region).expect("checked above");
             match *verb {
                 Verb::Read { addr, len } => {

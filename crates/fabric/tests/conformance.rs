@@ -428,6 +428,42 @@ fn flush_is_checked_and_keeps_data(f: &Fixture) {
     assert_eq!(stats.atomics, 0, "a flush is not an atomic");
 }
 
+/// A batch carries its expiry (`Batch::expire_at`, a lock holder's lease deadline): one that
+/// reaches the executor at or after it runs nothing from there on (here: nothing at all) and
+/// says so; the endpoint stays usable, and a batch with time left runs whole. Over tcp the
+/// expiry travels as the time left and is counted from the batch's arrival.
+fn expired_batches_stop_before_their_verbs(f: &Fixture) {
+    use std::time::{Duration, Instant};
+    let mut ep = f.connector.connect().unwrap();
+    let mut b = Batch::new();
+    b.write(at(30_000), b"too late");
+    b.faa(at(30_016), 1);
+    b.expire_at(Some(Instant::now()));
+    match ep.execute(&b, &mut Completions::new()) {
+        Err(FabricError::Verb(VerbError::Expired { index: 0 })) => {}
+        other => panic!("an expired batch was not stopped: {other:?}"),
+    }
+    assert_eq!(
+        ep.read(at(30_000), 8).unwrap(),
+        vec![0; 8],
+        "no byte landed"
+    );
+    assert_eq!(ep.read_u64(at(30_016)).unwrap(), 0, "no atomic ran");
+
+    b.expire_at(Some(Instant::now() + Duration::from_secs(60)));
+    ep.execute(&b, &mut Completions::new()).unwrap();
+    assert_eq!(ep.read(at(30_000), 8).unwrap(), b"too late");
+    assert_eq!(ep.read_u64(at(30_016)).unwrap(), 1);
+
+    // Cleared with the batch: a reused batch does not inherit an old deadline.
+    b.expire_at(Some(Instant::now()));
+    b.clear();
+    b.write(at(30_000), b"reused!!");
+    assert_eq!(b.expires(), None);
+    ep.execute(&b, &mut Completions::new()).unwrap();
+    assert_eq!(ep.read(at(30_000), 8).unwrap(), b"reused!!");
+}
+
 fn threads_hammer_faa(f: &Fixture) {
     const THREADS: u64 = 4;
     const EACH: u64 = 5_000;
@@ -645,6 +681,10 @@ macro_rules! conformance {
             #[test]
             fn flush_is_checked_and_keeps_data() {
                 super::flush_is_checked_and_keeps_data(&$fixture);
+            }
+            #[test]
+            fn expired_batches_stop_before_their_verbs() {
+                super::expired_batches_stop_before_their_verbs(&$fixture);
             }
             #[test]
             fn threads_hammer_faa() {

@@ -329,7 +329,7 @@ fn bad_batch_shapes_get_batch_errors() {
     );
 
     // A read larger than any verb may move.
-    let mut body = vec![0u8, 1]; // Request::Batch, one verb
+    let mut body = vec![0u8, 0, 1]; // Request::Batch, no expiry, one verb
     body.extend(
         postcard::to_stdvec(&Verb::Read {
             addr: addr(0),
@@ -349,7 +349,7 @@ fn bad_batch_shapes_get_batch_errors() {
     );
 
     // More verbs than a batch may carry (the count alone is enough to refuse it).
-    let mut body = vec![0u8]; // Request::Batch
+    let mut body = vec![0u8, 0]; // Request::Batch, no expiry
     body.extend(postcard::to_stdvec(&(MAX_BATCH_VERBS as u64 + 1)).unwrap());
     frame::write_frame(&mut stream, &body).unwrap();
     assert_eq!(

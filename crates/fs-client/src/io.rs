@@ -353,6 +353,27 @@ impl CitronFs {
     }
 }
 
+/// Whether `e` is a data batch refused for its expiry (the lock's lease deadline,
+/// `fabric::Batch::expire_at`): the endpoint is fine, the lease is not.
+fn is_expired(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Fabric {
+            source: fabric::FabricError::Verb(fabric::VerbError::Expired { .. }),
+            ..
+        }
+    )
+}
+
+/// `LeaseLost` for an expired batch (the I/O is redone under a new lock), else `e`.
+fn lease_lost_if_expired(e: Error) -> Error {
+    if is_expired(&e) {
+        Error::LeaseLost
+    } else {
+        e
+    }
+}
+
 impl Inner {
     /// Runs `op` (one whole locked read or write) again when its lock's lease ran out before
     /// its verbs were done, up to [`LEASE_RETRIES`] times: a stalled client gets a fresh lock
@@ -700,6 +721,11 @@ impl Inner {
         let batches = round.len();
         for (i, (server, batch)) in round.iter_mut().enumerate() {
             batch.read_to(incarnation, CHECK_BYTES, checks_at + CHECK_BYTES * i);
+            // No verb of it may execute after the lease: the endpoint (or the server, on tcp)
+            // checks before each verb, so a batch posted in time but delayed past the deadline
+            // stops there (`LeaseLost`, the I/O is redone) instead of landing after a waiter
+            // broke the lock.
+            batch.expire_at(w.lease);
             if write {
                 // A lease that ran out is not a fault of the endpoints: not broken.
                 if let Err(e) = self.check_lease_before_post(w) {
@@ -712,8 +738,9 @@ impl Inner {
                     .map_err(Error::fabric(Peer::Data(*server)))
             });
             if let Err(e) = post {
-                w.broken = true;
-                failure = Some(e);
+                // An expired batch is not a fault of the endpoint either.
+                w.broken |= !is_expired(&e);
+                failure = Some(lease_lost_if_expired(e));
                 break;
             }
             posted += 1;
@@ -727,8 +754,8 @@ impl Inner {
                     .map_err(Error::fabric(Peer::Data(*server)))
             });
             if let Err(e) = done {
-                w.broken = true;
-                failure.get_or_insert(e);
+                w.broken |= !is_expired(&e);
+                failure.get_or_insert(lease_lost_if_expired(e));
             }
         }
         if failure.is_none() {

@@ -218,6 +218,14 @@ pub fn encode_message<T: Serialize>(buf: &mut Vec<u8>, message: &T) {
 /// write payload copied in one piece.
 pub fn encode_batch(buf: &mut Vec<u8>, batch: &Batch) {
     put_varint(buf, u64::from(REQUEST_BATCH_TAG));
+    // The expiry, as postcard encodes an Option<u64> of the microseconds left.
+    match batch.expires() {
+        None => buf.push(0),
+        Some(expires) => {
+            buf.push(1);
+            put_varint(buf, crate::batch::micros_left(expires));
+        }
+    }
     put_postcard(buf, batch.verbs());
     put_varint(buf, batch.payload().len() as u64);
     buf.extend_from_slice(batch.payload());
@@ -270,6 +278,10 @@ pub fn decode_request(
     if tag != REQUEST_BATCH_TAG {
         return Err(malformed(format!("unknown request tag {tag}")));
     }
+    // Counted from now, the batch's arrival (see `Batch::expire_at`).
+    let (expires, rest) = postcard::take_from_bytes::<Option<u64>>(rest)
+        .map_err(|e| malformed(format!("expiry: {e}")))?;
+    let expires = expires.map(crate::batch::expiry_in);
 
     let (count, mut rest) = take_varint(rest, "verb count").map_err(malformed)?;
     let count = usize::try_from(count).unwrap_or(usize::MAX);
@@ -325,6 +337,7 @@ pub fn decode_request(
 
     // Every length is now within limits and the writes exactly consume the payload.
     batch.clear();
+    batch.expire_at(expires);
     let mut data = payload;
     for verb in scratch.iter() {
         let write_data = match *verb {
@@ -567,6 +580,7 @@ mod tests {
         // A write claiming more than MAX_IO_BYTES with no payload must not reach Batch::write.
         let mut body = Vec::new();
         put_varint(&mut body, u64::from(REQUEST_BATCH_TAG));
+        body.push(0); // no expiry
         put_varint(&mut body, 1);
         put_postcard(
             &mut body,
@@ -586,6 +600,7 @@ mod tests {
         // A verb count far over the limit is refused before anything is decoded.
         let mut body = Vec::new();
         put_varint(&mut body, u64::from(REQUEST_BATCH_TAG));
+        body.push(0); // no expiry
         put_varint(&mut body, u64::MAX);
         assert!(matches!(
             decode_request(&body, &mut scratch, &mut batch),
