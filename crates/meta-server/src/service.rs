@@ -1206,9 +1206,10 @@ impl Service {
 
     /// Handles one request of client session `session`: releases `release_first` (files the
     /// client closed since its last call, riding in the request's frame:
-    /// `RequestFrame::release_first`), each as `Release` would, then handles `request`. A release that fails (the file is not open in this session: the client
-    /// reconnected meanwhile) is logged and skipped; it never fails the request. Counted as
-    /// one request, its releases' time included.
+    /// `RequestFrame::release_first`), each as `Release` would, then handles `request`. A
+    /// release that fails (the file is not open in this session: the client reconnected
+    /// meanwhile) is logged and skipped; it never fails the request. Counted as one request,
+    /// its releases' time included.
     pub fn handle(
         &self,
         session: u64,
