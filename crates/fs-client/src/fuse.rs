@@ -12,6 +12,10 @@
 //!   to one file on the inode lock, which would defeat the range lock on exactly the workload
 //!   CitronFS is for (many writers of one shared file). Concurrent writes are safe because each
 //!   takes its own range lock; the kernel still serializes writes that extend the file.
+//! - ... and `FOPEN_NOFLUSH`: a close(2) sends no FLUSH request (Linux 5.16 and later; older
+//!   kernels ignore the flag and send it, answered at once). Nothing is buffered — a write is
+//!   complete when it returns — so FLUSH had nothing to do but cost every close a round trip
+//!   through the kernel and a fuser thread; RELEASE still comes after the last close.
 //! - **Atomic I/O bound** ([`MountHandle::atomic_bound`], 16 MiB where the machine allows
 //!   it): a read or write call up to the bound reaches the library as *one* FUSE request, so
 //!   it takes one range lock and is atomic against every other read and write of the file on
@@ -219,8 +223,9 @@ fn raise_max_pages_limit(pages: u32) -> Option<u32> {
 }
 
 /// The flags of every opened file (see the module docs).
-const OPEN_FLAGS: FopenFlags =
-    FopenFlags::FOPEN_DIRECT_IO.union(FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES);
+const OPEN_FLAGS: FopenFlags = FopenFlags::FOPEN_DIRECT_IO
+    .union(FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES)
+    .union(FopenFlags::FOPEN_NOFLUSH);
 
 /// How to mount.
 #[derive(Clone, Debug, PartialEq, Eq)]
