@@ -33,4 +33,4 @@ pub use cluster::{BackingKind, Cluster, ClusterSpec, TEST_CHUNK_SIZE};
 /// The fabric backend a cluster runs on (the fabric crate's own choice type).
 pub use fabric::Backend;
 pub use mount::{fuse_options, fuse_unavailable, Mount};
-pub use util::{init_logging, pattern, random_token, wait_until};
+pub use util::{init_logging, pattern, random_token, restartable_addr, wait_until};

@@ -53,6 +53,37 @@ pub fn init_logging() {
         .try_init();
 }
 
+/// A free loopback address for a server that must come back on the *same* address after it is
+/// killed and restarted (the soak's and the crash tests' meta server), chosen below the
+/// kernel's ephemeral port range (`/proc/sys/net/ipv4/ip_local_port_range`). Every other server
+/// binds port 0 and gets an ephemeral port, so none of them can take this one while its owner
+/// is starting or away — which a port picked by binding port 0 and releasing it allows (a CI
+/// run's soak connected to such a port and found a fabric server there). Falls back to an
+/// ephemeral port when the range leaves no room below it.
+pub fn restartable_addr() -> Result<std::net::SocketAddr> {
+    use std::net::TcpListener;
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    const FLOOR: u16 = 10_000;
+    if low > FLOOR + 1000 {
+        let token = random_token()?;
+        let mut seed = u64::from_str_radix(&token[..16], 16).context("random token")?;
+        for _ in 0..256 {
+            // xorshift: a fresh candidate per try, from the random seed.
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let port = FLOOR + (seed % u64::from(low - FLOOR)) as u16;
+            if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
+                return Ok(listener.local_addr()?);
+            }
+        }
+    }
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

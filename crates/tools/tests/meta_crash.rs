@@ -11,7 +11,7 @@
 use data_server::{Backing, DataConfig, DataServer, DATA_REGION};
 use fabric::{EndpointExt, RemoteAddr, ServeAt};
 use fs_client::{CitronFs, MountOptions};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -62,19 +62,13 @@ impl Drop for MetaProcess {
     }
 }
 
-fn free_port() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
 #[test]
 fn a_killed_meta_server_keeps_what_was_fsynced_and_clients_carry_on() {
     testkit::init_logging();
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("meta-db");
-    let listen = free_port();
+    // Restarted on this address: outside the ephemeral range (testkit::restartable_addr).
+    let listen = testkit::restartable_addr().unwrap();
     let token = testkit::random_token().unwrap();
     let meta = MetaProcess::start(&db, listen, &token);
     let data = DataServer::start(DataConfig {

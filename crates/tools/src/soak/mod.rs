@@ -23,7 +23,7 @@ use proto::ROOT_INO;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -218,10 +218,6 @@ impl Soak {
     }
 }
 
-fn free_port() -> Result<SocketAddr> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
-}
-
 /// Runs the soak (see the module docs).
 pub fn run(args: SoakArgs) -> Result<()> {
     if !matches!(args.fabric, Backend::Shm | Backend::Tcp) {
@@ -248,7 +244,8 @@ pub fn run(args: SoakArgs) -> Result<()> {
         dir: dir.path().to_path_buf(),
         shm: shm.path().to_path_buf(),
         token: testkit::random_token()?,
-        listen: free_port()?,
+        // The meta server is restarted on this address: outside the ephemeral range.
+        listen: testkit::restartable_addr()?,
         fabric: args.fabric,
         clients: args.clients,
         rng: StdRng::seed_from_u64(seed),
