@@ -78,6 +78,13 @@ pub trait FsBackend: Send + Sync + 'static {
     /// Makes the file's writes durable as far as the file system can.
     fn fsync(&self, fh: FileHandle) -> Result<(), Error>;
 
+    /// What a close(2) of a descriptor asks before the release (FUSE's FLUSH). Nothing is
+    /// buffered, so by default nothing is done; the adapter opens every file with
+    /// `FOPEN_NOFLUSH`, and a kernel that honours it (Linux 5.16 and later) never sends it.
+    fn flush(&self, _fh: FileHandle) -> Result<(), Error> {
+        Ok(())
+    }
+
     /// Up to `max` entries of directory `ino` after `cookie` (0: from the start).
     fn readdir(&self, ino: Ino, cookie: u64, max: u32) -> Result<Vec<DirEntry>, Error>;
 

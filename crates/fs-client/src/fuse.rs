@@ -952,13 +952,13 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
     fn flush(
         &self,
         _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
+        ino: INodeNo,
+        fh: FileHandle,
         _lock_owner: fuser::LockOwner,
         reply: ReplyEmpty,
     ) {
-        // Writes are complete when they return: nothing is buffered.
-        reply.ok()
+        // Sent only where the kernel ignores FOPEN_NOFLUSH (see the module docs).
+        Self::empty(Req::fh("flush", ino, fh), reply, self.fs.flush(Fh(fh.0)))
     }
 
     fn release(

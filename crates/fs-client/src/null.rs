@@ -79,6 +79,8 @@ pub struct NullFs {
     /// Who owns the root.
     owner: Caller,
     created: Timestamp,
+    /// FLUSH requests received ([`NullFs::flush_requests`]).
+    flushes: AtomicU64,
 }
 
 impl Default for NullFs {
@@ -88,6 +90,12 @@ impl Default for NullFs {
 }
 
 impl NullFs {
+    /// How many FLUSH requests the kernel sent (one per close(2) unless it honours the
+    /// adapter's `FOPEN_NOFLUSH`): what the mount tests check.
+    pub fn flush_requests(&self) -> u64 {
+        self.flushes.load(Ordering::Relaxed)
+    }
+
     /// Files a null file system can create over its life (then `ENOSPC`).
     pub const MAX_FILES: usize = 1024;
 
@@ -109,6 +117,7 @@ impl NullFs {
             zeros: vec![0; ZEROS],
             owner,
             created: Timestamp::now(),
+            flushes: AtomicU64::new(0),
         }
     }
 
@@ -188,6 +197,11 @@ fn set_time(t: SetTime) -> Timestamp {
 
 impl FsBackend for NullFs {
     type ReadData<'a> = Cow<'a, [u8]>;
+
+    fn flush(&self, _fh: FileHandle) -> Result<(), Error> {
+        self.flushes.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
 
     fn fs_name(&self) -> &'static str {
         "citronfs-null"

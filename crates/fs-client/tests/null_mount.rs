@@ -60,6 +60,25 @@ fn the_null_backend_mounts_and_answers() {
     handle.unmount().unwrap();
 }
 
+/// Every file is opened with `FOPEN_NOFLUSH`: closes send no FLUSH request (Linux 5.16 and
+/// later; nothing is buffered, so a FLUSH would only cost a round trip through the kernel).
+#[test]
+fn closes_send_no_flush() {
+    skip_without_fuse!();
+    let mnt = tempfile::tempdir().unwrap();
+    let null = Arc::new(NullFs::new());
+    let handle = mount(null.clone(), mnt.path(), &testkit::fuse_options()).unwrap();
+    let path = mnt.path().join("f");
+    for round in 0..5u8 {
+        let file = std::fs::File::create(&path).unwrap();
+        file.write_all_at(&[round; 512], 0).unwrap();
+        drop(file);
+        drop(std::fs::File::open(&path).unwrap());
+    }
+    assert_eq!(null.flush_requests(), 0, "10 closes, no FLUSH");
+    handle.unmount().unwrap();
+}
+
 /// Many callers at once: requests back up, idle request threads are woken to take them (the
 /// vendored fuser's parked threads), and every request is answered. A reply sent through the
 /// wrong descriptor would leave its caller waiting forever, so the test's body runs in a thread
