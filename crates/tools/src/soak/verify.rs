@@ -199,6 +199,31 @@ fn matches(state: &State, data: Option<&[u8]>) -> bool {
     }
 }
 
+/// Where `data` parts from each state with contents (for a finding's message): the first and
+/// last differing offsets, how many bytes differ, and whether those bytes are all zero (a
+/// chunk that was never written, or zeroed) — what tells a lost chunk from a foreign write.
+fn differences(states: &[State], data: &[u8]) -> String {
+    let mut out = String::new();
+    for state in states {
+        let (State::Data { seed, .. } | State::Prefix { seed, .. }) = state else {
+            continue;
+        };
+        let expected = testkit::pattern(*seed, 0, data.len());
+        let differ: Vec<usize> = (0..data.len())
+            .filter(|&i| data[i] != expected[i])
+            .collect();
+        if let (Some(first), Some(last)) = (differ.first(), differ.last()) {
+            let zeros = differ.iter().all(|&i| data[i] == 0);
+            out.push_str(&format!(
+                "; against seed {seed}: {} bytes differ, offsets {first}..={last}, {}",
+                differ.len(),
+                if zeros { "all zero" } else { "not all zero" }
+            ));
+        }
+    }
+    out
+}
+
 /// Verifies the file system `fs` against `journals` (every client life's entries); the last
 /// server restart was at `last_restart` (ms since the Unix epoch).
 pub fn verify(
@@ -298,9 +323,12 @@ pub fn verify(
         if !states.iter().any(|s| matches(s, data.as_deref())) {
             found.lost += 1;
             found.problems.push(format!(
-                "file {name}: {} is in none of the states {states:?}",
+                "file {name}: {} is in none of the states {states:?}{}",
                 data.as_ref()
-                    .map_or("absent".to_string(), |d| format!("{} bytes", d.len()))
+                    .map_or("absent".to_string(), |d| format!("{} bytes", d.len())),
+                data.as_deref()
+                    .map(|d| differences(states, d))
+                    .unwrap_or_default()
             ));
         }
     }
@@ -318,6 +346,23 @@ pub fn verify(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_finding_says_where_and_what_the_bytes_differ() {
+        let mut data = testkit::pattern(5, 0, 100);
+        data[10..20].fill(0);
+        let states = [State::Absent, State::Data { seed: 5, len: 100 }];
+        let said = differences(&states, &data);
+        assert!(
+            said.contains("10 bytes differ, offsets 10..=19, all zero"),
+            "{said}"
+        );
+        data[50] ^= 0xff;
+        assert!(
+            differences(&states, &data).contains("11 bytes differ, offsets 10..=50, not all zero")
+        );
+        assert_eq!(differences(&states, &testkit::pattern(5, 0, 100)), "");
+    }
 
     fn op_w(slot: u32, seq: u64) -> Op {
         Op::Write { slot, seq }
