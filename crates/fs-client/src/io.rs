@@ -353,24 +353,17 @@ impl CitronFs {
     }
 }
 
-/// Whether `e` is a data batch refused for its expiry (the lock's lease deadline,
-/// `fabric::Batch::expire_at`): the endpoint is fine, the lease is not.
-fn is_expired(e: &Error) -> bool {
-    matches!(
-        e,
+/// A data batch's failure as the I/O sees it, and whether the endpoint is broken by it. A
+/// batch refused for its expiry (the lock's lease deadline, `fabric::Batch::expire_at`) is
+/// `LeaseLost` — the I/O is redone under a new lock — and leaves the endpoint fine; any other
+/// failure leaves the endpoint's state unknown.
+fn data_failure(e: Error) -> (Error, bool) {
+    match e {
         Error::Fabric {
             source: fabric::FabricError::Verb(fabric::VerbError::Expired { .. }),
             ..
-        }
-    )
-}
-
-/// `LeaseLost` for an expired batch (the I/O is redone under a new lock), else `e`.
-fn lease_lost_if_expired(e: Error) -> Error {
-    if is_expired(&e) {
-        Error::LeaseLost
-    } else {
-        e
+        } => (Error::LeaseLost, false),
+        e => (e, true),
     }
 }
 
@@ -738,9 +731,9 @@ impl Inner {
                     .map_err(Error::fabric(Peer::Data(*server)))
             });
             if let Err(e) = post {
-                // An expired batch is not a fault of the endpoint either.
-                w.broken |= !is_expired(&e);
-                failure = Some(lease_lost_if_expired(e));
+                let (e, broken) = data_failure(e);
+                w.broken |= broken;
+                failure = Some(e);
                 break;
             }
             posted += 1;
@@ -754,8 +747,9 @@ impl Inner {
                     .map_err(Error::fabric(Peer::Data(*server)))
             });
             if let Err(e) = done {
-                w.broken |= !is_expired(&e);
-                failure.get_or_insert(lease_lost_if_expired(e));
+                let (e, broken) = data_failure(e);
+                w.broken |= broken;
+                failure.get_or_insert(e);
             }
         }
         if failure.is_none() {
