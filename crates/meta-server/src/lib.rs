@@ -414,3 +414,122 @@ impl Drop for MetaHandle {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::Store;
+    use fabric::{Backing, EndpointExt, RegionId, RemoteAddr};
+    use proto::rpc::{Request, Response};
+    use proto::{Caller, ROOT_INO};
+    use std::sync::{mpsc, Mutex};
+
+    /// A data server killed while its registration scrubs (seconds, for a large region) and
+    /// started again registers a second time while the first registration still runs. The
+    /// second must not scrub from its own list of free chunks after the first made the server
+    /// live: that zeroed a chunk a client had been allocated and written meanwhile (seen in a
+    /// soak as acknowledged files whose first chunks read zeros). Seen failing before the
+    /// registrations of one server were serialized.
+    #[test]
+    fn a_second_registration_during_a_scrub_zeroes_no_file_data() {
+        let db = tempfile::tempdir().unwrap();
+        let chunk = 64 << 10;
+        let chunks = 16;
+        let region_id = RegionId(7);
+        let credentials = Credentials::new("citronfs", "");
+        let data = fabric::serve(&ServeAt::Mem, &credentials).unwrap();
+        let _region = data
+            .register(region_id, chunks * chunk, &Backing::Memory)
+            .unwrap();
+        // A database that knows the server and did not shut down cleanly: it is scrubbed at
+        // its next registration.
+        {
+            let store = Store::open(db.path(), chunk, Caller { uid: 0, gid: 0 }).unwrap();
+            store
+                .register_server("ds", &data.addr(), region_id, chunks, 1)
+                .unwrap();
+            store.flush().unwrap();
+        }
+        let mut config = MetaConfig::new(db.path(), ServeAt::Mem);
+        config.chunk_size = chunk;
+        let meta = MetaServer::start(config).unwrap();
+        let svc = meta.inner.as_ref().unwrap().service.clone();
+
+        // Every scrub says so and waits for a go (or for the test to stop giving any).
+        let (entered_tx, entered) = mpsc::channel::<()>();
+        let (go, go_rx) = mpsc::channel::<()>();
+        let (entered_tx, go_rx) = (Mutex::new(entered_tx), Mutex::new(go_rx));
+        *svc.scrub_hook.lock().unwrap() = Some(Arc::new(move || {
+            entered_tx.lock().unwrap().send(()).unwrap();
+            let _ = go_rx.lock().unwrap().recv();
+        }));
+        let register = |svc: Arc<Service>, addr: fabric::FabricAddr| {
+            std::thread::spawn(move || {
+                svc.register_data_server("ds", addr, region_id, chunks * chunk, 1)
+            })
+        };
+        let first = register(svc.clone(), data.addr());
+        entered
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the first registration scrubs");
+        let second = register(svc.clone(), data.addr());
+        let second_scrubs = entered.recv_timeout(Duration::from_millis(300)).is_ok();
+        go.send(()).unwrap();
+        first.join().unwrap().expect("the first registration");
+
+        // The server is live: a client's file gets a chunk there and writes it.
+        let session = svc.open_session().unwrap().session;
+        let opened = match svc
+            .handle(
+                session,
+                Vec::new(),
+                Request::Create {
+                    parent: ROOT_INO,
+                    name: "f".into(),
+                    perm: 0o644,
+                    caller: Caller { uid: 0, gid: 0 },
+                    scheme: lockmgr::LockScheme::MUTEX,
+                },
+            )
+            .unwrap()
+        {
+            Response::Open(opened) => opened,
+            other => panic!("create answered {other:?}"),
+        };
+        let loc = match svc
+            .handle(
+                session,
+                Vec::new(),
+                Request::AllocateChunks {
+                    ino: opened.attr.ino,
+                    generation: opened.attr.generation,
+                    first: 0,
+                    count: 1,
+                },
+            )
+            .unwrap()
+        {
+            Response::Chunks(locs) => locs[0].expect("allocated"),
+            other => panic!("allocation answered {other:?}"),
+        };
+        let unit = proto::layout::MIN_CHUNK;
+        let at = RemoteAddr::new(region_id, loc.index * unit);
+        let mut ep = fabric::connect(&data.addr(), &credentials, 0)
+            .unwrap()
+            .connect()
+            .unwrap();
+        ep.write(at, &vec![0xAB; unit as usize]).unwrap();
+
+        if second_scrubs {
+            go.send(()).unwrap();
+        }
+        drop(go);
+        second.join().unwrap().expect("the second registration");
+        let found = ep.read(at, unit as usize).unwrap();
+        assert!(
+            found.iter().all(|&b| b == 0xAB),
+            "the file's chunk was zeroed by a registration (second registration scrubbed: \
+             {second_scrubs})"
+        );
+    }
+}

@@ -240,9 +240,12 @@ async fn connection(
                     return Err(why);
                 }
             };
-            send(&mut writer, &HelloAnswer::Ok(Welcome::DataServer { id }))
-                .await
-                .map_err(|e| e.to_string())?;
+            if let Err(e) = send(&mut writer, &HelloAnswer::Ok(Welcome::DataServer { id })).await {
+                // The server went away during its registration: it is not live, whatever the
+                // registration made it (a later one by the same name replaces it anyway).
+                service.data_server_gone(id, epoch);
+                return Err(e.to_string());
+            }
             // The connection's life is the registration's: answer heartbeats until it closes.
             let result = loop {
                 tokio::select! {

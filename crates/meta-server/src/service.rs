@@ -235,6 +235,13 @@ pub(crate) struct Service {
     request_ns: std::sync::atomic::AtomicU64,
     /// Freed chunks on their way to being zeroed and recycled ([`crate::reclaim`]).
     reclaimer: crate::reclaim::Reclaimer,
+    /// One mutex per data server name, held across each registration of that server
+    /// ([`Service::register_data_server`]): see "Registrations of one server never overlap"
+    /// there.
+    registering: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    /// Tests: runs inside a scrub, after the free chunks were listed and before they are zeroed.
+    #[cfg(test)]
+    pub(crate) scrub_hook: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
 }
 
 /// Revokes client sessions on one fabric server.
@@ -328,6 +335,9 @@ impl Service {
             requests: std::sync::atomic::AtomicU64::new(0),
             request_ns: std::sync::atomic::AtomicU64::new(0),
             reclaimer: crate::reclaim::Reclaimer::default(),
+            registering: Mutex::new(HashMap::new()),
+            #[cfg(test)]
+            scrub_hook: Mutex::new(None),
         };
         // Orphans were open when the last run ended; no session survives a restart.
         for ino in service.store.orphans()? {
@@ -641,6 +651,21 @@ impl Service {
 
     /// Registers a data server (by its stable name) and connects to its region; returns its id
     /// and the connection epoch to pass to [`Service::data_server_gone`].
+    ///
+    /// # Nothing is zeroed under a live server's clients
+    /// Every zeroing a registration does to chunks that may hold file data — the scrub of free
+    /// chunks after an unclean shutdown, the tails of truncates left unzeroed — happens
+    /// *before* the server is live (in `State::live`, so in the layout clients see and among
+    /// the servers chunks are allocated on), so no client write to the server can land before
+    /// it and be zeroed by it. (Dirty chunks are no file's: they go to the reclaimer.)
+    ///
+    /// # Registrations of one server never overlap
+    /// A data server killed during its registration (a scrub takes seconds for a large
+    /// region) and started again registers again while the first registration still runs. The
+    /// two are serialized by the server's name: otherwise the second, finding the scrub not
+    /// done yet, scrubs from its own list of free chunks while the first one makes the server
+    /// live — zeroing chunks that clients were meanwhile allocated and wrote (a soak lost
+    /// acknowledged data this way).
     pub fn register_data_server(
         &self,
         name: &str,
@@ -659,6 +684,11 @@ impl Service {
                 self.settings.chunk_size
             )));
         }
+        let one_at_a_time = lock(&self.registering)
+            .entry(name.to_owned())
+            .or_default()
+            .clone();
+        let _registering = lock(&one_at_a_time);
         let mut endpoint = self.connect_fabric(&fabric)?;
         let (record, lost) = {
             // Serialized with allocations (the lost-chunk scan must be exact).
@@ -669,6 +699,15 @@ impl Service {
         if self.store.needs_scrub(record.id)? {
             // Before it is live, so nothing is allocated on it meanwhile.
             self.scrub(&mut *endpoint, region, record.id)?;
+        }
+        // Tails of truncates a crash (or this server's absence) left unzeroed: before it is
+        // live, so no write extending such a file lands there first.
+        for tail in self.store.tails()? {
+            if tail.block.loc.server == record.id {
+                if let Err(error) = self.zero_tail_at(&mut *endpoint, region, tail) {
+                    tracing::warn!(?tail, %error, "cannot zero a truncated chunk's tail yet");
+                }
+            }
         }
         let mut st = lock(&self.state);
         if lost > 0 {
@@ -709,14 +748,6 @@ impl Service {
             .filter(|b| b.loc.server == record.id)
             .collect();
         self.zero_and_recycle(dirty);
-        // Tails of truncates a crash (or this server's absence) left unzeroed.
-        for tail in self.store.tails()? {
-            if tail.block.loc.server == record.id {
-                if let Err(error) = self.zero_tail(tail) {
-                    tracing::warn!(?tail, %error, "cannot zero a truncated chunk's tail yet");
-                }
-            }
-        }
         Ok((record.id, epoch))
     }
 
@@ -725,6 +756,13 @@ impl Service {
     fn scrub(&self, ep: &mut dyn Endpoint, region: RegionId, id: u32) -> Result<(), FsError> {
         let mut free = self.store.free_chunks_of(id)?;
         free.sort_unstable();
+        #[cfg(test)]
+        {
+            let hook = lock(&self.scrub_hook).clone();
+            if let Some(hook) = hook {
+                hook();
+            }
+        }
         let unit = self.store.layout().unit();
         let started = Instant::now();
         let mut i = 0;
@@ -796,6 +834,21 @@ impl Service {
         zero_range(&mut **ep, region, base + from, base + to)
     }
 
+    /// [`Service::zero_tail`] through `ep` to `region`, for a server not live yet.
+    fn zero_tail_at(
+        &self,
+        ep: &mut dyn Endpoint,
+        region: RegionId,
+        tail: Tail,
+    ) -> Result<(), FsError> {
+        self.store.flush()?;
+        let Block { loc, order } = tail.block;
+        let unit = self.store.layout().unit();
+        let base = loc.index * unit;
+        zero_range(ep, region, base + tail.from, base + (unit << order))?;
+        self.store.tail_zeroed(loc)
+    }
+
     /// Hands freed blocks (their free has committed) to the reclaimer thread, which zeroes
     /// them once the free is durable and returns them to their servers' free stacks
     /// ([`crate::reclaim`]); a block whose server is away stays dirty until it registers again.
@@ -811,7 +864,15 @@ impl Service {
             crate::reclaim::reclaim_batch(
                 &batch,
                 || self.store.flush(),
-                |Block { loc, order }| {
+                |Block { loc, .. }| {
+                    // A block queued twice (freed, and listed again by its server's
+                    // registration while still dirty) was recycled by the first pass and may
+                    // be a file's again: zero only what is still dirty. This thread is the
+                    // only one that takes blocks out of the dirty set, so a block dirty here
+                    // stays dirty (no file's) until it recycles it below.
+                    let Some(order) = self.store.dirty_order(loc)? else {
+                        return Ok(());
+                    };
                     self.zero_chunk(loc, 0, unit << order)?;
                     // Under the state lock like every other allocation change, so that the
                     // consistency checker never sees a chunk between the dirty set and the

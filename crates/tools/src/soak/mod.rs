@@ -114,8 +114,11 @@ struct Soak {
 impl Soak {
     fn command(&self, role: Role, life: u32, seed: u64) -> Command {
         let mut cmd = Command::new(&self.exe);
+        // The processes log warnings to their files in the soak directory, or what
+        // CITRONFS_LOG asks for (`info` shows registrations, scrubs and reconnections).
+        let log = std::env::var(crate::cmd::config::LOG_ENV).unwrap_or_else(|_| "warn".into());
         cmd.env(crate::cmd::config::TOKEN_ENV, &self.token)
-            .env(crate::cmd::config::LOG_ENV, "warn")
+            .env(crate::cmd::config::LOG_ENV, log)
             .stdin(Stdio::null())
             .stdout(Stdio::null());
         let fabric = match self.fabric {
@@ -350,8 +353,12 @@ pub fn run(args: SoakArgs) -> Result<()> {
     report(&args, &done, &found, &fsck);
     if args.keep {
         let kept = dir.keep();
-        let _ = shm.keep();
-        eprintln!("soak directory kept: {}", kept.display());
+        let shm = shm.keep();
+        eprintln!(
+            "soak directory kept: {} (shared memory: {})",
+            kept.display(),
+            shm.display()
+        );
     }
     if !found.clean() || !fsck.clean() {
         let fsck_findings: Vec<String> = fsck.findings.iter().map(|f| f.to_string()).collect();
