@@ -178,6 +178,13 @@ impl Error {
         }
         match self {
             Error::Rpc { source, .. } => !matches!(source, RpcError::Refused(_)),
+            // A data server registers its regions one after another as it starts: an endpoint
+            // that connected in between lacks the later ones (the incarnation word). A fresh
+            // endpoint, once the client has caught up, finds them.
+            Error::Fabric {
+                peer: Peer::Data(_),
+                source: FabricError::Verb(fabric::VerbError::UnknownRegion { .. }),
+            } => true,
             Error::Fabric { source, .. } => fabric(source),
             Error::Lock {
                 source: LockError::Fabric(source),
