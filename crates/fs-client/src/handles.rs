@@ -313,12 +313,15 @@ impl Inner {
             .ok_or(Error::Fs(FsError::Stale))
     }
 
-    /// `ino`, if this client has it open.
+    /// `ino`, if this client has it open (lingering included: the meta server still holds
+    /// that open and its FCB). Not while its release rides on a call: the meta server may have
+    /// freed the FCB already, and another file's open may have taken its place.
     pub(crate) fn open_entry(&self, ino: Ino) -> Option<Arc<OpenInode>> {
         self.files
             .open_inodes()
             .entries
             .get(&ino)
+            .filter(|e| e.linger != Linger::Riding)
             .and_then(|e| e.inode.clone())
             .filter(|inode| !inode.closed.load(Ordering::Relaxed))
     }
