@@ -16,7 +16,7 @@
 
 use anyhow::Context;
 use fabric::{Credentials, FabricServer, RegionId, ServeAt};
-use proto::rpc::{Client, Request, Response, Role, Welcome};
+use proto::rpc::{Client, Request, Response, Role, RpcError, Welcome};
 use proto::{FabricAddr, INCARNATION_REGION};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -101,7 +101,7 @@ impl DataServer {
             name: config.name.clone(),
             incarnation,
         };
-        let (client, id) = register(&config, &role).with_context(|| {
+        let (client, id) = register_waiting(&config, &role, REGISTER_WAIT).with_context(|| {
             format!(
                 "data server {:?}: registering with the meta server at {}",
                 config.name, config.meta_addr
@@ -184,8 +184,13 @@ fn incarnation(backing: &Backing, kept: bool) -> anyhow::Result<u64> {
     Ok(n)
 }
 
+/// How long a starting data server keeps trying to register while the meta server is away
+/// (not started yet, restarting, or gone during the registration): a data server started
+/// beside a meta server that is (re)starting waits for it rather than exiting.
+pub const REGISTER_WAIT: Duration = Duration::from_secs(60);
+
 /// Connects and registers; the meta server's answer gives the id.
-fn register(config: &DataConfig, role: &Role) -> anyhow::Result<(Client, u32)> {
+fn register(config: &DataConfig, role: &Role) -> Result<(Client, u32), RpcError> {
     let client = Client::connect(
         config.meta_addr.as_str(),
         &Credentials::new(config.cluster.clone(), config.token.clone()),
@@ -197,7 +202,38 @@ fn register(config: &DataConfig, role: &Role) -> anyhow::Result<(Client, u32)> {
             client.set_timeout(Some(Duration::from_secs(5)))?;
             Ok((client, id))
         }
-        other => anyhow::bail!("unexpected answer to registration: {other:?}"),
+        other => Err(RpcError::Protocol(format!(
+            "unexpected answer to registration: {other:?}"
+        ))),
+    }
+}
+
+/// [`register`], trying again for up to `wait` while the meta server cannot be reached or
+/// drops the connection (a meta server killed during the registration, which may take
+/// seconds while it zeroes the server's free chunks after a crash). A refusal (wrong token or
+/// cluster, a registration the meta server rejects) is final at once.
+fn register_waiting(
+    config: &DataConfig,
+    role: &Role,
+    wait: Duration,
+) -> Result<(Client, u32), RpcError> {
+    let deadline = Instant::now() + wait;
+    let mut pause = Duration::from_millis(20);
+    loop {
+        match register(config, role) {
+            Ok(registered) => return Ok(registered),
+            Err(e @ RpcError::Refused(_)) => return Err(e),
+            Err(e) if Instant::now() + pause > deadline => return Err(e),
+            Err(error) => {
+                tracing::warn!(
+                    name = config.name,
+                    %error,
+                    "cannot register with the meta server yet; trying again"
+                );
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(HEARTBEAT_EVERY);
+            }
+        }
     }
 }
 

@@ -484,3 +484,37 @@ fn lock_server_runs_only_when_asked_and_checks_the_token() {
     let id = good.acquire(0..8).unwrap();
     good.release(id).unwrap();
 }
+
+/// A data server started while its meta server is away (not started yet, or restarting: a
+/// soak's restarted data server hit a meta server killed during its registration and exited)
+/// waits for it and registers, instead of exiting. Seen failing (connection refused at once)
+/// before the first registration retried.
+#[test]
+fn a_data_server_started_before_its_meta_server_waits_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = testkit::restartable_addr().unwrap();
+    let token = testkit::random_token().unwrap();
+    let mut meta_config = meta_server::MetaConfig::new(dir.path().join("db"), fabric::ServeAt::Mem);
+    meta_config.listen = addr;
+    meta_config.token = token.clone();
+    let config = data_server::DataConfig {
+        name: "early".into(),
+        meta_addr: addr.to_string(),
+        cluster: meta_config.cluster.clone(),
+        token,
+        capacity_bytes: 4 << 20,
+        fabric: fabric::ServeAt::Mem,
+        backing: data_server::Backing::Memory,
+    };
+    let data = std::thread::spawn(move || DataServer::start(config));
+    // Long enough for the first attempts to find nobody listening.
+    std::thread::sleep(Duration::from_millis(300));
+    let meta = meta_server::MetaServer::start(meta_config).unwrap();
+    let data = data
+        .join()
+        .unwrap()
+        .expect("registered once the meta server was up");
+    assert_eq!(data.id(), 0);
+    drop(data);
+    drop(meta);
+}

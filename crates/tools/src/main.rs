@@ -27,7 +27,9 @@ enum Command {
     /// Run a meta server (namespace, sessions, chunk allocation, file control blocks and locks).
     #[command(after_help = SETTINGS_HELP)]
     MetaServer(cmd::roles::MetaArgs),
-    /// Run a data server (serves a region of memory, optionally file-backed).
+    /// Run a data server (serves a region of memory, optionally file-backed). It registers with
+    /// the meta server, waiting up to 60 s for one that is not up yet or restarting (a wrong
+    /// token or cluster fails at once), and registers again whenever the meta server restarts.
     #[command(after_help = SETTINGS_HELP)]
     DataServer(cmd::roles::DataArgs),
     /// Mount a running cluster.

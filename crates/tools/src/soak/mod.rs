@@ -348,9 +348,9 @@ pub fn run(args: SoakArgs) -> Result<()> {
     for i in DATA_SERVERS + 1..soak.procs.len() {
         soak.kill(i);
     }
-    let found = verify_all(&soak, done.last_server_restart_ms)?;
-    let fsck = fsck_at_rest(&soak)?;
-    report(&args, &done, &found, &fsck);
+    let verdict = verify_all(&soak, done.last_server_restart_ms)
+        .and_then(|found| Ok((found, fsck_at_rest(&soak)?)));
+    // Kept whatever the verdict, a failed verification included: its logs say why.
     if args.keep {
         let kept = dir.keep();
         let shm = shm.keep();
@@ -360,6 +360,8 @@ pub fn run(args: SoakArgs) -> Result<()> {
             shm.display()
         );
     }
+    let (found, fsck) = verdict?;
+    report(&args, &done, &found, &fsck);
     if !found.clean() || !fsck.clean() {
         let fsck_findings: Vec<String> = fsck.findings.iter().map(|f| f.to_string()).collect();
         bail!(
