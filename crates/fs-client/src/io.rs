@@ -835,11 +835,17 @@ impl Inner {
         caller: Caller,
         set: SetAttr,
     ) -> Result<Attr, Error> {
-        let mut w = self.checkout()?;
-        let inode = &self.live_inode(inode, &w.view)?;
-        let ino = inode.ino;
-        self.locked(&mut w, inode, whole_file(self.scheme), None, |_, _| {
-            self.attr_call("SetAttr", Request::SetAttr { ino, set, caller })
+        // Redone like a write when it failed below the file system, and while the data server
+        // holding the new last chunk is away (the meta server refuses a shrink whose tail it
+        // cannot zero then): the same size set again is the same change.
+        self.retry(true, || {
+            let mut w = self.checkout()?;
+            let inode = &self.live_inode(inode, &w.view)?;
+            let ino = inode.ino;
+            let set = set.clone();
+            self.locked(&mut w, inode, whole_file(self.scheme), None, |_, _| {
+                self.attr_call("SetAttr", Request::SetAttr { ino, set, caller })
+            })
         })
     }
 }

@@ -834,6 +834,26 @@ impl Service {
         zero_range(&mut **ep, region, base + from, base + to)
     }
 
+    /// A shrink of `ino` to `size` leaves bytes of its last chunk to zero (a tail); refuses it
+    /// (`Unavailable`, which the client retries) while that chunk's data server is away. A
+    /// tail left to zero later would be zeroed when the server registers again, and on shm a
+    /// client that has not noticed the server's absence yet can still write to its region:
+    /// data written past the new size meanwhile would be zeroed then. Called under the state
+    /// lock, which registrations and departures take too.
+    fn check_tail_reachable(&self, st: &State, ino: Ino, size: u64) -> Result<(), FsError> {
+        let (chunk, from) = self.store.layout().locate(size);
+        if from == 0 {
+            return Ok(());
+        }
+        match self.store.chunk_at(ino, chunk)? {
+            Some(loc) if !st.live.contains_key(&loc.server) => Err(FsError::Unavailable(format!(
+                "data server {} holds the last chunk of the truncated file and is away",
+                loc.server
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     /// [`Service::zero_tail`] through `ep` to `region`, for a server not live yet.
     fn zero_tail_at(
         &self,
@@ -1345,6 +1365,9 @@ impl Service {
                     Some(size) => size,
                     None => self.store.getattr(ino)?.size,
                 };
+                if let Some(size) = set.size.filter(|&size| size < previous) {
+                    self.check_tail_reachable(&st, ino, size)?;
+                }
                 let (attr, effects) = self.store.setattr(ino, &set, caller, old_size)?;
                 if let Some(size) = set.size {
                     self.apply_size(&mut st, &attr, previous, size)?;

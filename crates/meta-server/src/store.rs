@@ -1014,6 +1014,15 @@ impl Store {
         Ok(out)
     }
 
+    /// Where chunk `index` of `ino` is, if allocated (lost or not).
+    pub fn chunk_at(&self, ino: Ino, index: u64) -> Result<Option<ChunkLoc>, FsError> {
+        self.tree(T_CHUNKS)
+            .get(key_u64s(ino, index))
+            .map_err(db_err)?
+            .map(|v| decode_loc(&v))
+            .transpose()
+    }
+
     /// `Lost` if chunk `index` of `ino`, at `loc`, lost its data.
     fn check_not_lost(&self, ino: Ino, index: u64, loc: ChunkLoc) -> Result<(), FsError> {
         if self

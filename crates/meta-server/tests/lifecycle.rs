@@ -518,3 +518,53 @@ fn a_data_server_started_before_its_meta_server_waits_for_it() {
     drop(data);
     drop(meta);
 }
+
+/// A shrinking truncate leaves the bytes of its new last chunk past the size to zero (its
+/// tail). While that chunk's data server is away the meta server refuses the truncate
+/// (`Unavailable`, which clients retry) instead of leaving the tail to zero when the server
+/// registers again: on shm a client that has not yet noticed the server's absence still writes
+/// to its region, and what it wrote past the new size would be zeroed then. Seen failing (the
+/// truncate answered at once) before the refusal.
+#[test]
+fn a_shrink_whose_tail_is_on_an_absent_data_server_is_refused_until_it_is_back() {
+    let mut cl = start(1, 8, true);
+    let mut fs = Fs::connect(&cl);
+    let f = fs.create(ROOT_INO, "f").unwrap();
+    let set_size = |fs: &mut Fs, size: u64| {
+        fs.attr(Request::SetAttr {
+            ino: f.ino,
+            set: proto::SetAttr {
+                size: Some(size),
+                ..proto::SetAttr::default()
+            },
+            caller: ME,
+        })
+    };
+    let full = layout().start(4);
+    // Sized first (a size raised over chunks frees them: at rest only a dead writer leaves
+    // chunks past the size), then the chunks a writer would allocate and fill.
+    let grown = set_size(&mut fs, full).unwrap();
+    fs.allocate(f.ino, grown.generation, 0, 4).unwrap();
+    let live = |fs: &mut Fs| match fs.call(Request::Cluster).unwrap() {
+        Response::Cluster(info) => info.data_servers.iter().any(|ds| ds.live),
+        other => panic!("{other:?}"),
+    };
+    cl.data_servers_mut()[0].shutdown();
+    testkit::wait_until(Duration::from_secs(10), "the data server gone", || {
+        !live(&mut fs)
+    });
+    // Mid-chunk: a tail to zero on the absent server.
+    let shrunk = layout().start(2) + 100;
+    match set_size(&mut fs, shrunk) {
+        Err(FsError::Unavailable(why)) => assert!(why.contains("away"), "{why}"),
+        other => panic!("expected the truncate refused, got {other:?}"),
+    }
+    assert_eq!(fs.getattr(f.ino).unwrap().size, full, "nothing changed");
+    // Chunk-aligned: nothing to zero, nothing to wait for.
+    set_size(&mut fs, layout().start(3)).unwrap();
+    cl.restart_data_server(0).unwrap();
+    testkit::wait_until(Duration::from_secs(10), "the data server back", || {
+        live(&mut fs)
+    });
+    assert_eq!(set_size(&mut fs, shrunk).unwrap().size, shrunk);
+}
