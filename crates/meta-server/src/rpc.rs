@@ -387,13 +387,23 @@ async fn serve<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
             };
             let svc = service.clone();
             let answers = answers.clone();
-            tokio::spawn(async move {
+            // Straight onto the blocking pool, whose thread hands the answer to the writer:
+            // one thread hand-off per request on the way in and one on the way out (an async
+            // task in between, awaiting the blocking call, cost a third).
+            tokio::task::spawn_blocking(move || {
                 let RequestFrame {
                     id,
                     release_first,
                     request,
                 } = frame;
-                let result = blocking(move || svc.handle(session, release_first, request)).await;
+                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    svc.handle(session, release_first, request)
+                }))
+                .unwrap_or_else(|_| {
+                    Err(FsError::Io(
+                        "meta server internal error: the request's handler panicked".into(),
+                    ))
+                });
                 let _ = answers.send((ResponseFrame { id, result }, Some(permit)));
             });
         }
