@@ -68,14 +68,10 @@ pub fn restartable_addr() -> Result<std::net::SocketAddr> {
         .unwrap_or(32768);
     const FLOOR: u16 = 10_000;
     if low > FLOOR + 1000 {
-        let token = random_token()?;
-        let mut seed = u64::from_str_radix(&token[..16], 16).context("random token")?;
+        use rand::Rng;
+        let mut rng = rand::rng();
         for _ in 0..256 {
-            // xorshift: a fresh candidate per try, from the random seed.
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            let port = FLOOR + (seed % u64::from(low - FLOOR)) as u16;
+            let port = rng.random_range(FLOOR..low);
             if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)) {
                 return Ok(listener.local_addr()?);
             }
