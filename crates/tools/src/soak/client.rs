@@ -65,8 +65,9 @@ struct Private {
 pub fn run(args: ClientArgs) -> Result<()> {
     let token = std::env::var(crate::cmd::config::TOKEN_ENV)
         .context("the soak client takes the token from the environment")?;
-    let fs = CitronFs::connect(MountOptions::new(&args.meta, &args.cluster, token))
-        .map_err(|e| anyhow::anyhow!("connect: {e}"))?;
+    // A client started while the soak restarts the meta server waits for it, as the rest of
+    // its setup does.
+    let fs = retry(|| CitronFs::connect(MountOptions::new(&args.meta, &args.cluster, &token)))?;
     let me = CitronFs::process_caller();
     let mut journal = Journal::create(&args.journal)?;
     let mut rng = StdRng::seed_from_u64(args.seed);
