@@ -249,8 +249,48 @@ fn hosted_and_one_sided_on_tcp(kind: LockScheme, threads: usize) {
 /// The shadow map always lives in a separate `shm` fabric: the children are on one host, and
 /// checking ownership through tcp verbs (thousands per large range) would only slow the run
 /// down without testing the lock any harder.
+/// Whether a CITRON run took the timing-dependent paths [`check_stats`] requires (always true
+/// for the baselines).
+fn exercised(kind: &LockScheme, stats: &lockmgr::LockStats) -> bool {
+    !is_citron(kind)
+        || (stats.aborts.total() > 0
+            && stats.starvation_escalations > 0
+            && stats.scale_ups > 0
+            && (kind.name() != "citron" || stats.aborts.occupied_ancestor > 0))
+}
+
+/// Safety-checks `kind` with `children` processes of `threads` workers each. A process run is
+/// short (its shadow claims cross processes through fabric verbs), and one run in a CI job took
+/// no starvation escalation at all (300 acquisitions): a run that did not take every path
+/// [`check_stats`] requires is followed by another, up to three, each checked for safety, and
+/// the paths are required of them together.
 fn processes_on(backend: Backend, kind: LockScheme, children: usize, threads: usize) {
     let w = process_workload(&kind);
+    let mut report = Report::default();
+    let mut runs = 0;
+    while runs < 3 {
+        report.merge(&processes_run(backend, &kind, children, threads, &w));
+        runs += 1;
+        if exercised(&kind, &report.stats) {
+            break;
+        }
+    }
+    let per_run = Workload {
+        iterations: w.iterations * runs,
+        ..w
+    };
+    check_stats(&kind, &report, children * threads, &per_run);
+}
+
+/// One run of [`processes_on`]: the children's merged report, checked at rest.
+fn processes_run(
+    backend: Backend,
+    kind: &LockScheme,
+    children: usize,
+    threads: usize,
+    w: &Workload,
+) -> Report {
+    let kind = *kind;
     let holders = (children * threads) as u64;
     let fabric = Fabric::start(backend, &[(REGION_LOCK, lock_region_bytes(&kind).max(8))]);
     let shadow = Fabric::start(
@@ -331,8 +371,8 @@ fn processes_on(backend: Backend, kind: LockScheme, children: usize, threads: us
             }
         }
     }
-    check_stats(&kind, &report, children * threads, &w);
     check_at_rest(&kind, &*fabric.connector());
+    report
 }
 
 /// The text after `marker` in `line`.
