@@ -190,20 +190,34 @@ fn check_at_rest(kind: &LockScheme, connector: &dyn Connector) {
 /// that did not take every path [`check_stats`] requires is followed by another, up to three.
 fn threads_on(backend: Backend, kind: LockScheme, threads: usize) {
     let w = workload(&kind);
+    run_until_exercised(&kind, threads, &w, |run| {
+        threads_run(backend, kind, threads, run, &w)
+    });
+}
+
+/// Runs `run(0)`, `run(1)`, ... (each safety-checked by itself) until together they took every
+/// path [`check_stats`] requires, at most three times, then checks their merged statistics
+/// (`workers` workers each doing `w.iterations` per run).
+fn run_until_exercised(
+    kind: &LockScheme,
+    workers: usize,
+    w: &Workload,
+    mut run: impl FnMut(u64) -> Report,
+) {
     let mut report = Report::default();
     let mut runs = 0;
     while runs < 3 {
-        report.merge(&threads_run(backend, kind, threads, runs as u64, &w));
+        report.merge(&run(runs as u64));
         runs += 1;
-        if exercised(&kind, &report.stats) {
+        if exercised(kind, &report.stats) {
             break;
         }
     }
     let all = Workload {
         iterations: w.iterations * runs,
-        ..w
+        ..*w
     };
-    check_stats(&kind, &report, threads, &all);
+    check_stats(kind, &report, workers, &all);
 }
 
 /// One run of [`threads_on`] (`run` varies the injected delays), checked at rest.
@@ -292,20 +306,9 @@ fn exercised(kind: &LockScheme, stats: &lockmgr::LockStats) -> bool {
 /// the paths are required of them together.
 fn processes_on(backend: Backend, kind: LockScheme, children: usize, threads: usize) {
     let w = process_workload(&kind);
-    let mut report = Report::default();
-    let mut runs = 0;
-    while runs < 3 {
-        report.merge(&processes_run(backend, &kind, children, threads, &w));
-        runs += 1;
-        if exercised(&kind, &report.stats) {
-            break;
-        }
-    }
-    let per_run = Workload {
-        iterations: w.iterations * runs,
-        ..w
-    };
-    check_stats(&kind, &report, children * threads, &per_run);
+    run_until_exercised(&kind, children * threads, &w, |_| {
+        processes_run(backend, &kind, children, threads, &w)
+    });
 }
 
 /// One run of [`processes_on`]: the children's merged report, checked at rest.
