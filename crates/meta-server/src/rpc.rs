@@ -139,13 +139,23 @@ async fn refuse(stream: TcpStream, refusal: Refusal) {
     .await;
 }
 
-/// Runs `f` on the blocking pool.
+/// Runs `f` on the blocking pool ([`guarded`]).
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, FsError> + Send + 'static,
 ) -> Result<T, FsError> {
-    tokio::task::spawn_blocking(f)
+    tokio::task::spawn_blocking(move || guarded(f))
         .await
         .unwrap_or_else(|e| Err(FsError::Io(format!("meta server internal error: {e}"))))
+}
+
+/// Runs `f`, a handler; a panic in it is its caller's internal error, not the connection's
+/// end (the state it leaves is as consistent as sled left it: see `service::lock`).
+fn guarded<T>(f: impl FnOnce() -> Result<T, FsError>) -> Result<T, FsError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|_| {
+        Err(FsError::Io(
+            "meta server internal error: the request's handler panicked".into(),
+        ))
+    })
 }
 
 async fn connection(
@@ -396,14 +406,7 @@ async fn serve<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                     release_first,
                     request,
                 } = frame;
-                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    svc.handle(session, release_first, request)
-                }))
-                .unwrap_or_else(|_| {
-                    Err(FsError::Io(
-                        "meta server internal error: the request's handler panicked".into(),
-                    ))
-                });
+                let result = guarded(|| svc.handle(session, release_first, request));
                 let _ = answers.send((ResponseFrame { id, result }, Some(permit)));
             });
         }

@@ -702,11 +702,26 @@ impl Service {
         }
         // Tails of truncates a crash (or this server's absence) left unzeroed: before it is
         // live, so no write extending such a file lands there first.
-        for tail in self.store.tails()? {
-            if tail.block.loc.server == record.id {
-                if let Err(error) = self.zero_tail_at(&mut *endpoint, region, tail) {
-                    tracing::warn!(?tail, %error, "cannot zero a truncated chunk's tail yet");
-                }
+        let tails: Vec<Tail> = self
+            .store
+            .tails()?
+            .into_iter()
+            .filter(|tail| tail.block.loc.server == record.id)
+            .collect();
+        // After one flush: the truncates that left them are durable.
+        let flushed = if tails.is_empty() {
+            Ok(())
+        } else {
+            self.store.flush()
+        };
+        for tail in tails {
+            let (loc, from, to) = self.tail_bytes(&tail);
+            let zeroed = flushed.clone().and_then(|()| {
+                self.zero_in_block(&mut *endpoint, region, loc, from, to)?;
+                self.store.tail_zeroed(loc)
+            });
+            if let Err(error) = zeroed {
+                tracing::warn!(?tail, %error, "cannot zero a truncated chunk's tail yet");
             }
         }
         let mut st = lock(&self.state);
@@ -820,18 +835,43 @@ impl Service {
         Ok(fabric::connect(fabric, &self.settings.credentials, 0)?.connect()?)
     }
 
-    /// Zeroes bytes `from..to` of the block at `loc` with one-sided writes.
+    /// Zeroes bytes `from..to` of the block at `loc` with one-sided writes, through the live
+    /// server's endpoint.
     fn zero_chunk(&self, loc: ChunkLoc, from: u64, to: u64) -> Result<(), FsError> {
+        self.with_live_endpoint(loc.server, |ep, region| {
+            self.zero_in_block(ep, region, loc, from, to)
+        })
+    }
+
+    /// Runs `f` with live data server `server`'s endpoint (locked) and region.
+    fn with_live_endpoint<T>(
+        &self,
+        server: u32,
+        f: impl FnOnce(&mut dyn Endpoint, RegionId) -> Result<T, FsError>,
+    ) -> Result<T, FsError> {
         let (endpoint, region) = {
             let st = lock(&self.state);
-            let live = st.live.get(&loc.server).ok_or_else(|| {
-                FsError::Io(format!("data server {} is not connected", loc.server))
-            })?;
+            let live = st
+                .live
+                .get(&server)
+                .ok_or_else(|| FsError::Io(format!("data server {server} is not connected")))?;
             (live.endpoint.clone(), live.region)
         };
-        let base = loc.index * self.store.layout().unit();
         let mut ep = lock(&endpoint);
-        zero_range(&mut **ep, region, base + from, base + to)
+        f(&mut **ep, region)
+    }
+
+    /// Zeroes bytes `from..to` of the block at `loc` through `ep` to `region`.
+    fn zero_in_block(
+        &self,
+        ep: &mut dyn Endpoint,
+        region: RegionId,
+        loc: ChunkLoc,
+        from: u64,
+        to: u64,
+    ) -> Result<(), FsError> {
+        let base = loc.index * self.store.layout().unit();
+        zero_range(ep, region, base + from, base + to)
     }
 
     /// A shrink of `ino` to `size` leaves bytes of its last chunk to zero (a tail); refuses it
@@ -852,21 +892,6 @@ impl Service {
             ))),
             _ => Ok(()),
         }
-    }
-
-    /// [`Service::zero_tail`] through `ep` to `region`, for a server not live yet.
-    fn zero_tail_at(
-        &self,
-        ep: &mut dyn Endpoint,
-        region: RegionId,
-        tail: Tail,
-    ) -> Result<(), FsError> {
-        self.store.flush()?;
-        let Block { loc, order } = tail.block;
-        let unit = self.store.layout().unit();
-        let base = loc.index * unit;
-        zero_range(ep, region, base + tail.from, base + (unit << order))?;
-        self.store.tail_zeroed(loc)
     }
 
     /// Hands freed blocks (their free has committed) to the reclaimer thread, which zeroes
@@ -919,9 +944,15 @@ impl Service {
     /// truncate is durable; a tail whose server is away is zeroed when it registers again.
     fn zero_tail(&self, tail: Tail) -> Result<(), FsError> {
         self.store.flush()?;
-        let Block { loc, order } = tail.block;
-        self.zero_chunk(loc, tail.from, self.store.layout().unit() << order)?;
+        let (loc, from, to) = self.tail_bytes(&tail);
+        self.zero_chunk(loc, from, to)?;
         self.store.tail_zeroed(loc)
+    }
+
+    /// The block of `tail` and the bytes of it to zero.
+    fn tail_bytes(&self, tail: &Tail) -> (ChunkLoc, u64, u64) {
+        let Block { loc, order } = tail.block;
+        (loc, tail.from, self.store.layout().unit() << order)
     }
 
     // ---- the attribute table -----------------------------------------------------------------

@@ -218,14 +218,8 @@ pub fn encode_message<T: Serialize>(buf: &mut Vec<u8>, message: &T) {
 /// write payload copied in one piece.
 pub fn encode_batch(buf: &mut Vec<u8>, batch: &Batch) {
     put_varint(buf, u64::from(REQUEST_BATCH_TAG));
-    // The expiry, as postcard encodes an Option<u64> of the microseconds left.
-    match batch.expires() {
-        None => buf.push(0),
-        Some(expires) => {
-            buf.push(1);
-            put_varint(buf, crate::batch::micros_left(expires));
-        }
-    }
+    // The expiry: the microseconds left, counted again from the arrival (`decode_request`).
+    put_postcard(buf, &batch.expires().map(crate::batch::micros_left));
     put_postcard(buf, batch.verbs());
     put_varint(buf, batch.payload().len() as u64);
     buf.extend_from_slice(batch.payload());
@@ -555,6 +549,18 @@ mod tests {
         assert_eq!(decoded, batch);
         assert_eq!(decoded.atomic_count(), 4);
         assert_eq!(decoded.read_bytes(), 11);
+
+        // With an expiry (one that has passed: 0 µs left, whenever it is encoded).
+        let mut expiring = batch.clone();
+        expiring.expire_at(Some(std::time::Instant::now()));
+        let mut mine = Vec::new();
+        encode_batch(&mut mine, &expiring);
+        let theirs = postcard::to_stdvec(&Request::Batch(expiring)).unwrap();
+        assert_eq!(mine, theirs);
+        assert_eq!(decode_request(&theirs, &mut scratch, &mut decoded), Ok(()));
+        assert!(decoded
+            .expires()
+            .is_some_and(|t| t <= std::time::Instant::now()));
 
         let mut out = Completions::new();
         out.reset_for(&batch);
