@@ -1,7 +1,9 @@
 //! A client process stopped (SIGSTOP) past its lock's lease while another client writes the
 //! same range, then continued: its stalled `pwrite` returns within a bound (no wait forever on
 //! a ticket that recovery passed over), and it never lands data under a lock that was broken
-//! meanwhile — every read of the range, through either mount, shows one whole record.
+//! meanwhile — every read of the range, through either mount, shows one whole record, except
+//! the one tear that is in the nature of striping: A's write cut by the stop between its
+//! per-server batches, seen until B's next write ([`explain_tear`]).
 //!
 //! On the tcp fabric this holds by fencing: the client that breaks the lock first has the
 //! silent session revoked on every fabric server, so the stopped client's verbs are refused
@@ -9,6 +11,7 @@
 //! cannot be fenced; DESIGN.md "Fencing" and docs/ARCHITECTURE.md say what holds there.)
 
 use fs_client::LockScheme;
+use std::collections::{BTreeSet, HashMap};
 use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -73,6 +76,94 @@ fn whole(buf: &[u8]) -> Result<(u32, u32), String> {
     ))
 }
 
+/// The records a read's blocks come from; `Err` when a block is itself not one record's.
+fn records(buf: &[u8]) -> Result<BTreeSet<(u32, u32)>, String> {
+    let mut found = BTreeSet::new();
+    for (i, block) in buf.chunks(BLOCK).enumerate() {
+        if !block.chunks(8).all(|c| c == &block[..8]) {
+            return Err(format!("block {i} is torn within itself"));
+        }
+        found.insert(tags(block)[0]);
+    }
+    Ok(found)
+}
+
+/// A read of B's that was not one whole record.
+struct TornRead {
+    /// B's write just before it.
+    after_write: u32,
+    /// The records its blocks come from.
+    records: BTreeSet<(u32, u32)>,
+    /// [`whole`]'s description of it.
+    what: String,
+}
+
+/// When each of A's writes started, and whether A was told it succeeded.
+type AWrites = HashMap<u32, (Instant, bool)>;
+
+/// Accepts a torn read only as the mark of a write of A's cut by a stop, which is in the
+/// nature of striping and which no lock can hide: A's write `s` sends one batch per data
+/// server, one after the other; stopped between them, only the first server has its part.
+/// B breaks A's lock and reads that half-landed write under the record beneath it, until its
+/// own next write replaces both. A tells its caller `s` failed (it was fenced), as a client
+/// killed there never acknowledges it (`crash.rs`, "between the per-server batches").
+///
+/// So the read must show exactly two records: `(1, s)` for a write of A's that was in
+/// progress at a stop (the first stop after it started) and did not succeed, and beneath it a
+/// record that was complete before that stop — an earlier write of A's, or a write of B's that
+/// returned before the stop. A write of A's landing after B broke its lock shows up as
+/// A's record over a write of B's made *after* the stop, and is refused. (A late part landing
+/// right after the break, before B has written anything, looks the same as the cut write —
+/// and overwrites nothing of B's.)
+fn explain_tear(
+    torn: &TornRead,
+    stops: &[Instant],
+    a_writes: &AWrites,
+    b_done: &[Instant],
+) -> Result<(), String> {
+    let fail = |why: String| {
+        Err(format!(
+            "B, after its write {}: {}: {why}",
+            torn.after_write, torn.what
+        ))
+    };
+    let recs: Vec<(u32, u32)> = torn.records.iter().copied().collect();
+    if recs.len() != 2 {
+        return fail(format!("{} records mixed, not 2", recs.len()));
+    }
+    // The partial one is A's, the later of A's when both are.
+    let (top, beneath) = match (recs[0], recs[1]) {
+        ((1, x), (1, y)) => ((1, x.max(y)), (1, x.min(y))),
+        (a @ (1, _), b) | (b, a @ (1, _)) => (a, b),
+        _ => return fail("no record of A's in it".into()),
+    };
+    let Some(&(started, ok)) = a_writes.get(&top.1) else {
+        return fail(format!("A never made write {}", top.1));
+    };
+    if ok {
+        return fail(format!(
+            "A's write {} succeeded, yet only part of it is there",
+            top.1
+        ));
+    }
+    let beneath_done = match beneath {
+        (1, _) => Some(started),
+        (2, k) => b_done.get(k as usize - 1).copied(),
+        _ => None,
+    };
+    // The stop that cut it: the first after it started (A makes one write at a time).
+    let cut_by = stops.iter().copied().filter(|&stop| started < stop).min();
+    let cut_by_a_stop = cut_by.is_some_and(|stop| beneath_done.is_some_and(|done| done < stop));
+    if !cut_by_a_stop {
+        return fail(format!(
+            "A's failed write {} lies over {beneath:?}, which was not complete before any stop \
+             that cut it: a write of A's landed after its lock was broken",
+            top.1
+        ));
+    }
+    Ok(())
+}
+
 /// Resumes the stopped process even when the test fails while it is stopped.
 struct Continue(u32);
 impl Drop for Continue {
@@ -115,8 +206,8 @@ fn pause_past_lease(fabric: Backend) {
             .open(dir.join("f"))
             .unwrap()
     };
-    // A: writes; reports each call's outcome and how long it took.
-    let (a_tx, a_rx) = mpsc::channel::<(u32, Result<(), String>, Duration)>();
+    // A: writes; reports each call's start, outcome and how long it took.
+    let (a_tx, a_rx) = mpsc::channel::<(u32, Instant, Result<(), String>, Duration)>();
     let fa = open(a.path());
     let a_stop = stop.clone();
     let writer_a = std::thread::spawn(move || {
@@ -128,14 +219,17 @@ fn pause_past_lease(fabric: Backend) {
             buf.copy_from_slice(&record(1, seq));
             let t = Instant::now();
             let r = fa.write_all_at(buf, 0).map_err(|e| e.to_string());
-            let _ = a_tx.send((seq, r, t.elapsed()));
+            let _ = a_tx.send((seq, t, r, t.elapsed()));
         }
     });
-    // B: writes, then reads the range back; every read must be one whole record.
+    // B: writes, then reads the range back; every read must be one whole record, or else is
+    // kept for `explain_tear` (with when each of B's writes returned).
     let fb = open(b.path());
     let (b_stop, b_reads) = (stop.clone(), reads.clone());
-    let writer_b = std::thread::spawn(move || -> Result<u32, String> {
+    type BRun = (u32, Vec<Instant>, Vec<TornRead>);
+    let writer_b = std::thread::spawn(move || -> Result<BRun, String> {
         let mut seq = 0;
+        let (mut done, mut torn) = (Vec::new(), Vec::new());
         let (mut wbacking, mut rbacking) = (Vec::new(), Vec::new());
         while !b_stop.load(Ordering::Relaxed) {
             seq += 1;
@@ -143,13 +237,22 @@ fn pause_past_lease(fabric: Backend) {
             wbuf.copy_from_slice(&record(2, seq));
             fb.write_all_at(wbuf, 0)
                 .map_err(|e| format!("B's write {seq}: {e}"))?;
+            done.push(Instant::now());
             let rbuf = aligned(&mut rbacking);
             fb.read_exact_at(rbuf, 0)
                 .map_err(|e| format!("B's read: {e}"))?;
-            whole(rbuf).map_err(|e| format!("B, after its write {seq}: {e}"))?;
+            if let Err(what) = whole(rbuf) {
+                let records =
+                    records(rbuf).map_err(|e| format!("B, after its write {seq}: {e}"))?;
+                torn.push(TornRead {
+                    after_write: seq,
+                    records,
+                    what,
+                });
+            }
             b_reads.fetch_add(1, Ordering::Relaxed);
         }
-        Ok(seq)
+        Ok((seq, done, torn))
     });
 
     // Stops long enough for B to presume A dead and break its lock (CITRON's patience is a
@@ -159,8 +262,10 @@ fn pause_past_lease(fabric: Backend) {
     let pauses = 2;
     let stopped_for = Duration::from_secs(9);
     let mut b_while_stopped = 0;
+    let mut stops = Vec::new();
     std::thread::sleep(Duration::from_millis(300));
     for _ in 0..pauses {
+        stops.push(Instant::now());
         signal(a.pid(), libc::SIGSTOP);
         let resume = Continue(a.pid());
         let before = reads.load(Ordering::Relaxed);
@@ -175,10 +280,12 @@ fn pause_past_lease(fabric: Backend) {
     let bound = stopped_for + Duration::from_secs(10);
     let deadline = Instant::now() + bound;
     let (mut a_ok, mut a_fenced, mut slowest) = (Vec::new(), 0, Duration::ZERO);
+    let mut a_writes = AWrites::new();
     loop {
         match a_rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok((seq, r, took)) => {
+            Ok((seq, started, r, took)) => {
                 slowest = slowest.max(took);
+                a_writes.insert(seq, (started, r.is_ok()));
                 match r {
                     Ok(()) => a_ok.push(seq),
                     // Fenced: its session was revoked when B broke its lock; it must remount.
@@ -195,7 +302,10 @@ fn pause_past_lease(fabric: Backend) {
         }
     }
     writer_a.join().unwrap();
-    let b_writes = writer_b.join().unwrap().unwrap_or_else(|e| panic!("{e}"));
+    let (b_writes, b_done, torn) = writer_b.join().unwrap().unwrap_or_else(|e| panic!("{e}"));
+    for t in &torn {
+        explain_tear(t, &stops, &a_writes, &b_done).unwrap_or_else(|e| panic!("{e}"));
+    }
     // The final state, after both stopped: one whole record, and if it is A's, a write A was
     // told succeeded (a write that failed must not land late over B's acknowledged ones).
     let mut backing = Vec::new();
@@ -210,9 +320,11 @@ fn pause_past_lease(fabric: Backend) {
     println!(
         "{fabric:?}: {pauses} stops of {stopped_for:?}; A: {} writes ok, {a_fenced} refused \
          after it was fenced, slowest call {slowest:?}; B: {b_writes} writes \
-         ({b_while_stopped} while A was stopped), {} reads checked, 0 torn",
+         ({b_while_stopped} while A was stopped), {} reads checked, {} showing A's write cut \
+         by a stop, none torn otherwise",
         a_ok.len(),
-        reads.load(Ordering::Relaxed)
+        reads.load(Ordering::Relaxed),
+        torn.len()
     );
     assert!(
         b_while_stopped > 0,
@@ -238,9 +350,61 @@ fn pause_past_lease(fabric: Backend) {
 /// (`fabric::Batch::expire_at`), so a batch posted in time but delayed past the deadline is
 /// refused. Back in the suite after 8 of 8 passes, 5 of them beside four busy loops (load
 /// average about 5).
+///
+/// A fresh-clone CI run then failed it once with "B, after its write 3: torn read: block 0 is
+/// (1, 5), 133 of 256 blocks differ": the chunks of one data server held A's write 5, those of
+/// the other B's write 3 — A stopped between the per-server batches of write 5, after B's write
+/// 3 and before B's read broke its lock. That tear is the nature of striping, not a late write
+/// (A was fenced; write 5 failed), so the checker now accepts exactly it ([`explain_tear`]).
+/// Before, it was rare because the stop had to fall within the sending of one batch.
 #[test]
 fn stopped_client_past_its_lease_on_tcp() {
     pause_past_lease(Backend::Tcp);
+}
+
+/// The tear checker, on the timeline of the fresh-clone CI failure that showed the cut write
+/// ("B, after its write 3: torn read: block 0 is (1, 5), 133 of 256 blocks differ (first
+/// (2, 3) at block 1)": the 123 blocks of one data server's chunks A's, the 133 of the other's
+/// B's), and on the late write it must still catch.
+#[test]
+fn explain_tear_accepts_a_cut_write_and_refuses_a_late_one() {
+    let t0 = Instant::now();
+    let at = |ms: u64| t0 + Duration::from_millis(ms);
+    let stops = [at(300), at(10_000)];
+    let mut a_writes = AWrites::new();
+    for s in 1..=4 {
+        a_writes.insert(s, (at(50 * s as u64), true));
+    }
+    a_writes.insert(5, (at(250), false)); // in progress at the first stop; fenced
+    a_writes.insert(6, (at(10_500), false)); // after the last resume: refused
+    let torn = |after_write, recs: &[(u32, u32)]| TornRead {
+        after_write,
+        records: recs.iter().copied().collect(),
+        what: "torn read".into(),
+    };
+    // B's writes 1-3 returned before the stop, 4 after it.
+    let b_done = [at(100), at(200), at(280), at(9_000)];
+    let cut = torn(3, &[(1, 5), (2, 3)]);
+    assert_eq!(explain_tear(&cut, &stops, &a_writes, &b_done), Ok(()));
+    // A's cut write over an earlier one of its own.
+    let over_a = torn(3, &[(1, 4), (1, 5)]);
+    assert_eq!(explain_tear(&over_a, &stops, &a_writes, &b_done), Ok(()));
+    // A's write 5 over B's write 4, made after the stop: it landed after the break.
+    let late = torn(4, &[(1, 5), (2, 4)]);
+    assert!(explain_tear(&late, &stops, &a_writes, &b_done)
+        .unwrap_err()
+        .contains("landed after its lock was broken"));
+    // A write A was told succeeded is never half there.
+    let acknowledged = torn(3, &[(1, 4), (2, 3)]);
+    assert!(explain_tear(&acknowledged, &stops, &a_writes, &b_done).is_err());
+    // A write started after every stop was cut by none.
+    let unstopped = torn(4, &[(1, 6), (2, 4)]);
+    assert!(explain_tear(&unstopped, &stops, &a_writes, &b_done).is_err());
+    // Three records, or none of A's: no cut write explains them.
+    let three = torn(3, &[(1, 4), (1, 5), (2, 3)]);
+    assert!(explain_tear(&three, &stops, &a_writes, &b_done).is_err());
+    let only_b = torn(3, &[(2, 2), (2, 3)]);
+    assert!(explain_tear(&only_b, &stops, &a_writes, &b_done).is_err());
 }
 
 /// The checker: whole records pass; a record with one foreign block fails.
