@@ -8,38 +8,25 @@
 use crate::addr::RemoteAddr;
 use crate::error::BatchError;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-/// A batch's expiry on the wire: the microseconds left when it is encoded (0 once passed),
-/// made an instant again from the moment it is decoded. The receiver's instant is therefore
-/// later than the sender's by the one-way delay: the sender's own check before posting
-/// (the data path's lease guard) covers that delay, this covers everything after arrival.
+/// A batch's expiry in serde's encoding of it: the instant in this process's count of
+/// microseconds ([`crate::clock`]), for a peer that is this very process. The tcp fabric's
+/// client encodes it in its server's count instead (`tcp::wire::encode_batch_for`), and the
+/// server reads it back in its own.
 mod expiry_on_the_wire {
     use super::*;
+    use crate::clock::{instant_of, PeerClock};
 
     pub fn serialize<S: Serializer>(expires: &Option<Instant>, s: S) -> Result<S::Ok, S::Error> {
-        expires.map(micros_left).serialize(s)
+        expires
+            .map(|t| PeerClock::SAME_PROCESS.to_peer(t))
+            .serialize(s)
     }
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Instant>, D::Error> {
-        Ok(Option::<u64>::deserialize(d)?.map(expiry_in))
+        Ok(Option::<u64>::deserialize(d)?.map(instant_of))
     }
-}
-
-/// Microseconds from now until `expires` (0 if it has passed).
-pub(crate) fn micros_left(expires: Instant) -> u64 {
-    expires
-        .saturating_duration_since(Instant::now())
-        .as_micros()
-        .try_into()
-        .unwrap_or(u64::MAX)
-}
-
-/// The instant `micros` from now (saturating far in the future).
-pub(crate) fn expiry_in(micros: u64) -> Instant {
-    let now = Instant::now();
-    now.checked_add(Duration::from_micros(micros))
-        .unwrap_or(now + Duration::from_secs(1 << 30))
 }
 
 /// Most verbs one batch may carry.
@@ -181,9 +168,8 @@ impl ReadHandle {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Batch {
     /// When the batch expires ([`Batch::expire_at`]): no verb of it executes at or after this
-    /// instant. On the wire it travels as the microseconds left when it is sent (first, so
-    /// that the payload stays the frame's tail), and the receiver counts them from its
-    /// arrival.
+    /// instant. On the wire it travels first (so that the payload stays the frame's tail), as
+    /// an instant in the receiver's count of microseconds ([`crate::clock`]).
     #[serde(with = "expiry_on_the_wire")]
     expires: Option<Instant>,
     verbs: Vec<Verb>,
@@ -223,8 +209,9 @@ impl Batch {
     /// verb and stops at the first it reaches at or after it, with [`VerbError::Expired`]
     /// (the verbs before it executed, none after). A lock holder's data verbs carry the
     /// lock's lease deadline this way, so that a batch posted in time but delayed (queued at a
-    /// server, its thread descheduled) cannot land after a waiter broke the lock. Cleared by
-    /// [`Batch::clear`].
+    /// server, its thread descheduled) cannot land after a waiter broke the lock. Over tcp the
+    /// instant travels in the server's clock, as surely not later than this one
+    /// ([`crate::clock`]), so no delay on the way stretches it. Cleared by [`Batch::clear`].
     ///
     /// [`VerbError::Expired`]: crate::VerbError::Expired
     pub fn expire_at(&mut self, expires: Option<Instant>) {

@@ -57,7 +57,9 @@ impl Protocol {
         match self {
             // 3: the shared hello (protocol field, role).
             // 4: a batch carries its expiry (`Batch::expire_at`); `VerbError::Expired`.
-            Protocol::Verbs => 4,
+            // 5: the expiry is an instant in the server's clock, which the welcome and every
+            // completions reply carry (`crate::clock`), no longer the time left on sending.
+            Protocol::Verbs => 5,
             // 2: the shared hello; `Open` carries a `lockmgr::LockScheme`, `OpenFile` a `LockRef`.
             // 3: data servers name their incarnation; clients learn the layout epoch in every
             // heartbeat and fetch the layout with `Cluster`; `FsError` answers `Lost`,

@@ -23,6 +23,7 @@ compile_error!("the fabric assumes a little-endian host");
 pub mod addr;
 pub mod atomic_ops;
 pub mod batch;
+pub mod clock;
 pub mod endpoint;
 pub mod error;
 pub mod frame;

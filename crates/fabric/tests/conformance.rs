@@ -431,7 +431,8 @@ fn flush_is_checked_and_keeps_data(f: &Fixture) {
 /// A batch carries its expiry (`Batch::expire_at`, a lock holder's lease deadline): one that
 /// reaches the executor at or after it runs nothing from there on (here: nothing at all) and
 /// says so; the endpoint stays usable, and a batch with time left runs whole. Over tcp the
-/// expiry travels as the time left and is counted from the batch's arrival.
+/// expiry travels as an instant in the server's clock (`fabric::clock`; `tests/tcp.rs` has a
+/// batch held up on its way).
 fn expired_batches_stop_before_their_verbs(f: &Fixture) {
     use std::time::{Duration, Instant};
     let mut ep = f.connector.connect().unwrap();

@@ -365,7 +365,7 @@ fn bad_batch_shapes_get_batch_errors() {
     good.faa(addr(8), 2);
     frame::write_frame(&mut stream, &batch_body(&good)).unwrap();
     match read_reply(&mut stream) {
-        Reply::Completions(c) => assert_eq!(c.olds(), &[0]),
+        Reply::Completions { completions: c, .. } => assert_eq!(c.olds(), &[0]),
         other => panic!("expected completions, got {other:?}"),
     }
     assert_healthy(&server);
@@ -389,7 +389,9 @@ fn bad_checksum_is_reported_and_the_stream_stays_in_sync() {
     // Nothing executed, and the next (intact) frame is served.
     frame::write_frame(&mut stream, &body).unwrap();
     match read_reply(&mut stream) {
-        Reply::Completions(c) => assert_eq!(c.olds(), &[0], "corrupt batch executed"),
+        Reply::Completions { completions: c, .. } => {
+            assert_eq!(c.olds(), &[0], "corrupt batch executed")
+        }
         other => panic!("expected completions, got {other:?}"),
     }
     assert_healthy(&server);
@@ -422,7 +424,7 @@ fn malformed_messages_are_reported() {
     let mut batch = Batch::new();
     batch.faa(addr(8), 1);
     frame::write_frame(&mut stream, &batch_body(&batch)).unwrap();
-    assert!(matches!(read_reply(&mut stream), Reply::Completions(_)));
+    assert!(matches!(read_reply(&mut stream), Reply::Completions { .. }));
     assert_healthy(&server);
 }
 
@@ -630,6 +632,7 @@ fn fake_server(reply: Vec<u8>) -> std::net::SocketAddr {
         let welcome: HelloAnswer = Ok(wire::Welcome {
             version: PROTOCOL_VERSION,
             regions: vec![],
+            clock: 0,
         });
         frame::write_frame(&mut s, &postcard::to_stdvec(&welcome).unwrap()).unwrap();
         frame::read_frame(&mut s, usize::MAX, &mut body).unwrap();
@@ -647,10 +650,15 @@ fn broken_servers_give_disconnected() {
         frame::write_frame(&mut bytes, body).unwrap();
         bytes
     };
-    let wrong_count = postcard::to_stdvec(&Reply::Completions(Completions::new())).unwrap();
+    let wrong_count = postcard::to_stdvec(&Reply::Completions {
+        clock: 0,
+        completions: Completions::new(),
+    })
+    .unwrap();
     let welcome_again = postcard::to_stdvec::<HelloAnswer>(&Ok(wire::Welcome {
         version: PROTOCOL_VERSION,
         regions: vec![],
+        clock: 0,
     }))
     .unwrap();
     let mut corrupt = framed(&wrong_count);
@@ -808,6 +816,125 @@ fn a_silent_link_fails_a_batch_within_its_bound() {
     );
 }
 
+/// A one-connection tcp proxy in front of `upstream` that holds the client's bytes while
+/// `hold` is set and forwards them when it is cleared, as a congested link or a server whose
+/// thread was descheduled would: the request arrives late, the reply path is untouched.
+fn holding_proxy(
+    upstream: std::net::SocketAddr,
+) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicBool>) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let hold = Arc::new(AtomicBool::new(false));
+    let flag = hold.clone();
+    std::thread::spawn(move || {
+        let Ok((mut client, _)) = listener.accept() else {
+            return;
+        };
+        let Ok(mut server) = TcpStream::connect(upstream) else {
+            return;
+        };
+        let (mut from_server, mut to_client) =
+            (server.try_clone().unwrap(), client.try_clone().unwrap());
+        std::thread::spawn(move || std::io::copy(&mut from_server, &mut to_client));
+        client
+            .set_read_timeout(Some(Duration::from_millis(5)))
+            .unwrap();
+        let (mut held, mut buf) = (Vec::new(), vec![0u8; 64 << 10]);
+        loop {
+            match client.read(&mut buf) {
+                Ok(0) => return,
+                Ok(n) => held.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+                Err(_) => return,
+            }
+            if !flag.load(Ordering::SeqCst) && !held.is_empty() {
+                if server.write_all(&held).is_err() {
+                    return;
+                }
+                held.clear();
+            }
+        }
+    });
+    (addr, hold)
+}
+
+/// A batch that reaches the server after its expiry does not execute, however much time it
+/// had left when it was sent: the expiry travels as an instant in the server's clock
+/// (`fabric::clock`). Before, it travelled as the time left on sending, counted again from the
+/// arrival, so a request held up on its way (here by a proxy, for 400 ms past its 150 ms
+/// deadline) executed as if it had just been sent — the write of a lock holder whose lease
+/// had run out, landing after a waiter broke its lock.
+#[test]
+fn a_batch_delayed_past_its_expiry_on_the_way_does_not_execute() {
+    use std::sync::atomic::Ordering;
+    let server = TcpServer::bind("127.0.0.1:0", creds()).unwrap();
+    server.register(R, REGION_LEN).unwrap();
+    let (proxy, hold) = holding_proxy(server.local_addr());
+    let mut ep = TcpEndpoint::connect(proxy, &creds()).unwrap();
+    ep.faa(addr(0), 1).unwrap();
+
+    hold.store(true, Ordering::SeqCst);
+    let mut batch = Batch::new();
+    batch.write(addr(64), b"too late");
+    batch.faa(addr(80), 1);
+    let deadline = Instant::now() + Duration::from_millis(150);
+    batch.expire_at(Some(deadline));
+    let mut out = Completions::new();
+    ep.post(&batch, &mut out).unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+    hold.store(false, Ordering::SeqCst);
+    match ep.complete(&batch, &mut out) {
+        Err(FabricError::Verb(VerbError::Expired { index: 0 })) => {}
+        other => panic!("a batch that arrived 250 ms after its expiry ran: {other:?}"),
+    }
+    let mut direct = TcpEndpoint::connect(server.local_addr(), &creds()).unwrap();
+    assert_eq!(
+        direct.read(addr(64), 8).unwrap(),
+        vec![0; 8],
+        "no byte landed"
+    );
+    assert_eq!(direct.read_u64(addr(80)).unwrap(), 0, "no atomic ran");
+
+    // The same batch with time to spare runs through the same proxy.
+    batch.expire_at(Some(Instant::now() + Duration::from_secs(30)));
+    ep.execute(&batch, &mut out).unwrap();
+    assert_eq!(direct.read(addr(64), 8).unwrap(), b"too late");
+}
+
+/// An endpoint idle for longer than `fabric::clock::RESYNC_AFTER` refreshes what it knows of
+/// the server's clock (one empty batch) before it sends an expiry, so that the drift allowed
+/// for since its last answer never eats a deadline; a batch without an expiry does not.
+#[test]
+fn an_idle_endpoint_refreshes_the_servers_clock_before_sending_an_expiry() {
+    let (server, connector) = setup();
+    let mut ep = connector.connect().unwrap();
+    ep.faa(addr(0), 1).unwrap();
+    std::thread::sleep(fabric::clock::RESYNC_AFTER + Duration::from_millis(100));
+    let before = ep.stats().round_trips;
+    ep.faa(addr(0), 1).unwrap();
+    assert_eq!(ep.stats().round_trips, before + 1, "no expiry: no refresh");
+    std::thread::sleep(fabric::clock::RESYNC_AFTER + Duration::from_millis(100));
+    let before = ep.stats().round_trips;
+    let mut batch = Batch::new();
+    batch.faa(addr(0), 1);
+    batch.expire_at(Some(Instant::now() + Duration::from_millis(500)));
+    let mut out = Completions::new();
+    ep.execute(&batch, &mut out).unwrap();
+    assert_eq!(
+        ep.stats().round_trips,
+        before + 2,
+        "the refresh, then the batch"
+    );
+    // Fresh now: the next expiring batch goes alone.
+    batch.expire_at(Some(Instant::now() + Duration::from_millis(500)));
+    ep.execute(&batch, &mut out).unwrap();
+    assert_eq!(ep.stats().round_trips, before + 3);
+    assert_eq!(ep.read_u64(addr(0)).unwrap(), 4);
+    drop(server);
+}
+
 /// A zero bound means the default, not "no time at all" (which sockets refuse).
 #[test]
 fn zero_time_bounds_mean_the_defaults() {
@@ -838,6 +965,7 @@ fn a_trickling_reply_is_held_to_the_batch_bound() {
         let welcome: HelloAnswer = Ok(wire::Welcome {
             version: PROTOCOL_VERSION,
             regions: vec![],
+            clock: 0,
         });
         frame::write_frame(&mut s, &postcard::to_stdvec(&welcome).unwrap()).unwrap();
         frame::read_frame(&mut s, usize::MAX, &mut body).unwrap();
@@ -889,6 +1017,7 @@ fn a_peer_that_stops_reading_fails_a_large_batch_within_its_bound() {
         let welcome: HelloAnswer = Ok(wire::Welcome {
             version: PROTOCOL_VERSION,
             regions: vec![],
+            clock: 0,
         });
         frame::write_frame(&mut s, &postcard::to_stdvec(&welcome).unwrap()).unwrap();
         // Read nothing more, keeping the connection open until the test ends.

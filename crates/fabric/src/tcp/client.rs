@@ -5,6 +5,7 @@ use super::wire::{
     Welcome, MAX_REPLY_FRAME, PROTOCOL_VERSION,
 };
 use crate::batch::{Batch, Completions, MAX_BATCH_BYTES, MAX_BATCH_VERBS, MAX_IO_BYTES};
+use crate::clock::PeerClock;
 use crate::endpoint::{Capabilities, Connector, Endpoint, EndpointStats, MaskedAtomics};
 use crate::error::{BatchError, FabricError, Result};
 use crate::frame::{self, FrameError};
@@ -106,6 +107,9 @@ pub struct TcpEndpoint {
     /// send, so that batches posted together to several servers time out together (their
     /// replies awaited one after another must not add up their bounds).
     answer_by: Instant,
+    /// What the server's answers told of its clock: batch expiries are sent in it
+    /// ([`crate::clock`]).
+    clock: PeerClock,
 }
 
 impl std::fmt::Debug for TcpEndpoint {
@@ -214,6 +218,7 @@ impl TcpEndpoint {
                 )))
             }
         }
+        let welcomed_at = Instant::now();
         let welcome = match wire::decode_welcome(&rx) {
             Ok(Ok(welcome)) => welcome,
             Ok(Err(refusal)) => return Err(FabricError::Refused(refusal.to_string())),
@@ -244,11 +249,12 @@ impl TcpEndpoint {
             tx,
             rx,
             stats: EndpointStats::default(),
-            welcome,
             timeouts,
             broken: None,
             in_flight: false,
             answer_by: Instant::now(),
+            clock: PeerClock::from_answer(welcome.clock, welcomed_at),
+            welcome,
         })
     }
 
@@ -464,9 +470,12 @@ impl Endpoint for TcpEndpoint {
         }
         self.check_open()?;
         Self::check_limits(batch)?;
+        if batch.expires().is_some() && self.clock.is_stale(Instant::now()) {
+            self.resync_clock()?;
+        }
 
         begin_frame(&mut self.tx);
-        wire::encode_batch(&mut self.tx, batch);
+        wire::encode_batch_for(&mut self.tx, batch, &self.clock);
         seal_frame(&mut self.tx);
         self.send()?;
         self.in_flight = true;
@@ -483,8 +492,10 @@ impl Endpoint for TcpEndpoint {
             )));
         }
         self.receive()?;
+        let received = Instant::now();
         match wire::decode_reply(&self.rx, batch, out) {
-            Ok(DecodedReply::Completions) => {
+            Ok(DecodedReply::Completions { clock }) => {
+                self.clock.answer(clock, received);
                 self.stats.record(batch);
                 Ok(())
             }
@@ -556,6 +567,15 @@ impl Endpoint for TcpEndpoint {
 }
 
 impl TcpEndpoint {
+    /// Refreshes what this endpoint knows of the server's clock with an empty batch (one round
+    /// trip), when its last answer is too old for a deadline to be sent in it
+    /// ([`crate::clock::RESYNC_AFTER`]: an idle connection).
+    fn resync_clock(&mut self) -> Result<()> {
+        let empty = Batch::new();
+        self.post(&empty, &mut Completions::new())?;
+        self.complete(&empty, &mut Completions::new())
+    }
+
     /// `Disconnected` when an earlier failure closed this endpoint.
     fn check_open(&self) -> Result<()> {
         match &self.broken {

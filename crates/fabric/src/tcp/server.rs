@@ -461,6 +461,7 @@ impl Session {
         Ok(Welcome {
             version: PROTOCOL_VERSION,
             regions: shared.list(),
+            clock: crate::clock::now_micros(),
         })
     }
 

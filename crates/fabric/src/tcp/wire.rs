@@ -8,10 +8,10 @@
 //! client                                   server
 //!   Hello (crate::handshake,         ──▶   (the handshake every CitronFS protocol shares)
 //!          Protocol::Verbs)
-//!                                    ◀──   Ok(Welcome {version, regions})
+//!                                    ◀──   Ok(Welcome {version, regions, clock})
 //!                                          or Err(Refusal), then close
 //!   Request::Batch(batch)            ──▶   (one frame per batch)
-//!                                    ◀──   Reply::Completions(completions)
+//!                                    ◀──   Reply::Completions {clock, completions}
 //!                                          or Reply::Error(RemoteError)
 //!   Request::Call{procedure, args}   ──▶   (a procedure run next to memory, crate::procedure)
 //!                                    ◀──   Reply::Returned(result)
@@ -29,11 +29,16 @@
 //! postcard encoding of the enum (postcard writes a `Vec<u8>` as a varint length followed by the
 //! raw bytes), which the unit tests check; so postcard remains the one definition of the format.
 //!
+//! `clock`, in the welcome and in every completions reply, is the server's count of
+//! microseconds when it wrote the answer; a batch's expiry travels in that count
+//! ([`crate::clock`]).
+//!
 //! Every decoder here is total: any byte string yields a value or an error, never a panic, and
 //! the shape of a decoded batch is validated before a single verb is built from it.
 
 use crate::addr::RegionId;
 use crate::batch::{Batch, Completions, Verb, MAX_BATCH_BYTES, MAX_BATCH_VERBS, MAX_IO_BYTES};
+use crate::clock::PeerClock;
 use crate::error::{BatchError, VerbError};
 use crate::frame::HEADER_LEN;
 use crate::handshake::Protocol;
@@ -108,6 +113,8 @@ pub struct Welcome {
     pub version: u16,
     /// The regions registered when the connection was accepted.
     pub regions: Vec<RegionInfo>,
+    /// The server's count of microseconds when it answered ([`crate::clock`]).
+    pub clock: u64,
 }
 
 /// Why a server refused one request of an authenticated connection.
@@ -164,7 +171,12 @@ pub enum RemoteError {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reply {
     /// The batch's completions.
-    Completions(Completions),
+    Completions {
+        /// The server's count of microseconds when it answered ([`crate::clock`]).
+        clock: u64,
+        /// The verbs' results.
+        completions: Completions,
+    },
     /// The request was refused.
     Error(RemoteError),
     /// A procedure's result (the answer to [`Request::Call`]).
@@ -215,20 +227,32 @@ pub fn encode_message<T: Serialize>(buf: &mut Vec<u8>, message: &T) {
 }
 
 /// Appends the encoding of `Request::Batch(batch)` to `buf`: the postcard encoding, with the
-/// write payload copied in one piece.
+/// write payload copied in one piece. The expiry is in this process's clock: for a server in
+/// another process use [`encode_batch_for`].
 pub fn encode_batch(buf: &mut Vec<u8>, batch: &Batch) {
+    encode_batch_for(buf, batch, &PeerClock::SAME_PROCESS);
+}
+
+/// [`encode_batch`] for a server whose clock `peer` bounds: the expiry goes out in the
+/// server's count, no later than the batch's instant (see [`crate::clock`]).
+pub fn encode_batch_for(buf: &mut Vec<u8>, batch: &Batch, peer: &PeerClock) {
     put_varint(buf, u64::from(REQUEST_BATCH_TAG));
-    // The expiry: the microseconds left, counted again from the arrival (`decode_request`).
-    put_postcard(buf, &batch.expires().map(crate::batch::micros_left));
+    put_postcard(buf, &batch.expires().map(|t| peer.to_peer(t)));
     put_postcard(buf, batch.verbs());
     put_varint(buf, batch.payload().len() as u64);
     buf.extend_from_slice(batch.payload());
 }
 
-/// Appends the encoding of `Reply::Completions(out)` to `buf`: the postcard encoding, with the
-/// read data copied in one piece.
+/// Appends the encoding of `Reply::Completions` for `out`, stamped with this process's clock
+/// now: the postcard encoding, with the read data copied in one piece.
 pub fn encode_completions(buf: &mut Vec<u8>, out: &Completions) {
+    encode_completions_at(buf, out, crate::clock::now_micros());
+}
+
+/// [`encode_completions`] stamped with `clock`.
+pub fn encode_completions_at(buf: &mut Vec<u8>, out: &Completions, clock: u64) {
     put_varint(buf, u64::from(REPLY_COMPLETIONS_TAG));
+    put_varint(buf, clock);
     put_varint(buf, out.olds().len() as u64);
     for &old in out.olds() {
         put_varint(buf, old);
@@ -272,10 +296,10 @@ pub fn decode_request(
     if tag != REQUEST_BATCH_TAG {
         return Err(malformed(format!("unknown request tag {tag}")));
     }
-    // Counted from now, the batch's arrival (see `Batch::expire_at`).
+    // In this server's count (see `crate::clock`).
     let (expires, rest) = postcard::take_from_bytes::<Option<u64>>(rest)
         .map_err(|e| malformed(format!("expiry: {e}")))?;
-    let expires = expires.map(crate::batch::expiry_in);
+    let expires = expires.map(crate::clock::instant_of);
 
     let (count, mut rest) = take_varint(rest, "verb count").map_err(malformed)?;
     let count = usize::try_from(count).unwrap_or(usize::MAX);
@@ -353,7 +377,10 @@ pub fn decode_request(
 #[derive(Debug, PartialEq, Eq)]
 pub enum DecodedReply {
     /// The batch's completions, now in the caller's [`Completions`].
-    Completions,
+    Completions {
+        /// The server's count of microseconds when it answered.
+        clock: u64,
+    },
     /// The server refused the request.
     Error(RemoteError),
 }
@@ -376,11 +403,12 @@ pub fn decode_reply(
                 Err(format!("{} trailing bytes after an error", trailing.len()))
             }
             // Unreachable: the tag was not the completions tag. Decoding it slowly is correct.
-            Ok((Reply::Completions(_), _)) => Err("unexpected encoding of Completions".into()),
+            Ok((Reply::Completions { .. }, _)) => Err("unexpected encoding of Completions".into()),
             Ok((Reply::Returned(_), _)) => Err("a call's result where completions were due".into()),
             Err(e) => Err(format!("reply: {e}")),
         };
     }
+    let (clock, rest) = take_varint(rest, "clock")?;
     let (olds, mut rest) = take_varint(rest, "old value count")?;
     if olds != batch.atomic_count() as u64 {
         return Err(format!(
@@ -406,7 +434,7 @@ pub fn decode_reply(
     if !out.matches(batch) {
         return Err("completions do not match the batch".into());
     }
-    Ok(DecodedReply::Completions)
+    Ok(DecodedReply::Completions { clock })
 }
 
 /// Appends the encoding of `Request::Call { procedure, args }` to `buf` (postcard's: the tag,
@@ -499,7 +527,7 @@ impl Reply {
     /// The variant's name, for error messages.
     fn kind(&self) -> &'static str {
         match self {
-            Reply::Completions(_) => "batch's completions",
+            Reply::Completions { .. } => "batch's completions",
             Reply::Error(_) => "error",
             Reply::Returned(_) => "call's result",
         }
@@ -550,17 +578,18 @@ mod tests {
         assert_eq!(decoded.atomic_count(), 4);
         assert_eq!(decoded.read_bytes(), 11);
 
-        // With an expiry (one that has passed: 0 µs left, whenever it is encoded).
+        // With an expiry: in this process's count, which decodes back to the instant.
         let mut expiring = batch.clone();
-        expiring.expire_at(Some(std::time::Instant::now()));
+        let at = std::time::Instant::now() + std::time::Duration::from_millis(1500);
+        expiring.expire_at(Some(at));
         let mut mine = Vec::new();
         encode_batch(&mut mine, &expiring);
         let theirs = postcard::to_stdvec(&Request::Batch(expiring)).unwrap();
         assert_eq!(mine, theirs);
         assert_eq!(decode_request(&theirs, &mut scratch, &mut decoded), Ok(()));
-        assert!(decoded
-            .expires()
-            .is_some_and(|t| t <= std::time::Instant::now()));
+        let back = decoded.expires().expect("an expiry");
+        let off = if back > at { back - at } else { at - back };
+        assert!(off < std::time::Duration::from_micros(1), "{off:?}");
 
         let mut out = Completions::new();
         out.reset_for(&batch);
@@ -569,13 +598,17 @@ mod tests {
         }
         out.push_read(11).copy_from_slice(b"hello world");
         let mut mine = Vec::new();
-        encode_completions(&mut mine, &out);
-        let theirs = postcard::to_stdvec(&Reply::Completions(out.clone())).unwrap();
+        encode_completions_at(&mut mine, &out, 1 << 40);
+        let theirs = postcard::to_stdvec(&Reply::Completions {
+            clock: 1 << 40,
+            completions: out.clone(),
+        })
+        .unwrap();
         assert_eq!(mine, theirs);
         let mut decoded = Completions::new();
         assert_eq!(
             decode_reply(&theirs, &batch, &mut decoded),
-            Ok(DecodedReply::Completions)
+            Ok(DecodedReply::Completions { clock: 1 << 40 })
         );
         assert_eq!(decoded, out);
     }
