@@ -726,17 +726,28 @@ fn revoked_session_is_fenced() {
     assert_healthy(&server);
 }
 
-/// A one-connection tcp proxy in front of `upstream` whose link can be cut: once `cut` is set,
-/// bytes read from either side are dropped instead of forwarded, as on a network link that
-/// went down (both sockets stay open; nothing is ever answered or closed).
-fn cuttable_proxy(
+/// What a test proxy does with the bytes it reads while its flag is set.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum WhileSet {
+    /// Drops them, both ways, as a network link that went down (both sockets stay open;
+    /// nothing is ever answered or closed).
+    Cut,
+    /// Holds the client's bytes and forwards them once the flag is cleared, as a congested
+    /// link or a server whose thread was descheduled would: requests arrive late, replies are
+    /// untouched.
+    HoldRequests,
+}
+
+/// A one-connection tcp proxy in front of `upstream`, and the flag that makes it do `mode`.
+fn proxy(
     upstream: std::net::SocketAddr,
+    mode: WhileSet,
 ) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicBool>) {
     use std::sync::atomic::{AtomicBool, Ordering};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
-    let cut = Arc::new(AtomicBool::new(false));
-    let flag = cut.clone();
+    let flag = Arc::new(AtomicBool::new(false));
+    let set = flag.clone();
     std::thread::spawn(move || {
         let Ok((client, _)) = listener.accept() else {
             return;
@@ -744,31 +755,46 @@ fn cuttable_proxy(
         let Ok(server) = TcpStream::connect(upstream) else {
             return;
         };
-        let pump = |mut from: TcpStream, mut to: TcpStream, cut: Arc<AtomicBool>| {
+        // One direction; `hold`: keep what arrives while the flag is set, instead of dropping.
+        let pump = |mut from: TcpStream, mut to: TcpStream, hold: bool, set: Arc<AtomicBool>| {
             std::thread::spawn(move || {
-                let mut buf = [0u8; 64 << 10];
+                from.set_read_timeout(Some(Duration::from_millis(5)))
+                    .unwrap();
+                let (mut held, mut buf) = (Vec::new(), vec![0u8; 64 << 10]);
                 loop {
                     match from.read(&mut buf) {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) if !cut.load(Ordering::SeqCst) => {
-                            if to.write_all(&buf[..n]).is_err() {
-                                return;
-                            }
+                        Ok(0) => return,
+                        Ok(_) if set.load(Ordering::SeqCst) && !hold => {} // lost
+                        Ok(n) => held.extend_from_slice(&buf[..n]),
+                        Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock) => {}
+                        Err(e) if matches!(e.kind(), std::io::ErrorKind::TimedOut) => {}
+                        Err(_) => return,
+                    }
+                    if !set.load(Ordering::SeqCst) && !held.is_empty() {
+                        if to.write_all(&held).is_err() {
+                            return;
                         }
-                        Ok(_) => {} // the link is down: the bytes are lost
+                        held.clear();
                     }
                 }
             })
         };
+        let hold = mode == WhileSet::HoldRequests;
         let a = pump(
             client.try_clone().unwrap(),
             server.try_clone().unwrap(),
-            flag.clone(),
+            hold,
+            set.clone(),
         );
-        let b = pump(server, client, flag);
+        let b = pump(
+            server,
+            client,
+            false,
+            if hold { Arc::default() } else { set },
+        );
         let _ = (a.join(), b.join());
     });
-    (addr, cut)
+    (addr, flag)
 }
 
 /// A batch on a link that went silent fails with `TimedOut` within the endpoint's batch bound
@@ -778,7 +804,7 @@ fn a_silent_link_fails_a_batch_within_its_bound() {
     use std::sync::atomic::Ordering;
     let server = TcpServer::bind("127.0.0.1:0", creds()).unwrap();
     server.register(R, REGION_LEN).unwrap();
-    let (proxy, cut) = cuttable_proxy(server.local_addr());
+    let (proxy, cut) = proxy(server.local_addr(), WhileSet::Cut);
     let bound = Duration::from_millis(300);
     let timeouts = fabric::TcpTimeouts {
         connect: Duration::from_secs(5),
@@ -816,50 +842,6 @@ fn a_silent_link_fails_a_batch_within_its_bound() {
     );
 }
 
-/// A one-connection tcp proxy in front of `upstream` that holds the client's bytes while
-/// `hold` is set and forwards them when it is cleared, as a congested link or a server whose
-/// thread was descheduled would: the request arrives late, the reply path is untouched.
-fn holding_proxy(
-    upstream: std::net::SocketAddr,
-) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicBool>) {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let hold = Arc::new(AtomicBool::new(false));
-    let flag = hold.clone();
-    std::thread::spawn(move || {
-        let Ok((mut client, _)) = listener.accept() else {
-            return;
-        };
-        let Ok(mut server) = TcpStream::connect(upstream) else {
-            return;
-        };
-        let (mut from_server, mut to_client) =
-            (server.try_clone().unwrap(), client.try_clone().unwrap());
-        std::thread::spawn(move || std::io::copy(&mut from_server, &mut to_client));
-        client
-            .set_read_timeout(Some(Duration::from_millis(5)))
-            .unwrap();
-        let (mut held, mut buf) = (Vec::new(), vec![0u8; 64 << 10]);
-        loop {
-            match client.read(&mut buf) {
-                Ok(0) => return,
-                Ok(n) => held.extend_from_slice(&buf[..n]),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
-                Err(_) => return,
-            }
-            if !flag.load(Ordering::SeqCst) && !held.is_empty() {
-                if server.write_all(&held).is_err() {
-                    return;
-                }
-                held.clear();
-            }
-        }
-    });
-    (addr, hold)
-}
-
 /// A batch that reaches the server after its expiry does not execute, however much time it
 /// had left when it was sent: the expiry travels as an instant in the server's clock
 /// (`fabric::clock`). Before, it travelled as the time left on sending, counted again from the
@@ -871,7 +853,7 @@ fn a_batch_delayed_past_its_expiry_on_the_way_does_not_execute() {
     use std::sync::atomic::Ordering;
     let server = TcpServer::bind("127.0.0.1:0", creds()).unwrap();
     server.register(R, REGION_LEN).unwrap();
-    let (proxy, hold) = holding_proxy(server.local_addr());
+    let (proxy, hold) = proxy(server.local_addr(), WhileSet::HoldRequests);
     let mut ep = TcpEndpoint::connect(proxy, &creds()).unwrap();
     ep.faa(addr(0), 1).unwrap();
 
