@@ -8,9 +8,10 @@
 //! CitronFS and tmpfs and reports CitronFS's ratio to it.
 //!
 //! What it keeps, all in memory and bounded:
-//! - one directory, the root, holding up to [`NullFs::MAX_FILES`] regular files created over
-//!   its life (names, owner, mode, times: enough for `open(O_CREAT)`, `stat`, `ls` and
-//!   `unlink`);
+//! - a tree of directories and regular files — up to [`NullFs::MAX_FILES`] of them created over
+//!   its life (names, owner, mode, times: enough for `mkdir`, `open(O_CREAT)`, `stat`, `ls`,
+//!   `unlink` and `rmdir`, so that `citronfs bench meta --fs null` runs the same phases in the
+//!   same directories as on CitronFS);
 //! - each file's size: a write raises it to the write's end, a truncate sets it.
 //!
 //! What it does with data: nothing. A write returns its length and keeps no byte of it; a
@@ -59,15 +60,65 @@ struct Meta {
     crtime: Timestamp,
 }
 
+/// A file or a directory.
+#[derive(Clone, Debug)]
+struct Node {
+    meta: Meta,
+    /// A directory's entries (`None`: a file).
+    entries: Option<BTreeMap<String, Ino>>,
+    /// A directory's parent (the root's own).
+    parent: Ino,
+}
+
 /// The names and attributes (not on the hot path: one mutex).
 #[derive(Default)]
 struct Tree {
-    /// Names in the root directory.
-    names: BTreeMap<String, Ino>,
-    /// Every file created, linked or not (an unlinked file may still be open).
-    files: HashMap<Ino, Meta>,
+    /// Every node created and not removed: directories until `rmdir`, files until unlinked
+    /// *and* (as far as this tree knows) forever after, since an unlinked file may still be
+    /// open.
+    nodes: HashMap<Ino, Node>,
     /// The next inode number to give.
     next: Ino,
+}
+
+impl Tree {
+    /// The entries of directory `ino`.
+    fn dir(&self, ino: Ino) -> Result<&BTreeMap<String, Ino>, Error> {
+        match self.nodes.get(&ino) {
+            Some(Node {
+                entries: Some(e), ..
+            }) => Ok(e),
+            Some(_) => Err(FsError::NotDir.into()),
+            None => Err(FsError::NotFound.into()),
+        }
+    }
+
+    fn dir_mut(&mut self, ino: Ino) -> Result<&mut BTreeMap<String, Ino>, Error> {
+        match self.nodes.get_mut(&ino) {
+            Some(Node {
+                entries: Some(e), ..
+            }) => Ok(e),
+            Some(_) => Err(FsError::NotDir.into()),
+            None => Err(FsError::NotFound.into()),
+        }
+    }
+
+    /// Adds a node named `name` in `parent` (checked to be a directory without that name).
+    fn add(&mut self, parent: Ino, name: &str, node: Node) -> Ino {
+        let ino = self.next;
+        self.next += 1;
+        let dir = node.entries.is_some();
+        self.dir_mut(parent)
+            .expect("checked by the caller")
+            .insert(name.to_string(), ino);
+        if let Some(p) = self.nodes.get_mut(&parent) {
+            p.meta.mtime = node.meta.mtime;
+            p.meta.ctime = node.meta.mtime;
+            p.meta.nlink += u32::from(dir);
+        }
+        self.nodes.insert(ino, node);
+        ino
+    }
 }
 
 /// The null file system (see the module docs).
@@ -76,9 +127,6 @@ pub struct NullFs {
     /// File sizes, indexed by `ino - FIRST_FILE`: read and raised without the tree's lock.
     sizes: Box<[AtomicU64]>,
     zeros: Vec<u8>,
-    /// Who owns the root.
-    owner: Caller,
-    created: Timestamp,
     /// FLUSH requests received ([`NullFs::flush_requests`]).
     flushes: AtomicU64,
 }
@@ -96,11 +144,17 @@ impl NullFs {
         self.flushes.load(Ordering::Relaxed)
     }
 
-    /// Files a null file system can create over its life (then `ENOSPC`).
-    pub const MAX_FILES: usize = 1024;
+    /// Files and directories a null file system can create over its life (then `ENOSPC`):
+    /// 2 MiB of size words, enough for `bench meta`'s runs (a few tens of thousands).
+    pub const MAX_FILES: usize = 1 << 18;
 
     /// An empty null file system, its root owned by this process.
     pub fn new() -> NullFs {
+        NullFs::with_capacity(Self::MAX_FILES)
+    }
+
+    /// [`NullFs::new`] with room for `files` files and directories over its life.
+    pub fn with_capacity(files: usize) -> NullFs {
         // SAFETY: geteuid and getegid cannot fail and touch no memory.
         let owner = unsafe {
             Caller {
@@ -108,15 +162,28 @@ impl NullFs {
                 gid: libc::getegid(),
             }
         };
+        let created = Timestamp::now();
+        let root = Node {
+            meta: Meta {
+                perm: 0o777,
+                uid: owner.uid,
+                gid: owner.gid,
+                nlink: 2,
+                atime: created,
+                mtime: created,
+                ctime: created,
+                crtime: created,
+            },
+            entries: Some(BTreeMap::new()),
+            parent: ROOT_INO,
+        };
         NullFs {
             tree: Mutex::new(Tree {
+                nodes: HashMap::from([(ROOT_INO, root)]),
                 next: FIRST_FILE,
-                ..Tree::default()
             }),
-            sizes: (0..Self::MAX_FILES).map(|_| AtomicU64::new(0)).collect(),
+            sizes: (0..files).map(|_| AtomicU64::new(0)).collect(),
             zeros: vec![0; ZEROS],
-            owner,
-            created: Timestamp::now(),
             flushes: AtomicU64::new(0),
         }
     }
@@ -132,29 +199,18 @@ impl NullFs {
             .ok_or_else(|| FsError::Stale.into())
     }
 
-    fn root_attr(&self) -> Attr {
-        Attr {
-            ino: ROOT_INO,
-            kind: FileKind::Dir,
-            perm: 0o777,
-            nlink: 2,
-            uid: self.owner.uid,
-            gid: self.owner.gid,
-            rdev: 0,
-            size: 0,
-            atime: self.created,
-            mtime: self.created,
-            ctime: self.created,
-            crtime: self.created,
-            generation: 0,
-        }
-    }
-
-    fn file_attr(&self, ino: Ino, m: &Meta) -> Attr {
-        let size = self.size_of(ino).map_or(0, |s| s.load(Ordering::Relaxed));
+    fn node_attr(&self, ino: Ino, node: &Node) -> Attr {
+        let m = &node.meta;
+        let (kind, size) = match node.entries {
+            Some(_) => (FileKind::Dir, 0),
+            None => (
+                FileKind::File,
+                self.size_of(ino).map_or(0, |s| s.load(Ordering::Relaxed)),
+            ),
+        };
         Attr {
             ino,
-            kind: FileKind::File,
+            kind,
             perm: m.perm,
             nlink: m.nlink,
             uid: m.uid,
@@ -170,21 +226,35 @@ impl NullFs {
     }
 
     fn attr(&self, tree: &Tree, ino: Ino) -> Result<Attr, Error> {
-        if ino == ROOT_INO {
-            return Ok(self.root_attr());
-        }
-        let meta = tree.files.get(&ino).ok_or(FsError::NotFound)?;
-        Ok(self.file_attr(ino, meta))
+        let node = tree.nodes.get(&ino).ok_or(FsError::NotFound)?;
+        Ok(self.node_attr(ino, node))
+    }
+
+    /// A new node's inode number is free in the size table (`ENOSPC` once the table is used
+    /// up).
+    fn check_room(&self, tree: &Tree) -> Result<(), Error> {
+        self.size_of(tree.next).map_err(|_| FsError::NoSpace)?;
+        Ok(())
     }
 }
 
-/// Checks a name in the root directory.
-/// The checks of a name for `op` in `parent`: the null tree has one directory, and a name is
-/// checked as the meta server checks it (`proto::rpc::check_name_for`).
-fn check_name(op: NameOp, parent: Ino, name: &str) -> Result<(), Error> {
-    if parent != ROOT_INO {
-        return Err(FsError::NotDir.into());
+fn new_meta(caller: Caller, perm: u16, nlink: u32) -> Meta {
+    let now = Timestamp::now();
+    Meta {
+        perm: perm & 0o7777,
+        uid: caller.uid,
+        gid: caller.gid,
+        nlink,
+        atime: now,
+        mtime: now,
+        ctime: now,
+        crtime: now,
     }
+}
+
+/// The checks of a name for `op`, as the meta server makes them
+/// (`proto::rpc::check_name_for`).
+fn check_name(op: NameOp, name: &str) -> Result<(), Error> {
     Ok(check_name_for(op, name)?)
 }
 
@@ -212,11 +282,8 @@ impl FsBackend for NullFs {
     }
 
     fn lookup(&self, parent: Ino, name: &str) -> Result<Attr, Error> {
-        if parent != ROOT_INO {
-            return Err(FsError::NotDir.into());
-        }
         let tree = self.tree();
-        let ino = *tree.names.get(name).ok_or(FsError::NotFound)?;
+        let ino = *tree.dir(parent)?.get(name).ok_or(FsError::NotFound)?;
         self.attr(&tree, ino)
     }
 
@@ -229,11 +296,15 @@ impl FsBackend for NullFs {
         if ino == ROOT_INO {
             return Err(FsError::Perm.into());
         }
-        let meta = tree.files.get_mut(&ino).ok_or(FsError::NotFound)?;
+        let node = tree.nodes.get_mut(&ino).ok_or(FsError::NotFound)?;
         if let Some(size) = set.size {
+            if node.entries.is_some() {
+                return Err(FsError::IsDir.into());
+            }
             self.size_of(ino)?.store(size, Ordering::Relaxed);
-            meta.mtime = Timestamp::now();
+            node.meta.mtime = Timestamp::now();
         }
+        let meta = &mut node.meta;
         if let Some(perm) = set.perm {
             meta.perm = perm & 0o7777;
         }
@@ -249,14 +320,14 @@ impl FsBackend for NullFs {
             meta.mtime = set_time(t);
         }
         meta.ctime = Timestamp::now();
-        let meta = meta.clone();
-        Ok(self.file_attr(ino, &meta))
+        let node = node.clone();
+        Ok(self.node_attr(ino, &node))
     }
 
     fn open(&self, _caller: Caller, ino: Ino, _flags: i32) -> Result<FileHandle, Error> {
-        match self.tree().files.get(&ino) {
-            Some(_) => Ok(FileHandle(ino)),
-            None if ino == ROOT_INO => Err(FsError::IsDir.into()),
+        match self.tree().nodes.get(&ino) {
+            Some(Node { entries: None, .. }) => Ok(FileHandle(ino)),
+            Some(_) => Err(FsError::IsDir.into()),
             None => Err(FsError::NotFound.into()),
         }
     }
@@ -269,33 +340,26 @@ impl FsBackend for NullFs {
         perm: u16,
         flags: i32,
     ) -> Result<(Attr, FileHandle), Error> {
-        check_name(NameOp::Create, parent, name)?;
+        check_name(NameOp::Create, name)?;
         let mut tree = self.tree();
-        if let Some(&ino) = tree.names.get(name) {
+        if let Some(&ino) = tree.dir(parent)?.get(name) {
             if flags & libc::O_EXCL != 0 {
                 return Err(FsError::Exists.into());
             }
-            return Ok((self.attr(&tree, ino)?, FileHandle(ino)));
+            return match tree.nodes.get(&ino) {
+                Some(Node { entries: None, .. }) => Ok((self.attr(&tree, ino)?, FileHandle(ino))),
+                _ => Err(FsError::IsDir.into()),
+            };
         }
-        let ino = tree.next;
-        let size = self.size_of(ino).map_err(|_| FsError::NoSpace)?;
-        size.store(0, Ordering::Relaxed);
-        tree.next += 1;
-        let now = Timestamp::now();
-        let meta = Meta {
-            perm: perm & 0o7777,
-            uid: caller.uid,
-            gid: caller.gid,
-            nlink: 1,
-            atime: now,
-            mtime: now,
-            ctime: now,
-            crtime: now,
+        self.check_room(&tree)?;
+        let node = Node {
+            meta: new_meta(caller, perm, 1),
+            entries: None,
+            parent,
         };
-        let attr = self.file_attr(ino, &meta);
-        tree.names.insert(name.to_string(), ino);
-        tree.files.insert(ino, meta);
-        Ok((attr, FileHandle(ino)))
+        let ino = tree.add(parent, name, node);
+        self.size_of(ino)?.store(0, Ordering::Relaxed);
+        Ok((self.attr(&tree, ino)?, FileHandle(ino)))
     }
 
     fn release(&self, _fh: FileHandle) -> Result<(), Error> {
@@ -333,20 +397,22 @@ impl FsBackend for NullFs {
     }
 
     fn readdir(&self, ino: Ino, cookie: u64, max: u32) -> Result<Vec<DirEntry>, Error> {
-        if ino != ROOT_INO {
-            return Err(FsError::NotDir.into());
-        }
         let tree = self.tree();
-        let dots = [
-            (".", ROOT_INO, FileKind::Dir),
-            ("..", ROOT_INO, FileKind::Dir),
-        ];
+        let entries = tree.dir(ino)?;
+        let parent = tree.nodes.get(&ino).map_or(ROOT_INO, |n| n.parent);
+        let kind = |child: Ino| match tree.nodes.get(&child) {
+            Some(Node {
+                entries: Some(_), ..
+            }) => FileKind::Dir,
+            _ => FileKind::File,
+        };
+        let dots = [(".", ino, FileKind::Dir), ("..", parent, FileKind::Dir)];
         let entries = dots
             .into_iter()
             .chain(
-                tree.names
+                entries
                     .iter()
-                    .map(|(name, &ino)| (name.as_str(), ino, FileKind::File)),
+                    .map(|(name, &child)| (name.as_str(), child, kind(child))),
             )
             .enumerate()
             // Cookie `i + 1` continues after the `i`-th entry. A name created or removed
@@ -365,23 +431,66 @@ impl FsBackend for NullFs {
     }
 
     fn statfs(&self) -> Result<FsStats, Error> {
-        let used = self.tree().files.len() as u64;
+        let tree = self.tree();
+        let used = tree.nodes.len() as u64;
+        let left = (self.sizes.len() as u64 + FIRST_FILE).saturating_sub(tree.next);
         Ok(FsStats {
             block_size: BLOCK,
             total_blocks: NOMINAL_BLOCKS,
             free_blocks: NOMINAL_BLOCKS,
-            inodes: used + 1,
-            free_inodes: (Self::MAX_FILES as u64).saturating_sub(used),
+            inodes: used + left,
+            free_inodes: left,
         })
     }
 
     fn unlink(&self, parent: Ino, name: &str) -> Result<(), Error> {
-        check_name(NameOp::Unlink, parent, name)?;
+        check_name(NameOp::Unlink, name)?;
         let mut tree = self.tree();
-        let ino = tree.names.remove(name).ok_or(FsError::NotFound)?;
-        if let Some(meta) = tree.files.get_mut(&ino) {
-            meta.nlink = 0;
-            meta.ctime = Timestamp::now();
+        let ino = *tree.dir(parent)?.get(name).ok_or(FsError::NotFound)?;
+        if tree.dir(ino).is_ok() {
+            return Err(FsError::IsDir.into());
+        }
+        tree.dir_mut(parent)?.remove(name);
+        let now = Timestamp::now();
+        for (node, nlink) in [(ino, Some(0)), (parent, None)] {
+            if let Some(n) = tree.nodes.get_mut(&node) {
+                n.meta.nlink = nlink.unwrap_or(n.meta.nlink);
+                n.meta.ctime = now;
+                n.meta.mtime = if nlink.is_none() { now } else { n.meta.mtime };
+            }
+        }
+        Ok(())
+    }
+
+    fn mkdir(&self, caller: Caller, parent: Ino, name: &str, perm: u16) -> Result<Attr, Error> {
+        check_name(NameOp::Create, name)?;
+        let mut tree = self.tree();
+        if tree.dir(parent)?.contains_key(name) {
+            return Err(FsError::Exists.into());
+        }
+        self.check_room(&tree)?;
+        let node = Node {
+            meta: new_meta(caller, perm, 2),
+            entries: Some(BTreeMap::new()),
+            parent,
+        };
+        let ino = tree.add(parent, name, node);
+        self.attr(&tree, ino)
+    }
+
+    fn rmdir(&self, parent: Ino, name: &str) -> Result<(), Error> {
+        check_name(NameOp::Unlink, name)?;
+        let mut tree = self.tree();
+        let ino = *tree.dir(parent)?.get(name).ok_or(FsError::NotFound)?;
+        if !tree.dir(ino)?.is_empty() {
+            return Err(FsError::NotEmpty.into());
+        }
+        tree.dir_mut(parent)?.remove(name);
+        tree.nodes.remove(&ino);
+        if let Some(p) = tree.nodes.get_mut(&parent) {
+            p.meta.nlink -= 1;
+            p.meta.mtime = Timestamp::now();
+            p.meta.ctime = p.meta.mtime;
         }
         Ok(())
     }
@@ -463,16 +572,68 @@ mod tests {
         ));
         // Still there for whoever holds it open.
         assert_eq!(fs.getattr(a.ino).unwrap().nlink, 0);
+    }
+
+    #[test]
+    fn directories_hold_files_and_go_when_empty() {
+        let fs = NullFs::new();
+        let d = fs.mkdir(me(), ROOT_INO, "d", 0o755).unwrap();
+        assert_eq!((d.kind, d.nlink), (FileKind::Dir, 2));
+        assert_eq!(
+            fs.getattr(ROOT_INO).unwrap().nlink,
+            3,
+            "the subdirectory's '..'"
+        );
         assert!(matches!(
             fs.mkdir(me(), ROOT_INO, "d", 0o755),
-            Err(Error::Fs(FsError::NotSupported))
+            Err(Error::Fs(FsError::Exists))
         ));
+        let (f, _) = fs.create(me(), d.ino, "f", 0o644, 0).unwrap();
+        assert_eq!(fs.lookup(d.ino, "f").unwrap().ino, f.ino);
+        assert!(matches!(
+            fs.lookup(ROOT_INO, "f"),
+            Err(Error::Fs(FsError::NotFound))
+        ));
+        assert!(matches!(
+            fs.create(me(), f.ino, "g", 0o644, 0),
+            Err(Error::Fs(FsError::NotDir))
+        ));
+        let listed: Vec<(String, Ino)> = fs
+            .readdir(d.ino, 0, 10)
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.name, e.ino))
+            .collect();
+        assert_eq!(
+            listed,
+            [
+                (".".to_string(), d.ino),
+                ("..".to_string(), ROOT_INO),
+                ("f".to_string(), f.ino)
+            ]
+        );
+        assert!(matches!(
+            fs.rmdir(ROOT_INO, "d"),
+            Err(Error::Fs(FsError::NotEmpty))
+        ));
+        assert!(matches!(
+            fs.unlink(ROOT_INO, "d"),
+            Err(Error::Fs(FsError::IsDir))
+        ));
+        fs.unlink(d.ino, "f").unwrap();
+        fs.rmdir(ROOT_INO, "d").unwrap();
+        assert!(matches!(
+            fs.lookup(ROOT_INO, "d"),
+            Err(Error::Fs(FsError::NotFound))
+        ));
+        assert_eq!(fs.getattr(ROOT_INO).unwrap().nlink, 2);
     }
 
     #[test]
     fn the_table_is_bounded() {
-        let fs = NullFs::new();
-        for i in 0..NullFs::MAX_FILES {
+        let fs = NullFs::with_capacity(64);
+        fs.mkdir(me(), ROOT_INO, "d", 0o755).unwrap();
+        for i in 1..64 {
             fs.create(me(), ROOT_INO, &format!("f{i}"), 0o600, 0)
                 .unwrap();
         }

@@ -21,6 +21,12 @@
 //! every path walk reaches CitronFS instead of the kernel's cache: the figures are the file
 //! system's, not the dentry cache's. tmpfs has no such cache to bypass: its dentries are the
 //! file system.
+//!
+//! With `--fs ...,null` the same phases run, with the same FUSE adapter and mount options (the
+//! TTL included), over `fs_client::null::NullFs`, a backend that keeps names in memory and
+//! answers at once: the ceiling of the FUSE path for metadata on this machine. CitronFS rows
+//! then carry their ratio to it (`vs null`, throughput; `p50/null`, latency): what is left
+//! to CitronFS's client, its RPC transport and its meta server.
 
 use crate::bench::fs::{check_fuse, is_tmpfs};
 use crate::report::{fmt_f, Report};
@@ -88,6 +94,9 @@ pub enum MetaTarget {
     Citronfs,
     /// A directory on tmpfs (the reference).
     Tmpfs,
+    /// The same FUSE adapter and options over a backend that stores nothing and answers at
+    /// once: the FUSE path's ceiling.
+    Null,
 }
 
 /// Options of `citronfs bench meta`.
@@ -99,12 +108,13 @@ pub struct MetaArgs {
     /// Files each thread creates, stats, opens and unlinks.
     #[arg(long, default_value_t = 2000)]
     files: usize,
-    /// What to measure (comma-separated): citronfs (the FUSE mount), tmpfs.
+    /// What to measure (comma-separated): citronfs (the FUSE mount), tmpfs, null (the same
+    /// FUSE adapter over a backend that answers at once: the FUSE ceiling).
     #[arg(
         long,
         value_enum,
         value_delimiter = ',',
-        default_value = "tmpfs,citronfs"
+        default_value = "tmpfs,null,citronfs"
     )]
     fs: Vec<MetaTarget>,
     /// The fabric between the client and the servers.
@@ -128,7 +138,7 @@ pub struct MetaArgs {
 /// One result: a file system, a phase, a thread count.
 #[derive(Clone, Debug, Serialize)]
 struct MetaResult {
-    /// `tmpfs` or `citronfs`.
+    /// `tmpfs`, `null` or `citronfs`.
     fs: &'static str,
     /// The fabric (`null` for tmpfs).
     fabric: Option<&'static str>,
@@ -143,6 +153,10 @@ struct MetaResult {
     max_us: f64,
     /// `ops_per_s` over tmpfs's for the same phase and threads (when tmpfs ran).
     ratio_vs_tmpfs: Option<f64>,
+    /// CitronFS: `ops_per_s` over the null FUSE backend's (when it ran).
+    ratio_vs_null: Option<f64>,
+    /// CitronFS: `p50_us` over the null FUSE backend's (when it ran).
+    p50_vs_null: Option<f64>,
     /// CitronFS: meta-server requests per operation during the phase (heartbeats excepted).
     rpcs_per_op: Option<f64>,
     /// CitronFS: microseconds the meta server spent handling those requests, per operation
@@ -160,7 +174,7 @@ pub fn run(args: &MetaArgs) -> Result<()> {
     );
     anyhow::ensure!(args.files >= 1, "--files must be at least 1");
     anyhow::ensure!(!args.fs.is_empty(), "--fs is empty");
-    if args.fs.contains(&MetaTarget::Citronfs) {
+    if args.fs.contains(&MetaTarget::Citronfs) || args.fs.contains(&MetaTarget::Null) {
         check_fuse(Path::new("/dev/fuse"))?;
     }
     // Ctrl-C and SIGTERM end the run between phases, so that the mount is unmounted and the
@@ -188,17 +202,30 @@ pub fn run(args: &MetaArgs) -> Result<()> {
             "p50 µs",
             "p99 µs",
             "vs tmpfs",
+            "vs null",
+            "p50/null",
             "RPCs/op",
             "server µs/op",
         ],
     );
+    // Rows of the references, to compare the later ones with.
     let mut tmpfs_results: Vec<MetaResult> = Vec::new();
-    let mut emit = |mut r: MetaResult, tmpfs: &[MetaResult]| {
+    let mut null_results: Vec<MetaResult> = Vec::new();
+    let mut emit = |mut r: MetaResult, tmpfs: &[MetaResult], null: &[MetaResult]| {
+        let same = |t: &&MetaResult| t.phase == r.phase && t.threads == r.threads;
         r.ratio_vs_tmpfs = tmpfs
             .iter()
-            .find(|t| t.phase == r.phase && t.threads == r.threads)
+            .find(same)
             .filter(|t| t.ops_per_s > 0.0)
             .map(|t| r.ops_per_s / t.ops_per_s);
+        if r.fs == "citronfs" {
+            let null = null.iter().find(same);
+            r.ratio_vs_null = null
+                .filter(|t| t.ops_per_s > 0.0)
+                .map(|t| r.ops_per_s / t.ops_per_s);
+            r.p50_vs_null = null.filter(|t| t.p50_us > 0.0).map(|t| r.p50_us / t.p50_us);
+        }
+        let ratio = |x: Option<f64>| x.map(|x| format!("{x:.3}")).unwrap_or_else(|| "-".into());
         report.add(
             vec![
                 r.fs.to_string(),
@@ -207,9 +234,9 @@ pub fn run(args: &MetaArgs) -> Result<()> {
                 format!("{:.0}", r.ops_per_s),
                 fmt_f(r.p50_us, 1),
                 fmt_f(r.p99_us, 1),
-                r.ratio_vs_tmpfs
-                    .map(|x| format!("{x:.3}"))
-                    .unwrap_or_else(|| "-".into()),
+                ratio(r.ratio_vs_tmpfs),
+                ratio(r.ratio_vs_null),
+                ratio(r.p50_vs_null),
                 r.rpcs_per_op
                     .map(|x| fmt_f(x, 2))
                     .unwrap_or_else(|| "-".into()),
@@ -241,7 +268,28 @@ pub fn run(args: &MetaArgs) -> Result<()> {
             ));
         }
         for r in run_target(args, "tmpfs", None, &dir, None, &stop, &progress)? {
-            tmpfs_results.push(emit(r, &[]));
+            tmpfs_results.push(emit(r, &[], &[]));
+        }
+    }
+    let options = fs_client::fuse::FuseOptions {
+        attr_ttl: Duration::from_millis(args.attr_ttl_ms),
+        ..Default::default()
+    };
+    if args.fs.contains(&MetaTarget::Null) {
+        progress.set_message("mounting the null backend");
+        let dir = tempfile::Builder::new()
+            .prefix("citronfs-bench-null-")
+            .tempdir()
+            .context("create a mount point")?;
+        let null = Arc::new(fs_client::null::NullFs::new());
+        let handle = fs_client::fuse::mount(null, dir.path(), &options)
+            .with_context(|| format!("mount the null backend at {}", dir.path().display()))?;
+        let results = run_target(args, "null", None, dir.path(), None, &stop, &progress);
+        handle
+            .unmount()
+            .with_context(|| format!("unmount {}", dir.path().display()))?;
+        for r in results? {
+            null_results.push(emit(r, &tmpfs_results, &[]));
         }
     }
     if args.fs.contains(&MetaTarget::Citronfs) {
@@ -253,10 +301,6 @@ pub fn run(args: &MetaArgs) -> Result<()> {
             ..ClusterSpec::server_defaults()
         })?;
         let fs = Arc::new(cluster.connect(args.scheme)?);
-        let options = fs_client::fuse::FuseOptions {
-            attr_ttl: Duration::from_millis(args.attr_ttl_ms),
-            ..Default::default()
-        };
         let mount = Mount::in_temp_dir(fs, &options)?;
         let results = run_target(
             args,
@@ -274,7 +318,7 @@ pub fn run(args: &MetaArgs) -> Result<()> {
         progress.set_message("stopping the cluster");
         cluster.shutdown()?;
         for r in results? {
-            emit(r, &tmpfs_results);
+            emit(r, &tmpfs_results, &null_results);
         }
     }
     progress.finish_and_clear();
@@ -286,7 +330,9 @@ pub fn run(args: &MetaArgs) -> Result<()> {
              throughput (all threads), latency is per call. CitronFS: FUSE mount with attribute/\
              entry TTL {} ms over the {} fabric; RPCs/op: meta-server requests per operation \
              (heartbeats excepted); server µs/op: time in the meta server's handlers per \
-             operation (the rest is FUSE, the client and the RPC transport).",
+             operation (the rest is FUSE, the client and the RPC transport). null: the same \
+             FUSE adapter and options over a backend that answers at once, the FUSE path's \
+             ceiling; vs null: ops/s over null's; p50/null: p50 latency over null's.",
             args.files,
             args.attr_ttl_ms,
             args.fabric.name()
@@ -341,6 +387,8 @@ fn run_target(
                 p99_us: us(0.99),
                 max_us: m.histogram.max() as f64 / 1000.0,
                 ratio_vs_tmpfs: None,
+                ratio_vs_null: None,
+                p50_vs_null: None,
                 rpcs_per_op: rpcs,
                 server_us_per_op: server_us,
             });
