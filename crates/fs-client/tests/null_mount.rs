@@ -52,8 +52,17 @@ fn the_null_backend_mounts_and_answers() {
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
     assert_eq!(names, ["f.dat"]);
+    // Directories, as `bench meta` makes them: files inside, removed when empty.
+    let dir = root.join("d");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("g"), b"").unwrap();
+    assert_eq!(std::fs::metadata(dir.join("g")).unwrap().len(), 0);
+    let err = std::fs::remove_dir(&dir).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOTEMPTY), "{err}");
+    std::fs::remove_file(dir.join("g")).unwrap();
+    std::fs::remove_dir(&dir).unwrap();
     // What it does not keep, it refuses plainly.
-    let err = std::fs::create_dir(root.join("d")).unwrap_err();
+    let err = std::os::unix::fs::symlink("f.dat", root.join("s")).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::EOPNOTSUPP), "{err}");
     std::fs::remove_file(&path).unwrap();
     assert!(std::fs::read_dir(root).unwrap().next().is_none());
