@@ -498,13 +498,7 @@ pub fn run(args: &FsArgs) -> Result<()> {
     }
     if args.fs.contains(&Target::Null) {
         progress.set_message("mounting the null backend");
-        let dir = tempfile::Builder::new()
-            .prefix("citronfs-bench-null-")
-            .tempdir()
-            .context("create a mount point")?;
-        let null = Arc::new(fs_client::null::NullFs::new());
-        let handle = fs_client::fuse::mount(null, dir.path(), &fuse_options)
-            .with_context(|| format!("mount the null backend at {}", dir.path().display()))?;
+        let (handle, dir) = mount_null(&fuse_options)?;
         let path = dir
             .path()
             .join(format!("bench-null-{}.dat", std::process::id()));
@@ -870,6 +864,21 @@ fn open_rw(path: &Path) -> Result<File> {
 
 /// Fails with a clear message when this machine cannot mount FUSE file systems: `fuse_dev`
 /// (normally /dev/fuse) must open read-write, and a non-root user needs fusermount3.
+/// Mounts a fresh null backend (`fs_client::null::NullFs`) with `options` in a new temporary
+/// directory: the FUSE ceiling `bench fs` and `bench meta` measure beside CitronFS.
+pub(crate) fn mount_null(
+    options: &fs_client::fuse::FuseOptions,
+) -> Result<(fs_client::fuse::MountHandle, tempfile::TempDir)> {
+    let dir = tempfile::Builder::new()
+        .prefix("citronfs-bench-null-")
+        .tempdir()
+        .context("create a mount point")?;
+    let null = Arc::new(fs_client::null::NullFs::new());
+    let handle = fs_client::fuse::mount(null, dir.path(), options)
+        .with_context(|| format!("mount the null backend at {}", dir.path().display()))?;
+    Ok((handle, dir))
+}
+
 pub(crate) fn check_fuse(fuse_dev: &Path) -> Result<()> {
     if let Err(why) = fs_client::fuse::check_mountable(fuse_dev) {
         bail!(

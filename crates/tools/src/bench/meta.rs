@@ -28,7 +28,7 @@
 //! then carry their ratio to it (`vs null`, throughput; `p50/null`, latency): what is left
 //! to CitronFS's client, its RPC transport and its meta server.
 
-use crate::bench::fs::{check_fuse, is_tmpfs};
+use crate::bench::fs::{check_fuse, is_tmpfs, mount_null};
 use crate::report::{fmt_f, Report};
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -277,13 +277,7 @@ pub fn run(args: &MetaArgs) -> Result<()> {
     };
     if args.fs.contains(&MetaTarget::Null) {
         progress.set_message("mounting the null backend");
-        let dir = tempfile::Builder::new()
-            .prefix("citronfs-bench-null-")
-            .tempdir()
-            .context("create a mount point")?;
-        let null = Arc::new(fs_client::null::NullFs::new());
-        let handle = fs_client::fuse::mount(null, dir.path(), &options)
-            .with_context(|| format!("mount the null backend at {}", dir.path().display()))?;
+        let (handle, dir) = mount_null(&options)?;
         let results = run_target(args, "null", None, dir.path(), None, &stop, &progress);
         handle
             .unmount()
