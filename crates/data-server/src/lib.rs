@@ -277,6 +277,15 @@ fn keep_registered(
                     );
                     std::thread::sleep(HEARTBEAT_EVERY);
                 }
+                // A clean stop, said so: no cause for alarm (`citronfs up` stops the meta
+                // server first); the next one is waited for all the same.
+                Err(RpcError::ServerStopping) => {
+                    tracing::info!(
+                        name = config.name,
+                        "the meta server is shutting down; registering with the next one"
+                    );
+                    client = None;
+                }
                 Err(error) => {
                     tracing::warn!(name = config.name, %error, "lost the meta server");
                     client = None;

@@ -67,6 +67,11 @@ pub const DEFAULT_FENCE_AFTER: Duration = Duration::from_millis(100);
 /// Default of [`MetaConfig::max_sessions`].
 pub const DEFAULT_MAX_SESSIONS: usize = 4096;
 
+/// How long a clean shutdown lets connection tasks end (telling their peers the server is
+/// stopping, answering what they started) before the runtime drops them: they end in
+/// milliseconds unless a request on the blocking pool is slow.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
 /// Default of [`MetaConfig::max_open_per_session`]: as many as a process may open by default
 /// (`ulimit -n` hard limit on most distributions).
 pub const DEFAULT_MAX_OPEN_PER_SESSION: usize = 1 << 20;
@@ -264,7 +269,13 @@ impl MetaServer {
                 .context("starting the reclaimer thread")?
         };
         let (stop_tx, stop_rx) = watch::channel(false);
-        runtime.spawn(rpc::accept_loop(listener, service.clone(), stop_rx.clone()));
+        let connections = rpc::LiveConnections::default();
+        runtime.spawn(rpc::accept_loop(
+            listener,
+            service.clone(),
+            stop_rx.clone(),
+            connections.clone(),
+        ));
         runtime.spawn(reaper(service.clone(), config.session_lease, stop_rx));
         tracing::info!(%addr, cluster = config.cluster, "meta server listening");
         Ok(MetaHandle {
@@ -272,6 +283,7 @@ impl MetaServer {
             inner: Some(Running {
                 runtime,
                 stop: stop_tx,
+                connections,
                 service,
                 reclaimer: Some(reclaimer),
                 _region_server: region_server,
@@ -335,6 +347,8 @@ async fn reaper(service: Arc<Service>, lease: Duration, mut stop: watch::Receive
 struct Running {
     runtime: tokio::runtime::Runtime,
     stop: watch::Sender<bool>,
+    /// The connection tasks, waited for at shutdown.
+    connections: rpc::LiveConnections,
     service: Arc<Service>,
     /// Zeroes and recycles freed chunks ([`reclaim`]); drained and joined at shutdown.
     reclaimer: Option<std::thread::JoinHandle<()>>,
@@ -391,7 +405,14 @@ impl MetaHandle {
         };
         running.service.begin_shutdown();
         let _ = running.stop.send(true);
-        // Connection tasks see `stop` and end; requests already on the blocking pool finish.
+        // Connection tasks see `stop`, tell their peers the server is stopping and end
+        // (dropping the runtime would cancel them mid-way: peers would see a crash); requests
+        // already on the blocking pool finish.
+        if !running.connections.wait_ended(SHUTDOWN_GRACE) {
+            tracing::info!(
+                "connections still busy {SHUTDOWN_GRACE:?} after the stop; closing them anyway"
+            );
+        }
         running.runtime.shutdown_timeout(Duration::from_secs(5));
         // Chunks freed by the last requests are zeroed (after one flush) before the clean
         // shutdown mark.

@@ -74,11 +74,53 @@ async fn recv<R: AsyncRead + Unpin, T: DeserializeOwned>(
 /// after which it registers again.
 pub const DATA_SERVER_SILENCE: Duration = Duration::from_secs(5);
 
-/// Accepts connections until `stop` turns true.
+/// The connection tasks still running, counted so that a clean shutdown can let them end —
+/// and send their goodbyes ([`goodbye`]) — before the runtime drops what is left.
+#[derive(Clone, Default)]
+pub(crate) struct LiveConnections(Arc<(std::sync::Mutex<usize>, std::sync::Condvar)>);
+
+/// One live connection task; it counts until dropped (ended, or dropped with the runtime).
+struct LiveConnection(LiveConnections);
+
+impl LiveConnections {
+    fn enter(&self) -> LiveConnection {
+        *self
+            .0
+             .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) += 1;
+        LiveConnection(self.clone())
+    }
+
+    /// Waits until no connection task runs, at most `bound`; whether none does.
+    pub(crate) fn wait_ended(&self, bound: Duration) -> bool {
+        let (count, ended) = &*self.0;
+        let count = count
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (count, _) = ended
+            .wait_timeout_while(count, bound, |n| *n > 0)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *count == 0
+    }
+}
+
+impl Drop for LiveConnection {
+    fn drop(&mut self) {
+        let (count, ended) = &*(self.0).0;
+        *count
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) -= 1;
+        ended.notify_all();
+    }
+}
+
+/// Accepts connections until `stop` turns true; each connection task counts in `live`.
 pub(crate) async fn accept_loop(
     listener: TcpListener,
     service: Arc<Service>,
     mut stop: watch::Receiver<bool>,
+    live: LiveConnections,
 ) {
     let admission = Admission::new(service.settings.connection_limits);
     loop {
@@ -101,7 +143,9 @@ pub(crate) async fn accept_loop(
                     fabric::tcp::watch_peer(&stream);
                     let service = service.clone();
                     let stop = stop.clone();
+                    let live = live.enter();
                     tokio::spawn(async move {
+                        let _live = live;
                         if let Err(why) = connection(stream, service, stop, admitted).await {
                             tracing::debug!(%peer, why, "connection closed");
                         }
@@ -291,13 +335,19 @@ async fn connection(
                                         std::time::Duration::from_secs(1),
                                         watch.wait_for(|&newest| newest > known),
                                     );
-                                    tokio::select! {
-                                        _ = poll => {}
+                                    let stopping = tokio::select! {
+                                        _ = poll => false,
                                         filled = reader.fill_buf() => {
                                             if filled.map_or(true, |b| b.is_empty()) {
                                                 break Err("the data server closed its registration".into());
                                             }
+                                            false
                                         }
+                                        _ = stop.changed() => true,
+                                    };
+                                    if stopping {
+                                        let _ = send(&mut writer, &goodbye()).await;
+                                        break Ok(());
                                     }
                                     let (newest, sessions) = service.revocations_since(known);
                                     Ok(proto::rpc::Response::Revocations {
@@ -316,12 +366,26 @@ async fn connection(
                             }
                         }
                     },
-                    _ = stop.changed() => break Ok(()),
+                    _ = stop.changed() => {
+                        let _ = send(&mut writer, &goodbye()).await;
+                        break Ok(());
+                    }
                 }
             };
             service.data_server_gone(id, epoch);
             result
         }
+    }
+}
+
+/// What a connection is sent when the meta server stops cleanly, before it closes: an answer
+/// to no request (id 0) saying so, so that its peer can tell a clean stop from a crash
+/// (`proto::rpc::RpcError::ServerStopping`) — a data server waits for the next meta server
+/// without a warning, a client says why its calls fail.
+fn goodbye() -> ResponseFrame {
+    ResponseFrame {
+        id: 0,
+        result: Err(FsError::Unavailable(proto::rpc::STOPPING.into())),
     }
 }
 
@@ -356,7 +420,10 @@ async fn serve<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
         loop {
             let read = tokio::select! {
                 read = read_frame(reader, MAX_FRAME, &mut body) => read,
-                _ = stop.changed() => return Ok(()),
+                _ = stop.changed() => {
+                    let _ = answers.send((goodbye(), None));
+                    return Ok(());
+                }
             };
             // A frame the server cannot take is answered under id 0 (no request has it), with
             // the reason, before the connection closes: the client learns why (see
@@ -393,7 +460,10 @@ async fn serve<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                 permit = permits.clone().acquire_owned() => {
                     permit.map_err(|e| e.to_string())?
                 }
-                _ = stop.changed() => return Ok(()),
+                _ = stop.changed() => {
+                    let _ = answers.send((goodbye(), None));
+                    return Ok(());
+                }
             };
             let svc = service.clone();
             let answers = answers.clone();

@@ -489,6 +489,43 @@ fn lock_server_runs_only_when_asked_and_checks_the_token() {
 /// soak's restarted data server hit a meta server killed during its registration and exited)
 /// waits for it and registers, instead of exiting. Seen failing (connection refused at once)
 /// before the first registration retried.
+/// A meta server that stops cleanly says so on every connection before closing it, so that its
+/// peers can tell a clean stop from a crash: a data server then waits for the next meta server
+/// with an info line instead of warning that it lost it (`citronfs up` printed two warnings on
+/// every Ctrl-C), and a client's calls fail with `ServerStopping`.
+#[test]
+fn a_clean_stop_tells_every_connection_it_is_stopping() {
+    let mut cl = start(1, 4, false);
+    let client = proto::rpc::SharedClient::connect(
+        cl.meta_addr(),
+        &cl.credentials(),
+        Role::Client {
+            host: "h".into(),
+            pid: 1,
+        },
+        Some(Duration::from_secs(10)),
+    )
+    .unwrap();
+    assert!(matches!(client.call(Request::Heartbeat), Ok(Ok(_))));
+    cl.restart_meta().unwrap();
+    // The goodbye reaches the client's reader without a call.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !client.is_broken() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the old connection was never closed"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    match client.call(Request::Heartbeat) {
+        Err(RpcError::ServerStopping) => {}
+        other => panic!("expected ServerStopping, got {:?}", other.map(|_| ())),
+    }
+    // The data server registered again with the new meta server, which serves.
+    let mut fs = Fs::connect(&cl);
+    assert!(fs.getattr(ROOT_INO).is_ok());
+}
+
 #[test]
 fn a_data_server_started_before_its_meta_server_waits_for_it() {
     let dir = tempfile::tempdir().unwrap();

@@ -405,6 +405,26 @@ pub enum RpcError {
     /// The peer answered out of protocol.
     #[error("protocol: {0}")]
     Protocol(String),
+    /// The meta server is stopping cleanly and closed the connection (it said so: not a
+    /// crash); another may take its place.
+    #[error("the meta server closed the connection: it is shutting down")]
+    ServerStopping,
+}
+
+/// Why a meta server that stops cleanly closes its connections: the reason of the answer to no
+/// request (id 0) it sends each of them last, which [`Client::call`] and [`SharedClient`]
+/// report as [`RpcError::ServerStopping`].
+pub const STOPPING: &str = "the meta server is shutting down";
+
+/// What an answer under id 0 (to no request: the server closes the connection) means.
+fn closed_by_server(result: Result<Response, FsError>) -> Broken {
+    match result {
+        Err(FsError::Unavailable(why)) if why == STOPPING => Broken::Stopping,
+        Err(e) => Broken::Closed(format!("the meta server closed the connection: {e}")),
+        Ok(_) => {
+            Broken::Closed("the meta server closed the connection: an answer to no request".into())
+        }
+    }
 }
 
 impl From<RpcError> for FsError {
@@ -515,14 +535,8 @@ impl Client {
         let response: ResponseFrame = recv(&mut self.reader)?;
         if response.id == 0 {
             // The server refused the connection's input (a frame over the limit, a malformed
-            // request) and closes it; no request has id 0.
-            let why = match response.result {
-                Err(e) => e.to_string(),
-                Ok(_) => "an answer to no request".into(),
-            };
-            return Err(RpcError::Protocol(format!(
-                "the meta server closed the connection: {why}"
-            )));
+            // request) or is stopping, and closes it; no request has id 0.
+            return Err(closed_by_server(response.result).error());
         }
         if response.id != id {
             return Err(RpcError::Protocol(format!(
@@ -539,6 +553,8 @@ impl Client {
 enum Broken {
     /// The server answered under id 0: it refused the connection's input and closed it.
     Closed(String),
+    /// The server answered under id 0 that it is stopping cleanly.
+    Stopping,
     /// Reading, writing or decoding failed, or a call timed out (the stream may be mid-frame).
     Failed(std::io::ErrorKind, String),
 }
@@ -546,9 +562,8 @@ enum Broken {
 impl Broken {
     fn error(&self) -> RpcError {
         match self {
-            Broken::Closed(why) => {
-                RpcError::Protocol(format!("the meta server closed the connection: {why}"))
-            }
+            Broken::Closed(why) => RpcError::Protocol(why.clone()),
+            Broken::Stopping => RpcError::ServerStopping,
             Broken::Failed(kind, why) => RpcError::Io(std::io::Error::new(*kind, why.clone())),
         }
     }
@@ -619,11 +634,7 @@ impl SharedClient {
             .spawn(move || loop {
                 match recv::<ResponseFrame>(&mut reader) {
                     Ok(frame) if frame.id == 0 => {
-                        let why = match frame.result {
-                            Err(e) => e.to_string(),
-                            Ok(_) => "an answer to no request".into(),
-                        };
-                        break_mux(&read_state, Broken::Closed(why));
+                        break_mux(&read_state, closed_by_server(frame.result));
                         return;
                     }
                     Ok(frame) => {
