@@ -343,6 +343,18 @@ pub fn run(args: SoakArgs) -> Result<()> {
     bar.finish_and_clear();
     done.seconds = started.elapsed().as_secs_f64();
 
+    // The clients must be seen carrying on after the servers came back, not merely failing
+    // safely; a server restarted just before the end leaves them no time to show it (a
+    // fresh-clone CI run on a slow machine: 0 acknowledged after the last restart, nothing
+    // lost). So before they are stopped, one of them must acknowledge an operation after the
+    // last server restart, waited for at most AFTER_RESTART_WAIT (no kills meanwhile).
+    if done.last_server_restart_ms > 0 {
+        let deadline = Instant::now() + AFTER_RESTART_WAIT;
+        while !acked_since(&soak.dir, done.last_server_restart_ms)? && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     // Stop the clients (a kill: whatever they were doing is unacknowledged), and verify with
     // every server up.
     for i in DATA_SERVERS + 1..soak.procs.len() {
@@ -400,10 +412,14 @@ fn prepare(soak: &Soak) -> Result<()> {
     Ok(())
 }
 
-fn verify_all(soak: &Soak, last_restart: u64) -> Result<verify::Findings> {
-    let fs = connect(soak)?;
+/// How long the soak waits, after its last kill, for a client to acknowledge an operation
+/// after the last server restart.
+const AFTER_RESTART_WAIT: Duration = Duration::from_secs(20);
+
+/// Every client journal in `dir` (one per client life), read.
+fn journals(dir: &Path) -> Result<Vec<Vec<journal::Entry>>> {
     let mut journals = Vec::new();
-    for entry in std::fs::read_dir(&soak.dir)? {
+    for entry in std::fs::read_dir(dir)? {
         let path = entry?.path();
         let is_journal = path
             .file_name()
@@ -413,6 +429,20 @@ fn verify_all(soak: &Soak, last_restart: u64) -> Result<verify::Findings> {
             journals.push(journal::read(&path)?);
         }
     }
+    Ok(journals)
+}
+
+/// Whether some client acknowledged an operation after `since` (ms since the Unix epoch).
+fn acked_since(dir: &Path, since: u64) -> Result<bool> {
+    Ok(journals(dir)?
+        .iter()
+        .flatten()
+        .any(|e| matches!(e, journal::Entry::Ack(_, at) if *at > since)))
+}
+
+fn verify_all(soak: &Soak, last_restart: u64) -> Result<verify::Findings> {
+    let fs = connect(soak)?;
+    let journals = journals(&soak.dir)?;
     verify::verify(
         &fs,
         &journals,
