@@ -112,12 +112,24 @@ impl PeerClock {
             .is_some_and(|learnt| now.saturating_duration_since(learnt) > RESYNC_AFTER)
     }
 
+    /// The bound as it stands at `now`, fixed: a clock that ages no further, for encoding a
+    /// batch posted at `now` (so that the post reads the time once).
+    pub fn at(&self, now: Instant) -> PeerClock {
+        PeerClock {
+            offset: self.offset_at(now),
+            learnt: None,
+        }
+    }
+
     /// `t` in the peer's count, as late as it can be while surely not after `t` (0 when that
-    /// lies before the peer's origin: an instant long past).
+    /// lies before the peer's origin: an instant long past). Reads the time only for a bound
+    /// that still ages (not one fixed by [`PeerClock::at`]).
     pub fn to_peer(&self, t: Instant) -> u64 {
-        micros_of(t)
-            .saturating_add(self.offset_at(Instant::now()))
-            .max(0) as u64
+        let offset = match self.learnt {
+            None => self.offset,
+            Some(_) => self.offset_at(Instant::now()),
+        };
+        micros_of(t).saturating_add(offset).max(0) as u64
     }
 }
 
@@ -173,6 +185,14 @@ mod tests {
         let clock = PeerClock::from_answer(micros_of(now) as u64, now);
         let later = now + Duration::from_secs(10);
         assert_eq!(clock.offset_at(later), -10_000, "1 ms per second");
+        // Fixed at `later`, it converts with that bound and ages no further.
+        let fixed = clock.at(later);
+        let t = later + Duration::from_secs(1);
+        assert_eq!(fixed.to_peer(t) as i64, micros_of(t) - 10_000);
+        assert_eq!(
+            fixed.at(later + Duration::from_secs(60)).to_peer(t),
+            fixed.to_peer(t)
+        );
         assert!(!clock.is_stale(now + RESYNC_AFTER));
         assert!(clock.is_stale(later));
         assert!(!PeerClock::SAME_PROCESS.is_stale(later));

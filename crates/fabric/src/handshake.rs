@@ -345,6 +345,8 @@ impl Default for ConnectionLimits {
 pub struct Admission {
     limits: ConnectionLimits,
     counts: std::sync::Mutex<Counts>,
+    /// Notified whenever a connection closes ([`Admission::wait_all_closed`]).
+    closed: std::sync::Condvar,
 }
 
 #[derive(Debug, Default)]
@@ -366,7 +368,19 @@ impl Admission {
         std::sync::Arc::new(Self {
             limits,
             counts: std::sync::Mutex::new(Counts::default()),
+            closed: std::sync::Condvar::new(),
         })
+    }
+
+    /// Waits until every admitted connection has closed (its [`Admitted`] dropped), at most
+    /// `bound`; whether they all have. A server stopping cleanly lets its connections end —
+    /// and tell their peers so — before it drops what is left.
+    pub fn wait_all_closed(&self, bound: Duration) -> bool {
+        let (counts, _) = self
+            .closed
+            .wait_timeout_while(self.counts(), bound, |c| !c.per_peer.is_empty())
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        counts.per_peer.is_empty()
     }
 
     /// The limits counted against.
@@ -454,6 +468,7 @@ impl Drop for Admitted {
                 counts.per_peer.remove(&self.peer);
             }
         }
+        self.admission.closed.notify_all();
     }
 }
 
@@ -871,6 +886,24 @@ mod tests {
         assert!(!text.contains("secret"));
         let text = format!("{:?}", Hello::new(Protocol::Rpc, &creds(), 0, ()));
         assert!(!text.contains("secret"));
+    }
+
+    /// A stopping server waits until its admitted connections have all closed: not while one
+    /// is open (the bound runs out), at once when none is, woken when the last one closes.
+    #[test]
+    fn admission_waits_until_every_connection_closed() {
+        let admission = Admission::new(ConnectionLimits::default());
+        assert!(admission.wait_all_closed(Duration::ZERO), "none admitted");
+        let a: std::net::IpAddr = [10, 0, 0, 1].into();
+        let (mut one, two) = (admission.admit(a).unwrap(), admission.admit(a).unwrap());
+        one.authenticated();
+        assert!(!admission.wait_all_closed(Duration::from_millis(20)));
+        let closer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            drop((one, two));
+        });
+        assert!(admission.wait_all_closed(Duration::from_secs(30)));
+        closer.join().unwrap();
     }
 
     /// Admission counts pending and per-peer connections, frees pending places on

@@ -107,17 +107,23 @@ impl Tree {
     fn add(&mut self, parent: Ino, name: &str, node: Node) -> Ino {
         let ino = self.next;
         self.next += 1;
-        let dir = node.entries.is_some();
+        let (now, subdir) = (node.meta.mtime, node.entries.is_some());
         self.dir_mut(parent)
             .expect("checked by the caller")
             .insert(name.to_string(), ino);
-        if let Some(p) = self.nodes.get_mut(&parent) {
-            p.meta.mtime = node.meta.mtime;
-            p.meta.ctime = node.meta.mtime;
-            p.meta.nlink += u32::from(dir);
-        }
         self.nodes.insert(ino, node);
+        self.entries_changed(parent, now, if subdir { 1 } else { 0 });
         ino
+    }
+
+    /// Directory `parent`'s entries changed at `now`: its mtime and ctime move, and its link
+    /// count by `subdirs` (each subdirectory's `..` links it).
+    fn entries_changed(&mut self, parent: Ino, now: Timestamp, subdirs: i32) {
+        if let Some(p) = self.nodes.get_mut(&parent) {
+            p.meta.nlink = p.meta.nlink.saturating_add_signed(subdirs);
+            p.meta.mtime = now;
+            p.meta.ctime = now;
+        }
     }
 }
 
@@ -452,13 +458,11 @@ impl FsBackend for NullFs {
         }
         tree.dir_mut(parent)?.remove(name);
         let now = Timestamp::now();
-        for (node, nlink) in [(ino, Some(0)), (parent, None)] {
-            if let Some(n) = tree.nodes.get_mut(&node) {
-                n.meta.nlink = nlink.unwrap_or(n.meta.nlink);
-                n.meta.ctime = now;
-                n.meta.mtime = if nlink.is_none() { now } else { n.meta.mtime };
-            }
+        if let Some(file) = tree.nodes.get_mut(&ino) {
+            file.meta.nlink = 0;
+            file.meta.ctime = now;
         }
+        tree.entries_changed(parent, now, 0);
         Ok(())
     }
 
@@ -487,11 +491,7 @@ impl FsBackend for NullFs {
         }
         tree.dir_mut(parent)?.remove(name);
         tree.nodes.remove(&ino);
-        if let Some(p) = tree.nodes.get_mut(&parent) {
-            p.meta.nlink -= 1;
-            p.meta.mtime = Timestamp::now();
-            p.meta.ctime = p.meta.mtime;
-        }
+        tree.entries_changed(parent, Timestamp::now(), -1);
         Ok(())
     }
 }

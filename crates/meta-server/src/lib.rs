@@ -269,7 +269,7 @@ impl MetaServer {
                 .context("starting the reclaimer thread")?
         };
         let (stop_tx, stop_rx) = watch::channel(false);
-        let connections = rpc::LiveConnections::default();
+        let connections = fabric::handshake::Admission::new(service.settings.connection_limits);
         runtime.spawn(rpc::accept_loop(
             listener,
             service.clone(),
@@ -347,8 +347,8 @@ async fn reaper(service: Arc<Service>, lease: Duration, mut stop: watch::Receive
 struct Running {
     runtime: tokio::runtime::Runtime,
     stop: watch::Sender<bool>,
-    /// The connection tasks, waited for at shutdown.
-    connections: rpc::LiveConnections,
+    /// The open connections (counted against the limits), waited for at shutdown.
+    connections: Arc<fabric::handshake::Admission>,
     service: Arc<Service>,
     /// Zeroes and recycles freed chunks ([`reclaim`]); drained and joined at shutdown.
     reclaimer: Option<std::thread::JoinHandle<()>>,
@@ -408,7 +408,7 @@ impl MetaHandle {
         // Connection tasks see `stop`, tell their peers the server is stopping and end
         // (dropping the runtime would cancel them mid-way: peers would see a crash); requests
         // already on the blocking pool finish.
-        if !running.connections.wait_ended(SHUTDOWN_GRACE) {
+        if !running.connections.wait_all_closed(SHUTDOWN_GRACE) {
             tracing::info!(
                 "connections still busy {SHUTDOWN_GRACE:?} after the stop; closing them anyway"
             );

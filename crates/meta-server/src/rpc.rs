@@ -74,55 +74,14 @@ async fn recv<R: AsyncRead + Unpin, T: DeserializeOwned>(
 /// after which it registers again.
 pub const DATA_SERVER_SILENCE: Duration = Duration::from_secs(5);
 
-/// The connection tasks still running, counted so that a clean shutdown can let them end —
-/// and send their goodbyes ([`goodbye`]) — before the runtime drops what is left.
-#[derive(Clone, Default)]
-pub(crate) struct LiveConnections(Arc<(std::sync::Mutex<usize>, std::sync::Condvar)>);
-
-/// One live connection task; it counts until dropped (ended, or dropped with the runtime).
-struct LiveConnection(LiveConnections);
-
-impl LiveConnections {
-    fn enter(&self) -> LiveConnection {
-        *self
-            .0
-             .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) += 1;
-        LiveConnection(self.clone())
-    }
-
-    /// Waits until no connection task runs, at most `bound`; whether none does.
-    pub(crate) fn wait_ended(&self, bound: Duration) -> bool {
-        let (count, ended) = &*self.0;
-        let count = count
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let (count, _) = ended
-            .wait_timeout_while(count, bound, |n| *n > 0)
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        *count == 0
-    }
-}
-
-impl Drop for LiveConnection {
-    fn drop(&mut self) {
-        let (count, ended) = &*(self.0).0;
-        *count
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) -= 1;
-        ended.notify_all();
-    }
-}
-
-/// Accepts connections until `stop` turns true; each connection task counts in `live`.
+/// Accepts connections until `stop` turns true, each counted by `admission` until its task
+/// ends (what a clean shutdown waits for: [`Admission::wait_all_closed`]).
 pub(crate) async fn accept_loop(
     listener: TcpListener,
     service: Arc<Service>,
     mut stop: watch::Receiver<bool>,
-    live: LiveConnections,
+    admission: Arc<Admission>,
 ) {
-    let admission = Admission::new(service.settings.connection_limits);
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -143,9 +102,7 @@ pub(crate) async fn accept_loop(
                     fabric::tcp::watch_peer(&stream);
                     let service = service.clone();
                     let stop = stop.clone();
-                    let live = live.enter();
                     tokio::spawn(async move {
-                        let _live = live;
                         if let Err(why) = connection(stream, service, stop, admitted).await {
                             tracing::debug!(%peer, why, "connection closed");
                         }
@@ -417,13 +374,16 @@ async fn serve<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
     let permits = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT_PER_CONNECTION));
     let read_loop = async move {
         let mut body = Vec::new();
+        // The server stops: the client is told so (an answer of a request still running may
+        // follow; the client has failed that call by then, as after any broken connection).
+        let stopping = || -> Result<(), String> {
+            let _ = answers.send((goodbye(), None));
+            Ok(())
+        };
         loop {
             let read = tokio::select! {
                 read = read_frame(reader, MAX_FRAME, &mut body) => read,
-                _ = stop.changed() => {
-                    let _ = answers.send((goodbye(), None));
-                    return Ok(());
-                }
+                _ = stop.changed() => return stopping(),
             };
             // A frame the server cannot take is answered under id 0 (no request has it), with
             // the reason, before the connection closes: the client learns why (see
@@ -460,10 +420,7 @@ async fn serve<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                 permit = permits.clone().acquire_owned() => {
                     permit.map_err(|e| e.to_string())?
                 }
-                _ = stop.changed() => {
-                    let _ = answers.send((goodbye(), None));
-                    return Ok(());
-                }
+                _ = stop.changed() => return stopping(),
             };
             let svc = service.clone();
             let answers = answers.clone();

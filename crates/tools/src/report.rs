@@ -83,3 +83,13 @@ impl Report {
 pub fn fmt_f(value: f64, digits: usize) -> String {
     format!("{value:.digits$}")
 }
+
+/// `value` over `reference`, when a reference was measured and is positive.
+pub fn ratio(value: f64, reference: Option<f64>) -> Option<f64> {
+    reference.filter(|&r| r > 0.0).map(|r| value / r)
+}
+
+/// A ratio as the tables show it: three decimals, `-` for none.
+pub fn fmt_ratio(ratio: Option<f64>) -> String {
+    ratio.map_or_else(|| "-".into(), |x| fmt_f(x, 3))
+}

@@ -470,12 +470,20 @@ impl Endpoint for TcpEndpoint {
         }
         self.check_open()?;
         Self::check_limits(batch)?;
-        if batch.expires().is_some() && self.clock.is_stale(Instant::now()) {
-            self.resync_clock()?;
-        }
+        // The server's clock as it stands now, for the expiry (none to read without one).
+        let clock = match batch.expires() {
+            Some(_) => {
+                let now = Instant::now();
+                if self.clock.is_stale(now) {
+                    self.resync_clock()?;
+                }
+                self.clock.at(now)
+            }
+            None => PeerClock::SAME_PROCESS,
+        };
 
         begin_frame(&mut self.tx);
-        wire::encode_batch_for(&mut self.tx, batch, &self.clock);
+        wire::encode_batch_for(&mut self.tx, batch, &clock);
         seal_frame(&mut self.tx);
         self.send()?;
         self.in_flight = true;

@@ -32,7 +32,7 @@
 
 use super::clients::{LibraryFile, SharedFile};
 use crate::cmd::config::parse_size;
-use crate::report::{fmt_f, Report};
+use crate::report::{fmt_f, fmt_ratio, ratio, Report};
 use anyhow::{bail, Context, Result};
 use clap::{value_parser, Args};
 use fabric::Backend;
@@ -420,15 +420,10 @@ pub fn run(args: &FsArgs) -> Result<()> {
     );
     let mut emit = |mut r: FsResult, case: &[FsResult]| {
         let of = |fs: &str| case.iter().find(|t| t.fs == fs);
-        r.ratio_vs_tmpfs = of(Target::Tmpfs.name())
-            .filter(|t| t.mib_per_s > 0.0)
-            .map(|t| r.mib_per_s / t.mib_per_s);
+        r.ratio_vs_tmpfs = ratio(r.mib_per_s, of(Target::Tmpfs.name()).map(|t| t.mib_per_s));
         let null = of(Target::Null.name());
-        r.ratio_vs_null = null
-            .filter(|t| t.mib_per_s > 0.0)
-            .map(|t| r.mib_per_s / t.mib_per_s);
-        r.p50_vs_null = null.filter(|t| t.p50_us > 0.0).map(|t| r.p50_us / t.p50_us);
-        let ratio = |x: Option<f64>| x.map(|x| format!("{x:.3}")).unwrap_or_else(|| "-".into());
+        r.ratio_vs_null = ratio(r.mib_per_s, null.map(|t| t.mib_per_s));
+        r.p50_vs_null = ratio(r.p50_us, null.map(|t| t.p50_us));
         report.add(
             vec![
                 r.fs.to_string(),
@@ -439,9 +434,9 @@ pub fn run(args: &FsArgs) -> Result<()> {
                 format!("{:.0}", r.ops_per_s),
                 fmt_f(r.p50_us, 1),
                 fmt_f(r.p99_us, 1),
-                ratio(r.ratio_vs_tmpfs),
-                ratio(r.ratio_vs_null),
-                ratio(r.p50_vs_null),
+                fmt_ratio(r.ratio_vs_tmpfs),
+                fmt_ratio(r.ratio_vs_null),
+                fmt_ratio(r.p50_vs_null),
                 r.rtts_per_op
                     .map(|x| fmt_f(x, 2))
                     .unwrap_or_else(|| "-".into()),
@@ -862,8 +857,6 @@ fn open_rw(path: &Path) -> Result<File> {
         .with_context(|| format!("open {}", path.display()))
 }
 
-/// Fails with a clear message when this machine cannot mount FUSE file systems: `fuse_dev`
-/// (normally /dev/fuse) must open read-write, and a non-root user needs fusermount3.
 /// Mounts a fresh null backend (`fs_client::null::NullFs`) with `options` in a new temporary
 /// directory: the FUSE ceiling `bench fs` and `bench meta` measure beside CitronFS.
 pub(crate) fn mount_null(
@@ -879,6 +872,8 @@ pub(crate) fn mount_null(
     Ok((handle, dir))
 }
 
+/// Fails with a clear message when this machine cannot mount FUSE file systems: `fuse_dev`
+/// (normally /dev/fuse) must open read-write, and a non-root user needs fusermount3.
 pub(crate) fn check_fuse(fuse_dev: &Path) -> Result<()> {
     if let Err(why) = fs_client::fuse::check_mountable(fuse_dev) {
         bail!(

@@ -29,7 +29,7 @@
 //! to CitronFS's client, its RPC transport and its meta server.
 
 use crate::bench::fs::{check_fuse, is_tmpfs, mount_null};
-use crate::report::{fmt_f, Report};
+use crate::report::{fmt_f, fmt_ratio, ratio, Report};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use fabric::Backend;
@@ -213,19 +213,12 @@ pub fn run(args: &MetaArgs) -> Result<()> {
     let mut null_results: Vec<MetaResult> = Vec::new();
     let mut emit = |mut r: MetaResult, tmpfs: &[MetaResult], null: &[MetaResult]| {
         let same = |t: &&MetaResult| t.phase == r.phase && t.threads == r.threads;
-        r.ratio_vs_tmpfs = tmpfs
-            .iter()
-            .find(same)
-            .filter(|t| t.ops_per_s > 0.0)
-            .map(|t| r.ops_per_s / t.ops_per_s);
+        r.ratio_vs_tmpfs = ratio(r.ops_per_s, tmpfs.iter().find(same).map(|t| t.ops_per_s));
         if r.fs == "citronfs" {
             let null = null.iter().find(same);
-            r.ratio_vs_null = null
-                .filter(|t| t.ops_per_s > 0.0)
-                .map(|t| r.ops_per_s / t.ops_per_s);
-            r.p50_vs_null = null.filter(|t| t.p50_us > 0.0).map(|t| r.p50_us / t.p50_us);
+            r.ratio_vs_null = ratio(r.ops_per_s, null.map(|t| t.ops_per_s));
+            r.p50_vs_null = ratio(r.p50_us, null.map(|t| t.p50_us));
         }
-        let ratio = |x: Option<f64>| x.map(|x| format!("{x:.3}")).unwrap_or_else(|| "-".into());
         report.add(
             vec![
                 r.fs.to_string(),
@@ -234,9 +227,9 @@ pub fn run(args: &MetaArgs) -> Result<()> {
                 format!("{:.0}", r.ops_per_s),
                 fmt_f(r.p50_us, 1),
                 fmt_f(r.p99_us, 1),
-                ratio(r.ratio_vs_tmpfs),
-                ratio(r.ratio_vs_null),
-                ratio(r.p50_vs_null),
+                fmt_ratio(r.ratio_vs_tmpfs),
+                fmt_ratio(r.ratio_vs_null),
+                fmt_ratio(r.p50_vs_null),
                 r.rpcs_per_op
                     .map(|x| fmt_f(x, 2))
                     .unwrap_or_else(|| "-".into()),
