@@ -4,28 +4,46 @@
 
 use std::process::Command;
 
+/// Runs `citronfs ARGS --json`, which must succeed, and returns its JSON rows.
+fn json_rows(args: &[&str]) -> Vec<serde_json::Value> {
+    let out = Command::new(env!("CARGO_BIN_EXE_citronfs"))
+        .args(args)
+        .arg("--json")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "citronfs {} failed: {}\n{stdout}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 #[test]
 fn bench_fs_measures_the_null_ceiling_in_the_same_run() {
     if let Some(why) = testkit::fuse_unavailable() {
         eprintln!("skipped: {why}");
         return;
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_citronfs"))
-        .args(["bench", "fs", "--fs", "tmpfs,null,citronfs"])
-        .args(["--patterns", "rand-read,seq-write", "--threads", "1"])
-        .args(["--size", "4M", "--duration", "0.2", "--json"])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "bench fs failed: {}\n{stdout}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let rows: Vec<serde_json::Value> = stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let rows = json_rows(&[
+        "bench",
+        "fs",
+        "--fs",
+        "tmpfs,null,citronfs",
+        "--patterns",
+        "rand-read,seq-write",
+        "--threads",
+        "1",
+        "--size",
+        "4M",
+        "--duration",
+        "0.2",
+    ]);
     let order: Vec<(&str, &str)> = rows
         .iter()
         .map(|r| (r["fs"].as_str().unwrap(), r["pattern"].as_str().unwrap()))
@@ -66,21 +84,16 @@ fn bench_meta_measures_the_null_ceiling_in_the_same_run() {
         eprintln!("skipped: {why}");
         return;
     }
-    let out = Command::new(env!("CARGO_BIN_EXE_citronfs"))
-        .args(["bench", "meta", "--fs", "tmpfs,null,citronfs"])
-        .args(["--threads", "1,2", "--files", "20", "--json"])
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "bench meta failed: {}\n{stdout}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let rows: Vec<serde_json::Value> = stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let rows = json_rows(&[
+        "bench",
+        "meta",
+        "--fs",
+        "tmpfs,null,citronfs",
+        "--threads",
+        "1,2",
+        "--files",
+        "20",
+    ]);
     let phases = ["create", "stat", "open-close", "unlink"];
     let expected: Vec<(&str, &str, u64)> = ["tmpfs", "null", "citronfs"]
         .into_iter()
