@@ -63,6 +63,9 @@ pub struct EndpointStats {
     pub bytes_read: u64,
     /// Bytes carried by writes.
     pub bytes_written: u64,
+    /// Calls posted without waiting for their result ([`Endpoint::post_call`]): no round
+    /// trip of their own.
+    pub posted_calls: u64,
 }
 
 impl EndpointStats {
@@ -75,6 +78,16 @@ impl EndpointStats {
         self.bytes_written += batch.payload().len() as u64;
     }
 
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: &EndpointStats) {
+        self.round_trips += other.round_trips;
+        self.verbs += other.verbs;
+        self.atomics += other.atomics;
+        self.bytes_read += other.bytes_read;
+        self.bytes_written += other.bytes_written;
+        self.posted_calls += other.posted_calls;
+    }
+
     /// The counts accumulated since `earlier` was taken.
     pub fn since(&self, earlier: &EndpointStats) -> EndpointStats {
         EndpointStats {
@@ -83,6 +96,7 @@ impl EndpointStats {
             atomics: self.atomics - earlier.atomics,
             bytes_read: self.bytes_read - earlier.bytes_read,
             bytes_written: self.bytes_written - earlier.bytes_written,
+            posted_calls: self.posted_calls - earlier.posted_calls,
         }
     }
 }
@@ -149,6 +163,28 @@ pub trait Endpoint: Send {
             self.capabilities().backend
         )))
     }
+
+    /// Sends a call of procedure `procedure` with `args` that nobody waits for: it runs at the
+    /// server after every request sent before it and before every request sent after it, and
+    /// costs no round trip of its own (an unsignaled work request, in RDMA's terms). Its
+    /// result is dropped.
+    ///
+    /// `Ok` means it was sent. If it fails at the server, the server closes the connection
+    /// and nothing sent after it runs: the next request on this endpoint fails with
+    /// [`FabricError::Disconnected`](crate::FabricError::Disconnected) saying why. So a caller
+    /// posts only calls whose failure it can leave to the recovery a lost connection gets
+    /// anyway (a lock release: a lock not released is recovered when its lease runs out).
+    ///
+    /// Errors: [`FabricError::Unsupported`](crate::FabricError::Unsupported) where this backend
+    /// runs no procedures (nothing was sent; the default), and otherwise as
+    /// [`Endpoint::execute`].
+    fn post_call(&mut self, procedure: crate::procedure::ProcedureId, args: &[u8]) -> Result<()> {
+        let _ = args;
+        Err(crate::FabricError::Unsupported(format!(
+            "{} endpoints run no procedures (asked to post {procedure})",
+            self.capabilities().backend
+        )))
+    }
 }
 
 impl<E: Endpoint + ?Sized> Endpoint for Box<E> {
@@ -174,6 +210,9 @@ impl<E: Endpoint + ?Sized> Endpoint for Box<E> {
         result: &mut Vec<u8>,
     ) -> Result<()> {
         (**self).call(procedure, args, result)
+    }
+    fn post_call(&mut self, procedure: crate::procedure::ProcedureId, args: &[u8]) -> Result<()> {
+        (**self).post_call(procedure, args)
     }
 }
 

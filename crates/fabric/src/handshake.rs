@@ -59,7 +59,9 @@ impl Protocol {
             // 4: a batch carries its expiry (`Batch::expire_at`); `VerbError::Expired`.
             // 5: the expiry is an instant in the server's clock, which the welcome and every
             // completions reply carry (`crate::clock`), no longer the time left on sending.
-            Protocol::Verbs => 5,
+            // 6: `Request::PostedCall` (a call answered only if it fails, then the connection
+            // closes: `RemoteError::PostedCallFailed`).
+            Protocol::Verbs => 6,
             // 2: the shared hello; `Open` carries a `lockmgr::LockScheme`, `OpenFile` a `LockRef`.
             // 3: data servers name their incarnation; clients learn the layout epoch in every
             // heartbeat and fetch the layout with `Cluster`; `FsError` answers `Lost`,

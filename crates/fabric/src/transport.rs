@@ -359,6 +359,16 @@ impl FabricServer {
         connect(&self.addr(), &self.credentials, 0)
     }
 
+    /// A connector to this server's memory as a procedure running at the server reaches it
+    /// (tcp: [`TcpServer::host_connector`], no network); for mem and shm, whose clients
+    /// reach the memory directly anyway, the same as [`FabricServer::connector`].
+    pub fn host_connector(&self) -> Result<Arc<dyn Connector>> {
+        match &self.served {
+            Served::Tcp(tcp) => Ok(tcp.host_connector()),
+            Served::Mem { .. } | Served::Shm(_) => self.connector(),
+        }
+    }
+
     /// Offers `procedure` under number `id` to this server's clients ([`crate::procedure`]).
     /// Only a backend whose verbs a server CPU executes runs procedures (tcp); the others
     /// refuse with [`crate::FabricError::Unsupported`], and their

@@ -102,6 +102,71 @@ fn a_call_runs_next_to_memory_on_the_words_clients_use() {
     assert_eq!(out[..8], 42u64.to_le_bytes());
 }
 
+/// A posted call costs no round trip and gets no answer, yet runs in order: after the batch
+/// sent before it, before the call sent after it.
+#[test]
+fn a_posted_call_runs_in_order_without_a_round_trip() {
+    let server = server();
+    let mut ep = TcpEndpoint::connect(server.local_addr(), &creds()).unwrap();
+    ep.write_u64(RemoteAddr::new(R, 256), 10).unwrap();
+    let before = ep.stats();
+    for _ in 0..3 {
+        ep.post_call(FAA_THEN_READ, &256u64.to_le_bytes()).unwrap();
+    }
+    let spent = ep.stats().since(&before);
+    assert_eq!(spent.round_trips, 0, "posting waits for nothing");
+    assert_eq!(spent.posted_calls, 3);
+    // The next call's answer is its own, and it sees the three posted increments.
+    let out = call(&mut ep, FAA_THEN_READ, &256u64.to_le_bytes()).unwrap();
+    assert_eq!(out[..8], 13u64.to_le_bytes());
+    assert_eq!(ep.read_u64(RemoteAddr::new(R, 256)).unwrap(), 14);
+    assert!(!ep.is_broken());
+
+    // Backends without a server CPU post no calls, and say so.
+    let mem = MemServer::new();
+    mem.register(R, 64).unwrap();
+    let mut local = mem.connect().unwrap();
+    assert!(matches!(
+        local.post_call(FAA_THEN_READ, &0u64.to_le_bytes()),
+        Err(FabricError::Unsupported(_))
+    ));
+}
+
+/// A posted call that fails closes the connection, like a failed unsignaled work request: the
+/// request after it does not run, and fails saying why, as disconnected.
+#[test]
+fn a_failed_posted_call_closes_the_connection_and_nothing_after_it_runs() {
+    let server = server();
+    let connector = TcpConnector::connect(server.local_addr(), creds()).unwrap();
+    let mut ep = connector.endpoint().unwrap();
+    // Bad arguments: the procedure fails at the server.
+    ep.post_call(FAA_THEN_READ, b"short").unwrap();
+    match ep.faa(RemoteAddr::new(R, 512), 1) {
+        Err(FabricError::Disconnected(why)) => {
+            assert!(
+                why.contains("posted call") && why.contains("8 argument bytes"),
+                "{why}"
+            )
+        }
+        other => panic!("the batch after a failed posted call must fail, got {other:?}"),
+    }
+    assert!(ep.is_broken());
+    let mut other = connector.endpoint().unwrap();
+    assert_eq!(
+        other.read_u64(RemoteAddr::new(R, 512)).unwrap(),
+        0,
+        "the batch sent after the failed posted call did not run"
+    );
+    // An unknown procedure, posted, fails the same way (the call that follows is not run).
+    other.post_call(99, b"").unwrap();
+    match call(&mut other, FAA_THEN_READ, &512u64.to_le_bytes()) {
+        Err(FabricError::Disconnected(why)) => assert!(why.contains("99"), "{why}"),
+        r => panic!("the call after a failed posted call must fail, got {r:?}"),
+    }
+    let mut third = connector.endpoint().unwrap();
+    assert_eq!(third.read_u64(RemoteAddr::new(R, 512)).unwrap(), 0);
+}
+
 #[test]
 fn refusals_and_failures_leave_the_endpoint_usable() {
     let server = server();

@@ -192,6 +192,15 @@ impl Endpoint for CarryingEndpoint {
     ) -> fabric::Result<()> {
         self.inner.call(procedure, args, result)
     }
+
+    /// Posted procedure calls carry nothing either.
+    fn post_call(
+        &mut self,
+        procedure: fabric::procedure::ProcedureId,
+        args: &[u8],
+    ) -> fabric::Result<()> {
+        self.inner.post_call(procedure, args)
+    }
 }
 
 #[cfg(test)]

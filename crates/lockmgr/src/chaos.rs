@@ -150,6 +150,13 @@ impl<E: Endpoint> Endpoint for ChaosEndpoint<E> {
         outcome
     }
 
+    /// A posted call is delayed before it is sent, like a batch's request; nothing waits for
+    /// its answer.
+    fn post_call(&mut self, procedure: fabric::ProcedureId, args: &[u8]) -> fabric::Result<()> {
+        self.maybe_delay(self.config.before);
+        self.inner.post_call(procedure, args)
+    }
+
     fn stats(&self) -> EndpointStats {
         self.inner.stats()
     }
@@ -295,6 +302,11 @@ impl Endpoint for StallEndpoint {
     ) -> fabric::Result<()> {
         self.switch.check();
         self.inner.call(procedure, args, result)
+    }
+
+    fn post_call(&mut self, procedure: fabric::ProcedureId, args: &[u8]) -> fabric::Result<()> {
+        self.switch.check();
+        self.inner.post_call(procedure, args)
     }
 
     fn stats(&self) -> EndpointStats {

@@ -118,8 +118,8 @@ impl LockStats {
         self.recoveries += other.recoveries;
         self.late_releases += other.late_releases;
         self.passed_over += other.passed_over;
-        add_endpoint(&mut self.acquire, &other.acquire);
-        add_endpoint(&mut self.release, &other.release);
+        self.acquire.add(&other.acquire);
+        self.release.add(&other.release);
         self.acquire_time += other.acquire_time;
     }
 }
@@ -153,14 +153,6 @@ impl LockStats {
             acquire_time: self.acquire_time.saturating_sub(earlier.acquire_time),
         }
     }
-}
-
-fn add_endpoint(into: &mut EndpointStats, other: &EndpointStats) {
-    into.round_trips += other.round_trips;
-    into.verbs += other.verbs;
-    into.atomics += other.atomics;
-    into.bytes_read += other.bytes_read;
-    into.bytes_written += other.bytes_written;
 }
 
 fn ratio(a: u64, b: u64) -> f64 {

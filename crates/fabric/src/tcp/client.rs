@@ -524,24 +524,7 @@ impl Endpoint for TcpEndpoint {
         args: &[u8],
         result: &mut Vec<u8>,
     ) -> Result<()> {
-        if self.in_flight {
-            return Err(FabricError::Protocol(format!(
-                "a procedure called on {} while a batch is in flight",
-                self.peer
-            )));
-        }
-        self.check_open()?;
-        if args.len() > crate::procedure::MAX_CALL_BYTES {
-            return Err(FabricError::Config(format!(
-                "{} bytes of arguments exceed the limit of {}",
-                args.len(),
-                crate::procedure::MAX_CALL_BYTES
-            )));
-        }
-        begin_frame(&mut self.tx);
-        wire::encode_call(&mut self.tx, procedure, args);
-        seal_frame(&mut self.tx);
-        self.send()?;
+        self.send_call(procedure, args, false)?;
         self.receive()?;
         match wire::decode_returned(&self.rx) {
             Ok(DecodedReturn::Returned(bytes)) => {
@@ -565,6 +548,15 @@ impl Endpoint for TcpEndpoint {
         }
     }
 
+    /// Sends the call and returns: the server answers it only if it fails, in place of the
+    /// next request's answer (see `Request::PostedCall`), which `remote_error` turns into this
+    /// endpoint's closing.
+    fn post_call(&mut self, procedure: crate::procedure::ProcedureId, args: &[u8]) -> Result<()> {
+        self.send_call(procedure, args, true)?;
+        self.stats.posted_calls += 1;
+        Ok(())
+    }
+
     fn stats(&self) -> EndpointStats {
         self.stats
     }
@@ -575,6 +567,33 @@ impl Endpoint for TcpEndpoint {
 }
 
 impl TcpEndpoint {
+    /// Checks and sends a call (posted or not) of `procedure` with `args`.
+    fn send_call(
+        &mut self,
+        procedure: crate::procedure::ProcedureId,
+        args: &[u8],
+        posted: bool,
+    ) -> Result<()> {
+        if self.in_flight {
+            return Err(FabricError::Protocol(format!(
+                "a procedure called on {} while a batch is in flight",
+                self.peer
+            )));
+        }
+        self.check_open()?;
+        if args.len() > crate::procedure::MAX_CALL_BYTES {
+            return Err(FabricError::Config(format!(
+                "{} bytes of arguments exceed the limit of {}",
+                args.len(),
+                crate::procedure::MAX_CALL_BYTES
+            )));
+        }
+        begin_frame(&mut self.tx);
+        wire::encode_call(&mut self.tx, procedure, args, posted);
+        seal_frame(&mut self.tx);
+        self.send()
+    }
+
     /// Refreshes what this endpoint knows of the server's clock with an empty batch (one round
     /// trip), when its last answer is too old for a deadline to be sent in it
     /// ([`crate::clock::RESYNC_AFTER`]: an idle connection).
@@ -666,6 +685,12 @@ impl TcpEndpoint {
             e @ RemoteError::FrameTooLarge { .. } => {
                 // The server closes the connection after this one.
                 let why = format!("{} refused a request: {e}", self.peer);
+                self.fail(why)
+            }
+            e @ RemoteError::PostedCallFailed { .. } => {
+                // In place of this request's answer: the server closed the connection, and this
+                // request did not run.
+                let why = format!("{}: {e}", self.peer);
                 self.fail(why)
             }
             e => FabricError::Protocol(format!("{} refused a request: {e}", self.peer)),

@@ -250,9 +250,11 @@ pub fn fuzz_seeds() -> Vec<Vec<u8>> {
     wire::encode_batch(&mut body, &batch);
     let request = body;
     let mut call = Vec::new();
-    wire::encode_call(&mut call, FUZZ_PROCEDURE, &16u64.to_le_bytes());
+    wire::encode_call(&mut call, FUZZ_PROCEDURE, &16u64.to_le_bytes(), false);
+    let mut posted_call = Vec::new();
+    wire::encode_call(&mut posted_call, FUZZ_PROCEDURE, &8u64.to_le_bytes(), true);
     let mut unknown_call = Vec::new();
-    wire::encode_call(&mut unknown_call, FUZZ_PROCEDURE + 1, b"?");
+    wire::encode_call(&mut unknown_call, FUZZ_PROCEDURE + 1, b"?", false);
     let framed = [
         crate::fuzz::frame(&hello),
         crate::fuzz::frame(&request),
@@ -275,6 +277,7 @@ pub fn fuzz_seeds() -> Vec<Vec<u8>> {
         [&[2u8][..], &unframed(&[&hello, &request])].concat(),
         [&[3u8][..], &unframed(&[&request, &request])].concat(),
         [&[3u8][..], &unframed(&[&call, &unknown_call, &request])].concat(),
+        [&[3u8][..], &unframed(&[&posted_call, &call, &request])].concat(),
         vec![4, 2, 2, 200],
         {
             let mut returned = vec![4u8];

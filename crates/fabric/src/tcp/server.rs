@@ -521,7 +521,11 @@ impl Session {
     }
 
     fn call_with(&mut self, body: &[u8]) -> Next {
-        let (id, args) = match wire::decode_call(body) {
+        let wire::DecodedCall {
+            procedure: id,
+            args,
+            posted,
+        } = match wire::decode_call(body) {
             Ok(call) => call,
             Err(e) => {
                 self.send(&Reply::Error(e.into()));
@@ -531,27 +535,59 @@ impl Session {
         if self.gate.run(|_| ()).is_none() {
             return self.refuse_revoked();
         }
+        let outcome = self.run_call(id, args);
+        match outcome {
+            // Nobody waits for a posted call's result: nothing is sent.
+            Ok(()) if posted => Next::Continue,
+            Ok(()) => {
+                begin_frame(&mut self.tx);
+                wire::encode_returned(&mut self.tx, &self.result);
+                seal_frame(&mut self.tx);
+                Next::Continue
+            }
+            // A host endpoint's gate found the session revoked (its own gate: the session's
+            // is not consulted by the procedure's batches).
+            Err(RemoteError::Revoked { .. }) => {
+                self.gate.revoked = true;
+                self.refuse_revoked()
+            }
+            // A failed posted call: the client went on as if it had run, so nothing it sent
+            // after it may run now (see `Request::PostedCall`).
+            Err(e) if posted => {
+                tracing::warn!(
+                    session = self.gate.session,
+                    procedure = id,
+                    "fabric tcp: a posted call failed ({e}); closing the connection"
+                );
+                self.send(&Reply::Error(RemoteError::PostedCallFailed {
+                    procedure: id,
+                    why: e.to_string(),
+                }));
+                Next::Close
+            }
+            Err(e) => {
+                self.send(&Reply::Error(e));
+                Next::Continue
+            }
+        }
+    }
+
+    /// Runs procedure `id` with `args` (opening it for this connection at its first call),
+    /// leaving its result in `self.result`.
+    fn run_call(&mut self, id: ProcedureId, args: &[u8]) -> std::result::Result<(), RemoteError> {
         if !self.calls.contains_key(&id) {
             let Some(procedure) = self.gate.shared.procedures.get(id) else {
-                self.send(&Reply::Error(RemoteError::UnknownProcedure {
-                    procedure: id,
-                }));
-                return Next::Continue;
+                return Err(RemoteError::UnknownProcedure { procedure: id });
             };
             let host = Arc::new(HostConnector {
                 shared: self.gate.shared.clone(),
                 state: self.gate.state.clone(),
                 session: self.gate.session,
             });
-            match procedure.open(host) {
-                Ok(session) => {
-                    self.calls.insert(id, session);
-                }
-                Err(e) => {
-                    self.send(&Reply::Error(RemoteError::Procedure(e.to_string())));
-                    return Next::Continue;
-                }
-            }
+            let session = procedure
+                .open(host)
+                .map_err(|e| RemoteError::Procedure(e.to_string()))?;
+            self.calls.insert(id, session);
         }
         self.result.clear();
         let outcome = match self.calls.get_mut(&id) {
@@ -559,30 +595,17 @@ impl Session {
             None => unreachable!("opened above"),
         };
         match outcome {
-            Ok(()) if self.result.len() <= MAX_CALL_BYTES => {
-                begin_frame(&mut self.tx);
-                wire::encode_returned(&mut self.tx, &self.result);
-                seal_frame(&mut self.tx);
-                Next::Continue
-            }
-            Ok(()) => {
-                let why = format!(
-                    "procedure {id} returned {} bytes, over the limit of {MAX_CALL_BYTES}",
-                    self.result.len()
-                );
-                self.send(&Reply::Error(RemoteError::Procedure(why)));
-                Next::Continue
-            }
-            // A host endpoint's gate found the session revoked (its own gate: the session's
-            // is not consulted by the procedure's batches).
+            Ok(()) if self.result.len() <= MAX_CALL_BYTES => Ok(()),
+            Ok(()) => Err(RemoteError::Procedure(format!(
+                "procedure {id} returned {} bytes, over the limit of {MAX_CALL_BYTES}",
+                self.result.len()
+            ))),
             Err(FabricError::Refused(_)) if self.gate.shared.is_revoked(self.gate.session) => {
-                self.gate.revoked = true;
-                self.refuse_revoked()
+                Err(RemoteError::Revoked {
+                    session: self.gate.session,
+                })
             }
-            Err(e) => {
-                self.send(&Reply::Error(RemoteError::Procedure(e.to_string())));
-                Next::Continue
-            }
+            Err(e) => Err(RemoteError::Procedure(e.to_string())),
         }
     }
 }
@@ -766,6 +789,18 @@ impl TcpServer {
             accept: Mutex::new(Some(accept)),
             connections,
             admission,
+        })
+    }
+
+    /// A connector whose endpoints execute on this server's memory in this process, as a
+    /// procedure's host endpoints do ([`crate::procedure`]): the same executor and region
+    /// checks, no socket, no session. For measuring what a procedure's own verbs cost (a
+    /// hosted CITRON acquisition's round trips, for its `T_wait`).
+    pub fn host_connector(&self) -> Arc<dyn Connector> {
+        Arc::new(HostConnector {
+            shared: self.shared.clone(),
+            state: self.shared.register(),
+            session: 0,
         })
     }
 

@@ -78,6 +78,8 @@ pub const MAX_REPLY_FRAME: usize = MAX_BATCH_BYTES + MAX_BATCH_VERBS * 10 + (1 <
 const REQUEST_BATCH_TAG: u32 = 0;
 /// Postcard variant index of [`Request::Call`].
 const REQUEST_CALL_TAG: u32 = 1;
+/// Postcard variant index of [`Request::PostedCall`].
+const REQUEST_POSTED_CALL_TAG: u32 = 2;
 /// Postcard variant index of [`Reply::Completions`].
 const REPLY_COMPLETIONS_TAG: u32 = 0;
 /// Postcard variant index of [`Reply::Returned`].
@@ -90,6 +92,16 @@ pub enum Request {
     Batch(Batch),
     /// One call of a procedure the server offers ([`crate::procedure`]; one round trip).
     Call {
+        /// The procedure's number.
+        procedure: ProcedureId,
+        /// Its arguments, at most [`MAX_CALL_BYTES`].
+        args: Vec<u8>,
+    },
+    /// A call nobody waits for (`Endpoint::post_call`): it runs after every request before it
+    /// and before every request after it, and is answered only if it fails — with
+    /// [`RemoteError::PostedCallFailed`], after which the server closes the connection, like a
+    /// failed unsignaled work request that puts an RDMA queue pair into its error state.
+    PostedCall {
         /// The procedure's number.
         procedure: ProcedureId,
         /// Its arguments, at most [`MAX_CALL_BYTES`].
@@ -165,6 +177,15 @@ pub enum RemoteError {
     /// The procedure ran and failed; it says what it did (its own contract).
     #[error("procedure failed: {0}")]
     Procedure(String),
+    /// A posted call ([`Request::PostedCall`]) failed; the server closes the connection, so
+    /// nothing the client sent after that call ran. Sent in place of the next answer due.
+    #[error("a posted call of procedure {procedure} failed: {why}; nothing sent after it ran")]
+    PostedCallFailed {
+        /// The number called.
+        procedure: ProcedureId,
+        /// Why it failed.
+        why: String,
+    },
 }
 
 /// A server-to-client message.
@@ -437,33 +458,52 @@ pub fn decode_reply(
     Ok(DecodedReply::Completions { clock })
 }
 
-/// Appends the encoding of `Request::Call { procedure, args }` to `buf` (postcard's: the tag,
-/// the number, then `args` as a length-prefixed byte string, copied in one piece).
-pub fn encode_call(buf: &mut Vec<u8>, procedure: ProcedureId, args: &[u8]) {
-    put_varint(buf, u64::from(REQUEST_CALL_TAG));
+/// Appends the encoding of `Request::Call { procedure, args }` (or, when `posted`,
+/// `Request::PostedCall`) to `buf` (postcard's: the tag, the number, then `args` as a
+/// length-prefixed byte string, copied in one piece).
+pub fn encode_call(buf: &mut Vec<u8>, procedure: ProcedureId, args: &[u8], posted: bool) {
+    let tag = if posted {
+        REQUEST_POSTED_CALL_TAG
+    } else {
+        REQUEST_CALL_TAG
+    };
+    put_varint(buf, u64::from(tag));
     put_varint(buf, u64::from(procedure));
     put_varint(buf, args.len() as u64);
     buf.extend_from_slice(args);
 }
 
-/// Whether a request body is a [`Request::Call`] (by its tag; the body is decoded by
-/// [`decode_call`]).
+/// Whether a request body is a [`Request::Call`] or a [`Request::PostedCall`] (by its tag; the
+/// body is decoded by [`decode_call`]).
 pub fn is_call(body: &[u8]) -> bool {
     matches!(
         postcard::take_from_bytes::<u32>(body),
-        Ok((REQUEST_CALL_TAG, _))
+        Ok((REQUEST_CALL_TAG | REQUEST_POSTED_CALL_TAG, _))
     )
 }
 
-/// Decodes a [`Request::Call`] body into the procedure's number and its arguments (borrowed
-/// from `body`). Arguments over [`MAX_CALL_BYTES`] are refused.
-pub fn decode_call(body: &[u8]) -> Result<(ProcedureId, &[u8]), DecodeError> {
+/// A decoded call: [`Request::Call`] or [`Request::PostedCall`], its arguments borrowed from
+/// the request body.
+#[derive(Debug, PartialEq, Eq)]
+pub struct DecodedCall<'a> {
+    /// The procedure's number.
+    pub procedure: ProcedureId,
+    /// Its arguments.
+    pub args: &'a [u8],
+    /// Whether nobody waits for its result ([`Request::PostedCall`]).
+    pub posted: bool,
+}
+
+/// Decodes a call's body. Arguments over [`MAX_CALL_BYTES`] are refused.
+pub fn decode_call(body: &[u8]) -> Result<DecodedCall<'_>, DecodeError> {
     let malformed = DecodeError::Malformed;
     let (tag, rest) = postcard::take_from_bytes::<u32>(body)
         .map_err(|e| malformed(format!("message tag: {e}")))?;
-    if tag != REQUEST_CALL_TAG {
-        return Err(malformed(format!("request tag {tag} is not a call")));
-    }
+    let posted = match tag {
+        REQUEST_CALL_TAG => false,
+        REQUEST_POSTED_CALL_TAG => true,
+        _ => return Err(malformed(format!("request tag {tag} is not a call"))),
+    };
     let (procedure, rest) = postcard::take_from_bytes::<u32>(rest)
         .map_err(|e| malformed(format!("procedure number: {e}")))?;
     let (len, args) = take_varint(rest, "argument length").map_err(malformed)?;
@@ -479,7 +519,11 @@ pub fn decode_call(body: &[u8]) -> Result<(ProcedureId, &[u8]), DecodeError> {
             args.len()
         )));
     }
-    Ok((procedure, args))
+    Ok(DecodedCall {
+        procedure,
+        args,
+        posted,
+    })
 }
 
 /// Appends the encoding of `Reply::Returned(result)` to `buf`.
@@ -562,6 +606,39 @@ mod tests {
         batch.masked_faa(RemoteAddr::new(r, 32), 5, 6);
         batch.write(RemoteAddr::new(r, 0), b"xy");
         batch
+    }
+
+    #[test]
+    fn call_encoding_is_postcard_and_decodes_back() {
+        for posted in [false, true] {
+            let mut hand = Vec::new();
+            encode_call(&mut hand, 0xC17_0001, b"args", posted);
+            let request = if posted {
+                Request::PostedCall {
+                    procedure: 0xC17_0001,
+                    args: b"args".to_vec(),
+                }
+            } else {
+                Request::Call {
+                    procedure: 0xC17_0001,
+                    args: b"args".to_vec(),
+                }
+            };
+            assert_eq!(hand, postcard::to_stdvec(&request).unwrap());
+            assert!(is_call(&hand));
+            assert_eq!(
+                decode_call(&hand).unwrap(),
+                DecodedCall {
+                    procedure: 0xC17_0001,
+                    args: b"args",
+                    posted
+                }
+            );
+        }
+        let mut batch = Vec::new();
+        encode_batch(&mut batch, &Batch::new());
+        assert!(!is_call(&batch));
+        assert!(decode_call(&batch).is_err());
     }
 
     #[test]

@@ -22,7 +22,7 @@ pub use ticket::{Backoff, TicketConfig, TicketLock};
 use crate::carry::CarryingEndpoint;
 use crate::scheme::{LockError, LockId};
 use crate::stats::LockStats;
-use fabric::{Batch, Completions, Endpoint, EndpointStats};
+use fabric::{Batch, Completions, Endpoint};
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use std::collections::HashMap;
@@ -73,10 +73,9 @@ impl<T> ClientCore<T> {
         let result = take(&mut self.endpoint, &mut self.rng, &mut self.stats);
         let carried = self.endpoint.finish(result.is_ok(), out);
         self.stats.acquire_time += started.elapsed();
-        add_traffic(
-            &mut self.stats.acquire,
-            &self.endpoint.stats().since(&before),
-        );
+        self.stats
+            .acquire
+            .add(&self.endpoint.stats().since(&before));
         let held = result?;
         let id = self.next_id;
         self.next_id += 1;
@@ -110,10 +109,9 @@ impl<T> ClientCore<T> {
         self.endpoint.carry_before(extra);
         let result = give_back(&mut self.endpoint, held);
         let carried = self.endpoint.finish(result.is_ok(), out);
-        add_traffic(
-            &mut self.stats.release,
-            &self.endpoint.stats().since(&before),
-        );
+        self.stats
+            .release
+            .add(&self.endpoint.stats().since(&before));
         let ours = result?;
         carried?;
         if late || !ours {
@@ -127,12 +125,4 @@ impl<T> ClientCore<T> {
         self.stats.releases += 1;
         Ok(())
     }
-}
-
-fn add_traffic(into: &mut EndpointStats, delta: &EndpointStats) {
-    into.round_trips += delta.round_trips;
-    into.verbs += delta.verbs;
-    into.atomics += delta.atomics;
-    into.bytes_read += delta.bytes_read;
-    into.bytes_written += delta.bytes_written;
 }

@@ -1,7 +1,7 @@
-//! Host-executed acquisitions: CITRON's acquire and release run at the lock tree's host, in one
-//! round trip each, on behalf of a client (seed 003, Cell: where a server's CPU executes every
-//! verb anyway, let it run the multi-step operation next to memory instead of answering one
-//! round trip per step; chosen per endpoint).
+//! Host-executed acquisitions: CITRON's acquire and release run at the lock tree's host on
+//! behalf of a client, an acquire in one round trip and a release posted without one (seed 003,
+//! Cell: where a server's CPU executes every verb anyway, let it run the multi-step operation
+//! next to memory instead of answering one round trip per step; chosen per endpoint).
 //!
 //! On the `tcp` fabric every one-sided verb is executed by the server's CPU, so each round trip
 //! of Alg. 2 — the ticket, the phase-(b) reads, each poll of a ticket or of the phase-(d)
@@ -10,7 +10,9 @@
 //! same words*: it opens an ordinary [`CitronClient`] whose endpoint is the host's own memory
 //! (`fabric`'s host endpoints: the same executor, region checks and fencing as the client's
 //! batches) and calls its `acquire` — Alg. 1 and Alg. 2 l. 4-37 with the fast path (§3.8),
-//! starvation avoidance (§3.5.4) and lease recovery (§3.10) — and later its `release` (Alg. 3).
+//! starvation avoidance (§3.5.4) and lease recovery (§3.10) — and later its `release` (Alg. 3),
+//! which the client posts and does not wait for (`CitronClient::release_hosted` says why that
+//! is safe).
 //! Nothing in the lock words tells a hosted acquisition from a one-sided one, so hosted and
 //! one-sided clients share one tree, and the protocol's safety argument covers both: the host
 //! client is just another client, with its own `t1`/`t2` for inequality (1) (§3.5.5) on the
@@ -111,6 +113,9 @@ enum Call {
     },
     /// Release lock `id` of the lock at `base` (Alg. 3).
     Release { base: RemoteAddr, id: u64 },
+    /// [`Call::Release`], posted (`Endpoint::post_call`): nobody waits for its answer, so
+    /// what the host's client counted in it goes with the next answer.
+    PostedRelease { base: RemoteAddr, id: u64 },
 }
 
 /// What the host's client counted during one call (everything a client's statistics hold but
@@ -210,6 +215,7 @@ impl Procedure for CitronHost {
         Ok(Box::new(HostSession {
             host,
             locks: HashMap::new(),
+            unreported: LockStats::default(),
         }))
     }
 }
@@ -218,6 +224,9 @@ impl Procedure for CitronHost {
 struct HostSession {
     host: Arc<dyn Connector>,
     locks: HashMap<RemoteAddr, CitronClient>,
+    /// What the host's clients counted in posted releases, not yet reported (it rides on the
+    /// next answer).
+    unreported: LockStats,
 }
 
 /// A lock error as a procedure's failure; a fabric error keeps its kind (a revoked session's
@@ -230,6 +239,14 @@ fn failed(e: LockError) -> FabricError {
 }
 
 impl HostSession {
+    /// The counts to answer with: `spent` in this call, and what posted releases counted
+    /// since the last answer.
+    fn report(&mut self, spent: &LockStats) -> Counts {
+        let mut counts = std::mem::take(&mut self.unreported);
+        counts.merge(spent);
+        Counts::of(&counts)
+    }
+
     fn lock(&mut self, base: RemoteAddr) -> fabric::Result<&mut CitronClient> {
         self.locks.get_mut(&base).ok_or_else(|| {
             FabricError::Procedure(format!("lock at {base:?} not opened on this connection"))
@@ -270,19 +287,30 @@ impl ProcedureSession for HostSession {
                 let lease_left = client
                     .lease_deadline(id)
                     .map(|d| d.saturating_duration_since(began));
+                let spent = client.stats().since(&before);
                 Answer::Acquired {
                     id: id.0,
                     lease_left,
-                    counts: Counts::of(&client.stats().since(&before)),
+                    counts: self.report(&spent),
                 }
             }
             Call::Release { base, id } => {
                 let client = self.lock(base)?;
                 let before = client.stats();
                 client.release(LockId(id)).map_err(failed)?;
+                let spent = client.stats().since(&before);
                 Answer::Released {
-                    counts: Counts::of(&client.stats().since(&before)),
+                    counts: self.report(&spent),
                 }
+            }
+            Call::PostedRelease { base, id } => {
+                let client = self.lock(base)?;
+                let before = client.stats();
+                client.release(LockId(id)).map_err(failed)?;
+                let spent = client.stats().since(&before);
+                self.unreported.merge(&spent);
+                // Nobody reads the answer of a posted call.
+                return Ok(());
             }
         };
         *result = postcard::to_extend(&answer, std::mem::take(result))
@@ -365,7 +393,7 @@ impl CitronClient {
         };
         let answer = host_call(&mut self.ep, &mut hosted, &call);
         let spent = self.ep.stats().since(&before);
-        super::add_stats(&mut self.stats.acquire, &spent);
+        self.stats.acquire.add(&spent);
         self.stats.acquire_time += sent.elapsed();
         let result = match answer {
             Ok(Answer::Acquired {
@@ -387,7 +415,16 @@ impl CitronClient {
         result
     }
 
-    /// [`RangeLock::release`] at the host: one round trip.
+    /// [`RangeLock::release`] at the host: posted (`Endpoint::post_call`), so it costs no
+    /// round trip of its own; one round trip where the endpoint cannot post.
+    ///
+    /// Why posting is safe: calls on one endpoint run in the order sent, so the release runs
+    /// after everything this client did under the lock and before its next request; nothing
+    /// the client does next depends on the release having run. If the release fails at the
+    /// host (it cannot, short of a bug or the connection's fencing), the host closes the
+    /// connection, the next call fails as disconnected, and the lock is recovered like a dead
+    /// client's when its lease runs out (§3.10). What the host counted in the release (a late
+    /// release, say) comes back with the next answer.
     pub(crate) fn release_hosted(&mut self, id: LockId) -> Result<(), LockError> {
         let Some(mut hosted) = self.hosted.take() else {
             unreachable!("only called when hosted")
@@ -396,20 +433,34 @@ impl CitronClient {
             Err(LockError::NotHeld(id))
         } else {
             let before = self.ep.stats();
-            let call = Call::Release {
-                base: self.base,
-                id: id.0,
+            let base = self.base;
+            let posted = encode_call(&mut hosted, &Call::PostedRelease { base, id: id.0 })
+                .and_then(|()| match self.ep.post_call(PROCEDURE, &hosted.args) {
+                    Ok(()) => Ok(true),
+                    Err(FabricError::Unsupported(_)) => Ok(false),
+                    Err(e) => Err(e.into()),
+                });
+            let answer = match posted {
+                Ok(true) => Ok(None),
+                Ok(false) => {
+                    host_call(&mut self.ep, &mut hosted, &Call::Release { base, id: id.0 })
+                        .map(Some)
+                }
+                Err(e) => Err(e),
             };
-            let answer = host_call(&mut self.ep, &mut hosted, &call);
             let spent = self.ep.stats().since(&before);
-            super::add_stats(&mut self.stats.release, &spent);
+            self.stats.release.add(&spent);
             match answer {
-                Ok(Answer::Released { counts }) => {
+                Ok(None) => {
+                    self.stats.releases += 1;
+                    Ok(())
+                }
+                Ok(Some(Answer::Released { counts })) => {
                     counts.add_to(&mut self.stats);
                     self.stats.releases += 1;
                     Ok(())
                 }
-                Ok(other) => Err(LockError::Config(format!(
+                Ok(Some(other)) => Err(LockError::Config(format!(
                     "CITRON host answered {other:?} to a release"
                 ))),
                 Err(e) => Err(e),
@@ -446,15 +497,21 @@ fn is_connection_lost(e: &LockError) -> bool {
     )
 }
 
+/// Encodes `call` into `bufs.args`.
+fn encode_call(bufs: &mut Hosted, call: &Call) -> Result<(), LockError> {
+    bufs.args.clear();
+    bufs.args = postcard::to_extend(call, std::mem::take(&mut bufs.args))
+        .map_err(|e| LockError::Config(format!("encode CITRON host call: {e}")))?;
+    Ok(())
+}
+
 /// One call of [`PROCEDURE`] through `ep`.
 fn host_call(
     ep: &mut dyn fabric::Endpoint,
     bufs: &mut Hosted,
     call: &Call,
 ) -> Result<Answer, LockError> {
-    bufs.args.clear();
-    bufs.args = postcard::to_extend(call, std::mem::take(&mut bufs.args))
-        .map_err(|e| LockError::Config(format!("encode CITRON host call: {e}")))?;
+    encode_call(bufs, call)?;
     bufs.reply.clear();
     ep.call(PROCEDURE, &bufs.args, &mut bufs.reply)?;
     postcard::from_bytes(&bufs.reply)

@@ -670,7 +670,7 @@ impl CitronClient {
         let carried = self.ep.finish(result.is_ok(), out);
         self.progress.set(Phase::Idle);
         let spent = self.ep.stats().since(&before);
-        add_stats(&mut self.stats.acquire, &spent);
+        self.stats.acquire.add(&spent);
         self.stats.acquire_time += start.elapsed();
         let (id, fast) = result?;
         self.stats.acquisitions += 1;
@@ -710,7 +710,7 @@ impl CitronClient {
         let result = self.release_held(&held);
         let carried = self.ep.finish(result.is_ok(), out);
         let spent = self.ep.stats().since(&before);
-        add_stats(&mut self.stats.release, &spent);
+        self.stats.release.add(&spent);
         result?;
         carried?;
         self.stats.releases += 1;
@@ -742,12 +742,4 @@ impl RangeLock for CitronClient {
     fn scheme(&self) -> &'static str {
         scheme::name(self.opts.fast_path)
     }
-}
-
-fn add_stats(into: &mut fabric::EndpointStats, d: &fabric::EndpointStats) {
-    into.round_trips += d.round_trips;
-    into.verbs += d.verbs;
-    into.atomics += d.atomics;
-    into.bytes_read += d.bytes_read;
-    into.bytes_written += d.bytes_written;
 }

@@ -19,7 +19,7 @@ use clap::Args;
 use fabric::{Backend, RemoteAddr};
 use indicatif::{ProgressBar, ProgressStyle};
 use lockmgr::baselines::SegSpec;
-use lockmgr::citron::{CitronGrowth, CitronSpec};
+use lockmgr::citron::{CitronGrowth, CitronSpec, Hosting};
 use lockmgr::schemes::{self, CreateOptions, FixedMemory};
 use lockmgr::{LockScheme, RangeLock};
 use serde::Serialize;
@@ -407,10 +407,8 @@ fn replay(
     let region_bytes = kind.resolve(&options)?.region_bytes()?;
     let fabric = Fabric::start(args.fabric, region_bytes)?;
     if let LockScheme::Citron(spec) = &mut kind {
-        let (t_wait, _) = lockmgr::citron::t_wait_under_load(
-            fabric.connector(),
-            RemoteAddr::new(LOCK_REGION, 0),
-        )?;
+        // Replayed with the default options: hosted where the fabric offers it.
+        let t_wait = fabric.t_wait(Hosting::Auto)?;
         spec.t_wait_us = t_wait.as_micros().max(1) as u64;
     }
     let created = schemes::create(

@@ -271,6 +271,9 @@ fn citron_kind(args: &LocksArgs, name: &str, t_wait_us: u64) -> LockScheme {
 /// The fabric a run uses; kept alive until the run ends.
 pub(crate) struct Fabric {
     connector: Arc<dyn Connector>,
+    /// The server's memory as a procedure at the server reaches it.
+    host_connector: Arc<dyn Connector>,
+    backend: Backend,
     _server: FabricServer,
     /// The shm backend's region directory, removed after the server.
     _dir: tempfile::TempDir,
@@ -299,6 +302,8 @@ impl Fabric {
         }
         Ok(Fabric {
             connector: server.connector()?,
+            host_connector: server.host_connector()?,
+            backend,
             _server: server,
             _dir: dir,
         })
@@ -306,6 +311,39 @@ impl Fabric {
 
     pub(crate) fn connector(&self) -> &dyn Connector {
         &*self.connector
+    }
+
+    /// CITRON's `T_wait` for the lock at [`LOCK_REGION`] when its clients acquire as `hosting`
+    /// says: from round trips under load (`lockmgr::citron::t_wait_under_load`) along the path
+    /// their conflicting phases take — the host's own memory when they acquire at the host
+    /// (`tcp`, where `start` offers the procedure), the fabric otherwise.
+    ///
+    /// Why not always the fabric's: inequality (1) (§3.5.5) bounds the time between a
+    /// client's phase-(b) read and its leaf lock, and a hosted client makes both at the host.
+    /// Sized for the tcp round trip instead (827 µs measured on the 2-core machine), every
+    /// non-leaf grant waited that long in phase (d) for nothing: `bench locks --backend tcp
+    /// --mixed` ran at 0.8–1.1× the lock server against 1.3–1.5× with 15–50 µs, at the same
+    /// abort rate.
+    pub(crate) fn t_wait(&self, hosting: Hosting) -> Result<Duration> {
+        let hosted = match hosting {
+            Hosting::Never => false,
+            Hosting::Auto => self.backend == Backend::Tcp,
+            Hosting::Always => true,
+        };
+        let connector = if hosted {
+            &*self.host_connector
+        } else {
+            &*self.connector
+        };
+        let (t_wait, rtt) =
+            lockmgr::citron::t_wait_under_load(connector, RemoteAddr::new(LOCK_REGION, 0))?;
+        tracing::info!(
+            ?rtt,
+            ?t_wait,
+            hosted,
+            "CITRON T_wait from the round trip under load"
+        );
+        Ok(t_wait)
     }
 }
 
@@ -357,15 +395,7 @@ fn run_one(args: &LocksArgs, name: &str, threads: usize) -> Result<LocksResult> 
         (false, _) => None,
         (true, Some(us)) => Some(Duration::from_micros(us)),
         (true, None) => {
-            let (t_wait, rtt) = lockmgr::citron::t_wait_under_load(
-                fabric.connector(),
-                RemoteAddr::new(LOCK_REGION, 0),
-            )?;
-            tracing::info!(
-                ?rtt,
-                ?t_wait,
-                "CITRON T_wait from the round trip under load"
-            );
+            let t_wait = fabric.t_wait(args.citron_hosting.hosting())?;
             kind = citron_kind(args, name, t_wait.as_micros().max(1) as u64);
             Some(t_wait)
         }
