@@ -32,7 +32,9 @@ pub trait Procedure: Send + Sync {
     /// The state of one connection's calls, opened at its first call. `host` opens endpoints
     /// on the server's own memory, whose batches are checked (regions, bounds, the
     /// connection's session against revocations) as the connection's own batches are.
-    fn open(&self, host: Arc<dyn Connector>) -> Result<Box<dyn ProcedureSession>>;
+    /// `session` is the client session the connection presented (0: none), the one fences
+    /// revoke.
+    fn open(&self, host: Arc<dyn Connector>, session: u64) -> Result<Box<dyn ProcedureSession>>;
 }
 
 /// One connection's calls of one procedure, in order, on the connection's thread.

@@ -27,7 +27,11 @@ struct Steps {
 }
 
 impl Procedure for Steps {
-    fn open(&self, host: Arc<dyn Connector>) -> fabric::Result<Box<dyn ProcedureSession>> {
+    fn open(
+        &self,
+        host: Arc<dyn Connector>,
+        _session: u64,
+    ) -> fabric::Result<Box<dyn ProcedureSession>> {
         Ok(Box::new(StepsSession {
             wait: self.wait,
             ep: host.connect()?,
@@ -246,4 +250,51 @@ fn a_revoked_session_runs_nothing_more_and_is_not_waited_for() {
     // The same procedure for a live client completes.
     call(&mut other, WAIT_THEN_WRITE, b"").unwrap();
     assert_eq!(other.read_u64(RemoteAddr::new(R, 8)).unwrap(), 1);
+}
+
+/// A call may wait at the server longer than a batch may take (a lock acquired at the host
+/// waits for the lock): its answer is awaited for the call bound, not the batch bound; past
+/// the call bound it fails as timed out.
+#[test]
+fn a_call_waits_up_to_the_call_bound_not_the_batch_bound() {
+    let server = server();
+    let timeouts = fabric::TcpTimeouts {
+        connect: Duration::from_secs(5),
+        batch: Duration::from_millis(100),
+        call: Duration::from_secs(10),
+    };
+    let mut ep = TcpEndpoint::connect_with(server.local_addr(), &creds(), 0, timeouts).unwrap();
+    let caller = std::thread::spawn(move || {
+        let waited = Instant::now();
+        let out = call(&mut ep, WAIT_THEN_WRITE, b"");
+        (out, waited.elapsed(), ep)
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let mut other = TcpEndpoint::connect(server.local_addr(), &creds()).unwrap();
+    other.write_u64(RemoteAddr::new(R, 0), 1).unwrap();
+    let (out, waited, mut ep) = caller.join().unwrap();
+    out.unwrap();
+    assert!(waited >= Duration::from_millis(500), "{waited:?}");
+    assert!(!ep.is_broken());
+    assert_eq!(ep.read_u64(RemoteAddr::new(R, 8)).unwrap(), 1);
+
+    // Past the call bound: timed out, the endpoint given up.
+    other.write_u64(RemoteAddr::new(R, 0), 0).unwrap();
+    let short = fabric::TcpTimeouts {
+        call: Duration::from_millis(300),
+        ..timeouts
+    };
+    let mut ep = TcpEndpoint::connect_with(server.local_addr(), &creds(), 0, short).unwrap();
+    let start = Instant::now();
+    match call(&mut ep, WAIT_THEN_WRITE, b"") {
+        Err(FabricError::TimedOut(why)) => assert!(why.contains("procedure call"), "{why}"),
+        other => panic!("a call past its bound must time out, got {other:?}"),
+    }
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_millis(300) && waited < Duration::from_secs(3),
+        "{waited:?}"
+    );
+    assert!(ep.is_broken());
+    other.write_u64(RemoteAddr::new(R, 0), 1).unwrap();
 }

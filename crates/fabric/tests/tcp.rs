@@ -809,6 +809,7 @@ fn a_silent_link_fails_a_batch_within_its_bound() {
     let timeouts = fabric::TcpTimeouts {
         connect: Duration::from_secs(5),
         batch: bound,
+        call: bound,
     };
     let mut ep = TcpEndpoint::connect_with(proxy, &creds(), 0, timeouts).unwrap();
     assert_eq!(ep.timeouts(), timeouts);
@@ -928,6 +929,7 @@ fn zero_time_bounds_mean_the_defaults() {
         fabric::TcpTimeouts {
             connect: Duration::ZERO,
             batch: Duration::ZERO,
+            call: Duration::ZERO,
         },
     )
     .unwrap();
@@ -965,6 +967,7 @@ fn a_trickling_reply_is_held_to_the_batch_bound() {
         fabric::TcpTimeouts {
             connect: Duration::from_secs(5),
             batch: bound,
+            call: bound,
         },
     )
     .unwrap();
@@ -1013,6 +1016,7 @@ fn a_peer_that_stops_reading_fails_a_large_batch_within_its_bound() {
         fabric::TcpTimeouts {
             connect: Duration::from_secs(5),
             batch: bound,
+            call: bound,
         },
     )
     .unwrap();

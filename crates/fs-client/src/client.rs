@@ -32,6 +32,7 @@ use crate::meta::{Heartbeat, Meta};
 use crate::plan::Geometry;
 use crate::view::View;
 use crate::workers::WorkerPool;
+use lockmgr::citron::Hosting;
 use lockmgr::LockScheme;
 use lockmgr::LockStats;
 use proto::{Caller, ClusterInfo};
@@ -56,6 +57,12 @@ pub struct MountOptions {
     /// silent server (a cut link, a frozen host) fails the call with EIO instead of blocking
     /// it ([`fabric::TcpTimeouts::DEFAULT`]: 5 s each).
     pub fabric_timeouts: fabric::TcpTimeouts,
+    /// Where CITRON locks are acquired: by default ([`Hosting::Auto`]) at the meta server,
+    /// which hosts the lock trees, where it offers that (tcp: one call per acquisition, the
+    /// release posted, the meta server fencing and scaling up on the client's behalf), and
+    /// one-sided otherwise. [`Hosting::Never`] acquires one-sided always (tests that kill a
+    /// client in the middle of the protocol).
+    pub citron_hosting: Hosting,
 }
 
 impl MountOptions {
@@ -77,6 +84,7 @@ impl MountOptions {
             scheme: LockScheme::CITRON,
             host: hostname(),
             fabric_timeouts: fabric::TcpTimeouts::DEFAULT,
+            citron_hosting: Hosting::Auto,
         }
     }
 }

@@ -58,8 +58,13 @@ impl LockCache {
         let fresh = !matches!(self.files.get(&inode.ino),
             Some((known, _)) if known.upgrade().is_some_and(|k| k.open_id == inode.open_id));
         if fresh {
-            let handle =
-                locks::open_file_lock(&inode.lock, &*view.servers.meta, &inner.meta, inode.ino)?;
+            let handle = locks::open_file_lock(
+                &inode.lock,
+                &*view.servers.meta,
+                &inner.meta,
+                inode.ino,
+                inner.opts.citron_hosting,
+            )?;
             if let Some((_, old)) = self
                 .files
                 .insert(inode.ino, (Arc::downgrade(inode), handle))

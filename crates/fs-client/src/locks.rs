@@ -72,6 +72,11 @@ impl TreeAllocator for RpcTreeAllocator {
             source: Box::new(e),
         })
     }
+
+    /// The meta server hosts file locks on tcp and allocates their words itself, by inode.
+    fn host_tag(&self) -> Option<u64> {
+        Some(self.ino)
+    }
 }
 
 /// The file system's fence (DESIGN.md "Fencing"): before this client breaks a lock whose
@@ -103,10 +108,12 @@ pub(crate) fn open_file_lock(
     connector: &dyn fabric::Connector,
     meta: &Arc<Meta>,
     ino: Ino,
+    hosting: lockmgr::citron::Hosting,
 ) -> Result<Box<dyn RangeLock>, Error> {
     let options = OpenOptions {
         citron: ClientOptions {
             fence: Some(Arc::new(MetaFence { meta: meta.clone() })),
+            hosting,
             ..ClientOptions::default()
         },
         allocator: Some(Arc::new(RpcTreeAllocator {

@@ -1,19 +1,22 @@
 //! CITRON acquired at the lock tree's host (`lockmgr::citron::hosted`): one round trip per
-//! acquire and per release, a lease deadline no later than the host's, the choice of where to
-//! acquire per endpoint, and a dead host connection leaving its locks to lease recovery.
+//! acquire and a posted release, carried verbs in the same calls, a lease deadline no later
+//! than the host's, the choice of where to acquire per endpoint, a host that fences for its
+//! clients, and a dead host connection leaving its locks to lease recovery.
 
 mod common;
 
 use common::servers::Fabric;
-use fabric::{Backend, Connector, RegionId, RemoteAddr};
+use fabric::{Backend, Batch, Completions, Connector, EndpointExt, RegionId, RemoteAddr};
 use lockmgr::chaos::DelayMode;
 use lockmgr::citron::{hosted, CitronClient, CitronHost, CitronSpec, Hosting, NoAllocator};
 use lockmgr::schemes::{self, CreateOptions, Created, FixedMemory, OpenOptions};
 use lockmgr::{ChaosConfig, ChaosConnector, Fence, LockError, LockScheme, RangeLock};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const REGION: RegionId = RegionId(1);
+/// A region of plain words beside the lock, for carried verbs.
+const DATA: RegionId = RegionId(2);
 const BASE: RemoteAddr = RemoteAddr::new(REGION, 0);
 const LEASE: Duration = Duration::from_secs(3);
 
@@ -28,17 +31,22 @@ fn kind() -> LockScheme {
 
 /// A fabric of `backend` holding one CITRON lock, the host procedure offered where it can be.
 fn start(backend: Backend, offer: bool) -> (Fabric, Arc<dyn Connector>, Created) {
+    start_with(backend, offer.then(CitronHost::new))
+}
+
+/// [`start`] offering `host`, if any.
+fn start_with(backend: Backend, host: Option<CitronHost>) -> (Fabric, Arc<dyn Connector>, Created) {
     let kind = kind();
     let bytes = kind
         .resolve(&CreateOptions::default())
         .unwrap()
         .region_bytes()
         .unwrap();
-    let fabric = Fabric::start(backend, &[(REGION, bytes)]);
-    if offer {
+    let fabric = Fabric::start(backend, &[(REGION, bytes), (DATA, 64)]);
+    if let Some(host) = host {
         fabric
             .server()
-            .register_procedure(hosted::PROCEDURE, Arc::new(CitronHost::new()))
+            .register_procedure(hosted::PROCEDURE, Arc::new(host))
             .unwrap();
     }
     let connector = fabric.connector();
@@ -88,6 +96,25 @@ struct NoFence;
 
 impl Fence for NoFence {
     fn fence(&self) -> Result<(), LockError> {
+        Ok(())
+    }
+}
+
+/// A fence that records who called it.
+#[derive(Default)]
+struct Recorded {
+    calls: Mutex<Vec<u64>>,
+}
+
+/// The fence of one session, recording into a shared [`Recorded`].
+struct RecordingFence {
+    record: Arc<Recorded>,
+    session: u64,
+}
+
+impl Fence for RecordingFence {
+    fn fence(&self) -> Result<(), LockError> {
+        self.record.calls.lock().unwrap().push(self.session);
         Ok(())
     }
 }
@@ -181,7 +208,8 @@ fn where_a_client_acquires_is_chosen_per_endpoint() {
     assert!(!was_hosted(
         &mut *open(&connector, &created, Hosting::Never, None).unwrap()
     ));
-    // A fence cannot travel to the host: Auto stays one-sided, Always is refused.
+    // A host that cannot fence for a client with a fence: Auto stays one-sided, Always is
+    // refused.
     let fence: Arc<dyn Fence> = Arc::new(NoFence);
     assert!(!was_hosted(
         &mut *open(&connector, &created, Hosting::Auto, Some(fence.clone())).unwrap()
@@ -222,4 +250,92 @@ fn a_lost_host_connection_leaves_its_lock_to_lease_recovery() {
     );
     assert!(waited < LEASE * 10, "never recovered");
     other.release(id).unwrap();
+}
+
+/// The caller's carried verbs travel in the host calls: read under the lock in the acquire's
+/// one round trip, written before the release in the release's one round trip.
+#[test]
+fn carried_verbs_travel_in_the_host_calls() {
+    let (_fabric, connector, created) = start(Backend::Tcp, true);
+    let mut other = connector.connect().unwrap();
+    other.write_u64(RemoteAddr::new(DATA, 8), 41).unwrap();
+    let mut lock = open(&connector, &created, Hosting::Always, None).unwrap();
+    let mut fallback = connector.connect().unwrap();
+    let mut extra = Batch::new();
+    let read = extra.read(RemoteAddr::new(DATA, 8), 8);
+    let mut out = Completions::new();
+    let id = lock
+        .acquire_with(0..64, &extra, &mut out, &mut *fallback)
+        .unwrap();
+    assert_eq!(out.word(read, 0), 41);
+    let mut extra = Batch::new();
+    extra.write_u64(RemoteAddr::new(DATA, 8), 42);
+    lock.release_with(id, &extra, &mut Completions::new(), &mut *fallback)
+        .unwrap();
+    // Written before the release, which the call made: both done when it returned.
+    assert_eq!(other.read_u64(RemoteAddr::new(DATA, 8)).unwrap(), 42);
+    assert!(audit(&connector).at_rest());
+    let stats = lock.stats();
+    assert_eq!(
+        (stats.acquire.round_trips, stats.release.round_trips),
+        (1, 1),
+        "one call each way, the carried verbs in them"
+    );
+    assert_eq!(fallback.stats().round_trips, 0, "nothing went another way");
+}
+
+/// A host that can fence hosts clients that have a fence, and fences as the waiting client
+/// (its connection's session), never calling the client's own fence, before it breaks the hold
+/// of a holder whose connection went away.
+#[test]
+fn a_fencing_host_hosts_fenced_clients_and_fences_as_them() {
+    let at_host = Arc::new(Recorded::default());
+    let record = at_host.clone();
+    let host = CitronHost::new().fencing(Arc::new(move |session| {
+        Arc::new(RecordingFence {
+            record: record.clone(),
+            session,
+        }) as Arc<dyn Fence>
+    }));
+    let (fabric, _connector, created) = start_with(Backend::Tcp, Some(host));
+    let own = Arc::new(Recorded::default());
+    let fence = |session| -> Arc<dyn Fence> {
+        Arc::new(RecordingFence {
+            record: own.clone(),
+            session,
+        })
+    };
+    let mut holder = open(
+        &fabric.connector_for(11),
+        &created,
+        Hosting::Auto,
+        Some(fence(11)),
+    )
+    .unwrap();
+    assert!(was_hosted(&mut *holder), "a client with a fence is hosted");
+    let _held = holder.acquire(0..16).unwrap();
+    drop(holder);
+    let mut waiter = open(
+        &fabric.connector_for(22),
+        &created,
+        Hosting::Auto,
+        Some(fence(22)),
+    )
+    .unwrap();
+    let start = Instant::now();
+    let id = waiter.acquire(8..9).unwrap();
+    assert!(
+        start.elapsed() >= LEASE / 2,
+        "granted before the lease ran out"
+    );
+    waiter.release(id).unwrap();
+    let fenced = at_host.calls.lock().unwrap().clone();
+    assert!(
+        !fenced.is_empty() && fenced.iter().all(|&s| s == 22),
+        "the host fences as the waiter before breaking in: {fenced:?}"
+    );
+    assert!(
+        own.calls.lock().unwrap().is_empty(),
+        "the client's own fence is not called when the host fences"
+    );
 }

@@ -243,6 +243,9 @@ impl MetaServer {
             max_open_per_session: config.max_open_per_session,
         };
         let service = Arc::new(Service::new(settings, store, region, lock_server)?);
+        if region_server.backend() == fabric::Backend::Tcp {
+            offer_hosted_citron(&region_server, &service)?;
+        }
         let region_server = Arc::new(region_server);
         if region_server.can_fence() {
             let server = region_server.clone();
@@ -312,8 +315,14 @@ impl MetaServer {
 }
 
 /// `T_wait` for CITRON trees: derived from round trips to the meta region under load
-/// (`lockmgr::citron::t_wait_under_load`) as clients make them — through the fabric, from
-/// another connection — not from the server's own local memory access.
+/// (`lockmgr::citron::t_wait_under_load`) as one-sided clients make them — through the fabric,
+/// from another connection — not from the server's own local memory access.
+///
+/// Also where clients acquire at this host ([`offer_hosted_citron`], tcp): a client may still
+/// acquire one-sided (its host refused it, or it was told to), and inequality (1) (seed 000
+/// §3.5.5) then needs its phases, a round trip each, to fit in `T_wait`. Sized for the host's
+/// own memory (15 µs), such a client aborted every attempt that was not a fast path, for ever
+/// (seen: a 4 KiB write hung). Hosted grants pay for it in phase (d) waits instead.
 fn measure_t_wait(server: &FabricServer) -> anyhow::Result<Duration> {
     let connector = server
         .connector()
@@ -328,6 +337,78 @@ fn measure_t_wait(server: &FabricServer) -> anyhow::Result<Duration> {
         "CITRON T_wait from the round trip under load"
     );
     Ok(t_wait)
+}
+
+/// Lets file-system clients on tcp acquire their range locks at this host
+/// (`lockmgr::citron::hosted`, seed 003): a lock tree lives in the meta region, and on tcp this
+/// server's CPU executes every one-sided verb of an acquisition anyway, one wake-up per round
+/// trip and per poll. Clients have a fence (`fs-client`'s `MetaFence`), so the host fences for
+/// them: before a break-in on behalf of the client of session `s`, the same revocation of
+/// silent sessions its `Fence` request would run, with `s` as the caller.
+fn offer_hosted_citron(server: &FabricServer, service: &Arc<Service>) -> anyhow::Result<()> {
+    let weak = Arc::downgrade(service);
+    let service = weak.clone();
+    let host = lockmgr::citron::CitronHost::new()
+        .fencing(Arc::new(move |session| {
+            Arc::new(HostFence {
+                service: service.clone(),
+                session,
+            }) as Arc<dyn lockmgr::Fence>
+        }))
+        .allocating(Arc::new(move |ino| {
+            Arc::new(HostAllocator {
+                service: weak.clone(),
+                ino,
+            }) as Arc<dyn lockmgr::citron::TreeAllocator>
+        }));
+    server
+        .register_procedure(lockmgr::citron::hosted::PROCEDURE, Arc::new(host))
+        .context("offering hosted CITRON acquisitions")
+}
+
+/// The fence a hosted acquisition of session `session` runs ([`offer_hosted_citron`]).
+struct HostFence {
+    service: std::sync::Weak<Service>,
+    session: u64,
+}
+
+impl lockmgr::Fence for HostFence {
+    fn fence(&self) -> Result<(), lockmgr::LockError> {
+        let hook = |source: Box<dyn std::error::Error + Send + Sync>| lockmgr::LockError::Hook {
+            what: "fence before a lease recovery (at the host)",
+            source,
+        };
+        let service = self
+            .service
+            .upgrade()
+            .ok_or_else(|| hook("the meta server is stopping".into()))?;
+        service
+            .fence(self.session, service::FENCE_WAIT)
+            .map_err(|e| hook(Box::new(e)))
+    }
+}
+
+/// The allocator of the scale-ups a hosted acquisition of file `ino`'s lock runs here
+/// ([`offer_hosted_citron`]): the same lock words `AllocateLockWords` would give its client.
+struct HostAllocator {
+    service: std::sync::Weak<Service>,
+    ino: proto::Ino,
+}
+
+impl lockmgr::citron::TreeAllocator for HostAllocator {
+    fn allocate(&self, words: u64) -> Result<fabric::RemoteAddr, lockmgr::LockError> {
+        let hook = |source: Box<dyn std::error::Error + Send + Sync>| lockmgr::LockError::Hook {
+            what: "lock tree allocation (at the host)",
+            source,
+        };
+        let service = self
+            .service
+            .upgrade()
+            .ok_or_else(|| hook("the meta server is stopping".into()))?;
+        service
+            .allocate_lock_words(self.ino, words)
+            .map_err(|e| hook(Box::new(e)))
+    }
 }
 
 /// Expires sessions whose lease ran out.

@@ -184,7 +184,7 @@ const RECLAIM_WAIT: Duration = Duration::from_secs(5);
 
 /// How long a `Fence` waits for the data servers to apply a revocation (their long poll
 /// answers at once; this covers a data server that is slow or going away).
-const FENCE_WAIT: Duration = Duration::from_secs(3);
+pub(crate) const FENCE_WAIT: Duration = Duration::from_secs(3);
 
 /// The first session id of this run: the clock in microseconds, so that ids of an earlier run
 /// (which data servers may still hold revoked) are never handed out again.
@@ -1592,36 +1592,44 @@ impl Service {
                 Response::Ok
             }
             Request::AllocateLockWords { ino, words } => {
-                let mut st = lock(&self.state);
-                if !st.open.contains_key(&ino) {
-                    return Err(FsError::Stale);
-                }
-                let bytes = words
-                    .checked_mul(8)
-                    .filter(|&b| b > 0)
-                    .ok_or_else(|| FsError::Invalid(format!("{words} lock words")))?;
-                let offset = st.alloc.alloc(bytes).ok_or(FsError::NoSpace)?;
-                let zeros = vec![0u8; bytes.min(1 << 20) as usize];
-                let mut at = 0;
-                while at < bytes {
-                    let n = (bytes - at).min(zeros.len() as u64);
-                    if let Err(e) = st
-                        .endpoint
-                        .write(Self::meta_addr(offset + at), &zeros[..n as usize])
-                    {
-                        st.alloc.free(offset, bytes);
-                        return Err(e.into());
-                    }
-                    at += n;
-                }
-                st.open
-                    .get_mut(&ino)
-                    .expect("checked")
-                    .extra
-                    .push(LockAlloc { offset, bytes });
-                Response::Addr(Self::meta_addr(offset))
+                Response::Addr(self.allocate_lock_words(ino, words)?)
             }
         })
+    }
+
+    /// Allocates `words` zeroed lock words for the lock tree of open file `ino` (a CITRON
+    /// scale-up, Alg. 4 l. 3), freed with the file's other lock state when it is no longer
+    /// open: `AllocateLockWords`, and the allocator of the scale-ups a hosted acquisition runs
+    /// here (`offer_hosted_citron`).
+    pub fn allocate_lock_words(&self, ino: Ino, words: u64) -> Result<RemoteAddr, FsError> {
+        let mut st = lock(&self.state);
+        if !st.open.contains_key(&ino) {
+            return Err(FsError::Stale);
+        }
+        let bytes = words
+            .checked_mul(8)
+            .filter(|&b| b > 0)
+            .ok_or_else(|| FsError::Invalid(format!("{words} lock words")))?;
+        let offset = st.alloc.alloc(bytes).ok_or(FsError::NoSpace)?;
+        let zeros = vec![0u8; bytes.min(1 << 20) as usize];
+        let mut at = 0;
+        while at < bytes {
+            let n = (bytes - at).min(zeros.len() as u64);
+            if let Err(e) = st
+                .endpoint
+                .write(Self::meta_addr(offset + at), &zeros[..n as usize])
+            {
+                st.alloc.free(offset, bytes);
+                return Err(e.into());
+            }
+            at += n;
+        }
+        st.open
+            .get_mut(&ino)
+            .expect("checked")
+            .extra
+            .push(LockAlloc { offset, bytes });
+        Ok(Self::meta_addr(offset))
     }
 
     /// After a `SetAttr` of an open file: publishes its permission bits in the FCB (writers

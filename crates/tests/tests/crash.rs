@@ -155,6 +155,11 @@ fn victim_main() {
     let skip: u64 = skip.parse().unwrap();
     let mut options = fs_client::MountOptions::new(meta, cluster, token);
     options.scheme = fs_client::LockScheme::CITRON;
+    if failpoint.starts_with("lockmgr::") {
+        // The lock protocol's failpoints are on the client's side of it: acquired at the
+        // meta server (tcp's default), the protocol runs there, where no client dies.
+        options.citron_hosting = fs_client::Hosting::Never;
+    }
     let fs = CitronFs::connect(options).expect("the victim connects");
     let me = CitronFs::process_caller();
     let pid = std::process::id();

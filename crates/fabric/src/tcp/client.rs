@@ -27,12 +27,23 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// answered and a blocking read would otherwise wait for TCP to give up (about 15 minutes with
 /// Linux's default `tcp_retries2`). The server runs a batch as soon as it arrives (it never
 /// waits on a lock: waiting is the client's, in separate batches), so a live server answers
-/// within a round trip plus its scheduling delay. A procedure call
-/// ([`Endpoint::call`](crate::Endpoint::call)) is held to the same bound; one that waits (a
-/// lock acquired at the host) longer than it fails the endpoint like a silent server. 5 s is more than twice the range locks'
-/// lease (`T_lease`, 2 s): a client whose batch took that long has lost its lock anyway, so
-/// the bound never fails an I/O that could still have succeeded.
+/// within a round trip plus its scheduling delay. (A procedure call may wait at the server:
+/// [`CALL_TIMEOUT`].) 5 s is more than twice the range locks' lease (`T_lease`, 2 s): a client
+/// whose batch took that long has lost its lock anyway, so the bound never fails an I/O that
+/// could still have succeeded.
 pub const BATCH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a procedure call ([`Endpoint::call`](crate::Endpoint::call)) may wait for the
+/// first byte of its answer by default ([`TcpTimeouts::call`]); the rest of the exchange is
+/// held to the batch bound.
+///
+/// Unlike a batch, a call may legitimately wait at the server: a lock acquired at the host
+/// waits there for the lock, as a one-sided client would poll for it. The longest such wait
+/// CitronFS's defaults allow is a dead holder's lease recovery — up to `(H + 1)·T_lease` of
+/// the tree's height `H` (2 s leases) plus a fence (at most 3 s) — about 10 s on the trees
+/// files get; 30 s leaves room for queueing behind other waiters. A dead or unreachable server
+/// host is still found within about the batch bound by the kernel (`watch_peer_within`).
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The time bounds of a tcp endpoint: how long a silent peer can keep a caller waiting.
 ///
@@ -46,13 +57,16 @@ pub struct TcpTimeouts {
     pub connect: Duration,
     /// One batch: sending its request and reading its reply ([`BATCH_TIMEOUT`] by default).
     pub batch: Duration,
+    /// A procedure call's wait for its answer to begin ([`CALL_TIMEOUT`] by default).
+    pub call: Duration,
 }
 
 impl TcpTimeouts {
-    /// The defaults: [`CONNECT_TIMEOUT`] and [`BATCH_TIMEOUT`].
+    /// The defaults: [`CONNECT_TIMEOUT`], [`BATCH_TIMEOUT`] and [`CALL_TIMEOUT`].
     pub const DEFAULT: TcpTimeouts = TcpTimeouts {
         connect: CONNECT_TIMEOUT,
         batch: BATCH_TIMEOUT,
+        call: CALL_TIMEOUT,
     };
 
     /// These bounds with every zero duration replaced by its default: a zero socket timeout
@@ -62,6 +76,7 @@ impl TcpTimeouts {
         TcpTimeouts {
             connect: pick(self.connect, CONNECT_TIMEOUT),
             batch: pick(self.batch, BATCH_TIMEOUT),
+            call: pick(self.call, CALL_TIMEOUT),
         }
     }
 }
@@ -177,6 +192,10 @@ impl TcpEndpoint {
         let (stream, peer) = open(addr, connect_timeout)?;
         let setup = |e| FabricError::io(format!("configure connection to {peer}"), e);
         stream.set_nodelay(true).map_err(setup)?;
+        // A call may wait for its answer far longer than a batch (`CALL_TIMEOUT`): a dead or
+        // unreachable server must still be found within about the batch bound, as a batch
+        // finds it (a cut client's I/O fails as fast whether it waits for a lock or for data).
+        super::watch_peer_within(&stream, timeouts.batch);
         stream
             .set_read_timeout(Some(connect_timeout))
             .map_err(setup)?;
@@ -525,6 +544,7 @@ impl Endpoint for TcpEndpoint {
         result: &mut Vec<u8>,
     ) -> Result<()> {
         self.send_call(procedure, args, false)?;
+        self.await_answer()?;
         self.receive()?;
         match wire::decode_returned(&self.rx) {
             Ok(DecodedReturn::Returned(bytes)) => {
@@ -592,6 +612,49 @@ impl TcpEndpoint {
         wire::encode_call(&mut self.tx, procedure, args, posted);
         seal_frame(&mut self.tx);
         self.send()
+    }
+
+    /// Waits, at most the call bound ([`TcpTimeouts::call`]), until the answer to the call just
+    /// sent begins to arrive, consuming nothing; then the batch bound applies to reading it
+    /// (`receive`). Each wait on the socket is bounded by its read timeout (the batch bound),
+    /// so a wait that outlasts one only peeks again.
+    fn await_answer(&mut self) -> Result<()> {
+        let until = Instant::now() + self.timeouts.call;
+        let mut byte = [0u8; 1];
+        while self.stream.buffer().is_empty() {
+            match self.stream.get_ref().peek(&mut byte) {
+                // Data, or the end of the stream: `receive` reads (or reports) it.
+                Ok(_) => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                // The socket's read timeout (EAGAIN): the server is still working on the call.
+                // (`TimedOut`, ETIMEDOUT, is the kernel giving the connection up: `watch_peer`.)
+                Err(e) if e.kind() == ErrorKind::WouldBlock && Instant::now() < until => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    let why = format!(
+                        "no answer from {} to a procedure call within {:?} (link down or host \
+                         frozen?); the call's outcome is unknown",
+                        self.peer, self.timeouts.call
+                    );
+                    return Err(self.fail_timed_out(why));
+                }
+                // The kernel gave the connection up: the server did not acknowledge its probes.
+                Err(e) if e.kind() == ErrorKind::TimedOut => {
+                    let why = format!(
+                        "{} stopped answering while a procedure call waited (link down or host \
+                         frozen?); the call's outcome is unknown",
+                        self.peer
+                    );
+                    return Err(self.fail_timed_out(why));
+                }
+                Err(e) => {
+                    let why = format!("waiting for {}'s answer to a call: {e}", self.peer);
+                    return Err(self.fail(why));
+                }
+            }
+        }
+        // The answer's bytes are held to the batch bound from here.
+        self.answer_by = Instant::now() + self.timeouts.batch;
+        Ok(())
     }
 
     /// Refreshes what this endpoint knows of the server's clock with an empty batch (one round

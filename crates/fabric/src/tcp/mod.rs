@@ -22,7 +22,8 @@ pub mod wire;
 
 pub use crate::handshake::HANDSHAKE_TIMEOUT;
 pub use client::{
-    TcpConnector, TcpEndpoint, TcpTimeouts, BATCH_TIMEOUT, CAPABILITIES, CONNECT_TIMEOUT,
+    TcpConnector, TcpEndpoint, TcpTimeouts, BATCH_TIMEOUT, CALL_TIMEOUT, CAPABILITIES,
+    CONNECT_TIMEOUT,
 };
 pub use server::TcpServer;
 pub use wire::RegionInfo;
@@ -40,25 +41,23 @@ pub const DEAD_PEER_AFTER: Duration = Duration::from_secs(10);
 /// program is, so only a dead or unreachable peer is dropped. The blocked read or write then
 /// fails, and the server's connection ends. Best effort: a failure is logged at debug.
 pub fn watch_peer(socket: &impl AsRawFd) {
+    watch_peer_within(socket, DEAD_PEER_AFTER);
+}
+
+/// [`watch_peer`] finding a dead peer within about `after` (at least 2 s) instead.
+pub fn watch_peer_within(socket: &impl AsRawFd, after: Duration) {
+    let after = after.max(Duration::from_secs(2));
     let fd = socket.as_raw_fd();
     let secs = |d: Duration| d.as_secs().max(1) as libc::c_int;
     let options: [(libc::c_int, libc::c_int, libc::c_int); 5] = [
         (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
-        (
-            libc::IPPROTO_TCP,
-            libc::TCP_KEEPIDLE,
-            secs(DEAD_PEER_AFTER / 2),
-        ),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, secs(after / 2)),
         (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 1),
-        (
-            libc::IPPROTO_TCP,
-            libc::TCP_KEEPCNT,
-            secs(DEAD_PEER_AFTER / 2),
-        ),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, secs(after / 2)),
         (
             libc::IPPROTO_TCP,
             libc::TCP_USER_TIMEOUT,
-            DEAD_PEER_AFTER.as_millis() as libc::c_int,
+            after.as_millis() as libc::c_int,
         ),
     ];
     for (level, name, value) in options {
@@ -166,7 +165,11 @@ pub const FUZZ_PROCEDURE: ProcedureId = 7;
 struct FuzzEcho;
 
 impl Procedure for FuzzEcho {
-    fn open(&self, host: Arc<dyn Connector>) -> crate::Result<Box<dyn ProcedureSession>> {
+    fn open(
+        &self,
+        host: Arc<dyn Connector>,
+        _session: u64,
+    ) -> crate::Result<Box<dyn ProcedureSession>> {
         Ok(Box::new(FuzzEchoSession(host.connect()?)))
     }
 }

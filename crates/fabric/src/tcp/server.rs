@@ -585,7 +585,7 @@ impl Session {
                 session: self.gate.session,
             });
             let session = procedure
-                .open(host)
+                .open(host, self.gate.session)
                 .map_err(|e| RemoteError::Procedure(e.to_string()))?;
             self.calls.insert(id, session);
         }

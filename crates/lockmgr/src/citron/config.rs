@@ -91,6 +91,15 @@ pub fn t_wait_under_load(
 pub trait TreeAllocator: Send + Sync {
     /// Allocates `words` zeroed, 8-byte aligned words and returns the first one's address.
     fn allocate(&self, words: u64) -> Result<RemoteAddr, LockError>;
+
+    /// What the lock tree's host needs to allocate as this allocator does, for a client that
+    /// acquires at the host (`hosted`, whose scale-ups then run there): a tag the host's own
+    /// allocator understands ([`super::CitronHost::allocating`]; the file system's is the
+    /// inode). `None`, the default: the host cannot, and a tree that grows from an allocator
+    /// is acquired one-sided.
+    fn host_tag(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// A bump allocator over a zeroed stretch of a region (tests, single-process use). Never frees.

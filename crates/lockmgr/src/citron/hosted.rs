@@ -30,12 +30,14 @@
 //! A host connection that closes leaves what its client held to lease recovery, exactly like a
 //! one-sided client that died: the client may still be inside its critical section.
 
-use super::{CitronClient, ClientOptions};
+use super::{CitronClient, ClientOptions, TreeAllocator};
+use crate::fence::Fence;
 use crate::scheme::{LockError, LockId, RangeLock};
 use crate::schemes::LockScheme;
 use crate::stats::{AbortCounts, LockStats};
 use fabric::procedure::{Procedure, ProcedureId, ProcedureSession};
-use fabric::{Connector, Endpoint, FabricError, RemoteAddr};
+use fabric::tcp::wire::{self, DecodedReply};
+use fabric::{Batch, Completions, Connector, Endpoint, FabricError, RemoteAddr};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -50,14 +52,16 @@ pub enum Hosting {
     /// Always one-sided, on the client.
     Never,
     /// At the host where the endpoint's server executes every verb anyway (`tcp`) and offers
-    /// the procedure, and the client has no fence; one-sided otherwise.
+    /// the procedure — and, for a client with a fence, can fence on its behalf
+    /// ([`CitronHost::fencing`]); one-sided otherwise.
     #[default]
     Auto,
     /// At the host; opening the lock fails if the host cannot.
     Always,
 }
 
-/// The client options the host's client uses (all but the fence, which never travels).
+/// The client options the host's client uses (all but the fence, which never travels: the
+/// host fences with its own, [`CitronHost::fencing`]).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 struct HostOptions {
     k: u32,
@@ -100,16 +104,25 @@ impl HostOptions {
 enum Call {
     /// Open (or reopen) the lock at `base`, described by `scheme` (its spec string, as
     /// created), for this connection.
+    /// `fenced`: the client has a fence, so the host must fence before every break-in it makes
+    /// on the client's behalf, or refuse.
+    /// `allocator`: the client allocator's tag (`TreeAllocator::host_tag`), for a tree that
+    /// grows from an allocator.
     Open {
         scheme: String,
         base: RemoteAddr,
         options: HostOptions,
+        fenced: bool,
+        allocator: Option<u64>,
     },
-    /// Acquire `[start, end)` on the lock at `base` (Alg. 1).
+    /// Acquire `[start, end)` on the lock at `base` (Alg. 1), then execute `extra` (a batch in
+    /// the tcp wire's encoding, empty for none) under it: the caller's carried verbs
+    /// (`RangeLock::acquire_with`).
     Acquire {
         base: RemoteAddr,
         start: u64,
         end: u64,
+        extra: Vec<u8>,
     },
     /// Release lock `id` of the lock at `base` (Alg. 3).
     Release { base: RemoteAddr, id: u64 },
@@ -170,10 +183,13 @@ enum Answer {
     Opened,
     /// Granted as `id`; `lease_left`: the lock's lease left when the call began at the host
     /// (`None`: no deadline).
+    /// `completions`: those of the call's `extra` batch, in the tcp wire's encoding (empty
+    /// without one).
     Acquired {
         id: u64,
         lease_left: Option<Duration>,
         counts: Counts,
+        completions: Vec<u8>,
     },
     Released {
         counts: Counts,
@@ -188,10 +204,22 @@ pub struct CitronHost {
     /// Wraps the host connector of every connection (tests inject delays into the host's
     /// steps with it, as into any client's).
     wrap: Option<HostWrap>,
+    /// The fence of each client session, for clients that have one.
+    fence: Option<HostFence>,
+    /// The allocator of each allocator tag, for trees that grow from one.
+    allocate: Option<HostAllocate>,
 }
+
+/// The allocator a host scales a tree up from on behalf of a client whose own allocator has
+/// tag `tag` ([`CitronHost::allocating`]).
+pub type HostAllocate = Arc<dyn Fn(u64) -> Arc<dyn TreeAllocator> + Send + Sync>;
 
 /// A wrapper of the host connector ([`CitronHost::wrapped`]).
 pub type HostWrap = Arc<dyn Fn(Arc<dyn Connector>) -> Arc<dyn Connector> + Send + Sync>;
+
+/// The fence a host runs before a break-in on behalf of the client of session `session`
+/// ([`CitronHost::fencing`]).
+pub type HostFence = Arc<dyn Fn(u64) -> Arc<dyn Fence> + Send + Sync>;
 
 impl CitronHost {
     /// The procedure, reaching the host's memory directly.
@@ -202,20 +230,51 @@ impl CitronHost {
     /// The procedure, reaching the host's memory through `wrap(host)` (e.g. a
     /// [`crate::ChaosConnector`] that injects delays around every host batch).
     pub fn wrapped(wrap: HostWrap) -> Self {
-        Self { wrap: Some(wrap) }
+        Self {
+            wrap: Some(wrap),
+            ..Self::default()
+        }
+    }
+
+    /// Hosts trees that grow from an allocator ([`super::CitronGrowth::Allocator`]): a
+    /// hosted client's scale-ups (Alg. 4) run at the host, which allocates from
+    /// `allocate(tag)`, `tag` being the client allocator's [`TreeAllocator::host_tag`]. The
+    /// file system's meta server allocates a file's lock words as its `AllocateLockWords`
+    /// request would. Without it, such a tree is acquired one-sided.
+    pub fn allocating(mut self, allocate: HostAllocate) -> Self {
+        self.allocate = Some(allocate);
+        self
+    }
+
+    /// Hosts clients that have a fence too: before a break-in on behalf of the client of
+    /// session `s` (the session its connection presented), the host calls `fence(s)`'s
+    /// [`Fence::fence`], as that client would have called its own (`crate::fence`). The file
+    /// system's meta server, which hosts the lock trees, fences with its own `Fence` request
+    /// handler: the same revocation of silent sessions, without the RPC. Without it, a client
+    /// with a fence is refused and acquires one-sided.
+    pub fn fencing(mut self, fence: HostFence) -> Self {
+        self.fence = Some(fence);
+        self
     }
 }
 
 impl Procedure for CitronHost {
-    fn open(&self, host: Arc<dyn Connector>) -> fabric::Result<Box<dyn ProcedureSession>> {
+    fn open(
+        &self,
+        host: Arc<dyn Connector>,
+        session: u64,
+    ) -> fabric::Result<Box<dyn ProcedureSession>> {
         let host = match &self.wrap {
             Some(wrap) => wrap(host),
             None => host,
         };
         Ok(Box::new(HostSession {
             host,
+            allocate: self.allocate.clone(),
+            fence: self.fence.as_ref().map(|fence| fence(session)),
             locks: HashMap::new(),
             unreported: LockStats::default(),
+            carried: None,
         }))
     }
 }
@@ -223,10 +282,24 @@ impl Procedure for CitronHost {
 /// One connection's hosted locks: a CITRON client per lock it opened.
 struct HostSession {
     host: Arc<dyn Connector>,
+    /// The fence of this connection's client session, if the host can fence.
+    fence: Option<Arc<dyn Fence>>,
+    /// Where trees that grow from an allocator get memory, if the host can allocate.
+    allocate: Option<HostAllocate>,
     locks: HashMap<RemoteAddr, CitronClient>,
     /// What the host's clients counted in posted releases, not yet reported (it rides on the
     /// next answer).
     unreported: LockStats,
+    /// Executes the calls' carried verbs, opened at the first.
+    carried: Option<Carried>,
+}
+
+/// The endpoint and buffers a host session executes carried verbs with.
+struct Carried {
+    ep: Box<dyn Endpoint>,
+    scratch: Vec<fabric::Verb>,
+    batch: Batch,
+    out: Completions,
 }
 
 /// A lock error as a procedure's failure; a fabric error keeps its kind (a revoked session's
@@ -252,6 +325,31 @@ impl HostSession {
             FabricError::Procedure(format!("lock at {base:?} not opened on this connection"))
         })
     }
+
+    /// Executes the carried batch `extra` (the tcp wire's encoding; empty: none) on the host's
+    /// memory and returns its completions, encoded the same way (empty for none). Decoded with
+    /// the wire's own checks: the bytes come from the client.
+    fn carry(&mut self, extra: &[u8]) -> fabric::Result<Vec<u8>> {
+        if extra.is_empty() {
+            return Ok(Vec::new());
+        }
+        let carried = match &mut self.carried {
+            Some(carried) => carried,
+            None => self.carried.insert(Carried {
+                ep: self.host.connect()?,
+                scratch: Vec::new(),
+                batch: Batch::new(),
+                out: Completions::new(),
+            }),
+        };
+        wire::decode_request(extra, &mut carried.scratch, &mut carried.batch).map_err(|e| {
+            FabricError::Procedure(format!("carried verbs: {}", wire::RemoteError::from(e)))
+        })?;
+        carried.ep.execute(&carried.batch, &mut carried.out)?;
+        let mut completions = Vec::new();
+        wire::encode_completions(&mut completions, &carried.out);
+        Ok(completions)
+    }
 }
 
 impl ProcedureSession for HostSession {
@@ -264,6 +362,8 @@ impl ProcedureSession for HostSession {
                 scheme,
                 base,
                 options,
+                fenced,
+                allocator,
             } => {
                 let spec = match scheme.parse::<LockScheme>() {
                     Ok(LockScheme::Citron(spec)) => spec,
@@ -274,13 +374,32 @@ impl ProcedureSession for HostSession {
                     }
                     Err(e) => return Err(FabricError::Procedure(e.to_string())),
                 };
+                let mut client_options = options.client_options();
+                if fenced {
+                    let Some(fence) = &self.fence else {
+                        return Err(FabricError::Procedure(
+                            "this host cannot fence on its clients' behalf; acquire one-sided"
+                                .into(),
+                        ));
+                    };
+                    client_options.fence = Some(fence.clone());
+                }
+                let allocator = match (allocator, &self.allocate) {
+                    (Some(tag), Some(allocate)) => Some(allocate(tag)),
+                    _ => None,
+                };
                 let client = spec
-                    .open(base, &*self.host, &options.client_options(), None)
+                    .open(base, &*self.host, &client_options, allocator.as_ref())
                     .map_err(failed)?;
                 self.locks.insert(base, client);
                 Answer::Opened
             }
-            Call::Acquire { base, start, end } => {
+            Call::Acquire {
+                base,
+                start,
+                end,
+                extra,
+            } => {
                 let client = self.lock(base)?;
                 let before = client.stats();
                 let id = client.acquire(start..end).map_err(failed)?;
@@ -288,10 +407,19 @@ impl ProcedureSession for HostSession {
                     .lease_deadline(id)
                     .map(|d| d.saturating_duration_since(began));
                 let spent = client.stats().since(&before);
+                let completions = match self.carry(&extra) {
+                    Ok(completions) => completions,
+                    Err(e) => {
+                        // Held, but the caller cannot use it without its verbs' results.
+                        let _ = self.lock(base)?.release(id);
+                        return Err(e);
+                    }
+                };
                 Answer::Acquired {
                     id: id.0,
                     lease_left,
                     counts: self.report(&spent),
+                    completions,
                 }
             }
             Call::Release { base, id } => {
@@ -336,22 +464,17 @@ impl CitronClient {
         let wanted = match self.opts.hosting {
             Hosting::Never => false,
             Hosting::Always => true,
-            Hosting::Auto => {
-                self.opts.fence.is_none() && self.ep.capabilities().server_cpu_on_data_path
-            }
+            Hosting::Auto => self.ep.capabilities().server_cpu_on_data_path,
         };
         if !wanted {
             return Ok(());
-        }
-        if self.opts.fence.is_some() {
-            return Err(LockError::Config(
-                "a CITRON client with a fence cannot acquire at the host".into(),
-            ));
         }
         let call = Call::Open {
             scheme: scheme.to_string(),
             base: self.base,
             options: HostOptions::of(&self.opts),
+            fenced: self.opts.fence.is_some(),
+            allocator: self.allocator.host_tag(),
         };
         let mut hosted = Hosted::default();
         match host_call(&mut self.ep, &mut hosted, &call) {
@@ -375,12 +498,18 @@ impl CitronClient {
         self.hosted.is_some()
     }
 
-    /// [`RangeLock::acquire`] at the host: one round trip.
+    /// [`RangeLock::acquire_with`] at the host: one round trip, `extra` executed at the host
+    /// right after the grant, its results into `out`. An `extra` that cannot travel in the
+    /// call ([`travels`]) is executed in a round trip of its own after it, on the same
+    /// endpoint (so after the grant, under the lock).
     pub(crate) fn acquire_hosted(
         &mut self,
         range: std::ops::Range<u64>,
+        extra: &Batch,
+        out: &mut Completions,
     ) -> Result<LockId, LockError> {
         crate::scheme::check_range(&range)?;
+        let in_call = travels(extra);
         let Some(mut hosted) = self.hosted.take() else {
             unreachable!("only called when hosted")
         };
@@ -390,6 +519,11 @@ impl CitronClient {
             base: self.base,
             start: range.start,
             end: range.end,
+            extra: if in_call {
+                encode_carried(extra)
+            } else {
+                Vec::new()
+            },
         };
         let answer = host_call(&mut self.ep, &mut hosted, &call);
         let spent = self.ep.stats().since(&before);
@@ -400,23 +534,46 @@ impl CitronClient {
                 id,
                 lease_left,
                 counts,
+                completions,
             }) => {
                 counts.add_to(&mut self.stats);
                 self.stats.acquisitions += 1;
                 hosted.held.insert(id, lease_left.map(|left| sent + left));
-                Ok(LockId(id))
+                match decode_carried(&completions, extra, out) {
+                    Ok(()) => Ok(LockId(id)),
+                    Err(e) => Err((Some(LockId(id)), e)),
+                }
             }
-            Ok(other) => Err(LockError::Config(format!(
-                "CITRON host answered {other:?} to an acquire"
-            ))),
-            Err(e) => Err(e),
+            Ok(other) => Err((
+                None,
+                LockError::Config(format!("CITRON host answered {other:?} to an acquire")),
+            )),
+            Err(e) => Err((None, e)),
         };
         self.hosted = Some(hosted);
-        result
+        let id = match result {
+            Ok(id) => id,
+            Err((held, e)) => {
+                if let Some(id) = held {
+                    let _ = self.release_hosted(id, &Batch::new(), &mut Completions::new());
+                }
+                return Err(e);
+            }
+        };
+        if !in_call && !extra.is_empty() {
+            self.ep.carry_after(extra);
+            if let Err(e) = self.ep.finish(true, out) {
+                let _ = self.release_hosted(id, &Batch::new(), &mut Completions::new());
+                return Err(e.into());
+            }
+        }
+        Ok(id)
     }
 
-    /// [`RangeLock::release`] at the host: posted (`Endpoint::post_call`), so it costs no
-    /// round trip of its own; one round trip where the endpoint cannot post.
+    /// [`RangeLock::release_with`] at the host: `extra` first, in a batch of its own (one
+    /// round trip, held to the fabric's batch bound: a release never waits for anything), then
+    /// the release, posted (`Endpoint::post_call`), so that it costs no round trip of its own;
+    /// one round trip where the endpoint cannot post. Released even when `extra` failed.
     ///
     /// Why posting is safe: calls on one endpoint run in the order sent, so the release runs
     /// after everything this client did under the lock and before its next request; nothing
@@ -425,14 +582,25 @@ impl CitronClient {
     /// connection, the next call fails as disconnected, and the lock is recovered like a dead
     /// client's when its lease runs out (§3.10). What the host counted in the release (a late
     /// release, say) comes back with the next answer.
-    pub(crate) fn release_hosted(&mut self, id: LockId) -> Result<(), LockError> {
+    pub(crate) fn release_hosted(
+        &mut self,
+        id: LockId,
+        extra: &Batch,
+        out: &mut Completions,
+    ) -> Result<(), LockError> {
+        let before = self.ep.stats();
+        let carried = if extra.is_empty() {
+            Ok(())
+        } else {
+            self.ep.carry_before(extra);
+            self.ep.finish(true, out).map_err(LockError::from)
+        };
         let Some(mut hosted) = self.hosted.take() else {
             unreachable!("only called when hosted")
         };
         let result = if hosted.held.remove(&id.0).is_none() {
             Err(LockError::NotHeld(id))
         } else {
-            let before = self.ep.stats();
             let base = self.base;
             let posted = encode_call(&mut hosted, &Call::PostedRelease { base, id: id.0 })
                 .and_then(|()| match self.ep.post_call(PROCEDURE, &hosted.args) {
@@ -448,8 +616,6 @@ impl CitronClient {
                 }
                 Err(e) => Err(e),
             };
-            let spent = self.ep.stats().since(&before);
-            self.stats.release.add(&spent);
             match answer {
                 Ok(None) => {
                     self.stats.releases += 1;
@@ -466,8 +632,10 @@ impl CitronClient {
                 Err(e) => Err(e),
             }
         };
+        let spent = self.ep.stats().since(&before);
+        self.stats.release.add(&spent);
         self.hosted = Some(hosted);
-        result
+        result.and(carried)
     }
 
     /// The lease deadline of hosted lock `id` (see the module docs).
@@ -495,6 +663,46 @@ fn is_connection_lost(e: &LockError) -> bool {
             FabricError::Disconnected(_) | FabricError::TimedOut(_) | FabricError::Io { .. }
         )
     )
+}
+
+/// Whether carried verbs travel in a host call (`Call::Acquire::extra`):
+/// a batch without an expiry (the host's clock is not the caller's; carried lock-path verbs have
+/// none) that fits a call's arguments and result with room to spare.
+fn travels(extra: &Batch) -> bool {
+    const MOST: usize = fabric::procedure::MAX_CALL_BYTES / 8;
+    extra.expires().is_none()
+        && extra.payload().len() <= MOST
+        && extra.read_bytes() <= MOST
+        && extra.len() <= 256
+}
+
+/// `extra` in the tcp wire's encoding (empty for an empty batch).
+fn encode_carried(extra: &Batch) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    if !extra.is_empty() {
+        wire::encode_batch(&mut bytes, extra);
+    }
+    bytes
+}
+
+/// Fills `out` with the results of `extra` from the host's encoded `completions`.
+fn decode_carried(
+    completions: &[u8],
+    extra: &Batch,
+    out: &mut Completions,
+) -> Result<(), LockError> {
+    if extra.is_empty() || !travels(extra) {
+        return Ok(());
+    }
+    match wire::decode_reply(completions, extra, out) {
+        Ok(DecodedReply::Completions { .. }) => Ok(()),
+        Ok(DecodedReply::Error(e)) => Err(LockError::Fabric(FabricError::Procedure(format!(
+            "carried verbs: {e}"
+        )))),
+        Err(why) => Err(LockError::Fabric(FabricError::Protocol(format!(
+            "the CITRON host's answer to the carried verbs: {why}"
+        )))),
+    }
 }
 
 /// Encodes `call` into `bufs.args`.

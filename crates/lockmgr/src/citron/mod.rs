@@ -644,8 +644,7 @@ impl CitronClient {
     /// An acquisition carrying `extra` at the end of every batch it executes, the results of
     /// the last one into `out` ([`RangeLock::acquire_with`]; see `acquire`'s module docs for
     /// which batch grants the lock). A client that acquires at the host ([`hosted`]) runs the
-    /// acquisition there in one call and `extra` in one round trip after it (posted after the
-    /// grant on the same endpoint, so read under the lock).
+    /// acquisition there in one call, `extra` executed by the host right after the grant.
     fn take(
         &mut self,
         range: Range<u64>,
@@ -653,15 +652,7 @@ impl CitronClient {
         out: &mut Completions,
     ) -> Result<LockId, LockError> {
         if self.hosted.is_some() {
-            let id = self.acquire_hosted(range)?;
-            if !extra.is_empty() {
-                self.ep.carry_after(extra);
-                if let Err(e) = self.ep.finish(true, out) {
-                    let _ = self.release_hosted(id);
-                    return Err(e.into());
-                }
-            }
-            return Ok(id);
+            return self.acquire_hosted(range, extra, out);
         }
         let start = Instant::now();
         let before = self.ep.stats();
@@ -686,7 +677,8 @@ impl CitronClient {
     }
 
     /// A release carrying `extra` at the head of its first batch ([`RangeLock::release_with`]).
-    /// At the host ([`hosted`]): `extra` in one round trip before the release call.
+    /// At the host ([`hosted`]): `extra` executed by the host before the release, in one call;
+    /// without `extra`, the release is posted.
     fn give_back(
         &mut self,
         id: LockId,
@@ -694,15 +686,7 @@ impl CitronClient {
         out: &mut Completions,
     ) -> Result<(), LockError> {
         if self.hosted.is_some() {
-            let carried = if extra.is_empty() {
-                Ok(())
-            } else {
-                self.ep.carry_before(extra);
-                self.ep.finish(true, out)
-            };
-            // Released even when the carried verbs failed: the lock must not outlive the call.
-            self.release_hosted(id)?;
-            return carried.map_err(LockError::from);
+            return self.release_hosted(id, extra, out);
         }
         let held = self.held.remove(&id.0).ok_or(LockError::NotHeld(id))?;
         let before = self.ep.stats();

@@ -52,6 +52,13 @@ impl Fabric {
     pub fn connector(&self) -> Arc<dyn Connector> {
         self.server.connector().unwrap()
     }
+
+    /// A connector to this fabric presenting client session `session` (the one a fence
+    /// revokes and a host fences as).
+    #[allow(dead_code)] // Used by some test binaries only.
+    pub fn connector_for(&self, session: u64) -> Arc<dyn Connector> {
+        fabric::connect(&self.server.addr(), &credentials(), session).unwrap()
+    }
 }
 
 /// Opens a connector to the fabric at `location` (see [`Fabric::location`]).

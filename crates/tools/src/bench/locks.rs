@@ -324,6 +324,11 @@ impl Fabric {
     /// non-leaf grant waited that long in phase (d) for nothing: `bench locks --backend tcp
     /// --mixed` ran at 0.8–1.1× the lock server against 1.3–1.5× with 15–50 µs, at the same
     /// abort rate.
+    ///
+    /// Only for a tree every client of which acquires as `hosting` says (a benchmark's): a
+    /// one-sided client on a tree sized for the host aborts every attempt that is not a fast
+    /// path, for ever — which is why the file system's meta server sizes its trees for the
+    /// fabric (`meta-server`'s `measure_t_wait`).
     pub(crate) fn t_wait(&self, hosting: Hosting) -> Result<Duration> {
         let hosted = match hosting {
             Hosting::Never => false,

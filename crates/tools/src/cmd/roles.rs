@@ -495,6 +495,7 @@ pub fn mount(args: MountArgs) -> Result<()> {
     options.fabric_timeouts = fabric::TcpTimeouts {
         connect: Duration::from_millis(settings.connect_timeout_ms),
         batch: Duration::from_millis(settings.batch_timeout_ms),
+        ..fabric::TcpTimeouts::DEFAULT
     };
     let fs =
         CitronFs::connect(options).map_err(|e| anyhow::anyhow!("cannot reach the cluster: {e}"))?;
