@@ -20,6 +20,8 @@
 //!
 //! So a 4 KiB read or overwrite on one data server takes three round trips in sequence
 //! (acquire, data, release; uncontended, with a fabric lock scheme), an extending write four.
+//! Where the lock is acquired at the meta server (tcp, `lockmgr::citron::hosted`), the release
+//! is posted: a read waits for two, an overwrite for three (its MTIME raise goes alone).
 //!
 //! When the lease ran out mid-I/O (`Error::LeaseLost`), the whole read or write is redone
 //! under a new lock ([`Inner::retry`], [`LEASE_RETRIES`] times, then EIO), so a client

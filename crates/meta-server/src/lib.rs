@@ -374,18 +374,28 @@ struct HostFence {
 
 impl lockmgr::Fence for HostFence {
     fn fence(&self) -> Result<(), lockmgr::LockError> {
-        let hook = |source: Box<dyn std::error::Error + Send + Sync>| lockmgr::LockError::Hook {
-            what: "fence before a lease recovery (at the host)",
-            source,
-        };
-        let service = self
-            .service
-            .upgrade()
-            .ok_or_else(|| hook("the meta server is stopping".into()))?;
-        service
-            .fence(self.session, service::FENCE_WAIT)
-            .map_err(|e| hook(Box::new(e)))
+        on_service(
+            &self.service,
+            "fence before a lease recovery (at the host)",
+            |service| service.fence(self.session, service::FENCE_WAIT),
+        )
     }
+}
+
+/// Runs `f` on the service a hosted acquisition's hook (`what`) calls, as a lock error.
+fn on_service<T>(
+    service: &std::sync::Weak<Service>,
+    what: &'static str,
+    f: impl FnOnce(&Service) -> Result<T, proto::FsError>,
+) -> Result<T, lockmgr::LockError> {
+    let hook = |source: Box<dyn std::error::Error + Send + Sync>| lockmgr::LockError::Hook {
+        what,
+        source,
+    };
+    let service = service
+        .upgrade()
+        .ok_or_else(|| hook("the meta server is stopping".into()))?;
+    f(&service).map_err(|e| hook(Box::new(e)))
 }
 
 /// The allocator of the scale-ups a hosted acquisition of file `ino`'s lock runs here
@@ -397,17 +407,11 @@ struct HostAllocator {
 
 impl lockmgr::citron::TreeAllocator for HostAllocator {
     fn allocate(&self, words: u64) -> Result<fabric::RemoteAddr, lockmgr::LockError> {
-        let hook = |source: Box<dyn std::error::Error + Send + Sync>| lockmgr::LockError::Hook {
-            what: "lock tree allocation (at the host)",
-            source,
-        };
-        let service = self
-            .service
-            .upgrade()
-            .ok_or_else(|| hook("the meta server is stopping".into()))?;
-        service
-            .allocate_lock_words(self.ino, words)
-            .map_err(|e| hook(Box::new(e)))
+        on_service(
+            &self.service,
+            "lock tree allocation (at the host)",
+            |service| service.allocate_lock_words(self.ino, words),
+        )
     }
 }
 

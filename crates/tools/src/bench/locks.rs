@@ -76,16 +76,19 @@ pub struct LocksArgs {
     /// with --mixed.
     #[arg(long)]
     pub seg_size: Option<u64>,
-    /// CITRON's `T_wait` in µs (seed 000 §3.5.5); by default it is derived from the fabric's
-    /// 90th-percentile round trip measured under load (2 threads per core) before the run. A
+    /// CITRON's `T_wait` in µs (seed 000 §3.5.5); by default it is derived from the
+    /// 90th-percentile round trip measured under load (2 threads per core) before the run,
+    /// along the clients' path: the fabric's, or the host's own memory when they acquire at
+    /// the host (`--citron-hosting`). A
     /// smaller `T_wait` makes inequality (1) abort more; a larger one makes non-leaf requests
     /// wait longer in phase (d).
     #[arg(long)]
     pub t_wait_us: Option<u64>,
     /// Where CITRON clients acquire: `auto` at the lock tree's host when the fabric's server
-    /// executes every verb anyway (tcp: one round trip per acquire and per release, the host
-    /// running the same protocol on the same words), one-sided otherwise; `never`: always
-    /// one-sided; `always`: always at the host (fails where the fabric cannot).
+    /// executes every verb anyway (tcp: one round trip per acquire, the release posted
+    /// without one, the host running the same protocol on the same words; `T_wait` then comes
+    /// from the host's own memory), one-sided otherwise; `never`: always one-sided;
+    /// `always`: always at the host (fails where the fabric cannot).
     #[arg(long, value_enum, default_value_t = CitronHostingArg::Auto)]
     pub citron_hosting: CitronHostingArg,
     /// Print one JSON object per result instead of a table.
