@@ -320,6 +320,14 @@ impl HostSession {
         Counts::of(&counts)
     }
 
+    /// Releases lock `id` of the lock at `base` (Alg. 3); returns what its client counted.
+    fn release(&mut self, base: RemoteAddr, id: u64) -> fabric::Result<LockStats> {
+        let client = self.lock(base)?;
+        let before = client.stats();
+        client.release(LockId(id)).map_err(failed)?;
+        Ok(client.stats().since(&before))
+    }
+
     fn lock(&mut self, base: RemoteAddr) -> fabric::Result<&mut CitronClient> {
         self.locks.get_mut(&base).ok_or_else(|| {
             FabricError::Procedure(format!("lock at {base:?} not opened on this connection"))
@@ -423,19 +431,13 @@ impl ProcedureSession for HostSession {
                 }
             }
             Call::Release { base, id } => {
-                let client = self.lock(base)?;
-                let before = client.stats();
-                client.release(LockId(id)).map_err(failed)?;
-                let spent = client.stats().since(&before);
+                let spent = self.release(base, id)?;
                 Answer::Released {
                     counts: self.report(&spent),
                 }
             }
             Call::PostedRelease { base, id } => {
-                let client = self.lock(base)?;
-                let before = client.stats();
-                client.release(LockId(id)).map_err(failed)?;
-                let spent = client.stats().since(&before);
+                let spent = self.release(base, id)?;
                 self.unreported.merge(&spent);
                 // Nobody reads the answer of a posted call.
                 return Ok(());
@@ -509,8 +511,8 @@ impl CitronClient {
         out: &mut Completions,
     ) -> Result<LockId, LockError> {
         crate::scheme::check_range(&range)?;
-        let in_call = travels(extra);
-        let Some(mut hosted) = self.hosted.take() else {
+        let in_call = !extra.is_empty() && travels(extra);
+        let Some(hosted) = self.hosted.as_mut() else {
             unreachable!("only called when hosted")
         };
         let sent = Instant::now();
@@ -525,47 +527,39 @@ impl CitronClient {
                 Vec::new()
             },
         };
-        let answer = host_call(&mut self.ep, &mut hosted, &call);
-        let spent = self.ep.stats().since(&before);
-        self.stats.acquire.add(&spent);
+        let answer = host_call(&mut self.ep, hosted, &call);
+        self.stats.acquire.add(&self.ep.stats().since(&before));
         self.stats.acquire_time += sent.elapsed();
-        let result = match answer {
-            Ok(Answer::Acquired {
+        let (id, completions) = match answer? {
+            Answer::Acquired {
                 id,
                 lease_left,
                 counts,
                 completions,
-            }) => {
+            } => {
                 counts.add_to(&mut self.stats);
                 self.stats.acquisitions += 1;
                 hosted.held.insert(id, lease_left.map(|left| sent + left));
-                match decode_carried(&completions, extra, out) {
-                    Ok(()) => Ok(LockId(id)),
-                    Err(e) => Err((Some(LockId(id)), e)),
-                }
+                (LockId(id), completions)
             }
-            Ok(other) => Err((
-                None,
-                LockError::Config(format!("CITRON host answered {other:?} to an acquire")),
-            )),
-            Err(e) => Err((None, e)),
-        };
-        self.hosted = Some(hosted);
-        let id = match result {
-            Ok(id) => id,
-            Err((held, e)) => {
-                if let Some(id) = held {
-                    let _ = self.release_hosted(id, &Batch::new(), &mut Completions::new());
-                }
-                return Err(e);
+            other => {
+                return Err(LockError::Config(format!(
+                    "CITRON host answered {other:?} to an acquire"
+                )))
             }
         };
-        if !in_call && !extra.is_empty() {
+        let carried = if in_call {
+            decode_carried(&completions, extra, out)
+        } else if extra.is_empty() {
+            Ok(())
+        } else {
             self.ep.carry_after(extra);
-            if let Err(e) = self.ep.finish(true, out) {
-                let _ = self.release_hosted(id, &Batch::new(), &mut Completions::new());
-                return Err(e.into());
-            }
+            self.ep.finish(true, out).map_err(LockError::from)
+        };
+        if let Err(e) = carried {
+            // Held, but the caller cannot use it without its verbs' results: give it back.
+            let _ = self.release_hosted(id, &Batch::new(), &mut Completions::new());
+            return Err(e);
         }
         Ok(id)
     }
@@ -595,46 +589,19 @@ impl CitronClient {
             self.ep.carry_before(extra);
             self.ep.finish(true, out).map_err(LockError::from)
         };
-        let Some(mut hosted) = self.hosted.take() else {
+        let Some(hosted) = self.hosted.as_mut() else {
             unreachable!("only called when hosted")
         };
-        let result = if hosted.held.remove(&id.0).is_none() {
-            Err(LockError::NotHeld(id))
-        } else {
-            let base = self.base;
-            let posted = encode_call(&mut hosted, &Call::PostedRelease { base, id: id.0 })
-                .and_then(|()| match self.ep.post_call(PROCEDURE, &hosted.args) {
-                    Ok(()) => Ok(true),
-                    Err(FabricError::Unsupported(_)) => Ok(false),
-                    Err(e) => Err(e.into()),
-                });
-            let answer = match posted {
-                Ok(true) => Ok(None),
-                Ok(false) => {
-                    host_call(&mut self.ep, &mut hosted, &Call::Release { base, id: id.0 })
-                        .map(Some)
-                }
-                Err(e) => Err(e),
-            };
-            match answer {
-                Ok(None) => {
-                    self.stats.releases += 1;
-                    Ok(())
-                }
-                Ok(Some(Answer::Released { counts })) => {
+        let result = match hosted.held.remove(&id.0) {
+            None => Err(LockError::NotHeld(id)),
+            Some(_) => release_at_host(&mut self.ep, hosted, self.base, id.0).map(|counts| {
+                if let Some(counts) = counts {
                     counts.add_to(&mut self.stats);
-                    self.stats.releases += 1;
-                    Ok(())
                 }
-                Ok(Some(other)) => Err(LockError::Config(format!(
-                    "CITRON host answered {other:?} to a release"
-                ))),
-                Err(e) => Err(e),
-            }
+                self.stats.releases += 1;
+            }),
         };
-        let spent = self.ep.stats().since(&before);
-        self.stats.release.add(&spent);
-        self.hosted = Some(hosted);
+        self.stats.release.add(&self.ep.stats().since(&before));
         result.and(carried)
     }
 
@@ -685,15 +652,13 @@ fn encode_carried(extra: &Batch) -> Vec<u8> {
     bytes
 }
 
-/// Fills `out` with the results of `extra` from the host's encoded `completions`.
+/// Fills `out` with the results of `extra`, carried in an acquire call, from the host's
+/// encoded `completions`.
 fn decode_carried(
     completions: &[u8],
     extra: &Batch,
     out: &mut Completions,
 ) -> Result<(), LockError> {
-    if extra.is_empty() || !travels(extra) {
-        return Ok(());
-    }
     match wire::decode_reply(completions, extra, out) {
         Ok(DecodedReply::Completions { .. }) => Ok(()),
         Ok(DecodedReply::Error(e)) => Err(LockError::Fabric(FabricError::Procedure(format!(
@@ -702,6 +667,29 @@ fn decode_carried(
         Err(why) => Err(LockError::Fabric(FabricError::Protocol(format!(
             "the CITRON host's answer to the carried verbs: {why}"
         )))),
+    }
+}
+
+/// Releases host lock `id` of the lock at `base` through `ep`: posted where the endpoint can
+/// post (no answer, so no counts: they ride on the next answer), else in a call whose answer
+/// brings the counts.
+fn release_at_host(
+    ep: &mut dyn fabric::Endpoint,
+    bufs: &mut Hosted,
+    base: RemoteAddr,
+    id: u64,
+) -> Result<Option<Counts>, LockError> {
+    encode_call(bufs, &Call::PostedRelease { base, id })?;
+    match ep.post_call(PROCEDURE, &bufs.args) {
+        Ok(()) => return Ok(None),
+        Err(FabricError::Unsupported(_)) => {}
+        Err(e) => return Err(e.into()),
+    }
+    match host_call(ep, bufs, &Call::Release { base, id })? {
+        Answer::Released { counts } => Ok(Some(counts)),
+        other => Err(LockError::Config(format!(
+            "CITRON host answered {other:?} to a release"
+        ))),
     }
 }
 
