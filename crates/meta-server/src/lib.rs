@@ -22,6 +22,7 @@ pub mod fsck;
 mod reclaim;
 pub mod rpc;
 mod service;
+mod staged;
 pub mod store;
 
 use anyhow::Context;

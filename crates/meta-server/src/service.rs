@@ -1791,7 +1791,7 @@ impl Service {
             block_size: layout.unit(),
             total_blocks: servers.iter().map(|s| s.chunks << max).sum(),
             free_blocks,
-            inodes: self.store.inode_count(),
+            inodes: self.store.inode_count()?,
             free_inodes: free_blocks,
         })
     }

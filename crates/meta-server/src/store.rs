@@ -39,11 +39,13 @@
 //! stack: the top entry takes its slot).
 //!
 //! # Invariants
-//! - Every mutating operation is one sled transaction over all trees; callers serialize
-//!   mutations (the service holds its state lock around each), so the key scans some operations
-//!   do just before their transaction (chunk maps and xattrs of an inode to delete, whether a
-//!   directory is empty) are exact. Those scans must stay outside the transaction closure:
-//!   sled 0.34 deadlocks a plain read issued while a transaction holds its locks.
+//! - Every mutating operation is one transaction over all trees ([`crate::staged`]: visible to
+//!   every read when it returns, written to sled behind it, all of it or none of it after a
+//!   crash); callers serialize mutations (the service holds its state lock around each), so
+//!   the key scans some operations do just before their transaction (chunk maps and xattrs of
+//!   an inode to delete, whether a directory is empty) are exact. (Those scans are outside the
+//!   transaction closure for a reason that is gone: sled 0.34 deadlocked a plain read issued
+//!   inside one of its own transactions, and this store no longer opens any.)
 //! - Every unit of a server's region is in exactly one block of: a file's chunk map (the
 //!   block's order is the layout's for the chunk index), a `free` stack (with its `freeidx`
 //!   entry naming that stack and slot), the `dirty` set, or above the server's `next_fresh`
@@ -67,6 +69,7 @@
 //!   directory; a cookie is never reused in that directory, so listing "after cookie c" is stable
 //!   across concurrent creates and deletes.
 
+use crate::staged::{Staged, StagedTree, TxTree, TxView};
 use proto::fcb;
 use proto::layout::Layout;
 use proto::rpc::XattrMode;
@@ -76,8 +79,7 @@ use proto::{
     Timestamp, NAME_MAX, ROOT_INO, SYMLINK_MAX, XATTR_NAME_MAX, XATTR_VALUE_MAX,
 };
 use serde::{Deserialize, Serialize};
-use sled::transaction::{ConflictableTransactionError, TransactionError, TransactionalTree};
-use sled::{Transactional, Tree};
+use sled::transaction::{ConflictableTransactionError, TransactionError};
 use std::path::Path;
 
 /// Most chunks one `AllocateChunks` or `ChunkMap` call may name (a 1 MiB chunk size makes this
@@ -339,15 +341,11 @@ pub struct EntryChange {
 
 /// One transaction's view of every tree, with typed accessors, the file layout, and what it
 /// changed (for [`Store::take_touched`] and [`Store::take_entry_changes`]).
-struct Tx<'a>(
-    &'a [TransactionalTree],
-    Layout,
-    &'a std::cell::RefCell<Touched>,
-);
+struct Tx<'a>(&'a TxView<'a>, Layout, &'a std::cell::RefCell<Touched>);
 
 impl Tx<'_> {
-    fn t(&self, i: usize) -> &TransactionalTree {
-        &self.0[i]
+    fn t(&self, i: usize) -> TxTree<'_> {
+        self.0.tree(i)
     }
 
     fn touch(&self, ino: Ino) {
@@ -371,7 +369,7 @@ impl Tx<'_> {
 
     fn put_inode(&self, attr: &Attr) -> TxResult<()> {
         self.touch(attr.ino);
-        self.t(T_INODES).insert(&be64(attr.ino), enc(attr))?;
+        self.t(T_INODES).insert(be64(attr.ino), enc(attr))?;
         Ok(())
     }
 
@@ -399,13 +397,13 @@ impl Tx<'_> {
             Some(v) => lift(decode_u64(&v))?,
             None => FIRST_ENTRY_COOKIE,
         };
-        self.t(T_COOKIES).insert(&be64(parent), &be64(cookie + 1))?;
+        self.t(T_COOKIES).insert(be64(parent), &be64(cookie + 1))?;
         self.t(T_DIRENTS).insert(
             key2(parent, name.as_bytes()),
             enc(&Dirent { ino, kind, cookie }),
         )?;
         self.t(T_DIRINDEX).insert(
-            &key_u64s(parent, cookie),
+            key_u64s(parent, cookie),
             enc(&IndexEntry {
                 ino,
                 kind,
@@ -421,7 +419,7 @@ impl Tx<'_> {
         self.touch(parent);
         self.entry_changed(parent, name, None);
         self.t(T_DIRENTS).remove(key2(parent, name.as_bytes()))?;
-        self.t(T_DIRINDEX).remove(&key_u64s(parent, entry.cookie))?;
+        self.t(T_DIRINDEX).remove(key_u64s(parent, entry.cookie))?;
         Ok(())
     }
 
@@ -442,7 +440,7 @@ impl Tx<'_> {
     }
 
     fn put_server(&self, rec: &ServerRecord) -> TxResult<()> {
-        self.t(T_SERVERS).insert(&rec.id.to_be_bytes(), enc(rec))?;
+        self.t(T_SERVERS).insert(rec.id.to_be_bytes(), enc(rec))?;
         Ok(())
     }
 
@@ -463,9 +461,9 @@ impl Tx<'_> {
     fn push_free(&self, rec: &mut ServerRecord, at: u64, order: u32) -> TxResult<()> {
         let slot = rec.free_counts[order as usize];
         self.t(T_FREE)
-            .insert(&free_key(rec.id, order, slot), &be64(at))?;
+            .insert(free_key(rec.id, order, slot), &be64(at))?;
         self.t(T_FREEIDX)
-            .insert(&key_server(rec.id, at), &encode_slot(order, slot))?;
+            .insert(key_server(rec.id, at), &encode_slot(order, slot))?;
         rec.free_counts[order as usize] += 1;
         Ok(())
     }
@@ -477,21 +475,21 @@ impl Tx<'_> {
         let Some(last) = rec.free_counts[o].checked_sub(1) else {
             return abort(corrupt("a free stack is empty"));
         };
-        let Some(at) = self.t(T_FREE).remove(&free_key(rec.id, order, slot))? else {
+        let Some(at) = self.t(T_FREE).remove(free_key(rec.id, order, slot))? else {
             return abort(corrupt("a free stack has a hole"));
         };
         let at = lift(decode_u64(&at))?;
         if slot != last {
-            let Some(moved) = self.t(T_FREE).remove(&free_key(rec.id, order, last))? else {
+            let Some(moved) = self.t(T_FREE).remove(free_key(rec.id, order, last))? else {
                 return abort(corrupt("a free stack has a hole"));
             };
             self.t(T_FREE)
-                .insert(&free_key(rec.id, order, slot), moved.clone())?;
+                .insert(free_key(rec.id, order, slot), moved.clone())?;
             let moved = lift(decode_u64(&moved))?;
             self.t(T_FREEIDX)
-                .insert(&key_server(rec.id, moved), &encode_slot(order, slot))?;
+                .insert(key_server(rec.id, moved), &encode_slot(order, slot))?;
         }
-        self.t(T_FREEIDX).remove(&key_server(rec.id, at))?;
+        self.t(T_FREEIDX).remove(key_server(rec.id, at))?;
         rec.free_counts[o] = last;
         Ok(at)
     }
@@ -548,13 +546,13 @@ impl Tx<'_> {
     /// they leave the chunk map and become dirty (to be zeroed before reuse).
     fn free_chunks(&self, ino: Ino, chunks: &[(u64, ChunkLoc)]) -> TxResult<()> {
         for (index, loc) in chunks {
-            self.t(T_CHUNKS).remove(&key_u64s(ino, *index))?;
+            self.t(T_CHUNKS).remove(key_u64s(ino, *index))?;
             // A lost chunk freed is an ordinary dirty chunk of the server's new memory; a dirty
             // chunk is zeroed whole, tail included.
-            self.t(T_LOST).remove(&key_server(loc.server, loc.index))?;
-            self.t(T_TAILS).remove(&key_server(loc.server, loc.index))?;
+            self.t(T_LOST).remove(key_server(loc.server, loc.index))?;
+            self.t(T_TAILS).remove(key_server(loc.server, loc.index))?;
             self.t(T_DIRTY).insert(
-                &key_server(loc.server, loc.index),
+                key_server(loc.server, loc.index),
                 &[self.1.order(*index) as u8],
             )?;
         }
@@ -575,11 +573,11 @@ impl Tx<'_> {
     /// Deletes an inode and everything hanging off it (`doomed`: scanned by the caller).
     fn delete_inode(&self, ino: Ino, doomed: &Doomed) -> TxResult<()> {
         self.touch(ino);
-        self.t(T_INODES).remove(&be64(ino))?;
-        self.t(T_PARENTS).remove(&be64(ino))?;
-        self.t(T_COOKIES).remove(&be64(ino))?;
-        self.t(T_SYMLINKS).remove(&be64(ino))?;
-        self.t(T_ORPHANS).remove(&be64(ino))?;
+        self.t(T_INODES).remove(be64(ino))?;
+        self.t(T_PARENTS).remove(be64(ino))?;
+        self.t(T_COOKIES).remove(be64(ino))?;
+        self.t(T_SYMLINKS).remove(be64(ino))?;
+        self.t(T_ORPHANS).remove(be64(ino))?;
         for key in &doomed.xattrs {
             self.t(T_XATTRS).remove(key.as_slice())?;
         }
@@ -624,10 +622,9 @@ pub struct Tail {
     pub from: u64,
 }
 
-/// The sled database of one meta server.
+/// The sled database of one meta server, written behind ([`crate::staged`]).
 pub struct Store {
-    db: sled::Db,
-    trees: Vec<Tree>,
+    staged: Staged,
     layout: Layout,
     /// Inodes written or deleted by committed transactions since the last
     /// [`Store::take_touched`]: the meta server republishes their attributes; and the
@@ -661,9 +658,11 @@ impl Store {
             .iter()
             .map(|n| db.open_tree(n))
             .collect::<Result<Vec<_>, _>>()?;
+        let staged = Staged::new(db, trees).map_err(|e| {
+            anyhow::anyhow!("cannot open the meta database in {}: {e}", dir.display())
+        })?;
         Ok(Store {
-            db,
-            trees,
+            staged,
             layout,
             touched: std::sync::Mutex::new(Touched::default()),
         })
@@ -674,7 +673,7 @@ impl Store {
     /// chunk maps would be meaningless.
     pub fn open(dir: &Path, chunk_size: u64, root_owner: Caller) -> anyhow::Result<Store> {
         let store = Store::open_trees(dir, chunk_size)?;
-        let meta = &store.trees[T_META];
+        let meta = store.staged.raw(T_META);
         match meta.get(b"layout")? {
             Some(v) if v.as_ref() == LAYOUT_MARK => {}
             Some(v) => anyhow::bail!(
@@ -682,7 +681,7 @@ impl Store {
                 dir.display(),
                 String::from_utf8_lossy(&v)
             ),
-            None if store.trees[T_SERVERS].is_empty() => {
+            None if store.staged.raw(T_SERVERS).is_empty() => {
                 meta.insert(b"layout", LAYOUT_MARK)?;
             }
             None => anyhow::bail!(
@@ -707,10 +706,13 @@ impl Store {
         }
         // The `running` mark: set from now on until a clean shutdown (`Store::mark_clean`).
         // Found set, the last run ended in a crash.
-        if store.trees[T_META].get(b"running")?.is_some() {
+        if store.staged.raw(T_META).get(b"running")?.is_some() {
             let servers = store.servers().map_err(|e| anyhow::anyhow!("{e}"))?;
             for rec in &servers {
-                store.trees[T_SCRUB].insert(rec.id.to_be_bytes(), &[][..])?;
+                store
+                    .staged
+                    .raw(T_SCRUB)
+                    .insert(rec.id.to_be_bytes(), &[][..])?;
             }
             tracing::warn!(
                 servers = servers.len(),
@@ -718,9 +720,9 @@ impl Store {
                  every data server are zeroed when it registers"
             );
         }
-        store.trees[T_META].insert(b"running", &[][..])?;
-        store.db.flush()?;
-        if store.trees[T_INODES].get(be64(ROOT_INO))?.is_none() {
+        store.staged.raw(T_META).insert(b"running", &[][..])?;
+        store.staged.raw_db().flush()?;
+        if store.staged.raw(T_INODES).get(be64(ROOT_INO))?.is_none() {
             let now = Timestamp::now();
             let root = Attr {
                 ino: ROOT_INO,
@@ -739,7 +741,7 @@ impl Store {
             };
             store.tx(|tx| {
                 tx.put_inode(&root)?;
-                tx.t(T_PARENTS).insert(&be64(ROOT_INO), &be64(ROOT_INO))?;
+                tx.t(T_PARENTS).insert(be64(ROOT_INO), &be64(ROOT_INO))?;
                 Ok(())
             })?;
         }
@@ -760,7 +762,7 @@ impl Store {
         );
         // Opened with the smallest layout, replaced by the stored chunk size's at once.
         let mut store = Store::open_trees(dir, proto::layout::MIN_CHUNK)?;
-        let meta = &store.trees[T_META];
+        let meta = store.staged.raw(T_META);
         let chunk_size = match meta.get(b"chunk_size")? {
             Some(v) => decode_u64(&v).map_err(|e| anyhow::anyhow!("{e}"))?,
             None => anyhow::bail!("{} holds no CitronFS meta database", dir.display()),
@@ -774,17 +776,13 @@ impl Store {
         Ok((store, chunk_size))
     }
 
-    /// Runs `f` as one transaction over every tree.
+    /// Runs `f` as one transaction over every tree: its writes are visible to every read when
+    /// it returns `Ok` and reach sled behind it ([`Staged::transaction`]).
     fn tx<A>(&self, f: impl Fn(&Tx) -> TxResult<A>) -> Result<A, FsError> {
         let touched = std::cell::RefCell::new(Touched::default());
         let result = self
-            .trees
-            .as_slice()
-            .transaction(|trees| {
-                // A retried attempt starts afresh: only the committed one's changes count.
-                *touched.borrow_mut() = Touched::default();
-                f(&Tx(trees, self.layout, &touched))
-            })
+            .staged
+            .transaction(|view| f(&Tx(view, self.layout, &touched)))
             .map_err(|e| match e {
                 TransactionError::Abort(e) => e,
                 TransactionError::Storage(e) => db_err(e),
@@ -834,13 +832,14 @@ impl Store {
             .collect()
     }
 
-    fn tree(&self, i: usize) -> &Tree {
-        &self.trees[i]
+    fn tree(&self, i: usize) -> StagedTree<'_> {
+        self.staged.tree(i)
     }
 
-    /// Flushes everything to disk.
+    /// Flushes everything to disk: every change acknowledged so far is written to sled
+    /// first ([`Staged::flush`]).
     pub fn flush(&self) -> Result<(), FsError> {
-        self.db.flush().map(|_| ()).map_err(db_err)
+        self.staged.flush()
     }
 
     // ---- reads ------------------------------------------------------------------------------
@@ -1049,7 +1048,7 @@ impl Store {
 
     /// Flushes after clearing the `running` mark: the next open finds a clean shutdown.
     pub fn mark_clean(&self) -> Result<(), FsError> {
-        self.tree(T_META).remove(b"running").map_err(db_err)?;
+        self.tree(T_META).remove(b"running")?;
         self.flush()
     }
 
@@ -1088,9 +1087,7 @@ impl Store {
     /// Data server `id` was scrubbed. (A crash before this reaches the disk scrubs it again
     /// at the next start, which is harmless: only free chunks are zeroed.)
     pub fn scrubbed(&self, id: u32) -> Result<(), FsError> {
-        self.tree(T_SCRUB)
-            .remove(id.to_be_bytes())
-            .map_err(db_err)?;
+        self.tree(T_SCRUB).remove(id.to_be_bytes())?;
         Ok(())
     }
 
@@ -1116,8 +1113,7 @@ impl Store {
     /// Forgets the tail record of `loc` (its tail was zeroed).
     pub fn tail_zeroed(&self, loc: ChunkLoc) -> Result<(), FsError> {
         self.tree(T_TAILS)
-            .remove(key_server(loc.server, loc.index))
-            .map_err(db_err)?;
+            .remove(key_server(loc.server, loc.index))?;
         Ok(())
     }
 
@@ -1134,8 +1130,8 @@ impl Store {
     }
 
     /// Every inode in use.
-    pub fn inode_count(&self) -> u64 {
-        self.tree(T_INODES).len() as u64
+    pub fn inode_count(&self) -> Result<u64, FsError> {
+        Ok(self.tree(T_INODES).len()? as u64)
     }
 
     /// Every known data server.
@@ -1171,8 +1167,7 @@ impl Store {
         Ok(out)
     }
 
-    /// Whether directory `ino` has no entries. Never call this inside a transaction: sled
-    /// deadlocks a plain read against the transaction's own locks.
+    /// Whether directory `ino` has no entries (read through the staged writes).
     fn is_empty(&self, ino: Ino) -> Result<bool, FsError> {
         match self.tree(T_DIRENTS).scan_prefix(be64(ino)).next() {
             None => Ok(true),
@@ -1268,11 +1263,11 @@ impl Store {
             tx.put_inode(&attr)?;
             tx.add_dirent(parent, name, ino, kind)?;
             if kind == FileKind::Dir {
-                tx.t(T_PARENTS).insert(&be64(ino), &be64(parent))?;
+                tx.t(T_PARENTS).insert(be64(ino), &be64(parent))?;
                 dir.nlink += 1;
             }
             if let Some(target) = target {
-                tx.t(T_SYMLINKS).insert(&be64(ino), target.as_bytes())?;
+                tx.t(T_SYMLINKS).insert(be64(ino), target.as_bytes())?;
             }
             dir.mtime = now;
             dir.ctime = now;
@@ -1521,7 +1516,7 @@ impl Store {
             if parent != new_parent {
                 let mut np = tx.inode(new_parent)?;
                 if src.kind == FileKind::Dir {
-                    tx.t(T_PARENTS).insert(&be64(src.ino), &be64(new_parent))?;
+                    tx.t(T_PARENTS).insert(be64(src.ino), &be64(new_parent))?;
                     old_dir.nlink = old_dir.nlink.saturating_sub(1);
                     np.nlink += 1;
                 }
@@ -1591,7 +1586,7 @@ impl Store {
                 // `..` links: a directory leaving a parent takes one link with it.
                 for (moved, from, to) in [(&a, parent, new_parent), (&b, new_parent, parent)] {
                     if moved.kind == FileKind::Dir {
-                        tx.t(T_PARENTS).insert(&be64(moved.ino), &be64(to))?;
+                        tx.t(T_PARENTS).insert(be64(moved.ino), &be64(to))?;
                         let (from_dir, to_dir) = if from == parent {
                             (&mut old_dir, &mut np)
                         } else {
@@ -1695,7 +1690,7 @@ impl Store {
                             let loc = lift(decode_loc(&v))?;
                             let order = layout.order(chunk);
                             tx.t(T_TAILS).insert(
-                                &key_server(loc.server, loc.index),
+                                key_server(loc.server, loc.index),
                                 &encode_tail(from, order),
                             )?;
                             effects.tail = Some(Tail {
@@ -1928,7 +1923,7 @@ impl Store {
                 let Some(loc) = placed else {
                     return abort(FsError::NoSpace);
                 };
-                tx.t(T_CHUNKS).insert(&key, &encode_loc(loc))?;
+                tx.t(T_CHUNKS).insert(key, &encode_loc(loc))?;
                 out.push(loc);
             }
             Ok(out)
@@ -1950,7 +1945,7 @@ impl Store {
     /// Gives a zeroed dirty block back to its server's allocator (merged with its free buddies).
     pub fn recycle(&self, loc: ChunkLoc) -> Result<(), FsError> {
         self.tx(|tx| {
-            let Some(v) = tx.t(T_DIRTY).remove(&key_server(loc.server, loc.index))? else {
+            let Some(v) = tx.t(T_DIRTY).remove(key_server(loc.server, loc.index))? else {
                 return Ok(());
             };
             let order = lift(decode_order(&v))?;
@@ -2033,10 +2028,10 @@ impl Store {
             };
             tx.put_server(&rec)?;
             tx.t(T_INCARNATIONS)
-                .insert(&rec.id.to_be_bytes(), &be64(incarnation))?;
+                .insert(rec.id.to_be_bytes(), &be64(incarnation))?;
             for (ino, index, loc) in &doomed {
                 tx.t(T_LOST)
-                    .insert(&key_server(loc.server, loc.index), &key_u64s(*ino, *index))?;
+                    .insert(key_server(loc.server, loc.index), &key_u64s(*ino, *index))?;
             }
             Ok(rec)
         })?;
@@ -2238,7 +2233,7 @@ impl Store {
         self.tx(|tx| {
             for (key, entry) in &entries {
                 tx.t(T_DIRENTS).remove(key.as_slice())?;
-                tx.t(T_DIRINDEX).remove(&key_u64s(ino, entry.cookie))?;
+                tx.t(T_DIRINDEX).remove(key_u64s(ino, entry.cookie))?;
                 tx.entry_changed(ino, &String::from_utf8_lossy(&key[8..]), None);
             }
             tx.delete_inode(ino, &doomed)?;
@@ -2270,7 +2265,7 @@ impl Store {
     pub(crate) fn repair_mark_dirty(&self, block: Block) -> Result<(), FsError> {
         self.tx(|tx| {
             tx.t(T_DIRTY).insert(
-                &key_server(block.loc.server, block.loc.index),
+                key_server(block.loc.server, block.loc.index),
                 &[block.order as u8],
             )?;
             Ok(())
@@ -2280,7 +2275,7 @@ impl Store {
     /// Takes a chunk out of the dirty set without freeing it (it is in use, or not a chunk).
     pub(crate) fn repair_clear_dirty(&self, loc: ChunkLoc) -> Result<(), FsError> {
         self.tx(|tx| {
-            tx.t(T_DIRTY).remove(&key_server(loc.server, loc.index))?;
+            tx.t(T_DIRTY).remove(key_server(loc.server, loc.index))?;
             Ok(())
         })
     }
@@ -2322,7 +2317,7 @@ impl Store {
     /// its last release).
     pub(crate) fn repair_unmark_orphan(&self, ino: Ino) -> Result<(), FsError> {
         self.tx(|tx| {
-            tx.t(T_ORPHANS).remove(&be64(ino))?;
+            tx.t(T_ORPHANS).remove(be64(ino))?;
             Ok(())
         })
     }
@@ -2343,10 +2338,10 @@ impl Store {
             for key in &xattrs {
                 tx.t(T_XATTRS).remove(key.as_slice())?;
             }
-            tx.t(T_SYMLINKS).remove(&be64(ino))?;
-            tx.t(T_PARENTS).remove(&be64(ino))?;
-            tx.t(T_COOKIES).remove(&be64(ino))?;
-            tx.t(T_ORPHANS).remove(&be64(ino))?;
+            tx.t(T_SYMLINKS).remove(be64(ino))?;
+            tx.t(T_PARENTS).remove(be64(ino))?;
+            tx.t(T_COOKIES).remove(be64(ino))?;
+            tx.t(T_ORPHANS).remove(be64(ino))?;
             Ok(())
         })
     }
@@ -2434,7 +2429,7 @@ impl Store {
                 }
                 Corruption::RemoveInode { ino } => {
                     tx.touch(*ino);
-                    tx.t(T_INODES).remove(&be64(*ino))?;
+                    tx.t(T_INODES).remove(be64(*ino))?;
                 }
                 Corruption::RemoveEntry { parent, name } => {
                     let Some(entry) = tx.dirent(*parent, name)? else {
@@ -2460,11 +2455,11 @@ impl Store {
                 }
                 Corruption::MarkDirty { loc } => {
                     tx.t(T_DIRTY)
-                        .insert(&key_server(loc.server, loc.index), &[0u8])?;
+                        .insert(key_server(loc.server, loc.index), &[0u8])?;
                 }
                 Corruption::MapChunk { ino, chunk, loc } => {
                     tx.t(T_CHUNKS)
-                        .insert(&key_u64s(*ino, *chunk), &encode_loc(*loc))?;
+                        .insert(key_u64s(*ino, *chunk), &encode_loc(*loc))?;
                 }
                 Corruption::SetSize { ino, size } => {
                     let mut attr = tx.inode(*ino)?;
@@ -2488,7 +2483,7 @@ fn drop_link(tx: &Tx, ino: Ino, open: bool, doomed: &Doomed, now: Timestamp) -> 
         tx.put_inode(&attr)?;
     } else if open {
         tx.put_inode(&attr)?;
-        tx.t(T_ORPHANS).insert(&be64(ino), &[][..])?;
+        tx.t(T_ORPHANS).insert(be64(ino), &[][..])?;
         effects.orphaned = Some(ino);
     } else {
         tx.delete_inode(ino, doomed)?;
