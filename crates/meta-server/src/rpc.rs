@@ -4,8 +4,9 @@
 //! under its id as it finishes.
 //!
 //! sled and the fabric verbs block, so each request runs on tokio's blocking pool
-//! (`spawn_blocking`): the async workers only move bytes, and a slow request (zeroing chunks, a
-//! lock tree created for a large file) never stalls other connections.
+//! (`spawn_blocking`), whose thread also writes the answer: the async workers only read
+//! requests, and a slow request (zeroing chunks, a lock tree created for a large file) never
+//! stalls other connections.
 
 use crate::service::Service;
 use fabric::frame::{check_body, header_for, parse_header, FrameError, HEADER_LEN};
@@ -217,7 +218,7 @@ async fn connection(
             send(&mut writer, &HelloAnswer::Ok(Welcome::Client(info)))
                 .await
                 .map_err(|e| e.to_string())?;
-            let result = serve(&mut reader, &mut writer, &service, &mut stop, session).await;
+            let result = serve(&mut reader, writer, &service, &mut stop, session).await;
             let svc = service.clone();
             let _ = blocking(move || {
                 svc.end_session(session);
@@ -352,48 +353,59 @@ fn goodbye() -> ResponseFrame {
 /// queue on the blocking pool (and buffer as unsent answers) finite.
 pub const MAX_IN_FLIGHT_PER_CONNECTION: usize = 64;
 
-/// One answer on its way to the writer, with the in-flight permit it holds until written.
-type Answer = (ResponseFrame, Option<tokio::sync::OwnedSemaphorePermit>);
-
 /// Answers a client session's requests until the connection closes or the server stops.
 ///
 /// Requests run concurrently (each on the blocking pool, at most
 /// [`MAX_IN_FLIGHT_PER_CONNECTION`] at once) and are answered as they finish, under their
 /// request id: one client's threads do not wait behind each other's calls. A caller waits for
-/// its answer before its next call, so each thread's calls stay in order. One writer sends the
-/// answers; a request's permit is released only once its answer is written, so a client that
-/// stops reading stops being served.
-async fn serve<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
+/// its answer before its next call, so each thread's calls stay in order. The blocking-pool
+/// thread that ran a request writes its answer itself (the writer is shared under an async
+/// mutex): handing it to a writer task cost one more thread wake-up per call. A request's
+/// permit is released only once its answer is written, so a client that stops reading stops
+/// being served; the session ends only once every request it started has answered.
+async fn serve<R, W>(
     reader: &mut R,
-    writer: &mut W,
+    writer: W,
     service: &Arc<Service>,
     stop: &mut watch::Receiver<bool>,
     session: u64,
-) -> Result<(), String> {
-    let (answers, mut to_send) = tokio::sync::mpsc::unbounded_channel::<Answer>();
+) -> Result<(), String>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let writer = Arc::new(tokio::sync::Mutex::new(writer));
     let permits = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT_PER_CONNECTION));
-    let read_loop = async move {
+    // An answer that could not be written ends the connection (the stream may be mid-frame).
+    let (write_failed, mut write_failure) = watch::channel(None::<String>);
+    let write_failed = Arc::new(write_failed);
+    let runtime = tokio::runtime::Handle::current();
+    let read_loop = async {
         let mut body = Vec::new();
         // The server stops: the client is told so (an answer of a request still running may
         // follow; the client has failed that call by then, as after any broken connection).
-        let stopping = || -> Result<(), String> {
-            let _ = answers.send((goodbye(), None));
+        let stopping = || async {
+            let _ = send(&mut *writer.lock().await, &goodbye()).await;
             Ok(())
         };
         loop {
             let read = tokio::select! {
                 read = read_frame(reader, MAX_FRAME, &mut body) => read,
-                _ = stop.changed() => return stopping(),
+                _ = stop.changed() => return stopping().await,
+                _ = write_failure.changed() => {
+                    return Err(write_failure.borrow().clone().unwrap_or_default());
+                }
             };
             // A frame the server cannot take is answered under id 0 (no request has it), with
             // the reason, before the connection closes: the client learns why (see
             // `proto::rpc::Client::call`).
-            let refuse = |why: String| {
+            let refuse = |why: String| async {
                 let frame = ResponseFrame {
                     id: 0,
-                    result: Err(FsError::Invalid(why)),
+                    result: Err(FsError::Invalid(why.clone())),
                 };
-                let _ = answers.send((frame, None));
+                let _ = send(&mut *writer.lock().await, &frame).await;
+                Err(why)
             };
             let frame: RequestFrame = match read {
                 Ok(()) => match postcard::from_bytes(&body) {
@@ -401,8 +413,7 @@ async fn serve<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                     Err(e) => {
                         let why = format!("malformed request: {e}");
                         tracing::warn!(session, why, "closing a client connection");
-                        refuse(why.clone());
-                        return Err(why);
+                        return refuse(why).await;
                     }
                 },
                 Err(FrameError::TooLarge { len, max }) => {
@@ -411,8 +422,7 @@ async fn serve<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                          (proto::rpc::MAX_FRAME)"
                     );
                     tracing::warn!(session, why, "closing a client connection");
-                    refuse(why.clone());
-                    return Err(why);
+                    return refuse(why).await;
                 }
                 Err(e) => return Err(e.to_string()),
             };
@@ -420,13 +430,14 @@ async fn serve<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                 permit = permits.clone().acquire_owned() => {
                     permit.map_err(|e| e.to_string())?
                 }
-                _ = stop.changed() => return stopping(),
+                _ = stop.changed() => return stopping().await,
             };
             let svc = service.clone();
-            let answers = answers.clone();
-            // Straight onto the blocking pool, whose thread hands the answer to the writer:
-            // one thread hand-off per request on the way in and one on the way out (an async
-            // task in between, awaiting the blocking call, cost a third).
+            let writer = writer.clone();
+            let write_failed = write_failed.clone();
+            let runtime = runtime.clone();
+            // Straight onto the blocking pool, whose thread writes the answer: one thread
+            // hand-off per request, on the way in.
             tokio::task::spawn_blocking(move || {
                 let RequestFrame {
                     id,
@@ -434,21 +445,22 @@ async fn serve<R: AsyncRead + Unpin, W: AsyncWrite + Unpin>(
                     request,
                 } = frame;
                 let result = guarded(|| svc.handle(session, release_first, request));
-                let _ = answers.send((ResponseFrame { id, result }, Some(permit)));
+                let frame = ResponseFrame { id, result };
+                let sent =
+                    runtime.block_on(async { send(&mut *writer.lock().await, &frame).await });
+                if let Err(e) = sent {
+                    write_failed.send_replace(Some(format!("writing an answer: {e}")));
+                }
+                drop(permit);
             });
         }
     };
-    let write_loop = async move {
-        // Ends when every sender is gone: the read loop ended and every request it started
-        // has answered.
-        while let Some((frame, permit)) = to_send.recv().await {
-            send(writer, &frame).await.map_err(|e| e.to_string())?;
-            drop(permit);
-        }
-        Ok::<(), String>(())
-    };
-    let (read, write) = tokio::join!(read_loop, write_loop);
-    read.and(write)
+    let result = read_loop.await;
+    // Every request started has answered (or failed to write) before the session ends.
+    let _ = permits
+        .acquire_many(MAX_IN_FLIGHT_PER_CONNECTION as u32)
+        .await;
+    result
 }
 
 /// Fuzz entry: `input` is the byte stream a peer sends to the meta server's RPC port, read
