@@ -496,16 +496,7 @@ fn lock_server_runs_only_when_asked_and_checks_the_token() {
 #[test]
 fn a_clean_stop_tells_every_connection_it_is_stopping() {
     let mut cl = start(1, 4, false);
-    let client = proto::rpc::SharedClient::connect(
-        cl.meta_addr(),
-        &cl.credentials(),
-        Role::Client {
-            host: "h".into(),
-            pid: 1,
-        },
-        Some(Duration::from_secs(10)),
-    )
-    .unwrap();
+    let client = shared_client(&cl);
     assert!(matches!(client.call(Request::Heartbeat), Ok(Ok(_))));
     cl.restart_meta().unwrap();
     // The goodbye reaches the client's reader without a call.

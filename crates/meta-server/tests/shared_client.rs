@@ -5,9 +5,8 @@
 
 mod common;
 use common::*;
-use proto::rpc::{Request, Response, Role, SharedClient};
+use proto::rpc::{Request, Response};
 use proto::{FileKind, ROOT_INO};
-use std::time::Duration;
 
 fn ino_of(answer: Response) -> u64 {
     match answer {
@@ -23,16 +22,7 @@ fn ino_of(answer: Response) -> u64 {
 #[test]
 fn threads_sharing_a_connection_each_get_their_own_answers() {
     let cl = start(1, 8, false);
-    let client = SharedClient::connect(
-        cl.meta_addr(),
-        &cl.credentials(),
-        Role::Client {
-            host: "h".into(),
-            pid: 1,
-        },
-        Some(Duration::from_secs(10)),
-    )
-    .unwrap();
+    let client = shared_client(&cl);
     std::thread::scope(|scope| {
         for t in 0..8 {
             let client = &client;

@@ -44,6 +44,21 @@ pub fn start(n: usize, chunks: u64, file: bool) -> Cluster {
     Cluster::start(spec(n, chunks, file)).unwrap()
 }
 
+/// A client session on one connection that many threads share (`proto::rpc::SharedClient`,
+/// as `fs-client` uses it), each call bounded by 10 s.
+pub fn shared_client(cluster: &Cluster) -> proto::rpc::SharedClient {
+    proto::rpc::SharedClient::connect(
+        cluster.meta_addr(),
+        &cluster.credentials(),
+        Role::Client {
+            host: "h".into(),
+            pid: 1,
+        },
+        Some(Duration::from_secs(10)),
+    )
+    .unwrap()
+}
+
 /// A client session with typed helpers.
 pub struct Fs {
     pub c: Client,
