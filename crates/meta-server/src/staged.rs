@@ -43,7 +43,7 @@
 //! their meaning.
 
 use proto::FsError;
-use sled::transaction::{ConflictableTransactionError, TransactionError};
+use sled::transaction::ConflictableTransactionError;
 use sled::{IVec, Tree};
 use std::collections::{BTreeMap, VecDeque};
 use std::ops::Bound;
@@ -116,7 +116,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn db_err(e: sled::Error) -> FsError {
+/// A sled failure as the file system reports it.
+pub(crate) fn db_err(e: sled::Error) -> FsError {
     FsError::Io(format!("meta database: {e}"))
 }
 
@@ -189,17 +190,19 @@ impl Staged {
 
     /// Runs `f` as one mutation: it reads through the overlay and its own writes, and its
     /// writes become visible to every read at once when it returns `Ok`, then reach sled
-    /// behind it (with the next batch). An `Err` discards its writes.
+    /// behind it (with the next batch). An `Err` discards its writes and is the result (a
+    /// closure's `Abort(e)` is `e`). `f` runs exactly once: mutations are serialized, so
+    /// nothing conflicts.
     pub(crate) fn transaction<A>(
         &self,
         f: impl FnOnce(&TxView<'_>) -> Result<A, ConflictableTransactionError<FsError>>,
-    ) -> Result<A, TransactionError<FsError>> {
+    ) -> Result<A, FsError> {
         let shared = &*self.shared;
         let _writer = lock(&shared.writer);
         {
             let mut inner = lock(&shared.inner);
             if let Some(why) = &inner.failed {
-                return Err(TransactionError::Abort(failed(why)));
+                return Err(failed(why));
             }
             // Back-pressure: the committer is far behind.
             while inner.queue.len() >= MAX_PENDING && inner.failed.is_none() {
@@ -215,15 +218,10 @@ impl Staged {
         };
         let result = match f(&view) {
             Ok(result) => result,
-            Err(ConflictableTransactionError::Abort(e)) => return Err(TransactionError::Abort(e)),
-            Err(ConflictableTransactionError::Storage(e)) => {
-                return Err(TransactionError::Storage(e))
-            }
-            Err(e) => {
-                return Err(TransactionError::Abort(FsError::Io(format!(
-                    "meta database transaction: {e:?}"
-                ))))
-            }
+            Err(ConflictableTransactionError::Abort(e)) => return Err(e),
+            Err(ConflictableTransactionError::Storage(e)) => return Err(db_err(e)),
+            // `Conflict`: only sled's own transactions produce it, and none runs here.
+            Err(e) => return Err(FsError::Io(format!("meta database transaction: {e:?}"))),
         };
         let writes = view.writes.into_inner();
         if writes.is_empty() {
@@ -231,7 +229,7 @@ impl Staged {
         }
         let mut inner = lock(&shared.inner);
         if let Some(why) = &inner.failed {
-            return Err(TransactionError::Abort(failed(why)));
+            return Err(failed(why));
         }
         inner.last += 1;
         let seq = inner.last;
@@ -374,10 +372,7 @@ impl Shared {
         let record = postcard::to_stdvec(&writes).expect("postcard encodes byte strings");
         self.journal.insert(last.to_be_bytes(), record)?;
         for (tree, key, value) in writes {
-            match value {
-                Some(value) => self.trees[tree].insert(key, value)?,
-                None => self.trees[tree].remove(key)?,
-            };
+            apply(&self.trees[tree], key, value)?;
         }
         self.journal.remove(last.to_be_bytes())?;
         Ok(())
@@ -395,6 +390,14 @@ impl Shared {
             Some(value) => Ok(value),
             None => self.trees[i].get(key),
         }
+    }
+}
+
+/// Sets `key` of `tree` to `value`, or removes it (`None`): one write of a batch.
+fn apply(tree: &Tree, key: &[u8], value: Option<&[u8]>) -> sled::Result<()> {
+    match value {
+        Some(value) => tree.insert(key, value).map(drop),
+        None => tree.remove(key).map(drop),
     }
 }
 
@@ -417,11 +420,7 @@ fn replay(db: &sled::Db, trees: &[Tree], journal: &Tree) -> Result<usize, FsErro
                     trees.len()
                 ))
             })?;
-            match value {
-                Some(value) => tree.insert(key, value),
-                None => tree.remove(key),
-            }
-            .map_err(db_err)?;
+            apply(tree, &key, value.as_deref()).map_err(db_err)?;
         }
         journal.remove(key).map_err(db_err)?;
         replayed += 1;
@@ -497,11 +496,7 @@ impl StagedTree<'_> {
         let key = key.as_ref().to_vec();
         let i = self.i;
         self.staged
-            .transaction(|view| view.tree(i).remove(key.as_slice()).map(|_| ()))
-            .map_err(|e| match e {
-                TransactionError::Abort(e) => e,
-                TransactionError::Storage(e) => db_err(e),
-            })
+            .transaction(|view| view.tree(i).remove(key.as_slice()).map(drop))
     }
 }
 
@@ -723,10 +718,7 @@ mod tests {
             assert_eq!(tx.tree(0).get(b"x")?.as_deref(), Some(&b"2"[..]));
             Err::<(), _>(ConflictableTransactionError::Abort(FsError::Exists))
         });
-        assert!(matches!(
-            aborted,
-            Err(TransactionError::Abort(FsError::Exists))
-        ));
+        assert!(matches!(aborted, Err(FsError::Exists)));
         assert_eq!(s.tree(0).get(b"x").unwrap().as_deref(), Some(&b"1"[..]));
         assert_eq!(s.tree(1).get(b"y").unwrap(), None);
         s.settle().unwrap();

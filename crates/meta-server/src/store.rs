@@ -69,7 +69,7 @@
 //!   directory; a cookie is never reused in that directory, so listing "after cookie c" is stable
 //!   across concurrent creates and deletes.
 
-use crate::staged::{Staged, StagedTree, TxTree, TxView};
+use crate::staged::{db_err, Staged, StagedTree, TxTree, TxView};
 use proto::fcb;
 use proto::layout::Layout;
 use proto::rpc::XattrMode;
@@ -79,7 +79,7 @@ use proto::{
     Timestamp, NAME_MAX, ROOT_INO, SYMLINK_MAX, XATTR_NAME_MAX, XATTR_VALUE_MAX,
 };
 use serde::{Deserialize, Serialize};
-use sled::transaction::{ConflictableTransactionError, TransactionError};
+use sled::transaction::ConflictableTransactionError;
 use std::path::Path;
 
 /// Most chunks one `AllocateChunks` or `ChunkMap` call may name (a 1 MiB chunk size makes this
@@ -293,10 +293,6 @@ fn decode_u64_pair(v: &[u8]) -> Result<(u64, u64), FsError> {
 
 fn corrupt(what: &str) -> FsError {
     FsError::Io(format!("meta database corrupt: {what}"))
-}
-
-fn db_err(e: sled::Error) -> FsError {
-    FsError::Io(format!("meta database: {e}"))
 }
 
 fn enc<T: Serialize>(v: &T) -> Vec<u8> {
@@ -796,15 +792,11 @@ impl Store {
 
     /// Runs `f` as one transaction over every tree: its writes are visible to every read when
     /// it returns `Ok` and reach sled behind it ([`Staged::transaction`]).
-    fn tx<A>(&self, f: impl Fn(&Tx) -> TxResult<A>) -> Result<A, FsError> {
+    fn tx<A>(&self, f: impl FnOnce(&Tx) -> TxResult<A>) -> Result<A, FsError> {
         let touched = std::cell::RefCell::new(Touched::default());
         let result = self
             .staged
-            .transaction(|view| f(&Tx(view, self.layout, &touched)))
-            .map_err(|e| match e {
-                TransactionError::Abort(e) => e,
-                TransactionError::Storage(e) => db_err(e),
-            })?;
+            .transaction(|view| f(&Tx(view, self.layout, &touched)))?;
         let touched = touched.into_inner();
         if !touched.inos.is_empty() || !touched.entries.is_empty() {
             let mut all = self.touched_now();
@@ -2591,25 +2583,20 @@ mod tests {
     #[test]
     fn inode_numbers_are_never_handed_out_twice_across_a_crash() {
         let dir = tempfile::tempdir().unwrap();
+        let file = |store: &Store, name: &str| {
+            let attr = store.mknod(ROOT_INO, name, FileKind::File, 0o644, 0, ME);
+            attr.unwrap().ino
+        };
         let store = Store::open(dir.path(), CS, ME).unwrap();
-        let a = store
-            .mknod(ROOT_INO, "a", FileKind::File, 0o644, 0, ME)
-            .unwrap()
-            .ino;
+        let a = file(&store, "a");
         store.flush().unwrap();
         // Handed out, acknowledged, never flushed: lost in the crash below.
-        let lost = store
-            .mknod(ROOT_INO, "b", FileKind::File, 0o644, 0, ME)
-            .unwrap()
-            .ino;
+        let lost = file(&store, "b");
         assert_eq!(lost, a + 1);
         // A crash: the `running` mark stays set, and "b" never reached the disk.
         drop(store);
         let store = Store::open(dir.path(), CS, ME).unwrap();
-        let after = store
-            .mknod(ROOT_INO, "c", FileKind::File, 0o644, 0, ME)
-            .unwrap()
-            .ino;
+        let after = file(&store, "c");
         assert!(
             after > lost + (1 << 31),
             "ino {after} after a crash, {lost} before it"
@@ -2618,10 +2605,7 @@ mod tests {
         store.mark_clean().unwrap();
         drop(store);
         let store = Store::open(dir.path(), CS, ME).unwrap();
-        let next = store
-            .mknod(ROOT_INO, "d", FileKind::File, 0o644, 0, ME)
-            .unwrap()
-            .ino;
+        let next = file(&store, "d");
         assert_eq!(next, after + 1);
     }
 
