@@ -26,6 +26,7 @@ mod child;
 mod cluster;
 mod mount;
 pub mod netns;
+mod orphans;
 mod util;
 
 pub use child::{child_mount_main, ChildMount};
@@ -33,4 +34,5 @@ pub use cluster::{BackingKind, Cluster, ClusterSpec, TEST_CHUNK_SIZE};
 /// The fabric backend a cluster runs on (the fabric crate's own choice type).
 pub use fabric::Backend;
 pub use mount::{fuse_options, fuse_unavailable, Mount};
+pub use orphans::die_with_parent;
 pub use util::{init_logging, pattern, random_token, restartable_addr, wait_until};

@@ -257,6 +257,8 @@ impl Network {
                 Ok(())
             });
         }
+        // Stopped with this process even when it is killed (`die_with_parent`).
+        crate::die_with_parent(&mut command);
         command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

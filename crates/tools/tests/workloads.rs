@@ -138,3 +138,171 @@ fn io500_hard_with_io_writes_and_verifies_every_record_through_client_processes(
         assert!(r["mib_per_s"].as_f64().unwrap() > 0.0, "{r}");
     }
 }
+
+/// The processes whose parent is `pid` and whose command line contains `word`.
+fn children_of(pid: u32, word: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid ...`: comm may hold spaces, so split after its ')'.
+        let Some(after) = stat.rsplit_once(')').map(|(_, rest)| rest) else {
+            continue;
+        };
+        let ppid = after.split_whitespace().nth(1).and_then(|p| p.parse().ok());
+        let cmdline = std::fs::read(format!("/proc/{child}/cmdline")).unwrap_or_default();
+        if ppid == Some(pid) && String::from_utf8_lossy(&cmdline).contains(word) {
+            found.push(child);
+        }
+    }
+    found
+}
+
+/// Whether process `pid` still runs (a zombie does not).
+fn running(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !matches!(
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next()),
+            Some("Z" | "X")
+        ),
+        Err(_) => false,
+    }
+}
+
+/// The mount points under `dir`.
+fn mounts_under(dir: &std::path::Path) -> Vec<String> {
+    let prefix = dir.to_str().unwrap();
+    std::fs::read_to_string("/proc/mounts")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1).map(str::to_string))
+        .filter(|m| m.starts_with(prefix))
+        .collect()
+}
+
+/// Waits up to `within` for `done`, checking every 20 ms.
+fn wait_for(within: std::time::Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + within;
+    while std::time::Instant::now() < deadline {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    done()
+}
+
+/// A workload benchmark with its client processes mounted under a temporary directory of
+/// its own; whatever it leaves (processes, mounts) is removed on drop, so a failing test
+/// cleans up too.
+struct RunningBench {
+    bench: std::process::Child,
+    clients: Vec<u32>,
+    tmp: tempfile::TempDir,
+}
+
+impl RunningBench {
+    /// Starts `citronfs bench oltp` for long enough, and returns once its two client
+    /// processes have mounted.
+    fn start() -> RunningBench {
+        let tmp = tempfile::tempdir().unwrap();
+        let bench = Command::new(env!("CARGO_BIN_EXE_citronfs"))
+            .args(["bench", "oltp", "--clients", "2", "--scheme", "citron"])
+            .args(["--duration", "60", "--json"])
+            // The client processes' mount points and logs go there.
+            .env("TMPDIR", tmp.path())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut run = RunningBench {
+            bench,
+            clients: Vec::new(),
+            tmp,
+        };
+        let pid = run.bench.id();
+        let mounted = wait_for(std::time::Duration::from_secs(60), || {
+            run.clients = children_of(pid, "mount");
+            run.clients.len() == 2 && mounts_under(run.tmp.path()).len() == 2
+        });
+        assert!(mounted, "the benchmark's two clients did not mount");
+        run
+    }
+
+    /// Sends `signal` to the benchmark and waits for it to exit; returns its stderr.
+    fn signal(&mut self, signal: libc::c_int) -> String {
+        // SAFETY: kill(2) on our own child's pid touches no memory of ours.
+        unsafe { libc::kill(self.bench.id() as libc::pid_t, signal) };
+        let mut stderr = String::new();
+        if let Some(mut pipe) = self.bench.stderr.take() {
+            use std::io::Read;
+            let _ = pipe.read_to_string(&mut stderr);
+        }
+        let status = self.bench.wait().unwrap();
+        assert!(!status.success(), "the benchmark succeeded: {stderr}");
+        stderr
+    }
+
+    /// Waits a while for the client processes to exit and their mounts to go.
+    fn clients_gone(&self) -> bool {
+        wait_for(std::time::Duration::from_secs(20), || {
+            !self.clients.iter().any(|&c| running(c)) && mounts_under(self.tmp.path()).is_empty()
+        })
+    }
+}
+
+impl Drop for RunningBench {
+    fn drop(&mut self) {
+        let _ = self.bench.kill();
+        let _ = self.bench.wait();
+        for &c in &self.clients {
+            // SAFETY: as in `signal`; a pid that has gone is at worst refused.
+            unsafe { libc::kill(c as libc::pid_t, libc::SIGKILL) };
+        }
+        for m in mounts_under(self.tmp.path()) {
+            let _ = Command::new("umount").args(["-l", &m]).status();
+        }
+    }
+}
+
+#[test]
+fn an_interrupted_workload_benchmark_unmounts_and_stops_its_clients() {
+    if let Some(why) = testkit::fuse_unavailable() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let mut run = RunningBench::start();
+    let stderr = run.signal(libc::SIGTERM);
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    assert!(
+        run.clients_gone(),
+        "clients or mounts left behind: {stderr}"
+    );
+    // Mount points and their logs are removed too.
+    let left: Vec<_> = std::fs::read_dir(run.tmp.path())
+        .unwrap()
+        .flatten()
+        .collect();
+    assert!(left.is_empty(), "left in TMPDIR: {left:?}");
+}
+
+#[test]
+fn a_killed_workload_benchmark_leaves_no_client_process_or_mount() {
+    if let Some(why) = testkit::fuse_unavailable() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let mut run = RunningBench::start();
+    let stderr = run.signal(libc::SIGKILL);
+    assert!(
+        run.clients_gone(),
+        "client processes {:?} or mounts {:?} outlived the killed benchmark: {stderr}",
+        run.clients,
+        mounts_under(run.tmp.path())
+    );
+}

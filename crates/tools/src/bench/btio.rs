@@ -19,6 +19,7 @@ use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 use lockmgr::LockScheme;
 use serde::Serialize;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
 use testkit::{Cluster, ClusterSpec};
@@ -165,15 +166,17 @@ pub fn run(args: &BtioArgs) -> Result<()> {
                 .unwrap_or_else(|_| ProgressStyle::default_bar()),
         )
     };
+    let interrupt = super::stop_on_signal()?;
     let mut results: Vec<BtioResult> = Vec::new();
     for &scheme in &args.common.scheme {
+        super::interrupted(&interrupt)?;
         progress.set_message(format!(
             "{scheme}: starting {} clients",
             args.common.clients
         ));
         let clients = Clients::start(&cluster, scheme, args.common.clients, args.common.via)?;
         let name = format!("btio-{}.dat", scheme.name());
-        let r = run_scheme(args, &clients, &name, scheme, &progress)
+        let r = run_scheme(args, &clients, &name, scheme, &progress, &interrupt)
             .with_context(|| format!("scheme {scheme}"))?;
         clients.remove(&name)?;
         drop(clients);
@@ -252,6 +255,7 @@ fn run_scheme(
     name: &str,
     scheme: LockScheme,
     progress: &ProgressBar,
+    interrupt: &AtomicBool,
 ) -> Result<BtioResult> {
     let n = args.class.n();
     let side = (args.procs as f64).sqrt().round() as u64;
@@ -274,6 +278,7 @@ fn run_scheme(
     let mut bytes = 0u64;
     let mut write_seconds = 0.0;
     for step in 0..args.steps {
+        super::interrupted(interrupt)?;
         progress.set_message(format!("{scheme}: step {}", step + 1));
         let t = Instant::now();
         let outcomes: Vec<Result<(Histogram<u64>, u64, u64)>> = std::thread::scope(|s| {
@@ -288,6 +293,7 @@ fn run_scheme(
                         let mut total = 0;
                         barrier.wait();
                         for &(off, len) in &rows {
+                            super::interrupted(interrupt)?;
                             let buf = testkit::pattern(seed, off, len as usize);
                             let t = Instant::now();
                             file.write_at(&buf, off)
@@ -317,6 +323,7 @@ fn run_scheme(
         progress.inc(1);
     }
 
+    super::interrupted(interrupt)?;
     progress.set_message(format!("{scheme}: verifying"));
     let verified: Vec<Result<()>> = std::thread::scope(|s| {
         let handles: Vec<_> = files
@@ -325,6 +332,7 @@ fn run_scheme(
             .map(|(p, file)| {
                 s.spawn(move || -> Result<()> {
                     for step in 0..args.steps {
+                        super::interrupted(interrupt)?;
                         verify_rows(file.as_ref(), &rows_of(n, side, p as u64, step), seed)
                             .with_context(|| format!("process {p}, step {step}"))?;
                     }

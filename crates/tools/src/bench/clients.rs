@@ -194,7 +194,13 @@ impl Clients {
                     let log_path = dir.path().with_extension("log");
                     let log = File::create(&log_path)
                         .with_context(|| format!("create {}", log_path.display()))?;
-                    let child = Command::new(&exe)
+                    let mut command = Command::new(&exe);
+                    // SIGTERM (it unmounts and exits) when this benchmark dies, however it
+                    // dies: a killed benchmark leaves no mount of a cluster that went with it.
+                    // `Clients` are started by the benchmark's main thread, which lives as
+                    // long as they do.
+                    testkit::die_with_parent(&mut command);
+                    let child = command
                         .arg("mount")
                         .arg("--meta")
                         .arg(cluster.meta_addr().to_string())

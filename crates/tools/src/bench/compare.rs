@@ -221,12 +221,16 @@ pub fn run(args: &CompareArgs) -> Result<()> {
         )
     };
 
+    // A signal ends the run between jobs; the target's guard tears it down on the way out.
+    let interrupt = super::stop_on_signal()?;
     let mut rows: Vec<Row> = Vec::new();
     for &fs in &args.fs {
+        super::interrupted(&interrupt)?;
         progress.set_message(format!("{}: setting up", fs.name()));
         let target = Target::up(fs, args, work.path(), &scripts)
             .with_context(|| format!("set up {}", fs.name()))?;
         for &job in &args.jobs {
+            super::interrupted(&interrupt)?;
             progress.set_message(format!("{}: {}", fs.name(), job.name()));
             let row = run_fio(job, fs, &target, args, work.path())
                 .with_context(|| format!("{} on {}", job.name(), fs.name()))?;
@@ -234,6 +238,7 @@ pub fn run(args: &CompareArgs) -> Result<()> {
             progress.inc(1);
         }
         if args.files > 0 {
+            super::interrupted(&interrupt)?;
             progress.set_message(format!("{}: metadata", fs.name()));
             rows.extend(
                 metadata_pass(fs, &target.dir, args.files)
@@ -497,7 +502,10 @@ fn run_fio(job: Job, fs: Fs, target: &Target, args: &CompareArgs, work: &Path) -
     // Interleaved records: rank r writes records r, r+P, r+2P, ... (a hole of P-1 records
     // after each of its own), over 256 MiB of file.
     let span = 256u64 << 20;
-    let out = Command::new("fio")
+    let mut fio = Command::new("fio");
+    // Stopped if this benchmark dies (it runs from the main thread).
+    testkit::die_with_parent(&mut fio);
+    let out = fio
         .arg("--output-format=json")
         .arg(&job_file)
         .env("CFSB_DIR", &dir)

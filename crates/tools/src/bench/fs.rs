@@ -369,11 +369,7 @@ pub fn run(args: &FsArgs) -> Result<()> {
 
     // Ctrl-C and SIGTERM end the run between cases, so that the mount is unmounted and the
     // servers stopped; a second signal exits at once (leaving the mount to `fusermount3 -u`).
-    let stop = Arc::new(AtomicBool::new(false));
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register_conditional_shutdown(signal, 130, stop.clone())?;
-        signal_hook::flag::register(signal, stop.clone())?;
-    }
+    let stop = super::stop_on_signal()?;
 
     let cases_per_fs = (args.patterns.len() * args.threads.len()) as u64;
     let fs_runs = u64::from(args.fs.contains(&Target::Tmpfs))
@@ -686,9 +682,7 @@ fn measure(plan: &Plan, subject: &Subject, pattern: Pattern, threads: usize) -> 
         .map(|(b, a)| a.since(&b))
         .filter(|d| d.locked_ios > 0)
         .map(|d| d.round_trips as f64 / d.locked_ios as f64);
-    if plan.stop.load(Ordering::Relaxed) {
-        bail!("interrupted");
-    }
+    super::interrupted(plan.stop)?;
     let us = |q: f64| m.histogram.value_at_quantile(q) as f64 / 1000.0;
     Ok(FsResult {
         fs: subject.target.name(),
@@ -747,9 +741,7 @@ fn fill(io: &dyn SharedFile, file_size: u64, stop: &AtomicBool) -> Result<()> {
     let whole = file_size / SEQ_BLOCK * SEQ_BLOCK;
     let mut offset = 0;
     while offset < whole {
-        if stop.load(Ordering::Relaxed) {
-            bail!("interrupted");
-        }
+        super::interrupted(stop)?;
         io.write_at(&buf, offset).context("fill the file")?;
         offset += SEQ_BLOCK;
     }

@@ -509,8 +509,12 @@ fn replay_io(
         lock_server: true,
         ..ClusterSpec::server_defaults()
     })?;
+    // With I/O the run has client processes and mounts: a signal ends it in order. (Lock-only
+    // runs start nothing outside this process, and end at once.)
+    let interrupt = super::stop_on_signal()?;
     let mut results = Vec::new();
     for scheme in schemes {
+        super::interrupted(&interrupt)?;
         progress.set_message(scheme.to_string());
         let clients = Clients::start(&cluster, scheme, args.clients, args.via)?;
         let name = format!("io500-hard-{}.dat", scheme.name());
@@ -528,7 +532,7 @@ fn replay_io(
                 .iter()
                 .enumerate()
                 .map(|(r, file)| {
-                    let start = start.clone();
+                    let (start, interrupt) = (start.clone(), &interrupt);
                     let mine: Vec<TraceWrite> = trace
                         .iter()
                         .filter(|w| w.rank == r as u64)
@@ -539,6 +543,7 @@ fn replay_io(
                         let began = Instant::now();
                         let mut done = Vec::with_capacity(mine.len());
                         for w in mine {
+                            super::interrupted(interrupt)?;
                             let buf = testkit::pattern(seed, w.offset, w.len as usize);
                             file.write_at(&buf, w.offset)
                                 .with_context(|| format!("rank {r}: write at {}", w.offset))?;
@@ -560,6 +565,7 @@ fn replay_io(
         let seconds = began.elapsed().as_secs_f64();
         // Every record, read back through its writer's client.
         for (r, file) in files.iter().enumerate() {
+            super::interrupted(&interrupt)?;
             for w in trace.iter().filter(|w| w.rank == r as u64) {
                 let mut buf = vec![0u8; w.len as usize];
                 file.read_at(&mut buf, w.offset)?;

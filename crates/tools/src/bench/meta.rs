@@ -30,7 +30,7 @@
 
 use crate::bench::fs::{check_fuse, is_tmpfs, mount_null};
 use crate::report::{fmt_f, fmt_ratio, ratio, Report};
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::Args;
 use fabric::Backend;
 use hdrhistogram::Histogram;
@@ -179,11 +179,7 @@ pub fn run(args: &MetaArgs) -> Result<()> {
     }
     // Ctrl-C and SIGTERM end the run between phases, so that the mount is unmounted and the
     // servers stopped; a second signal exits at once.
-    let stop = Arc::new(AtomicBool::new(false));
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register_conditional_shutdown(signal, 130, stop.clone())?;
-        signal_hook::flag::register(signal, stop.clone())?;
-    }
+    let stop = super::stop_on_signal()?;
     let progress = if args.json {
         ProgressBar::hidden()
     } else {
@@ -358,9 +354,7 @@ fn run_target(
             let server_us = before
                 .zip(after)
                 .map(|(b, a)| per_op(a.1.saturating_sub(b.1)) / 1000.0);
-            if stop.load(Ordering::Relaxed) {
-                bail!("interrupted");
-            }
+            super::interrupted(stop)?;
             let us = |q: f64| m.histogram.value_at_quantile(q) as f64 / 1000.0;
             results.push(MetaResult {
                 fs,

@@ -11,8 +11,34 @@ pub mod locks;
 pub mod meta;
 pub mod oltp;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use clap::Subcommand;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+/// Makes SIGINT and SIGTERM end a benchmark that starts mounts, client processes or servers
+/// in an orderly way: the first signal sets the returned flag, which the benchmark checks
+/// between (and inside) its cases and answers with [`interrupted`]'s error, so that its guards
+/// unmount, stop and remove what it started on the way out; a second signal exits at once
+/// with status 130. Client processes die with the benchmark whatever ends it
+/// (`clients::MountProcess`).
+pub(crate) fn stop_on_signal() -> Result<Arc<AtomicBool>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        // Registered first, so it sees the flag as it was before this signal.
+        signal_hook::flag::register_conditional_shutdown(signal, 130, stop.clone())?;
+        signal_hook::flag::register(signal, stop.clone())?;
+    }
+    Ok(stop)
+}
+
+/// The error that ends a run once [`stop_on_signal`]'s flag is set.
+pub(crate) fn interrupted(stop: &AtomicBool) -> Result<()> {
+    if stop.load(Ordering::Relaxed) {
+        bail!("interrupted");
+    }
+    Ok(())
+}
 
 /// The benchmarks.
 #[derive(Subcommand)]

@@ -129,15 +129,18 @@ pub fn run(args: &OltpArgs) -> Result<()> {
                 .unwrap_or_else(|_| ProgressStyle::default_bar()),
         )
     };
+    let interrupt = super::stop_on_signal()?;
     let mut results = Vec::new();
     for &scheme in &args.common.scheme {
+        super::interrupted(&interrupt)?;
         progress.set_message(format!(
             "{scheme}: starting {} clients",
             args.common.clients
         ));
         let clients = Clients::start(&cluster, scheme, args.common.clients, args.common.via)?;
         progress.set_message(format!("{scheme}: running"));
-        let r = run_scheme(args, &clients, scheme).with_context(|| format!("scheme {scheme}"))?;
+        let r = run_scheme(args, &clients, scheme, &interrupt)
+            .with_context(|| format!("scheme {scheme}"))?;
         for f in file_names(scheme) {
             clients.remove(&f)?;
         }
@@ -244,7 +247,14 @@ enum Role {
     LogWriter,
 }
 
-fn run_scheme(args: &OltpArgs, clients: &Clients, scheme: LockScheme) -> Result<OltpResult> {
+/// Runs one scheme for `--duration`, or until `interrupt` is set (then fails with
+/// "interrupted").
+fn run_scheme(
+    args: &OltpArgs,
+    clients: &Clients,
+    scheme: LockScheme,
+    interrupt: &AtomicBool,
+) -> Result<OltpResult> {
     let names = file_names(scheme);
     // The files' full size, through client 0, before anyone reads.
     {
@@ -252,6 +262,7 @@ fn run_scheme(args: &OltpArgs, clients: &Clients, scheme: LockScheme) -> Result<
         for name in &names {
             let f = clients.open(0, name)?;
             for off in (0..FILE_BYTES).step_by(zero.len()) {
+                super::interrupted(interrupt)?;
                 f.write_at(&zero, off)?;
             }
         }
@@ -336,7 +347,10 @@ fn run_scheme(args: &OltpArgs, clients: &Clients, scheme: LockScheme) -> Result<
             }
         }
         let deadline = started + Duration::from_secs_f64(args.duration);
-        while Instant::now() < deadline && !handles.iter().any(|h| h.is_finished()) {
+        while Instant::now() < deadline
+            && !interrupt.load(Ordering::Relaxed)
+            && !handles.iter().any(|h| h.is_finished())
+        {
             std::thread::sleep(Duration::from_millis(20));
         }
         stop.store(true, Ordering::Relaxed);
@@ -349,6 +363,7 @@ fn run_scheme(args: &OltpArgs, clients: &Clients, scheme: LockScheme) -> Result<
             .collect()
     });
     let seconds = started.elapsed().as_secs_f64();
+    super::interrupted(interrupt)?;
     let mut hists = [
         Histogram::<u64>::new(3)?,
         Histogram::<u64>::new(3)?,
