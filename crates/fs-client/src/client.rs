@@ -202,6 +202,17 @@ impl CitronFs {
             .clone()
     }
 
+    /// Makes the meta server's cheapest request (`Request::Cluster`, which reads nothing but
+    /// settings) once, and waits for its answer: what one round trip of the RPC transport
+    /// costs this client, without FUSE and without a handler worth the name (`bench meta`'s
+    /// `rpc` row). It is counted as a request like any other.
+    pub fn meta_round_trip(&self) -> Result<(), Error> {
+        match self.inner.meta.call(proto::rpc::Request::Cluster)? {
+            proto::rpc::Response::Cluster(_) => Ok(()),
+            other => Err(crate::meta::unexpected("cluster", other)),
+        }
+    }
+
     /// The lock scheme every read and write uses.
     pub fn scheme(&self) -> LockScheme {
         self.inner.scheme

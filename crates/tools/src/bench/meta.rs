@@ -9,6 +9,10 @@
 //! - `open-close`: `open(O_RDONLY)` + `close` of each file;
 //! - `unlink`: `unlink` of each file.
 //!
+//! For CitronFS a fifth row, `rpc`, times `--files` calls per thread of the meta server's
+//! cheapest request straight from the client library (`CitronFs::meta_round_trip`), with the
+//! same threads: what the RPC transport alone costs, to tell it from FUSE and the handlers.
+//!
 //! Each of `n` threads handles its own `--files` names; a phase starts when every thread is
 //! ready (a barrier) and ends when the last thread is done, so ops/s is the whole phase's
 //! throughput. For CitronFS the meta server's request counter (`MetaHandle::request_count`,
@@ -183,7 +187,10 @@ pub fn run(args: &MetaArgs) -> Result<()> {
     let progress = if args.json {
         ProgressBar::hidden()
     } else {
-        ProgressBar::new((args.fs.len() * args.threads.len() * PHASES.len()) as u64).with_style(
+        // Four phases per thread count and file system, and CitronFS's `rpc` row.
+        let rows = args.threads.len()
+            * (args.fs.len() * PHASES.len() + usize::from(args.fs.contains(&MetaTarget::Citronfs)));
+        ProgressBar::new(rows as u64).with_style(
             ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
                 .unwrap_or_else(|_| ProgressStyle::default_bar()),
         )
@@ -256,7 +263,7 @@ pub fn run(args: &MetaArgs) -> Result<()> {
                 dir.display()
             ));
         }
-        for r in run_target(args, "tmpfs", None, &dir, None, &stop, &progress)? {
+        for r in run_target(args, "tmpfs", None, &dir, None, None, &stop, &progress)? {
             tmpfs_results.push(emit(r, &[], &[]));
         }
     }
@@ -267,7 +274,7 @@ pub fn run(args: &MetaArgs) -> Result<()> {
     if args.fs.contains(&MetaTarget::Null) {
         progress.set_message("mounting the null backend");
         let (handle, dir) = mount_null(&options)?;
-        let results = run_target(args, "null", None, dir.path(), None, &stop, &progress);
+        let results = run_target(args, "null", None, dir.path(), None, None, &stop, &progress);
         handle
             .unmount()
             .with_context(|| format!("unmount {}", dir.path().display()))?;
@@ -284,13 +291,14 @@ pub fn run(args: &MetaArgs) -> Result<()> {
             ..ClusterSpec::server_defaults()
         })?;
         let fs = Arc::new(cluster.connect(args.scheme)?);
-        let mount = Mount::in_temp_dir(fs, &options)?;
+        let mount = Mount::in_temp_dir(fs.clone(), &options)?;
         let results = run_target(
             args,
             "citronfs",
             Some(args.fabric.name()),
             mount.path(),
             Some(&cluster),
+            Some(&fs),
             &stop,
             &progress,
         );
@@ -315,7 +323,9 @@ pub fn run(args: &MetaArgs) -> Result<()> {
              (heartbeats excepted); server µs/op: time in the meta server's handlers per \
              operation (the rest is FUSE, the client and the RPC transport). null: the same \
              FUSE adapter and options over a backend that answers at once, the FUSE path's \
-             ceiling; vs null: ops/s over null's; p50/null: p50 latency over null's.",
+             ceiling; vs null: ops/s over null's; p50/null: p50 latency over null's. rpc: the \
+             meta server's cheapest request (cluster settings) from the client library, no \
+             FUSE: the RPC transport's round trip.",
             args.files,
             args.attr_ttl_ms,
             args.fabric.name()
@@ -327,58 +337,86 @@ pub fn run(args: &MetaArgs) -> Result<()> {
     Ok(())
 }
 
-/// Runs every thread count's four phases in a fresh directory under `root`.
+/// Runs every thread count's four phases in a fresh directory under `root`; with `client`
+/// (CitronFS), then the `rpc` row: `--files` meta-server round trips per thread straight from
+/// the client library (`CitronFs::meta_round_trip`), the RPC transport's share of an
+/// operation.
+#[allow(clippy::too_many_arguments)]
 fn run_target(
     args: &MetaArgs,
     fs: &'static str,
     fabric: Option<&'static str>,
     root: &Path,
     cluster: Option<&Cluster>,
+    client: Option<&fs_client::CitronFs>,
     stop: &AtomicBool,
     progress: &ProgressBar,
 ) -> Result<Vec<MetaResult>> {
+    // Measures one row, with the meta server's requests and handler time during it.
+    let row = |phase: &'static str, threads: usize, run: &dyn Fn() -> Result<Measured>| {
+        let before = cluster.map(|c| (c.meta().request_count(), c.meta().request_nanos()));
+        let m = run().with_context(|| format!("{fs} {phase} with {threads} threads"))?;
+        let after = cluster.map(|c| (c.meta().request_count(), c.meta().request_nanos()));
+        let per_op = |d: u64| d as f64 / m.ops.max(1) as f64;
+        let rpcs = before
+            .zip(after)
+            .map(|(b, a)| per_op(a.0.saturating_sub(b.0)));
+        let server_us = before
+            .zip(after)
+            .map(|(b, a)| per_op(a.1.saturating_sub(b.1)) / 1000.0);
+        super::interrupted(stop)?;
+        let us = |q: f64| m.histogram.value_at_quantile(q) as f64 / 1000.0;
+        progress.inc(1);
+        Ok::<_, anyhow::Error>(MetaResult {
+            fs,
+            fabric,
+            phase,
+            threads,
+            ops: m.ops,
+            seconds: m.seconds,
+            ops_per_s: m.ops as f64 / m.seconds,
+            p50_us: us(0.5),
+            p99_us: us(0.99),
+            max_us: m.histogram.max() as f64 / 1000.0,
+            ratio_vs_tmpfs: None,
+            ratio_vs_null: None,
+            p50_vs_null: None,
+            rpcs_per_op: rpcs,
+            server_us_per_op: server_us,
+        })
+    };
     let mut results = Vec::new();
     for &threads in &args.threads {
         let dir = root.join(format!("bench-meta-{}-{threads}", std::process::id()));
         std::fs::create_dir(&dir).with_context(|| format!("create {}", dir.display()))?;
         for phase in PHASES {
             progress.set_message(format!("{fs}: {}, {threads} threads", phase.name()));
-            let before = cluster.map(|c| (c.meta().request_count(), c.meta().request_nanos()));
-            let m = run_phase(&dir, phase, threads, args.files, stop)
-                .with_context(|| format!("{fs} {} with {threads} threads", phase.name()))?;
-            let after = cluster.map(|c| (c.meta().request_count(), c.meta().request_nanos()));
-            let per_op = |d: u64| d as f64 / m.ops.max(1) as f64;
-            let rpcs = before
-                .zip(after)
-                .map(|(b, a)| per_op(a.0.saturating_sub(b.0)));
-            let server_us = before
-                .zip(after)
-                .map(|(b, a)| per_op(a.1.saturating_sub(b.1)) / 1000.0);
-            super::interrupted(stop)?;
-            let us = |q: f64| m.histogram.value_at_quantile(q) as f64 / 1000.0;
-            results.push(MetaResult {
-                fs,
-                fabric,
-                phase: phase.name(),
-                threads,
-                ops: m.ops,
-                seconds: m.seconds,
-                ops_per_s: m.ops as f64 / m.seconds,
-                p50_us: us(0.5),
-                p99_us: us(0.99),
-                max_us: m.histogram.max() as f64 / 1000.0,
-                ratio_vs_tmpfs: None,
-                ratio_vs_null: None,
-                p50_vs_null: None,
-                rpcs_per_op: rpcs,
-                server_us_per_op: server_us,
-            });
-            progress.inc(1);
+            results.push(row(phase.name(), threads, &|| {
+                run_phase(&dir, phase, threads, args.files, stop)
+            })?);
         }
         std::fs::remove_dir(&dir).with_context(|| format!("remove {}", dir.display()))?;
+        if let Some(client) = client {
+            progress.set_message(format!("{fs}: rpc, {threads} threads"));
+            results.push(row(RPC_ROW, threads, &|| {
+                run_threads(
+                    threads,
+                    stop,
+                    |_| vec![(); args.files],
+                    |()| {
+                        client
+                            .meta_round_trip()
+                            .map_err(|e| anyhow::anyhow!("meta round trip: {e}"))
+                    },
+                )
+            })?);
+        }
     }
     Ok(results)
 }
+
+/// The `phase` of the row that measures the RPC transport alone.
+const RPC_ROW: &str = "rpc";
 
 /// What one phase measured.
 struct Measured {
@@ -401,23 +439,42 @@ fn run_phase(
     files: usize,
     stop: &AtomicBool,
 ) -> Result<Measured> {
+    run_threads(
+        threads,
+        stop,
+        |t| (0..files).map(|i| file_name(dir, t, i)).collect(),
+        |path: &PathBuf| {
+            phase
+                .run(path)
+                .with_context(|| format!("{} {}", phase.name(), path.display()))
+        },
+    )
+}
+
+/// Runs `op` on each of thread `t`'s items (`items(t)`, made before the clock starts) with
+/// `threads` threads, timing each call; the clock runs from the barrier every thread passed
+/// to the end of the last thread.
+fn run_threads<T>(
+    threads: usize,
+    stop: &AtomicBool,
+    items: impl Fn(usize) -> Vec<T> + Sync,
+    op: impl Fn(&T) -> Result<()> + Sync,
+) -> Result<Measured> {
     let barrier = Barrier::new(threads + 1);
     let (start, outcomes) = std::thread::scope(|s| {
         let workers: Vec<_> = (0..threads)
             .map(|t| {
-                let barrier = &barrier;
+                let (barrier, items, op) = (&barrier, &items, &op);
                 s.spawn(move || -> Result<Histogram<u64>> {
                     let mut histogram = new_histogram();
-                    let paths: Vec<PathBuf> = (0..files).map(|i| file_name(dir, t, i)).collect();
+                    let mine = items(t);
                     barrier.wait();
-                    for path in &paths {
+                    for item in &mine {
                         if stop.load(Ordering::Relaxed) {
                             break;
                         }
                         let begin = Instant::now();
-                        phase
-                            .run(path)
-                            .with_context(|| format!("{} {}", phase.name(), path.display()))?;
+                        op(item)?;
                         histogram.saturating_record(begin.elapsed().as_nanos() as u64);
                     }
                     Ok(histogram)
