@@ -3,17 +3,18 @@
 //! and one task per connection that reads requests and runs them concurrently, answering each
 //! under its id as it finishes.
 //!
-//! sled and the fabric verbs block, so each request runs on tokio's blocking pool
-//! (`spawn_blocking`), whose thread also writes the answer: the async workers only read
-//! requests, and a slow request (zeroing chunks, a lock tree created for a large file) never
-//! stalls other connections.
+//! sled and the fabric verbs block, so a request runs on tokio's blocking pool
+//! (`spawn_blocking`), whose thread also writes the answer, and a slow request (zeroing chunks,
+//! a lock tree created for a large file) never stalls other connections — except a quick one
+//! (`runs_inline`: tens of microseconds in memory) alone on its connection, which the async
+//! worker that read it handles and answers itself, saving the hand-off's thread wake-up.
 
 use crate::service::Service;
 use fabric::frame::{check_body, header_for, parse_header, FrameError, HEADER_LEN};
 use fabric::handshake::{
     self, Admission, Admitted, Limit, Protocol, Refusal, HANDSHAKE_TIMEOUT, MAX_HELLO_FRAME,
 };
-use proto::rpc::{HelloAnswer, RequestFrame, ResponseFrame, Role, Welcome, MAX_FRAME};
+use proto::rpc::{HelloAnswer, Request, RequestFrame, ResponseFrame, Role, Welcome, MAX_FRAME};
 use proto::FsError;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -355,8 +356,9 @@ pub const MAX_IN_FLIGHT_PER_CONNECTION: usize = 64;
 
 /// Answers a client session's requests until the connection closes or the server stops.
 ///
-/// Requests run concurrently (each on the blocking pool, at most
-/// [`MAX_IN_FLIGHT_PER_CONNECTION`] at once) and are answered as they finish, under their
+/// Requests run concurrently (on the blocking pool, at most
+/// [`MAX_IN_FLIGHT_PER_CONNECTION`] at once; a quick one alone on the connection inline, see
+/// below) and are answered as they finish, under their
 /// request id: one client's threads do not wait behind each other's calls. A caller waits for
 /// its answer before its next call, so each thread's calls stay in order. The blocking-pool
 /// thread that ran a request writes its answer itself (the writer is shared under an async
@@ -432,12 +434,33 @@ where
                 }
                 _ = stop.changed() => return stopping().await,
             };
+            // Alone on its connection (this one holds the only permit taken) and quick
+            // (`runs_inline`): handled right here, on the async worker that read it, and
+            // answered from it — no thread hand-off at all. A request that arrives meanwhile
+            // waits in the socket until this one is answered (tens of microseconds); while
+            // others are in flight, every request goes to the pool.
+            if permits.available_permits() == MAX_IN_FLIGHT_PER_CONNECTION - 1
+                && runs_inline(&frame.request)
+            {
+                let RequestFrame {
+                    id,
+                    release_first,
+                    request,
+                } = frame;
+                let result = guarded(|| service.handle(session, release_first, request));
+                let sent = send(&mut *writer.lock().await, &ResponseFrame { id, result }).await;
+                drop(permit);
+                if let Err(e) = sent {
+                    return Err(format!("writing an answer: {e}"));
+                }
+                continue;
+            }
             let svc = service.clone();
             let writer = writer.clone();
             let write_failed = write_failed.clone();
             let runtime = runtime.clone();
-            // Straight onto the blocking pool, whose thread writes the answer: one thread
-            // hand-off per request, on the way in.
+            // Onto the blocking pool, whose thread writes the answer: one thread hand-off per
+            // request, on the way in.
             tokio::task::spawn_blocking(move || {
                 let RequestFrame {
                     id,
@@ -461,6 +484,48 @@ where
         .acquire_many(MAX_IN_FLIGHT_PER_CONNECTION as u32)
         .await;
     result
+}
+
+/// Whether `request` may run on the async worker that read it (see `serve`): a handler that
+/// only touches the namespace in memory (the staged overlay, the attribute table, the open
+/// files) and answers within tens of microseconds. Anything that may wait long — for the
+/// database's flush (fsync, a truncate's tail), for other clients (revocations, fences), for
+/// a data server (allocations that zero chunks, registrations), or for a whole check (fsck)
+/// — goes to the blocking pool, so that the two async workers never stall on it.
+fn runs_inline(request: &Request) -> bool {
+    match request {
+        Request::Heartbeat
+        | Request::Cluster
+        | Request::Lookup { .. }
+        | Request::GetAttr { .. }
+        | Request::Mknod { .. }
+        | Request::Create { .. }
+        | Request::Mkdir { .. }
+        | Request::Symlink { .. }
+        | Request::Link { .. }
+        | Request::Unlink { .. }
+        | Request::Rmdir { .. }
+        | Request::Rename { .. }
+        | Request::Readlink { .. }
+        | Request::ReadDir { .. }
+        | Request::ReadDirPlus { .. }
+        | Request::Statfs
+        | Request::SetXattr { .. }
+        | Request::GetXattr { .. }
+        | Request::ListXattr { .. }
+        | Request::RemoveXattr { .. }
+        | Request::Open { .. }
+        | Request::Release { .. }
+        | Request::ChunkMap { .. } => true,
+        // A size change may zero a tail after a flush.
+        Request::SetAttr { set, .. } => set.size.is_none(),
+        Request::AllocateChunks { .. }
+        | Request::Fsync { .. }
+        | Request::AllocateLockWords { .. }
+        | Request::Fence
+        | Request::AwaitRevocations { .. }
+        | Request::Fsck { .. } => false,
+    }
 }
 
 /// Fuzz entry: `input` is the byte stream a peer sends to the meta server's RPC port, read
