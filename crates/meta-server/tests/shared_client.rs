@@ -65,3 +65,49 @@ fn threads_sharing_a_connection_each_get_their_own_answers() {
     });
     assert!(!client.is_broken());
 }
+
+/// Callers that come and go at odd moments: with no reader thread, one waiting caller reads
+/// for all and hands the role over when its own answer arrives (`SharedClient`'s
+/// leader/follower). Sixteen threads, each pausing a varying few microseconds between calls,
+/// so that callers arrive while a reader is reading, leaving, or gone: a hand-over missed
+/// leaves a caller parked until the 10 s call bound fails it; an answer given to the wrong
+/// caller shows as a wrong inode.
+#[test]
+fn callers_arriving_and_leaving_at_any_moment_all_get_their_answers() {
+    let cl = start(1, 8, false);
+    let client = shared_client(&cl);
+    let made: Vec<u64> = (0..16)
+        .map(|t| {
+            ino_of(
+                client
+                    .call(Request::Mknod {
+                        parent: ROOT_INO,
+                        name: format!("f{t}"),
+                        kind: FileKind::File,
+                        perm: 0o644,
+                        rdev: 0,
+                        caller: ME,
+                    })
+                    .unwrap()
+                    .unwrap(),
+            )
+        })
+        .collect();
+    std::thread::scope(|scope| {
+        for (t, &ino) in made.iter().enumerate() {
+            let client = &client;
+            scope.spawn(move || {
+                for j in 0..300u64 {
+                    // 0 to 60 µs, different for every thread and call.
+                    let pause = (j * 7 + t as u64 * 13) % 61;
+                    if pause > 0 {
+                        std::thread::sleep(std::time::Duration::from_micros(pause));
+                    }
+                    let got = ino_of(client.call(Request::GetAttr { ino }).unwrap().unwrap());
+                    assert_eq!(got, ino, "thread {t}, call {j}: answered another call");
+                }
+            });
+        }
+    });
+    assert!(!client.is_broken());
+}

@@ -569,46 +569,71 @@ impl Broken {
     }
 }
 
-type Waiter = std::sync::mpsc::SyncSender<Result<Result<Response, FsError>, Broken>>;
+/// A call of a [`SharedClient`] waiting for its answer.
+struct Waiting {
+    /// The calling thread, unparked when its answer has been read by another caller, or when
+    /// it should take over reading.
+    thread: std::thread::Thread,
+    /// Its answer, once another caller has read it.
+    answer: Option<Result<Response, FsError>>,
+}
 
-/// The calls of a [`SharedClient`] waiting for their answers, or why the connection broke.
+/// The calls of a [`SharedClient`] waiting for their answers, whether one of them is reading
+/// the stream, or why the connection broke.
 #[derive(Default)]
 struct MuxState {
-    waiting: std::collections::HashMap<u64, Waiter>,
+    waiting: std::collections::HashMap<u64, Waiting>,
+    /// A caller is reading the stream (it holds `SharedClient::reader`).
+    reading: bool,
     broken: Option<Broken>,
+}
+
+impl MuxState {
+    /// Marks the connection broken and wakes every waiting call, which then fails.
+    fn break_with(&mut self, why: Broken) {
+        if self.broken.is_none() {
+            self.broken = Some(why);
+        }
+        for w in self.waiting.values() {
+            w.thread.unpark();
+        }
+    }
+
+    /// Wakes one waiting call to read the stream, when calls wait and nobody reads.
+    fn hand_over_reading(&self) {
+        if !self.reading {
+            if let Some(w) = self.waiting.values().find(|w| w.answer.is_none()) {
+                w.thread.unpark();
+            }
+        }
+    }
 }
 
 /// A connection to the meta server shared by many threads: each thread's call is sent at once
 /// and waits for the answer under its own id, so calls of different threads are in flight
 /// together (the server runs a connection's requests concurrently and answers them as they
-/// finish). A reader thread hands each answer to its caller. Once the connection breaks — an
-/// I/O or decoding error, the server closing it, a call timing out — every waiting and later
-/// call fails; the owner connects again.
+/// finish). There is no reader thread: one waiting caller at a time reads the stream, keeps its
+/// own answer and hands the others' to their callers (leader/follower), so a call alone on the
+/// connection is woken straight by its answer's arrival — one thread wake-up per call on this
+/// side instead of two. Once the connection breaks — an I/O or decoding error, the server
+/// closing it, a call timing out — every waiting and later call fails; the owner connects
+/// again.
+///
+/// Invariants: `reading` is set exactly while one caller holds `reader`; every call in
+/// `waiting` without an answer is either the reader or will be unparked when its answer
+/// arrives, when the reader leaves (`hand_over_reading`), or when the connection breaks.
 pub struct SharedClient {
     stream: TcpStream,
     writer: std::sync::Mutex<BufWriter<TcpStream>>,
-    state: std::sync::Arc<std::sync::Mutex<MuxState>>,
+    reader: std::sync::Mutex<BufReader<TcpStream>>,
+    state: std::sync::Mutex<MuxState>,
     next_id: std::sync::atomic::AtomicU64,
     timeout: Option<Duration>,
     welcome: Welcome,
-    reader: Option<std::thread::JoinHandle<()>>,
 }
 
-fn lock_mux(state: &std::sync::Mutex<MuxState>) -> std::sync::MutexGuard<'_, MuxState> {
-    state
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// Marks the connection broken and fails every waiting call.
-fn break_mux(state: &std::sync::Mutex<MuxState>, why: Broken) {
-    let mut st = lock_mux(state);
-    if st.broken.is_none() {
-        st.broken = Some(why.clone());
-    }
-    for (_, waiter) in st.waiting.drain() {
-        let _ = waiter.try_send(Err(why.clone()));
-    }
+fn lock_ignoring_poison<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl SharedClient {
@@ -626,42 +651,14 @@ impl SharedClient {
         } = client;
         let stream = reader.get_ref().try_clone()?;
         stream.set_write_timeout(timeout)?;
-        let state = std::sync::Arc::new(std::sync::Mutex::new(MuxState::default()));
-        let mut reader = reader;
-        let read_state = state.clone();
-        let reader_thread = std::thread::Builder::new()
-            .name("citronfs-meta-rx".into())
-            .spawn(move || loop {
-                match recv::<ResponseFrame>(&mut reader) {
-                    Ok(frame) if frame.id == 0 => {
-                        break_mux(&read_state, closed_by_server(frame.result));
-                        return;
-                    }
-                    Ok(frame) => {
-                        let waiter = lock_mux(&read_state).waiting.remove(&frame.id);
-                        // None: its caller timed out and broke the connection already.
-                        if let Some(waiter) = waiter {
-                            let _ = waiter.try_send(Ok(frame.result));
-                        }
-                    }
-                    Err(e) => {
-                        let kind = match &e {
-                            RpcError::Io(io) => io.kind(),
-                            _ => std::io::ErrorKind::InvalidData,
-                        };
-                        break_mux(&read_state, Broken::Failed(kind, e.to_string()));
-                        return;
-                    }
-                }
-            })?;
         Ok(SharedClient {
             writer: std::sync::Mutex::new(BufWriter::new(stream.try_clone()?)),
+            reader: std::sync::Mutex::new(reader),
             stream,
-            state,
+            state: std::sync::Mutex::new(MuxState::default()),
             next_id: std::sync::atomic::AtomicU64::new(1),
             timeout,
             welcome,
-            reader: Some(reader_thread),
         })
     }
 
@@ -672,7 +669,7 @@ impl SharedClient {
 
     /// Whether the connection broke (every call on it fails).
     pub fn is_broken(&self) -> bool {
-        lock_mux(&self.state).broken.is_some()
+        lock_ignoring_poison(&self.state).broken.is_some()
     }
 
     /// Makes one call and waits for its result; other threads' calls proceed meanwhile.
@@ -690,19 +687,22 @@ impl SharedClient {
         let id = self
             .next_id
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let (waiter, answer) = std::sync::mpsc::sync_channel(1);
+        let deadline = self.timeout.map(|t| std::time::Instant::now() + t);
         {
-            let mut st = lock_mux(&self.state);
+            let mut st = lock_ignoring_poison(&self.state);
             if let Some(why) = &st.broken {
                 return Err(why.error());
             }
-            st.waiting.insert(id, waiter);
+            st.waiting.insert(
+                id,
+                Waiting {
+                    thread: std::thread::current(),
+                    answer: None,
+                },
+            );
         }
         let sent = {
-            let mut w = self
-                .writer
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut w = lock_ignoring_poison(&self.writer);
             send(
                 &mut *w,
                 &RequestFrame {
@@ -719,37 +719,113 @@ impl SharedClient {
                 _ => std::io::ErrorKind::InvalidData,
             };
             self.fail(Broken::Failed(kind, e.to_string()));
+            lock_ignoring_poison(&self.state).waiting.remove(&id);
             return Err(e);
         }
-        let received = match self.timeout {
-            Some(t) => answer.recv_timeout(t).map_err(|e| match e {
-                std::sync::mpsc::RecvTimeoutError::Timeout => Broken::Failed(
-                    std::io::ErrorKind::TimedOut,
-                    format!("no answer within {t:?}"),
-                ),
-                std::sync::mpsc::RecvTimeoutError::Disconnected => {
-                    Broken::Failed(std::io::ErrorKind::BrokenPipe, "connection dropped".into())
-                }
-            }),
-            None => answer.recv().map_err(|_| {
-                Broken::Failed(std::io::ErrorKind::BrokenPipe, "connection dropped".into())
-            }),
+        let outcome = self.wait_for(id, deadline);
+        let mut st = lock_ignoring_poison(&self.state);
+        st.waiting.remove(&id);
+        // Leaving: if others wait and nobody reads, one of them must.
+        st.hand_over_reading();
+        drop(st);
+        outcome
+    }
+
+    /// Waits for call `id`'s answer until `deadline`, reading the stream while nobody else
+    /// does.
+    fn wait_for(
+        &self,
+        id: u64,
+        deadline: Option<std::time::Instant>,
+    ) -> Result<Result<Response, FsError>, RpcError> {
+        let timed_out = |t: Duration| {
+            Broken::Failed(
+                std::io::ErrorKind::TimedOut,
+                format!("no answer within {t:?}"),
+            )
         };
-        match received {
-            Ok(Ok(result)) => Ok(result),
-            Ok(Err(why)) => Err(why.error()),
-            Err(why) => {
-                // Its answer may still come, mid-frame or late: the connection is not reused.
-                self.fail(why.clone());
-                Err(why.error())
+        loop {
+            let mut st = lock_ignoring_poison(&self.state);
+            if let Some(answer) = st.waiting.get_mut(&id).and_then(|w| w.answer.take()) {
+                return Ok(answer);
+            }
+            if let Some(why) = &st.broken {
+                return Err(why.error());
+            }
+            let left = match deadline {
+                Some(d) => match d.checked_duration_since(std::time::Instant::now()) {
+                    Some(left) if !left.is_zero() => Some(left),
+                    _ => {
+                        // Its answer may still come, mid-frame or late: the connection is
+                        // not reused.
+                        let why = timed_out(self.timeout.unwrap_or_default());
+                        drop(st);
+                        self.fail(why.clone());
+                        return Err(why.error());
+                    }
+                },
+                None => None,
+            };
+            if st.reading {
+                drop(st);
+                match left {
+                    Some(left) => std::thread::park_timeout(left),
+                    None => std::thread::park(),
+                }
+                continue;
+            }
+            st.reading = true;
+            drop(st);
+            let read = {
+                let mut reader = lock_ignoring_poison(&self.reader);
+                // The reader's own deadline bounds the read: nothing arriving by then means
+                // its call timed out (a timeout mid-frame leaves the stream unusable, and the
+                // connection is failed below either way).
+                match reader.get_ref().set_read_timeout(left) {
+                    Ok(()) => recv::<ResponseFrame>(&mut *reader),
+                    Err(e) => Err(RpcError::Io(e)),
+                }
+            };
+            let mut st = lock_ignoring_poison(&self.state);
+            st.reading = false;
+            match read {
+                Ok(frame) if frame.id == 0 => st.break_with(closed_by_server(frame.result)),
+                Ok(frame) if frame.id == id => return Ok(frame.result),
+                Ok(frame) => {
+                    // None: its caller timed out and broke the connection already.
+                    if let Some(w) = st.waiting.get_mut(&frame.id) {
+                        w.answer = Some(frame.result);
+                        w.thread.unpark();
+                    }
+                }
+                Err(RpcError::Io(e))
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    let why = timed_out(self.timeout.unwrap_or_default());
+                    st.break_with(why);
+                    drop(st);
+                    let _ = self.stream.shutdown(std::net::Shutdown::Both);
+                }
+                Err(e) => {
+                    let kind = match &e {
+                        RpcError::Io(io) => io.kind(),
+                        _ => std::io::ErrorKind::InvalidData,
+                    };
+                    st.break_with(Broken::Failed(kind, e.to_string()));
+                    drop(st);
+                    let _ = self.stream.shutdown(std::net::Shutdown::Both);
+                }
             }
         }
     }
 
     /// Breaks the connection: fails every waiting call and closes the stream, which ends the
-    /// reader thread.
+    /// read in progress, if any.
     fn fail(&self, why: Broken) {
-        break_mux(&self.state, why);
+        lock_ignoring_poison(&self.state).break_with(why);
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
     }
 }
@@ -757,9 +833,6 @@ impl SharedClient {
 impl Drop for SharedClient {
     fn drop(&mut self) {
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
-        if let Some(reader) = self.reader.take() {
-            let _ = reader.join();
-        }
     }
 }
 
