@@ -442,13 +442,8 @@ where
             if permits.available_permits() == MAX_IN_FLIGHT_PER_CONNECTION - 1
                 && runs_inline(&frame.request)
             {
-                let RequestFrame {
-                    id,
-                    release_first,
-                    request,
-                } = frame;
-                let result = guarded(|| service.handle(session, release_first, request));
-                let sent = send(&mut *writer.lock().await, &ResponseFrame { id, result }).await;
+                let answer = run_request(service, session, frame);
+                let sent = send(&mut *writer.lock().await, &answer).await;
                 drop(permit);
                 if let Err(e) = sent {
                     return Err(format!("writing an answer: {e}"));
@@ -462,13 +457,7 @@ where
             // Onto the blocking pool, whose thread writes the answer: one thread hand-off per
             // request, on the way in.
             tokio::task::spawn_blocking(move || {
-                let RequestFrame {
-                    id,
-                    release_first,
-                    request,
-                } = frame;
-                let result = guarded(|| svc.handle(session, release_first, request));
-                let frame = ResponseFrame { id, result };
+                let frame = run_request(&svc, session, frame);
                 let sent =
                     runtime.block_on(async { send(&mut *writer.lock().await, &frame).await });
                 if let Err(e) = sent {
@@ -484,6 +473,19 @@ where
         .acquire_many(MAX_IN_FLIGHT_PER_CONNECTION as u32)
         .await;
     result
+}
+
+/// Runs one request of session `session` ([`guarded`]) and makes its answer.
+fn run_request(service: &Service, session: u64, frame: RequestFrame) -> ResponseFrame {
+    let RequestFrame {
+        id,
+        release_first,
+        request,
+    } = frame;
+    ResponseFrame {
+        id,
+        result: guarded(|| service.handle(session, release_first, request)),
+    }
 }
 
 /// Whether `request` may run on the async worker that read it (see `serve`): a handler that

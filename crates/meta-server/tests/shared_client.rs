@@ -15,6 +15,23 @@ fn ino_of(answer: Response) -> u64 {
     }
 }
 
+/// Makes a file `name` in the root directory and returns its inode.
+fn mknod(client: &proto::rpc::SharedClient, name: String) -> u64 {
+    ino_of(
+        client
+            .call(Request::Mknod {
+                parent: ROOT_INO,
+                name,
+                kind: FileKind::File,
+                perm: 0o644,
+                rdev: 0,
+                caller: ME,
+            })
+            .unwrap()
+            .unwrap(),
+    )
+}
+
 /// Eight threads make interleaved calls on one connection: each makes files and asks for
 /// them back by name and by inode. An answer handed to the wrong caller (or lost, or read
 /// twice) shows as a wrong inode, a wrong kind of answer, or a call that never returns (the
@@ -29,19 +46,7 @@ fn threads_sharing_a_connection_each_get_their_own_answers() {
             scope.spawn(move || {
                 for j in 0..60 {
                     let name = format!("t{t}-{j}");
-                    let made = ino_of(
-                        client
-                            .call(Request::Mknod {
-                                parent: ROOT_INO,
-                                name: name.clone(),
-                                kind: FileKind::File,
-                                perm: 0o644,
-                                rdev: 0,
-                                caller: ME,
-                            })
-                            .unwrap()
-                            .unwrap(),
-                    );
+                    let made = mknod(client, name.clone());
                     let found = ino_of(
                         client
                             .call(Request::Lookup {
@@ -76,23 +81,7 @@ fn threads_sharing_a_connection_each_get_their_own_answers() {
 fn callers_arriving_and_leaving_at_any_moment_all_get_their_answers() {
     let cl = start(1, 8, false);
     let client = shared_client(&cl);
-    let made: Vec<u64> = (0..16)
-        .map(|t| {
-            ino_of(
-                client
-                    .call(Request::Mknod {
-                        parent: ROOT_INO,
-                        name: format!("f{t}"),
-                        kind: FileKind::File,
-                        perm: 0o644,
-                        rdev: 0,
-                        caller: ME,
-                    })
-                    .unwrap()
-                    .unwrap(),
-            )
-        })
-        .collect();
+    let made: Vec<u64> = (0..16).map(|t| mknod(&client, format!("f{t}"))).collect();
     std::thread::scope(|scope| {
         for (t, &ino) in made.iter().enumerate() {
             let client = &client;
