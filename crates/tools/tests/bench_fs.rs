@@ -153,3 +153,55 @@ fn bench_meta_measures_the_null_ceiling_in_the_same_run() {
     assert!((0.9..1.5).contains(&rpcs), "{rpcs} requests per rpc: {rpc}");
     assert!(rpc["p50_us"].as_f64().unwrap() > 0.0, "{rpc}");
 }
+
+/// `bench meta --fs library` runs the four phases as client library calls (no FUSE, so no
+/// FUSE check either): every operation done, and the meta server's requests per operation
+/// as the library makes them — none for a lookup (attributes read one-sidedly), one for a
+/// create, an open+close (the release rides on a later call) and an unlink.
+#[test]
+fn bench_meta_runs_the_phases_through_the_library() {
+    let rows = json_rows(&[
+        "bench",
+        "meta",
+        "--fs",
+        "library",
+        "--threads",
+        "1,2",
+        "--files",
+        "30",
+    ]);
+    let order: Vec<(&str, &str, u64)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["fs"].as_str().unwrap(),
+                r["phase"].as_str().unwrap(),
+                r["threads"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let expected: Vec<(&str, &str, u64)> = [1, 2]
+        .into_iter()
+        .flat_map(|t| {
+            ["create", "stat", "open-close", "unlink"]
+                .into_iter()
+                .map(move |p| ("library", p, t))
+        })
+        .collect();
+    assert_eq!(order, expected);
+    for r in &rows {
+        assert_eq!(
+            r["ops"].as_u64().unwrap(),
+            30 * r["threads"].as_u64().unwrap(),
+            "{r}"
+        );
+        let rpcs = r["rpcs_per_op"].as_f64().unwrap();
+        let expected = if r["phase"] == "stat" { 0.0 } else { 1.0 };
+        // A straggler (a release riding on the next call, a heartbeat-free retry) may fall
+        // into a neighbouring phase.
+        assert!(
+            (rpcs - expected).abs() < 0.25,
+            "{rpcs} requests per op: {r}"
+        );
+    }
+}

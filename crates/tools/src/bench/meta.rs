@@ -9,6 +9,10 @@
 //! - `open-close`: `open(O_RDONLY)` + `close` of each file;
 //! - `unlink`: `unlink` of each file.
 //!
+//! With `--fs ...,library` the phases also run as the client library's own calls on the same
+//! cluster (`CitronFs::create` + `release`, `lookup`, `lookup` + `open` + `release`, `unlink`),
+//! without FUSE: a CitronFS row minus its library row is what FUSE and the kernel add.
+//!
 //! For CitronFS a fifth row, `rpc`, times `--files` calls per thread of the meta server's
 //! cheapest request straight from the client library (`CitronFs::meta_round_trip`), with the
 //! same threads: what the RPC transport alone costs, to tell it from FUSE and the handlers.
@@ -101,6 +105,19 @@ pub enum MetaTarget {
     /// The same FUSE adapter and options over a backend that stores nothing and answers at
     /// once: the FUSE path's ceiling.
     Null,
+    /// The client library's own calls (`CitronFs::create`, `lookup`, `open`, `release`,
+    /// `unlink`) on the same cluster, without FUSE: the client, RPC and server share of each
+    /// operation.
+    Library,
+}
+
+/// Where a target's phases run.
+#[derive(Clone, Copy)]
+enum Subject<'a> {
+    /// Paths in a directory made under this one (tmpfs, a FUSE mount).
+    Dir(&'a Path),
+    /// The client library's calls, in a directory made under the root.
+    Library(&'a fs_client::CitronFs),
 }
 
 /// Options of `citronfs bench meta`.
@@ -113,7 +130,8 @@ pub struct MetaArgs {
     #[arg(long, default_value_t = 2000)]
     files: usize,
     /// What to measure (comma-separated): citronfs (the FUSE mount), tmpfs, null (the same
-    /// FUSE adapter over a backend that answers at once: the FUSE ceiling).
+    /// FUSE adapter over a backend that answers at once: the FUSE ceiling), library (the
+    /// client library's calls without FUSE, on CitronFS's cluster).
     #[arg(
         long,
         value_enum,
@@ -263,7 +281,16 @@ pub fn run(args: &MetaArgs) -> Result<()> {
                 dir.display()
             ));
         }
-        for r in run_target(args, "tmpfs", None, &dir, None, None, &stop, &progress)? {
+        for r in run_target(
+            args,
+            "tmpfs",
+            None,
+            Subject::Dir(&dir),
+            None,
+            None,
+            &stop,
+            &progress,
+        )? {
             tmpfs_results.push(emit(r, &[], &[]));
         }
     }
@@ -274,7 +301,16 @@ pub fn run(args: &MetaArgs) -> Result<()> {
     if args.fs.contains(&MetaTarget::Null) {
         progress.set_message("mounting the null backend");
         let (handle, dir) = mount_null(&options)?;
-        let results = run_target(args, "null", None, dir.path(), None, None, &stop, &progress);
+        let results = run_target(
+            args,
+            "null",
+            None,
+            Subject::Dir(dir.path()),
+            None,
+            None,
+            &stop,
+            &progress,
+        );
         handle
             .unmount()
             .with_context(|| format!("unmount {}", dir.path().display()))?;
@@ -282,7 +318,9 @@ pub fn run(args: &MetaArgs) -> Result<()> {
             null_results.push(emit(r, &tmpfs_results, &[]));
         }
     }
-    if args.fs.contains(&MetaTarget::Citronfs) {
+    let citronfs = args.fs.contains(&MetaTarget::Citronfs);
+    let library = args.fs.contains(&MetaTarget::Library);
+    if citronfs || library {
         progress.set_message("starting the cluster");
         let cluster = Cluster::start(ClusterSpec {
             name: "citronfs-bench-meta".into(),
@@ -291,21 +329,42 @@ pub fn run(args: &MetaArgs) -> Result<()> {
             ..ClusterSpec::server_defaults()
         })?;
         let fs = Arc::new(cluster.connect(args.scheme)?);
-        let mount = Mount::in_temp_dir(fs.clone(), &options)?;
-        let results = run_target(
-            args,
-            "citronfs",
-            Some(args.fabric.name()),
-            mount.path(),
-            Some(&cluster),
-            Some(&fs),
-            &stop,
-            &progress,
-        );
-        let mountpoint = mount.path().to_path_buf();
-        mount
-            .unmount()
-            .with_context(|| format!("unmount {}", mountpoint.display()))?;
+        let mut results = Ok(Vec::new());
+        if citronfs {
+            let mount = Mount::in_temp_dir(fs.clone(), &options)?;
+            results = run_target(
+                args,
+                "citronfs",
+                Some(args.fabric.name()),
+                Subject::Dir(mount.path()),
+                Some(&cluster),
+                Some(&fs),
+                &stop,
+                &progress,
+            );
+            let mountpoint = mount.path().to_path_buf();
+            mount
+                .unmount()
+                .with_context(|| format!("unmount {}", mountpoint.display()))?;
+        }
+        if library {
+            if let Ok(rows) = &mut results {
+                match run_target(
+                    args,
+                    "library",
+                    Some(args.fabric.name()),
+                    Subject::Library(&fs),
+                    Some(&cluster),
+                    None,
+                    &stop,
+                    &progress,
+                ) {
+                    Ok(more) => rows.extend(more),
+                    Err(e) => results = Err(e),
+                }
+            }
+        }
+        drop(fs);
         progress.set_message("stopping the cluster");
         cluster.shutdown()?;
         for r in results? {
@@ -325,7 +384,9 @@ pub fn run(args: &MetaArgs) -> Result<()> {
              FUSE adapter and options over a backend that answers at once, the FUSE path's \
              ceiling; vs null: ops/s over null's; p50/null: p50 latency over null's. rpc: the \
              meta server's cheapest request (cluster settings) from the client library, no \
-             FUSE: the RPC transport's round trip.",
+             FUSE: the RPC transport's round trip. library: the same phases as client library \
+             calls on the same cluster, no FUSE (stat is a lookup; open+close a lookup, an \
+             open and a release).",
             args.files,
             args.attr_ttl_ms,
             args.fabric.name()
@@ -346,7 +407,7 @@ fn run_target(
     args: &MetaArgs,
     fs: &'static str,
     fabric: Option<&'static str>,
-    root: &Path,
+    subject: Subject<'_>,
     cluster: Option<&Cluster>,
     client: Option<&fs_client::CitronFs>,
     stop: &AtomicBool,
@@ -387,15 +448,36 @@ fn run_target(
     };
     let mut results = Vec::new();
     for &threads in &args.threads {
-        let dir = root.join(format!("bench-meta-{}-{threads}", std::process::id()));
-        std::fs::create_dir(&dir).with_context(|| format!("create {}", dir.display()))?;
-        for phase in PHASES {
-            progress.set_message(format!("{fs}: {}, {threads} threads", phase.name()));
-            results.push(row(phase.name(), threads, &|| {
-                run_phase(&dir, phase, threads, args.files, stop)
-            })?);
+        let name = format!("bench-meta-{}-{threads}", std::process::id());
+        match subject {
+            Subject::Dir(root) => {
+                let dir = root.join(&name);
+                std::fs::create_dir(&dir).with_context(|| format!("create {}", dir.display()))?;
+                for phase in PHASES {
+                    progress.set_message(format!("{fs}: {}, {threads} threads", phase.name()));
+                    results.push(row(phase.name(), threads, &|| {
+                        run_phase(&dir, phase, threads, args.files, stop)
+                    })?);
+                }
+                std::fs::remove_dir(&dir).with_context(|| format!("remove {}", dir.display()))?;
+            }
+            Subject::Library(client) => {
+                let caller = fs_client::CitronFs::process_caller();
+                let dir = client
+                    .mkdir(caller, proto::ROOT_INO, &name, 0o755)
+                    .map_err(|e| anyhow::anyhow!("mkdir {name}: {e}"))?
+                    .ino;
+                for phase in PHASES {
+                    progress.set_message(format!("{fs}: {}, {threads} threads", phase.name()));
+                    results.push(row(phase.name(), threads, &|| {
+                        run_library_phase(client, dir, phase, threads, args.files, stop)
+                    })?);
+                }
+                client
+                    .rmdir(proto::ROOT_INO, &name)
+                    .map_err(|e| anyhow::anyhow!("rmdir {name}: {e}"))?;
+            }
         }
-        std::fs::remove_dir(&dir).with_context(|| format!("remove {}", dir.display()))?;
         if let Some(client) = client {
             progress.set_message(format!("{fs}: rpc, {threads} threads"));
             results.push(row(RPC_ROW, threads, &|| {
@@ -447,6 +529,39 @@ fn run_phase(
             phase
                 .run(path)
                 .with_context(|| format!("{} {}", phase.name(), path.display()))
+        },
+    )
+}
+
+/// Runs `phase` through the client library in directory `dir`, as [`run_phase`] does through
+/// paths: create is `create(O_EXCL)` + `release`, stat a `lookup` (what the kernel's path walk
+/// asks), open+close `lookup` + `open` + `release`, unlink `unlink`.
+fn run_library_phase(
+    client: &fs_client::CitronFs,
+    dir: proto::Ino,
+    phase: Phase,
+    threads: usize,
+    files: usize,
+    stop: &AtomicBool,
+) -> Result<Measured> {
+    let caller = fs_client::CitronFs::process_caller();
+    run_threads(
+        threads,
+        stop,
+        |t| (0..files).map(|i| format!("f{t}.{i}")).collect(),
+        |name: &String| {
+            let done = match phase {
+                Phase::Create => client
+                    .create(caller, dir, name, 0o644, libc::O_WRONLY | libc::O_EXCL)
+                    .and_then(|(_, fh)| client.release(fh)),
+                Phase::Stat => client.lookup(dir, name).map(drop),
+                Phase::OpenClose => client
+                    .lookup(dir, name)
+                    .and_then(|attr| client.open(caller, attr.ino, libc::O_RDONLY))
+                    .and_then(|fh| client.release(fh)),
+                Phase::Unlink => client.unlink(dir, name),
+            };
+            done.map_err(|e| anyhow::anyhow!("{} {name}: {e}", phase.name()))
         },
     )
 }
