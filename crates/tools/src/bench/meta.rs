@@ -281,16 +281,7 @@ pub fn run(args: &MetaArgs) -> Result<()> {
                 dir.display()
             ));
         }
-        for r in run_target(
-            args,
-            "tmpfs",
-            None,
-            Subject::Dir(&dir),
-            None,
-            None,
-            &stop,
-            &progress,
-        )? {
+        for r in run_target(args, &Target::plain("tmpfs", &dir), &stop, &progress)? {
             tmpfs_results.push(emit(r, &[], &[]));
         }
     }
@@ -301,16 +292,7 @@ pub fn run(args: &MetaArgs) -> Result<()> {
     if args.fs.contains(&MetaTarget::Null) {
         progress.set_message("mounting the null backend");
         let (handle, dir) = mount_null(&options)?;
-        let results = run_target(
-            args,
-            "null",
-            None,
-            Subject::Dir(dir.path()),
-            None,
-            None,
-            &stop,
-            &progress,
-        );
+        let results = run_target(args, &Target::plain("null", dir.path()), &stop, &progress);
         handle
             .unmount()
             .with_context(|| format!("unmount {}", dir.path().display()))?;
@@ -332,16 +314,14 @@ pub fn run(args: &MetaArgs) -> Result<()> {
         let mut results = Ok(Vec::new());
         if citronfs {
             let mount = Mount::in_temp_dir(fs.clone(), &options)?;
-            results = run_target(
-                args,
-                "citronfs",
-                Some(args.fabric.name()),
-                Subject::Dir(mount.path()),
-                Some(&cluster),
-                Some(&fs),
-                &stop,
-                &progress,
-            );
+            let target = Target {
+                name: "citronfs",
+                fabric: Some(args.fabric.name()),
+                subject: Subject::Dir(mount.path()),
+                cluster: Some(&cluster),
+                rpc: Some(&fs),
+            };
+            results = run_target(args, &target, &stop, &progress);
             let mountpoint = mount.path().to_path_buf();
             mount
                 .unmount()
@@ -349,16 +329,14 @@ pub fn run(args: &MetaArgs) -> Result<()> {
         }
         if library {
             if let Ok(rows) = &mut results {
-                match run_target(
-                    args,
-                    "library",
-                    Some(args.fabric.name()),
-                    Subject::Library(&fs),
-                    Some(&cluster),
-                    None,
-                    &stop,
-                    &progress,
-                ) {
+                let target = Target {
+                    name: "library",
+                    fabric: Some(args.fabric.name()),
+                    subject: Subject::Library(&fs),
+                    cluster: Some(&cluster),
+                    rpc: None,
+                };
+                match run_target(args, &target, &stop, &progress) {
                     Ok(more) => rows.extend(more),
                     Err(e) => results = Err(e),
                 }
@@ -398,21 +376,48 @@ pub fn run(args: &MetaArgs) -> Result<()> {
     Ok(())
 }
 
-/// Runs every thread count's four phases in a fresh directory under `root`; with `client`
-/// (CitronFS), then the `rpc` row: `--files` meta-server round trips per thread straight from
-/// the client library (`CitronFs::meta_round_trip`), the RPC transport's share of an
-/// operation.
-#[allow(clippy::too_many_arguments)]
+/// One file system a run measures.
+struct Target<'a> {
+    /// Its name in the rows.
+    name: &'static str,
+    /// The fabric of CitronFS's cluster (None for the others).
+    fabric: Option<&'static str>,
+    subject: Subject<'a>,
+    /// The cluster whose meta-server counters each row reads.
+    cluster: Option<&'a Cluster>,
+    /// The client whose `rpc` row follows each thread count's phases.
+    rpc: Option<&'a fs_client::CitronFs>,
+}
+
+impl<'a> Target<'a> {
+    /// A directory of a file system that is not CitronFS.
+    fn plain(name: &'static str, dir: &'a Path) -> Self {
+        Self {
+            name,
+            fabric: None,
+            subject: Subject::Dir(dir),
+            cluster: None,
+            rpc: None,
+        }
+    }
+}
+
+/// Runs every thread count's four phases in a fresh directory of `target`; with `target.rpc`,
+/// then the `rpc` row: `--files` meta-server round trips per thread straight from the client
+/// library (`CitronFs::meta_round_trip`), the RPC transport's share of an operation.
 fn run_target(
     args: &MetaArgs,
-    fs: &'static str,
-    fabric: Option<&'static str>,
-    subject: Subject<'_>,
-    cluster: Option<&Cluster>,
-    client: Option<&fs_client::CitronFs>,
+    target: &Target<'_>,
     stop: &AtomicBool,
     progress: &ProgressBar,
 ) -> Result<Vec<MetaResult>> {
+    let Target {
+        name: fs,
+        fabric,
+        subject,
+        cluster,
+        rpc: client,
+    } = *target;
     // Measures one row, with the meta server's requests and handler time during it.
     let row = |phase: &'static str, threads: usize, run: &dyn Fn() -> Result<Measured>| {
         let before = cluster.map(|c| (c.meta().request_count(), c.meta().request_nanos()));
