@@ -24,6 +24,19 @@ fn json_rows(args: &[&str]) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// Each `bench meta` row's (file system, phase, threads), in order.
+fn order_of(rows: &[serde_json::Value]) -> Vec<(&str, &str, u64)> {
+    rows.iter()
+        .map(|r| {
+            (
+                r["fs"].as_str().unwrap(),
+                r["phase"].as_str().unwrap(),
+                r["threads"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
 #[test]
 fn bench_fs_measures_the_null_ceiling_in_the_same_run() {
     if let Some(why) = testkit::fuse_unavailable() {
@@ -105,16 +118,7 @@ fn bench_meta_measures_the_null_ceiling_in_the_same_run() {
             })
         })
         .collect();
-    let order: Vec<(&str, &str, u64)> = rows
-        .iter()
-        .map(|r| {
-            (
-                r["fs"].as_str().unwrap(),
-                r["phase"].as_str().unwrap(),
-                r["threads"].as_u64().unwrap(),
-            )
-        })
-        .collect();
+    let order = order_of(&rows);
     assert_eq!(order, expected, "every phase on every file system");
     for r in &rows {
         assert_eq!(
@@ -170,16 +174,7 @@ fn bench_meta_runs_the_phases_through_the_library() {
         "--files",
         "30",
     ]);
-    let order: Vec<(&str, &str, u64)> = rows
-        .iter()
-        .map(|r| {
-            (
-                r["fs"].as_str().unwrap(),
-                r["phase"].as_str().unwrap(),
-                r["threads"].as_u64().unwrap(),
-            )
-        })
-        .collect();
+    let order = order_of(&rows);
     let expected: Vec<(&str, &str, u64)> = [1, 2]
         .into_iter()
         .flat_map(|t| {
