@@ -149,11 +149,14 @@ fn a_hosted_lock_is_one_round_trip_and_a_posted_release_with_a_conservative_leas
     ));
     let mut lock = open(&delayed, &created, Hosting::Always, None).unwrap();
     let mut reference = open(&connector, &created, Hosting::Never, None).unwrap();
+    const SLACK: Duration = Duration::from_millis(5);
     for range in [10..20, 256..512, 0..1024, 60..70, 0..4096] {
         // The deadline a one-sided client gets for the range, uncontended, counted from the
         // call: the host's is the same protocol's, counted from the send, before the host
-        // began (both carry their client's few µs between the call and the protocol's anchor:
-        // a millisecond of slack, far below the round trip a late count would add under load).
+        // began. Both carry their client's time between the call and the protocol's anchor —
+        // a few µs, but a descheduled thread on a loaded 2-core machine has shown 1.35 ms —
+        // hence 5 ms of slack, well below the 0–40 ms delay after each answer that a count
+        // from the answer would add (with this seed, such a count fails the test).
         let sent = Instant::now();
         let id = reference.acquire(range.clone()).unwrap();
         let one_sided = reference.lease_deadline(id).unwrap() - sent;
@@ -164,7 +167,7 @@ fn a_hosted_lock_is_one_round_trip_and_a_posted_release_with_a_conservative_leas
             .lease_deadline(id)
             .expect("a CITRON lock has a deadline");
         assert!(
-            deadline > Instant::now() && deadline - sent <= one_sided + Duration::from_millis(1),
+            deadline > Instant::now() && deadline - sent <= one_sided + SLACK,
             "{range:?}: hosted deadline {:?} after the send, one-sided {one_sided:?}",
             deadline - sent
         );
