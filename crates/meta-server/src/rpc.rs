@@ -490,10 +490,11 @@ fn run_request(service: &Service, session: u64, frame: RequestFrame) -> Response
 
 /// Whether `request` may run on the async worker that read it (see `serve`): a handler that
 /// only touches the namespace in memory (the staged overlay, the attribute table, the open
-/// files) and answers within tens of microseconds. Anything that may wait long — for the
-/// database's flush (fsync, a truncate's tail), for other clients (revocations, fences), for
-/// a data server (allocations that zero chunks, registrations), or for a whole check (fsck)
-/// — goes to the blocking pool, so that the two async workers never stall on it.
+/// files) and answers within tens of microseconds. Anything that may take long — waiting for
+/// the database's flush (fsync, a truncate's tail), for other clients (revocations, fences),
+/// for a data server (allocations that zero chunks, registrations), or working through many
+/// entries (a directory page, a whole check) — goes to the blocking pool, so that the two async
+/// workers never stall on it.
 fn runs_inline(request: &Request) -> bool {
     match request {
         Request::Heartbeat
@@ -509,8 +510,6 @@ fn runs_inline(request: &Request) -> bool {
         | Request::Rmdir { .. }
         | Request::Rename { .. }
         | Request::Readlink { .. }
-        | Request::ReadDir { .. }
-        | Request::ReadDirPlus { .. }
         | Request::Statfs
         | Request::SetXattr { .. }
         | Request::GetXattr { .. }
@@ -521,7 +520,10 @@ fn runs_inline(request: &Request) -> bool {
         | Request::ChunkMap { .. } => true,
         // A size change may zero a tail after a flush.
         Request::SetAttr { set, .. } => set.size.is_none(),
-        Request::AllocateChunks { .. }
+        // A page is up to 4,096 entries, each with a getattr for `ReadDirPlus`: milliseconds.
+        Request::ReadDir { .. }
+        | Request::ReadDirPlus { .. }
+        | Request::AllocateChunks { .. }
         | Request::Fsync { .. }
         | Request::AllocateLockWords { .. }
         | Request::Fence
