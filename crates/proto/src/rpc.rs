@@ -560,6 +560,23 @@ enum Broken {
 }
 
 impl Broken {
+    /// A read or write of the stream failed with `e`.
+    fn failed(e: &RpcError) -> Broken {
+        let kind = match e {
+            RpcError::Io(io) => io.kind(),
+            _ => std::io::ErrorKind::InvalidData,
+        };
+        Broken::Failed(kind, e.to_string())
+    }
+
+    /// A call waited `t` for its answer in vain.
+    fn timed_out(t: Duration) -> Broken {
+        Broken::Failed(
+            std::io::ErrorKind::TimedOut,
+            format!("no answer within {t:?}"),
+        )
+    }
+
     fn error(&self) -> RpcError {
         match self {
             Broken::Closed(why) => RpcError::Protocol(why.clone()),
@@ -714,11 +731,7 @@ impl SharedClient {
         };
         if let Err(e) = sent {
             // A partly written frame leaves the stream unusable for everyone.
-            let kind = match &e {
-                RpcError::Io(io) => io.kind(),
-                _ => std::io::ErrorKind::InvalidData,
-            };
-            self.fail(Broken::Failed(kind, e.to_string()));
+            self.fail(Broken::failed(&e));
             lock_ignoring_poison(&self.state).waiting.remove(&id);
             return Err(e);
         }
@@ -738,12 +751,7 @@ impl SharedClient {
         id: u64,
         deadline: Option<std::time::Instant>,
     ) -> Result<Result<Response, FsError>, RpcError> {
-        let timed_out = |t: Duration| {
-            Broken::Failed(
-                std::io::ErrorKind::TimedOut,
-                format!("no answer within {t:?}"),
-            )
-        };
+        let timed_out = || Broken::timed_out(self.timeout.unwrap_or_default());
         loop {
             let mut st = lock_ignoring_poison(&self.state);
             if let Some(answer) = st.waiting.get_mut(&id).and_then(|w| w.answer.take()) {
@@ -758,7 +766,7 @@ impl SharedClient {
                     _ => {
                         // Its answer may still come, mid-frame or late: the connection is
                         // not reused.
-                        let why = timed_out(self.timeout.unwrap_or_default());
+                        let why = timed_out();
                         drop(st);
                         self.fail(why.clone());
                         return Err(why.error());
@@ -798,23 +806,22 @@ impl SharedClient {
                         w.thread.unpark();
                     }
                 }
-                Err(RpcError::Io(e))
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    let why = timed_out(self.timeout.unwrap_or_default());
-                    st.break_with(why);
-                    drop(st);
-                    let _ = self.stream.shutdown(std::net::Shutdown::Both);
-                }
                 Err(e) => {
-                    let kind = match &e {
-                        RpcError::Io(io) => io.kind(),
-                        _ => std::io::ErrorKind::InvalidData,
+                    // SO_RCVTIMEO expiring reads as WouldBlock: the reader's own call timed out.
+                    let why = match &e {
+                        RpcError::Io(io)
+                            if matches!(
+                                io.kind(),
+                                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                            ) =>
+                        {
+                            timed_out()
+                        }
+                        _ => Broken::failed(&e),
                     };
-                    st.break_with(Broken::Failed(kind, e.to_string()));
+                    // Broken before the state lock is let go: no caller may take over
+                    // reading a stream that may be mid-frame.
+                    st.break_with(why);
                     drop(st);
                     let _ = self.stream.shutdown(std::net::Shutdown::Both);
                 }
