@@ -311,7 +311,10 @@ pub fn run(args: &MetaArgs) -> Result<()> {
             ..ClusterSpec::server_defaults()
         })?;
         let fs = Arc::new(cluster.connect(args.scheme)?);
-        let mut results = Ok(Vec::new());
+        // Rows of the mount, then of the library; a failure stops the run after the mount is
+        // unmounted and the cluster stopped.
+        let mut rows = Vec::new();
+        let mut measured = Ok(());
         if citronfs {
             let mount = Mount::in_temp_dir(fs.clone(), &options)?;
             let target = Target {
@@ -321,31 +324,27 @@ pub fn run(args: &MetaArgs) -> Result<()> {
                 cluster: Some(&cluster),
                 rpc: Some(&fs),
             };
-            results = run_target(args, &target, &stop, &progress);
+            measured = run_target(args, &target, &stop, &progress).map(|r| rows.extend(r));
             let mountpoint = mount.path().to_path_buf();
             mount
                 .unmount()
                 .with_context(|| format!("unmount {}", mountpoint.display()))?;
         }
-        if library {
-            if let Ok(rows) = &mut results {
-                let target = Target {
-                    name: "library",
-                    fabric: Some(args.fabric.name()),
-                    subject: Subject::Library(&fs),
-                    cluster: Some(&cluster),
-                    rpc: None,
-                };
-                match run_target(args, &target, &stop, &progress) {
-                    Ok(more) => rows.extend(more),
-                    Err(e) => results = Err(e),
-                }
-            }
+        if library && measured.is_ok() {
+            let target = Target {
+                name: "library",
+                fabric: Some(args.fabric.name()),
+                subject: Subject::Library(&fs),
+                cluster: Some(&cluster),
+                rpc: None,
+            };
+            measured = run_target(args, &target, &stop, &progress).map(|r| rows.extend(r));
         }
         drop(fs);
         progress.set_message("stopping the cluster");
         cluster.shutdown()?;
-        for r in results? {
+        measured?;
+        for r in rows {
             emit(r, &tmpfs_results, &null_results);
         }
     }
