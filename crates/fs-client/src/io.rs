@@ -408,17 +408,7 @@ impl Inner {
                         );
                         pause = (pause * 2).min(Duration::from_millis(500));
                     }
-                    match self.recover(&e) {
-                        Ok(_) => {}
-                        // Catching up found this client's meta session over (a fence revoked
-                        // it, or its lease ran out while the client was stopped): the failure
-                        // stands, EIO as for any fenced I/O, rather than becoming the Stale
-                        // (ESTALE) the meta server answers an ended session. Seen in
-                        // `pause.rs` when the revocation reached the data path as a closed
-                        // connection instead of a refusal.
-                        Err(Error::Fs(FsError::Stale)) => return Err(e),
-                        Err(other) => return Err(other),
-                    }
+                    self.recover(e)?;
                 }
                 other => return other,
             }

@@ -154,13 +154,21 @@ impl Inner {
     /// before the I/O is tried again: a fresh view (reconnecting to the meta server if needed,
     /// which waits up to [`RECONNECT_WAIT`] for it), and, when the failure was on a data server
     /// that is not registered now, a wait of up to [`RECONNECT_WAIT`] for it to come back.
-    /// Fails when the cluster stays unreachable past that bound, so nothing hangs.
-    pub(crate) fn recover(&self, failure: &Error) -> Result<Arc<View>, Error> {
+    /// Fails when the cluster stays unreachable past that bound, so nothing hangs; fails with
+    /// `failure` itself when catching up finds this client's meta session over (a fence revoked
+    /// it, or its lease ran out while the client was stopped): the I/O fails as any fenced I/O
+    /// does (EIO), not with the Stale (ESTALE) the meta server answers an ended session — seen
+    /// in `pause.rs` when a revocation reached the data path as a closed connection instead of
+    /// a refusal.
+    pub(crate) fn recover(&self, failure: Error) -> Result<Arc<View>, Error> {
         let deadline = Instant::now() + RECONNECT_WAIT;
         loop {
             let seen = self.view.read().unwrap_or_else(PoisonError::into_inner).id;
-            let view = self.refresh_view(seen)?;
-            let waiting = match failure {
+            let view = match self.refresh_view(seen) {
+                Err(Error::Fs(FsError::Stale)) => return Err(failure),
+                refreshed => refreshed?,
+            };
+            let waiting = match &failure {
                 // The meta server had no data server to allocate on: wait for one.
                 Error::Fs(FsError::Unavailable(_)) => {
                     !view.info.data_servers.iter().any(|ds| ds.live)
