@@ -185,18 +185,6 @@ fn mounts_under(dir: &std::path::Path) -> Vec<String> {
         .collect()
 }
 
-/// Waits up to `within` for `done`, checking every 20 ms.
-fn wait_for(within: std::time::Duration, mut done: impl FnMut() -> bool) -> bool {
-    let deadline = std::time::Instant::now() + within;
-    while std::time::Instant::now() < deadline {
-        if done() {
-            return true;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    done()
-}
-
 /// A workload benchmark with its client processes mounted under a temporary directory of
 /// its own; whatever it leaves (processes, mounts) is removed on drop, so a failing test
 /// cleans up too.
@@ -226,11 +214,14 @@ impl RunningBench {
             tmp,
         };
         let pid = run.bench.id();
-        let mounted = wait_for(std::time::Duration::from_secs(60), || {
-            run.clients = children_of(pid, "mount");
-            run.clients.len() == 2 && mounts_under(run.tmp.path()).len() == 2
-        });
-        assert!(mounted, "the benchmark's two clients did not mount");
+        testkit::wait_until(
+            std::time::Duration::from_secs(60),
+            "the benchmark's two clients to mount",
+            || {
+                run.clients = children_of(pid, "mount");
+                run.clients.len() == 2 && mounts_under(run.tmp.path()).len() == 2
+            },
+        );
         run
     }
 
@@ -248,11 +239,20 @@ impl RunningBench {
         stderr
     }
 
-    /// Waits a while for the client processes to exit and their mounts to go.
-    fn clients_gone(&self) -> bool {
-        wait_for(std::time::Duration::from_secs(20), || {
-            !self.clients.iter().any(|&c| running(c)) && mounts_under(self.tmp.path()).is_empty()
-        })
+    /// Waits a while for the client processes to exit and their mounts to go; panics naming
+    /// `after` (what happened to the benchmark, and what it said) if they do not.
+    fn wait_clients_gone(&self, after: &str) {
+        testkit::wait_until(
+            std::time::Duration::from_secs(20),
+            &format!(
+                "client processes {:?} and their mounts to go {after}",
+                self.clients
+            ),
+            || {
+                !self.clients.iter().any(|&c| running(c))
+                    && mounts_under(self.tmp.path()).is_empty()
+            },
+        );
     }
 }
 
@@ -279,10 +279,7 @@ fn an_interrupted_workload_benchmark_unmounts_and_stops_its_clients() {
     let mut run = RunningBench::start();
     let stderr = run.signal(libc::SIGTERM);
     assert!(stderr.contains("interrupted"), "{stderr}");
-    assert!(
-        run.clients_gone(),
-        "clients or mounts left behind: {stderr}"
-    );
+    run.wait_clients_gone(&format!("after SIGTERM (stderr: {stderr})"));
     // Mount points and their logs are removed too.
     let left: Vec<_> = std::fs::read_dir(run.tmp.path())
         .unwrap()
@@ -299,10 +296,5 @@ fn a_killed_workload_benchmark_leaves_no_client_process_or_mount() {
     }
     let mut run = RunningBench::start();
     let stderr = run.signal(libc::SIGKILL);
-    assert!(
-        run.clients_gone(),
-        "client processes {:?} or mounts {:?} outlived the killed benchmark: {stderr}",
-        run.clients,
-        mounts_under(run.tmp.path())
-    );
+    run.wait_clients_gone(&format!("after SIGKILL (stderr: {stderr})"));
 }
