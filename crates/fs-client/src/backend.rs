@@ -214,7 +214,7 @@ pub trait FsBackend: Send + Sync + 'static {
 
 /// The file system: each method is the library call of the same name.
 impl FsBackend for CitronFs {
-    type ReadData<'a> = Vec<u8>;
+    type ReadData<'a> = ReadBuf;
 
     fn fs_name(&self) -> &'static str {
         "citronfs"
@@ -256,8 +256,10 @@ impl FsBackend for CitronFs {
         CitronFs::release(self, fh)
     }
 
-    fn read(&self, fh: FileHandle, offset: u64, len: usize) -> Result<Vec<u8>, Error> {
-        CitronFs::read(self, fh, offset, len)
+    fn read(&self, fh: FileHandle, offset: u64, len: usize) -> Result<ReadBuf, Error> {
+        let mut buf = ReadBuf::take();
+        buf.len = CitronFs::read_into(self, fh, offset, len, &mut buf.bytes)?;
+        Ok(buf)
     }
 
     fn write_as(
@@ -374,5 +376,48 @@ impl FsBackend for CitronFs {
 
     fn removexattr(&self, ino: Ino, name: &str) -> Result<(), Error> {
         CitronFs::removexattr(self, ino, name)
+    }
+}
+
+thread_local! {
+    /// The buffer of this thread's last [`ReadBuf`], when it is not lent out.
+    static SPARE: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// The bytes of one [`CitronFs`] read served to FUSE: a buffer its request thread keeps from
+/// request to request ([`CitronFs::read_into`]), lent for the reply and given back when
+/// dropped, so that a read allocates, zeroes and faults in no memory of its own.
+pub struct ReadBuf {
+    bytes: Vec<u8>,
+    len: usize,
+}
+
+impl ReadBuf {
+    /// A buffer larger than this (a read above the mount's 1 MiB requests) is freed after its
+    /// reply rather than kept by the thread.
+    const KEEP: usize = 2 << 20;
+
+    /// This thread's buffer (empty at the first read).
+    fn take() -> Self {
+        ReadBuf {
+            bytes: SPARE.take(),
+            len: 0,
+        }
+    }
+}
+
+impl AsRef<[u8]> for ReadBuf {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+impl Drop for ReadBuf {
+    fn drop(&mut self) {
+        if self.bytes.capacity() <= Self::KEEP {
+            let bytes = std::mem::take(&mut self.bytes);
+            // A thread being torn down has no spare left to fill: the buffer is freed.
+            let _ = SPARE.try_with(|spare| spare.set(bytes));
+        }
     }
 }

@@ -97,6 +97,34 @@ fn holes_read_as_zeros() {
     );
 }
 
+/// A buffer reused from read to read (`read_into`, as the FUSE adapter reads) holds an earlier
+/// read's bytes: holes must still read as zeros, and what the call says it read must be the
+/// file's bytes and no more.
+#[test]
+fn a_reused_read_buffer_reads_holes_as_zeros() {
+    let cluster = start(2, 64);
+    let fs = cluster.connect(LockScheme::CITRON).unwrap();
+    let (_, fh) = new_file(&fs, "sparse-reused");
+    let far = 3 * CHUNK + 5;
+    fs.write(fh, far, b"tail").unwrap();
+    fs.write(fh, 7, b"head").unwrap();
+    let size = (far + 4) as usize;
+    // Dirty, and longer than the file: never shrunk, never zeroed by the call.
+    let mut buf = vec![0xAB; size + 100];
+    let n = fs.read_into(fh, 0, size + 50, &mut buf).unwrap();
+    assert_eq!(n, size);
+    assert_eq!(&buf[7..11], b"head");
+    assert_eq!(&buf[far as usize..size], b"tail");
+    assert!(buf[..7].iter().all(|&b| b == 0), "a hole read stale bytes");
+    assert!(
+        buf[11..far as usize].iter().all(|&b| b == 0),
+        "a hole read stale bytes"
+    );
+    assert_eq!(buf.len(), size + 100, "the buffer was shrunk");
+    // A read at the end of the file reads nothing, whatever the buffer holds.
+    assert_eq!(fs.read_into(fh, size as u64, 10, &mut buf).unwrap(), 0);
+}
+
 #[test]
 fn two_clients_see_each_others_writes_and_sizes_at_once() {
     let cluster = start(2, 64);
