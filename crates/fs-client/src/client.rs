@@ -234,7 +234,7 @@ impl Drop for CitronFs {
     fn drop(&mut self) {
         // Give back what this client still has open in its current session; the session
         // ends with the connection.
-        let session = self.inner.meta.latest().1.session;
+        let session = self.inner.meta.session();
         for inode in self.inner.files.take_all_open() {
             if inode.session == session {
                 let _ = self

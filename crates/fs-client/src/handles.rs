@@ -377,7 +377,7 @@ impl Inner {
     /// the session that holds the open, and the next use reopens it (harmless), never the
     /// other way round.
     fn send_open(&self, ino: Ino) -> Result<Arc<OpenInode>, Error> {
-        let session = self.meta.latest().1.session;
+        let session = self.meta.session();
         let opened = match self.meta.call(Request::Open {
             ino,
             scheme: self.scheme,
@@ -504,7 +504,7 @@ impl Inner {
             return;
         }
         // An open of an earlier session ended with that session.
-        if inode.session != self.meta.latest().1.session {
+        if inode.session != self.meta.session() {
             open.entries.remove(&ino);
             drop(open);
             inode.closed.store(true, Ordering::Relaxed);

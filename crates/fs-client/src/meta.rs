@@ -100,6 +100,15 @@ impl Meta {
         (self.generation(), latest.clone())
     }
 
+    /// The latest session's id: what [`Meta::latest`] says, without copying the cluster's
+    /// description (closes and creates ask for it on every call).
+    pub(crate) fn session(&self) -> u64 {
+        self.latest
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .session
+    }
+
     /// Sets what rides on every call from now on (once; later calls are ignored).
     pub(crate) fn set_riders(&self, riders: Arc<dyn Riders>) {
         let _ = self.riders.set(riders);

@@ -95,7 +95,7 @@ impl CitronFs {
         flags: i32,
     ) -> Result<(Attr, FileHandle), Error> {
         check(NameOp::Create, name)?;
-        let session = self.inner.meta.latest().1.session;
+        let session = self.inner.meta.session();
         let opened = match self.inner.meta.call(Request::Create {
             parent,
             name: name.into(),
