@@ -393,8 +393,10 @@ pub struct ReadBuf {
 }
 
 impl ReadBuf {
-    /// A buffer larger than this (a read above the mount's 1 MiB requests) is freed after its
-    /// reply rather than kept by the thread.
+    /// A buffer larger than this is freed after its reply rather than kept by the thread: a
+    /// request may read up to the mount's 16 MiB atomic bound (`fuse::ATOMIC_IO_TARGET`), but
+    /// keeping that much per request thread is not worth the rare read that large, whose copy
+    /// costs far more than its allocation anyway.
     const KEEP: usize = 2 << 20;
 
     /// This thread's buffer (empty at the first read).
