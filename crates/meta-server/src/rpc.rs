@@ -489,7 +489,7 @@ fn run_request(service: &Service, session: u64, frame: RequestFrame) -> Response
 }
 
 /// Whether `request` may run on the async worker that read it (see `serve`): a handler that
-/// only touches the namespace in memory (the staged overlay, the attribute table, the open
+/// only touches the namespace in memory (the staged image, the attribute table, the open
 /// files) and answers within tens of microseconds. Anything that may take long — waiting for
 /// the database's flush (fsync, a truncate's tail), for other clients (revocations, fences),
 /// for a data server (allocations that zero chunks, registrations), or working through many
