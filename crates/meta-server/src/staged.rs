@@ -21,9 +21,10 @@
 //!
 //! # Memory
 //! The image holds every key and value of the namespace's trees (inodes, directory entries,
-//! chunk maps, xattrs, ...): a few hundred bytes per file, on top of sled's own cache. A meta
-//! server of an in-memory file system serves the namespace from memory anyway; the image
-//! makes that explicit.
+//! chunk maps, xattrs, ...), on top of sled's own cache: measured with `citronfs up` and 50,000
+//! empty files, the process grew 1.7–1.9 KB per file with the image against 1.2 KB without,
+//! so about 0.5–0.7 KB per file. A meta server of an in-memory file system serves the
+//! namespace from memory anyway; the image makes that explicit.
 //!
 //! # The journal
 //! The committer writes a batch as: one `journal` record holding every write of the batch
