@@ -488,8 +488,8 @@ impl StagedTree<'_> {
     }
 
     /// How many entries the tree has.
-    pub(crate) fn len(&self) -> Result<usize, FsError> {
-        Ok(self.staged.shared.read()[self.i].len())
+    pub(crate) fn len(&self) -> usize {
+        self.staged.shared.read()[self.i].len()
     }
 
     /// Sets `key` to `value`, as a mutation of its own.
@@ -848,7 +848,7 @@ mod tests {
         put(&s, 1, &7u32.to_be_bytes(), None);
         drop(s);
         let s = staged(dir.path());
-        assert_eq!(s.tree(1).len().unwrap(), 299);
+        assert_eq!(s.tree(1).len(), 299);
         assert_eq!(s.tree(1).get(7u32.to_be_bytes()).unwrap(), None);
         assert_eq!(
             s.tree(1).get(8u32.to_be_bytes()).unwrap().as_deref(),

@@ -675,7 +675,7 @@ impl Store {
     /// chunk maps would be meaningless.
     pub fn open(dir: &Path, chunk_size: u64, root_owner: Caller) -> anyhow::Result<Store> {
         let store = Store::open_trees(dir, chunk_size)?;
-        let meta = store.staged.tree(T_META);
+        let meta = store.tree(T_META);
         match meta.get(b"layout")? {
             Some(v) if v.as_ref() == LAYOUT_MARK => {}
             Some(v) => anyhow::bail!(
@@ -683,7 +683,7 @@ impl Store {
                 dir.display(),
                 String::from_utf8_lossy(&v)
             ),
-            None if store.staged.tree(T_SERVERS).len()? == 0 => {
+            None if store.tree(T_SERVERS).len() == 0 => {
                 meta.insert(b"layout", LAYOUT_MARK)?;
             }
             None => anyhow::bail!(
@@ -708,22 +708,19 @@ impl Store {
         }
         // The `running` mark: set from now on until a clean shutdown (`Store::mark_clean`).
         // Found set, the last run ended in a crash.
-        if store.staged.tree(T_META).get(b"running")?.is_some() {
+        if meta.get(b"running")?.is_some() {
             let servers = store.servers().map_err(|e| anyhow::anyhow!("{e}"))?;
             for rec in &servers {
-                store
-                    .staged
-                    .tree(T_SCRUB)
-                    .insert(rec.id.to_be_bytes(), &[])?;
+                store.tree(T_SCRUB).insert(rec.id.to_be_bytes(), &[])?;
             }
             // Inode numbers handed out after the last flush were lost with the crash, but
             // clients may still hold them (an acknowledged create not yet fsynced) and reopen
             // them by number in their new session: a number is never handed out twice.
-            let next = match store.staged.tree(T_META).get(b"next_ino")? {
+            let next = match meta.get(b"next_ino")? {
                 Some(v) => decode_u64(&v).map_err(|e| anyhow::anyhow!("{e}"))?,
                 None => ROOT_INO + 1,
             };
-            store.staged.tree(T_META).insert(
+            meta.insert(
                 b"next_ino",
                 &be64(next.saturating_add(INO_SKIP_AFTER_CRASH)),
             )?;
@@ -734,9 +731,9 @@ impl Store {
                  2^32 above the last durable one"
             );
         }
-        store.staged.tree(T_META).insert(b"running", &[][..])?;
+        meta.insert(b"running", &[][..])?;
         store.staged.flush()?;
-        if store.staged.tree(T_INODES).get(be64(ROOT_INO))?.is_none() {
+        if store.tree(T_INODES).get(be64(ROOT_INO))?.is_none() {
             let now = Timestamp::now();
             let root = Attr {
                 ino: ROOT_INO,
@@ -776,7 +773,7 @@ impl Store {
         );
         // Opened with the smallest layout, replaced by the stored chunk size's at once.
         let mut store = Store::open_trees(dir, proto::layout::MIN_CHUNK)?;
-        let meta = store.staged.tree(T_META);
+        let meta = store.tree(T_META);
         let chunk_size = match meta.get(b"chunk_size")? {
             Some(v) => decode_u64(&v).map_err(|e| anyhow::anyhow!("{e}"))?,
             None => anyhow::bail!("{} holds no CitronFS meta database", dir.display()),
@@ -1141,7 +1138,7 @@ impl Store {
 
     /// Every inode in use.
     pub fn inode_count(&self) -> Result<u64, FsError> {
-        Ok(self.tree(T_INODES).len()? as u64)
+        Ok(self.tree(T_INODES).len() as u64)
     }
 
     /// Every known data server.

@@ -822,9 +822,9 @@ impl SharedClient {
                         // Its answer may still come, mid-frame or late: the connection is
                         // not reused.
                         let why = timed_out();
-                        drop(st);
-                        self.fail(why.clone());
-                        return Err(why.error());
+                        let error = why.error();
+                        self.break_locked(st, why);
+                        return Err(error);
                     }
                 },
                 None => None,
@@ -882,9 +882,7 @@ impl SharedClient {
                     };
                     // Broken before the state lock is let go: no caller may take over
                     // reading a stream that may be mid-frame.
-                    st.break_with(why);
-                    drop(st);
-                    let _ = self.stream.shutdown(std::net::Shutdown::Both);
+                    self.break_locked(st, why);
                 }
             }
         }
@@ -893,7 +891,14 @@ impl SharedClient {
     /// Breaks the connection: fails every waiting call and closes the stream, which ends the
     /// read in progress, if any.
     fn fail(&self, why: Broken) {
-        lock_ignoring_poison(&self.state).break_with(why);
+        self.break_locked(lock_ignoring_poison(&self.state), why);
+    }
+
+    /// [`SharedClient::fail`] with the state lock already held: the connection is broken
+    /// before the lock is let go, then the stream is closed.
+    fn break_locked(&self, mut st: std::sync::MutexGuard<'_, MuxState>, why: Broken) {
+        st.break_with(why);
+        drop(st);
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
     }
 }

@@ -120,6 +120,73 @@ enum Subject<'a> {
     Library(&'a fs_client::CitronFs),
 }
 
+impl<'a> Subject<'a> {
+    /// A fresh directory `name` for one thread count's phases.
+    fn make_dir(self, name: &str) -> Result<PhaseDir<'a>> {
+        Ok(match self {
+            Subject::Dir(root) => {
+                let dir = root.join(name);
+                std::fs::create_dir(&dir).with_context(|| format!("create {}", dir.display()))?;
+                PhaseDir::Path(dir)
+            }
+            Subject::Library(client) => {
+                let caller = fs_client::CitronFs::process_caller();
+                let ino = client
+                    .mkdir(caller, proto::ROOT_INO, name, 0o755)
+                    .map_err(|e| anyhow::anyhow!("mkdir {name}: {e}"))?
+                    .ino;
+                PhaseDir::Library {
+                    client,
+                    ino,
+                    name: name.to_owned(),
+                }
+            }
+        })
+    }
+}
+
+/// The directory one thread count's phases run in ([`Subject::make_dir`]).
+enum PhaseDir<'a> {
+    /// A path (tmpfs, a FUSE mount).
+    Path(PathBuf),
+    /// Directory `name` under the root, through the client library.
+    Library {
+        client: &'a fs_client::CitronFs,
+        ino: proto::Ino,
+        name: String,
+    },
+}
+
+impl PhaseDir<'_> {
+    /// Runs `phase` here ([`run_phase`] or [`run_library_phase`]).
+    fn run(
+        &self,
+        phase: Phase,
+        threads: usize,
+        files: usize,
+        stop: &AtomicBool,
+    ) -> Result<Measured> {
+        match self {
+            PhaseDir::Path(dir) => run_phase(dir, phase, threads, files, stop),
+            PhaseDir::Library { client, ino, .. } => {
+                run_library_phase(client, *ino, phase, threads, files, stop)
+            }
+        }
+    }
+
+    /// Removes the directory (its files are gone after the unlink phase).
+    fn remove(self) -> Result<()> {
+        match self {
+            PhaseDir::Path(dir) => {
+                std::fs::remove_dir(&dir).with_context(|| format!("remove {}", dir.display()))
+            }
+            PhaseDir::Library { client, name, .. } => client
+                .rmdir(proto::ROOT_INO, &name)
+                .map_err(|e| anyhow::anyhow!("rmdir {name}: {e}")),
+        }
+    }
+}
+
 /// Options of `citronfs bench meta`.
 #[derive(Args, Debug)]
 pub struct MetaArgs {
@@ -452,36 +519,14 @@ fn run_target(
     };
     let mut results = Vec::new();
     for &threads in &args.threads {
-        let name = format!("bench-meta-{}-{threads}", std::process::id());
-        match subject {
-            Subject::Dir(root) => {
-                let dir = root.join(&name);
-                std::fs::create_dir(&dir).with_context(|| format!("create {}", dir.display()))?;
-                for phase in PHASES {
-                    progress.set_message(format!("{fs}: {}, {threads} threads", phase.name()));
-                    results.push(row(phase.name(), threads, &|| {
-                        run_phase(&dir, phase, threads, args.files, stop)
-                    })?);
-                }
-                std::fs::remove_dir(&dir).with_context(|| format!("remove {}", dir.display()))?;
-            }
-            Subject::Library(client) => {
-                let caller = fs_client::CitronFs::process_caller();
-                let dir = client
-                    .mkdir(caller, proto::ROOT_INO, &name, 0o755)
-                    .map_err(|e| anyhow::anyhow!("mkdir {name}: {e}"))?
-                    .ino;
-                for phase in PHASES {
-                    progress.set_message(format!("{fs}: {}, {threads} threads", phase.name()));
-                    results.push(row(phase.name(), threads, &|| {
-                        run_library_phase(client, dir, phase, threads, args.files, stop)
-                    })?);
-                }
-                client
-                    .rmdir(proto::ROOT_INO, &name)
-                    .map_err(|e| anyhow::anyhow!("rmdir {name}: {e}"))?;
-            }
+        let dir = subject.make_dir(&format!("bench-meta-{}-{threads}", std::process::id()))?;
+        for phase in PHASES {
+            progress.set_message(format!("{fs}: {}, {threads} threads", phase.name()));
+            results.push(row(phase.name(), threads, &|| {
+                dir.run(phase, threads, args.files, stop)
+            })?);
         }
+        dir.remove()?;
         if let Some(client) = client {
             progress.set_message(format!("{fs}: rpc, {threads} threads"));
             results.push(row(RPC_ROW, threads, &|| {
