@@ -240,10 +240,13 @@ impl RunningBench {
     }
 
     /// Waits a while for the client processes to exit and their mounts to go; panics naming
-    /// `after` (what happened to the benchmark, and what it said) if they do not.
+    /// `after` (what happened to the benchmark, and what it said) if they do not. The bound is
+    /// 60 s: after a SIGKILL a client daemon can wait out its 10 s meta-server call timeout
+    /// more than once before it exits (a fresh-clone run took over 20 s); without
+    /// `die_with_parent` they never go.
     fn wait_clients_gone(&self, after: &str) {
         testkit::wait_until(
-            std::time::Duration::from_secs(20),
+            std::time::Duration::from_secs(60),
             &format!(
                 "client processes {:?} and their mounts to go {after}",
                 self.clients
