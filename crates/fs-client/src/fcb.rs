@@ -6,10 +6,18 @@
 //!   raise it one-sidedly, and only upward, with a CAS ([`Inner::raise_size`]) while they hold
 //!   the range lock of their write; the meta server persists it on release, fsync and truncate.
 //!   Attributes of an open file therefore take their size from here ([`Inner::fresh_size`]).
-//! - MTIME (the latest data change) is raised by every write and fallocate, with a CAS at the
-//!   head of its range lock's release batch ([`MtimeRaise`]), from the value read in the
-//!   acquisition ([`FcbReads`]): no extra round trip unless another client raised it meanwhile. So mtime and ctime move on every write, as
-//!   POSIX asks, without an RPC; attributes merge it through `proto::fcb::live`.
+//! - MTIME (the latest data change) is raised by every write and fallocate, with a CAS from the
+//!   value read in the acquisition ([`FcbReads`]) to the write's start time ([`MtimeRaise`]),
+//!   in a round trip the I/O waits for anyway: at the head of its range lock's release batch
+//!   where the release is one-sided verbs, else beside the write's data batches
+//!   ([`FcbRaises`]). No extra round trip unless another client raised it meanwhile. So mtime
+//!   and ctime move on every write, as POSIX asks, without an RPC; attributes merge it through
+//!   `proto::fcb::live`.
+//! - A write's SIZE raise ([`FcbRaises`]) is posted beside its data batches and completed with
+//!   them, before the release: under the lock the order of the two does not matter (no reader
+//!   of the range gets the lock before the release, and one of another range does not read
+//!   these bytes), and a CAS that found another writer's smaller raise is redone before the
+//!   release ([`Inner::finish_fcb_raises`]).
 //! - Each word is read atomically; SIZE and GENERATION are read in one round trip but are two
 //!   words, so a reader that needs them consistent holds the range lock that a truncate would
 //!   need (every read and write does).
@@ -123,12 +131,12 @@ impl FcbReads {
     }
 }
 
-/// A write's MTIME raise, posted at the head of its range lock's release batch
-/// (`lockmgr::RangeLock::release_with`): a CAS from the MTIME the acquisition read to the
-/// write's start time, so a reader that locks after the release sees it, without a round trip
-/// of its own. MTIME is not guarded by the range lock (writers of other ranges raise it too),
-/// so the CAS may find another value: [`Inner::finish_mtime_raise`] then retries after the
-/// release, and never lowers it.
+/// A write's MTIME raise: a CAS from the MTIME the acquisition read to the write's start time,
+/// posted in a batch the write waits for anyway (the head of its range lock's release batch,
+/// `lockmgr::RangeLock::release_with`, or [`FcbRaises`] beside its data), so a reader that
+/// locks after the release sees it, without a round trip of its own. MTIME is not guarded by
+/// the range lock (writers of other ranges raise it too), so the CAS may find another value:
+/// [`Inner::finish_mtime_raise`] then retries, and never lowers it.
 pub(crate) struct MtimeRaise {
     cas: AtomicHandle,
     expected: u64,
@@ -149,6 +157,57 @@ impl MtimeRaise {
             expected: seen,
             now_ns,
         })
+    }
+}
+
+/// The FCB words a write (or an allocating fallocate) raises under its range lock, in one batch
+/// on the meta endpoint: SIZE to the write's end when it extends the file, and MTIME to its
+/// start time when the release cannot carry that raise for free
+/// (`lockmgr::RangeLock::release_carries_verbs`). A write posts the batch beside its data
+/// batches (`io`'s `exec_data_round`), so the raises cost no round trip in sequence of their
+/// own; [`Inner::finish_fcb_raises`] then redoes a CAS that lost to another client, still
+/// under the lock.
+pub(crate) struct FcbRaises {
+    /// SIZE's CAS, from the SIZE the acquisition read to the end of the write.
+    size: Option<SizeRaise>,
+    /// MTIME's CAS.
+    mtime: Option<MtimeRaise>,
+}
+
+/// A SIZE raise in flight: the CAS and what it expected and wrote.
+struct SizeRaise {
+    cas: AtomicHandle,
+    seen: u64,
+    end: u64,
+}
+
+impl FcbRaises {
+    /// Posts into `batch` the raise of `inode`'s SIZE from `found.size` to `end` (when `end` is
+    /// beyond it) and of its MTIME from `found.mtime` to `mtime` (when given and later).
+    pub(crate) fn post(
+        batch: &mut Batch,
+        inode: &OpenInode,
+        found: &Fcb,
+        end: u64,
+        mtime: Option<u64>,
+    ) -> Self {
+        let size = (end > found.size).then(|| SizeRaise {
+            cas: batch.cas(inode.fcb.add(fcb::SIZE), found.size, end),
+            seen: found.size,
+            end,
+        });
+        let mtime = mtime.and_then(|now| MtimeRaise::post(batch, inode, found.mtime, now));
+        Self { size, mtime }
+    }
+
+    /// Nothing to raise: the batch is empty and need not be sent.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.size.is_none() && self.mtime.is_none()
+    }
+
+    /// Whether SIZE is raised: the write extends the file.
+    pub(crate) fn extends(&self) -> bool {
+        self.size.is_some()
     }
 }
 
@@ -202,6 +261,30 @@ impl Inner {
             old = w.out.old(cas);
         }
         Ok(())
+    }
+
+    /// Completes raises whose batch executed with results `out`, still under the range lock: a
+    /// SIZE CAS that found another writer's smaller raise is redone from what it found (one
+    /// round trip each, within the lease), so a reader that locks after the release finds the
+    /// size at or beyond this write's end; an MTIME CAS that lost is redone as
+    /// [`Inner::finish_mtime_raise`] does.
+    pub(crate) fn finish_fcb_raises(
+        &self,
+        w: &mut Worker,
+        inode: &OpenInode,
+        raises: &FcbRaises,
+        out: &Completions,
+    ) -> Result<(), Error> {
+        if let Some(size) = &raises.size {
+            let old = out.old(size.cas);
+            if old != size.seen {
+                self.raise_size(w, inode, old, size.end)?;
+            }
+        }
+        match &raises.mtime {
+            Some(mtime) => self.finish_mtime_raise(w, inode, mtime, out),
+            None => Ok(()),
+        }
     }
 
     /// Raises SIZE to `end` unless it is there already (CAS loop from `seen`). Called under the

@@ -11,17 +11,24 @@
 //! 4. **post the data verbs**, one batch per data server ([`Inner::transfer_read`],
 //!    [`Inner::transfer_write`]), **checking the lease**: a write's verbs are posted only while
 //!    the lease has more than `lease_guard` left, a read's are checked after they completed;
-//! 5. (extending writes) raise SIZE with CAS, still under the lock and within the lease, in a
-//!    round trip of its own: a reader that locks after the release must find the new size, and
-//!    the CAS fails when a writer of another range raised SIZE meanwhile, which a batch that
-//!    also releases the lock could not retry under it;
-//! 6. **release**, only after the data verbs completed (or failed); a write's MTIME raise
-//!    rides at the head of the release batch (`fcb`'s `MtimeRaise`).
+//! 5. (writes) **raise the FCB words** in one batch on the meta endpoint posted beside the data
+//!    batches and awaited with them (`fcb`'s `FcbRaises`): SIZE with a CAS when the write
+//!    extends the file, and MTIME where the release cannot carry it (step 6). Under the lock
+//!    their order does not matter: no reader of the range gets the lock before the release.
+//!    A SIZE CAS that lost to another writer's smaller raise is redone before the release, so
+//!    a reader that locks after it finds the new size;
+//! 6. **release**, only after the data verbs and the raises completed (or failed); where the
+//!    release is one-sided verbs, a write's MTIME raise rides at the head of its batch (`fcb`'s
+//!    `MtimeRaise`).
 //!
-//! So a 4 KiB read or overwrite on one data server takes three round trips in sequence
-//! (acquire, data, release; uncontended, with a fabric lock scheme), an extending write four.
+//! So a 4 KiB read or write on one data server takes three round trips in sequence
+//! (acquire, data with the raises beside it, release; uncontended, with a fabric lock scheme).
 //! Where the lock is acquired at the meta server (tcp, `lockmgr::citron::hosted`), the release
-//! is posted: a read waits for two, an overwrite for three (its MTIME raise goes alone).
+//! is posted and a read or write waits for two.
+//!
+//! A write that fails after its raises landed (a data server died, the lease ran out) is redone
+//! like any other; if it ends in EIO, the file may keep the size it raised, and the bytes it
+//! did not land read zeros (chunks are zeroed before they are handed out).
 //!
 //! When the lease ran out mid-I/O (`Error::LeaseLost`), the whole read or write is redone
 //! under a new lock ([`Inner::retry`], [`LEASE_RETRIES`] times, then EIO), so a client
@@ -45,12 +52,12 @@
 use crate::chunks::ChunkRun;
 use crate::client::{CitronFs, FileHandle, Inner};
 use crate::error::{Error, Peer};
-use crate::fcb::{Fcb, FcbReads, MtimeRaise};
+use crate::fcb::{Fcb, FcbRaises, FcbReads, MtimeRaise};
 use crate::handles::OpenInode;
 use crate::locks::{server_range, whole_file};
 use crate::plan::{plan, Limits, Op, ServerPlan};
 use crate::workers::Worker;
-use fabric::{Batch, RemoteAddr};
+use fabric::{Batch, Completions, RemoteAddr};
 use lockmgr::{LockScheme, LockStats};
 use proto::rpc::Request;
 use proto::{Attr, Caller, FsError, SetAttr, Timestamp, INCARNATION_REGION};
@@ -207,7 +214,7 @@ impl CitronFs {
         inner.retry(true, || {
             let mut w = inner.checkout()?;
             let inode = &inner.live_inode(&handle.inode, &w.view)?;
-            inner.locked(&mut w, inode, units.clone(), None, |w, found| {
+            inner.locked(&mut w, inode, units.clone(), None, |w, found, _| {
                 let (size, generation) = (found.size, found.generation);
                 if offset >= size {
                     return Ok(0);
@@ -260,29 +267,47 @@ impl CitronFs {
             let inode = inner.live_inode(&handle.inode, &w.view)?;
             // Like Linux, the time is taken before the data lands.
             let now = Timestamp::now().as_nanos();
-            inner.locked(&mut w, &inode, units.clone(), Some(now), |w, found| {
-                if kill_suidgid {
-                    inner.kill_suidgid(&inode, found.mode, handle.caller)?;
-                }
-                let size = found.size;
-                let offset = if append { size } else { offset };
-                let end = inner.geometry.checked_end(offset, data.len() as u64)?;
-                let locs = inner.chunk_locations(
-                    &w.view,
-                    &inode,
-                    found.generation,
-                    offset,
-                    data.len(),
-                    true,
-                )?;
-                inner.transfer_write(w, offset, data, &locs)?;
-                inner.raise_size(w, &inode, size, end)?;
-                // The size lives in the meta server's memory until an fsync or close.
-                if end > size {
-                    inner.meta.note_unsynced(w.view.generation);
-                }
-                Ok(())
-            })
+            inner.locked(
+                &mut w,
+                &inode,
+                units.clone(),
+                Some(now),
+                |w, found, mtime| {
+                    if kill_suidgid {
+                        inner.kill_suidgid(&inode, found.mode, handle.caller)?;
+                    }
+                    let offset = if append { found.size } else { offset };
+                    let end = inner.geometry.checked_end(offset, data.len() as u64)?;
+                    let locs = inner.chunk_locations(
+                        &w.view,
+                        &inode,
+                        found.generation,
+                        offset,
+                        data.len(),
+                        true,
+                    )?;
+                    // SIZE (and MTIME, where the release cannot carry it) go beside the data.
+                    let mut raises_batch = std::mem::take(&mut w.raises);
+                    let mut raises_out = std::mem::take(&mut w.raises_out);
+                    raises_batch.clear();
+                    let raises = FcbRaises::post(&mut raises_batch, &inode, &found, end, mtime);
+                    let rider = (!raises.is_empty()).then_some(Rider {
+                        batch: &mut raises_batch,
+                        out: &mut raises_out,
+                    });
+                    let written = inner.transfer_write(w, offset, data, &locs, rider);
+                    let raised = written
+                        .and_then(|()| inner.finish_fcb_raises(w, &inode, &raises, &raises_out));
+                    w.raises = raises_batch;
+                    w.raises_out = raises_out;
+                    raised?;
+                    // The size lives in the meta server's memory until an fsync or close.
+                    if raises.extends() {
+                        inner.meta.note_unsynced(w.view.generation);
+                    }
+                    Ok(())
+                },
+            )
         })?;
         Ok(data.len())
     }
@@ -326,12 +351,18 @@ impl CitronFs {
                 let mut w = inner.checkout()?;
                 let inode = inner.live_inode(&handle.inode, &w.view)?;
                 let now = Timestamp::now().as_nanos();
-                inner.locked(&mut w, &inode, units.clone(), Some(now), |w, found| {
-                    if kill_suidgid {
-                        inner.kill_suidgid(&inode, found.mode, handle.caller)?;
-                    }
-                    inner.fallocate_step(w, &inode, found, at..step_end, mode)
-                })
+                inner.locked(
+                    &mut w,
+                    &inode,
+                    units.clone(),
+                    Some(now),
+                    |w, found, mtime| {
+                        if kill_suidgid {
+                            inner.kill_suidgid(&inode, found.mode, handle.caller)?;
+                        }
+                        inner.fallocate_step(w, &inode, found, mtime, at..step_end, mode)
+                    },
+                )
             })?;
             at = step_end;
         }
@@ -374,6 +405,14 @@ impl CitronFs {
         }
         Ok(())
     }
+}
+
+/// A batch for the meta endpoint that travels with a round of data batches
+/// ([`Inner::exec_data_round`]): a write's FCB raises ([`FcbRaises`]), with the completions its
+/// results go to.
+pub(crate) struct Rider<'a> {
+    batch: &'a mut Batch,
+    out: &'a mut Completions,
 }
 
 /// A data batch's failure as the I/O sees it, and whether the endpoint is broken by it. A
@@ -440,20 +479,25 @@ impl Inner {
     /// acquisition found them; releases after it, whatever it returned. A failed acquisition
     /// or release marks the worker broken (its lock handle is in doubt).
     ///
+    /// `touch` (a write's start time) asks for MTIME to be raised to it ([`MtimeRaise`]): at
+    /// the head of the release batch where the release is one-sided verbs that carry it for
+    /// free (`lockmgr::RangeLock::release_carries_verbs`), else by `body`, which is then given
+    /// the time as its third argument and posts the raise beside its data ([`FcbRaises`]).
+    ///
     /// Round trips: the FCB reads ride in the lock's granting batch ([`FcbReads`]; the lock
     /// handle's endpoint reaches the meta region, where the lock words and the FCB live), and
-    /// with `touch` (a write's start time) the MTIME raise rides at the head of the release
-    /// batch ([`MtimeRaise`]), so a locked I/O costs the lock's own round trips plus its data
-    /// batches: three for a 4 KiB read or overwrite on one data server. A scheme that cannot
-    /// carry verbs (`server`) runs them on the worker's meta endpoint, one round trip each,
-    /// after the grant and before the release.
+    /// the MTIME raise in a batch waited for anyway, so a locked I/O costs the lock's own round
+    /// trips plus its data batches: three in sequence for a 4 KiB read or overwrite on one data
+    /// server, two where the release is posted (CITRON at the host). A scheme that cannot carry
+    /// verbs in its acquisition (`server`) reads the FCB on the worker's meta endpoint, one
+    /// round trip more, after the grant.
     pub(crate) fn locked<T>(
         &self,
         w: &mut Worker,
         inode: &Arc<OpenInode>,
         units: Range<u64>,
         touch: Option<u64>,
-        body: impl FnOnce(&mut Worker, Fcb) -> Result<T, Error>,
+        body: impl FnOnce(&mut Worker, Fcb, Option<u64>) -> Result<T, Error>,
     ) -> Result<T, Error> {
         let range = if self.scheme == LockScheme::SERVER {
             server_range(inode.ino, units)?
@@ -467,6 +511,10 @@ impl Inner {
         let reads = FcbReads::post(&mut extra, inode);
         let lock = w.locks.handle(self, &w.view, inode)?;
         let lock_before = lock.stats();
+        let (touch_at_release, touch_in_body) = match lock.release_carries_verbs() {
+            true => (touch, None),
+            false => (None, touch),
+        };
         let acquired = lock
             .acquire_with(range, &extra, &mut out, &mut *w.meta_ep)
             .map(|id| (id, lock.lease_deadline(id)));
@@ -484,12 +532,13 @@ impl Inner {
         w.out = out;
         w.lease = lease;
         failpoint!("fs_client::io::locked");
-        let result = body(w, found);
+        let result = body(w, found, touch_in_body);
         w.lease = None;
         let mut extra = std::mem::take(&mut w.batch);
         let mut out = std::mem::take(&mut w.out);
         extra.clear();
-        let raise = touch.and_then(|now| MtimeRaise::post(&mut extra, inode, found.mtime, now));
+        let raise =
+            touch_at_release.and_then(|now| MtimeRaise::post(&mut extra, inode, found.mtime, now));
         let meta_ep = &mut *w.meta_ep;
         let mut lock_rtts = 0;
         let released = w.locks.handle(self, &w.view, inode).and_then(|l| {
@@ -564,19 +613,21 @@ impl Inner {
                 buf[piece.buf_off..piece.buf_off + piece.len].fill(0);
             }
         }
-        self.exec_plans(w, &plans, buf, n, false, |batch, at, op| {
+        self.exec_plans(w, &plans, buf, n, None, |batch, at, op| {
             batch.read_to(at, op.len, op.buf_off);
         })?;
         self.check_lease_after_read(w)
     }
 
     /// One step of [`CitronFs::fallocate`] on `range`, holding its range lock; `found` is what
-    /// the FCB held at its start.
+    /// the FCB held at its start, `mtime` the time to raise MTIME to when the release does not
+    /// (see [`Inner::locked`]).
     fn fallocate_step(
         &self,
         w: &mut Worker,
         inode: &Arc<OpenInode>,
         found: Fcb,
+        mtime: Option<u64>,
         range: Range<u64>,
         mode: Fallocate,
     ) -> Result<(), Error> {
@@ -597,11 +648,24 @@ impl Inner {
                 self.zero_allocated(w, range.start, n, &locs)?;
             }
         }
-        if mode == Fallocate::Allocate {
-            self.raise_size(w, inode, size, range.end)?;
-            if range.end > size {
-                self.meta.note_unsynced(w.view.generation);
-            }
+        // SIZE (mode 0) and MTIME in one batch, after the step's work.
+        let end = match mode {
+            Fallocate::Allocate => range.end,
+            Fallocate::KeepSize | Fallocate::PunchHole => size,
+        };
+        self.check_lease_before_post(w)?;
+        w.batch.clear();
+        let raises = FcbRaises::post(&mut w.batch, inode, &found, end, mtime);
+        if !raises.is_empty() {
+            w.batch.expire_at(w.lease);
+            w.exec_meta()?;
+            let out = std::mem::take(&mut w.out);
+            let raised = self.finish_fcb_raises(w, inode, &raises, &out);
+            w.out = out;
+            raised?;
+        }
+        if raises.extends() {
+            self.meta.note_unsynced(w.view.generation);
         }
         Ok(())
     }
@@ -640,7 +704,7 @@ impl Inner {
         let mut done = 0usize;
         while done < len {
             let n = (len - done).min(ZERO_WINDOW);
-            self.transfer_write(w, off + done as u64, &zeros[..n], run)?;
+            self.transfer_write(w, off + done as u64, &zeros[..n], run, None)?;
             done += n;
         }
         Ok(())
@@ -649,13 +713,14 @@ impl Inner {
     /// Writes `data` at file offset `off`; chunks `run` does not have allocated are skipped
     /// (holes: what `zero_allocated` relies on; a write allocates its chunks first). The
     /// batches of every data server are in flight together, each posted within the lease
-    /// ([`Inner::exec_data_round`]).
+    /// ([`Inner::exec_data_round`]), with `rider` (the write's FCB raises) in the first round.
     fn transfer_write(
         &self,
         w: &mut Worker,
         off: u64,
         data: &[u8],
         run: &ChunkRun,
+        rider: Option<Rider>,
     ) -> Result<(), Error> {
         let plans = plan(
             &self.geometry,
@@ -665,22 +730,28 @@ impl Inner {
             Limits::FABRIC,
         )?;
         let mut checks = vec![0u8; CHECK_BYTES * plans.len()];
-        self.exec_plans(w, &plans, &mut checks, 0, true, |batch, at, op| {
+        self.exec_plans(w, &plans, &mut checks, 0, Some(rider), |batch, at, op| {
             batch.write(at, &data[op.buf_off..op.buf_off + op.len]);
         })
     }
 
     /// Executes `plans` in rounds of one batch per data server ([`Inner::exec_data_round`]),
     /// each batch filled by `fill` with the verbs of its ops (given the op's remote address).
+    /// `write`: `None` for reads, `Some(rider)` for writes, whose rider (if any) goes with the
+    /// first round.
     fn exec_plans(
         &self,
         w: &mut Worker,
         plans: &[ServerPlan],
         data: &mut Vec<u8>,
         checks_at: usize,
-        write: bool,
+        write: Option<Option<Rider>>,
         mut fill: impl FnMut(&mut Batch, RemoteAddr, &Op),
     ) -> Result<(), Error> {
+        let (write, mut rider) = match write {
+            Some(rider) => (true, rider),
+            None => (false, None),
+        };
         let rounds = plans.iter().map(|sp| sp.batches.len()).max().unwrap_or(0);
         for r in 0..rounds {
             let mut round = Vec::with_capacity(plans.len());
@@ -695,7 +766,7 @@ impl Inner {
                 }
                 round.push((sp.server, batch));
             }
-            self.exec_data_round(w, &mut round, data, checks_at, write)?;
+            self.exec_data_round(w, &mut round, data, checks_at, write, rider.take())?;
         }
         Ok(())
     }
@@ -731,6 +802,10 @@ impl Inner {
     /// for chunks the meta server now calls lost; a write that landed there only wrote into
     /// chunks of the same file (lost chunks stay allocated to their file until it frees them)
     /// and is redone, failing with `Lost`.
+    ///
+    /// `rider`, a batch for the meta endpoint (a write's FCB raises), is posted after the data
+    /// batches, within the lease and expiring with it like them, and completed with them, into
+    /// its own completions: its round trip overlaps theirs.
     pub(crate) fn exec_data_round(
         &self,
         w: &mut Worker,
@@ -738,6 +813,7 @@ impl Inner {
         data: &mut Vec<u8>,
         checks_at: usize,
         write: bool,
+        rider: Option<Rider>,
     ) -> Result<(), Error> {
         let mut out = std::mem::take(&mut w.out);
         out.swap_data(data);
@@ -774,6 +850,23 @@ impl Inner {
                 failpoint!("fs_client::io::between_servers");
             }
         }
+        let mut rider = rider.filter(|_| failure.is_none() && posted == batches);
+        if let Some(r) = rider.as_mut() {
+            r.batch.expire_at(w.lease);
+            let post = match self.check_lease_before_post(w) {
+                // A lease that ran out is not a fault of the endpoint: not broken.
+                Err(e) => Err((e, false)),
+                Ok(()) => w
+                    .meta_ep
+                    .post(r.batch, r.out)
+                    .map_err(|e| data_failure(Error::fabric(Peer::Meta)(e))),
+            };
+            if let Err((e, broken)) = post {
+                w.broken |= broken;
+                failure = Some(e);
+                rider = None;
+            }
+        }
         for (server, batch) in round[..posted].iter() {
             let done = w.data_ep(*server).and_then(|ep| {
                 ep.complete(batch, &mut out)
@@ -781,6 +874,13 @@ impl Inner {
             });
             if let Err(e) = done {
                 let (e, broken) = data_failure(e);
+                w.broken |= broken;
+                failure.get_or_insert(e);
+            }
+        }
+        if let Some(r) = rider {
+            if let Err(e) = w.meta_ep.complete(r.batch, r.out) {
+                let (e, broken) = data_failure(Error::fabric(Peer::Meta)(e));
                 w.broken |= broken;
                 failure.get_or_insert(e);
             }
@@ -854,7 +954,7 @@ impl Inner {
                     batch.flush(RemoteAddr::new(region, r.start), r.end - r.start);
                 }
                 let mut check = vec![0u8; CHECK_BYTES];
-                self.exec_data_round(w, &mut [(server, batch)], &mut check, 0, false)?;
+                self.exec_data_round(w, &mut [(server, batch)], &mut check, 0, false, None)?;
             }
         }
         Ok(())
@@ -876,7 +976,7 @@ impl Inner {
             let inode = &self.live_inode(inode, &w.view)?;
             let ino = inode.ino;
             let set = set.clone();
-            self.locked(&mut w, inode, whole_file(self.scheme), None, |_, _| {
+            self.locked(&mut w, inode, whole_file(self.scheme), None, |_, _, _| {
                 self.attr_call("SetAttr", Request::SetAttr { ino, set, caller })
             })
         })

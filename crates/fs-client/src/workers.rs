@@ -70,6 +70,10 @@ pub(crate) struct Worker {
     close_epoch: u64,
     pub(crate) batch: Batch,
     pub(crate) out: Completions,
+    /// A write's FCB raises (`fcb::FcbRaises`), which travel beside its data batches while
+    /// `batch` and `out` serve the first of them; kept so that no write allocates them.
+    pub(crate) raises: Batch,
+    pub(crate) raises_out: Completions,
     /// An endpoint or lock handle of this worker failed: drop it rather than reuse it.
     pub(crate) broken: bool,
     /// The lease deadline of the range lock this worker holds now (`None`: no lock, or one
@@ -192,6 +196,8 @@ impl Inner {
                         close_epoch: self.files.close_epoch(),
                         batch: Batch::new(),
                         out: Completions::new(),
+                        raises: Batch::new(),
+                        raises_out: Completions::new(),
                         broken: false,
                         lease: None,
                     };

@@ -1,9 +1,12 @@
 //! Fabric round trips per small I/O (issue 11): a 4 KiB read or overwrite on one data server
 //! takes three in sequence — the lock's acquisition (carrying the file's FCB words), the data
-//! batch, the lock's release (carrying a write's MTIME raise) — and an extending write one more
-//! (the SIZE raise, before the release). Counted from the endpoints' own statistics
-//! (`CitronFs::io_stats`).
+//! batch, the lock's release (carrying a write's MTIME raise) — and an extending write's SIZE
+//! raise goes beside its data batch (one round trip more, not in sequence). Where the release
+//! is posted (CITRON at the host, on tcp) a write's MTIME raise goes beside its data too, and
+//! the lock costs one round trip. Counted from the endpoints' own statistics
+//! (`CitronFs::io_stats`), which count every endpoint's round trips, overlapping ones too.
 
+use fabric::Backend;
 use fs_client::{CitronFs, IoStats, LockScheme, ROOT_INO};
 use testkit::{pattern, Cluster, ClusterSpec};
 
@@ -32,13 +35,18 @@ fn counted(fs: &CitronFs, others: u64, mut op: impl FnMut()) -> IoStats {
         .expect("tried")
 }
 
-/// `(read, overwrite, extending write)` round trips, total and of the lock, under `scheme`.
-fn small_io_round_trips(scheme: LockScheme) -> [(u64, u64); 3] {
-    // shm, the default fabric; one data server.
+/// `(read, overwrite, extending write)` round trips, total and of the lock, under `scheme` on
+/// `fabric`, with one data server.
+fn small_io_round_trips(scheme: LockScheme, fabric: Backend) -> [(u64, u64); 3] {
     let spec = ClusterSpec {
         lock_server: scheme == LockScheme::SERVER,
+        fabric,
         ..ClusterSpec::default()
     };
+    // Where the release carries no verbs (posted, or an RPC), the MTIME raise goes beside the
+    // data batch: one round trip more outside the lock's.
+    let posted = fabric == Backend::Tcp && scheme == LockScheme::CITRON;
+    let beside = u64::from(scheme == LockScheme::SERVER || posted);
     let cluster = Cluster::start(spec.with_data_servers(1, 64)).unwrap();
     let fs = cluster.connect(scheme).unwrap();
     let (attr, fh) = fs
@@ -62,11 +70,11 @@ fn small_io_round_trips(scheme: LockScheme) -> [(u64, u64); 3] {
     let mtime_before = fs.getattr(attr.ino).unwrap().mtime;
     std::thread::sleep(std::time::Duration::from_millis(2));
     let other = pattern(8, 0, 4096);
-    // Data; the server scheme also raises MTIME in one.
-    let overwrite = counted(&fs, 1 + 2 * lone, || {
+    // Data, and MTIME beside it where the release cannot carry it.
+    let overwrite = counted(&fs, 1 + lone + beside, || {
         assert_eq!(fs.write(fh, 0, &other).unwrap(), 4096)
     });
-    // The MTIME raise carried in the release landed; the data too.
+    // The MTIME raise landed; the data too.
     let after = fs.getattr(attr.ino).unwrap();
     assert!(
         after.mtime > mtime_before,
@@ -76,9 +84,10 @@ fn small_io_round_trips(scheme: LockScheme) -> [(u64, u64); 3] {
     );
     assert_eq!(after.size, 4096);
     assert_eq!(fs.read(fh, 0, 4096).unwrap(), other);
-    // Data and SIZE; each try extends the file by another block.
+    // Data, and SIZE beside it (with MTIME where the release cannot carry it); each try
+    // extends the file by another block.
     let mut end = 4096;
-    let extend = counted(&fs, 2 + 2 * lone, || {
+    let extend = counted(&fs, 2 + lone, || {
         assert_eq!(fs.write(fh, end, &block).unwrap(), 4096);
         end += 4096;
         assert_eq!(fs.getattr(attr.ino).unwrap().size, end);
@@ -92,7 +101,7 @@ fn small_io_takes_three_round_trips_under_fabric_schemes() {
     for scheme in [LockScheme::CITRON, LockScheme::MUTEX, LockScheme::SEG] {
         // Uncontended: the lock takes one round trip each way, the FCB riding in them.
         assert_eq!(
-            small_io_round_trips(scheme),
+            small_io_round_trips(scheme, Backend::Shm),
             [(3, 2), (3, 2), (4, 2)],
             "{scheme}: (total, lock) for a read, an overwrite, an extending write"
         );
@@ -101,10 +110,21 @@ fn small_io_takes_three_round_trips_under_fabric_schemes() {
 
 #[test]
 fn the_server_scheme_posts_the_fcb_words_on_its_own() {
-    // The lock server's RPC cannot carry fabric verbs: the FCB reads and the MTIME raise take a
-    // round trip each on the meta endpoint (after the grant, before the release).
+    // The lock server's RPC cannot carry fabric verbs: the FCB reads take a round trip of
+    // their own after the grant, and a write's MTIME raise goes beside its data batch.
     assert_eq!(
-        small_io_round_trips(LockScheme::SERVER),
-        [(4, 2), (5, 2), (6, 2)]
+        small_io_round_trips(LockScheme::SERVER, Backend::Shm),
+        [(4, 2), (5, 2), (5, 2)]
+    );
+}
+
+#[test]
+fn citron_at_the_host_takes_one_lock_round_trip_per_small_io() {
+    // tcp: CITRON acquires at the meta server in one round trip and posts the release; a
+    // write's MTIME (and SIZE) raise goes beside its data batch, so a read or a write waits for
+    // two round trips in sequence.
+    assert_eq!(
+        small_io_round_trips(LockScheme::CITRON, Backend::Tcp),
+        [(2, 1), (3, 1), (3, 1)]
     );
 }

@@ -133,6 +133,16 @@ pub trait RangeLock: Send {
         released
     }
 
+    /// Whether [`RangeLock::release_with`] carries its `extra` in a round trip the release
+    /// takes anyway (`true`: the schemes whose release is one-sided verbs on the memory `extra`
+    /// addresses), so that verbs a caller can leave to the release cost nothing there. `false`
+    /// (this default): `extra` costs a round trip of its own, because the release is an RPC
+    /// (`server`) or is posted without waiting for an answer (CITRON acquired at the host), and
+    /// a caller does better to send such verbs beside other work it waits for anyway.
+    fn release_carries_verbs(&self) -> bool {
+        false
+    }
+
     /// This client's statistics so far.
     fn stats(&self) -> LockStats;
 

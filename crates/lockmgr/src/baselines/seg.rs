@@ -365,6 +365,11 @@ impl SegLock {
 impl RangeLock for SegLock {
     crate::carry::carrying_lock_methods!();
 
+    /// The release's batch carries `extra` at its head.
+    fn release_carries_verbs(&self) -> bool {
+        true
+    }
+
     fn lease_deadline(&self, id: LockId) -> Option<std::time::Instant> {
         self.core.deadline(id)
     }

@@ -705,6 +705,12 @@ impl CitronClient {
 impl RangeLock for CitronClient {
     crate::carry::carrying_lock_methods!();
 
+    /// One-sided, the release's first batch carries `extra`; at the host the release is posted
+    /// and `extra` would take a round trip of its own (`release_hosted`).
+    fn release_carries_verbs(&self) -> bool {
+        self.hosted.is_none()
+    }
+
     fn stats(&self) -> LockStats {
         self.stats
     }
