@@ -30,6 +30,19 @@ pub fn seal(payload: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Seals, where it lies, the payload already written at `record[HEADER..HEADER + payload_len]`:
+/// writes the header in front of it. With `record` zeroed beyond the payload, the bytes are
+/// those of [`seal`] (padded further with zeros), without a buffer of its own: what a writer of
+/// fixed-size slots uses to encode a value straight into its slot.
+///
+/// # Panics
+/// If the payload does not fit in `record` (a caller's bug).
+pub fn seal_in_place(record: &mut [u8], payload_len: usize) {
+    let crc = crc32fast::hash(&record[HEADER..HEADER + payload_len]);
+    record[0..4].copy_from_slice(&crc.to_le_bytes());
+    record[4..8].copy_from_slice(&(payload_len as u32).to_le_bytes());
+}
+
 /// The payload of a sealed record, or [`Torn`] if its checksum or length does not hold.
 pub fn open(record: &[u8]) -> Result<&[u8], Torn> {
     if record.len() < HEADER {
@@ -63,5 +76,24 @@ mod tests {
         bad_len[4] = 200;
         assert_eq!(open(&bad_len), Err(Torn));
         assert_eq!(open(&[0u8; 3]), Err(Torn));
+    }
+
+    #[test]
+    fn sealing_in_place_gives_the_bytes_of_seal() {
+        for payload in [
+            &b""[..],
+            b"x",
+            b"seven b",
+            b"exactly8",
+            b"a longer payload, 29 bytes..",
+        ] {
+            let mut slot = vec![0u8; 64];
+            slot[HEADER..HEADER + payload.len()].copy_from_slice(payload);
+            seal_in_place(&mut slot, payload.len());
+            let sealed = seal(payload);
+            assert_eq!(&slot[..sealed.len()], &sealed[..]);
+            assert!(slot[sealed.len()..].iter().all(|&b| b == 0));
+            assert_eq!(open(&slot).unwrap(), payload);
+        }
     }
 }

@@ -301,3 +301,44 @@ fn one_batch_leaf_waits_for_an_occupied_ancestor() {
     assert_eq!(stats.fast_path, 0);
     assert_rest(&mut b);
 }
+
+/// A lock made over memory that held something else (the meta server reuses freed lock
+/// memory) starts at rest: `Citron::create` zeroes all of it, however many batches that takes
+/// (a small tree in one, with its record; a large one in several), and writes the record.
+#[test]
+fn a_lock_made_over_dirty_memory_starts_at_rest() {
+    use fabric::EndpointExt;
+    // A first tree of a few hundred bytes; one of some MiB (several zeroing batches).
+    for units in [1 << 10, 1 << 24] {
+        let config = calm(units);
+        let server = MemServer::new();
+        let bytes = Citron::bytes_needed(config.unit_count).unwrap();
+        assert!(
+            units < 1 << 20 || bytes > 2 << 20,
+            "{bytes} bytes: one batch"
+        );
+        server.register(RegionId(1), bytes).unwrap();
+        server.register(RegionId(2), POOL).unwrap();
+        let base = RemoteAddr::new(RegionId(1), 0);
+        let mut ep = server.endpoint();
+        let garbage = vec![0xA5u8; bytes as usize];
+        for at in (0..bytes).step_by(1 << 20) {
+            let n = (bytes - at).min(1 << 20) as usize;
+            ep.write(base.add(at), &garbage[..n]).unwrap();
+        }
+        Citron::create(&mut ep, base, config).unwrap();
+        // Past the record (whose sealed bytes end in zeros), every byte is zero.
+        let tail = ep.read(base.add(2048), (bytes - 2048) as usize).unwrap();
+        assert!(
+            tail.iter().all(|&b| b == 0),
+            "{units} units: memory left dirty"
+        );
+        let alloc = Arc::new(BumpAllocator::new(RemoteAddr::new(RegionId(2), 0), POOL));
+        let citron = Citron::new(Arc::new(server), base, alloc, ClientOptions::default());
+        let mut c = citron.client().unwrap();
+        assert_rest(&mut c);
+        let id = c.acquire(0..units.min(512)).unwrap();
+        c.release(id).unwrap();
+        assert_rest(&mut c);
+    }
+}

@@ -71,14 +71,17 @@ pub fn decode(bytes: &[u8], ino: Ino) -> Option<AttrSlot> {
 /// `value` in postcard, sealed as a `fabric::record` and padded to `slot_bytes`; `None` if it
 /// would not fit. The one encoding of the one-sided tables' slots (this one and
 /// [`crate::dentries`]).
+///
+/// One allocation, the slot: the value is encoded straight into it and sealed where it lies
+/// (a create publishes a slot for the file and one for its directory, a release one more, so a
+/// growing encode buffer and a second copy for the seal showed in the meta server's profile).
 pub(crate) fn seal_slot<T: Serialize>(value: &T, slot_bytes: u64) -> Option<Vec<u8>> {
-    let payload = postcard::to_stdvec(value).ok()?;
-    let mut sealed = fabric::record::seal(&payload);
-    if sealed.len() as u64 > slot_bytes {
-        return None;
-    }
-    sealed.resize(slot_bytes as usize, 0);
-    Some(sealed)
+    let mut slot = vec![0u8; usize::try_from(slot_bytes).ok()?];
+    let payload_len = postcard::to_slice(value, slot.get_mut(fabric::record::HEADER..)?)
+        .ok()?
+        .len();
+    fabric::record::seal_in_place(&mut slot, payload_len);
+    Some(slot)
 }
 
 /// The value a slot sealed by [`seal_slot`] holds, or `None`: torn, never written (an empty

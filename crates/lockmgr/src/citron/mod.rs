@@ -77,6 +77,9 @@ pub struct Citron {
     options: ClientOptions,
 }
 
+/// Zeros that [`Citron::create`] writes a new lock's memory with, 64 KiB per verb.
+static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+
 impl Citron {
     /// Bytes of memory from `base` that a lock covering `unit_count` units needs at first.
     pub fn bytes_needed(unit_count: u64) -> Result<u64, LockError> {
@@ -111,21 +114,31 @@ impl Citron {
             ))
         })?;
         let bytes = Self::bytes_needed(config.unit_count)?;
-        // Zero everything but the record first, then publish the record: a client that opens
-        // the lock too early finds no valid record rather than a half-built tree.
-        endpoint.write(base, &vec![0u8; RECORD_BYTES as usize])?;
-        let mut offset = SPILLOVER_OFFSET;
-        // A buffer only as large as the tree (at most 1 MiB a write): a file's first tree is a
-        // few hundred bytes, and zeroing a 1 MiB buffer cost more than the rest of an open.
-        let chunk = vec![0u8; bytes.saturating_sub(offset).min(1 << 20) as usize];
+        // Zero everything (the record included), then publish the record: a client that opens
+        // the lock too early finds no valid record rather than a half-built tree. Verbs of a
+        // batch execute in posting order, so the record may share the zeros' last batch: a
+        // file's first tree is a few hundred bytes, and its lock is made in one batch (the
+        // meta server makes one per create; three batches and two zeroed buffers were a tenth
+        // of a create's handler time).
+        let mut batch = Batch::new();
+        let mut offset = 0;
         while offset < bytes {
-            let n = (bytes - offset).min(chunk.len() as u64) as usize;
-            endpoint.write(base.add(offset), &chunk[..n])?;
-            offset += n as u64;
+            let n = (bytes - offset).min(ZEROS.len() as u64);
+            batch.write(base.add(offset), &ZEROS[..n as usize]);
+            offset += n;
+            // At most 1 MiB of zeros a batch.
+            if batch.payload().len() >= 1 << 20 && offset < bytes {
+                endpoint.execute(&batch, &mut Completions::new())?;
+                batch.clear();
+            }
         }
         let t_wait = match config.t_wait {
             Some(t) => t,
-            None => measure_t_wait(endpoint, base)?,
+            None => {
+                endpoint.execute(&batch, &mut Completions::new())?;
+                batch.clear();
+                measure_t_wait(endpoint, base)?
+            }
         };
         let record = ConfigRecord {
             epoch: 1,
@@ -145,7 +158,8 @@ impl Citron {
             pending: false,
             next_tag: 1,
         };
-        endpoint.write(base, &record.seal()?)?;
+        batch.write(base, &record.seal()?);
+        endpoint.execute(&batch, &mut Completions::new())?;
         Ok(CitronLayout {
             base,
             unit_count: layout::tree_units(height),
