@@ -1076,6 +1076,24 @@ impl Service {
         st.endpoint.read_u64(Self::meta_addr(off + word)).ok()
     }
 
+    /// SIZE and MTIME of open file `ino`'s FCB, in one read of the words from SIZE to MTIME
+    /// (each word atomic; every release and live attribute reads both); `None` when it is not
+    /// open here or the read failed.
+    fn fcb_size_and_mtime(st: &mut State, ino: Ino) -> Option<(u64, u64)> {
+        const _: () = assert!(fcb::MTIME > fcb::SIZE);
+        let off = st.open.get(&ino)?.fcb;
+        let len = (fcb::MTIME + 8 - fcb::SIZE) as usize;
+        let words = st
+            .endpoint
+            .read(Self::meta_addr(off + fcb::SIZE), len)
+            .ok()?;
+        let word = |at: u64| {
+            let i = (at - fcb::SIZE) as usize;
+            u64::from_le_bytes(words[i..i + 8].try_into().expect("8 bytes"))
+        };
+        Some((word(fcb::SIZE), word(fcb::MTIME)))
+    }
+
     /// The attributes of an open file as its FCB corrects them (`fcb::live`: size, data
     /// times); others' as they are.
     fn live_attr(&self, attr: Attr) -> Attr {
@@ -1084,11 +1102,8 @@ impl Service {
     }
 
     fn live_locked(st: &mut State, attr: Attr) -> Attr {
-        match Self::fcb_word(st, attr.ino, fcb::SIZE) {
-            Some(size) => {
-                let mtime = Self::fcb_word(st, attr.ino, fcb::MTIME).unwrap_or(0);
-                fcb::live(attr, size, mtime)
-            }
+        match Self::fcb_size_and_mtime(st, attr.ino) {
+            Some((size, mtime)) => fcb::live(attr, size, mtime),
             None => attr,
         }
     }
@@ -1267,8 +1282,7 @@ impl Service {
 
     /// Persists what an open file's FCB holds (size, data-change time) into the database.
     fn persist_fcb_size(&self, st: &mut State, ino: Ino) -> Result<(), FsError> {
-        if let Some(size) = Self::fcb_word(st, ino, fcb::SIZE) {
-            let mtime = Self::fcb_word(st, ino, fcb::MTIME).unwrap_or(0);
+        if let Some((size, mtime)) = Self::fcb_size_and_mtime(st, ino) {
             self.store.persist_live(ino, size, mtime)?;
         }
         Ok(())
