@@ -53,7 +53,7 @@ use crate::chunks::ChunkRun;
 use crate::client::{CitronFs, FileHandle, Inner};
 use crate::error::{Error, Peer};
 use crate::fcb::{Fcb, FcbRaises, FcbReads, MtimeRaise};
-use crate::handles::OpenInode;
+use crate::handles::{Handle, OpenInode};
 use crate::locks::{server_range, whole_file};
 use crate::plan::{plan, Limits, Op, ServerPlan};
 use crate::workers::Worker;
@@ -263,24 +263,16 @@ impl CitronFs {
             inner.geometry.lock_range(offset, data.len() as u64)?
         };
         inner.retry(!append, || {
-            let mut w = inner.checkout()?;
-            let inode = inner.live_inode(&handle.inode, &w.view)?;
-            // Like Linux, the time is taken before the data lands.
-            let now = Timestamp::now().as_nanos();
-            inner.locked(
-                &mut w,
-                &inode,
+            inner.locked_change(
+                &handle,
                 units.clone(),
-                Some(now),
-                |w, found, mtime| {
-                    if kill_suidgid {
-                        inner.kill_suidgid(&inode, found.mode, handle.caller)?;
-                    }
+                kill_suidgid,
+                |w, inode, found, mtime| {
                     let offset = if append { found.size } else { offset };
                     let end = inner.geometry.checked_end(offset, data.len() as u64)?;
                     let locs = inner.chunk_locations(
                         &w.view,
-                        &inode,
+                        inode,
                         found.generation,
                         offset,
                         data.len(),
@@ -290,14 +282,14 @@ impl CitronFs {
                     let mut raises_batch = std::mem::take(&mut w.raises);
                     let mut raises_out = std::mem::take(&mut w.raises_out);
                     raises_batch.clear();
-                    let raises = FcbRaises::post(&mut raises_batch, &inode, &found, end, mtime);
+                    let raises = FcbRaises::post(&mut raises_batch, inode, &found, end, mtime);
                     let rider = (!raises.is_empty()).then_some(Rider {
                         batch: &mut raises_batch,
                         out: &mut raises_out,
                     });
                     let written = inner.transfer_write(w, offset, data, &locs, rider);
                     let raised = written
-                        .and_then(|()| inner.finish_fcb_raises(w, &inode, &raises, &raises_out));
+                        .and_then(|()| inner.finish_fcb_raises(w, inode, &raises, &raises_out));
                     w.raises = raises_batch;
                     w.raises_out = raises_out;
                     raised?;
@@ -348,19 +340,12 @@ impl CitronFs {
             let step_end = end.min(at.saturating_add(FALLOCATE_STEP));
             let units = inner.geometry.lock_range(at, step_end - at)?;
             inner.retry(true, || {
-                let mut w = inner.checkout()?;
-                let inode = inner.live_inode(&handle.inode, &w.view)?;
-                let now = Timestamp::now().as_nanos();
-                inner.locked(
-                    &mut w,
-                    &inode,
+                inner.locked_change(
+                    &handle,
                     units.clone(),
-                    Some(now),
-                    |w, found, mtime| {
-                        if kill_suidgid {
-                            inner.kill_suidgid(&inode, found.mode, handle.caller)?;
-                        }
-                        inner.fallocate_step(w, &inode, found, mtime, at..step_end, mode)
+                    kill_suidgid,
+                    |w, inode, found, mtime| {
+                        inner.fallocate_step(w, inode, found, mtime, at..step_end, mode)
                     },
                 )
             })?;
@@ -473,6 +458,30 @@ impl Inner {
                 other => return other,
             }
         }
+    }
+
+    /// One attempt of a change to `handle`'s file under the range lock of `units` (a write, a
+    /// fallocate step): a worker, the current open of the file, the start time — mtime and
+    /// ctime move to it; like Linux, it is taken before the data lands — and the lock
+    /// ([`Inner::locked`]); the set-ID bits are cleared first when `kill_suidgid`
+    /// ([`Inner::kill_suidgid`]). Then `body` runs with the worker, the open inode, the FCB
+    /// words the acquisition found, and the MTIME raise it must post itself, if any.
+    fn locked_change<T>(
+        &self,
+        handle: &Handle,
+        units: Range<u64>,
+        kill_suidgid: bool,
+        body: impl FnOnce(&mut Worker, &Arc<OpenInode>, Fcb, Option<u64>) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        let mut w = self.checkout()?;
+        let inode = self.live_inode(&handle.inode, &w.view)?;
+        let now = Timestamp::now().as_nanos();
+        self.locked(&mut w, &inode, units, Some(now), |w, found, mtime| {
+            if kill_suidgid {
+                self.kill_suidgid(&inode, found.mode, handle.caller)?;
+            }
+            body(w, &inode, found, mtime)
+        })
     }
 
     /// Runs `body` holding units `units` of `inode` locked, with the file's FCB words as the
