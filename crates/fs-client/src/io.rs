@@ -392,6 +392,15 @@ impl CitronFs {
     }
 }
 
+/// What the data batches of [`Inner::exec_plans`] do.
+enum Transfer<'a> {
+    /// Read: checked against the lease after they completed.
+    Read,
+    /// Write: each posted only within the lease, with the write's rider, if any, beside the
+    /// first round.
+    Write(Option<Rider<'a>>),
+}
+
 /// A batch for the meta endpoint that travels with a round of data batches
 /// ([`Inner::exec_data_round`]): a write's FCB raises ([`FcbRaises`]), with the completions its
 /// results go to.
@@ -622,7 +631,7 @@ impl Inner {
                 buf[piece.buf_off..piece.buf_off + piece.len].fill(0);
             }
         }
-        self.exec_plans(w, &plans, buf, n, None, |batch, at, op| {
+        self.exec_plans(w, &plans, buf, n, Transfer::Read, |batch, at, op| {
             batch.read_to(at, op.len, op.buf_off);
         })?;
         self.check_lease_after_read(w)
@@ -662,10 +671,10 @@ impl Inner {
             Fallocate::Allocate => range.end,
             Fallocate::KeepSize | Fallocate::PunchHole => size,
         };
-        self.check_lease_before_post(w)?;
         w.batch.clear();
         let raises = FcbRaises::post(&mut w.batch, inode, &found, end, mtime);
         if !raises.is_empty() {
+            self.check_lease_before_post(w)?;
             w.batch.expire_at(w.lease);
             w.exec_meta()?;
             let out = std::mem::take(&mut w.out);
@@ -739,27 +748,33 @@ impl Inner {
             Limits::FABRIC,
         )?;
         let mut checks = vec![0u8; CHECK_BYTES * plans.len()];
-        self.exec_plans(w, &plans, &mut checks, 0, Some(rider), |batch, at, op| {
-            batch.write(at, &data[op.buf_off..op.buf_off + op.len]);
-        })
+        self.exec_plans(
+            w,
+            &plans,
+            &mut checks,
+            0,
+            Transfer::Write(rider),
+            |batch, at, op| {
+                batch.write(at, &data[op.buf_off..op.buf_off + op.len]);
+            },
+        )
     }
 
     /// Executes `plans` in rounds of one batch per data server ([`Inner::exec_data_round`]),
     /// each batch filled by `fill` with the verbs of its ops (given the op's remote address).
-    /// `write`: `None` for reads, `Some(rider)` for writes, whose rider (if any) goes with the
-    /// first round.
+    /// A write's rider (if any) goes with the first round.
     fn exec_plans(
         &self,
         w: &mut Worker,
         plans: &[ServerPlan],
         data: &mut Vec<u8>,
         checks_at: usize,
-        write: Option<Option<Rider>>,
+        transfer: Transfer,
         mut fill: impl FnMut(&mut Batch, RemoteAddr, &Op),
     ) -> Result<(), Error> {
-        let (write, mut rider) = match write {
-            Some(rider) => (true, rider),
-            None => (false, None),
+        let (write, mut rider) = match transfer {
+            Transfer::Write(rider) => (true, rider),
+            Transfer::Read => (false, None),
         };
         let rounds = plans.iter().map(|sp| sp.batches.len()).max().unwrap_or(0);
         for r in 0..rounds {

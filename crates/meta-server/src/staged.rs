@@ -427,6 +427,28 @@ fn coalesce(batch: &[WriteSet]) -> Vec<JournalWrite<'_>> {
     writes
 }
 
+/// Opens the sled database in `dir`.
+///
+/// sled releases its directory lock from a background thread after the last handle of a
+/// database is dropped, so a store opened again in the same process (a meta server restarted
+/// by the test kit, a test) can find it still held for a moment: the lock is waited for, up
+/// to 5 s, before its error is returned.
+pub(crate) fn open_sled(dir: &std::path::Path) -> sled::Result<sled::Db> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match sled::open(dir) {
+            // sled reports it as an `Other` error with this text (sled 0.34's config.rs).
+            Err(sled::Error::Io(e))
+                if e.to_string().starts_with("could not acquire lock")
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            opened => return opened,
+        }
+    }
+}
+
 /// Sets `key` of `tree` to `value`, or removes it (`None`): one write of a batch.
 fn apply(tree: &Tree, key: &[u8], value: Option<&[u8]>) -> sled::Result<()> {
     match value {
@@ -659,7 +681,8 @@ mod tests {
     use super::*;
 
     fn staged(dir: &std::path::Path) -> Staged {
-        let db = sled::open(dir).unwrap();
+        // The directory may still be locked by a store of this test just dropped.
+        let db = open_sled(dir).unwrap();
         let trees = vec![db.open_tree("a").unwrap(), db.open_tree("b").unwrap()];
         Staged::new(db, trees).unwrap()
     }

@@ -635,27 +635,13 @@ pub struct Store {
 }
 
 impl Store {
-    /// Opens sled in `dir` and every tree of the namespace, touching nothing.
-    ///
-    /// sled releases its directory lock from a background thread after the last handle of a
-    /// database is dropped, so a meta server restarted in the same process (the test kit) can
-    /// find it still held for a moment: the lock is waited for, up to 5 s.
+    /// Opens sled in `dir` (`staged::open_sled`, which waits out the lock of a database just
+    /// closed in this process) and every tree of the namespace, touching nothing.
     fn open_trees(dir: &Path, chunk_size: u64) -> anyhow::Result<Store> {
         let layout = Layout::new(chunk_size).map_err(|e| anyhow::anyhow!("{e}"))?;
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        let db = loop {
-            match sled::open(dir) {
-                Ok(db) => break db,
-                // sled reports it as an `Other` error with this text (sled 0.34's config.rs).
-                Err(sled::Error::Io(e))
-                    if e.to_string().starts_with("could not acquire lock")
-                        && std::time::Instant::now() < deadline =>
-                {
-                    std::thread::sleep(std::time::Duration::from_millis(10));
-                }
-                Err(e) => anyhow::bail!("cannot open the meta database in {}: {e}", dir.display()),
-            }
-        };
+        let db = crate::staged::open_sled(dir).map_err(|e| {
+            anyhow::anyhow!("cannot open the meta database in {}: {e}", dir.display())
+        })?;
         let trees = TREE_NAMES
             .iter()
             .map(|n| db.open_tree(n))
