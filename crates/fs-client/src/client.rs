@@ -231,16 +231,22 @@ impl CitronFs {
 }
 
 impl Drop for CitronFs {
+    /// Gives back what this client still has open in its current session, on its current
+    /// connection only: the session ends with the connection, and the opens with it. No call
+    /// here waits for a meta server that is away: each release reconnecting for
+    /// `RECONNECT_WAIT` made a client of a dead cluster take a minute and more to exit (one
+    /// wait per open file; seen in `tools/tests/workloads.rs`).
     fn drop(&mut self) {
-        // Give back what this client still has open in its current session; the session
-        // ends with the connection.
-        let session = self.inner.meta.session();
+        let meta = &self.inner.meta;
+        meta.close();
+        let session = meta.session();
         for inode in self.inner.files.take_all_open() {
             if inode.session == session {
-                let _ = self
-                    .inner
-                    .meta
-                    .call(proto::rpc::Request::Release { ino: inode.ino });
+                let released = meta.call_connected(proto::rpc::Request::Release { ino: inode.ino });
+                if matches!(released, None | Some(Err(Error::Rpc { .. }))) {
+                    // The connection broke: the session, and every open in it, ended.
+                    break;
+                }
             }
         }
     }

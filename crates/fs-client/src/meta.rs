@@ -62,6 +62,9 @@ pub(crate) struct Meta {
     /// chunk allocation, a file's size) that no fsync has made durable yet; 0: none. See
     /// [`Meta::take_unsynced`].
     unsynced: AtomicU64,
+    /// The client is going away ([`Meta::close`]): a lost connection is tried once more, not
+    /// waited for.
+    closing: AtomicBool,
 }
 
 impl Meta {
@@ -83,6 +86,7 @@ impl Meta {
             latest: Mutex::new(info.clone()),
             layout_epoch: AtomicU64::new(info.layout_epoch),
             up: AtomicBool::new(true),
+            closing: AtomicBool::new(false),
             unsynced: AtomicU64::new(0),
             riders: OnceLock::new(),
         };
@@ -203,7 +207,13 @@ impl Meta {
                     self.up.store(true, Ordering::SeqCst);
                     return Ok(conn);
                 }
-                Err(e) if is_refusal(&e) || Instant::now() + pause > deadline => return Err(e),
+                Err(e)
+                    if is_refusal(&e)
+                        || self.closing.load(Ordering::SeqCst)
+                        || Instant::now() + pause > deadline =>
+                {
+                    return Err(e)
+                }
                 Err(e) => tracing::debug!(error = %e, "meta server away; retrying"),
             }
             drop(conn);
@@ -220,6 +230,13 @@ impl Meta {
         }
     }
 
+    /// The client is going away: from now on a lost connection is tried once more, not waited
+    /// for ([`RECONNECT_WAIT`]), so that a client whose meta server died (the process of an
+    /// embedded cluster, killed) stops within moments, heartbeat included.
+    pub(crate) fn close(&self) {
+        self.closing.store(true, Ordering::SeqCst);
+    }
+
     /// Makes one call: the meta server's answer, or `Error::Fs` with the error it answered.
     /// A broken connection is dropped and the call fails with `Error::Rpc`; the next call
     /// reconnects (as a new session: files opened before must be reopened). The releases
@@ -232,6 +249,23 @@ impl Meta {
             }
             conn.clone().expect("connected above")
         };
+        self.call_on(client, request)
+    }
+
+    /// [`Meta::call`] in the current session only: `None`, and nothing sent, when the
+    /// connection is broken (the session ended with it, and whatever the call would have
+    /// ended there, such as an open, ended with it).
+    pub(crate) fn call_connected(&self, request: Request) -> Option<Result<Response, Error>> {
+        let client = self
+            .conn
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()?;
+        Some(self.call_on(client, request))
+    }
+
+    /// Makes `request` on `client` (see [`Meta::call`]).
+    fn call_on(&self, client: Arc<rpc::SharedClient>, request: Request) -> Result<Response, Error> {
         let riders = self.riders.get();
         // Releases ride only in the session that holds their opens (a reconnection ended the
         // others, and a release in the new session could end a reopen there).
