@@ -24,16 +24,16 @@ pub const fn sealed_len(payload_len: usize) -> usize {
 /// Seals `payload` into a record of [`sealed_len`] bytes.
 pub fn seal(payload: &[u8]) -> Vec<u8> {
     let mut out = vec![0u8; sealed_len(payload.len())];
-    out[0..4].copy_from_slice(&crc32fast::hash(payload).to_le_bytes());
-    out[4..8].copy_from_slice(&(payload.len() as u32).to_le_bytes());
     out[HEADER..HEADER + payload.len()].copy_from_slice(payload);
+    seal_in_place(&mut out, payload.len());
     out
 }
 
 /// Seals, where it lies, the payload already written at `record[HEADER..HEADER + payload_len]`:
-/// writes the header in front of it. With `record` zeroed beyond the payload, the bytes are
-/// those of [`seal`] (padded further with zeros), without a buffer of its own: what a writer of
-/// fixed-size slots uses to encode a value straight into its slot.
+/// writes the header in front of it (the one place the header is written; [`seal`] is this on
+/// a buffer of its own). With `record` zeroed beyond the payload, the bytes are those of
+/// [`seal`] padded further with zeros: what a writer of fixed-size slots uses to encode a value
+/// straight into its slot.
 ///
 /// # Panics
 /// If the payload does not fit in `record` (a caller's bug).

@@ -161,9 +161,9 @@ impl MtimeRaise {
 }
 
 /// The FCB words a write (or an allocating fallocate) raises under its range lock, in one batch
-/// on the meta endpoint: SIZE to the write's end when it extends the file, and MTIME to its
-/// start time when the release cannot carry that raise for free
-/// (`lockmgr::RangeLock::release_carries_verbs`). A write posts the batch beside its data
+/// on the meta endpoint, the worker's own (`Worker::raises`): SIZE to the write's end when it
+/// extends the file, and MTIME to its start time when the release cannot carry that raise for
+/// free (`lockmgr::RangeLock::release_carries_verbs`). A write sends the batch beside its data
 /// batches (`io`'s `exec_data_round`), so the raises cost no round trip in sequence of their
 /// own; [`Inner::finish_fcb_raises`] then redoes a CAS that lost to another client, still
 /// under the lock.
@@ -182,15 +182,18 @@ struct SizeRaise {
 }
 
 impl FcbRaises {
-    /// Posts into `batch` the raise of `inode`'s SIZE from `found.size` to `end` (when `end` is
-    /// beyond it) and of its MTIME from `found.mtime` to `mtime` (when given and later).
+    /// Fills `w`'s raise batch with the raise of `inode`'s SIZE from `found.size` to `end`
+    /// (when `end` is beyond it) and of its MTIME from `found.mtime` to `mtime` (when given and
+    /// later); the caller sends it ([`FcbRaises::is_empty`]: nothing to send).
     pub(crate) fn post(
-        batch: &mut Batch,
+        w: &mut Worker,
         inode: &OpenInode,
         found: &Fcb,
         end: u64,
         mtime: Option<u64>,
     ) -> Self {
+        let batch = &mut w.raises;
+        batch.clear();
         let size = (end > found.size).then(|| SizeRaise {
             cas: batch.cas(inode.fcb.add(fcb::SIZE), found.size, end),
             seen: found.size,
@@ -203,11 +206,6 @@ impl FcbRaises {
     /// Nothing to raise: the batch is empty and need not be sent.
     pub(crate) fn is_empty(&self) -> bool {
         self.size.is_none() && self.mtime.is_none()
-    }
-
-    /// Whether SIZE is raised: the write extends the file.
-    pub(crate) fn extends(&self) -> bool {
-        self.size.is_some()
     }
 }
 
@@ -263,12 +261,30 @@ impl Inner {
         Ok(())
     }
 
-    /// Completes raises whose batch executed with results `out`, still under the range lock: a
-    /// SIZE CAS that found another writer's smaller raise is redone from what it found (one
-    /// round trip each, within the lease), so a reader that locks after the release finds the
-    /// size at or beyond this write's end; an MTIME CAS that lost is redone as
-    /// [`Inner::finish_mtime_raise`] does.
+    /// Completes `raises`, whose batch executed (its results in `w.raises_out`), still under
+    /// the range lock: a SIZE CAS that found another writer's smaller raise is redone from
+    /// what it found (one round trip each, within the lease), so a reader that locks after the
+    /// release finds the size at or beyond this write's end; an MTIME CAS that lost is redone
+    /// as [`Inner::finish_mtime_raise`] does. A raised size lives in the meta server's memory
+    /// until an fsync or close: noted as unsynced.
     pub(crate) fn finish_fcb_raises(
+        &self,
+        w: &mut Worker,
+        inode: &OpenInode,
+        raises: &FcbRaises,
+    ) -> Result<(), Error> {
+        // The retries use the worker's main batch; the raises' results are set aside meanwhile.
+        let out = std::mem::take(&mut w.raises_out);
+        let finished = self.finish_with(w, inode, raises, &out);
+        w.raises_out = out;
+        finished?;
+        if raises.size.is_some() {
+            self.meta.note_unsynced(w.view.generation);
+        }
+        Ok(())
+    }
+
+    fn finish_with(
         &self,
         w: &mut Worker,
         inode: &OpenInode,

@@ -57,7 +57,7 @@ use crate::handles::{Handle, OpenInode};
 use crate::locks::{server_range, whole_file};
 use crate::plan::{plan, Limits, Op, ServerPlan};
 use crate::workers::Worker;
-use fabric::{Batch, Completions, RemoteAddr};
+use fabric::{Batch, RemoteAddr};
 use lockmgr::{LockScheme, LockStats};
 use proto::rpc::Request;
 use proto::{Attr, Caller, FsError, SetAttr, Timestamp, INCARNATION_REGION};
@@ -279,25 +279,9 @@ impl CitronFs {
                         true,
                     )?;
                     // SIZE (and MTIME, where the release cannot carry it) go beside the data.
-                    let mut raises_batch = std::mem::take(&mut w.raises);
-                    let mut raises_out = std::mem::take(&mut w.raises_out);
-                    raises_batch.clear();
-                    let raises = FcbRaises::post(&mut raises_batch, inode, &found, end, mtime);
-                    let rider = (!raises.is_empty()).then_some(Rider {
-                        batch: &mut raises_batch,
-                        out: &mut raises_out,
-                    });
-                    let written = inner.transfer_write(w, offset, data, &locs, rider);
-                    let raised = written
-                        .and_then(|()| inner.finish_fcb_raises(w, inode, &raises, &raises_out));
-                    w.raises = raises_batch;
-                    w.raises_out = raises_out;
-                    raised?;
-                    // The size lives in the meta server's memory until an fsync or close.
-                    if raises.extends() {
-                        inner.meta.note_unsynced(w.view.generation);
-                    }
-                    Ok(())
+                    let raises = FcbRaises::post(w, inode, &found, end, mtime);
+                    inner.transfer_write(w, offset, data, &locs, !raises.is_empty())?;
+                    inner.finish_fcb_raises(w, inode, &raises)
                 },
             )
         })?;
@@ -392,21 +376,17 @@ impl CitronFs {
     }
 }
 
-/// What the data batches of [`Inner::exec_plans`] do.
-enum Transfer<'a> {
-    /// Read: checked against the lease after they completed.
+/// What a round of data batches does ([`Inner::exec_plans`], [`Inner::exec_data_round`]).
+#[derive(Clone, Copy)]
+pub(crate) enum Transfer {
+    /// Read (or flush): checked against the lease after they completed.
     Read,
-    /// Write: each posted only within the lease, with the write's rider, if any, beside the
-    /// first round.
-    Write(Option<Rider<'a>>),
-}
-
-/// A batch for the meta endpoint that travels with a round of data batches
-/// ([`Inner::exec_data_round`]): a write's FCB raises ([`FcbRaises`]), with the completions its
-/// results go to.
-pub(crate) struct Rider<'a> {
-    batch: &'a mut Batch,
-    out: &'a mut Completions,
+    /// Write: each batch posted only within the lease; with `raises`, the worker's FCB raises
+    /// (`Worker::raises`, [`FcbRaises`]) go beside them on the meta endpoint.
+    Write {
+        /// Whether the worker's raise batch is to be sent.
+        raises: bool,
+    },
 }
 
 /// A data batch's failure as the I/O sees it, and whether the endpoint is broken by it. A
@@ -671,21 +651,12 @@ impl Inner {
             Fallocate::Allocate => range.end,
             Fallocate::KeepSize | Fallocate::PunchHole => size,
         };
-        w.batch.clear();
-        let raises = FcbRaises::post(&mut w.batch, inode, &found, end, mtime);
+        let raises = FcbRaises::post(w, inode, &found, end, mtime);
         if !raises.is_empty() {
             self.check_lease_before_post(w)?;
-            w.batch.expire_at(w.lease);
-            w.exec_meta()?;
-            let out = std::mem::take(&mut w.out);
-            let raised = self.finish_fcb_raises(w, inode, &raises, &out);
-            w.out = out;
-            raised?;
+            w.exec_raises()?;
         }
-        if raises.extends() {
-            self.meta.note_unsynced(w.view.generation);
-        }
-        Ok(())
+        self.finish_fcb_raises(w, inode, &raises)
     }
 
     /// Asks the meta server to clear the set-ID bits a write by a caller without `CAP_FSETID`
@@ -722,7 +693,7 @@ impl Inner {
         let mut done = 0usize;
         while done < len {
             let n = (len - done).min(ZERO_WINDOW);
-            self.transfer_write(w, off + done as u64, &zeros[..n], run, None)?;
+            self.transfer_write(w, off + done as u64, &zeros[..n], run, false)?;
             done += n;
         }
         Ok(())
@@ -731,14 +702,15 @@ impl Inner {
     /// Writes `data` at file offset `off`; chunks `run` does not have allocated are skipped
     /// (holes: what `zero_allocated` relies on; a write allocates its chunks first). The
     /// batches of every data server are in flight together, each posted within the lease
-    /// ([`Inner::exec_data_round`]), with `rider` (the write's FCB raises) in the first round.
+    /// ([`Inner::exec_data_round`]); with `raises`, the worker's FCB raises go beside the first
+    /// round.
     fn transfer_write(
         &self,
         w: &mut Worker,
         off: u64,
         data: &[u8],
         run: &ChunkRun,
-        rider: Option<Rider>,
+        raises: bool,
     ) -> Result<(), Error> {
         let plans = plan(
             &self.geometry,
@@ -753,7 +725,7 @@ impl Inner {
             &plans,
             &mut checks,
             0,
-            Transfer::Write(rider),
+            Transfer::Write { raises },
             |batch, at, op| {
                 batch.write(at, &data[op.buf_off..op.buf_off + op.len]);
             },
@@ -762,20 +734,16 @@ impl Inner {
 
     /// Executes `plans` in rounds of one batch per data server ([`Inner::exec_data_round`]),
     /// each batch filled by `fill` with the verbs of its ops (given the op's remote address).
-    /// A write's rider (if any) goes with the first round.
+    /// A write's FCB raises (if any) go with the first round.
     fn exec_plans(
         &self,
         w: &mut Worker,
         plans: &[ServerPlan],
         data: &mut Vec<u8>,
         checks_at: usize,
-        transfer: Transfer,
+        mut transfer: Transfer,
         mut fill: impl FnMut(&mut Batch, RemoteAddr, &Op),
     ) -> Result<(), Error> {
-        let (write, mut rider) = match transfer {
-            Transfer::Write(rider) => (true, rider),
-            Transfer::Read => (false, None),
-        };
         let rounds = plans.iter().map(|sp| sp.batches.len()).max().unwrap_or(0);
         for r in 0..rounds {
             let mut round = Vec::with_capacity(plans.len());
@@ -790,7 +758,16 @@ impl Inner {
                 }
                 round.push((sp.server, batch));
             }
-            self.exec_data_round(w, &mut round, data, checks_at, write, rider.take())?;
+            self.exec_data_round(w, &mut round, data, checks_at, transfer)?;
+            // The raises went with the first round.
+            if let Transfer::Write { raises } = &mut transfer {
+                *raises = false;
+            }
+        }
+        // No round to go beside (nothing allocated to write): the raises go alone.
+        if let Transfer::Write { raises: true } = transfer {
+            self.check_lease_before_post(w)?;
+            w.exec_raises()?;
         }
         Ok(())
     }
@@ -827,18 +804,22 @@ impl Inner {
     /// chunks of the same file (lost chunks stay allocated to their file until it frees them)
     /// and is redone, failing with `Lost`.
     ///
-    /// `rider`, a batch for the meta endpoint (a write's FCB raises), is posted after the data
-    /// batches, within the lease and expiring with it like them, and completed with them, into
-    /// its own completions: its round trip overlaps theirs.
+    /// A write's FCB raises (`Transfer::Write { raises: true }`: the worker's raise batch) are
+    /// posted on the meta endpoint after the data batches, within the lease and expiring with
+    /// it like them, and completed with them into their own completions: their round trip
+    /// overlaps the data's.
     pub(crate) fn exec_data_round(
         &self,
         w: &mut Worker,
         round: &mut [(u32, Batch)],
         data: &mut Vec<u8>,
         checks_at: usize,
-        write: bool,
-        rider: Option<Rider>,
+        transfer: Transfer,
     ) -> Result<(), Error> {
+        let (write, raises) = match transfer {
+            Transfer::Read => (false, false),
+            Transfer::Write { raises } => (true, raises),
+        };
         let mut out = std::mem::take(&mut w.out);
         out.swap_data(data);
         let incarnation = RemoteAddr::new(INCARNATION_REGION, 0);
@@ -874,21 +855,23 @@ impl Inner {
                 failpoint!("fs_client::io::between_servers");
             }
         }
-        let mut rider = rider.filter(|_| failure.is_none() && posted == batches);
-        if let Some(r) = rider.as_mut() {
-            r.batch.expire_at(w.lease);
+        let mut raises_posted = false;
+        if raises && failure.is_none() {
+            w.raises.expire_at(w.lease);
             let post = match self.check_lease_before_post(w) {
                 // A lease that ran out is not a fault of the endpoint: not broken.
                 Err(e) => Err((e, false)),
                 Ok(()) => w
                     .meta_ep
-                    .post(r.batch, r.out)
+                    .post(&w.raises, &mut w.raises_out)
                     .map_err(|e| data_failure(Error::fabric(Peer::Meta)(e))),
             };
-            if let Err((e, broken)) = post {
-                w.broken |= broken;
-                failure = Some(e);
-                rider = None;
+            match post {
+                Ok(()) => raises_posted = true,
+                Err((e, broken)) => {
+                    w.broken |= broken;
+                    failure = Some(e);
+                }
             }
         }
         for (server, batch) in round[..posted].iter() {
@@ -902,8 +885,8 @@ impl Inner {
                 failure.get_or_insert(e);
             }
         }
-        if let Some(r) = rider {
-            if let Err(e) = w.meta_ep.complete(r.batch, r.out) {
+        if raises_posted {
+            if let Err(e) = w.meta_ep.complete(&w.raises, &mut w.raises_out) {
                 let (e, broken) = data_failure(Error::fabric(Peer::Meta)(e));
                 w.broken |= broken;
                 failure.get_or_insert(e);
@@ -978,7 +961,7 @@ impl Inner {
                     batch.flush(RemoteAddr::new(region, r.start), r.end - r.start);
                 }
                 let mut check = vec![0u8; CHECK_BYTES];
-                self.exec_data_round(w, &mut [(server, batch)], &mut check, 0, false, None)?;
+                self.exec_data_round(w, &mut [(server, batch)], &mut check, 0, Transfer::Read)?;
             }
         }
         Ok(())

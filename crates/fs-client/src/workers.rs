@@ -73,6 +73,7 @@ pub(crate) struct Worker {
     /// A write's FCB raises (`fcb::FcbRaises`), which travel beside its data batches while
     /// `batch` and `out` serve the first of them; kept so that no write allocates them.
     pub(crate) raises: Batch,
+    /// The raises' results.
     pub(crate) raises_out: Completions,
     /// An endpoint or lock handle of this worker failed: drop it rather than reuse it.
     pub(crate) broken: bool,
@@ -86,6 +87,17 @@ impl Worker {
     /// failure marks the worker broken (the endpoint's state is unknown).
     pub(crate) fn exec_meta(&mut self) -> Result<(), Error> {
         if let Err(e) = self.meta_ep.execute(&self.batch, &mut self.out) {
+            self.broken = true;
+            return Err(Error::fabric(Peer::Meta)(e));
+        }
+        Ok(())
+    }
+
+    /// Executes the raise batch (`raises`) on the meta endpoint, within the lease (it expires
+    /// with it), one round trip, results in `raises_out`; a failure marks the worker broken.
+    pub(crate) fn exec_raises(&mut self) -> Result<(), Error> {
+        self.raises.expire_at(self.lease);
+        if let Err(e) = self.meta_ep.execute(&self.raises, &mut self.raises_out) {
             self.broken = true;
             return Err(Error::fabric(Peer::Meta)(e));
         }

@@ -680,3 +680,49 @@ fn a_client_of_a_stopped_meta_server_drops_at_once() {
     // One refused connection attempt at most, not 10 s per open file.
     assert!(took < Duration::from_secs(5), "dropping took {took:?}");
 }
+
+/// Writers of disjoint ranges extend one file at once: a write's SIZE CAS may find another
+/// writer's smaller raise, and must then raise again before it releases its lock, so that the
+/// size is at or past the end of every write that returned (what a reader that locks after it
+/// relies on). Each thread checks that after each of its writes.
+#[test]
+fn concurrent_extending_writes_never_leave_the_size_behind() {
+    const THREADS: u64 = 4;
+    const BLOCKS: u64 = 64;
+    const BLOCK: u64 = 4096;
+    let cluster = start(1, 64);
+    let fs = Arc::new(cluster.connect(LockScheme::CITRON).unwrap());
+    for round in 0..8 {
+        let (ino, fh) = new_file(&fs, &format!("extended-{round}"));
+        let threads: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let fs = fs.clone();
+                std::thread::spawn(move || {
+                    // Thread t writes blocks t, t + THREADS, ...: the threads leapfrog the size.
+                    for b in (t..BLOCKS).step_by(THREADS as usize) {
+                        let block = pattern(b, 0, BLOCK as usize);
+                        fs.write(fh, b * BLOCK, &block).unwrap();
+                        let size = fs.getattr(ino).unwrap().size;
+                        assert!(
+                            size >= (b + 1) * BLOCK,
+                            "round {round} block {b}: size {size}"
+                        );
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(fs.getattr(ino).unwrap().size, BLOCKS * BLOCK);
+        for b in 0..BLOCKS {
+            let block = fs.read(fh, b * BLOCK, BLOCK as usize).unwrap();
+            assert_eq!(
+                block,
+                pattern(b, 0, BLOCK as usize),
+                "round {round} block {b}"
+            );
+        }
+        fs.release(fh).unwrap();
+    }
+}
