@@ -30,6 +30,26 @@
 //!   256 by default) when it is lower and the process may write it. The bound obtained is
 //!   `min(max_write, (pages - 1) · page + 1)`; a larger call is cut into requests at that many
 //!   bytes (or fewer, at page boundaries of the buffer), each atomic by itself.
+//! - **Memory mappings.** `MAP_PRIVATE` mappings work on every kernel; `MAP_SHARED` ones where
+//!   the kernel offers `FUSE_DIRECT_IO_ALLOW_MMAP` (Linux 6.6 and later, negotiated in
+//!   `init`; [`MountHandle::shared_mmap`]), so that programs that map their files — sqlite's
+//!   WAL mode, numpy's `memmap`, LMDB, indexes read with `mmap` — run here (without the flag
+//!   the kernel refuses with ENODEV). A shared mapping goes through the page cache, not the
+//!   range lock, so it is coherent the way NFS is, not the way `read`/`write` are:
+//!   - on one client, the kernel keeps it coherent with `read` and `write`: a direct read or
+//!     write of a range first writes the range's dirty mapped pages back, and a direct write
+//!     drops the cached pages it covers;
+//!   - a mapping's stores reach the file when the kernel writes the dirty pages back (`msync`,
+//!     `munmap`, `fsync`, or writeback on its own), each page as one FUSE write under its
+//!     range lock; only then do other clients see them;
+//!   - `mmap` drops the client's cached pages of the file, so a new mapping sees every write
+//!     completed on any client before it; an existing mapping does *not* see later writes of
+//!     other clients, and pages it dirties are written back whole, over whatever other clients
+//!     wrote to the rest of those pages meanwhile. Processes that share a file through
+//!     mappings across clients must coordinate (msync and remap) as they would on NFS.
+//!
+//!   While a file is mapped shared, the kernel also serializes direct writes to it on the
+//!   inode lock (parallel direct writes resume when the last such open is released).
 //! - Attribute and entry replies carry a short TTL ([`FuseOptions::attr_ttl`]) so sizes and
 //!   names changed by other clients show up quickly.
 //! - **Shared by default**: mounted with `allow_other` and `default_permissions`, so every
@@ -192,6 +212,7 @@ struct Negotiated {
     max_write: u32,
     max_pages_asked: u16,
     max_pages_supported: bool,
+    shared_mmap: bool,
 }
 
 /// Raises `/proc/sys/fs/fuse/max_pages_limit` to `pages` when it is lower and the process may
@@ -256,6 +277,7 @@ pub struct MountHandle {
     session: Option<fuser::BackgroundSession>,
     mountpoint: PathBuf,
     limits: IoLimits,
+    shared_mmap: bool,
 }
 
 impl MountHandle {
@@ -275,6 +297,13 @@ impl MountHandle {
     /// What the mount negotiated with the kernel about request sizes.
     pub fn io_limits(&self) -> IoLimits {
         self.limits
+    }
+
+    /// Whether files of this mount can be mapped `MAP_SHARED` (the kernel offered
+    /// `FUSE_DIRECT_IO_ALLOW_MMAP`, Linux 6.6 and later; see the module docs). Without it such
+    /// an `mmap(2)` fails with ENODEV; `MAP_PRIVATE` mappings work on every kernel.
+    pub fn shared_mmap(&self) -> bool {
+        self.shared_mmap
     }
 
     /// Whether the session has ended (for example unmounted with `fusermount3 -u`).
@@ -352,10 +381,19 @@ pub fn mount<B: FsBackend>(
         .unwrap_or_default();
     let limits = io_limits(negotiated, limit, page);
     log_limits(&limits, &mountpoint);
+    if !negotiated.shared_mmap {
+        tracing::warn!(
+            mountpoint = %mountpoint.display(),
+            "this kernel does not offer FUSE_DIRECT_IO_ALLOW_MMAP (Linux 6.6 and later): \
+             mmap(MAP_SHARED) of a file here fails with ENODEV (sqlite's WAL mode, for one, \
+             cannot work); MAP_PRIVATE mappings work"
+        );
+    }
     Ok(MountHandle {
         session: Some(session),
         mountpoint,
         limits,
+        shared_mmap: negotiated.shared_mmap,
     })
 }
 
@@ -706,10 +744,16 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
         let _ = config.add_capabilities(
             fuser::InitFlags::FUSE_DO_READDIRPLUS | fuser::InitFlags::FUSE_READDIRPLUS_AUTO,
         );
+        // Shared mappings of direct-I/O files (see the module docs); refused by kernels
+        // before 6.6, where such an mmap fails with ENODEV.
+        let shared_mmap = config
+            .add_capabilities(fuser::InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
+            .is_ok();
         *self.negotiated.lock().unwrap_or_else(|e| e.into_inner()) = Some(Negotiated {
             max_write,
             max_pages_asked: self.pages_asked,
             max_pages_supported,
+            shared_mmap,
         });
         Ok(())
     }
@@ -1258,6 +1302,7 @@ mod tests {
             max_write: 16 << 20,
             max_pages_asked: 4097,
             max_pages_supported: true,
+            shared_mmap: true,
         };
         let l = io_limits(asked, Some(4097), 4096);
         assert_eq!((l.max_pages, l.atomic_bound), (4097, 16 << 20));
