@@ -131,6 +131,11 @@ struct OpenState {
     extra: Vec<LockAlloc>,
     /// Sessions that have it open.
     sessions: HashSet<u64>,
+    /// The name of the lock scheme it is open under. Invariant: every open of the file, by
+    /// every session, is under this scheme (`Service::open` refuses another while it is
+    /// open), so that every read and write of the file takes the same lock: locks of two
+    /// schemes would not exclude each other. (`locks` so holds this scheme's lock only.)
+    scheme: &'static str,
 }
 
 struct LiveServer {
@@ -1124,6 +1129,21 @@ impl Service {
             return Err(FsError::NotSupported);
         }
         let st = &mut *st;
+        if let Some(open) = st.open.get(&ino) {
+            if open.scheme != scheme.name() {
+                tracing::warn!(
+                    session,
+                    ino,
+                    open_with = open.scheme,
+                    asked = scheme.name(),
+                    "open refused: the file is open under another lock scheme"
+                );
+                return Err(FsError::SchemeInUse {
+                    open_with: open.scheme.to_string(),
+                    asked: scheme.name().to_string(),
+                });
+            }
+        }
         // Checked before anything is allocated for the file; a file the session has open
         // already does not count again.
         if let Some(s) = st.sessions.get(&session) {
@@ -1157,6 +1177,7 @@ impl Service {
                     locks: HashMap::new(),
                     extra: Vec::new(),
                     sessions: HashSet::new(),
+                    scheme: scheme.name(),
                 },
             );
             // Readers of the table now take the size from the FCB.

@@ -115,11 +115,18 @@ fn open_fcb_truncate_and_region_reuse() {
     assert_eq!(meta.read_u64(o.fcb.add(fcb::SIZE)).unwrap(), 0);
     assert_eq!(meta.read_u64(o.fcb.add(fcb::GENERATION)).unwrap(), 0);
     assert_ne!(o.lock.base, o.fcb);
-    // The other schemes get their own lock state; reopening reuses the FCB.
-    let m = open(&mut fs, f.ino, LockScheme::MUTEX).unwrap();
-    let s = open(&mut fs, f.ino, LockScheme::SEG).unwrap();
-    let v = open(&mut fs, f.ino, LockScheme::SERVER).unwrap();
-    assert_eq!((m.fcb, s.fcb, v.fcb), (o.fcb, o.fcb, o.fcb));
+    // Reopening reuses the FCB; another scheme is refused while the file is open (its lock
+    // would not exclude this one's).
+    assert_eq!(open(&mut fs, f.ino, LockScheme::CITRON).unwrap().fcb, o.fcb);
+    for other in [LockScheme::MUTEX, LockScheme::SEG, LockScheme::SERVER] {
+        assert!(
+            matches!(
+                open(&mut fs, f.ino, other),
+                Err(FsError::SchemeInUse { .. })
+            ),
+            "{other} opened a file open under citron"
+        );
+    }
     assert!(fs.info.lock_server.is_some());
 
     // A client raises SIZE one-sidedly; getattr sees it, release persists it.
@@ -204,6 +211,13 @@ fn open_fcb_truncate_and_region_reuse() {
         0,
         "a freed FCB is marked free"
     );
+    // Every other scheme's lock state comes back at release too.
+    for scheme in [LockScheme::MUTEX, LockScheme::SEG, LockScheme::SERVER] {
+        let h = fs.create(ROOT_INO, &format!("{scheme}")).unwrap();
+        open(&mut fs, h.ino, scheme).unwrap();
+        fs.ok(Request::Release { ino: h.ino }).unwrap();
+        assert_eq!(cl.meta().meta_free_bytes(), free_before, "{scheme}");
+    }
 
     // Size persisted at release for a file that stays.
     let g = fs.create(ROOT_INO, "g").unwrap();
@@ -283,7 +297,8 @@ fn open_reply_carries_the_lock_as_created() {
     let again = open(&mut fs, f.ino, "citron:4096:0:60000".parse().unwrap()).unwrap();
     assert_eq!(again.lock, o.lock);
     // What a description leaves open is the server's; what it gives, the opener's.
-    let s = open(&mut fs, f.ino, "seg:4".parse().unwrap()).unwrap();
+    let e = fs.create(ROOT_INO, "e").unwrap();
+    let s = open(&mut fs, e.ino, "seg:4".parse().unwrap()).unwrap();
     assert_eq!(s.lock.scheme.to_string(), "seg:4:1024");
     let g = fs.create(ROOT_INO, "g").unwrap();
     let h = open(

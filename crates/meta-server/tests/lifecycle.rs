@@ -154,9 +154,10 @@ fn sessions_expire_and_release_their_files() {
             scheme: LockScheme::CITRON,
         })
         .unwrap();
+    // The same scheme: a file open under one refuses opens under another (SchemeInUse).
     busy.call(Request::Open {
         ino: f.ino,
-        scheme: LockScheme::MUTEX,
+        scheme: LockScheme::CITRON,
     })
     .unwrap();
     quiet.unlink(ROOT_INO, "f").unwrap();

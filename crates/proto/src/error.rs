@@ -81,6 +81,19 @@ pub enum FsError {
         /// The meta server's limit.
         limit: u64,
     },
+    /// The file is open on another client under another range-lock scheme (EBUSY). Locks of
+    /// two schemes do not exclude each other, so a file's readers and writers must all use
+    /// one scheme while it is open.
+    #[error(
+        "the file is open on another client with lock scheme {open_with}, and this client's \
+         is {asked}: all clients of a file must use one scheme (citronfs mount --scheme)"
+    )]
+    SchemeInUse {
+        /// The scheme the file is open with.
+        open_with: String,
+        /// The scheme this open asked for.
+        asked: String,
+    },
 }
 
 impl FsError {
@@ -104,7 +117,7 @@ impl FsError {
             FsError::Io(_) | FsError::Refused(_) | FsError::Lost(_) | FsError::Unavailable(_) => {
                 libc::EIO
             }
-            FsError::Busy => libc::EBUSY,
+            FsError::Busy | FsError::SchemeInUse { .. } => libc::EBUSY,
             FsError::TooManyOpen { .. } => libc::EMFILE,
             FsError::TooManySessions { .. } => libc::EUSERS,
         }
@@ -128,7 +141,8 @@ impl From<FsError> for std::io::Error {
             | FsError::Lost(_)
             | FsError::Unavailable(_)
             | FsError::TooManyOpen { .. }
-            | FsError::TooManySessions { .. } => std::io::Error::new(kind_from_errno(e.errno()), e),
+            | FsError::TooManySessions { .. }
+            | FsError::SchemeInUse { .. } => std::io::Error::new(kind_from_errno(e.errno()), e),
             FsError::NotFound
             | FsError::Exists
             | FsError::NotEmpty

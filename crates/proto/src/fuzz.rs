@@ -389,6 +389,10 @@ pub fn sample_responses() -> Vec<Result<Response, FsError>> {
             FsError::Busy,
             FsError::TooManyOpen { limit: 8 },
             FsError::TooManySessions { limit: 8 },
+            FsError::SchemeInUse {
+                open_with: "mutex".into(),
+                asked: "citron".into(),
+            },
             FsError::Lost("chunk".into()),
             FsError::Unavailable("no data server".into()),
         ]

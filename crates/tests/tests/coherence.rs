@@ -436,3 +436,62 @@ fn create_race_opens_the_existing_file() {
         2 * NAMES
     );
 }
+
+/// Locks of two schemes do not exclude each other, so while a file is open through a client of
+/// one scheme, a client of another cannot open it (EBUSY, the reason in its log); once the
+/// first has closed it, the other may. Before this was checked, both opens succeeded and their
+/// writes were not atomic against each other.
+#[test]
+fn a_file_open_under_one_scheme_refuses_clients_of_another() {
+    skip_without_fuse!();
+    let cluster = Cluster::start(ClusterSpec::default()).unwrap();
+    let citron = cluster.spawn_mount_process("child_mount", LockScheme::CITRON);
+    let mutex = cluster.spawn_mount_process("child_mount", LockScheme::MUTEX);
+    let also_citron = cluster.spawn_mount_process("child_mount", LockScheme::CITRON);
+    std::fs::write(citron.path().join("f"), b"shared").unwrap();
+
+    let held = open_rw(&citron.path().join("f"));
+    let refused = OpenOptions::new()
+        .read(true)
+        .open(mutex.path().join("f"))
+        .expect_err("a mutex client opened a file open under citron");
+    assert_eq!(refused.raw_os_error(), Some(libc::EBUSY), "{refused}");
+    // A client of the same scheme shares the file as before.
+    let mut buf = [0u8; 6];
+    open_rw(&also_citron.path().join("f"))
+        .read_exact_at(&mut buf, 0)
+        .unwrap();
+    assert_eq!(&buf, b"shared");
+    // Metadata needs no lock: stat works for every client.
+    assert_eq!(std::fs::metadata(mutex.path().join("f")).unwrap().len(), 6);
+
+    // Closed everywhere: the other scheme may open it, and then holds it against citron.
+    drop(held);
+    let mut opened = None;
+    for _ in 0..100 {
+        // The release of the citron clients' opens reaches the meta server after close(2)
+        // returns (the kernel sends RELEASE asynchronously).
+        match open_rw_result(&mutex.path().join("f")) {
+            Ok(f) => {
+                opened = Some(f);
+                break;
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            Err(e) => panic!("open after the other scheme closed: {e}"),
+        }
+    }
+    let held = opened.expect("the mutex client could not open the file after citron closed it");
+    held.write_all_at(b"MUTEX!", 0).unwrap();
+    let refused = OpenOptions::new()
+        .read(true)
+        .open(citron.path().join("f"))
+        .expect_err("a citron client opened a file open under mutex");
+    assert_eq!(refused.raw_os_error(), Some(libc::EBUSY), "{refused}");
+    drop(held);
+}
+
+fn open_rw_result(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new().read(true).write(true).open(path)
+}
