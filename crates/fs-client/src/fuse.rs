@@ -317,9 +317,19 @@ impl MountHandle {
     }
 
     fn unmount_inner(&mut self) -> std::io::Result<()> {
-        match self.session.take() {
-            Some(session) => session.umount_and_join(),
-            None => Ok(()),
+        let Some(session) = self.session.take() else {
+            return Ok(());
+        };
+        let ended = session.guard.is_finished();
+        match session.umount_and_join() {
+            // Unmounted from outside (`fusermount3 -u`, `umount`): the session ended with the
+            // kernel's connection, and unmounting again can only fail (EINVAL, or fusermount3
+            // finding no such mount). Nothing is left to do.
+            Err(error) if ended && !is_mounted(&self.mountpoint) => {
+                tracing::debug!(%error, mountpoint = %self.mountpoint.display(), "already unmounted");
+                Ok(())
+            }
+            result => result,
         }
     }
 }
@@ -330,6 +340,45 @@ impl Drop for MountHandle {
             tracing::warn!(%error, mountpoint = %self.mountpoint.display(), "unmount failed");
         }
     }
+}
+
+/// Whether `path` is a mount point now (`/proc/self/mountinfo`'s fifth field, octal escapes
+/// undone); `true` when that cannot be read, so that callers err on the side of unmounting.
+fn is_mounted(path: &Path) -> bool {
+    let Ok(path) = std::fs::canonicalize(path) else {
+        return true;
+    };
+    let Ok(table) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return true;
+    };
+    let unescape = |field: &str| -> Vec<u8> {
+        let b = field.as_bytes();
+        let mut out = Vec::with_capacity(b.len());
+        let mut i = 0;
+        while i < b.len() {
+            let octal = b.get(i + 1..i + 4).and_then(|d| {
+                std::str::from_utf8(d)
+                    .ok()
+                    .and_then(|d| u8::from_str_radix(d, 8).ok())
+            });
+            match (b[i], octal) {
+                (b'\\', Some(byte)) => {
+                    out.push(byte);
+                    i += 4;
+                }
+                (c, _) => {
+                    out.push(c);
+                    i += 1;
+                }
+            }
+        }
+        out
+    };
+    table.lines().any(|line| {
+        line.split(' ')
+            .nth(4)
+            .is_some_and(|point| unescape(point) == path.as_os_str().as_bytes())
+    })
 }
 
 /// Mounts `fs` — [`crate::CitronFs`], or [`crate::null::NullFs`] to measure the FUSE path
@@ -1294,6 +1343,16 @@ mod tests {
             assert_eq!(atomic_bound_for(u64::MAX, pages, page).min(bytes), bytes);
             assert!(atomic_bound_for(u64::MAX, pages - 1, page) < bytes);
         }
+    }
+
+    #[test]
+    fn mount_points_are_found_in_mountinfo() {
+        assert!(is_mounted(Path::new("/")));
+        assert!(is_mounted(Path::new("/proc")));
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!is_mounted(dir.path()));
+        // A path that cannot be resolved is taken as mounted (the caller then unmounts).
+        assert!(is_mounted(&dir.path().join("missing")));
     }
 
     #[test]

@@ -160,6 +160,14 @@ pub fn up(args: UpArgs) -> Result<()> {
         }
     );
     println!("  atomic I/O    {}", atomic_bound_line(mount.io_limits()));
+    // Another client of this cluster, for this machine's other users or a second mount: it
+    // needs the token, printed here only (the cluster's secret, made fresh for this run).
+    println!(
+        "  more clients  CITRONFS_TOKEN={} citronfs mount --meta {} --cluster {} --scheme {scheme} DIR",
+        cluster.token(),
+        cluster.meta_addr(),
+        args.cluster
+    );
     println!(
         "Stop with Ctrl-C (or `kill {}`): it unmounts and stops every server.",
         std::process::id()

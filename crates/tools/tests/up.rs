@@ -1,0 +1,159 @@
+//! `citronfs up` end to end, as README.md tells a newcomer to run it: it mounts, prints how to
+//! add a client, a `citronfs mount` made with that line sees the first mount's files, and
+//! both end cleanly — the mount on SIGTERM, `up` when its mount point is unmounted from outside
+//! (`fusermount3 -u`), which it used to report as "error: unmount: Invalid argument" with a
+//! failing exit status.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The child processes and mount points of one test, stopped and detached on drop (also when
+/// the test fails half-way).
+struct Running {
+    children: Vec<Child>,
+    mounts: Vec<std::path::PathBuf>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        for dir in &self.mounts {
+            let _ = Command::new("umount").arg("-l").arg(dir).status();
+        }
+    }
+}
+
+/// Reads `stdout` up to a line starting with `last` (at most `within`), returning every line.
+fn lines_until(stdout: &mut BufReader<ChildStdout>, last: &str, within: Duration) -> Vec<String> {
+    let deadline = Instant::now() + within;
+    let mut lines = Vec::new();
+    while Instant::now() < deadline {
+        let mut line = String::new();
+        if stdout.read_line(&mut line).unwrap() == 0 {
+            panic!("the output ended before a line {last:?}: {lines:#?}");
+        }
+        let done = line.starts_with(last);
+        lines.push(line.trim_end().to_string());
+        if done {
+            return lines;
+        }
+    }
+    panic!("no line {last:?} within {within:?}: {lines:#?}");
+}
+
+fn is_mount_point(dir: &Path) -> bool {
+    let dir = std::fs::canonicalize(dir).unwrap();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .any(|l| l.split(' ').nth(4) == dir.to_str())
+}
+
+fn wait_for(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits for `child` to exit (at most `within`) and returns its status and standard error.
+fn exit_of(child: &mut Child, within: Duration) -> (std::process::ExitStatus, String) {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                use std::io::Read;
+                let _ = e.read_to_string(&mut err);
+            }
+            return (status, err);
+        }
+        assert!(Instant::now() < deadline, "still running after {within:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn up_prints_a_working_client_line_and_ends_cleanly_when_unmounted_from_outside() {
+    if let Some(why) = testkit::fuse_unavailable() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let first = tempfile::tempdir().unwrap();
+    let second = tempfile::tempdir().unwrap();
+    let mut running = Running {
+        children: Vec::new(),
+        mounts: vec![first.path().to_path_buf(), second.path().to_path_buf()],
+    };
+    let cluster = format!("up-test-{}", std::process::id());
+    let mut up = Command::new(env!("CARGO_BIN_EXE_citronfs"))
+        .args(["up", "--memory", "64M", "--cluster", &cluster])
+        .arg(first.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(up.stdout.take().unwrap());
+    running.children.push(up);
+    let lines = lines_until(&mut stdout, "Stop with", Duration::from_secs(60));
+    assert!(is_mount_point(first.path()), "{lines:#?}");
+
+    // The printed line, with DIR replaced, mounts a second client.
+    let line = lines
+        .iter()
+        .find_map(|l| l.trim_start().strip_prefix("more clients"))
+        .unwrap_or_else(|| panic!("no 'more clients' line: {lines:#?}"))
+        .trim();
+    let mut words = line.split_whitespace();
+    let token = words
+        .next()
+        .and_then(|w| w.strip_prefix("CITRONFS_TOKEN="))
+        .unwrap_or_else(|| panic!("no token in {line:?}"));
+    assert_eq!(words.next(), Some("citronfs"), "{line}");
+    let args: Vec<&str> = words.collect();
+    assert_eq!(args.first(), Some(&"mount"), "{line}");
+    assert_eq!(args.last(), Some(&"DIR"), "{line}");
+    let mount = Command::new(env!("CARGO_BIN_EXE_citronfs"))
+        .args(&args[..args.len() - 1])
+        .arg(second.path())
+        .env("CITRONFS_TOKEN", token)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    running.children.push(mount);
+    wait_for("the second client's mount", Duration::from_secs(60), || {
+        is_mount_point(second.path())
+    });
+
+    std::fs::write(first.path().join("hello"), b"from the first client").unwrap();
+    assert_eq!(
+        std::fs::read(second.path().join("hello")).unwrap(),
+        b"from the first client"
+    );
+
+    // The second client ends on SIGTERM, unmounted, with success.
+    let pid = running.children[1].id() as libc::pid_t;
+    // SAFETY: signalling a child this test spawned and has not reaped.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let (status, err) = exit_of(&mut running.children[1], Duration::from_secs(30));
+    assert!(status.success(), "citronfs mount: {status}; {err}");
+    assert!(!is_mount_point(second.path()));
+
+    // Unmounted from outside, `up` stops its servers and exits with success, saying no error.
+    let out = Command::new("fusermount3")
+        .arg("-u")
+        .arg(first.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "fusermount3 -u: {out:?}");
+    let (status, err) = exit_of(&mut running.children[0], Duration::from_secs(30));
+    assert!(status.success(), "citronfs up: {status}; {err}");
+    assert!(!err.contains("error"), "citronfs up said: {err}");
+}
