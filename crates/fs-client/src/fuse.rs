@@ -79,10 +79,11 @@ use crate::client::FileHandle as Fh;
 use crate::error::{Chain, Error};
 use crate::io::Fallocate;
 use fuser::{
-    Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
-    KernelConfig, MountOption, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
+    Config, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
+    Generation, INodeNo, IoctlFlags, KernelConfig, MountOption, OpenFlags, PollEvents, PollFlags,
+    PollNotifier, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyPoll,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
 };
 use proto::rpc::XattrMode;
 use proto::{Attr, Caller, FileKind, FsError, SetAttr, SetTime, Timestamp};
@@ -621,7 +622,9 @@ fn loudness(errno: i32) -> Loudness {
         | libc::EINVAL
         | libc::ENODATA
         | libc::ERANGE
-        | libc::EOPNOTSUPP => Loudness::Quiet,
+        | libc::EOPNOTSUPP
+        | libc::ENOTTY
+        | libc::ENOSYS => Loudness::Quiet,
         _ => Loudness::Loud,
     }
 }
@@ -1170,6 +1173,76 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
         reply.ok()
     }
 
+    // Requests CitronFS has nothing of its own for. Each answer lets the kernel do what a local
+    // file system does, and none is logged above debug: they are ordinary (every isatty(3) of a
+    // file here is an ioctl), and fuser's defaults warned on each one.
+
+    fn ioctl(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        // No ioctl is defined on CitronFS files: ENOTTY, as a local file system answers one it
+        // does not know (Python's open() asks TCGETS of every file, through isatty).
+        reply.error(refused(&Req::fh("ioctl", ino, fh), libc::ENOTTY))
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _offset: i64,
+        _whence: i32,
+        reply: ReplyLseek,
+    ) {
+        // The kernel then answers SEEK_DATA and SEEK_HOLE itself (the whole file is data, as
+        // for any file system without holes) and asks this mount no more.
+        reply.error(refused(&Req::fh("lseek", ino, fh), libc::ENOSYS))
+    }
+
+    fn poll(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _ph: PollNotifier,
+        _events: PollEvents,
+        _flags: PollFlags,
+        reply: ReplyPoll,
+    ) {
+        // The kernel then reports a file here always ready, as for a regular file anywhere,
+        // and asks this mount no more.
+        reply.error(refused(&Req::fh("poll", ino, fh), libc::ENOSYS))
+    }
+
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        ino_in: INodeNo,
+        fh_in: FileHandle,
+        _offset_in: u64,
+        _ino_out: INodeNo,
+        _fh_out: FileHandle,
+        _offset_out: u64,
+        _len: u64,
+        _flags: CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        // The kernel then copies through reads and writes (each a locked I/O of its own) and
+        // asks this mount no more.
+        reply.error(refused(
+            &Req::fh("copy_file_range", ino_in, fh_in),
+            libc::ENOSYS,
+        ))
+    }
+
     fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
         match self.fs.statfs() {
             Ok(s) => {
@@ -1492,6 +1565,12 @@ mod tests {
         let req = Req::ino("opendir", INodeNo(5));
         let log = logged(tracing::Level::INFO, || {
             assert_eq!(refused(&req, libc::ENOTDIR), Errno::from_i32(libc::ENOTDIR));
+        });
+        assert_eq!(log, "");
+        // What the adapter answers requests it has nothing for (ioctl, lseek, poll, ...).
+        let log = logged(tracing::Level::INFO, || {
+            refused(&Req::fh("ioctl", INodeNo(5), FileHandle(1)), libc::ENOTTY);
+            refused(&Req::fh("lseek", INodeNo(5), FileHandle(1)), libc::ENOSYS);
         });
         assert_eq!(log, "");
         let log = logged(tracing::Level::INFO, || {

@@ -197,3 +197,73 @@ fn ordinary_tools(fabric: Backend) {
     );
     assert_eq!(std::fs::read_dir(root).unwrap().count(), 0);
 }
+
+/// Requests CitronFS has no handler of its own for get the answers a local file system gives:
+/// an ioctl ENOTTY (`isatty` is false, as Python's `open` asks of every file), `SEEK_DATA` and
+/// `SEEK_HOLE` find the whole file data, `copy_file_range` copies, `poll` finds the file ready.
+/// (fuser's defaults answered ENOSYS and logged a warning for each: one per Python `open`.)
+#[test]
+fn requests_without_a_handler_get_local_answers() {
+    use std::os::fd::AsRawFd;
+    skip_without_fuse!();
+    let cluster = Cluster::start(ClusterSpec::default()).unwrap();
+    let mnt = cluster.mount().unwrap();
+    let data = testkit::pattern(9, 0, 100_000);
+    std::fs::write(mnt.path().join("src"), &data).unwrap();
+    let src = std::fs::File::open(mnt.path().join("src")).unwrap();
+    let fd = src.as_raw_fd();
+
+    // The unsafe blocks below are plain system calls on descriptors this test owns, with
+    // buffers that outlive them.
+    // SAFETY: see above.
+    assert_eq!(unsafe { libc::isatty(fd) }, 0);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::ENOTTY)
+    );
+    // SAFETY: see above.
+    assert_eq!(unsafe { libc::lseek(fd, 10, libc::SEEK_DATA) }, 10);
+    assert_eq!(
+        // SAFETY: see above.
+        unsafe { libc::lseek(fd, 10, libc::SEEK_HOLE) },
+        data.len() as libc::off_t
+    );
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: see above.
+    assert_eq!(unsafe { libc::poll(&mut pfd, 1, 1000) }, 1);
+    assert_ne!(pfd.revents & libc::POLLIN, 0);
+
+    let dst = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(mnt.path().join("dst"))
+        .unwrap();
+    // Explicit offsets: the lseeks above moved the file position.
+    let (mut off_in, mut off_out): (libc::loff_t, libc::loff_t) = (0, 0);
+    let mut copied = 0usize;
+    while copied < data.len() {
+        // SAFETY: see above.
+        let n = unsafe {
+            libc::copy_file_range(
+                fd,
+                &mut off_in,
+                dst.as_raw_fd(),
+                &mut off_out,
+                data.len() - copied,
+                0,
+            )
+        };
+        assert!(
+            n > 0,
+            "copy_file_range: {}",
+            std::io::Error::last_os_error()
+        );
+        copied += n as usize;
+    }
+    drop(dst);
+    assert_eq!(std::fs::read(mnt.path().join("dst")).unwrap(), data);
+}
