@@ -83,6 +83,9 @@ fn kind(op: &Op) -> &'static str {
 struct Expected {
     acked: HashMap<u32, u64>,
     pending: HashMap<u32, BTreeSet<u64>>,
+    /// Every record a journal says was (or may have been) written to each slot: the
+    /// candidates a torn slot's pieces are matched against ([`describe_torn`]).
+    written: HashMap<u32, BTreeSet<u64>>,
     files: BTreeMap<String, Vec<State>>,
 }
 
@@ -120,6 +123,7 @@ impl Expected {
             }
             match op {
                 Op::Write { slot, seq } => {
+                    self.written.entry(*slot).or_default().insert(*seq);
                     if acked {
                         let last = self.acked.entry(*slot).or_default();
                         *last = (*last).max(*seq);
@@ -224,6 +228,46 @@ fn differences(states: &[State], data: &[u8]) -> String {
     out
 }
 
+/// What a torn slot holds, piece by piece, for the report: each run of 4 KiB file blocks (the
+/// lock unit; chunks and data servers change at such boundaries too) named by the record it
+/// matches among `candidates` (records `seq` of client `owner`), or as zeros, or as unknown bytes — so that a
+/// failure says whether a part was lost (zeros), left behind by an older write, or cut short
+/// (a read shorter than a record, e.g. a size below the slot's end).
+fn describe_torn(slot: u32, owner: u32, bytes: &[u8], candidates: &BTreeSet<u64>) -> String {
+    const BLOCK: u64 = 4096;
+    let start = u64::from(slot) * RECORD as u64;
+    let records: Vec<(u64, Vec<u8>)> = candidates
+        .iter()
+        .map(|&seq| (seq, super::journal::record(slot, owner, seq)))
+        .collect();
+    let mut pieces: Vec<(u64, u64, String)> = Vec::new();
+    let mut at = start;
+    let end = start + bytes.len() as u64;
+    while at < end {
+        let next = ((at / BLOCK + 1) * BLOCK).min(end);
+        let (lo, hi) = ((at - start) as usize, (next - start) as usize);
+        let piece = &bytes[lo..hi];
+        let what = if piece.iter().all(|&b| b == 0) {
+            "zeros".to_string()
+        } else {
+            records
+                .iter()
+                .find(|(_, r)| r.get(lo..hi) == Some(piece))
+                .map_or("unknown bytes".to_string(), |(q, _)| format!("record {q}"))
+        };
+        match pieces.last_mut() {
+            Some((_, e, w)) if *w == what => *e = next,
+            _ => pieces.push((at, next, what)),
+        }
+        at = next;
+    }
+    let mut out = format!("read {} of {RECORD} bytes at {start}:", bytes.len());
+    for (a, b, what) in pieces {
+        out.push_str(&format!(" {a}..{b} {what};"));
+    }
+    out
+}
+
 /// Verifies the file system `fs` against `journals` (every client life's entries); the last
 /// server restart was at `last_restart` (ms since the Unix epoch).
 pub fn verify(
@@ -287,8 +331,17 @@ pub fn verify(
             Slot::Torn if later_pending => found.interrupted += 1,
             Slot::Torn => {
                 found.torn += 1;
+                let candidates = expected.written.get(&slot).cloned().unwrap_or_default();
+                // Slot s belongs to client s mod clients (`client`'s `mine`).
+                let owner = slot % (slots / super::SLOTS_PER_CLIENT).max(1);
                 found.problems.push(format!(
-                    "slot {slot}: torn record, and no interrupted write explains it"
+                    "slot {slot}: torn record, and no interrupted write explains it (last \
+                     acknowledged: {}, not acknowledged: {:?}); {}",
+                    acked.map_or("none".into(), |a| a.to_string()),
+                    pending
+                        .map(|p| p.iter().collect::<Vec<_>>())
+                        .unwrap_or_default(),
+                    describe_torn(slot, owner, &bytes, &candidates)
                 ));
             }
         }
@@ -346,6 +399,38 @@ pub fn verify(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_torn_slot_is_described_piece_by_piece() {
+        use super::super::journal::record;
+        // Slot 13 starts at 611,104: its first piece runs to the 4 KiB boundary 614,400.
+        let (slot, owner) = (13, 1);
+        let start = 13 * RECORD as u64;
+        let mut bytes = record(slot, owner, 7);
+        let boundary = (614_400 - start) as usize;
+        bytes[..boundary].copy_from_slice(&record(slot, owner, 5)[..boundary]);
+        // Two whole file blocks further on: one zeroed, one garbled.
+        let zeroed = boundary + 4 * 4_096;
+        bytes[zeroed..zeroed + 4_096].fill(0);
+        bytes[zeroed + 4_096..zeroed + 8_192].fill(0xEE);
+        let said = describe_torn(slot, owner, &bytes, &[5, 7].into_iter().collect());
+        assert!(
+            said.starts_with("read 47008 of 47008 bytes at 611104:"),
+            "{said}"
+        );
+        assert!(said.contains(" 611104..614400 record 5;"), "{said}");
+        assert!(
+            said.contains(" 614400..") && said.contains("record 7;"),
+            "{said}"
+        );
+        assert!(
+            said.contains("unknown bytes;") && said.contains("zeros;"),
+            "{said}"
+        );
+        // A short read says so.
+        let said = describe_torn(slot, owner, &bytes[..boundary], &BTreeSet::new());
+        assert!(said.starts_with("read 3296 of 47008"), "{said}");
+    }
 
     #[test]
     fn a_finding_says_where_and_what_the_bytes_differ() {
