@@ -35,4 +35,4 @@ pub use cluster::{BackingKind, Cluster, ClusterSpec, TEST_CHUNK_SIZE};
 pub use fabric::Backend;
 pub use mount::{fuse_options, fuse_unavailable, Mount};
 pub use orphans::die_with_parent;
-pub use util::{init_logging, pattern, random_token, restartable_addr, wait_until};
+pub use util::{init_logging, open_rw, pattern, random_token, restartable_addr, wait_until};

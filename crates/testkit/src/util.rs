@@ -24,6 +24,15 @@ pub fn wait_until(timeout: Duration, what: &str, mut done: impl FnMut() -> bool)
     }
 }
 
+/// Opens an existing file for reading and writing, panicking (a test's failure) when it cannot.
+pub fn open_rw(path: &std::path::Path) -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap_or_else(|e| panic!("open {} read-write: {e}", path.display()))
+}
+
 /// `len` bytes of a pattern that differs at every file offset and per `seed`, so that data
 /// read back at the wrong offset or from the wrong writer is caught.
 ///

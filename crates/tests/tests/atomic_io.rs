@@ -15,14 +15,14 @@
 //! the user's buffer (and writes at 4 MiB), each under its own range lock: on the 2-core
 //! machine the fix was made on, 98 of 262 reads were torn on shm and 129 of 242 on tcp.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use testkit::Backend;
-use testkit::{skip_without_fuse, Cluster, ClusterSpec, Mount};
+use testkit::{open_rw, skip_without_fuse, Cluster, ClusterSpec, Mount};
 
 const MAX_PAGES_LIMIT_SYSCTL: &str = fs_client::fuse::MAX_PAGES_LIMIT_SYSCTL;
 
@@ -188,14 +188,6 @@ impl UserBuf {
     fn get_mut(&mut self) -> &mut [u8] {
         &mut self.storage[self.start..self.start + self.len]
     }
-}
-
-fn open_rw(path: &Path) -> File {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .unwrap()
 }
 
 /// What one case counted.

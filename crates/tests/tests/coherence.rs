@@ -13,7 +13,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use testkit::{pattern, skip_without_fuse, ChildMount, Cluster, ClusterSpec};
+use testkit::{open_rw, pattern, skip_without_fuse, ChildMount, Cluster, ClusterSpec};
 
 /// The client processes run this test (see `Cluster::spawn_mount_process`); run normally it
 /// does nothing.
@@ -135,14 +135,6 @@ impl Rng {
         self.0 ^= self.0 >> 27;
         ((self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 33) % n as u64) as usize
     }
-}
-
-fn open_rw(path: &Path) -> File {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .unwrap()
 }
 
 /// Writes through one mount are seen at once through the other, in both directions: data

@@ -7,11 +7,10 @@
 //! failed with ENODEV (sqlite's WAL mode failed with "disk I/O error").
 
 use fs_client::LockScheme;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
-use std::path::Path;
-use testkit::{pattern, skip_without_fuse, Cluster, ClusterSpec};
+use testkit::{open_rw, pattern, skip_without_fuse, Cluster, ClusterSpec};
 
 /// The client processes run this test (see `Cluster::spawn_mount_process`); run normally it
 /// does nothing.
@@ -83,14 +82,6 @@ impl Drop for Mapping {
         // SAFETY: mapped by `shared`, unmapped only here.
         unsafe { libc::munmap(self.ptr.cast(), self.len) };
     }
-}
-
-fn open_rw(path: &Path) -> File {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .unwrap()
 }
 
 fn read_at(file: &File, at: usize, len: usize) -> Vec<u8> {
