@@ -115,11 +115,19 @@ fn up_prints_a_working_client_line_and_ends_cleanly_when_unmounted_from_outside(
         .next()
         .and_then(|w| w.strip_prefix("CITRONFS_TOKEN="))
         .unwrap_or_else(|| panic!("no token in {line:?}"));
-    assert_eq!(words.next(), Some("citronfs"), "{line}");
+    // The executable by its path: the line works as printed.
+    let exe = words
+        .next()
+        .unwrap_or_else(|| panic!("no command in {line:?}"));
+    assert_eq!(
+        std::fs::canonicalize(exe).unwrap(),
+        std::fs::canonicalize(env!("CARGO_BIN_EXE_citronfs")).unwrap(),
+        "{line}"
+    );
     let args: Vec<&str> = words.collect();
     assert_eq!(args.first(), Some(&"mount"), "{line}");
     assert_eq!(args.last(), Some(&"DIR"), "{line}");
-    let mount = Command::new(env!("CARGO_BIN_EXE_citronfs"))
+    let mount = Command::new(exe)
         .args(&args[..args.len() - 1])
         .arg(second.path())
         .env("CITRONFS_TOKEN", token)

@@ -161,9 +161,13 @@ pub fn up(args: UpArgs) -> Result<()> {
     );
     println!("  atomic I/O    {}", atomic_bound_line(mount.io_limits()));
     // Another client of this cluster, for this machine's other users or a second mount: it
-    // needs the token, printed here only (the cluster's secret, made fresh for this run).
+    // needs the token, printed here only (the cluster's secret, made fresh for this run). The
+    // executable by its path, so that the line works as printed after `cargo run` too.
+    let me = std::env::current_exe()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| "citronfs".into());
     println!(
-        "  more clients  CITRONFS_TOKEN={} citronfs mount --meta {} --cluster {} --scheme {scheme} DIR",
+        "  more clients  CITRONFS_TOKEN={} {me} mount --meta {} --cluster {} --scheme {scheme} DIR",
         cluster.token(),
         cluster.meta_addr(),
         args.cluster
