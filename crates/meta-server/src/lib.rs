@@ -20,6 +20,7 @@ pub mod alloc;
 mod dentries;
 pub mod fsck;
 mod reclaim;
+mod requests;
 pub mod rpc;
 mod service;
 mod staged;

@@ -6,7 +6,7 @@
 //! sled and the fabric verbs block, so a request runs on tokio's blocking pool
 //! (`spawn_blocking`), whose thread also writes the answer, and a slow request (zeroing chunks,
 //! a lock tree created for a large file) never stalls other connections — except a quick one
-//! (`runs_inline`: tens of microseconds in memory) alone on its connection, which the async
+//! (`requests::Traits::inline`: tens of microseconds in memory) alone on its connection, which the async
 //! worker that read it handles and answers itself, saving the hand-off's thread wake-up.
 
 use crate::service::Service;
@@ -14,7 +14,7 @@ use fabric::frame::{check_body, header_for, parse_header, FrameError, HEADER_LEN
 use fabric::handshake::{
     self, Admission, Admitted, Limit, Protocol, Refusal, HANDSHAKE_TIMEOUT, MAX_HELLO_FRAME,
 };
-use proto::rpc::{HelloAnswer, Request, RequestFrame, ResponseFrame, Role, Welcome, MAX_FRAME};
+use proto::rpc::{HelloAnswer, RequestFrame, ResponseFrame, Role, Welcome, MAX_FRAME};
 use proto::FsError;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -435,12 +435,12 @@ where
                 _ = stop.changed() => return stopping().await,
             };
             // Alone on its connection (this one holds the only permit taken) and quick
-            // (`runs_inline`): handled right here, on the async worker that read it, and
+            // (`requests::Traits::inline`): handled right here, on the async worker that read it, and
             // answered from it — no thread hand-off at all. A request that arrives meanwhile
             // waits in the socket until this one is answered (tens of microseconds); while
             // others are in flight, every request goes to the pool.
             if permits.available_permits() == MAX_IN_FLIGHT_PER_CONNECTION - 1
-                && runs_inline(&frame.request)
+                && crate::requests::traits(&frame.request).inline
             {
                 let answer = run_request(service, session, frame);
                 let sent = send(&mut *writer.lock().await, &answer).await;
@@ -485,50 +485,6 @@ fn run_request(service: &Service, session: u64, frame: RequestFrame) -> Response
     ResponseFrame {
         id,
         result: guarded(|| service.handle(session, release_first, request)),
-    }
-}
-
-/// Whether `request` may run on the async worker that read it (see `serve`): a handler that
-/// only touches the namespace in memory (the staged image, the attribute table, the open
-/// files) and answers within tens of microseconds. Anything that may take long — waiting for
-/// the database's flush (fsync, a truncate's tail), for other clients (revocations, fences),
-/// for a data server (allocations that zero chunks, registrations), or working through many
-/// entries (a directory page, a whole check) — goes to the blocking pool, so that the two async
-/// workers never stall on it.
-fn runs_inline(request: &Request) -> bool {
-    match request {
-        Request::Heartbeat
-        | Request::Cluster
-        | Request::Lookup { .. }
-        | Request::GetAttr { .. }
-        | Request::Mknod { .. }
-        | Request::Create { .. }
-        | Request::Mkdir { .. }
-        | Request::Symlink { .. }
-        | Request::Link { .. }
-        | Request::Unlink { .. }
-        | Request::Rmdir { .. }
-        | Request::Rename { .. }
-        | Request::Readlink { .. }
-        | Request::Statfs
-        | Request::SetXattr { .. }
-        | Request::GetXattr { .. }
-        | Request::ListXattr { .. }
-        | Request::RemoveXattr { .. }
-        | Request::Open { .. }
-        | Request::Release { .. }
-        | Request::ChunkMap { .. } => true,
-        // A size change may zero a tail after a flush.
-        Request::SetAttr { set, .. } => set.size.is_none(),
-        // A page is up to 4,096 entries, each with a getattr for `ReadDirPlus`: milliseconds.
-        Request::ReadDir { .. }
-        | Request::ReadDirPlus { .. }
-        | Request::AllocateChunks { .. }
-        | Request::Fsync { .. }
-        | Request::AllocateLockWords { .. }
-        | Request::Fence
-        | Request::AwaitRevocations { .. }
-        | Request::Fsck { .. } => false,
     }
 }
 

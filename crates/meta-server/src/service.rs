@@ -1384,7 +1384,7 @@ impl Service {
 
     fn handle_timed(&self, session: u64, request: Request) -> Result<Response, FsError> {
         self.touch(session, true)?;
-        let changes = changes_inodes(&request);
+        let changes = crate::requests::traits(&request).changes_inodes;
         let result = self.handle_touched(session, request);
         if changes {
             // Before the answer: a client that saw it reads the change one-sidedly.
@@ -1845,29 +1845,6 @@ impl Service {
     pub fn meta_free_bytes(&self) -> u64 {
         lock(&self.state).alloc.free_bytes()
     }
-}
-
-/// Whether `request` may change an inode's attributes or whether it is open (and so its slot
-/// in the attribute table).
-fn changes_inodes(request: &Request) -> bool {
-    !matches!(
-        request,
-        Request::Heartbeat
-            | Request::Cluster
-            | Request::Fence
-            | Request::AwaitRevocations { .. }
-            | Request::Lookup { .. }
-            | Request::GetAttr { .. }
-            | Request::Readlink { .. }
-            | Request::ReadDir { .. }
-            | Request::ReadDirPlus { .. }
-            | Request::Statfs
-            | Request::GetXattr { .. }
-            | Request::ListXattr { .. }
-            | Request::ChunkMap { .. }
-            | Request::AllocateChunks { .. }
-            | Request::AllocateLockWords { .. }
-    )
 }
 
 /// Zeroes bytes `start..end` of `region` with one-sided writes no larger than the endpoint takes.

@@ -1,0 +1,101 @@
+//! What the server must know about a request before it runs it, one row per request kind, so
+//! that a new kind of request is classified in one place (the match is exhaustive: adding a
+//! request to `proto::rpc::Request` fails to compile until it has its row here).
+
+use proto::rpc::Request;
+
+/// How a request is run ([`traits`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Traits {
+    /// It may run on the async worker that read it (`rpc`'s `serve`): its handler only touches
+    /// the namespace in memory (the staged image, the attribute table, the open files) and
+    /// answers within tens of microseconds. Anything that may take long — waiting for the
+    /// database's flush (fsync, a truncate's tail), for other clients (revocations, fences),
+    /// for a data server (allocations that zero chunks, registrations), or working through
+    /// many entries (a directory page, a whole check) — goes to the blocking pool, so that the
+    /// two async workers never stall on it.
+    pub inline: bool,
+    /// It may change an inode's attributes or whether it is open, and so its slot in the
+    /// attribute table: the service publishes the slots it touched before the answer, so
+    /// that a client that saw the answer reads the change one-sidedly.
+    pub changes_inodes: bool,
+}
+
+/// The [`Traits`] of `request`.
+pub(crate) fn traits(request: &Request) -> Traits {
+    let (inline, changes_inodes) = match request {
+        Request::Heartbeat
+        | Request::Cluster
+        | Request::Lookup { .. }
+        | Request::GetAttr { .. }
+        | Request::Readlink { .. }
+        | Request::Statfs
+        | Request::GetXattr { .. }
+        | Request::ListXattr { .. }
+        | Request::ChunkMap { .. } => (true, false),
+        Request::Mknod { .. }
+        | Request::Create { .. }
+        | Request::Mkdir { .. }
+        | Request::Symlink { .. }
+        | Request::Link { .. }
+        | Request::Unlink { .. }
+        | Request::Rmdir { .. }
+        | Request::Rename { .. }
+        | Request::SetXattr { .. }
+        | Request::RemoveXattr { .. }
+        | Request::Open { .. }
+        | Request::Release { .. } => (true, true),
+        // A size change may zero a tail after a flush.
+        Request::SetAttr { set, .. } => (set.size.is_none(), true),
+        // A page is up to 4,096 entries, each with a getattr for `ReadDirPlus`: milliseconds.
+        Request::ReadDir { .. } | Request::ReadDirPlus { .. } => (false, false),
+        // Zeroed chunks, or memory for a lock tree, from the data servers or the meta region.
+        Request::AllocateChunks { .. } | Request::AllocateLockWords { .. } => (false, false),
+        // Waits for other clients' sessions and the fabric servers.
+        Request::Fence | Request::AwaitRevocations { .. } => (false, false),
+        // Waits for the database's flush; persists sizes.
+        Request::Fsync { .. } => (false, true),
+        // A whole check, which may repair.
+        Request::Fsck { .. } => (false, true),
+    };
+    Traits {
+        inline,
+        changes_inodes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proto::{Caller, SetAttr};
+
+    #[test]
+    fn a_truncate_goes_to_the_pool_and_other_setattrs_run_inline() {
+        let truncate = Request::SetAttr {
+            ino: 2,
+            set: SetAttr {
+                size: Some(0),
+                ..SetAttr::default()
+            },
+            caller: Caller::default(),
+        };
+        assert_eq!(
+            traits(&truncate),
+            Traits {
+                inline: false,
+                changes_inodes: true
+            }
+        );
+        let chmod = Request::SetAttr {
+            ino: 2,
+            set: SetAttr {
+                perm: Some(0o600),
+                ..SetAttr::default()
+            },
+            caller: Caller::default(),
+        };
+        assert!(traits(&chmod).inline);
+        assert!(!traits(&Request::Statfs).changes_inodes);
+        assert!(!traits(&Request::Fsync { ino: 2 }).inline);
+    }
+}
