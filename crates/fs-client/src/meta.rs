@@ -274,7 +274,7 @@ impl Meta {
             _ => 0,
         };
         let release_first = riders.map(|r| r.take(session)).unwrap_or_default();
-        let changes = changes_state(&request) || !release_first.is_empty();
+        let changes = request.changes_namespace() || !release_first.is_empty();
         #[cfg(feature = "failpoints")]
         let call = format!("{request:?}");
         let released = (!release_first.is_empty()).then(|| release_first.clone());
@@ -368,26 +368,6 @@ impl Drop for Heartbeat {
             let _ = thread.join();
         }
     }
-}
-
-/// Whether `request` changes what the meta server keeps (and is durable only after a flush).
-fn changes_state(request: &Request) -> bool {
-    matches!(
-        request,
-        Request::SetAttr { .. }
-            | Request::Mknod { .. }
-            | Request::Create { .. }
-            | Request::Mkdir { .. }
-            | Request::Symlink { .. }
-            | Request::Link { .. }
-            | Request::Unlink { .. }
-            | Request::Rmdir { .. }
-            | Request::Rename { .. }
-            | Request::SetXattr { .. }
-            | Request::RemoveXattr { .. }
-            | Request::AllocateChunks { .. }
-            | Request::Release { .. }
-    )
 }
 
 /// Whether `e` is the meta server refusing this client (which retrying cannot change).

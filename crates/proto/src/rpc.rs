@@ -323,6 +323,50 @@ pub enum Request {
     },
 }
 
+impl Request {
+    /// Whether the request changes what the meta server keeps in its database, so that its
+    /// effect is durable only after the database's next flush (which an `Fsync` waits for): a
+    /// client counts such calls as not yet synced. Exhaustive, so that a new request is
+    /// classified where it is defined.
+    pub fn changes_namespace(&self) -> bool {
+        match self {
+            Request::SetAttr { .. }
+            | Request::Mknod { .. }
+            | Request::Create { .. }
+            | Request::Mkdir { .. }
+            | Request::Symlink { .. }
+            | Request::Link { .. }
+            | Request::Unlink { .. }
+            | Request::Rmdir { .. }
+            | Request::Rename { .. }
+            | Request::SetXattr { .. }
+            | Request::RemoveXattr { .. }
+            | Request::AllocateChunks { .. }
+            | Request::Release { .. } => true,
+            Request::Heartbeat
+            | Request::Cluster
+            | Request::Lookup { .. }
+            | Request::GetAttr { .. }
+            | Request::Readlink { .. }
+            | Request::ReadDir { .. }
+            | Request::ReadDirPlus { .. }
+            | Request::Statfs
+            | Request::GetXattr { .. }
+            | Request::ListXattr { .. }
+            // An open's state lives in the meta server's memory only.
+            | Request::Open { .. }
+            | Request::ChunkMap { .. }
+            | Request::Fsync { .. }
+            // Lock memory lives in the meta region, freed with the open.
+            | Request::AllocateLockWords { .. }
+            | Request::Fence
+            | Request::AwaitRevocations { .. }
+            // An administrator's check, not a change a client makes to its files.
+            | Request::Fsck(_) => false,
+        }
+    }
+}
+
 /// A successful result.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Response {
