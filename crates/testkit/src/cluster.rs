@@ -7,6 +7,9 @@
 //!   namespace, sled) and, for file-backed data servers, `ds-N/` (data server N's region file);
 //! - the *run directory*, always fresh and removed on drop, under `/dev/shm` where it exists:
 //!   the shm regions of the meta server (`meta/`) and of memory-backed data servers (`ds-N/`).
+//!   It is named `CLUSTER-PID-XXXXXX` after the process that made it, so that what a process
+//!   killed outright (SIGKILL) could not remove is found and removed when this user next
+//!   starts a cluster of that name ([`sweep_stale_run_dirs`]).
 
 use crate::mount::Mount;
 use crate::util::random_token;
@@ -156,13 +159,15 @@ impl Cluster {
     /// Starts the meta server, then the data servers (which register with it), as `spec`
     /// says.
     pub fn start(spec: ClusterSpec) -> Result<Cluster> {
+        let parent = Path::new(if Path::new("/dev/shm").is_dir() {
+            "/dev/shm"
+        } else {
+            "/tmp"
+        });
+        sweep_stale_run_dirs(parent, &spec.name);
         let run = tempfile::Builder::new()
-            .prefix(&format!("{}-", spec.name))
-            .tempdir_in(if Path::new("/dev/shm").is_dir() {
-                "/dev/shm"
-            } else {
-                "/tmp"
-            })
+            .prefix(&format!("{}-{}-", spec.name, std::process::id()))
+            .tempdir_in(parent)
             .context("create the cluster's run directory")?;
         let state = match &spec.state_dir {
             Some(dir) => {
@@ -395,7 +400,82 @@ impl Cluster {
     }
 }
 
+/// Removes the run directories of clusters named `name` in `parent` that this user's processes
+/// left when they were killed outright (a SIGKILLed `citronfs up` or benchmark cannot remove its
+/// own): directories `NAME-PID-*` owned by this user whose PID names no process. One whose PID
+/// is alive — its maker, or a process that reused the number — is left alone.
+pub fn sweep_stale_run_dirs(parent: &Path, name: &str) {
+    use std::os::unix::fs::MetadataExt;
+    let prefix = format!("{name}-");
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    // SAFETY: geteuid has no preconditions and touches no memory.
+    let me = unsafe { libc::geteuid() };
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let Some(pid) = file_name
+            .to_str()
+            .and_then(|n| n.strip_prefix(&prefix))
+            .and_then(|rest| rest.split_once('-'))
+            .and_then(|(pid, _)| pid.parse::<libc::pid_t>().ok())
+        else {
+            continue;
+        };
+        let ours = entry.metadata().is_ok_and(|m| m.is_dir() && m.uid() == me);
+        if pid <= 0 || !ours || process_exists(pid) {
+            continue;
+        }
+        match std::fs::remove_dir_all(entry.path()) {
+            Ok(()) => tracing::info!(
+                dir = %entry.path().display(),
+                pid,
+                "removed the run directory of a cluster whose process is gone"
+            ),
+            Err(error) => tracing::debug!(
+                %error,
+                dir = %entry.path().display(),
+                "could not remove a stale run directory"
+            ),
+        }
+    }
+}
+
+/// Whether a process `pid` exists (signal 0: ESRCH when none; EPERM is someone else's).
+fn process_exists(pid: libc::pid_t) -> bool {
+    // SAFETY: signal 0 only checks that the process exists and may be signalled.
+    let sent = unsafe { libc::kill(pid, 0) } == 0;
+    sent || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
 /// The stable name of data server `i`.
 fn data_server_name(i: usize) -> String {
     format!("ds-{i}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_directories_of_dead_processes_are_swept_and_others_kept() {
+        let parent = tempfile::tempdir().unwrap();
+        // A process that has exited and been reaped: its pid names no process now (unless
+        // reused this instant, which would only keep its directory).
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        let stale = parent.path().join(format!("sweep-test-{dead}-abc123"));
+        let live = parent
+            .path()
+            .join(format!("sweep-test-{}-def456", std::process::id()));
+        let other_name = parent.path().join(format!("other-{dead}-ghi789"));
+        let not_a_pid = parent.path().join("sweep-test-data-jkl012");
+        for dir in [&stale, &live, &other_name, &not_a_pid] {
+            std::fs::create_dir_all(dir.join("meta-db")).unwrap();
+        }
+        sweep_stale_run_dirs(parent.path(), "sweep-test");
+        assert_eq!(stale.exists(), process_exists(dead as libc::pid_t));
+        assert!(live.exists() && other_name.exists() && not_a_pid.exists());
+    }
 }

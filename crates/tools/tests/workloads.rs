@@ -299,6 +299,29 @@ fn a_killed_workload_benchmark_leaves_no_client_process_or_mount() {
         return;
     }
     let mut run = RunningBench::start();
+    let pid = run.bench.id();
     let stderr = run.signal(libc::SIGKILL);
     run.wait_clients_gone(&format!("after SIGKILL (stderr: {stderr})"));
+    // What a killed process cannot remove itself, its cluster's run directory (named after
+    // it), the next cluster of that name removes; here the sweep is called directly.
+    let shm = std::path::Path::new("/dev/shm");
+    let left = || -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(shm)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| {
+                        p.file_name()
+                            .and_then(|n| n.to_str())
+                            .is_some_and(|n| n.starts_with(&format!("citronfs-oltp-{pid}-")))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    if shm.is_dir() {
+        assert_eq!(left().len(), 1, "the killed benchmark's run directory");
+        testkit::sweep_stale_run_dirs(shm, "citronfs-oltp");
+        assert_eq!(left(), Vec::<std::path::PathBuf>::new());
+    }
 }
