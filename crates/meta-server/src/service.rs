@@ -124,18 +124,16 @@ struct FileLock {
 struct OpenState {
     /// The FCB's offset in the meta region.
     fcb: u64,
-    /// Lock per scheme name that has opened the file. By name rather than by the requested
-    /// description: two locks of one scheme with other parameters would not exclude each other.
-    locks: HashMap<&'static str, FileLock>,
+    /// The file's lock, made by its first open. Invariant: every open of the file, by every
+    /// session, is under this lock's scheme name (`Service::open` refuses another while it is
+    /// open), so that every read and write of the file takes this lock: locks of two schemes
+    /// would not exclude each other. By name rather than by the requested description: an
+    /// opener asking other parameters of the same scheme gets this lock, as created.
+    lock: FileLock,
     /// Memory handed out for CITRON scale-ups.
     extra: Vec<LockAlloc>,
     /// Sessions that have it open.
     sessions: HashSet<u64>,
-    /// The name of the lock scheme it is open under. Invariant: every open of the file, by
-    /// every session, is under this scheme (`Service::open` refuses another while it is
-    /// open), so that every read and write of the file takes the same lock: locks of two
-    /// schemes would not exclude each other. (`locks` so holds this scheme's lock only.)
-    scheme: &'static str,
 }
 
 struct LiveServer {
@@ -1130,16 +1128,17 @@ impl Service {
         }
         let st = &mut *st;
         if let Some(open) = st.open.get(&ino) {
-            if open.scheme != scheme.name() {
+            let open_with = open.lock.lock.scheme.name();
+            if open_with != scheme.name() {
                 tracing::warn!(
                     session,
                     ino,
-                    open_with = open.scheme,
+                    open_with,
                     asked = scheme.name(),
                     "open refused: the file is open under another lock scheme"
                 );
                 return Err(FsError::SchemeInUse {
-                    open_with: open.scheme.to_string(),
+                    open_with: open_with.to_string(),
                     asked: scheme.name().to_string(),
                 });
             }
@@ -1170,14 +1169,19 @@ impl Service {
                 st.alloc.free(off, fcb::FCB_BYTES);
                 return Err(e.into());
             }
+            // No FCB is left behind for a file nobody managed to open: freed as
+            // `free_open_state` frees one, INO cleared.
+            let lock = self.create_lock(st, &scheme, attr.size).inspect_err(|_| {
+                let _ = st.endpoint.write_u64(Self::meta_addr(off + fcb::INO), 0);
+                st.alloc.free(off, fcb::FCB_BYTES);
+            })?;
             st.open.insert(
                 ino,
                 OpenState {
                     fcb: off,
-                    locks: HashMap::new(),
+                    lock,
                     extra: Vec::new(),
                     sessions: HashSet::new(),
-                    scheme: scheme.name(),
                 },
             );
             // Readers of the table now take the size from the FCB.
@@ -1185,29 +1189,9 @@ impl Service {
         }
         let fcb_off = st.open[&ino].fcb;
         let size = Self::fcb_word(st, ino, fcb::SIZE).unwrap_or(attr.size);
-        if !st.open[&ino].locks.contains_key(scheme.name()) {
-            match self.create_lock(st, &scheme, size) {
-                Ok(lock) => {
-                    st.open
-                        .get_mut(&ino)
-                        .expect("inserted")
-                        .locks
-                        .insert(scheme.name(), lock);
-                }
-                Err(e) => {
-                    // Leave no FCB behind for a file nobody managed to open.
-                    if st.open[&ino].sessions.is_empty() {
-                        let gone = st.open.remove(&ino).expect("present");
-                        Self::free_open_state(st, gone);
-                        self.publish(st, [ino]);
-                    }
-                    return Err(e);
-                }
-            }
-        }
         let open = st.open.get_mut(&ino).expect("present");
         open.sessions.insert(session);
-        let lock = open.locks[scheme.name()].lock;
+        let lock = open.lock.lock;
         if let Some(s) = st.sessions.get_mut(&session) {
             s.open.insert(ino);
         }
@@ -1290,11 +1274,11 @@ impl Service {
             .endpoint
             .write_u64(Self::meta_addr(open.fcb + fcb::INO), 0);
         st.alloc.free(open.fcb, fcb::FCB_BYTES);
-        let locks = open.locks.values().map(|file| LockAlloc {
-            offset: file.lock.base.offset,
-            bytes: file.bytes,
-        });
-        for lock in locks.chain(open.extra) {
+        let lock = LockAlloc {
+            offset: open.lock.lock.base.offset,
+            bytes: open.lock.bytes,
+        };
+        for lock in std::iter::once(lock).chain(open.extra) {
             if lock.bytes > 0 {
                 st.alloc.free(lock.offset, lock.bytes);
             }
@@ -1747,43 +1731,38 @@ impl Service {
             let mut findings = Vec::new();
             let mut inspected = 0;
             for (&ino, open) in &st.open {
-                for file in open.locks.values() {
-                    inspected += 1;
-                    let endpoint =
-                        Box::new(LocalEndpoint::new(Arc::new(OwnRegion(self.region.clone()))));
-                    let scheme = file.lock.scheme.to_string();
-                    if reset {
-                        // At rest no client holds or waits: what is busy is a dead client's.
-                        match schemes::reset_to_rest(&file.lock, endpoint) {
-                            Ok(Some(words)) if !words.is_empty() => {
-                                repairs.push(Repair::ResetLock {
-                                    ino,
-                                    scheme,
-                                    words: words.iter().map(|b| b.to_string()).collect(),
-                                })
-                            }
-                            Ok(_) => {}
-                            Err(error) => {
-                                tracing::warn!(ino, %error, "fsck could not reset a lock")
-                            }
-                        }
-                        continue;
-                    }
-                    match schemes::inspect(&file.lock, endpoint) {
-                        Ok(Some(busy)) if !busy.is_empty() => {
-                            findings.push(Finding::LockNotAtRest {
-                                ino,
-                                scheme,
-                                busy: busy.iter().take(16).map(|b| b.to_string()).collect(),
-                            })
-                        }
-                        Ok(_) => {}
-                        Err(e) => findings.push(Finding::LockUnreadable {
+                let file = &open.lock;
+                inspected += 1;
+                let endpoint =
+                    Box::new(LocalEndpoint::new(Arc::new(OwnRegion(self.region.clone()))));
+                let scheme = file.lock.scheme.to_string();
+                if reset {
+                    // At rest no client holds or waits: what is busy is a dead client's.
+                    match schemes::reset_to_rest(&file.lock, endpoint) {
+                        Ok(Some(words)) if !words.is_empty() => repairs.push(Repair::ResetLock {
                             ino,
                             scheme,
-                            error: e.to_string(),
+                            words: words.iter().map(|b| b.to_string()).collect(),
                         }),
+                        Ok(_) => {}
+                        Err(error) => {
+                            tracing::warn!(ino, %error, "fsck could not reset a lock")
+                        }
                     }
+                    continue;
+                }
+                match schemes::inspect(&file.lock, endpoint) {
+                    Ok(Some(busy)) if !busy.is_empty() => findings.push(Finding::LockNotAtRest {
+                        ino,
+                        scheme,
+                        busy: busy.iter().take(16).map(|b| b.to_string()).collect(),
+                    }),
+                    Ok(_) => {}
+                    Err(e) => findings.push(Finding::LockUnreadable {
+                        ino,
+                        scheme,
+                        error: e.to_string(),
+                    }),
                 }
             }
             (findings, inspected, repairs)

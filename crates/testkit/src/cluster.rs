@@ -159,11 +159,7 @@ impl Cluster {
     /// Starts the meta server, then the data servers (which register with it), as `spec`
     /// says.
     pub fn start(spec: ClusterSpec) -> Result<Cluster> {
-        let parent = Path::new(if Path::new("/dev/shm").is_dir() {
-            "/dev/shm"
-        } else {
-            "/tmp"
-        });
+        let parent = run_dir_parent();
         sweep_stale_run_dirs(parent, &spec.name);
         let run = tempfile::Builder::new()
             .prefix(&format!("{}-{}-", spec.name, std::process::id()))
@@ -397,6 +393,16 @@ impl Cluster {
         }
         self.data.clear();
         meta
+    }
+}
+
+/// Where clusters make their run directories: `/dev/shm` where it exists, else `/tmp`.
+pub fn run_dir_parent() -> &'static Path {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        shm
+    } else {
+        Path::new("/tmp")
     }
 }
 

@@ -30,7 +30,9 @@ mod orphans;
 mod util;
 
 pub use child::{child_mount_main, ChildMount};
-pub use cluster::{sweep_stale_run_dirs, BackingKind, Cluster, ClusterSpec, TEST_CHUNK_SIZE};
+pub use cluster::{
+    run_dir_parent, sweep_stale_run_dirs, BackingKind, Cluster, ClusterSpec, TEST_CHUNK_SIZE,
+};
 /// The fabric backend a cluster runs on (the fabric crate's own choice type).
 pub use fabric::Backend;
 pub use mount::{fuse_options, fuse_unavailable, Mount};

@@ -159,37 +159,10 @@ impl Drop for Mount {
     }
 }
 
-/// Whether `path` is a mount point now (read from /proc/self/mountinfo).
+/// Whether `path` is a mount point now (`fs_client::fuse::is_mount_point`; a table that
+/// cannot be read counts as not mounted).
 pub(crate) fn is_mounted(path: &Path) -> bool {
-    let path = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
-    info.lines().any(|line| {
-        line.split(' ')
-            .nth(4)
-            .is_some_and(|m| unescape_mountinfo(m) == path.as_os_str().to_string_lossy())
-    })
-}
-
-/// Undoes mountinfo's octal escapes (`\040` for a space, ...).
-fn unescape_mountinfo(s: &str) -> String {
-    let mut out = String::new();
-    let mut chars = s.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == '\\' {
-            let code: String = chars.by_ref().take(3).collect();
-            if let Ok(b) = u8::from_str_radix(&code, 8) {
-                out.push(b as char);
-                continue;
-            }
-            out.push('\\');
-            out.push_str(&code);
-        } else {
-            out.push(c);
-        }
-    }
-    out
+    fs_client::fuse::is_mount_point(path).unwrap_or(false)
 }
 
 /// The first of `names` found on `PATH` (or in /bin, /usr/bin).

@@ -459,22 +459,22 @@ fn a_file_open_under_one_scheme_refuses_clients_of_another() {
 
     // Closed everywhere: the other scheme may open it, and then holds it against citron.
     drop(held);
+    // The release of the citron clients' opens reaches the meta server after close(2)
+    // returns (the kernel sends RELEASE asynchronously).
     let mut opened = None;
-    for _ in 0..100 {
-        // The release of the citron clients' opens reaches the meta server after close(2)
-        // returns (the kernel sends RELEASE asynchronously).
-        match open_rw_result(&mutex.path().join("f")) {
+    testkit::wait_until(
+        std::time::Duration::from_secs(10),
+        "the mutex client's open once citron closed the file",
+        || match open_rw_result(&mutex.path().join("f")) {
             Ok(f) => {
                 opened = Some(f);
-                break;
+                true
             }
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-                std::thread::sleep(std::time::Duration::from_millis(20))
-            }
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => false,
             Err(e) => panic!("open after the other scheme closed: {e}"),
-        }
-    }
-    let held = opened.expect("the mutex client could not open the file after citron closed it");
+        },
+    );
+    let held = opened.expect("opened once the wait ended");
     held.write_all_at(b"MUTEX!", 0).unwrap();
     let refused = OpenOptions::new()
         .read(true)

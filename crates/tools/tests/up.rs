@@ -47,11 +47,7 @@ fn lines_until(stdout: &mut BufReader<ChildStdout>, last: &str, within: Duration
 }
 
 fn is_mount_point(dir: &Path) -> bool {
-    let dir = std::fs::canonicalize(dir).unwrap();
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .any(|l| l.split(' ').nth(4) == dir.to_str())
+    fs_client::fuse::is_mount_point(dir).unwrap()
 }
 
 fn wait_for(what: &str, within: Duration, mut done: impl FnMut() -> bool) {
