@@ -9,6 +9,7 @@
 //! (`requests::Traits::inline`: tens of microseconds in memory) alone on its connection, which the async
 //! worker that read it handles and answers itself, saving the hand-off's thread wake-up.
 
+use crate::awake::{AwakeServe, Handback};
 use crate::service::Service;
 use fabric::frame::{check_body, header_for, parse_header, FrameError, HEADER_LEN};
 use fabric::handshake::{
@@ -24,6 +25,7 @@ use std::time::Duration;
 use tokio::io::{
     AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter,
 };
+use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
@@ -83,6 +85,7 @@ pub(crate) async fn accept_loop(
     service: Arc<Service>,
     mut stop: watch::Receiver<bool>,
     admission: Arc<Admission>,
+    awake: Arc<AwakeServe>,
 ) {
     loop {
         tokio::select! {
@@ -104,8 +107,11 @@ pub(crate) async fn accept_loop(
                     fabric::tcp::watch_peer(&stream);
                     let service = service.clone();
                     let stop = stop.clone();
+                    let awake = awake.clone();
                     tokio::spawn(async move {
-                        if let Err(why) = connection(stream, service, stop, admitted).await {
+                        if let Err(why) =
+                            connection(stream, service, stop, admitted, &awake).await
+                        {
                             tracing::debug!(%peer, why, "connection closed");
                         }
                     });
@@ -166,6 +172,7 @@ async fn connection(
     service: Arc<Service>,
     mut stop: watch::Receiver<bool>,
     mut admitted: Admitted,
+    awake: &Arc<AwakeServe>,
 ) -> Result<(), String> {
     let (r, w) = stream.into_split();
     let mut reader = BufReader::new(r);
@@ -219,7 +226,7 @@ async fn connection(
             send(&mut writer, &HelloAnswer::Ok(Welcome::Client(info)))
                 .await
                 .map_err(|e| e.to_string())?;
-            let result = serve(&mut reader, writer, &service, &mut stop, session).await;
+            let result = serve(&mut reader, writer, &service, &mut stop, session, awake).await;
             let svc = service.clone();
             let _ = blocking(move || {
                 svc.end_session(session);
@@ -365,15 +372,15 @@ pub const MAX_IN_FLIGHT_PER_CONNECTION: usize = 64;
 /// mutex): handing it to a writer task cost one more thread wake-up per call. A request's
 /// permit is released only once its answer is written, so a client that stops reading stops
 /// being served; the session ends only once every request it started has answered.
-async fn serve<R, W>(
-    reader: &mut R,
+async fn serve<W>(
+    reader: &mut BufReader<OwnedReadHalf>,
     writer: W,
     service: &Arc<Service>,
     stop: &mut watch::Receiver<bool>,
     session: u64,
+    awake: &Arc<AwakeServe>,
 ) -> Result<(), String>
 where
-    R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let writer = Arc::new(tokio::sync::Mutex::new(writer));
@@ -390,13 +397,18 @@ where
             let _ = send(&mut *writer.lock().await, &goodbye()).await;
             Ok(())
         };
+        // A frame the awake thread read and left to this loop (`awake::Handback::Frame`).
+        let mut handed_back = None;
         loop {
-            let read = tokio::select! {
-                read = read_frame(reader, MAX_FRAME, &mut body) => read,
-                _ = stop.changed() => return stopping().await,
-                _ = write_failure.changed() => {
-                    return Err(write_failure.borrow().clone().unwrap_or_default());
-                }
+            let read = match handed_back.take() {
+                Some(read) => read,
+                None => tokio::select! {
+                    read = read_frame(reader, MAX_FRAME, &mut body) => read,
+                    _ = stop.changed() => return stopping().await,
+                    _ = write_failure.changed() => {
+                        return Err(write_failure.borrow().clone().unwrap_or_default());
+                    }
+                },
             };
             // A frame the server cannot take is answered under id 0 (no request has it), with
             // the reason, before the connection closes: the client learns why (see
@@ -448,6 +460,15 @@ where
                 if let Err(e) = sent {
                     return Err(format!("writing an answer: {e}"));
                 }
+                // The caller's next request usually follows within tens of microseconds.
+                match awake
+                    .serve(reader, &writer, service, session, stop, &mut body)
+                    .await
+                {
+                    Handback::Idle => {}
+                    Handback::Frame(read) => handed_back = Some(read),
+                    Handback::WriteFailed(why) => return Err(why),
+                }
                 continue;
             }
             let svc = service.clone();
@@ -476,7 +497,7 @@ where
 }
 
 /// Runs one request of session `session` ([`guarded`]) and makes its answer.
-fn run_request(service: &Service, session: u64, frame: RequestFrame) -> ResponseFrame {
+pub(crate) fn run_request(service: &Service, session: u64, frame: RequestFrame) -> ResponseFrame {
     let RequestFrame {
         id,
         release_first,

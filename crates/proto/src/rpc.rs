@@ -697,17 +697,25 @@ pub struct SharedClient {
 /// read, on a machine with cores to spare ([`spin_budget`]).
 const SPIN: Duration = Duration::from_micros(30);
 
-/// [`SPIN`] on a machine of at least 4 CPUs, nothing on a smaller one. A reader that sleeps
-/// in `read` is woken by the answer's arrival: on a virtual machine that wake-up of an idle
-/// CPU costs several microseconds of a metadata call's 25–30 µs (16-core machine, `bench
-/// meta`'s `rpc` row). Polling first keeps the CPU awake for the usual answer; on 2 CPUs the
-/// poll would take a CPU from the meta server that is computing the answer, so it is off.
+/// [`SPIN`] on a machine of at least 4 CPUs, nothing on a smaller one ([`poll_budget`]). A
+/// reader that sleeps in `read` is woken by the answer's arrival: on a virtual machine that
+/// wake-up of an idle CPU costs several microseconds of a metadata call's 25–30 µs (16-core
+/// machine, `bench meta`'s `rpc` row). Polling first keeps the CPU awake for the usual answer.
 fn spin_budget() -> Duration {
     static BUDGET: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *BUDGET.get_or_init(|| match std::thread::available_parallelism() {
-        Ok(n) if n.get() >= 4 => SPIN,
+    *BUDGET.get_or_init(|| poll_budget(SPIN))
+}
+
+/// `budget` on a machine of at least 4 CPUs, nothing on a smaller one: how long either end of
+/// an RPC connection may watch its socket without sleeping, waiting for the other's bytes. On
+/// 2 CPUs the watch takes the CPU that the other end needs to compute what it waits for, so
+/// it is off there. The client watches before it reads an answer; the meta server after an
+/// answer, for the connection's next request (`meta_server::MetaConfig::idle_poll`).
+pub fn poll_budget(budget: Duration) -> Duration {
+    match std::thread::available_parallelism() {
+        Ok(n) if n.get() >= 4 => budget,
         _ => Duration::ZERO,
-    })
+    }
 }
 
 /// Polls `stream` for up to `budget` without sleeping, until it has bytes to read: `true` when

@@ -86,6 +86,9 @@ pub struct ClusterSpec {
     pub lock_server: bool,
     /// Files one client session may have open at once (beyond: EMFILE).
     pub max_open_per_session: usize,
+    /// How long the meta server polls a connection for its next request
+    /// (`MetaConfig::idle_poll`).
+    pub meta_idle_poll: Duration,
 }
 
 impl Default for ClusterSpec {
@@ -109,6 +112,7 @@ impl Default for ClusterSpec {
             lock_lease: meta_server::DEFAULT_LOCK_LEASE,
             lock_server: false,
             max_open_per_session: meta_server::DEFAULT_MAX_OPEN_PER_SESSION,
+            meta_idle_poll: meta_server::default_idle_poll(),
         }
     }
 }
@@ -191,6 +195,7 @@ impl Cluster {
         config.lock_lease = spec.lock_lease;
         config.lock_server = spec.lock_server || spec.scheme == LockScheme::SERVER;
         config.max_open_per_session = spec.max_open_per_session;
+        config.idle_poll = spec.meta_idle_poll;
         let meta = MetaServer::start(config.clone()).context("start the meta server")?;
         config.listen = meta.addr();
         let mut cluster = Cluster {
