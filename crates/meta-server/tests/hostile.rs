@@ -416,3 +416,102 @@ fn pending_handshakes_per_peer_are_limited() {
         server.client().is_ok()
     });
 }
+
+/// The same hostile frames, sent while the connection is served awake (after an answer, with
+/// `MetaConfig::idle_poll` long enough to cover the test; the meta server's `awake` module
+/// reads frames straight from the socket then): an oversized or undecodable frame gets its
+/// reason under id 0 and the connection closes, a frame with a bad checksum closes it, a frame
+/// that arrives in two pieces and two frames sent at once are answered, and the server goes on
+/// serving everyone.
+#[test]
+fn hostile_frames_sent_while_a_connection_is_served_awake() {
+    use proto::rpc::{RequestFrame, ResponseFrame};
+    let server = Server::start(|c| c.idle_poll = Duration::from_secs(3));
+    let frame = |id: u64| {
+        postcard::to_stdvec(&RequestFrame {
+            id,
+            release_first: Vec::new(),
+            request: Request::Statfs,
+        })
+        .unwrap()
+    };
+    let answered = |s: &mut TcpStream, id: u64| {
+        let answer: ResponseFrame = proto::rpc::recv(s).unwrap();
+        assert_eq!(answer.id, id);
+        assert!(
+            matches!(answer.result, Ok(Response::Stats(_))),
+            "{answer:?}"
+        );
+    };
+    // A session whose first call is answered: its connection is served awake from then on.
+    let awake_session = || {
+        let mut s = raw_session(&server);
+        fabric::frame::write_frame(&mut s, &frame(1)).unwrap();
+        answered(&mut s, 1);
+        s
+    };
+    let refused_then_closed = |s: &mut TcpStream, says: &str| {
+        let answer: ResponseFrame = proto::rpc::recv(s).unwrap();
+        assert_eq!(answer.id, 0);
+        assert!(
+            matches!(&answer.result, Err(FsError::Invalid(why)) if why.contains(says)),
+            "{answer:?}"
+        );
+        let mut rest = Vec::new();
+        assert_eq!(std::io::Read::read_to_end(s, &mut rest).unwrap(), 0);
+    };
+
+    let mut s = awake_session();
+    let mut header = [0u8; fabric::frame::HEADER_LEN];
+    header[..4].copy_from_slice(&(proto::rpc::MAX_FRAME as u32 + 1).to_le_bytes());
+    s.write_all(&header).unwrap();
+    refused_then_closed(&mut s, "exceeds the limit");
+
+    let mut s = awake_session();
+    fabric::frame::write_frame(&mut s, &[0xff; 16]).unwrap();
+    refused_then_closed(&mut s, "malformed request");
+
+    let mut s = awake_session();
+    let body = frame(2);
+    let mut bad = fabric::frame::header_for(&body);
+    bad[4] ^= 1;
+    s.write_all(&bad).unwrap();
+    s.write_all(&body).unwrap();
+    let mut rest = Vec::new();
+    assert_eq!(
+        std::io::Read::read_to_end(&mut s, &mut rest).unwrap(),
+        0,
+        "a bad checksum closes the connection, unanswered"
+    );
+
+    let mut s = awake_session();
+    let body = frame(3);
+    s.write_all(&fabric::frame::header_for(&body)).unwrap();
+    s.write_all(&body[..body.len() / 2]).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    s.write_all(&body[body.len() / 2..]).unwrap();
+    answered(&mut s, 3);
+    let mut both = Vec::new();
+    for id in [4, 5] {
+        let body = frame(id);
+        both.extend_from_slice(&fabric::frame::header_for(&body));
+        both.extend_from_slice(&body);
+    }
+    s.write_all(&both).unwrap();
+    answered(&mut s, 4);
+    answered(&mut s, 5);
+
+    let mut c = server.client().unwrap();
+    assert!(
+        matches!(
+            c.call(Request::Heartbeat).unwrap(),
+            Ok(Response::Heartbeat { .. })
+        ),
+        "a heartbeat after"
+    );
+    assert!(
+        server.handle.awake_count() >= 3,
+        "the frames were not read by an awake thread ({} answered awake)",
+        server.handle.awake_count()
+    );
+}
