@@ -10,32 +10,13 @@
 mod common;
 use common::*;
 use proto::rpc::{Request, Response, SharedClient};
-use proto::{FileKind, ROOT_INO};
+use proto::ROOT_INO;
 use std::time::{Duration, Instant};
 
 /// Far longer than any call here takes, so that waiting out a watch is unmistakable.
 const BUDGET: Duration = Duration::from_secs(3);
 /// A call (or a shutdown) that took longer waited for a watch.
 const BOUND: Duration = Duration::from_millis(1500);
-
-/// Makes `name`, and returns its inode.
-fn mknod(client: &SharedClient, name: &str) -> u64 {
-    match client
-        .call(Request::Mknod {
-            parent: ROOT_INO,
-            name: name.into(),
-            kind: FileKind::File,
-            perm: 0o644,
-            rdev: 0,
-            caller: ME,
-        })
-        .unwrap()
-        .unwrap()
-    {
-        Response::Attr(attr) => attr.ino,
-        other => panic!("mknod {name}: {other:?}"),
-    }
-}
 
 fn lookup(client: &SharedClient, name: &str) -> u64 {
     match client
@@ -94,7 +75,7 @@ fn calls_served_awake_are_answered_right_and_nobody_waits_for_them() {
     for i in 0..20 {
         let start = Instant::now();
         let name = format!("f{i}");
-        let made = mknod(&a, &name);
+        let made = shared_mknod(&a, &name);
         assert_eq!(lookup(&a, &name), made, "{name}: another inode");
         if i % 5 == 4 {
             assert!(names(&a).contains(&name), "{name} is not listed");

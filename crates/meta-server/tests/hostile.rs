@@ -322,6 +322,18 @@ fn pending_handshakes_and_connections_per_peer_are_limited() {
     });
 }
 
+/// A new client's heartbeat is answered: the server still serves everyone else.
+fn assert_still_serving(server: &Server) {
+    let mut c = server.client().unwrap();
+    assert!(
+        matches!(
+            c.call(Request::Heartbeat).unwrap(),
+            Ok(Response::Heartbeat { .. })
+        ),
+        "a heartbeat after"
+    );
+}
+
 /// Opens a raw client connection past the handshake.
 fn raw_session(server: &Server) -> TcpStream {
     let mut s = TcpStream::connect(server.handle.addr()).unwrap();
@@ -376,14 +388,7 @@ fn oversized_and_malformed_requests_get_a_reason() {
         "{answer:?}"
     );
     // The server is still serving everyone else.
-    let mut c = server.client().unwrap();
-    assert!(
-        matches!(
-            c.call(Request::Heartbeat).unwrap(),
-            Ok(Response::Heartbeat { .. })
-        ),
-        "a heartbeat after"
-    );
+    assert_still_serving(&server);
 }
 
 /// One address cannot hold every place in the handshake: its silent connections are limited
@@ -501,14 +506,7 @@ fn hostile_frames_sent_while_a_connection_is_served_awake() {
     answered(&mut s, 4);
     answered(&mut s, 5);
 
-    let mut c = server.client().unwrap();
-    assert!(
-        matches!(
-            c.call(Request::Heartbeat).unwrap(),
-            Ok(Response::Heartbeat { .. })
-        ),
-        "a heartbeat after"
-    );
+    assert_still_serving(&server);
     assert!(
         server.handle.awake_count() >= 3,
         "the frames were not read by an awake thread ({} answered awake)",

@@ -6,30 +6,13 @@
 mod common;
 use common::*;
 use proto::rpc::{Request, Response};
-use proto::{FileKind, ROOT_INO};
+use proto::ROOT_INO;
 
 fn ino_of(answer: Response) -> u64 {
     match answer {
         Response::Attr(attr) => attr.ino,
         other => panic!("expected attributes, got {other:?}"),
     }
-}
-
-/// Makes a file `name` in the root directory and returns its inode.
-fn mknod(client: &proto::rpc::SharedClient, name: String) -> u64 {
-    ino_of(
-        client
-            .call(Request::Mknod {
-                parent: ROOT_INO,
-                name,
-                kind: FileKind::File,
-                perm: 0o644,
-                rdev: 0,
-                caller: ME,
-            })
-            .unwrap()
-            .unwrap(),
-    )
 }
 
 /// Eight threads make interleaved calls on one connection: each makes files and asks for
@@ -46,7 +29,7 @@ fn threads_sharing_a_connection_each_get_their_own_answers() {
             scope.spawn(move || {
                 for j in 0..60 {
                     let name = format!("t{t}-{j}");
-                    let made = mknod(client, name.clone());
+                    let made = shared_mknod(client, &name);
                     let found = ino_of(
                         client
                             .call(Request::Lookup {
@@ -81,7 +64,9 @@ fn threads_sharing_a_connection_each_get_their_own_answers() {
 fn callers_arriving_and_leaving_at_any_moment_all_get_their_answers() {
     let cl = start(1, 8, false);
     let client = shared_client(&cl);
-    let made: Vec<u64> = (0..16).map(|t| mknod(&client, format!("f{t}"))).collect();
+    let made: Vec<u64> = (0..16)
+        .map(|t| shared_mknod(&client, &format!("f{t}")))
+        .collect();
     std::thread::scope(|scope| {
         for (t, &ino) in made.iter().enumerate() {
             let client = &client;

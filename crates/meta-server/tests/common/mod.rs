@@ -44,6 +44,26 @@ pub fn start(n: usize, chunks: u64, file: bool) -> Cluster {
     Cluster::start(spec(n, chunks, file)).unwrap()
 }
 
+/// Makes a regular file `name` in the root directory through a shared connection and returns
+/// its inode.
+pub fn shared_mknod(client: &proto::rpc::SharedClient, name: &str) -> Ino {
+    match client
+        .call(Request::Mknod {
+            parent: proto::ROOT_INO,
+            name: name.into(),
+            kind: FileKind::File,
+            perm: 0o644,
+            rdev: 0,
+            caller: ME,
+        })
+        .unwrap()
+        .unwrap()
+    {
+        Response::Attr(attr) => attr.ino,
+        other => panic!("mknod {name}: expected attributes, got {other:?}"),
+    }
+}
+
 /// A client session on one connection that many threads share (`proto::rpc::SharedClient`,
 /// as `fs-client` uses it), each call bounded by 10 s.
 pub fn shared_client(cluster: &Cluster) -> proto::rpc::SharedClient {
