@@ -21,8 +21,11 @@
 //! - Each word is read atomically; SIZE and GENERATION are read in one round trip but are two
 //!   words, so a reader that needs them consistent holds the range lock that a truncate would
 //!   need (every read and write does).
-//! - The FCB an `Open` names must carry the inode's number ([`Inner::check_fcb_owner`]):
-//!   writing through another file's FCB would corrupt it.
+//! - Every read of the FCB reads its INO word too, in the same verb, and is refused unless it
+//!   carries the inode's number ([`check_owner`]): writing through another file's FCB would
+//!   corrupt it. An I/O checks it before its first data verb (the words ride in the lock's
+//!   granting batch, [`FcbReads`]), so a wrong FCB costs an error, never a write, and an open
+//!   costs no round trip of its own to check it.
 
 use crate::client::Inner;
 use crate::error::Error;
@@ -80,6 +83,8 @@ pub(crate) fn live_slot_attr(
 /// ([`FcbReads`]).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Fcb {
+    /// INO: whose FCB this is ([`check_owner`]).
+    pub(crate) ino: Ino,
     /// SIZE.
     pub(crate) size: u64,
     /// GENERATION.
@@ -90,26 +95,42 @@ pub(crate) struct Fcb {
     pub(crate) mode: u16,
 }
 
-/// The reads of SIZE, GENERATION, MTIME and MODE that ride in a range lock's acquisition
+/// The reads of INO, SIZE, GENERATION, MTIME and MODE that ride in a range lock's acquisition
 /// (`lockmgr::RangeLock::acquire_with`, on the lock's endpoint to the meta region): one read
-/// of the four adjacent words, each word atomic, executed after the verbs that granted the
+/// of the five adjacent words, each word atomic, executed after the verbs that granted the
 /// lock. Values read there are as good as a read after the acquisition (the lock scheme's
 /// invariant): no writer of the range is active, and every one that held it before has
 /// released, its SIZE raise and MTIME included. Values read in any earlier batch would not
 /// be; the scheme hands back only the granting batch's (or a later one's).
 pub(crate) struct FcbReads {
-    /// SIZE, GENERATION, MTIME and MODE: adjacent words, one read verb (word-atomic each, as
-    /// four reads would be; appended to every batch of an acquisition, so one verb, not four).
+    /// INO to MODE: adjacent words, one read verb (word-atomic each, as five reads would be;
+    /// appended to every batch of an acquisition, so one verb, not five).
     words: ReadHandle,
 }
 
-/// The FCB words an I/O reads, from SIZE to MODE (adjacent, in this order).
-const READ_FIRST: u64 = fcb::SIZE;
+/// The FCB words an I/O reads, from INO to MODE (adjacent, in this order).
+const READ_FIRST: u64 = fcb::INO;
 /// How many words from [`READ_FIRST`].
-const READ_WORDS: usize = ((fcb::MODE - fcb::SIZE) / 8 + 1) as usize;
+const READ_WORDS: usize = ((fcb::MODE - fcb::INO) / 8 + 1) as usize;
 const _: () = assert!(
-    fcb::GENERATION == fcb::SIZE + 8 && fcb::MTIME == fcb::SIZE + 16 && fcb::MODE == fcb::SIZE + 24
+    fcb::SIZE == fcb::INO + 8
+        && fcb::GENERATION == fcb::INO + 16
+        && fcb::MTIME == fcb::INO + 24
+        && fcb::MODE == fcb::INO + 32
 );
+
+/// Refuses an FCB whose INO word (`found`) is not `inode`'s: the meta server's region and this
+/// client disagree about where the file's control block is, and writing through it would
+/// corrupt another file.
+pub(crate) fn check_owner(inode: &OpenInode, found: Ino) -> Result<(), Error> {
+    if found == inode.ino {
+        return Ok(());
+    }
+    Err(Error::Protocol(format!(
+        "file control block at {} belongs to inode {found}, not {}",
+        inode.fcb, inode.ino
+    )))
+}
 
 impl FcbReads {
     /// Posts the reads of `inode`'s FCB words into `batch`.
@@ -123,6 +144,7 @@ impl FcbReads {
     pub(crate) fn decode(&self, out: &Completions) -> Fcb {
         let word = |at: u64| out.word(self.words, ((at - READ_FIRST) / 8) as usize);
         Fcb {
+            ino: word(fcb::INO),
             size: word(fcb::SIZE),
             generation: word(fcb::GENERATION),
             mtime: word(fcb::MTIME),
@@ -227,14 +249,14 @@ impl Inner {
         }
     }
 
-    /// Reads SIZE and GENERATION from the FCB (two word reads in one round trip: each word is
-    /// read atomically).
+    /// Reads SIZE and GENERATION from the FCB, with its INO ([`check_owner`]): one read of the
+    /// three adjacent words, in one round trip (each word is read atomically).
     pub(crate) fn read_fcb(&self, w: &mut Worker, inode: &OpenInode) -> Result<(u64, u64), Error> {
         w.batch.clear();
-        let size = w.batch.read(inode.fcb.add(fcb::SIZE), 8);
-        let generation = w.batch.read(inode.fcb.add(fcb::GENERATION), 8);
+        let words = w.batch.read(inode.fcb.add(fcb::INO), 24);
         w.exec_meta()?;
-        Ok((w.out.word(size, 0), w.out.word(generation, 0)))
+        check_owner(inode, w.out.word(words, 0))?;
+        Ok((w.out.word(words, 1), w.out.word(words, 2)))
     }
 
     /// Completes an MTIME raise whose CAS executed with results `out`: when another client
@@ -335,30 +357,14 @@ impl Inner {
                 let mut w = self.checkout()?;
                 let inode = self.live_inode(&inode, &w.view)?;
                 w.batch.clear();
-                let size = w.batch.read(inode.fcb.add(fcb::SIZE), 8);
-                let mtime = w.batch.read(inode.fcb.add(fcb::MTIME), 8);
+                // INO to MTIME, adjacent: one read.
+                let words = w.batch.read(inode.fcb.add(fcb::INO), 32);
                 w.exec_meta()?;
-                return Ok(fcb::live(attr, w.out.word(size, 0), w.out.word(mtime, 0)));
+                check_owner(&inode, w.out.word(words, 0))?;
+                let word = |at: u64| w.out.word(words, ((at - fcb::INO) / 8) as usize);
+                return Ok(fcb::live(attr, word(fcb::SIZE), word(fcb::MTIME)));
             }
         }
         Ok(attr)
-    }
-
-    /// Checks that the FCB `Open` named belongs to this inode: a mismatch means the meta
-    /// server's region and this client disagree, and writing through it would corrupt another
-    /// file.
-    pub(crate) fn check_fcb_owner(&self, inode: &OpenInode) -> Result<(), Error> {
-        let mut w = self.checkout()?;
-        w.batch.clear();
-        let h = w.batch.read(inode.fcb.add(fcb::INO), 8);
-        w.exec_meta()?;
-        let found = w.out.word(h, 0);
-        if found != inode.ino {
-            return Err(Error::Protocol(format!(
-                "file control block at {} belongs to inode {found}, not {}",
-                inode.fcb, inode.ino
-            )));
-        }
-        Ok(())
     }
 }

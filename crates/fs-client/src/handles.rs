@@ -385,18 +385,13 @@ impl Inner {
             Response::Open(opened) => opened,
             other => return Err(unexpected("Open", other)),
         };
-        self.opened(ino, session, opened)
+        Ok(self.opened(ino, session, opened))
     }
 
-    /// The [`OpenInode`] an `Open` (or `Create`) answered in `session` describes, once its FCB
-    /// is checked (a mismatch releases it).
-    fn opened(
-        &self,
-        ino: Ino,
-        session: u64,
-        opened: proto::OpenFile,
-    ) -> Result<Arc<OpenInode>, Error> {
-        let inode = Arc::new(OpenInode {
+    /// The [`OpenInode`] an `Open` (or `Create`) answered in `session` describes. Its FCB is
+    /// checked at each use (`fcb::check_owner`), not here: that took a round trip per open.
+    fn opened(&self, ino: Ino, session: u64, opened: proto::OpenFile) -> Arc<OpenInode> {
+        Arc::new(OpenInode {
             ino,
             open_id: self.files.next_open_id.fetch_add(1, Ordering::Relaxed),
             session,
@@ -404,12 +399,7 @@ impl Inner {
             lock: opened.lock,
             chunks: RwLock::new(ChunkCache::new(opened.attr.generation)),
             closed: AtomicBool::new(false),
-        });
-        if let Err(e) = self.check_fcb_owner(&inode) {
-            let _ = self.meta.call(Request::Release { ino });
-            return Err(e);
-        }
-        Ok(inode)
+        })
     }
 
     /// Counts an open of `ino` that a `Create` sent in `session` made (the file is new, so
@@ -421,7 +411,7 @@ impl Inner {
         session: u64,
         opened: proto::OpenFile,
     ) -> Result<Arc<OpenInode>, Error> {
-        let inode = self.opened(ino, session, opened)?;
+        let inode = self.opened(ino, session, opened);
         let mut open = self.files.settled(ino);
         if let Some(entry) = open.entries.get_mut(&ino) {
             if let Some(existing) = &entry.inode {

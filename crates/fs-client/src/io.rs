@@ -52,7 +52,7 @@
 use crate::chunks::ChunkRun;
 use crate::client::{CitronFs, FileHandle, Inner};
 use crate::error::{Error, Peer};
-use crate::fcb::{Fcb, FcbRaises, FcbReads, MtimeRaise};
+use crate::fcb::{check_owner, Fcb, FcbRaises, FcbReads, MtimeRaise};
 use crate::handles::{Handle, OpenInode};
 use crate::locks::{server_range, whole_file};
 use crate::plan::{plan, Limits, Op, ServerPlan};
@@ -530,13 +530,19 @@ impl Inner {
         w.out = out;
         w.lease = lease;
         failpoint!("fs_client::io::locked");
-        let result = body(w, found, touch_in_body);
+        // An FCB that is not this file's is refused before any data verb or raise touches it
+        // (the lock is released all the same).
+        let (result, owned) = match check_owner(inode, found.ino) {
+            Ok(()) => (body(w, found, touch_in_body), true),
+            Err(e) => (Err(e), false),
+        };
         w.lease = None;
         let mut extra = std::mem::take(&mut w.batch);
         let mut out = std::mem::take(&mut w.out);
         extra.clear();
-        let raise =
-            touch_at_release.and_then(|now| MtimeRaise::post(&mut extra, inode, found.mtime, now));
+        let raise = touch_at_release
+            .filter(|_| owned)
+            .and_then(|now| MtimeRaise::post(&mut extra, inode, found.mtime, now));
         let meta_ep = &mut *w.meta_ep;
         let mut lock_rtts = 0;
         let released = w.locks.handle(self, &w.view, inode).and_then(|l| {

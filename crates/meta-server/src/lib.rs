@@ -509,6 +509,16 @@ impl MetaHandle {
         self.inner.as_ref().map_or(0, |r| r.service.request_nanos())
     }
 
+    /// Overwrites word `word` (`proto::fcb::INO`, `SIZE`, ...) of open file `ino`'s control
+    /// block with `value`, as a bug or a stray write could, and returns what it held (`None`:
+    /// the file is not open). For tests of the clients' checks.
+    #[cfg(feature = "test-hooks")]
+    pub fn damage_fcb_word(&self, ino: proto::Ino, word: u64, value: u64) -> Option<u64> {
+        self.inner
+            .as_ref()
+            .and_then(|r| r.service.damage_fcb_word(ino, word, value))
+    }
+
     /// Of those requests, how many a connection's awake thread read and answered itself
     /// ([`MetaConfig::idle_poll`]; 0 once shut down).
     pub fn awake_count(&self) -> u64 {

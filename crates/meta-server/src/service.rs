@@ -1074,6 +1074,18 @@ impl Service {
 
     // ---- open files -------------------------------------------------------------------------
 
+    /// `MetaHandle::damage_fcb_word`.
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn damage_fcb_word(&self, ino: Ino, word: u64, value: u64) -> Option<u64> {
+        let mut st = lock(&self.state);
+        let old = Self::fcb_word(&mut st, ino, word)?;
+        let off = st.open.get(&ino)?.fcb;
+        st.endpoint
+            .write_u64(Self::meta_addr(off + word), value)
+            .ok()?;
+        Some(old)
+    }
+
     fn fcb_word(st: &mut State, ino: Ino, word: u64) -> Option<u64> {
         let off = st.open.get(&ino)?.fcb;
         st.endpoint.read_u64(Self::meta_addr(off + word)).ok()
