@@ -49,7 +49,7 @@ use tokio::sync::watch;
 pub(crate) struct AwakeServe {
     budget: Duration,
     busy: AtomicBool,
-    /// Requests answered by awake threads.
+    /// Requests answered by awake threads, heartbeats excepted (as `Service::request_count`).
     served: AtomicU64,
 }
 
@@ -200,7 +200,14 @@ impl<W> Spell<W> {
                 // Undecodable (the async loop refuses it) or not quick (it goes to the pool).
                 _ => return Handback::Frame(Ok(())),
             };
+            // Counted as `Service::handle` counts requests: heartbeats excepted.
+            let counted = !matches!(frame.request, proto::rpc::Request::Heartbeat)
+                || !frame.release_first.is_empty();
             let answer = run_request(&self.service, self.session, frame);
+            // Counted before the answer leaves, so that a caller who has the answer sees it.
+            if counted {
+                self.awake.served.fetch_add(1, Ordering::Relaxed);
+            }
             let bytes = match postcard::to_stdvec(&answer) {
                 Ok(bytes) if bytes.len() <= MAX_FRAME => bytes,
                 Ok(bytes) => {
@@ -221,7 +228,6 @@ impl<W> Spell<W> {
             if let Err(e) = written {
                 return Handback::WriteFailed(format!("writing an answer: {e}"));
             }
-            self.awake.served.fetch_add(1, Ordering::Relaxed);
             quiet_since = Instant::now();
         }
     }

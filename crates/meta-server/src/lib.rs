@@ -519,8 +519,8 @@ impl MetaHandle {
             .and_then(|r| r.service.damage_fcb_word(ino, word, value))
     }
 
-    /// Of those requests, how many a connection's awake thread read and answered itself
-    /// ([`MetaConfig::idle_poll`]; 0 once shut down).
+    /// Of those requests (heartbeats excepted), how many a connection's awake thread read and
+    /// answered itself ([`MetaConfig::idle_poll`]; 0 once shut down).
     pub fn awake_count(&self) -> u64 {
         self.inner.as_ref().map_or(0, |r| r.awake.served())
     }

@@ -135,6 +135,10 @@ fn bench_meta_measures_the_null_ceiling_in_the_same_run() {
         assert_eq!(r["ratio_vs_tmpfs"].is_f64(), fs != "tmpfs" && phase, "{r}");
         // The meta server's counters: CitronFS only; stat costs it no request.
         assert_eq!(r["rpcs_per_op"].is_f64(), fs == "citronfs", "{r}");
+        assert_eq!(r["awake_per_op"].is_f64(), fs == "citronfs", "{r}");
+        if let (Some(awake), Some(rpcs)) = (r["awake_per_op"].as_f64(), r["rpcs_per_op"].as_f64()) {
+            assert!(awake <= rpcs, "more requests answered awake than made: {r}");
+        }
     }
     let of = |fs: &str, phase: &str| {
         rows.iter()

@@ -23,7 +23,8 @@
 //! heartbeats excepted) is read before and after each phase: `RPCs/op` shows which operations
 //! still cost the meta server a request, and `server µs/op` how long its handlers ran for them
 //! (`MetaHandle::request_nanos`; the rest of an operation's time is FUSE, the client and the
-//! RPC transport).
+//! RPC transport), and `awake/op` how many of them the thread watching a connection after an
+//! answer read and answered itself (`MetaHandle::awake_count`, machines of 4+ CPUs).
 //!
 //! The mount's attribute and entry TTL is `--attr-ttl-ms` (0 by default), so that every stat and
 //! every path walk reaches CitronFS instead of the kernel's cache: the figures are the file
@@ -253,6 +254,10 @@ struct MetaResult {
     /// RPC transport not). Handlers of concurrent requests overlap, so with several threads
     /// this can exceed the phase's time per operation.
     server_us_per_op: Option<f64>,
+    /// CitronFS: of `rpcs_per_op`, the requests per operation that the thread watching the
+    /// connection after an answer read and answered itself (`MetaHandle::awake_count`; none
+    /// on machines of fewer than 4 CPUs, where the meta server does not watch).
+    awake_per_op: Option<f64>,
 }
 
 /// Runs `citronfs bench meta`.
@@ -294,6 +299,7 @@ pub fn run(args: &MetaArgs) -> Result<()> {
             "p50/null",
             "RPCs/op",
             "server µs/op",
+            "awake/op",
         ],
     );
     // Rows of the references, to compare the later ones with.
@@ -323,6 +329,9 @@ pub fn run(args: &MetaArgs) -> Result<()> {
                     .unwrap_or_else(|| "-".into()),
                 r.server_us_per_op
                     .map(|x| fmt_f(x, 1))
+                    .unwrap_or_else(|| "-".into()),
+                r.awake_per_op
+                    .map(|x| fmt_f(x, 2))
                     .unwrap_or_else(|| "-".into()),
             ],
             &r,
@@ -424,7 +433,9 @@ pub fn run(args: &MetaArgs) -> Result<()> {
              throughput (all threads), latency is per call. CitronFS: FUSE mount with attribute/\
              entry TTL {} ms over the {} fabric; RPCs/op: meta-server requests per operation \
              (heartbeats excepted); server µs/op: time in the meta server's handlers per \
-             operation (the rest is FUSE, the client and the RPC transport). null: the same \
+             operation (the rest is FUSE, the client and the RPC transport); awake/op: of those \
+             requests, the ones the thread watching a connection after an answer read and \
+             answered itself, without waking an async worker (machines of 4+ CPUs). null: the same \
              FUSE adapter and options over a backend that answers at once, the FUSE path's \
              ceiling; vs null: ops/s over null's; p50/null: p50 latency over null's. rpc: the \
              meta server's cheapest request (cluster settings) from the client library, no \
@@ -484,18 +495,28 @@ fn run_target(
         cluster,
         rpc: client,
     } = *target;
-    // Measures one row, with the meta server's requests and handler time during it.
+    // Measures one row, with the meta server's requests, handler time and requests answered
+    // awake during it.
+    let counters = |c: &Cluster| {
+        let meta = c.meta();
+        [
+            meta.request_count(),
+            meta.request_nanos(),
+            meta.awake_count(),
+        ]
+    };
     let row = |phase: &'static str, threads: usize, run: &dyn Fn() -> Result<Measured>| {
-        let before = cluster.map(|c| (c.meta().request_count(), c.meta().request_nanos()));
+        let before = cluster.map(counters);
         let m = run().with_context(|| format!("{fs} {phase} with {threads} threads"))?;
-        let after = cluster.map(|c| (c.meta().request_count(), c.meta().request_nanos()));
-        let per_op = |d: u64| d as f64 / m.ops.max(1) as f64;
-        let rpcs = before
-            .zip(after)
-            .map(|(b, a)| per_op(a.0.saturating_sub(b.0)));
-        let server_us = before
-            .zip(after)
-            .map(|(b, a)| per_op(a.1.saturating_sub(b.1)) / 1000.0);
+        let after = cluster.map(counters);
+        let per_op = |i: usize| {
+            before
+                .zip(after)
+                .map(|(b, a)| a[i].saturating_sub(b[i]) as f64 / m.ops.max(1) as f64)
+        };
+        let rpcs = per_op(0);
+        let server_us = per_op(1).map(|ns| ns / 1000.0);
+        let awake = per_op(2);
         super::interrupted(stop)?;
         let us = |q: f64| m.histogram.value_at_quantile(q) as f64 / 1000.0;
         progress.inc(1);
@@ -515,6 +536,7 @@ fn run_target(
             p50_vs_null: None,
             rpcs_per_op: rpcs,
             server_us_per_op: server_us,
+            awake_per_op: awake,
         })
     };
     let mut results = Vec::new();
