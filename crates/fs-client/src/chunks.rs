@@ -118,7 +118,7 @@ impl Inner {
                     // The file's layout changed under us (unlink elsewhere): start over with
                     // the generation the FCB has now.
                     let mut w = self.checkout()?;
-                    generation = self.read_fcb(&mut w, inode)?.1;
+                    generation = self.read_fcb(&mut w, inode)?.generation;
                     continue;
                 }
                 Err(e) => return Err(e),

@@ -21,11 +21,12 @@
 //! - Each word is read atomically; SIZE and GENERATION are read in one round trip but are two
 //!   words, so a reader that needs them consistent holds the range lock that a truncate would
 //!   need (every read and write does).
-//! - Every read of the FCB reads its INO word too, in the same verb, and is refused unless it
-//!   carries the inode's number ([`check_owner`]): writing through another file's FCB would
-//!   corrupt it. An I/O checks it before its first data verb (the words ride in the lock's
-//!   granting batch, [`FcbReads`]), so a wrong FCB costs an error, never a write, and an open
-//!   costs no round trip of its own to check it.
+//! - Every read of the FCB reads its INO word too, in the same round trip, and is refused
+//!   unless it carries the inode's number ([`check_owner`]; a slot's FCB that is no longer the
+//!   inode's sends a stat to the RPC instead, [`live_slot_attr`]): writing through another
+//!   file's FCB would corrupt it. An I/O checks it before its first data verb (the words ride
+//!   in the lock's granting batch, [`FcbReads`]), so a wrong FCB costs an error, never a
+//!   write, and an open costs no round trip of its own to check it.
 
 use crate::client::Inner;
 use crate::error::Error;
@@ -79,8 +80,8 @@ pub(crate) fn live_slot_attr(
     Ok(Some(attr))
 }
 
-/// The FCB words a locked I/O found, read in the batch that granted its range lock
-/// ([`FcbReads`]).
+/// The FCB words read in one verb ([`FcbReads`]): by a locked I/O in the batch that granted
+/// its range lock, or alone ([`Inner::read_fcb`]).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Fcb {
     /// INO: whose FCB this is ([`check_owner`]).
@@ -249,14 +250,17 @@ impl Inner {
         }
     }
 
-    /// Reads SIZE and GENERATION from the FCB, with its INO ([`check_owner`]): one read of the
-    /// three adjacent words, in one round trip (each word is read atomically).
-    pub(crate) fn read_fcb(&self, w: &mut Worker, inode: &OpenInode) -> Result<(u64, u64), Error> {
+    /// Reads the FCB's words outside a lock acquisition ([`FcbReads`] in a batch of its own on
+    /// the worker's meta endpoint: one round trip), refused unless it is `inode`'s
+    /// ([`check_owner`]). Each word is read atomically, but not the words together: a reader
+    /// that needs two of them consistent holds the range lock a change of both would need.
+    pub(crate) fn read_fcb(&self, w: &mut Worker, inode: &OpenInode) -> Result<Fcb, Error> {
         w.batch.clear();
-        let words = w.batch.read(inode.fcb.add(fcb::INO), 24);
+        let reads = FcbReads::post(&mut w.batch, inode);
         w.exec_meta()?;
-        check_owner(inode, w.out.word(words, 0))?;
-        Ok((w.out.word(words, 1), w.out.word(words, 2)))
+        let found = reads.decode(&w.out);
+        check_owner(inode, found.ino)?;
+        Ok(found)
     }
 
     /// Completes an MTIME raise whose CAS executed with results `out`: when another client
@@ -356,13 +360,8 @@ impl Inner {
             if let Some(inode) = self.open_entry(attr.ino) {
                 let mut w = self.checkout()?;
                 let inode = self.live_inode(&inode, &w.view)?;
-                w.batch.clear();
-                // INO to MTIME, adjacent: one read.
-                let words = w.batch.read(inode.fcb.add(fcb::INO), 32);
-                w.exec_meta()?;
-                check_owner(&inode, w.out.word(words, 0))?;
-                let word = |at: u64| w.out.word(words, ((at - fcb::INO) / 8) as usize);
-                return Ok(fcb::live(attr, word(fcb::SIZE), word(fcb::MTIME)));
+                let found = self.read_fcb(&mut w, &inode)?;
+                return Ok(fcb::live(attr, found.size, found.mtime));
             }
         }
         Ok(attr)

@@ -410,14 +410,14 @@ impl Inner {
         ino: Ino,
         session: u64,
         opened: proto::OpenFile,
-    ) -> Result<Arc<OpenInode>, Error> {
+    ) -> Arc<OpenInode> {
         let inode = self.opened(ino, session, opened);
         let mut open = self.files.settled(ino);
         if let Some(entry) = open.entries.get_mut(&ino) {
             if let Some(existing) = &entry.inode {
                 entry.handles += 1;
                 entry.linger = Linger::No;
-                return Ok(existing.clone());
+                return existing.clone();
             }
         }
         open.entries.insert(
@@ -429,7 +429,7 @@ impl Inner {
                 linger: Linger::No,
             },
         );
-        Ok(inode)
+        inode
     }
 
     /// Opens `ino` again in `view`'s session (it was opened in an earlier one, which a restart

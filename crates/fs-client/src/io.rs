@@ -932,7 +932,9 @@ impl Inner {
     /// write this client acknowledged had completed its data verbs before returning, so the
     /// flushes cover it.
     fn flush_data(&self, w: &mut Worker, inode: &OpenInode) -> Result<(), Error> {
-        let (size, generation) = self.read_fcb(w, inode)?;
+        let Fcb {
+            size, generation, ..
+        } = self.read_fcb(w, inode)?;
         if size == 0 {
             return Ok(());
         }

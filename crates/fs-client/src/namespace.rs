@@ -107,7 +107,7 @@ impl CitronFs {
             other => return Err(unexpected("Create", other)),
         };
         let attr = opened.attr.clone();
-        let inode = self.inner.adopt_open(attr.ino, session, opened)?;
+        let inode = self.inner.adopt_open(attr.ino, session, opened);
         Ok((attr, self.inner.new_handle(inode, caller, flags)))
     }
 

@@ -33,7 +33,7 @@
 
 use crate::rpc::run_request;
 use crate::service::Service;
-use fabric::frame::{check_body, header_for, parse_header, FrameError, HEADER_LEN};
+use fabric::frame::{check_body, header_for, parse_header, FrameError, FrameHeader, HEADER_LEN};
 use proto::rpc::{RequestFrame, MAX_FRAME};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -60,11 +60,11 @@ pub(crate) enum Handback {
     /// A frame the awake thread read but did not run: the body buffer holds it (or the read's
     /// error); the async loop takes it as if it had read it.
     Frame(Result<(), FrameError>),
-    /// Writing an answer failed: the connection ends.
-    WriteFailed(String),
+    /// Writing an answer failed, or the awake thread did: the connection ends.
+    Failed(String),
 }
 
-/// Holds [`AwakeServe::busy`] for one connection; gives it back when dropped.
+/// Holds [`AwakeServe::busy`] for one connection's spell; gives it back when dropped.
 struct Busy(Arc<AwakeServe>);
 
 impl Drop for Busy {
@@ -79,8 +79,8 @@ enum Head {
     Waiting,
     /// The peer closed the connection, or the socket failed: the async reader sees which.
     Ended,
-    /// A whole frame of this many body bytes is in the socket.
-    Whole(usize),
+    /// A whole frame with this header is in the socket.
+    Whole(FrameHeader),
     /// The header declares a frame the server does not take: the async reader refuses it.
     Refused,
 }
@@ -134,35 +134,29 @@ impl AwakeServe {
             }
         };
         let spell = Spell {
-            awake: self.clone(),
+            busy,
             fd,
-            budget: self.budget,
             writer: writer.clone(),
             service: service.clone(),
             session,
             stop: stop.clone(),
             body: std::mem::take(body),
         };
-        match tokio::task::spawn_blocking(move || {
-            let _busy = busy;
-            spell.run()
-        })
-        .await
-        {
+        match tokio::task::spawn_blocking(move || spell.run()).await {
             Ok((buffer, handback)) => {
                 *body = buffer;
                 handback
             }
-            Err(e) => Handback::WriteFailed(format!("the awake thread failed: {e}")),
+            Err(e) => Handback::Failed(format!("the awake thread failed: {e}")),
         }
     }
 }
 
-/// One awake spell on a blocking-pool thread.
+/// One awake spell on a blocking-pool thread; the server's turn ([`Busy`]) is given back when
+/// it ends.
 struct Spell<W> {
-    awake: Arc<AwakeServe>,
+    busy: Busy,
     fd: OwnedFd,
-    budget: Duration,
     writer: Arc<tokio::sync::Mutex<W>>,
     service: Arc<Service>,
     session: u64,
@@ -177,21 +171,22 @@ impl<W> Spell<W> {
     }
 
     fn serve(&mut self) -> Handback {
+        let awake = &*self.busy.0;
         let fd = self.fd.as_fd();
         let mut quiet_since = Instant::now();
         loop {
             if *self.stop.borrow() {
                 return Handback::Idle;
             }
-            let len = match head_of(fd) {
-                Head::Whole(len) => len,
-                Head::Waiting if quiet_since.elapsed() < self.budget => {
+            let header = match head_of(fd) {
+                Head::Whole(header) => header,
+                Head::Waiting if quiet_since.elapsed() < awake.budget => {
                     std::hint::spin_loop();
                     continue;
                 }
                 Head::Waiting | Head::Ended | Head::Refused => return Handback::Idle,
             };
-            let read = take_frame(fd, len, &mut self.body);
+            let read = take_frame(fd, &header, &mut self.body);
             if read.is_err() {
                 return Handback::Frame(read);
             }
@@ -200,23 +195,21 @@ impl<W> Spell<W> {
                 // Undecodable (the async loop refuses it) or not quick (it goes to the pool).
                 _ => return Handback::Frame(Ok(())),
             };
-            // Counted as `Service::handle` counts requests: heartbeats excepted.
-            let counted = !matches!(frame.request, proto::rpc::Request::Heartbeat)
-                || !frame.release_first.is_empty();
+            let counted = crate::requests::counted(&frame.request, &frame.release_first);
             let answer = run_request(&self.service, self.session, frame);
             // Counted before the answer leaves, so that a caller who has the answer sees it.
             if counted {
-                self.awake.served.fetch_add(1, Ordering::Relaxed);
+                awake.served.fetch_add(1, Ordering::Relaxed);
             }
             let bytes = match postcard::to_stdvec(&answer) {
                 Ok(bytes) if bytes.len() <= MAX_FRAME => bytes,
                 Ok(bytes) => {
-                    return Handback::WriteFailed(format!(
+                    return Handback::Failed(format!(
                         "response of {} bytes exceeds the frame limit",
                         bytes.len()
                     ))
                 }
-                Err(e) => return Handback::WriteFailed(e.to_string()),
+                Err(e) => return Handback::Failed(e.to_string()),
             };
             let mut out = Vec::with_capacity(HEADER_LEN + bytes.len());
             out.extend_from_slice(&header_for(&bytes));
@@ -226,7 +219,7 @@ impl<W> Spell<W> {
                 send_all(fd, &out, &self.stop)
             };
             if let Err(e) = written {
-                return Handback::WriteFailed(format!("writing an answer: {e}"));
+                return Handback::Failed(format!("writing an answer: {e}"));
             }
             quiet_since = Instant::now();
         }
@@ -270,21 +263,23 @@ fn head_of(fd: BorrowedFd<'_>) -> Head {
     if (available as usize) < HEADER_LEN + parsed.len {
         Head::Waiting
     } else {
-        Head::Whole(parsed.len)
+        Head::Whole(parsed)
     }
 }
 
-/// Reads the whole frame of `len` body bytes that [`head_of`] found into `body`, and checks
-/// it. Its bytes are all in the socket and this thread is the connection's only reader, so
-/// nothing here waits.
-fn take_frame(fd: BorrowedFd<'_>, len: usize, body: &mut Vec<u8>) -> Result<(), FrameError> {
-    let mut header = [0u8; HEADER_LEN];
-    recv_exact(fd, &mut header)?;
-    let parsed = parse_header(&header, MAX_FRAME)?;
+/// Reads the whole frame that [`head_of`] found, with `header`, into `body`, and checks it.
+/// Its bytes are all in the socket and this thread is the connection's only reader, so nothing
+/// here waits, and the header consumed is the one peeked.
+fn take_frame(
+    fd: BorrowedFd<'_>,
+    header: &FrameHeader,
+    body: &mut Vec<u8>,
+) -> Result<(), FrameError> {
+    recv_exact(fd, &mut [0u8; HEADER_LEN])?;
     body.clear();
-    body.resize(len, 0);
+    body.resize(header.len, 0);
     recv_exact(fd, body)?;
-    check_body(&parsed, body)
+    check_body(header, body)
 }
 
 fn recv_exact(fd: BorrowedFd<'_>, mut buf: &mut [u8]) -> io::Result<()> {

@@ -138,8 +138,8 @@ pub fn default_idle_poll() -> Duration {
 /// client making metadata calls one after the other (a thread creating files, the kernel's
 /// requests in between) sends the next 50–150 µs after an answer (16-core machine, `bench
 /// meta`); an async worker asleep by then costs the call a wake-up of an idle CPU. With a
-/// 200 µs watch (a diagnostic build that spun on the async worker), a create through the mount
-/// took 47–54 µs instead of 56–67 µs there.
+/// 200 µs watch there, creates through the mount with 4 threads went 1.02–1.09× faster and the
+/// cheapest call's round trip from 20–23 to 12–19 µs (docs/BENCHMARKS.md).
 pub const IDLE_POLL: Duration = Duration::from_micros(200);
 
 impl MetaConfig {

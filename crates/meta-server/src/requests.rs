@@ -64,6 +64,13 @@ pub(crate) fn traits(request: &Request) -> Traits {
     }
 }
 
+/// Whether a request frame counts as a client request (`MetaHandle::request_count`, and of
+/// those `awake_count`): every request but a heartbeat, and a heartbeat that carries releases
+/// (a client's idle closes), since those do a client's work.
+pub(crate) fn counted(request: &Request, release_first: &[proto::Ino]) -> bool {
+    !matches!(request, Request::Heartbeat) || !release_first.is_empty()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,8 +6,9 @@
 //! sled and the fabric verbs block, so a request runs on tokio's blocking pool
 //! (`spawn_blocking`), whose thread also writes the answer, and a slow request (zeroing chunks,
 //! a lock tree created for a large file) never stalls other connections — except a quick one
-//! (`requests::Traits::inline`: tens of microseconds in memory) alone on its connection, which the async
-//! worker that read it handles and answers itself, saving the hand-off's thread wake-up.
+//! (`requests::Traits::inline`: tens of microseconds in memory) alone on its connection, which
+//! the async worker that read it handles and answers itself, saving the hand-off's thread
+//! wake-up; after that answer the connection is served awake for a while (`awake`).
 
 use crate::awake::{AwakeServe, Handback};
 use crate::service::Service;
@@ -447,8 +448,8 @@ where
                 _ = stop.changed() => return stopping().await,
             };
             // Alone on its connection (this one holds the only permit taken) and quick
-            // (`requests::Traits::inline`): handled right here, on the async worker that read it, and
-            // answered from it — no thread hand-off at all. A request that arrives meanwhile
+            // (`requests::Traits::inline`): handled right here, on the async worker that read
+            // it, and answered from it — no thread hand-off at all. A request that arrives meanwhile
             // waits in the socket until this one is answered (tens of microseconds); while
             // others are in flight, every request goes to the pool.
             if permits.available_permits() == MAX_IN_FLIGHT_PER_CONNECTION - 1
@@ -467,7 +468,7 @@ where
                 {
                     Handback::Idle => {}
                     Handback::Frame(read) => handed_back = Some(read),
-                    Handback::WriteFailed(why) => return Err(why),
+                    Handback::Failed(why) => return Err(why),
                 }
                 continue;
             }

@@ -1078,11 +1078,9 @@ impl Service {
     #[cfg(feature = "test-hooks")]
     pub(crate) fn damage_fcb_word(&self, ino: Ino, word: u64, value: u64) -> Option<u64> {
         let mut st = lock(&self.state);
-        let old = Self::fcb_word(&mut st, ino, word)?;
-        let off = st.open.get(&ino)?.fcb;
-        st.endpoint
-            .write_u64(Self::meta_addr(off + word), value)
-            .ok()?;
+        let addr = Self::meta_addr(st.open.get(&ino)?.fcb + word);
+        let old = st.endpoint.read_u64(addr).ok()?;
+        st.endpoint.write_u64(addr, value).ok()?;
         Some(old)
     }
 
@@ -1359,7 +1357,7 @@ impl Service {
         release_first: Vec<Ino>,
         request: Request,
     ) -> Result<Response, FsError> {
-        let counted = !matches!(request, Request::Heartbeat) || !release_first.is_empty();
+        let counted = crate::requests::counted(&request, &release_first);
         let start = Instant::now();
         for ino in release_first {
             if let Err(error) = self.handle_timed(session, Request::Release { ino }) {
