@@ -298,8 +298,9 @@ impl CitronFs {
     ///   below the size; past the size nothing is reserved, because no chunk outlives the size
     ///   at rest (docs/ARCHITECTURE.md): a later write there may still fail with ENOSPC.
     /// - [`Fallocate::PunchHole`] (`FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`): the range reads
-    ///   zeros afterwards (its allocated bytes are overwritten with zeros; chunks stay
-    ///   allocated); the size does not change.
+    ///   zeros afterwards; the chunks wholly inside it are freed (their memory is the data
+    ///   servers' again, as after a truncate), the allocated bytes of the chunks it only partly
+    ///   covers are overwritten with zeros; the size does not change.
     ///
     /// Each moves mtime and ctime like a write (and clears set-ID bits when `kill_suidgid`).
     /// `len` 0 is EINVAL, and so is a range past the largest file (as for a write there).
@@ -642,14 +643,13 @@ impl Inner {
             Fallocate::KeepSize | Fallocate::PunchHole => range.end.min(size),
         };
         if alloc_end > range.start {
-            let n = usize::try_from(alloc_end - range.start)
-                .map_err(|_| FsError::Invalid("fallocate range too large".into()))?;
-            let allocate = mode != Fallocate::PunchHole;
-            let view = w.view.clone();
-            let locs =
-                self.chunk_locations(&view, inode, found.generation, range.start, n, allocate)?;
             if mode == Fallocate::PunchHole {
-                self.zero_allocated(w, range.start, n, &locs)?;
+                self.punch(w, inode, found.generation, range.start..alloc_end)?;
+            } else {
+                let n = usize::try_from(alloc_end - range.start)
+                    .map_err(|_| FsError::Invalid("fallocate range too large".into()))?;
+                let view = w.view.clone();
+                self.chunk_locations(&view, inode, found.generation, range.start, n, true)?;
             }
         }
         // SIZE (mode 0) and MTIME in one batch, after the step's work.
@@ -684,6 +684,56 @@ impl Inner {
             },
         )
         .map(drop)
+    }
+
+    /// Makes bytes `[bytes.start, bytes.end)` (not empty) of a file read zeros, under the range
+    /// lock covering them: the chunks wholly inside are freed (`Request::FreeChunks`, which
+    /// gives their memory back and bumps the file's generation), and the allocated bytes of
+    /// the chunks the range only partly covers are overwritten with zeros.
+    fn punch(
+        &self,
+        w: &mut Worker,
+        inode: &OpenInode,
+        generation: u64,
+        bytes: Range<u64>,
+    ) -> Result<(), Error> {
+        let layout = &self.geometry.layout;
+        let (first, head) = layout.locate(bytes.start);
+        let (last, tail) = layout.locate(bytes.end - 1);
+        // The chunks wholly inside: [whole.start, whole.end).
+        let whole = (if head == 0 { first } else { first + 1 })..(if tail + 1 == layout.len(last) {
+            last + 1
+        } else {
+            last
+        });
+        let zeroed = if whole.is_empty() {
+            vec![bytes.clone()]
+        } else {
+            vec![
+                bytes.start..layout.start(whole.start),
+                layout.start(whole.end)..bytes.end,
+            ]
+        };
+        let view = w.view.clone();
+        for part in zeroed.into_iter().filter(|part| !part.is_empty()) {
+            let n = usize::try_from(part.end - part.start)
+                .map_err(|_| FsError::Invalid("fallocate range too large".into()))?;
+            let locs = self.chunk_locations(&view, inode, generation, part.start, n, false)?;
+            self.zero_allocated(w, part.start, n, &locs)?;
+        }
+        if !whole.is_empty() {
+            // Like a data batch, the call starts only with the lease well ahead of it.
+            self.check_lease_before_post(w)?;
+            self.ok_call(
+                "FreeChunks",
+                Request::FreeChunks {
+                    ino: inode.ino,
+                    first: whole.start,
+                    count: whole.end - whole.start,
+                },
+            )?;
+        }
+        Ok(())
     }
 
     /// Overwrites with zeros the allocated bytes of `[off, off + len)` (holes already read

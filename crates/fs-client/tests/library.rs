@@ -604,6 +604,65 @@ fn fallocate_allocates_extends_and_punches() {
     fs.release(fh).unwrap();
 }
 
+/// A hole punched over whole chunks gives them back to the data servers, and a client that
+/// had their locations cached never writes into them afterwards: its next lock's batch reads
+/// the generation the punch bumped. Before, a punch only overwrote the chunks with zeros and
+/// kept them.
+#[test]
+fn a_punched_hole_gives_its_chunks_back_and_stale_locations_are_dropped() {
+    use fs_client::Fallocate;
+    let cluster = start(1, 64);
+    let a = cluster.connect(LockScheme::CITRON).unwrap();
+    let b = cluster.connect(LockScheme::CITRON).unwrap();
+    let used = |fs: &CitronFs| {
+        assert!(cluster.meta().wait_reclaimed(Duration::from_secs(10)));
+        let s = fs.statfs().unwrap();
+        (s.total_blocks - s.free_blocks) * s.block_size
+    };
+    let (ino, fa) = new_file(&a, "punched");
+    let len = 8 * CHUNK;
+    let data = pattern(5, 0, len as usize);
+    a.write(fa, 0, &data).unwrap();
+    let full = used(&a);
+    assert_eq!(full, charged(0, len));
+    // B reads everything: it now has every chunk's location cached.
+    let fb = b.open(me(), ino, libc::O_RDWR).unwrap();
+    assert_eq!(b.read(fb, 0, len as usize).unwrap(), data);
+    // [CHUNK - 100, 7 CHUNK + 100): chunks [CHUNK, 7 CHUNK) wholly inside, bytes at each end.
+    let (from, to) = (CHUNK - 100, 7 * CHUNK + 100);
+    a.fallocate(fa, from, to - from, Fallocate::PunchHole, false)
+        .unwrap();
+    assert_eq!(
+        used(&a),
+        full - 6 * CHUNK,
+        "the six whole chunks given back"
+    );
+    let mut want = data.clone();
+    want[from as usize..to as usize].fill(0);
+    assert_eq!(a.read(fa, 0, len as usize).unwrap(), want);
+    assert_eq!(b.read(fb, 0, len as usize).unwrap(), want);
+    // B writes into the hole: new chunks, not the freed ones it had cached (which the
+    // reclaimer zeroes and another file may get).
+    let fill = pattern(6, CHUNK, (2 * CHUNK) as usize);
+    b.write(fb, 2 * CHUNK, &fill).unwrap();
+    want[(2 * CHUNK) as usize..(4 * CHUNK) as usize].copy_from_slice(&fill);
+    let (_, other) = new_file(&a, "other");
+    let other_data = pattern(7, 0, (4 * CHUNK) as usize);
+    a.write(other, 0, &other_data).unwrap();
+    assert_eq!(used(&a), full - 4 * CHUNK + charged(0, 4 * CHUNK));
+    assert_eq!(a.read(fa, 0, len as usize).unwrap(), want);
+    assert_eq!(a.read(other, 0, (4 * CHUNK) as usize).unwrap(), other_data);
+    // A punch inside one chunk frees nothing and zeroes its bytes.
+    a.fallocate(fa, 10, 20, Fallocate::PunchHole, false)
+        .unwrap();
+    want[10..30].fill(0);
+    assert_eq!(b.read(fb, 0, len as usize).unwrap(), want);
+    for fh in [fa, other] {
+        a.release(fh).unwrap();
+    }
+    b.release(fb).unwrap();
+}
+
 #[test]
 fn an_unprivileged_write_clears_set_id_bits() {
     let cluster = start(1, 64);

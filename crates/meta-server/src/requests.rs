@@ -51,6 +51,8 @@ pub(crate) fn traits(request: &Request) -> Traits {
         Request::ReadDir { .. } | Request::ReadDirPlus { .. } => (false, false),
         // Zeroed chunks, or memory for a lock tree, from the data servers or the meta region.
         Request::AllocateChunks { .. } | Request::AllocateLockWords { .. } => (false, false),
+        // A scan of the file's chunks, and its generation bumped.
+        Request::FreeChunks { .. } => (false, true),
         // Waits for other clients' sessions and the fabric servers.
         Request::Fence | Request::AwaitRevocations { .. } => (false, false),
         // Waits for the database's flush; persists sizes.

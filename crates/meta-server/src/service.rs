@@ -1613,6 +1613,23 @@ impl Service {
                 };
                 Response::Chunks(locs.into_iter().map(Some).collect())
             }
+            Request::FreeChunks { ino, first, count } => {
+                let mut st = lock(&self.state);
+                let (attr, effects) = self.store.free_chunks_in(ino, first, count)?;
+                if !effects.freed.is_empty() {
+                    // Before the answer, hence before the caller's range lock is released: the
+                    // next I/O over these chunks reads the new generation in its lock's batch
+                    // and drops its cached locations.
+                    if let Some(open) = st.open.get(&ino) {
+                        let generation = Self::meta_addr(open.fcb + fcb::GENERATION);
+                        st.endpoint.write_u64(generation, attr.generation)?;
+                    }
+                }
+                drop(st);
+                // Zeroed and recycled once the free is durable, as a truncate's chunks are.
+                self.zero_and_recycle(effects.freed);
+                Response::Ok
+            }
             Request::Fsync { ino } => {
                 let mut st = lock(&self.state);
                 self.persist_fcb_size(&mut st, ino)?;

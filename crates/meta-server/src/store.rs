@@ -1183,10 +1183,19 @@ impl Store {
 
     /// The chunks of `ino` with index `>= from`.
     fn scan_chunks(&self, ino: Ino, from: u64) -> Result<Vec<(u64, ChunkLoc)>, FsError> {
+        self.scan_chunks_in(ino, from..=u64::MAX)
+    }
+
+    /// The allocated chunks of `ino` among `chunks`, in order.
+    fn scan_chunks_in(
+        &self,
+        ino: Ino,
+        chunks: std::ops::RangeInclusive<u64>,
+    ) -> Result<Vec<(u64, ChunkLoc)>, FsError> {
         let mut out = Vec::new();
         for item in self
             .tree(T_CHUNKS)
-            .range(key_u64s(ino, from)..=key_u64s(ino, u64::MAX))
+            .range(key_u64s(ino, *chunks.start())..=key_u64s(ino, *chunks.end()))
         {
             let (k, v) = item.map_err(db_err)?;
             out.push((decode_u64(&k[8..])?, decode_loc(&v)?));
@@ -1763,17 +1772,59 @@ impl Store {
         };
         let doomed = self.scan_chunks(ino, self.layout.chunks_below(attr.size))?;
         if doomed.is_empty() {
+            // The common case (every last close): no transaction.
             return Ok(Effects::default());
+        }
+        Ok(self.free_listed(ino, doomed)?.1)
+    }
+
+    /// Frees the allocated chunks among chunks `[first, first + count)` of regular file `ino`
+    /// (`Request::FreeChunks`: a hole punched over them), bumping its generation if there were
+    /// any; returns its attributes as stored and what was freed.
+    pub fn free_chunks_in(
+        &self,
+        ino: Ino,
+        first: u64,
+        count: u64,
+    ) -> Result<(Attr, Effects), FsError> {
+        let attr = self.getattr(ino)?;
+        match attr.kind {
+            FileKind::File => {}
+            FileKind::Dir => return Err(FsError::IsDir),
+            _ => return Err(FsError::Invalid("only regular files have chunks".into())),
+        }
+        if count == 0 {
+            return Ok((attr, Effects::default()));
+        }
+        let last = first.saturating_add(count - 1);
+        let doomed = self.scan_chunks_in(ino, first..=last)?;
+        self.free_listed(ino, doomed)
+    }
+
+    /// Frees `doomed`, chunks of file `ino` found allocated (callers serialize mutations, so
+    /// they still are), bumping its generation when there are any: a client's cached location
+    /// of one of them is then of an older generation, which it drops.
+    fn free_listed(
+        &self,
+        ino: Ino,
+        doomed: Vec<(u64, ChunkLoc)>,
+    ) -> Result<(Attr, Effects), FsError> {
+        if doomed.is_empty() {
+            return Ok((self.getattr(ino)?, Effects::default()));
         }
         self.tx(|tx| {
             let mut attr = tx.inode(ino)?;
             attr.generation += 1;
             tx.put_inode(&attr)?;
             tx.free_chunks(ino, &doomed)?;
-            Ok(Effects {
-                freed: tx.blocks(&doomed),
-                ..Effects::default()
-            })
+            let freed = tx.blocks(&doomed);
+            Ok((
+                attr,
+                Effects {
+                    freed,
+                    ..Effects::default()
+                },
+            ))
         })
     }
 

@@ -190,6 +190,11 @@ pub fn sample_requests() -> Vec<Request> {
             first: u64::MAX - 1,
             count: 4,
         },
+        Request::FreeChunks {
+            ino: 2,
+            first: u64::MAX - 1,
+            count: 4,
+        },
         Request::Fsync { ino: 2 },
         Request::AllocateLockWords {
             ino: 2,

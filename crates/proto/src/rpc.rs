@@ -321,6 +321,21 @@ pub enum Request {
         /// The opener's lock scheme (as in `Open`).
         scheme: lockmgr::LockScheme,
     },
+    /// Frees the allocated chunks among chunks `[first, first + count)` of regular file `ino`
+    /// — a hole punched over whole chunks: they read zeros afterwards, and their memory goes
+    /// back to the data servers — bumping the file's generation when any was, so that every
+    /// client drops its cached locations of them. The caller holds the range lock over those
+    /// chunks' bytes, and that is what keeps every other I/O off them; the generation is not
+    /// checked (a chunk's number is a function of its offsets, whatever the generation).
+    /// → `Ok`
+    FreeChunks {
+        /// Inode.
+        ino: Ino,
+        /// First chunk index.
+        first: u64,
+        /// Number of chunks.
+        count: u64,
+    },
 }
 
 impl Request {
@@ -342,6 +357,7 @@ impl Request {
             | Request::SetXattr { .. }
             | Request::RemoveXattr { .. }
             | Request::AllocateChunks { .. }
+            | Request::FreeChunks { .. }
             | Request::Release { .. } => true,
             Request::Heartbeat
             | Request::Cluster
