@@ -319,3 +319,78 @@ fn open_reply_carries_the_lock_as_created() {
         Err(FsError::Invalid(_))
     ));
 }
+
+/// `FreeChunks` (a hole punched over whole chunks): frees only the allocated chunks of the
+/// range, bumps the generation in the database and in an open file's control block before
+/// answering, and refuses what has no chunks; an empty or absent range changes nothing.
+#[test]
+fn free_chunks_frees_the_range_and_bumps_the_generation() {
+    let cl = start(1, 8, false);
+    let mut fs = Fs::connect(&cl);
+    let FabricAddr::Shm { dir } = &fs.info.meta_fabric else {
+        panic!()
+    };
+    let mut meta = ShmConnector::attach(dir.clone()).unwrap().endpoint();
+    let f = fs.create(ROOT_INO, "f").unwrap();
+    let o = open(&mut fs, f.ino, LockScheme::CITRON).unwrap();
+    let c0 = full();
+    fs.allocate(f.ino, 0, c0, 4).unwrap();
+    let free = |fs: &mut Fs| {
+        assert!(cl.meta().wait_reclaimed(std::time::Duration::from_secs(10)));
+        let s = fs.stats();
+        in_chunks(s.free_blocks, &s)
+    };
+    let before = free(&mut fs);
+    let punch = |fs: &mut Fs, first: u64, count: u64| {
+        fs.ok(Request::FreeChunks {
+            ino: f.ino,
+            first,
+            count,
+        })
+    };
+    // Nothing allocated there, or nothing asked: no change, no bump.
+    punch(&mut fs, c0 + 10, 5).unwrap();
+    punch(&mut fs, c0, 0).unwrap();
+    assert_eq!(fs.getattr(f.ino).unwrap().generation, 0);
+    // The middle two of four (the range runs past the last one allocated).
+    punch(&mut fs, c0 + 1, 2).unwrap();
+    let map = fs.chunk_map(f.ino, c0, 4);
+    assert!(
+        map[0].is_some() && map[1].is_none() && map[2].is_none() && map[3].is_some(),
+        "{map:?}"
+    );
+    assert_eq!(fs.getattr(f.ino).unwrap().generation, 1);
+    assert_eq!(meta.read_u64(o.fcb.add(fcb::GENERATION)).unwrap(), 1);
+    assert_eq!(free(&mut fs), before + 2);
+    // A range that runs to the end of the chunk numbers.
+    punch(&mut fs, c0 + 3, u64::MAX).unwrap();
+    assert!(fs.chunk_map(f.ino, c0 + 3, 1)[0].is_none());
+    assert_eq!(free(&mut fs), before + 3);
+    // The allocation the punches made stale is refused; the current generation allocates.
+    assert_eq!(fs.allocate(f.ino, 0, c0 + 1, 1), Err(FsError::Stale));
+    assert!(fs.allocate(f.ino, 2, c0 + 1, 1).is_ok());
+    // No chunks to free: a directory, a missing inode.
+    let d = match fs
+        .call(Request::Mkdir {
+            parent: ROOT_INO,
+            name: "d".into(),
+            perm: 0o755,
+            caller: ME,
+        })
+        .unwrap()
+    {
+        Response::Attr(a) => a,
+        other => panic!("{other:?}"),
+    };
+    for (ino, want) in [(d.ino, FsError::IsDir), (987_654, FsError::NotFound)] {
+        assert_eq!(
+            fs.ok(Request::FreeChunks {
+                ino,
+                first: 0,
+                count: 1
+            }),
+            Err(want)
+        );
+    }
+    fs.ok(Request::Release { ino: f.ino }).unwrap();
+}
