@@ -264,16 +264,19 @@ fn a_call_waits_up_to_the_call_bound_not_the_batch_bound() {
         call: Duration::from_secs(10),
     };
     let mut ep = TcpEndpoint::connect_with(server.local_addr(), &creds(), 0, timeouts).unwrap();
+    // Timed from here, before the sleep that precedes the write the call waits for: timed
+    // from inside the thread, a thread that started late (a loaded machine) saw 497 ms.
+    let began = Instant::now();
     let caller = std::thread::spawn(move || {
-        let waited = Instant::now();
         let out = call(&mut ep, WAIT_THEN_WRITE, b"");
-        (out, waited.elapsed(), ep)
+        (out, Instant::now(), ep)
     });
     std::thread::sleep(Duration::from_millis(500));
     let mut other = TcpEndpoint::connect(server.local_addr(), &creds()).unwrap();
     other.write_u64(RemoteAddr::new(R, 0), 1).unwrap();
-    let (out, waited, mut ep) = caller.join().unwrap();
+    let (out, answered, mut ep) = caller.join().unwrap();
     out.unwrap();
+    let waited = answered - began;
     assert!(waited >= Duration::from_millis(500), "{waited:?}");
     assert!(!ep.is_broken());
     assert_eq!(ep.read_u64(RemoteAddr::new(R, 8)).unwrap(), 1);
