@@ -739,7 +739,8 @@ fn file_attr(a: &Attr, blksize: u64) -> FileAttr {
     FileAttr {
         ino: INodeNo(a.ino),
         size: a.size,
-        blocks: a.size.div_ceil(512),
+        // The memory the file's chunks take, as `du` and `cp --sparse` expect (holes take none).
+        blocks: a.allocated.div_ceil(512),
         atime: system_time(a.atime),
         mtime: system_time(a.mtime),
         ctime: system_time(a.ctime),

@@ -228,6 +228,7 @@ impl NullFs {
             ctime: m.ctime,
             crtime: m.crtime,
             generation: 0,
+            allocated: 0,
         }
     }
 

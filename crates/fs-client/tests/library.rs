@@ -637,6 +637,8 @@ fn a_punched_hole_gives_its_chunks_back_and_stale_locations_are_dropped() {
         full - 6 * CHUNK,
         "the six whole chunks given back"
     );
+    // What the file holds, as the other client's stat sees it (st_blocks).
+    assert_eq!(b.getattr(ino).unwrap().allocated, full - 6 * CHUNK);
     let mut want = data.clone();
     want[from as usize..to as usize].fill(0);
     assert_eq!(a.read(fa, 0, len as usize).unwrap(), want);

@@ -15,7 +15,7 @@
 //!   belongs to a regular file. Every chunk below `next_fresh` is in exactly one of: a chunk
 //!   map, the free stack, the dirty set — so in files + free + dirty + never used adds up to the
 //!   server's chunks. The free stack is `free_count` entries in slots `0..free_count`, each a
-//!   distinct chunk.
+//!   distinct chunk. Every inode's `allocated` is the bytes of the chunks its map holds.
 //! - **Sizes.** No file has a chunk wholly beyond its size (truncate frees those; at rest no
 //!   write is in flight that allocated ahead of raising the size). For a file open somewhere
 //!   the size is in its control block, and writes in flight allocate ahead of it, so open
@@ -41,7 +41,8 @@
 //! Only what has one right answer: at rest, lock words that no live client holds or waits
 //! for are put back at rest (`lockmgr::schemes::reset_to_rest`, by the service); dangling entries and strays are removed; unreachable
 //! inodes (open nowhere) are deleted and their chunks freed; stale orphan marks are resolved
-//! (deleted when unlinked, unmarked when linked); link counts are set to what the entries give;
+//! (deleted when unlinked, unmarked when linked); link counts are set to what the entries give,
+//! and chunk-byte counts to what the chunk maps hold;
 //! chunks of no file, and chunks beyond the size of a file open nowhere, are freed; leaked
 //! chunks are freed (marked dirty, so they are zeroed before reuse); a broken free stack is
 //! rebuilt from its valid entries; a dirty mark on a chunk in use is dropped. Repairs run in
@@ -169,6 +170,21 @@ fn check_chunks(image: &Image, live: &Live, layout: Layout, out: &mut Vec<Findin
             loc: *loc,
             owners: o.clone(),
         });
+    }
+
+    // Chunk bytes: what each file counts against what its map holds (every file, those
+    // without chunks included).
+    for (&ino, attr) in &image.inodes {
+        let counted: u64 = per_file
+            .get(&ino)
+            .map_or(0, |chunks| chunks.iter().map(|&c| layout.len(c)).sum());
+        if attr.allocated != counted {
+            out.push(Finding::WrongAllocated {
+                ino,
+                stored: attr.allocated,
+                counted,
+            });
+        }
     }
 
     // Sizes: chunks wholly beyond the size (see the module docs for open files).
@@ -674,6 +690,18 @@ pub(crate) fn repair(
                     to: *counted,
                 });
             }
+            Finding::WrongAllocated {
+                ino,
+                stored,
+                counted,
+            } => {
+                store.repair_set_allocated(*ino, *counted)?;
+                done.repairs.push(Repair::SetAllocated {
+                    ino: *ino,
+                    from: *stored,
+                    to: *counted,
+                });
+            }
             Finding::ChunkBeyondSize { ino, chunks, .. } if !live.open.contains_key(ino) => {
                 let from = chunks.iter().copied().min().unwrap_or(0);
                 let effects = store.repair_free_chunks(*ino, from)?;
@@ -1018,6 +1046,29 @@ mod tests {
         assert!(!listed.is_empty(), "{found:#?}");
         assert!(listed.iter().all(|i| [f, g].contains(i)), "{found:#?}");
         assert_eq!(found.len(), listed.len(), "only lost chunks: {found:#?}");
+    }
+
+    #[test]
+    fn chunk_bytes() {
+        damaged(
+            |_, f, _| {
+                vec![Corruption::SetAllocated {
+                    ino: f,
+                    allocated: 12_345,
+                }]
+            },
+            &["wrong-allocated"],
+        );
+        // A directory has no chunks.
+        damaged(
+            |_, _, _| {
+                vec![Corruption::SetAllocated {
+                    ino: ROOT_INO,
+                    allocated: 4096,
+                }]
+            },
+            &["wrong-allocated"],
+        );
     }
 
     #[test]

@@ -49,8 +49,10 @@ pub(crate) fn traits(request: &Request) -> Traits {
         Request::SetAttr { set, .. } => (set.size.is_none(), true),
         // A page is up to 4,096 entries, each with a getattr for `ReadDirPlus`: milliseconds.
         Request::ReadDir { .. } | Request::ReadDirPlus { .. } => (false, false),
-        // Zeroed chunks, or memory for a lock tree, from the data servers or the meta region.
-        Request::AllocateChunks { .. } | Request::AllocateLockWords { .. } => (false, false),
+        // Zeroed chunks (counted in the file's `allocated`), or memory for a lock tree, from
+        // the data servers or the meta region.
+        Request::AllocateChunks { .. } => (false, true),
+        Request::AllocateLockWords { .. } => (false, false),
         // A scan of the file's chunks, and its generation bumped.
         Request::FreeChunks { .. } => (false, true),
         // Waits for other clients' sessions and the fabric servers.

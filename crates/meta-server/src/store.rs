@@ -132,6 +132,51 @@ const TREE_NAMES: [&str; 19] = [
 /// chunks were all the chunk size: its maps cannot be read with this layout.
 const LAYOUT_MARK: &[u8] = b"geometric-1";
 
+/// The `inodes` mark of `meta`: every inode record carries [`Attr::allocated`]. A database
+/// without it is upgraded when it opens ([`Store::upgrade_inodes`]).
+const INODES_MARK: &[u8] = b"allocated-1";
+
+/// An inode record as CitronFS wrote it before [`Attr::allocated`]: the same fields in the same
+/// order (postcard is positional), without it.
+#[derive(Deserialize)]
+#[cfg_attr(test, derive(Serialize))]
+struct AttrBeforeAllocated {
+    ino: Ino,
+    kind: FileKind,
+    perm: u16,
+    nlink: u32,
+    uid: u32,
+    gid: u32,
+    rdev: u32,
+    size: u64,
+    atime: Timestamp,
+    mtime: Timestamp,
+    ctime: Timestamp,
+    crtime: Timestamp,
+    generation: u64,
+}
+
+impl AttrBeforeAllocated {
+    fn with_allocated(self, allocated: u64) -> Attr {
+        Attr {
+            ino: self.ino,
+            kind: self.kind,
+            perm: self.perm,
+            nlink: self.nlink,
+            uid: self.uid,
+            gid: self.gid,
+            rdev: self.rdev,
+            size: self.size,
+            atime: self.atime,
+            mtime: self.mtime,
+            ctime: self.ctime,
+            crtime: self.crtime,
+            generation: self.generation,
+            allocated,
+        }
+    }
+}
+
 const FIRST_ENTRY_COOKIE: u64 = 3;
 
 /// A data server as the meta server remembers it across restarts.
@@ -539,9 +584,12 @@ impl Tx<'_> {
     }
 
     /// Frees the chunks of `ino` listed in `chunks` (keys and locations, scanned by the caller):
-    /// they leave the chunk map and become dirty (to be zeroed before reuse).
-    fn free_chunks(&self, ino: Ino, chunks: &[(u64, ChunkLoc)]) -> TxResult<()> {
+    /// they leave the chunk map and become dirty (to be zeroed before reuse). Returns their
+    /// bytes, which the caller takes off the inode's `allocated` (it holds the inode).
+    fn free_chunks(&self, ino: Ino, chunks: &[(u64, ChunkLoc)]) -> TxResult<u64> {
+        let mut bytes = 0u64;
         for (index, loc) in chunks {
+            bytes += self.1.len(*index);
             self.t(T_CHUNKS).remove(key_u64s(ino, *index))?;
             // A lost chunk freed is an ordinary dirty chunk of the server's new memory; a dirty
             // chunk is zeroed whole, tail included.
@@ -552,7 +600,7 @@ impl Tx<'_> {
                 &[self.1.order(*index) as u8],
             )?;
         }
-        Ok(())
+        Ok(bytes)
     }
 
     /// The blocks of a file's chunks (index in the file, location).
@@ -577,7 +625,7 @@ impl Tx<'_> {
         for key in &doomed.xattrs {
             self.t(T_XATTRS).remove(key.as_slice())?;
         }
-        self.free_chunks(ino, &doomed.chunks)
+        self.free_chunks(ino, &doomed.chunks).map(drop)
     }
 }
 
@@ -692,6 +740,7 @@ impl Store {
                 meta.insert(b"chunk_size", &be64(chunk_size))?;
             }
         }
+        store.upgrade_inodes()?;
         // The `running` mark: set from now on until a clean shutdown (`Store::mark_clean`).
         // Found set, the last run ended in a crash.
         if meta.get(b"running")?.is_some() {
@@ -735,6 +784,7 @@ impl Store {
                 ctime: now,
                 crtime: now,
                 generation: 0,
+                allocated: 0,
             };
             store.tx(|tx| {
                 tx.put_inode(&root)?;
@@ -770,7 +820,52 @@ impl Store {
             dir.display()
         );
         store.layout = Layout::new(chunk_size).map_err(|e| anyhow::anyhow!("{e}"))?;
+        store.upgrade_inodes()?;
         Ok((store, chunk_size))
+    }
+
+    /// Rewrites the inode records of a database written before [`Attr::allocated`] existed
+    /// with it, counted from each file's chunk map, and marks the database as upgraded (an
+    /// empty one is marked at once). Runs when the store opens, before anything reads an inode.
+    fn upgrade_inodes(&self) -> anyhow::Result<()> {
+        let meta = self.tree(T_META);
+        if meta.get(b"inodes")?.as_deref() == Some(INODES_MARK) {
+            return Ok(());
+        }
+        let mut old = Vec::new();
+        for item in self.tree(T_INODES).iter() {
+            let (key, value) = item.map_err(|e| anyhow::anyhow!("{e}"))?;
+            // A record of this version decodes whole; one of before lacks the last field.
+            if postcard::from_bytes::<Attr>(&value).is_err() {
+                let before: AttrBeforeAllocated = postcard::from_bytes(&value).map_err(|e| {
+                    anyhow::anyhow!("an inode record of the meta database does not decode: {e}")
+                })?;
+                old.push((key, before));
+            }
+        }
+        let upgraded = old.len();
+        for (key, before) in old {
+            let allocated = self
+                .scan_chunks(before.ino, 0)
+                .map_err(|e| anyhow::anyhow!("{e}"))?
+                .iter()
+                .map(|(index, _)| self.layout.len(*index))
+                .sum();
+            let attr = before.with_allocated(allocated);
+            self.tree(T_INODES)
+                .insert(key, &enc(&attr))
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+        }
+        meta.insert(b"inodes", INODES_MARK)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        self.staged.flush().map_err(|e| anyhow::anyhow!("{e}"))?;
+        if upgraded > 0 {
+            tracing::info!(
+                upgraded,
+                "meta database upgraded: inode records now count their chunks' bytes"
+            );
+        }
+        Ok(())
     }
 
     /// Runs `f` as one transaction over every tree: its writes are visible to every read when
@@ -1261,6 +1356,7 @@ impl Store {
                 ctime: now,
                 crtime: now,
                 generation: 0,
+                allocated: 0,
             };
             tx.put_inode(&attr)?;
             tx.add_dirent(parent, name, ino, kind)?;
@@ -1683,7 +1779,7 @@ impl Store {
                 if size < old || !doomed.is_empty() {
                     // Clients drop cached chunk locations of older generations.
                     attr.generation += 1;
-                    tx.free_chunks(ino, &doomed)?;
+                    attr.allocated = attr.allocated.saturating_sub(tx.free_chunks(ino, &doomed)?);
                     effects.freed = tx.blocks(&doomed);
                     // Only a shrink leaves bytes of the file's last chunk to zero.
                     let (chunk, from) = layout.locate(size);
@@ -1815,8 +1911,8 @@ impl Store {
         self.tx(|tx| {
             let mut attr = tx.inode(ino)?;
             attr.generation += 1;
+            attr.allocated = attr.allocated.saturating_sub(tx.free_chunks(ino, &doomed)?);
             tx.put_inode(&attr)?;
-            tx.free_chunks(ino, &doomed)?;
             let freed = tx.blocks(&doomed);
             Ok((
                 attr,
@@ -1914,7 +2010,7 @@ impl Store {
     ) -> Result<Vec<ChunkLoc>, FsError> {
         check_chunk_range(first, count)?;
         self.tx(|tx| {
-            let attr = tx.inode(ino)?;
+            let mut attr = tx.inode(ino)?;
             match attr.kind {
                 FileKind::File => {}
                 FileKind::Dir => return abort(FsError::IsDir),
@@ -1923,6 +2019,7 @@ impl Store {
             if attr.generation != generation {
                 return abort(FsError::Stale);
             }
+            let allocated = attr.allocated;
             let mut out = Vec::with_capacity(count as usize);
             // Servers found without a block of some order in this transaction are not asked
             // again for that order or a larger one (chunk orders only grow with the index).
@@ -1968,7 +2065,11 @@ impl Store {
                     return abort(FsError::NoSpace);
                 };
                 tx.t(T_CHUNKS).insert(key, &encode_loc(loc))?;
+                attr.allocated += tx.1.len(c);
                 out.push(loc);
+            }
+            if attr.allocated != allocated {
+                tx.put_inode(&attr)?;
             }
             Ok(out)
         })
@@ -2253,6 +2354,15 @@ impl Store {
     }
 
     /// Sets an inode's link count.
+    /// Sets a file's count of chunk bytes ([`Attr::allocated`]) to `allocated`.
+    pub(crate) fn repair_set_allocated(&self, ino: Ino, allocated: u64) -> Result<(), FsError> {
+        self.tx(|tx| {
+            let mut attr = tx.inode(ino)?;
+            attr.allocated = allocated;
+            tx.put_inode(&attr)
+        })
+    }
+
     pub(crate) fn repair_set_nlink(&self, ino: Ino, nlink: u32) -> Result<(), FsError> {
         self.tx(|tx| {
             let mut attr = tx.inode(ino)?;
@@ -2292,12 +2402,13 @@ impl Store {
     pub(crate) fn repair_free_chunks(&self, ino: Ino, from: u64) -> Result<Effects, FsError> {
         let doomed = self.scan_chunks(ino, from)?;
         self.tx(|tx| {
+            let bytes = tx.free_chunks(ino, &doomed)?;
             if let Some(v) = tx.t(T_INODES).get(be64(ino))? {
                 let mut attr: Attr = lift(dec(&v, "inode"))?;
                 attr.generation += 1;
+                attr.allocated = attr.allocated.saturating_sub(bytes);
                 tx.put_inode(&attr)?;
             }
-            tx.free_chunks(ino, &doomed)?;
             Ok(Effects {
                 freed: tx.blocks(&doomed),
                 ..Effects::default()
@@ -2458,6 +2569,13 @@ pub enum Corruption {
         /// The size to store.
         size: u64,
     },
+    /// Sets a file's stored count of chunk bytes ([`Attr::allocated`]; its chunks stay).
+    SetAllocated {
+        /// The inode.
+        ino: Ino,
+        /// The count to store.
+        allocated: u64,
+    },
 }
 
 #[cfg(any(test, feature = "test-hooks"))]
@@ -2508,6 +2626,11 @@ impl Store {
                 Corruption::SetSize { ino, size } => {
                     let mut attr = tx.inode(*ino)?;
                     attr.size = *size;
+                    tx.put_inode(&attr)?;
+                }
+                Corruption::SetAllocated { ino, allocated } => {
+                    let mut attr = tx.inode(*ino)?;
+                    attr.allocated = *allocated;
                     tx.put_inode(&attr)?;
                 }
             }
@@ -2607,6 +2730,88 @@ mod tests {
             .allocate_chunks(attr.ino, attr.generation, 0, chunks, &[0])
             .unwrap();
         store.getattr(attr.ino).unwrap()
+    }
+
+    /// A file's `allocated` follows its chunks: allocations add their bytes, a hole, a
+    /// truncate and fsck's frees take theirs off.
+    #[test]
+    fn allocated_counts_the_bytes_of_a_files_chunks() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), 64 << 10, ME).unwrap();
+        store
+            .register_server("ds-0", &addr(), fabric::RegionId(1), 8, 1)
+            .unwrap();
+        let l = store.layout();
+        let f = store
+            .mknod(ROOT_INO, "f", FileKind::File, 0o644, 0, ME)
+            .unwrap();
+        assert_eq!(f.allocated, 0);
+        let bytes = |chunks: std::ops::Range<u64>| chunks.map(|c| l.len(c)).sum::<u64>();
+        store.allocate_chunks(f.ino, 0, 0, 7, &[0]).unwrap();
+        assert_eq!(store.getattr(f.ino).unwrap().allocated, bytes(0..7));
+        // Allocating chunks that exist adds nothing.
+        store.allocate_chunks(f.ino, 0, 2, 3, &[0]).unwrap();
+        assert_eq!(store.getattr(f.ino).unwrap().allocated, bytes(0..7));
+        let (attr, _) = store.free_chunks_in(f.ino, 2, 3).unwrap();
+        assert_eq!(attr.allocated, bytes(0..7) - bytes(2..5));
+        store.persist_size(f.ino, l.start(7)).unwrap();
+        let set = SetAttr {
+            size: Some(l.start(1)),
+            ..SetAttr::default()
+        };
+        let (attr, _) = store.setattr(f.ino, &set, ME, None).unwrap();
+        assert_eq!(attr.allocated, bytes(0..1));
+        assert_eq!(store.getattr(f.ino).unwrap().allocated, bytes(0..1));
+    }
+
+    /// A database written before `Attr::allocated` opens: its inode records are rewritten
+    /// with the bytes of their chunks, once.
+    #[test]
+    fn a_database_of_before_allocated_is_upgraded_when_it_opens() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ino, want) = {
+            let store = Store::open(dir.path(), CS, ME).unwrap();
+            store
+                .register_server("ds-0", &addr(), fabric::RegionId(1), 8, 1)
+                .unwrap();
+            let f = file_with_chunks(&store, "f", 3);
+            assert_eq!(f.allocated, 3 * CS);
+            // Back to the old encoding, every record, and no mark.
+            for item in store.tree(T_INODES).iter() {
+                let (key, value) = item.unwrap();
+                let a: Attr = postcard::from_bytes(&value).unwrap();
+                let old = AttrBeforeAllocated {
+                    ino: a.ino,
+                    kind: a.kind,
+                    perm: a.perm,
+                    nlink: a.nlink,
+                    uid: a.uid,
+                    gid: a.gid,
+                    rdev: a.rdev,
+                    size: a.size,
+                    atime: a.atime,
+                    mtime: a.mtime,
+                    ctime: a.ctime,
+                    crtime: a.crtime,
+                    generation: a.generation,
+                };
+                store.tree(T_INODES).insert(key, &enc(&old)).unwrap();
+            }
+            store.tree(T_META).remove(b"inodes").unwrap();
+            store.mark_clean().unwrap();
+            assert!(
+                store.getattr(f.ino).is_err(),
+                "the old records do not decode"
+            );
+            (f.ino, f)
+        };
+        let store = Store::open(dir.path(), CS, ME).unwrap();
+        assert_eq!(store.getattr(ino).unwrap(), want);
+        assert_eq!(store.getattr(ROOT_INO).unwrap().allocated, 0);
+        assert_eq!(
+            store.tree(T_META).get(b"inodes").unwrap().as_deref(),
+            Some(INODES_MARK)
+        );
     }
 
     /// A number handed out before a crash may have been lost with it while a client still

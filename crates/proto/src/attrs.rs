@@ -118,6 +118,7 @@ mod tests {
             ctime: t,
             crtime: t,
             generation: u64::MAX,
+            allocated: u64::MAX,
         }
     }
 

@@ -137,6 +137,16 @@ pub enum Finding {
         /// The count the entries give.
         counted: u32,
     },
+    /// A file's `allocated` (its chunks' bytes, what `st_blocks` shows) is not what its chunk
+    /// map holds.
+    WrongAllocated {
+        /// The file.
+        ino: Ino,
+        /// Its stored count, in bytes.
+        stored: u64,
+        /// What its chunks hold, in bytes.
+        counted: u64,
+    },
     /// A directory entry names an inode that does not exist.
     DanglingEntry {
         /// The directory.
@@ -237,6 +247,7 @@ impl Finding {
             Finding::DirtyChunkOutOfRange { .. } => "dirty-chunk-out-of-range",
             Finding::ChunkCountMismatch { .. } => "chunk-count-mismatch",
             Finding::WrongLinkCount { .. } => "wrong-link-count",
+            Finding::WrongAllocated { .. } => "wrong-allocated",
             Finding::DanglingEntry { .. } => "dangling-entry",
             Finding::EntryMismatch { .. } => "entry-mismatch",
             Finding::DirectoryParent { .. } => "directory-parent",
@@ -258,6 +269,7 @@ impl Finding {
             | Finding::ChunkOfNoFile { ino, .. }
             | Finding::ChunkBeyondSize { ino, .. }
             | Finding::WrongLinkCount { ino, .. }
+            | Finding::WrongAllocated { ino, .. }
             | Finding::DanglingEntry { ino, .. }
             | Finding::DirectoryParent { ino, .. }
             | Finding::Unreachable { ino, .. }
@@ -359,6 +371,14 @@ impl fmt::Display for Finding {
                 f,
                 "{kind:?} inode {ino} has link count {stored}, the namespace gives {counted}"
             ),
+            Finding::WrongAllocated {
+                ino,
+                stored,
+                counted,
+            } => write!(
+                f,
+                "file {ino} counts {stored} bytes of chunks, its chunk map holds {counted}"
+            ),
             Finding::DanglingEntry { parent, name, ino } => write!(
                 f,
                 "entry {name:?} in directory {parent} names inode {ino}, which does not exist"
@@ -422,6 +442,15 @@ pub enum Repair {
         from: u32,
         /// The new count.
         to: u32,
+    },
+    /// A file's `allocated` was set to what its chunk map holds.
+    SetAllocated {
+        /// The file.
+        ino: Ino,
+        /// The old count, in bytes.
+        from: u64,
+        /// The new count, in bytes.
+        to: u64,
     },
     /// An unreachable inode (or stale orphan) was deleted with everything hanging off it; its
     /// chunks were freed.
@@ -488,6 +517,9 @@ impl fmt::Display for Repair {
             }
             Repair::SetLinkCount { ino, from, to } => {
                 write!(f, "set inode {ino}'s link count from {from} to {to}")
+            }
+            Repair::SetAllocated { ino, from, to } => {
+                write!(f, "set file {ino}'s chunk bytes from {from} to {to}")
             }
             Repair::DeletedInode { ino, chunks } => {
                 write!(f, "deleted inode {ino} and freed its {chunks} chunks")

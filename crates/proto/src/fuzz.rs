@@ -87,6 +87,7 @@ fn attr(ino: Ino, kind: FileKind) -> Attr {
         ctime: Timestamp { secs: -1, nanos: 1 },
         crtime: Timestamp::default(),
         generation: 3,
+        allocated: 4096,
     }
 }
 

@@ -140,8 +140,13 @@ pub struct Attr {
     /// Creation.
     pub crtime: Timestamp,
     /// Bumped when the file's data layout is invalidated (truncate to a shorter size, unlink of
-    /// the last link): clients drop cached chunk maps of older generations.
+    /// the last link, a hole punched over whole chunks): clients drop cached chunk maps of
+    /// older generations.
     pub generation: u64,
+    /// Bytes of the chunks the file holds: the memory its data takes on the data servers, what
+    /// `st_blocks` counts (in 512-byte blocks). Holes take none, and the first chunks of a file
+    /// are small ([`crate::layout`]). 0 for anything but a regular file.
+    pub allocated: u64,
 }
 
 /// A time to set: a given time or "now" (as the server sees it).

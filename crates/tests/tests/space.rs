@@ -134,3 +134,59 @@ fn df_i_counts_one_inode_per_create_and_unlink() {
     std::fs::hard_link(mount.path().join("f2"), mount.path().join("f2b")).unwrap();
     assert_eq!(in_use(&statvfs(mount.path())), before + 3);
 }
+
+/// `st_blocks` is what a file's chunks take (what `du` adds up, and what `cp --sparse` looks
+/// at to find holes): a sparse file is charged its written chunks only, a dense one its size
+/// rounded to its chunks, a punched hole gives its chunks back, and the files' blocks add up
+/// to what `df` says is used. Before, `st_blocks` was the size over 512, holes included.
+#[test]
+fn st_blocks_counts_the_chunks_a_file_holds() {
+    use std::os::unix::fs::MetadataExt;
+    skip_without_fuse!();
+    let cluster = Cluster::start(ClusterSpec::server_defaults().with_data_servers(1, 16)).unwrap();
+    let mount = cluster.mount().unwrap();
+    let mib = 1u64 << 20;
+    let charged = |path: &Path| std::fs::metadata(path).unwrap().blocks() * 512;
+    // Sparse: 64 MiB long (more than the cluster holds), one 4 KiB write at 32 MiB.
+    let sparse = mount.path().join("sparse");
+    let f = std::fs::File::create(&sparse).unwrap();
+    f.set_len(64 * mib).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&f, &[7u8; 4096], 32 * mib).unwrap();
+    drop(f);
+    assert_eq!(std::fs::metadata(&sparse).unwrap().len(), 64 * mib);
+    assert_eq!(charged(&sparse), mib, "one whole chunk");
+    // Dense: 3 MiB (the first MiB in growing chunks, then two whole ones).
+    let dense = mount.path().join("dense");
+    std::fs::write(&dense, vec![0x5A; 3 * mib as usize]).unwrap();
+    assert_eq!(charged(&dense), 3 * mib);
+    // A punched hole over [1 MiB, 2 MiB): one chunk back.
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&dense)
+        .unwrap();
+    // SAFETY: a valid descriptor; fallocate touches no memory of ours.
+    let r = unsafe {
+        libc::fallocate(
+            std::os::fd::AsRawFd::as_raw_fd(&f),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            mib as i64,
+            mib as i64,
+        )
+    };
+    assert_eq!(r, 0, "punch: {}", std::io::Error::last_os_error());
+    drop(f);
+    assert_eq!(charged(&dense), 2 * mib);
+    assert_eq!(std::fs::metadata(&dense).unwrap().len(), 3 * mib);
+    let small = mount.path().join("small");
+    std::fs::write(&small, b"tiny").unwrap();
+    assert_eq!(charged(&small), 4096, "the smallest chunk");
+    // What the files hold is what the file system has in use.
+    assert!(cluster
+        .meta()
+        .wait_reclaimed(std::time::Duration::from_secs(10)));
+    let st = statvfs(mount.path());
+    assert_eq!(
+        used_bytes(&st),
+        charged(&sparse) + charged(&dense) + charged(&small)
+    );
+}
