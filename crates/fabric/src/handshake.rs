@@ -74,7 +74,8 @@ impl Protocol {
             // 5: `ClusterInfo` names the directory-entry table (`proto::dentries`); `OpenFile`
             // no longer carries a directory version.
             // 6: `RequestFrame::release_first` (releases riding on a call).
-            Protocol::Rpc => 6,
+            // 7: `Attr::allocated` (a file's chunk bytes, `st_blocks`); `Request::FreeChunks`.
+            Protocol::Rpc => 7,
             // 1: the first version with a handshake.
             Protocol::LockServer => 1,
         }
