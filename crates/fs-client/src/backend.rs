@@ -18,7 +18,7 @@
 
 use crate::client::{CitronFs, FileHandle};
 use crate::error::Error;
-use crate::io::Fallocate;
+use crate::io::{Fallocate, SeekTo};
 use proto::rpc::XattrMode;
 use proto::{Attr, Caller, DirEntry, FileKind, FsError, FsStats, Ino, SetAttr};
 
@@ -182,6 +182,13 @@ pub trait FsBackend: Send + Sync + 'static {
         _how: Fallocate,
         _kill_suidgid: bool,
     ) -> Result<(), Error> {
+        Err(FsError::NotSupported.into())
+    }
+
+    /// lseek(2)'s `SEEK_DATA` or `SEEK_HOLE` from `offset` ([`CitronFs::seek`]): `Ok(None)` is
+    /// ENXIO. `NotSupported` (the default) makes the adapter answer ENOSYS, after which the
+    /// kernel treats every file of the mount as data and asks no more.
+    fn seek(&self, _fh: FileHandle, _offset: u64, _to: SeekTo) -> Result<Option<u64>, Error> {
         Err(FsError::NotSupported.into())
     }
 
@@ -360,6 +367,10 @@ impl FsBackend for CitronFs {
         kill_suidgid: bool,
     ) -> Result<(), Error> {
         CitronFs::fallocate(self, fh, offset, len, how, kill_suidgid)
+    }
+
+    fn seek(&self, fh: FileHandle, offset: u64, to: SeekTo) -> Result<Option<u64>, Error> {
+        CitronFs::seek(self, fh, offset, to)
     }
 
     fn setxattr(&self, ino: Ino, name: &str, value: &[u8], mode: XattrMode) -> Result<(), Error> {

@@ -77,7 +77,7 @@
 use crate::backend::FsBackend;
 use crate::client::FileHandle as Fh;
 use crate::error::{Chain, Error};
-use crate::io::Fallocate;
+use crate::io::{Fallocate, SeekTo};
 use fuser::{
     Config, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
     Generation, INodeNo, IoctlFlags, KernelConfig, MountOption, OpenFlags, PollEvents, PollFlags,
@@ -1199,13 +1199,23 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
         _req: &Request,
         ino: INodeNo,
         fh: FileHandle,
-        _offset: i64,
-        _whence: i32,
+        offset: i64,
+        whence: i32,
         reply: ReplyLseek,
     ) {
-        // The kernel then answers SEEK_DATA and SEEK_HOLE itself (the whole file is data, as
-        // for any file system without holes) and asks this mount no more.
-        reply.error(refused(&Req::fh("lseek", ino, fh), libc::ENOSYS))
+        let r = Req::fh("lseek", ino, fh);
+        // Only SEEK_DATA and SEEK_HOLE come here: the kernel answers the others itself.
+        let (Some(to), Ok(from)) = (SeekTo::from_whence(whence), u64::try_from(offset)) else {
+            return reply.error(refused(&r, libc::EINVAL));
+        };
+        match self.fs.seek(Fh(fh.0), from, to) {
+            Ok(Some(at)) => reply.offset(at as i64),
+            Ok(None) => reply.error(refused(&r, libc::ENXIO)),
+            // A backend without holes: the kernel then answers SEEK_DATA and SEEK_HOLE itself
+            // (the whole file is data) and asks this mount no more.
+            Err(Error::Fs(FsError::NotSupported)) => reply.error(refused(&r, libc::ENOSYS)),
+            Err(e) => reply.error(failed(&r, &e)),
+        }
     }
 
     fn poll(

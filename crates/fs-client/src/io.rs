@@ -92,6 +92,30 @@ impl Fallocate {
     }
 }
 
+/// Where [`CitronFs::seek`] looks: lseek(2)'s `SEEK_DATA` or `SEEK_HOLE`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SeekTo {
+    /// `SEEK_DATA`: the next byte that is data.
+    Data,
+    /// `SEEK_HOLE`: the next byte in a hole (the end of the file counts as one).
+    Hole,
+}
+
+impl SeekTo {
+    /// The `whence` lseek(2) was called with, or `None` for one the kernel answers itself
+    /// (`SEEK_SET`, `SEEK_CUR`, `SEEK_END`).
+    pub fn from_whence(whence: i32) -> Option<SeekTo> {
+        match whence {
+            libc::SEEK_DATA => Some(SeekTo::Data),
+            libc::SEEK_HOLE => Some(SeekTo::Hole),
+            _ => None,
+        }
+    }
+}
+
+/// Chunks whose locations one step of [`CitronFs::seek`] asks for.
+const SEEK_WINDOW: u64 = 1024;
+
 /// The fabric traffic of the data path: what [`CitronFs::io_stats`] reports.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct IoStats {
@@ -337,6 +361,49 @@ impl CitronFs {
             at = step_end;
         }
         Ok(())
+    }
+
+    /// lseek(2)'s `SEEK_DATA` and `SEEK_HOLE` on an open file: the first offset at or after
+    /// `offset` that is data, or that is in a hole (the end of the file counts as one); `None`
+    /// (ENXIO) when `offset` is at or past the end, or when no data follows it.
+    ///
+    /// By chunk: an allocated chunk is data (whatever zeros it holds, as POSIX allows), one
+    /// never written or punched out is a hole. No range lock is taken: like every file
+    /// system's, the answer is of a moment, not atomic with the I/O that follows it.
+    pub fn seek(&self, fh: FileHandle, offset: u64, to: SeekTo) -> Result<Option<u64>, Error> {
+        let handle = self.inner.handle(fh)?;
+        let inner = &*self.inner;
+        inner.retry(true, || {
+            let mut w = inner.checkout()?;
+            let inode = inner.live_inode(&handle.inode, &w.view)?;
+            let found = inner.read_fcb(&mut w, &inode)?;
+            let size = found.size;
+            if offset >= size {
+                return Ok(None);
+            }
+            let layout = &inner.geometry.layout;
+            let end = layout.chunks_below(size);
+            let view = w.view.clone();
+            let mut first = layout.locate(offset).0;
+            while first < end {
+                let last = end.min(first + SEEK_WINDOW);
+                let from = layout.start(first);
+                let len = usize::try_from(layout.start(last) - from)
+                    .map_err(|_| FsError::Invalid("seek window too large".into()))?;
+                let run =
+                    inner.chunk_locations(&view, &inode, found.generation, from, len, false)?;
+                for chunk in first..last {
+                    if run.get(chunk).is_some() == (to == SeekTo::Data) {
+                        return Ok(Some(layout.start(chunk).max(offset)));
+                    }
+                }
+                first = last;
+            }
+            Ok(match to {
+                SeekTo::Data => None,
+                SeekTo::Hole => Some(size),
+            })
+        })
     }
 
     /// Makes the file's size durable on the meta server (and its data, where the data servers

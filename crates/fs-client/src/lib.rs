@@ -58,7 +58,7 @@ mod workers;
 
 pub use client::{CitronFs, FileHandle, MountOptions};
 pub use error::Error;
-pub use io::{Fallocate, IoStats};
+pub use io::{Fallocate, IoStats, SeekTo};
 pub use lockmgr::citron::Hosting;
 pub use lockmgr::LockScheme;
 pub use proto::rpc::XattrMode;

@@ -729,6 +729,44 @@ fn punches_and_writes_of_two_clients_in_one_file_stay_in_their_ranges() {
     );
 }
 
+/// SEEK_DATA and SEEK_HOLE by chunk: written chunks are data, the rest of the file below its
+/// size is holes, the end counts as a hole, and nothing is found at or past the end.
+#[test]
+fn seek_finds_data_and_holes_by_chunk() {
+    use fs_client::{Fallocate, SeekTo};
+    let cluster = start(1, 64);
+    let fs = cluster.connect(LockScheme::CITRON).unwrap();
+    let (ino, fh) = new_file(&fs, "holes");
+    let size = 16 * CHUNK;
+    let set = SetAttr {
+        size: Some(size),
+        ..SetAttr::default()
+    };
+    fs.setattr(me(), ino, set).unwrap();
+    // Whole chunks from CHUNK on: [5C, 6C) and [10C, 11C) written, one byte each.
+    fs.write(fh, 5 * CHUNK + 10, b"x").unwrap();
+    fs.write(fh, 10 * CHUNK + 10, b"y").unwrap();
+    let seek = |at: u64, to: SeekTo| fs.seek(fh, at, to).unwrap();
+    assert_eq!(seek(0, SeekTo::Data), Some(5 * CHUNK));
+    assert_eq!(seek(5 * CHUNK + 50, SeekTo::Data), Some(5 * CHUNK + 50));
+    assert_eq!(seek(0, SeekTo::Hole), Some(0));
+    assert_eq!(seek(5 * CHUNK, SeekTo::Hole), Some(6 * CHUNK));
+    assert_eq!(seek(6 * CHUNK, SeekTo::Data), Some(10 * CHUNK));
+    assert_eq!(seek(10 * CHUNK + 1, SeekTo::Hole), Some(11 * CHUNK));
+    assert_eq!(seek(11 * CHUNK, SeekTo::Data), None, "no data after");
+    assert_eq!(seek(15 * CHUNK, SeekTo::Hole), Some(15 * CHUNK));
+    assert_eq!(seek(size, SeekTo::Hole), None, "at the end");
+    assert_eq!(seek(size + 1, SeekTo::Data), None, "past the end");
+    // A punched chunk is a hole again; a dense tail ends in the end's hole.
+    fs.fallocate(fh, 5 * CHUNK, CHUNK, Fallocate::PunchHole, false)
+        .unwrap();
+    assert_eq!(seek(0, SeekTo::Data), Some(10 * CHUNK));
+    fs.write(fh, 11 * CHUNK, &vec![1; (5 * CHUNK) as usize])
+        .unwrap();
+    assert_eq!(seek(10 * CHUNK, SeekTo::Hole), Some(size));
+    fs.release(fh).unwrap();
+}
+
 #[test]
 fn an_unprivileged_write_clears_set_id_bits() {
     let cluster = start(1, 64);

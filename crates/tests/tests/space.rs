@@ -155,6 +155,20 @@ fn st_blocks_counts_the_chunks_a_file_holds() {
     drop(f);
     assert_eq!(std::fs::metadata(&sparse).unwrap().len(), 64 * mib);
     assert_eq!(charged(&sparse), mib, "one whole chunk");
+    // SEEK_DATA and SEEK_HOLE find it (cp, tar --sparse and backup tools skip the holes).
+    let f = std::fs::File::open(&sparse).unwrap();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+    // SAFETY: a valid descriptor; lseek touches no memory.
+    let seek = |at: u64, whence: i32| unsafe { libc::lseek(fd, at as i64, whence) };
+    assert_eq!(seek(0, libc::SEEK_DATA), (32 * mib) as i64);
+    assert_eq!(seek(32 * mib, libc::SEEK_HOLE), (33 * mib) as i64);
+    assert_eq!(seek(0, libc::SEEK_HOLE), 0);
+    assert_eq!(seek(33 * mib, libc::SEEK_DATA), -1);
+    assert_eq!(
+        std::io::Error::last_os_error().raw_os_error(),
+        Some(libc::ENXIO)
+    );
+    drop(f);
     // Dense: 3 MiB (the first MiB in growing chunks, then two whole ones).
     let dense = mount.path().join("dense");
     std::fs::write(&dense, vec![0x5A; 3 * mib as usize]).unwrap();
