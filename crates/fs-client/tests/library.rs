@@ -729,6 +729,61 @@ fn punches_and_writes_of_two_clients_in_one_file_stay_in_their_ranges() {
     );
 }
 
+/// A punch is atomic against reads as a write is: while one client writes a region whole with
+/// a new pattern and punches it out again, over and over, another client's reads of the region
+/// each see one pattern whole or zeros whole — never a mix, never a freed chunk's old bytes
+/// (its cached locations go stale at every punch).
+#[test]
+fn reads_see_a_punch_whole_or_not_at_all() {
+    use fs_client::Fallocate;
+    let cluster = start(2, 64);
+    let len = 4 * CHUNK;
+    let a = cluster.connect(LockScheme::CITRON).unwrap();
+    let (ino, fa) = new_file(&a, "flicker");
+    a.write(fa, 0, &vec![0; len as usize]).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let b = cluster.connect(LockScheme::CITRON).unwrap();
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let fb = b.open(me(), ino, libc::O_RDONLY).unwrap();
+            let (mut zeros, mut whole) = (0u64, 0u64);
+            while !stop.load(Ordering::Relaxed) || zeros + whole < 50 {
+                let got = b.read(fb, 0, len as usize).unwrap();
+                if got.iter().all(|&x| x == 0) {
+                    zeros += 1;
+                    continue;
+                }
+                // Which pattern: its seed is in the first 8 bytes, and it must be whole.
+                let seed = u64::from_le_bytes(got[..8].try_into().unwrap());
+                let mut want = pattern(seed, 0, len as usize);
+                want[..8].copy_from_slice(&seed.to_le_bytes());
+                assert!(got == want, "a read saw a mix (seed {seed})");
+                whole += 1;
+            }
+            b.release(fb).unwrap();
+            (zeros, whole)
+        })
+    };
+    let started = Instant::now();
+    let mut rounds = 0u64;
+    while started.elapsed() < Duration::from_millis(1500) {
+        let seed = rounds + 1;
+        let mut data = pattern(seed, 0, len as usize);
+        data[..8].copy_from_slice(&seed.to_le_bytes());
+        a.write(fa, 0, &data).unwrap();
+        a.fallocate(fa, 0, len, Fallocate::PunchHole, false)
+            .unwrap();
+        rounds += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let (zeros, whole) = reader.join().unwrap();
+    assert!(rounds >= 10, "{rounds} rounds");
+    assert!(zeros > 0, "the reader never saw the punched state");
+    eprintln!("reader: {zeros} zero reads, {whole} whole patterns, {rounds} rounds");
+    a.release(fa).unwrap();
+}
+
 /// SEEK_DATA and SEEK_HOLE by chunk: written chunks are data, the rest of the file below its
 /// size is holes, the end counts as a hole, and nothing is found at or past the end.
 #[test]
