@@ -826,7 +826,9 @@ impl Store {
 
     /// Rewrites the inode records of a database written before [`Attr::allocated`] existed
     /// with it, counted from each file's chunk map, and marks the database as upgraded (an
-    /// empty one is marked at once). Runs when the store opens, before anything reads an inode.
+    /// empty one is marked at once). Runs when the store opens, before anything reads an inode
+    /// — for an offline `fsck` too, even without `--repair`: a record of before cannot be read
+    /// otherwise, and the rewrite changes no file, only how its attributes are stored.
     fn upgrade_inodes(&self) -> anyhow::Result<()> {
         let meta = self.tree(T_META);
         if meta.get(b"inodes")?.as_deref() == Some(INODES_MARK) {
