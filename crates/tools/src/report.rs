@@ -84,6 +84,12 @@ pub fn fmt_f(value: f64, digits: usize) -> String {
     format!("{value:.digits$}")
 }
 
+/// `value` with `digits` decimals, or `-` where a row has none (a column that does not apply,
+/// or was not measured).
+pub fn fmt_opt(value: Option<f64>, digits: usize) -> String {
+    value.map_or_else(|| "-".into(), |x| fmt_f(x, digits))
+}
+
 /// `value` over `reference`, when a reference was measured and is positive.
 pub fn ratio(value: f64, reference: Option<f64>) -> Option<f64> {
     reference.filter(|&r| r > 0.0).map(|r| value / r)
@@ -91,5 +97,5 @@ pub fn ratio(value: f64, reference: Option<f64>) -> Option<f64> {
 
 /// A ratio as the tables show it: three decimals, `-` for none.
 pub fn fmt_ratio(ratio: Option<f64>) -> String {
-    ratio.map_or_else(|| "-".into(), |x| fmt_f(x, 3))
+    fmt_opt(ratio, 3)
 }

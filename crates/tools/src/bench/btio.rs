@@ -11,7 +11,7 @@
 //! last step every process reads its rows back through its own client and checks them.
 
 use super::clients::{Clients, SharedFile, Via, WorkloadArgs};
-use crate::report::{fmt_f, Report};
+use crate::report::{fmt_f, fmt_opt, Report};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use fabric::Backend;
@@ -215,9 +215,7 @@ pub fn run(args: &BtioArgs) -> Result<()> {
             vec![
                 r.scheme.clone(),
                 fmt_f(r.mib_per_s, 1),
-                r.vs_citron
-                    .map(|x| format!("{x:.2}"))
-                    .unwrap_or_else(|| "-".into()),
+                fmt_opt(r.vs_citron, 2),
                 fmt_f(r.p50_us, 1),
                 fmt_f(r.p99_us, 1),
                 r.writes.to_string(),

@@ -13,7 +13,7 @@
 //! and the peers' FUSE clients would otherwise serve reads and absorb writes in the local page
 //! cache) except on tmpfs, which has no O_DIRECT and whose page cache is its storage.
 
-use crate::report::{fmt_f, Report};
+use crate::report::{fmt_f, fmt_opt, Report};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use fabric::Backend;
@@ -304,7 +304,7 @@ pub fn run(args: &CompareArgs) -> Result<()> {
         ],
     );
     for r in &rows {
-        let ratio = |x: Option<f64>| x.map(|x| format!("{x:.2}")).unwrap_or_else(|| "-".into());
+        let ratio = |x: Option<f64>| fmt_opt(x, 2);
         report.add(
             vec![
                 r.job.to_string(),
@@ -312,7 +312,7 @@ pub fn run(args: &CompareArgs) -> Result<()> {
                 fmt_f(r.value, 1),
                 r.unit.to_string(),
                 format!("{:.0}", r.ops_per_s),
-                r.p99_us.map(|x| fmt_f(x, 0)).unwrap_or_else(|| "-".into()),
+                fmt_opt(r.p99_us, 0),
                 ratio(r.shm_ratio),
                 ratio(r.tcp_ratio),
             ],

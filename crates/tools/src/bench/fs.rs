@@ -32,7 +32,7 @@
 
 use super::clients::{LibraryFile, SharedFile};
 use crate::cmd::config::parse_size;
-use crate::report::{fmt_f, fmt_ratio, ratio, Report};
+use crate::report::{fmt_f, fmt_opt, fmt_ratio, ratio, Report};
 use anyhow::{bail, Context, Result};
 use clap::{value_parser, Args};
 use fabric::Backend;
@@ -433,15 +433,9 @@ pub fn run(args: &FsArgs) -> Result<()> {
                 fmt_ratio(r.ratio_vs_tmpfs),
                 fmt_ratio(r.ratio_vs_null),
                 fmt_ratio(r.p50_vs_null),
-                r.rtts_per_op
-                    .map(|x| fmt_f(x, 2))
-                    .unwrap_or_else(|| "-".into()),
-                r.lock_rtts_per_op
-                    .map(|x| fmt_f(x, 2))
-                    .unwrap_or_else(|| "-".into()),
-                r.lock_acquire_us
-                    .map(|x| fmt_f(x, 1))
-                    .unwrap_or_else(|| "-".into()),
+                fmt_opt(r.rtts_per_op, 2),
+                fmt_opt(r.lock_rtts_per_op, 2),
+                fmt_opt(r.lock_acquire_us, 1),
             ],
             &r,
         );

@@ -13,7 +13,7 @@
 
 use super::clients::{Clients, SharedFile, Via};
 use super::locks::{Fabric, LOCK_REGION, MAX_SEGMENTS};
-use crate::report::{fmt_f, Report};
+use crate::report::{fmt_opt, Report};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use fabric::{Backend, RemoteAddr};
@@ -294,18 +294,14 @@ pub fn run(args: &Io500HardArgs) -> Result<()> {
             vec![
                 r.scheme.clone(),
                 format!("{:.0}", r.locks_per_s),
-                r.mib_per_s
-                    .map(|x| fmt_f(x, 1))
-                    .unwrap_or_else(|| "-".into()),
-                r.vs_citron
-                    .map(|x| format!("{x:.2}"))
-                    .unwrap_or_else(|| "-".into()),
+                fmt_opt(r.mib_per_s, 1),
+                fmt_opt(r.vs_citron, 2),
                 if args.io {
                     "-".to_string()
                 } else {
                     r.scale_ups.len().to_string()
                 },
-                slowest.map(|x| fmt_f(x, 1)).unwrap_or_else(|| "-".into()),
+                fmt_opt(slowest, 1),
             ],
             &r,
         );

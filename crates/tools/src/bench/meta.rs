@@ -38,7 +38,7 @@
 //! to CitronFS's client, its RPC transport and its meta server.
 
 use crate::bench::fs::{check_fuse, is_tmpfs, mount_null};
-use crate::report::{fmt_f, fmt_ratio, ratio, Report};
+use crate::report::{fmt_f, fmt_opt, fmt_ratio, ratio, Report};
 use anyhow::{Context, Result};
 use clap::Args;
 use fabric::Backend;
@@ -324,15 +324,9 @@ pub fn run(args: &MetaArgs) -> Result<()> {
                 fmt_ratio(r.ratio_vs_tmpfs),
                 fmt_ratio(r.ratio_vs_null),
                 fmt_ratio(r.p50_vs_null),
-                r.rpcs_per_op
-                    .map(|x| fmt_f(x, 2))
-                    .unwrap_or_else(|| "-".into()),
-                r.server_us_per_op
-                    .map(|x| fmt_f(x, 1))
-                    .unwrap_or_else(|| "-".into()),
-                r.awake_per_op
-                    .map(|x| fmt_f(x, 2))
-                    .unwrap_or_else(|| "-".into()),
+                fmt_opt(r.rpcs_per_op, 2),
+                fmt_opt(r.server_us_per_op, 1),
+                fmt_opt(r.awake_per_op, 2),
             ],
             &r,
         );

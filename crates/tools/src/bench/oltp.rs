@@ -11,7 +11,7 @@
 //! the block it got is whole: a torn read fails the run.
 
 use super::clients::{Clients, SharedFile, Via, WorkloadArgs};
-use crate::report::{fmt_f, Report};
+use crate::report::{fmt_f, fmt_opt, Report};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use fabric::Backend;
@@ -192,7 +192,7 @@ pub fn run(args: &OltpArgs) -> Result<()> {
             r.ops_vs_citron = (ops > 0.0).then(|| r.ops_per_s / ops);
             r.reader_p99_vs_citron = (p99 > 0.0).then(|| r.reader_p99_us / p99);
         }
-        let ratio = |x: Option<f64>| x.map(|x| format!("{x:.2}")).unwrap_or_else(|| "-".into());
+        let ratio = |x: Option<f64>| fmt_opt(x, 2);
         report.add(
             vec![
                 r.scheme.clone(),
