@@ -765,14 +765,7 @@ impl Inner {
         bytes: Range<u64>,
     ) -> Result<(), Error> {
         let layout = &self.geometry.layout;
-        let (first, head) = layout.locate(bytes.start);
-        let (last, tail) = layout.locate(bytes.end - 1);
-        // The chunks wholly inside: [whole.start, whole.end).
-        let whole = (if head == 0 { first } else { first + 1 })..(if tail + 1 == layout.len(last) {
-            last + 1
-        } else {
-            last
-        });
+        let whole = layout.chunks_within(bytes.start, bytes.end);
         let zeroed = if whole.is_empty() {
             vec![bytes.clone()]
         } else {

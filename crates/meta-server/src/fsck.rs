@@ -175,9 +175,9 @@ fn check_chunks(image: &Image, live: &Live, layout: Layout, out: &mut Vec<Findin
     // Chunk bytes: what each file counts against what its map holds (every file, those
     // without chunks included).
     for (&ino, attr) in &image.inodes {
-        let counted: u64 = per_file
+        let counted = per_file
             .get(&ino)
-            .map_or(0, |chunks| chunks.iter().map(|&c| layout.len(c)).sum());
+            .map_or(0, |chunks| layout.held(chunks.iter().copied()));
         if attr.allocated != counted {
             out.push(Finding::WrongAllocated {
                 ino,

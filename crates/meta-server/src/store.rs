@@ -136,48 +136,27 @@ const LAYOUT_MARK: &[u8] = b"geometric-1";
 /// without it is upgraded when it opens ([`Store::upgrade_inodes`]).
 const INODES_MARK: &[u8] = b"allocated-1";
 
-/// An inode record as CitronFS wrote it before [`Attr::allocated`]: the same fields in the same
-/// order (postcard is positional), without it.
-#[derive(Deserialize)]
-#[cfg_attr(test, derive(Serialize))]
-struct AttrBeforeAllocated {
-    ino: Ino,
-    kind: FileKind,
-    perm: u16,
-    nlink: u32,
-    uid: u32,
-    gid: u32,
-    rdev: u32,
-    size: u64,
-    atime: Timestamp,
-    mtime: Timestamp,
-    ctime: Timestamp,
-    crtime: Timestamp,
-    generation: u64,
-}
-
-impl AttrBeforeAllocated {
-    fn with_allocated(self, allocated: u64) -> Attr {
-        Attr {
-            ino: self.ino,
-            kind: self.kind,
-            perm: self.perm,
-            nlink: self.nlink,
-            uid: self.uid,
-            gid: self.gid,
-            rdev: self.rdev,
-            size: self.size,
-            atime: self.atime,
-            mtime: self.mtime,
-            ctime: self.ctime,
-            crtime: self.crtime,
-            generation: self.generation,
-            allocated,
-        }
-    }
+/// An inode record as CitronFS wrote it before [`Attr::allocated`], read as one of now.
+/// postcard writes a struct's fields in order, and `allocated` is the last, so the old record
+/// is the new one without its last field; a `u64` of 0 is the one byte 0. `None` if the bytes
+/// are not such a record either.
+fn attr_before_allocated(record: &[u8]) -> Option<Attr> {
+    let mut bytes = Vec::with_capacity(record.len() + 1);
+    bytes.extend_from_slice(record);
+    bytes.push(0);
+    postcard::from_bytes(&bytes).ok()
 }
 
 const FIRST_ENTRY_COOKIE: u64 = 3;
+
+/// Fails unless `attr` is a regular file's: only those have chunks.
+fn check_has_chunks(attr: &Attr) -> Result<(), FsError> {
+    match attr.kind {
+        FileKind::File => Ok(()),
+        FileKind::Dir => Err(FsError::IsDir),
+        _ => Err(FsError::Invalid("only regular files have chunks".into())),
+    }
+}
 
 /// A data server as the meta server remembers it across restarts.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -587,9 +566,7 @@ impl Tx<'_> {
     /// they leave the chunk map and become dirty (to be zeroed before reuse). Returns their
     /// bytes, which the caller takes off the inode's `allocated` (it holds the inode).
     fn free_chunks(&self, ino: Ino, chunks: &[(u64, ChunkLoc)]) -> TxResult<u64> {
-        let mut bytes = 0u64;
         for (index, loc) in chunks {
-            bytes += self.1.len(*index);
             self.t(T_CHUNKS).remove(key_u64s(ino, *index))?;
             // A lost chunk freed is an ordinary dirty chunk of the server's new memory; a dirty
             // chunk is zeroed whole, tail included.
@@ -600,7 +577,7 @@ impl Tx<'_> {
                 &[self.1.order(*index) as u8],
             )?;
         }
-        Ok(bytes)
+        Ok(self.1.held(chunks.iter().map(|(index, _)| *index)))
     }
 
     /// The blocks of a file's chunks (index in the file, location).
@@ -839,21 +816,18 @@ impl Store {
             let (key, value) = item.map_err(|e| anyhow::anyhow!("{e}"))?;
             // A record of this version decodes whole; one of before lacks the last field.
             if postcard::from_bytes::<Attr>(&value).is_err() {
-                let before: AttrBeforeAllocated = postcard::from_bytes(&value).map_err(|e| {
-                    anyhow::anyhow!("an inode record of the meta database does not decode: {e}")
+                let attr = attr_before_allocated(&value).ok_or_else(|| {
+                    anyhow::anyhow!("an inode record of the meta database does not decode")
                 })?;
-                old.push((key, before));
+                old.push((key, attr));
             }
         }
         let upgraded = old.len();
-        for (key, before) in old {
-            let allocated = self
-                .scan_chunks(before.ino, 0)
-                .map_err(|e| anyhow::anyhow!("{e}"))?
-                .iter()
-                .map(|(index, _)| self.layout.len(*index))
-                .sum();
-            let attr = before.with_allocated(allocated);
+        for (key, mut attr) in old {
+            let chunks = self
+                .scan_chunks(attr.ino, 0)
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            attr.allocated = self.layout.held(chunks.iter().map(|(index, _)| *index));
             self.tree(T_INODES)
                 .insert(key, &enc(&attr))
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -1886,30 +1860,26 @@ impl Store {
         count: u64,
     ) -> Result<(Attr, Effects), FsError> {
         let attr = self.getattr(ino)?;
-        match attr.kind {
-            FileKind::File => {}
-            FileKind::Dir => return Err(FsError::IsDir),
-            _ => return Err(FsError::Invalid("only regular files have chunks".into())),
-        }
-        if count == 0 {
+        check_has_chunks(&attr)?;
+        let doomed = match count {
+            0 => Vec::new(),
+            _ => self.scan_chunks_in(ino, first..=first.saturating_add(count - 1))?,
+        };
+        if doomed.is_empty() {
             return Ok((attr, Effects::default()));
         }
-        let last = first.saturating_add(count - 1);
-        let doomed = self.scan_chunks_in(ino, first..=last)?;
         self.free_listed(ino, doomed)
     }
 
-    /// Frees `doomed`, chunks of file `ino` found allocated (callers serialize mutations, so
-    /// they still are), bumping its generation when there are any: a client's cached location
-    /// of one of them is then of an older generation, which it drops.
+    /// Frees `doomed` (not empty), chunks of file `ino` found allocated (callers serialize
+    /// mutations, so they still are), and bumps its generation: a client's cached location of
+    /// one of them is then of an older generation, which it drops.
     fn free_listed(
         &self,
         ino: Ino,
         doomed: Vec<(u64, ChunkLoc)>,
     ) -> Result<(Attr, Effects), FsError> {
-        if doomed.is_empty() {
-            return Ok((self.getattr(ino)?, Effects::default()));
-        }
+        debug_assert!(!doomed.is_empty(), "nothing to free: no generation to bump");
         self.tx(|tx| {
             let mut attr = tx.inode(ino)?;
             attr.generation += 1;
@@ -2013,10 +1983,8 @@ impl Store {
         check_chunk_range(first, count)?;
         self.tx(|tx| {
             let mut attr = tx.inode(ino)?;
-            match attr.kind {
-                FileKind::File => {}
-                FileKind::Dir => return abort(FsError::IsDir),
-                _ => return abort(FsError::Invalid("only regular files have chunks".into())),
+            if let Err(e) = check_has_chunks(&attr) {
+                return abort(e);
             }
             if attr.generation != generation {
                 return abort(FsError::Stale);
@@ -2355,7 +2323,6 @@ impl Store {
         })
     }
 
-    /// Sets an inode's link count.
     /// Sets a file's count of chunk bytes ([`Attr::allocated`]) to `allocated`.
     pub(crate) fn repair_set_allocated(&self, ino: Ino, allocated: u64) -> Result<(), FsError> {
         self.tx(|tx| {
@@ -2365,6 +2332,7 @@ impl Store {
         })
     }
 
+    /// Sets an inode's link count.
     pub(crate) fn repair_set_nlink(&self, ino: Ino, nlink: u32) -> Result<(), FsError> {
         self.tx(|tx| {
             let mut attr = tx.inode(ino)?;
@@ -2782,22 +2750,20 @@ mod tests {
             for item in store.tree(T_INODES).iter() {
                 let (key, value) = item.unwrap();
                 let a: Attr = postcard::from_bytes(&value).unwrap();
-                let old = AttrBeforeAllocated {
-                    ino: a.ino,
-                    kind: a.kind,
-                    perm: a.perm,
-                    nlink: a.nlink,
-                    uid: a.uid,
-                    gid: a.gid,
-                    rdev: a.rdev,
-                    size: a.size,
-                    atime: a.atime,
-                    mtime: a.mtime,
-                    ctime: a.ctime,
-                    crtime: a.crtime,
-                    generation: a.generation,
-                };
-                store.tree(T_INODES).insert(key, &enc(&old)).unwrap();
+                // Written as the record was before the field: its other fields, in order.
+                let old = enc(&(
+                    a.ino,
+                    a.kind,
+                    a.perm,
+                    a.nlink,
+                    a.uid,
+                    a.gid,
+                    a.rdev,
+                    a.size,
+                    (a.atime, a.mtime, a.ctime, a.crtime),
+                    a.generation,
+                ));
+                store.tree(T_INODES).insert(key, &old).unwrap();
             }
             store.tree(T_META).remove(b"inodes").unwrap();
             store.mark_clean().unwrap();

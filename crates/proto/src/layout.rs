@@ -118,6 +118,19 @@ impl Layout {
         self.locate(size - 1).0 + 1
     }
 
+    /// Bytes chunks `chunks` (by index) hold together: what a file with those chunks is
+    /// charged (`Attr::allocated`).
+    pub fn held(&self, chunks: impl IntoIterator<Item = u64>) -> u64 {
+        chunks.into_iter().map(|k| self.len(k)).sum()
+    }
+
+    /// The chunks wholly inside bytes `[start, end)` (empty when there are none).
+    pub fn chunks_within(&self, start: u64, end: u64) -> std::ops::Range<u64> {
+        let first = self.chunks_below(start);
+        let end = if end == 0 { 0 } else { self.locate(end).0 };
+        first..end.max(first)
+    }
+
     /// Bytes the chunks covering `[0, size)` hold: what a file of `size` bytes without holes
     /// is charged.
     pub fn charged(&self, size: u64) -> u64 {
@@ -132,6 +145,26 @@ impl Layout {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// `chunks_within` against a chunk-by-chunk check, and `held` against the lengths.
+    #[test]
+    fn chunks_within_a_range_are_those_it_covers_whole() {
+        let l = Layout::new(64 << 10).unwrap();
+        let edges = [
+            0, 1, 4095, 4096, 4097, 8192, 65_535, 65_536, 65_537, 200_000, 262_144,
+        ];
+        for &a in &edges {
+            for &b in edges.iter().filter(|&&b| b >= a) {
+                let want: Vec<u64> = (0..10)
+                    .filter(|&k| l.start(k) >= a && l.start(k) + l.len(k) <= b)
+                    .collect();
+                let got: Vec<u64> = l.chunks_within(a, b).collect();
+                assert_eq!(got, want, "[{a}, {b})");
+            }
+        }
+        assert_eq!(l.held(0..5), 64 << 10);
+        assert_eq!(l.held([5, 7]), 2 * (64 << 10));
+    }
 
     #[test]
     fn the_first_chunks_double_up_to_the_chunk_size() {
