@@ -1617,13 +1617,8 @@ impl Service {
                 let mut st = lock(&self.state);
                 let (attr, effects) = self.store.free_chunks_in(ino, first, count)?;
                 if !effects.freed.is_empty() {
-                    // Before the answer, hence before the caller's range lock is released: the
-                    // next I/O over these chunks reads the new generation in its lock's batch
-                    // and drops its cached locations.
-                    if let Some(open) = st.open.get(&ino) {
-                        let generation = Self::meta_addr(open.fcb + fcb::GENERATION);
-                        st.endpoint.write_u64(generation, attr.generation)?;
-                    }
+                    // While the caller still holds the range lock over the freed chunks.
+                    Self::publish_generation(&mut st, &attr)?;
                 }
                 drop(st);
                 // Zeroed and recycled once the free is durable, as a truncate's chunks are.
@@ -1694,14 +1689,25 @@ impl Service {
         Ok(Self::live_locked(st, attr))
     }
 
+    /// Writes `attr`'s generation into its file's FCB, if the file is open (returning the
+    /// FCB's offset): a client's next I/O reads it in its lock's batch and drops the chunk
+    /// locations it cached under an older one. Called before the change that bumped it is
+    /// answered, so while its caller still holds the lock that covers the change.
+    fn publish_generation(st: &mut State, attr: &Attr) -> Result<Option<u64>, FsError> {
+        let Some(open) = st.open.get(&attr.ino) else {
+            return Ok(None);
+        };
+        let base = open.fcb;
+        st.endpoint
+            .write_u64(Self::meta_addr(base + fcb::GENERATION), attr.generation)?;
+        Ok(Some(base))
+    }
+
     /// After a size change: publishes it in the FCB (generation first, so a client that sees the
     /// smaller size also sees that its chunk map is stale) and zeroes the bytes past the new end
     /// in its last chunk (past the old end when growing), so that they read as zeros.
     fn apply_size(&self, st: &mut State, attr: &Attr, old: u64, new: u64) -> Result<(), FsError> {
-        if let Some(open) = st.open.get(&attr.ino) {
-            let base = open.fcb;
-            st.endpoint
-                .write_u64(Self::meta_addr(base + fcb::GENERATION), attr.generation)?;
+        if let Some(base) = Self::publish_generation(st, attr)? {
             st.endpoint
                 .write_u64(Self::meta_addr(base + fcb::SIZE), new)?;
         }
