@@ -45,12 +45,14 @@ pub(crate) fn micros_of(t: Instant) -> i64 {
 }
 
 /// This process's count now, as sent in answers (never negative: the origin is in the past).
-pub(crate) fn now_micros() -> u64 {
+/// A server stamps its answers with it; a client learns from them with [`PeerClock::answer`].
+pub fn now_micros() -> u64 {
     micros_of(Instant::now()).max(0) as u64
 }
 
-/// The instant `micros` after this process's origin (saturating far in the future).
-pub(crate) fn instant_of(micros: u64) -> Instant {
+/// The instant `micros` after this process's origin (saturating far in the future): a
+/// deadline a client sent in this process's count ([`PeerClock::to_peer`]), as an instant here.
+pub fn instant_of(micros: u64) -> Instant {
     let o = origin();
     o.checked_add(Duration::from_micros(micros))
         .unwrap_or(o + Duration::from_secs(1 << 30))

@@ -75,7 +75,10 @@ impl Protocol {
             // no longer carries a directory version.
             // 6: `RequestFrame::release_first` (releases riding on a call).
             // 7: `Attr::allocated` (a file's chunk bytes, `st_blocks`); `Request::FreeChunks`.
-            Protocol::Rpc => 7,
+            // 8: `RequestFrame::expires` (a change made under a range lock is refused past the
+            // lock's lease, `FsError::Expired`), and every `ResponseFrame` carries the server's
+            // clock (`crate::clock`) to name it in.
+            Protocol::Rpc => 8,
             // 1: the first version with a handshake.
             Protocol::LockServer => 1,
         }

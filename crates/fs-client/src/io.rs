@@ -55,11 +55,12 @@ use crate::error::{Error, Peer};
 use crate::fcb::{check_owner, Fcb, FcbRaises, FcbReads, MtimeRaise};
 use crate::handles::{Handle, OpenInode};
 use crate::locks::{server_range, whole_file};
+use crate::meta::unexpected;
 use crate::plan::{plan, Limits, Op, ServerPlan};
 use crate::workers::Worker;
 use fabric::{Batch, RemoteAddr};
 use lockmgr::{LockScheme, LockStats};
-use proto::rpc::Request;
+use proto::rpc::{Request, Response};
 use proto::{Attr, Caller, FsError, SetAttr, Timestamp, INCARNATION_REGION};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -535,7 +536,7 @@ impl Inner {
         let now = Timestamp::now().as_nanos();
         self.locked(&mut w, &inode, units, Some(now), |w, found, mtime| {
             if kill_suidgid {
-                self.kill_suidgid(&inode, found.mode, handle.caller)?;
+                self.kill_suidgid(w, &inode, found.mode, handle.caller)?;
             }
             body(w, &inode, found, mtime)
         })
@@ -733,8 +734,14 @@ impl Inner {
     }
 
     /// Asks the meta server to clear the set-ID bits a write by a caller without `CAP_FSETID`
-    /// clears, when `mode` (the FCB's MODE) has one; nothing otherwise.
-    fn kill_suidgid(&self, inode: &OpenInode, mode: u16, caller: Caller) -> Result<(), Error> {
+    /// clears, when `mode` (the FCB's MODE) has one; nothing otherwise. Under the write's lock.
+    fn kill_suidgid(
+        &self,
+        w: &Worker,
+        inode: &OpenInode,
+        mode: u16,
+        caller: Caller,
+    ) -> Result<(), Error> {
         if proto::fcb::setid_to_clear(mode) == 0 {
             return Ok(());
         }
@@ -742,15 +749,29 @@ impl Inner {
             kill_suidgid: true,
             ..SetAttr::default()
         };
-        self.attr_call(
-            "SetAttr",
-            Request::SetAttr {
-                ino: inode.ino,
-                set,
-                caller,
-            },
-        )
-        .map(drop)
+        let request = Request::SetAttr {
+            ino: inode.ino,
+            set,
+            caller,
+        };
+        match self.locked_call(w, request)? {
+            Response::Attr(_) => Ok(()),
+            other => Err(unexpected("SetAttr", other)),
+        }
+    }
+
+    /// Makes a call that changes the file under the range lock `w` holds, as a data batch is
+    /// posted: only with the lease well ahead ([`Inner::check_lease_before_post`]), and held
+    /// to the lease's deadline at the meta server, which refuses to apply it later
+    /// (`FsError::Expired`, here [`Error::LeaseLost`]: redone under a new lock). Without the
+    /// deadline a call delayed on its way past the lease could truncate or free what the
+    /// lock's next holder wrote.
+    fn locked_call(&self, w: &Worker, request: Request) -> Result<Response, Error> {
+        self.check_lease_before_post(w)?;
+        match self.meta.call_by(request, w.lease) {
+            Err(Error::Fs(FsError::Expired)) => Err(Error::LeaseLost),
+            other => other,
+        }
     }
 
     /// Makes bytes `[bytes.start, bytes.end)` (not empty) of a file read zeros, under the range
@@ -782,16 +803,15 @@ impl Inner {
             self.zero_allocated(w, part.start, n, &locs)?;
         }
         if !whole.is_empty() {
-            // Like a data batch, the call starts only with the lease well ahead of it.
-            self.check_lease_before_post(w)?;
-            self.ok_call(
-                "FreeChunks",
-                Request::FreeChunks {
-                    ino: inode.ino,
-                    first: whole.start,
-                    count: whole.end - whole.start,
-                },
-            )?;
+            let request = Request::FreeChunks {
+                ino: inode.ino,
+                first: whole.start,
+                count: whole.end - whole.start,
+            };
+            match self.locked_call(w, request)? {
+                Response::Ok => {}
+                other => return Err(unexpected("FreeChunks", other)),
+            }
         }
         Ok(())
     }
@@ -1101,9 +1121,16 @@ impl Inner {
             let inode = &self.live_inode(inode, &w.view)?;
             let ino = inode.ino;
             let set = set.clone();
-            self.locked(&mut w, inode, whole_file(self.scheme), None, |_, _, _| {
-                self.attr_call("SetAttr", Request::SetAttr { ino, set, caller })
-            })
+            self.locked(
+                &mut w,
+                inode,
+                whole_file(self.scheme),
+                None,
+                |w, _, _| match self.locked_call(w, Request::SetAttr { ino, set, caller })? {
+                    Response::Attr(attr) => Ok(attr),
+                    other => Err(unexpected("SetAttr", other)),
+                },
+            )
         })
     }
 }

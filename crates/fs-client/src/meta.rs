@@ -242,6 +242,17 @@ impl Meta {
     /// reconnects (as a new session: files opened before must be reopened). The releases
     /// queued by closes ride ahead of it ([`Riders`]).
     pub(crate) fn call(&self, request: Request) -> Result<Response, Error> {
+        self.call_by(request, None)
+    }
+
+    /// [`Meta::call`] of a change made under a range lock whose lease ends at `expires`: the
+    /// meta server applies it only before then (`proto::rpc::RequestFrame::expires`), and
+    /// answers `FsError::Expired` otherwise.
+    pub(crate) fn call_by(
+        &self,
+        request: Request,
+        expires: Option<Instant>,
+    ) -> Result<Response, Error> {
         let client = {
             let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
             if conn.is_none() {
@@ -249,7 +260,7 @@ impl Meta {
             }
             conn.clone().expect("connected above")
         };
-        self.call_on(client, request)
+        self.call_on(client, request, expires)
     }
 
     /// [`Meta::call`] in the current session only: `None`, and nothing sent, when the
@@ -261,11 +272,16 @@ impl Meta {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()?;
-        Some(self.call_on(client, request))
+        Some(self.call_on(client, request, None))
     }
 
     /// Makes `request` on `client` (see [`Meta::call`]).
-    fn call_on(&self, client: Arc<rpc::SharedClient>, request: Request) -> Result<Response, Error> {
+    fn call_on(
+        &self,
+        client: Arc<rpc::SharedClient>,
+        request: Request,
+        expires: Option<Instant>,
+    ) -> Result<Response, Error> {
         let riders = self.riders.get();
         // Releases ride only in the session that holds their opens (a reconnection ended the
         // others, and a release in the new session could end a reopen there).
@@ -278,7 +294,14 @@ impl Meta {
         #[cfg(feature = "failpoints")]
         let call = format!("{request:?}");
         let released = (!release_first.is_empty()).then(|| release_first.clone());
-        let answer = client.call_releasing(release_first, request);
+        // Tests: a call held up between its caller's lease check and its sending (a thread
+        // descheduled there, or a slow connection). Named by kind: `...::sending::FreeChunks`.
+        #[cfg(feature = "failpoints")]
+        {
+            let kind = call.split([' ', '(', '{']).next().unwrap_or_default();
+            failpoint!(&format!("fs_client::meta::sending::{kind}"));
+        }
+        let answer = client.call_by(release_first, request, expires);
         if let (Some(riders), Some(released)) = (riders, released) {
             // Answered or failed, the server holds these opens no longer: it released them
             // before the request, or the session ended with the connection.

@@ -629,7 +629,7 @@ mod tests {
         // The server is live: a client's file gets a chunk there and writes it.
         let session = svc.open_session().unwrap().session;
         let opened = match svc
-            .handle(
+            .handle_by(
                 session,
                 Vec::new(),
                 Request::Create {
@@ -639,6 +639,7 @@ mod tests {
                     caller: Caller { uid: 0, gid: 0 },
                     scheme: lockmgr::LockScheme::MUTEX,
                 },
+                None,
             )
             .unwrap()
         {
@@ -646,7 +647,7 @@ mod tests {
             other => panic!("create answered {other:?}"),
         };
         let loc = match svc
-            .handle(
+            .handle_by(
                 session,
                 Vec::new(),
                 Request::AllocateChunks {
@@ -655,6 +656,7 @@ mod tests {
                     first: 0,
                     count: 1,
                 },
+                None,
             )
             .unwrap()
         {

@@ -328,7 +328,7 @@ async fn connection(
                                         .into(),
                                 )),
                             };
-                            if let Err(e) = send(&mut writer, &ResponseFrame { id: frame.id, result }).await {
+                            if let Err(e) = send(&mut writer, &ResponseFrame::new(frame.id, result)).await {
                                 break Err(e.to_string());
                             }
                         }
@@ -350,10 +350,7 @@ async fn connection(
 /// (`proto::rpc::RpcError::ServerStopping`) — a data server waits for the next meta server
 /// without a warning, a client says why its calls fail.
 fn goodbye() -> ResponseFrame {
-    ResponseFrame {
-        id: 0,
-        result: Err(FsError::Unavailable(proto::rpc::STOPPING.into())),
-    }
+    ResponseFrame::new(0, Err(FsError::Unavailable(proto::rpc::STOPPING.into())))
 }
 
 /// Requests of one client connection that may run at once. A client's threads share one
@@ -415,10 +412,7 @@ where
             // the reason, before the connection closes: the client learns why (see
             // `proto::rpc::Client::call`).
             let refuse = |why: String| async {
-                let frame = ResponseFrame {
-                    id: 0,
-                    result: Err(FsError::Invalid(why.clone())),
-                };
+                let frame = ResponseFrame::new(0, Err(FsError::Invalid(why.clone())));
                 let _ = send(&mut *writer.lock().await, &frame).await;
                 Err(why)
             };
@@ -503,11 +497,13 @@ pub(crate) fn run_request(service: &Service, session: u64, frame: RequestFrame) 
         id,
         release_first,
         request,
+        expires,
     } = frame;
-    ResponseFrame {
+    let expires = expires.map(fabric::clock::instant_of);
+    ResponseFrame::new(
         id,
-        result: guarded(|| service.handle(session, release_first, request)),
-    }
+        guarded(|| service.handle_by(session, release_first, request, expires)),
+    )
 }
 
 /// Fuzz entry: `input` is the byte stream a peer sends to the meta server's RPC port, read

@@ -1351,20 +1351,26 @@ impl Service {
     /// release that fails (the file is not open in this session: the client reconnected
     /// meanwhile) is logged and skipped; it never fails the request. Counted as one request,
     /// its releases' time included.
-    pub fn handle(
+    ///
+    /// A request with `expires` (`RequestFrame::expires`, a range lock's lease deadline) must
+    /// not change anything at or past it: it is refused with [`FsError::Expired`] on arrival,
+    /// and again where its change would become visible ([`Service::check_expiry`]), when less
+    /// than the margin is left.
+    pub fn handle_by(
         &self,
         session: u64,
         release_first: Vec<Ino>,
         request: Request,
+        expires: Option<Instant>,
     ) -> Result<Response, FsError> {
         let counted = crate::requests::counted(&request, &release_first);
         let start = Instant::now();
         for ino in release_first {
-            if let Err(error) = self.handle_timed(session, Request::Release { ino }) {
+            if let Err(error) = self.handle_timed(session, Request::Release { ino }, None) {
                 tracing::debug!(session, ino, %error, "a release riding on a request failed");
             }
         }
-        let result = self.handle_timed(session, request);
+        let result = self.handle_timed(session, request, expires);
         if counted {
             self.requests
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -1376,10 +1382,16 @@ impl Service {
         result
     }
 
-    fn handle_timed(&self, session: u64, request: Request) -> Result<Response, FsError> {
+    fn handle_timed(
+        &self,
+        session: u64,
+        request: Request,
+        expires: Option<Instant>,
+    ) -> Result<Response, FsError> {
         self.touch(session, true)?;
+        self.check_expiry(expires)?;
         let changes = crate::requests::traits(&request).changes_inodes;
-        let result = self.handle_touched(session, request);
+        let result = self.handle_touched(session, request, expires);
         if changes {
             // Before the answer: a client that saw it reads the change one-sidedly.
             let mut st = lock(&self.state);
@@ -1390,7 +1402,39 @@ impl Service {
         result
     }
 
-    fn handle_touched(&self, session: u64, request: Request) -> Result<Response, FsError> {
+    /// Refuses a change whose range lock's lease ends at `expires` once less than
+    /// `fence_after` of it is left ([`FsError::Expired`]; nothing to refuse without one).
+    ///
+    /// Why here and not only in the client: the client sends such a change only with
+    /// `2·fence_after` of its lease left (fs-client's guard), but nothing bounds how long the
+    /// request then takes to reach the point where its change is applied — on its way, queued
+    /// for a worker, waiting for the state lock behind a slow transaction. Past the deadline
+    /// another client may have broken in on the lock and written the range: a truncate or punch
+    /// applied then would free or cut off that write. So the requests made under a range lock
+    /// (`SetAttr` of a size or set-ID bits, `FreeChunks`) check again holding the state lock,
+    /// right before their change, which is published (the FCB's generation and size, read by
+    /// the next lock holder's acquisition) before the state lock is let go: what remains of
+    /// the margin covers that transaction. The invariant: a change made under a range lock
+    /// becomes visible before the lock's lease ends, or not at all.
+    fn check_expiry(&self, expires: Option<Instant>) -> Result<(), FsError> {
+        match expires {
+            Some(at) if Instant::now() + self.settings.fence_after >= at => {
+                tracing::warn!(
+                    late_by = ?Instant::now().saturating_duration_since(at),
+                    "refusing a change made under a range lock whose lease has (all but) run out"
+                );
+                Err(FsError::Expired)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn handle_touched(
+        &self,
+        session: u64,
+        request: Request,
+        expires: Option<Instant>,
+    ) -> Result<Response, FsError> {
         let is_open = |st: &State, ino: Ino| st.open.contains_key(&ino);
         Ok(match request {
             Request::Heartbeat => Response::Heartbeat {
@@ -1420,6 +1464,7 @@ impl Service {
             }
             Request::SetAttr { ino, set, caller } => {
                 let mut st = lock(&self.state);
+                self.check_expiry(expires)?;
                 let old_size = Self::fcb_word(&mut st, ino, fcb::SIZE);
                 let previous = match old_size {
                     Some(size) => size,
@@ -1615,6 +1660,7 @@ impl Service {
             }
             Request::FreeChunks { ino, first, count } => {
                 let mut st = lock(&self.state);
+                self.check_expiry(expires)?;
                 let (attr, effects) = self.store.free_chunks_in(ino, first, count)?;
                 if !effects.freed.is_empty() {
                     // While the caller still holds the range lock over the freed chunks.

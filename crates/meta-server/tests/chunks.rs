@@ -394,3 +394,66 @@ fn free_chunks_frees_the_range_and_bumps_the_generation() {
     }
     fs.ok(Request::Release { ino: f.ino }).unwrap();
 }
+
+/// A change made under a range lock (`RequestFrame::expires`) is applied only while its lease
+/// has more than `fence_after` left, and refused with `Expired` otherwise, with nothing
+/// changed: a late punch or truncate must not free or cut off what the lock's next holder
+/// wrote. The caller here has heard nothing from the server yet, so it learns the server's
+/// clock with a heartbeat first.
+#[test]
+fn a_change_under_a_lock_whose_lease_has_run_out_is_refused() {
+    use std::time::{Duration, Instant};
+    let cl = start(1, 8, false);
+    let fence_after = cl.spec().fence_after;
+    let mut fs = Fs::connect(&cl);
+    let f = fs.create(ROOT_INO, "f").unwrap();
+    let o = open(&mut fs, f.ino, LockScheme::CITRON).unwrap();
+    let c0 = full();
+    fs.allocate(f.ino, 0, c0, 4).unwrap();
+    // Written by a client: its size raise in the FCB (a `SetAttr` growing the file would
+    // free the chunks past the old size).
+    let size = layout().start(c0 + 4);
+    endpoint(&fs.info.meta_fabric)
+        .write_u64(o.fcb.add(fcb::SIZE), size)
+        .unwrap();
+    let generation = fs.getattr(f.ino).unwrap().generation;
+    let locked = shared_client(&cl);
+    let call = |request: Request, expires: Instant| {
+        locked
+            .call_by(Vec::new(), request, Some(expires))
+            .expect("rpc transport")
+    };
+    let punch = Request::FreeChunks {
+        ino: f.ino,
+        first: c0,
+        count: 2,
+    };
+    let truncate = Request::SetAttr {
+        ino: f.ino,
+        set: SetAttr {
+            size: Some(0),
+            ..SetAttr::default()
+        },
+        caller: ME,
+    };
+    // Past, and within the margin.
+    for expires in [
+        Instant::now() - Duration::from_millis(5),
+        Instant::now() + fence_after / 2,
+    ] {
+        assert_eq!(call(punch.clone(), expires), Err(FsError::Expired));
+        assert_eq!(call(truncate.clone(), expires), Err(FsError::Expired));
+    }
+    let attr = fs.getattr(f.ino).unwrap();
+    assert_eq!((attr.size, attr.generation), (size, generation));
+    assert!(
+        fs.chunk_map(f.ino, c0, 4).iter().all(Option::is_some),
+        "a refused punch freed chunks"
+    );
+    // Well ahead: applied.
+    let ahead = Instant::now() + Duration::from_secs(10);
+    assert_eq!(call(punch, ahead), Ok(Response::Ok));
+    assert!(fs.chunk_map(f.ino, c0, 2).iter().all(Option::is_none));
+    assert!(matches!(call(truncate, ahead), Ok(Response::Attr(a)) if a.size == 0));
+    fs.ok(Request::Release { ino: f.ino }).unwrap();
+}

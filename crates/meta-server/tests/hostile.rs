@@ -437,6 +437,7 @@ fn hostile_frames_sent_while_a_connection_is_served_awake() {
             id,
             release_first: Vec::new(),
             request: Request::Statfs,
+            expires: None,
         })
         .unwrap()
     };

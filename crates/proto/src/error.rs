@@ -94,6 +94,15 @@ pub enum FsError {
         /// The scheme this open asked for.
         asked: String,
     },
+    /// A change made under a range lock (`RequestFrame::expires`) reached the point of being
+    /// applied after the lock's lease had run out, or too close to it: it was not applied, since
+    /// another client may hold the range by now. The caller redoes it under a new lock (EIO if
+    /// it keeps happening).
+    #[error(
+        "the range lock's lease ran out before the meta server could apply the change; \
+         not applied"
+    )]
+    Expired,
 }
 
 impl FsError {
@@ -114,9 +123,11 @@ impl FsError {
             FsError::Range => libc::ERANGE,
             FsError::Stale => libc::ESTALE,
             FsError::NotSupported => libc::EOPNOTSUPP,
-            FsError::Io(_) | FsError::Refused(_) | FsError::Lost(_) | FsError::Unavailable(_) => {
-                libc::EIO
-            }
+            FsError::Io(_)
+            | FsError::Refused(_)
+            | FsError::Lost(_)
+            | FsError::Unavailable(_)
+            | FsError::Expired => libc::EIO,
             FsError::Busy | FsError::SchemeInUse { .. } => libc::EBUSY,
             FsError::TooManyOpen { .. } => libc::EMFILE,
             FsError::TooManySessions { .. } => libc::EUSERS,
@@ -142,7 +153,8 @@ impl From<FsError> for std::io::Error {
             | FsError::Unavailable(_)
             | FsError::TooManyOpen { .. }
             | FsError::TooManySessions { .. }
-            | FsError::SchemeInUse { .. } => std::io::Error::new(kind_from_errno(e.errno()), e),
+            | FsError::SchemeInUse { .. }
+            | FsError::Expired => std::io::Error::new(kind_from_errno(e.errno()), e),
             FsError::NotFound
             | FsError::Exists
             | FsError::NotEmpty

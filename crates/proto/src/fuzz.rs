@@ -258,6 +258,8 @@ pub fn request_seeds() -> Vec<Vec<u8>> {
                 // Some seeds carry releases ahead of their request.
                 release_first: if id % 2 == 0 { Vec::new() } else { vec![2] },
                 request,
+                // Some carry a deadline (a change under a range lock), one long past.
+                expires: [None, Some(0), Some(u64::MAX)][id % 3],
             })
             .expect("encodes");
             frame(&body)
@@ -401,6 +403,7 @@ pub fn sample_responses() -> Vec<Result<Response, FsError>> {
             },
             FsError::Lost("chunk".into()),
             FsError::Unavailable("no data server".into()),
+            FsError::Expired,
         ]
         .into_iter()
         .map(Err),
@@ -434,6 +437,7 @@ pub fn response_seeds() -> Vec<Vec<u8>> {
                 &postcard::to_stdvec(&ResponseFrame {
                     id: id as u64 + 1,
                     result,
+                    clock: id as u64 * 1_000_003,
                 })
                 .expect("encodes"),
             )

@@ -436,6 +436,13 @@ pub struct RequestFrame {
     pub release_first: Vec<Ino>,
     /// The call.
     pub request: Request,
+    /// For a change made under a range lock: the lock's lease deadline, in the server's count
+    /// of microseconds ([`fabric::clock`], learnt from [`ResponseFrame::clock`]; never later
+    /// than the true deadline). The server applies the change only while the deadline is more
+    /// than its margin ahead, checked where the change becomes visible, and refuses it
+    /// otherwise with [`FsError::Expired`]: past the deadline another client may hold the
+    /// range, and a late truncate or punch would undo what it wrote. `None`: no deadline.
+    pub expires: Option<u64>,
 }
 
 /// One response on the wire.
@@ -445,6 +452,20 @@ pub struct ResponseFrame {
     pub id: u64,
     /// The result.
     pub result: Result<Response, FsError>,
+    /// The server's count of microseconds ([`fabric::clock::now_micros`]) when it made this
+    /// answer: what a client names [`RequestFrame::expires`] in.
+    pub clock: u64,
+}
+
+impl ResponseFrame {
+    /// The answer `result` to request `id`, stamped with this process's clock.
+    pub fn new(id: u64, result: Result<Response, FsError>) -> Self {
+        ResponseFrame {
+            id,
+            result,
+            clock: fabric::clock::now_micros(),
+        }
+    }
 }
 
 /// Why a call failed below the file system: the connection, the framing, the encoding.
@@ -590,6 +611,7 @@ impl Client {
                 id,
                 release_first: Vec::new(),
                 request,
+                expires: None,
             },
         )?;
         let response: ResponseFrame = recv(&mut self.reader)?;
@@ -663,6 +685,8 @@ struct MuxState {
     /// A caller is reading the stream (it holds `SharedClient::reader`).
     reading: bool,
     broken: Option<Broken>,
+    /// What the answers told of the server's clock (`None` before the first).
+    clock: Option<fabric::clock::PeerClock>,
 }
 
 impl MuxState {
@@ -812,6 +836,16 @@ impl SharedClient {
         lock_ignoring_poison(&self.state).broken.is_some()
     }
 
+    /// What the answers told of the server's clock, if an answer came within
+    /// [`fabric::clock::RESYNC_AFTER`].
+    fn server_clock(&self) -> Option<fabric::clock::PeerClock> {
+        let now = std::time::Instant::now();
+        lock_ignoring_poison(&self.state)
+            .clock
+            .filter(|c| !c.is_stale(now))
+            .map(|c| c.at(now))
+    }
+
     /// Makes one call and waits for its result; other threads' calls proceed meanwhile.
     pub fn call(&self, request: Request) -> Result<Result<Response, FsError>, RpcError> {
         self.call_releasing(Vec::new(), request)
@@ -824,6 +858,37 @@ impl SharedClient {
         release_first: Vec<Ino>,
         request: Request,
     ) -> Result<Result<Response, FsError>, RpcError> {
+        self.call_by(release_first, request, None)
+    }
+
+    /// [`SharedClient::call_releasing`] for a change made under a range lock whose lease ends at
+    /// `expires` (this process's clock): the request carries it in the server's clock
+    /// ([`RequestFrame::expires`]), and the server refuses the change past it
+    /// ([`FsError::Expired`]). When no answer has told the server's clock lately
+    /// ([`fabric::clock::RESYNC_AFTER`]: an idle connection) a heartbeat learns it first.
+    pub fn call_by(
+        &self,
+        release_first: Vec<Ino>,
+        request: Request,
+        expires: Option<std::time::Instant>,
+    ) -> Result<Result<Response, FsError>, RpcError> {
+        let expires = match expires {
+            None => None,
+            Some(at) => Some(match self.server_clock() {
+                Some(clock) => clock.to_peer(at),
+                None => {
+                    if let Err(e) = self.call_by(Vec::new(), Request::Heartbeat, None)? {
+                        return Ok(Err(e));
+                    }
+                    // Just answered: known now, unless the connection broke (the call below
+                    // then fails the same way) or the server sent no usable clock.
+                    match self.server_clock() {
+                        Some(clock) => clock.to_peer(at),
+                        None => 0,
+                    }
+                }
+            }),
+        };
         let id = self
             .next_id
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -849,6 +914,7 @@ impl SharedClient {
                     id,
                     release_first,
                     request,
+                    expires,
                 },
             )
         };
@@ -923,8 +989,18 @@ impl SharedClient {
                     Err(e) => Err(RpcError::Io(e)),
                 }
             };
+            let received = std::time::Instant::now();
             let mut st = lock_ignoring_poison(&self.state);
             st.reading = false;
+            if let Ok(frame) = &read {
+                match &mut st.clock {
+                    Some(clock) => clock.answer(frame.clock, received),
+                    None => {
+                        st.clock =
+                            Some(fabric::clock::PeerClock::from_answer(frame.clock, received))
+                    }
+                }
+            }
             match read {
                 Ok(frame) if frame.id == 0 => st.break_with(closed_by_server(frame.result)),
                 Ok(frame) if frame.id == id => return Ok(frame.result),
@@ -1096,16 +1172,14 @@ mod tests {
                 no_replace: true,
                 exchange: false,
             },
+            expires: Some(12_345_678),
         };
         let mut wire = Vec::new();
         send(&mut wire, &frame).unwrap();
         let back: RequestFrame = recv(&mut &wire[..]).unwrap();
         assert_eq!(back, frame);
 
-        let resp = ResponseFrame {
-            id: 7,
-            result: Err(FsError::NotEmpty),
-        };
+        let resp = ResponseFrame::new(7, Err(FsError::NotEmpty));
         let mut wire = Vec::new();
         send(&mut wire, &resp).unwrap();
         assert_eq!(recv::<ResponseFrame>(&mut &wire[..]).unwrap(), resp);

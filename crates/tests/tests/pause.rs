@@ -418,3 +418,89 @@ fn checker_catches_a_torn_record() {
     r[RECORD - 3] ^= 1;
     assert!(whole(&r).is_err());
 }
+
+/// A live client whose punch is held up between its lease check and the sending of its
+/// `FreeChunks` (a thread descheduled there, a slow connection): failpoint
+/// `fs_client::meta::sending::FreeChunks` holds every attempt until the other client has
+/// written the range. A's heartbeat keeps running, so no fence revokes it: B waits out A's
+/// lease, breaks the lock and writes, and only then is A's call sent. The meta server must
+/// refuse each such late `FreeChunks` (the lease's deadline travels with it,
+/// `RequestFrame::expires`), so B's write survives and the punch fails with EIO once its
+/// retries are spent. With the meta server's check removed, A's first late call freed the
+/// chunks under B's write, which then read zeros.
+#[test]
+fn a_punch_held_up_past_its_lease_does_not_free_a_later_write() {
+    use fs_client::{CitronFs, Fallocate};
+    const FAILPOINT: &str = "fs_client::meta::sending::FreeChunks";
+    let cluster = Cluster::start(ClusterSpec {
+        data_servers: 1,
+        // Short, so that B's break-ins are quick: the lease must exceed 4 × fence_after.
+        fence_after: Duration::from_millis(50),
+        lock_lease: Duration::from_millis(250),
+        ..ClusterSpec::default()
+    })
+    .unwrap();
+    let chunk = cluster.spec().chunk_size;
+    let a = cluster.connect(LockScheme::CITRON).unwrap();
+    let b = cluster.connect(LockScheme::CITRON).unwrap();
+    let me = CitronFs::process_caller();
+    let (attr, fa) = a
+        .create(me, proto::ROOT_INO, "punched", 0o644, libc::O_RDWR)
+        .unwrap();
+    let len = 6 * chunk as usize;
+    let mut want = vec![0xAA; len];
+    a.write(fa, 0, &want).unwrap();
+    let fb = b.open(me, attr.ino, libc::O_RDWR).unwrap();
+
+    // Attempt n of the punch waits at the failpoint until B's write n is done.
+    let b_writes = Arc::new(AtomicU64::new(0));
+    let (hit, hits) = mpsc::channel::<u64>();
+    {
+        let (b_writes, attempts) = (b_writes.clone(), AtomicU64::new(0));
+        fail::cfg_callback(FAILPOINT, move || {
+            let n = attempts.fetch_add(1, Ordering::SeqCst);
+            let _ = hit.send(n);
+            let held = Instant::now();
+            while b_writes.load(Ordering::SeqCst) <= n && held.elapsed() < Duration::from_secs(20) {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        })
+        .unwrap();
+    }
+    // [chunk, 5 chunk): four whole chunks (past the first, chunks are `chunk` bytes).
+    let (from, to) = (chunk, 5 * chunk);
+    let fill = vec![0xBB; (to - from) as usize];
+    let punched = std::thread::scope(|s| {
+        let punch = s.spawn(|| a.fallocate(fa, from, to - from, Fallocate::PunchHole, false));
+        let started = Instant::now();
+        while !punch.is_finished() {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "the punch did not end"
+            );
+            if let Ok(n) = hits.recv_timeout(Duration::from_millis(20)) {
+                // A holds the lock, alive: B waits out its lease, breaks the lock, writes.
+                b.write(fb, from, &fill).unwrap();
+                b_writes.store(n + 1, Ordering::SeqCst);
+            }
+        }
+        punch.join().unwrap()
+    });
+    fail::remove(FAILPOINT);
+    want[from as usize..to as usize].fill(0xBB);
+    let read = b.read(fb, 0, len).unwrap();
+    let zeros = read.iter().filter(|&&byte| byte == 0).count();
+    assert!(
+        read == want,
+        "B's write was undone by A's late punch ({punched:?}): {zeros} bytes read zeros"
+    );
+    assert_eq!(a.read(fa, 0, len).unwrap(), want);
+    let error = punched.expect_err("every attempt of the punch was sent past its lease");
+    assert_eq!(error.errno(), libc::EIO, "{error}");
+    eprintln!(
+        "the punch was held {} times, each refused: {error}",
+        b_writes.load(Ordering::SeqCst)
+    );
+    a.release(fa).unwrap();
+    b.release(fb).unwrap();
+}
