@@ -19,6 +19,7 @@
 use crate::client::{CitronFs, FileHandle};
 use crate::error::Error;
 use crate::io::{Fallocate, SeekTo};
+use proto::records::{RecordKind, RecordLock};
 use proto::rpc::XattrMode;
 use proto::{Attr, Caller, DirEntry, FileKind, FsError, FsStats, Ino, SetAttr};
 
@@ -79,9 +80,52 @@ pub trait FsBackend: Send + Sync + 'static {
     fn fsync(&self, fh: FileHandle) -> Result<(), Error>;
 
     /// What a close(2) of a descriptor asks before the release (FUSE's FLUSH). Nothing is
-    /// buffered, so by default nothing is done; the adapter opens every file with
-    /// `FOPEN_NOFLUSH`, and a kernel that honours it (Linux 5.16 and later) never sends it.
+    /// buffered, so by default nothing is done. A backend without record locks has every file
+    /// opened with `FOPEN_NOFLUSH`, and a kernel that honours it (Linux 5.16 and later) never
+    /// sends it; with them, each close sends it, and the adapter then gives back the closing
+    /// owner's record locks ([`FsBackend::release_records`]).
     fn flush(&self, _fh: FileHandle) -> Result<(), Error> {
+        Ok(())
+    }
+
+    /// Whether the backend keeps POSIX record locks (`fcntl`) itself, for every client of the
+    /// file system: the adapter then negotiates `FUSE_POSIX_LOCKS` and hands `F_GETLK`,
+    /// `F_SETLK` and `F_SETLKW` to it. Default: no, and the kernel keeps them for this mount
+    /// alone.
+    fn record_locks(&self) -> bool {
+        false
+    }
+
+    /// `F_GETLK` (see [`CitronFs::getlk`]).
+    fn getlk(
+        &self,
+        _fh: FileHandle,
+        _owner: u64,
+        _start: u64,
+        _end: u64,
+        _kind: RecordKind,
+    ) -> Result<Option<RecordLock>, Error> {
+        Err(FsError::NotSupported.into())
+    }
+
+    /// `F_SETLK` and `F_SETLKW` (see [`CitronFs::setlk`]).
+    #[allow(clippy::too_many_arguments)]
+    fn setlk(
+        &self,
+        _fh: FileHandle,
+        _owner: u64,
+        _start: u64,
+        _end: u64,
+        _kind: Option<RecordKind>,
+        _pid: u32,
+        _wait: Option<&dyn Fn() -> bool>,
+    ) -> Result<(), Error> {
+        Err(FsError::NotSupported.into())
+    }
+
+    /// Gives back `owner`'s record locks of `fh`'s file at a close (see
+    /// [`CitronFs::release_records`]).
+    fn release_records(&self, _fh: FileHandle, _owner: u64) -> Result<(), Error> {
         Ok(())
     }
 
@@ -261,6 +305,38 @@ impl FsBackend for CitronFs {
 
     fn release(&self, fh: FileHandle) -> Result<(), Error> {
         CitronFs::release(self, fh)
+    }
+
+    fn record_locks(&self) -> bool {
+        true
+    }
+
+    fn getlk(
+        &self,
+        fh: FileHandle,
+        owner: u64,
+        start: u64,
+        end: u64,
+        kind: RecordKind,
+    ) -> Result<Option<RecordLock>, Error> {
+        CitronFs::getlk(self, fh, owner, start, end, kind)
+    }
+
+    fn setlk(
+        &self,
+        fh: FileHandle,
+        owner: u64,
+        start: u64,
+        end: u64,
+        kind: Option<RecordKind>,
+        pid: u32,
+        wait: Option<&dyn Fn() -> bool>,
+    ) -> Result<(), Error> {
+        CitronFs::setlk(self, fh, owner, start, end, kind, pid, wait)
+    }
+
+    fn release_records(&self, fh: FileHandle, owner: u64) -> Result<(), Error> {
+        CitronFs::release_records(self, fh, owner)
     }
 
     fn read(&self, fh: FileHandle, offset: u64, len: usize) -> Result<ReadBuf, Error> {

@@ -7,6 +7,7 @@
 //! | `namespace` | `lookup`, `getattr`, `setattr`, `mknod`, `create`, `mkdir`, `unlink`, `rmdir`, `rename`, `link`, `symlink`, `readlink`, `readdir`, `statfs`, xattrs | nothing: RPC wrappers over the meta connection |
 //! | `handles` | `open`, `release`, `handle_ino` | the file-handle table and the open-inode table (`Open`/`Release` pairing) |
 //! | `io` | `read`, `write`, `fsync` | the locked I/O: lock, check the lease, post verbs, release |
+//! | `records` | `getlk`, `setlk`, `release_records` | which owners may hold record (`fcntl`) locks of which files |
 //! | `workers` | — | the pool of per-thread data-path state (endpoints, batches, lock handles) |
 //! | `lock_cache` | — | a worker's range-lock handles, one per open file |
 //! | `fcb` | — | reads of a file control block and raises of its SIZE |
@@ -135,6 +136,8 @@ pub(crate) struct Inner {
     pub(crate) pool: WorkerPool,
     /// The data path's fabric traffic ([`CitronFs::io_stats`]).
     pub(crate) io: crate::io::IoCounters,
+    /// Which owners may hold record locks of which files (`records`).
+    pub(crate) records: crate::records::RecordOwners,
 }
 
 impl CitronFs {
@@ -169,6 +172,7 @@ impl CitronFs {
             files,
             pool: WorkerPool::default(),
             io: crate::io::IoCounters::default(),
+            records: crate::records::RecordOwners::default(),
         });
         // Open one worker now so that a fabric that cannot be reached fails the connect.
         drop(inner.checkout()?);

@@ -144,6 +144,9 @@ pub enum Error {
     /// The session's heartbeat thread could not be started.
     #[error("cannot start the heartbeat thread: {0}")]
     Heartbeat(#[source] std::io::Error),
+    /// A wait the caller asked to stop (a signal reached the process blocked in `F_SETLKW`).
+    #[error("interrupted")]
+    Interrupted,
 }
 
 impl Error {
@@ -164,6 +167,7 @@ impl Error {
             | Error::StaleDataServer { .. }
             | Error::ChangesMaybeLost
             | Error::Heartbeat(_) => libc::EIO,
+            Error::Interrupted => libc::EINTR,
         }
     }
 

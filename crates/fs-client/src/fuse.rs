@@ -12,10 +12,16 @@
 //!   to one file on the inode lock, which would defeat the range lock on exactly the workload
 //!   CitronFS is for (many writers of one shared file). Concurrent writes are safe because each
 //!   takes its own range lock; the kernel still serializes writes that extend the file.
-//! - ... and `FOPEN_NOFLUSH`: a close(2) sends no FLUSH request (Linux 5.16 and later; older
-//!   kernels ignore the flag and send it, answered at once). Nothing is buffered — a write is
-//!   complete when it returns — so FLUSH had nothing to do but cost every close a round trip
-//!   through the kernel and a fuser thread; RELEASE still comes after the last close.
+//! - ... and, over a backend without record locks, `FOPEN_NOFLUSH`: a close(2) sends no FLUSH
+//!   request (Linux 5.16 and later; older kernels ignore the flag and send it, answered at
+//!   once). Nothing is buffered — a write is complete when it returns — so FLUSH would have
+//!   nothing to do but cost every close a round trip through the kernel and a fuser thread;
+//!   RELEASE still comes after the last close. CitronFS keeps `fcntl` record locks for the
+//!   whole cluster (`FUSE_POSIX_LOCKS`), and POSIX gives a process's locks back at each close,
+//!   which only FLUSH tells (with the closing lock owner): its files are opened without the
+//!   flag.
+//! - Record locks: `F_SETLKW` waits on a thread of its own, and `FUSE_INTERRUPT` (a signal to
+//!   the waiting process) ends it with EINTR (see `setlk`).
 //! - **Atomic I/O bound** ([`MountHandle::atomic_bound`], 16 MiB where the machine allows
 //!   it): a read or write call up to the bound reaches the library as *one* FUSE request, so
 //!   it takes one range lock and is atomic against every other read and write of the file on
@@ -82,11 +88,13 @@ use fuser::{
     Config, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
     Generation, INodeNo, IoctlFlags, KernelConfig, MountOption, OpenFlags, PollEvents, PollFlags,
     PollNotifier, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyPoll,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLock, ReplyLseek, ReplyOpen,
+    ReplyPoll, ReplyStatfs, ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
 };
+use proto::records::RecordKind;
 use proto::rpc::XattrMode;
 use proto::{Attr, Caller, FileKind, FsError, SetAttr, SetTime, Timestamp};
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fmt;
 use std::os::unix::ffi::OsStrExt;
@@ -244,7 +252,8 @@ fn raise_max_pages_limit(pages: u32) -> Option<u32> {
     }
 }
 
-/// The flags of every opened file (see the module docs).
+/// The flags of every opened file (see the module docs), but `FOPEN_NOFLUSH` only where the
+/// backend has no record locks ([`FuseAdapter::open_flags`]).
 const OPEN_FLAGS: FopenFlags = FopenFlags::FOPEN_DIRECT_IO
     .union(FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES)
     .union(FopenFlags::FOPEN_NOFLUSH);
@@ -422,6 +431,7 @@ pub fn mount<B: FsBackend>(
         ttl: opts.attr_ttl,
         pages_asked,
         negotiated: negotiated.clone(),
+        waits: Arc::default(),
     };
     // The INIT handshake (and so `init`) is done when spawn_mount returns.
     let session = fuser::spawn_mount(adapter, &mountpoint, &config)?;
@@ -526,6 +536,9 @@ struct FuseAdapter<B> {
     pages_asked: u16,
     /// What `init` asked for, for [`mount`].
     negotiated: Arc<Mutex<Option<Negotiated>>>,
+    /// The `F_SETLKW` waits in progress, by the kernel's request id: an interrupt of one
+    /// (its caller got a signal) sets its flag, and the wait ends with EINTR.
+    waits: Arc<Mutex<HashMap<u64, Arc<AtomicBool>>>>,
 }
 
 fn errno(e: &Error) -> Errno {
@@ -624,7 +637,10 @@ fn loudness(errno: i32) -> Loudness {
         | libc::ERANGE
         | libc::EOPNOTSUPP
         | libc::ENOTTY
-        | libc::ENOSYS => Loudness::Quiet,
+        | libc::ENOSYS
+        // A record lock held by someone else (F_SETLK), a wait ended by a signal.
+        | libc::EAGAIN
+        | libc::EINTR => Loudness::Quiet,
         _ => Loudness::Loud,
     }
 }
@@ -774,6 +790,17 @@ impl<B: FsBackend> FuseAdapter<B> {
             Err(e) => reply.error(failed(&req, &e)),
         }
     }
+
+    /// The flags an opened file gets: without `FOPEN_NOFLUSH` where the backend keeps record
+    /// locks, since POSIX gives a process's locks back at each close, and FLUSH is the request
+    /// that says which owner closed (the kernel sends no unlock of its own for remote locks).
+    fn open_flags(&self) -> FopenFlags {
+        if self.fs.record_locks() {
+            OPEN_FLAGS.difference(FopenFlags::FOPEN_NOFLUSH)
+        } else {
+            OPEN_FLAGS
+        }
+    }
 }
 
 impl<B: FsBackend> Filesystem for FuseAdapter<B> {
@@ -802,6 +829,17 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
         let shared_mmap = config
             .add_capabilities(fuser::InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
             .is_ok();
+        // fcntl record locks kept by the backend for every client, not by this kernel alone.
+        // (flock stays with the kernel: per client.)
+        if self.fs.record_locks()
+            && config
+                .add_capabilities(fuser::InitFlags::FUSE_POSIX_LOCKS)
+                .is_err()
+        {
+            tracing::warn!(
+                "the kernel does not offer FUSE_POSIX_LOCKS: fcntl record locks stay per client"
+            );
+        }
         *self.negotiated.lock().unwrap_or_else(|e| e.into_inner()) = Some(Negotiated {
             max_write,
             max_pages_asked: self.pages_asked,
@@ -973,7 +1011,7 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         match self.fs.open(caller(req), ino.0, flags.0) {
-            Ok(fh) => reply.opened(FileHandle(fh.0), OPEN_FLAGS),
+            Ok(fh) => reply.opened(FileHandle(fh.0), self.open_flags()),
             Err(e) => reply.error(failed(&Req::ino("open", ino), &e)),
         }
     }
@@ -1051,11 +1089,109 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
         _req: &Request,
         ino: INodeNo,
         fh: FileHandle,
-        _lock_owner: fuser::LockOwner,
+        lock_owner: fuser::LockOwner,
         reply: ReplyEmpty,
     ) {
-        // Sent only where the kernel ignores FOPEN_NOFLUSH (see the module docs).
-        Self::empty(Req::fh("flush", ino, fh), reply, self.fs.flush(Fh(fh.0)))
+        // Every close where the backend keeps record locks; else only where the kernel
+        // ignores FOPEN_NOFLUSH (see the module docs). The closing owner's locks go (POSIX).
+        let result = self
+            .fs
+            .flush(Fh(fh.0))
+            .and_then(|()| self.fs.release_records(Fh(fh.0), lock_owner.0));
+        Self::empty(Req::fh("flush", ino, fh), reply, result)
+    }
+
+    fn getlk(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: fuser::LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        _pid: u32,
+        reply: ReplyLock,
+    ) {
+        let r = Req::fh("getlk", ino, fh);
+        let kind = match RecordKind::from_fcntl(typ) {
+            Ok(Some(kind)) => kind,
+            Ok(None) => return reply.error(refused(&r, libc::EINVAL)),
+            Err(e) => return reply.error(failed(&r, &e.into())),
+        };
+        match self.fs.getlk(Fh(fh.0), lock_owner.0, start, end, kind) {
+            Ok(Some(held)) => reply.locked(held.start, held.end, held.kind.fcntl(), held.pid),
+            // Nothing in the way: the range asked, unlocked.
+            Ok(None) => reply.locked(start, end, libc::F_UNLCK, 0),
+            Err(e) => reply.error(failed(&r, &e)),
+        }
+    }
+
+    /// `F_SETLK` at once; `F_SETLKW` first tried at once too, and when it must wait, waited for
+    /// on a thread of its own, so that no request thread is held: the reply is sent from
+    /// there, and an interrupt of the request (a signal to the waiting process) ends the wait
+    /// with EINTR.
+    fn setlk(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: fuser::LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        let r = Req::fh("setlk", ino, fh);
+        let kind = match RecordKind::from_fcntl(typ) {
+            Ok(kind) => kind,
+            Err(e) => return reply.error(failed(&r, &e.into())),
+        };
+        let (fs, owner) = (Fh(fh.0), lock_owner.0);
+        match self.fs.setlk(fs, owner, start, end, kind, pid, None) {
+            Err(e) if sleep && e.errno() == libc::EAGAIN => {}
+            result => return Self::empty(r, reply, result),
+        }
+        let unique = req.unique().0;
+        let stop = Arc::new(AtomicBool::new(false));
+        self.waits
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(unique, stop.clone());
+        let (backend, waits) = (self.fs.clone(), self.waits.clone());
+        let spawned = std::thread::Builder::new()
+            .name("citronfs-setlkw".into())
+            .spawn(move || {
+                let stopped = || stop.load(Ordering::SeqCst);
+                let result = backend.setlk(fs, owner, start, end, kind, pid, Some(&stopped));
+                waits
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&unique);
+                Self::empty(Req::fh("setlk", ino, fh), reply, result)
+            });
+        if let Err(error) = spawned {
+            self.waits
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&unique);
+            // The reply went with the closure that could not run; dropped unsent, it answers
+            // EIO (fuser's `ReplyRaw` does so on drop).
+            tracing::warn!(%error, "cannot start a thread to wait for a record lock");
+        }
+    }
+
+    fn interrupt(&self, _req: &Request, unique: u64) {
+        if let Some(stop) = self
+            .waits
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&unique)
+        {
+            stop.store(true, Ordering::SeqCst);
+        }
     }
 
     fn release(
@@ -1358,7 +1494,7 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
                 &file_attr(&attr, self.blksize()),
                 Generation(0),
                 FileHandle(fh.0),
-                OPEN_FLAGS,
+                self.open_flags(),
             ),
             Err(e) => reply.error(failed(&Req::name("create", parent, name), &e)),
         }

@@ -52,6 +52,7 @@ mod namespace;
 #[cfg(feature = "fuse")]
 pub mod null;
 pub mod plan;
+pub mod records;
 mod servers;
 mod view;
 mod workers;
@@ -61,6 +62,7 @@ pub use error::Error;
 pub use io::{Fallocate, IoStats, SeekTo};
 pub use lockmgr::citron::Hosting;
 pub use lockmgr::LockScheme;
+pub use proto::records::{RecordKind, RecordLock};
 pub use proto::rpc::XattrMode;
 pub use proto::{
     Attr, Caller, DirEntry, FileKind, FsError, FsStats, Ino, SetAttr, SetTime, Timestamp, ROOT_INO,

@@ -423,6 +423,7 @@ fn short(response: &Response) -> &'static str {
         Response::Stats(_) => "Stats",
         Response::Open(_) => "Open",
         Response::Chunks(_) => "Chunks",
+        Response::RecordLock(_) => "RecordLock",
         Response::Addr(_) => "Addr",
         Response::Revocations { .. } => "Revocations",
         Response::Heartbeat { .. } => "Heartbeat",

@@ -944,3 +944,63 @@ fn concurrent_extending_writes_never_leave_the_size_behind() {
         fs.release(fh).unwrap();
     }
 }
+
+/// Record locks (`fcntl`) through the library, as two clients: one owner number on two
+/// clients is two owners; `getlk` reports the holder (its pid only within its client); a wait
+/// ends when the holder gives the lock back, or when the caller says stop; a client dropped
+/// gives its locks back.
+#[test]
+fn record_locks_of_two_clients() {
+    use fs_client::{Error, RecordKind, RecordLock};
+    let cluster = start(1, 16);
+    let a = cluster.connect(LockScheme::CITRON).unwrap();
+    let b = cluster.connect(LockScheme::CITRON).unwrap();
+    let (ino, fa) = new_file(&a, "locked");
+    let fb = b.open(me(), ino, libc::O_RDWR).unwrap();
+    let (write, read) = (Some(RecordKind::Write), Some(RecordKind::Read));
+    a.setlk(fa, 1, 0, 99, write, 11, None).unwrap();
+    let refused = b.setlk(fb, 1, 50, 50, read, 22, None).unwrap_err();
+    assert_eq!(refused.errno(), libc::EAGAIN, "{refused}");
+    let held = RecordLock {
+        start: 0,
+        end: 99,
+        kind: RecordKind::Write,
+        pid: 0,
+    };
+    assert_eq!(b.getlk(fb, 1, 0, 0, RecordKind::Read).unwrap(), Some(held));
+    // Another owner of A's own client sees the pid.
+    assert_eq!(
+        a.getlk(fa, 2, 0, 0, RecordKind::Read).unwrap(),
+        Some(RecordLock { pid: 11, ..held })
+    );
+    assert_eq!(a.getlk(fa, 1, 0, 0, RecordKind::Write).unwrap(), None);
+    // A wait told to stop ends with EINTR.
+    let stop = || true;
+    let stopped = b.setlk(fb, 1, 0, 0, write, 22, Some(&stop)).unwrap_err();
+    assert!(matches!(stopped, Error::Interrupted), "{stopped}");
+    assert_eq!(stopped.errno(), libc::EINTR);
+    // A wait ends when A gives the lock back (at a close).
+    let go_on = || false;
+    std::thread::scope(|s| {
+        let waiter = s.spawn(|| b.setlk(fb, 1, 10, 10, write, 22, Some(&go_on)));
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(!waiter.is_finished(), "the wait did not wait");
+        a.release_records(fa, 1).unwrap();
+        waiter.join().unwrap().unwrap();
+    });
+    assert_eq!(
+        a.setlk(fa, 1, 0, 20, read, 11, None).unwrap_err().errno(),
+        libc::EAGAIN
+    );
+    // B's client goes: its locks go with its session.
+    drop(b);
+    let started = Instant::now();
+    while a.setlk(fa, 1, 0, 20, write, 11, None).is_err() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "B's lock stayed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    a.release(fa).unwrap();
+}

@@ -8,7 +8,8 @@
 //!   when it runs out or their connection closes;
 //! - the meta region, a registered fabric region holding each open file's control block
 //!   (`proto::fcb`) and lock state (CITRON trees, `mutex`/`seg` words), with the allocator that
-//!   CITRON scale-ups call through `AllocateLockWords`.
+//!   CITRON scale-ups call through `AllocateLockWords`;
+//! - POSIX record locks (`fcntl`) for the whole cluster, in memory (`records`).
 //!
 //! - the consistency checker ([`fsck`]): `citronfs fsck`, over the `Fsck` request or on a
 //!   stopped server's database.
@@ -21,6 +22,7 @@ mod awake;
 mod dentries;
 pub mod fsck;
 mod reclaim;
+mod records;
 mod requests;
 pub mod rpc;
 mod service;

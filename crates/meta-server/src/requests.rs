@@ -55,6 +55,10 @@ pub(crate) fn traits(request: &Request) -> Traits {
         Request::AllocateLockWords { .. } => (false, false),
         // A scan of the file's chunks, and its generation bumped.
         Request::FreeChunks { .. } => (false, true),
+        // A table lookup.
+        Request::GetLk { .. } => (true, false),
+        // May wait (up to a second) for another owner's record lock to go.
+        Request::SetLk { wait_ms, .. } => (*wait_ms == 0, false),
         // Waits for other clients' sessions and the fabric servers.
         Request::Fence | Request::AwaitRevocations { .. } => (false, false),
         // Waits for the database's flush; persists sizes.

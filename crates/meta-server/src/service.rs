@@ -242,6 +242,11 @@ pub(crate) struct Service {
     /// ([`Service::register_data_server`]): see "Registrations of one server never overlap"
     /// there.
     registering: Mutex<HashMap<String, Arc<Mutex<()>>>>,
+    /// POSIX record locks (`fcntl`), cluster-wide ([`crate::records`]).
+    records: Mutex<crate::records::Table>,
+    /// Signalled whenever record locks are given back or cut back (an `SetLk` waiting for a
+    /// conflicting lock waits on it).
+    records_changed: Condvar,
     /// Tests: runs inside a scrub, after the free chunks were listed and before they are zeroed.
     #[cfg(test)]
     pub(crate) scrub_hook: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
@@ -339,6 +344,8 @@ impl Service {
             request_ns: std::sync::atomic::AtomicU64::new(0),
             reclaimer: crate::reclaim::Reclaimer::default(),
             registering: Mutex::new(HashMap::new()),
+            records: Mutex::new(crate::records::Table::default()),
+            records_changed: Condvar::new(),
             #[cfg(test)]
             scrub_hook: Mutex::new(None),
         };
@@ -463,8 +470,61 @@ impl Service {
         }
         self.publish_touched(&mut st);
         drop(st);
+        self.drop_records(|t| t.drop_session(session));
         self.revoke_ended(session);
         self.zero_and_recycle(freed);
+    }
+
+    /// Gives back record locks with `drop` and wakes the `SetLk`s waiting, if it gave back any.
+    fn drop_records(&self, drop: impl FnOnce(&mut crate::records::Table) -> bool) {
+        if drop(&mut lock(&self.records)) {
+            self.records_changed.notify_all();
+        }
+    }
+
+    /// Longest an `SetLk` waits here for a conflicting lock before it answers `WouldBlock`,
+    /// whatever it asked: its client calls again, so that a waiter's signal reaches it (and a
+    /// blocking-pool thread is not held) for longer than this.
+    const SETLK_WAIT_MOST: Duration = Duration::from_secs(1);
+
+    /// `SetLk` (see `proto::rpc::Request::SetLk`).
+    #[allow(clippy::too_many_arguments)]
+    fn set_record_lock(
+        &self,
+        session: u64,
+        ino: Ino,
+        owner: u64,
+        start: u64,
+        end: u64,
+        kind: Option<proto::records::RecordKind>,
+        pid: u32,
+        wait: Duration,
+    ) -> Result<(), FsError> {
+        let who = crate::records::Owner { session, owner };
+        let until = Instant::now() + wait.min(Self::SETLK_WAIT_MOST);
+        let mut table = lock(&self.records);
+        loop {
+            match table.set(ino, who, start, end, kind, pid) {
+                Ok(()) => {
+                    drop(table);
+                    // An unlock, or a lock that replaced one of the other kind, may free
+                    // bytes someone waits for.
+                    self.records_changed.notify_all();
+                    return Ok(());
+                }
+                Err(_) => {
+                    let left = until.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(FsError::WouldBlock);
+                    }
+                    table = self
+                        .records_changed
+                        .wait_timeout(table, left)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                }
+            }
+        }
     }
 
     /// Revokes an ended session on the meta server's fabric server and, through the next
@@ -1624,7 +1684,36 @@ impl Service {
                 let mut st = lock(&self.state);
                 let effects = self.release_locked(&mut st, session, ino)?;
                 drop(st);
+                // The session's last open of the file ended: its record locks on it go too
+                // (its kernel gave them back at each close already, unless a flush failed).
+                self.drop_records(|t| t.drop_file(ino, session));
                 self.zero_and_recycle(effects.freed);
+                Response::Ok
+            }
+            Request::GetLk {
+                ino,
+                owner,
+                start,
+                end,
+                kind,
+            } => Response::RecordLock(lock(&self.records).conflict(
+                ino,
+                crate::records::Owner { session, owner },
+                start,
+                end,
+                kind,
+            )),
+            Request::SetLk {
+                ino,
+                owner,
+                start,
+                end,
+                kind,
+                pid,
+                wait_ms,
+            } => {
+                let wait = Duration::from_millis(u64::from(wait_ms));
+                self.set_record_lock(session, ino, owner, start, end, kind, pid, wait)?;
                 Response::Ok
             }
             Request::ChunkMap { ino, first, count } => {

@@ -103,6 +103,9 @@ pub enum FsError {
          not applied"
     )]
     Expired,
+    /// A record lock (`fcntl`) conflicts with one another owner holds (EAGAIN).
+    #[error("a conflicting record lock is held")]
+    WouldBlock,
 }
 
 impl FsError {
@@ -129,6 +132,7 @@ impl FsError {
             | FsError::Unavailable(_)
             | FsError::Expired => libc::EIO,
             FsError::Busy | FsError::SchemeInUse { .. } => libc::EBUSY,
+            FsError::WouldBlock => libc::EAGAIN,
             FsError::TooManyOpen { .. } => libc::EMFILE,
             FsError::TooManySessions { .. } => libc::EUSERS,
         }
@@ -168,7 +172,8 @@ impl From<FsError> for std::io::Error {
             | FsError::Range
             | FsError::Stale
             | FsError::NotSupported
-            | FsError::Busy => std::io::Error::from_raw_os_error(e.errno()),
+            | FsError::Busy
+            | FsError::WouldBlock => std::io::Error::from_raw_os_error(e.errno()),
         }
     }
 }

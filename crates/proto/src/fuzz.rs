@@ -196,6 +196,22 @@ pub fn sample_requests() -> Vec<Request> {
             first: u64::MAX - 1,
             count: 4,
         },
+        Request::GetLk {
+            ino: 2,
+            owner: 7,
+            start: 10,
+            end: u64::MAX,
+            kind: crate::records::RecordKind::Write,
+        },
+        Request::SetLk {
+            ino: 2,
+            owner: 7,
+            start: u64::MAX,
+            end: 3,
+            kind: Some(crate::records::RecordKind::Read),
+            pid: 42,
+            wait_ms: u32::MAX,
+        },
         Request::Fsync { ino: 2 },
         Request::AllocateLockWords {
             ino: 2,
@@ -375,6 +391,13 @@ pub fn sample_responses() -> Vec<Result<Response, FsError>> {
         }),
         Ok(Response::Heartbeat { layout_epoch: 3 }),
         Ok(Response::Cluster(Box::new(sample_cluster()))),
+        Ok(Response::RecordLock(None)),
+        Ok(Response::RecordLock(Some(crate::records::RecordLock {
+            start: 5,
+            end: u64::MAX,
+            kind: crate::records::RecordKind::Read,
+            pid: 77,
+        }))),
     ];
     out.extend(
         [
@@ -404,6 +427,7 @@ pub fn sample_responses() -> Vec<Result<Response, FsError>> {
             FsError::Lost("chunk".into()),
             FsError::Unavailable("no data server".into()),
             FsError::Expired,
+            FsError::WouldBlock,
         ]
         .into_iter()
         .map(Err),

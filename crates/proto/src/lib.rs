@@ -8,6 +8,7 @@
 //! - [`fcb`]: the layout of a file control block in the meta server's region;
 //! - [`layout`]: where a file's bytes lie in its chunks (the geometric chunk sizes);
 //! - [`fsck`]: what the consistency checker finds and repairs, and its report;
+//! - [`records`]: POSIX record locks (`fcntl`) as clients ask for them;
 //! - [`rpc`]: the meta server's requests and responses, and their framing
 //!   (`fabric::frame` + postcard, a versioned handshake).
 
@@ -18,6 +19,7 @@ pub mod fcb;
 pub mod fsck;
 pub mod fuzz;
 pub mod layout;
+pub mod records;
 pub mod rpc;
 pub mod types;
 

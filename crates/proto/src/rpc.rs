@@ -336,6 +336,44 @@ pub enum Request {
         /// Number of chunks.
         count: u64,
     },
+    /// `F_GETLK`: the first record lock of another owner that a lock of `kind` over bytes
+    /// `[start, end]` of `ino` would conflict with (`crate::records`).
+    /// → `RecordLock(None)` when there is none
+    GetLk {
+        /// Inode.
+        ino: Ino,
+        /// The asking lock owner (the kernel's, unique within this client session).
+        owner: u64,
+        /// First byte.
+        start: u64,
+        /// Last byte (inclusive).
+        end: u64,
+        /// The kind of lock the caller would take.
+        kind: crate::records::RecordKind,
+    },
+    /// `F_SETLK`/`F_SETLKW`: takes (`kind` set) or gives back (`None`) owner `owner`'s record
+    /// lock over bytes `[start, end]` of `ino`, with POSIX's rules for an owner's own locks
+    /// (a new lock replaces, splits or merges with those it overlaps or touches; an unlock may
+    /// split one). A lock that conflicts with another owner's waits up to `wait_ms` for it to
+    /// go, then fails with `WouldBlock`; a waiting client calls again (so that a signal
+    /// reaches it between calls, and no server thread waits for long).
+    /// → `Ok`
+    SetLk {
+        /// Inode.
+        ino: Ino,
+        /// The lock owner (the kernel's, unique within this client session).
+        owner: u64,
+        /// First byte.
+        start: u64,
+        /// Last byte (inclusive).
+        end: u64,
+        /// The lock to take, or `None` to unlock.
+        kind: Option<crate::records::RecordKind>,
+        /// The owner's process, for `F_GETLK` through the same session.
+        pid: u32,
+        /// How long to wait for a conflicting lock to go (0: `F_SETLK`, do not wait).
+        wait_ms: u32,
+    },
 }
 
 impl Request {
@@ -359,6 +397,8 @@ impl Request {
             | Request::AllocateChunks { .. }
             | Request::FreeChunks { .. }
             | Request::Release { .. } => true,
+            // Record locks live in the meta server's memory only.
+            Request::GetLk { .. } | Request::SetLk { .. } => false,
             Request::Heartbeat
             | Request::Cluster
             | Request::Lookup { .. }
@@ -423,6 +463,8 @@ pub enum Response {
     },
     /// What the consistency checker found and did.
     Fsck(crate::fsck::FsckReport),
+    /// A record lock in the way (`GetLk`), or none.
+    RecordLock(Option<crate::records::RecordLock>),
 }
 
 /// One request on the wire.

@@ -453,6 +453,12 @@ pub trait Filesystem: Send + Sync + 'static {
     /// inodes will receive a forget message.
     fn forget(&self, _req: &Request, _ino: INodeNo, _nlookup: u64) {}
 
+    /// CitronFS: the kernel asks to interrupt request `unique` (its caller got a signal: a
+    /// process blocked in `F_SETLKW`, or one being killed). A file system that honours it
+    /// answers that request with `EINTR`; this one gets no reply. Default: nothing (the
+    /// request runs on and is answered as usual).
+    fn interrupt(&self, _req: &Request, _unique: u64) {}
+
     /// Like [`forget`](Self::forget), but take multiple forget requests at once for performance. The default
     /// implementation will fallback to `forget`.
     fn batch_forget(&self, req: &Request, nodes: &[ForgetOne]) {

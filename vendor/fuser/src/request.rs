@@ -114,9 +114,9 @@ impl<'a> RequestWithSender<'a> {
                 return Err(Errno::EIO);
             }
 
-            ll::Operation::Interrupt(_) => {
-                // TODO: handle FUSE_INTERRUPT
-                return Err(Errno::ENOSYS);
+            ll::Operation::Interrupt(x) => {
+                // CitronFS: handed to the file system (vendor/fuser/CITRONFS.md); no reply.
+                filesystem.interrupt(self.request_header(), x.unique().0);
             }
 
             ll::Operation::Lookup(x) => {

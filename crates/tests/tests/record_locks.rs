@@ -1,0 +1,204 @@
+//! POSIX record locks (`fcntl`) through two mounts of one cluster, each served by its own client
+//! process: a lock taken through one mount excludes conflicting locks through the other
+//! (`F_SETLK` fails with EAGAIN, `F_GETLK` reports it, `F_SETLKW` waits), a close gives the
+//! closing process's locks back (FUSE's FLUSH), a signal ends a wait with EINTR (FUSE's
+//! INTERRUPT), and a client that dies gives its locks back (its session ends). Before the meta
+//! server kept them, each client's kernel did, and two mounts never saw each other's locks.
+//!
+//! The test process locks through both mounts; its kernel names it one lock owner per mount,
+//! and the meta server tells the two apart by the mounts' sessions.
+
+use fs_client::LockScheme;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+use testkit::{open_rw, skip_without_fuse, Cluster, ClusterSpec};
+
+/// The client processes run this test (see `Cluster::spawn_mount_process`); run normally it
+/// does nothing.
+#[test]
+fn child_mount() {
+    testkit::child_mount_main();
+}
+
+/// A `struct flock` for bytes `[start, start + len)` (`len` 0: to the end of any file).
+fn flock(typ: i32, start: i64, len: i64) -> libc::flock {
+    // SAFETY: `flock` is plain data; all zeros is a valid value.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = typ as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_start = start;
+    fl.l_len = len;
+    fl
+}
+
+/// `fcntl(f, cmd, flock(typ, start, len))`.
+fn lock(f: &File, cmd: i32, typ: i32, start: i64, len: i64) -> std::io::Result<()> {
+    let fl = flock(typ, start, len);
+    // SAFETY: `fl` outlives the call, which only reads it.
+    match unsafe { libc::fcntl(f.as_raw_fd(), cmd, &fl) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
+/// `F_GETLK` for a lock of `typ` over `[start, start + len)`.
+fn getlk(f: &File, typ: i32, start: i64, len: i64) -> libc::flock {
+    let mut fl = flock(typ, start, len);
+    // SAFETY: `fl` outlives the call, which writes it.
+    let rc = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETLK, &mut fl) };
+    assert_eq!(rc, 0, "F_GETLK: {}", std::io::Error::last_os_error());
+    fl
+}
+
+/// The errno of a failed lock call.
+fn errno(result: std::io::Result<()>) -> Option<i32> {
+    result.err().and_then(|e| e.raw_os_error())
+}
+
+/// Waits up to `bound` for `rx`'s next message; `None` if none came.
+fn within<T>(rx: &mpsc::Receiver<T>, bound: Duration) -> Option<T> {
+    rx.recv_timeout(bound).ok()
+}
+
+extern "C" fn on_usr1(_: libc::c_int) {}
+
+/// SIGUSR1 with a handler that does nothing and without `SA_RESTART`: a blocking call the
+/// signal reaches fails with EINTR instead of being restarted.
+fn interrupting_usr1() {
+    // SAFETY: the handler is async-signal-safe (it does nothing); `sa` is plain data set up
+    // before the call, which only reads it.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_usr1 as extern "C" fn(libc::c_int) as usize;
+        sa.sa_flags = 0;
+        libc::sigemptyset(&mut sa.sa_mask);
+        assert_eq!(libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()), 0);
+    }
+}
+
+#[test]
+fn record_locks_exclude_across_clients_and_go_with_close_signal_and_death() {
+    skip_without_fuse!();
+    interrupting_usr1();
+    let cluster = Cluster::start(ClusterSpec::default()).unwrap();
+    let a = cluster.spawn_mount_process("child_mount", LockScheme::CITRON);
+    let b = cluster.spawn_mount_process("child_mount", LockScheme::CITRON);
+    File::create(a.path().join("f")).unwrap();
+    let fa = open_rw(&a.path().join("f"));
+    let fb = open_rw(&b.path().join("f"));
+
+    // A holds bytes [0, 100) for writing.
+    lock(&fa, libc::F_SETLK, libc::F_WRLCK, 0, 100).unwrap();
+    assert_eq!(
+        errno(lock(&fb, libc::F_SETLK, libc::F_WRLCK, 50, 10)),
+        Some(libc::EAGAIN),
+        "B took a lock over bytes A holds"
+    );
+    assert_eq!(
+        errno(lock(&fb, libc::F_SETLK, libc::F_RDLCK, 99, 1)),
+        Some(libc::EAGAIN),
+        "a read lock over A's write lock"
+    );
+    // Elsewhere in the file B may lock; and B sees A's lock (its pid is another client's: 0).
+    lock(&fb, libc::F_SETLK, libc::F_RDLCK, 100, 0).unwrap();
+    let seen = getlk(&fb, libc::F_WRLCK, 10, 1);
+    assert_eq!(
+        (seen.l_type as i32, seen.l_start, seen.l_len, seen.l_pid),
+        (libc::F_WRLCK, 0, 100, 0)
+    );
+    assert_eq!(
+        getlk(&fb, libc::F_RDLCK, 100, 0).l_type as i32,
+        libc::F_UNLCK
+    );
+    // A's read over B's read lock is fine; a write is not.
+    lock(&fa, libc::F_SETLK, libc::F_RDLCK, 200, 10).unwrap();
+    assert_eq!(
+        errno(lock(&fa, libc::F_SETLK, libc::F_WRLCK, 150, 1)),
+        Some(libc::EAGAIN)
+    );
+
+    // B waits for [0, 100); A's close (not an unlock) gives it: FLUSH, as POSIX says.
+    let (tx, rx) = mpsc::channel();
+    // (The waiter's descriptor is kept open: closing it would give B's locks back, POSIX.)
+    let waiter = {
+        let fb = fb.try_clone().unwrap();
+        std::thread::spawn(move || {
+            let took = Instant::now();
+            let result = lock(&fb, libc::F_SETLKW, libc::F_WRLCK, 0, 100);
+            let _ = tx.send((result.map_err(|e| e.to_string()), took.elapsed()));
+            fb
+        })
+    };
+    assert!(
+        within(&rx, Duration::from_millis(500)).is_none(),
+        "F_SETLKW did not wait for A's lock"
+    );
+    drop(fa);
+    let (granted, waited) =
+        within(&rx, Duration::from_secs(10)).expect("A's close did not give its lock back");
+    granted.unwrap();
+    let fb_dup = waiter.join().unwrap();
+    eprintln!("B's F_SETLKW was granted after {waited:?}");
+
+    // Now A waits for B's lock, and a signal ends the wait with EINTR.
+    let fa = open_rw(&a.path().join("f"));
+    let (tx, rx) = mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let result = lock(&fa, libc::F_SETLKW, libc::F_WRLCK, 0, 10);
+        let _ = tx.send(errno(result));
+        fa
+    });
+    assert!(within(&rx, Duration::from_millis(300)).is_none());
+    let started = Instant::now();
+    let mut ended = None;
+    while ended.is_none() && started.elapsed() < Duration::from_secs(10) {
+        // SAFETY: the thread is alive (it has not sent yet, and sends before it ends).
+        unsafe {
+            libc::pthread_kill(
+                std::os::unix::thread::JoinHandleExt::as_pthread_t(&waiter),
+                libc::SIGUSR1,
+            );
+        }
+        ended = within(&rx, Duration::from_millis(100));
+    }
+    assert_eq!(
+        ended,
+        Some(Some(libc::EINTR)),
+        "a signal did not end the wait"
+    );
+    let fa = waiter.join().unwrap();
+
+    // B's client dies: its session ends, and its locks with it.
+    drop(fb_dup);
+    drop(fb);
+    let fb = open_rw(&b.path().join("f"));
+    lock(&fb, libc::F_SETLK, libc::F_WRLCK, 0, 10).unwrap();
+    assert_eq!(
+        errno(lock(&fa, libc::F_SETLK, libc::F_WRLCK, 0, 10)),
+        Some(libc::EAGAIN)
+    );
+    // SAFETY: kill(2) of the child client process, which is ours and alive.
+    assert_eq!(unsafe { libc::kill(b.pid() as i32, libc::SIGKILL) }, 0);
+    let started = Instant::now();
+    loop {
+        match lock(&fa, libc::F_SETLK, libc::F_WRLCK, 0, 10) {
+            Ok(()) => break,
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                assert!(
+                    started.elapsed() < Duration::from_secs(30),
+                    "a dead client's lock was never given back"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    eprintln!(
+        "the dead client's lock was given back {:?} after its death",
+        started.elapsed()
+    );
+    drop(b);
+    drop(fb);
+}
