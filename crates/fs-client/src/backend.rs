@@ -80,12 +80,19 @@ pub trait FsBackend: Send + Sync + 'static {
     fn fsync(&self, fh: FileHandle) -> Result<(), Error>;
 
     /// What a close(2) of a descriptor asks before the release (FUSE's FLUSH). Nothing is
-    /// buffered, so by default nothing is done. A backend without record locks has every file
-    /// opened with `FOPEN_NOFLUSH`, and a kernel that honours it (Linux 5.16 and later) never
-    /// sends it; with them, each close sends it, and the adapter then gives back the closing
+    /// buffered, so by default nothing is done. Files are opened with `FOPEN_NOFLUSH` unless
+    /// [`FsBackend::wants_flush`] says otherwise, and a kernel that honours it (Linux 5.16 and
+    /// later) then never sends it; where it is sent, the adapter also gives back the closing
     /// owner's record locks ([`FsBackend::release_records`]).
     fn flush(&self, _fh: FileHandle) -> Result<(), Error> {
         Ok(())
+    }
+
+    /// Whether closes of `ino`, opened now, must be told to [`FsBackend::flush`] (no
+    /// `FOPEN_NOFLUSH`): where the backend must learn which lock owner closed (see
+    /// [`CitronFs::wants_flush`]). Default: no.
+    fn wants_flush(&self, _ino: Ino) -> bool {
+        false
     }
 
     /// Whether the backend keeps POSIX record locks (`fcntl`) itself, for every client of the
@@ -309,6 +316,10 @@ impl FsBackend for CitronFs {
 
     fn record_locks(&self) -> bool {
         true
+    }
+
+    fn wants_flush(&self, ino: Ino) -> bool {
+        CitronFs::wants_flush(self, ino)
     }
 
     fn getlk(

@@ -12,14 +12,13 @@
 //!   to one file on the inode lock, which would defeat the range lock on exactly the workload
 //!   CitronFS is for (many writers of one shared file). Concurrent writes are safe because each
 //!   takes its own range lock; the kernel still serializes writes that extend the file.
-//! - ... and, over a backend without record locks, `FOPEN_NOFLUSH`: a close(2) sends no FLUSH
-//!   request (Linux 5.16 and later; older kernels ignore the flag and send it, answered at
-//!   once). Nothing is buffered — a write is complete when it returns — so FLUSH would have
-//!   nothing to do but cost every close a round trip through the kernel and a fuser thread;
-//!   RELEASE still comes after the last close. CitronFS keeps `fcntl` record locks for the
-//!   whole cluster (`FUSE_POSIX_LOCKS`), and POSIX gives a process's locks back at each close,
-//!   which only FLUSH tells (with the closing lock owner): its files are opened without the
-//!   flag.
+//! - ... and `FOPEN_NOFLUSH`: a close(2) sends no FLUSH request (Linux 5.16 and later; older
+//!   kernels ignore the flag and send it, answered at once). Nothing is buffered — a write is
+//!   complete when it returns — so FLUSH would have nothing to do but cost every close a round
+//!   trip through the kernel and a fuser thread; RELEASE still comes after the last close. The
+//!   exception: a file opened while its client holds `fcntl` record locks of it (CitronFS keeps
+//!   them for the whole cluster, `FUSE_POSIX_LOCKS`), whose closes must give the closing
+//!   owner's locks back (POSIX), which only FLUSH tells (`fs-client` `records` has the rules).
 //! - Record locks: `F_SETLKW` waits on a thread of its own, and `FUSE_INTERRUPT` (a signal to
 //!   the waiting process) ends it with EINTR (see `setlk`).
 //! - **Atomic I/O bound** ([`MountHandle::atomic_bound`], 16 MiB where the machine allows
@@ -253,7 +252,7 @@ fn raise_max_pages_limit(pages: u32) -> Option<u32> {
 }
 
 /// The flags of every opened file (see the module docs), but `FOPEN_NOFLUSH` only where the
-/// backend has no record locks ([`FuseAdapter::open_flags`]).
+/// backend does not want to hear of closes ([`FuseAdapter::open_flags`]).
 const OPEN_FLAGS: FopenFlags = FopenFlags::FOPEN_DIRECT_IO
     .union(FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES)
     .union(FopenFlags::FOPEN_NOFLUSH);
@@ -791,11 +790,12 @@ impl<B: FsBackend> FuseAdapter<B> {
         }
     }
 
-    /// The flags an opened file gets: without `FOPEN_NOFLUSH` where the backend keeps record
-    /// locks, since POSIX gives a process's locks back at each close, and FLUSH is the request
-    /// that says which owner closed (the kernel sends no unlock of its own for remote locks).
-    fn open_flags(&self) -> FopenFlags {
-        if self.fs.record_locks() {
+    /// The flags file `ino` gets, opened now: without `FOPEN_NOFLUSH` where the backend wants
+    /// to hear of its closes ([`FsBackend::wants_flush`]: POSIX gives a process's record locks
+    /// back at each close, and FLUSH is the request that says which owner closed; the kernel
+    /// sends no unlock of its own for remote locks).
+    fn open_flags(&self, ino: u64) -> FopenFlags {
+        if self.fs.wants_flush(ino) {
             OPEN_FLAGS.difference(FopenFlags::FOPEN_NOFLUSH)
         } else {
             OPEN_FLAGS
@@ -1011,7 +1011,7 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         match self.fs.open(caller(req), ino.0, flags.0) {
-            Ok(fh) => reply.opened(FileHandle(fh.0), self.open_flags()),
+            Ok(fh) => reply.opened(FileHandle(fh.0), self.open_flags(ino.0)),
             Err(e) => reply.error(failed(&Req::ino("open", ino), &e)),
         }
     }
@@ -1494,7 +1494,7 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
                 &file_attr(&attr, self.blksize()),
                 Generation(0),
                 FileHandle(fh.0),
-                self.open_flags(),
+                self.open_flags(attr.ino),
             ),
             Err(e) => reply.error(failed(&Req::name("create", parent, name), &e)),
         }

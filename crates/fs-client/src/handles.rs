@@ -257,7 +257,8 @@ impl CitronFs {
         Ok(self.inner.new_handle(inode, caller, flags))
     }
 
-    /// Closes a handle; the last handle of an inode on this client releases the inode.
+    /// Closes a handle, giving back the record locks taken through it (`records`); the last
+    /// handle of an inode on this client releases the inode.
     pub fn release(&self, fh: FileHandle) -> Result<(), Error> {
         let handle = self
             .inner
@@ -267,6 +268,8 @@ impl CitronFs {
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&fh.0)
             .ok_or(Error::Fs(FsError::Stale))?;
+        // Before the inode's release, which may ride on a later call.
+        self.inner.release_handle_records(fh);
         self.inner.close_inode(handle.inode.ino);
         Ok(())
     }

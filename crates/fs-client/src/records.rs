@@ -6,10 +6,24 @@
 //! for OFD locks); the meta server tells owners of different clients apart by session. A wait
 //! (`F_SETLKW`) is a series of calls, each waiting up to [`WAIT_SLICE`] at the meta server, so
 //! that the caller's signal ends it between calls ([`Error::Interrupted`], EINTR) and a lost
-//! meta server fails it instead of hanging it. POSIX gives a process's locks on a file back
-//! when it closes any descriptor of it: the FUSE adapter calls [`CitronFs::release_records`] at
-//! each close (FUSE's FLUSH), which costs a call only for owners that took a lock of that file
-//! through this client ([`RecordOwners`]).
+//! meta server fails it instead of hanging it.
+//!
+//! Giving locks back at a close. POSIX gives a process's locks on a file back when it closes
+//! any descriptor of that file; the kernel tells a FUSE file system which owner closed only in
+//! a FLUSH request, and a FLUSH at every close costs creates and opens 15–25 % (measured:
+//! docs/ARCHITECTURE.md). So [`RecordOwners`] keeps, per file, the owners that took locks of it
+//! through this client, and per handle, those that took them through that handle:
+//! - a file opened while this client holds locks of it is opened with FLUSH
+//!   ([`CitronFs::wants_flush`]), and each close of it gives the closing owner's locks back
+//!   ([`CitronFs::release_records`]): POSIX exactly (the case that matters is a process that
+//!   opens and closes a second descriptor of a file it has locked);
+//! - a handle through which locks were taken gives them back when it is released (the last
+//!   close of its open file description, which the kernel sends after `close` returns): a
+//!   process that opens, locks and closes (or exits) holds its locks until then, not longer.
+//!
+//! What differs from POSIX, then: a close of a descriptor opened before the process's first
+//! lock of the file, while another descriptor of it stays open, gives nothing back; and a lock
+//! taken through a descriptor shared with a forked child lasts until both have closed it.
 //!
 //! Not done: deadlock detection (`EDEADLK`): two owners waiting for each other's locks wait
 //! until a signal ends one wait. Locks live in the meta server's memory and in one session: a
@@ -22,7 +36,7 @@ use crate::meta::unexpected;
 use proto::records::{RecordKind, RecordLock};
 use proto::rpc::{Request, Response};
 use proto::Ino;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -30,25 +44,58 @@ use std::time::Duration;
 /// how late a signal may end a wait.
 pub const WAIT_SLICE: Duration = Duration::from_millis(200);
 
-/// The (file, owner) pairs that may hold record locks taken through this client: a close by
-/// an owner not in it gives nothing back and costs no call.
+/// Which owners may hold record locks taken through this client: per file, and per handle
+/// they were taken through (see the module docs).
 #[derive(Debug, Default)]
-pub(crate) struct RecordOwners(Mutex<HashSet<(Ino, u64)>>);
+pub(crate) struct RecordOwners(Mutex<Owners>);
+
+#[derive(Debug, Default)]
+struct Owners {
+    by_file: HashMap<Ino, HashSet<u64>>,
+    by_handle: HashMap<u64, (Ino, HashSet<u64>)>,
+}
 
 impl RecordOwners {
-    fn add(&self, ino: Ino, owner: u64) {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert((ino, owner));
+    fn lock(&self) -> std::sync::MutexGuard<'_, Owners> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Whether `owner` may hold locks of `ino`; forgets the pair.
+    fn add(&self, ino: Ino, fh: FileHandle, owner: u64) {
+        let mut o = self.lock();
+        o.by_file.entry(ino).or_default().insert(owner);
+        o.by_handle
+            .entry(fh.0)
+            .or_insert_with(|| (ino, HashSet::new()))
+            .1
+            .insert(owner);
+    }
+
+    /// Whether `owner` may hold locks of `ino`; forgets it.
     fn take(&self, ino: Ino, owner: u64) -> bool {
-        self.0
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&(ino, owner))
+        let mut o = self.lock();
+        let Some(owners) = o.by_file.get_mut(&ino) else {
+            return false;
+        };
+        let had = owners.remove(&owner);
+        if owners.is_empty() {
+            o.by_file.remove(&ino);
+        }
+        had
+    }
+
+    /// The file of handle `fh` and the owners that took locks through it and may hold them
+    /// still; forgets the handle and them.
+    fn take_handle(&self, fh: FileHandle) -> Option<(Ino, Vec<u64>)> {
+        let (ino, through) = self.lock().by_handle.remove(&fh.0)?;
+        let held = through
+            .into_iter()
+            .filter(|&owner| self.take(ino, owner))
+            .collect();
+        Some((ino, held))
+    }
+
+    fn any(&self, ino: Ino) -> bool {
+        self.lock().by_file.contains_key(&ino)
     }
 }
 
@@ -96,8 +143,8 @@ impl CitronFs {
         let ino = self.inner.handle(fh)?.inode.ino;
         if kind.is_some() {
             // Before the call: a lock granted and then a close racing this bookkeeping must
-            // still find the pair.
-            self.inner.records.add(ino, owner);
+            // still find the owner.
+            self.inner.records.add(ino, fh, owner);
         }
         let wait_ms = match wait {
             Some(_) => WAIT_SLICE.as_millis() as u32,
@@ -134,7 +181,34 @@ impl CitronFs {
         if !self.inner.records.take(ino, owner) {
             return Ok(());
         }
-        match self.inner.meta.call(Request::SetLk {
+        self.inner.unlock_all(ino, owner)
+    }
+
+    /// Whether closes of `ino`, opened now, must say who closed (FUSE's FLUSH): while this
+    /// client holds record locks of it (see the module docs).
+    pub fn wants_flush(&self, ino: Ino) -> bool {
+        self.inner.records.any(ino)
+    }
+}
+
+impl crate::client::Inner {
+    /// Gives back the record locks of handle `fh`, being released: those taken through it and
+    /// not given back since (see the module docs). Failures are logged: the handle goes anyway,
+    /// and the session's end or the file's last release gives the locks back at the latest.
+    pub(crate) fn release_handle_records(&self, fh: FileHandle) {
+        let Some((ino, owners)) = self.records.take_handle(fh) else {
+            return;
+        };
+        for owner in owners {
+            if let Err(error) = self.unlock_all(ino, owner) {
+                tracing::warn!(ino, owner, error = %crate::error::Chain(&error), "record locks not given back at a release");
+            }
+        }
+    }
+
+    /// Gives back every record lock of `owner` on `ino`.
+    fn unlock_all(&self, ino: Ino, owner: u64) -> Result<(), Error> {
+        match self.meta.call(Request::SetLk {
             ino,
             owner,
             start: 0,

@@ -992,6 +992,12 @@ fn record_locks_of_two_clients() {
         a.setlk(fa, 1, 0, 20, read, 11, None).unwrap_err().errno(),
         libc::EAGAIN
     );
+    // Locks taken through a handle go with its release.
+    let fa2 = a.open(me(), ino, libc::O_RDWR).unwrap();
+    a.setlk(fa2, 3, 500, 599, write, 11, None).unwrap();
+    assert!(b.setlk(fb, 1, 550, 550, read, 22, None).is_err());
+    a.release(fa2).unwrap();
+    b.setlk(fb, 1, 550, 550, read, 22, None).unwrap();
     // B's client goes: its locks go with its session.
     drop(b);
     let started = Instant::now();

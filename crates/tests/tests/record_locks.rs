@@ -1,8 +1,9 @@
 //! POSIX record locks (`fcntl`) through two mounts of one cluster, each served by its own client
 //! process: a lock taken through one mount excludes conflicting locks through the other
 //! (`F_SETLK` fails with EAGAIN, `F_GETLK` reports it, `F_SETLKW` waits), a close gives the
-//! closing process's locks back (FUSE's FLUSH), a signal ends a wait with EINTR (FUSE's
-//! INTERRUPT), and a client that dies gives its locks back (its session ends). Before the meta
+//! closing process's locks back (the release of the descriptor they were taken through, or
+//! FUSE's FLUSH for a descriptor opened while they were held), a signal ends a wait with EINTR
+//! (FUSE's INTERRUPT), and a client that dies gives its locks back (its session ends). Before the meta
 //! server kept them, each client's kernel did, and two mounts never saw each other's locks.
 //!
 //! The test process locks through both mounts; its kernel names it one lock owner per mount,
@@ -119,7 +120,8 @@ fn record_locks_exclude_across_clients_and_go_with_close_signal_and_death() {
         Some(libc::EAGAIN)
     );
 
-    // B waits for [0, 100); A's close (not an unlock) gives it: FLUSH, as POSIX says.
+    // B waits for [0, 100); A's close (not an unlock) gives it: the release of A's descriptor,
+    // through which the lock was taken.
     let (tx, rx) = mpsc::channel();
     // (The waiter's descriptor is kept open: closing it would give B's locks back, POSIX.)
     let waiter = {
@@ -169,6 +171,18 @@ fn record_locks_exclude_across_clients_and_go_with_close_signal_and_death() {
         "a signal did not end the wait"
     );
     let fa = waiter.join().unwrap();
+
+    // A locks, then opens the file again: closing that second descriptor gives A's locks back
+    // before close returns (POSIX: any close of the file), so B's lock right after is granted.
+    // (A read lock: B reads from byte 100 on.)
+    lock(&fa, libc::F_SETLK, libc::F_RDLCK, 5000, 10).unwrap();
+    assert_eq!(
+        errno(lock(&fb, libc::F_SETLK, libc::F_WRLCK, 5000, 1)),
+        Some(libc::EAGAIN)
+    );
+    drop(open_rw(&a.path().join("f")));
+    lock(&fb, libc::F_SETLK, libc::F_WRLCK, 5000, 10).unwrap();
+    lock(&fb, libc::F_SETLK, libc::F_UNLCK, 5000, 10).unwrap();
 
     // B's client dies: its session ends, and its locks with it.
     drop(fb_dup);
