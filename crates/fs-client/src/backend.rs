@@ -19,7 +19,7 @@
 use crate::client::{CitronFs, FileHandle};
 use crate::error::Error;
 use crate::io::{Fallocate, SeekTo};
-use proto::records::{RecordKind, RecordLock};
+use proto::records::{RecordClaim, RecordKind, RecordLock};
 use proto::rpc::XattrMode;
 use proto::{Attr, Caller, DirEntry, FileKind, FsError, FsStats, Ino, SetAttr};
 
@@ -116,15 +116,10 @@ pub trait FsBackend: Send + Sync + 'static {
     }
 
     /// `F_SETLK` and `F_SETLKW` (see [`CitronFs::setlk`]).
-    #[allow(clippy::too_many_arguments)]
     fn setlk(
         &self,
         _fh: FileHandle,
-        _owner: u64,
-        _start: u64,
-        _end: u64,
-        _kind: Option<RecordKind>,
-        _pid: u32,
+        _claim: RecordClaim,
         _wait: Option<&dyn Fn() -> bool>,
     ) -> Result<(), Error> {
         Err(FsError::NotSupported.into())
@@ -336,14 +331,10 @@ impl FsBackend for CitronFs {
     fn setlk(
         &self,
         fh: FileHandle,
-        owner: u64,
-        start: u64,
-        end: u64,
-        kind: Option<RecordKind>,
-        pid: u32,
+        claim: RecordClaim,
         wait: Option<&dyn Fn() -> bool>,
     ) -> Result<(), Error> {
-        CitronFs::setlk(self, fh, owner, start, end, kind, pid, wait)
+        CitronFs::setlk(self, fh, claim, wait)
     }
 
     fn release_records(&self, fh: FileHandle, owner: u64) -> Result<(), Error> {

@@ -90,7 +90,7 @@ use fuser::{
     ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLock, ReplyLseek, ReplyOpen,
     ReplyPoll, ReplyStatfs, ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
 };
-use proto::records::RecordKind;
+use proto::records::{RecordClaim, RecordKind};
 use proto::rpc::XattrMode;
 use proto::{Attr, Caller, FileKind, FsError, SetAttr, SetTime, Timestamp};
 use std::collections::HashMap;
@@ -1149,8 +1149,15 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
             Ok(kind) => kind,
             Err(e) => return reply.error(failed(&r, &e.into())),
         };
-        let (fs, owner) = (Fh(fh.0), lock_owner.0);
-        match self.fs.setlk(fs, owner, start, end, kind, pid, None) {
+        let claim = RecordClaim {
+            owner: lock_owner.0,
+            start,
+            end,
+            kind,
+            pid,
+        };
+        let handle = Fh(fh.0);
+        match self.fs.setlk(handle, claim, None) {
             Err(e) if sleep && e.errno() == libc::EAGAIN => {}
             result => return Self::empty(r, reply, result),
         }
@@ -1165,7 +1172,7 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
             .name("citronfs-setlkw".into())
             .spawn(move || {
                 let stopped = || stop.load(Ordering::SeqCst);
-                let result = backend.setlk(fs, owner, start, end, kind, pid, Some(&stopped));
+                let result = backend.setlk(handle, claim, Some(&stopped));
                 waits
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())

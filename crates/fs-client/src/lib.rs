@@ -62,7 +62,7 @@ pub use error::Error;
 pub use io::{Fallocate, IoStats, SeekTo};
 pub use lockmgr::citron::Hosting;
 pub use lockmgr::LockScheme;
-pub use proto::records::{RecordKind, RecordLock};
+pub use proto::records::{RecordClaim, RecordKind, RecordLock};
 pub use proto::rpc::XattrMode;
 pub use proto::{
     Attr, Caller, DirEntry, FileKind, FsError, FsStats, Ino, SetAttr, SetTime, Timestamp, ROOT_INO,

@@ -33,7 +33,7 @@
 use crate::client::{CitronFs, FileHandle};
 use crate::error::Error;
 use crate::meta::unexpected;
-use proto::records::{RecordKind, RecordLock};
+use proto::records::{RecordClaim, RecordKind, RecordLock};
 use proto::rpc::{Request, Response};
 use proto::Ino;
 use std::collections::{HashMap, HashSet};
@@ -124,27 +124,22 @@ impl CitronFs {
         }
     }
 
-    /// `F_SETLK` (`wait` `None`) or `F_SETLKW`: takes (`kind` set) or gives back (`None`)
-    /// `owner`'s record lock over bytes `[start, end]` (inclusive) of `fh`'s file, with POSIX's
+    /// `F_SETLK` (`wait` `None`) or `F_SETLKW`: takes (`claim.kind` set) or gives back
+    /// (`None`) the claim's owner's record lock over its bytes of `fh`'s file, with POSIX's
     /// rules. A lock that conflicts with another owner's fails with EAGAIN, or with `wait`
     /// waits until it can be taken, asking `wait` between the meta server's waits whether to
     /// stop ([`Error::Interrupted`] when it says so).
-    #[allow(clippy::too_many_arguments)]
     pub fn setlk(
         &self,
         fh: FileHandle,
-        owner: u64,
-        start: u64,
-        end: u64,
-        kind: Option<RecordKind>,
-        pid: u32,
+        claim: RecordClaim,
         wait: Option<&dyn Fn() -> bool>,
     ) -> Result<(), Error> {
         let ino = self.inner.handle(fh)?.inode.ino;
-        if kind.is_some() {
+        if claim.kind.is_some() {
             // Before the call: a lock granted and then a close racing this bookkeeping must
             // still find the owner.
-            self.inner.records.add(ino, fh, owner);
+            self.inner.records.add(ino, fh, claim.owner);
         }
         let wait_ms = match wait {
             Some(_) => WAIT_SLICE.as_millis() as u32,
@@ -153,11 +148,7 @@ impl CitronFs {
         loop {
             let call = Request::SetLk {
                 ino,
-                owner,
-                start,
-                end,
-                kind,
-                pid,
+                claim,
                 wait_ms,
             };
             match self.inner.meta.call(call) {
@@ -210,11 +201,7 @@ impl crate::client::Inner {
     fn unlock_all(&self, ino: Ino, owner: u64) -> Result<(), Error> {
         match self.meta.call(Request::SetLk {
             ino,
-            owner,
-            start: 0,
-            end: u64::MAX,
-            kind: None,
-            pid: 0,
+            claim: RecordClaim::unlock_all(owner),
             wait_ms: 0,
         })? {
             Response::Ok => Ok(()),

@@ -951,15 +951,22 @@ fn concurrent_extending_writes_never_leave_the_size_behind() {
 /// gives its locks back.
 #[test]
 fn record_locks_of_two_clients() {
-    use fs_client::{Error, RecordKind, RecordLock};
+    use fs_client::{Error, RecordClaim, RecordKind, RecordLock};
+    let claim = |owner, start, end, kind, pid| RecordClaim {
+        owner,
+        start,
+        end,
+        kind,
+        pid,
+    };
     let cluster = start(1, 16);
     let a = cluster.connect(LockScheme::CITRON).unwrap();
     let b = cluster.connect(LockScheme::CITRON).unwrap();
     let (ino, fa) = new_file(&a, "locked");
     let fb = b.open(me(), ino, libc::O_RDWR).unwrap();
     let (write, read) = (Some(RecordKind::Write), Some(RecordKind::Read));
-    a.setlk(fa, 1, 0, 99, write, 11, None).unwrap();
-    let refused = b.setlk(fb, 1, 50, 50, read, 22, None).unwrap_err();
+    a.setlk(fa, claim(1, 0, 99, write, 11), None).unwrap();
+    let refused = b.setlk(fb, claim(1, 50, 50, read, 22), None).unwrap_err();
     assert_eq!(refused.errno(), libc::EAGAIN, "{refused}");
     let held = RecordLock {
         start: 0,
@@ -976,32 +983,36 @@ fn record_locks_of_two_clients() {
     assert_eq!(a.getlk(fa, 1, 0, 0, RecordKind::Write).unwrap(), None);
     // A wait told to stop ends with EINTR.
     let stop = || true;
-    let stopped = b.setlk(fb, 1, 0, 0, write, 22, Some(&stop)).unwrap_err();
+    let stopped = b
+        .setlk(fb, claim(1, 0, 0, write, 22), Some(&stop))
+        .unwrap_err();
     assert!(matches!(stopped, Error::Interrupted), "{stopped}");
     assert_eq!(stopped.errno(), libc::EINTR);
     // A wait ends when A gives the lock back (at a close).
     let go_on = || false;
     std::thread::scope(|s| {
-        let waiter = s.spawn(|| b.setlk(fb, 1, 10, 10, write, 22, Some(&go_on)));
+        let waiter = s.spawn(|| b.setlk(fb, claim(1, 10, 10, write, 22), Some(&go_on)));
         std::thread::sleep(Duration::from_millis(100));
         assert!(!waiter.is_finished(), "the wait did not wait");
         a.release_records(fa, 1).unwrap();
         waiter.join().unwrap().unwrap();
     });
     assert_eq!(
-        a.setlk(fa, 1, 0, 20, read, 11, None).unwrap_err().errno(),
+        a.setlk(fa, claim(1, 0, 20, read, 11), None)
+            .unwrap_err()
+            .errno(),
         libc::EAGAIN
     );
     // Locks taken through a handle go with its release.
     let fa2 = a.open(me(), ino, libc::O_RDWR).unwrap();
-    a.setlk(fa2, 3, 500, 599, write, 11, None).unwrap();
-    assert!(b.setlk(fb, 1, 550, 550, read, 22, None).is_err());
+    a.setlk(fa2, claim(3, 500, 599, write, 11), None).unwrap();
+    assert!(b.setlk(fb, claim(1, 550, 550, read, 22), None).is_err());
     a.release(fa2).unwrap();
-    b.setlk(fb, 1, 550, 550, read, 22, None).unwrap();
+    b.setlk(fb, claim(1, 550, 550, read, 22), None).unwrap();
     // B's client goes: its locks go with its session.
     drop(b);
     let started = Instant::now();
-    while a.setlk(fa, 1, 0, 20, write, 11, None).is_err() {
+    while a.setlk(fa, claim(1, 0, 20, write, 11), None).is_err() {
         assert!(
             started.elapsed() < Duration::from_secs(10),
             "B's lock stayed"

@@ -17,7 +17,7 @@
 //! fenced), and all of them go with the meta server (docs/ARCHITECTURE.md says what that means
 //! for their holders).
 
-use proto::records::{RecordKind, RecordLock};
+use proto::records::{RecordClaim, RecordKind, RecordLock};
 use proto::Ino;
 use std::collections::HashMap;
 
@@ -90,19 +90,19 @@ impl Table {
         })
     }
 
-    /// Takes (`kind` set) or gives back (`None`) `who`'s lock over `[start, end]` of `ino`,
-    /// with POSIX's rules (module docs); a lock that conflicts with another owner's is not
-    /// taken, and the conflicting lock is returned. `start > end` is taken as the empty range:
-    /// nothing changes.
-    pub fn set(
-        &mut self,
-        ino: Ino,
-        who: Owner,
-        start: u64,
-        end: u64,
-        kind: Option<RecordKind>,
-        pid: u32,
-    ) -> Result<(), RecordLock> {
+    /// Takes (`claim.kind` set) or gives back (`None`) the lock of `claim`'s owner in session
+    /// `session` over the claim's bytes of `ino`, with POSIX's rules (module docs); a lock that
+    /// conflicts with another owner's is not taken, and the conflicting lock is returned.
+    /// `start > end` is taken as the empty range: nothing changes.
+    pub fn set(&mut self, ino: Ino, session: u64, claim: &RecordClaim) -> Result<(), RecordLock> {
+        let RecordClaim {
+            owner,
+            start,
+            end,
+            kind,
+            pid,
+        } = *claim;
+        let who = Owner { session, owner };
         if start > end {
             return Ok(());
         }
@@ -217,12 +217,23 @@ mod tests {
         owner: 7,
     };
 
+    fn claim(who: Owner, start: u64, end: u64, kind: Option<RecordKind>, pid: u32) -> RecordClaim {
+        RecordClaim {
+            owner: who.owner,
+            start,
+            end,
+            kind,
+            pid,
+        }
+    }
+
     #[test]
     fn two_clients_with_one_kernel_owner_number_are_two_owners() {
         let mut t = Table::default();
-        t.set(5, A, 0, 99, Some(RecordKind::Write), 100).unwrap();
+        let write = Some(RecordKind::Write);
+        t.set(5, A.session, &claim(A, 0, 99, write, 100)).unwrap();
         let seen = t
-            .set(5, B, 50, 60, Some(RecordKind::Read), 200)
+            .set(5, B.session, &claim(B, 50, 60, Some(RecordKind::Read), 200))
             .unwrap_err();
         // The holder is on another client: its pid is not reported.
         assert_eq!(
@@ -245,14 +256,14 @@ mod tests {
             Some(100)
         );
         // Other inodes and other bytes are free; the owner itself is never in its own way.
-        assert!(t.set(6, B, 0, 99, Some(RecordKind::Write), 200).is_ok());
+        assert!(t.set(6, B.session, &claim(B, 0, 99, write, 200)).is_ok());
         assert!(t
-            .set(5, B, 100, u64::MAX, Some(RecordKind::Write), 200)
+            .set(5, B.session, &claim(B, 100, u64::MAX, write, 200))
             .is_ok());
         assert_eq!(t.conflict(5, A, 0, 99, RecordKind::Write), None);
         // An unlock splits; the session's end frees the rest.
-        t.set(5, A, 10, 19, None, 100).unwrap();
-        assert!(t.set(5, B, 10, 19, Some(RecordKind::Write), 200).is_ok());
+        t.set(5, A.session, &claim(A, 10, 19, None, 100)).unwrap();
+        assert!(t.set(5, B.session, &claim(B, 10, 19, write, 200)).is_ok());
         assert_eq!(t.len(), 5);
         assert!(t.drop_session(1));
         assert_eq!(t.len(), 3);
@@ -319,7 +330,8 @@ mod tests {
                                 })
                             })
                         });
-                        let got = t.set(9, OWNERS[who], start, end, kind, who as u32);
+                        let owner = OWNERS[who];
+                        let got = t.set(9, owner.session, &claim(owner, start, end, kind, who as u32));
                         prop_assert_eq!(got.is_err(), conflict.is_some(), "{:?}", got);
                         if let Err(seen) = got {
                             // What it reports is a lock of another owner in the way.

@@ -488,23 +488,17 @@ impl Service {
     const SETLK_WAIT_MOST: Duration = Duration::from_secs(1);
 
     /// `SetLk` (see `proto::rpc::Request::SetLk`).
-    #[allow(clippy::too_many_arguments)]
     fn set_record_lock(
         &self,
         session: u64,
         ino: Ino,
-        owner: u64,
-        start: u64,
-        end: u64,
-        kind: Option<proto::records::RecordKind>,
-        pid: u32,
+        claim: &proto::records::RecordClaim,
         wait: Duration,
     ) -> Result<(), FsError> {
-        let who = crate::records::Owner { session, owner };
         let until = Instant::now() + wait.min(Self::SETLK_WAIT_MOST);
         let mut table = lock(&self.records);
         loop {
-            match table.set(ino, who, start, end, kind, pid) {
+            match table.set(ino, session, claim) {
                 Ok(()) => {
                     drop(table);
                     // An unlock, or a lock that replaced one of the other kind, may free
@@ -1705,15 +1699,11 @@ impl Service {
             )),
             Request::SetLk {
                 ino,
-                owner,
-                start,
-                end,
-                kind,
-                pid,
+                claim,
                 wait_ms,
             } => {
                 let wait = Duration::from_millis(u64::from(wait_ms));
-                self.set_record_lock(session, ino, owner, start, end, kind, pid, wait)?;
+                self.set_record_lock(session, ino, &claim, wait)?;
                 Response::Ok
             }
             Request::ChunkMap { ino, first, count } => {

@@ -205,11 +205,13 @@ pub fn sample_requests() -> Vec<Request> {
         },
         Request::SetLk {
             ino: 2,
-            owner: 7,
-            start: u64::MAX,
-            end: 3,
-            kind: Some(crate::records::RecordKind::Read),
-            pid: 42,
+            claim: crate::records::RecordClaim {
+                owner: 7,
+                start: u64::MAX,
+                end: 3,
+                kind: Some(crate::records::RecordKind::Read),
+                pid: 42,
+            },
             wait_ms: u32::MAX,
         },
         Request::Fsync { ino: 2 },

@@ -57,3 +57,31 @@ pub struct RecordLock {
     /// kernel would refuse: it looks the pid up in the mount's pid namespace).
     pub pid: u32,
 }
+
+/// What an owner asks of a byte range (`F_SETLK`): a lock of a kind, or none (an unlock).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecordClaim {
+    /// The lock owner: the kernel's, unique within its client session.
+    pub owner: u64,
+    /// First byte.
+    pub start: u64,
+    /// Last byte (inclusive).
+    pub end: u64,
+    /// The lock to hold over the range, or `None` to hold nothing there.
+    pub kind: Option<RecordKind>,
+    /// The owner's process, for `F_GETLK` through the same session.
+    pub pid: u32,
+}
+
+impl RecordClaim {
+    /// `owner`'s unlock of every byte.
+    pub fn unlock_all(owner: u64) -> Self {
+        RecordClaim {
+            owner,
+            start: 0,
+            end: u64::MAX,
+            kind: None,
+            pid: 0,
+        }
+    }
+}

@@ -351,8 +351,8 @@ pub enum Request {
         /// The kind of lock the caller would take.
         kind: crate::records::RecordKind,
     },
-    /// `F_SETLK`/`F_SETLKW`: takes (`kind` set) or gives back (`None`) owner `owner`'s record
-    /// lock over bytes `[start, end]` of `ino`, with POSIX's rules for an owner's own locks
+    /// `F_SETLK`/`F_SETLKW`: takes (`claim.kind` set) or gives back (`None`) the claim's
+    /// owner's record lock over its bytes of `ino`, with POSIX's rules for an owner's own locks
     /// (a new lock replaces, splits or merges with those it overlaps or touches; an unlock may
     /// split one). A lock that conflicts with another owner's waits up to `wait_ms` for it to
     /// go, then fails with `WouldBlock`; a waiting client calls again (so that a signal
@@ -361,16 +361,8 @@ pub enum Request {
     SetLk {
         /// Inode.
         ino: Ino,
-        /// The lock owner (the kernel's, unique within this client session).
-        owner: u64,
-        /// First byte.
-        start: u64,
-        /// Last byte (inclusive).
-        end: u64,
-        /// The lock to take, or `None` to unlock.
-        kind: Option<crate::records::RecordKind>,
-        /// The owner's process, for `F_GETLK` through the same session.
-        pid: u32,
+        /// The owner, the range, and the lock to take there (or none: unlock).
+        claim: crate::records::RecordClaim,
         /// How long to wait for a conflicting lock to go (0: `F_SETLK`, do not wait).
         wait_ms: u32,
     },
