@@ -12,6 +12,8 @@
 use fs_client::LockScheme;
 use std::fs::File;
 use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use testkit::{open_rw, skip_without_fuse, Cluster, ClusterSpec};
@@ -215,4 +217,81 @@ fn record_locks_exclude_across_clients_and_go_with_close_signal_and_death() {
     );
     drop(b);
     drop(fb);
+}
+
+/// What a counting process is told: the counter file and how many increments to make.
+const ENV_COUNTER: &str = "CITRONFS_TEST_COUNTER";
+const ENV_INCREMENTS: &str = "CITRONFS_TEST_INCREMENTS";
+
+/// The counting processes run this test (see [`count_under_lock`]); run normally it does
+/// nothing. Each increment reads the 8-byte counter, sleeps, and writes it back plus one, all
+/// under an `F_SETLKW` write lock of those bytes, given back after.
+#[test]
+fn child_counter() {
+    let (Ok(path), Ok(n)) = (std::env::var(ENV_COUNTER), std::env::var(ENV_INCREMENTS)) else {
+        return;
+    };
+    let n: u32 = n.parse().unwrap();
+    let f = open_rw(std::path::Path::new(&path));
+    for _ in 0..n {
+        lock(&f, libc::F_SETLKW, libc::F_WRLCK, 0, 8).unwrap();
+        let mut bytes = [0u8; 8];
+        f.read_exact_at(&mut bytes, 0).unwrap();
+        // Widen the read-modify-write window: an exclusion that failed shows as lost updates.
+        std::thread::sleep(Duration::from_micros(500));
+        f.write_all_at(&(u64::from_le_bytes(bytes) + 1).to_le_bytes(), 0)
+            .unwrap();
+        lock(&f, libc::F_SETLK, libc::F_UNLCK, 0, 8).unwrap();
+    }
+}
+
+/// Two counting processes on each of two mounts (four lock owners, two clients) increment one
+/// counter under `fcntl` locks: no increment is lost. With each client's kernel keeping its own
+/// locks (before), the two mounts' processes overwrote each other's increments.
+#[test]
+fn read_modify_writes_under_record_locks_lose_nothing_across_clients() {
+    skip_without_fuse!();
+    const PER_PROCESS: u32 = 60;
+    let cluster = Cluster::start(ClusterSpec::default()).unwrap();
+    let a = cluster.spawn_mount_process("child_mount", LockScheme::CITRON);
+    let b = cluster.spawn_mount_process("child_mount", LockScheme::CITRON);
+    File::create(a.path().join("counter"))
+        .unwrap()
+        .write_all_at(&0u64.to_le_bytes(), 0)
+        .unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let started = Instant::now();
+    let counters: Vec<_> = [a.path(), a.path(), b.path(), b.path()]
+        .iter()
+        .map(|mount| {
+            Command::new(&exe)
+                .args([
+                    "child_counter",
+                    "--exact",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(ENV_COUNTER, mount.join("counter"))
+                .env(ENV_INCREMENTS, PER_PROCESS.to_string())
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut counter in counters {
+        assert!(
+            counter.wait().unwrap().success(),
+            "a counting process failed"
+        );
+    }
+    let mut bytes = [0u8; 8];
+    open_rw(&b.path().join("counter"))
+        .read_exact_at(&mut bytes, 0)
+        .unwrap();
+    let total = u64::from_le_bytes(bytes);
+    eprintln!(
+        "{total} increments by 4 processes on 2 clients in {:?}",
+        started.elapsed()
+    );
+    assert_eq!(total, 4 * u64::from(PER_PROCESS), "increments were lost");
 }
