@@ -137,7 +137,7 @@ pub(crate) struct Inner {
     /// The data path's fabric traffic ([`CitronFs::io_stats`]).
     pub(crate) io: crate::io::IoCounters,
     /// Which owners may hold record locks of which files (`records`).
-    pub(crate) records: crate::records::RecordOwners,
+    pub(crate) records: Arc<crate::records::RecordOwners>,
 }
 
 impl CitronFs {
@@ -172,8 +172,9 @@ impl CitronFs {
             files,
             pool: WorkerPool::default(),
             io: crate::io::IoCounters::default(),
-            records: crate::records::RecordOwners::default(),
+            records: Arc::default(),
         });
+        inner.meta.on_new_session(inner.records.clone());
         // Open one worker now so that a fabric that cannot be reached fails the connect.
         drop(inner.checkout()?);
         Ok(CitronFs {

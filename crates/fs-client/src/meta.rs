@@ -65,6 +65,8 @@ pub(crate) struct Meta {
     /// The client is going away ([`Meta::close`]): a lost connection is tried once more, not
     /// waited for.
     closing: AtomicBool,
+    /// Run by the heartbeat thread once it finds a new session ([`Meta::on_new_session`]).
+    on_new_session: OnceLock<Arc<crate::records::RecordOwners>>,
 }
 
 impl Meta {
@@ -89,6 +91,7 @@ impl Meta {
             closing: AtomicBool::new(false),
             unsynced: AtomicU64::new(0),
             riders: OnceLock::new(),
+            on_new_session: OnceLock::new(),
         };
         Ok((meta, info))
     }
@@ -116,6 +119,12 @@ impl Meta {
     /// Sets what rides on every call from now on (once; later calls are ignored).
     pub(crate) fn set_riders(&self, riders: Arc<dyn Riders>) {
         let _ = self.riders.set(riders);
+    }
+
+    /// Sets what the heartbeat thread runs when it finds a new session (`records`: taking
+    /// back the record locks of the session that ended); set once.
+    pub(crate) fn on_new_session(&self, hook: Arc<crate::records::RecordOwners>) {
+        let _ = self.on_new_session.set(hook);
     }
 
     /// The newest layout epoch heard of (at connect, or in a heartbeat).
@@ -363,17 +372,29 @@ impl Heartbeat {
         let (stop, stopped) = mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("citronfs-heartbeat".into())
-            .spawn(move || loop {
-                match stopped.recv_timeout(period) {
-                    Err(RecvTimeoutError::Timeout) => match meta.call(Request::Heartbeat) {
-                        Ok(Response::Heartbeat { layout_epoch }) => {
-                            meta.note_layout_epoch(layout_epoch)
+            .spawn(move || {
+                let mut session = meta.generation();
+                loop {
+                    match stopped.recv_timeout(period) {
+                        Err(RecvTimeoutError::Timeout) => match meta.call(Request::Heartbeat) {
+                            Ok(Response::Heartbeat { layout_epoch }) => {
+                                meta.note_layout_epoch(layout_epoch)
+                            }
+                            Ok(_) => {}
+                            Err(error) => tracing::warn!(%error, "session heartbeat failed"),
+                        },
+                        // Stopped, or the owner is gone.
+                        _ => return,
+                    }
+                    // A new session (this heartbeat's, or any call's reconnection): what the
+                    // ended one held goes back to the meta server first, within its grace.
+                    let now = meta.generation();
+                    if now != session {
+                        session = now;
+                        if let Some(hook) = meta.on_new_session.get() {
+                            hook.reclaim(&meta);
                         }
-                        Ok(_) => {}
-                        Err(error) => tracing::warn!(%error, "session heartbeat failed"),
-                    },
-                    // Stopped, or the owner is gone.
-                    _ => return,
+                    }
                 }
             })
             .map_err(Error::Heartbeat)?;

@@ -25,39 +25,124 @@
 //! lock of the file, while another descriptor of it stays open, gives nothing back; and a lock
 //! taken through a descriptor shared with a forked child lasts until both have closed it.
 //!
+//! After a restart. Locks live in the meta server's memory, so the client keeps its own account
+//! of what was granted (a [`Table`] under one session), and when its heartbeat finds a new
+//! meta session it takes them all back (`SetLk` with `reclaim`): a restarted meta server grants
+//! only such reclaims during its grace period (`meta_server::MetaConfig::record_lock_grace`, 2 s)
+//! and answers other new locks `InGrace`, which the client asks again 50 ms later. A session
+//! that ended without a restart (a lost connection, a fence) has no grace: a lock another client
+//! took meanwhile is lost, logged, and forgotten, and its process is not told.
+//!
 //! Not done: deadlock detection (`EDEADLK`): two owners waiting for each other's locks wait
-//! until a signal ends one wait. Locks live in the meta server's memory and in one session: a
-//! meta server restart, or a reconnection after a lost connection, gives them all back, and
-//! the processes that held them are not told.
+//! until a signal ends one wait.
 
 use crate::client::{CitronFs, FileHandle};
 use crate::error::Error;
 use crate::meta::unexpected;
-use proto::records::{RecordClaim, RecordKind, RecordLock};
+use crate::meta::Meta;
+use proto::records::{RecordClaim, RecordKind, RecordLock, Table};
 use proto::rpc::{Request, Response};
+use proto::FsError;
 use proto::Ino;
 use std::collections::{HashMap, HashSet};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 /// How long one `SetLk` call of a wait waits at the meta server for a conflicting lock to go:
 /// how late a signal may end a wait.
 pub const WAIT_SLICE: Duration = Duration::from_millis(200);
 
-/// Which owners may hold record locks taken through this client: per file, and per handle
-/// they were taken through (see the module docs).
+/// How soon a new lock refused for the meta server's grace period (`FsError::InGrace`) is
+/// asked again.
+const GRACE_RETRY: Duration = Duration::from_millis(50);
+
+/// The record locks of this client: which owners may hold locks of which file, and through
+/// which handle they took them (see the module docs), and the locks themselves, as granted
+/// (what it takes back when a new meta session begins: [`RecordOwners::reclaim`]).
 #[derive(Debug, Default)]
-pub(crate) struct RecordOwners(Mutex<Owners>);
+pub(crate) struct RecordOwners {
+    owners: Mutex<Owners>,
+    /// Held (shared) by every `SetLk` call with its bookkeeping, and (exclusive) by a reclaim:
+    /// what a reclaim takes back is exactly what the meta server granted and nothing since
+    /// gave back.
+    calls: RwLock<()>,
+}
 
 #[derive(Debug, Default)]
 struct Owners {
     by_file: HashMap<Ino, HashSet<u64>>,
     by_handle: HashMap<u64, (Ino, HashSet<u64>)>,
+    /// The locks granted to this client's owners (all under session 0).
+    held: Table,
 }
 
 impl RecordOwners {
     fn lock(&self) -> std::sync::MutexGuard<'_, Owners> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+        self.owners.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Makes `SetLk` call `claim` on `ino`, and keeps what it granted.
+    fn call(&self, meta: &Meta, ino: Ino, claim: RecordClaim, wait_ms: u32) -> Result<(), Error> {
+        let _calls = self.calls.read().unwrap_or_else(PoisonError::into_inner);
+        let call = Request::SetLk {
+            ino,
+            claim,
+            wait_ms,
+            reclaim: false,
+        };
+        match meta.call(call)? {
+            Response::Ok => {
+                if let Err(in_the_way) = self.lock().held.set(ino, 0, &claim) {
+                    // Not reached while the account follows the meta server's grants: this
+                    // lock would then not be taken back after a restart.
+                    tracing::warn!(ino, ?claim, ?in_the_way, "record lock account out of step");
+                }
+                Ok(())
+            }
+            other => Err(unexpected("SetLk", other)),
+        }
+    }
+
+    /// Takes back, in a new meta session (the meta server restarted, or the connection was
+    /// lost), every lock this client held: during the server's grace period after a restart
+    /// nobody else can have taken them. One that another client holds by now (a session that
+    /// ended without a restart) is lost: logged, and forgotten.
+    pub(crate) fn reclaim(&self, meta: &Meta) {
+        let _calls = self.calls.write().unwrap_or_else(PoisonError::into_inner);
+        let claims = self.lock().held.claims();
+        if claims.is_empty() {
+            return;
+        }
+        tracing::warn!(
+            locks = claims.len(),
+            "new meta session: taking back this client's record locks"
+        );
+        for (ino, _, claim) in claims {
+            let call = Request::SetLk {
+                ino,
+                claim,
+                wait_ms: 0,
+                reclaim: true,
+            };
+            let error = match meta.call(call) {
+                Ok(Response::Ok) => continue,
+                Ok(other) => unexpected("SetLk", other),
+                Err(e) => e,
+            };
+            tracing::error!(
+                ino,
+                start = claim.start,
+                end = claim.end,
+                error = %crate::error::Chain(&error),
+                "a record lock of this client could not be taken back after the meta session \
+                 ended: its process no longer holds it"
+            );
+            let gone = RecordClaim {
+                kind: None,
+                ..claim
+            };
+            let _ = self.lock().held.set(ino, 0, &gone);
+        }
     }
 
     fn add(&self, ino: Ino, fh: FileHandle, owner: u64) {
@@ -146,20 +231,18 @@ impl CitronFs {
             None => 0,
         };
         loop {
-            let call = Request::SetLk {
-                ino,
-                claim,
-                wait_ms,
-            };
-            match self.inner.meta.call(call) {
-                Ok(Response::Ok) => return Ok(()),
-                Ok(other) => return Err(unexpected("SetLk", other)),
-                Err(Error::Fs(proto::FsError::WouldBlock)) => match wait {
-                    Some(stop) if stop() => return Err(Error::Interrupted),
-                    Some(_) => {}
-                    None => return Err(proto::FsError::WouldBlock.into()),
-                },
-                Err(e) => return Err(e),
+            let stop = || wait.is_some_and(|stop| stop());
+            match self
+                .inner
+                .records
+                .call(&self.inner.meta, ino, claim, wait_ms)
+            {
+                Err(Error::Fs(FsError::WouldBlock)) if wait.is_some() => {}
+                Err(Error::Fs(FsError::InGrace)) => std::thread::sleep(GRACE_RETRY),
+                other => return other,
+            }
+            if stop() {
+                return Err(Error::Interrupted);
             }
         }
     }
@@ -199,13 +282,7 @@ impl crate::client::Inner {
 
     /// Gives back every record lock of `owner` on `ino`.
     fn unlock_all(&self, ino: Ino, owner: u64) -> Result<(), Error> {
-        match self.meta.call(Request::SetLk {
-            ino,
-            claim: RecordClaim::unlock_all(owner),
-            wait_ms: 0,
-        })? {
-            Response::Ok => Ok(()),
-            other => Err(unexpected("SetLk", other)),
-        }
+        self.records
+            .call(&self.meta, ino, RecordClaim::unlock_all(owner), 0)
     }
 }

@@ -1021,3 +1021,39 @@ fn record_locks_of_two_clients() {
     }
     a.release(fa).unwrap();
 }
+
+/// A client's record locks outlive a restart of the meta server: its heartbeat finds the new
+/// session and takes them back during the server's grace period, when no other client's new
+/// lock is granted (those are asked again until it ends). Before, the restart dropped them
+/// silently and another client took the same bytes at once.
+#[test]
+fn record_locks_are_taken_back_after_a_meta_server_restart() {
+    use fs_client::{RecordClaim, RecordKind};
+    let mut cluster = start(1, 16);
+    let a = cluster.connect(LockScheme::CITRON).unwrap();
+    let (ino, fa) = new_file(&a, "locked");
+    let claim = |owner, kind| RecordClaim {
+        owner,
+        start: 0,
+        end: 99,
+        kind,
+        pid: 1,
+    };
+    a.setlk(fa, claim(1, Some(RecordKind::Write)), None)
+        .unwrap();
+    cluster.restart_meta().unwrap();
+    let b = cluster.connect(LockScheme::CITRON).unwrap();
+    let fb = b.open(me(), ino, libc::O_RDWR).unwrap();
+    let asked = Instant::now();
+    let refused = b
+        .setlk(fb, claim(2, Some(RecordKind::Read)), None)
+        .unwrap_err();
+    assert_eq!(refused.errno(), libc::EAGAIN, "{refused}");
+    eprintln!("B was refused {:?} after asking", asked.elapsed());
+    // A still holds it, and gives it back.
+    a.setlk(fa, claim(1, None), None).unwrap();
+    b.setlk(fb, claim(2, Some(RecordKind::Read)), None).unwrap();
+    for (fs, fh) in [(&a, fa), (&b, fb)] {
+        fs.release(fh).unwrap();
+    }
+}

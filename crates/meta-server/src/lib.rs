@@ -9,7 +9,7 @@
 //! - the meta region, a registered fabric region holding each open file's control block
 //!   (`proto::fcb`) and lock state (CITRON trees, `mutex`/`seg` words), with the allocator that
 //!   CITRON scale-ups call through `AllocateLockWords`;
-//! - POSIX record locks (`fcntl`) for the whole cluster, in memory (`records`).
+//! - POSIX record locks (`fcntl`) for the whole cluster, in memory (`proto::records::Table`).
 //!
 //! - the consistency checker ([`fsck`]): `citronfs fsck`, over the `Fsck` request or on a
 //!   stopped server's database.
@@ -22,7 +22,6 @@ mod awake;
 mod dentries;
 pub mod fsck;
 mod reclaim;
-mod records;
 mod requests;
 pub mod rpc;
 mod service;
@@ -77,6 +76,10 @@ pub const DEFAULT_MAX_SESSIONS: usize = 4096;
 /// milliseconds unless a request on the blocking pool is slow.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
+/// Default of [`MetaConfig::record_lock_grace`]: clients heartbeat every 25 ms and reconnect as
+/// soon as the server answers, so their locks are back within a fraction of it.
+pub const DEFAULT_RECORD_LOCK_GRACE: Duration = Duration::from_secs(2);
+
 /// Default of [`MetaConfig::max_open_per_session`]: as many as a process may open by default
 /// (`ulimit -n` hard limit on most distributions).
 pub const DEFAULT_MAX_OPEN_PER_SESSION: usize = 1 << 20;
@@ -128,6 +131,11 @@ pub struct MetaConfig {
     /// one, awake, instead of sleeping until it arrives (one connection at a time; the module
     /// `awake`). Zero: never. Default [`default_idle_poll`].
     pub idle_poll: Duration,
+    /// How long after a restart (a start on a state directory that holds a database) the server
+    /// grants record locks (`fcntl`) only to clients taking back those they held before
+    /// (`Request::SetLk::reclaim`); other new locks wait for its end. Default
+    /// [`DEFAULT_RECORD_LOCK_GRACE`].
+    pub record_lock_grace: Duration,
 }
 
 /// The default of [`MetaConfig::idle_poll`]: [`IDLE_POLL`] on a machine of at least 4 CPUs,
@@ -165,6 +173,7 @@ impl MetaConfig {
             max_sessions: DEFAULT_MAX_SESSIONS,
             max_open_per_session: DEFAULT_MAX_OPEN_PER_SESSION,
             idle_poll: default_idle_poll(),
+            record_lock_grace: DEFAULT_RECORD_LOCK_GRACE,
         }
     }
 
@@ -233,6 +242,9 @@ impl MetaServer {
                 gid: libc::getegid(),
             }
         };
+        // A state directory with something in it held a database: this is a restart, and
+        // clients may have record locks to take back (`MetaConfig::record_lock_grace`).
+        let restarted = std::fs::read_dir(&config.db_dir).is_ok_and(|mut d| d.next().is_some());
         let store = store::Store::open(&config.db_dir, config.chunk_size, owner)?;
 
         let region_server = fabric::serve(&config.fabric, &config.credentials())
@@ -265,6 +277,12 @@ impl MetaServer {
             connection_limits: config.connection_limits,
             max_sessions: config.max_sessions,
             max_open_per_session: config.max_open_per_session,
+            record_lock_grace_until: std::time::Instant::now()
+                + if restarted {
+                    config.record_lock_grace
+                } else {
+                    Duration::ZERO
+                },
         };
         let service = Arc::new(Service::new(settings, store, region, lock_server)?);
         if region_server.backend() == fabric::Backend::Tcp {

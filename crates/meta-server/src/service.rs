@@ -96,6 +96,8 @@ pub(crate) struct Settings {
     pub max_sessions: usize,
     /// Files one session may have open at once (distinct inodes; EMFILE beyond).
     pub max_open_per_session: usize,
+    /// Until then only reclaimed record locks are granted (`MetaConfig::record_lock_grace`).
+    pub record_lock_grace_until: Instant,
 }
 
 struct Session {
@@ -242,8 +244,8 @@ pub(crate) struct Service {
     /// ([`Service::register_data_server`]): see "Registrations of one server never overlap"
     /// there.
     registering: Mutex<HashMap<String, Arc<Mutex<()>>>>,
-    /// POSIX record locks (`fcntl`), cluster-wide ([`crate::records`]).
-    records: Mutex<crate::records::Table>,
+    /// POSIX record locks (`fcntl`), cluster-wide (`proto::records::Table`).
+    records: Mutex<proto::records::Table>,
     /// Signalled whenever record locks are given back or cut back (an `SetLk` waiting for a
     /// conflicting lock waits on it).
     records_changed: Condvar,
@@ -344,7 +346,7 @@ impl Service {
             request_ns: std::sync::atomic::AtomicU64::new(0),
             reclaimer: crate::reclaim::Reclaimer::default(),
             registering: Mutex::new(HashMap::new()),
-            records: Mutex::new(crate::records::Table::default()),
+            records: Mutex::new(proto::records::Table::default()),
             records_changed: Condvar::new(),
             #[cfg(test)]
             scrub_hook: Mutex::new(None),
@@ -476,7 +478,7 @@ impl Service {
     }
 
     /// Gives back record locks with `drop` and wakes the `SetLk`s waiting, if it gave back any.
-    fn drop_records(&self, drop: impl FnOnce(&mut crate::records::Table) -> bool) {
+    fn drop_records(&self, drop: impl FnOnce(&mut proto::records::Table) -> bool) {
         if drop(&mut lock(&self.records)) {
             self.records_changed.notify_all();
         }
@@ -487,16 +489,26 @@ impl Service {
     /// blocking-pool thread is not held) for longer than this.
     const SETLK_WAIT_MOST: Duration = Duration::from_secs(1);
 
-    /// `SetLk` (see `proto::rpc::Request::SetLk`).
+    /// `SetLk` (see `proto::rpc::Request::SetLk`). A new lock asked during the grace period
+    /// after a restart is answered `InGrace` (the client asks again a little later, so that it
+    /// holds nothing of its own meanwhile while taking its locks back), so that no lock is
+    /// granted over one its holder is still to take back.
     fn set_record_lock(
         &self,
         session: u64,
         ino: Ino,
         claim: &proto::records::RecordClaim,
         wait: Duration,
+        reclaim: bool,
     ) -> Result<(), FsError> {
-        let until = Instant::now() + wait.min(Self::SETLK_WAIT_MOST);
+        if !reclaim
+            && claim.kind.is_some()
+            && Instant::now() < self.settings.record_lock_grace_until
+        {
+            return Err(FsError::InGrace);
+        }
         let mut table = lock(&self.records);
+        let until = Instant::now() + wait.min(Self::SETLK_WAIT_MOST);
         loop {
             match table.set(ino, session, claim) {
                 Ok(()) => {
@@ -1678,9 +1690,9 @@ impl Service {
                 let mut st = lock(&self.state);
                 let effects = self.release_locked(&mut st, session, ino)?;
                 drop(st);
-                // The session's last open of the file ended: its record locks on it go too
-                // (its kernel gave them back at each close already, unless a flush failed).
-                self.drop_records(|t| t.drop_file(ino, session));
+                // Record locks stay: the client gives them back itself (at the closes, and
+                // keeps the same account to take them back after a restart), and the session's
+                // end gives back whatever is left.
                 self.zero_and_recycle(effects.freed);
                 Response::Ok
             }
@@ -1692,7 +1704,7 @@ impl Service {
                 kind,
             } => Response::RecordLock(lock(&self.records).conflict(
                 ino,
-                crate::records::Owner { session, owner },
+                proto::records::Owner { session, owner },
                 start,
                 end,
                 kind,
@@ -1701,9 +1713,10 @@ impl Service {
                 ino,
                 claim,
                 wait_ms,
+                reclaim,
             } => {
                 let wait = Duration::from_millis(u64::from(wait_ms));
-                self.set_record_lock(session, ino, &claim, wait)?;
+                self.set_record_lock(session, ino, &claim, wait, reclaim)?;
                 Response::Ok
             }
             Request::ChunkMap { ino, first, count } => {

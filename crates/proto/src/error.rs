@@ -106,6 +106,11 @@ pub enum FsError {
     /// A record lock (`fcntl`) conflicts with one another owner holds (EAGAIN).
     #[error("a conflicting record lock is held")]
     WouldBlock,
+    /// A new record lock asked during the meta server's grace period after a restart, when
+    /// only the locks held before are granted (`Request::SetLk::reclaim`); asked again a
+    /// little later, it is answered (EAGAIN if it ever reaches a caller).
+    #[error("record locks are being taken back after a meta server restart; ask again")]
+    InGrace,
 }
 
 impl FsError {
@@ -132,7 +137,7 @@ impl FsError {
             | FsError::Unavailable(_)
             | FsError::Expired => libc::EIO,
             FsError::Busy | FsError::SchemeInUse { .. } => libc::EBUSY,
-            FsError::WouldBlock => libc::EAGAIN,
+            FsError::WouldBlock | FsError::InGrace => libc::EAGAIN,
             FsError::TooManyOpen { .. } => libc::EMFILE,
             FsError::TooManySessions { .. } => libc::EUSERS,
         }
@@ -173,7 +178,8 @@ impl From<FsError> for std::io::Error {
             | FsError::Stale
             | FsError::NotSupported
             | FsError::Busy
-            | FsError::WouldBlock => std::io::Error::from_raw_os_error(e.errno()),
+            | FsError::WouldBlock
+            | FsError::InGrace => std::io::Error::from_raw_os_error(e.errno()),
         }
     }
 }

@@ -213,6 +213,7 @@ pub fn sample_requests() -> Vec<Request> {
                 pid: 42,
             },
             wait_ms: u32::MAX,
+            reclaim: true,
         },
         Request::Fsync { ino: 2 },
         Request::AllocateLockWords {
@@ -430,6 +431,7 @@ pub fn sample_responses() -> Vec<Result<Response, FsError>> {
             FsError::Unavailable("no data server".into()),
             FsError::Expired,
             FsError::WouldBlock,
+            FsError::InGrace,
         ]
         .into_iter()
         .map(Err),

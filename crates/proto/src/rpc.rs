@@ -365,6 +365,11 @@ pub enum Request {
         claim: crate::records::RecordClaim,
         /// How long to wait for a conflicting lock to go (0: `F_SETLK`, do not wait).
         wait_ms: u32,
+        /// A lock this client held before the meta server restarted (or before its session
+        /// ended), taken again: granted during the server's grace period after its start,
+        /// which holds back every other new lock so that the holders of before take theirs
+        /// back first (as NFS's lock manager does after a reboot).
+        reclaim: bool,
     },
 }
 
