@@ -19,8 +19,9 @@
 //!   exception: a file opened while its client holds `fcntl` record locks of it (CitronFS keeps
 //!   them for the whole cluster, `FUSE_POSIX_LOCKS`), whose closes must give the closing
 //!   owner's locks back (POSIX), which only FLUSH tells (`fs-client` `records` has the rules).
-//! - Record locks: `F_SETLKW` waits on a thread of its own, and `FUSE_INTERRUPT` (a signal to
-//!   the waiting process) ends it with EINTR (see `setlk`).
+//! - Record locks, `fcntl` and `flock` (`FUSE_POSIX_LOCKS`, `FUSE_FLOCK_LOCKS`), kept by the
+//!   backend for every client: `F_SETLKW` waits on a thread of its own, and `FUSE_INTERRUPT`
+//!   (a signal to the waiting process) ends it with EINTR (see `setlk`).
 //! - **Atomic I/O bound** ([`MountHandle::atomic_bound`], 16 MiB where the machine allows
 //!   it): a read or write call up to the bound reaches the library as *one* FUSE request, so
 //!   it takes one range lock and is atomic against every other read and write of the file on
@@ -829,16 +830,21 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
         let shared_mmap = config
             .add_capabilities(fuser::InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
             .is_ok();
-        // fcntl record locks kept by the backend for every client, not by this kernel alone.
-        // (flock stays with the kernel: per client.)
-        if self.fs.record_locks()
-            && config
-                .add_capabilities(fuser::InitFlags::FUSE_POSIX_LOCKS)
-                .is_err()
-        {
-            tracing::warn!(
-                "the kernel does not offer FUSE_POSIX_LOCKS: fcntl record locks stay per client"
-            );
+        // fcntl record locks kept by the backend for every client, not by this kernel alone;
+        // and flock locks as record locks of the whole file, owned by the open file (as NFS
+        // does), given back at its release (`records`).
+        if self.fs.record_locks() {
+            for (flag, what) in [
+                (fuser::InitFlags::FUSE_POSIX_LOCKS, "fcntl record locks"),
+                (fuser::InitFlags::FUSE_FLOCK_LOCKS, "flock locks"),
+            ] {
+                if config.add_capabilities(flag).is_err() {
+                    tracing::warn!(
+                        ?flag,
+                        "the kernel does not offer it: {what} stay per client"
+                    );
+                }
+            }
         }
         *self.negotiated.lock().unwrap_or_else(|e| e.into_inner()) = Some(Negotiated {
             max_write,

@@ -33,6 +33,9 @@
 //! that ended without a restart (a lost connection, a fence) has no grace: a lock another client
 //! took meanwhile is lost, logged, and forgotten, and its process is not told.
 //!
+//! `flock` arrives the same way (`FUSE_FLOCK_LOCKS`): a lock of the whole file whose owner is
+//! the open file, taken through its handle and so given back at the handle's release.
+//!
 //! Not done: deadlock detection (`EDEADLK`): two owners waiting for each other's locks wait
 //! until a signal ends one wait.
 

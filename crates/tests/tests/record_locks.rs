@@ -295,3 +295,59 @@ fn read_modify_writes_under_record_locks_lose_nothing_across_clients() {
     );
     assert_eq!(total, 4 * u64::from(PER_PROCESS), "increments were lost");
 }
+
+/// `flock(2)` through two mounts: the kernel hands it over as a lock of the whole file owned by
+/// the open file (`FUSE_FLOCK_LOCKS`), so an exclusive `flock` through one client keeps out
+/// both kinds through the other, and the last close of the open file gives it back. Before,
+/// each client's kernel kept its own.
+#[test]
+fn flock_excludes_across_clients_until_the_open_file_is_closed() {
+    skip_without_fuse!();
+    let cluster = Cluster::start(ClusterSpec::default()).unwrap();
+    let a = cluster.spawn_mount_process("child_mount", LockScheme::CITRON);
+    let b = cluster.spawn_mount_process("child_mount", LockScheme::CITRON);
+    File::create(a.path().join("f")).unwrap();
+    let fa = open_rw(&a.path().join("f"));
+    let fb = open_rw(&b.path().join("f"));
+    let bsd_lock = |f: &File, how: i32| -> std::io::Result<()> {
+        // SAFETY: flock(2) on a descriptor `f` owns.
+        match unsafe { libc::flock(f.as_raw_fd(), how) } {
+            0 => Ok(()),
+            _ => Err(std::io::Error::last_os_error()),
+        }
+    };
+    bsd_lock(&fa, libc::LOCK_EX).unwrap();
+    for how in [libc::LOCK_EX, libc::LOCK_SH] {
+        assert_eq!(
+            errno(bsd_lock(&fb, how | libc::LOCK_NB)),
+            Some(libc::EWOULDBLOCK),
+            "B's flock({how}) over A's exclusive one"
+        );
+    }
+    // Shared with shared is fine.
+    bsd_lock(&fa, libc::LOCK_SH).unwrap();
+    bsd_lock(&fb, libc::LOCK_SH | libc::LOCK_NB).unwrap();
+    bsd_lock(&fb, libc::LOCK_UN).unwrap();
+    bsd_lock(&fa, libc::LOCK_EX).unwrap();
+    // A blocked flock through B is granted once A's open file is closed (a duplicate kept
+    // open keeps it: the lock belongs to the open file).
+    let dup = fa.try_clone().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let result = bsd_lock(&fb, libc::LOCK_EX);
+        let _ = tx.send(errno(result));
+        fb
+    });
+    drop(fa);
+    assert!(
+        within(&rx, Duration::from_millis(500)).is_none(),
+        "the open file is still open through its duplicate"
+    );
+    drop(dup);
+    assert_eq!(
+        within(&rx, Duration::from_secs(10)),
+        Some(None),
+        "B's flock was not granted after A's open file was closed"
+    );
+    drop(waiter.join().unwrap());
+}
