@@ -387,12 +387,21 @@ impl Heartbeat {
                         _ => return,
                     }
                     // A new session (this heartbeat's, or any call's reconnection): what the
-                    // ended one held goes back to the meta server first, within its grace.
+                    // ended one held goes back to the meta server, within its grace. On a
+                    // thread of its own: it waits for the record-lock calls in flight (up to a
+                    // wait's slice), and heartbeats must go on meanwhile, or a fence would
+                    // take this live client for a stopped one.
                     let now = meta.generation();
                     if now != session {
                         session = now;
-                        if let Some(hook) = meta.on_new_session.get() {
-                            hook.reclaim(&meta);
+                        if let Some(hook) = meta.on_new_session.get().cloned() {
+                            let meta = meta.clone();
+                            let spawned = std::thread::Builder::new()
+                                .name("citronfs-reclaim".into())
+                                .spawn(move || hook.reclaim(&meta));
+                            if let Err(error) = spawned {
+                                tracing::error!(%error, "cannot start taking record locks back");
+                            }
                         }
                     }
                 }
