@@ -1057,3 +1057,35 @@ fn record_locks_are_taken_back_after_a_meta_server_restart() {
         fs.release(fh).unwrap();
     }
 }
+
+/// A client holds at most `max_record_locks_per_session` record locks: one more is refused with
+/// ENOLCK (the meta server's memory is not the client's to fill); unlocks always pass, and free
+/// room.
+#[test]
+fn record_locks_beyond_the_session_limit_are_refused() {
+    use fs_client::{RecordClaim, RecordKind};
+    let cluster = Cluster::start(ClusterSpec {
+        max_record_locks_per_session: 3,
+        ..ClusterSpec::default().with_data_servers(1, 16)
+    })
+    .unwrap();
+    let a = cluster.connect(LockScheme::CITRON).unwrap();
+    let (_, fa) = new_file(&a, "many");
+    // Bytes [10 i, 10 i + 5) apart from each other: one lock each.
+    let claim = |i: u64, kind| RecordClaim {
+        owner: 1,
+        start: 10 * i,
+        end: 10 * i + 4,
+        kind,
+        pid: 1,
+    };
+    let write = Some(RecordKind::Write);
+    for i in 0..3 {
+        a.setlk(fa, claim(i, write), None).unwrap();
+    }
+    let refused = a.setlk(fa, claim(3, write), None).unwrap_err();
+    assert_eq!(refused.errno(), libc::ENOLCK, "{refused}");
+    a.setlk(fa, claim(0, None), None).unwrap();
+    a.setlk(fa, claim(3, write), None).unwrap();
+    a.release(fa).unwrap();
+}

@@ -80,6 +80,11 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 /// soon as the server answers, so their locks are back within a fraction of it.
 pub const DEFAULT_RECORD_LOCK_GRACE: Duration = Duration::from_secs(2);
 
+/// Default of [`MetaConfig::max_record_locks_per_session`]: far more than programs take (ROMIO
+/// holds one at a time), short of letting one client fill the meta server's memory (each lock
+/// is a few dozen bytes there).
+pub const DEFAULT_MAX_RECORD_LOCKS_PER_SESSION: usize = 1 << 16;
+
 /// Default of [`MetaConfig::max_open_per_session`]: as many as a process may open by default
 /// (`ulimit -n` hard limit on most distributions).
 pub const DEFAULT_MAX_OPEN_PER_SESSION: usize = 1 << 20;
@@ -136,6 +141,9 @@ pub struct MetaConfig {
     /// (`Request::SetLk::reclaim`); other new locks wait for its end. Default
     /// [`DEFAULT_RECORD_LOCK_GRACE`].
     pub record_lock_grace: Duration,
+    /// Record locks (`fcntl`, `flock`) one client session may hold at once; a lock beyond
+    /// fails with ENOLCK (`FsError::NoLocks`). Default [`DEFAULT_MAX_RECORD_LOCKS_PER_SESSION`].
+    pub max_record_locks_per_session: usize,
 }
 
 /// The default of [`MetaConfig::idle_poll`]: [`IDLE_POLL`] on a machine of at least 4 CPUs,
@@ -174,6 +182,7 @@ impl MetaConfig {
             max_open_per_session: DEFAULT_MAX_OPEN_PER_SESSION,
             idle_poll: default_idle_poll(),
             record_lock_grace: DEFAULT_RECORD_LOCK_GRACE,
+            max_record_locks_per_session: DEFAULT_MAX_RECORD_LOCKS_PER_SESSION,
         }
     }
 
@@ -277,6 +286,7 @@ impl MetaServer {
             connection_limits: config.connection_limits,
             max_sessions: config.max_sessions,
             max_open_per_session: config.max_open_per_session,
+            max_record_locks_per_session: config.max_record_locks_per_session,
             record_lock_grace_until: std::time::Instant::now()
                 + if restarted {
                     config.record_lock_grace

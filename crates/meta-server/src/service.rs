@@ -98,6 +98,8 @@ pub(crate) struct Settings {
     pub max_open_per_session: usize,
     /// Until then only reclaimed record locks are granted (`MetaConfig::record_lock_grace`).
     pub record_lock_grace_until: Instant,
+    /// Record locks one session may hold (ENOLCK beyond).
+    pub max_record_locks_per_session: usize,
 }
 
 struct Session {
@@ -508,6 +510,13 @@ impl Service {
             return Err(FsError::InGrace);
         }
         let mut table = lock(&self.records);
+        // A client's locks take the meta server's memory: bounded, as its open files are.
+        let limit = self.settings.max_record_locks_per_session;
+        if claim.kind.is_some() && table.held_by(session) >= limit {
+            return Err(FsError::NoLocks {
+                limit: limit as u64,
+            });
+        }
         let until = Instant::now() + wait.min(Self::SETLK_WAIT_MOST);
         loop {
             match table.set(ino, session, claim) {

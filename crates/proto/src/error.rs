@@ -111,6 +111,12 @@ pub enum FsError {
     /// little later, it is answered (EAGAIN if it ever reaches a caller).
     #[error("record locks are being taken back after a meta server restart; ask again")]
     InGrace,
+    /// The client session holds as many record locks as the meta server allows (ENOLCK).
+    #[error("too many record locks held by this client (limit {limit})")]
+    NoLocks {
+        /// The meta server's limit.
+        limit: u64,
+    },
 }
 
 impl FsError {
@@ -138,6 +144,7 @@ impl FsError {
             | FsError::Expired => libc::EIO,
             FsError::Busy | FsError::SchemeInUse { .. } => libc::EBUSY,
             FsError::WouldBlock | FsError::InGrace => libc::EAGAIN,
+            FsError::NoLocks { .. } => libc::ENOLCK,
             FsError::TooManyOpen { .. } => libc::EMFILE,
             FsError::TooManySessions { .. } => libc::EUSERS,
         }
@@ -163,7 +170,8 @@ impl From<FsError> for std::io::Error {
             | FsError::TooManyOpen { .. }
             | FsError::TooManySessions { .. }
             | FsError::SchemeInUse { .. }
-            | FsError::Expired => std::io::Error::new(kind_from_errno(e.errno()), e),
+            | FsError::Expired
+            | FsError::NoLocks { .. } => std::io::Error::new(kind_from_errno(e.errno()), e),
             FsError::NotFound
             | FsError::Exists
             | FsError::NotEmpty

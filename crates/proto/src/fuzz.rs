@@ -432,6 +432,7 @@ pub fn sample_responses() -> Vec<Result<Response, FsError>> {
             FsError::Expired,
             FsError::WouldBlock,
             FsError::InGrace,
+            FsError::NoLocks { limit: 65_536 },
         ]
         .into_iter()
         .map(Err),

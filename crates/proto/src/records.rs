@@ -155,6 +155,8 @@ impl Held {
 #[derive(Debug, Default)]
 pub struct Table {
     files: HashMap<Ino, Vec<Held>>,
+    /// How many locks each session holds (sessions holding none are absent).
+    per_session: HashMap<u64, usize>,
 }
 
 impl Table {
@@ -196,6 +198,8 @@ impl Table {
             }
         }
         let locks = self.files.entry(ino).or_default();
+        // Only `who`'s locks change: the difference is the session's.
+        let before = locks.len();
         let (mut from, mut to) = (start, end);
         let mut kept = Vec::with_capacity(locks.len() + 2);
         for h in locks.drain(..) {
@@ -231,12 +235,23 @@ impl Table {
                 pid,
             });
         }
+        let after = kept.len();
         if kept.is_empty() {
             self.files.remove(&ino);
         } else {
             *locks = kept;
         }
+        let count = self.per_session.entry(session).or_default();
+        *count = (*count + after).saturating_sub(before);
+        if *count == 0 {
+            self.per_session.remove(&session);
+        }
         Ok(())
+    }
+
+    /// How many locks session `session` holds, over every inode.
+    pub fn held_by(&self, session: u64) -> usize {
+        self.per_session.get(&session).copied().unwrap_or(0)
     }
 
     /// Gives back every lock of session `session` on `ino` (its last open of the file ended);
@@ -247,11 +262,17 @@ impl Table {
         };
         let before = locks.len();
         locks.retain(|h| h.who.session != session);
-        let dropped = locks.len() != before;
+        let dropped = before - locks.len();
         if locks.is_empty() {
             self.files.remove(&ino);
         }
-        dropped
+        if let Some(count) = self.per_session.get_mut(&session) {
+            *count = count.saturating_sub(dropped);
+            if *count == 0 {
+                self.per_session.remove(&session);
+            }
+        }
+        dropped > 0
     }
 
     /// Gives back every lock of session `session` (it ended); whether there was any.
@@ -459,6 +480,11 @@ mod tests {
                     for b in 0..BYTES {
                         prop_assert_eq!(t.held_at(9, owner, b), model[o][b as usize]);
                     }
+                }
+                // The count per session is the locks it holds.
+                for session in [1, 2] {
+                    let held = t.files.values().flatten().filter(|h| h.who.session == session).count();
+                    prop_assert_eq!(t.held_by(session), held);
                 }
                 // Each owner's locks of one kind never touch (they would be one).
                 if let Some(locks) = t.files.get(&9) {

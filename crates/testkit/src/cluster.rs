@@ -86,6 +86,8 @@ pub struct ClusterSpec {
     pub lock_server: bool,
     /// Files one client session may have open at once (beyond: EMFILE).
     pub max_open_per_session: usize,
+    /// Record locks one client session may hold at once (beyond: ENOLCK).
+    pub max_record_locks_per_session: usize,
     /// How long the meta server polls a connection for its next request
     /// (`MetaConfig::idle_poll`).
     pub meta_idle_poll: Duration,
@@ -112,6 +114,7 @@ impl Default for ClusterSpec {
             lock_lease: meta_server::DEFAULT_LOCK_LEASE,
             lock_server: false,
             max_open_per_session: meta_server::DEFAULT_MAX_OPEN_PER_SESSION,
+            max_record_locks_per_session: meta_server::DEFAULT_MAX_RECORD_LOCKS_PER_SESSION,
             meta_idle_poll: meta_server::default_idle_poll(),
         }
     }
@@ -195,6 +198,7 @@ impl Cluster {
         config.lock_lease = spec.lock_lease;
         config.lock_server = spec.lock_server || spec.scheme == LockScheme::SERVER;
         config.max_open_per_session = spec.max_open_per_session;
+        config.max_record_locks_per_session = spec.max_record_locks_per_session;
         config.idle_poll = spec.meta_idle_poll;
         let meta = MetaServer::start(config.clone()).context("start the meta server")?;
         config.listen = meta.addr();
