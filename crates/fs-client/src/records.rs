@@ -36,8 +36,9 @@
 //! `flock` arrives the same way (`FUSE_FLOCK_LOCKS`): a lock of the whole file whose owner is
 //! the open file, taken through its handle and so given back at the handle's release.
 //!
-//! Not done: deadlock detection (`EDEADLK`): two owners waiting for each other's locks wait
-//! until a signal ends one wait.
+//! Deadlocks: the meta server keeps who waits for what (`proto::records::Table::wait`), and a
+//! wait that would close a cycle of owners each waiting for the next one's lock fails with
+//! EDEADLK, as on a local file system.
 
 use crate::client::{CitronFs, FileHandle};
 use crate::error::Error;

@@ -1089,3 +1089,57 @@ fn record_locks_beyond_the_session_limit_are_refused() {
     a.setlk(fa, claim(3, write), None).unwrap();
     a.release(fa).unwrap();
 }
+
+/// Two clients each holding a lock the other waits for: the wait that closes the cycle fails
+/// at once with EDEADLK (as `F_SETLKW` does on a local file system) instead of both waiting
+/// until a signal; when its owner gives way, the other wait is granted.
+#[test]
+fn a_record_lock_wait_that_would_deadlock_fails_with_edeadlk() {
+    use fs_client::{RecordClaim, RecordKind};
+    let cluster = start(1, 16);
+    let a = cluster.connect(LockScheme::CITRON).unwrap();
+    let b = cluster.connect(LockScheme::CITRON).unwrap();
+    let (ino, fa) = new_file(&a, "crossed");
+    let fb = b.open(me(), ino, libc::O_RDWR).unwrap();
+    let claim = |start, kind| RecordClaim {
+        owner: 1,
+        start,
+        end: start + 9,
+        kind,
+        pid: 1,
+    };
+    let write = Some(RecordKind::Write);
+    a.setlk(fa, claim(0, write), None).unwrap();
+    b.setlk(fb, claim(10, write), None).unwrap();
+    // Waits give up after 20 s, so that a deadlock not found fails the test, not hangs it.
+    let started = Instant::now();
+    let go_on = || started.elapsed() > Duration::from_secs(20);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        // Each waits for the other's bytes.
+        for (name, fs, fh, want) in [("A", &a, fa, 10), ("B", &b, fb, 0)] {
+            let tx = tx.clone();
+            let go_on = &go_on;
+            s.spawn(move || {
+                let result = fs.setlk(fh, claim(want, write), Some(go_on));
+                tx.send((name, result.map_err(|e| e.errno()))).unwrap();
+            });
+        }
+        let (first, result) = rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("neither wait ended: no deadlock found");
+        assert_eq!(result, Err(libc::EDEADLK), "{first}'s wait");
+        // Its owner gives way: the other's wait is granted.
+        let (fs, fh, held) = if first == "A" {
+            (&a, fa, 0)
+        } else {
+            (&b, fb, 10)
+        };
+        fs.setlk(fh, claim(held, None), None).unwrap();
+        let (second, result) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        assert_ne!(second, first);
+        assert_eq!(result, Ok(()), "{second}'s wait");
+    });
+    a.release(fa).unwrap();
+    b.release(fb).unwrap();
+}

@@ -491,6 +491,11 @@ impl Service {
     /// blocking-pool thread is not held) for longer than this.
     const SETLK_WAIT_MOST: Duration = Duration::from_secs(1);
 
+    /// How long a waiter's wait still counts for deadlock detection after its call answered
+    /// (`proto::records::Table::wait`): it calls again at once, so this only bridges the gap;
+    /// a waiter that stopped (a signal) may cause a false EDEADLK within it.
+    const SETLK_WAIT_GAP: Duration = Duration::from_millis(500);
+
     /// `SetLk` (see `proto::rpc::Request::SetLk`). A new lock asked during the grace period
     /// after a restart is answered `InGrace` (the client asks again a little later, so that it
     /// holds nothing of its own meanwhile while taking its locks back), so that no lock is
@@ -518,6 +523,7 @@ impl Service {
             });
         }
         let until = Instant::now() + wait.min(Self::SETLK_WAIT_MOST);
+        let mut waiting = false;
         loop {
             match table.set(ino, session, claim) {
                 Ok(()) => {
@@ -531,6 +537,14 @@ impl Service {
                     let left = until.saturating_duration_since(Instant::now());
                     if left.is_zero() {
                         return Err(FsError::WouldBlock);
+                    }
+                    if !std::mem::replace(&mut waiting, true) {
+                        // A waiter calls again as soon as this answers: its wait counts
+                        // across the gap.
+                        let lasts = until + Self::SETLK_WAIT_GAP;
+                        if table.wait(ino, session, claim, lasts).is_err() {
+                            return Err(FsError::Deadlock);
+                        }
                     }
                     table = self
                         .records_changed

@@ -111,6 +111,10 @@ pub enum FsError {
     /// little later, it is answered (EAGAIN if it ever reaches a caller).
     #[error("record locks are being taken back after a meta server restart; ask again")]
     InGrace,
+    /// Waiting for this record lock would deadlock: an owner holding a lock in its way waits,
+    /// directly or through others, for one the asking owner holds (EDEADLK).
+    #[error("waiting for this record lock would deadlock")]
+    Deadlock,
     /// The client session holds as many record locks as the meta server allows (ENOLCK).
     #[error("too many record locks held by this client (limit {limit})")]
     NoLocks {
@@ -145,6 +149,7 @@ impl FsError {
             FsError::Busy | FsError::SchemeInUse { .. } => libc::EBUSY,
             FsError::WouldBlock | FsError::InGrace => libc::EAGAIN,
             FsError::NoLocks { .. } => libc::ENOLCK,
+            FsError::Deadlock => libc::EDEADLK,
             FsError::TooManyOpen { .. } => libc::EMFILE,
             FsError::TooManySessions { .. } => libc::EUSERS,
         }
@@ -187,7 +192,8 @@ impl From<FsError> for std::io::Error {
             | FsError::NotSupported
             | FsError::Busy
             | FsError::WouldBlock
-            | FsError::InGrace => std::io::Error::from_raw_os_error(e.errno()),
+            | FsError::InGrace
+            | FsError::Deadlock => std::io::Error::from_raw_os_error(e.errno()),
         }
     }
 }

@@ -433,6 +433,7 @@ pub fn sample_responses() -> Vec<Result<Response, FsError>> {
             FsError::WouldBlock,
             FsError::InGrace,
             FsError::NoLocks { limit: 65_536 },
+            FsError::Deadlock,
         ]
         .into_iter()
         .map(Err),

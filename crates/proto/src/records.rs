@@ -157,7 +157,29 @@ pub struct Table {
     files: HashMap<Ino, Vec<Held>>,
     /// How many locks each session holds (sessions holding none are absent).
     per_session: HashMap<u64, usize>,
+    /// The owners waiting for a lock (`F_SETLKW`), what for and until when: the edges of the
+    /// waits-for graph that [`Table::wait`] looks for a cycle in.
+    waiting: HashMap<Owner, Waiting>,
 }
+
+/// What an owner waits for ([`Table::wait`]).
+#[derive(Clone, Copy, Debug)]
+struct Waiting {
+    ino: Ino,
+    start: u64,
+    end: u64,
+    kind: RecordKind,
+    /// The wait counts until then (a waiter's calls follow each other; one that stopped
+    /// calling stops counting soon after).
+    until: std::time::Instant,
+}
+
+/// A wait that would close a cycle of owners each waiting for the next one's lock (EDEADLK).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Deadlock;
+
+/// How many owners deep [`Table::wait`] follows the waits-for graph (Linux: 10).
+const DEADLOCK_DEPTH: usize = 10;
 
 impl Table {
     /// The first lock of another owner that a lock of `kind` over `[start, end]` of `ino` by
@@ -241,11 +263,82 @@ impl Table {
         } else {
             *locks = kept;
         }
+        if kind.is_some() {
+            // Granted: no longer waiting.
+            self.waiting.remove(&who);
+        }
         let count = self.per_session.entry(session).or_default();
         *count = (*count + after).saturating_sub(before);
         if *count == 0 {
             self.per_session.remove(&session);
         }
+        Ok(())
+    }
+
+    /// Owner `who` (`claim`'s owner in `session`) is about to wait, until `until`, for the
+    /// lock `claim` asks of `ino`: refused with [`Deadlock`] when an owner holding a lock in its
+    /// way waits (directly, or through others waiting in turn) for one that `who` holds, as
+    /// POSIX's `F_SETLKW` detects; recorded otherwise. Stale waits (past their `until`) do not
+    /// count; a granted lock ends its owner's wait ([`Table::set`]).
+    pub fn wait(
+        &mut self,
+        ino: Ino,
+        session: u64,
+        claim: &RecordClaim,
+        until: std::time::Instant,
+    ) -> Result<(), Deadlock> {
+        let who = Owner {
+            session,
+            owner: claim.owner,
+        };
+        let Some(kind) = claim.kind else {
+            return Ok(());
+        };
+        let now = std::time::Instant::now();
+        self.waiting.retain(|_, w| w.until > now);
+        // Breadth first from `who`'s wait: each owner in the way, and what it waits for.
+        let mut frontier = vec![(
+            who,
+            Waiting {
+                ino,
+                start: claim.start,
+                end: claim.end,
+                kind,
+                until,
+            },
+        )];
+        for _ in 0..DEADLOCK_DEPTH {
+            let mut next = Vec::new();
+            for (waiter, w) in &frontier {
+                let Some(locks) = self.files.get(&w.ino) else {
+                    continue;
+                };
+                for h in locks.iter().filter(|h| {
+                    h.who != *waiter && h.overlaps(w.start, w.end) && h.kind.conflicts_with(w.kind)
+                }) {
+                    if h.who == who {
+                        return Err(Deadlock);
+                    }
+                    if let Some(theirs) = self.waiting.get(&h.who) {
+                        next.push((h.who, *theirs));
+                    }
+                }
+            }
+            if next.is_empty() {
+                break;
+            }
+            frontier = next;
+        }
+        self.waiting.insert(
+            who,
+            Waiting {
+                ino,
+                start: claim.start,
+                end: claim.end,
+                kind,
+                until,
+            },
+        );
         Ok(())
     }
 
@@ -275,8 +368,10 @@ impl Table {
         dropped > 0
     }
 
-    /// Gives back every lock of session `session` (it ended); whether there was any.
+    /// Gives back every lock of session `session` (it ended), and ends its waits; whether
+    /// there was any lock.
     pub fn drop_session(&mut self, session: u64) -> bool {
+        self.waiting.retain(|who, _| who.session != session);
         let inos: Vec<Ino> = self.files.keys().copied().collect();
         let mut dropped = false;
         for ino in inos {
@@ -394,6 +489,41 @@ mod tests {
         assert!(t.drop_file(5, 2));
         assert_eq!(t.len(), 1);
         assert!(!t.drop_session(1));
+    }
+
+    #[test]
+    fn a_wait_that_closes_a_cycle_is_a_deadlock() {
+        use std::time::{Duration, Instant};
+        let write = Some(RecordKind::Write);
+        let later = Instant::now() + Duration::from_secs(60);
+        let [x, y, z] = [(0, 9), (10, 19), (20, 29)];
+        let at = |who: Owner, (start, end): (u64, u64)| claim(who, start, end, write, 1);
+        let c = Owner {
+            session: 3,
+            owner: 7,
+        };
+        let mut t = Table::default();
+        for (who, range) in [(A, x), (B, y), (c, z)] {
+            t.set(1, who.session, &at(who, range)).unwrap();
+        }
+        // A waits for B, B for C: no cycle yet. C waiting for A closes one.
+        t.wait(1, A.session, &at(A, y), later).unwrap();
+        t.wait(1, B.session, &at(B, z), later).unwrap();
+        assert_eq!(t.wait(1, c.session, &at(c, x), later), Err(Deadlock));
+        // Waiting for bytes nobody in a cycle holds is fine.
+        t.wait(1, c.session, &at(c, (100, 100)), later).unwrap();
+        // A two-owner cycle; and a wait that ran out does not count.
+        let mut t = Table::default();
+        t.set(1, A.session, &at(A, x)).unwrap();
+        t.set(1, B.session, &at(B, y)).unwrap();
+        t.wait(1, A.session, &at(A, y), Instant::now()).unwrap();
+        t.wait(1, B.session, &at(B, x), later).unwrap();
+        t.wait(1, A.session, &at(A, y), later).unwrap_err();
+        // Granted, an owner waits no more; a session's end ends its waits.
+        t.set(1, B.session, &at(B, y)).unwrap();
+        t.drop_session(A.session);
+        t.set(1, B.session, &at(B, x)).unwrap();
+        t.wait(1, B.session, &at(B, (0, 0)), later).unwrap();
     }
 
     /// One operation of the model test.
