@@ -296,17 +296,15 @@ impl Table {
         };
         let now = std::time::Instant::now();
         self.waiting.retain(|_, w| w.until > now);
+        let mine = Waiting {
+            ino,
+            start: claim.start,
+            end: claim.end,
+            kind,
+            until,
+        };
         // Breadth first from `who`'s wait: each owner in the way, and what it waits for.
-        let mut frontier = vec![(
-            who,
-            Waiting {
-                ino,
-                start: claim.start,
-                end: claim.end,
-                kind,
-                until,
-            },
-        )];
+        let mut frontier = vec![(who, mine)];
         for _ in 0..DEADLOCK_DEPTH {
             let mut next = Vec::new();
             for (waiter, w) in &frontier {
@@ -329,16 +327,7 @@ impl Table {
             }
             frontier = next;
         }
-        self.waiting.insert(
-            who,
-            Waiting {
-                ino,
-                start: claim.start,
-                end: claim.end,
-                kind,
-                until,
-            },
-        );
+        self.waiting.insert(who, mine);
         Ok(())
     }
 

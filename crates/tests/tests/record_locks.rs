@@ -16,7 +16,7 @@ use std::os::unix::fs::FileExt;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use testkit::{open_rw, skip_without_fuse, Cluster, ClusterSpec};
+use testkit::{open_rw, skip_without_fuse, ChildMount, Cluster, ClusterSpec};
 
 /// The client processes run this test (see `Cluster::spawn_mount_process`); run normally it
 /// does nothing.
@@ -65,6 +65,17 @@ fn within<T>(rx: &mpsc::Receiver<T>, bound: Duration) -> Option<T> {
     rx.recv_timeout(bound).ok()
 }
 
+/// A cluster, two client processes with mounts of it, and file `f` opened through each.
+fn two_clients_on_one_file() -> (Cluster, ChildMount, ChildMount, File, File) {
+    let cluster = Cluster::start(ClusterSpec::default()).unwrap();
+    let a = cluster.spawn_mount_process("child_mount", LockScheme::CITRON);
+    let b = cluster.spawn_mount_process("child_mount", LockScheme::CITRON);
+    File::create(a.path().join("f")).unwrap();
+    let fa = open_rw(&a.path().join("f"));
+    let fb = open_rw(&b.path().join("f"));
+    (cluster, a, b, fa, fb)
+}
+
 extern "C" fn on_usr1(_: libc::c_int) {}
 
 /// SIGUSR1 with a handler that does nothing and without `SA_RESTART`: a blocking call the
@@ -85,12 +96,7 @@ fn interrupting_usr1() {
 fn record_locks_exclude_across_clients_and_go_with_close_signal_and_death() {
     skip_without_fuse!();
     interrupting_usr1();
-    let cluster = Cluster::start(ClusterSpec::default()).unwrap();
-    let a = cluster.spawn_mount_process("child_mount", LockScheme::CITRON);
-    let b = cluster.spawn_mount_process("child_mount", LockScheme::CITRON);
-    File::create(a.path().join("f")).unwrap();
-    let fa = open_rw(&a.path().join("f"));
-    let fb = open_rw(&b.path().join("f"));
+    let (_cluster, a, b, fa, fb) = two_clients_on_one_file();
 
     // A holds bytes [0, 100) for writing.
     lock(&fa, libc::F_SETLK, libc::F_WRLCK, 0, 100).unwrap();
@@ -303,12 +309,8 @@ fn read_modify_writes_under_record_locks_lose_nothing_across_clients() {
 #[test]
 fn flock_excludes_across_clients_until_the_open_file_is_closed() {
     skip_without_fuse!();
-    let cluster = Cluster::start(ClusterSpec::default()).unwrap();
-    let a = cluster.spawn_mount_process("child_mount", LockScheme::CITRON);
-    let b = cluster.spawn_mount_process("child_mount", LockScheme::CITRON);
-    File::create(a.path().join("f")).unwrap();
-    let fa = open_rw(&a.path().join("f"));
-    let fb = open_rw(&b.path().join("f"));
+    // The mounts live as long as their handles here.
+    let (_cluster, _a, _b, fa, fb) = two_clients_on_one_file();
     let bsd_lock = |f: &File, how: i32| -> std::io::Result<()> {
         // SAFETY: flock(2) on a descriptor `f` owns.
         match unsafe { libc::flock(f.as_raw_fd(), how) } {
