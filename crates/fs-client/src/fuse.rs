@@ -360,6 +360,27 @@ impl Drop for MountHandle {
 /// (the test kit's mounts use it too).
 pub fn is_mount_point(path: &Path) -> std::io::Result<bool> {
     let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    Ok(mounts()?
+        .iter()
+        .any(|(point, _)| point == path.as_os_str().as_bytes()))
+}
+
+/// The device (`major`, `minor`) of what is mounted at `path` as given (not resolved, so that
+/// nothing asks a file system that may be dead), the topmost mount if several; `None` when
+/// nothing is. A FUSE mount's minor names its connection in `/sys/fs/fuse/connections`.
+pub fn mounted_device(path: &Path) -> std::io::Result<Option<(u32, u32)>> {
+    Ok(mounts()?
+        .into_iter()
+        .rev()
+        .find(|(point, _)| point == path.as_os_str().as_bytes())
+        .map(|(_, dev)| dev))
+}
+
+/// A line of `/proc/self/mountinfo`: the mount point (unescaped) and the device.
+type MountEntry = (Vec<u8>, (u32, u32));
+
+/// Every line of `/proc/self/mountinfo`, in its order (later mounts on top).
+fn mounts() -> std::io::Result<Vec<MountEntry>> {
     let table = std::fs::read_to_string("/proc/self/mountinfo")?;
     let unescape = |field: &str| -> Vec<u8> {
         let b = field.as_bytes();
@@ -384,11 +405,15 @@ pub fn is_mount_point(path: &Path) -> std::io::Result<bool> {
         }
         out
     };
-    Ok(table.lines().any(|line| {
-        line.split(' ')
-            .nth(4)
-            .is_some_and(|point| unescape(point) == path.as_os_str().as_bytes())
-    }))
+    Ok(table
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split(' ');
+            let dev = fields.nth(2)?.split_once(':')?;
+            let dev = (dev.0.parse().ok()?, dev.1.parse().ok()?);
+            Some((unescape(fields.nth(1)?), dev))
+        })
+        .collect())
 }
 
 /// Mounts `fs` — [`crate::CitronFs`], or [`crate::null::NullFs`] to measure the FUSE path
@@ -1539,6 +1564,22 @@ fn is_posix_acl(name: &OsStr) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The mount table's device of a mount point is what stat says of it; a directory that is
+    /// no mount point has none.
+    #[test]
+    fn mounted_device_is_the_device_of_the_mount_point() {
+        use std::os::unix::fs::MetadataExt;
+        let dev = std::fs::metadata("/proc").unwrap().dev();
+        assert_eq!(
+            mounted_device(Path::new("/proc")).unwrap(),
+            Some((libc::major(dev), libc::minor(dev)))
+        );
+        assert!(is_mount_point(Path::new("/proc")).unwrap());
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(mounted_device(dir.path()).unwrap(), None);
+        assert!(!is_mount_point(dir.path()).unwrap());
+    }
 
     #[test]
     fn times_round_trip() {

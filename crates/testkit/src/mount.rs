@@ -149,10 +149,21 @@ impl Drop for Mount {
         // Still mounted: busy (files still open, e.g. after a panic) or an unmount that failed
         // before. Detach it, and abort the connection so that those files' closes cannot hang
         // this process's exit; a mount point left behind would also make the TempDir's
-        // removal fail.
+        // removal fail. The connection is aborted by its number only while the mount table
+        // shows this mount, of this device, at this path: then the connection is alive, and
+        // the number is ours. A number whose mount is gone may already name another test's new
+        // mount, and aborting it fails that test's calls with ECONNABORTED (a suspect for one
+        // such failure in `faults.rs`, not proven).
         if is_mounted(self.path()) {
+            let ours = fs_client::fuse::mounted_device(self.path())
+                .ok()
+                .flatten()
+                .is_some_and(|(major, minor)| {
+                    self.dev != 0
+                        && (major, minor) == (libc::major(self.dev), libc::minor(self.dev))
+                });
             lazy_unmount(self.path());
-            if self.dev != 0 {
+            if ours {
                 abort_fuse_connection(self.dev);
             }
         }
