@@ -29,7 +29,7 @@
 //! of what was granted (a [`Table`] under one session), and when its heartbeat finds a new
 //! meta session it takes them all back (`SetLk` with `reclaim`): a restarted meta server grants
 //! only such reclaims during its grace period (`meta_server::MetaConfig::record_lock_grace`, 2 s)
-//! and answers other new locks `InGrace`, which the client asks again 50 ms later. A session
+//! and answers other new locks and `F_GETLK` `InGrace`, which the client asks again 50 ms later. A session
 //! that ended without a restart (a lost connection, a fence) has no grace: a lock another client
 //! took meanwhile is lost, logged, and forgotten, and its process is not told.
 //!
@@ -201,15 +201,21 @@ impl CitronFs {
         kind: RecordKind,
     ) -> Result<Option<RecordLock>, Error> {
         let ino = self.inner.handle(fh)?.inode.ino;
-        match self.inner.meta.call(Request::GetLk {
-            ino,
-            owner,
-            start,
-            end,
-            kind,
-        })? {
-            Response::RecordLock(lock) => Ok(lock),
-            other => Err(unexpected("GetLk", other)),
+        loop {
+            let call = Request::GetLk {
+                ino,
+                owner,
+                start,
+                end,
+                kind,
+            };
+            match self.inner.meta.call(call) {
+                Ok(Response::RecordLock(lock)) => return Ok(lock),
+                Ok(other) => return Err(unexpected("GetLk", other)),
+                // The locks of before are being taken back: the answer would miss them.
+                Err(Error::Fs(FsError::InGrace)) => std::thread::sleep(GRACE_RETRY),
+                Err(e) => return Err(e),
+            }
         }
     }
 

@@ -1045,6 +1045,9 @@ fn record_locks_are_taken_back_after_a_meta_server_restart() {
     let b = cluster.connect(LockScheme::CITRON).unwrap();
     let fb = b.open(me(), ino, libc::O_RDWR).unwrap();
     let asked = Instant::now();
+    // F_GETLK waits out the grace too, and then sees A's lock.
+    let seen = b.getlk(fb, 2, 0, 0, RecordKind::Read).unwrap();
+    assert_eq!(seen.map(|l| (l.start, l.end)), Some((0, 99)));
     let refused = b
         .setlk(fb, claim(2, Some(RecordKind::Read)), None)
         .unwrap_err();

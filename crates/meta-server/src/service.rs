@@ -1725,13 +1725,19 @@ impl Service {
                 start,
                 end,
                 kind,
-            } => Response::RecordLock(lock(&self.records).conflict(
-                ino,
-                proto::records::Owner { session, owner },
-                start,
-                end,
-                kind,
-            )),
+            } => {
+                // During a restart's grace the table lacks the locks not taken back yet.
+                if Instant::now() < self.settings.record_lock_grace_until {
+                    return Err(FsError::InGrace);
+                }
+                Response::RecordLock(lock(&self.records).conflict(
+                    ino,
+                    proto::records::Owner { session, owner },
+                    start,
+                    end,
+                    kind,
+                ))
+            }
             Request::SetLk {
                 ino,
                 claim,
