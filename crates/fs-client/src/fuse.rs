@@ -566,6 +566,13 @@ struct FuseAdapter<B> {
     waits: Arc<Mutex<HashMap<u64, Arc<AtomicBool>>>>,
 }
 
+/// The `F_SETLKW` waits in progress ([`FuseAdapter::waits`]), locked.
+fn waits_of(
+    waits: &Mutex<HashMap<u64, Arc<AtomicBool>>>,
+) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<AtomicBool>>> {
+    waits.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn errno(e: &Error) -> Errno {
     Errno::from_i32(e.errno())
 }
@@ -1188,33 +1195,31 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
             pid,
         };
         let handle = Fh(fh.0);
-        match self.fs.setlk(handle, claim, None) {
-            Err(e) if sleep && e.errno() == libc::EAGAIN => {}
-            result => return Self::empty(r, reply, result),
+        if !sleep {
+            return Self::empty(r, reply, self.fs.setlk(handle, claim, None));
         }
+        // Registered before the first try, so that an interrupt arriving meanwhile is kept.
         let unique = req.unique().0;
         let stop = Arc::new(AtomicBool::new(false));
-        self.waits
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(unique, stop.clone());
+        waits_of(&self.waits).insert(unique, stop.clone());
+        match self.fs.setlk(handle, claim, None) {
+            Err(e) if e.errno() == libc::EAGAIN => {}
+            result => {
+                waits_of(&self.waits).remove(&unique);
+                return Self::empty(r, reply, result);
+            }
+        }
         let (backend, waits) = (self.fs.clone(), self.waits.clone());
         let spawned = std::thread::Builder::new()
             .name("citronfs-setlkw".into())
             .spawn(move || {
                 let stopped = || stop.load(Ordering::SeqCst);
                 let result = backend.setlk(handle, claim, Some(&stopped));
-                waits
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&unique);
+                waits_of(&waits).remove(&unique);
                 Self::empty(Req::fh("setlk", ino, fh), reply, result)
             });
         if let Err(error) = spawned {
-            self.waits
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&unique);
+            waits_of(&self.waits).remove(&unique);
             // The reply went with the closure that could not run; dropped unsent, it answers
             // EIO (fuser's `ReplyRaw` does so on drop).
             tracing::warn!(%error, "cannot start a thread to wait for a record lock");
@@ -1222,12 +1227,7 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
     }
 
     fn interrupt(&self, _req: &Request, unique: u64) {
-        if let Some(stop) = self
-            .waits
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&unique)
-        {
+        if let Some(stop) = waits_of(&self.waits).get(&unique) {
             stop.store(true, Ordering::SeqCst);
         }
     }

@@ -11,8 +11,8 @@
 //! Giving locks back at a close. POSIX gives a process's locks on a file back when it closes
 //! any descriptor of that file; the kernel tells a FUSE file system which owner closed only in
 //! a FLUSH request, and a FLUSH at every close costs creates and opens 15–25 % (measured:
-//! docs/ARCHITECTURE.md). So [`RecordOwners`] keeps, per file, the owners that took locks of it
-//! through this client, and per handle, those that took them through that handle:
+//! docs/ARCHITECTURE.md). So [`RecordOwners`] keeps the locks granted through this client, and
+//! per handle the owners that took locks through it:
 //! - a file opened while this client holds locks of it is opened with FLUSH
 //!   ([`CitronFs::wants_flush`]), and each close of it gives the closing owner's locks back
 //!   ([`CitronFs::release_records`]): POSIX exactly (the case that matters is a process that
@@ -44,7 +44,7 @@ use crate::client::{CitronFs, FileHandle};
 use crate::error::Error;
 use crate::meta::unexpected;
 use crate::meta::Meta;
-use proto::records::{RecordClaim, RecordKind, RecordLock, Table};
+use proto::records::{Owner, RecordClaim, RecordKind, RecordLock, Table};
 use proto::rpc::{Request, Response};
 use proto::FsError;
 use proto::Ino;
@@ -60,9 +60,9 @@ pub const WAIT_SLICE: Duration = Duration::from_millis(200);
 /// asked again.
 const GRACE_RETRY: Duration = Duration::from_millis(50);
 
-/// The record locks of this client: which owners may hold locks of which file, and through
-/// which handle they took them (see the module docs), and the locks themselves, as granted
-/// (what it takes back when a new meta session begins: [`RecordOwners::reclaim`]).
+/// The record locks of this client, as granted (what it takes back when a new meta session
+/// begins: [`RecordOwners::reclaim`]; who holds locks of a file), and through which handle
+/// each owner took them (see the module docs).
 #[derive(Debug, Default)]
 pub(crate) struct RecordOwners {
     owners: Mutex<Owners>,
@@ -74,10 +74,15 @@ pub(crate) struct RecordOwners {
 
 #[derive(Debug, Default)]
 struct Owners {
-    by_file: HashMap<Ino, HashSet<u64>>,
+    /// The owners that took locks through each handle, and its file.
     by_handle: HashMap<u64, (Ino, HashSet<u64>)>,
     /// The locks granted to this client's owners (all under session 0).
     held: Table,
+}
+
+/// An owner of this client in its account ([`Owners::held`]).
+fn mine(owner: u64) -> Owner {
+    Owner { session: 0, owner }
 }
 
 impl RecordOwners {
@@ -149,42 +154,35 @@ impl RecordOwners {
         }
     }
 
+    /// Notes that `owner` takes a lock of `ino` through handle `fh`.
     fn add(&self, ino: Ino, fh: FileHandle, owner: u64) {
-        let mut o = self.lock();
-        o.by_file.entry(ino).or_default().insert(owner);
-        o.by_handle
+        self.lock()
+            .by_handle
             .entry(fh.0)
             .or_insert_with(|| (ino, HashSet::new()))
             .1
             .insert(owner);
     }
 
-    /// Whether `owner` may hold locks of `ino`; forgets it.
-    fn take(&self, ino: Ino, owner: u64) -> bool {
-        let mut o = self.lock();
-        let Some(owners) = o.by_file.get_mut(&ino) else {
-            return false;
-        };
-        let had = owners.remove(&owner);
-        if owners.is_empty() {
-            o.by_file.remove(&ino);
-        }
-        had
+    /// Whether `owner` holds locks of `ino`.
+    fn holds(&self, ino: Ino, owner: u64) -> bool {
+        self.lock().held.holds(ino, mine(owner))
     }
 
-    /// The file of handle `fh` and the owners that took locks through it and may hold them
-    /// still; forgets the handle and them.
+    /// The file of handle `fh` and the owners that took locks through it and hold them still;
+    /// forgets the handle.
     fn take_handle(&self, fh: FileHandle) -> Option<(Ino, Vec<u64>)> {
-        let (ino, through) = self.lock().by_handle.remove(&fh.0)?;
+        let mut o = self.lock();
+        let (ino, through) = o.by_handle.remove(&fh.0)?;
         let held = through
             .into_iter()
-            .filter(|&owner| self.take(ino, owner))
+            .filter(|&owner| o.held.holds(ino, mine(owner)))
             .collect();
         Some((ino, held))
     }
 
     fn any(&self, ino: Ino) -> bool {
-        self.lock().by_file.contains_key(&ino)
+        self.lock().held.any(ino)
     }
 }
 
@@ -232,8 +230,6 @@ impl CitronFs {
     ) -> Result<(), Error> {
         let ino = self.inner.handle(fh)?.inode.ino;
         if claim.kind.is_some() {
-            // Before the call: a lock granted and then a close racing this bookkeeping must
-            // still find the owner.
             self.inner.records.add(ino, fh, claim.owner);
         }
         let wait_ms = match wait {
@@ -262,7 +258,7 @@ impl CitronFs {
     /// `owner` took none of that file's through this client.
     pub fn release_records(&self, fh: FileHandle, owner: u64) -> Result<(), Error> {
         let ino = self.inner.handle(fh)?.inode.ino;
-        if !self.inner.records.take(ino, owner) {
+        if !self.inner.records.holds(ino, owner) {
             return Ok(());
         }
         self.inner.unlock_all(ino, owner)

@@ -474,16 +474,12 @@ impl Service {
         }
         self.publish_touched(&mut st);
         drop(st);
-        self.drop_records(|t| t.drop_session(session));
-        self.revoke_ended(session);
-        self.zero_and_recycle(freed);
-    }
-
-    /// Gives back record locks with `drop` and wakes the `SetLk`s waiting, if it gave back any.
-    fn drop_records(&self, drop: impl FnOnce(&mut proto::records::Table) -> bool) {
-        if drop(&mut lock(&self.records)) {
+        // Its record locks go too; the `SetLk`s waiting for them are woken.
+        if lock(&self.records).drop_session(session) {
             self.records_changed.notify_all();
         }
+        self.revoke_ended(session);
+        self.zero_and_recycle(freed);
     }
 
     /// Longest an `SetLk` waits here for a conflicting lock before it answers `WouldBlock`,

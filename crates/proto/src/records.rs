@@ -331,6 +331,18 @@ impl Table {
         Ok(())
     }
 
+    /// Whether `who` holds any lock of `ino`.
+    pub fn holds(&self, ino: Ino, who: Owner) -> bool {
+        self.files
+            .get(&ino)
+            .is_some_and(|locks| locks.iter().any(|h| h.who == who))
+    }
+
+    /// Whether anyone holds a lock of `ino`.
+    pub fn any(&self, ino: Ino) -> bool {
+        self.files.contains_key(&ino)
+    }
+
     /// How many locks session `session` holds, over every inode.
     pub fn held_by(&self, session: u64) -> usize {
         self.per_session.get(&session).copied().unwrap_or(0)
