@@ -131,6 +131,12 @@ pub trait FsBackend: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Whether lock owner `owner` may read and write `fh`'s file: not after it lost a record
+    /// lock of it (see [`CitronFs::check_record_locks`]). Default: yes.
+    fn check_record_locks(&self, _fh: FileHandle, _owner: u64) -> Result<(), Error> {
+        Ok(())
+    }
+
     /// Up to `max` entries of directory `ino` after `cookie` (0: from the start).
     fn readdir(&self, ino: Ino, cookie: u64, max: u32) -> Result<Vec<DirEntry>, Error>;
 
@@ -339,6 +345,10 @@ impl FsBackend for CitronFs {
 
     fn release_records(&self, fh: FileHandle, owner: u64) -> Result<(), Error> {
         CitronFs::release_records(self, fh, owner)
+    }
+
+    fn check_record_locks(&self, fh: FileHandle, owner: u64) -> Result<(), Error> {
+        CitronFs::check_record_locks(self, fh, owner)
     }
 
     fn read(&self, fh: FileHandle, offset: u64, len: usize) -> Result<ReadBuf, Error> {

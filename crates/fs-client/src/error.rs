@@ -100,6 +100,26 @@ pub enum Error {
     /// chunk count that does not match the request, ...).
     #[error("{0}")]
     Protocol(String),
+    /// The file control block where this client's open of a file puts it belongs to another
+    /// file (its INO word says so). After a meta server restart this is the client not having
+    /// caught up yet — the new meta session lays files out anew, and reopening the file finds
+    /// its new place — so the data path catches up and redoes the I/O; within one session it
+    /// is a protocol violation (`view`'s `recover` tells the two apart). Nothing is written
+    /// through such a block.
+    #[error(
+        "file control block at {fcb} belongs to inode {found}, not {ino} (opened in meta \
+         session {session})"
+    )]
+    ForeignFcb {
+        /// The file.
+        ino: Ino,
+        /// The inode the block's INO word names.
+        found: Ino,
+        /// Where the block is.
+        fcb: fabric::RemoteAddr,
+        /// The meta session the file was opened in.
+        session: u64,
+    },
     /// A chunk lives on a data server this client was not told about at connect.
     #[error("data server {0} is unknown to this client (joined after it connected?)")]
     UnknownDataServer(u32),
@@ -147,6 +167,21 @@ pub enum Error {
     /// A wait the caller asked to stop (a signal reached the process blocked in `F_SETLKW`).
     #[error("interrupted")]
     Interrupted,
+    /// A record lock the calling lock owner held on this file was lost: the client's meta
+    /// session ended without a restart's grace (a lost connection, a fence, a stopped
+    /// client), and another client took the bytes before it could take the lock back
+    /// (`records`). Its reads and writes of the file fail, as on NFS, until it unlocks or
+    /// closes the file: what it wrote under the lock may have been interleaved with another
+    /// client's writes, and it must not go on as if the lock had held.
+    #[error(
+        "inode {ino}: a record lock this process held was lost when the client's meta session \
+         ended, and another client took it; reads and writes fail until it unlocks or closes \
+         the file"
+    )]
+    RecordLockLost {
+        /// The file.
+        ino: Ino,
+    },
 }
 
 impl Error {
@@ -166,6 +201,8 @@ impl Error {
             | Error::DataServerAway { .. }
             | Error::StaleDataServer { .. }
             | Error::ChangesMaybeLost
+            | Error::RecordLockLost { .. }
+            | Error::ForeignFcb { .. }
             | Error::Heartbeat(_) => libc::EIO,
             Error::Interrupted => libc::EINTR,
         }
@@ -196,6 +233,7 @@ impl Error {
             } => fabric(source),
             Error::UnknownDataServer(_)
             | Error::StaleDataServer { .. }
+            | Error::ForeignFcb { .. }
             | Error::Fs(FsError::Unavailable(_)) => true,
             _ => false,
         }

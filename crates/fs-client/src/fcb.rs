@@ -121,16 +121,19 @@ const _: () = assert!(
 );
 
 /// Refuses an FCB whose INO word (`found`) is not `inode`'s: the meta server's region and this
-/// client disagree about where the file's control block is, and writing through it would
-/// corrupt another file.
+/// client disagree about where the file's control block is (a meta server restart the client
+/// has not caught up with yet, see [`Error::ForeignFcb`]), and writing through it would corrupt
+/// another file.
 pub(crate) fn check_owner(inode: &OpenInode, found: Ino) -> Result<(), Error> {
     if found == inode.ino {
         return Ok(());
     }
-    Err(Error::Protocol(format!(
-        "file control block at {} belongs to inode {found}, not {}",
-        inode.fcb, inode.ino
-    )))
+    Err(Error::ForeignFcb {
+        ino: inode.ino,
+        found,
+        fcb: inode.fcb,
+        session: inode.session,
+    })
 }
 
 impl FcbReads {

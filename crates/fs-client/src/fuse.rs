@@ -1062,10 +1062,16 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
         offset: u64,
         size: u32,
         _flags: OpenFlags,
-        _lock_owner: Option<fuser::LockOwner>,
+        lock_owner: Option<fuser::LockOwner>,
         reply: ReplyData,
     ) {
-        match self.fs.read(Fh(fh.0), offset, size as usize) {
+        // Direct I/O names the reading process's lock owner: one that lost a record lock of
+        // the file reads nothing more of it until it unlocks or closes it.
+        let owner_ok = |o: fuser::LockOwner| self.fs.check_record_locks(Fh(fh.0), o.0);
+        match lock_owner
+            .map_or(Ok(()), owner_ok)
+            .and_then(|()| self.fs.read(Fh(fh.0), offset, size as usize))
+        {
             Ok(data) => reply.data(data.as_ref()),
             Err(e) => {
                 let req = Req::io("read", ino, fh, offset, size.into());
@@ -1083,13 +1089,18 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
         data: &[u8],
         write_flags: WriteFlags,
         _flags: OpenFlags,
-        _lock_owner: Option<fuser::LockOwner>,
+        lock_owner: Option<fuser::LockOwner>,
         reply: ReplyWrite,
     ) {
         // Direct I/O: the kernel clears no set-ID bits itself; it flags every write by a
         // caller without CAP_FSETID, whatever was negotiated (see the module docs).
         let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
-        match self.fs.write_as(Fh(fh.0), offset, data, kill) {
+        // As for a read: an owner that lost a record lock of the file writes nothing to it.
+        let owner_ok = |o: fuser::LockOwner| self.fs.check_record_locks(Fh(fh.0), o.0);
+        match lock_owner
+            .map_or(Ok(()), owner_ok)
+            .and_then(|()| self.fs.write_as(Fh(fh.0), offset, data, kill))
+        {
             Ok(n) => reply.written(n as u32),
             Err(e) => {
                 let req = Req::io("write", ino, fh, offset, data.len() as u64);

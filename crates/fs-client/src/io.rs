@@ -229,6 +229,7 @@ impl CitronFs {
         buf: &mut Vec<u8>,
     ) -> Result<usize, Error> {
         let handle = self.inner.handle(fh)?;
+        self.inner.check_handle_records(fh, handle.inode.ino)?;
         let max = self.inner.geometry.max_file_size();
         if len == 0 || offset >= max {
             return Ok(0);
@@ -277,6 +278,7 @@ impl CitronFs {
         kill_suidgid: bool,
     ) -> Result<usize, Error> {
         let handle = self.inner.handle(fh)?;
+        self.inner.check_handle_records(fh, handle.inode.ino)?;
         if data.is_empty() {
             return Ok(0);
         }

@@ -30,8 +30,14 @@
 //! meta session it takes them all back (`SetLk` with `reclaim`): a restarted meta server grants
 //! only such reclaims during its grace period (`meta_server::MetaConfig::record_lock_grace`, 2 s)
 //! and answers other new locks and `F_GETLK` `InGrace`, which the client asks again 50 ms later. A session
-//! that ended without a restart (a lost connection, a fence) has no grace: a lock another client
-//! took meanwhile is lost, logged, and forgotten, and its process is not told.
+//! that ended without a restart (a lost connection, a fence, a client stopped past its session
+//! lease) has no grace: a lock another client took meanwhile cannot be taken back. It is then
+//! *lost*, as NFS has it (Linux's default, `nfs.recover_lost_locks=0`): the owner's reads and
+//! writes of the file fail with EIO ([`Error::RecordLockLost`], [`CitronFs::check_record_locks`]),
+//! and so do those through the handle it was taken through, until the owner unlocks (any
+//! `F_UNLCK` of the file) or closes the file. A process that went on writing as if it still
+//! held the lock would interleave its writes with the new holder's; failing them is how it
+//! learns, since nothing else tells a process that its lock is gone.
 //!
 //! `flock` arrives the same way (`FUSE_FLOCK_LOCKS`): a lock of the whole file whose owner is
 //! the open file, taken through its handle and so given back at the handle's release.
@@ -49,6 +55,7 @@ use proto::rpc::{Request, Response};
 use proto::FsError;
 use proto::Ino;
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -70,6 +77,10 @@ pub(crate) struct RecordOwners {
     /// what a reclaim takes back is exactly what the meta server granted and nothing since
     /// gave back.
     calls: RwLock<()>,
+    /// Whether [`Owners::lost`] has anything. Invariant: written only under the `owners`
+    /// mutex, right after `lost` changed; every read and write loads it, and takes the mutex
+    /// only when it is set (see [`RecordOwners::check`]).
+    any_lost: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -78,6 +89,9 @@ struct Owners {
     by_handle: HashMap<u64, (Ino, HashSet<u64>)>,
     /// The locks granted to this client's owners (all under session 0).
     held: Table,
+    /// The owners whose locks of a file were lost (see the module docs): `(file, owner)`,
+    /// until the owner unlocks or closes the file.
+    lost: HashSet<(Ino, u64)>,
 }
 
 /// An owner of this client in its account ([`Owners::held`]).
@@ -90,7 +104,39 @@ impl RecordOwners {
         self.owners.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Makes `SetLk` call `claim` on `ino`, and keeps what it granted.
+    /// Notes that `owner` lost locks of `ino`.
+    fn lose(&self, ino: Ino, owner: u64) {
+        let mut o = self.lock();
+        o.lost.insert((ino, owner));
+        self.any_lost.store(true, Ordering::SeqCst);
+    }
+
+    /// Forgets that `owner` lost locks of `ino` (it unlocked or closed the file).
+    fn forgive(&self, o: &mut Owners, ino: Ino, owner: u64) {
+        if o.lost.remove(&(ino, owner)) {
+            self.any_lost.store(!o.lost.is_empty(), Ordering::SeqCst);
+        }
+    }
+
+    /// Whether I/O of `ino` through handle `fh` by lock owner `owner` (if the caller knows
+    /// it) may go on: not if `owner` lost locks of the file, nor if an owner that took locks
+    /// through `fh` did (a `flock` lock's owner is its open file, which no read names).
+    fn check(&self, fh: FileHandle, ino: Ino, owner: Option<u64>) -> Result<(), Error> {
+        if !self.any_lost.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let o = self.lock();
+        let lost = |owner: u64| o.lost.contains(&(ino, owner));
+        let through = o.by_handle.get(&fh.0).map(|(_, owners)| owners);
+        if owner.is_some_and(lost) || through.is_some_and(|owners| owners.iter().any(|&w| lost(w)))
+        {
+            return Err(Error::RecordLockLost { ino });
+        }
+        Ok(())
+    }
+
+    /// Makes `SetLk` call `claim` on `ino`, and keeps what it granted. An unlock ends a loss
+    /// of the owner's locks of the file (see the module docs).
     fn call(&self, meta: &Meta, ino: Ino, claim: RecordClaim, wait_ms: u32) -> Result<(), Error> {
         let _calls = self.calls.read().unwrap_or_else(PoisonError::into_inner);
         let call = Request::SetLk {
@@ -101,10 +147,14 @@ impl RecordOwners {
         };
         match meta.call(call)? {
             Response::Ok => {
-                if let Err(in_the_way) = self.lock().held.set(ino, 0, &claim) {
+                let mut o = self.lock();
+                if let Err(in_the_way) = o.held.set(ino, 0, &claim) {
                     // Not reached while the account follows the meta server's grants: this
                     // lock would then not be taken back after a restart.
                     tracing::warn!(ino, ?claim, ?in_the_way, "record lock account out of step");
+                }
+                if claim.kind.is_none() {
+                    self.forgive(&mut o, ino, claim.owner);
                 }
                 Ok(())
             }
@@ -115,7 +165,8 @@ impl RecordOwners {
     /// Takes back, in a new meta session (the meta server restarted, or the connection was
     /// lost), every lock this client held: during the server's grace period after a restart
     /// nobody else can have taken them. One that another client holds by now (a session that
-    /// ended without a restart) is lost: logged, and forgotten.
+    /// ended without a restart), or that cannot be asked for, is lost: logged, gone from the
+    /// account, and its owner's I/O of the file fails until it unlocks or closes the file.
     pub(crate) fn reclaim(&self, meta: &Meta) {
         let _calls = self.calls.write().unwrap_or_else(PoisonError::into_inner);
         let claims = self.lock().held.claims();
@@ -144,13 +195,15 @@ impl RecordOwners {
                 end = claim.end,
                 error = %crate::error::Chain(&error),
                 "a record lock of this client could not be taken back after the meta session \
-                 ended: its process no longer holds it"
+                 ended: its process no longer holds it, and its reads and writes of the file \
+                 fail until it unlocks or closes it"
             );
             let gone = RecordClaim {
                 kind: None,
                 ..claim
             };
             let _ = self.lock().held.set(ino, 0, &gone);
+            self.lose(ino, claim.owner);
         }
     }
 
@@ -164,16 +217,22 @@ impl RecordOwners {
             .insert(owner);
     }
 
-    /// Whether `owner` holds locks of `ino`.
-    fn holds(&self, ino: Ino, owner: u64) -> bool {
-        self.lock().held.holds(ino, mine(owner))
+    /// Whether `owner` holds locks of `ino`; a close that asks ends a loss of them.
+    fn holds_at_close(&self, ino: Ino, owner: u64) -> bool {
+        let mut o = self.lock();
+        self.forgive(&mut o, ino, owner);
+        o.held.holds(ino, mine(owner))
     }
 
     /// The file of handle `fh` and the owners that took locks through it and hold them still;
-    /// forgets the handle.
+    /// forgets the handle, and the losses of those owners (the handle's release closes the
+    /// file for them).
     fn take_handle(&self, fh: FileHandle) -> Option<(Ino, Vec<u64>)> {
         let mut o = self.lock();
         let (ino, through) = o.by_handle.remove(&fh.0)?;
+        for &owner in &through {
+            self.forgive(&mut o, ino, owner);
+        }
         let held = through
             .into_iter()
             .filter(|&owner| o.held.holds(ino, mine(owner)))
@@ -258,10 +317,24 @@ impl CitronFs {
     /// `owner` took none of that file's through this client.
     pub fn release_records(&self, fh: FileHandle, owner: u64) -> Result<(), Error> {
         let ino = self.inner.handle(fh)?.inode.ino;
-        if !self.inner.records.holds(ino, owner) {
+        if !self.inner.records.holds_at_close(ino, owner) {
             return Ok(());
         }
         self.inner.unlock_all(ino, owner)
+    }
+
+    /// Whether reads and writes of `fh`'s file by lock owner `owner` (the kernel's, as in
+    /// `F_SETLK`) may go on: [`Error::RecordLockLost`] (EIO) once a record lock of `owner` on
+    /// the file, or one taken through `fh`, was lost (see the module docs), until the owner
+    /// unlocks or closes the file. [`CitronFs::read`] and [`CitronFs::write`] check the
+    /// handle's owners themselves; a caller that knows the I/O's owner (FUSE's direct I/O
+    /// names it) checks it here first. One atomic load while no lock of this client was lost.
+    pub fn check_record_locks(&self, fh: FileHandle, owner: u64) -> Result<(), Error> {
+        if !self.inner.records.any_lost.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let ino = self.inner.handle(fh)?.inode.ino;
+        self.inner.records.check(fh, ino, Some(owner))
     }
 
     /// Whether closes of `ino`, opened now, must say who closed (FUSE's FLUSH): while this
@@ -272,6 +345,12 @@ impl CitronFs {
 }
 
 impl crate::client::Inner {
+    /// [`CitronFs::check_record_locks`] for the owners that took locks through `fh`, whoever
+    /// does the I/O: the data path's check.
+    pub(crate) fn check_handle_records(&self, fh: FileHandle, ino: Ino) -> Result<(), Error> {
+        self.records.check(fh, ino, None)
+    }
+
     /// Gives back the record locks of handle `fh`, being released: those taken through it and
     /// not given back since (see the module docs). Failures are logged: the handle goes anyway,
     /// and the session's end or the file's last release gives the locks back at the latest.
@@ -290,5 +369,45 @@ impl crate::client::Inner {
     fn unlock_all(&self, ino: Ino, owner: u64) -> Result<(), Error> {
         self.records
             .call(&self.meta, ino, RecordClaim::unlock_all(owner), 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A loss fails I/O of the file by its owner (through any handle) and through the handle
+    /// the lock was taken through (by anyone), nothing else; the owner's close, or the
+    /// handle's release, ends it.
+    #[test]
+    fn a_loss_fails_the_owners_io_and_its_handles_until_a_close() {
+        let r = RecordOwners::default();
+        let (ino, through, other) = (7, FileHandle(1), FileHandle(2));
+        let lost = |fh, ino, owner| matches!(r.check(fh, ino, owner), Err(Error::RecordLockLost { ino: i }) if i == ino);
+        r.add(ino, through, 10);
+        assert!(!lost(through, ino, Some(10)));
+        r.lose(ino, 10);
+        assert!(
+            lost(other, ino, Some(10)),
+            "the owner, through another handle"
+        );
+        assert!(
+            lost(through, ino, Some(11)),
+            "another owner, through the lock's handle"
+        );
+        assert!(
+            lost(through, ino, None),
+            "the library's check of the handle"
+        );
+        assert!(!lost(other, ino, Some(11)), "another owner, another handle");
+        assert!(!lost(other, ino, None));
+        assert!(!lost(other, 8, Some(10)), "another file");
+        assert!(!r.holds_at_close(ino, 10));
+        assert!(!lost(through, ino, Some(10)) && !lost(through, ino, None));
+        assert!(!r.any_lost.load(Ordering::SeqCst));
+        r.lose(ino, 10);
+        assert_eq!(r.take_handle(through), Some((ino, vec![])));
+        assert!(!lost(other, ino, Some(10)));
+        assert!(!r.any_lost.load(Ordering::SeqCst));
     }
 }

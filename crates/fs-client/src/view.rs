@@ -159,15 +159,33 @@ impl Inner {
     /// it, or its lease ran out while the client was stopped): the I/O fails as any fenced I/O
     /// does (EIO), not with the Stale (ESTALE) the meta server answers an ended session — seen
     /// in `pause.rs` when a revocation reached the data path as a closed connection instead of
-    /// a refusal.
+    /// a refusal. A refresh that fails below the file system is tried again within the same
+    /// bound. An [`Error::ForeignFcb`] is final when the session did not change: only a new
+    /// session explains it.
     pub(crate) fn recover(&self, failure: Error) -> Result<Arc<View>, Error> {
         let deadline = Instant::now() + RECONNECT_WAIT;
         loop {
             let seen = self.view.read().unwrap_or_else(PoisonError::into_inner).id;
             let view = match self.refresh_view(seen) {
                 Err(Error::Fs(FsError::Stale)) => return Err(failure),
+                // The meta connection broke under the refresh (a restart's old connection
+                // answering its last, `ServerStopping`): it was dropped, and the next call
+                // reconnects.
+                Err(e) if e.is_transient() && Instant::now() < deadline => {
+                    tracing::debug!(error = %e, "refreshing the view failed; trying again");
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                }
                 refreshed => refreshed?,
             };
+            // A file control block of another file is the client behind a meta restart only
+            // if the session moved on since the file was opened; in that session, it is a
+            // disagreement no catching up mends.
+            if let Error::ForeignFcb { session, .. } = &failure {
+                if view.session() == *session {
+                    return Err(failure);
+                }
+            }
             let waiting = match &failure {
                 // The meta server had no data server to allocate on: wait for one.
                 Error::Fs(FsError::Unavailable(_)) => {

@@ -126,6 +126,37 @@ impl ChildMount {
             .unwrap_or_else(|e| e.into_inner())
             .clone()
     }
+
+    /// Stops the client process (SIGSTOP) until the returned guard is dropped (SIGCONT), so
+    /// that a test that fails while it is stopped still lets it go on and exit.
+    ///
+    /// Its mount answers nothing meanwhile: a call of the test into it waits until then.
+    pub fn stop(&self) -> Stopped {
+        signal(self.pid(), libc::SIGSTOP);
+        Stopped(self.pid())
+    }
+}
+
+/// A stopped client process (see [`ChildMount::stop`]); continued when dropped.
+#[must_use = "the process continues when this is dropped"]
+pub struct Stopped(u32);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        signal(self.0, libc::SIGCONT);
+    }
+}
+
+/// Sends `sig` to child process `pid`; a failure is a test failure.
+fn signal(pid: u32, sig: i32) {
+    // SAFETY: kill(2) with a child's pid touches no memory of ours.
+    let rc = unsafe { libc::kill(pid as libc::pid_t, sig) };
+    assert_eq!(
+        rc,
+        0,
+        "kill({pid}, {sig}): {}",
+        std::io::Error::last_os_error()
+    );
 }
 
 impl Drop for ChildMount {

@@ -29,7 +29,7 @@ pub mod netns;
 mod orphans;
 mod util;
 
-pub use child::{child_mount_main, ChildMount};
+pub use child::{child_mount_main, ChildMount, Stopped};
 pub use cluster::{
     run_dir_parent, sweep_stale_run_dirs, BackingKind, Cluster, ClusterSpec, TEST_CHUNK_SIZE,
 };

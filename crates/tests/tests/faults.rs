@@ -192,8 +192,8 @@ fn a_control_block_of_another_inode_is_refused_before_any_data_moves() {
         ("read", fs.read(fh, 0, 5).map(drop)),
     ] {
         match result {
-            Err(fs_client::Error::Protocol(why)) => {
-                assert!(why.contains("belongs to inode"), "{what}: {why}")
+            Err(fs_client::Error::ForeignFcb { ino, found, .. }) => {
+                assert_eq!((ino, found), (attr.ino, attr.ino + 1000), "{what}")
             }
             other => panic!("{what} through another inode's control block: {other:?}"),
         }

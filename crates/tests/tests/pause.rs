@@ -164,25 +164,6 @@ fn explain_tear(
     Ok(())
 }
 
-/// Resumes the stopped process even when the test fails while it is stopped.
-struct Continue(u32);
-impl Drop for Continue {
-    fn drop(&mut self) {
-        signal(self.0, libc::SIGCONT);
-    }
-}
-
-fn signal(pid: u32, sig: i32) {
-    // SAFETY: kill(2) with a child's pid touches no memory of ours.
-    let rc = unsafe { libc::kill(pid as libc::pid_t, sig) };
-    assert_eq!(
-        rc,
-        0,
-        "kill({pid}, {sig}): {}",
-        std::io::Error::last_os_error()
-    );
-}
-
 /// A writes 1 MiB records over [0, 1 MiB) through its mount; B writes and reads back the same
 /// range through its own; A's client process is stopped `pauses` times for `stop` each.
 fn pause_past_lease(fabric: Backend) {
@@ -266,8 +247,7 @@ fn pause_past_lease(fabric: Backend) {
     std::thread::sleep(Duration::from_millis(300));
     for _ in 0..pauses {
         stops.push(Instant::now());
-        signal(a.pid(), libc::SIGSTOP);
-        let resume = Continue(a.pid());
+        let resume = a.stop();
         let before = reads.load(Ordering::Relaxed);
         std::thread::sleep(stopped_for);
         b_while_stopped += reads.load(Ordering::Relaxed) - before;

@@ -225,6 +225,66 @@ fn record_locks_exclude_across_clients_and_go_with_close_signal_and_death() {
     drop(fb);
 }
 
+/// A client stopped (SIGSTOP) across a meta server restart and past the restart's grace cannot
+/// take its lock back: another client took the bytes meanwhile. The lock is lost, and, as on
+/// NFS, the process that held it can read and write the file through that client no more — by
+/// any descriptor — until it unlocks; another process can, and so can the new holder's
+/// client. Before, the loss was only logged, and the process went on writing as if it held
+/// the lock.
+#[test]
+fn a_lock_lost_over_a_meta_restart_fails_its_owners_io_until_it_unlocks() {
+    skip_without_fuse!();
+    let mut cluster = Cluster::start(ClusterSpec::default()).unwrap();
+    let a = cluster.spawn_mount_process("child_mount", LockScheme::CITRON);
+    let b = cluster.spawn_mount_process("child_mount", LockScheme::CITRON);
+    let path_a = a.path().join("f");
+    File::create(&path_a)
+        .unwrap()
+        .write_all_at(b"written before", 0)
+        .unwrap();
+    let fa = open_rw(&path_a);
+    let fb = open_rw(&b.path().join("f"));
+    lock(&fa, libc::F_SETLK, libc::F_WRLCK, 0, 100).unwrap();
+
+    {
+        let _stopped = a.stop();
+        cluster.restart_meta().unwrap();
+        // B's wait ends with the grace, A not having taken its lock back.
+        let waited = Instant::now();
+        lock(&fb, libc::F_SETLKW, libc::F_WRLCK, 0, 100).unwrap();
+        eprintln!("B took A's bytes {:?} after the restart", waited.elapsed());
+    }
+
+    // A, going on, finds a new session and cannot take its lock back.
+    let mut buf = [0u8; 14];
+    let eio = |r: std::io::Result<()>| r.err().and_then(|e| e.raw_os_error()) == Some(libc::EIO);
+    testkit::wait_until(
+        Duration::from_secs(30),
+        "the lock's owner to be refused reads through A",
+        || eio(fa.read_exact_at(&mut buf, 0)),
+    );
+    assert!(eio(fa.write_all_at(b"late", 0)), "the owner wrote on");
+    assert!(
+        eio(open_rw(&path_a).read_exact_at(&mut buf, 0)),
+        "the owner read on through another descriptor"
+    );
+    // Another process (another lock owner) reads through A; B's I/O goes on.
+    let other = Command::new("cat").arg(&path_a).output().unwrap();
+    assert!(other.status.success(), "{other:?}");
+    assert_eq!(other.stdout, b"written before");
+    fb.write_all_at(b"W", 0).unwrap();
+
+    // The owner's unlock ends it.
+    lock(&fa, libc::F_SETLK, libc::F_UNLCK, 0, 0).unwrap();
+    fa.read_exact_at(&mut buf, 0).unwrap();
+    assert_eq!(&buf, b"Written before");
+    assert_eq!(
+        errno(lock(&fa, libc::F_SETLK, libc::F_WRLCK, 0, 100)),
+        Some(libc::EAGAIN),
+        "B's lock stands"
+    );
+}
+
 /// What a counting process is told: the counter file and how many increments to make.
 const ENV_COUNTER: &str = "CITRONFS_TEST_COUNTER";
 const ENV_INCREMENTS: &str = "CITRONFS_TEST_INCREMENTS";
