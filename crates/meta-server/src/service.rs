@@ -521,12 +521,15 @@ impl Service {
         let until = Instant::now() + wait.min(Self::SETLK_WAIT_MOST);
         let mut waiting = false;
         loop {
+            let frees = table.frees(ino, session, claim);
             match table.set(ino, session, claim) {
                 Ok(()) => {
                     drop(table);
-                    // An unlock, or a lock that replaced one of the other kind, may free
-                    // bytes someone waits for.
-                    self.records_changed.notify_all();
+                    // Only an unlock or a write lock turned read may free bytes someone waits
+                    // for; waking every waiter at every grant was a herd of wake-ups.
+                    if frees {
+                        self.records_changed.notify_all();
+                    }
                     return Ok(());
                 }
                 Err(_) => {

@@ -198,6 +198,29 @@ impl Table {
         })
     }
 
+    /// Whether [`Table::set`] of `claim` by its owner in `session` would let go of bytes that
+    /// the owner holds now — an unlock of held bytes, or a write lock turned into a read lock —
+    /// which is when a waiter for them may now get its lock. Taking new bytes, merging, or
+    /// turning a read lock into a write lock lets go of nothing.
+    pub fn frees(&self, ino: Ino, session: u64, claim: &RecordClaim) -> bool {
+        let who = Owner {
+            session,
+            owner: claim.owner,
+        };
+        let Some(locks) = self.files.get(&ino) else {
+            return false;
+        };
+        claim.start <= claim.end
+            && locks.iter().any(|h| {
+                h.who == who
+                    && h.overlaps(claim.start, claim.end)
+                    && match claim.kind {
+                        None => true,
+                        Some(kind) => h.kind == RecordKind::Write && kind == RecordKind::Read,
+                    }
+            })
+    }
+
     /// Takes (`claim.kind` set) or gives back (`None`) the lock of `claim`'s owner in session
     /// `session` over the claim's bytes of `ino`, with POSIX's rules (module docs); a lock that
     /// conflicts with another owner's is not taken, and the conflicting lock is returned.
@@ -586,8 +609,21 @@ mod tests {
                             })
                         });
                         let owner = OWNERS[who];
-                        let got = t.set(9, owner.session, &claim(owner, start, end, kind, who as u32));
+                        let c = claim(owner, start, end, kind, who as u32);
+                        // Lets go of bytes iff the owner held some of them and unlocks them,
+                        // or held them for writing and now reads.
+                        let lets_go = (start..=end).any(|b| {
+                            matches!(
+                                (model[who][b as usize], kind),
+                                (Some(_), None) | (Some(RecordKind::Write), Some(RecordKind::Read))
+                            )
+                        });
+                        let frees = t.frees(9, owner.session, &c);
+                        let got = t.set(9, owner.session, &c);
                         prop_assert_eq!(got.is_err(), conflict.is_some(), "{:?}", got);
+                        if got.is_ok() {
+                            prop_assert_eq!(frees, lets_go);
+                        }
                         if let Err(seen) = got {
                             // What it reports is a lock of another owner in the way.
                             prop_assert!(seen.start <= end && start <= seen.end);
