@@ -279,7 +279,7 @@ fn keep_registered(
                 }
                 // A clean stop, said so: no cause for alarm (`citronfs up` stops the meta
                 // server first); the next one is waited for all the same.
-                Err(RpcError::ServerStopping) => {
+                Err(e) if e.is_server_stopping() => {
                     tracing::info!(
                         name = config.name,
                         "the meta server is shutting down; registering with the next one"

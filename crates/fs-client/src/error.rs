@@ -218,7 +218,7 @@ impl Error {
             matches!(e, FabricError::Io { .. } | FabricError::Disconnected(_))
         }
         match self {
-            Error::Rpc { source, .. } => !matches!(source, RpcError::Refused(_)),
+            Error::Rpc { source, .. } => !source.is_refusal(),
             // A data server registers its regions one after another as it starts: an endpoint
             // that connected in between lacks the later ones (the incarnation word). A fresh
             // endpoint, once the client has caught up, finds them.

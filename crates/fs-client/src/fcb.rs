@@ -357,13 +357,17 @@ impl Inner {
     }
 
     /// For a file open here, corrects the attributes with the FCB (`proto::fcb::live`: its
-    /// SIZE and MTIME are the truth, updated one-sidedly by writers of every client).
+    /// SIZE and MTIME are the truth, updated one-sidedly by writers of every client). Read as
+    /// the data path reads (`Inner::retry`): a client behind a meta server restart catches up
+    /// and reads again, rather than failing a stat.
     pub(crate) fn fresh_size(&self, attr: Attr) -> Result<Attr, Error> {
         if attr.kind == FileKind::File {
-            if let Some(inode) = self.open_entry(attr.ino) {
-                let mut w = self.checkout()?;
-                let inode = self.live_inode(&inode, &w.view)?;
-                let found = self.read_fcb(&mut w, &inode)?;
+            if let Some(open) = self.open_entry(attr.ino) {
+                let found = self.retry(true, || {
+                    let mut w = self.checkout()?;
+                    let inode = self.live_inode(&open, &w.view)?;
+                    self.read_fcb(&mut w, &inode)
+                })?;
                 return Ok(fcb::live(attr, found.size, found.mtime));
             }
         }

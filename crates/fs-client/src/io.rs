@@ -480,7 +480,11 @@ impl Inner {
     /// rather than an error, and only one that keeps stalling sees EIO. With `redo`, also after
     /// a failure below the file system, once the client has caught up with the cluster, for up
     /// to [`RECOVERY_BUDGET`] (see the module docs).
-    fn retry<T>(&self, redo: bool, mut op: impl FnMut() -> Result<T, Error>) -> Result<T, Error> {
+    pub(crate) fn retry<T>(
+        &self,
+        redo: bool,
+        mut op: impl FnMut() -> Result<T, Error>,
+    ) -> Result<T, Error> {
         let mut lease_retries = 0;
         let mut recoveries = 0;
         let mut first_failure: Option<Instant> = None;

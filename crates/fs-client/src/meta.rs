@@ -257,19 +257,44 @@ impl Meta {
     /// [`Meta::call`] of a change made under a range lock whose lease ends at `expires`: the
     /// meta server applies it only before then (`proto::rpc::RequestFrame::expires`), and
     /// answers `FsError::Expired` otherwise.
+    ///
+    /// A call that fails because the connection broke is made once more, on a new connection
+    /// (a new session), when that cannot do it twice: the server never executed it (it was
+    /// not sent, or the server said it was stopping before answering:
+    /// `proto::rpc::RpcError::maybe_executed`), or it changes nothing a second time would
+    /// (`Request::changes_namespace` is false). So a meta server restart under a live mount
+    /// fails no call that reached it during the stop, nor one sent into the closing
+    /// connection. Never a call under a range lock (`expires`): the lock belongs to the
+    /// session that ended, and its caller redoes the whole change under a new one.
     pub(crate) fn call_by(
         &self,
         request: Request,
         expires: Option<Instant>,
     ) -> Result<Response, Error> {
-        let client = {
-            let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
-            if conn.is_none() {
-                conn = self.reconnect(conn)?;
+        let again =
+            (expires.is_none() && !self.closing.load(Ordering::SeqCst)).then(|| request.clone());
+        match (self.call_on(self.connection()?, request, expires), again) {
+            (Err(Error::Rpc { source, .. }), Some(request))
+                if !source.is_refusal()
+                    && (!source.maybe_executed() || !request.changes_namespace()) =>
+            {
+                tracing::info!(
+                    error = %source,
+                    "the meta connection broke under a call; making it again on a new one"
+                );
+                self.call_on(self.connection()?, request, None)
             }
-            conn.clone().expect("connected above")
-        };
-        self.call_on(client, request, expires)
+            (answer, _) => answer,
+        }
+    }
+
+    /// The current connection, or a new one (a new session) if it broke.
+    fn connection(&self) -> Result<Arc<rpc::SharedClient>, Error> {
+        let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
+        if conn.is_none() {
+            conn = self.reconnect(conn)?;
+        }
+        Ok(conn.clone().expect("connected above"))
     }
 
     /// [`Meta::call`] in the current session only: `None`, and nothing sent, when the
@@ -425,13 +450,7 @@ impl Drop for Heartbeat {
 
 /// Whether `e` is the meta server refusing this client (which retrying cannot change).
 fn is_refusal(e: &Error) -> bool {
-    matches!(
-        e,
-        Error::Rpc {
-            source: rpc::RpcError::Refused(_),
-            ..
-        }
-    )
+    matches!(e, Error::Rpc { source, .. } if source.is_refusal())
 }
 
 /// A response of the wrong kind: the meta server broke the protocol.

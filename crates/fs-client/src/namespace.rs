@@ -27,6 +27,20 @@ fn check(op: NameOp, name: &str) -> Result<(), Error> {
     Ok(check_name_for(op, name)?)
 }
 
+/// A one-sided read's outcome, or `fallback` (ask by RPC) when it failed below the file system:
+/// the meta region's fabric broke (a restarted meta server, whose region a stale view still
+/// names), and the RPC, which reconnects and so catches up with the cluster, answers instead
+/// of the error. Any other failure stands.
+fn or_rpc<T>(read: Result<T, Error>, fallback: T) -> Result<T, Error> {
+    match read {
+        Err(e) if e.is_transient() => {
+            tracing::debug!(error = %crate::error::Chain(&e), "one-sided read failed; asking by RPC");
+            Ok(fallback)
+        }
+        other => other,
+    }
+}
+
 impl CitronFs {
     /// The entry `name` in directory `parent`: resolved one-sidedly in the meta server's
     /// directory-entry and attribute tables (`dentries`: found, or absent, with no RPC) in the
@@ -34,7 +48,7 @@ impl CitronFs {
     pub fn lookup(&self, parent: Ino, name: &str) -> Result<Attr, Error> {
         // Any call's rules: they differ only for `.` and `..`, which the server resolves.
         check(NameOp::Create, name)?;
-        match self.inner.lookup_one_sided(parent, name)? {
+        match or_rpc(self.inner.lookup_one_sided(parent, name), OneSided::Unknown)? {
             OneSided::Found(attr) => return self.inner.fresh_size(attr),
             OneSided::Absent => return Err(FsError::NotFound.into()),
             OneSided::Unknown => {}
@@ -55,7 +69,7 @@ impl CitronFs {
     /// Read one-sidedly from the meta server's attribute table when it holds the inode
     /// (`proto::attrs`: no RPC, no meta-server CPU); else, or when the read tore, by RPC.
     pub fn getattr(&self, ino: Ino) -> Result<Attr, Error> {
-        let attr = match self.inner.attr_one_sided(ino)? {
+        let attr = match or_rpc(self.inner.attr_one_sided(ino), None)? {
             Some(attr) => attr,
             None => self.inner.attr_call("GetAttr", Request::GetAttr { ino })?,
         };

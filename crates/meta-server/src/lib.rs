@@ -539,6 +539,15 @@ impl MetaHandle {
         self.inner.as_ref().map_or(0, |r| r.service.request_nanos())
     }
 
+    /// How many record-lock owners have waited at this server for a lock (`SetLk` with a
+    /// wait), their waits not yet forgotten. For tests that must act while a call waits.
+    #[cfg(feature = "test-hooks")]
+    pub fn record_lock_waiters(&self) -> usize {
+        self.inner
+            .as_ref()
+            .map_or(0, |r| r.service.record_lock_waiters())
+    }
+
     /// Overwrites word `word` (`proto::fcb::INO`, `SIZE`, ...) of open file `ino`'s control
     /// block with `value`, as a bug or a stray write could, and returns what it held (`None`:
     /// the file is not open). For tests of the clients' checks.

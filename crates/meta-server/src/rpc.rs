@@ -389,9 +389,16 @@ where
     let runtime = tokio::runtime::Handle::current();
     let read_loop = async {
         let mut body = Vec::new();
-        // The server stops: the client is told so (an answer of a request still running may
-        // follow; the client has failed that call by then, as after any broken connection).
+        // The server stops: no request is started any more, and once every request started
+        // has answered, the client is told so. Invariant: nothing is answered after the
+        // goodbye, so a call the goodbye fails was not executed, and the client may make it
+        // again on its next connection (`proto::rpc::RpcError::ServerStopping`). (A request
+        // still running when the shutdown's grace runs out leaves with its connection
+        // unanswered, and no goodbye: its client cannot tell, as after a crash.)
         let stopping = || async {
+            let _ = permits
+                .acquire_many(MAX_IN_FLIGHT_PER_CONNECTION as u32)
+                .await;
             let _ = send(&mut *writer.lock().await, &goodbye()).await;
             Ok(())
         };
@@ -488,8 +495,26 @@ where
     let _ = permits
         .acquire_many(MAX_IN_FLIGHT_PER_CONNECTION as u32)
         .await;
+    if *stop.borrow() {
+        // A lingering close: the goodbye is the last thing sent (then a FIN), and what the
+        // client sends meanwhile is read and dropped, for a while. Closed with bytes unread,
+        // the socket would answer with a reset, and a reset may make the client's kernel
+        // drop the goodbye unread — its calls would then fail as after a crash, not as calls
+        // the server never ran.
+        let _ = writer.lock().await.shutdown().await;
+        let mut sink = [0u8; 4096];
+        let _ = tokio::time::timeout(STOP_LINGER, async {
+            while matches!(reader.read(&mut sink).await, Ok(n) if n > 0) {}
+        })
+        .await;
+    }
     result
 }
+
+/// How long a connection of a stopping meta server reads and drops what its client still
+/// sends after the goodbye (see [`serve`]), unless the client closes first, as a live one does
+/// once it has read the goodbye.
+const STOP_LINGER: Duration = Duration::from_millis(200);
 
 /// Runs one request of session `session` ([`guarded`]) and makes its answer.
 pub(crate) fn run_request(service: &Service, session: u64, frame: RequestFrame) -> ResponseFrame {

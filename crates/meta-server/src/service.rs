@@ -1162,6 +1162,12 @@ impl Service {
 
     // ---- open files -------------------------------------------------------------------------
 
+    /// `MetaHandle::record_lock_waiters`.
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn record_lock_waiters(&self) -> usize {
+        lock(&self.records).waiters()
+    }
+
     /// `MetaHandle::damage_fcb_word`.
     #[cfg(feature = "test-hooks")]
     pub(crate) fn damage_fcb_word(&self, ino: Ino, word: u64, value: u64) -> Option<u64> {

@@ -366,6 +366,11 @@ impl Table {
         self.files.contains_key(&ino)
     }
 
+    /// How many owners are recorded as waiting (their waits may have run out since).
+    pub fn waiters(&self) -> usize {
+        self.waiting.len()
+    }
+
     /// How many locks session `session` holds, over every inode.
     pub fn held_by(&self, session: u64) -> usize {
         self.per_session.get(&session).copied().unwrap_or(0)

@@ -526,9 +526,44 @@ pub enum RpcError {
     #[error("protocol: {0}")]
     Protocol(String),
     /// The meta server is stopping cleanly and closed the connection (it said so: not a
-    /// crash); another may take its place.
+    /// crash); another may take its place. A call that fails so was not executed: a stopping
+    /// server answers every request it runs before it says so (`meta_server`'s connections).
     #[error("the meta server closed the connection: it is shutting down")]
     ServerStopping,
+    /// A [`SharedClient`] call whose request never reached the server: the connection was
+    /// broken already (for this reason), or the frame could not be written whole (a partial
+    /// frame is never read as a request). It may be made again on a new connection.
+    #[error("{0} (the request was not sent)")]
+    NotSent(Box<RpcError>),
+}
+
+impl RpcError {
+    /// Whether the server may have executed the failed call: not when its request was never
+    /// sent ([`RpcError::NotSent`]) or the server said it was stopping
+    /// ([`RpcError::ServerStopping`]) before answering it. Any other failure after the request
+    /// left (a crash, a cut link, a timeout) leaves its outcome unknown.
+    pub fn maybe_executed(&self) -> bool {
+        !matches!(self, RpcError::NotSent(_) | RpcError::ServerStopping)
+    }
+
+    /// Whether the server stopped cleanly (said so), whether or not the request was sent.
+    pub fn is_server_stopping(&self) -> bool {
+        match self {
+            RpcError::ServerStopping => true,
+            RpcError::NotSent(why) => why.is_server_stopping(),
+            _ => false,
+        }
+    }
+
+    /// Whether the server refused the connection's handshake (wrong token, another cluster):
+    /// final, unlike a broken connection.
+    pub fn is_refusal(&self) -> bool {
+        match self {
+            RpcError::Refused(_) => true,
+            RpcError::NotSent(why) => why.is_refusal(),
+            _ => false,
+        }
+    }
 }
 
 /// Why a meta server that stops cleanly closes its connections: the reason of the answer to no
@@ -724,6 +759,11 @@ struct MuxState {
     /// A caller is reading the stream (it holds `SharedClient::reader`).
     reading: bool,
     broken: Option<Broken>,
+    /// A send found the server gone (the connection was reset or closed under it): no call
+    /// is sent any more, but what the server sent before going is still read — answers, and
+    /// the goodbye of a clean stop, which tells the calls waiting that their requests never
+    /// ran — until the stream ends (which then breaks the connection).
+    unsendable: Option<Broken>,
     /// What the answers told of the server's clock (`None` before the first).
     clock: Option<fabric::clock::PeerClock>,
 }
@@ -870,9 +910,10 @@ impl SharedClient {
         &self.welcome
     }
 
-    /// Whether the connection broke (every call on it fails).
+    /// Whether the connection broke (every call on it fails), or can send no more.
     pub fn is_broken(&self) -> bool {
-        lock_ignoring_poison(&self.state).broken.is_some()
+        let st = lock_ignoring_poison(&self.state);
+        st.broken.is_some() || st.unsendable.is_some()
     }
 
     /// What the answers told of the server's clock, if an answer came within
@@ -934,8 +975,8 @@ impl SharedClient {
         let deadline = self.timeout.map(|t| std::time::Instant::now() + t);
         {
             let mut st = lock_ignoring_poison(&self.state);
-            if let Some(why) = &st.broken {
-                return Err(why.error());
+            if let Some(why) = st.broken.as_ref().or(st.unsendable.as_ref()) {
+                return Err(RpcError::NotSent(Box::new(why.error())));
             }
             st.waiting.insert(
                 id,
@@ -958,10 +999,23 @@ impl SharedClient {
             )
         };
         if let Err(e) = sent {
-            // A partly written frame leaves the stream unusable for everyone.
-            self.fail(Broken::failed(&e));
-            lock_ignoring_poison(&self.state).waiting.remove(&id);
-            return Err(e);
+            // A partly written frame leaves the stream unusable for sending (and is never
+            // taken for a request: the server reads whole frames only).
+            let peer_gone = matches!(&e, RpcError::Io(io) if matches!(
+                io.kind(),
+                std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+            ));
+            if peer_gone {
+                // What the server sent before it went is still read by the calls waiting.
+                let mut st = lock_ignoring_poison(&self.state);
+                st.unsendable.get_or_insert(Broken::failed(&e));
+                st.waiting.remove(&id);
+                st.hand_over_reading();
+            } else {
+                self.fail(Broken::failed(&e));
+                lock_ignoring_poison(&self.state).waiting.remove(&id);
+            }
+            return Err(RpcError::NotSent(Box::new(e)));
         }
         let outcome = self.wait_for(id, deadline);
         let mut st = lock_ignoring_poison(&self.state);
