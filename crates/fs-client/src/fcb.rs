@@ -34,7 +34,7 @@ use crate::handles::OpenInode;
 use crate::workers::Worker;
 use fabric::{AtomicHandle, Batch, Completions, ReadHandle};
 use proto::attrs::{AttrSlot, AttrTableRef};
-use proto::{fcb, Attr, FileKind, Ino};
+use proto::{fcb, Attr, FileKind, FsError, Ino};
 
 /// Reads the slots of `inos` in one round trip; each is `None` unless whole and its inode's.
 pub(crate) fn read_slots<const N: usize>(
@@ -365,10 +365,17 @@ impl Inner {
             if let Some(open) = self.open_entry(attr.ino) {
                 let found = self.retry(true, || {
                     let mut w = self.checkout()?;
-                    let inode = self.live_inode(&open, &w.view)?;
-                    self.read_fcb(&mut w, &inode)
+                    let inode = match self.live_inode(&open, &w.view) {
+                        // Closed here meanwhile (a lingering open that a new session ended):
+                        // the attributes as read are the file's.
+                        Err(Error::Fs(FsError::Stale)) => return Ok(None),
+                        inode => inode?,
+                    };
+                    self.read_fcb(&mut w, &inode).map(Some)
                 })?;
-                return Ok(fcb::live(attr, found.size, found.mtime));
+                if let Some(found) = found {
+                    return Ok(fcb::live(attr, found.size, found.mtime));
+                }
             }
         }
         Ok(attr)
