@@ -115,6 +115,24 @@ pub trait FsBackend: Send + Sync + 'static {
         Err(FsError::NotSupported.into())
     }
 
+    /// `F_GETLK` asked once (see [`CitronFs::try_getlk`]). Default: [`FsBackend::getlk`].
+    fn try_getlk(
+        &self,
+        fh: FileHandle,
+        owner: u64,
+        start: u64,
+        end: u64,
+        kind: RecordKind,
+    ) -> Result<Option<RecordLock>, Error> {
+        self.getlk(fh, owner, start, end, kind)
+    }
+
+    /// `F_SETLK` tried once (see [`CitronFs::try_setlk`]). Default: [`FsBackend::setlk`]
+    /// without a wait.
+    fn try_setlk(&self, fh: FileHandle, claim: RecordClaim) -> Result<(), Error> {
+        self.setlk(fh, claim, None)
+    }
+
     /// `F_SETLK` and `F_SETLKW` (see [`CitronFs::setlk`]).
     fn setlk(
         &self,
@@ -341,6 +359,21 @@ impl FsBackend for CitronFs {
         wait: Option<&dyn Fn() -> bool>,
     ) -> Result<(), Error> {
         CitronFs::setlk(self, fh, claim, wait)
+    }
+
+    fn try_getlk(
+        &self,
+        fh: FileHandle,
+        owner: u64,
+        start: u64,
+        end: u64,
+        kind: RecordKind,
+    ) -> Result<Option<RecordLock>, Error> {
+        CitronFs::try_getlk(self, fh, owner, start, end, kind)
+    }
+
+    fn try_setlk(&self, fh: FileHandle, claim: RecordClaim) -> Result<(), Error> {
+        CitronFs::try_setlk(self, fh, claim)
     }
 
     fn release_records(&self, fh: FileHandle, owner: u64) -> Result<(), Error> {

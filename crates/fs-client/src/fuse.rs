@@ -567,6 +567,24 @@ struct FuseAdapter<B> {
 }
 
 /// The `F_SETLKW` waits in progress ([`FuseAdapter::waits`]), locked.
+/// Whether `e` is the meta server's grace after a restart, which a record-lock call waits out.
+fn in_grace(e: &Error) -> bool {
+    matches!(e, Error::Fs(proto::FsError::InGrace))
+}
+
+/// Runs `work` — a wait that could hold a request thread for long, and the reply at its end —
+/// on a thread of its own; whether the thread started. If it did not, `work` (and the reply it
+/// owns) is dropped unsent, which answers EIO (fuser's `ReplyRaw` does so on drop).
+fn on_own_thread(name: &str, work: impl FnOnce() + Send + 'static) -> bool {
+    match std::thread::Builder::new().name(name.into()).spawn(work) {
+        Ok(_) => true,
+        Err(error) => {
+            tracing::warn!(%error, thread = name, "cannot start a thread to wait on");
+            false
+        }
+    }
+}
+
 fn waits_of(
     waits: &Mutex<HashMap<u64, Arc<AtomicBool>>>,
 ) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<AtomicBool>>> {
@@ -1168,11 +1186,28 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
             Ok(None) => return reply.error(refused(&r, libc::EINVAL)),
             Err(e) => return reply.error(failed(&r, &e.into())),
         };
-        match self.fs.getlk(Fh(fh.0), lock_owner.0, start, end, kind) {
-            Ok(Some(held)) => reply.locked(held.start, held.end, held.kind.fcntl(), held.pid),
-            // Nothing in the way: the range asked, unlocked.
-            Ok(None) => reply.locked(start, end, libc::F_UNLCK, 0),
-            Err(e) => reply.error(failed(&r, &e)),
+        let answer =
+            move |reply: ReplyLock, result: Result<Option<proto::records::RecordLock>, Error>| {
+                match result {
+                    Ok(Some(held)) => {
+                        reply.locked(held.start, held.end, held.kind.fcntl(), held.pid)
+                    }
+                    // Nothing in the way: the range asked, unlocked.
+                    Ok(None) => reply.locked(start, end, libc::F_UNLCK, 0),
+                    Err(e) => reply.error(failed(&Req::fh("getlk", ino, fh), &e)),
+                }
+            };
+        let (handle, owner) = (Fh(fh.0), lock_owner.0);
+        match self.fs.try_getlk(handle, owner, start, end, kind) {
+            // The grace after a meta restart (up to seconds): waited out on a thread of its
+            // own, not a request thread.
+            Err(e) if in_grace(&e) => {
+                let backend = self.fs.clone();
+                on_own_thread("citronfs-getlk", move || {
+                    answer(reply, backend.getlk(handle, owner, start, end, kind))
+                });
+            }
+            result => answer(reply, result),
         }
     }
 
@@ -1207,13 +1242,24 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
         };
         let handle = Fh(fh.0);
         if !sleep {
-            return Self::empty(r, reply, self.fs.setlk(handle, claim, None));
+            return match self.fs.try_setlk(handle, claim) {
+                // The grace after a meta restart: waited out off the request threads.
+                Err(e) if in_grace(&e) => {
+                    let backend = self.fs.clone();
+                    on_own_thread("citronfs-setlk", move || {
+                        let result = backend.setlk(handle, claim, None);
+                        Self::empty(Req::fh("setlk", ino, fh), reply, result)
+                    });
+                }
+                result => Self::empty(r, reply, result),
+            };
         }
         // Registered before the first try, so that an interrupt arriving meanwhile is kept.
         let unique = req.unique().0;
         let stop = Arc::new(AtomicBool::new(false));
         waits_of(&self.waits).insert(unique, stop.clone());
-        match self.fs.setlk(handle, claim, None) {
+        match self.fs.try_setlk(handle, claim) {
+            // A lock in the way, or the grace after a meta restart.
             Err(e) if e.errno() == libc::EAGAIN => {}
             result => {
                 waits_of(&self.waits).remove(&unique);
@@ -1221,19 +1267,14 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
             }
         }
         let (backend, waits) = (self.fs.clone(), self.waits.clone());
-        let spawned = std::thread::Builder::new()
-            .name("citronfs-setlkw".into())
-            .spawn(move || {
-                let stopped = || stop.load(Ordering::SeqCst);
-                let result = backend.setlk(handle, claim, Some(&stopped));
-                waits_of(&waits).remove(&unique);
-                Self::empty(Req::fh("setlk", ino, fh), reply, result)
-            });
-        if let Err(error) = spawned {
+        let started = on_own_thread("citronfs-setlkw", move || {
+            let stopped = || stop.load(Ordering::SeqCst);
+            let result = backend.setlk(handle, claim, Some(&stopped));
+            waits_of(&waits).remove(&unique);
+            Self::empty(Req::fh("setlk", ino, fh), reply, result)
+        });
+        if !started {
             waits_of(&self.waits).remove(&unique);
-            // The reply went with the closure that could not run; dropped unsent, it answers
-            // EIO (fuser's `ReplyRaw` does so on drop).
-            tracing::warn!(%error, "cannot start a thread to wait for a record lock");
         }
     }
 

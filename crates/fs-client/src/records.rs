@@ -29,7 +29,9 @@
 //! of what was granted (a [`Table`] under one session), and when its heartbeat finds a new
 //! meta session it takes them all back (`SetLk` with `reclaim`): a restarted meta server grants
 //! only such reclaims during its grace period (`meta_server::MetaConfig::record_lock_grace`, 2 s)
-//! and answers other new locks and `F_GETLK` `InGrace`, which the client asks again 50 ms later. A session
+//! and answers other new locks and `F_GETLK` `InGrace`, which the client asks again 50 ms later
+//! ([`CitronFs::try_setlk`] and [`CitronFs::try_getlk`] ask once, for a caller that waits
+//! elsewhere: the FUSE adapter waits on a thread of its own, not a request thread). A session
 //! that ended without a restart (a lost connection, a fence, a client stopped past its session
 //! lease) has no grace: a lock another client took meanwhile cannot be taken back. It is then
 //! *lost*, as NFS has it (Linux's default, `nfs.recover_lost_locks=0`): the owner's reads and
@@ -257,23 +259,49 @@ impl CitronFs {
         end: u64,
         kind: RecordKind,
     ) -> Result<Option<RecordLock>, Error> {
-        let ino = self.inner.handle(fh)?.inode.ino;
         loop {
-            let call = Request::GetLk {
-                ino,
-                owner,
-                start,
-                end,
-                kind,
-            };
-            match self.inner.meta.call(call) {
-                Ok(Response::RecordLock(lock)) => return Ok(lock),
-                Ok(other) => return Err(unexpected("GetLk", other)),
+            match self.try_getlk(fh, owner, start, end, kind) {
                 // The locks of before are being taken back: the answer would miss them.
                 Err(Error::Fs(FsError::InGrace)) => std::thread::sleep(GRACE_RETRY),
-                Err(e) => return Err(e),
+                other => return other,
             }
         }
+    }
+
+    /// [`CitronFs::getlk`] asked once: `FsError::InGrace` (EAGAIN) during the meta server's
+    /// grace period after a restart, instead of waiting it out — for a caller that waits
+    /// elsewhere (the FUSE adapter, on a thread of its own rather than a request thread).
+    pub fn try_getlk(
+        &self,
+        fh: FileHandle,
+        owner: u64,
+        start: u64,
+        end: u64,
+        kind: RecordKind,
+    ) -> Result<Option<RecordLock>, Error> {
+        let ino = self.inner.handle(fh)?.inode.ino;
+        let call = Request::GetLk {
+            ino,
+            owner,
+            start,
+            end,
+            kind,
+        };
+        match self.inner.meta.call(call)? {
+            Response::RecordLock(lock) => Ok(lock),
+            other => Err(unexpected("GetLk", other)),
+        }
+    }
+
+    /// [`CitronFs::setlk`] tried once, without waiting for anything: a lock in the way is
+    /// `FsError::WouldBlock`, the meta server's grace period after a restart
+    /// `FsError::InGrace` (both EAGAIN) — for a caller that waits elsewhere.
+    pub fn try_setlk(&self, fh: FileHandle, claim: RecordClaim) -> Result<(), Error> {
+        let ino = self.inner.handle(fh)?.inode.ino;
+        if claim.kind.is_some() {
+            self.inner.records.add(ino, fh, claim.owner);
+        }
+        self.inner.records.call(&self.inner.meta, ino, claim, 0)
     }
 
     /// `F_SETLK` (`wait` `None`) or `F_SETLKW`: takes (`claim.kind` set) or gives back

@@ -285,6 +285,45 @@ fn a_lock_lost_over_a_meta_restart_fails_its_owners_io_until_it_unlocks() {
     );
 }
 
+/// `F_SETLK` and `F_GETLK` asked during the meta server's grace after a restart (2 s, while
+/// clients take their locks back) wait it out on threads of their own, and the mount's request
+/// threads go on serving. Before, each held a request thread for the whole grace: a dozen of
+/// them (the mount has 8) stalled every other call of the mount until the grace ended.
+#[test]
+fn record_lock_calls_in_a_restarts_grace_hold_no_request_thread() {
+    skip_without_fuse!();
+    let mut cluster = Cluster::start(ClusterSpec::default()).unwrap();
+    let a = cluster.spawn_mount_process("child_mount", LockScheme::CITRON);
+    let path = a.path().join("f");
+    std::fs::write(&path, b"data").unwrap();
+    let f = open_rw(&path);
+    cluster.restart_meta().unwrap();
+    let answered = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for i in 0..12 {
+            let (f, answered) = (&f, &answered);
+            s.spawn(move || {
+                // Disjoint bytes: one process is one lock owner, in its own way nowhere.
+                if i % 2 == 0 {
+                    lock(f, libc::F_SETLK, libc::F_WRLCK, i * 10, 10).unwrap();
+                } else {
+                    getlk(f, libc::F_WRLCK, i * 10, 10);
+                }
+                answered.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            });
+        }
+        // Give the calls time to reach the mount (they are answered only once the grace
+        // ends), then use it: a lookup, an open, a read and a close.
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(std::fs::read(&path).unwrap(), b"data");
+        assert_eq!(
+            answered.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "the read was served only after the grace: the lock calls held the request threads"
+        );
+    });
+}
+
 /// What a counting process is told: the counter file and how many increments to make.
 const ENV_COUNTER: &str = "CITRONFS_TEST_COUNTER";
 const ENV_INCREMENTS: &str = "CITRONFS_TEST_INCREMENTS";
