@@ -274,6 +274,21 @@ impl Cluster {
         fabric::Credentials::new(self.spec.name.clone(), self.token.clone())
     }
 
+    /// A raw client session with the meta server on one connection that many threads share
+    /// (`proto::rpc::SharedClient`, as `fs-client` uses it), each call bounded by 10 s: for
+    /// tests of the RPC protocol itself.
+    pub fn rpc_client(&self) -> Result<proto::rpc::SharedClient> {
+        Ok(proto::rpc::SharedClient::connect(
+            self.meta_addr(),
+            &self.credentials(),
+            proto::rpc::Role::Client {
+                host: "testkit".into(),
+                pid: std::process::id(),
+            },
+            Some(Duration::from_secs(10)),
+        )?)
+    }
+
     /// The meta server.
     pub fn meta(&self) -> &MetaHandle {
         &self.meta

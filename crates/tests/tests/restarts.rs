@@ -406,21 +406,9 @@ fn a_data_region_missing_for_a_moment_delays_a_read_without_failing_it() {
 #[test]
 fn a_request_running_at_a_clean_stop_is_answered_before_the_goodbye() {
     use proto::records::{RecordClaim, RecordKind};
-    use proto::rpc::{Request, Response, Role, SharedClient};
+    use proto::rpc::{Request, Response, SharedClient};
     let mut cluster = Cluster::start(spec(Backend::Shm, BackingKind::Memory)).unwrap();
-    let client = || {
-        SharedClient::connect(
-            cluster.meta_addr(),
-            &cluster.credentials(),
-            Role::Client {
-                host: "h".into(),
-                pid: 1,
-            },
-            Some(Duration::from_secs(10)),
-        )
-        .unwrap()
-    };
-    let (a, b) = (client(), client());
+    let (a, b) = (cluster.rpc_client().unwrap(), cluster.rpc_client().unwrap());
     let lock = |c: &SharedClient, owner, wait_ms| {
         c.call(Request::SetLk {
             ino: 77,

@@ -67,16 +67,7 @@ pub fn shared_mknod(client: &proto::rpc::SharedClient, name: &str) -> Ino {
 /// A client session on one connection that many threads share (`proto::rpc::SharedClient`,
 /// as `fs-client` uses it), each call bounded by 10 s.
 pub fn shared_client(cluster: &Cluster) -> proto::rpc::SharedClient {
-    proto::rpc::SharedClient::connect(
-        cluster.meta_addr(),
-        &cluster.credentials(),
-        Role::Client {
-            host: "h".into(),
-            pid: 1,
-        },
-        Some(Duration::from_secs(10)),
-    )
-    .unwrap()
+    cluster.rpc_client().unwrap()
 }
 
 /// A client session with typed helpers.
