@@ -57,7 +57,9 @@
 //!   While a file is mapped shared, the kernel also serializes direct writes to it on the
 //!   inode lock (parallel direct writes resume when the last such open is released).
 //! - Attribute and entry replies carry a short TTL ([`FuseOptions::attr_ttl`]) so sizes and
-//!   names changed by other clients show up quickly.
+//!   names changed by other clients show up quickly. A GETATTR, SETATTR or OPEN of an inode
+//!   another client removed meanwhile is answered ESTALE (`gone_or_failed`), so that the
+//!   kernel looks the name up again instead of failing with ENOENT or opening the removed file.
 //! - **Shared by default**: mounted with `allow_other` and `default_permissions`, so every
 //!   local user can use the mount and the kernel checks mode bits, ownership and sticky
 //!   directories against each caller (EACCES/EPERM come from it); the meta server records each
@@ -567,6 +569,28 @@ struct FuseAdapter<B> {
 }
 
 /// The `F_SETLKW` waits in progress ([`FuseAdapter::waits`]), locked.
+/// [`failed`] for a call that names an inode the kernel found through a cached name (GETATTR,
+/// SETATTR, OPEN): an inode that no longer exists (`NotFound`), or has no name left and is not
+/// open here (the library's `Stale`), is ESTALE, as on NFS — another client removed the file
+/// within the entry TTL — and the kernel then looks the name up again (`LOOKUP_REVAL`) and acts
+/// on what it names now: ENOENT if nothing, the new file if it was replaced, a new file for an
+/// `O_CREAT` open. An ordinary race between clients, logged quietly.
+fn gone_or_failed(req: &Req<'_>, err: &Error) -> Errno {
+    match err {
+        Error::Fs(proto::FsError::NotFound | proto::FsError::Stale) => {
+            tracing::debug!(
+                op = req.op,
+                ino = req.ino,
+                request = %req,
+                error = %Chain(err),
+                "the inode has no name any more: ESTALE, and the kernel looks the name up again"
+            );
+            Errno::from_i32(libc::ESTALE)
+        }
+        _ => failed(req, err),
+    }
+}
+
 /// Whether `e` is the meta server's grace after a restart, which a record-lock call waits out.
 fn in_grace(e: &Error) -> bool {
     matches!(e, Error::Fs(proto::FsError::InGrace))
@@ -913,7 +937,7 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.fs.getattr(ino.0) {
             Ok(attr) => reply.attr(&self.ttl, &file_attr(&attr, self.blksize())),
-            Err(e) => reply.error(failed(&Req::ino("getattr", ino), &e)),
+            Err(e) => reply.error(gone_or_failed(&Req::ino("getattr", ino), &e)),
         }
     }
 
@@ -949,7 +973,7 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
         };
         match self.fs.setattr(caller(req), ino.0, set) {
             Ok(attr) => reply.attr(&self.ttl, &file_attr(&attr, self.blksize())),
-            Err(e) => reply.error(failed(&Req::ino("setattr", ino), &e)),
+            Err(e) => reply.error(gone_or_failed(&Req::ino("setattr", ino), &e)),
         }
     }
 
@@ -1068,7 +1092,7 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         match self.fs.open(caller(req), ino.0, flags.0) {
             Ok(fh) => reply.opened(FileHandle(fh.0), self.open_flags(ino.0)),
-            Err(e) => reply.error(failed(&Req::ino("open", ino), &e)),
+            Err(e) => reply.error(gone_or_failed(&Req::ino("open", ino), &e)),
         }
     }
 

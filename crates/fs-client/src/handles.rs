@@ -133,6 +133,17 @@ struct OpenEntry {
     linger: Linger,
 }
 
+/// Whether an open found this client holding the inode already ([`Inner::open_inode_first`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FirstOpen {
+    /// It had handles on it.
+    No,
+    /// It had none, and sent `Open`, which answered this link count.
+    Sent(u32),
+    /// It had none, and took a lingering open back without an RPC.
+    Lingering,
+}
+
 /// The release of an inode this client has closed (see the module docs, "lingering opens").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Linger {
@@ -240,8 +251,31 @@ impl CitronFs {
     /// the whole-file lock), `O_APPEND` makes every write go to the current end of the file
     /// (under the whole-file lock, so appends of all clients serialize). The first open of an
     /// inode by this client sends `Open` to the meta server; the last release sends `Release`.
+    ///
+    /// An inode that has no name any more (unlinked, kept by opens) and on which this client
+    /// holds no handle is `Stale`: no path leads to it, so the caller reached it through a
+    /// name it had cached from before another client removed it — the kernel's entry cache,
+    /// for the FUSE adapter, which then looks the name up again. Such an inode lives on while
+    /// this client's own release of it still waits to ride on a call (a lingering open, see
+    /// the module docs), so opening it would have opened the removed file.
     pub fn open(&self, caller: Caller, ino: Ino, flags: i32) -> Result<FileHandle, Error> {
-        let inode = self.inner.open_inode(ino)?;
+        let (inode, first) = self.inner.open_inode_first(ino)?;
+        let nlink = match first {
+            FirstOpen::Sent(nlink) => Some(nlink),
+            // Taken back without an RPC: asked now (one-sidedly where the table has it).
+            FirstOpen::Lingering => match self.getattr(ino) {
+                Ok(attr) => Some(attr.nlink),
+                Err(e) => {
+                    self.inner.close_inode(ino);
+                    return Err(e);
+                }
+            },
+            FirstOpen::No => None,
+        };
+        if nlink == Some(0) {
+            self.inner.close_inode(ino);
+            return Err(FsError::Stale.into());
+        }
         if flags & libc::O_TRUNC != 0 && flags & libc::O_ACCMODE != libc::O_RDONLY {
             let set = SetAttr {
                 size: Some(0),
@@ -332,13 +366,22 @@ impl Inner {
     /// Counts one more open of `ino` on this client, sending `Open` on the first (without
     /// holding the table: see the module docs).
     pub(crate) fn open_inode(&self, ino: Ino) -> Result<Arc<OpenInode>, Error> {
+        self.open_inode_first(ino).map(|(inode, _)| inode)
+    }
+
+    /// [`Inner::open_inode`], saying whether this client held a handle on `ino` before.
+    pub(crate) fn open_inode_first(&self, ino: Ino) -> Result<(Arc<OpenInode>, FirstOpen), Error> {
         let mut open = self.files.settled(ino);
         if let Some(entry) = open.entries.get_mut(&ino) {
             if let Some(inode) = &entry.inode {
+                let first = match entry.linger {
+                    Linger::No => FirstOpen::No,
+                    Linger::Queued | Linger::Riding => FirstOpen::Lingering,
+                };
                 // A lingering inode is taken back: its queued release is skipped.
                 entry.handles += 1;
                 entry.linger = Linger::No;
-                return Ok(inode.clone());
+                return Ok((inode.clone(), first));
             }
         }
         open.entries.insert(
@@ -354,11 +397,11 @@ impl Inner {
         let sent = self.send_open(ino);
         let mut open = self.files.open_inodes();
         let result = match (sent, open.entries.get_mut(&ino)) {
-            (Ok(inode), Some(entry)) => {
+            (Ok((inode, nlink)), Some(entry)) => {
                 entry.inode = Some(inode.clone());
                 entry.handles = 1;
                 entry.busy = false;
-                Ok(inode)
+                Ok((inode, FirstOpen::Sent(nlink)))
             }
             (Ok(_), None) => {
                 // The client is going away (`take_all_open` emptied the table).
@@ -379,7 +422,8 @@ impl Inner {
     /// client had before the call: if a reconnection happened during it, the tag is older than
     /// the session that holds the open, and the next use reopens it (harmless), never the
     /// other way round.
-    fn send_open(&self, ino: Ino) -> Result<Arc<OpenInode>, Error> {
+    /// Also the file's link count at the open.
+    fn send_open(&self, ino: Ino) -> Result<(Arc<OpenInode>, u32), Error> {
         let session = self.meta.session();
         let opened = match self.meta.call(Request::Open {
             ino,
@@ -388,7 +432,8 @@ impl Inner {
             Response::Open(opened) => opened,
             other => return Err(unexpected("Open", other)),
         };
-        Ok(self.opened(ino, session, opened))
+        let nlink = opened.attr.nlink;
+        Ok((self.opened(ino, session, opened), nlink))
     }
 
     /// The [`OpenInode`] an `Open` (or `Create`) answered in `session` describes. Its FCB is
@@ -454,7 +499,7 @@ impl Inner {
             return Ok(current.clone());
         }
         // Rare (after a meta server restart): the table stays locked across this `Open`.
-        let inode = self.send_open(ino)?;
+        let (inode, _) = self.send_open(ino)?;
         tracing::info!(
             ino,
             session = inode.session,

@@ -487,3 +487,54 @@ fn a_file_open_under_one_scheme_refuses_clients_of_another() {
 fn open_rw_result(path: &Path) -> std::io::Result<File> {
     OpenOptions::new().read(true).write(true).open(path)
 }
+
+/// A name one client still has cached (the kernel keeps an entry for the attribute TTL) whose
+/// file another client removed or replaced: opening it, creating it, stat-ing it through the
+/// first client acts on what the name is now, as on NFS. The client answers ESTALE for an
+/// inode that no longer exists, and the kernel then looks the name up again. Before, the open
+/// failed with ENOENT even with O_CREAT: SQLite, whose rollback journal is created and deleted
+/// by every transaction, failed with "unable to open database file" when two mounts shared a
+/// database.
+#[test]
+fn a_name_another_client_removed_or_replaced_is_looked_up_again() {
+    skip_without_fuse!();
+    let cluster = Cluster::start(ClusterSpec::default()).unwrap();
+    let a = cluster.spawn_mount_process("child_mount", LockScheme::CITRON);
+    let b = cluster.spawn_mount_process("child_mount", LockScheme::CITRON);
+    for round in 0..20 {
+        let (in_a, in_b) = (a.path().join("journal"), b.path().join("journal"));
+        std::fs::write(&in_a, b"old").unwrap();
+        // A's kernel now has the name cached; B removes the file behind it.
+        assert_eq!(std::fs::metadata(&in_a).unwrap().len(), 3);
+        std::fs::remove_file(&in_b).unwrap();
+        match round % 4 {
+            // Created anew (SQLite's journal).
+            0 => {
+                let f = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(&in_a)
+                    .unwrap_or_else(|e| panic!("round {round}: O_CREAT open: {e}"));
+                assert_eq!(f.metadata().unwrap().len(), 0, "round {round}");
+            }
+            // Gone: ENOENT, as for a name nobody had.
+            1 => {
+                let e = File::open(&in_a).unwrap_err();
+                assert_eq!(e.raw_os_error(), Some(libc::ENOENT), "round {round}: {e}");
+                let e = std::fs::metadata(&in_a).unwrap_err();
+                assert_eq!(e.raw_os_error(), Some(libc::ENOENT), "round {round}: {e}");
+            }
+            // Replaced by another file of the same name: that one is opened.
+            _ => {
+                std::fs::write(&in_b, b"the new one").unwrap();
+                assert_eq!(
+                    std::fs::read(&in_a).unwrap_or_else(|e| panic!("round {round}: {e}")),
+                    b"the new one"
+                );
+            }
+        }
+        let _ = std::fs::remove_file(&in_a);
+    }
+}
