@@ -252,14 +252,20 @@ impl CitronFs {
     /// (under the whole-file lock, so appends of all clients serialize). The first open of an
     /// inode by this client sends `Open` to the meta server; the last release sends `Release`.
     ///
-    /// An inode that has no name any more (unlinked, kept by opens) and on which this client
-    /// holds no handle is `Stale`: no path leads to it, so the caller reached it through a
-    /// name it had cached from before another client removed it — the kernel's entry cache,
-    /// for the FUSE adapter, which then looks the name up again. Such an inode lives on while
-    /// this client's own release of it still waits to ride on a call (a lingering open, see
-    /// the module docs), so opening it would have opened the removed file.
+    /// An open for writing (or creating) of an inode that has no name any more (unlinked, kept
+    /// by opens) and on which this client holds no handle is `Stale`: no path leads to it, so
+    /// the caller reached it through a name it had cached from before another client removed
+    /// it — the kernel's entry cache, for the FUSE adapter, which then looks the name up again
+    /// — and what it wrote would be lost with the removed file (an `O_CREAT` open, SQLite's
+    /// journal, would not create the file). Such an inode lives on while this client's own
+    /// release of it still waits to ride on a call (a lingering open, see the module docs). An
+    /// open for reading is let through: it reads the file as it was a moment before its
+    /// removal, complete, where a new lookup could lose the race again to a next removal (a
+    /// file replaced by rename, over and over).
     pub fn open(&self, caller: Caller, ino: Ino, flags: i32) -> Result<FileHandle, Error> {
         let (inode, first) = self.inner.open_inode_first(ino)?;
+        let writes = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_CREAT != 0;
+        let first = if writes { first } else { FirstOpen::No };
         let nlink = match first {
             FirstOpen::Sent(nlink) => Some(nlink),
             // Taken back without an RPC: asked now (one-sidedly where the table has it).

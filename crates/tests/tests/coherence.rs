@@ -13,6 +13,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 use testkit::{open_rw, pattern, skip_without_fuse, ChildMount, Cluster, ClusterSpec};
 
 /// The client processes run this test (see `Cluster::spawn_mount_process`); run normally it
@@ -489,12 +490,14 @@ fn open_rw_result(path: &Path) -> std::io::Result<File> {
 }
 
 /// A name one client still has cached (the kernel keeps an entry for the attribute TTL) whose
-/// file another client removed or replaced: opening it, creating it, stat-ing it through the
-/// first client acts on what the name is now, as on NFS. The client answers ESTALE for an
-/// inode that no longer exists, and the kernel then looks the name up again. Before, the open
-/// failed with ENOENT even with O_CREAT: SQLite, whose rollback journal is created and deleted
-/// by every transaction, failed with "unable to open database file" when two mounts shared a
-/// database.
+/// file another client removed or replaced: creating it, opening it for writing or reading
+/// through the first client acts on what the name is now, as on NFS. The client answers ESTALE
+/// for an inode that no longer exists (or that only its own lingering release keeps, for an
+/// open that would write), and the kernel then looks the name up again. Before, an `O_CREAT`
+/// open failed with ENOENT, or opened the removed file: SQLite, whose rollback journal is
+/// created and deleted by every transaction, failed with "unable to open database file" when
+/// two mounts shared a database. A read-only open within the TTL may still read the removed
+/// file as it was (see `CitronFs::open`).
 #[test]
 fn a_name_another_client_removed_or_replaced_is_looked_up_again() {
     skip_without_fuse!();
@@ -519,22 +522,102 @@ fn a_name_another_client_removed_or_replaced_is_looked_up_again() {
                     .unwrap_or_else(|e| panic!("round {round}: O_CREAT open: {e}"));
                 assert_eq!(f.metadata().unwrap().len(), 0, "round {round}");
             }
-            // Gone: ENOENT, as for a name nobody had.
-            1 => {
-                let e = File::open(&in_a).unwrap_err();
-                assert_eq!(e.raw_os_error(), Some(libc::ENOENT), "round {round}: {e}");
-                let e = std::fs::metadata(&in_a).unwrap_err();
-                assert_eq!(e.raw_os_error(), Some(libc::ENOENT), "round {round}: {e}");
+            // Gone: read, it is the removed file as it was (within the entry TTL the name may
+            // still lead to it, as a stat may) or ENOENT, and ENOENT once the TTL is over.
+            1 => testkit::wait_until(Duration::from_secs(5), "A to see the removal", || {
+                match std::fs::read(&in_a) {
+                    Ok(old) => {
+                        assert_eq!(old, b"old", "round {round}");
+                        false
+                    }
+                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => true,
+                    Err(e) => panic!("round {round}: {e}"),
+                }
+            }),
+            // Replaced by another file of the same name: read, it is the removed one as it was
+            // (within the TTL) or the new one, never an error; written, the new one.
+            2 => {
+                std::fs::write(&in_b, b"the new one").unwrap();
+                testkit::wait_until(Duration::from_secs(5), "A to see the new file", || {
+                    match std::fs::read(&in_a) {
+                        Ok(got) if got == b"the new one" => true,
+                        Ok(got) => {
+                            assert_eq!(got, b"old", "round {round}");
+                            false
+                        }
+                        Err(e) => panic!("round {round}: {e}"),
+                    }
+                });
             }
-            // Replaced by another file of the same name: that one is opened.
             _ => {
                 std::fs::write(&in_b, b"the new one").unwrap();
-                assert_eq!(
-                    std::fs::read(&in_a).unwrap_or_else(|e| panic!("round {round}: {e}")),
-                    b"the new one"
-                );
+                let mut f = OpenOptions::new()
+                    .append(true)
+                    .open(&in_a)
+                    .unwrap_or_else(|e| panic!("round {round}: {e}"));
+                std::io::Write::write_all(&mut f, b", appended").unwrap();
+                drop(f);
+                assert_eq!(std::fs::read(&in_b).unwrap(), b"the new one, appended");
             }
         }
         let _ = std::fs::remove_file(&in_a);
     }
+}
+
+/// A file replaced over and over by rename (write a temporary file, rename it over the name:
+/// the usual atomic update) is always there for readers of both mounts, and always whole: an
+/// open finds the current file or the one just replaced, never ENOENT. Before, the readers'
+/// kernels opened the replaced inode through the cached name, and between 7 % and 44 % of the
+/// reads failed with ENOENT (3,000 reads against 2,000 renames, by hand).
+///
+/// What is left: the kernel looks a stale name up again once (ESTALE, `LOOKUP_REVAL`); when
+/// the file is replaced again between that lookup and its open, the second try is stale too
+/// and the reader gets ESTALE, as on NFSv3. Counted, and bounded here at 2 % of the reads (seen:
+/// none in release builds, 1 in about 4,000 reads in a debug build).
+#[test]
+fn a_file_replaced_by_rename_is_always_there_and_whole() {
+    skip_without_fuse!();
+    let cluster = Cluster::start(ClusterSpec::default()).unwrap();
+    let a = cluster.spawn_mount_process("child_mount", LockScheme::CITRON);
+    let b = cluster.spawn_mount_process("child_mount", LockScheme::CITRON);
+    let version = |i: u32| format!("v{i:06}").repeat(1000).into_bytes();
+    std::fs::write(a.path().join("target"), version(0)).unwrap();
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let readers: Vec<_> = [a.path(), b.path()]
+            .into_iter()
+            .map(|mount| {
+                let done = &done;
+                s.spawn(move || {
+                    let (mut reads, mut stale) = (0u32, 0u32);
+                    while !done.load(Ordering::Relaxed) || reads < 100 {
+                        match std::fs::read(mount.join("target")) {
+                            Ok(got) => assert!(
+                                got.len() == 7000 && got == got[..7].repeat(1000),
+                                "a torn file through {mount:?}"
+                            ),
+                            Err(e) if e.raw_os_error() == Some(libc::ESTALE) => stale += 1,
+                            Err(e) => panic!("read {reads} through {mount:?}: {e}"),
+                        }
+                        reads += 1;
+                    }
+                    (reads, stale)
+                })
+            })
+            .collect();
+        for i in 1..=400 {
+            let tmp = a.path().join("target.tmp");
+            std::fs::write(&tmp, version(i)).unwrap();
+            std::fs::rename(&tmp, a.path().join("target")).unwrap();
+        }
+        done.store(true, Ordering::Relaxed);
+        for r in readers {
+            let (reads, stale) = r.join().unwrap();
+            eprintln!("{reads} reads ({stale} ESTALE) while the file was replaced 400 times");
+            assert!(
+                stale * 50 <= reads,
+                "{stale} of {reads} reads failed with ESTALE"
+            );
+        }
+    });
 }
