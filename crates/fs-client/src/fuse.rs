@@ -57,7 +57,8 @@
 //!   While a file is mapped shared, the kernel also serializes direct writes to it on the
 //!   inode lock (parallel direct writes resume when the last such open is released).
 //! - Attribute and entry replies carry a short TTL ([`FuseOptions::attr_ttl`]) so sizes and
-//!   names changed by other clients show up quickly. A GETATTR, SETATTR or OPEN of an inode
+//!   names changed by other clients show up quickly. A GETATTR, SETATTR, OPEN, OPENDIR or
+//!   READLINK of an inode
 //!   another client removed meanwhile is answered ESTALE (`gone_or_failed`), so that the
 //!   kernel looks the name up again instead of failing with ENOENT or opening the removed file.
 //! - **Shared by default**: mounted with `allow_other` and `default_permissions`, so every
@@ -570,7 +571,7 @@ struct FuseAdapter<B> {
 
 /// The `F_SETLKW` waits in progress ([`FuseAdapter::waits`]), locked.
 /// [`failed`] for a call that names an inode the kernel found through a cached name (GETATTR,
-/// SETATTR, OPEN): an inode that no longer exists (`NotFound`), or has no name left and is not
+/// SETATTR, OPEN, OPENDIR, READLINK): an inode that no longer exists (`NotFound`), or has no name left and is not
 /// open here (the library's `Stale`), is ESTALE, as on NFS — another client removed the file
 /// within the entry TTL — and the kernel then looks the name up again (`LOOKUP_REVAL`) and acts
 /// on what it names now: ENOENT if nothing, the new file if it was replaced, a new file for an
@@ -980,7 +981,7 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         match self.fs.readlink(ino.0) {
             Ok(target) => reply.data(&target),
-            Err(e) => reply.error(failed(&Req::ino("readlink", ino), &e)),
+            Err(e) => reply.error(gone_or_failed(&Req::ino("readlink", ino), &e)),
         }
     }
 
@@ -1342,7 +1343,7 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
                 reply.opened(FileHandle(0), FopenFlags::empty())
             }
             Ok(_) => reply.error(refused(&Req::ino("opendir", ino), libc::ENOTDIR)),
-            Err(e) => reply.error(failed(&Req::ino("opendir", ino), &e)),
+            Err(e) => reply.error(gone_or_failed(&Req::ino("opendir", ino), &e)),
         }
     }
 

@@ -562,6 +562,37 @@ fn a_name_another_client_removed_or_replaced_is_looked_up_again() {
         }
         let _ = std::fs::remove_file(&in_a);
     }
+    // A directory removed and made again under the same name: listed through A, it is the new
+    // one (OPENDIR of the old inode is ESTALE too); and so for a symlink's target.
+    let (dir_a, dir_b) = (a.path().join("d"), b.path().join("d"));
+    let (link_a, link_b) = (a.path().join("l"), b.path().join("l"));
+    for round in 0..10 {
+        std::fs::create_dir(&dir_b).unwrap();
+        std::os::unix::fs::symlink("old-target", &link_b).unwrap();
+        assert_eq!(std::fs::read_dir(&dir_a).unwrap().count(), 0);
+        assert_eq!(
+            std::fs::read_link(&link_a).unwrap().as_os_str(),
+            "old-target"
+        );
+        std::fs::remove_dir(&dir_b).unwrap();
+        std::fs::create_dir(&dir_b).unwrap();
+        std::fs::write(dir_b.join("new"), b"").unwrap();
+        std::fs::remove_file(&link_b).unwrap();
+        std::os::unix::fs::symlink("new-target", &link_b).unwrap();
+        let names: Vec<_> = std::fs::read_dir(&dir_a)
+            .unwrap_or_else(|e| panic!("round {round}: list the new directory: {e}"))
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["new"], "round {round}");
+        assert_eq!(
+            std::fs::read_link(&link_a).unwrap().as_os_str(),
+            "new-target",
+            "round {round}"
+        );
+        std::fs::remove_file(dir_b.join("new")).unwrap();
+        std::fs::remove_dir(&dir_b).unwrap();
+        std::fs::remove_file(&link_b).unwrap();
+    }
 }
 
 /// A file replaced over and over by rename (write a temporary file, rename it over the name:
