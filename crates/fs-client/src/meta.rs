@@ -261,8 +261,8 @@ impl Meta {
     /// A call that fails because the connection broke is made once more, on a new connection
     /// (a new session), when that cannot do it twice: the server never executed it (it was
     /// not sent, or the server said it was stopping before answering:
-    /// `proto::rpc::RpcError::maybe_executed`), or it changes nothing a second time would
-    /// (`Request::changes_namespace` is false). So a meta server restart under a live mount
+    /// `proto::rpc::RpcError::maybe_executed`), or a second try does no harm
+    /// (`Request::may_repeat`: reads, and the session state the break ended). So a meta server restart under a live mount
     /// fails no call that reached it during the stop, nor one sent into the closing
     /// connection. Never a call under a range lock (`expires`): the lock belongs to the
     /// session that ended, and its caller redoes the whole change under a new one.
@@ -275,8 +275,7 @@ impl Meta {
             (expires.is_none() && !self.closing.load(Ordering::SeqCst)).then(|| request.clone());
         match (self.call_on(self.connection()?, request, expires), again) {
             (Err(Error::Rpc { source, .. }), Some(request))
-                if !source.is_refusal()
-                    && (!source.maybe_executed() || !request.changes_namespace()) =>
+                if !source.is_refusal() && (!source.maybe_executed() || request.may_repeat()) =>
             {
                 tracing::info!(
                     error = %source,

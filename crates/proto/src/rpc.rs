@@ -418,6 +418,54 @@ impl Request {
             | Request::Fsck(_) => false,
         }
     }
+
+    /// Whether the request may be made a second time when the first try's outcome is unknown
+    /// (its connection broke after it was sent): on a new connection, in a new session, the
+    /// second try must not do what the first may have done already, or do no harm doing it
+    /// again. Exhaustive, so that a new request is classified where it is defined.
+    pub fn may_repeat(&self) -> bool {
+        match self {
+            // Reads.
+            Request::Heartbeat
+            | Request::Cluster
+            | Request::Lookup { .. }
+            | Request::GetAttr { .. }
+            | Request::Readlink { .. }
+            | Request::ReadDir { .. }
+            | Request::ReadDirPlus { .. }
+            | Request::Statfs
+            | Request::GetXattr { .. }
+            | Request::ListXattr { .. }
+            | Request::ChunkMap { .. }
+            | Request::GetLk { .. }
+            // State of the session the break ended: what the first try did went with it.
+            | Request::Open { .. }
+            | Request::SetLk { .. }
+            // The same again.
+            | Request::Fsync { .. }
+            | Request::Fence
+            | Request::AwaitRevocations { .. } => true,
+            // Changes: a second try would fail (EEXIST, ENOENT) or act twice.
+            Request::SetAttr { .. }
+            | Request::Mknod { .. }
+            | Request::Create { .. }
+            | Request::Mkdir { .. }
+            | Request::Symlink { .. }
+            | Request::Link { .. }
+            | Request::Unlink { .. }
+            | Request::Rmdir { .. }
+            | Request::Rename { .. }
+            | Request::SetXattr { .. }
+            | Request::RemoveXattr { .. }
+            | Request::AllocateChunks { .. }
+            | Request::FreeChunks { .. }
+            | Request::Release { .. }
+            // A second allocation, the first one's words lost until the file's last close.
+            | Request::AllocateLockWords { .. }
+            // Repairs.
+            | Request::Fsck(_) => false,
+        }
+    }
 }
 
 /// A successful result.
