@@ -373,58 +373,24 @@ pub enum Request {
     },
 }
 
-impl Request {
-    /// Whether the request changes what the meta server keeps in its database, so that its
-    /// effect is durable only after the database's next flush (which an `Fsync` waits for): a
-    /// client counts such calls as not yet synced. Exhaustive, so that a new request is
-    /// classified where it is defined.
-    pub fn changes_namespace(&self) -> bool {
-        match self {
-            Request::SetAttr { .. }
-            | Request::Mknod { .. }
-            | Request::Create { .. }
-            | Request::Mkdir { .. }
-            | Request::Symlink { .. }
-            | Request::Link { .. }
-            | Request::Unlink { .. }
-            | Request::Rmdir { .. }
-            | Request::Rename { .. }
-            | Request::SetXattr { .. }
-            | Request::RemoveXattr { .. }
-            | Request::AllocateChunks { .. }
-            | Request::FreeChunks { .. }
-            | Request::Release { .. } => true,
-            // Record locks live in the meta server's memory only.
-            Request::GetLk { .. } | Request::SetLk { .. } => false,
-            Request::Heartbeat
-            | Request::Cluster
-            | Request::Lookup { .. }
-            | Request::GetAttr { .. }
-            | Request::Readlink { .. }
-            | Request::ReadDir { .. }
-            | Request::ReadDirPlus { .. }
-            | Request::Statfs
-            | Request::GetXattr { .. }
-            | Request::ListXattr { .. }
-            // An open's state lives in the meta server's memory only.
-            | Request::Open { .. }
-            | Request::ChunkMap { .. }
-            | Request::Fsync { .. }
-            // Lock memory lives in the meta region, freed with the open.
-            | Request::AllocateLockWords { .. }
-            | Request::Fence
-            | Request::AwaitRevocations { .. }
-            // An administrator's check, not a change a client makes to its files.
-            | Request::Fsck(_) => false,
-        }
-    }
+/// What a [`Request`] does, as a client must know it ([`Request::effects`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Effects {
+    /// It changes what the meta server keeps in its database, so that its effect is durable
+    /// only after the database's next flush (which an `Fsync` waits for): a client counts such
+    /// calls as not yet synced.
+    pub changes_namespace: bool,
+    /// It may be made a second time when the first try's outcome is unknown (its connection
+    /// broke after it was sent): on a new connection, in a new session, the second try does
+    /// not do what the first may have done already, or does no harm doing it again.
+    pub may_repeat: bool,
+}
 
-    /// Whether the request may be made a second time when the first try's outcome is unknown
-    /// (its connection broke after it was sent): on a new connection, in a new session, the
-    /// second try must not do what the first may have done already, or do no harm doing it
-    /// again. Exhaustive, so that a new request is classified where it is defined.
-    pub fn may_repeat(&self) -> bool {
-        match self {
+impl Request {
+    /// What the request does, as a client must know it: one exhaustive match, so that a new
+    /// request is classified where it is defined.
+    pub fn effects(&self) -> Effects {
+        let (changes_namespace, may_repeat) = match self {
             // Reads.
             Request::Heartbeat
             | Request::Cluster
@@ -437,14 +403,19 @@ impl Request {
             | Request::GetXattr { .. }
             | Request::ListXattr { .. }
             | Request::ChunkMap { .. }
-            | Request::GetLk { .. }
-            // State of the session the break ended: what the first try did went with it.
-            | Request::Open { .. }
-            | Request::SetLk { .. }
+            | Request::GetLk { .. } => (false, true),
+            // State in the meta server's memory only (opens, record locks), of the session a
+            // broken connection ends: what a first try did went with it.
+            Request::Open { .. } | Request::SetLk { .. } => (false, true),
             // The same again.
-            | Request::Fsync { .. }
-            | Request::Fence
-            | Request::AwaitRevocations { .. } => true,
+            Request::Fsync { .. } | Request::Fence | Request::AwaitRevocations { .. } => {
+                (false, true)
+            }
+            // Lock memory lives in the meta region, freed with the open; a second try would
+            // allocate again, the first one's words lost until the file's last close.
+            Request::AllocateLockWords { .. } => (false, false),
+            // An administrator's check (and repairs), not a change a client makes to its files.
+            Request::Fsck(_) => (false, false),
             // Changes: a second try would fail (EEXIST, ENOENT) or act twice.
             Request::SetAttr { .. }
             | Request::Mknod { .. }
@@ -459,12 +430,22 @@ impl Request {
             | Request::RemoveXattr { .. }
             | Request::AllocateChunks { .. }
             | Request::FreeChunks { .. }
-            | Request::Release { .. }
-            // A second allocation, the first one's words lost until the file's last close.
-            | Request::AllocateLockWords { .. }
-            // Repairs.
-            | Request::Fsck(_) => false,
+            | Request::Release { .. } => (true, false),
+        };
+        Effects {
+            changes_namespace,
+            may_repeat,
         }
+    }
+
+    /// [`Effects::changes_namespace`] of the request.
+    pub fn changes_namespace(&self) -> bool {
+        self.effects().changes_namespace
+    }
+
+    /// [`Effects::may_repeat`] of the request.
+    pub fn may_repeat(&self) -> bool {
+        self.effects().may_repeat
     }
 }
 
