@@ -211,7 +211,7 @@ impl Error {
     /// Whether the failure was below the file system and may pass once the client has caught
     /// up with the cluster (a server restarted, a connection broke, the layout changed): the
     /// data path then refreshes its view and tries again (`io`). A refusal (wrong token, a
-    /// revoked session: a fenced client stays fenced), a verb refused for its shape, a
+    /// revoked session: the client joins again instead, `Error::is_fenced`), a verb refused for its shape, a
     /// protocol violation or a server's answer are final.
     pub(crate) fn is_transient(&self) -> bool {
         fn fabric(e: &FabricError) -> bool {
@@ -237,6 +237,22 @@ impl Error {
             | Error::Fs(FsError::Unavailable(_)) => true,
             _ => false,
         }
+    }
+
+    /// Whether a fabric server refused this client's session: revoked by a fence
+    /// (DESIGN.md "Fencing"; tcp). Every verb of the session is refused from then on, so the
+    /// client must join again in a new session (`meta::Meta::session_ended`).
+    pub(crate) fn is_fenced(&self) -> bool {
+        matches!(
+            self,
+            Error::Fabric {
+                source: FabricError::Refused(_),
+                ..
+            } | Error::Lock {
+                source: LockError::Fabric(FabricError::Refused(_)),
+                ..
+            }
+        )
     }
 
     /// The data server a failure is about, if it names one.

@@ -490,7 +490,18 @@ impl Inner {
         let mut first_failure: Option<Instant> = None;
         let mut pause = FIRST_PAUSE;
         loop {
+            let session = self.meta.session();
             match op() {
+                // Fenced: the fabric servers refuse this session's verbs for good (a lock it
+                // held was broken while it was stopped or cut off). This I/O fails — its verbs
+                // may have landed in part before the fence — and the client joins again in a
+                // new session for the next ones, unless it has already.
+                Err(e) if e.is_fenced() => {
+                    if self.meta.session() == session {
+                        self.meta.session_ended();
+                    }
+                    return Err(e);
+                }
                 Err(Error::LeaseLost) if lease_retries < LEASE_RETRIES => {
                     lease_retries += 1;
                     tracing::warn!(

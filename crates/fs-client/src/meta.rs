@@ -20,7 +20,7 @@
 
 use crate::error::Error;
 use proto::rpc::{self, Request, Response, Role, Welcome};
-use proto::{ClusterInfo, Ino};
+use proto::{ClusterInfo, FsError, Ino};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -239,6 +239,27 @@ impl Meta {
         }
     }
 
+    /// The meta server ended this client's session while its connection stayed up (its
+    /// heartbeat answered `Stale`), or a fence revoked it on the fabric servers (the data path
+    /// found its verbs refused: `Error::is_fenced`): the connection is dropped — which ends the
+    /// session at the meta server, if it had not — so that the next call —
+    /// the heartbeat's, at the latest — opens a new session, and the client carries on in it
+    /// as after a meta server restart (files reopened on their next use, record locks taken
+    /// back or lost, a new view with connectors of the new session). What was in flight in
+    /// the old session failed: the fabric servers refuse its verbs (tcp), and its calls were
+    /// answered `Stale`.
+    pub(crate) fn session_ended(&self) {
+        let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
+        if conn.take().is_some() {
+            self.up.store(false, Ordering::SeqCst);
+            tracing::warn!(
+                session = self.session(),
+                "this client's session was ended (stopped or cut off past its lease, or \
+                 fenced): joining again in a new one"
+            );
+        }
+    }
+
     /// The client is going away: from now on a lost connection is tried once more, not waited
     /// for ([`RECONNECT_WAIT`]), so that a client whose meta server died (the process of an
     /// embedded cluster, killed) stops within moments, heartbeat included.
@@ -405,6 +426,10 @@ impl Heartbeat {
                                 meta.note_layout_epoch(layout_epoch)
                             }
                             Ok(_) => {}
+                            // The meta server ended the session (its lease ran out while this
+                            // client was stopped or cut off, or a fence revoked it): join
+                            // again, in a new session, as after a meta server restart.
+                            Err(Error::Fs(FsError::Stale)) => meta.session_ended(),
                             Err(error) => tracing::warn!(%error, "session heartbeat failed"),
                         },
                         // Stopped, or the owner is gone.

@@ -33,6 +33,12 @@ fn check(op: NameOp, name: &str) -> Result<(), Error> {
 /// of the error. Any other failure stands.
 fn or_rpc<T>(read: Result<T, Error>, fallback: T) -> Result<T, Error> {
     match read {
+        // Fenced (the meta region's fabric refuses the session): the data path's reads and
+        // writes find it too and join again; the RPC answers now.
+        Err(e) if e.is_fenced() => {
+            tracing::debug!(error = %crate::error::Chain(&e), "one-sided read refused; asking by RPC");
+            Ok(fallback)
+        }
         Err(e) if e.is_transient() => {
             tracing::debug!(error = %crate::error::Chain(&e), "one-sided read failed; asking by RPC");
             Ok(fallback)

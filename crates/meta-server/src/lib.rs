@@ -539,6 +539,12 @@ impl MetaHandle {
         self.inner.as_ref().map_or(0, |r| r.service.request_nanos())
     }
 
+    /// How many client sessions are open. For tests that must act once one has ended.
+    #[cfg(feature = "test-hooks")]
+    pub fn session_count(&self) -> usize {
+        self.inner.as_ref().map_or(0, |r| r.service.session_count())
+    }
+
     /// How many record-lock owners have waited at this server for a lock (`SetLk` with a
     /// wait), their waits not yet forgotten. For tests that must act while a call waits.
     #[cfg(feature = "test-hooks")]

@@ -1162,6 +1162,12 @@ impl Service {
 
     // ---- open files -------------------------------------------------------------------------
 
+    /// `MetaHandle::session_count`.
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn session_count(&self) -> usize {
+        lock(&self.state).sessions.len()
+    }
+
     /// `MetaHandle::record_lock_waiters`.
     #[cfg(feature = "test-hooks")]
     pub(crate) fn record_lock_waiters(&self) -> usize {

@@ -268,7 +268,8 @@ fn pause_past_lease(fabric: Backend) {
                 a_writes.insert(seq, (started, r.is_ok()));
                 match r {
                     Ok(()) => a_ok.push(seq),
-                    // Fenced: its session was revoked when B broke its lock; it must remount.
+                    // Fenced: its session was revoked when B broke its lock; the write in
+                    // flight fails, and A joins again in a new session for the next ones.
                     Err(e) if e.contains("os error 5") => a_fenced += 1,
                     Err(e) => panic!("A's write {seq} failed with something else than EIO: {e}"),
                 }
@@ -309,6 +310,15 @@ fn pause_past_lease(fabric: Backend) {
     assert!(
         b_while_stopped > 0,
         "B never got the lock while A was stopped: lease recovery did not happen"
+    );
+    // A works on after its last stop: fenced or not, it writes again (a fenced client joins
+    // again in a new session; before, every later write of a fenced A failed until a remount).
+    let last_resume = *stops.last().unwrap() + stopped_for;
+    assert!(
+        a_writes
+            .values()
+            .any(|&(started, ok)| ok && started > last_resume),
+        "A wrote nothing after its last stop"
     );
 }
 
@@ -483,4 +493,54 @@ fn a_punch_held_up_past_its_lease_does_not_free_a_later_write() {
     );
     a.release(fa).unwrap();
     b.release(fb).unwrap();
+}
+
+/// A client process stopped (SIGSTOP) for longer than its meta session's lease loses its
+/// session; continued, it joins the cluster again in a new session, and its mount works on:
+/// a new file, and the file it had open, are written and read back, through it and through
+/// another client. Before, such a mount answered ESTALE and EIO to every call until it was
+/// remounted.
+#[test]
+fn a_client_stopped_past_its_session_lease_joins_again() {
+    skip_without_fuse!();
+    let cluster = Cluster::start(ClusterSpec {
+        session_lease: Duration::from_millis(600),
+        ..ClusterSpec::default()
+    })
+    .unwrap();
+    let a: ChildMount = cluster.spawn_mount_process("child_mount", LockScheme::CITRON);
+    let b: ChildMount = cluster.spawn_mount_process("child_mount", LockScheme::CITRON);
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(a.path().join("kept-open"))
+        .unwrap();
+    f.write_all_at(b"before", 0).unwrap();
+    let sessions = cluster.meta().session_count();
+    {
+        let _stopped = a.stop();
+        testkit::wait_until(Duration::from_secs(30), "A's session to end", || {
+            cluster.meta().session_count() < sessions
+        });
+    }
+    testkit::wait_until(Duration::from_secs(30), "A to work again", || {
+        std::fs::write(a.path().join("after"), b"written after").is_ok()
+    });
+    assert_eq!(
+        std::fs::read(b.path().join("after")).unwrap(),
+        b"written after"
+    );
+    testkit::wait_until(
+        Duration::from_secs(30),
+        "A's open file to work again",
+        || f.write_all_at(b"AFTER!", 0).is_ok(),
+    );
+    let mut back = [0u8; 6];
+    std::fs::File::open(b.path().join("kept-open"))
+        .unwrap()
+        .read_exact_at(&mut back, 0)
+        .unwrap();
+    assert_eq!(&back, b"AFTER!");
 }
