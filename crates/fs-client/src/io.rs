@@ -497,9 +497,7 @@ impl Inner {
                 // may have landed in part before the fence — and the client joins again in a
                 // new session for the next ones, unless it has already.
                 Err(e) if e.is_fenced() => {
-                    if self.meta.session() == session {
-                        self.meta.session_ended();
-                    }
+                    self.meta.session_ended(session);
                     return Err(e);
                 }
                 Err(Error::LeaseLost) if lease_retries < LEASE_RETRIES => {

@@ -248,8 +248,14 @@ impl Meta {
     /// back or lost, a new view with connectors of the new session). What was in flight in
     /// the old session failed: the fabric servers refuse its verbs (tcp), and its calls were
     /// answered `Stale`.
-    pub(crate) fn session_ended(&self) {
+    ///
+    /// Only while `session` is still the current one: another thread may have joined again
+    /// meanwhile, and that session stays.
+    pub(crate) fn session_ended(&self, session: u64) {
         let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.session() != session {
+            return;
+        }
         if conn.take().is_some() {
             self.up.store(false, Ordering::SeqCst);
             tracing::warn!(
@@ -279,8 +285,10 @@ impl Meta {
     /// meta server applies it only before then (`proto::rpc::RequestFrame::expires`), and
     /// answers `FsError::Expired` otherwise.
     ///
-    /// A call that fails because the connection broke is made once more, on a new connection
-    /// (a new session), when that cannot do it twice: the server never executed it (it was
+    /// A call that fails because the server went away under the connection (it stopped, or
+    /// closed or reset the connection: `RpcError::server_went_away`; not a timeout or an
+    /// unreachable host, where a second try would only wait again) is made once more, on a
+    /// new connection (a new session), when that cannot do it twice: the server never executed it (it was
     /// not sent, or the server said it was stopping before answering:
     /// `proto::rpc::RpcError::maybe_executed`), or a second try does no harm
     /// (`Request::may_repeat`: reads, and the session state the break ended). So a meta server restart under a live mount
@@ -296,7 +304,8 @@ impl Meta {
             (expires.is_none() && !self.closing.load(Ordering::SeqCst)).then(|| request.clone());
         match (self.call_on(self.connection()?, request, expires), again) {
             (Err(Error::Rpc { source, .. }), Some(request))
-                if !source.is_refusal() && (!source.maybe_executed() || request.may_repeat()) =>
+                if source.server_went_away()
+                    && (!source.maybe_executed() || request.may_repeat()) =>
             {
                 tracing::info!(
                     error = %source,
@@ -421,17 +430,20 @@ impl Heartbeat {
                 let mut session = meta.generation();
                 loop {
                     match stopped.recv_timeout(period) {
-                        Err(RecvTimeoutError::Timeout) => match meta.call(Request::Heartbeat) {
-                            Ok(Response::Heartbeat { layout_epoch }) => {
-                                meta.note_layout_epoch(layout_epoch)
+                        Err(RecvTimeoutError::Timeout) => {
+                            let asked_in = meta.session();
+                            match meta.call(Request::Heartbeat) {
+                                Ok(Response::Heartbeat { layout_epoch }) => {
+                                    meta.note_layout_epoch(layout_epoch)
+                                }
+                                Ok(_) => {}
+                                // The meta server ended the session (its lease ran out while
+                                // this client was stopped or cut off): join again, in a new
+                                // session, as after a meta server restart.
+                                Err(Error::Fs(FsError::Stale)) => meta.session_ended(asked_in),
+                                Err(error) => tracing::warn!(%error, "session heartbeat failed"),
                             }
-                            Ok(_) => {}
-                            // The meta server ended the session (its lease ran out while this
-                            // client was stopped or cut off, or a fence revoked it): join
-                            // again, in a new session, as after a meta server restart.
-                            Err(Error::Fs(FsError::Stale)) => meta.session_ended(),
-                            Err(error) => tracing::warn!(%error, "session heartbeat failed"),
-                        },
+                        }
                         // Stopped, or the owner is gone.
                         _ => return,
                     }

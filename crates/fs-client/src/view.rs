@@ -168,11 +168,14 @@ impl Inner {
             let seen = self.view.read().unwrap_or_else(PoisonError::into_inner).id;
             let view = match self.refresh_view(seen) {
                 Err(Error::Fs(FsError::Stale)) => return Err(failure),
-                // The meta connection broke under the refresh (a restart's old connection
-                // answering its last, `ServerStopping`): it was dropped, and the next call
-                // reconnects.
-                Err(e) if e.is_transient() && Instant::now() < deadline => {
-                    tracing::debug!(error = %e, "refreshing the view failed; trying again");
+                // The meta server went away under the refresh (a restart's old connection
+                // answering its last, `ServerStopping`): the connection was dropped, and the
+                // next call reconnects. Not after a timeout or an unreachable host: that would
+                // only wait again, and the I/O must fail within its bound.
+                Err(Error::Rpc { source, .. })
+                    if source.server_went_away() && Instant::now() < deadline =>
+                {
+                    tracing::debug!(error = %source, "refreshing the view failed; trying again");
                     std::thread::sleep(Duration::from_millis(20));
                     continue;
                 }

@@ -575,6 +575,25 @@ impl RpcError {
         !matches!(self, RpcError::NotSent(_) | RpcError::ServerStopping)
     }
 
+    /// Whether the server went away under the connection — stopped (said so), or closed or
+    /// reset it, or the connection was already broken so when the call came — rather than the
+    /// link failing (a timeout, an unreachable host): then a new connection is worth trying at
+    /// once, as after a restart, where after a cut link it would only wait for it again.
+    pub fn server_went_away(&self) -> bool {
+        match self {
+            RpcError::ServerStopping => true,
+            RpcError::Io(e) => matches!(
+                e.kind(),
+                std::io::ErrorKind::UnexpectedEof
+                    | std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::ConnectionAborted
+                    | std::io::ErrorKind::BrokenPipe
+            ),
+            RpcError::NotSent(why) => why.server_went_away(),
+            _ => false,
+        }
+    }
+
     /// Whether the server stopped cleanly (said so), whether or not the request was sent.
     pub fn is_server_stopping(&self) -> bool {
         match self {
