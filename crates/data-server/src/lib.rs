@@ -29,7 +29,7 @@ pub const DATA_REGION: RegionId = RegionId(1);
 /// How often the data server tries to register again while the meta server is away.
 const HEARTBEAT_EVERY: Duration = Duration::from_millis(500);
 
-/// What holds the region's memory (the fabric's [`Backing`](fabric::Backing)).
+/// What holds the region's memory (the fabric's [`fabric::Backing`]).
 pub use fabric::Backing;
 
 /// Everything a data server needs.

@@ -114,9 +114,10 @@ impl EndpointStats {
 pub trait Endpoint: Send {
     /// Executes `batch` and fills `out` with its results.
     ///
-    /// On `Err`, no verb of the batch executed, except for [`FabricError::Disconnected`]
-    /// (crate::FabricError::Disconnected) and [`FabricError::TimedOut`]
-    /// (crate::FabricError::TimedOut), after which the outcome is unknown.
+    /// On `Err`, no verb of the batch executed, except for
+    /// [`FabricError::Disconnected`](crate::FabricError::Disconnected) and
+    /// [`FabricError::TimedOut`](crate::FabricError::TimedOut), after which the outcome is
+    /// unknown.
     fn execute(&mut self, batch: &Batch, out: &mut Completions) -> Result<()>;
 
     /// Starts executing `batch`, whose results go into `out`; [`Endpoint::complete`] with the

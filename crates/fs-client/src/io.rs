@@ -317,7 +317,7 @@ impl CitronFs {
 
     /// fallocate(2) on an open file, under the range lock of `[offset, offset + len)` like a
     /// write, so it is atomic against every read and write that overlaps it (a range over
-    /// [`FALLOCATE_STEP`] is done in steps of that size, each atomic by itself):
+    /// `FALLOCATE_STEP`, 16 MiB, is done in steps of that size, each atomic by itself):
     ///
     /// - [`Fallocate::Allocate`] (mode 0): allocates the chunks of the range and raises the
     ///   size to its end when it is beyond; reads of the range give what was there, or zeros.

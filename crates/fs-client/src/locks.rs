@@ -7,7 +7,7 @@
 //! file system adds per scheme:
 //!
 //! - `citron`: scale-ups allocate tree words with the `AllocateLockWords` RPC
-//!   ([`RpcTreeAllocator`]), and a lease recovery fences first (`MetaFence`).
+//!   (`RpcTreeAllocator`), and a lease recovery fences first (`MetaFence`).
 //! - `mutex`, `seg`: nothing.
 //! - `server`: the CPU lock server at [`proto::ClusterInfo::lock_server`] locks one global space
 //!   for every file: file `ino`'s unit `u` is `ino << 40 | u` ([`server_range`]), so files never

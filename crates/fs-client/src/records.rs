@@ -11,7 +11,7 @@
 //! Giving locks back at a close. POSIX gives a process's locks on a file back when it closes
 //! any descriptor of that file; the kernel tells a FUSE file system which owner closed only in
 //! a FLUSH request, and a FLUSH at every close costs creates and opens 15–25 % (measured:
-//! docs/ARCHITECTURE.md). So [`RecordOwners`] keeps the locks granted through this client, and
+//! docs/ARCHITECTURE.md). So `RecordOwners` keeps the locks granted through this client, and
 //! per handle the owners that took locks through it:
 //! - a file opened while this client holds locks of it is opened with FLUSH
 //!   ([`CitronFs::wants_flush`]), and each close of it gives the closing owner's locks back

@@ -2,7 +2,7 @@
 //! chunk allocation state with every other, and (at rest) the open files' lock words with "no
 //! lock held", and repairs what can be repaired without guessing.
 //!
-//! It runs in the meta server, which owns all of that: [`crate::store::Store::image`] reads the
+//! It runs in the meta server, which owns all of that: `Store::image` reads the
 //! database, the service adds what lives only in memory (which files are open, the size in
 //! their control blocks, their locks) and holds its state lock throughout, so that no namespace
 //! change, chunk allocation or chunk recycling runs between the scans. [`check_offline`] runs
@@ -36,7 +36,7 @@
 //!   finding (`lost-chunks`), not repaired — the data is gone; the user truncates or removes
 //!   the file. A mark that does not name the chunk map's entry is reported as a stray record.
 //!
-//! # Repairs ([`repair`])
+//! # Repairs (`repair`)
 //!
 //! Only what has one right answer: at rest, lock words that no live client holds or waits
 //! for are put back at rest (`lockmgr::schemes::reset_to_rest`, by the service); dangling entries and strays are removed; unreachable

@@ -39,7 +39,7 @@
 //! stack: the top entry takes its slot).
 //!
 //! # Invariants
-//! - Every mutating operation is one transaction over all trees ([`crate::staged`]: visible to
+//! - Every mutating operation is one transaction over all trees (`staged`: visible to
 //!   every read when it returns, written to sled behind it, all of it or none of it after a
 //!   crash); callers serialize mutations (the service holds its state lock around each), so
 //!   the key scans some operations do just before their transaction (chunk maps and xattrs of
@@ -649,7 +649,7 @@ pub struct Tail {
 /// 64-bit space.
 const INO_SKIP_AFTER_CRASH: u64 = 1 << 32;
 
-/// The sled database of one meta server, written behind ([`crate::staged`]).
+/// The sled database of one meta server, written behind (`staged`).
 pub struct Store {
     staged: Staged,
     layout: Layout,
@@ -901,7 +901,7 @@ impl Store {
     }
 
     /// Flushes everything to disk: every change acknowledged so far is written to sled
-    /// first ([`Staged::flush`]).
+    /// first (`Staged::flush`).
     pub fn flush(&self) -> Result<(), FsError> {
         self.staged.flush()
     }
