@@ -10,6 +10,9 @@ use testkit::{pattern, skip_without_fuse, BackingKind, Cluster, ClusterSpec};
 #[test]
 fn restart_keeps_namespace_and_data() {
     skip_without_fuse!();
+    // Warnings, fuser's included: see `fs-client/tests/null_mount.rs` on the ECONNABORTED this
+    // test once failed with.
+    testkit::init_logging();
     let mut cluster = Cluster::start(ClusterSpec {
         backing: BackingKind::File,
         ..ClusterSpec::default()
