@@ -490,14 +490,15 @@ impl Inner {
         let mut first_failure: Option<Instant> = None;
         let mut pause = FIRST_PAUSE;
         loop {
-            let session = self.meta.session();
+            // An atomic load: the session's id sits behind a mutex, and this runs every I/O.
+            let generation = self.meta.generation();
             match op() {
                 // Fenced: the fabric servers refuse this session's verbs for good (a lock it
                 // held was broken while it was stopped or cut off). This I/O fails — its verbs
                 // may have landed in part before the fence — and the client joins again in a
                 // new session for the next ones, unless it has already.
                 Err(e) if e.is_fenced() => {
-                    self.meta.session_ended(session);
+                    self.meta.session_ended(generation);
                     return Err(e);
                 }
                 Err(Error::LeaseLost) if lease_retries < LEASE_RETRIES => {

@@ -249,11 +249,13 @@ impl Meta {
     /// the old session failed: the fabric servers refuse its verbs (tcp), and its calls were
     /// answered `Stale`.
     ///
-    /// Only while `session` is still the current one: another thread may have joined again
-    /// meanwhile, and that session stays.
-    pub(crate) fn session_ended(&self, session: u64) {
+    /// Only while the connection is still that of `generation` ([`Meta::generation`], read
+    /// before the call that found the session ended): another thread may have joined again
+    /// meanwhile, and that session stays. (Each new session bumps the generation under the
+    /// connection's mutex, which this holds.)
+    pub(crate) fn session_ended(&self, generation: u64) {
         let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
-        if self.session() != session {
+        if self.generation() != generation {
             return;
         }
         if conn.take().is_some() {
@@ -431,7 +433,7 @@ impl Heartbeat {
                 loop {
                     match stopped.recv_timeout(period) {
                         Err(RecvTimeoutError::Timeout) => {
-                            let asked_in = meta.session();
+                            let asked_in = meta.generation();
                             match meta.call(Request::Heartbeat) {
                                 Ok(Response::Heartbeat { layout_epoch }) => {
                                     meta.note_layout_epoch(layout_epoch)
