@@ -38,6 +38,10 @@ pub trait FsBackend: Send + Sync + 'static {
     /// The block size reported in attributes (`st_blksize`).
     fn blksize(&self) -> u64;
 
+    /// The mount is being unmounted: calls still in flight, and those the unmount makes,
+    /// should not wait for servers that are away ([`CitronFs::shutting_down`]).
+    fn shutting_down(&self) {}
+
     /// The entry `name` of directory `parent`.
     fn lookup(&self, parent: Ino, name: &str) -> Result<Attr, Error>;
 
@@ -300,6 +304,10 @@ impl FsBackend for CitronFs {
     fn blksize(&self) -> u64 {
         // Large enough that tools issue big I/Os, small enough for a page-sized sanity.
         self.cluster().chunk_size.min(1 << 20)
+    }
+
+    fn shutting_down(&self) {
+        CitronFs::shutting_down(self)
     }
 
     fn lookup(&self, parent: Ino, name: &str) -> Result<Attr, Error> {

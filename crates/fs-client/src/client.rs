@@ -218,6 +218,17 @@ impl CitronFs {
         }
     }
 
+    /// The client is going away (its mount is being unmounted, its process told to stop):
+    /// from now on a server that is away fails the call at once — the data path's recovery,
+    /// the wait for a data server to come back and the meta server's reconnection are cut
+    /// short. With a live cluster nothing changes. Without it, a client whose cluster died
+    /// (an embedded cluster's process, killed) held each request in flight at the unmount for
+    /// the whole recovery budget, one after another, and took more than a minute to exit
+    /// (`tools/tests/workloads.rs`). Dropping the client does this too.
+    pub fn shutting_down(&self) {
+        self.inner.meta.close();
+    }
+
     /// The lock scheme every read and write uses.
     pub fn scheme(&self) -> LockScheme {
         self.inner.scheme

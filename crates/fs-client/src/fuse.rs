@@ -288,6 +288,9 @@ impl Default for FuseOptions {
 /// [`MountHandle::unmount`].
 pub struct MountHandle {
     session: Option<fuser::BackgroundSession>,
+    /// Tells the backend, if it is still there, that the unmount begins
+    /// ([`FsBackend::shutting_down`]). Weak: the handle does not keep the backend alive.
+    shutting_down: Box<dyn Fn() + Send + Sync>,
     mountpoint: PathBuf,
     limits: IoLimits,
     shared_mmap: bool,
@@ -333,6 +336,7 @@ impl MountHandle {
         let Some(session) = self.session.take() else {
             return Ok(());
         };
+        (self.shutting_down)();
         let ended = session.guard.is_finished();
         match session.umount_and_join() {
             // Unmounted from outside (`fusermount3 -u`, `umount`): the session ended with the
@@ -357,21 +361,36 @@ impl Drop for MountHandle {
 }
 
 /// Whether `path` is a mount point now: a line of `/proc/self/mountinfo` names it (its fifth
-/// field, octal escapes such as `\040` undone). The path is compared resolved where it can be
-/// resolved, else as given (a dead FUSE mount answers ENOTCONN to every lookup). Fails only when
-/// the table cannot be read; each caller decides what that means. The one reading of the table
-/// (the test kit's mounts use it too).
+/// field, octal escapes such as `\040` undone). The path is compared with its directory
+/// resolved ([`resolve_mount_point`]). Fails only when the table cannot be read; each caller
+/// decides what that means. The one reading of the table (the test kit's mounts use it too).
 pub fn is_mount_point(path: &Path) -> std::io::Result<bool> {
-    let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let path = resolve_mount_point(path);
     Ok(mounts()?
         .iter()
         .any(|(point, _)| point == path.as_os_str().as_bytes()))
 }
 
-/// The device (`major`, `minor`) of what is mounted at `path` as given (not resolved, so that
-/// nothing asks a file system that may be dead), the topmost mount if several; `None` when
-/// nothing is. A FUSE mount's minor names its connection in `/sys/fs/fuse/connections`.
+/// `path` with its directory resolved (symbolic links, `..`) but not its last component, or
+/// as given where that fails. Never a lookup of the mount point itself: that would ask the
+/// file system mounted there, which may be dead (ENOTCONN) — or be served by the very process
+/// asking, which then waits on itself if its request threads are gone, in an uninterruptible
+/// wait no signal ends: a `citronfs mount` killed while it stat'ed its new mount stayed so,
+/// in state D, with its mount (a CI run of 2026-11-27).
+pub fn resolve_mount_point(path: &Path) -> PathBuf {
+    match (path.parent(), path.file_name()) {
+        (Some(dir), Some(name)) if !dir.as_os_str().is_empty() => std::fs::canonicalize(dir)
+            .map(|d| d.join(name))
+            .unwrap_or_else(|_| path.to_path_buf()),
+        _ => std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf()),
+    }
+}
+
+/// The device (`major`, `minor`) of what is mounted at `path` (its directory resolved:
+/// [`resolve_mount_point`]), the topmost mount if several; `None` when nothing is. A FUSE
+/// mount's minor names its connection in `/sys/fs/fuse/connections`.
 pub fn mounted_device(path: &Path) -> std::io::Result<Option<(u32, u32)>> {
+    let path = resolve_mount_point(path);
     Ok(mounts()?
         .into_iter()
         .rev()
@@ -454,6 +473,7 @@ pub fn mount<B: FsBackend>(
     // The kernel copies the limit into the connection when it is made, at mount(2).
     let limit = raise_max_pages_limit(u32::from(pages_asked));
     let negotiated = Arc::new(Mutex::new(None));
+    let backend = Arc::downgrade(&fs);
     let adapter = FuseAdapter {
         fs,
         ttl: opts.attr_ttl,
@@ -479,6 +499,11 @@ pub fn mount<B: FsBackend>(
     }
     Ok(MountHandle {
         session: Some(session),
+        shutting_down: Box::new(move || {
+            if let Some(fs) = backend.upgrade() {
+                fs.shutting_down();
+            }
+        }),
         mountpoint,
         limits,
         shared_mmap: negotiated.shared_mmap,
@@ -543,13 +568,11 @@ fn log_limits(l: &IoLimits, mountpoint: &Path) {
     }
 }
 
-/// Blocks until SIGINT or SIGTERM arrives or the mount ends by itself, then unmounts. Installs
-/// the signal handlers on first call; a second signal while unmounting is ignored.
-pub fn wait_for_signal(handle: MountHandle) -> std::io::Result<()> {
-    let stop = Arc::new(AtomicBool::new(false));
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(signal, stop.clone())?;
-    }
+/// Blocks until `stop` is set or the mount ends by itself, then unmounts. `stop` is the flag
+/// of a SIGINT and SIGTERM handler that the caller registered before it mounted: one
+/// registered only here would leave a window in which the signal's default action kills the
+/// process, and its mount stays behind, dead. A second signal while unmounting is ignored.
+pub fn wait_for_signal(handle: MountHandle, stop: &AtomicBool) -> std::io::Result<()> {
     while !stop.load(Ordering::Relaxed) && !handle.is_finished() {
         std::thread::sleep(Duration::from_millis(100));
     }

@@ -508,9 +508,13 @@ impl Inner {
                         "range lock lease ran out mid-I/O; retrying under a new lock"
                     );
                 }
+                // Not once the client is going away (`CitronFs::shutting_down`): a cluster
+                // that died with the process that started it would hold every request in
+                // flight at the unmount for the whole budget, one after another per worker.
                 Err(e)
                     if redo
                         && e.is_transient()
+                        && !self.meta.is_closing()
                         && first_failure.is_none_or(|t| t.elapsed() < RECOVERY_BUDGET) =>
                 {
                     recoveries += 1;

@@ -275,6 +275,12 @@ impl Meta {
         self.closing.store(true, Ordering::SeqCst);
     }
 
+    /// Whether the client is going away ([`Meta::close`]): servers that are away are then not
+    /// waited for, by the meta calls nor by the data path's recovery.
+    pub(crate) fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::SeqCst)
+    }
+
     /// Makes one call: the meta server's answer, or `Error::Fs` with the error it answered.
     /// A broken connection is dropped and the call fails with `Error::Rpc`; the next call
     /// reconnects (as a new session: files opened before must be reopened). The releases

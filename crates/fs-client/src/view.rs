@@ -173,7 +173,9 @@ impl Inner {
                 // next call reconnects. Not after a timeout or an unreachable host: that would
                 // only wait again, and the I/O must fail within its bound.
                 Err(Error::Rpc { source, .. })
-                    if source.server_went_away() && Instant::now() < deadline =>
+                    if source.server_went_away()
+                        && Instant::now() < deadline
+                        && !self.meta.is_closing() =>
                 {
                     tracing::debug!(error = %source, "refreshing the view failed; trying again");
                     std::thread::sleep(Duration::from_millis(20));
@@ -208,7 +210,7 @@ impl Inner {
             if !waiting {
                 return Ok(view);
             }
-            if Instant::now() >= deadline {
+            if Instant::now() >= deadline || self.meta.is_closing() {
                 return Err(match failure.data_server() {
                     Some(server) => Error::DataServerAway {
                         server,

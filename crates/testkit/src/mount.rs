@@ -3,7 +3,6 @@
 use anyhow::{Context, Result};
 use fs_client::fuse::{FuseOptions, IoLimits, MountHandle};
 use fs_client::CitronFs;
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -92,7 +91,12 @@ impl Mount {
                 dir.path().display()
             )
         })?;
-        let dev = std::fs::metadata(dir.path()).map_or(0, |m| m.dev());
+        // From the mount table, not stat(2): a stat of its own mount waits on this process's
+        // request threads, forever if the process is being killed (`resolve_mount_point`).
+        let dev = fs_client::fuse::mounted_device(dir.path())
+            .ok()
+            .flatten()
+            .map_or(0, |(major, minor)| libc::makedev(major, minor));
         Ok(Mount {
             handle: Some(handle),
             fs,
@@ -132,11 +136,12 @@ impl Mount {
         handle.unmount()
     }
 
-    /// Serves until SIGINT or SIGTERM arrives or the mount ends by itself (`fusermount3 -u`),
-    /// then unmounts (see `fs_client::fuse::wait_for_signal`).
-    pub fn wait_for_signal(mut self) -> std::io::Result<()> {
+    /// Serves until `stop` is set (by a SIGINT or SIGTERM handler the caller registered before
+    /// mounting) or the mount ends by itself (`fusermount3 -u`), then unmounts (see
+    /// `fs_client::fuse::wait_for_signal`).
+    pub fn wait_for_signal(mut self, stop: &std::sync::atomic::AtomicBool) -> std::io::Result<()> {
         let handle = self.handle.take().expect("mounted until unmount or drop");
-        fs_client::fuse::wait_for_signal(handle)
+        fs_client::fuse::wait_for_signal(handle, stop)
     }
 }
 

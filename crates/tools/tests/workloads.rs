@@ -240,24 +240,72 @@ impl RunningBench {
     }
 
     /// Waits a while for the client processes to exit and their mounts to go; panics naming
-    /// `after` (what happened to the benchmark, and what it said) if they do not. Without
-    /// `die_with_parent` they never go. The bound is 60 s: a request in flight when the
-    /// cluster died may still wait out the data path's 10 s recovery, and on a loaded 2-core
-    /// machine that took longer than 30 s (a fresh-clone run of 2026-11-27, while the machine
-    /// also compiled; 7 s when idle). Until a client stopped reconnecting for each open file it
-    /// gave back at exit (`CitronFs`'s drop), a daemon here took 20 s to over a minute.
+    /// `after` (what happened to the benchmark, and what it said), with what the clients that
+    /// stayed were doing and what they logged, if they do not. Without `die_with_parent` they
+    /// never go. The bound is 60 s. A client used to redo each request in flight when its
+    /// cluster died for the data path's whole recovery budget, one after another, while it
+    /// unmounted: past 30 s on a loaded 2-core machine (a fresh-clone run of 2026-11-27), past
+    /// 60 s in CI; an unmount now tells the client library it is going away
+    /// (`CitronFs::shutting_down`), and those requests fail at once. Until a client stopped
+    /// reconnecting for each open file it gave back at exit (`CitronFs`'s drop), a daemon
+    /// here took 20 s to over a minute.
     fn wait_clients_gone(&self, after: &str) {
-        testkit::wait_until(
-            std::time::Duration::from_secs(60),
-            &format!(
-                "client processes {:?} and their mounts to go {after}",
-                self.clients
-            ),
-            || {
-                !self.clients.iter().any(|&c| running(c))
-                    && mounts_under(self.tmp.path()).is_empty()
-            },
-        );
+        let gone = || {
+            !self.clients.iter().any(|&c| running(c)) && mounts_under(self.tmp.path()).is_empty()
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !gone() {
+            if std::time::Instant::now() > deadline {
+                panic!(
+                    "timed out after 60 s waiting for client processes {:?} and their mounts \
+                     to go {after}\nmounts left: {:?}\n{}",
+                    self.clients,
+                    mounts_under(self.tmp.path()),
+                    self.clients_state()
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// What each client process still running is doing (the state and kernel wait channel of
+    /// each of its threads), and every client's log: the story of a client that did not exit.
+    fn clients_state(&self) -> String {
+        let mut out = String::new();
+        for &c in self.clients.iter().filter(|&&c| running(c)) {
+            out.push_str(&format!("client {c} threads (name state wchan):\n"));
+            let tasks = std::fs::read_dir(format!("/proc/{c}/task"))
+                .map(|d| d.flatten().map(|e| e.path()).collect::<Vec<_>>())
+                .unwrap_or_default();
+            for task in tasks {
+                let read = |f: &str| {
+                    std::fs::read_to_string(task.join(f))
+                        .unwrap_or_default()
+                        .trim()
+                        .to_string()
+                };
+                let stat = read("stat");
+                let state = stat
+                    .rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().next().map(str::to_string))
+                    .unwrap_or_default();
+                out.push_str(&format!("  {} {state} {}\n", read("comm"), read("wchan")));
+            }
+        }
+        let logs = std::fs::read_dir(self.tmp.path())
+            .map(|d| d.flatten().map(|e| e.path()).collect::<Vec<_>>())
+            .unwrap_or_default();
+        for log in logs
+            .iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        {
+            out.push_str(&format!(
+                "log {}:\n{}\n",
+                log.display(),
+                std::fs::read_to_string(log).unwrap_or_default()
+            ));
+        }
+        out
     }
 }
 

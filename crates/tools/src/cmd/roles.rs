@@ -23,7 +23,6 @@ use meta_server::{MetaConfig, MetaServer};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use testkit::Mount;
@@ -389,6 +388,7 @@ impl DataServerConfig {
 
 /// Runs a data server until SIGINT or SIGTERM.
 pub fn data_server(args: DataArgs) -> Result<()> {
+    let stop = super::catch_stop_signals()?;
     let settings = args.load()?;
     init_logging(&settings.log)?;
     let mut handle = DataServer::start(settings.server_config()?)?;
@@ -397,7 +397,7 @@ pub fn data_server(args: DataArgs) -> Result<()> {
         handle.id(),
         handle.region_bytes()
     );
-    wait_for_stop_signal()?;
+    super::wait_for_stop(&stop);
     handle.shutdown();
     Ok(())
 }
@@ -480,6 +480,7 @@ impl Default for MountConfig {
 
 /// Mounts a cluster and serves the mount until SIGINT or SIGTERM, then unmounts.
 pub fn mount(args: MountArgs) -> Result<()> {
+    let stop = super::catch_stop_signals()?;
     let settings = args.load()?;
     init_logging(&settings.log)?;
     if !settings.private {
@@ -499,6 +500,10 @@ pub fn mount(args: MountArgs) -> Result<()> {
     };
     let fs =
         CitronFs::connect(options).map_err(|e| anyhow::anyhow!("cannot reach the cluster: {e}"))?;
+    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+        eprintln!("citronfs mount: told to stop while connecting; not mounted");
+        return Ok(());
+    }
     let fuse = fs_client::fuse::FuseOptions {
         allow_other: !settings.private,
         ..Default::default()
@@ -509,7 +514,7 @@ pub fn mount(args: MountArgs) -> Result<()> {
         args.mountpoint.display()
     );
     eprintln!("atomic I/O: {}", atomic_bound_line(mount.io_limits()));
-    mount.wait_for_signal().context("unmount")
+    mount.wait_for_signal(&stop).context("unmount")
 }
 
 /// What `citronfs mount` and `citronfs up` say about the mount's atomic I/O bound: the size up
@@ -547,18 +552,6 @@ pub fn atomic_bound_line(l: fs_client::fuse::IoLimits) -> String {
         ));
     }
     line
-}
-
-/// Blocks until SIGINT or SIGTERM.
-pub fn wait_for_stop_signal() -> Result<()> {
-    let stop = Arc::new(AtomicBool::new(false));
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(signal, stop.clone())?;
-    }
-    while !stop.load(Ordering::Relaxed) {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

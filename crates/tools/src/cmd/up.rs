@@ -89,6 +89,7 @@ fn free_space(path: &Path) -> Option<u64> {
 
 /// Starts the cluster, mounts it, waits for SIGINT or SIGTERM, then unmounts and stops.
 pub fn up(args: UpArgs) -> Result<()> {
+    let stop = super::catch_stop_signals()?;
     anyhow::ensure!(args.data_servers >= 1, "at least one data server is needed");
     let servers = args.data_servers as u64;
     let memory = match &args.memory {
@@ -177,7 +178,7 @@ pub fn up(args: UpArgs) -> Result<()> {
         std::process::id()
     );
 
-    let unmounted = mount.wait_for_signal();
+    let unmounted = mount.wait_for_signal(&stop);
     println!(
         "unmounted {}; stopping the servers",
         args.mountpoint.display()
