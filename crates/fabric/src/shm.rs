@@ -32,6 +32,52 @@ pub fn region_path(dir: &Path, id: RegionId) -> PathBuf {
     dir.join(format!("region-{}", id.0))
 }
 
+/// Removes a region file that no server will serve again, after punching out its contents
+/// (`fallocate(FALLOC_FL_PUNCH_HOLE)`, the size kept): a process that still maps it — a client
+/// that has not yet noticed its server stop or restart — reads zeros there from now on, not the
+/// gone server's state, and its stores land in memory nobody reads. Unlinking alone left such
+/// a client the old contents, which still looked live: after a meta server restart, a client
+/// behind it took range locks in the old region, found its file's control block there as it
+/// had left it, and wrote under a lock no client of the new server could see
+/// (`tests/stale_region.rs`). Zeros are what every reader of a region checks against: a file
+/// control block whose INO word is not its file's (`fs_client`'s `ForeignFcb`), a data
+/// server's incarnation word that is not the one registered (`StaleDataServer`). The pages
+/// are also freed at once, not when the last mapping goes.
+fn retire_region_file(path: &Path) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    let io = |what: &str, e| FabricError::io(format!("{what} {}", path.display()), e);
+    match OpenOptions::new().write(true).open(path) {
+        Ok(file) => {
+            let len = file.metadata().map_err(|e| io("stat", e))?.len();
+            // SAFETY: fallocate(2) on a descriptor this function owns; no memory is passed.
+            let punched = unsafe {
+                libc::fallocate(
+                    file.as_raw_fd(),
+                    libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                    0,
+                    len as libc::off_t,
+                )
+            };
+            if punched != 0 {
+                // A file system without hole punching (tmpfs has it): zeros written over it
+                // do the same, at the cost of writing them.
+                let error = std::io::Error::last_os_error();
+                tracing::debug!(%error, path = %path.display(), "cannot punch a region file; zeroing it");
+                let zeros = vec![0u8; 1 << 20];
+                let mut at = 0;
+                while at < len {
+                    let n = (len - at).min(zeros.len() as u64) as usize;
+                    std::os::unix::fs::FileExt::write_all_at(&file, &zeros[..n], at)
+                        .map_err(|e| io("zero", e))?;
+                    at += n as u64;
+                }
+            }
+        }
+        Err(e) => return Err(io("open", e)),
+    }
+    fs::remove_file(path).map_err(|e| io("remove", e))
+}
+
 /// Maps a region file, which must already have its final size.
 fn map_region(id: RegionId, file: &File, path: &Path) -> Result<Arc<Region>> {
     let len = file
@@ -130,12 +176,12 @@ impl ShmServer {
         Ok(region)
     }
 
-    /// Deregisters a region and removes its file. Clients that mapped it keep the memory until
-    /// they drop it (as with any unlinked mapping); new clients can no longer attach it.
+    /// Deregisters a region and removes its file, emptied first ([`retire_region_file`]):
+    /// clients that mapped it keep a mapping of zeros until they drop it; new clients can no
+    /// longer attach it.
     pub fn deregister(&self, id: RegionId) -> Result<()> {
         self.regions.lock().expect("poisoned").remove(&id);
-        let path = region_path(&self.dir, id);
-        fs::remove_file(&path).map_err(|e| FabricError::io(format!("remove {}", path.display()), e))
+        retire_region_file(&region_path(&self.dir, id))
     }
 
     /// The region registered under `id`, for the server's own direct use.
@@ -155,7 +201,7 @@ impl Drop for ShmServer {
                 .unwrap_or_default()
             {
                 if !kept.contains(&id) {
-                    let _ = fs::remove_file(region_path(&self.dir, id));
+                    let _ = retire_region_file(&region_path(&self.dir, id));
                 }
             }
             // Fails, as it should, while kept files remain.
@@ -170,9 +216,13 @@ pub struct ShmConnector {
     inner: Arc<ShmRegions>,
 }
 
+/// A file's device and inode numbers: which file a path named when it was mapped.
+type FileId = (u64, u64);
+
 struct ShmRegions {
     dir: PathBuf,
-    mapped: Mutex<HashMap<RegionId, Arc<Region>>>,
+    /// Each region mapped, with the file mapped.
+    mapped: Mutex<HashMap<RegionId, (Arc<Region>, FileId)>>,
 }
 
 impl ShmConnector {
@@ -200,16 +250,27 @@ impl ShmConnector {
 }
 
 impl RegionSource for ShmRegions {
+    /// The region's mapping, made the first time, and made again when its file was replaced
+    /// since (its server restarted: the old file was emptied and removed, see
+    /// [`retire_region_file`]); `None` while there is no file. Endpoints call this once per
+    /// region and keep what it gives (`LocalEndpoint`'s cache), so the `stat` here is paid per
+    /// new endpoint, not per verb — and a client catching up with a restart, which opens new
+    /// endpoints, maps the new file instead of reading the old one's zeros for ever.
     fn resolve(&self, id: RegionId) -> Option<Arc<Region>> {
-        let mut mapped = self.mapped.lock().expect("poisoned");
-        if let Some(region) = mapped.get(&id) {
-            return Some(region.clone());
-        }
+        use std::os::unix::fs::MetadataExt;
         let path = region_path(&self.dir, id);
+        let now = fs::metadata(&path).ok().map(|m| (m.dev(), m.ino()))?;
+        let mut mapped = self.mapped.lock().expect("poisoned");
+        if let Some((region, file)) = mapped.get(&id) {
+            if *file == now {
+                return Some(region.clone());
+            }
+        }
         let file = OpenOptions::new().read(true).write(true).open(&path).ok()?;
+        let opened = file.metadata().ok().map(|m| (m.dev(), m.ino()))?;
         match map_region(id, &file, &path) {
             Ok(region) => {
-                mapped.insert(id, region.clone());
+                mapped.insert(id, (region.clone(), opened));
                 Some(region)
             }
             Err(error) => {
@@ -231,5 +292,49 @@ impl RegionSource for ShmRegions {
 impl Connector for ShmConnector {
     fn connect(&self) -> Result<Box<dyn Endpoint>> {
         Ok(Box::new(self.endpoint()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::addr::RemoteAddr;
+    use crate::endpoint::EndpointExt;
+
+    /// A client that mapped a region before its server removed it (a stop, or a restart that
+    /// found the file of a run that crashed) reads zeros there afterwards, not the gone
+    /// server's state; the file is gone for new clients.
+    #[test]
+    fn a_removed_region_reads_zeros_through_an_earlier_mapping() {
+        let dir = tempfile::tempdir().unwrap();
+        let server_dir = dir.path().join("server");
+        let id = RegionId(3);
+        let word = RemoteAddr::new(id, 4096 + 8);
+        let server = ShmServer::create(&server_dir).unwrap();
+        server.register(id, 1 << 20).unwrap();
+        let client = ShmConnector::attach(&server_dir).unwrap();
+        let mut ep = client.endpoint();
+        ep.write_u64(word, 0xfeed).unwrap();
+
+        // What a restart does with the file of a run that did not stop cleanly.
+        ShmServer::create(&server_dir)
+            .unwrap()
+            .deregister(id)
+            .unwrap();
+        assert!(!region_path(&server_dir, id).exists());
+        assert_eq!(ep.read_u64(word).unwrap(), 0, "the old contents still read");
+
+        // And what a stop does.
+        drop(server);
+        let server_dir = dir.path().join("stopping");
+        let server = ShmServer::create(&server_dir).unwrap();
+        let id = RegionId(4);
+        let word = RemoteAddr::new(id, 8);
+        server.register(id, 4096).unwrap();
+        let mut ep = ShmConnector::attach(&server_dir).unwrap().endpoint();
+        ep.write_u64(word, 7).unwrap();
+        drop(server);
+        assert!(!region_path(&server_dir, id).exists());
+        assert_eq!(ep.read_u64(word).unwrap(), 0, "the old contents still read");
     }
 }

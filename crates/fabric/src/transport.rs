@@ -387,6 +387,21 @@ impl FabricServer {
         }
     }
 
+    /// Fences every client session numbered below `floor` (0 excepted), as
+    /// [`FabricServer::revoke`] does a list: a server that numbers its sessions upwards from its
+    /// start (the meta server) refuses those of its earlier runs, whose clients have not yet
+    /// noticed the restart — their verbs would name places in a region that now holds other
+    /// things. Returns whether the backend could (tcp; see [`FabricServer::revoke`]).
+    pub fn refuse_sessions_before(&self, floor: u64) -> bool {
+        match &self.served {
+            Served::Tcp(tcp) => {
+                tcp.refuse_sessions_before(floor);
+                true
+            }
+            Served::Mem { .. } | Served::Shm(_) => false,
+        }
+    }
+
     /// Whether this backend can fence client sessions ([`FabricServer::revoke`]).
     pub fn can_fence(&self) -> bool {
         matches!(self.served, Served::Tcp(_))

@@ -726,6 +726,42 @@ fn revoked_session_is_fenced() {
     assert_healthy(&server);
 }
 
+/// A server that numbers its sessions from its start (the meta server) refuses every session
+/// of an earlier run: below the floor, open connections execute nothing more and new ones are
+/// refused; sessions at or above it, and session-less peers, go on.
+#[test]
+fn sessions_below_the_floor_are_fenced() {
+    let (server, _connector) = setup();
+    let mut old = TcpEndpoint::connect_session(server.local_addr(), &creds(), 99).unwrap();
+    let mut current = TcpEndpoint::connect_session(server.local_addr(), &creds(), 100).unwrap();
+    let mut none = TcpEndpoint::connect_session(server.local_addr(), &creds(), 0).unwrap();
+    let word = addr(64);
+    old.write_u64(word, 1).unwrap();
+
+    server.refuse_sessions_before(100);
+    let mut batch = Batch::new();
+    batch.write(word, &2u64.to_le_bytes());
+    let err = old.execute(&batch, &mut Completions::new()).unwrap_err();
+    assert!(
+        matches!(&err, FabricError::Refused(why) if why.contains("session 99 was revoked")),
+        "{err:?}"
+    );
+    assert_eq!(
+        current.read_u64(word).unwrap(),
+        1,
+        "the refused write landed"
+    );
+    match TcpEndpoint::connect_session(server.local_addr(), &creds(), 42) {
+        Err(FabricError::Refused(why)) => assert!(why.contains("revoked"), "{why}"),
+        other => panic!("a session below the floor must be refused, got {other:?}"),
+    }
+    current.write_u64(word, 3).unwrap();
+    none.write_u64(word, 4).unwrap();
+    let mut later = TcpEndpoint::connect_session(server.local_addr(), &creds(), 101).unwrap();
+    assert_eq!(later.read_u64(word).unwrap(), 4);
+    assert_healthy(&server);
+}
+
 /// What a test proxy does with the bytes it reads while its flag is set.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum WhileSet {

@@ -231,6 +231,12 @@ impl Error {
                 source: LockError::Fabric(source),
                 ..
             } => fabric(source),
+            // A lock whose memory its server emptied: a client behind a meta server restart
+            // (shm), as `ForeignFcb`.
+            Error::Lock {
+                source: LockError::Emptied,
+                ..
+            } => true,
             Error::UnknownDataServer(_)
             | Error::StaleDataServer { .. }
             | Error::ForeignFcb { .. }

@@ -196,6 +196,12 @@ impl Inner {
                 Error::Fs(FsError::Unavailable(_)) => {
                     !view.info.data_servers.iter().any(|ds| ds.live)
                 }
+                // The word read zero: this client's mapping of it was emptied, its server
+                // stopped (shm). Wait until the server is back; the redo's fresh endpoints
+                // map its new word.
+                Error::StaleDataServer {
+                    server, found: 0, ..
+                } => !view.data_server_live(*server),
                 // The server restarted: wait until the meta server has registered the
                 // incarnation the batch found.
                 Error::StaleDataServer { server, found, .. } => !view

@@ -33,6 +33,12 @@ pub enum LockError {
     /// The scheme's configuration or shared state is unusable.
     #[error("{0}")]
     Config(String),
+    /// The lock's memory reads zeros where its configuration was: its server stopped or
+    /// restarted and emptied the memory a client still reaches (a shm mapping of a region file
+    /// it removed, `fabric::shm`). Not a broken lock: the client is behind its cluster, and
+    /// finds the lock again once it has caught up.
+    #[error("the lock's memory was emptied (its server stopped or restarted)")]
+    Emptied,
     /// The lock server (for the `server` baseline) broke the protocol or refused the request.
     #[error("lock server: {0}")]
     Server(String),

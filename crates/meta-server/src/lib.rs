@@ -258,6 +258,13 @@ impl MetaServer {
 
         let region_server = fabric::serve(&config.fabric, &config.credentials())
             .with_context(|| format!("serving the meta region at {:?}", config.fabric))?;
+        // Before the region exists: a client of an earlier run that has not noticed the
+        // restart may not run its verbs here (tcp). Its file control blocks and lock trees were
+        // at places that now hold other files' or nothing, and its lock verbs would write into
+        // them. It joins again in a session of this run. (On shm it maps the old region, which
+        // its server emptied: `fabric::shm`.)
+        let first_session = service::first_session_id();
+        region_server.refuse_sessions_before(first_session);
         let region = region_server.register(META_REGION, config.region_bytes, &Backing::Memory)?;
         let meta_fabric = region_server.addr();
         let t_wait = measure_t_wait(&region_server)?;
@@ -287,6 +294,7 @@ impl MetaServer {
             max_sessions: config.max_sessions,
             max_open_per_session: config.max_open_per_session,
             max_record_locks_per_session: config.max_record_locks_per_session,
+            first_session,
             record_lock_grace_until: std::time::Instant::now()
                 + if restarted {
                     config.record_lock_grace
@@ -552,6 +560,30 @@ impl MetaHandle {
         self.inner
             .as_ref()
             .map_or(0, |r| r.service.record_lock_waiters())
+    }
+
+    /// Stops as a killed process would, as far as its clients can tell: its connections are
+    /// cut without a goodbye, no session is ended (the files they had open keep their control
+    /// blocks in the region, as they were), and the region is left as it is — on shm its file
+    /// stays, mapped by the clients, for the next run to find. What a restart then does about
+    /// a region of a run that did not stop cleanly is what tests of this want to see. (Unlike
+    /// a kill, sled is closed properly, so that the next run in this process can open it.)
+    #[cfg(feature = "test-hooks")]
+    pub fn crash(&mut self) {
+        let Some(mut running) = self.inner.take() else {
+            return;
+        };
+        // Cancels every connection task where it waits: no goodbye, no `end_session`.
+        running.runtime.shutdown_background();
+        running.service.stop_reclaimer();
+        if let Some(reclaimer) = running.reclaimer.take() {
+            let _ = reclaimer.join();
+        }
+        // A killed process's sockets close and its memory goes (tcp, mem); a region file in
+        // shared memory stays (shm): never dropped, which would remove it, as a stop does.
+        if running._region_server.backend() == fabric::Backend::Shm {
+            std::mem::forget(running._region_server);
+        }
     }
 
     /// Overwrites word `word` (`proto::fcb::INO`, `SIZE`, ...) of open file `ino`'s control

@@ -100,6 +100,9 @@ pub(crate) struct Settings {
     pub record_lock_grace_until: Instant,
     /// Record locks one session may hold (ENOLCK beyond).
     pub max_record_locks_per_session: usize,
+    /// The first session id of this run ([`first_session_id`]): every session of this run is
+    /// numbered from it, and the meta region's fabric server refuses those below it.
+    pub first_session: u64,
 }
 
 struct Session {
@@ -194,8 +197,10 @@ const RECLAIM_WAIT: Duration = Duration::from_secs(5);
 pub(crate) const FENCE_WAIT: Duration = Duration::from_secs(3);
 
 /// The first session id of this run: the clock in microseconds, so that ids of an earlier run
-/// (which data servers may still hold revoked) are never handed out again.
-fn first_session_id() -> u64 {
+/// (which data servers may still hold revoked) are never handed out again, and so that the
+/// meta region's fabric server can refuse every session of an earlier run
+/// (`FabricServer::refuse_sessions_before`).
+pub(crate) fn first_session_id() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_micros() as u64)
@@ -294,6 +299,7 @@ impl Service {
         region: Arc<Region>,
         lock_server: Option<Arc<LockServer>>,
     ) -> anyhow::Result<Self> {
+        let first_session = settings.first_session;
         let len = region.len();
         anyhow::ensure!(
             len >= RESERVED + 4 * fcb::FCB_BYTES,
@@ -310,7 +316,7 @@ impl Service {
                     slots,
                 },
                 // Above every version of an earlier run (see `proto::attrs`).
-                next_version: first_session_id().saturating_mul(1024),
+                next_version: first_session.saturating_mul(1024),
             });
         let dentry_slots = (len / 8 / proto::dentries::SLOT_BYTES).min(MAX_DENTRY_SLOTS);
         let dentry_table = (dentry_slots > 0)
@@ -328,7 +334,7 @@ impl Service {
                 sessions: HashMap::new(),
                 // Session ids never repeat across restarts: the data servers' fabric servers
                 // remember revoked sessions for their own lifetime.
-                next_session: first_session_id(),
+                next_session: first_session,
                 next_epoch: 1,
                 open: HashMap::new(),
                 alloc,

@@ -764,10 +764,14 @@ enum Broken {
 }
 
 impl Broken {
-    /// A read or write of the stream failed with `e`.
+    /// A read or write of the stream failed with `e`. The kind of an I/O failure is kept,
+    /// the framing's included: a server that died (a crash: the stream ends mid-read, or is
+    /// reset) must read as gone ([`RpcError::server_went_away`]), so that the calls behind it
+    /// reconnect. Kept only from a direct I/O error, a crash of the meta server failed the
+    /// first call of each client after it (`tests/stale_region.rs`).
     fn failed(e: &RpcError) -> Broken {
         let kind = match e {
-            RpcError::Io(io) => io.kind(),
+            RpcError::Io(io) | RpcError::Frame(FrameError::Io(io)) => io.kind(),
             _ => std::io::ErrorKind::InvalidData,
         };
         Broken::Failed(kind, e.to_string())

@@ -377,7 +377,16 @@ impl Cluster {
     /// data servers and clients run on: the data servers register again and clients reconnect
     /// (new sessions) on their own.
     pub fn restart_meta(&mut self) -> Result<()> {
-        self.meta.shutdown().context("stop the meta server")?;
+        self.restart_meta_after(|meta| meta.shutdown().context("stop the meta server"))
+    }
+
+    /// [`Cluster::restart_meta`], the meta server stopped by `stop` instead of a clean
+    /// shutdown (a test's `MetaHandle::crash`, say).
+    pub fn restart_meta_after(
+        &mut self,
+        stop: impl FnOnce(&mut MetaHandle) -> Result<()>,
+    ) -> Result<()> {
+        stop(&mut self.meta)?;
         self.meta =
             MetaServer::start(self.meta_config.clone()).context("restart the meta server")?;
         Ok(())

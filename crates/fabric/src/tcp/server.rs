@@ -50,6 +50,9 @@ pub(crate) struct Shared {
     generation: AtomicU64,
     /// Client sessions the cluster has fenced: their connections are refused and cut off.
     revoked: RwLock<HashSet<u64>>,
+    /// Client sessions below this (0 excepted) are refused as if revoked: those of an earlier
+    /// run of the server that numbers the sessions ([`Shared::refuse_sessions_before`]).
+    session_floor: AtomicU64,
     /// Bumped after every revocation, so that a connection looks at `revoked` only when it
     /// changed (the hot path reads one atomic).
     revocations: AtomicU64,
@@ -74,6 +77,7 @@ impl Shared {
             regions: RwLock::new(RegionTable::new()),
             generation: AtomicU64::new(0),
             revoked: RwLock::new(HashSet::new()),
+            session_floor: AtomicU64::new(0),
             revocations: AtomicU64::new(0),
             executing: Mutex::new(Vec::new()),
             procedures: Procedures::default(),
@@ -98,11 +102,19 @@ impl Shared {
 
     fn is_revoked(&self, session: u64) -> bool {
         session != 0
-            && self
-                .revoked
-                .read()
-                .unwrap_or_else(PoisonError::into_inner)
-                .contains(&session)
+            && (session < self.session_floor.load(Ordering::SeqCst)
+                || self
+                    .revoked
+                    .read()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .contains(&session))
+    }
+
+    /// Refuses every session below `floor` (0 excepted), as [`Shared::revoke`] does a list,
+    /// and returns once no batch of theirs can execute any more.
+    fn refuse_sessions_before(&self, floor: u64) {
+        self.session_floor.fetch_max(floor, Ordering::SeqCst);
+        self.wait_out_revoked();
     }
 
     /// Revokes `sessions` and returns only when no batch of theirs can execute any more: a
@@ -120,7 +132,13 @@ impl Shared {
             let mut set = self.revoked.write().unwrap_or_else(PoisonError::into_inner);
             set.extend(sessions.iter().copied().filter(|&s| s != 0));
         }
-        // After the insertion: a connection that sees the new count finds its session revoked.
+        self.wait_out_revoked();
+    }
+
+    /// The second half of a revocation, once the sessions are marked: bumps the revocation
+    /// count and waits for every batch that passed its session check before it.
+    fn wait_out_revoked(&self) {
+        // After the marking: a connection that sees the new count finds its session revoked.
         let count = self.revocations.fetch_add(1, Ordering::SeqCst) + 1;
         let states: Vec<Arc<AtomicU64>> = {
             let mut all = lock(&self.executing);
@@ -857,6 +875,13 @@ impl TcpServer {
     /// this returns only after it did: from then on nothing of theirs executes.
     pub fn revoke(&self, sessions: &[u64]) {
         self.shared.revoke(sessions);
+    }
+
+    /// Fences every client session numbered below `floor` (0, no session, excepted): the
+    /// sessions of an earlier run of a server that numbers them upwards from its start (the
+    /// meta server). Returns once no batch of theirs can execute any more.
+    pub fn refuse_sessions_before(&self, floor: u64) {
+        self.shared.refuse_sessions_before(floor);
     }
 
     /// The number of open connections (authenticated or not).

@@ -437,8 +437,13 @@ impl ConfigRecord {
         Ok(sealed)
     }
 
-    /// Opens a record read from remote memory: `Ok(None)` when the read tore (read again).
+    /// Opens a record read from remote memory: `Ok(None)` when the read tore (read again),
+    /// [`LockError::Emptied`] when it is all zeros (no record was ever written there, or its
+    /// server emptied the memory: every sealed config record has a nonzero length).
     pub fn open(bytes: &[u8]) -> Result<Option<Self>, LockError> {
+        if bytes.iter().all(|&b| b == 0) {
+            return Err(LockError::Emptied);
+        }
         let Ok(payload) = record::open(bytes) else {
             return Ok(None);
         };
