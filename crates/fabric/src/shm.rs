@@ -252,17 +252,19 @@ impl ShmConnector {
 impl RegionSource for ShmRegions {
     /// The region's mapping, made the first time, and made again when its file was replaced
     /// since (its server restarted: the old file was emptied and removed, see
-    /// [`retire_region_file`]); `None` while there is no file. Endpoints call this once per
-    /// region and keep what it gives (`LocalEndpoint`'s cache), so the `stat` here is paid per
-    /// new endpoint, not per verb — and a client catching up with a restart, which opens new
-    /// endpoints, maps the new file instead of reading the old one's zeros for ever.
+    /// [`retire_region_file`]). While there is no file (the server stopped and has not come
+    /// back), the old mapping, if any: its zeros tell the reader it is behind, as an unknown
+    /// region would not for every reader. Endpoints call this once per region and keep what it
+    /// gives (`LocalEndpoint`'s cache), so the `stat` here is paid per new endpoint, not per
+    /// verb — and a client catching up with a restart, which opens new endpoints, maps the new
+    /// file instead of reading the old one's zeros for ever.
     fn resolve(&self, id: RegionId) -> Option<Arc<Region>> {
         use std::os::unix::fs::MetadataExt;
         let path = region_path(&self.dir, id);
-        let now = fs::metadata(&path).ok().map(|m| (m.dev(), m.ino()))?;
+        let now = fs::metadata(&path).ok().map(|m| (m.dev(), m.ino()));
         let mut mapped = self.mapped.lock().expect("poisoned");
         if let Some((region, file)) = mapped.get(&id) {
-            if *file == now {
+            if now.is_none_or(|now| *file == now) {
                 return Some(region.clone());
             }
         }

@@ -155,10 +155,13 @@ impl Drop for Mount {
         // before. Detach it, and abort the connection so that those files' closes cannot hang
         // this process's exit; a mount point left behind would also make the TempDir's
         // removal fail. The connection is aborted by its number only while the mount table
-        // shows this mount, of this device, at this path: then the connection is alive, and
-        // the number is ours. A number whose mount is gone may already name another test's new
-        // mount, and aborting it fails that test's calls with ECONNABORTED (a suspect for one
-        // such failure in `faults.rs`, not proven).
+        // shows this mount, of this device, at this path, and before the detach: then the
+        // connection is alive, held by the mount, and the number is ours. A number whose mount
+        // is gone may already name another test's new mount, and aborting it fails that test's
+        // calls with ECONNABORTED and its unmount with the error of its request threads.
+        // (Aborted after the detach, as this did until 2026-11-27, the number was free again
+        // as soon as a detach with nothing open ended the connection: a suspect for such
+        // failures in `faults.rs` and `restarts.rs`, not proven.)
         if is_mounted(self.path()) {
             let ours = fs_client::fuse::mounted_device(self.path())
                 .ok()
@@ -167,10 +170,10 @@ impl Drop for Mount {
                     self.dev != 0
                         && (major, minor) == (libc::major(self.dev), libc::minor(self.dev))
                 });
-            lazy_unmount(self.path());
             if ours {
                 abort_fuse_connection(self.dev);
             }
+            lazy_unmount(self.path());
         }
     }
 }
