@@ -39,7 +39,7 @@ pub fn region_path(dir: &Path, id: RegionId) -> PathBuf {
 /// a client the old contents, which still looked live: after a meta server restart, a client
 /// behind it took range locks in the old region, found its file's control block there as it
 /// had left it, and wrote under a lock no client of the new server could see
-/// (`tests/stale_region.rs`). Zeros are what every reader of a region checks against: a file
+/// (`tests/fence.rs`). Zeros are what every reader of a region checks against: a file
 /// control block whose INO word is not its file's (`fs_client`'s `ForeignFcb`), a data
 /// server's incarnation word that is not the one registered (`StaleDataServer`). The pages
 /// are also freed at once, not when the last mapping goes.

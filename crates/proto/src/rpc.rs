@@ -768,7 +768,7 @@ impl Broken {
     /// the framing's included: a server that died (a crash: the stream ends mid-read, or is
     /// reset) must read as gone ([`RpcError::server_went_away`]), so that the calls behind it
     /// reconnect. Kept only from a direct I/O error, a crash of the meta server failed the
-    /// first call of each client after it (`tests/stale_region.rs`).
+    /// first call of each client after it (`tests/fence.rs`).
     fn failed(e: &RpcError) -> Broken {
         let kind = match e {
             RpcError::Io(io) | RpcError::Frame(FrameError::Io(io)) => io.kind(),

@@ -145,11 +145,21 @@ fn start_up(running: &mut Running, dir: &Path, cluster: &str) -> ClientLine {
     }
 }
 
-#[test]
-fn up_prints_a_working_client_line_and_ends_cleanly_when_unmounted_from_outside() {
+/// One test's `citronfs up`, mounted at `first`, and a second mount point. Field order is drop
+/// order: the processes are stopped and the mounts detached before the directories go.
+struct UpTest {
+    running: Running,
+    client: ClientLine,
+    first: tempfile::TempDir,
+    second: tempfile::TempDir,
+}
+
+/// Starts `citronfs up` for a test (its cluster named after `tag`); `None`, the test skipped,
+/// where FUSE is not available.
+fn up_test(tag: &str) -> Option<UpTest> {
     if let Some(why) = testkit::fuse_unavailable() {
         eprintln!("skipped: {why}");
-        return;
+        return None;
     }
     let first = tempfile::tempdir().unwrap();
     let second = tempfile::tempdir().unwrap();
@@ -157,36 +167,49 @@ fn up_prints_a_working_client_line_and_ends_cleanly_when_unmounted_from_outside(
         children: Vec::new(),
         mounts: vec![first.path().to_path_buf(), second.path().to_path_buf()],
     };
-    let cluster = format!("up-test-{}", std::process::id());
+    let cluster = format!("{tag}-{}", std::process::id());
     let client = start_up(&mut running, first.path(), &cluster);
-    let mount = client.command(second.path()).spawn().unwrap();
-    running.children.push(mount);
+    Some(UpTest {
+        running,
+        client,
+        first,
+        second,
+    })
+}
+
+#[test]
+fn up_prints_a_working_client_line_and_ends_cleanly_when_unmounted_from_outside() {
+    let Some(mut t) = up_test("up-test") else {
+        return;
+    };
+    let mount = t.client.command(t.second.path()).spawn().unwrap();
+    t.running.children.push(mount);
     wait_for("the second client's mount", Duration::from_secs(60), || {
-        is_mount_point(second.path())
+        is_mount_point(t.second.path())
     });
 
-    std::fs::write(first.path().join("hello"), b"from the first client").unwrap();
+    std::fs::write(t.first.path().join("hello"), b"from the first client").unwrap();
     assert_eq!(
-        std::fs::read(second.path().join("hello")).unwrap(),
+        std::fs::read(t.second.path().join("hello")).unwrap(),
         b"from the first client"
     );
 
     // The second client ends on SIGTERM, unmounted, with success.
-    let pid = running.children[1].id() as libc::pid_t;
+    let pid = t.running.children[1].id() as libc::pid_t;
     // SAFETY: signalling a child this test spawned and has not reaped.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-    let (status, err) = exit_of(&mut running.children[1], Duration::from_secs(30));
+    let (status, err) = exit_of(&mut t.running.children[1], Duration::from_secs(30));
     assert!(status.success(), "citronfs mount: {status}; {err}");
-    assert!(!is_mount_point(second.path()));
+    assert!(!is_mount_point(t.second.path()));
 
     // Unmounted from outside, `up` stops its servers and exits with success, saying no error.
     let out = Command::new("fusermount3")
         .arg("-u")
-        .arg(first.path())
+        .arg(t.first.path())
         .output()
         .unwrap();
     assert!(out.status.success(), "fusermount3 -u: {out:?}");
-    let (status, err) = exit_of(&mut running.children[0], Duration::from_secs(30));
+    let (status, err) = exit_of(&mut t.running.children[0], Duration::from_secs(30));
     assert!(status.success(), "citronfs up: {status}; {err}");
     assert!(!err.contains("error"), "citronfs up said: {err}");
 }
@@ -199,23 +222,14 @@ fn up_prints_a_working_client_line_and_ends_cleanly_when_unmounted_from_outside(
 /// 2026-11-27; 2 of 5 tries by hand).
 #[test]
 fn a_mount_told_to_stop_as_it_mounts_unmounts_and_exits() {
-    if let Some(why) = testkit::fuse_unavailable() {
-        eprintln!("skipped: {why}");
+    let Some(mut t) = up_test("up-stop-test") else {
         return;
-    }
-    let first = tempfile::tempdir().unwrap();
-    let second = tempfile::tempdir().unwrap();
-    let mut running = Running {
-        children: Vec::new(),
-        mounts: vec![first.path().to_path_buf(), second.path().to_path_buf()],
     };
-    let cluster = format!("up-stop-test-{}", std::process::id());
-    let client = start_up(&mut running, first.path(), &cluster);
     for attempt in 0..6 {
-        let mut mount = client.command(second.path()).spawn().unwrap();
+        let mut mount = t.client.command(t.second.path()).spawn().unwrap();
         // No sleep between polls: the window is the time from mount(2) to the handler.
         let deadline = Instant::now() + Duration::from_secs(60);
-        while !is_mount_point(second.path()) {
+        while !is_mount_point(t.second.path()) {
             if let Some(status) = mount.try_wait().unwrap() {
                 panic!("attempt {attempt}: citronfs mount exited before mounting: {status}");
             }
@@ -229,15 +243,15 @@ fn a_mount_told_to_stop_as_it_mounts_unmounts_and_exits() {
         // SAFETY: signalling a child this test spawned and has not reaped.
         let sent = unsafe { libc::kill(pid, libc::SIGTERM) };
         assert_eq!(sent, 0);
-        running.children.push(mount);
-        let last = running.children.len() - 1;
-        let (status, err) = exit_of(&mut running.children[last], Duration::from_secs(30));
+        t.running.children.push(mount);
+        let last = t.running.children.len() - 1;
+        let (status, err) = exit_of(&mut t.running.children[last], Duration::from_secs(30));
         assert!(
             status.success(),
             "attempt {attempt}: citronfs mount: {status}; {err}"
         );
         assert!(
-            !is_mount_point(second.path()),
+            !is_mount_point(t.second.path()),
             "attempt {attempt}: the mount stayed"
         );
     }
