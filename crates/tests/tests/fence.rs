@@ -30,6 +30,24 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
+/// Two CITRON clients of `cluster`, A having created file "f" and written 4 KiB of ones to
+/// it: A, B, the file's inode and A's handle of it.
+fn two_clients(cluster: &Cluster) -> (CitronFs, CitronFs, proto::Ino, fs_client::FileHandle) {
+    let a = cluster.connect(LockScheme::CITRON).unwrap();
+    let b = cluster.connect(LockScheme::CITRON).unwrap();
+    let (attr, fa) = a
+        .create(
+            CitronFs::process_caller(),
+            proto::ROOT_INO,
+            "f",
+            0o644,
+            libc::O_RDWR,
+        )
+        .unwrap();
+    a.write(fa, 0, &[1u8; 4096]).unwrap();
+    (a, b, attr.ino, fa)
+}
+
 /// Arms `failpoint` so that every thread reaching it waits there while `held` is set.
 fn hold_every(failpoint: &str, held: &Arc<AtomicBool>) {
     let held = held.clone();
@@ -75,14 +93,9 @@ fn a_fenced_client_joins_again_in_a_new_session() {
         ..ClusterSpec::default()
     })
     .unwrap();
-    let a = cluster.connect(LockScheme::CITRON).unwrap();
-    let b = cluster.connect(LockScheme::CITRON).unwrap();
+    let (a, b, ino, fa) = two_clients(&cluster);
     let me = CitronFs::process_caller();
-    let (attr, fa) = a
-        .create(me, proto::ROOT_INO, "f", 0o644, libc::O_RDWR)
-        .unwrap();
-    a.write(fa, 0, &[1u8; 4096]).unwrap();
-    let fb = b.open(me, attr.ino, libc::O_RDWR).unwrap();
+    let fb = b.open(me, ino, libc::O_RDWR).unwrap();
 
     // The first write to reach its lock's failpoint (A's, below) waits there while `stopped`,
     // and so does every heartbeat (A's and B's: B makes calls meanwhile, so it is not silent).
@@ -132,13 +145,8 @@ fn a_stale_client_waits_for_a_lock_taken_after_the_restart(fabric: Backend) {
         ..ClusterSpec::default()
     })
     .unwrap();
-    let a = cluster.connect(LockScheme::CITRON).unwrap();
-    let b = cluster.connect(LockScheme::CITRON).unwrap();
+    let (a, b, ino, fa) = two_clients(&cluster);
     let me = CitronFs::process_caller();
-    let (attr, fa) = a
-        .create(me, proto::ROOT_INO, "f", 0o644, libc::O_RDWR)
-        .unwrap();
-    a.write(fa, 0, &[1u8; 4096]).unwrap();
 
     // Every heartbeat waits while `stale`: A's stays silent across the restart. B's does too,
     // but B makes calls of its own.
@@ -155,7 +163,7 @@ fn a_stale_client_waits_for_a_lock_taken_after_the_restart(fabric: Backend) {
     // the first I/O to hold its lock (B's) waits there while `held`.
     let mut opened = None;
     testkit::wait_until(Duration::from_secs(30), "B to open the file again", || {
-        opened = b.open(me, attr.ino, libc::O_RDWR).ok();
+        opened = b.open(me, ino, libc::O_RDWR).ok();
         opened.is_some()
     });
     let fb = opened.unwrap();
