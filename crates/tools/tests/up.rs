@@ -256,3 +256,49 @@ fn a_mount_told_to_stop_as_it_mounts_unmounts_and_exits() {
         );
     }
 }
+
+/// A `citronfs mount` still connecting (to a meta server that accepts and never answers) is
+/// stopped by a second Ctrl-C at once, with status 130: the first only asks it to stop once
+/// started, and the handshake would otherwise hold it for its whole timeout.
+#[test]
+fn a_second_signal_stops_a_mount_that_is_still_connecting() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut mount = Command::new(env!("CARGO_BIN_EXE_citronfs"))
+        .args(["mount", "--cluster", "nobody", "--meta"])
+        .arg(silent.local_addr().unwrap().to_string())
+        .arg(dir.path())
+        .env("CITRONFS_TOKEN", "a-token-nobody-checks")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Connecting: the listener has its connection (the handlers come before it).
+    silent.set_nonblocking(true).unwrap();
+    let mut held = None;
+    wait_for("citronfs mount to connect", Duration::from_secs(30), || {
+        if let Some(status) = mount.try_wait().unwrap() {
+            panic!("citronfs mount exited before connecting: {status}");
+        }
+        held = silent.accept().ok();
+        held.is_some()
+    });
+    let pid = mount.id() as libc::pid_t;
+    let started = Instant::now();
+    for _ in 0..2 {
+        // SAFETY: signalling a child this test spawned and has not reaped.
+        let sent = unsafe { libc::kill(pid, libc::SIGINT) };
+        assert_eq!(sent, 0);
+        // Two signals sent back to back may reach the process as one (a pending signal is
+        // not queued twice); the first must have been handled before the second is sent.
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (status, err) = exit_of(&mut mount, Duration::from_secs(30));
+    assert_eq!(status.code(), Some(130), "{status}; {err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}: waited for the handshake",
+        started.elapsed()
+    );
+    assert!(!is_mount_point(dir.path()));
+}

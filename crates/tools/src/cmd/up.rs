@@ -89,7 +89,7 @@ fn free_space(path: &Path) -> Option<u64> {
 
 /// Starts the cluster, mounts it, waits for SIGINT or SIGTERM, then unmounts and stops.
 pub fn up(args: UpArgs) -> Result<()> {
-    let stop = super::catch_stop_signals()?;
+    let mut signals = super::StopSignals::catch()?;
     anyhow::ensure!(args.data_servers >= 1, "at least one data server is needed");
     let servers = args.data_servers as u64;
     let memory = match &args.memory {
@@ -128,6 +128,8 @@ pub fn up(args: UpArgs) -> Result<()> {
         scheme,
         ..ClusterSpec::server_defaults()
     })?;
+    // A signal that came while the cluster started ends the run once mounted (in order).
+    signals.orderly_from_now();
     let mount = Mount::at(Arc::new(cluster.client()?), &args.mountpoint, &fuse)?;
 
     println!("CitronFS is up:");
@@ -178,7 +180,7 @@ pub fn up(args: UpArgs) -> Result<()> {
         std::process::id()
     );
 
-    let unmounted = mount.wait_for_signal(&stop);
+    let unmounted = mount.wait_for_signal(signals.flag());
     println!(
         "unmounted {}; stopping the servers",
         args.mountpoint.display()
