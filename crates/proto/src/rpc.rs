@@ -696,6 +696,22 @@ impl Client {
         let welcome: Welcome = handshake::client_handshake(&mut stream, &hello, MAX_FRAME)
             .map_err(|e| match e {
                 HandshakeError::Refused(refusal) => RpcError::Refused(refusal),
+                // A read that timed out reads as EAGAIN ("Resource temporarily unavailable"),
+                // which tells a user nothing: say what happened.
+                HandshakeError::Frame(FrameError::Io(e))
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    RpcError::Io(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!(
+                            "no answer to the handshake within {HANDSHAKE_TIMEOUT:?} (is it a \
+                             CitronFS meta server, and is it running?)"
+                        ),
+                    ))
+                }
                 HandshakeError::Frame(e) => RpcError::Frame(e),
                 HandshakeError::Decode(e) => RpcError::Decode(e),
             })?;
