@@ -77,12 +77,12 @@ impl DataServer {
             &Credentials::new(config.cluster.clone(), config.token.clone()),
         )
         .with_context(|| format!("serving the data region at {at:?}"))?;
-        let region = server
-            .register(DATA_REGION, config.capacity_bytes, &config.backing)
-            .with_context(|| format!("registering the data region ({:?})", config.backing))?;
         let incarnation = incarnation(&config.backing, kept)?;
         // The word clients check after their data verbs (proto::INCARNATION_REGION): memory
-        // only, written anew at every start.
+        // only, written anew at every start — and registered before the data region, because
+        // registering a memory region empties the file a crashed run left (`fabric::shm`):
+        // a client still mapping that run's files must find its incarnation word zero before
+        // it can find its data zero, or it would take the zeros for data.
         let word = server
             .register(INCARNATION_REGION, 8, &Backing::Memory)
             .context("registering the incarnation region")?;
@@ -92,6 +92,9 @@ impl DataServer {
             incarnation,
         )
         .context("writing the incarnation word")?;
+        let region = server
+            .register(DATA_REGION, config.capacity_bytes, &config.backing)
+            .with_context(|| format!("registering the data region ({:?})", config.backing))?;
         let fabric = server.addr();
         let server = Arc::new(server);
         let role = Role::DataServer {
@@ -130,6 +133,7 @@ impl DataServer {
             stop,
             keeper: Some(keeper),
             server: Some(server),
+            incarnation_word: word,
         })
     }
 }
@@ -172,6 +176,10 @@ fn incarnation(backing: &Backing, kept: bool) -> anyhow::Result<u64> {
         );
     }
     let n = fresh();
+    // Written before the region file is made (the incarnation word is registered first): the
+    // directory may not exist yet.
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("creating the region directory {}", dir.display()))?;
     let tmp = dir.join(format!("{INCARNATION_FILE}.tmp"));
     let write = || -> std::io::Result<()> {
         use std::io::Write;
@@ -325,6 +333,8 @@ pub struct DataHandle {
     keeper: Option<JoinHandle<()>>,
     /// Serves the region; dropped at shutdown.
     server: Option<Arc<FabricServer>>,
+    /// The incarnation word's region, zeroed first at shutdown.
+    incarnation_word: Arc<fabric::Region>,
 }
 
 impl DataHandle {
@@ -349,6 +359,16 @@ impl DataHandle {
         self.stop.store(true, Ordering::SeqCst);
         if let Some(keeper) = self.keeper.take() {
             let _ = keeper.join();
+        }
+        if self.server.is_some() {
+            // Before the regions go (on shm, emptied in no particular order): a client still
+            // reading through a mapping of them must find the word zero — and discard what it
+            // read — before it can find the data zero.
+            let _ = fabric::region::store_word(
+                &self.incarnation_word,
+                fabric::RemoteAddr::new(INCARNATION_REGION, 0),
+                0,
+            );
         }
         self.server = None;
     }
