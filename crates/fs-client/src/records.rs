@@ -209,10 +209,20 @@ impl RecordOwners {
         }
     }
 
-    /// Notes that `owner` takes a lock of `ino` through handle `fh`.
+    /// Notes that `owner` takes a lock of `ino` through handle `fh`, and through no other
+    /// handle of `ino` any more: its locks of the file go with this handle's release now. The
+    /// kernel sends a handle's release after the close, in the background, and a process that
+    /// closed the file (its locks given back by the close) and opened and locked it again
+    /// could see the old handle's late release give back its new lock (`record_locks.rs`,
+    /// once in a full run of the suite: another client then got a conflicting lock).
     fn add(&self, ino: Ino, fh: FileHandle, owner: u64) {
-        self.lock()
-            .by_handle
+        let mut o = self.lock();
+        for (&other, (file, through)) in o.by_handle.iter_mut() {
+            if other != fh.0 && *file == ino {
+                through.remove(&owner);
+            }
+        }
+        o.by_handle
             .entry(fh.0)
             .or_insert_with(|| (ino, HashSet::new()))
             .1
@@ -403,6 +413,22 @@ impl crate::client::Inner {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An owner's locks of a file go with the release of the handle it locked through last, not
+    /// with a late release of one it locked through before.
+    #[test]
+    fn an_owners_locks_go_with_the_handle_it_locked_through_last() {
+        let r = RecordOwners::default();
+        let (ino, old, new, other) = (7, FileHandle(1), FileHandle(2), FileHandle(3));
+        r.add(ino, old, 10);
+        r.add(ino, old, 11);
+        r.add(ino, new, 10);
+        r.add(8, other, 10);
+        let through = |fh: FileHandle| r.lock().by_handle.get(&fh.0).map(|(_, o)| o.clone());
+        assert_eq!(through(old), Some(HashSet::from([11])));
+        assert_eq!(through(new), Some(HashSet::from([10])));
+        assert_eq!(through(other), Some(HashSet::from([10])), "another file's");
+    }
 
     /// A loss fails I/O of the file by its owner (through any handle) and through the handle
     /// the lock was taken through (by anyone), nothing else; the owner's close, or the
