@@ -352,7 +352,7 @@ impl MetaServer {
                 service,
                 awake,
                 reclaimer: Some(reclaimer),
-                _region_server: region_server,
+                region_server,
             }),
         })
     }
@@ -504,7 +504,7 @@ struct Running {
     reclaimer: Option<std::thread::JoinHandle<()>>,
     /// Serves the meta region; dropped at shutdown (removing an shm region file, stopping the
     /// tcp fabric).
-    _region_server: Arc<FabricServer>,
+    region_server: Arc<FabricServer>,
 }
 
 /// A running meta server.
@@ -581,8 +581,8 @@ impl MetaHandle {
         }
         // A killed process's sockets close and its memory goes (tcp, mem); a region file in
         // shared memory stays (shm): never dropped, which would remove it, as a stop does.
-        if running._region_server.backend() == fabric::Backend::Shm {
-            std::mem::forget(running._region_server);
+        if running.region_server.backend() == fabric::Backend::Shm {
+            std::mem::forget(running.region_server);
         }
     }
 

@@ -582,15 +582,25 @@ impl RpcError {
     pub fn server_went_away(&self) -> bool {
         match self {
             RpcError::ServerStopping => true,
-            RpcError::Io(e) => matches!(
-                e.kind(),
-                std::io::ErrorKind::UnexpectedEof
-                    | std::io::ErrorKind::ConnectionReset
-                    | std::io::ErrorKind::ConnectionAborted
-                    | std::io::ErrorKind::BrokenPipe
-            ),
             RpcError::NotSent(why) => why.server_went_away(),
-            _ => false,
+            e => matches!(
+                e.io_kind(),
+                Some(
+                    std::io::ErrorKind::UnexpectedEof
+                        | std::io::ErrorKind::ConnectionReset
+                        | std::io::ErrorKind::ConnectionAborted
+                        | std::io::ErrorKind::BrokenPipe
+                )
+            ),
+        }
+    }
+
+    /// The kind of the I/O error underneath, the framing's included (a stream that ended
+    /// mid-frame is the connection's failure, not the frame's).
+    fn io_kind(&self) -> Option<std::io::ErrorKind> {
+        match self {
+            RpcError::Io(e) | RpcError::Frame(FrameError::Io(e)) => Some(e.kind()),
+            _ => None,
         }
     }
 
@@ -786,10 +796,7 @@ impl Broken {
     /// reconnect. Kept only from a direct I/O error, a crash of the meta server failed the
     /// first call of each client after it (`tests/fence.rs`).
     fn failed(e: &RpcError) -> Broken {
-        let kind = match e {
-            RpcError::Io(io) | RpcError::Frame(FrameError::Io(io)) => io.kind(),
-            _ => std::io::ErrorKind::InvalidData,
-        };
+        let kind = e.io_kind().unwrap_or(std::io::ErrorKind::InvalidData);
         Broken::Failed(kind, e.to_string())
     }
 
@@ -1294,6 +1301,33 @@ pub fn is_dot(name: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+
+    /// A stream that ended or was reset is the server gone, whether the framing or the
+    /// connection met it, and whether the caller read it itself or from the broken state; a
+    /// timeout, or a frame the peer got wrong, is not.
+    #[test]
+    fn a_stream_that_ended_is_the_server_gone_at_every_layer() {
+        use std::io::{Error as IoError, ErrorKind};
+        let eof = || IoError::new(ErrorKind::UnexpectedEof, "ended");
+        let gone = [
+            RpcError::Io(eof()),
+            RpcError::Frame(FrameError::Io(eof())),
+            RpcError::Frame(FrameError::Io(IoError::from(ErrorKind::ConnectionReset))),
+            Broken::failed(&RpcError::Frame(FrameError::Io(eof()))).error(),
+            RpcError::ServerStopping,
+        ];
+        for e in &gone {
+            assert!(e.server_went_away(), "{e:?}");
+        }
+        let not = [
+            RpcError::Io(IoError::from(ErrorKind::TimedOut)),
+            RpcError::Frame(FrameError::TooLarge { len: 9, max: 8 }),
+            Broken::timed_out(Duration::from_secs(1)).error(),
+        ];
+        for e in &not {
+            assert!(!e.server_went_away(), "{e:?}");
+        }
+    }
     use super::*;
 
     /// The poll before a read: it waits out its budget while nothing comes, returns as soon as

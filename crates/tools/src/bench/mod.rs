@@ -22,14 +22,10 @@ use std::sync::Arc;
 /// unmount, stop and remove what it started on the way out; a second signal exits at once
 /// with status 130. Client processes die with the benchmark whatever ends it
 /// (`clients::MountProcess`).
+/// (`crate::cmd::StopSignals`, never made orderly: a benchmark's guards are in-process, and an
+/// impatient second Ctrl-C gets the process-death cleanup of `testkit::die_with_parent`.)
 pub(crate) fn stop_on_signal() -> Result<Arc<AtomicBool>> {
-    let stop = Arc::new(AtomicBool::new(false));
-    for signal in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        // Registered first, so it sees the flag as it was before this signal.
-        signal_hook::flag::register_conditional_shutdown(signal, 130, stop.clone())?;
-        signal_hook::flag::register(signal, stop.clone())?;
-    }
-    Ok(stop)
+    Ok(crate::cmd::StopSignals::catch()?.into_flag())
 }
 
 /// The error that ends a run once [`stop_on_signal`]'s flag is set.

@@ -52,6 +52,12 @@ impl StopSignals {
         &self.stop
     }
 
+    /// The flag, the handlers left as they are (a second signal still exits at once, unless
+    /// [`StopSignals::orderly_from_now`] was called before).
+    pub fn into_flag(self) -> Arc<AtomicBool> {
+        self.stop
+    }
+
     /// Whether a signal came.
     pub fn received(&self) -> bool {
         self.stop.load(Ordering::Relaxed)
