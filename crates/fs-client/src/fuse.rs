@@ -272,6 +272,11 @@ pub struct FuseOptions {
     pub threads: usize,
     /// How long the kernel may cache attributes and entries.
     pub attr_ttl: Duration,
+    /// Threads per CPU serving FUSE over io_uring (Linux 6.14 and later, with the fuse
+    /// module's `enable_uring` parameter on): the kernel then hands each request to a thread
+    /// on the caller's CPU. 0 keeps `/dev/fuse` only; so does a kernel that does not offer it
+    /// (logged). The `threads` above keep serving what io_uring does not carry.
+    pub ring_threads_per_cpu: usize,
 }
 
 impl Default for FuseOptions {
@@ -280,6 +285,26 @@ impl Default for FuseOptions {
             allow_other: true,
             threads: 8,
             attr_ttl: Duration::from_millis(100),
+            ring_threads_per_cpu: 2,
+        }
+    }
+}
+
+/// What [`MountHandle::fuse_rings`] reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FuseRings {
+    /// Threads serving FUSE-over-io_uring rings; 0 when requests come over `/dev/fuse` only.
+    pub threads: usize,
+    /// Requests the rings have taken since the mount.
+    pub requests: u64,
+}
+
+impl std::fmt::Display for FuseRings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.threads == 0 {
+            write!(f, "/dev/fuse")
+        } else {
+            write!(f, "io_uring ({} threads, per CPU)", self.threads)
         }
     }
 }
@@ -320,6 +345,14 @@ impl MountHandle {
     /// an `mmap(2)` fails with ENODEV; `MAP_PRIVATE` mappings work on every kernel.
     pub fn shared_mmap(&self) -> bool {
         self.shared_mmap
+    }
+
+    /// How the kernel's requests reach this process: over FUSE-over-io_uring rings (how many
+    /// threads serve them, and how many requests they have taken so far), or over `/dev/fuse`
+    /// only (0 threads: not asked for, or not offered by the kernel).
+    pub fn fuse_rings(&self) -> FuseRings {
+        let (threads, requests) = self.session.as_ref().map_or((0, 0), |s| s.ring_requests());
+        FuseRings { threads, requests }
     }
 
     /// Whether the session has ended (for example unmounted with `fusermount3 -u`).
@@ -468,6 +501,7 @@ pub fn mount<B: FsBackend>(
     };
     config.n_threads = Some(opts.threads.max(1));
     config.clone_fd = true;
+    config.uring_threads_per_cpu = opts.ring_threads_per_cpu;
     let page = page_size();
     let pages_asked = pages_for_atomic(ATOMIC_IO_TARGET, page).min(u64::from(u16::MAX)) as u16;
     // The kernel copies the limit into the connection when it is made, at mount(2).
@@ -478,6 +512,7 @@ pub fn mount<B: FsBackend>(
         fs,
         ttl: opts.attr_ttl,
         pages_asked,
+        rings_asked: opts.ring_threads_per_cpu > 0,
         negotiated: negotiated.clone(),
         waits: Arc::default(),
     };
@@ -585,6 +620,8 @@ struct FuseAdapter<B> {
     ttl: Duration,
     /// `max_pages` to ask for (see the module docs).
     pages_asked: u16,
+    /// Whether the mount asked for FUSE over io_uring ([`FuseOptions::ring_threads_per_cpu`]).
+    rings_asked: bool,
     /// What `init` asked for, for [`mount`].
     negotiated: Arc<Mutex<Option<Negotiated>>>,
     /// The `F_SETLKW` waits in progress, by the kernel's request id: an interrupt of one
@@ -943,6 +980,18 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
                     );
                 }
             }
+        }
+        // FUSE over io_uring is asked for by fuser (`Config::uring_threads_per_cpu`); say
+        // why it will not be used when the kernel does not offer it.
+        if self.rings_asked
+            && !config
+                .capabilities()
+                .contains(fuser::InitFlags::FUSE_OVER_IO_URING)
+        {
+            tracing::info!(
+                "this kernel does not offer FUSE over io_uring (Linux 6.14 and later, with \
+                 /sys/module/fuse/parameters/enable_uring set to Y): requests come over /dev/fuse"
+            );
         }
         *self.negotiated.lock().unwrap_or_else(|e| e.into_inner()) = Some(Negotiated {
             max_write,

@@ -110,6 +110,17 @@ impl Mount {
         self.dir.path()
     }
 
+    /// How the kernel's requests reach the mount ([`MountHandle::fuse_rings`]).
+    pub fn fuse_rings(&self) -> fs_client::fuse::FuseRings {
+        self.handle.as_ref().map_or(
+            fs_client::fuse::FuseRings {
+                threads: 0,
+                requests: 0,
+            },
+            |h| h.fuse_rings(),
+        )
+    }
+
     /// The client library behind the mount (its statistics, or calls that bypass the kernel).
     pub fn fs(&self) -> &Arc<CitronFs> {
         &self.fs

@@ -97,6 +97,8 @@ mod poll_events;
 mod read_buf;
 mod rename_flags;
 mod reply;
+#[cfg(target_os = "linux")]
+mod ring;
 mod request;
 mod request_param;
 mod session;
@@ -409,6 +411,16 @@ impl KernelConfig {
             None => (u32::from(self.max_background) * 3 / 4) as u16,
             Some(value) => min(value, self.max_background),
         }
+    }
+
+    /// The least a FUSE-over-io_uring payload buffer must hold (CitronFS patch): the kernel's
+    /// `max(FUSE_MIN_READ_BUFFER, max_write, max_pages * page size)`, taken at its largest
+    /// (32 pages is the kernel's default when `FUSE_MAX_PAGES` is not negotiated).
+    #[cfg(target_os = "linux")]
+    pub(crate) fn max_payload(&self) -> usize {
+        let page = page_size::get();
+        let pages = usize::from(self.max_pages()).max(32);
+        (self.max_write as usize).max(pages * page).max(8192)
     }
 
     fn max_pages(&self) -> u16 {

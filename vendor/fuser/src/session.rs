@@ -139,6 +139,15 @@ pub struct Session<FS: Filesystem> {
     /// The field is set to `Some` when the init message is received.
     pub(crate) proto_version: Option<Version>,
     pub(crate) config: Config,
+    /// Set at INIT when FUSE over io_uring was negotiated (CitronFS patch, `ring`).
+    #[cfg(target_os = "linux")]
+    pub(crate) ring: Option<crate::ring::RingSetup>,
+    /// What the rings have served (CitronFS patch).
+    #[cfg(target_os = "linux")]
+    pub(crate) ring_counters: Arc<crate::ring::RingCounters>,
+    /// Told when the rings have started (or failed to): `spawn` returns only then.
+    #[cfg(target_os = "linux")]
+    pub(crate) rings_started: Option<std::sync::mpsc::Sender<()>>,
 }
 
 impl<FS: Filesystem> AsFd for Session<FS> {
@@ -186,6 +195,12 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config: options.clone(),
+            #[cfg(target_os = "linux")]
+            ring: None,
+            #[cfg(target_os = "linux")]
+            ring_counters: Arc::default(),
+            #[cfg(target_os = "linux")]
+            rings_started: None,
         };
 
         session.handshake()?;
@@ -214,6 +229,12 @@ impl<FS: Filesystem> Session<FS> {
             session_owner: geteuid(),
             proto_version: None,
             config,
+            #[cfg(target_os = "linux")]
+            ring: None,
+            #[cfg(target_os = "linux")]
+            ring_counters: Arc::default(),
+            #[cfg(target_os = "linux")]
+            rings_started: None,
         };
 
         session.handshake()?;
@@ -223,17 +244,31 @@ impl<FS: Filesystem> Session<FS> {
 
     /// Run the session loop in a background thread. If the returned handle is dropped,
     /// the filesystem is unmounted and the given session ends.
-    pub fn spawn(self) -> io::Result<BackgroundSession> {
+    pub fn spawn(mut self) -> io::Result<BackgroundSession> {
         let sender = self.ch.sender();
+        #[cfg(target_os = "linux")]
+        let ring_counters = self.ring_counters.clone();
+        // CitronFS patch: return once the rings (if any) serve, so that what the session
+        // serves through is known when this returns.
+        #[cfg(target_os = "linux")]
+        let rings_started = {
+            let (tx, rx) = std::sync::mpsc::channel();
+            self.rings_started = Some(tx);
+            rx
+        };
         // Take the fuse_session, so that we can unmount it
         let mount = std::mem::take(&mut *self.mount.mount.lock());
         let guard = thread::Builder::new()
             .name("fuser-bg".to_string())
             .spawn(move || self.run())?;
+        #[cfg(target_os = "linux")]
+        let _ = rings_started.recv();
         Ok(BackgroundSession {
             guard,
             sender,
             mount,
+            #[cfg(target_os = "linux")]
+            ring_counters,
         })
     }
 
@@ -252,6 +287,12 @@ impl<FS: Filesystem> Session<FS> {
             session_owner,
             proto_version: _,
             config,
+            #[cfg(target_os = "linux")]
+            ring,
+            #[cfg(target_os = "linux")]
+            ring_counters,
+            #[cfg(target_os = "linux")]
+            rings_started,
         } = self;
 
         let n_threads = config.n_threads.unwrap_or(1);
@@ -286,6 +327,8 @@ impl<FS: Filesystem> Session<FS> {
                 channels.push(ch.clone());
             }
         }
+        #[cfg(target_os = "linux")]
+        let ring_ch = ch.clone();
         channels.push(ch);
 
         let mut threads = Vec::with_capacity(n_threads);
@@ -306,6 +349,39 @@ impl<FS: Filesystem> Session<FS> {
             );
         }
 
+        // FUSE over io_uring (CitronFS patch): the rings take over once every queue has an
+        // entry; the readers above stay for FORGET, INTERRUPT and notifications. A failure
+        // leaves the kernel on /dev/fuse, which the readers serve: slower, not broken.
+        #[cfg(target_os = "linux")]
+        let rings = ring.and_then(|setup| {
+            match crate::ring::RingPool::start(
+                setup,
+                &ring_ch,
+                filesystem.clone(),
+                allowed,
+                session_owner,
+                &ring_counters,
+            ) {
+                Ok(pool) => {
+                    info!(
+                        "FUSE over io_uring: {} ring threads, payload buffers of {} bytes",
+                        pool.len(),
+                        setup.max_payload
+                    );
+                    Some(pool)
+                }
+                Err(e) => {
+                    warn!("FUSE over io_uring not started, requests stay on /dev/fuse: {e}");
+                    None
+                }
+            }
+        });
+
+        #[cfg(target_os = "linux")]
+        if let Some(started) = rings_started {
+            let _ = started.send(());
+        }
+
         let mut reply: io::Result<()> = Ok(());
         for thread in threads {
             let res = match thread.join() {
@@ -320,6 +396,11 @@ impl<FS: Filesystem> Session<FS> {
                 }
             }
         }
+
+        // The readers end when the connection does; the rings' entries end with it too, and
+        // stopping the pool joins their threads (which hold the file system).
+        #[cfg(target_os = "linux")]
+        drop(rings);
 
         let Some(filesystem) = Arc::get_mut(&mut filesystem) else {
             return Err(io::Error::other(
@@ -413,6 +494,12 @@ impl<FS: Filesystem> Session<FS> {
             }
 
             let mut config = KernelConfig::new(init.capabilities(), init.max_readahead(), v);
+            // CitronFS patch: ask for FUSE over io_uring when configured and offered (the
+            // kernel offers it only with fuse's `enable_uring` parameter set).
+            #[cfg(target_os = "linux")]
+            if self.config.uring_threads_per_cpu > 0 {
+                let _ = config.add_capabilities(InitFlags::FUSE_OVER_IO_URING);
+            }
 
             // Call filesystem init method and give it a chance to return an error
             let Some(filesystem) = &mut self.filesystem.fs else {
@@ -469,6 +556,16 @@ impl<FS: Filesystem> Session<FS> {
                 config.max_write
             );
 
+            #[cfg(target_os = "linux")]
+            {
+                let negotiated = init.capabilities() & config.requested;
+                self.ring = negotiated.contains(InitFlags::FUSE_OVER_IO_URING).then(|| {
+                    crate::ring::RingSetup {
+                        max_payload: config.max_payload(),
+                        threads_per_queue: self.config.uring_threads_per_cpu,
+                    }
+                });
+            }
             let response = init.reply(&config);
             <ReplyRaw as Reply>::new(request.unique(), ReplySender::Channel(self.ch.sender()))
                 .send_ll(&response);
@@ -530,7 +627,10 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
             // Read the next request from the given channel to kernel driver
             // The kernel driver makes sure that we get exactly one request per read
             match self.ch.receive_retrying(buf) {
-                Ok(size) => match RequestWithSender::new(self.ch.sender(), &buf[..size]) {
+                Ok(size) => match RequestWithSender::new(
+                    ReplySender::Channel(self.ch.sender()),
+                    &buf[..size],
+                ) {
                     // Dispatch request
                     Some(req) => {
                         if let Ok(Operation::Destroy(_)) = req.request.operation() {
@@ -564,6 +664,9 @@ pub struct BackgroundSession {
     sender: ChannelSender,
     /// Ensures the filesystem is unmounted when the session ends
     mount: Option<Mount>,
+    /// What the FUSE-over-io_uring rings have served (CitronFS patch).
+    #[cfg(target_os = "linux")]
+    ring_counters: Arc<crate::ring::RingCounters>,
 }
 
 impl BackgroundSession {
@@ -578,6 +681,16 @@ impl BackgroundSession {
     /// Returns an object that can be used to send notifications to the kernel
     pub fn notifier(&self) -> Notifier {
         Notifier::new(self.sender.clone())
+    }
+
+    /// CitronFS patch: the FUSE-over-io_uring threads serving (0 when the session serves
+    /// `/dev/fuse` only: not configured, not offered by the kernel, or not yet started), and
+    /// the requests they have taken so far.
+    pub fn ring_requests(&self) -> (usize, u64) {
+        #[cfg(target_os = "linux")]
+        return self.ring_counters.read();
+        #[cfg(not(target_os = "linux"))]
+        return (0, 0);
     }
 
     /// Join the filesystem thread.

@@ -185,6 +185,11 @@ pub struct FsArgs {
     /// [default: the mount's default].
     #[arg(long)]
     fuse_threads: Option<usize>,
+    /// Threads per CPU serving FUSE over io_uring on the FUSE mounts (CitronFS's and the null
+    /// backend's alike), where the kernel offers it (fuse's enable_uring parameter); 0:
+    /// /dev/fuse only [default: the mount's default].
+    #[arg(long)]
+    fuse_ring_threads: Option<usize>,
     /// Data servers of the embedded cluster (files are striped over them).
     #[arg(long, default_value_t = 2)]
     data_servers: usize,
@@ -355,6 +360,9 @@ pub fn run(args: &FsArgs) -> Result<()> {
     );
     let fuse_options = fs_client::fuse::FuseOptions {
         threads: args.fuse_threads.unwrap_or(testkit::fuse_options().threads),
+        ring_threads_per_cpu: args
+            .fuse_ring_threads
+            .unwrap_or(testkit::fuse_options().ring_threads_per_cpu),
         ..testkit::fuse_options()
     };
     let schemes: Vec<LockScheme> = args.scheme.clone();
@@ -449,6 +457,8 @@ pub fn run(args: &FsArgs) -> Result<()> {
     // before their mounts go and the cluster stops.
     let mut cluster: Option<Cluster> = None;
     let mut null_mount: Option<(fs_client::fuse::MountHandle, tempfile::TempDir)> = None;
+    // How each FUSE mount gets its requests (io_uring or /dev/fuse), for the notes.
+    let mut transports: Vec<String> = Vec::new();
     let mut mounts: Vec<Mount> = Vec::new();
     let mut tmpfs_temp: Option<tempfile::TempDir> = None;
     let mut removals: Vec<RemoveOnDrop> = Vec::new();
@@ -487,6 +497,7 @@ pub fn run(args: &FsArgs) -> Result<()> {
         let path = dir
             .path()
             .join(format!("bench-null-{}.dat", std::process::id()));
+        transports.push(format!("null mount: {}", handle.fuse_rings()));
         null_mount = Some((handle, dir));
         subjects.push(Subject::new(
             Target::Null,
@@ -514,9 +525,14 @@ pub fn run(args: &FsArgs) -> Result<()> {
         for &scheme in &schemes {
             let fs = Arc::new(cluster.connect(scheme)?);
             let name = format!("bench-{}-{}.dat", scheme.name(), std::process::id());
-            let scheme = Some(scheme.name());
+            let scheme_name = Some(scheme.name());
             if args.fs.contains(&Target::Citronfs) {
                 let mount = Mount::in_temp_dir(fs.clone(), &fuse_options)?;
+                transports.push(format!(
+                    "CitronFS mount ({}): {}",
+                    scheme.name(),
+                    mount.fuse_rings()
+                ));
                 let path = mount.path().join(&name);
                 mounts.push(mount);
                 // Frees the chunks; the run's result matters more than a failed cleanup.
@@ -524,7 +540,7 @@ pub fn run(args: &FsArgs) -> Result<()> {
                 let file = open_rw(&path)?;
                 subjects.push(Subject::new(
                     Target::Citronfs,
-                    scheme,
+                    scheme_name,
                     fabric_name,
                     file,
                     Some(fs.clone()),
@@ -541,7 +557,7 @@ pub fn run(args: &FsArgs) -> Result<()> {
                 let file = LibraryFile::new(fs.clone(), fh);
                 subjects.push(Subject::new(
                     Target::Library,
-                    scheme,
+                    scheme_name,
                     fabric_name,
                     file,
                     Some(fs.clone()),
@@ -588,7 +604,7 @@ pub fn run(args: &FsArgs) -> Result<()> {
     progress.finish_and_clear();
     report.finish();
     if !args.json {
-        print_notes(args, file_size, tmpfs_note);
+        print_notes(args, file_size, tmpfs_note, &transports);
     }
     Ok(())
 }
@@ -885,7 +901,7 @@ pub(crate) fn is_tmpfs(dir: &Path) -> bool {
     }
 }
 
-fn print_notes(args: &FsArgs, file_size: u64, tmpfs_note: Option<String>) {
+fn print_notes(args: &FsArgs, file_size: u64, tmpfs_note: Option<String>, transports: &[String]) {
     println!();
     println!(
         "One shared file of {} MiB per file system; with n threads, thread t works in the t-th \
@@ -921,6 +937,13 @@ fn print_notes(args: &FsArgs, file_size: u64, tmpfs_note: Option<String>) {
          times ride in them); acquire µs: mean time per call inside the acquire (the client's \
          lock statistics, warm-up included)."
     );
+    if !transports.is_empty() {
+        println!(
+            "FUSE requests reach the mounts over: {} (io_uring needs Linux 6.14+ with \
+             /sys/module/fuse/parameters/enable_uring = Y; --fuse-ring-threads 0 keeps /dev/fuse).",
+            transports.join("; ")
+        );
+    }
     if let Some(note) = tmpfs_note {
         println!("warning: {note}");
     }

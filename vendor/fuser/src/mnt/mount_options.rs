@@ -18,6 +18,11 @@ pub struct Config {
     /// This enables more efficient request processing
     /// when multiple threads are used. Requires Linux 4.5+.
     pub clone_fd: bool,
+    /// CitronFS patch: serve requests over FUSE-over-io_uring rings (Linux 6.14+, with the
+    /// fuse module's `enable_uring` parameter set) with this many threads per CPU, each
+    /// pinned to its CPU; 0 (the default) keeps `/dev/fuse` only. Falls back to `/dev/fuse`
+    /// when the kernel does not offer it.
+    pub uring_threads_per_cpu: usize,
 }
 
 /// Mount options accepted by the FUSE filesystem type

@@ -1,0 +1,311 @@
+//! FUSE over io_uring: with the kernel offering it (Linux 6.14 and later, the fuse module's
+//! `enable_uring` parameter on), a mount serves the kernel's requests from per-CPU rings
+//! instead of `/dev/fuse` (vendor/fuser `ring.rs`). Only the transport changes, so what is
+//! checked is what a transport can get wrong: requests and answers of every size up to the
+//! atomic bound at every buffer alignment (the request's headers are copied in front of its
+//! payload, the answer's body into the entry's buffer), many requests at once on one CPU's
+//! entries, errors, an answer sent later from another thread (a blocking `F_SETLKW`, and its
+//! end by a signal through `/dev/fuse`'s INTERRUPT), and an unmount that ends the rings.
+//!
+//! One test, in a binary of its own: the parameter is machine-wide, so the test turns it on
+//! for its run only and puts it back afterwards, with no other mount of this binary alive.
+//! Without root or without the parameter (a kernel without FUSE over io_uring) it says so and
+//! checks nothing.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::FileExt;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+use testkit::{open_rw, pattern, skip_without_fuse, Cluster, ClusterSpec, Mount};
+
+const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+const PAGE: usize = 4096;
+const MIB: usize = 1 << 20;
+
+/// Turns `enable_uring` on, and back to what it was when dropped.
+struct UringEnabled {
+    was: String,
+}
+
+impl UringEnabled {
+    fn turn_on() -> Option<UringEnabled> {
+        let was = match std::fs::read_to_string(ENABLE_URING) {
+            Ok(v) => v.trim().to_string(),
+            Err(e) => {
+                eprintln!("NOTE: {ENABLE_URING}: {e}: this kernel has no FUSE over io_uring");
+                return None;
+            }
+        };
+        if let Err(e) = std::fs::write(ENABLE_URING, "Y") {
+            eprintln!("NOTE: cannot turn on {ENABLE_URING} ({e}): needs root");
+            return None;
+        }
+        Some(UringEnabled { was })
+    }
+}
+
+impl Drop for UringEnabled {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::write(ENABLE_URING, &self.was) {
+            eprintln!("could not put {ENABLE_URING} back to {}: {e}", self.was);
+        }
+    }
+}
+
+/// The number of queues the kernel makes: one per possible CPU.
+fn possible_cpus() -> usize {
+    let list = std::fs::read_to_string("/sys/devices/system/cpu/possible").unwrap();
+    let highest = list
+        .trim()
+        .split(',')
+        .filter_map(|r| r.rsplit('-').next()?.parse::<usize>().ok())
+        .max()
+        .unwrap();
+    highest + 1
+}
+
+/// A buffer of `len` bytes starting `offset` bytes into a page.
+struct Placed {
+    storage: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl Placed {
+    fn new(len: usize, offset: usize) -> Placed {
+        let storage = vec![0u8; len + 2 * PAGE];
+        let base = storage.as_ptr() as usize;
+        let start = (PAGE - base % PAGE) % PAGE + offset;
+        Placed {
+            storage,
+            start,
+            len,
+        }
+    }
+    fn get(&self) -> &[u8] {
+        &self.storage[self.start..self.start + self.len]
+    }
+    fn get_mut(&mut self) -> &mut [u8] {
+        &mut self.storage[self.start..self.start + self.len]
+    }
+}
+
+fn errno<T>(r: std::io::Result<T>) -> Option<i32> {
+    r.err().and_then(|e| e.raw_os_error())
+}
+
+/// `fcntl(f, cmd, F_WRLCK or F_UNLCK over [0, 100))`.
+fn lock(f: &File, cmd: i32, typ: i32) -> std::io::Result<()> {
+    // SAFETY: `flock` is plain data; all zeros is a valid value.
+    let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+    fl.l_type = typ as libc::c_short;
+    fl.l_whence = libc::SEEK_SET as libc::c_short;
+    fl.l_len = 100;
+    // SAFETY: `fl` outlives the call, which only reads it.
+    match unsafe { libc::fcntl(f.as_raw_fd(), cmd, &fl) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
+/// Every size up to the bound at every alignment, written through one mount and read back
+/// through the other, whole.
+fn round_trips(a: &Mount, b: &Mount, bound: usize) -> u64 {
+    let mut sizes = vec![
+        1,
+        100,
+        PAGE - 1,
+        PAGE,
+        PAGE + 1,
+        128 << 10,
+        MIB + 4095,
+        4 * MIB + 1,
+    ];
+    sizes.push(bound);
+    let offsets = [0, 1, 511, 2048, PAGE - 1];
+    File::create(a.path().join("sizes")).unwrap();
+    let (wa, rb) = (
+        open_rw(&a.path().join("sizes")),
+        open_rw(&b.path().join("sizes")),
+    );
+    let mut calls = 0;
+    for (i, &size) in sizes.iter().enumerate() {
+        for (j, &offset) in offsets.iter().enumerate() {
+            let seed = (i * 16 + j) as u64;
+            let at = (seed * 7919) % (3 * PAGE as u64);
+            let mut out = Placed::new(size, offset);
+            out.get_mut().copy_from_slice(&pattern(seed, at, size));
+            wa.write_all_at(out.get(), at).unwrap();
+            let mut back = Placed::new(size, (offset + 1) % PAGE);
+            rb.read_exact_at(back.get_mut(), at).unwrap();
+            assert!(
+                back.get() == out.get(),
+                "{size} bytes at file offset {at}, buffer offsets {offset}/{}: read back \
+                 differently",
+                (offset + 1) % PAGE
+            );
+            calls += 2;
+        }
+    }
+    calls
+}
+
+/// Threads writing and checking regions of their own through both mounts at once: many
+/// requests in flight on every CPU's entries, none answered with another's data.
+fn many_at_once(a: &Mount, b: &Mount) -> u64 {
+    const THREADS: usize = 8;
+    const ROUNDS: usize = 200;
+    let size = 3 * PAGE + 17;
+    File::create(a.path().join("shared")).unwrap();
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let dir = if t % 2 == 0 { a.path() } else { b.path() };
+            let other = if t % 2 == 0 { b.path() } else { a.path() };
+            s.spawn(move || {
+                let f = open_rw(&dir.join("shared"));
+                let g = open_rw(&other.join("shared"));
+                let at = (t * size) as u64;
+                for r in 0..ROUNDS {
+                    let data = pattern((t * ROUNDS + r) as u64, at, size);
+                    f.write_all_at(&data, at).unwrap();
+                    let mut back = vec![0u8; size];
+                    g.read_exact_at(&mut back, at).unwrap();
+                    assert!(back == data, "thread {t} round {r}: read back differently");
+                }
+            });
+        }
+    });
+    (THREADS * ROUNDS * 2) as u64
+}
+
+/// Namespace calls and their errors come back as the kernel expects them.
+fn namespace(a: &Mount, b: &Mount) -> u64 {
+    let d = a.path().join("dir");
+    std::fs::create_dir(&d).unwrap();
+    assert_eq!(errno(std::fs::create_dir(&d)), Some(libc::EEXIST));
+    for i in 0..50 {
+        std::fs::write(d.join(format!("f{i}")), format!("file {i}")).unwrap();
+    }
+    let mut names: Vec<String> = std::fs::read_dir(b.path().join("dir"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 50);
+    assert_eq!(
+        std::fs::read_to_string(b.path().join("dir/f7")).unwrap(),
+        "file 7"
+    );
+    std::fs::rename(d.join("f7"), d.join("seven")).unwrap();
+    assert_eq!(errno(std::fs::metadata(d.join("f7"))), Some(libc::ENOENT));
+    assert_eq!(
+        errno(std::fs::write(d.join("x".repeat(300)), b"")),
+        Some(libc::ENAMETOOLONG)
+    );
+    assert_eq!(errno(std::fs::remove_dir(&d)), Some(libc::ENOTEMPTY));
+    std::fs::remove_dir_all(&d).unwrap();
+    200
+}
+
+/// A blocking `F_SETLKW` is answered later, from the adapter's own thread: once when the lock
+/// is given back, once with EINTR when the waiter gets a signal (an INTERRUPT, which comes
+/// over `/dev/fuse` while the request came over a ring).
+fn late_answers(a: &Mount, b: &Mount) {
+    std::fs::write(a.path().join("locked"), b"x").unwrap();
+    let holder = open_rw(&a.path().join("locked"));
+    lock(&holder, libc::F_SETLK, libc::F_WRLCK).unwrap();
+
+    let waiter_path = b.path().join("locked");
+    let (tx, rx) = mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let f = open_rw(&waiter_path);
+        let started = Instant::now();
+        let r = lock(&f, libc::F_SETLKW, libc::F_WRLCK);
+        tx.send((r.map_err(|e| e.raw_os_error()), started.elapsed()))
+            .unwrap();
+        // Given back at once (a close gives it back only at the release, which the kernel
+        // sends in the background).
+        lock(&f, libc::F_SETLK, libc::F_UNLCK).unwrap();
+    });
+    assert!(
+        rx.recv_timeout(Duration::from_millis(300)).is_err(),
+        "F_SETLKW through the other mount returned while the lock was held"
+    );
+    lock(&holder, libc::F_SETLK, libc::F_UNLCK).unwrap();
+    let (r, _) = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("F_SETLKW not answered after the lock was given back");
+    assert_eq!(r, Ok(()));
+    waiter.join().unwrap();
+
+    // Now held by nobody: hold it again and interrupt a waiter with a signal.
+    lock(&holder, libc::F_SETLK, libc::F_WRLCK).unwrap();
+    // SAFETY: an empty handler for SIGUSR1, so that the signal interrupts without killing.
+    unsafe {
+        extern "C" fn nothing(_: libc::c_int) {}
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = nothing as *const () as usize;
+        libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut());
+    }
+    let waiter_path = b.path().join("locked");
+    let (tx, rx) = mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        // SAFETY: pthread_self is always safe.
+        tx.send(unsafe { libc::pthread_self() }).unwrap();
+        let f = open_rw(&waiter_path);
+        lock(&f, libc::F_SETLKW, libc::F_WRLCK).map_err(|e| e.raw_os_error())
+    });
+    let thread = rx.recv().unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    // SAFETY: the thread is alive until joined below.
+    unsafe { libc::pthread_kill(thread, libc::SIGUSR1) };
+    assert_eq!(waiter.join().unwrap(), Err(Some(libc::EINTR)));
+    lock(&holder, libc::F_SETLK, libc::F_UNLCK).unwrap();
+}
+
+#[test]
+fn requests_over_io_uring_rings_reach_the_file_system_whole() {
+    skip_without_fuse!();
+    // Declared first, dropped last: the mounts are gone before the parameter is put back.
+    let Some(_uring) = UringEnabled::turn_on() else {
+        return;
+    };
+    let cluster = Cluster::start(ClusterSpec {
+        data_servers: 2,
+        capacity: 96 << 20,
+        chunk_size: 64 << 10,
+        ..ClusterSpec::default()
+    })
+    .unwrap();
+    let (a, b) = (cluster.mount().unwrap(), cluster.mount().unwrap());
+    let per_cpu = testkit::fuse_options().ring_threads_per_cpu;
+    for m in [&a, &b] {
+        assert_eq!(
+            m.fuse_rings().threads,
+            per_cpu * possible_cpus(),
+            "with {ENABLE_URING} on, every mount serves {per_cpu} ring threads per CPU"
+        );
+    }
+    let bound = usize::try_from(a.atomic_bound().min(b.atomic_bound())).unwrap();
+    eprintln!("atomic bound {bound} bytes; rings: {}", a.fuse_rings());
+    let before = a.fuse_rings().requests + b.fuse_rings().requests;
+
+    let mut calls = round_trips(&a, &b, bound);
+    calls += many_at_once(&a, &b);
+    calls += namespace(&a, &b);
+    late_answers(&a, &b);
+
+    let served = a.fuse_rings().requests + b.fuse_rings().requests - before;
+    eprintln!("{calls} calls made, {served} requests served by the rings");
+    assert!(
+        served >= calls,
+        "only {served} of at least {calls} requests came through the rings"
+    );
+    for m in [a, b] {
+        let at = m.path().to_path_buf();
+        m.unmount()
+            .unwrap_or_else(|e| panic!("unmount {}: {e}", at.display()));
+    }
+    cluster.shutdown().unwrap();
+}

@@ -1,0 +1,672 @@
+//! FUSE over io_uring (Linux 6.14 and later; CitronFS's addition, see `CITRONFS.md`).
+//!
+//! Why: on `/dev/fuse` the kernel hands each request to whichever reader thread has waited
+//! longest, on whatever CPU it sleeps, so a small request costs two cross-CPU wake-ups (to the
+//! reader, and back to the caller). Over io_uring the kernel keeps one queue per CPU and
+//! hands a request to an entry registered on the queue of the CPU the caller runs on; our
+//! threads for that queue are pinned to that CPU, so both wake-ups stay on one CPU, and the
+//! entry committed last is the one used next (the kernel keeps available entries LIFO), so
+//! the thread that serves it has a warm cache.
+//!
+//! The protocol (kernel `fs/fuse/dev_uring.c`, uapi `fuse.h` 7.42):
+//! - the INIT reply carries `FUSE_OVER_IO_URING`; then, for every queue (`qid` = CPU number,
+//!   one per possible CPU), userspace submits `IORING_OP_URING_CMD` SQE128s with
+//!   `FUSE_IO_URING_CMD_REGISTER`, each naming two buffers: a [`HEADER_SIZE`] header
+//!   (`fuse_uring_req_header`) and a payload of at least the connection's largest payload;
+//! - the kernel switches from `/dev/fuse` to the rings once every queue has an entry;
+//!   FORGET, INTERRUPT and notifications keep going through `/dev/fuse`, whose reader threads
+//!   therefore stay;
+//! - a request arrives as the completion of an entry's last command: the `fuse_in_header` in
+//!   the header's `in_out`, the opcode's fixed argument (`in_args[0]`) in `op_in`, the other
+//!   arguments in the payload, and `payload_sz` and `commit_id` in `ring_ent_in_out`;
+//! - the answer goes back in the same buffers (`fuse_out_header` in `in_out`, the body in the
+//!   payload) with `FUSE_IO_URING_CMD_COMMIT_AND_FETCH`, which also offers the entry again.
+//!
+//! Invariants:
+//! - each thread owns one io_uring and exactly one entry (depth 1), so a handler that blocks
+//!   holds up only its own thread; the queue's other threads keep serving the CPU;
+//! - an entry is written by userspace only between the completion that delivered a request
+//!   and the commit of its answer, and by exactly one answer: [`RingEntry::answer`] is called
+//!   once per request (fuser's `Reply` types send at most once), and when dispatch returns
+//!   with no reply outstanding and none sent, the thread answers EIO itself, so no request
+//!   can stay without an answer and no entry can be lost;
+//! - submissions to a ring are serialised by `RingEntry::submit_lock`: an answer may be sent
+//!   from a thread other than the ring's (a file system may answer later, elsewhere).
+
+use std::io;
+use std::io::IoSlice;
+use std::os::fd::AsRawFd;
+use std::os::fd::BorrowedFd;
+use std::os::fd::FromRawFd;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering;
+use std::thread;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use io_uring::IoUring;
+use io_uring::cqueue;
+use io_uring::opcode;
+use io_uring::squeue;
+use io_uring::types;
+use log::debug;
+use log::error;
+use log::warn;
+
+use crate::Filesystem;
+use crate::channel::Channel;
+use crate::channel::ChannelSender;
+use crate::passthrough::BackingId;
+use crate::reply::ReplySender;
+use crate::request::RequestWithSender;
+use crate::session::FilesystemHolder;
+use crate::session::SessionACL;
+use crate::session::SessionEventLoop;
+use nix::unistd::Uid;
+
+/// `FUSE_IO_URING_CMD_REGISTER`: offer an entry's buffers and wait for a request.
+const CMD_REGISTER: u32 = 1;
+/// `FUSE_IO_URING_CMD_COMMIT_AND_FETCH`: answer the entry's request and wait for the next.
+const CMD_COMMIT_AND_FETCH: u32 = 2;
+
+/// `fuse_in_header`: len, opcode, unique, nodeid, uid, gid, pid, total_extlen, padding.
+const IN_HEADER_SIZE: usize = 40;
+/// `fuse_out_header`: len, error, unique.
+const OUT_HEADER_SIZE: usize = 16;
+/// `fuse_uring_req_header.op_in` starts here; `in_out` is the 128 bytes before it.
+const OP_IN_OFFSET: usize = 128;
+/// Size of `op_in`: the largest fixed argument the kernel puts there.
+const OP_IN_SIZE: usize = 128;
+/// `fuse_uring_req_header.ring_ent_in_out`: flags (u64), commit_id (u64), payload_sz (u32),
+/// padding (u32), reserved (u64).
+const ENT_IN_OUT_OFFSET: usize = 256;
+/// `sizeof(struct fuse_uring_req_header)`.
+pub(crate) const HEADER_SIZE: usize = ENT_IN_OUT_OFFSET + 32;
+/// Room kept in front of the payload buffer, where a request's headers are copied so that
+/// the request reads as one contiguous `/dev/fuse` message without moving its payload.
+const HEADROOM: usize = 4096;
+
+/// `user_data` of an entry's register or commit command.
+const TAG_ENTRY: u64 = 1;
+/// `user_data` of the poll of the thread's stop eventfd.
+const TAG_STOP: u64 = 2;
+
+/// What the session learnt at INIT that the rings need.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RingSetup {
+    /// The connection's largest payload: `max(8192, max_write, max_pages * page size)`, the
+    /// least a payload buffer may hold (the kernel refuses smaller ones).
+    pub(crate) max_payload: usize,
+    /// Threads (each with one entry) per queue.
+    pub(crate) threads_per_queue: usize,
+}
+
+/// Requests answered through rings, one counter per ring thread (each written by its thread
+/// only, on a cache line of its own), for [`crate::BackgroundSession::ring_requests`].
+#[derive(Debug, Default)]
+pub(crate) struct RingCounters {
+    threads: Mutex<Vec<Arc<Counter>>>,
+}
+
+#[derive(Debug, Default)]
+#[repr(align(64))]
+struct Counter(std::sync::atomic::AtomicU64);
+
+impl RingCounters {
+    /// Ring threads serving, and the requests they have taken so far.
+    pub(crate) fn read(&self) -> (usize, u64) {
+        let threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
+        let served = threads.iter().map(|c| c.0.load(Ordering::Relaxed)).sum();
+        (threads.len(), served)
+    }
+}
+
+/// The rings' threads, stopped and joined by [`RingPool::stop`].
+pub(crate) struct RingPool {
+    threads: Vec<(JoinHandle<()>, OwnedFd)>,
+}
+
+/// An anonymous private mapping (page aligned, as the kernel wants the buffers it pins).
+struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory; who writes it when is ruled by the protocol (module docs).
+unsafe impl Send for Mapping {}
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    fn new(len: usize) -> io::Result<Mapping> {
+        // SAFETY: a fresh anonymous mapping; no existing memory is touched.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Mapping {
+            ptr: ptr.cast(),
+            len,
+        })
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly what `new` mapped; the ring (and so the kernel's use of the
+        // buffers) is gone before the entry that owns this mapping is dropped.
+        unsafe {
+            libc::munmap(self.ptr.cast(), self.len);
+        }
+    }
+}
+
+/// One ring entry: its buffers, its ring, and the request it holds.
+pub(crate) struct RingEntry {
+    ring: IoUring<squeue::Entry128, cqueue::Entry>,
+    /// Serialises pushes to the submission queue (the ring thread's and an answering thread's).
+    submit_lock: Mutex<()>,
+    owner: thread::ThreadId,
+    fuse_fd: i32,
+    qid: u16,
+    header: Mapping,
+    /// `HEADROOM` bytes, then the payload buffer the kernel knows.
+    payload: Mapping,
+    max_payload: usize,
+    /// `commit_id` of the request the entry holds, to echo in the commit.
+    commit_id: std::sync::atomic::AtomicU64,
+    /// Set when the request's answer has been committed (cleared at each new request).
+    answered: AtomicBool,
+    /// For the answers that are not FUSE answers (passthrough backing ids).
+    channel: ChannelSender,
+    /// The two buffers named by the register command; must stay put while it is in flight.
+    iov: [libc::iovec; 2],
+}
+
+// SAFETY: the raw pointers in `iov` and the mappings point into memory the entry owns; the
+// protocol (module docs) decides who touches it when, and the ring is used under
+// `submit_lock` where it is shared.
+unsafe impl Send for RingEntry {}
+unsafe impl Sync for RingEntry {}
+
+impl std::fmt::Debug for RingEntry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RingEntry").field("qid", &self.qid).finish()
+    }
+}
+
+impl RingEntry {
+    fn payload_ptr(&self) -> *mut u8 {
+        // SAFETY: HEADROOM < payload.len by construction.
+        unsafe { self.payload.ptr.add(HEADROOM) }
+    }
+
+    /// Builds the uring command for `cmd_op`, carrying `fuse_uring_cmd_req`.
+    fn command(&self, cmd_op: u32) -> squeue::Entry128 {
+        let mut cmd = [0u8; 80];
+        // fuse_uring_cmd_req: flags (u64) = 0, commit_id (u64), qid (u16), padding.
+        let commit_id = if cmd_op == CMD_COMMIT_AND_FETCH {
+            self.commit_id.load(Ordering::Acquire)
+        } else {
+            0
+        };
+        cmd[8..16].copy_from_slice(&commit_id.to_ne_bytes());
+        cmd[16..18].copy_from_slice(&self.qid.to_ne_bytes());
+        let mut builder = opcode::UringCmd80::new(types::Fd(self.fuse_fd), cmd_op).cmd(cmd);
+        if cmd_op == CMD_REGISTER {
+            builder = builder.addr(Some(self.iov.as_ptr() as u64));
+        }
+        let entry = builder.build().user_data(TAG_ENTRY);
+        if cmd_op == CMD_REGISTER {
+            with_sqe_len(entry, self.iov.len() as u32)
+        } else {
+            entry
+        }
+    }
+
+    /// Queues `entry`; submits it too unless called on the ring's own thread, which submits
+    /// what is queued each time it waits.
+    fn push(&self, entry: &squeue::Entry128) -> io::Result<()> {
+        let _guard = self.submit_lock.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: `submit_lock` makes this the only submission queue handle in use.
+        let mut sq = unsafe { self.ring.submission_shared() };
+        // SAFETY: the command's buffers (the entry's iovecs and mappings) outlive it.
+        unsafe { sq.push(entry) }
+            .map_err(|_| io::Error::other("io_uring submission queue full"))?;
+        drop(sq);
+        if thread::current().id() != self.owner {
+            self.ring.submit()?;
+        }
+        Ok(())
+    }
+
+    /// Writes the answer `data` (a `fuse_out_header`, then the body) into the entry and
+    /// commits it: `ReplySender::send` for a request that came through a ring.
+    pub(crate) fn answer(&self, data: &[IoSlice<'_>]) -> io::Result<()> {
+        let Some((head, body)) = data.split_first() else {
+            return Err(io::Error::other("empty FUSE answer"));
+        };
+        if head.len() != OUT_HEADER_SIZE {
+            return Err(io::Error::other("FUSE answer without its header"));
+        }
+        let body_len: usize = body.iter().map(|s| s.len()).sum();
+        let mut out = [0u8; OUT_HEADER_SIZE];
+        out.copy_from_slice(head);
+        if body_len > self.max_payload {
+            // Cannot happen for a well-formed answer (bodies are at most what was asked for,
+            // and the buffer holds the largest request); answer EIO rather than overflow.
+            error!("FUSE answer of {body_len} bytes exceeds the ring's payload buffer");
+            out[4..8].copy_from_slice(&(-libc::EIO).to_ne_bytes());
+        } else {
+            let mut at = self.payload_ptr();
+            for slice in body {
+                // SAFETY: the body fits the payload buffer (checked above), and the entry is
+                // ours until the commit below.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(slice.as_ptr(), at, slice.len());
+                    at = at.add(slice.len());
+                }
+            }
+        }
+        let payload_sz = if body_len > self.max_payload {
+            0
+        } else {
+            body_len
+        };
+        out[0..4].copy_from_slice(&((OUT_HEADER_SIZE + payload_sz) as u32).to_ne_bytes());
+        // SAFETY: the header mapping is HEADER_SIZE bytes or more and ours until the commit.
+        unsafe {
+            std::ptr::copy_nonoverlapping(out.as_ptr(), self.header.ptr, OUT_HEADER_SIZE);
+            self.header
+                .ptr
+                .add(ENT_IN_OUT_OFFSET + 16)
+                .cast::<u32>()
+                .write_unaligned(payload_sz as u32);
+        }
+        self.answered.store(true, Ordering::Release);
+        self.push(&self.command(CMD_COMMIT_AND_FETCH))
+    }
+
+    /// Passthrough backing files go through `/dev/fuse` (an ioctl), as without rings.
+    pub(crate) fn channel(&self) -> &ChannelSender {
+        &self.channel
+    }
+
+    /// The request the entry holds, as one contiguous `/dev/fuse` message (headers copied in
+    /// front of the payload), or why it cannot be read.
+    fn request(&self) -> Result<(&[u8], u64), String> {
+        // SAFETY: the kernel filled the header before completing the command; it is ours
+        // until the commit.
+        let header = unsafe { std::slice::from_raw_parts(self.header.ptr, HEADER_SIZE) };
+        let word32 = |at: usize| u32::from_ne_bytes(header[at..at + 4].try_into().unwrap());
+        let word64 = |at: usize| u64::from_ne_bytes(header[at..at + 8].try_into().unwrap());
+        let len = word32(0) as usize;
+        let unique = word64(8);
+        let payload_sz = word32(ENT_IN_OUT_OFFSET + 16) as usize;
+        self.commit_id
+            .store(word64(ENT_IN_OUT_OFFSET + 8), Ordering::Release);
+        // in.len counts the header and every argument; the payload holds all but the first.
+        let op_size = len
+            .checked_sub(IN_HEADER_SIZE + payload_sz)
+            .filter(|&n| n <= OP_IN_SIZE && payload_sz <= self.max_payload)
+            .ok_or_else(|| {
+                format!("ring request of {len} bytes with a payload of {payload_sz} bytes")
+            })?;
+        let start = HEADROOM - op_size - IN_HEADER_SIZE;
+        // SAFETY: start..HEADROOM + payload_sz lies in the payload mapping (op_size <=
+        // OP_IN_SIZE < HEADROOM - IN_HEADER_SIZE, payload_sz <= max_payload), which the
+        // kernel does not touch until the commit.
+        let message = unsafe {
+            let base = self.payload.ptr;
+            std::ptr::copy_nonoverlapping(header.as_ptr(), base.add(start), IN_HEADER_SIZE);
+            std::ptr::copy_nonoverlapping(
+                header.as_ptr().add(OP_IN_OFFSET),
+                base.add(start + IN_HEADER_SIZE),
+                op_size,
+            );
+            std::slice::from_raw_parts(base.add(start), IN_HEADER_SIZE + op_size + payload_sz)
+        };
+        Ok((message, unique))
+    }
+}
+
+/// Sets the SQE's `len` (the register command's iovec count), which `UringCmd80` leaves 0.
+fn with_sqe_len(entry: squeue::Entry128, len: u32) -> squeue::Entry128 {
+    const _: () = assert!(std::mem::size_of::<squeue::Entry128>() == 128);
+    // SAFETY: `Entry128` is `repr(C)`: a 64-byte `io_uring_sqe` and 64 more bytes; `len` is
+    // the u32 at offset 24 of `io_uring_sqe`. Every bit pattern is a valid `Entry128`.
+    unsafe {
+        let mut bytes: [u8; 128] = std::mem::transmute(entry);
+        bytes[24..28].copy_from_slice(&len.to_ne_bytes());
+        std::mem::transmute::<[u8; 128], squeue::Entry128>(bytes)
+    }
+}
+
+/// Number of queues the kernel makes: one per possible CPU, numbered by CPU id.
+fn queue_count() -> io::Result<usize> {
+    let possible = std::fs::read_to_string("/sys/devices/system/cpu/possible")?;
+    let highest = possible
+        .trim()
+        .split(',')
+        .filter_map(|range| range.rsplit('-').next()?.parse::<usize>().ok())
+        .max()
+        .ok_or_else(|| io::Error::other(format!("unreadable CPU list {possible:?}")))?;
+    Ok(highest + 1)
+}
+
+/// Pins the calling thread to `cpu`, best effort: a CPU outside our affinity (a cgroup's
+/// cpuset) still gets its queue served, from wherever the thread runs.
+fn pin_to(cpu: usize) {
+    // SAFETY: plain libc calls on a zeroed cpu_set_t owned here.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            debug!(
+                "fuse ring thread for CPU {cpu} not pinned: {}",
+                io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+impl RingPool {
+    /// Starts `setup.threads_per_queue` threads for every queue, each registering one entry.
+    /// Returns once every thread has registered its entry (or failed: then the kernel keeps
+    /// `/dev/fuse`, which the session's readers serve, and the error is returned after the
+    /// threads that did start are stopped).
+    pub(crate) fn start<FS: Filesystem + 'static>(
+        setup: RingSetup,
+        ch: &Channel,
+        filesystem: Arc<FilesystemHolder<FS>>,
+        allowed: SessionACL,
+        session_owner: Uid,
+        counters: &RingCounters,
+    ) -> io::Result<RingPool> {
+        let queues = queue_count()?;
+        let mut pool = RingPool {
+            threads: Vec::new(),
+        };
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<io::Result<()>>();
+        let mut served = Vec::new();
+        for qid in 0..queues {
+            for n in 0..setup.threads_per_queue.max(1) {
+                // SAFETY: eventfd returns a new descriptor we own, or -1.
+                let stop = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+                if stop < 0 {
+                    pool.stop();
+                    return Err(io::Error::last_os_error());
+                }
+                // SAFETY: `stop` is a fresh descriptor nobody else owns.
+                let stop = unsafe { OwnedFd::from_raw_fd(stop) };
+                let stop_fd = stop.as_raw_fd();
+                let ch = ch.clone();
+                let filesystem = filesystem.clone();
+                let ready = ready_tx.clone();
+                let counter = Arc::new(Counter::default());
+                served.push(counter.clone());
+                let name = format!("fuser-ring-{qid}.{n}");
+                let spawned = thread::Builder::new().name(name.clone()).spawn(move || {
+                    pin_to(qid);
+                    let event_loop = SessionEventLoop {
+                        thread_name: name,
+                        filesystem,
+                        ch,
+                        allowed,
+                        session_owner,
+                    };
+                    let (entry, early) = match register(&event_loop.ch, qid as u16, setup, stop_fd)
+                    {
+                        Ok(registered) => {
+                            let _ = ready.send(Ok(()));
+                            registered
+                        }
+                        Err(e) => {
+                            let _ = ready.send(Err(e));
+                            return;
+                        }
+                    };
+                    serve(&entry, early, &event_loop, &counter);
+                });
+                match spawned {
+                    Ok(handle) => pool.threads.push((handle, stop)),
+                    Err(e) => {
+                        pool.stop();
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        drop(ready_tx);
+        for _ in 0..pool.threads.len() {
+            match ready_rx.recv() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    pool.stop();
+                    return Err(e);
+                }
+                Err(_) => {
+                    pool.stop();
+                    return Err(io::Error::other("a fuse ring thread died while starting"));
+                }
+            }
+        }
+        *counters.threads.lock().unwrap_or_else(|e| e.into_inner()) = served;
+        Ok(pool)
+    }
+
+    /// Number of ring threads.
+    pub(crate) fn len(&self) -> usize {
+        self.threads.len()
+    }
+
+    /// Tells every ring thread to stop and joins them. Entries still registered are cancelled
+    /// by the kernel when their ring closes.
+    pub(crate) fn stop(&mut self) {
+        for (_, stop) in &self.threads {
+            let one = 1u64;
+            // SAFETY: writes 8 bytes from a live u64 to an eventfd we own.
+            unsafe {
+                libc::write(stop.as_raw_fd(), (&raw const one).cast(), 8);
+            }
+        }
+        for (handle, _) in self.threads.drain(..) {
+            if handle.join().is_err() {
+                error!("a fuse ring thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for RingPool {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Makes the calling thread's ring and entry, and registers the entry with the kernel.
+fn register(
+    ch: &Channel,
+    qid: u16,
+    setup: RingSetup,
+    stop_fd: i32,
+) -> io::Result<(Arc<RingEntry>, Vec<(u64, i32)>)> {
+    let ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder().build(4)?;
+    let header = Mapping::new(4096)?;
+    let payload = Mapping::new(HEADROOM + setup.max_payload)?;
+    let fuse_fd = ch.as_fd_raw();
+    let iov = [
+        libc::iovec {
+            iov_base: header.ptr.cast(),
+            iov_len: HEADER_SIZE,
+        },
+        libc::iovec {
+            // SAFETY: HEADROOM is inside the mapping.
+            iov_base: unsafe { payload.ptr.add(HEADROOM) }.cast(),
+            iov_len: setup.max_payload,
+        },
+    ];
+    let entry = Arc::new(RingEntry {
+        ring,
+        submit_lock: Mutex::new(()),
+        owner: thread::current().id(),
+        fuse_fd,
+        qid,
+        header,
+        payload,
+        max_payload: setup.max_payload,
+        commit_id: Default::default(),
+        answered: AtomicBool::new(false),
+        channel: ch.sender(),
+        iov,
+    });
+    let poll = opcode::PollAdd::new(types::Fd(stop_fd), libc::POLLIN as u32)
+        .build()
+        .user_data(TAG_STOP);
+    entry.push(&squeue::Entry128::from(poll))?;
+    entry.push(&entry.command(CMD_REGISTER))?;
+    // A register that the kernel refuses completes at once; one it accepts completes only
+    // when a request arrives. So: wait briefly, and keep whatever came for `serve`.
+    let wait = types::Timespec::from(Duration::from_millis(20));
+    match entry
+        .ring
+        .submitter()
+        .submit_with_args(1, &types::SubmitArgs::new().timespec(&wait))
+    {
+        Ok(_) => {}
+        Err(e) if e.raw_os_error() == Some(libc::ETIME) => {}
+        Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+        Err(e) => return Err(e),
+    }
+    let early = completions(&entry);
+    if let Some(&(_, res)) = early
+        .iter()
+        .find(|&&(tag, res)| tag == TAG_ENTRY && res < 0)
+    {
+        return Err(io::Error::from_raw_os_error(-res));
+    }
+    Ok((entry, early))
+}
+
+/// Takes every completion the ring holds, as (tag, result).
+fn completions(entry: &RingEntry) -> Vec<(u64, i32)> {
+    // SAFETY: only the ring's own thread reads its completion queue.
+    unsafe { entry.ring.completion_shared() }
+        .map(|c| (c.user_data(), c.result()))
+        .collect()
+}
+
+/// Serves the entry's requests until the connection ends or the pool stops.
+fn serve<FS: Filesystem>(
+    entry: &Arc<RingEntry>,
+    mut done: Vec<(u64, i32)>,
+    event_loop: &SessionEventLoop<FS>,
+    served: &Counter,
+) {
+    loop {
+        for (tag, res) in done {
+            if tag == TAG_STOP {
+                return;
+            }
+            match res {
+                0 => {
+                    served.0.fetch_add(1, Ordering::Relaxed);
+                    handle(entry, event_loop)
+                }
+                e if e == -libc::ENOTCONN || e == -libc::ECONNABORTED || e == -libc::ENODEV => {
+                    // The connection ended (unmount or abort): the entry is gone.
+                    return;
+                }
+                e => {
+                    error!(
+                        "fuse ring entry of queue {} failed: {}",
+                        entry.qid,
+                        io::Error::from_raw_os_error(-e)
+                    );
+                    return;
+                }
+            }
+        }
+        // Submits this thread's queued commit (if any) and sleeps until the next request.
+        match entry.ring.submit_and_wait(1) {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
+            Err(e) => {
+                error!("fuse ring wait failed: {e}");
+                return;
+            }
+        }
+        done = completions(entry);
+    }
+}
+
+/// Dispatches the request the entry holds; answers EIO if nobody will.
+fn handle<FS: Filesystem>(entry: &Arc<RingEntry>, event_loop: &SessionEventLoop<FS>) {
+    entry.answered.store(false, Ordering::Release);
+    match entry.request() {
+        Ok((message, unique)) => {
+            let sender = ReplySender::Ring(entry.clone());
+            match RequestWithSender::new(sender, message) {
+                Some(req) => {
+                    if let Ok(crate::ll::Operation::Destroy(_)) = req.request.operation() {
+                        req.reply::<crate::ReplyEmpty>().ok();
+                    } else {
+                        req.dispatch(event_loop);
+                    }
+                }
+                None => answer_error(entry, unique),
+            }
+        }
+        Err(why) => {
+            warn!("{why}");
+            answer_error(entry, 0);
+            return;
+        }
+    }
+    // Every reply holds a clone of the entry until it has answered; with none left and no
+    // answer given, nobody will answer (fuser made no reply for this opcode).
+    if Arc::strong_count(entry) == 1 {
+        std::sync::atomic::fence(Ordering::Acquire);
+        if !entry.answered.load(Ordering::Acquire) {
+            // SAFETY of reading the header again: nothing has answered, the entry is ours.
+            let unique = entry.request().map(|(_, u)| u).unwrap_or(0);
+            answer_error(entry, unique);
+        }
+    }
+}
+
+fn answer_error(entry: &RingEntry, unique: u64) {
+    let mut out = [0u8; OUT_HEADER_SIZE];
+    out[0..4].copy_from_slice(&(OUT_HEADER_SIZE as u32).to_ne_bytes());
+    out[4..8].copy_from_slice(&(-libc::EIO).to_ne_bytes());
+    out[8..16].copy_from_slice(&unique.to_ne_bytes());
+    if let Err(e) = entry.answer(&[IoSlice::new(&out)]) {
+        error!("fuse ring answer failed: {e}");
+    }
+}
+
+impl Channel {
+    /// The raw `/dev/fuse` descriptor, for the rings' commands (the channel outlives them:
+    /// the session joins the ring threads before it drops its channels).
+    pub(crate) fn as_fd_raw(&self) -> i32 {
+        use std::os::fd::AsFd;
+        let fd: BorrowedFd<'_> = self.as_fd();
+        fd.as_raw_fd()
+    }
+}
+
+/// Wraps passthrough's backing ids for ring answers, which cannot carry them.
+pub(crate) fn open_backing(entry: &RingEntry, fd: BorrowedFd<'_>) -> io::Result<BackingId> {
+    entry.channel().open_backing(fd)
+}
