@@ -208,6 +208,22 @@ fn namespace(a: &Mount, b: &Mount) -> u64 {
     200
 }
 
+/// Waits until the client's `F_SETLKW` threads (which answer late) have ended: io_uring cancels
+/// what an ending thread submitted, so this is when an answer committed from such a thread,
+/// not from its ring's own, would lose its entry.
+fn answering_threads_ended() {
+    testkit::wait_until(
+        Duration::from_secs(10),
+        "the F_SETLKW threads to end",
+        || {
+            std::fs::read_dir("/proc/self/task").unwrap().all(|t| {
+                let comm = t.unwrap().path().join("comm");
+                std::fs::read_to_string(comm).map_or(true, |c| c.trim() != "citronfs-setlkw")
+            })
+        },
+    );
+}
+
 /// A blocking `F_SETLKW` is answered later, from the adapter's own thread: once when the lock
 /// is given back, once with EINTR when the waiter gets a signal (an INTERRUPT, which comes
 /// over `/dev/fuse` while the request came over a ring).
@@ -218,12 +234,15 @@ fn late_answers(a: &Mount, b: &Mount) {
 
     let waiter_path = b.path().join("locked");
     let (tx, rx) = mpsc::channel();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
     let waiter = std::thread::spawn(move || {
         let f = open_rw(&waiter_path);
         let started = Instant::now();
         let r = lock(&f, libc::F_SETLKW, libc::F_WRLCK);
         tx.send((r.map_err(|e| e.raw_os_error()), started.elapsed()))
             .unwrap();
+        // The next call on this CPU only once the thread that answered has ended (below).
+        go_rx.recv().unwrap();
         // Given back at once (a close gives it back only at the release, which the kernel
         // sends in the background).
         lock(&f, libc::F_SETLK, libc::F_UNLCK).unwrap();
@@ -237,6 +256,8 @@ fn late_answers(a: &Mount, b: &Mount) {
         .recv_timeout(Duration::from_secs(10))
         .expect("F_SETLKW not answered after the lock was given back");
     assert_eq!(r, Ok(()));
+    answering_threads_ended();
+    go_tx.send(()).unwrap();
     waiter.join().unwrap();
 
     // Now held by nobody: hold it again and interrupt a waiter with a signal.
@@ -261,7 +282,120 @@ fn late_answers(a: &Mount, b: &Mount) {
     // SAFETY: the thread is alive until joined below.
     unsafe { libc::pthread_kill(thread, libc::SIGUSR1) };
     assert_eq!(waiter.join().unwrap(), Err(Some(libc::EINTR)));
+    answering_threads_ended();
     lock(&holder, libc::F_SETLK, libc::F_UNLCK).unwrap();
+}
+
+/// Pins the calling thread to `cpu`.
+fn pin(cpu: usize) {
+    // SAFETY: plain libc calls on a zeroed cpu_set_t owned here.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+            0,
+            "pin to CPU {cpu}"
+        );
+    }
+}
+
+/// The client's threads waiting out an `F_SETLKW` (the mounts run in this process).
+fn setlkw_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter(|t| {
+            let comm = t.as_ref().unwrap().path().join("comm");
+            std::fs::read_to_string(comm).is_ok_and(|c| c.trim() == "citronfs-setlkw")
+        })
+        .count()
+}
+
+/// Requests answered late keep their ring entry until then, and a request that finds every
+/// entry of its CPU's queue taken waits for one of them: a dozen blocked `F_SETLKW`s from one
+/// CPU must leave entries for a read from that CPU.
+fn late_answers_leave_room(a: &Mount, b: &Mount) -> u64 {
+    const WAITERS: usize = 12;
+    let holder = open_rw(&a.path().join("locked"));
+    lock(&holder, libc::F_SETLK, libc::F_WRLCK).unwrap();
+    let path = b.path().join("locked");
+    std::thread::scope(|s| {
+        for _ in 0..WAITERS {
+            let path = path.clone();
+            s.spawn(move || {
+                pin(0);
+                let f = open_rw(&path);
+                lock(&f, libc::F_SETLKW, libc::F_WRLCK).unwrap();
+                lock(&f, libc::F_SETLK, libc::F_UNLCK).unwrap();
+            });
+        }
+        // Most of them waiting in the client (the rest may wait in the kernel for an entry).
+        // No panic before the unlock below: the scope would wait for the waiters forever.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while setlkw_threads() < WAITERS / 2 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let waiting = setlkw_threads();
+        let (tx, rx) = mpsc::channel();
+        let read_path = path.clone();
+        s.spawn(move || {
+            pin(0);
+            let mut buf = [0u8; 8];
+            let r = open_rw(&read_path).read_at(&mut buf, 0).map(|_| ());
+            let _ = tx.send(r.map_err(|e| e.raw_os_error()));
+        });
+        let read = rx.recv_timeout(Duration::from_secs(10));
+        // Let the waiters (and a read stuck behind them) through whatever happened.
+        lock(&holder, libc::F_SETLK, libc::F_UNLCK).unwrap();
+        assert!(
+            waiting >= WAITERS / 2,
+            "only {waiting} of {WAITERS} F_SETLKWs from one CPU reached the client: the rest \
+             found no ring entry"
+        );
+        assert_eq!(
+            read,
+            Ok(Ok(())),
+            "a read from the CPU of {WAITERS} waiting F_SETLKWs was not answered while they \
+             waited"
+        );
+    });
+    answering_threads_ended();
+    (WAITERS * 3 + 2) as u64
+}
+
+/// Calls through both mounts from every CPU in turn, so that every CPU's queue is used: an
+/// entry that an earlier call broke fails one of them, or has ended its thread.
+fn from_every_cpu(a: &Mount, b: &Mount) -> u64 {
+    let mut calls = 0;
+    for cpu in 0..possible_cpus() {
+        // SAFETY: plain libc calls on a zeroed cpu_set_t owned here.
+        let pinned = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+        };
+        if !pinned {
+            continue;
+        }
+        for m in [a, b] {
+            let f = open_rw(&m.path().join("locked"));
+            for i in 0..50u64 {
+                f.write_all_at(&i.to_le_bytes(), 8 * i).unwrap();
+                lock(&f, libc::F_SETLK, libc::F_WRLCK).unwrap();
+                lock(&f, libc::F_SETLK, libc::F_UNLCK).unwrap();
+                calls += 3;
+            }
+        }
+    }
+    // SAFETY: as above; every CPU again.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for cpu in 0..possible_cpus() {
+            libc::CPU_SET(cpu, &mut set);
+        }
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+    calls
 }
 
 #[test]
@@ -295,6 +429,17 @@ fn requests_over_io_uring_rings_reach_the_file_system_whole() {
     calls += many_at_once(&a, &b);
     calls += namespace(&a, &b);
     late_answers(&a, &b);
+    calls += late_answers_leave_room(&a, &b);
+    // The threads that answered late have ended: the rings they answered on must not have
+    // lost their entries with them.
+    calls += from_every_cpu(&a, &b);
+    for m in [&a, &b] {
+        assert_eq!(
+            m.fuse_rings().threads,
+            per_cpu * possible_cpus(),
+            "a ring thread stopped serving (its entry ended): see the log above"
+        );
+    }
 
     let served = a.fuse_rings().requests + b.fuse_rings().requests - before;
     eprintln!("{calls} calls made, {served} requests served by the rings");

@@ -23,15 +23,23 @@
 //!   payload) with `FUSE_IO_URING_CMD_COMMIT_AND_FETCH`, which also offers the entry again.
 //!
 //! Invariants:
-//! - each thread owns one io_uring and exactly one entry (depth 1), so a handler that blocks
-//!   holds up only its own thread; the queue's other threads keep serving the CPU;
+//! - each thread owns one io_uring and serves its entries' requests one at a time, so a
+//!   handler that blocks holds up only its own thread; the queue's other threads keep serving
+//!   the CPU. It keeps [`SPARE_ENTRIES`] entries free (answers the file system sends later,
+//!   from elsewhere, keep their entry until then), so that late answers cannot take every
+//!   entry of a queue (see [`serve`]);
 //! - an entry is written by userspace only between the completion that delivered a request
 //!   and the commit of its answer, and by exactly one answer: [`RingEntry::answer`] is called
 //!   once per request (fuser's `Reply` types send at most once), and when dispatch returns
 //!   with no reply outstanding and none sent, the thread answers EIO itself, so no request
 //!   can stay without an answer and no entry can be lost;
-//! - submissions to a ring are serialised by `RingEntry::submit_lock`: an answer may be sent
-//!   from a thread other than the ring's (a file system may answer later, elsewhere).
+//! - only the ring's own thread enters the kernel for its ring. io_uring ties a command to the
+//!   task that submitted it and cancels it when that task exits, so a commit submitted by a
+//!   thread that answers late and then ends (the adapter's `F_SETLKW` waiters) would take the
+//!   entry, and the request the kernel gives it next, down with it (ECANCELED to the caller).
+//!   An answer from another thread is queued in the submission ring under
+//!   `RingEntry::submit_lock` and the ring's thread is woken through its [`Doorbell`] to
+//!   submit it.
 
 use std::io;
 use std::io::IoSlice;
@@ -89,10 +97,60 @@ pub(crate) const HEADER_SIZE: usize = ENT_IN_OUT_OFFSET + 32;
 /// the request reads as one contiguous `/dev/fuse` message without moving its payload.
 const HEADROOM: usize = 4096;
 
-/// `user_data` of an entry's register or commit command.
-const TAG_ENTRY: u64 = 1;
-/// `user_data` of the poll of the thread's stop eventfd.
-const TAG_STOP: u64 = 2;
+/// `user_data` of the poll of the thread's doorbell (an entry's commands carry its index).
+const TAG_DOORBELL: u64 = u64::MAX;
+/// Entries a ring thread registers at its start, and the fewest it keeps free (see [`serve`]).
+const SPARE_ENTRIES: usize = 4;
+/// The most entries a ring thread registers (see [`serve`]).
+const MAX_ENTRIES: usize = 64;
+
+/// Wakes a ring's thread: to submit an answer another thread queued, or to stop.
+#[derive(Debug)]
+struct Doorbell {
+    /// An eventfd (non-blocking) the ring's thread polls through its ring.
+    fd: OwnedFd,
+    /// Set before the bell rings to stop the thread.
+    stopping: AtomicBool,
+}
+
+impl Doorbell {
+    fn new() -> io::Result<Doorbell> {
+        // SAFETY: eventfd returns a new descriptor we own, or -1.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Doorbell {
+            // SAFETY: `fd` is a fresh descriptor nobody else owns.
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            stopping: AtomicBool::new(false),
+        })
+    }
+
+    fn ring(&self) {
+        let one = 1u64;
+        // SAFETY: writes 8 bytes from a live u64 to an eventfd we own.
+        unsafe {
+            libc::write(self.fd.as_raw_fd(), (&raw const one).cast(), 8);
+        }
+    }
+
+    /// Resets the eventfd, so that the next poll waits for the next ring.
+    fn quiet(&self) {
+        let mut count = 0u64;
+        // SAFETY: reads 8 bytes into a live u64 from an eventfd we own (non-blocking).
+        unsafe {
+            libc::read(self.fd.as_raw_fd(), (&raw mut count).cast(), 8);
+        }
+    }
+
+    fn poll(&self) -> squeue::Entry128 {
+        opcode::PollAdd::new(types::Fd(self.fd.as_raw_fd()), libc::POLLIN as u32)
+            .build()
+            .user_data(TAG_DOORBELL)
+            .into()
+    }
+}
 
 /// What the session learnt at INIT that the rings need.
 #[derive(Debug, Clone, Copy)]
@@ -113,20 +171,31 @@ pub(crate) struct RingCounters {
 
 #[derive(Debug, Default)]
 #[repr(align(64))]
-struct Counter(std::sync::atomic::AtomicU64);
+struct Counter {
+    served: std::sync::atomic::AtomicU64,
+    /// Cleared when the thread stops serving (its entry ended).
+    alive: AtomicBool,
+}
 
 impl RingCounters {
-    /// Ring threads serving, and the requests they have taken so far.
+    /// Ring threads still serving, and the requests all of them have taken so far.
     pub(crate) fn read(&self) -> (usize, u64) {
         let threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
-        let served = threads.iter().map(|c| c.0.load(Ordering::Relaxed)).sum();
-        (threads.len(), served)
+        let served = threads
+            .iter()
+            .map(|c| c.served.load(Ordering::Relaxed))
+            .sum();
+        let alive = threads
+            .iter()
+            .filter(|c| c.alive.load(Ordering::Relaxed))
+            .count();
+        (alive, served)
     }
 }
 
 /// The rings' threads, stopped and joined by [`RingPool::stop`].
 pub(crate) struct RingPool {
-    threads: Vec<(JoinHandle<()>, OwnedFd)>,
+    threads: Vec<(JoinHandle<()>, Arc<Doorbell>)>,
 }
 
 /// An anonymous private mapping (page aligned, as the kernel wants the buffers it pins).
@@ -172,41 +241,106 @@ impl Drop for Mapping {
     }
 }
 
-/// One ring entry: its buffers, its ring, and the request it holds.
-pub(crate) struct RingEntry {
+/// A ring thread's io_uring, shared by its entries and by whoever answers through them.
+pub(crate) struct RingThread {
     ring: IoUring<squeue::Entry128, cqueue::Entry>,
     /// Serialises pushes to the submission queue (the ring thread's and an answering thread's).
     submit_lock: Mutex<()>,
     owner: thread::ThreadId,
     fuse_fd: i32,
     qid: u16,
+    max_payload: usize,
+    /// For the answers that are not FUSE answers (passthrough backing ids).
+    channel: ChannelSender,
+    /// Wakes the ring's thread to submit what another thread queued.
+    doorbell: Arc<Doorbell>,
+}
+
+impl std::fmt::Debug for RingThread {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RingThread")
+            .field("qid", &self.qid)
+            .finish()
+    }
+}
+
+impl RingThread {
+    /// Queues `sqe` for the ring's own thread to submit (module docs: only it may), which it
+    /// does each time it waits; from another thread, wakes it for that.
+    fn push(&self, sqe: &squeue::Entry128) -> io::Result<()> {
+        {
+            let _guard = self.submit_lock.lock().unwrap_or_else(|e| e.into_inner());
+            // SAFETY: `submit_lock` makes this the only submission queue handle in use.
+            let mut sq = unsafe { self.ring.submission_shared() };
+            // SAFETY: the command's buffers (its entry's iovecs and mappings) outlive it: an
+            // entry lives as long as its thread, which drops the ring first.
+            unsafe { sq.push(sqe) }
+                .map_err(|_| io::Error::other("io_uring submission queue full"))?;
+        }
+        if thread::current().id() != self.owner {
+            self.doorbell.ring();
+        }
+        Ok(())
+    }
+}
+
+/// One ring entry: its buffers and the request it holds.
+pub(crate) struct RingEntry {
+    thread: Arc<RingThread>,
+    /// Its index in its thread's entries: the `user_data` of its commands.
+    index: u64,
     header: Mapping,
     /// `HEADROOM` bytes, then the payload buffer the kernel knows.
     payload: Mapping,
-    max_payload: usize,
     /// `commit_id` of the request the entry holds, to echo in the commit.
     commit_id: std::sync::atomic::AtomicU64,
     /// Set when the request's answer has been committed (cleared at each new request).
     answered: AtomicBool,
-    /// For the answers that are not FUSE answers (passthrough backing ids).
-    channel: ChannelSender,
     /// The two buffers named by the register command; must stay put while it is in flight.
     iov: [libc::iovec; 2],
 }
 
 // SAFETY: the raw pointers in `iov` and the mappings point into memory the entry owns; the
-// protocol (module docs) decides who touches it when, and the ring is used under
-// `submit_lock` where it is shared.
+// protocol (module docs) decides who touches it when.
 unsafe impl Send for RingEntry {}
 unsafe impl Sync for RingEntry {}
 
 impl std::fmt::Debug for RingEntry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RingEntry").field("qid", &self.qid).finish()
+        f.debug_struct("RingEntry")
+            .field("qid", &self.thread.qid)
+            .field("index", &self.index)
+            .finish()
     }
 }
 
 impl RingEntry {
+    /// Maps an entry's buffers for `thread` (registered by [`RingEntry::register`]).
+    fn new(thread: &Arc<RingThread>, index: u64) -> io::Result<RingEntry> {
+        let header = Mapping::new(4096)?;
+        let payload = Mapping::new(HEADROOM + thread.max_payload)?;
+        let iov = [
+            libc::iovec {
+                iov_base: header.ptr.cast(),
+                iov_len: HEADER_SIZE,
+            },
+            libc::iovec {
+                // SAFETY: HEADROOM is inside the mapping.
+                iov_base: unsafe { payload.ptr.add(HEADROOM) }.cast(),
+                iov_len: thread.max_payload,
+            },
+        ];
+        Ok(RingEntry {
+            thread: thread.clone(),
+            index,
+            header,
+            payload,
+            commit_id: Default::default(),
+            answered: AtomicBool::new(true),
+            iov,
+        })
+    }
+
     fn payload_ptr(&self) -> *mut u8 {
         // SAFETY: HEADROOM < payload.len by construction.
         unsafe { self.payload.ptr.add(HEADROOM) }
@@ -222,33 +356,27 @@ impl RingEntry {
             0
         };
         cmd[8..16].copy_from_slice(&commit_id.to_ne_bytes());
-        cmd[16..18].copy_from_slice(&self.qid.to_ne_bytes());
-        let mut builder = opcode::UringCmd80::new(types::Fd(self.fuse_fd), cmd_op).cmd(cmd);
+        cmd[16..18].copy_from_slice(&self.thread.qid.to_ne_bytes());
+        let mut builder = opcode::UringCmd80::new(types::Fd(self.thread.fuse_fd), cmd_op).cmd(cmd);
         if cmd_op == CMD_REGISTER {
             builder = builder.addr(Some(self.iov.as_ptr() as u64));
         }
-        let entry = builder.build().user_data(TAG_ENTRY);
+        let sqe = builder.build().user_data(self.index);
         if cmd_op == CMD_REGISTER {
-            with_sqe_len(entry, self.iov.len() as u32)
+            with_sqe_len(sqe, self.iov.len() as u32)
         } else {
-            entry
+            sqe
         }
     }
 
-    /// Queues `entry`; submits it too unless called on the ring's own thread, which submits
-    /// what is queued each time it waits.
-    fn push(&self, entry: &squeue::Entry128) -> io::Result<()> {
-        let _guard = self.submit_lock.lock().unwrap_or_else(|e| e.into_inner());
-        // SAFETY: `submit_lock` makes this the only submission queue handle in use.
-        let mut sq = unsafe { self.ring.submission_shared() };
-        // SAFETY: the command's buffers (the entry's iovecs and mappings) outlive it.
-        unsafe { sq.push(entry) }
-            .map_err(|_| io::Error::other("io_uring submission queue full"))?;
-        drop(sq);
-        if thread::current().id() != self.owner {
-            self.ring.submit()?;
-        }
-        Ok(())
+    /// Offers the entry to the kernel (queued; the thread's next wait submits it).
+    fn register(&self) -> io::Result<()> {
+        self.thread.push(&self.command(CMD_REGISTER))
+    }
+
+    /// Whether the entry holds a request not yet answered.
+    fn holding(&self) -> bool {
+        !self.answered.load(Ordering::Acquire)
     }
 
     /// Writes the answer `data` (a `fuse_out_header`, then the body) into the entry and
@@ -260,14 +388,16 @@ impl RingEntry {
         if head.len() != OUT_HEADER_SIZE {
             return Err(io::Error::other("FUSE answer without its header"));
         }
+        let max_payload = self.thread.max_payload;
         let body_len: usize = body.iter().map(|s| s.len()).sum();
         let mut out = [0u8; OUT_HEADER_SIZE];
         out.copy_from_slice(head);
-        if body_len > self.max_payload {
+        let payload_sz = if body_len > max_payload {
             // Cannot happen for a well-formed answer (bodies are at most what was asked for,
             // and the buffer holds the largest request); answer EIO rather than overflow.
             error!("FUSE answer of {body_len} bytes exceeds the ring's payload buffer");
             out[4..8].copy_from_slice(&(-libc::EIO).to_ne_bytes());
+            0
         } else {
             let mut at = self.payload_ptr();
             for slice in body {
@@ -278,10 +408,6 @@ impl RingEntry {
                     at = at.add(slice.len());
                 }
             }
-        }
-        let payload_sz = if body_len > self.max_payload {
-            0
-        } else {
             body_len
         };
         out[0..4].copy_from_slice(&((OUT_HEADER_SIZE + payload_sz) as u32).to_ne_bytes());
@@ -295,12 +421,12 @@ impl RingEntry {
                 .write_unaligned(payload_sz as u32);
         }
         self.answered.store(true, Ordering::Release);
-        self.push(&self.command(CMD_COMMIT_AND_FETCH))
+        self.thread.push(&self.command(CMD_COMMIT_AND_FETCH))
     }
 
     /// Passthrough backing files go through `/dev/fuse` (an ioctl), as without rings.
     pub(crate) fn channel(&self) -> &ChannelSender {
-        &self.channel
+        &self.thread.channel
     }
 
     /// The request the entry holds, as one contiguous `/dev/fuse` message (headers copied in
@@ -319,7 +445,7 @@ impl RingEntry {
         // in.len counts the header and every argument; the payload holds all but the first.
         let op_size = len
             .checked_sub(IN_HEADER_SIZE + payload_sz)
-            .filter(|&n| n <= OP_IN_SIZE && payload_sz <= self.max_payload)
+            .filter(|&n| n <= OP_IN_SIZE && payload_sz <= self.thread.max_payload)
             .ok_or_else(|| {
                 format!("ring request of {len} bytes with a payload of {payload_sz} bytes")
             })?;
@@ -382,8 +508,8 @@ fn pin_to(cpu: usize) {
 }
 
 impl RingPool {
-    /// Starts `setup.threads_per_queue` threads for every queue, each registering one entry.
-    /// Returns once every thread has registered its entry (or failed: then the kernel keeps
+    /// Starts `setup.threads_per_queue` threads for every queue, each registering its first
+    /// entry. Returns once every thread has registered it (or failed: then the kernel keeps
     /// `/dev/fuse`, which the session's readers serve, and the error is returned after the
     /// threads that did start are stopped).
     pub(crate) fn start<FS: Filesystem + 'static>(
@@ -402,15 +528,14 @@ impl RingPool {
         let mut served = Vec::new();
         for qid in 0..queues {
             for n in 0..setup.threads_per_queue.max(1) {
-                // SAFETY: eventfd returns a new descriptor we own, or -1.
-                let stop = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-                if stop < 0 {
-                    pool.stop();
-                    return Err(io::Error::last_os_error());
-                }
-                // SAFETY: `stop` is a fresh descriptor nobody else owns.
-                let stop = unsafe { OwnedFd::from_raw_fd(stop) };
-                let stop_fd = stop.as_raw_fd();
+                let doorbell = match Doorbell::new() {
+                    Ok(bell) => Arc::new(bell),
+                    Err(e) => {
+                        pool.stop();
+                        return Err(e);
+                    }
+                };
+                let bell = doorbell.clone();
                 let ch = ch.clone();
                 let filesystem = filesystem.clone();
                 let ready = ready_tx.clone();
@@ -426,21 +551,23 @@ impl RingPool {
                         allowed,
                         session_owner,
                     };
-                    let (entry, early) = match register(&event_loop.ch, qid as u16, setup, stop_fd)
-                    {
-                        Ok(registered) => {
-                            let _ = ready.send(Ok(()));
-                            registered
-                        }
-                        Err(e) => {
-                            let _ = ready.send(Err(e));
-                            return;
-                        }
-                    };
-                    serve(&entry, early, &event_loop, &counter);
+                    let (thread, entries, early) =
+                        match register(&event_loop.ch, qid as u16, setup, bell) {
+                            Ok(registered) => {
+                                counter.alive.store(true, Ordering::Relaxed);
+                                let _ = ready.send(Ok(()));
+                                registered
+                            }
+                            Err(e) => {
+                                let _ = ready.send(Err(e));
+                                return;
+                            }
+                        };
+                    serve(&thread, entries, early, &event_loop, &counter);
+                    counter.alive.store(false, Ordering::Relaxed);
                 });
                 match spawned {
-                    Ok(handle) => pool.threads.push((handle, stop)),
+                    Ok(handle) => pool.threads.push((handle, doorbell)),
                     Err(e) => {
                         pool.stop();
                         return Err(e);
@@ -474,12 +601,9 @@ impl RingPool {
     /// Tells every ring thread to stop and joins them. Entries still registered are cancelled
     /// by the kernel when their ring closes.
     pub(crate) fn stop(&mut self) {
-        for (_, stop) in &self.threads {
-            let one = 1u64;
-            // SAFETY: writes 8 bytes from a live u64 to an eventfd we own.
-            unsafe {
-                libc::write(stop.as_raw_fd(), (&raw const one).cast(), 8);
-            }
+        for (_, doorbell) in &self.threads {
+            doorbell.stopping.store(true, Ordering::Release);
+            doorbell.ring();
         }
         for (handle, _) in self.threads.drain(..) {
             if handle.join().is_err() {
@@ -495,51 +619,37 @@ impl Drop for RingPool {
     }
 }
 
-/// Makes the calling thread's ring and entry, and registers the entry with the kernel.
+/// Makes the calling thread's ring and first entries, and registers them with the kernel.
 fn register(
     ch: &Channel,
     qid: u16,
     setup: RingSetup,
-    stop_fd: i32,
-) -> io::Result<(Arc<RingEntry>, Vec<(u64, i32)>)> {
-    let ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder().build(4)?;
-    let header = Mapping::new(4096)?;
-    let payload = Mapping::new(HEADROOM + setup.max_payload)?;
-    let fuse_fd = ch.as_fd_raw();
-    let iov = [
-        libc::iovec {
-            iov_base: header.ptr.cast(),
-            iov_len: HEADER_SIZE,
-        },
-        libc::iovec {
-            // SAFETY: HEADROOM is inside the mapping.
-            iov_base: unsafe { payload.ptr.add(HEADROOM) }.cast(),
-            iov_len: setup.max_payload,
-        },
-    ];
-    let entry = Arc::new(RingEntry {
+    doorbell: Arc<Doorbell>,
+) -> io::Result<(Arc<RingThread>, Vec<Arc<RingEntry>>, Vec<(u64, i32)>)> {
+    // Room for every entry's command and the doorbell's poll between two waits.
+    let ring =
+        IoUring::<squeue::Entry128, cqueue::Entry>::builder().build((2 * MAX_ENTRIES) as u32)?;
+    let thread = Arc::new(RingThread {
         ring,
         submit_lock: Mutex::new(()),
         owner: thread::current().id(),
-        fuse_fd,
+        fuse_fd: ch.as_fd_raw(),
         qid,
-        header,
-        payload,
         max_payload: setup.max_payload,
-        commit_id: Default::default(),
-        answered: AtomicBool::new(false),
         channel: ch.sender(),
-        iov,
+        doorbell,
     });
-    let poll = opcode::PollAdd::new(types::Fd(stop_fd), libc::POLLIN as u32)
-        .build()
-        .user_data(TAG_STOP);
-    entry.push(&squeue::Entry128::from(poll))?;
-    entry.push(&entry.command(CMD_REGISTER))?;
+    thread.push(&thread.doorbell.poll())?;
+    let mut entries = Vec::with_capacity(SPARE_ENTRIES);
+    for index in 0..SPARE_ENTRIES {
+        let entry = Arc::new(RingEntry::new(&thread, index as u64)?);
+        entry.register()?;
+        entries.push(entry);
+    }
     // A register that the kernel refuses completes at once; one it accepts completes only
     // when a request arrives. So: wait briefly, and keep whatever came for `serve`.
     let wait = types::Timespec::from(Duration::from_millis(20));
-    match entry
+    match thread
         .ring
         .submitter()
         .submit_with_args(1, &types::SubmitArgs::new().timespec(&wait))
@@ -549,57 +659,91 @@ fn register(
         Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
         Err(e) => return Err(e),
     }
-    let early = completions(&entry);
+    let early = completions(&thread);
     if let Some(&(_, res)) = early
         .iter()
-        .find(|&&(tag, res)| tag == TAG_ENTRY && res < 0)
+        .find(|&&(tag, res)| tag != TAG_DOORBELL && res < 0)
     {
         return Err(io::Error::from_raw_os_error(-res));
     }
-    Ok((entry, early))
+    Ok((thread, entries, early))
 }
 
 /// Takes every completion the ring holds, as (tag, result).
-fn completions(entry: &RingEntry) -> Vec<(u64, i32)> {
+fn completions(thread: &RingThread) -> Vec<(u64, i32)> {
     // SAFETY: only the ring's own thread reads its completion queue.
-    unsafe { entry.ring.completion_shared() }
+    unsafe { thread.ring.completion_shared() }
         .map(|c| (c.user_data(), c.result()))
         .collect()
 }
 
-/// Serves the entry's requests until the connection ends or the pool stops.
+/// Serves the thread's entries until the connection ends or the pool stops.
+///
+/// A request whose answer comes later, from another thread (the file system kept its reply),
+/// keeps its entry until then. A request that finds every entry of its queue taken waits in
+/// the kernel until one of them commits (registering a new entry does not serve it), so such
+/// requests must not take every entry: the thread keeps [`SPARE_ENTRIES`] entries free,
+/// registering one more whenever fewer are, up to [`MAX_ENTRIES`]. The cost: a request the
+/// kernel gives to a free entry of a thread busy with another request waits for that one.
 fn serve<FS: Filesystem>(
-    entry: &Arc<RingEntry>,
+    thread: &Arc<RingThread>,
+    mut entries: Vec<Arc<RingEntry>>,
     mut done: Vec<(u64, i32)>,
     event_loop: &SessionEventLoop<FS>,
     served: &Counter,
 ) {
     loop {
         for (tag, res) in done {
-            if tag == TAG_STOP {
-                return;
+            if tag == TAG_DOORBELL {
+                if thread.doorbell.stopping.load(Ordering::Acquire) {
+                    return;
+                }
+                // Another thread queued an answer: the wait below submits it. Listen again.
+                thread.doorbell.quiet();
+                if let Err(e) = thread.push(&thread.doorbell.poll()) {
+                    error!("fuse ring doorbell: {e}");
+                    return;
+                }
+                continue;
             }
+            let Some(entry) = entries.get(tag as usize).cloned() else {
+                error!("fuse ring completion for an unknown entry {tag}");
+                continue;
+            };
             match res {
                 0 => {
-                    served.0.fetch_add(1, Ordering::Relaxed);
-                    handle(entry, event_loop)
+                    served.served.fetch_add(1, Ordering::Relaxed);
+                    handle(&entry, event_loop);
+                    let free = entries.iter().filter(|e| !e.holding()).count();
+                    if free < SPARE_ENTRIES && entries.len() < MAX_ENTRIES {
+                        match RingEntry::new(thread, entries.len() as u64) {
+                            Ok(more) => {
+                                let more = Arc::new(more);
+                                match more.register() {
+                                    Ok(()) => entries.push(more),
+                                    Err(e) => warn!("fuse ring: no entry added: {e}"),
+                                }
+                            }
+                            Err(e) => warn!("fuse ring: no entry added: {e}"),
+                        }
+                    }
                 }
                 e if e == -libc::ENOTCONN || e == -libc::ECONNABORTED || e == -libc::ENODEV => {
-                    // The connection ended (unmount or abort): the entry is gone.
+                    // The connection ended (unmount or abort): its entries are gone.
                     return;
                 }
                 e => {
                     error!(
-                        "fuse ring entry of queue {} failed: {}",
-                        entry.qid,
+                        "fuse ring entry {tag} of queue {} failed: {}",
+                        thread.qid,
                         io::Error::from_raw_os_error(-e)
                     );
                     return;
                 }
             }
         }
-        // Submits this thread's queued commit (if any) and sleeps until the next request.
-        match entry.ring.submit_and_wait(1) {
+        // Submits what is queued (commits, registers) and sleeps until the next request.
+        match thread.ring.submit_and_wait(1) {
             Ok(_) => {}
             Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
             Err(e) => {
@@ -607,7 +751,7 @@ fn serve<FS: Filesystem>(
                 return;
             }
         }
-        done = completions(entry);
+        done = completions(thread);
     }
 }
 
@@ -634,11 +778,12 @@ fn handle<FS: Filesystem>(entry: &Arc<RingEntry>, event_loop: &SessionEventLoop<
             return;
         }
     }
-    // Every reply holds a clone of the entry until it has answered; with none left and no
-    // answer given, nobody will answer (fuser made no reply for this opcode).
-    if Arc::strong_count(entry) == 1 {
+    // Every reply holds a clone of the entry until it has answered (the thread's list holds
+    // one more); with none left and no answer given, nobody will answer (fuser made no reply
+    // for this opcode).
+    if Arc::strong_count(entry) == 2 {
         std::sync::atomic::fence(Ordering::Acquire);
-        if !entry.answered.load(Ordering::Acquire) {
+        if entry.holding() {
             // SAFETY of reading the header again: nothing has answered, the entry is ours.
             let unique = entry.request().map(|(_, u)| u).unwrap_or(0);
             answer_error(entry, unique);

@@ -433,6 +433,11 @@ pub struct MountArgs {
     /// with EIO (a cut link or a frozen host).
     #[arg(long)]
     batch_timeout_ms: Option<u64>,
+    /// Threads per CPU serving the kernel's requests over FUSE-over-io_uring rings, where the
+    /// kernel offers them (Linux 6.14+ with /sys/module/fuse/parameters/enable_uring = Y);
+    /// 0 keeps /dev/fuse only. [default: 2]
+    #[arg(long)]
+    fuse_ring_threads: Option<usize>,
 }
 
 impl RoleArgs for MountArgs {
@@ -463,6 +468,8 @@ pub struct MountConfig {
     pub connect_timeout_ms: u64,
     /// Milliseconds one tcp batch may take (`fabric::tcp::BATCH_TIMEOUT`).
     pub batch_timeout_ms: u64,
+    /// FUSE-over-io_uring threads per CPU (`FuseOptions::ring_threads_per_cpu`).
+    pub fuse_ring_threads: usize,
 }
 
 impl Default for MountConfig {
@@ -476,6 +483,7 @@ impl Default for MountConfig {
             private: false,
             connect_timeout_ms: fabric::tcp::CONNECT_TIMEOUT.as_millis() as u64,
             batch_timeout_ms: fabric::tcp::BATCH_TIMEOUT.as_millis() as u64,
+            fuse_ring_threads: fs_client::fuse::FuseOptions::default().ring_threads_per_cpu,
         }
     }
 }
@@ -509,6 +517,7 @@ pub fn mount(args: MountArgs) -> Result<()> {
     }
     let fuse = fs_client::fuse::FuseOptions {
         allow_other: !settings.private,
+        ring_threads_per_cpu: settings.fuse_ring_threads,
         ..Default::default()
     };
     let mount = Mount::at(Arc::new(fs), &args.mountpoint, &fuse)?;
@@ -517,6 +526,7 @@ pub fn mount(args: MountArgs) -> Result<()> {
         args.mountpoint.display()
     );
     eprintln!("atomic I/O: {}", atomic_bound_line(mount.io_limits()));
+    eprintln!("FUSE requests over: {}", mount.fuse_rings());
     mount.wait_for_signal(signals.flag()).context("unmount")
 }
 

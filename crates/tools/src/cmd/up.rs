@@ -44,6 +44,12 @@ pub struct UpArgs {
     /// needs root or `user_allow_other` in /etc/fuse.conf.
     #[arg(long)]
     private: bool,
+    /// Threads per CPU serving the kernel's requests over FUSE-over-io_uring rings, where the
+    /// kernel offers them (Linux 6.14+ with /sys/module/fuse/parameters/enable_uring = Y): a
+    /// request is then served on the caller's CPU, about twice as fast for small I/O as over
+    /// /dev/fuse. 0 keeps /dev/fuse only.
+    #[arg(long, default_value_t = fs_client::fuse::FuseOptions::default().ring_threads_per_cpu)]
+    fuse_ring_threads: usize,
 }
 
 /// The default `--memory` (see its help): a quarter of `MemAvailable`, at most half the free
@@ -106,6 +112,7 @@ pub fn up(args: UpArgs) -> Result<()> {
     let scheme = args.scheme;
     let fuse = fs_client::fuse::FuseOptions {
         allow_other: !args.private,
+        ring_threads_per_cpu: args.fuse_ring_threads,
         ..Default::default()
     };
     // Before anything starts: a shared mount this user may not make is a usage error.
@@ -163,6 +170,7 @@ pub fn up(args: UpArgs) -> Result<()> {
         }
     );
     println!("  atomic I/O    {}", atomic_bound_line(mount.io_limits()));
+    println!("  FUSE requests over {}", mount.fuse_rings());
     // Another client of this cluster, for this machine's other users or a second mount: it
     // needs the token, printed here only (the cluster's secret, made fresh for this run). The
     // executable by its path, so that the line works as printed after `cargo run` too.
