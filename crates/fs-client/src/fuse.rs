@@ -274,8 +274,11 @@ pub struct FuseOptions {
     pub attr_ttl: Duration,
     /// Threads per CPU serving FUSE over io_uring (Linux 6.14 and later, with the fuse
     /// module's `enable_uring` parameter on): the kernel then hands each request to a thread
-    /// on the caller's CPU. 0 keeps `/dev/fuse` only; so does a kernel that does not offer it
-    /// (logged). The `threads` above keep serving what io_uring does not carry.
+    /// on the caller's CPU. A CPU's queue serves as many requests at once as it has threads
+    /// (8 by default, as many as `threads`: a call that waits for a server away holds one),
+    /// and an idle thread costs nothing. 0 keeps `/dev/fuse` only; so does a kernel that
+    /// does not offer it (logged). The `threads` above keep serving what io_uring does not
+    /// carry (FORGET, INTERRUPT).
     pub ring_threads_per_cpu: usize,
 }
 
@@ -285,7 +288,7 @@ impl Default for FuseOptions {
             allow_other: true,
             threads: 8,
             attr_ttl: Duration::from_millis(100),
-            ring_threads_per_cpu: 2,
+            ring_threads_per_cpu: 8,
         }
     }
 }
@@ -304,7 +307,7 @@ impl std::fmt::Display for FuseRings {
         if self.threads == 0 {
             write!(f, "/dev/fuse")
         } else {
-            write!(f, "io_uring ({} threads, per CPU)", self.threads)
+            write!(f, "io_uring ({} threads, per CPU queues)", self.threads)
         }
     }
 }

@@ -18,7 +18,20 @@ struct Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
+        // SIGTERM first, so that `up` stops its servers and removes their region files from
+        // /dev/shm (a SIGKILL left them there, one set per test run); SIGKILL whoever has not
+        // gone within 10 s.
         for child in &mut self.children {
+            if let Ok(None) = child.try_wait() {
+                // SAFETY: signalling a child this test spawned and has not reaped.
+                unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for child in &mut self.children {
+            while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
             let _ = child.kill();
             let _ = child.wait();
         }

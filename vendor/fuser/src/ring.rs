@@ -23,11 +23,12 @@
 //!   payload) with `FUSE_IO_URING_CMD_COMMIT_AND_FETCH`, which also offers the entry again.
 //!
 //! Invariants:
-//! - each thread owns one io_uring and serves its entries' requests one at a time, so a
-//!   handler that blocks holds up only its own thread; the queue's other threads keep serving
-//!   the CPU. It keeps [`SPARE_ENTRIES`] entries free (answers the file system sends later,
-//!   from elsewhere, keep their entry until then), so that late answers cannot take every
-//!   entry of a queue (see [`serve`]);
+//! - each thread owns one io_uring and serves its entries' requests one at a time, and has
+//!   one entry free while it is idle and none while it is busy (after a late answer, see
+//!   [`serve`], at most one more): the kernel gives a request only to a free entry, so a
+//!   request waits behind a handler that blocks (a server away: seconds) only when every
+//!   thread of its CPU's queue is busy. Hence several threads per CPU: a queue serves as many
+//!   blocking requests at once as it has threads;
 //! - an entry is written by userspace only between the completion that delivered a request
 //!   and the commit of its answer, and by exactly one answer: [`RingEntry::answer`] is called
 //!   once per request (fuser's `Reply` types send at most once), and when dispatch returns
@@ -100,7 +101,8 @@ const HEADROOM: usize = 4096;
 /// `user_data` of the poll of the thread's doorbell (an entry's commands carry its index).
 const TAG_DOORBELL: u64 = u64::MAX;
 /// Entries a ring thread registers at its start, and the fewest it keeps free (see [`serve`]).
-const SPARE_ENTRIES: usize = 4;
+/// One: a free entry is then an idle thread (module docs).
+const SPARE_ENTRIES: usize = 1;
 /// The most entries a ring thread registers (see [`serve`]).
 const MAX_ENTRIES: usize = 64;
 
@@ -679,12 +681,13 @@ fn completions(thread: &RingThread) -> Vec<(u64, i32)> {
 
 /// Serves the thread's entries until the connection ends or the pool stops.
 ///
-/// A request whose answer comes later, from another thread (the file system kept its reply),
-/// keeps its entry until then. A request that finds every entry of its queue taken waits in
-/// the kernel until one of them commits (registering a new entry does not serve it), so such
-/// requests must not take every entry: the thread keeps [`SPARE_ENTRIES`] entries free,
-/// registering one more whenever fewer are, up to [`MAX_ENTRIES`]. The cost: a request the
-/// kernel gives to a free entry of a thread busy with another request waits for that one.
+/// A request whose answer comes later, from another thread (the file system kept its reply:
+/// a blocking record lock), keeps its entry until then. A request that finds every entry of
+/// its queue taken waits in the kernel until one of them commits (registering a new entry
+/// does not serve it), so late answers must not keep a thread without a free entry: when
+/// every entry of the thread holds a request, it registers one more, up to [`MAX_ENTRIES`].
+/// The cost: once the late answer commits, the thread has two free entries, and a request
+/// given to one while it serves the other waits for it.
 fn serve<FS: Filesystem>(
     thread: &Arc<RingThread>,
     mut entries: Vec<Arc<RingEntry>>,
