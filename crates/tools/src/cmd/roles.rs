@@ -435,7 +435,7 @@ pub struct MountArgs {
     batch_timeout_ms: Option<u64>,
     /// Threads per CPU serving the kernel's requests over FUSE-over-io_uring rings, where the
     /// kernel offers them (Linux 6.14+ with /sys/module/fuse/parameters/enable_uring = Y);
-    /// 0 keeps /dev/fuse only. [default: 8]
+    /// 0 keeps /dev/fuse only.
     #[arg(long)]
     fuse_ring_threads: Option<usize>,
 }
