@@ -11,7 +11,7 @@
 //!   panicking test — so that nothing is left mounted.
 //! - Test-only extras: [`Cluster::spawn_mount_process`] ([`ChildMount`], a second client
 //!   *process*: the test binary re-executed, running [`child_mount_main`]),
-//!   [`fuse_unavailable`] and [`skip_without_fuse!`], [`wait_until`], [`pattern`].
+//!   [`fuse_unavailable`] and [`skip_without_fuse!`], [`wait_until`], [`pattern`], [`UserBuf`].
 //! - [`netns`]: several hosts on one machine (network namespaces on a private switch, links
 //!   that can be cut and healed), processes run on them, for tests of real network faults;
 //!   [`skip_without_netns!`] skips where namespaces cannot be made.
@@ -37,4 +37,6 @@ pub use cluster::{
 pub use fabric::Backend;
 pub use mount::{fuse_options, fuse_unavailable, Mount};
 pub use orphans::die_with_parent;
-pub use util::{init_logging, open_rw, pattern, random_token, restartable_addr, wait_until};
+pub use util::{
+    init_logging, open_rw, pattern, random_token, restartable_addr, wait_until, UserBuf,
+};

@@ -89,6 +89,43 @@ pub fn restartable_addr() -> Result<std::net::SocketAddr> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
 }
 
+/// A user buffer of `len` bytes that starts `page_offset` bytes into a page (the kernel cuts an
+/// unaligned direct-I/O call differently from an aligned one, so tests try both).
+pub struct UserBuf {
+    storage: Vec<u8>,
+    start: usize,
+    len: usize,
+}
+
+impl UserBuf {
+    /// A zeroed buffer of `len` bytes at `page_offset` (below 4096) into a page.
+    pub fn new(len: usize, page_offset: usize) -> UserBuf {
+        const PAGE: usize = 4096;
+        assert!(page_offset < PAGE, "a page offset is below {PAGE}");
+        let storage = vec![0u8; len + 2 * PAGE];
+        let aligned = storage.as_ptr().align_offset(PAGE);
+        assert!(
+            aligned < PAGE,
+            "a Vec<u8> can be page-aligned within a page"
+        );
+        UserBuf {
+            storage,
+            start: aligned + page_offset,
+            len,
+        }
+    }
+
+    /// The buffer.
+    pub fn get(&self) -> &[u8] {
+        &self.storage[self.start..self.start + self.len]
+    }
+
+    /// The buffer, to fill.
+    pub fn get_mut(&mut self) -> &mut [u8] {
+        &mut self.storage[self.start..self.start + self.len]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use testkit::Backend;
-use testkit::{open_rw, skip_without_fuse, Cluster, ClusterSpec, Mount};
+use testkit::{open_rw, skip_without_fuse, Cluster, ClusterSpec, Mount, UserBuf};
 
 const MAX_PAGES_LIMIT_SYSCTL: &str = fs_client::fuse::MAX_PAGES_LIMIT_SYSCTL;
 
@@ -159,35 +159,6 @@ fn check_record(got: &[u8]) -> Result<u8, String> {
         }
     }
     Ok(tag)
-}
-
-/// A user buffer of `len` bytes that starts `page_offset` bytes into a page.
-struct UserBuf {
-    storage: Vec<u8>,
-    start: usize,
-    len: usize,
-}
-
-impl UserBuf {
-    fn new(len: usize, page_offset: usize) -> UserBuf {
-        let storage = vec![0u8; len + 2 * PAGE];
-        let aligned = storage.as_ptr().align_offset(PAGE);
-        assert!(
-            aligned < PAGE,
-            "a Vec<u8> can be page-aligned within a page"
-        );
-        UserBuf {
-            storage,
-            start: aligned + page_offset,
-            len,
-        }
-    }
-    fn get(&self) -> &[u8] {
-        &self.storage[self.start..self.start + self.len]
-    }
-    fn get_mut(&mut self) -> &mut [u8] {
-        &mut self.storage[self.start..self.start + self.len]
-    }
 }
 
 /// What one case counted.

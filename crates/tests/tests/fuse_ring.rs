@@ -17,7 +17,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use testkit::{open_rw, pattern, skip_without_fuse, Cluster, ClusterSpec, Mount};
+use testkit::{open_rw, pattern, skip_without_fuse, Cluster, ClusterSpec, Mount, UserBuf};
 
 const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
 const PAGE: usize = 4096;
@@ -65,32 +65,6 @@ fn possible_cpus() -> usize {
     highest + 1
 }
 
-/// A buffer of `len` bytes starting `offset` bytes into a page.
-struct Placed {
-    storage: Vec<u8>,
-    start: usize,
-    len: usize,
-}
-
-impl Placed {
-    fn new(len: usize, offset: usize) -> Placed {
-        let storage = vec![0u8; len + 2 * PAGE];
-        let base = storage.as_ptr() as usize;
-        let start = (PAGE - base % PAGE) % PAGE + offset;
-        Placed {
-            storage,
-            start,
-            len,
-        }
-    }
-    fn get(&self) -> &[u8] {
-        &self.storage[self.start..self.start + self.len]
-    }
-    fn get_mut(&mut self) -> &mut [u8] {
-        &mut self.storage[self.start..self.start + self.len]
-    }
-}
-
 fn errno<T>(r: std::io::Result<T>) -> Option<i32> {
     r.err().and_then(|e| e.raw_os_error())
 }
@@ -134,10 +108,10 @@ fn round_trips(a: &Mount, b: &Mount, bound: usize) -> u64 {
         for (j, &offset) in offsets.iter().enumerate() {
             let seed = (i * 16 + j) as u64;
             let at = (seed * 7919) % (3 * PAGE as u64);
-            let mut out = Placed::new(size, offset);
+            let mut out = UserBuf::new(size, offset);
             out.get_mut().copy_from_slice(&pattern(seed, at, size));
             wa.write_all_at(out.get(), at).unwrap();
-            let mut back = Placed::new(size, (offset + 1) % PAGE);
+            let mut back = UserBuf::new(size, (offset + 1) % PAGE);
             rb.read_exact_at(back.get_mut(), at).unwrap();
             assert!(
                 back.get() == out.get(),
