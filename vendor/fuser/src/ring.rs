@@ -44,8 +44,8 @@
 
 use std::io;
 use std::io::IoSlice;
+use std::os::fd::AsFd;
 use std::os::fd::AsRawFd;
-use std::os::fd::BorrowedFd;
 use std::os::fd::FromRawFd;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -68,7 +68,6 @@ use log::warn;
 use crate::Filesystem;
 use crate::channel::Channel;
 use crate::channel::ChannelSender;
-use crate::passthrough::BackingId;
 use crate::reply::ReplySender;
 use crate::request::RequestWithSender;
 use crate::session::FilesystemHolder;
@@ -93,16 +92,13 @@ const OP_IN_SIZE: usize = 128;
 /// padding (u32), reserved (u64).
 const ENT_IN_OUT_OFFSET: usize = 256;
 /// `sizeof(struct fuse_uring_req_header)`.
-pub(crate) const HEADER_SIZE: usize = ENT_IN_OUT_OFFSET + 32;
+const HEADER_SIZE: usize = ENT_IN_OUT_OFFSET + 32;
 /// Room kept in front of the payload buffer, where a request's headers are copied so that
 /// the request reads as one contiguous `/dev/fuse` message without moving its payload.
 const HEADROOM: usize = 4096;
 
 /// `user_data` of the poll of the thread's doorbell (an entry's commands carry its index).
 const TAG_DOORBELL: u64 = u64::MAX;
-/// Entries a ring thread registers at its start, and the fewest it keeps free (see [`serve`]).
-/// One: a free entry is then an idle thread (module docs).
-const SPARE_ENTRIES: usize = 1;
 /// The most entries a ring thread registers (see [`serve`]).
 const MAX_ENTRIES: usize = 64;
 
@@ -162,6 +158,17 @@ pub(crate) struct RingSetup {
     pub(crate) max_payload: usize,
     /// Threads (each with one entry) per queue.
     pub(crate) threads_per_queue: usize,
+}
+
+/// What a session keeps of its rings (its one field for them, `Session::rings`).
+#[derive(Debug, Default)]
+pub(crate) struct SessionRings {
+    /// Set at INIT when FUSE over io_uring was negotiated.
+    pub(crate) setup: Option<RingSetup>,
+    /// What the rings have served, shared with the `BackgroundSession`.
+    pub(crate) counters: Arc<RingCounters>,
+    /// Told when the rings have started (or failed to): `Session::spawn` returns only then.
+    pub(crate) started: Option<std::sync::mpsc::Sender<()>>,
 }
 
 /// Requests answered through rings, one counter per ring thread (each written by its thread
@@ -621,7 +628,7 @@ impl Drop for RingPool {
     }
 }
 
-/// Makes the calling thread's ring and first entries, and registers them with the kernel.
+/// Makes the calling thread's ring and first entry, and registers it with the kernel.
 fn register(
     ch: &Channel,
     qid: u16,
@@ -635,19 +642,19 @@ fn register(
         ring,
         submit_lock: Mutex::new(()),
         owner: thread::current().id(),
-        fuse_fd: ch.as_fd_raw(),
+        // The channel outlives the ring: the session joins the ring threads before it drops
+        // its channels.
+        fuse_fd: ch.as_fd().as_raw_fd(),
         qid,
         max_payload: setup.max_payload,
         channel: ch.sender(),
         doorbell,
     });
     thread.push(&thread.doorbell.poll())?;
-    let mut entries = Vec::with_capacity(SPARE_ENTRIES);
-    for index in 0..SPARE_ENTRIES {
-        let entry = Arc::new(RingEntry::new(&thread, index as u64)?);
-        entry.register()?;
-        entries.push(entry);
-    }
+    // One entry: a free entry is then an idle thread (module docs); `serve` adds more only
+    // for late answers.
+    let entry = Arc::new(RingEntry::new(&thread, 0)?);
+    entry.register()?;
     // A register that the kernel refuses completes at once; one it accepts completes only
     // when a request arrives. So: wait briefly, and keep whatever came for `serve`.
     let wait = types::Timespec::from(Duration::from_millis(20));
@@ -661,22 +668,23 @@ fn register(
         Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
         Err(e) => return Err(e),
     }
-    let early = completions(&thread);
+    let mut early = Vec::new();
+    completions(&thread, &mut early);
     if let Some(&(_, res)) = early
         .iter()
         .find(|&&(tag, res)| tag != TAG_DOORBELL && res < 0)
     {
         return Err(io::Error::from_raw_os_error(-res));
     }
-    Ok((thread, entries, early))
+    Ok((thread, vec![entry], early))
 }
 
-/// Takes every completion the ring holds, as (tag, result).
-fn completions(thread: &RingThread) -> Vec<(u64, i32)> {
+/// Takes every completion the ring holds into `done`, as (tag, result); `done` is the
+/// thread's one buffer, kept from wait to wait so that a request allocates nothing here.
+fn completions(thread: &RingThread, done: &mut Vec<(u64, i32)>) {
+    done.clear();
     // SAFETY: only the ring's own thread reads its completion queue.
-    unsafe { thread.ring.completion_shared() }
-        .map(|c| (c.user_data(), c.result()))
-        .collect()
+    done.extend(unsafe { thread.ring.completion_shared() }.map(|c| (c.user_data(), c.result())));
 }
 
 /// Serves the thread's entries until the connection ends or the pool stops.
@@ -696,7 +704,7 @@ fn serve<FS: Filesystem>(
     served: &Counter,
 ) {
     loop {
-        for (tag, res) in done {
+        for &(tag, res) in &done {
             if tag == TAG_DOORBELL {
                 if thread.doorbell.stopping.load(Ordering::Acquire) {
                     return;
@@ -717,8 +725,7 @@ fn serve<FS: Filesystem>(
                 0 => {
                     served.served.fetch_add(1, Ordering::Relaxed);
                     handle(&entry, event_loop);
-                    let free = entries.iter().filter(|e| !e.holding()).count();
-                    if free < SPARE_ENTRIES && entries.len() < MAX_ENTRIES {
+                    if entries.iter().all(|e| e.holding()) && entries.len() < MAX_ENTRIES {
                         match RingEntry::new(thread, entries.len() as u64) {
                             Ok(more) => {
                                 let more = Arc::new(more);
@@ -754,32 +761,29 @@ fn serve<FS: Filesystem>(
                 return;
             }
         }
-        done = completions(thread);
+        completions(thread, &mut done);
     }
 }
 
 /// Dispatches the request the entry holds; answers EIO if nobody will.
 fn handle<FS: Filesystem>(entry: &Arc<RingEntry>, event_loop: &SessionEventLoop<FS>) {
     entry.answered.store(false, Ordering::Release);
-    match entry.request() {
-        Ok((message, unique)) => {
-            let sender = ReplySender::Ring(entry.clone());
-            match RequestWithSender::new(sender, message) {
-                Some(req) => {
-                    if let Ok(crate::ll::Operation::Destroy(_)) = req.request.operation() {
-                        req.reply::<crate::ReplyEmpty>().ok();
-                    } else {
-                        req.dispatch(event_loop);
-                    }
-                }
-                None => answer_error(entry, unique),
-            }
-        }
+    let (message, unique) = match entry.request() {
+        Ok(request) => request,
         Err(why) => {
             warn!("{why}");
-            answer_error(entry, 0);
-            return;
+            return answer_error(entry, 0);
         }
+    };
+    match RequestWithSender::new(ReplySender::Ring(entry.clone()), message) {
+        Some(req) => {
+            if let Ok(crate::ll::Operation::Destroy(_)) = req.request.operation() {
+                req.reply::<crate::ReplyEmpty>().ok();
+            } else {
+                req.dispatch(event_loop);
+            }
+        }
+        None => return answer_error(entry, unique),
     }
     // Every reply holds a clone of the entry until it has answered (the thread's list holds
     // one more); with none left and no answer given, nobody will answer (fuser made no reply
@@ -787,8 +791,6 @@ fn handle<FS: Filesystem>(entry: &Arc<RingEntry>, event_loop: &SessionEventLoop<
     if Arc::strong_count(entry) == 2 {
         std::sync::atomic::fence(Ordering::Acquire);
         if entry.holding() {
-            // SAFETY of reading the header again: nothing has answered, the entry is ours.
-            let unique = entry.request().map(|(_, u)| u).unwrap_or(0);
             answer_error(entry, unique);
         }
     }
@@ -802,19 +804,4 @@ fn answer_error(entry: &RingEntry, unique: u64) {
     if let Err(e) = entry.answer(&[IoSlice::new(&out)]) {
         error!("fuse ring answer failed: {e}");
     }
-}
-
-impl Channel {
-    /// The raw `/dev/fuse` descriptor, for the rings' commands (the channel outlives them:
-    /// the session joins the ring threads before it drops its channels).
-    pub(crate) fn as_fd_raw(&self) -> i32 {
-        use std::os::fd::AsFd;
-        let fd: BorrowedFd<'_> = self.as_fd();
-        fd.as_raw_fd()
-    }
-}
-
-/// Wraps passthrough's backing ids for ring answers, which cannot carry them.
-pub(crate) fn open_backing(entry: &RingEntry, fd: BorrowedFd<'_>) -> io::Result<BackingId> {
-    entry.channel().open_backing(fd)
 }

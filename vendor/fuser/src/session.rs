@@ -139,15 +139,9 @@ pub struct Session<FS: Filesystem> {
     /// The field is set to `Some` when the init message is received.
     pub(crate) proto_version: Option<Version>,
     pub(crate) config: Config,
-    /// Set at INIT when FUSE over io_uring was negotiated (CitronFS patch, `ring`).
+    /// FUSE over io_uring (CitronFS patch, `ring`).
     #[cfg(target_os = "linux")]
-    pub(crate) ring: Option<crate::ring::RingSetup>,
-    /// What the rings have served (CitronFS patch).
-    #[cfg(target_os = "linux")]
-    pub(crate) ring_counters: Arc<crate::ring::RingCounters>,
-    /// Told when the rings have started (or failed to): `spawn` returns only then.
-    #[cfg(target_os = "linux")]
-    pub(crate) rings_started: Option<std::sync::mpsc::Sender<()>>,
+    pub(crate) rings: crate::ring::SessionRings,
 }
 
 impl<FS: Filesystem> AsFd for Session<FS> {
@@ -196,11 +190,7 @@ impl<FS: Filesystem> Session<FS> {
             proto_version: None,
             config: options.clone(),
             #[cfg(target_os = "linux")]
-            ring: None,
-            #[cfg(target_os = "linux")]
-            ring_counters: Arc::default(),
-            #[cfg(target_os = "linux")]
-            rings_started: None,
+            rings: Default::default(),
         };
 
         session.handshake()?;
@@ -230,11 +220,7 @@ impl<FS: Filesystem> Session<FS> {
             proto_version: None,
             config,
             #[cfg(target_os = "linux")]
-            ring: None,
-            #[cfg(target_os = "linux")]
-            ring_counters: Arc::default(),
-            #[cfg(target_os = "linux")]
-            rings_started: None,
+            rings: Default::default(),
         };
 
         session.handshake()?;
@@ -247,13 +233,13 @@ impl<FS: Filesystem> Session<FS> {
     pub fn spawn(mut self) -> io::Result<BackgroundSession> {
         let sender = self.ch.sender();
         #[cfg(target_os = "linux")]
-        let ring_counters = self.ring_counters.clone();
+        let ring_counters = self.rings.counters.clone();
         // CitronFS patch: return once the rings (if any) serve, so that what the session
         // serves through is known when this returns.
         #[cfg(target_os = "linux")]
         let rings_started = {
             let (tx, rx) = std::sync::mpsc::channel();
-            self.rings_started = Some(tx);
+            self.rings.started = Some(tx);
             rx
         };
         // Take the fuse_session, so that we can unmount it
@@ -288,11 +274,7 @@ impl<FS: Filesystem> Session<FS> {
             proto_version: _,
             config,
             #[cfg(target_os = "linux")]
-            ring,
-            #[cfg(target_os = "linux")]
-            ring_counters,
-            #[cfg(target_os = "linux")]
-            rings_started,
+            rings,
         } = self;
 
         let n_threads = config.n_threads.unwrap_or(1);
@@ -353,14 +335,14 @@ impl<FS: Filesystem> Session<FS> {
         // entry; the readers above stay for FORGET, INTERRUPT and notifications. A failure
         // leaves the kernel on /dev/fuse, which the readers serve: slower, not broken.
         #[cfg(target_os = "linux")]
-        let rings = ring.and_then(|setup| {
+        let pool = rings.setup.and_then(|setup| {
             match crate::ring::RingPool::start(
                 setup,
                 &ring_ch,
                 filesystem.clone(),
                 allowed,
                 session_owner,
-                &ring_counters,
+                &rings.counters,
             ) {
                 Ok(pool) => {
                     info!(
@@ -378,7 +360,7 @@ impl<FS: Filesystem> Session<FS> {
         });
 
         #[cfg(target_os = "linux")]
-        if let Some(started) = rings_started {
+        if let Some(started) = rings.started {
             let _ = started.send(());
         }
 
@@ -400,7 +382,7 @@ impl<FS: Filesystem> Session<FS> {
         // The readers end when the connection does; the rings' entries end with it too, and
         // stopping the pool joins their threads (which hold the file system).
         #[cfg(target_os = "linux")]
-        drop(rings);
+        drop(pool);
 
         let Some(filesystem) = Arc::get_mut(&mut filesystem) else {
             return Err(io::Error::other(
@@ -559,7 +541,7 @@ impl<FS: Filesystem> Session<FS> {
             #[cfg(target_os = "linux")]
             {
                 let negotiated = init.capabilities() & config.requested;
-                self.ring = negotiated.contains(InitFlags::FUSE_OVER_IO_URING).then(|| {
+                self.rings.setup = negotiated.contains(InitFlags::FUSE_OVER_IO_URING).then(|| {
                     crate::ring::RingSetup {
                         max_payload: config.max_payload(),
                         threads_per_queue: self.config.uring_threads_per_cpu,
