@@ -518,9 +518,9 @@ fn pin_to(cpu: usize) {
 
 impl RingPool {
     /// Starts `setup.threads_per_queue` threads for every queue, each registering its first
-    /// entry. Returns once every thread has registered it (or failed: then the kernel keeps
-    /// `/dev/fuse`, which the session's readers serve, and the error is returned after the
-    /// threads that did start are stopped).
+    /// entry, and returns once each has registered it or failed to. Threads that failed are
+    /// gone; the others stay if every queue has one (logged), else they are stopped and the
+    /// error returned: the kernel then keeps `/dev/fuse`, which the session's readers serve.
     pub(crate) fn start<FS: Filesystem + 'static>(
         setup: RingSetup,
         ch: &Channel,
@@ -533,15 +533,16 @@ impl RingPool {
         let mut pool = RingPool {
             threads: Vec::new(),
         };
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<io::Result<()>>();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<(usize, io::Result<()>)>();
         let mut served = Vec::new();
-        for qid in 0..queues {
+        let mut failed: Option<io::Error> = None;
+        'queues: for qid in 0..queues {
             for n in 0..setup.threads_per_queue.max(1) {
                 let doorbell = match Doorbell::new() {
                     Ok(bell) => Arc::new(bell),
                     Err(e) => {
-                        pool.stop();
-                        return Err(e);
+                        failed = Some(e);
+                        break 'queues;
                     }
                 };
                 let bell = doorbell.clone();
@@ -549,7 +550,7 @@ impl RingPool {
                 let filesystem = filesystem.clone();
                 let ready = ready_tx.clone();
                 let counter = Arc::new(Counter::default());
-                served.push(counter.clone());
+                let serving = counter.clone();
                 let name = format!("fuser-ring-{qid}.{n}");
                 let spawned = thread::Builder::new().name(name.clone()).spawn(move || {
                     pin_to(qid);
@@ -563,48 +564,66 @@ impl RingPool {
                     let (thread, entries, early) =
                         match register(&event_loop.ch, qid as u16, setup, bell) {
                             Ok(registered) => {
-                                counter.alive.store(true, Ordering::Relaxed);
-                                let _ = ready.send(Ok(()));
+                                serving.alive.store(true, Ordering::Relaxed);
+                                let _ = ready.send((qid, Ok(())));
                                 registered
                             }
                             Err(e) => {
-                                let _ = ready.send(Err(e));
+                                let _ = ready.send((qid, Err(e)));
                                 return;
                             }
                         };
-                    serve(&thread, entries, early, &event_loop, &counter);
-                    counter.alive.store(false, Ordering::Relaxed);
+                    serve(&thread, entries, early, &event_loop, &serving);
+                    serving.alive.store(false, Ordering::Relaxed);
                 });
                 match spawned {
-                    Ok(handle) => pool.threads.push((handle, doorbell)),
+                    Ok(handle) => {
+                        pool.threads.push((handle, doorbell));
+                        served.push(counter);
+                    }
                     Err(e) => {
-                        pool.stop();
-                        return Err(e);
+                        failed = Some(e);
+                        break 'queues;
                     }
                 }
             }
         }
         drop(ready_tx);
+        // Threads that registered an entry stay, whatever happened to the others: once every
+        // queue has had an entry the kernel has left /dev/fuse for good, and stopping them
+        // would leave it no entry to give requests to (they would wait forever).
+        let mut registered = vec![0usize; queues];
         for _ in 0..pool.threads.len() {
             match ready_rx.recv() {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    pool.stop();
-                    return Err(e);
+                Ok((qid, Ok(()))) => registered[qid] += 1,
+                Ok((_, Err(e))) => {
+                    failed.get_or_insert(e);
                 }
                 Err(_) => {
-                    pool.stop();
-                    return Err(io::Error::other("a fuse ring thread died while starting"));
+                    failed.get_or_insert(io::Error::other("a ring thread died while starting"));
                 }
             }
         }
         *counters.threads.lock().unwrap_or_else(|e| e.into_inner()) = served;
-        Ok(pool)
-    }
-
-    /// Number of ring threads.
-    pub(crate) fn len(&self) -> usize {
-        self.threads.len()
+        match failed {
+            None => Ok(pool),
+            Some(e) => match registered.iter().position(|&n| n == 0) {
+                // A queue never had an entry, so the kernel never switched: it stays on
+                // /dev/fuse, and the threads that did start serve nothing.
+                Some(qid) => {
+                    pool.stop();
+                    Err(io::Error::other(format!(
+                        "no ring thread for CPU {qid}'s queue: {e}"
+                    )))
+                }
+                None => {
+                    warn!(
+                        "FUSE over io_uring: some ring threads did not start ({e}); every CPU's queue has at least one"
+                    );
+                    Ok(pool)
+                }
+            },
+        }
     }
 
     /// Tells every ring thread to stop and joins them. Entries still registered are cancelled

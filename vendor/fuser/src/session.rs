@@ -347,7 +347,7 @@ impl<FS: Filesystem> Session<FS> {
                 Ok(pool) => {
                     info!(
                         "FUSE over io_uring: {} ring threads, payload buffers of {} bytes",
-                        pool.len(),
+                        rings.counters.read().0,
                         setup.max_payload
                     );
                     Some(pool)
