@@ -293,8 +293,8 @@ impl Default for FuseOptions {
     }
 }
 
-/// What [`MountHandle::fuse_rings`] reports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What [`MountHandle::fuse_rings`] reports; the default is `/dev/fuse` only.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct FuseRings {
     /// Threads serving FUSE-over-io_uring rings; 0 when requests come over `/dev/fuse` only.
     pub threads: usize,
