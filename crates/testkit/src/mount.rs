@@ -112,13 +112,9 @@ impl Mount {
 
     /// How the kernel's requests reach the mount ([`MountHandle::fuse_rings`]).
     pub fn fuse_rings(&self) -> fs_client::fuse::FuseRings {
-        self.handle.as_ref().map_or(
-            fs_client::fuse::FuseRings {
-                threads: 0,
-                requests: 0,
-            },
-            |h| h.fuse_rings(),
-        )
+        self.handle
+            .as_ref()
+            .map_or_else(Default::default, |h| h.fuse_rings())
     }
 
     /// The client library behind the mount (its statistics, or calls that bypass the kernel).
