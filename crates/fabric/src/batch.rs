@@ -482,6 +482,9 @@ impl Batch {
 
 /// The results of one executed batch: the old value of every atomic verb, and the bytes of every
 /// read, each in posting order.
+///
+/// The bytes of placed reads ([`Batch::read_to`]) land in the completions' own buffer, or in a
+/// caller's slice lent for the length of one call ([`Completions::lend`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Completions {
     olds: Vec<u64>,
@@ -489,7 +492,49 @@ pub struct Completions {
     /// For a placed batch: how many of its reads executors have filled so far.
     #[serde(skip)]
     next_read: usize,
+    /// The caller's buffer during [`Completions::lend`]: it stands in for `data`.
+    #[serde(skip)]
+    loan: Loan,
 }
+
+/// A caller's slice lent to [`Completions`] (pointer and length), set only inside
+/// [`Completions::lend`], which holds the slice's mutable borrow for as long.
+///
+/// Invariant: `Some` only while that call runs; it is cleared on the way out, also by unwinding.
+/// A copy of the completions never carries the loan (`Clone` gives `None`), and two
+/// completions compare equal whatever their loans.
+#[derive(Default)]
+struct Loan(Option<(std::ptr::NonNull<u8>, usize)>);
+
+impl Clone for Loan {
+    fn clone(&self) -> Self {
+        Loan(None)
+    }
+}
+
+impl PartialEq for Loan {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for Loan {}
+
+impl std::fmt::Debug for Loan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some((_, len)) => write!(f, "lent {len} bytes"),
+            None => f.write_str("none"),
+        }
+    }
+}
+
+// SAFETY: the pointer is dereferenced only through the completions during `lend`, which holds
+// the lent slice's exclusive borrow; through `&Completions` only for reading, as a `&[u8]`
+// would be shared.
+unsafe impl Send for Loan {}
+// SAFETY: as for `Send`.
+unsafe impl Sync for Loan {}
 
 impl Completions {
     /// Empty completions, to be filled by an endpoint.
@@ -504,7 +549,26 @@ impl Completions {
 
     /// The bytes a read verb returned.
     pub fn bytes(&self, handle: ReadHandle) -> &[u8] {
-        &self.data[handle.start as usize..(handle.start + handle.len) as usize]
+        &self.buf()[handle.start as usize..(handle.start + handle.len) as usize]
+    }
+
+    /// Where read bytes are: the lent slice during [`Completions::lend`], else the
+    /// completions' own buffer.
+    fn buf(&self) -> &[u8] {
+        match self.loan.0 {
+            // SAFETY: `Loan`'s invariant: the slice is alive and borrowed for this loan.
+            Some((ptr, len)) => unsafe { std::slice::from_raw_parts(ptr.as_ptr(), len) },
+            None => &self.data,
+        }
+    }
+
+    /// [`Completions::buf`], to fill.
+    fn buf_mut(&mut self) -> &mut [u8] {
+        match self.loan.0 {
+            // SAFETY: `Loan`'s invariant, and `&mut self` makes this the only view of it.
+            Some((ptr, len)) => unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), len) },
+            None => &mut self.data,
+        }
     }
 
     /// The `i`-th little-endian word of a read's bytes.
@@ -518,20 +582,31 @@ impl Completions {
         &self.olds
     }
 
-    /// All read bytes, concatenated in posting order of the read verbs.
+    /// All read bytes, concatenated in posting order of the read verbs (the lent slice, during
+    /// [`Completions::lend`]).
     pub fn data(&self) -> &[u8] {
-        &self.data
+        self.buf()
     }
 
     /// Empties the completions and sizes them for `batch`; executors then fill them in order
     /// ([`Completions::push_old`], [`Completions::next_read`]). For a placed batch the data
     /// buffer is kept (it is the caller's, see [`Completions::swap_data`]) and only extended
     /// with zeros when shorter than the batch's places need.
+    ///
+    /// # Panics
+    /// During [`Completions::lend`], for a packed batch or a placed one whose places do not
+    /// fit the lent slice (programming errors: a lent slice cannot grow).
     pub fn reset_for(&mut self, batch: &Batch) {
         self.olds.clear();
         self.olds.reserve(batch.atomic_count());
         self.next_read = 0;
-        if batch.is_placed() {
+        if let Some((_, len)) = self.loan.0 {
+            assert!(
+                batch.is_placed() && batch.data_len() <= len,
+                "a batch whose reads need {} bytes executed into a lent slice of {len}",
+                batch.data_len()
+            );
+        } else if batch.is_placed() {
             if self.data.len() < batch.data_len() {
                 self.data.resize(batch.data_len(), 0);
             }
@@ -539,6 +614,34 @@ impl Completions {
             self.data.clear();
             self.data.reserve(batch.read_bytes());
         }
+    }
+
+    /// Runs `f` with `buf` lent to these completions: the placed reads ([`Batch::read_to`])
+    /// of the batches executed (posted and completed) inside `f` land in `buf` at their
+    /// places, with no copy, and [`Completions::data`] and [`Completions::bytes`] read it.
+    /// Inside `f` only placed batches whose places fit `buf` may be executed
+    /// ([`Completions::reset_for`]). The loan ends when `f` returns (or unwinds); a batch
+    /// posted inside and completed after it has nowhere to put its reads.
+    ///
+    /// This is how a caller reads into memory it does not own as a `Vec` (the FUSE adapter:
+    /// the kernel's answer buffer); for a `Vec` of its own, [`Completions::swap_data`] does
+    /// the same.
+    ///
+    /// # Panics
+    /// If the completions already hold a loan.
+    pub fn lend<R>(&mut self, buf: &mut [u8], f: impl FnOnce(&mut Completions) -> R) -> R {
+        /// Ends the loan when dropped, on return or unwinding.
+        struct EndLoan<'c>(&'c mut Completions);
+        impl Drop for EndLoan<'_> {
+            fn drop(&mut self) {
+                self.0.loan = Loan(None);
+            }
+        }
+        assert!(self.loan.0.is_none(), "completions lent a second slice");
+        let len = buf.len();
+        self.loan = Loan(Some((std::ptr::NonNull::from(buf).cast(), len)));
+        let end = EndLoan(self);
+        f(end.0)
     }
 
     /// Exchanges the data buffer with `data`: the caller lends its own buffer before executing
@@ -556,7 +659,7 @@ impl Completions {
         }
         let at = batch.places[self.next_read] as usize;
         self.next_read += 1;
-        &mut self.data[at..at + len]
+        &mut self.buf_mut()[at..at + len]
     }
 
     /// Fills the reads of `batch` from `data`, every read's bytes concatenated in posting
@@ -583,7 +686,12 @@ impl Completions {
 
     /// Appends `len` zero bytes for the next read verb and returns them to be filled
     /// (executors only).
+    ///
+    /// # Panics
+    /// During [`Completions::lend`] (a packed batch's reads have no place in a lent slice;
+    /// [`Completions::reset_for`] refuses such a batch first).
     pub fn push_read(&mut self, len: usize) -> &mut [u8] {
+        assert!(self.loan.0.is_none(), "a packed read into a lent slice");
         let start = self.data.len();
         self.data.resize(start + len, 0);
         &mut self.data[start..]
@@ -623,7 +731,7 @@ impl Completions {
     pub fn matches(&self, batch: &Batch) -> bool {
         self.olds.len() == batch.atomic_count()
             && if batch.is_placed() {
-                self.next_read == batch.places.len() && self.data.len() >= batch.data_len()
+                self.next_read == batch.places.len() && self.buf().len() >= batch.data_len()
             } else {
                 self.data.len() == batch.read_bytes()
             }

@@ -650,6 +650,58 @@ fn posted_batches_and_placed_reads_tcp() {
     posted_batches_and_placed_reads(&fixture(Backend::Tcp));
 }
 
+/// Placed reads into a slice lent to the completions (`Completions::lend`): every read at its
+/// place in the caller's slice, the bytes no read covers untouched, `data` and `bytes` reading
+/// the slice during the loan, and the completions' own buffer in use again after it.
+fn placed_reads_into_a_lent_slice(f: &Fixture) {
+    let mut a = f.connector.connect().unwrap();
+    let mut b = f.connector.connect().unwrap();
+    a.write(at(0), &[4u8; 16]).unwrap();
+    a.write(at(300), &[5u8; 8]).unwrap();
+    let mut ra = Batch::new();
+    let ha = ra.read_to(at(0), 16, 8);
+    let mut rb = Batch::new();
+    rb.read_to(at(300), 8, 32);
+    // Memory the completions could not own as a `Vec`: a slice of a larger buffer.
+    let mut backing = [9u8; 64];
+    let slice = &mut backing[8..56];
+    let mut out = Completions::new();
+    let lent = out.lend(slice, |out| {
+        a.post(&ra, out).unwrap();
+        b.post(&rb, out).unwrap();
+        a.complete(&ra, out).unwrap();
+        b.complete(&rb, out).unwrap();
+        assert_eq!(out.bytes(ha), &[4u8; 16]);
+        out.data().len()
+    });
+    assert_eq!(lent, 48, "data() read the lent slice");
+    assert_eq!(&backing[..16], &[9u8; 16]);
+    assert_eq!(&backing[16..32], &[4u8; 16]);
+    assert_eq!(&backing[32..40], &[9u8; 8]);
+    assert_eq!(&backing[40..48], &[5u8; 8]);
+    assert_eq!(&backing[48..], &[9u8; 16]);
+    // The loan is over: a packed read lands in the completions' own buffer again.
+    let mut packed = Batch::new();
+    let h = packed.read(at(300), 8);
+    a.execute(&packed, &mut out).unwrap();
+    assert_eq!(out.bytes(h), &[5u8; 8]);
+}
+
+#[test]
+fn placed_reads_into_a_lent_slice_mem() {
+    placed_reads_into_a_lent_slice(&fixture(Backend::Mem));
+}
+
+#[test]
+fn placed_reads_into_a_lent_slice_shm() {
+    placed_reads_into_a_lent_slice(&fixture(Backend::Shm));
+}
+
+#[test]
+fn placed_reads_into_a_lent_slice_tcp() {
+    placed_reads_into_a_lent_slice(&fixture(Backend::Tcp));
+}
+
 macro_rules! conformance {
     ($backend:ident, $fixture:expr) => {
         mod $backend {

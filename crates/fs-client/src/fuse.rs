@@ -1181,20 +1181,28 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
         size: u32,
         _flags: OpenFlags,
         lock_owner: Option<fuser::LockOwner>,
-        reply: ReplyData,
+        mut reply: ReplyData,
     ) {
         // Direct I/O names the reading process's lock owner: one that lost a record lock of
         // the file reads nothing more of it until it unlocks or closes it.
         let owner_ok = |o: fuser::LockOwner| self.fs.check_record_locks(Fh(fh.0), o.0);
-        match lock_owner
-            .map_or(Ok(()), owner_ok)
-            .and_then(|()| self.fs.read(Fh(fh.0), offset, size as usize))
-        {
+        let fail = |e| failed(&Req::io("read", ino, fh, offset, size.into()), &e);
+        if let Err(e) = lock_owner.map_or(Ok(()), owner_ok) {
+            return reply.error(fail(e));
+        }
+        // Over FUSE's io_uring the answer's bytes are read straight into the buffer the
+        // kernel copies them from; over /dev/fuse they are read into a buffer of ours and
+        // written to the device.
+        let len = size as usize;
+        if let Some(buf) = reply.buffer().filter(|buf| buf.len() >= len) {
+            return match self.fs.read_in_place(Fh(fh.0), offset, len, buf) {
+                Ok(n) => reply.data_in_place(n),
+                Err(e) => reply.error(fail(e)),
+            };
+        }
+        match self.fs.read(Fh(fh.0), offset, len) {
             Ok(data) => reply.data(data.as_ref()),
-            Err(e) => {
-                let req = Req::io("read", ino, fh, offset, size.into());
-                reply.error(failed(&req, &e))
-            }
+            Err(e) => reply.error(fail(e)),
         }
     }
 

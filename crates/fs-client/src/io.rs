@@ -187,6 +187,25 @@ fn lock_round_trips(stats: &LockStats) -> u64 {
 /// ([`Inner::exec_data_round`]).
 const CHECK_BYTES: usize = 8;
 
+/// Where a read's bytes go ([`Inner::transfer_read`]).
+enum ReadDest<'a> {
+    /// A buffer grown (never shrunk) to what the read needs: its bytes and check words.
+    Grow(&'a mut Vec<u8>),
+    /// A slice of the caller's, at least as long as the read: the read lands in it where it
+    /// also has room for the check words.
+    Slice(&'a mut [u8]),
+}
+
+impl ReadDest<'_> {
+    /// The same destination, for one more try of a read.
+    fn reborrow(&mut self) -> ReadDest<'_> {
+        match self {
+            ReadDest::Grow(buf) => ReadDest::Grow(buf),
+            ReadDest::Slice(buf) => ReadDest::Slice(buf),
+        }
+    }
+}
+
 /// How many bytes of zeros one batch of a hole punch writes.
 const ZERO_WINDOW: usize = 1 << 20;
 
@@ -228,6 +247,34 @@ impl CitronFs {
         len: usize,
         buf: &mut Vec<u8>,
     ) -> Result<usize, Error> {
+        self.read_to(fh, offset, len, ReadDest::Grow(buf))
+    }
+
+    /// [`CitronFs::read`] into `buf`, a slice the caller owns (the FUSE adapter: the buffer
+    /// the kernel copies a FUSE-over-io_uring answer from): the bytes read are `buf[..n]`,
+    /// `n` returned, at most `buf.len()`; the bytes after them are scratch. The fabric's reads
+    /// land in `buf` itself when it has room for the read and a word per data server beyond
+    /// it (a buffer as long as the largest read always has), else in a buffer of their own,
+    /// copied from.
+    pub fn read_in_place(
+        &self,
+        fh: FileHandle,
+        offset: u64,
+        len: usize,
+        buf: &mut [u8],
+    ) -> Result<usize, Error> {
+        let len = len.min(buf.len());
+        self.read_to(fh, offset, len, ReadDest::Slice(buf))
+    }
+
+    /// [`CitronFs::read_into`] and [`CitronFs::read_in_place`]: the read, into `dest`.
+    fn read_to(
+        &self,
+        fh: FileHandle,
+        offset: u64,
+        len: usize,
+        mut dest: ReadDest<'_>,
+    ) -> Result<usize, Error> {
         let handle = self.inner.handle(fh)?;
         self.inner.check_handle_records(fh, handle.inode.ino)?;
         let max = self.inner.geometry.max_file_size();
@@ -247,7 +294,7 @@ impl CitronFs {
                 }
                 let n = len.min((size - offset).min(usize::MAX as u64) as usize);
                 let locs = inner.chunk_locations(&w.view, inode, generation, offset, n, false)?;
-                inner.transfer_read(w, offset, n, &locs, buf)?;
+                inner.transfer_read(w, offset, n, &locs, dest.reborrow())?;
                 Ok(n)
             })
         })
@@ -677,10 +724,10 @@ impl Inner {
         }
     }
 
-    /// Reads bytes `[off, off + n)` into `buf[..n]` (holes read zeros), growing `buf` when it
-    /// is shorter than the read needs (see [`CitronFs::read_into`]).
+    /// Reads bytes `[off, off + n)` into the first `n` bytes of `dest` (holes read zeros),
+    /// growing a `Vec` when it is shorter than the read needs (see [`CitronFs::read_into`]).
     ///
-    /// No second copy: the fabric's reads land in `buf`, each at its place
+    /// No second copy: the fabric's reads land in `dest`, each at its place
     /// (`fabric::Batch::read_to`): a memcpy straight from the region on `shm` and `mem`, one
     /// from the reply frame on `tcp`. The batches of every data server are in flight together
     /// ([`Inner::exec_data_round`]).
@@ -690,15 +737,29 @@ impl Inner {
         off: u64,
         n: usize,
         run: &ChunkRun,
-        buf: &mut Vec<u8>,
+        dest: ReadDest<'_>,
     ) -> Result<(), Error> {
         let plans = plan(&self.geometry, off, n, |c| run.get(c), Limits::FABRIC)?;
         // The file's bytes, then one incarnation word per batch of a round (see
         // `exec_data_round`).
         let need = n + CHECK_BYTES * plans.len();
-        if buf.len() < need {
-            buf.resize(need, 0);
-        }
+        let buf = match dest {
+            ReadDest::Grow(buf) => {
+                if buf.len() < need {
+                    buf.resize(need, 0);
+                }
+                &mut buf[..need]
+            }
+            ReadDest::Slice(buf) if buf.len() >= need => &mut buf[..need],
+            ReadDest::Slice(buf) => {
+                // No room for the check words after the bytes: read into a buffer of our
+                // own and copy the bytes out.
+                let mut own = Vec::new();
+                self.transfer_read(w, off, n, run, ReadDest::Grow(&mut own))?;
+                buf[..n].copy_from_slice(&own[..n]);
+                return Ok(());
+            }
+        };
         // A reused buffer holds an earlier read's bytes: the verbs overwrite the allocated
         // chunks' bytes, holes are zeroed here.
         for piece in self.geometry.pieces(off, n) {
@@ -895,7 +956,7 @@ impl Inner {
         &self,
         w: &mut Worker,
         plans: &[ServerPlan],
-        data: &mut Vec<u8>,
+        data: &mut [u8],
         checks_at: usize,
         mut transfer: Transfer,
         mut fill: impl FnMut(&mut Batch, RemoteAddr, &Op),
@@ -968,7 +1029,7 @@ impl Inner {
         &self,
         w: &mut Worker,
         round: &mut [(u32, Batch)],
-        data: &mut Vec<u8>,
+        data: &mut [u8],
         checks_at: usize,
         transfer: Transfer,
     ) -> Result<(), Error> {
@@ -977,98 +1038,100 @@ impl Inner {
             Transfer::Write { raises } => (true, raises),
         };
         let mut out = std::mem::take(&mut w.out);
-        out.swap_data(data);
-        let incarnation = RemoteAddr::new(INCARNATION_REGION, 0);
-        let mut posted = 0;
-        let mut failure = None;
-        let batches = round.len();
-        for (i, (server, batch)) in round.iter_mut().enumerate() {
-            batch.read_to(incarnation, CHECK_BYTES, checks_at + CHECK_BYTES * i);
-            // No verb of it may execute after the lease: the endpoint (or the server, on tcp)
-            // checks before each verb, so a batch posted in time but delayed past the deadline
-            // stops there (`LeaseLost`, the I/O is redone) instead of landing after a waiter
-            // broke the lock.
-            batch.expire_at(w.lease);
-            if write {
-                // A lease that ran out is not a fault of the endpoints: not broken.
-                if let Err(e) = self.check_lease_before_post(w) {
-                    failure = Some(e);
-                    break;
+        // The reads land in the caller's buffer, lent for the round: no copy.
+        let failure = out.lend(data, |out| {
+            let incarnation = RemoteAddr::new(INCARNATION_REGION, 0);
+            let mut posted = 0;
+            let mut failure = None;
+            let batches = round.len();
+            for (i, (server, batch)) in round.iter_mut().enumerate() {
+                batch.read_to(incarnation, CHECK_BYTES, checks_at + CHECK_BYTES * i);
+                // No verb of it may execute after the lease: the endpoint (or the server, on tcp)
+                // checks before each verb, so a batch posted in time but delayed past the deadline
+                // stops there (`LeaseLost`, the I/O is redone) instead of landing after a waiter
+                // broke the lock.
+                batch.expire_at(w.lease);
+                if write {
+                    // A lease that ran out is not a fault of the endpoints: not broken.
+                    if let Err(e) = self.check_lease_before_post(w) {
+                        failure = Some(e);
+                        break;
+                    }
                 }
-            }
-            let post = w.data_ep(*server).and_then(|ep| {
-                ep.post(batch, &mut out)
-                    .map_err(Error::fabric(Peer::Data(*server)))
-            });
-            if let Err(e) = post {
-                let (e, broken) = data_failure(e);
-                w.broken |= broken;
-                failure = Some(e);
-                break;
-            }
-            posted += 1;
-            if write && i + 1 < batches {
-                failpoint!("fs_client::io::between_servers");
-            }
-        }
-        let mut raises_posted = false;
-        if raises && failure.is_none() {
-            w.raises.expire_at(w.lease);
-            let post = match self.check_lease_before_post(w) {
-                // A lease that ran out is not a fault of the endpoint: not broken.
-                Err(e) => Err((e, false)),
-                Ok(()) => w
-                    .meta_ep
-                    .post(&w.raises, &mut w.raises_out)
-                    .map_err(|e| data_failure(Error::fabric(Peer::Meta)(e))),
-            };
-            match post {
-                Ok(()) => raises_posted = true,
-                Err((e, broken)) => {
+                let post = w.data_ep(*server).and_then(|ep| {
+                    ep.post(batch, out)
+                        .map_err(Error::fabric(Peer::Data(*server)))
+                });
+                if let Err(e) = post {
+                    let (e, broken) = data_failure(e);
                     w.broken |= broken;
                     failure = Some(e);
-                }
-            }
-        }
-        for (server, batch) in round[..posted].iter() {
-            let done = w.data_ep(*server).and_then(|ep| {
-                ep.complete(batch, &mut out)
-                    .map_err(Error::fabric(Peer::Data(*server)))
-            });
-            if let Err(e) = done {
-                let (e, broken) = data_failure(e);
-                w.broken |= broken;
-                failure.get_or_insert(e);
-            }
-        }
-        if raises_posted {
-            if let Err(e) = w.meta_ep.complete(&w.raises, &mut w.raises_out) {
-                let (e, broken) = data_failure(Error::fabric(Peer::Meta)(e));
-                w.broken |= broken;
-                failure.get_or_insert(e);
-            }
-        }
-        if failure.is_none() {
-            for (i, (server, _)) in round.iter().enumerate() {
-                let at = checks_at + CHECK_BYTES * i;
-                let found = u64::from_le_bytes(
-                    out.data()[at..at + CHECK_BYTES]
-                        .try_into()
-                        .expect("8 bytes"),
-                );
-                let expected = w.view.servers.data(*server).map(|ds| ds.info.incarnation);
-                if expected != Some(found) {
-                    w.broken = true;
-                    failure = Some(Error::StaleDataServer {
-                        server: *server,
-                        expected: expected.unwrap_or(0),
-                        found,
-                    });
                     break;
                 }
+                posted += 1;
+                if write && i + 1 < batches {
+                    failpoint!("fs_client::io::between_servers");
+                }
             }
-        }
-        out.swap_data(data);
+            let mut raises_posted = false;
+            if raises && failure.is_none() {
+                w.raises.expire_at(w.lease);
+                let post = match self.check_lease_before_post(w) {
+                    // A lease that ran out is not a fault of the endpoint: not broken.
+                    Err(e) => Err((e, false)),
+                    Ok(()) => w
+                        .meta_ep
+                        .post(&w.raises, &mut w.raises_out)
+                        .map_err(|e| data_failure(Error::fabric(Peer::Meta)(e))),
+                };
+                match post {
+                    Ok(()) => raises_posted = true,
+                    Err((e, broken)) => {
+                        w.broken |= broken;
+                        failure = Some(e);
+                    }
+                }
+            }
+            for (server, batch) in round[..posted].iter() {
+                let done = w.data_ep(*server).and_then(|ep| {
+                    ep.complete(batch, out)
+                        .map_err(Error::fabric(Peer::Data(*server)))
+                });
+                if let Err(e) = done {
+                    let (e, broken) = data_failure(e);
+                    w.broken |= broken;
+                    failure.get_or_insert(e);
+                }
+            }
+            if raises_posted {
+                if let Err(e) = w.meta_ep.complete(&w.raises, &mut w.raises_out) {
+                    let (e, broken) = data_failure(Error::fabric(Peer::Meta)(e));
+                    w.broken |= broken;
+                    failure.get_or_insert(e);
+                }
+            }
+            if failure.is_none() {
+                for (i, (server, _)) in round.iter().enumerate() {
+                    let at = checks_at + CHECK_BYTES * i;
+                    let found = u64::from_le_bytes(
+                        out.data()[at..at + CHECK_BYTES]
+                            .try_into()
+                            .expect("8 bytes"),
+                    );
+                    let expected = w.view.servers.data(*server).map(|ds| ds.info.incarnation);
+                    if expected != Some(found) {
+                        w.broken = true;
+                        failure = Some(Error::StaleDataServer {
+                            server: *server,
+                            expected: expected.unwrap_or(0),
+                            found,
+                        });
+                        break;
+                    }
+                }
+            }
+            failure
+        });
         w.out = out;
         if let Some((_, first)) = round.iter_mut().next() {
             w.batch = std::mem::take(first);

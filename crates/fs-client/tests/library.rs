@@ -125,6 +125,42 @@ fn a_reused_read_buffer_reads_holes_as_zeros() {
     assert_eq!(fs.read_into(fh, size as u64, 10, &mut buf).unwrap(), 0);
 }
 
+/// A read into a slice the caller owns (`read_in_place`, as the FUSE adapter reads over
+/// io_uring, into the kernel's answer buffer): the file's bytes at the slice's start, holes as
+/// zeros over stale bytes, never more than the slice holds, and the same bytes whether the
+/// slice has room for the read's check words after them (read in place) or not (read into a
+/// buffer of the library's own and copied).
+#[test]
+fn a_read_in_place_fills_the_callers_slice() {
+    let cluster = start(2, 64);
+    let fs = cluster.connect(LockScheme::CITRON).unwrap();
+    let (_, fh) = new_file(&fs, "in-place");
+    // Data on both servers, with a hole between.
+    let data = pattern(3, 0, (CHUNK + 300) as usize);
+    fs.write(fh, 0, &data).unwrap();
+    let far = 4 * CHUNK + 9;
+    fs.write(fh, far, b"tail").unwrap();
+    let size = (far + 4) as usize;
+    let mut expected = vec![0u8; size];
+    expected[..data.len()].copy_from_slice(&data);
+    expected[far as usize..].copy_from_slice(b"tail");
+    for room in [size + 4096, size] {
+        let mut buf = vec![0xCD; room];
+        let n = fs.read_in_place(fh, 0, size + 100, &mut buf).unwrap();
+        assert_eq!(n, size, "room {room}");
+        assert!(buf[..n] == expected[..], "room {room}: wrong bytes");
+    }
+    // A slice shorter than the read asked for: the read is cut to it.
+    let mut short = vec![0xCD; 1000];
+    assert_eq!(fs.read_in_place(fh, 50, 5000, &mut short).unwrap(), 1000);
+    assert_eq!(&short[..], &expected[50..1050]);
+    // At the end of the file: nothing.
+    assert_eq!(
+        fs.read_in_place(fh, size as u64, 10, &mut short).unwrap(),
+        0
+    );
+}
+
 #[test]
 fn two_clients_see_each_others_writes_and_sizes_at_once() {
     let cluster = start(2, 64);

@@ -155,6 +155,35 @@ impl ReplyRaw {
     pub(crate) fn error(self, err: ll::Errno) {
         self.send_ll(&ll::ResponseErrno(err));
     }
+
+    /// The buffer an answer can be written into in place: a FUSE-over-io_uring entry's
+    /// payload buffer, where the request left it free (`RingEntry::payload_buffer`); `None`
+    /// over `/dev/fuse`.
+    pub(crate) fn buffer(&mut self) -> Option<&mut [u8]> {
+        match self.sender.as_ref()? {
+            // SAFETY: this reply holds the entry's unanswered request; the slice borrows the
+            // reply mutably, so it ends before the reply is sent and no second one exists.
+            #[cfg(target_os = "linux")]
+            ReplySender::Ring(entry) => unsafe { entry.payload_buffer() },
+            _ => None,
+        }
+    }
+
+    /// Answers with the first `len` bytes of [`ReplyRaw::buffer`], written there by the file
+    /// system. Without such a buffer (a programming error) the request is answered `EIO`.
+    pub(crate) fn send_in_place(mut self, len: usize) {
+        #[cfg(target_os = "linux")]
+        if let Some(ReplySender::Ring(entry)) = &self.sender {
+            let entry = entry.clone();
+            self.sender = None;
+            if let Err(err) = entry.answer_in_place(self.unique.0, len) {
+                error!("Failed to send FUSE reply: {err}");
+            }
+            return;
+        }
+        error!("FUSE answer in place without a ring entry's buffer; answering EIO");
+        self.error(ll::Errno::EIO);
+    }
 }
 
 impl Drop for ReplyRaw {
@@ -217,6 +246,23 @@ impl ReplyData {
     /// Reply to a request with the given data
     pub fn data(self, data: &[u8]) {
         self.reply.send_ll(&ll::ResponseSlice(data));
+    }
+
+    /// A buffer to write the answer's data into, sparing its copy: for a request that came
+    /// through a FUSE-over-io_uring entry, the entry's own payload buffer (as long as the
+    /// largest request), which the kernel copies the answer from. `None` for a request read
+    /// from `/dev/fuse`, which is answered with [`ReplyData::data`] as before.
+    ///
+    /// Answer with [`ReplyData::data_in_place`] once the data is written (or with
+    /// [`ReplyData::error`]; the buffer's contents then do not matter).
+    pub fn buffer(&mut self) -> Option<&mut [u8]> {
+        self.reply.buffer()
+    }
+
+    /// Answers with the first `len` bytes of [`ReplyData::buffer`]. Only after `buffer`
+    /// returned a buffer of at least `len` bytes; otherwise the request is answered `EIO`.
+    pub fn data_in_place(self, len: usize) {
+        self.reply.send_in_place(len);
     }
 
     /// Reply to a request with the given error code

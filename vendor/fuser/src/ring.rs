@@ -420,6 +420,12 @@ impl RingEntry {
             body_len
         };
         out[0..4].copy_from_slice(&((OUT_HEADER_SIZE + payload_sz) as u32).to_ne_bytes());
+        self.commit(&out, payload_sz)
+    }
+
+    /// Writes the answer's header `out` and its payload size into the entry's header buffer
+    /// and commits the entry (its payload is in place).
+    fn commit(&self, out: &[u8; OUT_HEADER_SIZE], payload_sz: usize) -> io::Result<()> {
         // SAFETY: the header mapping is HEADER_SIZE bytes or more and ours until the commit.
         unsafe {
             std::ptr::copy_nonoverlapping(out.as_ptr(), self.header.ptr, OUT_HEADER_SIZE);
@@ -431,6 +437,55 @@ impl RingEntry {
         }
         self.answered.store(true, Ordering::Release);
         self.thread.push(&self.command(CMD_COMMIT_AND_FETCH))
+    }
+
+    /// The entry's payload buffer, for an answer written in place
+    /// ([`RingEntry::answer_in_place`]), or `None` while it holds the request's own payload
+    /// (a request with arguments beyond its first: a WRITE's data, a LOOKUP's name), which
+    /// the request being served still reads. A READ's only argument is in the header, so its
+    /// answer can be built where the kernel copies it from, with no copy of ours.
+    ///
+    /// # Safety
+    /// The caller must hold the entry's unanswered request (its reply), use the slice only
+    /// until it answers, and take no second slice meanwhile.
+    pub(crate) unsafe fn payload_buffer(&self) -> Option<&mut [u8]> {
+        if !self.holding() {
+            return None;
+        }
+        // SAFETY: the kernel filled the header before completing the command; it is ours
+        // until the commit.
+        let payload_sz = unsafe {
+            self.header
+                .ptr
+                .add(ENT_IN_OUT_OFFSET + 16)
+                .cast::<u32>()
+                .read_unaligned()
+        };
+        if payload_sz != 0 {
+            return None;
+        }
+        // SAFETY: the payload buffer is max_payload bytes after HEADROOM; the request's own
+        // bytes (`request`) lie before HEADROOM and are not covered; the kernel does not
+        // touch the entry until the commit, and the caller takes no other slice of it.
+        Some(unsafe { std::slice::from_raw_parts_mut(self.payload_ptr(), self.thread.max_payload) })
+    }
+
+    /// Commits an answer whose `len` data bytes the file system wrote at the start of
+    /// [`RingEntry::payload_buffer`]: only the header is written here.
+    /// A `len` beyond the buffer (a file system's error) is answered `EIO`, as
+    /// [`RingEntry::answer`] does, so that the entry is committed whatever it was given.
+    pub(crate) fn answer_in_place(&self, unique: u64, len: usize) -> io::Result<()> {
+        let mut out = [0u8; OUT_HEADER_SIZE];
+        out[8..16].copy_from_slice(&unique.to_ne_bytes());
+        let len = if len > self.thread.max_payload {
+            error!("FUSE answer of {len} bytes exceeds the ring's payload buffer");
+            out[4..8].copy_from_slice(&(-libc::EIO).to_ne_bytes());
+            0
+        } else {
+            len
+        };
+        out[0..4].copy_from_slice(&((OUT_HEADER_SIZE + len) as u32).to_ne_bytes());
+        self.commit(&out, len)
     }
 
     /// Passthrough backing files go through `/dev/fuse` (an ioctl), as without rings.
