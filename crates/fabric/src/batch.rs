@@ -625,7 +625,8 @@ impl Completions {
     ///
     /// This is how a caller reads into memory it does not own as a `Vec` (the FUSE adapter:
     /// the kernel's answer buffer); for a `Vec` of its own, [`Completions::swap_data`] does
-    /// the same.
+    /// the same. Completions are encoded for the wire only by servers, which lend nothing:
+    /// serde sees the completions' own buffer, not a loan.
     ///
     /// # Panics
     /// If the completions already hold a loan.
@@ -735,5 +736,51 @@ impl Completions {
             } else {
                 self.data.len() == batch.read_bytes()
             }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A packed batch's reads need a buffer that grows: refused during a loan.
+    #[test]
+    #[should_panic(expected = "executed into a lent slice")]
+    fn a_packed_batch_cannot_read_into_a_loan() {
+        let mut packed = Batch::new();
+        packed.read(RemoteAddr::new(crate::RegionId(1), 0), 8);
+        let mut buf = [0u8; 64];
+        Completions::new().lend(&mut buf, |out| out.reset_for(&packed));
+    }
+
+    /// A placed batch whose places reach past the lent slice is refused, not written past it.
+    #[test]
+    #[should_panic(expected = "executed into a lent slice of 16")]
+    fn a_loan_too_short_for_the_places_is_refused() {
+        let mut placed = Batch::new();
+        placed.read_to(RemoteAddr::new(crate::RegionId(1), 0), 8, 12);
+        let mut buf = [0u8; 16];
+        Completions::new().lend(&mut buf, |out| out.reset_for(&placed));
+    }
+
+    /// The loan ends with its call, also when the call unwinds: the completions read their own
+    /// buffer again and can be lent again.
+    #[test]
+    fn a_loan_ends_when_its_call_unwinds() {
+        let mut out = Completions::new();
+        let mut buf = [7u8; 32];
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            out.lend(&mut buf, |out| {
+                assert_eq!(out.data(), &[7u8; 32]);
+                panic!("in the loan")
+            })
+        }));
+        assert!(unwound.is_err());
+        assert!(out.data().is_empty(), "the loan outlived its call");
+        let mut other = [1u8; 4];
+        assert_eq!(out.lend(&mut other, |out| out.data().len()), 4);
+        // A copy never carries a loan.
+        let copied = out.lend(&mut other, |out| out.clone());
+        assert!(copied.data().is_empty());
     }
 }
