@@ -81,6 +81,17 @@ fn bench_fs_measures_the_null_ceiling_in_the_same_run() {
             assert_eq!(r[key].is_f64(), fs == "citronfs", "{key}: {r}");
         }
         assert_eq!(r["ratio_vs_tmpfs"].is_f64(), fs != "tmpfs", "{r}");
+        // The client library's own time per call: CitronFS's rows only, and within the call.
+        match fs {
+            "citronfs" => {
+                let locked = r["locked_us"].as_f64().expect("locked_us");
+                assert!(
+                    locked > 0.0 && locked <= r["max_us"].as_f64().unwrap(),
+                    "{r}"
+                );
+            }
+            _ => assert!(r["locked_us"].is_null(), "{r}"),
+        }
     }
     let citron = &rows[2];
     let null = &rows[1];

@@ -241,6 +241,10 @@ struct FsResult {
     lock_rtts_per_op: Option<f64>,
     /// CitronFS: mean time per operation inside the lock's acquire, in µs.
     lock_acquire_us: Option<f64>,
+    /// CitronFS: mean time per operation in the library's locked I/O, from the start of its
+    /// acquire to the end of its release, in µs (`CitronFs::io_stats`): through a mount, the
+    /// share of a call's latency that is the client's own; the rest is the FUSE path's.
+    locked_us: Option<f64>,
     /// CitronFS: aborted lock attempts during the case.
     lock_aborts: Option<u64>,
 }
@@ -420,6 +424,7 @@ pub fn run(args: &FsArgs) -> Result<()> {
             "RTTs/op",
             "lock RTTs/op",
             "acquire µs",
+            "locked µs",
         ],
     );
     let mut emit = |mut r: FsResult, case: &[FsResult]| {
@@ -444,6 +449,7 @@ pub fn run(args: &FsArgs) -> Result<()> {
                 fmt_opt(r.rtts_per_op, 2),
                 fmt_opt(r.lock_rtts_per_op, 2),
                 fmt_opt(r.lock_acquire_us, 1),
+                fmt_opt(r.locked_us, 1),
             ],
             &r,
         );
@@ -687,11 +693,11 @@ fn measure(plan: &Plan, subject: &Subject, pattern: Pattern, threads: usize) -> 
     let lock = before
         .zip(client.map(CitronFs::lock_stats))
         .and_then(|(b, a)| LockDelta::between(&b, &a));
-    let rtts_per_op = io_before
+    let io = io_before
         .zip(client.map(CitronFs::io_stats))
         .map(|(b, a)| a.since(&b))
-        .filter(|d| d.locked_ios > 0)
-        .map(|d| d.round_trips as f64 / d.locked_ios as f64);
+        .filter(|d| d.locked_ios > 0);
+    let rtts_per_op = io.map(|d| d.round_trips as f64 / d.locked_ios as f64);
     super::interrupted(plan.stop)?;
     let us = |q: f64| m.histogram.value_at_quantile(q) as f64 / 1000.0;
     Ok(FsResult {
@@ -715,6 +721,7 @@ fn measure(plan: &Plan, subject: &Subject, pattern: Pattern, threads: usize) -> 
         p50_vs_null: None,
         lock_rtts_per_op: lock.map(|l| l.rtts_per_op),
         lock_acquire_us: lock.map(|l| l.acquire_us),
+        locked_us: io.and_then(|d| d.mean_locked_us()),
         lock_aborts: lock.map(|l| l.aborts),
     })
 }
@@ -935,7 +942,9 @@ fn print_notes(args: &FsArgs, file_size: u64, tmpfs_note: Option<String>, transp
         "RTTs/op: fabric round trips per call, all endpoints (lock, meta region, data servers); \
          lock RTTs/op: those spent acquiring and releasing its range lock (the file's size and \
          times ride in them); acquire µs: mean time per call inside the acquire (the client's \
-         lock statistics, warm-up included)."
+         lock statistics, warm-up included); locked µs: mean time per call in the client \
+         library's locked I/O, acquire to release (through a mount: the client's share of the \
+         call, the rest is FUSE's)."
     );
     if !transports.is_empty() {
         println!(
