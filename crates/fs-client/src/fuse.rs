@@ -511,16 +511,30 @@ pub fn mount<B: FsBackend>(
     let limit = raise_max_pages_limit(u32::from(pages_asked));
     let negotiated = Arc::new(Mutex::new(None));
     let backend = Arc::downgrade(&fs);
-    let adapter = FuseAdapter {
-        fs,
+    let adapter = |rings_asked| FuseAdapter {
+        fs: fs.clone(),
         ttl: opts.attr_ttl,
         pages_asked,
-        rings_asked: opts.ring_threads_per_cpu > 0,
+        rings_asked,
         negotiated: negotiated.clone(),
         waits: Arc::default(),
     };
     // The INIT handshake (and so `init`) is done when spawn_mount returns.
-    let session = fuser::spawn_mount(adapter, &mountpoint, &config)?;
+    let session =
+        match fuser::spawn_mount(adapter(opts.ring_threads_per_cpu > 0), &mountpoint, &config) {
+            // The kernel took FUSE over io_uring but the rings could not start (memory, threads):
+            // that session has ended and unmounted. Mounted again without rings, the mount serves
+            // over /dev/fuse: slower, not broken.
+            Err(e) if fuser::RingStartError::is(&e) => {
+                tracing::warn!(
+                    mountpoint = %mountpoint.display(),
+                    "{e}; mounting again with requests over /dev/fuse"
+                );
+                config.uring_threads_per_cpu = 0;
+                fuser::spawn_mount(adapter(false), &mountpoint, &config)?
+            }
+            spawned => spawned?,
+        };
     let negotiated = negotiated
         .lock()
         .unwrap_or_else(|e| e.into_inner())

@@ -5,7 +5,8 @@
 //! atomic bound at every buffer alignment (the request's headers are copied in front of its
 //! payload, the answer's body into the entry's buffer), many requests at once on one CPU's
 //! entries, errors, an answer sent later from another thread (a blocking `F_SETLKW`, and its
-//! end by a signal through `/dev/fuse`'s INTERRUPT), and an unmount that ends the rings.
+//! end by a signal through `/dev/fuse`'s INTERRUPT), an unmount that ends the rings, and ring
+//! threads that fail to start (the `fuser::ring::register` failpoint).
 //!
 //! One test, in a binary of its own: the parameter is machine-wide, so the test turns it on
 //! for its run only and puts it back afterwards, with no other mount of this binary alive.
@@ -16,6 +17,7 @@ use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
 use std::sync::mpsc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use testkit::{open_rw, pattern, skip_without_fuse, Cluster, ClusterSpec, Mount, UserBuf};
 
@@ -361,6 +363,93 @@ fn from_every_cpu(a: &Mount, b: &Mount) -> u64 {
     calls
 }
 
+/// A mount whose ring threads do not all start (the `fuser::ring::register` failpoint):
+/// - 2 per CPU, the first to register fails: every queue still has one, so the rings serve,
+///   with one thread fewer;
+/// - 1 per CPU, the first fails: its queue would have none, so it gets another thread, and
+///   every queue is served;
+/// - 1 per CPU, every registration fails: the kernel, told FUSE_OVER_IO_URING at INIT, would
+///   hold every request until each queue had an entry (it never falls back to `/dev/fuse`), so
+///   that session ends at once and the mount is made again without rings: it serves over
+///   `/dev/fuse` (before, it hung every call).
+///
+/// Where the mount works, every call from every CPU is answered whole through the rings.
+fn some_ring_threads_fail_to_start(cluster: &Cluster) {
+    let cpus = possible_cpus();
+    for (per_cpu, fails, serving) in [(2, "1*return", 2 * cpus - 1), (1, "1*return", cpus)] {
+        fail::cfg("fuser::ring::register", fails).unwrap();
+        let options = fs_client::fuse::FuseOptions {
+            ring_threads_per_cpu: per_cpu,
+            ..testkit::fuse_options()
+        };
+        let mounted = Mount::in_temp_dir(Arc::new(cluster.client().unwrap()), &options);
+        fail::remove("fuser::ring::register");
+        let m = mounted.unwrap();
+        assert_eq!(
+            m.fuse_rings().threads,
+            serving,
+            "{per_cpu} ring threads per CPU over {cpus} CPUs, registrations failing {fails}: {}",
+            m.fuse_rings()
+        );
+        let before = m.fuse_rings().requests;
+        let path = m.path().join(format!("partial-{per_cpu}"));
+        File::create(&path).unwrap();
+        let f = open_rw(&path);
+        let mut calls = 0;
+        for cpu in 0..cpus {
+            if !run_on(std::iter::once(cpu)) {
+                continue;
+            }
+            for i in 0..20u64 {
+                let data = pattern(cpu as u64 * 100 + i, 0, 3 * PAGE + 5);
+                f.write_all_at(&data, 0).unwrap();
+                let mut back = vec![0u8; data.len()];
+                f.read_exact_at(&mut back, 0).unwrap();
+                assert!(back == data, "CPU {cpu}, call {i}: read back differently");
+                calls += 2;
+            }
+        }
+        run_on(0..cpus);
+        let served = m.fuse_rings().requests - before;
+        assert!(
+            served >= calls,
+            "only {served} of {calls} requests came through the rings"
+        );
+        drop(f);
+        m.unmount().unwrap();
+    }
+
+    fail::cfg("fuser::ring::register", "return").unwrap();
+    let options = fs_client::fuse::FuseOptions {
+        ring_threads_per_cpu: 1,
+        ..testkit::fuse_options()
+    };
+    let started = Instant::now();
+    let mounted = Mount::in_temp_dir(Arc::new(cluster.client().unwrap()), &options);
+    fail::remove("fuser::ring::register");
+    let m = mounted.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "the mount took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        m.fuse_rings().threads,
+        0,
+        "no ring thread could start, yet the mount reports {}",
+        m.fuse_rings()
+    );
+    let path = m.path().join("over-dev-fuse");
+    let data = pattern(7, 0, 5 * PAGE + 3);
+    std::fs::write(&path, &data).unwrap();
+    assert!(
+        std::fs::read(&path).unwrap() == data,
+        "read back differently"
+    );
+    assert_eq!(m.fuse_rings().requests, 0);
+    m.unmount().unwrap();
+}
+
 #[test]
 fn requests_over_io_uring_rings_reach_the_file_system_whole() {
     skip_without_fuse!();
@@ -415,5 +504,6 @@ fn requests_over_io_uring_rings_reach_the_file_system_whole() {
         m.unmount()
             .unwrap_or_else(|e| panic!("unmount {}: {e}", at.display()));
     }
+    some_ring_threads_fail_to_start(&cluster);
     cluster.shutdown().unwrap();
 }

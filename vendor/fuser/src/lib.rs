@@ -74,6 +74,8 @@ pub use crate::reply::ReplyStatfs;
 pub use crate::reply::ReplyWrite;
 pub use crate::reply::ReplyXattr;
 pub use crate::request_param::Request;
+#[cfg(target_os = "linux")]
+pub use crate::ring::RingStartError;
 pub use crate::session::BackgroundSession;
 use crate::session::MAX_WRITE_SIZE;
 pub use crate::session::Session;
@@ -97,10 +99,10 @@ mod poll_events;
 mod read_buf;
 mod rename_flags;
 mod reply;
-#[cfg(target_os = "linux")]
-mod ring;
 mod request;
 mod request_param;
+#[cfg(target_os = "linux")]
+mod ring;
 mod session;
 mod time;
 

@@ -13,7 +13,10 @@
 //!   one per possible CPU), userspace submits `IORING_OP_URING_CMD` SQE128s with
 //!   `FUSE_IO_URING_CMD_REGISTER`, each naming two buffers: a [`HEADER_SIZE`] header
 //!   (`fuse_uring_req_header`) and a payload of at least the connection's largest payload;
-//! - the kernel switches from `/dev/fuse` to the rings once every queue has an entry;
+//! - the kernel switches from `/dev/fuse` to the rings once every queue has an entry, and
+//!   until then holds every request (`fuse_block_alloc`): a connection that took
+//!   `FUSE_OVER_IO_URING` at INIT never falls back to `/dev/fuse`, so a queue left without a
+//!   thread is retried and, failing that, ends the session ([`RingStartError`]);
 //!   FORGET, INTERRUPT and notifications keep going through `/dev/fuse`, whose reader threads
 //!   therefore stay;
 //! - a request arrives as the completion of an entry's last command: the `fuse_in_header` in
@@ -99,6 +102,57 @@ const HEADROOM: usize = 4096;
 
 /// `user_data` of the poll of the thread's doorbell (an entry's commands carry its index).
 const TAG_DOORBELL: u64 = u64::MAX;
+/// Why FUSE over io_uring could not start on a connection that took it at INIT (CitronFS
+/// patch): the session ended, since the kernel would hold every request (see
+/// [`RingPool::start`]). `Session::spawn` returns it inside an `io::Error`; find it with
+/// [`RingStartError::is`]. Mounting again with no ring threads serves over `/dev/fuse`.
+#[derive(Debug)]
+pub struct RingStartError(pub String);
+
+impl std::fmt::Display for RingStartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "FUSE over io_uring could not start: {}", self.0)
+    }
+}
+
+impl std::error::Error for RingStartError {}
+
+impl RingStartError {
+    /// Whether `e` says that the rings could not start.
+    pub fn is(e: &io::Error) -> bool {
+        e.get_ref()
+            .is_some_and(|inner| inner.is::<RingStartError>())
+    }
+
+    /// The `io::Error` carrying it.
+    pub(crate) fn io(why: &str) -> io::Error {
+        io::Error::other(RingStartError(why.to_string()))
+    }
+}
+
+/// A starting ring thread's report to [`RingPool::start`]: sent once, by `send` or, if the
+/// thread unwinds first, by the drop (so that the start never waits for a thread that died).
+struct StartReport {
+    qid: usize,
+    ready: Option<std::sync::mpsc::Sender<(usize, io::Result<()>)>>,
+}
+
+impl StartReport {
+    fn send(&mut self, result: io::Result<()>) {
+        if let Some(ready) = self.ready.take() {
+            let _ = ready.send((self.qid, result));
+        }
+    }
+}
+
+impl Drop for StartReport {
+    fn drop(&mut self) {
+        self.send(Err(io::Error::other("a ring thread died while starting")));
+    }
+}
+
+/// How many more times a queue left without a ring thread gets one ([`RingPool::start`]).
+const START_RETRIES: usize = 2;
 /// The most entries a ring thread registers (see [`serve`]).
 const MAX_ENTRIES: usize = 64;
 
@@ -167,8 +221,9 @@ pub(crate) struct SessionRings {
     pub(crate) setup: Option<RingSetup>,
     /// What the rings have served, shared with the `BackgroundSession`.
     pub(crate) counters: Arc<RingCounters>,
-    /// Told when the rings have started (or failed to): `Session::spawn` returns only then.
-    pub(crate) started: Option<std::sync::mpsc::Sender<()>>,
+    /// Told when the rings have started, or why they could not (the session then ends):
+    /// `Session::spawn` returns only then.
+    pub(crate) started: Option<std::sync::mpsc::Sender<io::Result<()>>>,
 }
 
 /// Requests answered through rings, one counter per ring thread (each written by its thread
@@ -574,8 +629,13 @@ fn pin_to(cpu: usize) {
 impl RingPool {
     /// Starts `setup.threads_per_queue` threads for every queue, each registering its first
     /// entry, and returns once each has registered it or failed to. Threads that failed are
-    /// gone; the others stay if every queue has one (logged), else they are stopped and the
-    /// error returned: the kernel then keeps `/dev/fuse`, which the session's readers serve.
+    /// gone; a queue left with none gets another thread, up to [`START_RETRIES`] times. The
+    /// others stay if every queue has one (logged).
+    ///
+    /// Otherwise they are stopped and the error returned, and the connection cannot serve:
+    /// once the INIT answer took `FUSE_OVER_IO_URING`, the kernel holds every request until
+    /// each queue has an entry, and does not fall back to `/dev/fuse` (`fuse_block_alloc`), so
+    /// the session must end rather than wait (see `Session::run`).
     pub(crate) fn start<FS: Filesystem + 'static>(
         setup: RingSetup,
         ch: &Channel,
@@ -591,84 +651,106 @@ impl RingPool {
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<(usize, io::Result<()>)>();
         let mut served = Vec::new();
         let mut failed: Option<io::Error> = None;
-        'queues: for qid in 0..queues {
-            for n in 0..setup.threads_per_queue.max(1) {
-                let doorbell = match Doorbell::new() {
-                    Ok(bell) => Arc::new(bell),
-                    Err(e) => {
-                        failed = Some(e);
-                        break 'queues;
-                    }
+        // Starts the `n`-th thread of queue `qid` (an error: it could not even be spawned).
+        let mut spawn_one = |pool: &mut RingPool, qid: usize, n: usize| -> io::Result<()> {
+            let doorbell = Arc::new(Doorbell::new()?);
+            let bell = doorbell.clone();
+            let ch = ch.clone();
+            let filesystem = filesystem.clone();
+            let ready = ready_tx.clone();
+            let counter = Arc::new(Counter::default());
+            let serving = counter.clone();
+            let name = format!("fuser-ring-{qid}.{n}");
+            let handle = thread::Builder::new().name(name.clone()).spawn(move || {
+                pin_to(qid);
+                let event_loop = SessionEventLoop {
+                    thread_name: name,
+                    filesystem,
+                    ch,
+                    allowed,
+                    session_owner,
                 };
-                let bell = doorbell.clone();
-                let ch = ch.clone();
-                let filesystem = filesystem.clone();
-                let ready = ready_tx.clone();
-                let counter = Arc::new(Counter::default());
-                let serving = counter.clone();
-                let name = format!("fuser-ring-{qid}.{n}");
-                let spawned = thread::Builder::new().name(name.clone()).spawn(move || {
-                    pin_to(qid);
-                    let event_loop = SessionEventLoop {
-                        thread_name: name,
-                        filesystem,
-                        ch,
-                        allowed,
-                        session_owner,
+                // Says how the start went exactly once, also if `register` panics.
+                let mut report = StartReport {
+                    qid,
+                    ready: Some(ready),
+                };
+                let (thread, entries, early) =
+                    match register(&event_loop.ch, qid as u16, setup, bell) {
+                        Ok(registered) => {
+                            serving.alive.store(true, Ordering::Relaxed);
+                            report.send(Ok(()));
+                            registered
+                        }
+                        Err(e) => {
+                            report.send(Err(e));
+                            return;
+                        }
                     };
-                    let (thread, entries, early) =
-                        match register(&event_loop.ch, qid as u16, setup, bell) {
-                            Ok(registered) => {
-                                serving.alive.store(true, Ordering::Relaxed);
-                                let _ = ready.send((qid, Ok(())));
-                                registered
-                            }
-                            Err(e) => {
-                                let _ = ready.send((qid, Err(e)));
-                                return;
-                            }
-                        };
-                    serve(&thread, entries, early, &event_loop, &serving);
-                    serving.alive.store(false, Ordering::Relaxed);
-                });
-                match spawned {
-                    Ok(handle) => {
-                        pool.threads.push((handle, doorbell));
-                        served.push(counter);
-                    }
-                    Err(e) => {
-                        failed = Some(e);
-                        break 'queues;
-                    }
-                }
-            }
-        }
-        drop(ready_tx);
-        // Threads that registered an entry stay, whatever happened to the others: once every
-        // queue has had an entry the kernel has left /dev/fuse for good, and stopping them
-        // would leave it no entry to give requests to (they would wait forever).
+                serve(&thread, entries, early, &event_loop, &serving);
+                serving.alive.store(false, Ordering::Relaxed);
+            })?;
+            pool.threads.push((handle, doorbell));
+            served.push(counter);
+            Ok(())
+        };
         let mut registered = vec![0usize; queues];
-        for _ in 0..pool.threads.len() {
-            match ready_rx.recv() {
-                Ok((qid, Ok(()))) => registered[qid] += 1,
-                Ok((_, Err(e))) => {
-                    failed.get_or_insert(e);
+        // Waits for `spawned` threads to say whether they registered.
+        let collect = |spawned: usize, registered: &mut [usize], failed: &mut Option<io::Error>| {
+            for _ in 0..spawned {
+                match ready_rx.recv() {
+                    Ok((qid, Ok(()))) => registered[qid] += 1,
+                    Ok((_, Err(e))) => {
+                        failed.get_or_insert(e);
+                    }
+                    // Unreachable while `ready_tx` lives; counted as a failure all the same.
+                    Err(_) => {
+                        failed.get_or_insert(io::Error::other("a ring thread died while starting"));
+                    }
                 }
-                Err(_) => {
-                    failed.get_or_insert(io::Error::other("a ring thread died while starting"));
+            }
+        };
+        let per_queue = setup.threads_per_queue.max(1);
+        let mut spawned = 0;
+        for qid in 0..queues {
+            for n in 0..per_queue {
+                match spawn_one(&mut pool, qid, n) {
+                    Ok(()) => spawned += 1,
+                    Err(e) => {
+                        failed.get_or_insert(e);
+                    }
                 }
             }
         }
+        collect(spawned, &mut registered, &mut failed);
+        // A queue without a thread leaves the whole connection waiting: try it again.
+        for attempt in 0..START_RETRIES {
+            let missing: Vec<usize> = (0..queues).filter(|&q| registered[q] == 0).collect();
+            if missing.is_empty() {
+                break;
+            }
+            let mut spawned = 0;
+            for &qid in &missing {
+                match spawn_one(&mut pool, qid, per_queue + attempt) {
+                    Ok(()) => spawned += 1,
+                    Err(e) => {
+                        failed.get_or_insert(e);
+                    }
+                }
+            }
+            collect(spawned, &mut registered, &mut failed);
+        }
+        drop(spawn_one);
         *counters.threads.lock().unwrap_or_else(|e| e.into_inner()) = served;
         match failed {
             None => Ok(pool),
             Some(e) => match registered.iter().position(|&n| n == 0) {
-                // A queue never had an entry, so the kernel never switched: it stays on
-                // /dev/fuse, and the threads that did start serve nothing.
                 Some(qid) => {
                     pool.stop();
                     Err(io::Error::other(format!(
-                        "no ring thread for CPU {qid}'s queue: {e}"
+                        "no ring thread could serve CPU {qid}'s queue ({e}), and the kernel \
+                         holds every request of a connection that took FUSE over io_uring \
+                         until each queue has one"
                     )))
                 }
                 None => {
@@ -709,6 +791,12 @@ fn register(
     setup: RingSetup,
     doorbell: Arc<Doorbell>,
 ) -> io::Result<(Arc<RingThread>, Vec<Arc<RingEntry>>, Vec<(u64, i32)>)> {
+    // A test's way to make a ring thread fail to start (CitronFS's `fuse_ring.rs`; the
+    // `failpoints` feature only).
+    #[cfg(feature = "failpoints")]
+    fail::fail_point!("fuser::ring::register", |_| Err(io::Error::other(
+        "failpoint fuser::ring::register"
+    )));
     // Room for every entry's command and the doorbell's poll between two waits.
     let ring =
         IoUring::<squeue::Entry128, cqueue::Entry>::builder().build((2 * MAX_ENTRIES) as u32)?;

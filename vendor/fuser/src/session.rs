@@ -248,7 +248,12 @@ impl<FS: Filesystem> Session<FS> {
             .name("fuser-bg".to_string())
             .spawn(move || self.run())?;
         #[cfg(target_os = "linux")]
-        let _ = rings_started.recv();
+        if let Ok(Err(e)) = rings_started.recv() {
+            // The session has ended (`run`); take the mount away and wait for its thread.
+            drop(mount);
+            let _ = guard.join();
+            return Err(e);
+        }
         Ok(BackgroundSession {
             guard,
             sender,
@@ -292,6 +297,42 @@ impl<FS: Filesystem> Session<FS> {
 
         let mut filesystem = Arc::new(filesystem);
 
+        // FUSE over io_uring (CitronFS patch): the rings take over once every queue has an
+        // entry; the `/dev/fuse` readers started below stay for FORGET, INTERRUPT and
+        // notifications. Started first: if they cannot start, the kernel (which was told
+        // FUSE_OVER_IO_URING at INIT) would hold every request forever, never falling back to
+        // /dev/fuse, so the session ends here instead: its descriptor closes, which aborts
+        // the connection, and `spawn` unmounts and returns the error.
+        #[cfg(target_os = "linux")]
+        let pool = match rings.setup {
+            None => None,
+            Some(setup) => match crate::ring::RingPool::start(
+                setup,
+                &ch,
+                filesystem.clone(),
+                allowed,
+                session_owner,
+                &rings.counters,
+            ) {
+                Ok(pool) => {
+                    info!(
+                        "FUSE over io_uring: {} ring threads, payload buffers of {} bytes",
+                        rings.counters.read().0,
+                        setup.max_payload
+                    );
+                    Some(pool)
+                }
+                Err(e) => {
+                    error!("FUSE over io_uring could not start, ending the session: {e}");
+                    let why = e.to_string();
+                    if let Some(started) = rings.started {
+                        let _ = started.send(Err(crate::ring::RingStartError::io(&why)));
+                    }
+                    return Err(crate::ring::RingStartError::io(&why));
+                }
+            },
+        };
+
         let mut channels = Vec::with_capacity(n_threads);
 
         for _ in 0..n_threads_minus_one {
@@ -309,8 +350,6 @@ impl<FS: Filesystem> Session<FS> {
                 channels.push(ch.clone());
             }
         }
-        #[cfg(target_os = "linux")]
-        let ring_ch = ch.clone();
         channels.push(ch);
 
         let mut threads = Vec::with_capacity(n_threads);
@@ -331,37 +370,9 @@ impl<FS: Filesystem> Session<FS> {
             );
         }
 
-        // FUSE over io_uring (CitronFS patch): the rings take over once every queue has an
-        // entry; the readers above stay for FORGET, INTERRUPT and notifications. A failure
-        // leaves the kernel on /dev/fuse, which the readers serve: slower, not broken.
-        #[cfg(target_os = "linux")]
-        let pool = rings.setup.and_then(|setup| {
-            match crate::ring::RingPool::start(
-                setup,
-                &ring_ch,
-                filesystem.clone(),
-                allowed,
-                session_owner,
-                &rings.counters,
-            ) {
-                Ok(pool) => {
-                    info!(
-                        "FUSE over io_uring: {} ring threads, payload buffers of {} bytes",
-                        rings.counters.read().0,
-                        setup.max_payload
-                    );
-                    Some(pool)
-                }
-                Err(e) => {
-                    warn!("FUSE over io_uring not started, requests stay on /dev/fuse: {e}");
-                    None
-                }
-            }
-        });
-
         #[cfg(target_os = "linux")]
         if let Some(started) = rings.started {
-            let _ = started.send(());
+            let _ = started.send(Ok(()));
         }
 
         let mut reply: io::Result<()> = Ok(());
