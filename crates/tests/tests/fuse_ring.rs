@@ -441,11 +441,19 @@ fn some_ring_threads_fail_to_start(cluster: &Cluster) {
     );
     let path = m.path().join("over-dev-fuse");
     let data = pattern(7, 0, 5 * PAGE + 3);
-    std::fs::write(&path, &data).unwrap();
-    assert!(
-        std::fs::read(&path).unwrap() == data,
-        "read back differently"
-    );
+    // On a connection left waiting for rings the call would never return: it runs on a
+    // thread of its own, and a test that gives up on it drops the mount, whose connection is
+    // then aborted, which ends the call.
+    let (done, result) = mpsc::channel();
+    let (p, d) = (path.clone(), data.clone());
+    std::thread::spawn(move || {
+        let _ = done.send(std::fs::write(&p, &d).and_then(|()| std::fs::read(&p)));
+    });
+    let back = result
+        .recv_timeout(Duration::from_secs(20))
+        .expect("a call on the mount whose rings could not start is held by the kernel")
+        .unwrap();
+    assert!(back == data, "read back differently");
     assert_eq!(m.fuse_rings().requests, 0);
     m.unmount().unwrap();
 }
