@@ -266,8 +266,8 @@ impl Batch {
     }
 
     /// Posts a read of `len` bytes at `addr` whose bytes land at `data[at..at + len]` of the
-    /// completions, where `data` is whatever buffer the caller put there
-    /// ([`Completions::swap_data`]): the fabric writes them straight into the caller's buffer,
+    /// completions, where `data` is the slice the caller lent them ([`Completions::lend`]), or
+    /// else their own buffer: the fabric writes them straight into the caller's buffer,
     /// with no copy through a result buffer. A batch with such reads is *placed*: all its reads
     /// are posted with this (bytes of the buffer no read covers are left as they were), and
     /// the reads of several placed batches may fill one buffer, each its own part.
@@ -590,8 +590,8 @@ impl Completions {
 
     /// Empties the completions and sizes them for `batch`; executors then fill them in order
     /// ([`Completions::push_old`], [`Completions::next_read`]). For a placed batch the data
-    /// buffer is kept (it is the caller's, see [`Completions::swap_data`]) and only extended
-    /// with zeros when shorter than the batch's places need.
+    /// buffer is kept (during [`Completions::lend`] it is the caller's) and, when it is the
+    /// completions' own, only extended with zeros when shorter than the batch's places need.
     ///
     /// # Panics
     /// During [`Completions::lend`], for a packed batch or a placed one whose places do not
@@ -623,9 +623,9 @@ impl Completions {
     /// ([`Completions::reset_for`]). The loan ends when `f` returns (or unwinds); a batch
     /// posted inside and completed after it has nowhere to put its reads.
     ///
-    /// This is how a caller reads into memory it does not own as a `Vec` (the FUSE adapter:
-    /// the kernel's answer buffer); for a `Vec` of its own, [`Completions::swap_data`] does
-    /// the same. Completions are encoded for the wire only by servers, which lend nothing:
+    /// This is how a caller reads into its own memory with no copy: a `Vec` of its own, or
+    /// memory it cannot give away as one (the FUSE adapter: the kernel's answer buffer).
+    /// Completions are encoded for the wire only by servers, which lend nothing:
     /// serde sees the completions' own buffer, not a loan.
     ///
     /// # Panics
@@ -643,13 +643,6 @@ impl Completions {
         self.loan = Loan(Some((std::ptr::NonNull::from(buf).cast(), len)));
         let end = EndLoan(self);
         f(end.0)
-    }
-
-    /// Exchanges the data buffer with `data`: the caller lends its own buffer before executing
-    /// a placed batch ([`Batch::read_to`]), whose reads then land in it directly, and takes it
-    /// back afterwards, with no copy.
-    pub fn swap_data(&mut self, data: &mut Vec<u8>) {
-        std::mem::swap(&mut self.data, data);
     }
 
     /// The bytes where the next read verb of `batch`, of `len` bytes, puts its result, to be

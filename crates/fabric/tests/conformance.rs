@@ -598,9 +598,11 @@ fn processes_hammer_faa_and_bits(f: &Fixture) {
 }
 
 /// Batches posted on two endpoints before either is completed, with placed reads
-/// (`Batch::read_to`) landing in one caller buffer lent to the completions: every read at its
-/// place, the bytes no read covers untouched, the buffer the same allocation afterwards (no
-/// copy), and a write in a posted batch done once it completed.
+/// (`Batch::read_to`) landing in one slice lent to the completions (`Completions::lend`; a
+/// slice of a larger buffer, which the completions could not own as a `Vec`): every read at
+/// its place, the bytes no read covers untouched, `bytes` and `data` reading the slice during
+/// the loan, a write in a posted batch done once it completed, each round trip counted once,
+/// and the completions' own buffer in use again after the loan.
 fn posted_batches_and_placed_reads(f: &Fixture) {
     let mut a = f.connector.connect().unwrap();
     let mut b = f.connector.connect().unwrap();
@@ -612,27 +614,35 @@ fn posted_batches_and_placed_reads(f: &Fixture) {
     let mut rb = Batch::new();
     rb.read_to(at(100), 16, 0);
     rb.read_to(at(104), 4, 40);
-    let mut buf = vec![9u8; 48];
-    let allocation = buf.as_ptr();
+    let mut backing = [9u8; 64];
     let mut out = Completions::new();
-    out.swap_data(&mut buf);
     let before = (a.stats().round_trips, b.stats().round_trips);
-    a.post(&ra, &mut out).unwrap();
-    b.post(&rb, &mut out).unwrap();
-    a.complete(&ra, &mut out).unwrap();
-    b.complete(&rb, &mut out).unwrap();
-    assert_eq!(out.bytes(ha), &[1u8; 16]);
-    out.swap_data(&mut buf);
-    assert_eq!(buf.as_ptr(), allocation, "the caller's buffer was replaced");
+    let lent = out.lend(&mut backing[8..56], |out| {
+        a.post(&ra, out).unwrap();
+        b.post(&rb, out).unwrap();
+        a.complete(&ra, out).unwrap();
+        b.complete(&rb, out).unwrap();
+        assert_eq!(out.bytes(ha), &[1u8; 16]);
+        out.data().len()
+    });
+    assert_eq!(lent, 48, "data() did not read the lent slice");
+    let buf = &backing[8..56];
     assert_eq!(&buf[..16], &[2u8; 16]);
     assert_eq!(&buf[16..32], &[1u8; 16]);
     assert_eq!(&buf[32..40], &[9u8; 8]);
     assert_eq!(&buf[40..44], &[2u8; 4]);
     assert_eq!(&buf[44..], &[9u8; 4]);
+    assert_eq!(&backing[..8], &[9u8; 8], "a read landed before the slice");
+    assert_eq!(&backing[56..], &[9u8; 8], "a read landed after the slice");
     assert_eq!(a.read(at(200), 8).unwrap(), vec![3u8; 8]);
     // One round trip each, counted once.
     assert_eq!(a.stats().round_trips, before.0 + 2);
     assert_eq!(b.stats().round_trips, before.1 + 1);
+    // The loan is over: a packed read lands in the completions' own buffer again.
+    let mut packed = Batch::new();
+    let h = packed.read(at(200), 8);
+    a.execute(&packed, &mut out).unwrap();
+    assert_eq!(out.bytes(h), &[3u8; 8]);
 }
 
 #[test]
@@ -648,58 +658,6 @@ fn posted_batches_and_placed_reads_shm() {
 #[test]
 fn posted_batches_and_placed_reads_tcp() {
     posted_batches_and_placed_reads(&fixture(Backend::Tcp));
-}
-
-/// Placed reads into a slice lent to the completions (`Completions::lend`): every read at its
-/// place in the caller's slice, the bytes no read covers untouched, `data` and `bytes` reading
-/// the slice during the loan, and the completions' own buffer in use again after it.
-fn placed_reads_into_a_lent_slice(f: &Fixture) {
-    let mut a = f.connector.connect().unwrap();
-    let mut b = f.connector.connect().unwrap();
-    a.write(at(0), &[4u8; 16]).unwrap();
-    a.write(at(300), &[5u8; 8]).unwrap();
-    let mut ra = Batch::new();
-    let ha = ra.read_to(at(0), 16, 8);
-    let mut rb = Batch::new();
-    rb.read_to(at(300), 8, 32);
-    // Memory the completions could not own as a `Vec`: a slice of a larger buffer.
-    let mut backing = [9u8; 64];
-    let slice = &mut backing[8..56];
-    let mut out = Completions::new();
-    let lent = out.lend(slice, |out| {
-        a.post(&ra, out).unwrap();
-        b.post(&rb, out).unwrap();
-        a.complete(&ra, out).unwrap();
-        b.complete(&rb, out).unwrap();
-        assert_eq!(out.bytes(ha), &[4u8; 16]);
-        out.data().len()
-    });
-    assert_eq!(lent, 48, "data() read the lent slice");
-    assert_eq!(&backing[..16], &[9u8; 16]);
-    assert_eq!(&backing[16..32], &[4u8; 16]);
-    assert_eq!(&backing[32..40], &[9u8; 8]);
-    assert_eq!(&backing[40..48], &[5u8; 8]);
-    assert_eq!(&backing[48..], &[9u8; 16]);
-    // The loan is over: a packed read lands in the completions' own buffer again.
-    let mut packed = Batch::new();
-    let h = packed.read(at(300), 8);
-    a.execute(&packed, &mut out).unwrap();
-    assert_eq!(out.bytes(h), &[5u8; 8]);
-}
-
-#[test]
-fn placed_reads_into_a_lent_slice_mem() {
-    placed_reads_into_a_lent_slice(&fixture(Backend::Mem));
-}
-
-#[test]
-fn placed_reads_into_a_lent_slice_shm() {
-    placed_reads_into_a_lent_slice(&fixture(Backend::Shm));
-}
-
-#[test]
-fn placed_reads_into_a_lent_slice_tcp() {
-    placed_reads_into_a_lent_slice(&fixture(Backend::Tcp));
 }
 
 macro_rules! conformance {

@@ -70,22 +70,17 @@ pub trait FsBackend: Send + Sync + 'static {
     /// Reads up to `len` bytes at `offset`; fewer at the end of the file.
     fn read(&self, fh: FileHandle, offset: u64, len: usize) -> Result<Self::ReadData<'_>, Error>;
 
-    /// [`FsBackend::read`] into `buf` (at least `len` bytes long; what follows the bytes read
+    /// [`FsBackend::read`] into `buf` (at most `buf.len()` bytes; what follows the bytes read
     /// is scratch), returning how many bytes were read: the adapter's read when the reply
     /// offers the kernel's own answer buffer (FUSE over io_uring), so that the bytes are
-    /// written once, where the kernel copies them from. By default a copy of `read`'s bytes.
+    /// written once, where the kernel copies them from.
     fn read_in_place(
         &self,
         fh: FileHandle,
         offset: u64,
         len: usize,
         buf: &mut [u8],
-    ) -> Result<usize, Error> {
-        let data = self.read(fh, offset, len.min(buf.len()))?;
-        let data = data.as_ref();
-        buf[..data.len()].copy_from_slice(data);
-        Ok(data.len())
-    }
+    ) -> Result<usize, Error>;
 
     /// Writes all of `data` at `offset` and returns its length; `kill_suidgid`: the writer
     /// lacks `CAP_FSETID` (see [`CitronFs::write_as`]).

@@ -1061,110 +1061,124 @@ impl Inner {
         checks_at: usize,
         transfer: Transfer,
     ) -> Result<(), Error> {
-        let (write, raises) = match transfer {
-            Transfer::Read => (false, false),
-            Transfer::Write { raises } => (true, raises),
-        };
         let mut out = std::mem::take(&mut w.out);
         // The reads land in the caller's buffer, lent for the round: no copy.
         let failure = out.lend(data, |out| {
-            let incarnation = RemoteAddr::new(INCARNATION_REGION, 0);
-            let mut posted = 0;
-            let mut failure = None;
-            let batches = round.len();
-            for (i, (server, batch)) in round.iter_mut().enumerate() {
-                batch.read_to(incarnation, CHECK_BYTES, checks_at + CHECK_BYTES * i);
-                // No verb of it may execute after the lease: the endpoint (or the server, on tcp)
-                // checks before each verb, so a batch posted in time but delayed past the deadline
-                // stops there (`LeaseLost`, the I/O is redone) instead of landing after a waiter
-                // broke the lock.
-                batch.expire_at(w.lease);
-                if write {
-                    // A lease that ran out is not a fault of the endpoints: not broken.
-                    if let Err(e) = self.check_lease_before_post(w) {
-                        failure = Some(e);
-                        break;
-                    }
-                }
-                let post = w.data_ep(*server).and_then(|ep| {
-                    ep.post(batch, out)
-                        .map_err(Error::fabric(Peer::Data(*server)))
-                });
-                if let Err(e) = post {
-                    let (e, broken) = data_failure(e);
-                    w.broken |= broken;
-                    failure = Some(e);
-                    break;
-                }
-                posted += 1;
-                if write && i + 1 < batches {
-                    failpoint!("fs_client::io::between_servers");
-                }
-            }
-            let mut raises_posted = false;
-            if raises && failure.is_none() {
-                w.raises.expire_at(w.lease);
-                let post = match self.check_lease_before_post(w) {
-                    // A lease that ran out is not a fault of the endpoint: not broken.
-                    Err(e) => Err((e, false)),
-                    Ok(()) => w
-                        .meta_ep
-                        .post(&w.raises, &mut w.raises_out)
-                        .map_err(|e| data_failure(Error::fabric(Peer::Meta)(e))),
-                };
-                match post {
-                    Ok(()) => raises_posted = true,
-                    Err((e, broken)) => {
-                        w.broken |= broken;
-                        failure = Some(e);
-                    }
-                }
-            }
-            for (server, batch) in round[..posted].iter() {
-                let done = w.data_ep(*server).and_then(|ep| {
-                    ep.complete(batch, out)
-                        .map_err(Error::fabric(Peer::Data(*server)))
-                });
-                if let Err(e) = done {
-                    let (e, broken) = data_failure(e);
-                    w.broken |= broken;
-                    failure.get_or_insert(e);
-                }
-            }
-            if raises_posted {
-                if let Err(e) = w.meta_ep.complete(&w.raises, &mut w.raises_out) {
-                    let (e, broken) = data_failure(Error::fabric(Peer::Meta)(e));
-                    w.broken |= broken;
-                    failure.get_or_insert(e);
-                }
-            }
-            if failure.is_none() {
-                for (i, (server, _)) in round.iter().enumerate() {
-                    let at = checks_at + CHECK_BYTES * i;
-                    let found = u64::from_le_bytes(
-                        out.data()[at..at + CHECK_BYTES]
-                            .try_into()
-                            .expect("8 bytes"),
-                    );
-                    let expected = w.view.servers.data(*server).map(|ds| ds.info.incarnation);
-                    if expected != Some(found) {
-                        w.broken = true;
-                        failure = Some(Error::StaleDataServer {
-                            server: *server,
-                            expected: expected.unwrap_or(0),
-                            found,
-                        });
-                        break;
-                    }
-                }
-            }
-            failure
+            self.post_and_complete(w, round, out, checks_at, transfer)
         });
         w.out = out;
         if let Some((_, first)) = round.iter_mut().next() {
             w.batch = std::mem::take(first);
         }
         failure.map_or(Ok(()), Err)
+    }
+
+    /// [`Inner::exec_data_round`]'s work, with the caller's buffer lent to `out`: posts the
+    /// round's batches (and the raises), completes every one posted, and checks the
+    /// incarnation words; the first failure, if any.
+    fn post_and_complete(
+        &self,
+        w: &mut Worker,
+        round: &mut [(u32, Batch)],
+        out: &mut fabric::Completions,
+        checks_at: usize,
+        transfer: Transfer,
+    ) -> Option<Error> {
+        let (write, raises) = match transfer {
+            Transfer::Read => (false, false),
+            Transfer::Write { raises } => (true, raises),
+        };
+        let incarnation = RemoteAddr::new(INCARNATION_REGION, 0);
+        let mut posted = 0;
+        let mut failure = None;
+        let batches = round.len();
+        for (i, (server, batch)) in round.iter_mut().enumerate() {
+            batch.read_to(incarnation, CHECK_BYTES, checks_at + CHECK_BYTES * i);
+            // No verb of it may execute after the lease: the endpoint (or the server, on tcp)
+            // checks before each verb, so a batch posted in time but delayed past the deadline
+            // stops there (`LeaseLost`, the I/O is redone) instead of landing after a waiter
+            // broke the lock.
+            batch.expire_at(w.lease);
+            if write {
+                // A lease that ran out is not a fault of the endpoints: not broken.
+                if let Err(e) = self.check_lease_before_post(w) {
+                    failure = Some(e);
+                    break;
+                }
+            }
+            let post = w.data_ep(*server).and_then(|ep| {
+                ep.post(batch, out)
+                    .map_err(Error::fabric(Peer::Data(*server)))
+            });
+            if let Err(e) = post {
+                let (e, broken) = data_failure(e);
+                w.broken |= broken;
+                failure = Some(e);
+                break;
+            }
+            posted += 1;
+            if write && i + 1 < batches {
+                failpoint!("fs_client::io::between_servers");
+            }
+        }
+        let mut raises_posted = false;
+        if raises && failure.is_none() {
+            w.raises.expire_at(w.lease);
+            let post = match self.check_lease_before_post(w) {
+                // A lease that ran out is not a fault of the endpoint: not broken.
+                Err(e) => Err((e, false)),
+                Ok(()) => w
+                    .meta_ep
+                    .post(&w.raises, &mut w.raises_out)
+                    .map_err(|e| data_failure(Error::fabric(Peer::Meta)(e))),
+            };
+            match post {
+                Ok(()) => raises_posted = true,
+                Err((e, broken)) => {
+                    w.broken |= broken;
+                    failure = Some(e);
+                }
+            }
+        }
+        for (server, batch) in round[..posted].iter() {
+            let done = w.data_ep(*server).and_then(|ep| {
+                ep.complete(batch, out)
+                    .map_err(Error::fabric(Peer::Data(*server)))
+            });
+            if let Err(e) = done {
+                let (e, broken) = data_failure(e);
+                w.broken |= broken;
+                failure.get_or_insert(e);
+            }
+        }
+        if raises_posted {
+            if let Err(e) = w.meta_ep.complete(&w.raises, &mut w.raises_out) {
+                let (e, broken) = data_failure(Error::fabric(Peer::Meta)(e));
+                w.broken |= broken;
+                failure.get_or_insert(e);
+            }
+        }
+        if failure.is_none() {
+            for (i, (server, _)) in round.iter().enumerate() {
+                let at = checks_at + CHECK_BYTES * i;
+                let found = u64::from_le_bytes(
+                    out.data()[at..at + CHECK_BYTES]
+                        .try_into()
+                        .expect("8 bytes"),
+                );
+                let expected = w.view.servers.data(*server).map(|ds| ds.info.incarnation);
+                if expected != Some(found) {
+                    w.broken = true;
+                    failure = Some(Error::StaleDataServer {
+                        server: *server,
+                        expected: expected.unwrap_or(0),
+                        found,
+                    });
+                    break;
+                }
+            }
+        }
+        failure
     }
 
     /// Makes the file's data durable where its data servers are file-backed (the data half of

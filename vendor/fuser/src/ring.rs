@@ -94,6 +94,10 @@ const OP_IN_SIZE: usize = 128;
 /// `fuse_uring_req_header.ring_ent_in_out`: flags (u64), commit_id (u64), payload_sz (u32),
 /// padding (u32), reserved (u64).
 const ENT_IN_OUT_OFFSET: usize = 256;
+/// `fuse_uring_ent_in_out.commit_id` (u64) in the header buffer.
+const COMMIT_ID_OFFSET: usize = ENT_IN_OUT_OFFSET + 8;
+/// `fuse_uring_ent_in_out.payload_sz` (u32): the request's payload bytes, then the answer's.
+const PAYLOAD_SZ_OFFSET: usize = ENT_IN_OUT_OFFSET + 16;
 /// `sizeof(struct fuse_uring_req_header)`.
 const HEADER_SIZE: usize = ENT_IN_OUT_OFFSET + 32;
 /// Room kept in front of the payload buffer, where a request's headers are copied so that
@@ -486,7 +490,7 @@ impl RingEntry {
             std::ptr::copy_nonoverlapping(out.as_ptr(), self.header.ptr, OUT_HEADER_SIZE);
             self.header
                 .ptr
-                .add(ENT_IN_OUT_OFFSET + 16)
+                .add(PAYLOAD_SZ_OFFSET)
                 .cast::<u32>()
                 .write_unaligned(payload_sz as u32);
         }
@@ -512,7 +516,7 @@ impl RingEntry {
         let payload_sz = unsafe {
             self.header
                 .ptr
-                .add(ENT_IN_OUT_OFFSET + 16)
+                .add(PAYLOAD_SZ_OFFSET)
                 .cast::<u32>()
                 .read_unaligned()
         };
@@ -558,9 +562,9 @@ impl RingEntry {
         let word64 = |at: usize| u64::from_ne_bytes(header[at..at + 8].try_into().unwrap());
         let len = word32(0) as usize;
         let unique = word64(8);
-        let payload_sz = word32(ENT_IN_OUT_OFFSET + 16) as usize;
+        let payload_sz = word32(PAYLOAD_SZ_OFFSET) as usize;
         self.commit_id
-            .store(word64(ENT_IN_OUT_OFFSET + 8), Ordering::Release);
+            .store(word64(COMMIT_ID_OFFSET), Ordering::Release);
         // in.len counts the header and every argument; the payload holds all but the first.
         let op_size = len
             .checked_sub(IN_HEADER_SIZE + payload_sz)
