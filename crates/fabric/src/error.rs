@@ -120,9 +120,16 @@ pub enum FabricError {
         #[source]
         source: std::io::Error,
     },
-    /// The server refused the connection (wrong cluster, token or protocol version).
+    /// The server refused the connection (wrong cluster, token or protocol version), or the
+    /// session's verbs (revoked: the client was fenced).
     #[error("refused by server: {0}")]
     Refused(String),
+    /// The server refused a new connection because its session belongs to an earlier run of
+    /// the cluster's meta server ([`crate::handshake::Refusal::SessionBehind`]): nothing ran,
+    /// and the client, behind a restart it has not noticed yet, must catch up (a new session)
+    /// and try again. Unlike [`FabricError::Refused`], nothing about the client is wrong.
+    #[error("refused by server: {0}")]
+    SessionBehind(String),
     /// The peer broke the protocol (bad frame, checksum, or unexpected message).
     #[error("protocol error: {0}")]
     Protocol(String),

@@ -240,6 +240,19 @@ pub enum Refusal {
         /// The revoked session.
         session: u64,
     },
+    /// The client's session belongs to an earlier run of the server that numbers the sessions
+    /// (the meta server restarted since): the client is behind the cluster, not fenced, and
+    /// joins it again in a session of this run (`FabricError::SessionBehind`).
+    #[error(
+        "session {session} belongs to an earlier run of the cluster's meta server (this run's \
+         sessions start at {floor}): catch up and join again"
+    )]
+    SessionBehind {
+        /// The client's session.
+        session: u64,
+        /// The first session of this run.
+        floor: u64,
+    },
     /// The hello was valid but the service refused the peer (a data server's registration
     /// failed, the meta server is shutting down, …).
     #[error("{0}")]

@@ -728,7 +728,8 @@ fn revoked_session_is_fenced() {
 
 /// A server that numbers its sessions from its start (the meta server) refuses every session
 /// of an earlier run: below the floor, open connections execute nothing more and new ones are
-/// refused; sessions at or above it, and session-less peers, go on.
+/// refused — told that they are behind, not revoked, so that their client catches up instead
+/// of taking itself for fenced; sessions at or above it, and session-less peers, go on.
 #[test]
 fn sessions_below_the_floor_are_fenced() {
     let (server, _connector) = setup();
@@ -752,9 +753,21 @@ fn sessions_below_the_floor_are_fenced() {
         "the refused write landed"
     );
     match TcpEndpoint::connect_session(server.local_addr(), &creds(), 42) {
-        Err(FabricError::Refused(why)) => assert!(why.contains("revoked"), "{why}"),
-        other => panic!("a session below the floor must be refused, got {other:?}"),
+        Err(FabricError::SessionBehind(why)) => {
+            assert!(
+                why.contains("earlier run") && why.contains("start at 100"),
+                "{why}"
+            )
+        }
+        other => panic!("a session below the floor must be refused as behind, got {other:?}"),
     }
+    // A revoked session at or above the floor is still refused as revoked.
+    server.revoke(&[100]);
+    match TcpEndpoint::connect_session(server.local_addr(), &creds(), 100) {
+        Err(FabricError::Refused(why)) => assert!(why.contains("revoked"), "{why}"),
+        other => panic!("a revoked session must be refused, got {other:?}"),
+    }
+    let mut current = TcpEndpoint::connect_session(server.local_addr(), &creds(), 102).unwrap();
     current.write_u64(word, 3).unwrap();
     none.write_u64(word, 4).unwrap();
     let mut later = TcpEndpoint::connect_session(server.local_addr(), &creds(), 101).unwrap();

@@ -211,11 +211,21 @@ impl Error {
     /// Whether the failure was below the file system and may pass once the client has caught
     /// up with the cluster (a server restarted, a connection broke, the layout changed): the
     /// data path then refreshes its view and tries again (`io`). A refusal (wrong token, a
-    /// revoked session: the client joins again instead, `Error::is_fenced`), a verb refused for its shape, a
-    /// protocol violation or a server's answer are final.
+    /// revoked session: the client joins again instead, `Error::is_fenced`), a verb refused
+    /// for its shape, a protocol violation or a server's answer are final.
+    ///
+    /// A new connection refused because its session is of an earlier run of the meta server
+    /// (`FabricError::SessionBehind`, tcp) is transient: the client opened it under a view it
+    /// had not yet found out of date (its heartbeat had not met the restart), and catching up
+    /// gives it a session of this run. Nothing of the I/O ran on that connection.
     pub(crate) fn is_transient(&self) -> bool {
         fn fabric(e: &FabricError) -> bool {
-            matches!(e, FabricError::Io { .. } | FabricError::Disconnected(_))
+            matches!(
+                e,
+                FabricError::Io { .. }
+                    | FabricError::Disconnected(_)
+                    | FabricError::SessionBehind(_)
+            )
         }
         match self {
             Error::Rpc { source, .. } => !source.is_refusal(),

@@ -267,6 +267,7 @@ impl MetaServer {
         region_server.refuse_sessions_before(first_session);
         let region = region_server.register(META_REGION, config.region_bytes, &Backing::Memory)?;
         let meta_fabric = region_server.addr();
+        let meta_fabric_addr = meta_fabric.clone();
         let t_wait = measure_t_wait(&region_server)?;
 
         let lock_server = if config.lock_server {
@@ -345,6 +346,7 @@ impl MetaServer {
         tracing::info!(%addr, cluster = config.cluster, "meta server listening");
         Ok(MetaHandle {
             addr,
+            fabric_addr: meta_fabric_addr,
             inner: Some(Running {
                 runtime,
                 stop: stop_tx,
@@ -511,6 +513,8 @@ struct Running {
 /// A running meta server.
 pub struct MetaHandle {
     addr: SocketAddr,
+    /// Where the meta region is served (the fabric server's address as clients are told it).
+    fabric_addr: fabric::FabricAddr,
     inner: Option<Running>,
 }
 
@@ -518,6 +522,12 @@ impl MetaHandle {
     /// Where the RPC service listens.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Where the meta region is served: on tcp the fabric server's bound address, which a
+    /// restart on the same host and port (`ServeAt::Tcp` with this port) keeps for clients.
+    pub fn fabric_addr(&self) -> &fabric::FabricAddr {
+        &self.fabric_addr
     }
 
     /// Bytes of the meta region not allocated to FCBs or lock state (0 once shut down).

@@ -201,7 +201,18 @@ impl Cluster {
         config.max_record_locks_per_session = spec.max_record_locks_per_session;
         config.idle_poll = spec.meta_idle_poll;
         let meta = MetaServer::start(config.clone()).context("start the meta server")?;
+        // A restart comes back where clients knew it, as a deployment with fixed ports does:
+        // the RPC service at its address, and on tcp the meta region at its port — so that a
+        // client behind a restart meets the new run there, not a refused connection.
         config.listen = meta.addr();
+        if let (ServeAt::Tcp { .. }, fabric::FabricAddr::Tcp { addr }) =
+            (&config.fabric, meta.fabric_addr())
+        {
+            let listen = addr
+                .parse()
+                .with_context(|| format!("the meta region's address {addr}"))?;
+            config.fabric = ServeAt::Tcp { listen };
+        }
         let mut cluster = Cluster {
             meta,
             data: Vec::new(),
@@ -373,9 +384,9 @@ impl Cluster {
         )
     }
 
-    /// Stops the meta server and starts it again on the same state and RPC address, while the
-    /// data servers and clients run on: the data servers register again and clients reconnect
-    /// (new sessions) on their own.
+    /// Stops the meta server and starts it again on the same state and RPC address (and on tcp
+    /// its region on the same port), while the data servers and clients run on: the data
+    /// servers register again and clients reconnect (new sessions) on their own.
     pub fn restart_meta(&mut self) -> Result<()> {
         self.restart_meta_after(|meta| meta.shutdown().context("stop the meta server"))
     }

@@ -211,3 +211,62 @@ fn a_stale_client_waits_for_a_lock_taken_after_the_restart_on_tcp() {
     let _one = one_at_a_time();
     a_stale_client_waits_for_a_lock_taken_after_the_restart(Backend::Tcp);
 }
+
+/// A client that did no I/O before a meta server crash and restart it has not heard of
+/// (its heartbeat silent, as a stopped process's) makes its first write then: its worker pool
+/// is empty, so the write opens a new endpoint to the meta region under the client's old view,
+/// in its old session. On tcp the restarted server refuses that session (it numbers sessions
+/// from its start). The client must take that for what it is — it is behind the cluster, not
+/// fenced — catch up and redo the write, which then lands whole; on shm it finds the old
+/// region emptied and catches up as well. Before, on tcp, the write failed with EIO (the
+/// refusal was taken for a fence).
+fn a_client_behind_a_restart_writes_through_a_new_endpoint(fabric: Backend) {
+    testkit::init_logging();
+    let mut cluster = Cluster::start(ClusterSpec {
+        fabric,
+        data_servers: 1,
+        ..ClusterSpec::default()
+    })
+    .unwrap();
+    let (_a, b, ino, _fa) = two_clients(&cluster);
+    let me = CitronFs::process_caller();
+    // C opens the file and does no I/O: no worker of its own yet.
+    let c = cluster.connect(LockScheme::CITRON).unwrap();
+    let fc = c.open(me, ino, libc::O_RDWR).unwrap();
+
+    let stale = Arc::new(AtomicBool::new(true));
+    hold_every("fs_client::meta::sending::Heartbeat", &stale);
+    cluster
+        .restart_meta_after(|meta| {
+            meta.crash();
+            Ok(())
+        })
+        .unwrap();
+    let written = c.write(fc, 0, &[5u8; 4096]);
+    stale.store(false, Ordering::SeqCst);
+    fail::remove("fs_client::meta::sending::Heartbeat");
+    assert_eq!(
+        written.map_err(|e| format!("{e} (errno {})", e.errno())),
+        Ok(4096),
+        "C's first write after the restart"
+    );
+    let mut opened = None;
+    testkit::wait_until(Duration::from_secs(30), "B to open the file again", || {
+        opened = b.open(me, ino, libc::O_RDWR).ok();
+        opened.is_some()
+    });
+    assert_eq!(b.read(opened.unwrap(), 0, 4096).unwrap(), vec![5u8; 4096]);
+    assert_eq!(c.read(fc, 0, 4096).unwrap(), vec![5u8; 4096]);
+}
+
+#[test]
+fn a_client_behind_a_restart_writes_through_a_new_endpoint_on_shm() {
+    let _one = one_at_a_time();
+    a_client_behind_a_restart_writes_through_a_new_endpoint(Backend::Shm);
+}
+
+#[test]
+fn a_client_behind_a_restart_writes_through_a_new_endpoint_on_tcp() {
+    let _one = one_at_a_time();
+    a_client_behind_a_restart_writes_through_a_new_endpoint(Backend::Tcp);
+}

@@ -9,7 +9,7 @@ use crate::clock::PeerClock;
 use crate::endpoint::{Capabilities, Connector, Endpoint, EndpointStats, MaskedAtomics};
 use crate::error::{BatchError, FabricError, Result};
 use crate::frame::{self, FrameError};
-use crate::handshake::{Credentials, Protocol};
+use crate::handshake::{Credentials, Protocol, Refusal};
 use std::io::{BufReader, ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::{Mutex, PoisonError};
@@ -240,6 +240,9 @@ impl TcpEndpoint {
         let welcomed_at = Instant::now();
         let welcome = match wire::decode_welcome(&rx) {
             Ok(Ok(welcome)) => welcome,
+            Ok(Err(refusal @ Refusal::SessionBehind { .. })) => {
+                return Err(FabricError::SessionBehind(refusal.to_string()))
+            }
             Ok(Err(refusal)) => return Err(FabricError::Refused(refusal.to_string())),
             Err(why) => {
                 return Err(FabricError::Protocol(format!(

@@ -100,14 +100,22 @@ impl Shared {
         state
     }
 
+    /// Whether `session`'s verbs are refused: revoked, or below the floor (an established
+    /// connection of such a session executes nothing more, whichever it is).
     fn is_revoked(&self, session: u64) -> bool {
-        session != 0
-            && (session < self.session_floor.load(Ordering::SeqCst)
-                || self
+        self.is_behind(session)
+            || (session != 0
+                && self
                     .revoked
                     .read()
                     .unwrap_or_else(PoisonError::into_inner)
                     .contains(&session))
+    }
+
+    /// Whether `session` belongs to an earlier run of the server that numbers the sessions:
+    /// below the floor, 0 (no session) excepted.
+    fn is_behind(&self, session: u64) -> bool {
+        session != 0 && session < self.session_floor.load(Ordering::SeqCst)
     }
 
     /// Refuses every session below `floor` (0 excepted), as [`Shared::revoke`] does a list,
@@ -470,6 +478,15 @@ impl Session {
         let hello = handshake::accept::<()>(&self.rx, Protocol::Verbs, &shared.credentials)?;
         // Read the count before the set: a revocation after this check bumps it again.
         self.gate.checked = shared.revocations.load(Ordering::SeqCst);
+        // A session below the floor is told so apart from a revoked one: its client is behind
+        // a restart (it catches up and joins again), not fenced. The meta server sets its floor
+        // before its region exists, so only new connections meet it there.
+        if shared.is_behind(hello.session) {
+            return Err(Refusal::SessionBehind {
+                session: hello.session,
+                floor: shared.session_floor.load(Ordering::SeqCst),
+            });
+        }
         if shared.is_revoked(hello.session) {
             return Err(Refusal::Revoked {
                 session: hello.session,
@@ -879,7 +896,10 @@ impl TcpServer {
 
     /// Fences every client session numbered below `floor` (0, no session, excepted): the
     /// sessions of an earlier run of a server that numbers them upwards from its start (the
-    /// meta server). Returns once no batch of theirs can execute any more.
+    /// meta server). Their open connections execute nothing more, as a revoked session's; a
+    /// new connection is refused with [`Refusal::SessionBehind`](crate::handshake::Refusal)
+    /// (the client's [`FabricError::SessionBehind`]), which tells a client behind a restart
+    /// from a fenced one. Returns once no batch of theirs can execute any more.
     pub fn refuse_sessions_before(&self, floor: u64) {
         self.shared.refuse_sessions_before(floor);
     }
