@@ -207,6 +207,12 @@ impl CitronFs {
             .clone()
     }
 
+    /// Whether this client's connection to the meta server runs over the server's local Unix
+    /// socket (`proto::stream`; offered on the shm fabric) rather than tcp.
+    pub fn meta_is_local(&self) -> bool {
+        self.inner.meta.is_local()
+    }
+
     /// Makes the meta server's cheapest request (`Request::Cluster`, which reads nothing but
     /// settings) once, and waits for its answer: what one round trip of the RPC transport
     /// costs this client, without FUSE and without a handler worth the name (`bench meta`'s

@@ -21,6 +21,7 @@
 use crate::error::Error;
 use proto::rpc::{self, Request, Response, Role, Welcome};
 use proto::{ClusterInfo, FsError, Ino};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -67,6 +68,9 @@ pub(crate) struct Meta {
     closing: AtomicBool,
     /// Run by the heartbeat thread once it finds a new session ([`Meta::on_new_session`]).
     on_new_session: OnceLock<Arc<crate::records::RecordOwners>>,
+    /// The meta server's local socket, once a connection over it worked: reconnections try it
+    /// first ([`Meta::open`]). `None`: tcp.
+    local: Mutex<Option<PathBuf>>,
 }
 
 impl Meta {
@@ -77,8 +81,14 @@ impl Meta {
         token: &str,
         host: &str,
     ) -> Result<(Meta, ClusterInfo), Error> {
-        let (client, info) = Meta::open_at(addr, cluster, token, host)?;
+        let (client, info) = Meta::open(addr, None, cluster, token, host)?;
         let meta = Meta {
+            local: Mutex::new(
+                client
+                    .is_local()
+                    .then(|| info.local_rpc.clone().map(PathBuf::from))
+                    .flatten(),
+            ),
             addr: addr.into(),
             cluster: cluster.into(),
             token: token.into(),
@@ -160,31 +170,63 @@ impl Meta {
         self.up.load(Ordering::SeqCst)
     }
 
-    fn open_at(
+    /// Opens a session: over the meta server's local socket `local` when it is given and
+    /// works, else over tcp at `addr` — and then over the local socket the welcome offers
+    /// (`ClusterInfo::local_rpc`), when it is of the same server (the same meta region) and
+    /// can be opened: the tcp session is closed, unused. A client on another host, or one
+    /// that may not open the socket, stays on tcp.
+    fn open(
         addr: &str,
+        local: Option<&Path>,
         cluster: &str,
         token: &str,
         host: &str,
     ) -> Result<(rpc::SharedClient, ClusterInfo), Error> {
-        let rpc_error = |source| Error::Rpc {
-            addr: addr.to_owned(),
-            source,
-        };
         let role = Role::Client {
             host: host.to_owned(),
             pid: std::process::id(),
         };
         let credentials = fabric::Credentials::new(cluster.to_owned(), token.to_owned());
-        let client = rpc::SharedClient::connect(addr, &credentials, role, Some(CALL_TIMEOUT))
-            .map_err(rpc_error)?;
-        match client.welcome() {
-            Welcome::Client(info) => {
-                let info = info.clone();
+        let local_session = |path: &Path| {
+            rpc::SharedClient::connect_local(path, &credentials, role.clone(), Some(CALL_TIMEOUT))
+                .map_err(|source| Error::Rpc {
+                    addr: path.display().to_string(),
+                    source,
+                })
+                .and_then(|client| welcomed(client, addr))
+        };
+        if let Some(path) = local {
+            match local_session(path) {
+                Ok(opened) => return Ok(opened),
+                Err(error) => {
+                    tracing::debug!(%error, "the meta server's local socket failed; using tcp")
+                }
+            }
+        }
+        let client =
+            rpc::SharedClient::connect(addr, &credentials, role.clone(), Some(CALL_TIMEOUT))
+                .map_err(|source| Error::Rpc {
+                    addr: addr.to_owned(),
+                    source,
+                })?;
+        let (client, info) = welcomed(client, addr)?;
+        let offered = match (&info.local_rpc, local) {
+            (Some(path), None) => Path::new(path),
+            _ => return Ok((client, info)),
+        };
+        match local_session(offered) {
+            Ok((moved, moved_info)) if moved_info.meta_fabric == info.meta_fabric => {
+                tracing::debug!(path = %offered.display(), "using the meta server's local socket");
+                Ok((moved, moved_info))
+            }
+            Ok(_) => {
+                tracing::debug!(path = %offered.display(), "the local socket is another server's; using tcp");
                 Ok((client, info))
             }
-            other => Err(Error::Protocol(format!(
-                "meta server {addr} answered the client handshake with {other:?}"
-            ))),
+            Err(error) => {
+                tracing::debug!(%error, "cannot use the meta server's local socket; using tcp");
+                Ok((client, info))
+            }
         }
     }
 
@@ -202,8 +244,23 @@ impl Meta {
                 // Another thread reconnected while this one waited.
                 return Ok(conn);
             }
-            match Meta::open_at(&self.addr, &self.cluster, &self.token, &self.host) {
+            let local = self
+                .local
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone();
+            match Meta::open(
+                &self.addr,
+                local.as_deref(),
+                &self.cluster,
+                &self.token,
+                &self.host,
+            ) {
                 Ok((client, info)) => {
+                    *self.local.lock().unwrap_or_else(PoisonError::into_inner) = client
+                        .is_local()
+                        .then(|| info.local_rpc.clone().map(PathBuf::from))
+                        .flatten();
                     tracing::warn!(
                         session = info.session,
                         "reconnected to the meta server: a new session; open files are \
@@ -326,6 +383,16 @@ impl Meta {
     }
 
     /// The current connection, or a new one (a new session) if it broke.
+    /// Whether the current connection runs over the meta server's local socket (false when
+    /// it is over tcp, or broken).
+    pub(crate) fn is_local(&self) -> bool {
+        self.conn
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(|c| c.is_local())
+    }
+
     fn connection(&self) -> Result<Arc<rpc::SharedClient>, Error> {
         let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
         if conn.is_none() {
@@ -493,6 +560,23 @@ impl Drop for Heartbeat {
 }
 
 /// Whether `e` is the meta server refusing this client (which retrying cannot change).
+/// The session `client`'s handshake opened, with what the server said; `addr` names the server
+/// in errors.
+fn welcomed(
+    client: rpc::SharedClient,
+    addr: &str,
+) -> Result<(rpc::SharedClient, ClusterInfo), Error> {
+    match client.welcome() {
+        Welcome::Client(info) => {
+            let info = info.clone();
+            Ok((client, info))
+        }
+        other => Err(Error::Protocol(format!(
+            "meta server {addr} answered the client handshake with {other:?}"
+        ))),
+    }
+}
+
 fn is_refusal(e: &Error) -> bool {
     matches!(e, Error::Rpc { source, .. } if source.is_refusal())
 }

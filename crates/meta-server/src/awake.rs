@@ -41,8 +41,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::BufReader;
-use tokio::net::tcp::OwnedReadHalf;
-use tokio::net::TcpStream;
 use tokio::sync::watch;
 
 /// The server's awake serving: its budget and who has it (see the module docs).
@@ -103,9 +101,9 @@ impl AwakeServe {
     /// Serves the connection of `reader` and `writer` awake (see the module docs), unless the
     /// budget is zero, another connection has it, or bytes are buffered in `reader` already.
     /// `body` is the async loop's frame buffer, which a handed-back frame is left in.
-    pub(crate) async fn serve<W: Send + 'static>(
+    pub(crate) async fn serve<R: crate::rpc::ReadHalf, W: Send + 'static>(
         self: &Arc<Self>,
-        reader: &BufReader<OwnedReadHalf>,
+        reader: &BufReader<R>,
         writer: &Arc<tokio::sync::Mutex<W>>,
         service: &Arc<Service>,
         session: u64,
@@ -123,10 +121,9 @@ impl AwakeServe {
             return Handback::Idle;
         }
         let busy = Busy(self.clone());
-        let stream: &TcpStream = reader.get_ref().as_ref();
         // The thread gets a descriptor of its own, so that the socket outlives it even if the
         // connection's task is dropped meanwhile (a server shutting down).
-        let fd = match stream.as_fd().try_clone_to_owned() {
+        let fd = match reader.get_ref().fd().try_clone_to_owned() {
             Ok(fd) => fd,
             Err(error) => {
                 tracing::debug!(%error, "cannot serve a connection awake");

@@ -144,6 +144,14 @@ pub struct MetaConfig {
     /// Record locks (`fcntl`, `flock`) one client session may hold at once; a lock beyond
     /// fails with ENOLCK (`FsError::NoLocks`). Default [`DEFAULT_MAX_RECORD_LOCKS_PER_SESSION`].
     pub max_record_locks_per_session: usize,
+    /// A Unix socket where the server also takes client connections, for clients on its host
+    /// (`proto::stream`: a metadata call costs less than over loopback tcp); clients learn it
+    /// in their welcome (`ClusterInfo::local_rpc`) and move there when they can open it. A
+    /// stale socket file at the path is replaced; the server removes it when it stops. By
+    /// default [`MetaConfig::new`] sets `meta.sock` in the shm fabric's directory, where
+    /// every client is on this host anyway, and nothing on tcp. A path the socket cannot be
+    /// bound at (too long, not writable) is logged and left out: clients stay on tcp.
+    pub local_rpc: Option<PathBuf>,
 }
 
 /// The default of [`MetaConfig::idle_poll`]: [`IDLE_POLL`] on a machine of at least 4 CPUs,
@@ -160,6 +168,9 @@ pub fn default_idle_poll() -> Duration {
 /// cheapest call's round trip from 20–23 to 12–19 µs (docs/BENCHMARKS.md).
 pub const IDLE_POLL: Duration = Duration::from_micros(200);
 
+/// The name of the Unix socket [`MetaConfig::new`] puts in the shm fabric's directory.
+pub const LOCAL_RPC_SOCKET: &str = "meta.sock";
+
 impl MetaConfig {
     /// A configuration with the defaults: listen on `127.0.0.1:0`, cluster `citronfs`, an empty
     /// token, 64 MiB meta region, 1 MiB chunks, 4 KiB lock units, a 10 s lease, no lock server.
@@ -169,7 +180,6 @@ impl MetaConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             cluster: "citronfs".into(),
             token: String::new(),
-            fabric,
             region_bytes: DEFAULT_REGION_BYTES,
             chunk_size: DEFAULT_CHUNK_SIZE,
             lock_unit: DEFAULT_LOCK_UNIT,
@@ -183,6 +193,11 @@ impl MetaConfig {
             idle_poll: default_idle_poll(),
             record_lock_grace: DEFAULT_RECORD_LOCK_GRACE,
             max_record_locks_per_session: DEFAULT_MAX_RECORD_LOCKS_PER_SESSION,
+            local_rpc: match &fabric {
+                ServeAt::Shm { dir } => Some(dir.join(LOCAL_RPC_SOCKET)),
+                ServeAt::Mem | ServeAt::Tcp { .. } => None,
+            },
+            fabric,
         }
     }
 
@@ -282,7 +297,11 @@ impl MetaServer {
             None
         };
 
+        let local_socket = config.local_rpc.as_deref().and_then(LocalSocket::bind);
         let settings = Settings {
+            local_rpc: local_socket
+                .as_ref()
+                .map(|s| s.path.to_string_lossy().into_owned()),
             credentials: config.credentials(),
             chunk_size: config.chunk_size,
             lock_unit: config.lock_unit,
@@ -342,6 +361,33 @@ impl MetaServer {
             connections.clone(),
             awake.clone(),
         ));
+        let local_socket = match local_socket {
+            Some(mut socket) => {
+                let _runtime = runtime.enter();
+                match socket
+                    .listener
+                    .take()
+                    .map(tokio::net::UnixListener::from_std)
+                {
+                    Some(Ok(listener)) => {
+                        runtime.spawn(rpc::accept_local_loop(
+                            listener,
+                            service.clone(),
+                            stop_rx.clone(),
+                            connections.clone(),
+                            awake.clone(),
+                        ));
+                        tracing::info!(path = %socket.path.display(), "meta server listening on a local socket too");
+                    }
+                    Some(Err(error)) => {
+                        tracing::warn!(%error, "cannot serve the local socket: clients use tcp")
+                    }
+                    None => {}
+                }
+                Some(socket)
+            }
+            None => None,
+        };
         runtime.spawn(reaper(service.clone(), config.session_lease, stop_rx));
         tracing::info!(%addr, cluster = config.cluster, "meta server listening");
         Ok(MetaHandle {
@@ -354,6 +400,7 @@ impl MetaServer {
                 service,
                 awake,
                 reclaimer: Some(reclaimer),
+                local_socket,
                 region_server,
             }),
         })
@@ -504,10 +551,64 @@ struct Running {
     awake: Arc<awake::AwakeServe>,
     /// Zeroes and recycles freed chunks ([`reclaim`]); drained and joined at shutdown.
     reclaimer: Option<std::thread::JoinHandle<()>>,
+    /// The local socket's file, removed when this is dropped — before the region server, whose
+    /// shm directory it may be in. Read only by the test hook `MetaHandle::crash`.
+    #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
+    local_socket: Option<LocalSocket>,
     /// Serves the meta region; dropped at shutdown (removing an shm region file, stopping the
     /// tcp fabric). Held for that drop: read only by the test hook `MetaHandle::crash`.
     #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
     region_server: Arc<FabricServer>,
+}
+
+/// The Unix socket clients on this host may connect to ([`MetaConfig::local_rpc`]): bound at
+/// start, its file removed when this is dropped.
+struct LocalSocket {
+    path: PathBuf,
+    /// Until the runtime takes it.
+    listener: Option<std::os::unix::net::UnixListener>,
+}
+
+impl LocalSocket {
+    /// Binds the socket at `path`, replacing the file of a server that is gone (a crash leaves
+    /// it); `None`, logged, when the path cannot be bound, or a live server answers there.
+    fn bind(path: &std::path::Path) -> Option<LocalSocket> {
+        use std::os::unix::net::{UnixListener, UnixStream};
+        if path.exists() {
+            if UnixStream::connect(path).is_ok() {
+                tracing::warn!(
+                    path = %path.display(),
+                    "another server listens on the local socket: clients use tcp"
+                );
+                return None;
+            }
+            let _ = std::fs::remove_file(path);
+        }
+        let bound = UnixListener::bind(path).and_then(|listener| {
+            listener.set_nonblocking(true)?;
+            Ok(listener)
+        });
+        match bound {
+            Ok(listener) => Some(LocalSocket {
+                path: path.to_owned(),
+                listener: Some(listener),
+            }),
+            Err(error) => {
+                tracing::warn!(
+                    path = %path.display(),
+                    %error,
+                    "cannot bind the local socket: clients use tcp"
+                );
+                None
+            }
+        }
+    }
+}
+
+impl Drop for LocalSocket {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
 }
 
 /// A running meta server.
@@ -595,6 +696,8 @@ impl MetaHandle {
         if running.region_server.backend() == fabric::Backend::Shm {
             std::mem::forget(running.region_server);
         }
+        // So does the local socket's file, which the next run replaces.
+        std::mem::forget(running.local_socket);
     }
 
     /// Overwrites word `word` (`proto::fcb::INO`, `SIZE`, ...) of open file `ino`'s control

@@ -21,14 +21,37 @@ use proto::FsError;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use std::io;
+use std::net::{IpAddr, Ipv4Addr};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{
     AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter,
 };
-use tokio::net::tcp::OwnedReadHalf;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
+
+/// The read half of a connection's stream (tcp, or the local Unix socket): read by the async
+/// loop, and watched through its descriptor by the awake thread (`awake`).
+pub(crate) trait ReadHalf: AsyncRead + Unpin + Send + 'static {
+    /// The stream's descriptor.
+    fn fd(&self) -> BorrowedFd<'_>;
+}
+
+impl ReadHalf for tokio::net::tcp::OwnedReadHalf {
+    fn fd(&self) -> BorrowedFd<'_> {
+        self.as_ref().as_fd()
+    }
+}
+
+impl ReadHalf for tokio::net::unix::OwnedReadHalf {
+    fn fd(&self) -> BorrowedFd<'_> {
+        self.as_ref().as_fd()
+    }
+}
+
+/// How the connection limits count a peer of the local socket: as loopback, which it is.
+const LOCAL_PEER: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
 /// Reads one frame (like `fabric::frame::read_frame`, asynchronously): the length is checked
 /// against `max` before anything is allocated, the body is checked against its crc32.
@@ -99,19 +122,21 @@ pub(crate) async fn accept_loop(
                         Ok(admitted) => admitted,
                         Err(refusal) => {
                             tracing::warn!(%peer, %refusal, "refused a connection");
-                            tokio::spawn(refuse(stream, refusal));
+                            let (r, w) = stream.into_split();
+                            tokio::spawn(refuse(r, w, refusal));
                             continue;
                         }
                     };
                     // A client or data server that vanishes (cut link, dead host) must not
                     // keep its task and session for ever.
                     fabric::tcp::watch_peer(&stream);
+                    let (r, w) = stream.into_split();
                     let service = service.clone();
                     let stop = stop.clone();
                     let awake = awake.clone();
                     tokio::spawn(async move {
                         if let Err(why) =
-                            connection(stream, service, stop, admitted, &awake).await
+                            connection(r, w, service, stop, admitted, &awake).await
                         {
                             tracing::debug!(%peer, why, "connection closed");
                         }
@@ -127,11 +152,59 @@ pub(crate) async fn accept_loop(
     }
 }
 
+/// Accepts connections on the local Unix socket ([`crate::MetaConfig::local_rpc`]) until `stop`
+/// turns true, as [`accept_loop`] does on tcp: the same handshake, limits (its peers count as
+/// loopback) and service. No keepalive watch: a local peer that dies closes its socket, and
+/// one that is stopped is what the session lease is for.
+pub(crate) async fn accept_local_loop(
+    listener: UnixListener,
+    service: Arc<Service>,
+    mut stop: watch::Receiver<bool>,
+    admission: Arc<Admission>,
+    awake: Arc<AwakeServe>,
+) {
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let (r, w) = stream.into_split();
+                    let admitted = match admission.admit(LOCAL_PEER) {
+                        Ok(admitted) => admitted,
+                        Err(refusal) => {
+                            tracing::warn!(%refusal, "refused a local connection");
+                            tokio::spawn(refuse(r, w, refusal));
+                            continue;
+                        }
+                    };
+                    let service = service.clone();
+                    let stop = stop.clone();
+                    let awake = awake.clone();
+                    tokio::spawn(async move {
+                        if let Err(why) =
+                            connection(r, w, service, stop, admitted, &awake).await
+                        {
+                            tracing::debug!(why, "local connection closed");
+                        }
+                    });
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "accept on the local socket failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            },
+            _ = stop.changed() => break,
+        }
+    }
+}
+
 /// Answers a connection refused at accept time with `refusal` and closes it. The peer's hello
 /// is read and discarded for a moment first (at most [`MAX_HELLO_FRAME`] bytes, half a second),
 /// so that the close does not reset the connection before the refusal arrives.
-async fn refuse(stream: TcpStream, refusal: Refusal) {
-    let (mut r, mut w) = stream.into_split();
+async fn refuse<R, W>(mut r: R, mut w: W, refusal: Refusal)
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
     if send(&mut w, &HelloAnswer::Err(refusal)).await.is_err() {
         return;
     }
@@ -168,14 +241,18 @@ fn guarded<T>(f: impl FnOnce() -> Result<T, FsError>) -> Result<T, FsError> {
     })
 }
 
-async fn connection(
-    stream: TcpStream,
+async fn connection<R, W>(
+    r: R,
+    w: W,
     service: Arc<Service>,
     mut stop: watch::Receiver<bool>,
     mut admitted: Admitted,
     awake: &Arc<AwakeServe>,
-) -> Result<(), String> {
-    let (r, w) = stream.into_split();
+) -> Result<(), String>
+where
+    R: ReadHalf,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
     let mut reader = BufReader::new(r);
     let mut writer = BufWriter::new(w);
     let mut body = Vec::new();
@@ -370,8 +447,8 @@ pub const MAX_IN_FLIGHT_PER_CONNECTION: usize = 64;
 /// mutex): handing it to a writer task cost one more thread wake-up per call. A request's
 /// permit is released only once its answer is written, so a client that stops reading stops
 /// being served; the session ends only once every request it started has answered.
-async fn serve<W>(
-    reader: &mut BufReader<OwnedReadHalf>,
+async fn serve<R, W>(
+    reader: &mut BufReader<R>,
     writer: W,
     service: &Arc<Service>,
     stop: &mut watch::Receiver<bool>,
@@ -379,6 +456,7 @@ async fn serve<W>(
     awake: &Arc<AwakeServe>,
 ) -> Result<(), String>
 where
+    R: ReadHalf,
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let writer = Arc::new(tokio::sync::Mutex::new(writer));

@@ -87,6 +87,9 @@ pub(crate) struct Settings {
     /// `T_lease` of the CITRON lock of every file.
     pub lock_lease: Duration,
     pub meta_fabric: FabricAddr,
+    /// The Unix socket clients on this host may connect to instead of tcp
+    /// (`MetaConfig::local_rpc`), as it is bound; `None`: none.
+    pub local_rpc: Option<String>,
     /// `T_wait` for CITRON trees, measured as clients reach the region (through the fabric,
     /// not the server's local memory).
     pub t_wait: Duration,
@@ -457,6 +460,7 @@ impl Service {
             layout_epoch,
             attr_table,
             dentry_table,
+            local_rpc: self.settings.local_rpc.clone(),
         })
     }
 

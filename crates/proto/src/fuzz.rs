@@ -340,6 +340,7 @@ fn sample_cluster() -> ClusterInfo {
             base: fabric::RemoteAddr::new(fabric::RegionId(0), 1 << 20),
             slots: 2048,
         }),
+        local_rpc: Some("/dev/shm/x/meta.sock".into()),
     }
 }
 

@@ -10,7 +10,9 @@
 //! - [`fsck`]: what the consistency checker finds and repairs, and its report;
 //! - [`records`]: POSIX record locks (`fcntl`) as clients ask for them;
 //! - [`rpc`]: the meta server's requests and responses, and their framing
-//!   (`fabric::frame` + postcard, a versioned handshake).
+//!   (`fabric::frame` + postcard, a versioned handshake);
+//! - [`stream`]: the stream an RPC connection runs over (tcp, or a Unix socket on the meta
+//!   server's host).
 
 pub mod attrs;
 pub mod dentries;
@@ -21,6 +23,7 @@ pub mod fuzz;
 pub mod layout;
 pub mod records;
 pub mod rpc;
+pub mod stream;
 pub mod types;
 
 pub use error::{kind_from_errno, FsError};

@@ -4,6 +4,7 @@
 //! holding a postcard message.
 
 use crate::error::FsError;
+use crate::stream::MetaStream;
 use crate::types::*;
 use fabric::frame::{read_frame, write_frame, FrameError};
 use fabric::{RegionId, RemoteAddr};
@@ -11,6 +12,8 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
+use std::os::fd::AsFd;
+use std::path::Path;
 use std::time::Duration;
 use thiserror::Error;
 
@@ -53,8 +56,10 @@ pub enum Role {
 /// The first message on a connection: the shared hello, saying who is connecting.
 pub type Hello = fabric::handshake::Hello<Role>;
 
-/// What the server welcomes a peer with, by [`Role`].
+/// What the server welcomes a peer with, by [`Role`]. (One per connection: the size of its
+/// larger variant costs nothing worth a box.)
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[allow(clippy::large_enum_variant)]
 pub enum Welcome {
     /// A client's session is open.
     Client(ClusterInfo),
@@ -685,8 +690,8 @@ fn connect_bounded(addr: impl ToSocketAddrs, timeout: Duration) -> std::io::Resu
 
 /// A blocking connection to the meta server: one call at a time.
 pub struct Client {
-    reader: BufReader<TcpStream>,
-    writer: BufWriter<TcpStream>,
+    reader: BufReader<MetaStream>,
+    writer: BufWriter<MetaStream>,
     next_id: u64,
     welcome: Welcome,
 }
@@ -698,8 +703,28 @@ impl Client {
         credentials: &Credentials,
         role: Role,
     ) -> Result<Client, RpcError> {
-        let mut stream = connect_bounded(addr, HANDSHAKE_TIMEOUT)?;
-        stream.set_nodelay(true)?;
+        let stream = MetaStream::Tcp(connect_bounded(addr, HANDSHAKE_TIMEOUT)?);
+        Client::handshake_on(stream, credentials, role)
+    }
+
+    /// [`Client::connect`] over the meta server's Unix socket at `path`, on its host
+    /// ([`ClusterInfo::local_rpc`]).
+    pub fn connect_local(
+        path: &Path,
+        credentials: &Credentials,
+        role: Role,
+    ) -> Result<Client, RpcError> {
+        let stream = MetaStream::Local(std::os::unix::net::UnixStream::connect(path)?);
+        Client::handshake_on(stream, credentials, role)
+    }
+
+    /// The handshake as `role` on a connected `stream`.
+    fn handshake_on(
+        mut stream: MetaStream,
+        credentials: &Credentials,
+        role: Role,
+    ) -> Result<Client, RpcError> {
+        stream.set_nodelay()?;
         stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
         stream.set_write_timeout(Some(HANDSHAKE_TIMEOUT))?;
         let hello = Hello::new(Protocol::Rpc, credentials, 0, role);
@@ -878,9 +903,9 @@ impl MuxState {
 /// `waiting` without an answer is either the reader or will be unparked when its answer
 /// arrives, when the reader leaves (`hand_over_reading`), or when the connection breaks.
 pub struct SharedClient {
-    stream: TcpStream,
-    writer: std::sync::Mutex<BufWriter<TcpStream>>,
-    reader: std::sync::Mutex<BufReader<TcpStream>>,
+    stream: MetaStream,
+    writer: std::sync::Mutex<BufWriter<MetaStream>>,
+    reader: std::sync::Mutex<BufReader<MetaStream>>,
     state: std::sync::Mutex<MuxState>,
     next_id: std::sync::atomic::AtomicU64,
     timeout: Option<Duration>,
@@ -915,7 +940,7 @@ pub fn poll_budget(budget: Duration) -> Duration {
 /// Polls `stream` for up to `budget` without sleeping, until it has bytes to read: `true` when
 /// they came (or the stream ended or failed, which the read that follows sees at once),
 /// `false` when the budget ran out first. Nothing is consumed (`MSG_PEEK`).
-fn poll_readable(stream: &TcpStream, budget: Duration) -> bool {
+fn poll_readable(stream: &impl AsFd, budget: Duration) -> bool {
     use std::os::fd::AsRawFd;
     if budget.is_zero() {
         return false;
@@ -927,7 +952,7 @@ fn poll_readable(stream: &TcpStream, budget: Duration) -> bool {
         // is one byte of our own.
         let n = unsafe {
             libc::recv(
-                stream.as_raw_fd(),
+                stream.as_fd().as_raw_fd(),
                 (&mut byte as *mut u8).cast(),
                 1,
                 libc::MSG_PEEK | libc::MSG_DONTWAIT,
@@ -963,7 +988,22 @@ impl SharedClient {
         role: Role,
         timeout: Option<Duration>,
     ) -> Result<SharedClient, RpcError> {
-        let client = Client::connect(addr, credentials, role)?;
+        SharedClient::over(Client::connect(addr, credentials, role)?, timeout)
+    }
+
+    /// [`SharedClient::connect`] over the meta server's Unix socket at `path`, on its host
+    /// ([`ClusterInfo::local_rpc`]).
+    pub fn connect_local(
+        path: &Path,
+        credentials: &Credentials,
+        role: Role,
+        timeout: Option<Duration>,
+    ) -> Result<SharedClient, RpcError> {
+        SharedClient::over(Client::connect_local(path, credentials, role)?, timeout)
+    }
+
+    /// The connection of `client`, whose handshake is done, shared.
+    fn over(client: Client, timeout: Option<Duration>) -> Result<SharedClient, RpcError> {
         let Client {
             reader, welcome, ..
         } = client;
@@ -983,6 +1023,11 @@ impl SharedClient {
     /// What the server answered to the handshake.
     pub fn welcome(&self) -> &Welcome {
         &self.welcome
+    }
+
+    /// Whether the connection runs over the meta server's Unix socket (on its host).
+    pub fn is_local(&self) -> bool {
+        self.stream.is_local()
     }
 
     /// Whether the connection broke (every call on it fails), or can send no more.

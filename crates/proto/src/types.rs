@@ -291,6 +291,10 @@ pub struct ClusterInfo {
     /// The directory-entry table in the meta region, where `lookup` resolves names
     /// one-sidedly ([`crate::dentries`]); `None`: every lookup is an RPC.
     pub dentry_table: Option<crate::dentries::DentryTableRef>,
+    /// A Unix socket on the meta server's host where it takes the same connections
+    /// ([`crate::stream`]): a client on that host may connect there instead, for cheaper
+    /// calls. Offered where every client is on that host (the shm fabric); `None`: tcp only.
+    pub local_rpc: Option<String>,
 }
 
 /// What a client needs to do I/O on an open file.

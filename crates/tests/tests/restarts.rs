@@ -443,3 +443,57 @@ fn a_request_running_at_a_clean_stop_is_answered_before_the_goodbye() {
         );
     });
 }
+
+/// On shm every client is on the meta server's host, and the meta server offers a Unix socket
+/// there, named in its welcome (`ClusterInfo::local_rpc`): a client that connected over tcp
+/// moves to it, and its calls work there. After a crash and a restart of the meta server, which
+/// leave the dead run's socket file behind, the client reconnects over the new run's socket; a
+/// clean stop removes the file. On tcp nothing is offered and the client stays on tcp.
+#[test]
+fn clients_on_the_meta_servers_host_use_its_local_socket() {
+    use fs_client::{CitronFs, LockScheme, ROOT_INO};
+    let me = CitronFs::process_caller();
+    let mut cluster = Cluster::start(spec(Backend::Shm, BackingKind::Memory)).unwrap();
+    let fs = cluster.connect(LockScheme::CITRON).unwrap();
+    let socket = std::path::PathBuf::from(
+        fs.cluster()
+            .local_rpc
+            .expect("a meta server on shm offers a local socket"),
+    );
+    assert!(socket.exists(), "{} is there", socket.display());
+    assert!(fs.meta_is_local(), "the client moved to the local socket");
+    let (attr, fh) = fs.create(me, ROOT_INO, "f", 0o644, libc::O_RDWR).unwrap();
+    let data = pattern(7, 0, CHUNK + 5);
+    fs.write(fh, 0, &data).unwrap();
+    // Durable before the crash (the size reaches the database at an fsync).
+    fs.fsync(fh).unwrap();
+    fs.release(fh).unwrap();
+
+    cluster
+        .restart_meta_after(|meta| {
+            meta.crash();
+            Ok(())
+        })
+        .unwrap();
+    wait_until(Duration::from_secs(30), "the client to reconnect", || {
+        fs.meta_round_trip().is_ok()
+    });
+    assert!(
+        fs.meta_is_local(),
+        "the client reconnected over the restarted server's socket"
+    );
+    let fh = fs.open(me, attr.ino, libc::O_RDONLY).unwrap();
+    assert!(
+        fs.read(fh, 0, data.len()).unwrap() == data,
+        "the file reads back after the restart"
+    );
+    fs.release(fh).unwrap();
+    drop(fs);
+    cluster.shutdown().unwrap();
+    assert!(!socket.exists(), "a clean stop removes the socket file");
+
+    let cluster = Cluster::start(spec(Backend::Tcp, BackingKind::Memory)).unwrap();
+    let fs = cluster.connect(LockScheme::CITRON).unwrap();
+    assert_eq!(fs.cluster().local_rpc, None, "nothing offered on tcp");
+    assert!(!fs.meta_is_local());
+}

@@ -372,6 +372,8 @@ pub fn run(args: &MetaArgs) -> Result<()> {
     }
     let citronfs = args.fs.contains(&MetaTarget::Citronfs);
     let library = args.fs.contains(&MetaTarget::Library);
+    // How CitronFS's client reached the meta server (`proto::stream`).
+    let mut transport = None;
     if citronfs || library {
         progress.set_message("starting the cluster");
         let cluster = Cluster::start(ClusterSpec {
@@ -381,6 +383,11 @@ pub fn run(args: &MetaArgs) -> Result<()> {
             ..ClusterSpec::server_defaults()
         })?;
         let fs = Arc::new(cluster.connect(args.scheme)?);
+        transport = Some(if fs.meta_is_local() {
+            "the meta server's local Unix socket"
+        } else {
+            "tcp"
+        });
         // Rows of the mount, then of the library; a failure stops the run after the mount is
         // unmounted and the cluster stopped.
         let mut rows = Vec::new();
@@ -440,6 +447,9 @@ pub fn run(args: &MetaArgs) -> Result<()> {
             args.attr_ttl_ms,
             args.fabric.name()
         );
+        if let Some(transport) = transport {
+            println!("CitronFS's client made its RPCs over {transport}.");
+        }
         if let Some(note) = tmpfs_note {
             println!("warning: {note}");
         }
