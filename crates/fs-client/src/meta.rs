@@ -382,7 +382,6 @@ impl Meta {
         }
     }
 
-    /// The current connection, or a new one (a new session) if it broke.
     /// Whether the current connection runs over the meta server's local socket (false when
     /// it is over tcp, or broken).
     pub(crate) fn is_local(&self) -> bool {
@@ -393,6 +392,7 @@ impl Meta {
             .is_some_and(|c| c.is_local())
     }
 
+    /// The current connection, or a new one (a new session) if it broke.
     fn connection(&self) -> Result<Arc<rpc::SharedClient>, Error> {
         let mut conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
         if conn.is_none() {
