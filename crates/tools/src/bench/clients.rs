@@ -88,19 +88,21 @@ impl SharedFile for LibraryFile {
         anyhow::ensure!(n == buf.len(), "short write: {n} of {}", buf.len());
         Ok(())
     }
+    /// Through [`CitronFs::read_into`] and a buffer each thread keeps, as the FUSE adapter
+    /// reads over `/dev/fuse`: no allocation and no zeroing per call, one copy into `buf`.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> Result<()> {
-        let got = self
-            .fs
-            .read(self.fh, offset, buf.len())
-            .map_err(|e| anyhow::anyhow!("read: {e}"))?;
-        anyhow::ensure!(
-            got.len() == buf.len(),
-            "short read: {} of {}",
-            got.len(),
-            buf.len()
-        );
-        buf.copy_from_slice(&got);
-        Ok(())
+        thread_local! {
+            static READ_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        READ_BUF.with_borrow_mut(|own| {
+            let n = self
+                .fs
+                .read_into(self.fh, offset, buf.len(), own)
+                .map_err(|e| anyhow::anyhow!("read: {e}"))?;
+            anyhow::ensure!(n == buf.len(), "short read: {n} of {}", buf.len());
+            buf.copy_from_slice(&own[..n]);
+            Ok(())
+        })
     }
 }
 
