@@ -355,7 +355,7 @@ impl MetaServer {
         let awake = awake::AwakeServe::new(config.idle_poll);
         let connections = fabric::handshake::Admission::new(service.settings.connection_limits);
         runtime.spawn(rpc::accept_loop(
-            listener,
+            rpc::Listener::Tcp(listener),
             service.clone(),
             stop_rx.clone(),
             connections.clone(),
@@ -370,8 +370,8 @@ impl MetaServer {
                     .map(tokio::net::UnixListener::from_std)
                 {
                     Some(Ok(listener)) => {
-                        runtime.spawn(rpc::accept_local_loop(
-                            listener,
+                        runtime.spawn(rpc::accept_loop(
+                            rpc::Listener::Local(listener),
                             service.clone(),
                             stop_rx.clone(),
                             connections.clone(),

@@ -33,7 +33,7 @@ use tokio::sync::watch;
 
 /// The read half of a connection's stream (tcp, or the local Unix socket): read by the async
 /// loop, and watched through its descriptor by the awake thread (`awake`).
-pub(crate) trait ReadHalf: AsyncRead + Unpin + Send + 'static {
+pub(crate) trait ReadHalf: AsyncRead + Unpin + Send + Sync + 'static {
     /// The stream's descriptor.
     fn fd(&self) -> BorrowedFd<'_>;
 }
@@ -102,98 +102,95 @@ async fn recv<R: AsyncRead + Unpin, T: DeserializeOwned>(
 /// after which it registers again.
 pub const DATA_SERVER_SILENCE: Duration = Duration::from_secs(5);
 
-/// Accepts connections until `stop` turns true, each counted by `admission` until its task
-/// ends (what a clean shutdown waits for: [`Admission::wait_all_closed`]).
+/// Where the RPC service takes connections: tcp, or the local Unix socket
+/// ([`crate::MetaConfig::local_rpc`]), whose peers count as loopback for the limits.
+pub(crate) enum Listener {
+    /// Any host.
+    Tcp(TcpListener),
+    /// This host.
+    Local(UnixListener),
+}
+
+/// Accepts connections on `listener` until `stop` turns true, each counted by `admission`
+/// until its task ends (what a clean shutdown waits for: [`Admission::wait_all_closed`]). The
+/// same handshake, limits and service on both kinds of listener; only a tcp peer is watched
+/// with keepalives (a local peer that dies closes its socket, and one that is stopped is what
+/// the session lease is for).
 pub(crate) async fn accept_loop(
-    listener: TcpListener,
+    listener: Listener,
     service: Arc<Service>,
     mut stop: watch::Receiver<bool>,
     admission: Arc<Admission>,
     awake: Arc<AwakeServe>,
 ) {
+    let serving = Serving {
+        service,
+        stop: stop.clone(),
+        admission,
+        awake,
+    };
     loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    let _ = stream.set_nodelay(true);
-                    // Counted before a byte is read: beyond the limits a peer gets a refusal
-                    // naming the limit and costs no buffer.
-                    let admitted = match admission.admit(peer.ip()) {
-                        Ok(admitted) => admitted,
-                        Err(refusal) => {
-                            tracing::warn!(%peer, %refusal, "refused a connection");
-                            let (r, w) = stream.into_split();
-                            tokio::spawn(refuse(r, w, refusal));
-                            continue;
-                        }
-                    };
-                    // A client or data server that vanishes (cut link, dead host) must not
-                    // keep its task and session for ever.
-                    fabric::tcp::watch_peer(&stream);
-                    let (r, w) = stream.into_split();
-                    let service = service.clone();
-                    let stop = stop.clone();
-                    let awake = awake.clone();
-                    tokio::spawn(async move {
-                        if let Err(why) =
-                            connection(r, w, service, stop, admitted, &awake).await
-                        {
-                            tracing::debug!(%peer, why, "connection closed");
-                        }
-                    });
+        let accepted = tokio::select! {
+            accepted = async {
+                match &listener {
+                    Listener::Tcp(l) => l.accept().await.map(|(stream, peer)| {
+                        let _ = stream.set_nodelay(true);
+                        // A client or data server that vanishes (cut link, dead host) must
+                        // not keep its task and session for ever.
+                        fabric::tcp::watch_peer(&stream);
+                        let (r, w) = stream.into_split();
+                        serving.admit(r, w, peer.ip(), peer.to_string());
+                    }),
+                    Listener::Local(l) => l.accept().await.map(|(stream, _)| {
+                        let (r, w) = stream.into_split();
+                        serving.admit(r, w, LOCAL_PEER, "the local socket".into());
+                    }),
                 }
-                Err(error) => {
-                    tracing::warn!(%error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            },
+            } => accepted,
             _ = stop.changed() => break,
+        };
+        if let Err(error) = accepted {
+            tracing::warn!(%error, "accept failed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 }
 
-/// Accepts connections on the local Unix socket ([`crate::MetaConfig::local_rpc`]) until `stop`
-/// turns true, as [`accept_loop`] does on tcp: the same handshake, limits (its peers count as
-/// loopback) and service. No keepalive watch: a local peer that dies closes its socket, and
-/// one that is stopped is what the session lease is for.
-pub(crate) async fn accept_local_loop(
-    listener: UnixListener,
+/// What every accepted connection is served with.
+struct Serving {
     service: Arc<Service>,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
     admission: Arc<Admission>,
     awake: Arc<AwakeServe>,
-) {
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    let (r, w) = stream.into_split();
-                    let admitted = match admission.admit(LOCAL_PEER) {
-                        Ok(admitted) => admitted,
-                        Err(refusal) => {
-                            tracing::warn!(%refusal, "refused a local connection");
-                            tokio::spawn(refuse(r, w, refusal));
-                            continue;
-                        }
-                    };
-                    let service = service.clone();
-                    let stop = stop.clone();
-                    let awake = awake.clone();
-                    tokio::spawn(async move {
-                        if let Err(why) =
-                            connection(r, w, service, stop, admitted, &awake).await
-                        {
-                            tracing::debug!(why, "local connection closed");
-                        }
-                    });
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "accept on the local socket failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            },
-            _ = stop.changed() => break,
-        }
+}
+
+impl Serving {
+    /// Counts the connection of `r` and `w` from `ip` (named `peer` in logs) against the
+    /// limits before a byte is read — beyond them it gets a refusal naming the limit and costs
+    /// no buffer — and serves it on a task of its own.
+    fn admit<R: ReadHalf, W: AsyncWrite + Unpin + Send + 'static>(
+        &self,
+        r: R,
+        w: W,
+        ip: IpAddr,
+        peer: String,
+    ) {
+        let admitted = match self.admission.admit(ip) {
+            Ok(admitted) => admitted,
+            Err(refusal) => {
+                tracing::warn!(%peer, %refusal, "refused a connection");
+                tokio::spawn(refuse(r, w, refusal));
+                return;
+            }
+        };
+        let service = self.service.clone();
+        let stop = self.stop.clone();
+        let awake = self.awake.clone();
+        tokio::spawn(async move {
+            if let Err(why) = connection(r, w, service, stop, admitted, &awake).await {
+                tracing::debug!(%peer, why, "connection closed");
+            }
+        });
     }
 }
 

@@ -59,6 +59,32 @@ fn hold_every(failpoint: &str, held: &Arc<AtomicBool>) {
     .unwrap();
 }
 
+/// A cluster on `fabric` with one data server.
+fn one_data_server(fabric: Backend) -> Cluster {
+    testkit::init_logging();
+    Cluster::start(ClusterSpec {
+        fabric,
+        data_servers: 1,
+        ..ClusterSpec::default()
+    })
+    .unwrap()
+}
+
+/// Holds every heartbeat (while the flag returned is set; the caller clears it and removes
+/// the failpoint) and crashes and restarts the meta server: a client that makes no call of
+/// its own meanwhile has not heard of the restart, as if it had been stopped through it.
+fn crash_and_restart_unheard(cluster: &mut Cluster) -> Arc<AtomicBool> {
+    let stale = Arc::new(AtomicBool::new(true));
+    hold_every("fs_client::meta::sending::Heartbeat", &stale);
+    cluster
+        .restart_meta_after(|meta| {
+            meta.crash();
+            Ok(())
+        })
+        .unwrap();
+    stale
+}
+
 /// Arms `failpoint` so that the first thread reaching it waits there while `held` is set and
 /// the others pass; returns how many threads reached it.
 fn hold_first(failpoint: &str, held: &Arc<AtomicBool>) -> Arc<AtomicU64> {
@@ -138,26 +164,13 @@ fn a_fenced_client_joins_again_in_a_new_session() {
 /// must wait for B's: it may not land while B holds its lock, and B's data is then overwritten
 /// by A's, whole.
 fn a_stale_client_waits_for_a_lock_taken_after_the_restart(fabric: Backend) {
-    testkit::init_logging();
-    let mut cluster = Cluster::start(ClusterSpec {
-        fabric,
-        data_servers: 1,
-        ..ClusterSpec::default()
-    })
-    .unwrap();
+    let mut cluster = one_data_server(fabric);
     let (a, b, ino, fa) = two_clients(&cluster);
     let me = CitronFs::process_caller();
 
-    // Every heartbeat waits while `stale`: A's stays silent across the restart. B's does too,
-    // but B makes calls of its own.
-    let stale = Arc::new(AtomicBool::new(true));
-    hold_every("fs_client::meta::sending::Heartbeat", &stale);
-    cluster
-        .restart_meta_after(|meta| {
-            meta.crash();
-            Ok(())
-        })
-        .unwrap();
+    // A's heartbeat stays silent across the restart. B's does too, but B makes calls of its
+    // own.
+    let stale = crash_and_restart_unheard(&mut cluster);
 
     // B joins the restarted server (its first call reconnects), opens the file, and writes;
     // the first I/O to hold its lock (B's) waits there while `held`.
@@ -221,27 +234,14 @@ fn a_stale_client_waits_for_a_lock_taken_after_the_restart_on_tcp() {
 /// region emptied and catches up as well. Before, on tcp, the write failed with EIO (the
 /// refusal was taken for a fence).
 fn a_client_behind_a_restart_writes_through_a_new_endpoint(fabric: Backend) {
-    testkit::init_logging();
-    let mut cluster = Cluster::start(ClusterSpec {
-        fabric,
-        data_servers: 1,
-        ..ClusterSpec::default()
-    })
-    .unwrap();
+    let mut cluster = one_data_server(fabric);
     let (_a, b, ino, _fa) = two_clients(&cluster);
     let me = CitronFs::process_caller();
     // C opens the file and does no I/O: no worker of its own yet.
     let c = cluster.connect(LockScheme::CITRON).unwrap();
     let fc = c.open(me, ino, libc::O_RDWR).unwrap();
 
-    let stale = Arc::new(AtomicBool::new(true));
-    hold_every("fs_client::meta::sending::Heartbeat", &stale);
-    cluster
-        .restart_meta_after(|meta| {
-            meta.crash();
-            Ok(())
-        })
-        .unwrap();
+    let stale = crash_and_restart_unheard(&mut cluster);
     let written = c.write(fc, 0, &[5u8; 4096]);
     stale.store(false, Ordering::SeqCst);
     fail::remove("fs_client::meta::sending::Heartbeat");
