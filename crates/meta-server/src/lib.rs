@@ -361,33 +361,31 @@ impl MetaServer {
             connections.clone(),
             awake.clone(),
         ));
-        let local_socket = match local_socket {
-            Some(mut socket) => {
-                let _runtime = runtime.enter();
-                match socket
-                    .listener
-                    .take()
-                    .map(tokio::net::UnixListener::from_std)
-                {
-                    Some(Ok(listener)) => {
-                        runtime.spawn(rpc::accept_loop(
-                            rpc::Listener::Local(listener),
-                            service.clone(),
-                            stop_rx.clone(),
-                            connections.clone(),
-                            awake.clone(),
-                        ));
-                        tracing::info!(path = %socket.path.display(), "meta server listening on a local socket too");
-                    }
-                    Some(Err(error)) => {
-                        tracing::warn!(%error, "cannot serve the local socket: clients use tcp")
-                    }
-                    None => {}
+        // The local socket is served by the runtime; if it cannot be, its file goes (dropped
+        // here), so that clients told of it fail to connect at once and stay on tcp.
+        let local_socket = local_socket.and_then(|mut socket| {
+            let _runtime = runtime.enter();
+            match tokio::net::UnixListener::from_std(socket.listener.take()?) {
+                Ok(listener) => {
+                    runtime.spawn(rpc::accept_loop(
+                        rpc::Listener::Local(listener),
+                        service.clone(),
+                        stop_rx.clone(),
+                        connections.clone(),
+                        awake.clone(),
+                    ));
+                    tracing::info!(
+                        path = %socket.path.display(),
+                        "meta server listening on a local socket too"
+                    );
+                    Some(socket)
                 }
-                Some(socket)
+                Err(error) => {
+                    tracing::warn!(%error, "cannot serve the local socket: clients use tcp");
+                    None
+                }
             }
-            None => None,
-        };
+        });
         runtime.spawn(reaper(service.clone(), config.session_lease, stop_rx));
         tracing::info!(%addr, cluster = config.cluster, "meta server listening");
         Ok(MetaHandle {
