@@ -61,7 +61,9 @@ impl Protocol {
             // completions reply carry (`crate::clock`), no longer the time left on sending.
             // 6: `Request::PostedCall` (a call answered only if it fails, then the connection
             // closes: `RemoteError::PostedCallFailed`).
-            Protocol::Verbs => 6,
+            // 7: a session of an earlier run of the meta server is refused as behind
+            // (`Refusal::SessionBehind`), no longer as revoked.
+            Protocol::Verbs => 7,
             // 2: the shared hello; `Open` carries a `lockmgr::LockScheme`, `OpenFile` a `LockRef`.
             // 3: data servers name their incarnation; clients learn the layout epoch in every
             // heartbeat and fetch the layout with `Cluster`; `FsError` answers `Lost`,
@@ -78,7 +80,8 @@ impl Protocol {
             // 8: `RequestFrame::expires` (a change made under a range lock is refused past the
             // lock's lease, `FsError::Expired`), and every `ResponseFrame` carries the server's
             // clock (`crate::clock`) to name it in.
-            Protocol::Rpc => 8,
+            // 9: `ClusterInfo::local_rpc` (a Unix socket for clients on the server's host).
+            Protocol::Rpc => 9,
             // 1: the first version with a handshake.
             Protocol::LockServer => 1,
         }
