@@ -714,7 +714,7 @@ impl Client {
         credentials: &Credentials,
         role: Role,
     ) -> Result<Client, RpcError> {
-        let stream = MetaStream::Local(std::os::unix::net::UnixStream::connect(path)?);
+        let stream = MetaStream::Local(crate::stream::connect_local(path, HANDSHAKE_TIMEOUT)?);
         Client::handshake_on(stream, credentials, role)
     }
 

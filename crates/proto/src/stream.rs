@@ -13,9 +13,82 @@
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::time::Duration;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// Connects to the Unix socket at `path`, trying for at most `timeout`. A plain `connect` waits
+/// for as long as the server's backlog stays full (a stopped server with many clients
+/// connecting), as a tcp connect to a silent host would without its bound.
+pub fn connect_local(path: &Path, timeout: Duration) -> io::Result<UnixStream> {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = path.as_os_str().as_bytes();
+    // SAFETY: `sockaddr_un` is plain data; all zeros is a valid (empty) value.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    if bytes.is_empty() || bytes.len() >= addr.sun_path.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{} is not a usable socket path", path.display()),
+        ));
+    }
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (to, from) in addr.sun_path.iter_mut().zip(bytes) {
+        *to = *from as libc::c_char;
+    }
+    let len = (std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1) as libc::socklen_t;
+    // SAFETY: plain system call; the descriptor is owned right after.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a new descriptor of ours, owned by nothing else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let deadline = Instant::now() + timeout;
+    let mut pause = Duration::from_millis(1);
+    loop {
+        // SAFETY: `addr` is a valid `sockaddr_un` of `len` bytes, alive for the call.
+        let r = unsafe {
+            libc::connect(
+                fd.as_raw_fd(),
+                (&addr as *const libc::sockaddr_un).cast(),
+                len,
+            )
+        };
+        if r == 0 {
+            break;
+        }
+        let e = io::Error::last_os_error();
+        // A full backlog: a non-blocking Unix connect fails with EAGAIN and leaves the socket
+        // unconnected, to be tried again.
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EAGAIN) if Instant::now() < deadline => {
+                std::thread::sleep(pause.min(deadline.saturating_duration_since(Instant::now())));
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
+            Some(libc::EAGAIN) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "{} accepted no connection within {timeout:?} (its backlog is full)",
+                        path.display()
+                    ),
+                ))
+            }
+            _ => return Err(e),
+        }
+    }
+    let stream = UnixStream::from(fd);
+    stream.set_nonblocking(false)?;
+    Ok(stream)
+}
 
 /// A connected stream to the meta server.
 #[derive(Debug)]
@@ -110,6 +183,52 @@ impl Write for MetaStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A connect to a socket whose server accepts nothing gives up after its timeout once the
+    /// backlog is full; one to a missing socket fails at once; one to a serving socket works.
+    #[test]
+    fn a_local_connect_is_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = connect_local(&dir.path().join("none.sock"), Duration::from_secs(5));
+        assert_eq!(missing.unwrap_err().kind(), io::ErrorKind::NotFound);
+        let path = dir.path().join("s.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let mut pending = Vec::new();
+        let timed_out = loop {
+            let start = Instant::now();
+            match connect_local(&path, Duration::from_millis(50)) {
+                Ok(stream) => pending.push(stream),
+                Err(e) => break (e, start.elapsed()),
+            }
+            assert!(pending.len() < 10_000, "the backlog never filled");
+        };
+        assert_eq!(
+            timed_out.0.kind(),
+            io::ErrorKind::TimedOut,
+            "{:?}",
+            timed_out.0
+        );
+        assert!(
+            timed_out.1 >= Duration::from_millis(50),
+            "{:?}",
+            timed_out.1
+        );
+        assert!(timed_out.1 < Duration::from_secs(5), "{:?}", timed_out.1);
+        // Accepting one frees a place, which the next connect takes; the stream it gives
+        // blocks in a read (a read with a timeout waits it out instead of failing at once).
+        let (_accepted, _) = listener.accept().unwrap();
+        let late = connect_local(&path, Duration::from_secs(5)).unwrap();
+        late.set_read_timeout(Some(Duration::from_millis(20)))
+            .unwrap();
+        let start = Instant::now();
+        let read = (&late).read(&mut [0u8; 1]);
+        assert_eq!(read.unwrap_err().kind(), io::ErrorKind::WouldBlock);
+        assert!(
+            start.elapsed() >= Duration::from_millis(15),
+            "the stream is blocking"
+        );
+        drop(pending);
+    }
 
     #[test]
     fn both_transports_carry_bytes_both_ways_and_shut_down() {
