@@ -100,6 +100,12 @@ pub struct MetaArgs {
     /// Files one client session may have open at once; an open beyond fails with EMFILE.
     #[arg(long)]
     max_open_per_session: Option<usize>,
+    /// A Unix socket where the server also takes client connections, for clients on this
+    /// host: their metadata calls cost less than over loopback tcp, and they move there on
+    /// their own [default: meta.sock in the region's directory with --fabric shm; none with
+    /// tcp].
+    #[arg(long)]
+    local_rpc: Option<PathBuf>,
 }
 
 impl RoleArgs for MetaArgs {
@@ -154,6 +160,9 @@ pub struct MetaServerConfig {
     pub max_sessions: usize,
     /// Open files per session (`meta_server::DEFAULT_MAX_OPEN_PER_SESSION`).
     pub max_open_per_session: usize,
+    /// A Unix socket for clients on this host (`None`: `meta_server::MetaConfig::new`'s
+    /// choice, in the region's directory on shm, none on tcp).
+    pub local_rpc: Option<PathBuf>,
 }
 
 impl Default for MetaServerConfig {
@@ -177,6 +186,7 @@ impl Default for MetaServerConfig {
             max_pending_handshakes_per_peer: ConnectionLimits::DEFAULT_MAX_PENDING_PER_PEER,
             max_sessions: meta_server::DEFAULT_MAX_SESSIONS,
             max_open_per_session: meta_server::DEFAULT_MAX_OPEN_PER_SESSION,
+            local_rpc: None,
         }
     }
 }
@@ -209,6 +219,9 @@ impl MetaServerConfig {
         };
         config.max_sessions = self.max_sessions;
         config.max_open_per_session = self.max_open_per_session;
+        if let Some(path) = self.local_rpc {
+            config.local_rpc = Some(path);
+        }
         Ok(config)
     }
 }
@@ -927,21 +940,38 @@ mod tests {
             listen: "10.1.2.3:7700".parse().unwrap(),
             ..MetaServerConfig::default()
         };
+        let tcp = meta.clone().server_config().unwrap();
         assert_eq!(
-            meta.clone().server_config().unwrap().fabric,
+            tcp.fabric,
             fabric::ServeAt::Tcp {
                 listen: "10.1.2.3:0".parse().unwrap()
             }
         );
+        assert_eq!(tcp.local_rpc, None, "no local socket on tcp by default");
         let shm = MetaServerConfig {
             fabric: Backend::Shm,
-            ..meta
+            ..meta.clone()
         };
+        let shm = shm.server_config().unwrap();
         assert_eq!(
-            shm.server_config().unwrap().fabric,
+            shm.fabric,
             fabric::ServeAt::Shm {
                 dir: default_region_dir("prod", "meta")
             }
+        );
+        assert_eq!(
+            shm.local_rpc,
+            Some(default_region_dir("prod", "meta").join(meta_server::LOCAL_RPC_SOCKET)),
+            "the local socket in the shm region's directory"
+        );
+        let chosen = MetaServerConfig {
+            local_rpc: Some("/run/citronfs/meta.sock".into()),
+            ..meta
+        };
+        assert_eq!(
+            chosen.server_config().unwrap().local_rpc,
+            Some("/run/citronfs/meta.sock".into()),
+            "--local-rpc on tcp"
         );
         let data = DataServerConfig {
             name: Some("ds-1".into()),
