@@ -630,19 +630,34 @@ impl Completions {
     ///
     /// # Panics
     /// If the completions already hold a loan.
+    ///
+    /// # Aborts
+    /// If `f` moved the loan out of these completions (`mem::take` or `mem::swap` of them):
+    /// the completions it went to would outlive the slice it points into, and nothing may read
+    /// them then (a panic would still let them be read, by a `catch_unwind`'s caller).
     pub fn lend<R>(&mut self, buf: &mut [u8], f: impl FnOnce(&mut Completions) -> R) -> R {
         /// Ends the loan when dropped, on return or unwinding.
-        struct EndLoan<'c>(&'c mut Completions);
+        struct EndLoan<'c> {
+            out: &'c mut Completions,
+            lent: (std::ptr::NonNull<u8>, usize),
+        }
         impl Drop for EndLoan<'_> {
             fn drop(&mut self) {
-                self.0.loan = Loan(None);
+                // Loans are unique (`Clone` gives none), so ours still here is ours nowhere
+                // else.
+                if self.out.loan.0 != Some(self.lent) {
+                    eprintln!("fabric: a loan of Completions::lend was moved out of its call");
+                    std::process::abort();
+                }
+                self.out.loan = Loan(None);
             }
         }
         assert!(self.loan.0.is_none(), "completions lent a second slice");
         let len = buf.len();
-        self.loan = Loan(Some((std::ptr::NonNull::from(buf).cast(), len)));
-        let end = EndLoan(self);
-        f(end.0)
+        let lent = (std::ptr::NonNull::from(buf).cast(), len);
+        self.loan = Loan(Some(lent));
+        let end = EndLoan { out: self, lent };
+        f(end.out)
     }
 
     /// The bytes where the next read verb of `batch`, of `len` bytes, puts its result, to be
@@ -754,6 +769,37 @@ mod tests {
         placed.read_to(RemoteAddr::new(crate::RegionId(1), 0), 8, 12);
         let mut buf = [0u8; 16];
         Completions::new().lend(&mut buf, |out| out.reset_for(&placed));
+    }
+
+    /// A loan moved out of its completions inside the call (`mem::take`) would outlive the
+    /// slice it points into: the process aborts before anything can read it. (Before, the
+    /// taken completions came back from the call still reading the dead slice.)
+    #[test]
+    fn a_loan_moved_out_of_its_completions_aborts() {
+        use std::os::unix::process::ExitStatusExt;
+        const CHILD: &str = "CITRONFS_TEST_LOAN_MOVED_OUT";
+        if std::env::var_os(CHILD).is_some() {
+            let mut buf = [5u8; 8];
+            let taken = Completions::new().lend(&mut buf, std::mem::take);
+            println!("survived, the taken completions reading {:?}", taken.data());
+            return;
+        }
+        let child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "batch::tests::a_loan_moved_out_of_its_completions_aborts",
+                "--nocapture",
+            ])
+            .env(CHILD, "1")
+            .output()
+            .unwrap();
+        assert_eq!(
+            child.status.signal(),
+            Some(libc::SIGABRT),
+            "{:?}: {}",
+            child.status,
+            String::from_utf8_lossy(&child.stdout)
+        );
     }
 
     /// The loan ends with its call, also when the call unwinds: the completions read their own
