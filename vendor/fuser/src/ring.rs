@@ -699,8 +699,23 @@ impl RingPool {
             Ok(())
         };
         let mut registered = vec![0usize; queues];
-        // Waits for `spawned` threads to say whether they registered.
-        let collect = |spawned: usize, registered: &mut [usize], failed: &mut Option<io::Error>| {
+        let per_queue = setup.threads_per_queue.max(1);
+        // The threads to start: `per_queue` for every queue, then, for up to START_RETRIES
+        // more rounds, one for each queue still without a thread (a queue without one leaves
+        // the whole connection waiting). Each round is started, then waited for.
+        let mut round: Vec<(usize, usize)> = (0..queues)
+            .flat_map(|qid| (0..per_queue).map(move |n| (qid, n)))
+            .collect();
+        for attempt in 0..=START_RETRIES {
+            let mut spawned = 0;
+            for &(qid, n) in &round {
+                match spawn_one(&mut pool, qid, n) {
+                    Ok(()) => spawned += 1,
+                    Err(e) => {
+                        failed.get_or_insert(e);
+                    }
+                }
+            }
             for _ in 0..spawned {
                 match ready_rx.recv() {
                     Ok((qid, Ok(()))) => registered[qid] += 1,
@@ -713,36 +728,13 @@ impl RingPool {
                     }
                 }
             }
-        };
-        let per_queue = setup.threads_per_queue.max(1);
-        let mut spawned = 0;
-        for qid in 0..queues {
-            for n in 0..per_queue {
-                match spawn_one(&mut pool, qid, n) {
-                    Ok(()) => spawned += 1,
-                    Err(e) => {
-                        failed.get_or_insert(e);
-                    }
-                }
-            }
-        }
-        collect(spawned, &mut registered, &mut failed);
-        // A queue without a thread leaves the whole connection waiting: try it again.
-        for attempt in 0..START_RETRIES {
-            let missing: Vec<usize> = (0..queues).filter(|&q| registered[q] == 0).collect();
-            if missing.is_empty() {
+            round = (0..queues)
+                .filter(|&qid| registered[qid] == 0)
+                .map(|qid| (qid, per_queue + attempt))
+                .collect();
+            if round.is_empty() {
                 break;
             }
-            let mut spawned = 0;
-            for &qid in &missing {
-                match spawn_one(&mut pool, qid, per_queue + attempt) {
-                    Ok(()) => spawned += 1,
-                    Err(e) => {
-                        failed.get_or_insert(e);
-                    }
-                }
-            }
-            collect(spawned, &mut registered, &mut failed);
         }
         drop(spawn_one);
         *counters.threads.lock().unwrap_or_else(|e| e.into_inner()) = served;
