@@ -68,9 +68,6 @@ pub(crate) struct Meta {
     closing: AtomicBool,
     /// Run by the heartbeat thread once it finds a new session ([`Meta::on_new_session`]).
     on_new_session: OnceLock<Arc<crate::records::RecordOwners>>,
-    /// The meta server's local socket, once a connection over it worked: reconnections try it
-    /// first ([`Meta::open`]). `None`: tcp.
-    local: Mutex<Option<PathBuf>>,
 }
 
 impl Meta {
@@ -83,12 +80,6 @@ impl Meta {
     ) -> Result<(Meta, ClusterInfo), Error> {
         let (client, info) = Meta::open(addr, None, cluster, token, host)?;
         let meta = Meta {
-            local: Mutex::new(
-                client
-                    .is_local()
-                    .then(|| info.local_rpc.clone().map(PathBuf::from))
-                    .flatten(),
-            ),
             addr: addr.into(),
             cluster: cluster.into(),
             token: token.into(),
@@ -244,11 +235,15 @@ impl Meta {
                 // Another thread reconnected while this one waited.
                 return Ok(conn);
             }
+            // The socket the last session's server offered is tried first (a restart keeps
+            // it where it was); one this client could not open fails at once.
             let local = self
-                .local
+                .latest
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .clone();
+                .local_rpc
+                .clone()
+                .map(PathBuf::from);
             match Meta::open(
                 &self.addr,
                 local.as_deref(),
@@ -257,10 +252,6 @@ impl Meta {
                 &self.host,
             ) {
                 Ok((client, info)) => {
-                    *self.local.lock().unwrap_or_else(PoisonError::into_inner) = client
-                        .is_local()
-                        .then(|| info.local_rpc.clone().map(PathBuf::from))
-                        .flatten();
                     tracing::warn!(
                         session = info.session,
                         "reconnected to the meta server: a new session; open files are \
