@@ -13,67 +13,32 @@
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// Connects to the Unix socket at `path`, trying for at most `timeout`. A plain `connect` waits
 /// for as long as the server's backlog stays full (a stopped server with many clients
-/// connecting), as a tcp connect to a silent host would without its bound.
+/// connecting), as a tcp connect to a silent host would without its bound. (socket2's
+/// `connect_timeout` does not do here: a non-blocking Unix connect that meets a full backlog
+/// fails with EAGAIN and leaves the socket unconnected, to be tried again, rather than
+/// connecting in the background as tcp does.)
 pub fn connect_local(path: &Path, timeout: Duration) -> io::Result<UnixStream> {
-    use std::os::unix::ffi::OsStrExt;
-    let bytes = path.as_os_str().as_bytes();
-    // SAFETY: `sockaddr_un` is plain data; all zeros is a valid (empty) value.
-    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-    if bytes.is_empty() || bytes.len() >= addr.sun_path.len() {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("{} is not a usable socket path", path.display()),
-        ));
-    }
-    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-    for (to, from) in addr.sun_path.iter_mut().zip(bytes) {
-        *to = *from as libc::c_char;
-    }
-    let len = (std::mem::size_of::<libc::sa_family_t>() + bytes.len() + 1) as libc::socklen_t;
-    // SAFETY: plain system call; the descriptor is owned right after.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_UNIX,
-            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
-            0,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fd` is a new descriptor of ours, owned by nothing else.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let addr = socket2::SockAddr::unix(path)?;
+    let socket = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None)?;
+    socket.set_nonblocking(true)?;
     let deadline = Instant::now() + timeout;
     let mut pause = Duration::from_millis(1);
     loop {
-        // SAFETY: `addr` is a valid `sockaddr_un` of `len` bytes, alive for the call.
-        let r = unsafe {
-            libc::connect(
-                fd.as_raw_fd(),
-                (&addr as *const libc::sockaddr_un).cast(),
-                len,
-            )
-        };
-        if r == 0 {
-            break;
-        }
-        let e = io::Error::last_os_error();
-        // A full backlog: a non-blocking Unix connect fails with EAGAIN and leaves the socket
-        // unconnected, to be tried again.
-        match e.raw_os_error() {
-            Some(libc::EINTR) => continue,
-            Some(libc::EAGAIN) if Instant::now() < deadline => {
+        match socket.connect(&addr) {
+            Ok(()) => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && Instant::now() < deadline => {
                 std::thread::sleep(pause.min(deadline.saturating_duration_since(Instant::now())));
                 pause = (pause * 2).min(Duration::from_millis(50));
             }
-            Some(libc::EAGAIN) => {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
                     format!(
@@ -82,12 +47,11 @@ pub fn connect_local(path: &Path, timeout: Duration) -> io::Result<UnixStream> {
                     ),
                 ))
             }
-            _ => return Err(e),
+            Err(e) => return Err(e),
         }
     }
-    let stream = UnixStream::from(fd);
-    stream.set_nonblocking(false)?;
-    Ok(stream)
+    socket.set_nonblocking(false)?;
+    Ok(UnixStream::from(std::os::fd::OwnedFd::from(socket)))
 }
 
 /// A connected stream to the meta server.
