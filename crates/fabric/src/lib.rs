@@ -37,6 +37,7 @@ pub mod region;
 pub mod shm;
 pub mod tcp;
 pub mod transport;
+mod word_copy;
 
 pub use addr::{RegionId, RemoteAddr};
 pub use batch::{AtomicHandle, Batch, Completions, ReadHandle, Verb};
