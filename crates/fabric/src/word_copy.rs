@@ -33,7 +33,7 @@
 //! Below [`BULK_MIN_BYTES`] the word loop is as fast (a string move has a start-up cost) and is
 //! what lock words, records and check words keep using.
 
-use std::sync::atomic::{fence, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Whole-word copies of at least this many bytes go through the string move.
 pub(crate) const BULK_MIN_BYTES: usize = 512;
@@ -46,9 +46,9 @@ pub(crate) const BULK_MIN_BYTES: usize = 512;
 #[inline]
 pub(crate) unsafe fn load_words(src: *const AtomicU64, out: &mut [u8]) {
     debug_assert!(out.len() % 8 == 0);
-    let words = out.len() / 8;
     #[cfg(target_arch = "x86_64")]
     if out.len() >= BULK_MIN_BYTES && (out.as_ptr() as usize) % 8 == 0 {
+        let words = out.len() / 8;
         // SAFETY: both ranges are valid for `words` quadwords (the caller's contract and
         // `out`'s length), 8-byte aligned (checked above; `AtomicU64`'s alignment), and do not
         // overlap (`out` is an exclusive borrow of memory that is not a region's).
@@ -56,7 +56,7 @@ pub(crate) unsafe fn load_words(src: *const AtomicU64, out: &mut [u8]) {
         return;
     }
     for (i, chunk) in out.chunks_exact_mut(8).enumerate() {
-        // SAFETY: `i < words`, within the caller's valid range.
+        // SAFETY: `i < out.len() / 8`, within the caller's valid range.
         let word = unsafe { &*src.add(i) };
         chunk.copy_from_slice(&word.load(Ordering::Acquire).to_le_bytes());
     }
@@ -71,9 +71,9 @@ pub(crate) unsafe fn load_words(src: *const AtomicU64, out: &mut [u8]) {
 #[inline]
 pub(crate) unsafe fn store_words(dst: *const AtomicU64, data: &[u8]) {
     debug_assert!(data.len() % 8 == 0);
-    let words = data.len() / 8;
     #[cfg(target_arch = "x86_64")]
     if data.len() >= BULK_MIN_BYTES && (data.as_ptr() as usize) % 8 == 0 {
+        let words = data.len() / 8;
         // SAFETY: as in `load_words`, with the roles swapped: `dst` is the region's words
         // (written through shared `AtomicU64`s, which permit mutation), `data` a buffer that is
         // not a region's.
@@ -82,7 +82,7 @@ pub(crate) unsafe fn store_words(dst: *const AtomicU64, data: &[u8]) {
     }
     for (i, chunk) in data.chunks_exact(8).enumerate() {
         let value = u64::from_le_bytes(chunk.try_into().expect("8 bytes"));
-        // SAFETY: `i < words`, within the caller's valid range.
+        // SAFETY: `i < data.len() / 8`, within the caller's valid range.
         let word = unsafe { &*dst.add(i) };
         word.store(value, Ordering::Release);
     }
@@ -106,7 +106,7 @@ unsafe fn move_quadwords(src: *const u64, dst: *mut u64, words: usize) {
             options(nostack, preserves_flags),
         );
     }
-    fence(Ordering::SeqCst);
+    std::sync::atomic::fence(Ordering::SeqCst);
 }
 
 #[cfg(test)]
