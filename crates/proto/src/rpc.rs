@@ -920,10 +920,16 @@ const SPIN: Duration = Duration::from_micros(30);
 /// reader that sleeps in `read` is woken by the answer's arrival: on a virtual machine that
 /// wake-up of an idle CPU costs several microseconds of a metadata call's 25–30 µs (16-core
 /// machine, `bench meta`'s `rpc` row). Polling first keeps the CPU awake for the usual answer.
+///
+/// Settled once per process, by the first connection made ([`SharedClient::over`]): the CPU
+/// count comes from `available_parallelism`, which follows the *calling thread's* affinity, and
+/// a FUSE ring thread is pinned to one CPU. Settled there, by a thread of the mount's start, a
+/// call first made on a ring thread cannot turn the poll off for the whole process.
 fn spin_budget() -> Duration {
-    static BUDGET: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
-    *BUDGET.get_or_init(|| poll_budget(SPIN))
+    *SPIN_BUDGET.get_or_init(|| poll_budget(SPIN))
 }
+
+static SPIN_BUDGET: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
 
 /// `budget` on a machine of at least 4 CPUs, nothing on a smaller one: how long either end of
 /// an RPC connection may watch its socket without sleeping, waiting for the other's bytes. On
@@ -1002,8 +1008,10 @@ impl SharedClient {
         SharedClient::over(Client::connect_local(path, credentials, role)?, timeout)
     }
 
-    /// The connection of `client`, whose handshake is done, shared.
+    /// The connection of `client`, whose handshake is done, shared. Settles [`spin_budget`]
+    /// on this thread if no connection did before.
     fn over(client: Client, timeout: Option<Duration>) -> Result<SharedClient, RpcError> {
+        spin_budget();
         let Client {
             reader, welcome, ..
         } = client;
