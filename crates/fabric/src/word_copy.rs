@@ -5,8 +5,9 @@
 //! A region is touched only through `AtomicU64` words (each aligned word is loaded or stored
 //! whole, never torn), and a loop of 8-byte atomic loads or stores is what the compiler makes of
 //! that: it never merges them into wider moves. For a bulk copy that loop is much slower than a
-//! `memcpy`: measured on the 2-core development VM, 1 MiB from a cold region into a buffer took
-//! 113–128 µs word by word against 76–88 µs with `rep movsq`, and 1 MiB into a region 192–217 µs
+//! `memcpy`: measured on the 2-core development VM (a throwaway loop copying 1 MiB at a time
+//! through a 512 MiB array of words, so that the region side is cold), 1 MiB out of the words
+//! took 113–128 µs word by word against 76–88 µs with `rep movsq`, and 1 MiB into them 192–217 µs
 //! against 88–93 µs (the loop's 8-byte stores each read the destination line for ownership;
 //! the string move's fast path does not). A 1 MiB read or write through a mount spends most of
 //! its time in this copy (issue 11: 1 MiB read at 0.57× the FUSE ceiling on 16 cores).
@@ -35,8 +36,17 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Whole-word copies of at least this many bytes go through the string move.
+/// Whole-word copies of at least this many bytes go through the string move (x86-64 only).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) const BULK_MIN_BYTES: usize = 512;
+
+/// Whether a copy to or from `buffer` (the side that is not a region's, whose words are
+/// aligned anyway) takes the string move (x86-64 only): long enough and 8-byte aligned.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn takes_string_move(buffer: &[u8]) -> bool {
+    buffer.len() >= BULK_MIN_BYTES && (buffer.as_ptr() as usize) % 8 == 0
+}
 
 /// Copies `out.len() / 8` words starting at `src` into `out`, each word loaded whole.
 ///
@@ -47,7 +57,7 @@ pub(crate) const BULK_MIN_BYTES: usize = 512;
 pub(crate) unsafe fn load_words(src: *const AtomicU64, out: &mut [u8]) {
     debug_assert!(out.len() % 8 == 0);
     #[cfg(target_arch = "x86_64")]
-    if out.len() >= BULK_MIN_BYTES && (out.as_ptr() as usize) % 8 == 0 {
+    if takes_string_move(out) {
         let words = out.len() / 8;
         // SAFETY: both ranges are valid for `words` quadwords (the caller's contract and
         // `out`'s length), 8-byte aligned (checked above; `AtomicU64`'s alignment), and do not
@@ -72,7 +82,7 @@ pub(crate) unsafe fn load_words(src: *const AtomicU64, out: &mut [u8]) {
 pub(crate) unsafe fn store_words(dst: *const AtomicU64, data: &[u8]) {
     debug_assert!(data.len() % 8 == 0);
     #[cfg(target_arch = "x86_64")]
-    if data.len() >= BULK_MIN_BYTES && (data.as_ptr() as usize) % 8 == 0 {
+    if takes_string_move(data) {
         let words = data.len() / 8;
         // SAFETY: as in `load_words`, with the roles swapped: `dst` is the region's words
         // (written through shared `AtomicU64`s, which permit mutation), `data` a buffer that is
@@ -123,7 +133,8 @@ mod tests {
     /// loop's path), copy exactly their words both ways.
     #[test]
     fn copies_match_the_word_loop_at_every_size_and_alignment() {
-        for len_words in [0, 1, 7, 63, 64, 65, 100, 1000, 4096] {
+        let threshold = BULK_MIN_BYTES / 8;
+        for len_words in [0, 1, 7, threshold - 1, threshold, threshold + 1, 1000, 4096] {
             for skew in [0usize, 1, 3, 8] {
                 let region = words(len_words);
                 let mut backing = vec![0u8; len_words * 8 + 16];
@@ -153,7 +164,8 @@ mod tests {
 
     /// Bulk loads racing with stores of whole words never see a torn word: every word
     /// read is one some store wrote (all eight bytes alike), for as long as the race runs.
-    /// And bulk stores racing with word loads are never seen torn either.
+    /// The stores alternate between the word loop and the bulk path, so torn bulk stores
+    /// would show too.
     #[test]
     fn racing_bulk_copies_never_tear_a_word() {
         const WORDS: usize = 1 << 12;

@@ -178,12 +178,10 @@ impl Meta {
             pid: std::process::id(),
         };
         let credentials = fabric::Credentials::new(cluster.to_owned(), token.to_owned());
+        let rpc_error = |at: String| move |source| Error::Rpc { addr: at, source };
         let local_session = |path: &Path| {
             rpc::SharedClient::connect_local(path, &credentials, role.clone(), Some(CALL_TIMEOUT))
-                .map_err(|source| Error::Rpc {
-                    addr: path.display().to_string(),
-                    source,
-                })
+                .map_err(rpc_error(path.display().to_string()))
                 .and_then(|client| welcomed(client, addr))
         };
         if let Some(path) = local {
@@ -196,10 +194,7 @@ impl Meta {
         }
         let client =
             rpc::SharedClient::connect(addr, &credentials, role.clone(), Some(CALL_TIMEOUT))
-                .map_err(|source| Error::Rpc {
-                    addr: addr.to_owned(),
-                    source,
-                })?;
+                .map_err(rpc_error(addr.to_owned()))?;
         let (client, info) = welcomed(client, addr)?;
         let offered = match (&info.local_rpc, local) {
             (Some(path), None) => Path::new(path),
@@ -550,7 +545,6 @@ impl Drop for Heartbeat {
     }
 }
 
-/// Whether `e` is the meta server refusing this client (which retrying cannot change).
 /// The session `client`'s handshake opened, with what the server said; `addr` names the server
 /// in errors.
 fn welcomed(
@@ -568,6 +562,7 @@ fn welcomed(
     }
 }
 
+/// Whether `e` is the meta server refusing this client (which retrying cannot change).
 fn is_refusal(e: &Error) -> bool {
     matches!(e, Error::Rpc { source, .. } if source.is_refusal())
 }

@@ -354,26 +354,25 @@ impl MetaServer {
         let (stop_tx, stop_rx) = watch::channel(false);
         let awake = awake::AwakeServe::new(config.idle_poll);
         let connections = fabric::handshake::Admission::new(service.settings.connection_limits);
-        runtime.spawn(rpc::accept_loop(
-            rpc::Listener::Tcp(listener),
-            service.clone(),
-            stop_rx.clone(),
-            connections.clone(),
-            awake.clone(),
-        ));
+        // Both listeners are served alike: the same service, stop signal, limits and awake
+        // serving.
+        let serve = |listener: rpc::Listener| {
+            runtime.spawn(rpc::accept_loop(
+                listener,
+                service.clone(),
+                stop_rx.clone(),
+                connections.clone(),
+                awake.clone(),
+            ));
+        };
+        serve(rpc::Listener::Tcp(listener));
         // The local socket is served by the runtime; if it cannot be, its file goes (dropped
         // here), so that clients told of it fail to connect at once and stay on tcp.
         let local_socket = local_socket.and_then(|mut socket| {
             let _runtime = runtime.enter();
             match tokio::net::UnixListener::from_std(socket.listener.take()?) {
                 Ok(listener) => {
-                    runtime.spawn(rpc::accept_loop(
-                        rpc::Listener::Local(listener),
-                        service.clone(),
-                        stop_rx.clone(),
-                        connections.clone(),
-                        awake.clone(),
-                    ));
+                    serve(rpc::Listener::Local(listener));
                     tracing::info!(
                         path = %socket.path.display(),
                         "meta server listening on a local socket too"

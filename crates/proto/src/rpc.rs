@@ -926,10 +926,9 @@ const SPIN: Duration = Duration::from_micros(30);
 /// a FUSE ring thread is pinned to one CPU. Settled there, by a thread of the mount's start, a
 /// call first made on a ring thread cannot turn the poll off for the whole process.
 fn spin_budget() -> Duration {
-    *SPIN_BUDGET.get_or_init(|| poll_budget(SPIN))
+    static BUDGET: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *BUDGET.get_or_init(|| poll_budget(SPIN))
 }
-
-static SPIN_BUDGET: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
 
 /// `budget` on a machine of at least 4 CPUs, nothing on a smaller one: how long either end of
 /// an RPC connection may watch its socket without sleeping, waiting for the other's bytes. On

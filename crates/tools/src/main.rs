@@ -7,6 +7,9 @@ mod report;
 mod soak;
 
 use anyhow::Result;
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use cmd::config::{init_logging, log_from_env};
+use cmd::roles::SETTINGS_HELP;
 
 /// mimalloc instead of glibc's malloc. The servers and the client allocate and free small
 /// buffers on every request from many threads (RPC frames, batches, encoded attributes); glibc's
@@ -14,9 +17,6 @@ use anyhow::Result;
 /// `malloc_consolidate` on the 2-core VM (`perf`, `bench meta --fs library`).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
-use cmd::config::{init_logging, log_from_env};
-use cmd::roles::SETTINGS_HELP;
 
 /// CitronFS: a distributed in-memory file system with one-sided range locks (CITRON).
 #[derive(Parser)]
