@@ -77,6 +77,11 @@ impl DataServer {
             &Credentials::new(config.cluster.clone(), config.token.clone()),
         )
         .with_context(|| format!("serving the data region at {at:?}"))?;
+        // A meta server that restarted fences the clients of its earlier run here before it
+        // zeroes or hands out a chunk of this server (`Service::register_data_server`).
+        server
+            .accept_session_floors()
+            .context("offering the session floor procedure")?;
         let incarnation = incarnation(&config.backing, kept)?;
         // The word clients check after their data verbs (proto::INCARNATION_REGION): memory
         // only, written anew at every start — and registered before the data region, because

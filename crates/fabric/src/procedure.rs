@@ -23,6 +23,28 @@ use std::sync::{Arc, PoisonError, RwLock};
 /// [`FabricError::Unsupported`].
 pub type ProcedureId = u32;
 
+/// The procedure of [`crate::TcpServer::accept_session_floors`]: raises the server's session
+/// floor ([`crate::FabricServer::refuse_sessions_before`]) on a sessionless peer's behalf.
+pub const SESSION_FLOOR: ProcedureId = 0xF100_0001;
+
+/// Has the server behind `endpoint` refuse every client session numbered below `floor`, and
+/// returns once no batch of theirs can execute there any more: `Ok(true)`. `Ok(false)` where
+/// the server cannot ([`crate::FabricServer::can_fence`]: on shm and mem, clients map or reach
+/// the memory themselves) or does not offer it. `endpoint` must be sessionless (session 0).
+///
+/// This is how a meta server that restarted cuts off, at a data server, the clients of its
+/// earlier run that have not noticed the restart, before it zeroes a chunk there or hands one
+/// out: a write of theirs, through a chunk location the crash forgot, would otherwise land in
+/// a chunk that is free again, or another file's.
+pub fn raise_session_floor(endpoint: &mut dyn crate::Endpoint, floor: u64) -> Result<bool> {
+    let mut reply = Vec::new();
+    match endpoint.call(SESSION_FLOOR, &floor.to_le_bytes(), &mut reply) {
+        Ok(()) => Ok(true),
+        Err(FabricError::Unsupported(_)) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Most bytes of a call's arguments or of its result.
 pub const MAX_CALL_BYTES: usize = 64 << 10;
 

@@ -402,6 +402,16 @@ impl FabricServer {
         }
     }
 
+    /// Lets a sessionless peer raise the session floor of this server
+    /// ([`TcpServer::accept_session_floors`], [`crate::procedure::raise_session_floor`]).
+    /// Returns whether the backend can (tcp); elsewhere there is nothing to refuse with.
+    pub fn accept_session_floors(&self) -> Result<bool> {
+        match &self.served {
+            Served::Tcp(tcp) => tcp.accept_session_floors().map(|()| true),
+            Served::Mem { .. } | Served::Shm(_) => Ok(false),
+        }
+    }
+
     /// Whether this backend can fence client sessions ([`FabricServer::revoke`]).
     pub fn can_fence(&self) -> bool {
         matches!(self.served, Served::Tcp(_))

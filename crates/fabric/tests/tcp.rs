@@ -744,7 +744,8 @@ fn sessions_below_the_floor_are_fenced() {
     batch.write(word, &2u64.to_le_bytes());
     let err = old.execute(&batch, &mut Completions::new()).unwrap_err();
     assert!(
-        matches!(&err, FabricError::Refused(why) if why.contains("session 99 was revoked")),
+        matches!(&err, FabricError::SessionBehind(why)
+            if why.contains("session 99 is of an earlier run") && why.contains("start at 100")),
         "{err:?}"
     );
     assert_eq!(
@@ -772,6 +773,53 @@ fn sessions_below_the_floor_are_fenced() {
     none.write_u64(word, 4).unwrap();
     let mut later = TcpEndpoint::connect_session(server.local_addr(), &creds(), 101).unwrap();
     assert_eq!(later.read_u64(word).unwrap(), 4);
+    assert_healthy(&server);
+}
+
+/// A server that accepts session floors lets a sessionless peer (the meta server) raise its
+/// floor with one call, which fences an established connection of an older session at once;
+/// a client session may not call it, a malformed floor is refused, and a server that does not
+/// offer it says so as `Ok(false)`, not as an error.
+#[test]
+fn a_sessionless_peer_raises_the_session_floor() {
+    use fabric::procedure::raise_session_floor;
+    let (server, _connector) = setup();
+    let mut old = TcpEndpoint::connect_session(server.local_addr(), &creds(), 99).unwrap();
+    let mut meta = TcpEndpoint::connect_session(server.local_addr(), &creds(), 0).unwrap();
+    let word = addr(64);
+    old.write_u64(word, 1).unwrap();
+    assert!(
+        !raise_session_floor(&mut meta, 100).unwrap(),
+        "not offered yet"
+    );
+    old.write_u64(word, 2).unwrap();
+
+    server.accept_session_floors().unwrap();
+    let mut client = TcpEndpoint::connect_session(server.local_addr(), &creds(), 150).unwrap();
+    let err = raise_session_floor(&mut client, 200).unwrap_err();
+    assert!(
+        matches!(&err, FabricError::Procedure(why) if why.contains("only a sessionless peer")),
+        "{err:?}"
+    );
+    let mut meta = TcpEndpoint::connect_session(server.local_addr(), &creds(), 0).unwrap();
+    let mut result = Vec::new();
+    let err = meta
+        .call(fabric::procedure::SESSION_FLOOR, &[1, 2, 3], &mut result)
+        .unwrap_err();
+    assert!(
+        matches!(&err, FabricError::Procedure(why) if why.contains("8 bytes, not 3")),
+        "{err:?}"
+    );
+    assert!(raise_session_floor(&mut meta, 100).unwrap());
+    let err = old.write_u64(word, 3).unwrap_err();
+    assert!(matches!(err, FabricError::SessionBehind(_)), "{err:?}");
+    assert!(matches!(
+        TcpEndpoint::connect_session(server.local_addr(), &creds(), 99),
+        Err(FabricError::SessionBehind(_))
+    ));
+    assert_eq!(meta.read_u64(word).unwrap(), 2, "the fenced write landed");
+    client.write_u64(word, 4).unwrap();
+    assert_eq!(meta.read_u64(word).unwrap(), 4);
     assert_healthy(&server);
 }
 

@@ -791,6 +791,14 @@ impl Service {
             .clone();
         let _registering = lock(&one_at_a_time);
         let mut endpoint = self.connect_fabric(&fabric)?;
+        // Before anything is zeroed or allocated there: clients of an earlier run of this
+        // server that have not noticed the restart may still hold chunk locations the crash
+        // forgot (allocations it rolled back), and their writes would land in chunks that the
+        // scrub below zeroes and this run hands to other files (a soak found a record slot
+        // holding another file's bytes). From now on the data server refuses their sessions,
+        // and no batch of theirs is still executing (tcp; on shm clients map the region
+        // themselves and nothing can be refused: DESIGN.md "Fencing").
+        fabric::procedure::raise_session_floor(&mut *endpoint, self.settings.first_session)?;
         let (record, lost) = {
             // Serialized with allocations (the lost-chunk scan must be exact).
             let _st = lock(&self.state);

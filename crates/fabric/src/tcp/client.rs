@@ -748,6 +748,13 @@ impl TcpEndpoint {
                 self.broken = Some(why.clone());
                 FabricError::Refused(why)
             }
+            e @ RemoteError::SessionBehind { .. } => {
+                // The server closes the connection after this one; nothing executed. Not a
+                // fence: the client catches up with the restarted meta server and joins again.
+                let why = format!("{}: {e}", self.peer);
+                self.broken = Some(why.clone());
+                FabricError::SessionBehind(why)
+            }
             e @ RemoteError::FrameTooLarge { .. } => {
                 // The server closes the connection after this one.
                 let why = format!("{} refused a request: {e}", self.peer);

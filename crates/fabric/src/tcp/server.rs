@@ -537,6 +537,17 @@ impl Session {
     /// Answers that the connection's session was revoked; the connection is then closed.
     fn refuse_revoked(&mut self) -> Next {
         let session = self.gate.session;
+        let shared = &self.gate.shared;
+        if shared.is_behind(session) {
+            let floor = shared.session_floor.load(Ordering::SeqCst);
+            tracing::info!(
+                session,
+                floor,
+                "fabric tcp: a request of an earlier run's session refused; closing its connection"
+            );
+            self.send(&Reply::Error(RemoteError::SessionBehind { session, floor }));
+            return Next::Close;
+        }
         tracing::info!(
             session,
             "fabric tcp: a request of a revoked session refused; closing its connection"
@@ -642,6 +653,50 @@ impl Session {
             }
             Err(e) => Err(RemoteError::Procedure(e.to_string())),
         }
+    }
+}
+
+/// [`TcpServer::accept_session_floors`]'s procedure. Holds the server weakly: the procedure
+/// table is part of what it points to.
+struct FloorProcedure {
+    shared: std::sync::Weak<Shared>,
+}
+
+impl Procedure for FloorProcedure {
+    fn open(&self, _host: Arc<dyn Connector>, session: u64) -> Result<Box<dyn ProcedureSession>> {
+        if session != 0 {
+            return Err(FabricError::Refused(format!(
+                "session {session} may not set the session floor: only a sessionless peer (the                  meta server) may"
+            )));
+        }
+        Ok(Box::new(FloorCalls {
+            shared: self.shared.clone(),
+        }))
+    }
+}
+
+struct FloorCalls {
+    shared: std::sync::Weak<Shared>,
+}
+
+impl ProcedureSession for FloorCalls {
+    fn call(&mut self, args: &[u8], _reply: &mut Vec<u8>) -> Result<()> {
+        let floor = <[u8; 8]>::try_from(args)
+            .map(u64::from_le_bytes)
+            .map_err(|_| {
+                FabricError::Protocol(format!(
+                    "a session floor is 8 bytes, not {} bytes",
+                    args.len()
+                ))
+            })?;
+        let shared = self
+            .shared
+            .upgrade()
+            .ok_or_else(|| FabricError::Disconnected("the server is stopping".into()))?;
+        // Runs on the caller's connection thread, which is not executing a batch (its gate is
+        // idle during a call), so the wait for the fenced sessions' batches cannot wait on it.
+        shared.refuse_sessions_before(floor);
+        Ok(())
     }
 }
 
@@ -896,12 +951,29 @@ impl TcpServer {
 
     /// Fences every client session numbered below `floor` (0, no session, excepted): the
     /// sessions of an earlier run of a server that numbers them upwards from its start (the
-    /// meta server). Their open connections execute nothing more, as a revoked session's; a
-    /// new connection is refused with [`Refusal::SessionBehind`](crate::handshake::Refusal)
-    /// (the client's [`FabricError::SessionBehind`]), which tells a client behind a restart
-    /// from a fenced one. Returns once no batch of theirs can execute any more.
+    /// meta server). Their open connections execute nothing more, as a revoked session's (the
+    /// next request is answered [`RemoteError::SessionBehind`](super::wire::RemoteError) and
+    /// the connection closed); a new connection is refused with
+    /// [`Refusal::SessionBehind`](crate::handshake::Refusal). Either is the client's
+    /// [`FabricError::SessionBehind`], which tells a client behind a restart from a fenced
+    /// one. Returns once no batch of theirs can execute any more.
     pub fn refuse_sessions_before(&self, floor: u64) {
         self.shared.refuse_sessions_before(floor);
+    }
+
+    /// Lets a sessionless peer (the meta server, which connects with session 0) raise this
+    /// server's session floor with the [`SESSION_FLOOR`](crate::procedure::SESSION_FLOOR)
+    /// procedure, as [`TcpServer::refuse_sessions_before`] does here: a data server offers it
+    /// so that a restarted meta server fences every client session of its earlier run before
+    /// it zeroes or hands out any of the server's chunks (see
+    /// [`crate::procedure::raise_session_floor`]). Client sessions (non-zero) may not call it.
+    pub fn accept_session_floors(&self) -> Result<()> {
+        self.shared.add_procedure(
+            crate::procedure::SESSION_FLOOR,
+            Arc::new(FloorProcedure {
+                shared: Arc::downgrade(&self.shared),
+            }),
+        )
     }
 
     /// The number of open connections (authenticated or not).

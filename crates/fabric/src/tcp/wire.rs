@@ -186,6 +186,19 @@ pub enum RemoteError {
         /// Why it failed.
         why: String,
     },
+    /// The connection's session is of an earlier run of the server that numbers sessions (the
+    /// meta server restarted: `TcpServer::refuse_sessions_before`), not revoked: its client is
+    /// behind a restart and joins again. Nothing executed, and the server closes the
+    /// connection.
+    #[error(
+        "session {session} is of an earlier run of the meta server (sessions start at {floor})"
+    )]
+    SessionBehind {
+        /// The connection's session.
+        session: u64,
+        /// The floor it is below.
+        floor: u64,
+    },
 }
 
 /// A server-to-client message.

@@ -51,7 +51,8 @@ pub struct SoakArgs {
     /// Seed of the random choices (kills, workloads); random by default, printed.
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Keep the soak's directory (journals, logs, database, regions) and print where it is.
+    /// Keep the soak's directory (journals, logs, database, regions) and print where it is; a
+    /// soak whose verification fails keeps it anyway.
     #[arg(long)]
     pub keep: bool,
     /// One JSON object instead of a table.
@@ -128,7 +129,12 @@ impl Soak {
         match role {
             Role::Meta => {
                 cmd.args(["meta-server", "--cluster", CLUSTER, "--fabric", fabric])
-                    .args(["--chunk-size", "64K", "--region-size", "64M"])
+                    .args([
+                        "--chunk-size",
+                        &verify::CHUNK.to_string(),
+                        "--region-size",
+                        "64M",
+                    ])
                     .arg("--listen")
                     .arg(self.listen.to_string())
                     .arg("--db")
@@ -362,8 +368,13 @@ pub fn run(args: SoakArgs) -> Result<()> {
     }
     let verdict = verify_all(&soak, done.last_server_restart_ms)
         .and_then(|found| Ok((found, fsck_at_rest(&soak)?)));
-    // Kept whatever the verdict, a failed verification included: its logs say why.
-    if args.keep {
+    // Kept when asked for whatever the verdict, and when the verdict is not clean: its
+    // journals, logs and regions are the evidence.
+    let failed = match &verdict {
+        Ok((found, fsck)) => !found.clean() || !fsck.clean(),
+        Err(_) => true,
+    };
+    if args.keep || failed {
         let kept = dir.keep();
         let shm = shm.keep();
         eprintln!(

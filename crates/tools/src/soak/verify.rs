@@ -27,9 +27,11 @@ enum State {
         seed: u64,
         len: u64,
     },
-    /// A prefix of `pattern(seed)` of at most `len` bytes (a create whose write may have been
-    /// cut short).
-    Prefix {
+    /// At most `len` bytes, each `pattern(seed)`'s or zero: a create whose write was cut
+    /// short. A write is not atomic when it fails: its data verbs go to several data servers
+    /// at once and the size is raised beside them, so any of its blocks may have landed and
+    /// the others read zeros (fs-client's `io`, "A write that fails after its raises landed").
+    Partial {
         seed: u64,
         len: u64,
     },
@@ -87,6 +89,9 @@ struct Expected {
     /// candidates a torn slot's pieces are matched against ([`describe_torn`]).
     written: HashMap<u32, BTreeSet<u64>>,
     files: BTreeMap<String, Vec<State>>,
+    /// Every private file a journal says was (or may have been) created: name, seed, length —
+    /// what a torn slot's foreign bytes are matched against too.
+    creates: Vec<(String, u64, u64)>,
 }
 
 impl Expected {
@@ -132,6 +137,7 @@ impl Expected {
                     }
                 }
                 Op::Create { name, seed, len } => {
+                    self.creates.push((name.clone(), *seed, *len));
                     let after = if acked {
                         vec![State::Data {
                             seed: *seed,
@@ -140,7 +146,7 @@ impl Expected {
                     } else {
                         vec![
                             State::Absent,
-                            State::Prefix {
+                            State::Partial {
                                 seed: *seed,
                                 len: *len,
                             },
@@ -162,7 +168,7 @@ impl Expected {
                 Op::Truncate { name, len } => {
                     let before = self.certain(name);
                     let after = match &before {
-                        State::Data { seed, .. } | State::Prefix { seed, .. } => State::Data {
+                        State::Data { seed, .. } | State::Partial { seed, .. } => State::Data {
                             seed: *seed,
                             len: *len,
                         },
@@ -196,8 +202,11 @@ fn matches(state: &State, data: Option<&[u8]>) -> bool {
         (State::Data { seed, len }, Some(d)) => {
             d.len() as u64 == *len && d == testkit::pattern(*seed, 0, d.len()).as_slice()
         }
-        (State::Prefix { seed, len }, Some(d)) => {
-            d.len() as u64 <= *len && d == testkit::pattern(*seed, 0, d.len()).as_slice()
+        (State::Partial { seed, len }, Some(d)) => {
+            d.len() as u64 <= *len
+                && d.iter()
+                    .zip(testkit::pattern(*seed, 0, d.len()))
+                    .all(|(&got, want)| got == want || got == 0)
         }
         _ => false,
     }
@@ -209,7 +218,7 @@ fn matches(state: &State, data: Option<&[u8]>) -> bool {
 fn differences(states: &[State], data: &[u8]) -> String {
     let mut out = String::new();
     for state in states {
-        let (State::Data { seed, .. } | State::Prefix { seed, .. }) = state else {
+        let (State::Data { seed, .. } | State::Partial { seed, .. }) = state else {
             continue;
         };
         let expected = testkit::pattern(*seed, 0, data.len());
@@ -230,14 +239,20 @@ fn differences(states: &[State], data: &[u8]) -> String {
 
 /// What a torn slot holds, piece by piece, for the report: each run of 4 KiB file blocks (the
 /// lock unit; chunks and data servers change at such boundaries too) named by the record it
-/// matches among `candidates` (records `seq` of client `owner`), or as zeros, or as unknown bytes — so that a
-/// failure says whether a part was lost (zeros), left behind by an older write, or cut short
-/// (a read shorter than a record, e.g. a size below the slot's end).
-fn describe_torn(slot: u32, owner: u32, bytes: &[u8], candidates: &BTreeSet<u64>) -> String {
+/// matches among the slot's own (records `seq` of its owner), or as zeros, or — for foreign
+/// bytes — by where else they belong ([`foreign`]), or as unknown bytes; so that a failure says
+/// whether a part was lost (zeros), left behind by an older write, written through a mapping
+/// of another file or offset, or cut short (a read shorter than a record, e.g. a size below
+/// the slot's end).
+fn describe_torn(slot: u32, bytes: &[u8], expected: &Expected, clients: u32) -> String {
     const BLOCK: u64 = 4096;
     let start = u64::from(slot) * RECORD as u64;
-    let records: Vec<(u64, Vec<u8>)> = candidates
-        .iter()
+    let owner = slot % clients.max(1);
+    let records: Vec<(u64, Vec<u8>)> = expected
+        .written
+        .get(&slot)
+        .into_iter()
+        .flatten()
         .map(|&seq| (seq, super::journal::record(slot, owner, seq)))
         .collect();
     let mut pieces: Vec<(u64, u64, String)> = Vec::new();
@@ -253,7 +268,9 @@ fn describe_torn(slot: u32, owner: u32, bytes: &[u8], candidates: &BTreeSet<u64>
             records
                 .iter()
                 .find(|(_, r)| r.get(lo..hi) == Some(piece))
-                .map_or("unknown bytes".to_string(), |(q, _)| format!("record {q}"))
+                .map(|(q, _)| format!("record {q}"))
+                .or_else(|| foreign(at, piece, expected, clients))
+                .unwrap_or_else(|| "unknown bytes".to_string())
         };
         match pieces.last_mut() {
             Some((_, e, w)) if *w == what => *e = next,
@@ -267,6 +284,49 @@ fn describe_torn(slot: u32, owner: u32, bytes: &[u8], candidates: &BTreeSet<u64>
     }
     out
 }
+
+/// Where foreign bytes `piece`, read at `at` in the shared file, belong, if anywhere the
+/// journals know: at the same place in another chunk of the shared file (one chunk mapped
+/// twice), or at a 4 KiB-aligned offset of a private file (a chunk of another file, reused or
+/// written through a stale mapping).
+fn foreign(at: u64, piece: &[u8], expected: &Expected, clients: u32) -> Option<String> {
+    let in_chunk = at % CHUNK;
+    // Another chunk of the shared file, at the same offset in its chunk.
+    let slots = expected
+        .written
+        .keys()
+        .max()
+        .map_or(0, |&s| u64::from(s) + 1);
+    let chunks = (slots * RECORD as u64).div_ceil(CHUNK);
+    for chunk in 0..chunks {
+        let there = chunk * CHUNK + in_chunk;
+        let slot = (there / RECORD as u64) as u32;
+        let within = (there % RECORD as u64) as usize;
+        let Some(seqs) = expected.written.get(&slot) else {
+            continue;
+        };
+        for &seq in seqs {
+            let r = super::journal::record(slot, slot % clients.max(1), seq);
+            let n = piece.len().min(RECORD - within);
+            if there != at && r[within..within + n] == piece[..n] {
+                return Some(format!("record {seq} of slot {slot} (file offset {there})"));
+            }
+        }
+    }
+    // A private file, at any 4 KiB-aligned offset.
+    for (name, seed, len) in &expected.creates {
+        for off in (0..*len).step_by(4096) {
+            let n = piece.len().min((*len - off) as usize);
+            if testkit::pattern(*seed, off, n) == piece[..n] {
+                return Some(format!("file {name} at offset {off}"));
+            }
+        }
+    }
+    None
+}
+
+/// The soak's chunk size (its meta server's `--chunk-size`).
+pub const CHUNK: u64 = 64 * 1024;
 
 /// Verifies the file system `fs` against `journals` (every client life's entries); the last
 /// server restart was at `last_restart` (ms since the Unix epoch).
@@ -331,9 +391,8 @@ pub fn verify(
             Slot::Torn if later_pending => found.interrupted += 1,
             Slot::Torn => {
                 found.torn += 1;
-                let candidates = expected.written.get(&slot).cloned().unwrap_or_default();
                 // Slot s belongs to client s mod clients (`client`'s `mine`).
-                let owner = slot % (slots / super::SLOTS_PER_CLIENT).max(1);
+                let clients = slots / super::SLOTS_PER_CLIENT;
                 found.problems.push(format!(
                     "slot {slot}: torn record, and no interrupted write explains it (last \
                      acknowledged: {}, not acknowledged: {:?}); {}",
@@ -341,7 +400,7 @@ pub fn verify(
                     pending
                         .map(|p| p.iter().collect::<Vec<_>>())
                         .unwrap_or_default(),
-                    describe_torn(slot, owner, &bytes, &candidates)
+                    describe_torn(slot, &bytes, &expected, clients)
                 ));
             }
         }
@@ -413,7 +472,9 @@ mod tests {
         let zeroed = boundary + 4 * 4_096;
         bytes[zeroed..zeroed + 4_096].fill(0);
         bytes[zeroed + 4_096..zeroed + 8_192].fill(0xEE);
-        let said = describe_torn(slot, owner, &bytes, &[5, 7].into_iter().collect());
+        let mut expected = Expected::default();
+        expected.written.insert(slot, [5, 7].into_iter().collect());
+        let said = describe_torn(slot, &bytes, &expected, 2);
         assert_eq!(
             said,
             "read 47008 of 47008 bytes at 611104: 611104..614400 record 5; 614400..630784 \
@@ -421,8 +482,35 @@ mod tests {
              record 7;"
         );
         // A short read says so.
-        let said = describe_torn(slot, owner, &bytes[..boundary], &BTreeSet::new());
+        let said = describe_torn(slot, &bytes[..boundary], &Expected::default(), 2);
         assert!(said.starts_with("read 3296 of 47008"), "{said}");
+    }
+
+    #[test]
+    fn foreign_bytes_are_traced_to_the_file_or_chunk_they_belong_to() {
+        use super::super::journal::record;
+        // Slot 29 (client 1 of 2) holds, in its block at 1,368,064 (offset 57,344 of chunk 20),
+        // bytes of private file "c0.0.3" at 8,192; in the next block, the bytes found at the
+        // same place of chunk 3 (offset 57,344 + 3 × 64 KiB = 253,952: slot 5, record 4).
+        let slot = 29;
+        let start = slot as usize * RECORD;
+        let mut bytes = vec![0u8; RECORD];
+        let a = 1_368_064 - start;
+        bytes[a..a + 4096].copy_from_slice(&testkit::pattern(99, 8192, 4096));
+        let in_slot5 = 253_952 + 4096 - 5 * RECORD;
+        bytes[a + 4096..a + 8192].copy_from_slice(&record(5, 1, 4)[in_slot5..in_slot5 + 4096]);
+        let mut expected = Expected::default();
+        expected.creates.push(("c0.0.3".into(), 99, 20_000));
+        expected.written.insert(5, [4].into_iter().collect());
+        let said = describe_torn(slot, &bytes, &expected, 2);
+        assert!(
+            said.contains("1368064..1372160 file c0.0.3 at offset 8192;"),
+            "{said}"
+        );
+        assert!(
+            said.contains("1372160..1376256 record 4 of slot 5 (file offset 258048);"),
+            "{said}"
+        );
     }
 
     #[test]
@@ -485,5 +573,17 @@ mod tests {
         assert!(matches(&e.files["f"][1], Some(&testkit::pattern(1, 0, 4))));
         assert!(!matches(&e.files["f"][1], Some(&testkit::pattern(2, 0, 4))));
         assert!(!matches(&e.files["f"][1], None));
+        // An interrupted create: any of its blocks may have landed, the rest read zeros.
+        let partial = State::Partial { seed: 1, len: 10 };
+        let mut d = testkit::pattern(1, 0, 10);
+        d[2..6].fill(0);
+        assert!(matches(&partial, Some(&d)));
+        assert!(matches(&partial, Some(&d[..4])));
+        d[7] = d[7].wrapping_add(1).max(1);
+        assert!(!matches(&partial, Some(&d)), "a foreign byte");
+        assert!(
+            !matches(&partial, Some(&testkit::pattern(1, 0, 11))),
+            "too long"
+        );
     }
 }
