@@ -315,6 +315,7 @@ impl MetaServer {
             max_open_per_session: config.max_open_per_session,
             max_record_locks_per_session: config.max_record_locks_per_session,
             first_session,
+            earlier_leases_until: restarted.then(|| std::time::Instant::now() + config.lock_lease),
             record_lock_grace_until: std::time::Instant::now()
                 + if restarted {
                     config.record_lock_grace

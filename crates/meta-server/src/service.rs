@@ -106,6 +106,10 @@ pub(crate) struct Settings {
     /// The first session id of this run ([`first_session_id`]): every session of this run is
     /// numbered from it, and the meta region's fabric server refuses those below it.
     pub first_session: u64,
+    /// When this run is a restart: when every lock lease of the earlier run has run out (its
+    /// start plus `lock_lease`). A data server whose backend cannot refuse the earlier run's
+    /// sessions (shm, mem) is made live no sooner ([`Service::register_data_server`]).
+    pub earlier_leases_until: Option<Instant>,
 }
 
 struct Session {
@@ -795,10 +799,29 @@ impl Service {
         // server that have not noticed the restart may still hold chunk locations the crash
         // forgot (allocations it rolled back), and their writes would land in chunks that the
         // scrub below zeroes and this run hands to other files (a soak found a record slot
-        // holding another file's bytes). From now on the data server refuses their sessions,
-        // and no batch of theirs is still executing (tcp; on shm clients map the region
-        // themselves and nothing can be refused: DESIGN.md "Fencing").
-        fabric::procedure::raise_session_floor(&mut *endpoint, self.settings.first_session)?;
+        // holding another file's bytes); and a write of theirs still under a lock of the
+        // earlier run would meet writers under this run's locks. From now on the data server
+        // refuses their sessions, and no batch of theirs is still executing (tcp); where it
+        // cannot refuse, the earlier run's leases are waited out instead.
+        let fenced =
+            fabric::procedure::raise_session_floor(&mut *endpoint, self.settings.first_session)?;
+        if !fenced {
+            // Nothing can be refused here (shm: clients map the region themselves), so time
+            // does it: an earlier run's client posts a write's verbs only while its lock's lease
+            // has some time left (fs-client's `io`), and every such lease ran out by then.
+            if let Some(wait) = self
+                .settings
+                .earlier_leases_until
+                .and_then(|until| until.checked_duration_since(Instant::now()))
+            {
+                tracing::info!(
+                    name,
+                    ?wait,
+                    "waiting out the earlier run's lock leases before the data server is used"
+                );
+                std::thread::sleep(wait);
+            }
+        }
         let (record, lost) = {
             // Serialized with allocations (the lost-chunk scan must be exact).
             let _st = lock(&self.state);
