@@ -403,6 +403,15 @@ impl Cluster {
         Ok(())
     }
 
+    /// [`Cluster::restart_meta`] after a crash instead of a clean stop (`MetaHandle::crash`: no
+    /// goodbye, no flush; the next run finds its `running` mark and scrubs).
+    pub fn crash_meta_and_restart(&mut self) -> Result<()> {
+        self.restart_meta_after(|meta| {
+            meta.crash();
+            Ok(())
+        })
+    }
+
     /// Stops data server `i` (`ds-i`) and starts it again with the same name, while everything
     /// else runs on. Memory-backed, it comes back with new memory (a new incarnation, whose
     /// chunks the meta server marks lost); file-backed, with its region file.

@@ -76,12 +76,7 @@ fn one_data_server(fabric: Backend) -> Cluster {
 fn crash_and_restart_unheard(cluster: &mut Cluster) -> Arc<AtomicBool> {
     let stale = Arc::new(AtomicBool::new(true));
     hold_every("fs_client::meta::sending::Heartbeat", &stale);
-    cluster
-        .restart_meta_after(|meta| {
-            meta.crash();
-            Ok(())
-        })
-        .unwrap();
+    cluster.crash_meta_and_restart().unwrap();
     stale
 }
 

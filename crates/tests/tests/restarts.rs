@@ -472,12 +472,7 @@ fn a_restarted_meta_server_fences_its_earlier_runs_sessions_at_the_data_servers(
     let word = RemoteAddr::new(data_server::DATA_REGION, 0);
     stale.write_u64(word, 7).unwrap();
 
-    cluster
-        .restart_meta_after(|meta| {
-            meta.crash();
-            Ok(())
-        })
-        .unwrap();
+    cluster.crash_meta_and_restart().unwrap();
     wait_for_a_live_data_server(&cluster);
     // Told that it is behind a restart (it catches up and redoes its I/O), not fenced.
     let err = stale.write_u64(word, 8).unwrap_err();
@@ -528,12 +523,7 @@ fn a_restarted_meta_server_waits_out_the_earlier_leases_on_shm() {
     let mut cluster = Cluster::start(spec(Backend::Shm, BackingKind::Memory)).unwrap();
     let lease = cluster.spec().lock_lease;
     let restarted = std::time::Instant::now();
-    cluster
-        .restart_meta_after(|meta| {
-            meta.crash();
-            Ok(())
-        })
-        .unwrap();
+    cluster.crash_meta_and_restart().unwrap();
     wait_for_a_live_data_server(&cluster);
     let took = restarted.elapsed();
     assert!(
@@ -567,12 +557,7 @@ fn clients_on_the_meta_servers_host_use_its_local_socket() {
     fs.fsync(fh).unwrap();
     fs.release(fh).unwrap();
 
-    cluster
-        .restart_meta_after(|meta| {
-            meta.crash();
-            Ok(())
-        })
-        .unwrap();
+    cluster.crash_meta_and_restart().unwrap();
     wait_until(Duration::from_secs(30), "the client to reconnect", || {
         fs.meta_round_trip().is_ok()
     });
