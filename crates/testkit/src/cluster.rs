@@ -405,6 +405,7 @@ impl Cluster {
 
     /// [`Cluster::restart_meta`] after a crash instead of a clean stop (`MetaHandle::crash`: no
     /// goodbye, no flush; the next run finds its `running` mark and scrubs).
+    #[cfg(feature = "test-hooks")]
     pub fn crash_meta_and_restart(&mut self) -> Result<()> {
         self.restart_meta_after(|meta| {
             meta.crash();
