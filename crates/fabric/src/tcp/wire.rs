@@ -132,8 +132,9 @@ pub struct Welcome {
 /// Why a server refused one request of an authenticated connection.
 ///
 /// Verb and batch errors are those of every backend, so a client sees the same error over `tcp`
-/// as over `mem` or `shm`. After [`RemoteError::FrameTooLarge`] and [`RemoteError::Revoked`]
-/// the server closes the connection; after the others the connection stays usable.
+/// as over `mem` or `shm`. After [`RemoteError::FrameTooLarge`], [`RemoteError::Revoked`],
+/// [`RemoteError::SessionBehind`] and [`RemoteError::PostedCallFailed`] the server closes the
+/// connection; after the others the connection stays usable.
 #[derive(Clone, Debug, PartialEq, Eq, Error, Serialize, Deserialize)]
 pub enum RemoteError {
     /// A verb was refused; nothing in the batch executed.
