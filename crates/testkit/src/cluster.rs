@@ -403,6 +403,27 @@ impl Cluster {
         Ok(())
     }
 
+    /// Waits (up to 30 s, then panics, as [`crate::wait_until`]) until the meta server counts
+    /// every data server of this cluster live: after a meta server restart they register
+    /// again, on shm only once the earlier run's lock leases have run out.
+    pub fn wait_for_live_data_servers(&self) {
+        let expected = self.data.len();
+        crate::wait_until(
+            Duration::from_secs(30),
+            "the data servers to register with the meta server",
+            || {
+                let Ok(client) = self.rpc_client() else {
+                    return false;
+                };
+                matches!(
+                    client.call(proto::rpc::Request::Cluster),
+                    Ok(Ok(proto::rpc::Response::Cluster(info)))
+                        if info.data_servers.iter().filter(|d| d.live).count() >= expected
+                )
+            },
+        );
+    }
+
     /// [`Cluster::restart_meta`] after a crash instead of a clean stop (`MetaHandle::crash`: no
     /// goodbye, no flush; the next run finds its `running` mark and scrubs).
     #[cfg(feature = "test-hooks")]

@@ -175,6 +175,12 @@ fn a_stale_client_waits_for_a_lock_taken_after_the_restart(fabric: Backend) {
         opened.is_some()
     });
     let fb = opened.unwrap();
+    // On shm the restarted meta server makes the data server live only once the earlier run's
+    // lock leases have run out (`Service::register_data_server`). B's write must not meet
+    // that wait while it holds its lock: it would give the lock up, wait and redo, and A's
+    // write could then land first and be overwritten by B's redo (both orders are
+    // linearizable; this test is about the lock B holds).
+    cluster.wait_for_live_data_servers();
     let held = Arc::new(AtomicBool::new(true));
     let hits = hold_first("fs_client::io::locked", &held);
     let a_done = AtomicBool::new(false);
@@ -264,4 +270,100 @@ fn a_client_behind_a_restart_writes_through_a_new_endpoint_on_shm() {
 fn a_client_behind_a_restart_writes_through_a_new_endpoint_on_tcp() {
     let _one = one_at_a_time();
     a_client_behind_a_restart_writes_through_a_new_endpoint(Backend::Tcp);
+}
+
+/// Where chunk 0 of `ino` lives, asked of the meta server.
+fn chunk_zero(cluster: &Cluster, ino: proto::Ino) -> proto::ChunkLoc {
+    let answer = cluster
+        .rpc_client()
+        .unwrap()
+        .call(proto::rpc::Request::ChunkMap {
+            ino,
+            first: 0,
+            count: 1,
+        })
+        .unwrap();
+    match answer {
+        Ok(proto::rpc::Response::Chunks(locs)) => locs[0].expect("chunk 0 is allocated"),
+        other => panic!("ChunkMap answered {other:?}"),
+    }
+}
+
+/// A's write took its range lock before a meta server crash and posts its data only after the
+/// restart (its thread held in between, as a preempted or stopped one is), through the chunk
+/// location it learnt in the crashed run. Meanwhile B, a client of the new run, unlinked A's
+/// file and was given the freed chunk for a file of its own. A's bytes must not land in B's
+/// file: on tcp the data server, registered with the restarted meta server, refuses A's session
+/// of the earlier run; on shm, where nothing can be refused, the data server is not live (B
+/// cannot write) before A's lease has run out, and A checks its lease before it posts. Before
+/// either, A's write landed in B's file: on tcp "A's write (Err(Fs(NotFound))) landed in B's
+/// file" (its data verbs went through, its raise found the file gone), on shm "A's write
+/// (Ok(4096)) landed in B's file".
+fn a_write_held_across_a_restart_lands_in_no_other_file(fabric: Backend, lock_lease: Duration) {
+    testkit::init_logging();
+    let mut cluster = Cluster::start(ClusterSpec {
+        fabric,
+        data_servers: 1,
+        lock_lease,
+        ..ClusterSpec::default()
+    })
+    .unwrap();
+    let me = CitronFs::process_caller();
+    let a = cluster.connect(LockScheme::CITRON).unwrap();
+    let (attr, fa) = a
+        .create(me, proto::ROOT_INO, "a", 0o644, libc::O_RDWR)
+        .unwrap();
+    a.write(fa, 0, &[1u8; 4096]).unwrap();
+    a.fsync(fa).unwrap();
+    let at = chunk_zero(&cluster, attr.ino);
+
+    let held = Arc::new(AtomicBool::new(true));
+    let hits = hold_first("fs_client::io::locked", &held);
+    std::thread::scope(|s| {
+        let a_write = s.spawn(|| a.write(fa, 0, &[7u8; 4096]));
+        testkit::wait_until(Duration::from_secs(30), "A to hold its lock", || {
+            hits.load(Ordering::SeqCst) > 0
+        });
+        fail::remove("fs_client::io::locked");
+        cluster.crash_meta_and_restart().unwrap();
+
+        // B, in the new run, unlinks A's file and writes a file of its own into the chunk
+        // that freed.
+        let b = cluster.connect(LockScheme::CITRON).unwrap();
+        b.unlink(proto::ROOT_INO, "a").unwrap();
+        assert!(cluster.meta().wait_reclaimed(Duration::from_secs(30)));
+        let (battr, fb) = b
+            .create(me, proto::ROOT_INO, "b", 0o644, libc::O_RDWR)
+            .unwrap();
+        b.write(fb, 0, &[2u8; 4096]).unwrap();
+        assert_eq!(
+            chunk_zero(&cluster, battr.ino),
+            at,
+            "precondition: B's file was given A's freed chunk"
+        );
+
+        held.store(false, Ordering::SeqCst);
+        let a_result = a_write.join().unwrap();
+        assert!(
+            b.read(fb, 0, 4096).unwrap() == vec![2u8; 4096],
+            "A's write ({a_result:?}) landed in B's file"
+        );
+    });
+}
+
+#[test]
+fn a_write_held_across_a_restart_lands_in_no_other_file_on_tcp() {
+    let _one = one_at_a_time();
+    // A lease long enough to be still running when A posts its data: what refuses A's verbs
+    // must be the floor, not the lease.
+    a_write_held_across_a_restart_lands_in_no_other_file(Backend::Tcp, Duration::from_secs(20));
+}
+
+#[test]
+fn a_write_held_across_a_restart_lands_in_no_other_file_on_shm() {
+    let _one = one_at_a_time();
+    a_write_held_across_a_restart_lands_in_no_other_file(
+        Backend::Shm,
+        meta_server::DEFAULT_LOCK_LEASE,
+    );
 }

@@ -473,7 +473,7 @@ fn a_restarted_meta_server_fences_its_earlier_runs_sessions_at_the_data_servers(
     stale.write_u64(word, 7).unwrap();
 
     cluster.crash_meta_and_restart().unwrap();
-    wait_for_a_live_data_server(&cluster);
+    cluster.wait_for_live_data_servers();
     // Told that it is behind a restart (it catches up and redoes its I/O), not fenced.
     let err = stale.write_u64(word, 8).unwrap_err();
     assert!(matches!(err, FabricError::SessionBehind(_)), "{err:?}");
@@ -495,24 +495,6 @@ fn a_restarted_meta_server_fences_its_earlier_runs_sessions_at_the_data_servers(
     assert!(fs.read(fh, 0, data.len()).unwrap() == data);
 }
 
-/// Waits until the meta server counts a data server live (registered with it).
-fn wait_for_a_live_data_server(cluster: &Cluster) {
-    wait_until(
-        Duration::from_secs(30),
-        "a data server to register with the meta server",
-        || {
-            let Ok(client) = cluster.rpc_client() else {
-                return false;
-            };
-            matches!(
-                client.call(proto::rpc::Request::Cluster),
-                Ok(Ok(proto::rpc::Response::Cluster(info)))
-                    if info.data_servers.iter().any(|d| d.live)
-            )
-        },
-    );
-}
-
 /// On shm a data server cannot refuse the sessions of a crashed meta server's run (clients map
 /// its region themselves), so the restarted meta server makes it live only once every lock
 /// lease of that run has run out: a write of a client that has not noticed the restart, still
@@ -524,7 +506,7 @@ fn a_restarted_meta_server_waits_out_the_earlier_leases_on_shm() {
     let lease = cluster.spec().lock_lease;
     let restarted = std::time::Instant::now();
     cluster.crash_meta_and_restart().unwrap();
-    wait_for_a_live_data_server(&cluster);
+    cluster.wait_for_live_data_servers();
     let took = restarted.elapsed();
     assert!(
         took >= lease,
