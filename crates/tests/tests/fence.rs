@@ -272,6 +272,15 @@ fn a_client_behind_a_restart_writes_through_a_new_endpoint_on_tcp() {
     a_client_behind_a_restart_writes_through_a_new_endpoint(Backend::Tcp);
 }
 
+/// Clears its flag when dropped (a held thread goes on even when a check fails).
+struct Release(Arc<AtomicBool>);
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+}
+
 /// Where chunk 0 of `ino` lives, asked of the meta server.
 fn chunk_zero(cluster: &Cluster, ino: proto::Ino) -> proto::ChunkLoc {
     let answer = cluster
@@ -320,12 +329,18 @@ fn a_write_held_across_a_restart_lands_in_no_other_file(fabric: Backend, lock_le
     let held = Arc::new(AtomicBool::new(true));
     let hits = hold_first("fs_client::io::locked", &held);
     std::thread::scope(|s| {
+        // Lets A go on however this scope ends: a failed check below must not leave A held
+        // and the scope waiting for it for ever.
+        let _release = Release(held.clone());
         let a_write = s.spawn(|| a.write(fa, 0, &[7u8; 4096]));
         testkit::wait_until(Duration::from_secs(30), "A to hold its lock", || {
             hits.load(Ordering::SeqCst) > 0
         });
         fail::remove("fs_client::io::locked");
         cluster.crash_meta_and_restart().unwrap();
+        // Before B frees A's chunk: a freed chunk whose server is not live yet stays dirty,
+        // and B's file would be given another one.
+        cluster.wait_for_live_data_servers();
 
         // B, in the new run, unlinks A's file and writes a file of its own into the chunk
         // that freed.
