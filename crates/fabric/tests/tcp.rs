@@ -798,7 +798,7 @@ fn a_sessionless_peer_raises_the_session_floor() {
     let mut client = TcpEndpoint::connect_session(server.local_addr(), &creds(), 150).unwrap();
     let err = raise_session_floor(&mut client, 200).unwrap_err();
     assert!(
-        matches!(&err, FabricError::Procedure(why) if why.contains("only a sessionless peer")),
+        matches!(&err, FabricError::Procedure(why) if why.contains("only a sessionless peer (the meta server) may")),
         "{err:?}"
     );
     let mut meta = TcpEndpoint::connect_session(server.local_addr(), &creds(), 0).unwrap();

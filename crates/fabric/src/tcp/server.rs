@@ -656,8 +656,10 @@ impl Session {
     }
 }
 
-/// [`TcpServer::accept_session_floors`]'s procedure. Holds the server weakly: the procedure
-/// table is part of what it points to.
+/// [`TcpServer::accept_session_floors`]'s procedure, and the state of each connection's calls
+/// of it (none beyond the server). Holds the server weakly: the procedure table is part of
+/// what it points to.
+#[derive(Clone)]
 struct FloorProcedure {
     shared: std::sync::Weak<Shared>,
 }
@@ -666,20 +668,15 @@ impl Procedure for FloorProcedure {
     fn open(&self, _host: Arc<dyn Connector>, session: u64) -> Result<Box<dyn ProcedureSession>> {
         if session != 0 {
             return Err(FabricError::Refused(format!(
-                "session {session} may not set the session floor: only a sessionless peer (the                  meta server) may"
+                "session {session} may not set the session floor: only a sessionless peer (the \
+                 meta server) may"
             )));
         }
-        Ok(Box::new(FloorCalls {
-            shared: self.shared.clone(),
-        }))
+        Ok(Box::new(self.clone()))
     }
 }
 
-struct FloorCalls {
-    shared: std::sync::Weak<Shared>,
-}
-
-impl ProcedureSession for FloorCalls {
+impl ProcedureSession for FloorProcedure {
     fn call(&mut self, args: &[u8], _reply: &mut Vec<u8>) -> Result<()> {
         let floor = <[u8; 8]>::try_from(args)
             .map(u64::from_le_bytes)

@@ -370,11 +370,8 @@ pub fn run(args: SoakArgs) -> Result<()> {
         .and_then(|found| Ok((found, fsck_at_rest(&soak)?)));
     // Kept when asked for whatever the verdict, and when the verdict is not clean: its
     // journals, logs and regions are the evidence.
-    let failed = match &verdict {
-        Ok((found, fsck)) => !found.clean() || !fsck.clean(),
-        Err(_) => true,
-    };
-    if args.keep || failed {
+    let clean = matches!(&verdict, Ok((found, fsck)) if found.clean() && fsck.clean());
+    if args.keep || !clean {
         let kept = dir.keep();
         let shm = shm.keep();
         eprintln!(
@@ -385,7 +382,7 @@ pub fn run(args: SoakArgs) -> Result<()> {
     }
     let (found, fsck) = verdict?;
     report(&args, &done, &found, &fsck);
-    if !found.clean() || !fsck.clean() {
+    if !clean {
         let fsck_findings: Vec<String> = fsck.findings.iter().map(|f| f.to_string()).collect();
         bail!(
             "the soak found {} lost, {} torn, {} unexpected and {} fsck findings (seed {seed}): \

@@ -286,12 +286,13 @@ fn describe_torn(slot: u32, bytes: &[u8], expected: &Expected, clients: u32) -> 
 }
 
 /// Where foreign bytes `piece`, read at `at` in the shared file, belong, if anywhere the
-/// journals know: at the same place in another chunk of the shared file (one chunk mapped
-/// twice), or at a 4 KiB-aligned offset of a private file (a chunk of another file, reused or
-/// written through a stale mapping).
+/// journals know: at the same offset of another [`CHUNK`]-sized span of the shared file (one
+/// chunk mapped twice: past the file's first `CHUNK` bytes, where the layout's smaller chunks
+/// sit, every chunk is such a span), or at a 4 KiB-aligned offset of a private file (a block of
+/// another file, reused or written through a stale location).
 fn foreign(at: u64, piece: &[u8], expected: &Expected, clients: u32) -> Option<String> {
     let in_chunk = at % CHUNK;
-    // Another chunk of the shared file, at the same offset in its chunk.
+    // Another span of the shared file, at the same offset in it.
     let slots = expected
         .written
         .keys()
@@ -489,9 +490,9 @@ mod tests {
     #[test]
     fn foreign_bytes_are_traced_to_the_file_or_chunk_they_belong_to() {
         use super::super::journal::record;
-        // Slot 29 (client 1 of 2) holds, in its block at 1,368,064 (offset 57,344 of chunk 20),
-        // bytes of private file "c0.0.3" at 8,192; in the next block, the bytes found at the
-        // same place of chunk 3 (offset 57,344 + 3 × 64 KiB = 253,952: slot 5, record 4).
+        // Slot 29 (client 1 of 2) holds, in its block at 1,368,064 (offset 57,344 of the 64 KiB
+        // span 20), bytes of private file "c0.0.3" at 8,192; in the next block, the bytes found
+        // at the same place of span 3 (offset 57,344 + 3 × 64 KiB = 253,952: slot 5, record 4).
         let slot = 29;
         let start = slot as usize * RECORD;
         let mut bytes = vec![0u8; RECORD];
