@@ -87,6 +87,17 @@ pub enum Error {
     /// when that keeps happening.
     #[error("the range lock's lease ran out before the I/O was done")]
     LeaseLost,
+    /// The lease of the range lock guarding a change (a write, a fallocate step) ran out after
+    /// part of it was sent — a data batch to one data server but not yet to another, say — so
+    /// that part may be in the file. It is not redone: releasing the lock handed the range to
+    /// the next holder, who may have read the part, and redoing it would make that torn read
+    /// one of a write reported done. The caller sees EIO and the range may hold the part, as
+    /// after a write cut by a crash.
+    #[error(
+        "the range lock's lease ran out partway through the change, after part of it was \
+         sent: that part may be in the file, and the change is not redone"
+    )]
+    LeaseLostPartway,
     /// The meta server answered a call with a response of the wrong kind.
     #[error("meta server answered {call} with {got}")]
     UnexpectedResponse {
@@ -194,6 +205,7 @@ impl Error {
             | Error::Fabric { .. }
             | Error::Lock { .. }
             | Error::LeaseLost
+            | Error::LeaseLostPartway
             | Error::UnexpectedResponse { .. }
             | Error::Protocol(_)
             | Error::UnknownDataServer(_)
@@ -364,6 +376,8 @@ mod tests {
         let lock = Error::lock(7)(LockError::Fabric(disconnected()));
         assert_eq!(lock.errno(), libc::EIO);
         assert_eq!(Error::LeaseLost.errno(), libc::EIO);
+        assert_eq!(Error::LeaseLostPartway.errno(), libc::EIO);
+        assert!(!Error::LeaseLostPartway.is_transient(), "never redone");
         assert_eq!(Error::UnknownDataServer(3).errno(), libc::EIO);
         let rpc = Error::Rpc {
             addr: "meta:1".into(),

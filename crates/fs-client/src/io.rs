@@ -32,7 +32,11 @@
 //!
 //! When the lease ran out mid-I/O (`Error::LeaseLost`), the whole read or write is redone
 //! under a new lock ([`Inner::retry`], [`LEASE_RETRIES`] times, then EIO), so a client
-//! that was merely slow never lands a write outside its lock (DESIGN.md "Fencing").
+//! that was merely slow never lands a write outside its lock (DESIGN.md "Fencing") — but only
+//! while nothing of it was sent: a write that lost its lease after one data server's batch
+//! went out fails with EIO (`Error::LeaseLostPartway`, [`Inner::locked`]), since the release
+//! hands the next holder a range with that part in it, and a redo reported done would make
+//! the next holder's read of it a torn read of a successful write.
 //!
 //! When it failed below the file system (`Error::is_transient`: a server restarted, a
 //! connection broke, a chunk on a data server this client did not know yet), the client
@@ -693,6 +697,7 @@ impl Inner {
         w.batch = extra;
         w.out = out;
         w.lease = lease;
+        w.changed = false;
         failpoint!("fs_client::io::locked");
         // An FCB that is not this file's is refused before any data verb or raise touches it
         // (the lock is released all the same).
@@ -700,7 +705,16 @@ impl Inner {
             Ok(()) => (body(w, found, touch_in_body), true),
             Err(e) => (Err(e), false),
         };
+        // A lease lost partway through a change: the release below hands the range to the
+        // next holder with that part in it, so the change must not be redone and reported
+        // done — another client may read the part in between, a torn read of a write that
+        // then succeeded. It fails instead, as a write cut by a crash does.
+        let result = match result {
+            Err(Error::LeaseLost) if w.changed => Err(Error::LeaseLostPartway),
+            other => other,
+        };
         w.lease = None;
+        w.changed = false;
         let mut extra = std::mem::take(&mut w.batch);
         let mut out = std::mem::take(&mut w.out);
         extra.clear();
@@ -917,7 +931,11 @@ impl Inner {
                 first: whole.start,
                 count: whole.end - whole.start,
             };
-            match self.locked_call(w, request)? {
+            // Refused for the lease, it changed nothing (the meta server applies it in time
+            // or not at all); any other outcome may have freed them.
+            let answer = self.locked_call(w, request);
+            w.changed |= !matches!(answer, Err(Error::LeaseLost));
+            match answer? {
                 Response::Ok => {}
                 other => return Err(unexpected("FreeChunks", other)),
             }
@@ -1117,6 +1135,7 @@ impl Inner {
                 break;
             }
             posted += 1;
+            w.changed |= write;
             if write && i + 1 < batches {
                 failpoint!("fs_client::io::between_servers");
             }
@@ -1133,7 +1152,10 @@ impl Inner {
                     .map_err(|e| data_failure(Error::fabric(Peer::Meta)(e))),
             };
             match post {
-                Ok(()) => raises_posted = true,
+                Ok(()) => {
+                    raises_posted = true;
+                    w.changed = true;
+                }
                 Err((e, broken)) => {
                     w.broken |= broken;
                     failure = Some(e);

@@ -80,6 +80,10 @@ pub(crate) struct Worker {
     /// The lease deadline of the range lock this worker holds now (`None`: no lock, or one
     /// that is never broken). See `io`'s `check_lease_before_post`.
     pub(crate) lease: Option<Instant>,
+    /// Whether part of the change made under the range lock held now may have reached the
+    /// file: a data batch of a write, an FCB raise or a locked call was sent. From then on a
+    /// lost lease fails the change instead of redoing it (`io`'s `Inner::locked`).
+    pub(crate) changed: bool,
 }
 
 impl Worker {
@@ -97,6 +101,7 @@ impl Worker {
     /// with it), one round trip, results in `raises_out`; a failure marks the worker broken.
     pub(crate) fn exec_raises(&mut self) -> Result<(), Error> {
         self.raises.expire_at(self.lease);
+        self.changed = true;
         if let Err(e) = self.meta_ep.execute(&self.raises, &mut self.raises_out) {
             self.broken = true;
             return Err(Error::fabric(Peer::Meta)(e));
@@ -212,6 +217,7 @@ impl Inner {
                         raises_out: Completions::new(),
                         broken: false,
                         lease: None,
+                        changed: false,
                     };
                 }
             }

@@ -46,17 +46,31 @@ impl Cluster {
             .env(ENV_MOUNTPOINT, dir.path())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("spawn the client process");
         let stdin = child.stdin.take();
         let stdout = child.stdout.take().expect("piped stdout");
+        let stderr = child.stderr.take().expect("piped stderr");
         let mut guard = ChildMount {
             child,
             stdin,
             dir,
             output: Arc::new(Mutex::new(String::new())),
+            log: Arc::new(Mutex::new(String::new())),
         };
+        // Its log goes on to this process's stderr as before (not through the test harness's
+        // capture) and is kept for `ChildMount::log`.
+        let log = guard.log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                let _ = writeln!(std::io::stderr().lock(), "{line}");
+                let mut kept = log.lock().unwrap_or_else(|e| e.into_inner());
+                kept.push_str(&line);
+                kept.push('\n');
+            }
+        });
         let (ready_tx, ready_rx) = mpsc::channel();
         let output = guard.output.clone();
         std::thread::spawn(move || {
@@ -106,6 +120,7 @@ pub struct ChildMount {
     stdin: Option<ChildStdin>,
     dir: tempfile::TempDir,
     output: Arc<Mutex<String>>,
+    log: Arc<Mutex<String>>,
 }
 
 impl ChildMount {
@@ -125,6 +140,12 @@ impl ChildMount {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// What the client process logged (its stderr) so far: warnings by default, more with
+    /// `RUST_LOG`.
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Stops the client process (SIGSTOP) until the returned guard is dropped (SIGCONT), so
@@ -195,8 +216,9 @@ pub fn child_mount_main() {
     ) else {
         return;
     };
-    // Its log goes to the inherited stderr, next to the test's output (RUST_LOG; warn by
-    // default), so that a failing test shows what each client process saw.
+    // Its log goes to stderr (RUST_LOG; warn by default), which the parent passes on to its
+    // own and keeps (`ChildMount::log`), so that a failing test shows what each client
+    // process saw.
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     let _ = tracing_subscriber::fmt()
