@@ -361,23 +361,28 @@ impl Inner {
     /// the data path reads (`Inner::retry`): a client behind a meta server restart catches up
     /// and reads again, rather than failing a stat.
     pub(crate) fn fresh_size(&self, attr: Attr) -> Result<Attr, Error> {
-        if attr.kind == FileKind::File {
-            if let Some(open) = self.open_entry(attr.ino) {
-                let found = self.retry(true, || {
-                    let mut w = self.checkout()?;
-                    let inode = match self.live_inode(&open, &w.view) {
-                        // Closed here meanwhile (a lingering open that a new session ended):
-                        // the attributes as read are the file's.
-                        Err(Error::Fs(FsError::Stale)) => return Ok(None),
-                        inode => inode?,
-                    };
-                    self.read_fcb(&mut w, &inode).map(Some)
-                })?;
-                if let Some(found) = found {
-                    return Ok(fcb::live(attr, found.size, found.mtime));
-                }
-            }
+        if attr.kind != FileKind::File {
+            return Ok(attr);
         }
-        Ok(attr)
+        // Pinned: a release of the open cannot ride on another thread's call while the FCB
+        // is read (the meta server would free the block, and another file take it).
+        let Some(open) = self.pin_open(attr.ino) else {
+            return Ok(attr);
+        };
+        let found = self.retry(true, || {
+            let mut w = self.checkout()?;
+            let inode = match self.live_inode(&open, &w.view) {
+                // Closed here meanwhile (a lingering open that a new session ended):
+                // the attributes as read are the file's.
+                Err(Error::Fs(FsError::Stale)) => return Ok(None),
+                inode => inode?,
+            };
+            self.read_fcb(&mut w, &inode).map(Some)
+        });
+        self.close_inode(attr.ino);
+        Ok(match found? {
+            Some(found) => fcb::live(attr, found.size, found.mtime),
+            None => attr,
+        })
     }
 }

@@ -41,7 +41,7 @@ use fabric::RemoteAddr;
 use lockmgr::LockRef;
 use proto::rpc::{Request, Response};
 use proto::{Caller, FsError, Ino, SetAttr};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock};
 
@@ -65,6 +65,38 @@ struct OpenInodes {
     /// Inodes whose last close queued their release ([`Linger::Queued`]), in closing order;
     /// an inode reopened meanwhile stays listed and is skipped ([`Riders::take`]).
     lingering: Vec<Ino>,
+    /// `Create` calls in flight on this client ([`Creating`]).
+    creates: usize,
+    /// The inodes whose release a call carried while a `Create` was in flight (emptied when
+    /// none is): a `Create` answered for one of them had its open ended by that release
+    /// ([`Inner::adopt_open`]).
+    released_while_creating: HashSet<Ino>,
+}
+
+impl OpenInodes {
+    /// One `Create` in flight less.
+    fn end_create(&mut self) {
+        self.creates = self.creates.saturating_sub(1);
+        if self.creates == 0 {
+            self.released_while_creating.clear();
+        }
+    }
+}
+
+/// A `Create` in flight ([`Inner::creating`]), counted in the open-inode table until it is
+/// adopted ([`Inner::adopt_open`]) or dropped (the call failed).
+pub(crate) struct Creating<'a> {
+    files: &'a HandleTable,
+    /// Counted out already (by `adopt_open`).
+    ended: bool,
+}
+
+impl Drop for Creating<'_> {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.files.open_inodes().end_create();
+        }
+    }
 }
 
 impl Default for HandleTable {
@@ -167,7 +199,9 @@ impl Riders for HandleTable {
             Err(std::sync::TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return Vec::new(),
         };
-        let OpenInodes { entries, lingering } = &mut *open;
+        let OpenInodes {
+            entries, lingering, ..
+        } = &mut *open;
         let mut riding = Vec::new();
         let mut ended = false;
         for ino in lingering.drain(..) {
@@ -201,6 +235,9 @@ impl Riders for HandleTable {
 
     fn done(&self, inos: &[Ino]) {
         let mut open = self.open_inodes();
+        if open.creates > 0 {
+            open.released_while_creating.extend(inos.iter().copied());
+        }
         for ino in inos {
             // Riding entries are never reopened (`settled` waits for them) nor taken by
             // another call, so each is still this call's.
@@ -357,16 +394,24 @@ impl Inner {
     }
 
     /// `ino`, if this client has it open (lingering included: the meta server still holds
-    /// that open and its FCB). Not while its release rides on a call: the meta server may have
-    /// freed the FCB already, and another file's open may have taken its place.
-    pub(crate) fn open_entry(&self, ino: Ino) -> Option<Arc<OpenInode>> {
-        self.files
-            .open_inodes()
-            .entries
-            .get(&ino)
-            .filter(|e| e.linger != Linger::Riding)
-            .and_then(|e| e.inode.clone())
-            .filter(|inode| !inode.closed.load(Ordering::Relaxed))
+    /// that open and its FCB), counted as one more open until the caller's
+    /// [`Inner::close_inode`], so that the open is not released while the caller reads its
+    /// FCB (a lingering open's release would otherwise ride on another thread's call at any
+    /// moment, and the block be freed and given to another file under the read). `None` while
+    /// its `Open` or its release is in flight: the meta server may have freed the FCB already.
+    pub(crate) fn pin_open(&self, ino: Ino) -> Option<Arc<OpenInode>> {
+        let mut open = self.files.open_inodes();
+        let entry = open.entries.get_mut(&ino)?;
+        if entry.busy || entry.linger == Linger::Riding {
+            return None;
+        }
+        let inode = entry.inode.clone()?;
+        if inode.closed.load(Ordering::Relaxed) {
+            return None;
+        }
+        entry.handles += 1;
+        entry.linger = Linger::No;
+        Some(inode)
     }
 
     /// Counts one more open of `ino` on this client, sending `Open` on the first (without
@@ -456,23 +501,48 @@ impl Inner {
         })
     }
 
-    /// Counts an open of `ino` that a `Create` sent in `session` made (the file is new, so
-    /// this client normally has no entry for it; if another thread opened it meanwhile, that
-    /// open — the same one on the meta server, which counts opens per session — is shared).
+    /// Counts a `Create` about to be sent: until its answer is adopted ([`Inner::adopt_open`]),
+    /// the releases that calls carry are noted, since the new file may be among them.
+    pub(crate) fn creating(&self) -> Creating<'_> {
+        self.files.open_inodes().creates += 1;
+        Creating {
+            files: &self.files,
+            ended: false,
+        }
+    }
+
+    /// Counts an open of `ino` that a `Create` sent in `session` made. The file is new, so this
+    /// client normally has no entry for it. If another thread opened it meanwhile (the
+    /// Create's open, to the meta server, which keeps one open per session and inode), that
+    /// open is shared. If such an open was closed meanwhile and its release carried, the
+    /// Create's open ended with it (its FCB may be another file's now): the file is opened
+    /// anew.
     pub(crate) fn adopt_open(
         &self,
+        mut creating: Creating<'_>,
         ino: Ino,
         session: u64,
         opened: proto::OpenFile,
-    ) -> Arc<OpenInode> {
+    ) -> Result<Arc<OpenInode>, Error> {
         let inode = self.opened(ino, session, opened);
         let mut open = self.files.settled(ino);
+        let released = open.released_while_creating.contains(&ino);
+        open.end_create();
+        creating.ended = true;
         if let Some(entry) = open.entries.get_mut(&ino) {
             if let Some(existing) = &entry.inode {
                 entry.handles += 1;
                 entry.linger = Linger::No;
-                return existing.clone();
+                return Ok(existing.clone());
             }
+        }
+        if released {
+            drop(open);
+            tracing::debug!(
+                ino,
+                "a created file's open was released meanwhile: opened anew"
+            );
+            return self.open_inode(ino);
         }
         open.entries.insert(
             ino,
@@ -483,7 +553,7 @@ impl Inner {
                 linger: Linger::No,
             },
         );
-        inode
+        Ok(inode)
     }
 
     /// Opens `ino` again in `view`'s session (it was opened in an earlier one, which a restart

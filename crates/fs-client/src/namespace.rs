@@ -96,9 +96,12 @@ impl CitronFs {
                     );
                 }
                 let inode = self.inner.open_inode(ino)?;
-                let result = self.inner.truncate(&inode, caller, set);
+                let result = self
+                    .inner
+                    .truncate(&inode, caller, set)
+                    .and_then(|attr| self.inner.fresh_size(attr));
                 self.inner.close_inode(ino);
-                result?
+                return result;
             }
         };
         self.inner.fresh_size(attr)
@@ -116,6 +119,7 @@ impl CitronFs {
     ) -> Result<(Attr, FileHandle), Error> {
         check(NameOp::Create, name)?;
         let session = self.inner.meta.session();
+        let creating = self.inner.creating();
         let opened = match self.inner.meta.call(Request::Create {
             parent,
             name: name.into(),
@@ -127,7 +131,7 @@ impl CitronFs {
             other => return Err(unexpected("Create", other)),
         };
         let attr = opened.attr.clone();
-        let inode = self.inner.adopt_open(attr.ino, session, opened);
+        let inode = self.inner.adopt_open(creating, attr.ino, session, opened)?;
         Ok((attr, self.inner.new_handle(inode, caller, flags)))
     }
 
