@@ -56,9 +56,18 @@
 //!
 //!   While a file is mapped shared, the kernel also serializes direct writes to it on the
 //!   inode lock (parallel direct writes resume when the last such open is released).
-//! - Attribute and entry replies carry a short TTL ([`FuseOptions::attr_ttl`]) so sizes and
-//!   names changed by other clients show up quickly. A GETATTR, SETATTR, OPEN, OPENDIR or
-//!   READLINK of an inode
+//! - **Nothing stale from the kernel's caches.** Attribute and entry replies carry a TTL of
+//!   zero by default ([`FuseOptions::attr_ttl`]): every `stat`, `fstat`, `lseek(SEEK_END)` and
+//!   path walk reaches the library, which answers from where the truth is (the file control
+//!   block's size and time words for a file open anywhere, the one-sided attribute and entry
+//!   tables otherwise), so a size, a time, a mode or a name changed through another mount is
+//!   seen the moment the call that changed it has returned. Negative entries are never cached
+//!   (a lookup that finds nothing is answered ENOENT, not an entry of inode 0), directory
+//!   listings are not cached (no `FOPEN_CACHE_DIR`, no `FOPEN_KEEP_CACHE`), and file data goes
+//!   around the page cache (`FOPEN_DIRECT_IO`; mappings excepted, below). The price: a path
+//!   walk costs one LOOKUP per component and a `stat` one GETATTR, each answered one-sidedly
+//!   where the tables hold the answer (docs/ARCHITECTURE.md gives the figures).
+//!   A GETATTR, SETATTR, OPEN, OPENDIR or READLINK of an inode
 //!   another client removed meanwhile is answered ESTALE (`gone_or_failed`), so that the
 //!   kernel looks the name up again instead of failing with ENOENT or opening the removed file.
 //! - **Shared by default**: mounted with `allow_other` and `default_permissions`, so every
@@ -270,7 +279,9 @@ pub struct FuseOptions {
     pub allow_other: bool,
     /// Kernel request threads.
     pub threads: usize,
-    /// How long the kernel may cache attributes and entries.
+    /// How long the kernel may cache attributes and entries. Zero by default, so that nothing
+    /// another client changed is served stale (see the module docs); a longer TTL trades that
+    /// for fewer requests, and is for measurements.
     pub attr_ttl: Duration,
     /// Threads per CPU serving FUSE over io_uring (Linux 6.14 and later, with the fuse
     /// module's `enable_uring` parameter on): the kernel then hands each request to a thread
@@ -287,7 +298,7 @@ impl Default for FuseOptions {
         FuseOptions {
             allow_other: true,
             threads: 8,
-            attr_ttl: Duration::from_millis(100),
+            attr_ttl: Duration::ZERO,
             ring_threads_per_cpu: 8,
         }
     }
