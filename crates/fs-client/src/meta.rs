@@ -3,7 +3,9 @@
 //!
 //! Reconnection: a call that finds the connection broken connects again — a new session,
 //! since the meta server ties sessions to connections and forgets them when it restarts —
-//! retrying for up to [`RECONNECT_WAIT`] while the meta server is away (a restart), then fails.
+//! retrying while the meta server is away (a restart) until [`RECONNECT_WAIT`] after the
+//! outage's first failed attempt, then fails: one bound per outage, however many waits a call
+//! makes.
 //! Each new session bumps [`Meta::generation`] and keeps what the meta server said
 //! ([`Meta::latest`]); the client's view (`view`) notices and reopens what it had open. The
 //! heartbeat also brings the layout epoch ([`Meta::layout_epoch`]), so a change of the data
@@ -68,6 +70,10 @@ pub(crate) struct Meta {
     closing: AtomicBool,
     /// Run by the heartbeat thread once it finds a new session ([`Meta::on_new_session`]).
     on_new_session: OnceLock<Arc<crate::records::RecordOwners>>,
+    /// When a connection attempt of this client first failed in the current outage of the
+    /// meta server (`None`: none failed since the last success): every wait for it, in every
+    /// call and every thread, ends [`RECONNECT_WAIT`] after this ([`Meta::reconnect`]).
+    away_since: Mutex<Option<Instant>>,
 }
 
 impl Meta {
@@ -93,6 +99,7 @@ impl Meta {
             unsynced: AtomicU64::new(0),
             riders: OnceLock::new(),
             on_new_session: OnceLock::new(),
+            away_since: Mutex::new(None),
         };
         Ok((meta, info))
     }
@@ -217,13 +224,16 @@ impl Meta {
     }
 
     /// Opens a new session (the connection `conn` is `None`), retrying while the meta server
-    /// is away for up to [`RECONNECT_WAIT`]. A refusal (wrong token, another cluster) is final.
-    /// Holds the connection's mutex only for each attempt, not across the waits.
+    /// is away, until [`RECONNECT_WAIT`] after the outage's first failed attempt
+    /// ([`Meta::away_since`]) — one bound for the whole outage, not one per wait: a call that
+    /// waits in several places (a view's refresh, then the RPC it falls back to, then the data
+    /// path's recovery) fails within it, and a call made later in the same outage tries once
+    /// and fails at once. A refusal (wrong token, another cluster) is final. Holds the
+    /// connection's mutex only for each attempt, not across the waits.
     fn reconnect<'a>(
         &'a self,
         mut conn: std::sync::MutexGuard<'a, Option<Arc<rpc::SharedClient>>>,
     ) -> Result<std::sync::MutexGuard<'a, Option<Arc<rpc::SharedClient>>>, Error> {
-        let deadline = Instant::now() + RECONNECT_WAIT;
         let mut pause = Duration::from_millis(20);
         loop {
             if conn.is_some() {
@@ -247,6 +257,10 @@ impl Meta {
                 &self.host,
             ) {
                 Ok((client, info)) => {
+                    *self
+                        .away_since
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner) = None;
                     tracing::warn!(
                         session = info.session,
                         "reconnected to the meta server: a new session; open files are \
@@ -262,7 +276,7 @@ impl Meta {
                 Err(e)
                     if is_refusal(&e)
                         || self.closing.load(Ordering::SeqCst)
-                        || Instant::now() + pause > deadline =>
+                        || Instant::now() + pause > self.outage_deadline() =>
                 {
                     return Err(e)
                 }
@@ -273,6 +287,16 @@ impl Meta {
             pause = (pause * 2).min(Duration::from_millis(500));
             conn = self.conn.lock().unwrap_or_else(PoisonError::into_inner);
         }
+    }
+
+    /// When waiting for the meta server ends in the outage that a connection attempt has just
+    /// found ([`Meta::away_since`], set by the first failure).
+    fn outage_deadline(&self) -> Instant {
+        let mut since = self
+            .away_since
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        *since.get_or_insert_with(Instant::now) + RECONNECT_WAIT
     }
 
     fn rpc_error(&self, source: rpc::RpcError) -> Error {

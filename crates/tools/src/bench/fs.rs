@@ -190,6 +190,10 @@ pub struct FsArgs {
     /// /dev/fuse only [default: the mount's default].
     #[arg(long)]
     fuse_ring_threads: Option<usize>,
+    /// How long the kernel may cache attributes and entries on the FUSE mounts, in
+    /// milliseconds [default: the mount's default, 0: every stat reaches the file system].
+    #[arg(long)]
+    attr_ttl_ms: Option<u64>,
     /// Data servers of the embedded cluster (files are striped over them).
     #[arg(long, default_value_t = 2)]
     data_servers: usize,
@@ -367,6 +371,9 @@ pub fn run(args: &FsArgs) -> Result<()> {
         ring_threads_per_cpu: args
             .fuse_ring_threads
             .unwrap_or(testkit::fuse_options().ring_threads_per_cpu),
+        attr_ttl: args
+            .attr_ttl_ms
+            .map_or(testkit::fuse_options().attr_ttl, Duration::from_millis),
         ..testkit::fuse_options()
     };
     let schemes: Vec<LockScheme> = args.scheme.clone();
