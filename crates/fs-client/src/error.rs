@@ -230,6 +230,11 @@ impl Error {
     /// (`FabricError::SessionBehind`, tcp) is transient: the client opened it under a view it
     /// had not yet found out of date (its heartbeat had not met the restart), and catching up
     /// gives it a session of this run. Nothing of the I/O ran on that connection.
+    ///
+    /// So is a new connection refused for one of the server's limits on connections
+    /// (`FabricError::Limited`: a flood of connections that never authenticate, say): the
+    /// session is fine, nothing ran, and the endpoint tried again for its connect bound
+    /// already; the I/O is redone within the recovery budget. It never ends the session.
     pub(crate) fn is_transient(&self) -> bool {
         fn fabric(e: &FabricError) -> bool {
             matches!(
@@ -237,6 +242,7 @@ impl Error {
                 FabricError::Io { .. }
                     | FabricError::Disconnected(_)
                     | FabricError::SessionBehind(_)
+                    | FabricError::Limited(_)
             )
         }
         match self {
