@@ -411,6 +411,21 @@ mod tests {
         );
     }
 
+    /// A new connection refused for a server's limit on connections is redone, never taken
+    /// for a fence (which would end the session); a refusal of the session is a fence.
+    #[test]
+    fn a_limit_refusal_is_transient_and_no_fence() {
+        let limited = || FabricError::Limited("too many connections waiting".into());
+        for e in [
+            Error::fabric(Peer::Meta)(limited()),
+            Error::lock(7)(LockError::Fabric(limited())),
+        ] {
+            assert!(e.is_transient() && !e.is_fenced(), "{e}");
+        }
+        let revoked = Error::fabric(Peer::Meta)(FabricError::Refused("revoked".into()));
+        assert!(revoked.is_fenced() && !revoked.is_transient());
+    }
+
     #[test]
     fn the_chain_goes_through_the_lock_manager() {
         // A fence whose RPC failed: client error → lock error → hook → client error → fabric.
