@@ -130,6 +130,13 @@ pub enum FabricError {
     /// and try again. Unlike [`FabricError::Refused`], nothing about the client is wrong.
     #[error("refused by server: {0}")]
     SessionBehind(String),
+    /// The server refused a new connection because one of its limits on connections was
+    /// reached ([`crate::handshake::Refusal::Limit`]: too many connections pending their
+    /// handshake, or from this address): nothing ran, nothing about the client or its session
+    /// is wrong, and a later try may be admitted. The tcp endpoint has already tried again for
+    /// up to its connect bound ([`crate::tcp::TcpTimeouts::connect`]) before reporting it.
+    #[error("refused by server for now: {0}")]
+    Limited(String),
     /// The peer broke the protocol (bad frame, checksum, or unexpected message).
     #[error("protocol error: {0}")]
     Protocol(String),

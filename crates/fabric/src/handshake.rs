@@ -375,6 +375,79 @@ pub struct Admission {
 struct Counts {
     per_peer: std::collections::HashMap<std::net::IpAddr, PeerCounts>,
     pending: usize,
+    /// The connections that may be evicted ([`Admission::admit_evicting`]), per peer, oldest
+    /// first: admitted with an eviction, pending, and not [`Admitted::claim`]ed.
+    evictable: std::collections::HashMap<std::net::IpAddr, std::collections::VecDeque<Evictable>>,
+    /// The id of the next evictable connection (increasing: a queue is in admission order).
+    next_id: u64,
+}
+
+/// What closes a pending connection to make room for a newer one: called with the refusal
+/// that explains why, outside the admission's lock.
+pub type Evict = Box<dyn FnOnce(Refusal) + Send>;
+
+/// A pending connection that may be evicted.
+struct Evictable {
+    id: u64,
+    /// Set, under the admission's lock, when the connection is evicted: its pending places
+    /// were given to another, and its [`Admitted`] gives back only its `open` place.
+    evicted: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    evict: Evict,
+}
+
+impl std::fmt::Debug for Evictable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Evictable").field("id", &self.id).finish()
+    }
+}
+
+impl Counts {
+    /// Takes the evictable connection `id` of `peer` off its queue, if it is there.
+    fn forget_evictable(&mut self, peer: std::net::IpAddr, id: u64) {
+        if let Some(queue) = self.evictable.get_mut(&peer) {
+            queue.retain(|e| e.id != id);
+            if queue.is_empty() {
+                self.evictable.remove(&peer);
+            }
+        }
+    }
+
+    /// Evicts the oldest evictable connection of `peer` (`None`: of the peer holding the most
+    /// pending places among those with one): frees its pending places and marks it evicted.
+    /// Returns what closes it, or `None` if there is none.
+    fn evict_oldest(&mut self, peer: Option<std::net::IpAddr>) -> Option<Evict> {
+        let victim_peer = match peer {
+            Some(peer) => peer,
+            None => {
+                let per_peer = &self.per_peer;
+                *self
+                    .evictable
+                    .iter()
+                    .max_by_key(|(ip, queue)| {
+                        let pending = per_peer.get(*ip).map_or(0, |c| c.pending);
+                        // Most pending first; among equals, the oldest connection.
+                        (
+                            pending,
+                            std::cmp::Reverse(queue.front().map_or(u64::MAX, |e| e.id)),
+                        )
+                    })?
+                    .0
+            }
+        };
+        let queue = self.evictable.get_mut(&victim_peer)?;
+        let victim = queue.pop_front()?;
+        if queue.is_empty() {
+            self.evictable.remove(&victim_peer);
+        }
+        victim
+            .evicted
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.pending -= 1;
+        if let Some(counts) = self.per_peer.get_mut(&victim_peer) {
+            counts.pending -= 1;
+        }
+        Some(victim.evict)
+    }
 }
 
 /// One peer's connections, and how many of them are pending their handshake.
@@ -421,12 +494,42 @@ impl Admission {
     /// Admits a new connection from `peer` as pending its handshake, or says which limit it
     /// would exceed. The connection counts until the returned guard is dropped.
     pub fn admit(self: &std::sync::Arc<Self>, peer: std::net::IpAddr) -> Result<Admitted, Refusal> {
-        let mut counts = self.counts();
-        let from_peer = counts.per_peer.get(&peer).copied().unwrap_or_default();
+        self.admit_with(peer, None)
+    }
+
+    /// [`Admission::admit`], except that a pending limit makes room instead of refusing while
+    /// it can: when `peer` holds all its pending places, its oldest evictable connection is
+    /// evicted; when all peers together hold every pending place, the oldest evictable
+    /// connection of the peer holding the most is. An evicted connection's places go to the
+    /// new one at once, and its `evict` is called (outside the lock) with the refusal of the
+    /// limit, to answer and close it. The new connection is evictable in turn, with `evict`,
+    /// until it [claims](Admitted::claim) its place by presenting its hello.
+    ///
+    /// So a flood of connections that never send their hello churns its own connections, and a
+    /// peer that presents its hello within the time the flood takes to open a pending limit's
+    /// worth of newer connections is never refused for it. Only when no pending connection is
+    /// evictable (all of them are claimed, or admitted with [`Admission::admit`]) is a new one
+    /// refused. The per-peer limit on all connections (`max_per_peer`) always refuses.
+    pub fn admit_evicting(
+        self: &std::sync::Arc<Self>,
+        peer: std::net::IpAddr,
+        evict: Evict,
+    ) -> Result<Admitted, Refusal> {
+        self.admit_with(peer, Some(evict))
+    }
+
+    fn admit_with(
+        self: &std::sync::Arc<Self>,
+        peer: std::net::IpAddr,
+        evict: Option<Evict>,
+    ) -> Result<Admitted, Refusal> {
         let exceeded = |limit: Limit, value: usize| Refusal::Limit {
             limit,
             value: value as u64,
         };
+        let mut evicted = Vec::new();
+        let mut counts = self.counts();
+        let from_peer = counts.per_peer.get(&peer).copied().unwrap_or_default();
         if from_peer.open >= self.limits.max_per_peer {
             return Err(exceeded(
                 Limit::ConnectionsPerPeer,
@@ -434,22 +537,62 @@ impl Admission {
             ));
         }
         if from_peer.pending >= self.limits.max_pending_per_peer {
-            return Err(exceeded(
+            let refusal = exceeded(
                 Limit::PendingHandshakesPerPeer,
                 self.limits.max_pending_per_peer,
-            ));
+            );
+            // Room is made among the peer's own connections only.
+            match evict
+                .is_some()
+                .then(|| counts.evict_oldest(Some(peer)))
+                .flatten()
+            {
+                Some(victim) => evicted.push((victim, refusal)),
+                None => return Err(refusal),
+            }
         }
         if counts.pending >= self.limits.max_pending {
-            return Err(exceeded(Limit::PendingHandshakes, self.limits.max_pending));
+            let refusal = exceeded(Limit::PendingHandshakes, self.limits.max_pending);
+            match evict.is_some().then(|| counts.evict_oldest(None)).flatten() {
+                Some(victim) => evicted.push((victim, refusal)),
+                None => {
+                    drop(counts);
+                    // A victim of the per-peer limit already lost its place: close it anyway.
+                    for (victim, refusal) in evicted {
+                        victim(refusal);
+                    }
+                    return Err(exceeded(Limit::PendingHandshakes, self.limits.max_pending));
+                }
+            }
         }
         let entry = counts.per_peer.entry(peer).or_default();
         entry.open += 1;
         entry.pending += 1;
         counts.pending += 1;
+        let slot = evict.map(|evict| {
+            let id = counts.next_id;
+            counts.next_id += 1;
+            let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            counts
+                .evictable
+                .entry(peer)
+                .or_default()
+                .push_back(Evictable {
+                    id,
+                    evicted: flag.clone(),
+                    evict,
+                });
+            (id, flag)
+        });
+        drop(counts);
+        for (victim, refusal) in evicted {
+            victim(refusal);
+        }
         Ok(Admitted {
             admission: self.clone(),
             peer,
             pending: true,
+            slot,
         })
     }
 }
@@ -460,13 +603,47 @@ pub struct Admitted {
     admission: std::sync::Arc<Admission>,
     peer: std::net::IpAddr,
     pending: bool,
+    /// An evictable connection's id in its peer's queue, and whether it was evicted.
+    slot: Option<(u64, std::sync::Arc<std::sync::atomic::AtomicBool>)>,
 }
 
 impl Admitted {
+    /// Whether the connection was evicted to make room for a newer one
+    /// ([`Admission::admit_evicting`]): it holds no pending place any more, and is being
+    /// closed.
+    pub fn is_evicted(&self) -> bool {
+        self.slot
+            .as_ref()
+            .is_some_and(|(_, evicted)| evicted.load(std::sync::atomic::Ordering::SeqCst))
+    }
+
+    /// The peer's hello has arrived: from now on the connection cannot be evicted, and the
+    /// server may answer it. False if it was evicted first; then the server must not answer it
+    /// (its evictor answers and closes it).
+    pub fn claim(&mut self) -> bool {
+        let Some((id, evicted)) = self.slot.take() else {
+            return true;
+        };
+        let mut counts = self.admission.counts();
+        if evicted.load(std::sync::atomic::Ordering::SeqCst) {
+            self.slot = Some((id, evicted));
+            return false;
+        }
+        counts.forget_evictable(self.peer, id);
+        true
+    }
+
     /// The peer passed the handshake: it no longer counts as pending.
     pub fn authenticated(&mut self) {
         if std::mem::take(&mut self.pending) {
             let mut counts = self.admission.counts();
+            if self.is_evicted() {
+                // Its pending places were given to another already.
+                return;
+            }
+            if let Some((id, _)) = self.slot.take() {
+                counts.forget_evictable(self.peer, id);
+            }
             counts.pending -= 1;
             if let Some(peer) = counts.per_peer.get_mut(&self.peer) {
                 peer.pending -= 1;
@@ -478,12 +655,17 @@ impl Admitted {
 impl Drop for Admitted {
     fn drop(&mut self) {
         let mut counts = self.admission.counts();
-        if self.pending {
+        // An evicted connection's pending places were given to another already.
+        let pending = self.pending && !self.is_evicted();
+        if pending {
+            if let Some((id, _)) = &self.slot {
+                counts.forget_evictable(self.peer, *id);
+            }
             counts.pending -= 1;
         }
         if let Some(peer) = counts.per_peer.get_mut(&self.peer) {
             peer.open -= 1;
-            if self.pending {
+            if pending {
                 peer.pending -= 1;
             }
             if peer.open == 0 {
@@ -986,6 +1168,94 @@ mod tests {
             Some((Limit::PendingHandshakes, 3))
         );
         drop((held, other));
+    }
+
+    /// With evictions, a full pending limit makes room: the per-peer one among the peer's own
+    /// connections, the total one among those of the peer holding the most, oldest first;
+    /// the victim is told which limit, gives back only its `open` place, and cannot claim.
+    /// A claimed connection is never evicted, and with nothing evictable the limit refuses.
+    #[test]
+    fn admission_evicts_the_oldest_unclaimed() {
+        use std::sync::mpsc;
+        let admission = Admission::new(ConnectionLimits {
+            max_per_peer: 10,
+            max_pending: 4,
+            max_pending_per_peer: 2,
+        });
+        let a: std::net::IpAddr = [10, 0, 0, 1].into();
+        let b: std::net::IpAddr = [10, 0, 0, 2].into();
+        let c: std::net::IpAddr = [10, 0, 0, 3].into();
+        let (tx, rx) = mpsc::channel();
+        let admit = |peer, name: &'static str| {
+            let tx = tx.clone();
+            admission
+                .admit_evicting(
+                    peer,
+                    Box::new(move |refusal| tx.send((name, refusal)).unwrap()),
+                )
+                .unwrap()
+        };
+        let limit = |limit, value| Refusal::Limit { limit, value };
+        let (mut a1, a2) = (admit(a, "a1"), admit(a, "a2"));
+        // The per-peer limit: a's oldest makes room.
+        let a3 = admit(a, "a3");
+        assert_eq!(
+            rx.try_recv().unwrap(),
+            ("a1", limit(Limit::PendingHandshakesPerPeer, 2))
+        );
+        assert!(a1.is_evicted() && !a1.claim());
+        drop(a1);
+        assert_eq!(admission.counts().per_peer[&a].open, 2);
+        let (mut b1, b2) = (admit(b, "b1"), admit(b, "b2"));
+        assert!(rx.try_recv().is_err(), "4 pending places, 4 pending");
+        // The total limit: a and b hold two each; a's is older.
+        let c1 = admit(c, "c1");
+        assert_eq!(
+            rx.try_recv().unwrap(),
+            ("a2", limit(Limit::PendingHandshakes, 4))
+        );
+        // b now holds the most; a claimed connection is not evicted.
+        assert!(b1.claim());
+        let c2 = admit(c, "c2");
+        assert_eq!(
+            rx.try_recv().unwrap(),
+            ("b2", limit(Limit::PendingHandshakes, 4))
+        );
+        // Pending: a3, b1 (claimed), c1, c2. c holds the most.
+        assert_eq!(
+            admission.admit(c).map(|_| ()).unwrap_err(),
+            limit(Limit::PendingHandshakesPerPeer, 2),
+            "admit never evicts"
+        );
+        let a4 = admit(a, "a4");
+        assert_eq!(
+            rx.try_recv().unwrap(),
+            ("c1", limit(Limit::PendingHandshakes, 4))
+        );
+        b1.authenticated();
+        let counts = admission.counts();
+        assert_eq!(counts.pending, 3);
+        assert_eq!(counts.per_peer[&b].pending, 0);
+        drop(counts);
+        // Nothing evictable: the limit refuses.
+        let d: std::net::IpAddr = [10, 0, 0, 4].into();
+        let mut claimed = vec![a3, c2, a4, admit(d, "d1")];
+        for admitted in &mut claimed {
+            assert!(admitted.claim());
+        }
+        assert_eq!(
+            admission
+                .admit_evicting(d, Box::new(|_| panic!("nothing to evict")))
+                .map(|_| ())
+                .unwrap_err(),
+            limit(Limit::PendingHandshakes, 4)
+        );
+        assert!(rx.try_recv().is_err());
+        drop((claimed, a2, b1, b2, c1));
+        let counts = admission.counts();
+        assert_eq!(counts.pending, 0);
+        assert!(counts.per_peer.is_empty(), "{:?}", counts.per_peer);
+        assert!(counts.evictable.is_empty(), "{:?}", counts.evictable);
     }
 
     /// The handshake of every protocol under the stable fuzzer (see `crate::fuzz`).

@@ -1151,13 +1151,16 @@ fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
-/// Beyond its connection limits the server refuses a peer with `Refusal::Limit`, naming the
-/// setting, before it reads a byte or spends a thread on it; the places free when the
-/// connections holding them close. Silent peers hold pending places; authenticated endpoints
-/// hold per-peer places.
+/// The server's connection limits: a connection beyond a pending limit evicts the oldest
+/// connection that has not sent its hello — which is answered `Refusal::Limit`, naming the
+/// setting, and closed — rather than be refused, so silent peers cannot keep out a peer that
+/// presents its credentials; beyond the per-peer limit a peer is refused (`Refusal::Limit`,
+/// before a byte is read or a thread spent), which the endpoint tries again for its connect
+/// bound and then reports as `FabricError::Limited`; places free when their connections close.
 #[test]
-fn connections_are_limited_per_peer_and_while_pending() {
+fn connections_are_limited_per_peer_and_silent_ones_make_room() {
     use fabric::handshake::{ConnectionLimits, Limit};
+    use fabric::tcp::TcpTimeouts;
     let limits = ConnectionLimits {
         max_per_peer: 3,
         max_pending: 2,
@@ -1166,49 +1169,79 @@ fn connections_are_limited_per_peer_and_while_pending() {
     let server = TcpServer::bind_with_limits("127.0.0.1:0", creds(), limits).unwrap();
     server.register(R, REGION_LEN).unwrap();
     assert_eq!(server.limits(), limits);
-    let refused_with = |limit: Limit| {
-        move |result: Result<TcpEndpoint, FabricError>| match result {
-            Err(FabricError::Refused(why)) => {
-                let value = match limit {
-                    Limit::PendingHandshakes => 2,
-                    _ => 3,
-                };
-                why == Refusal::Limit { limit, value }.to_string()
-            }
-            _ => false,
-        }
-    };
 
-    // Two silent peers, one of them declaring a huge frame: the third peer is refused.
-    let silent: Vec<TcpStream> = (0..2)
+    // Two silent peers, one of them declaring a huge frame, hold both pending places: a peer
+    // that presents its hello evicts the older, which is told why and closed.
+    let mut silent: Vec<TcpStream> = (0..2)
         .map(|_| TcpStream::connect(server.local_addr()).unwrap())
         .collect();
     (&silent[1])
         .write_all(&u32::MAX.to_le_bytes()[..3])
         .unwrap();
-    wait_for("the pending limit", || {
-        refused_with(Limit::PendingHandshakes)(TcpEndpoint::connect(server.local_addr(), &creds()))
+    wait_for("the silent peers to be accepted", || {
+        server.connection_count() == 2
     });
+    let mut first = TcpEndpoint::connect(server.local_addr(), &creds()).unwrap();
+    first.faa(addr(0), 1).unwrap();
+    silent[0]
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    assert_eq!(
+        read_answer(&mut silent[0]).unwrap_err(),
+        Refusal::Limit {
+            limit: Limit::PendingHandshakes,
+            value: 2
+        }
+    );
+    assert_closed(&mut silent[0]);
+    // The younger silent peer still holds its place.
+    silent[1]
+        .set_read_timeout(Some(Duration::from_millis(50)))
+        .unwrap();
+    let mut byte = [0u8; 1];
+    assert!(matches!(
+        silent[1].read(&mut byte),
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)
+    ));
     drop(silent);
-    let mut endpoints = Vec::new();
+
+    let mut endpoints = vec![first];
     wait_for("three endpoints", || {
         if let Ok(ep) = TcpEndpoint::connect(server.local_addr(), &creds()) {
             endpoints.push(ep);
         }
         endpoints.len() == 3
     });
-    assert!(refused_with(Limit::ConnectionsPerPeer)(
-        TcpEndpoint::connect(server.local_addr(), &creds())
-    ));
+    let bound = Duration::from_millis(300);
+    let timeouts = TcpTimeouts {
+        connect: bound,
+        ..TcpTimeouts::DEFAULT
+    };
+    let started = Instant::now();
+    match TcpEndpoint::connect_with(server.local_addr(), &creds(), 0, timeouts) {
+        Err(FabricError::Limited(why)) => assert!(
+            why.ends_with(
+                &Refusal::Limit {
+                    limit: Limit::ConnectionsPerPeer,
+                    value: 3
+                }
+                .to_string()
+            ),
+            "{why}"
+        ),
+        other => panic!("expected a refusal for the per-peer limit, got {other:?}"),
+    }
+    assert!(
+        started.elapsed() >= bound,
+        "tried again until the connect bound: {:?}",
+        started.elapsed()
+    );
     // The endpoints in place are served all the while.
-    for ep in &mut endpoints {
+    for ep in &mut endpoints[1..] {
         ep.faa(addr(0), 1).unwrap();
     }
     endpoints.pop();
-    wait_for("a per-peer place to free", || {
-        TcpEndpoint::connect(server.local_addr(), &creds())
-            .map(|ep| endpoints.push(ep))
-            .is_ok()
-    });
+    // A connection refused for a limit is tried again: one place freeing is enough.
+    endpoints.push(TcpEndpoint::connect(server.local_addr(), &creds()).unwrap());
     assert_eq!(endpoints[0].read_u64(addr(0)).unwrap(), 3);
 }

@@ -230,6 +230,11 @@ impl Error {
     /// (`FabricError::SessionBehind`, tcp) is transient: the client opened it under a view it
     /// had not yet found out of date (its heartbeat had not met the restart), and catching up
     /// gives it a session of this run. Nothing of the I/O ran on that connection.
+    ///
+    /// So is a new connection refused for one of the server's limits on connections
+    /// (`FabricError::Limited`: a flood of connections that never authenticate, say): the
+    /// session is fine, nothing ran, and the endpoint tried again for its connect bound
+    /// already; the I/O is redone within the recovery budget. It never ends the session.
     pub(crate) fn is_transient(&self) -> bool {
         fn fabric(e: &FabricError) -> bool {
             matches!(
@@ -237,6 +242,7 @@ impl Error {
                 FabricError::Io { .. }
                     | FabricError::Disconnected(_)
                     | FabricError::SessionBehind(_)
+                    | FabricError::Limited(_)
             )
         }
         match self {
@@ -403,6 +409,21 @@ mod tests {
             chain,
             "fabric to data server 2: connection to server lost: peer closed the connection"
         );
+    }
+
+    /// A new connection refused for a server's limit on connections is redone, never taken
+    /// for a fence (which would end the session); a refusal of the session is a fence.
+    #[test]
+    fn a_limit_refusal_is_transient_and_no_fence() {
+        let limited = || FabricError::Limited("too many connections waiting".into());
+        for e in [
+            Error::fabric(Peer::Meta)(limited()),
+            Error::lock(7)(LockError::Fabric(limited())),
+        ] {
+            assert!(e.is_transient() && !e.is_fenced(), "{e}");
+        }
+        let revoked = Error::fabric(Peer::Meta)(FabricError::Refused("revoked".into()));
+        assert!(revoked.is_fenced() && !revoked.is_transient());
     }
 
     #[test]

@@ -15,6 +15,14 @@ use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+/// The first pause before a connection refused for a server's limit on connections is tried
+/// again ([`TcpEndpoint::connect_with`]).
+pub const LIMIT_FIRST_PAUSE: Duration = Duration::from_millis(5);
+
+/// The longest pause between tries of a connection refused for a server's limit on
+/// connections ([`TcpEndpoint::connect_with`]).
+pub const LIMIT_MAX_PAUSE: Duration = Duration::from_millis(200);
+
 /// How long connecting and the handshake may take by default before the server is declared
 /// unreachable ([`TcpTimeouts::connect`]).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -181,6 +189,13 @@ impl TcpEndpoint {
 
     /// [`TcpEndpoint::connect_session`] with the time bounds `timeouts` (a zero bound means
     /// its default).
+    ///
+    /// A server that refuses the connection for one of its limits on connections
+    /// ([`Refusal::Limit`]: too many pending their handshake, say, during a flood) is tried
+    /// again after a pause that doubles from [`LIMIT_FIRST_PAUSE`] to [`LIMIT_MAX_PAUSE`], for
+    /// up to the connect bound in all; then the refusal is reported as
+    /// [`FabricError::Limited`] — never as [`FabricError::Refused`], which would say that the
+    /// client or its session is refused for good.
     pub fn connect_with(
         addr: impl ToSocketAddrs,
         credentials: &Credentials,
@@ -188,6 +203,35 @@ impl TcpEndpoint {
         timeouts: TcpTimeouts,
     ) -> Result<Self> {
         let timeouts = timeouts.or_default();
+        let addrs: Vec<SocketAddr> = addr
+            .to_socket_addrs()
+            .map_err(|e| FabricError::io("resolve server address", e))?
+            .collect();
+        let deadline = Instant::now() + timeouts.connect;
+        let mut pause = LIMIT_FIRST_PAUSE;
+        loop {
+            match Self::connect_once(&addrs[..], credentials, session, timeouts) {
+                Err(FabricError::Limited(why)) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(FabricError::Limited(why));
+                    }
+                    tracing::debug!(%why, "fabric tcp: connection refused for a limit; trying again");
+                    std::thread::sleep(pause.min(left));
+                    pause = (pause * 2).min(LIMIT_MAX_PAUSE);
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// One try of [`TcpEndpoint::connect_with`], with `timeouts` already defaulted.
+    fn connect_once(
+        addr: &[SocketAddr],
+        credentials: &Credentials,
+        session: u64,
+        timeouts: TcpTimeouts,
+    ) -> Result<Self> {
         let connect_timeout = timeouts.connect;
         let (stream, peer) = open(addr, connect_timeout)?;
         let setup = |e| FabricError::io(format!("configure connection to {peer}"), e);
@@ -242,6 +286,9 @@ impl TcpEndpoint {
             Ok(Ok(welcome)) => welcome,
             Ok(Err(refusal @ Refusal::SessionBehind { .. })) => {
                 return Err(FabricError::SessionBehind(refusal.to_string()))
+            }
+            Ok(Err(refusal @ Refusal::Limit { .. })) => {
+                return Err(FabricError::Limited(format!("{peer}: {refusal}")))
             }
             Ok(Err(refusal)) => return Err(FabricError::Refused(refusal.to_string())),
             Err(why) => {

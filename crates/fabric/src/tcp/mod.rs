@@ -23,7 +23,7 @@ pub mod wire;
 pub use crate::handshake::HANDSHAKE_TIMEOUT;
 pub use client::{
     TcpConnector, TcpEndpoint, TcpTimeouts, BATCH_TIMEOUT, CALL_TIMEOUT, CAPABILITIES,
-    CONNECT_TIMEOUT,
+    CONNECT_TIMEOUT, LIMIT_FIRST_PAUSE, LIMIT_MAX_PAUSE,
 };
 pub use server::TcpServer;
 pub use wire::RegionInfo;
@@ -138,7 +138,7 @@ pub fn fuzz_entry(data: &[u8]) {
     let answer_first = !session.authenticated;
     let mut replies = Vec::new();
     if mode & 2 == 0 {
-        serve(&mut session, &mut &input[..], &mut replies, || {});
+        serve(&mut session, &mut &input[..], &mut replies, || true, || {});
     } else {
         let mut rest = input;
         while rest.len() >= 2 {

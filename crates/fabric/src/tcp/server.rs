@@ -705,18 +705,24 @@ fn frame_reply(tx: &mut Vec<u8>, reply: &Reply) {
 }
 
 /// Runs one connection's protocol over `r` and `w` until the peer closes or must be dropped.
-/// `on_auth` runs once, after the handshake succeeded. Returns whether the server chose to close
-/// (as opposed to the peer going away or a write failing).
+/// `on_hello` runs when the first frame (the hello) has arrived, before it is handled: if it
+/// says no (the connection was evicted meanwhile, `Admitted::claim`), nothing is answered and
+/// the connection ends. `on_auth` runs once, after the handshake succeeded. Returns whether the
+/// server chose to close (as opposed to the peer going away, a write failing or an eviction).
 pub(crate) fn serve<R: Read, W: Write>(
     session: &mut Session,
     r: &mut R,
     w: &mut W,
+    mut on_hello: impl FnMut() -> bool,
     mut on_auth: impl FnMut(),
 ) -> bool {
     loop {
         let was_authenticated = session.authenticated;
         let read = frame::read_frame(r, session.frame_limit(), &mut session.rx);
         let peer_gone = matches!(read, Err(FrameError::Io(_)));
+        if !was_authenticated && !peer_gone && !on_hello() {
+            return false;
+        }
         let next = session.handle(read);
         let reply = session.reply();
         // One write per reply: the header and body are contiguous in `tx`.
@@ -733,12 +739,7 @@ pub(crate) fn serve<R: Read, W: Write>(
 }
 
 /// One accepted connection, from its thread's point of view.
-fn run_connection(
-    shared: Arc<Shared>,
-    stream: TcpStream,
-    peer: SocketAddr,
-    mut admitted: Admitted,
-) {
+fn run_connection(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr, admitted: Admitted) {
     // Small frames must leave at once: Nagle would hold a reply back for the peer's delayed ACK.
     if let Err(e) = stream.set_nodelay(true) {
         tracing::debug!(%peer, "set_nodelay: {e}");
@@ -752,13 +753,25 @@ fn run_connection(
     let mut session = Session::new(shared);
     let mut reader = BufReader::with_capacity(64 << 10, &stream);
     let mut writer = &stream;
-    let server_closed = serve(&mut session, &mut reader, &mut writer, || {
-        admitted.authenticated();
-        // A batch may legitimately wait for a long time between batches.
-        if let Err(e) = stream.set_read_timeout(None) {
-            tracing::debug!(%peer, "clear read timeout: {e}");
-        }
-    });
+    // Both hooks change the admission; they never run at once.
+    let admitted = std::cell::RefCell::new(admitted);
+    let server_closed = serve(
+        &mut session,
+        &mut reader,
+        &mut writer,
+        || admitted.borrow_mut().claim(),
+        || {
+            admitted.borrow_mut().authenticated();
+            // A batch may legitimately wait for a long time between batches.
+            if let Err(e) = stream.set_read_timeout(None) {
+                tracing::debug!(%peer, "clear read timeout: {e}");
+            }
+        },
+    );
+    if admitted.borrow().is_evicted() {
+        tracing::debug!(%peer, "fabric connection evicted before its hello");
+        return;
+    }
     if server_closed {
         linger(&stream, &mut reader);
     }
@@ -1045,9 +1058,29 @@ fn accept_loop(
                 continue;
             }
         };
+        // What evicts the connection while it has not sent its hello, to make room for a
+        // newer one (`Admission::admit_evicting`): answers it with the refusal and shuts it
+        // down, which wakes its thread's read. Without a handle to do so it is not evictable.
+        let evict: Option<handshake::Evict> = match stream.try_clone() {
+            Ok(handle) => Some(Box::new(move |refusal: handshake::Refusal| {
+                tracing::debug!(%peer, %refusal, "fabric tcp: evicted a connection pending its hello");
+                handshake::refuse_at_accept(&handle, &refusal);
+                let _ = handle.shutdown(Shutdown::Both);
+            })),
+            Err(e) => {
+                tracing::warn!(%peer, "fabric tcp: cannot clone accepted socket: {e}");
+                None
+            }
+        };
         // Counted before a thread is spent on it: a flood of connections costs an accept and a
-        // refusal each, not a thread and a buffer.
-        let admitted = match admission.admit(peer.ip()) {
+        // refusal (or an eviction) each, not a thread and a buffer. Connections that never
+        // send their hello make room for newer ones, so a flood of them cannot keep out a peer
+        // that presents its credentials at once.
+        let admitted = match evict {
+            Some(evict) => admission.admit_evicting(peer.ip(), evict),
+            None => admission.admit(peer.ip()),
+        };
+        let admitted = match admitted {
             Ok(admitted) => admitted,
             Err(refusal) => {
                 tracing::warn!(%peer, %refusal, "fabric tcp: refused a connection");
