@@ -581,6 +581,54 @@ impl Inner {
             session = inode.session,
             "reopened in the new meta session"
         );
+        self.replace_open(current, inode.clone());
+        Ok(inode)
+    }
+
+    /// Opens `ino` anew in `view`'s session because its control block at `fcb` was found to
+    /// be another file's while this client still counts the open (an open the meta server no
+    /// longer holds: released too early), unless another thread did already; the open-inode
+    /// table and every handle on `ino` then name the new open. An error when the block the
+    /// meta server then names is not the file's either (the block itself is damaged: opening
+    /// again mends nothing) or the open fails.
+    pub(crate) fn reopen_foreign(
+        &self,
+        ino: Ino,
+        fcb: RemoteAddr,
+        view: &crate::view::View,
+    ) -> Result<(), Error> {
+        let mut open = self.files.settled(ino);
+        let Some(current) = open
+            .entries
+            .get_mut(&ino)
+            .and_then(|entry| entry.inode.as_mut())
+        else {
+            return Err(Error::Fs(FsError::Stale));
+        };
+        if current.fcb != fcb || current.session != view.session() {
+            // Reopened meanwhile, by another thread or in a new session.
+            return Ok(());
+        }
+        // Rare: the table stays locked across this `Open` and the read of the block it names,
+        // which must be the file's now (else the block is damaged: the error says so).
+        let (inode, _) = self.send_open(ino)?;
+        let mut w = self.checkout()?;
+        self.read_fcb(&mut w, &inode)?;
+        tracing::warn!(
+            ino,
+            old = %fcb,
+            new = %inode.fcb,
+            "a file's control block was another file's: opened it anew"
+        );
+        self.replace_open(current, inode);
+        Ok(())
+    }
+
+    /// Puts `inode`, a new open of `current`'s file, in its place: in the open-inode table
+    /// entry `current` and in every handle on the file; `current` is closed (workers drop
+    /// its lock handles).
+    fn replace_open(&self, current: &mut Arc<OpenInode>, inode: Arc<OpenInode>) {
+        let ino = inode.ino;
         let old = std::mem::replace(current, inode.clone());
         old.closed.store(true, Ordering::Relaxed);
         self.files.close_epoch.fetch_add(1, Ordering::Relaxed);
@@ -598,7 +646,6 @@ impl Inner {
                 });
             }
         }
-        Ok(inode)
     }
 
     /// Counts one open of `ino` less. After the last, the inode *lingers*: its release is

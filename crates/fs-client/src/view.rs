@@ -160,8 +160,9 @@ impl Inner {
     /// does (EIO), not with the Stale (ESTALE) the meta server answers an ended session — seen
     /// in `pause.rs` when a revocation reached the data path as a closed connection instead of
     /// a refusal. A refresh that fails below the file system is tried again within the same
-    /// bound. An [`Error::ForeignFcb`] is final when the session did not change: only a new
-    /// session explains it.
+    /// bound. An [`Error::ForeignFcb`] in the same session is mended by opening the file anew
+    /// ([`Inner::reopen_foreign`]) when the meta server then gives it another block, and is
+    /// final when it names the same one (the block was damaged).
     pub(crate) fn recover(&self, failure: Error) -> Result<Arc<View>, Error> {
         let deadline = Instant::now() + RECONNECT_WAIT;
         loop {
@@ -186,9 +187,18 @@ impl Inner {
             // A file control block of another file is the client behind a meta restart only
             // if the session moved on since the file was opened; in that session, it is a
             // disagreement no catching up mends.
-            if let Error::ForeignFcb { session, .. } = &failure {
+            // In that session it is an open the meta server no longer holds (released too
+            // early, its block given to another file): opened anew, if that gives the file a
+            // block of its own; if the server names the same block, it is damaged, and final.
+            if let Error::ForeignFcb {
+                session, ino, fcb, ..
+            } = &failure
+            {
                 if view.session() == *session {
-                    return Err(failure);
+                    if self.reopen_foreign(*ino, *fcb, &view).is_err() {
+                        return Err(failure);
+                    }
+                    return Ok(view);
                 }
             }
             let waiting = match &failure {
@@ -238,7 +248,9 @@ impl Inner {
         inode: &Arc<OpenInode>,
         view: &View,
     ) -> Result<Arc<OpenInode>, Error> {
-        if inode.session == view.session() {
+        // A closed inode still in use was replaced by a reopen (`reopen_foreign`): the table
+        // has the open to use now.
+        if inode.session == view.session() && !inode.closed.load(Ordering::Relaxed) {
             return Ok(inode.clone());
         }
         self.reopen(inode.ino, view)

@@ -698,6 +698,17 @@ impl MetaHandle {
         std::mem::forget(running.local_socket);
     }
 
+    /// Releases open file `ino` in every session that has it open, as a release riding on a
+    /// call of each would (its control block freed, for another file to take), while the
+    /// clients still count their opens — what a client bug that let a release go too early
+    /// does. Returns how many sessions had it open. For tests of the clients' recovery.
+    #[cfg(feature = "test-hooks")]
+    pub fn release_in_every_session(&self, ino: proto::Ino) -> usize {
+        self.inner
+            .as_ref()
+            .map_or(0, |r| r.service.release_in_every_session(ino))
+    }
+
     /// Overwrites word `word` (`proto::fcb::INO`, `SIZE`, ...) of open file `ino`'s control
     /// block with `value`, as a bug or a stray write could, and returns what it held (`None`:
     /// the file is not open). For tests of the clients' checks.

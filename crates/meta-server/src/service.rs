@@ -1215,6 +1215,20 @@ impl Service {
         lock(&self.records).waiters()
     }
 
+    /// `MetaHandle::release_in_every_session`.
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn release_in_every_session(&self, ino: Ino) -> usize {
+        let sessions: Vec<u64> = lock(&self.state)
+            .open
+            .get(&ino)
+            .map(|open| open.sessions.iter().copied().collect())
+            .unwrap_or_default();
+        for &session in &sessions {
+            let _ = self.handle_by(session, vec![ino], Request::Cluster, None);
+        }
+        sessions.len()
+    }
+
     /// `MetaHandle::damage_fcb_word`.
     #[cfg(feature = "test-hooks")]
     pub(crate) fn damage_fcb_word(&self, ino: Ino, word: u64, value: u64) -> Option<u64> {
