@@ -18,7 +18,7 @@ fn mount_write_read_stat_unmount() {
     let handle = match Mount::at(fs.clone(), mnt.path(), &testkit::fuse_options()) {
         Ok(h) => h,
         Err(e) => {
-            println!("skipped: mount failed: {e:#}");
+            testkit::skip(testkit::Need::Fuse, &format!("mount failed: {e:#}"));
             return;
         }
     };

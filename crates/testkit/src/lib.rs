@@ -11,7 +11,9 @@
 //!   panicking test — so that nothing is left mounted.
 //! - Test-only extras: [`Cluster::spawn_mount_process`] ([`ChildMount`], a second client
 //!   *process*: the test binary re-executed, running [`child_mount_main`]),
-//!   [`fuse_unavailable`] and [`skip_without_fuse!`], [`wait_until`], [`pattern`], [`UserBuf`].
+//!   [`fuse_unavailable`] and [`skip_without_fuse!`], [`wait_until`], [`pattern`], [`UserBuf`];
+//!   [`skip`], which every test that cannot run here calls, so that the skip is seen and
+//!   counted (`.ci/run` fails a run that skipped what the machine could have run).
 //! - [`netns`]: several hosts on one machine (network namespaces on a private switch, links
 //!   that can be cut and healed), processes run on them, for tests of real network faults;
 //!   [`skip_without_netns!`] skips where namespaces cannot be made.
@@ -27,6 +29,7 @@ mod cluster;
 mod mount;
 pub mod netns;
 mod orphans;
+mod skip;
 mod util;
 
 pub use child::{child_mount_main, ChildMount, Stopped};
@@ -37,6 +40,7 @@ pub use cluster::{
 pub use fabric::Backend;
 pub use mount::{fuse_options, fuse_unavailable, Mount};
 pub use orphans::die_with_parent;
+pub use skip::{skip, Need, ENV_SKIP_LOG};
 pub use util::{
     init_logging, open_rw, pattern, random_token, restartable_addr, wait_until, UserBuf,
 };

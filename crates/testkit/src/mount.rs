@@ -13,12 +13,13 @@ pub fn fuse_unavailable() -> Option<String> {
     fs_client::fuse::check_mountable(Path::new(fs_client::fuse::FUSE_DEVICE)).err()
 }
 
-/// Returns from the calling test, printing why, when FUSE mounts cannot work here.
+/// Returns from the calling test when FUSE mounts cannot work here, the skip recorded
+/// ([`crate::skip`]: said on stderr, counted by `.ci/run`).
 #[macro_export]
 macro_rules! skip_without_fuse {
     () => {
         if let Some(why) = $crate::fuse_unavailable() {
-            println!("skipped: {why}");
+            $crate::skip($crate::Need::Fuse, &why);
             return;
         }
     };

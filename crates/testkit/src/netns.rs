@@ -47,13 +47,13 @@ const SUBNET: [u8; 3] = [10, 77, 0];
 /// How long a process may take to exit after SIGTERM before it is killed.
 const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Skips the current test (prints why and returns) unless network namespaces can be made
-/// here: root, `ip` on the path, and a kernel and container that allow them.
+/// Skips the current test (the skip recorded, [`crate::skip`]) unless network namespaces can
+/// be made here: root, `ip` on the path, and a kernel and container that allow them.
 #[macro_export]
 macro_rules! skip_without_netns {
     () => {
         if let Some(why) = $crate::netns::netns_unavailable() {
-            println!("skipped: {why}");
+            $crate::skip($crate::Need::Netns, &why);
             return;
         }
     };

@@ -35,12 +35,18 @@ impl UringEnabled {
         let was = match std::fs::read_to_string(ENABLE_URING) {
             Ok(v) => v.trim().to_string(),
             Err(e) => {
-                eprintln!("NOTE: {ENABLE_URING}: {e}: this kernel has no FUSE over io_uring");
+                testkit::skip(
+                    testkit::Need::Other,
+                    &format!("{ENABLE_URING}: {e}: this kernel has no FUSE over io_uring"),
+                );
                 return None;
             }
         };
         if let Err(e) = std::fs::write(ENABLE_URING, "Y") {
-            eprintln!("NOTE: cannot turn on {ENABLE_URING} ({e}): needs root");
+            testkit::skip(
+                testkit::Need::Root,
+                &format!("cannot turn on {ENABLE_URING} ({e})"),
+            );
             return None;
         }
         Some(UringEnabled { was })

@@ -104,7 +104,10 @@ fn kernel_allows_shared_mmap() -> bool {
 fn shared_mappings_work_and_follow_the_coherence_rules() {
     skip_without_fuse!();
     if !kernel_allows_shared_mmap() {
-        eprintln!("skipped: this kernel offers no FUSE_DIRECT_IO_ALLOW_MMAP (Linux < 6.6)");
+        testkit::skip(
+            testkit::Need::Other,
+            "this kernel offers no FUSE_DIRECT_IO_ALLOW_MMAP (Linux < 6.6)",
+        );
         return;
     }
     let cluster = Cluster::start(ClusterSpec::default()).unwrap();

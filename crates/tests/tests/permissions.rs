@@ -192,11 +192,11 @@ fn permissions_as_other_users_match_tmpfs() {
     skip_without_fuse!();
     // SAFETY: geteuid has no preconditions and touches no memory.
     if unsafe { libc::geteuid() } != 0 {
-        println!("skipped: switching users needs root");
+        testkit::skip(testkit::Need::Root, "switching users needs root");
         return;
     }
     if Command::new("setpriv").arg("--version").output().is_err() {
-        println!("skipped: no setpriv (util-linux)");
+        testkit::skip(testkit::Need::Other, "no setpriv (util-linux)");
         return;
     }
     let cluster = Cluster::start(ClusterSpec::default()).unwrap();

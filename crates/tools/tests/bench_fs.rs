@@ -40,7 +40,7 @@ fn order_of(rows: &[serde_json::Value]) -> Vec<(&str, &str, u64)> {
 #[test]
 fn bench_fs_measures_the_null_ceiling_in_the_same_run() {
     if let Some(why) = testkit::fuse_unavailable() {
-        eprintln!("skipped: {why}");
+        testkit::skip(testkit::Need::Fuse, &why);
         return;
     }
     let rows = json_rows(&[
@@ -105,7 +105,7 @@ fn bench_fs_measures_the_null_ceiling_in_the_same_run() {
 #[test]
 fn bench_meta_measures_the_null_ceiling_in_the_same_run() {
     if let Some(why) = testkit::fuse_unavailable() {
-        eprintln!("skipped: {why}");
+        testkit::skip(testkit::Need::Fuse, &why);
         return;
     }
     let rows = json_rows(&[

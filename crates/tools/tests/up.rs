@@ -171,7 +171,7 @@ struct UpTest {
 /// where FUSE is not available.
 fn up_test(tag: &str) -> Option<UpTest> {
     if let Some(why) = testkit::fuse_unavailable() {
-        eprintln!("skipped: {why}");
+        testkit::skip(testkit::Need::Fuse, &why);
         return None;
     }
     let first = tempfile::tempdir().unwrap();

@@ -34,7 +34,7 @@ fn bench(args: &[&str]) -> Vec<serde_json::Value> {
 #[test]
 fn btio_small_run_verifies_every_scheme_through_client_processes() {
     if let Some(why) = testkit::fuse_unavailable() {
-        eprintln!("skipped: {why}");
+        testkit::skip(testkit::Need::Fuse, &why);
         return;
     }
     let results = bench(&[
@@ -59,7 +59,7 @@ fn btio_small_run_verifies_every_scheme_through_client_processes() {
 #[test]
 fn oltp_small_run_checks_every_read_through_client_processes() {
     if let Some(why) = testkit::fuse_unavailable() {
-        eprintln!("skipped: {why}");
+        testkit::skip(testkit::Need::Fuse, &why);
         return;
     }
     let results = bench(&["oltp", "--clients", "2", "--duration", "1"]);
@@ -120,7 +120,7 @@ fn io500_hard_lock_only_scales_up_and_replays_a_recorded_trace() {
 #[test]
 fn io500_hard_with_io_writes_and_verifies_every_record_through_client_processes() {
     if let Some(why) = testkit::fuse_unavailable() {
-        eprintln!("skipped: {why}");
+        testkit::skip(testkit::Need::Fuse, &why);
         return;
     }
     let results = bench(&[
@@ -326,7 +326,7 @@ impl Drop for RunningBench {
 #[test]
 fn an_interrupted_workload_benchmark_unmounts_and_stops_its_clients() {
     if let Some(why) = testkit::fuse_unavailable() {
-        eprintln!("skipped: {why}");
+        testkit::skip(testkit::Need::Fuse, &why);
         return;
     }
     let mut run = RunningBench::start();
@@ -344,7 +344,7 @@ fn an_interrupted_workload_benchmark_unmounts_and_stops_its_clients() {
 #[test]
 fn a_killed_workload_benchmark_leaves_no_client_process_or_mount() {
     if let Some(why) = testkit::fuse_unavailable() {
-        eprintln!("skipped: {why}");
+        testkit::skip(testkit::Need::Fuse, &why);
         return;
     }
     let mut run = RunningBench::start();
