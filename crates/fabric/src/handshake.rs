@@ -81,7 +81,8 @@ impl Protocol {
             // lock's lease, `FsError::Expired`), and every `ResponseFrame` carries the server's
             // clock (`crate::clock`) to name it in.
             // 9: `ClusterInfo::local_rpc` (a Unix socket for clients on the server's host).
-            Protocol::Rpc => 9,
+            // 10: `Request::Status` → `Response::Status` (`proto::status`, `citronfs status`).
+            Protocol::Rpc => 10,
             // 1: the first version with a handshake.
             Protocol::LockServer => 1,
         }

@@ -616,5 +616,6 @@ fn short(response: &Response) -> &'static str {
         Response::Heartbeat { .. } => "Heartbeat",
         Response::Cluster(_) => "Cluster",
         Response::Fsck(_) => "Fsck",
+        Response::Status(_) => "Status",
     }
 }

@@ -26,6 +26,7 @@ mod requests;
 pub mod rpc;
 mod service;
 mod staged;
+mod status;
 pub mod store;
 
 use anyhow::Context;
@@ -314,6 +315,7 @@ impl MetaServer {
             max_sessions: config.max_sessions,
             max_open_per_session: config.max_open_per_session,
             max_record_locks_per_session: config.max_record_locks_per_session,
+            state_dir: config.db_dir.clone(),
             first_session,
             earlier_leases_until: restarted.then(|| std::time::Instant::now() + config.lock_lease),
             record_lock_grace_until: std::time::Instant::now()
@@ -827,7 +829,7 @@ mod tests {
         first.join().unwrap().expect("the first registration");
 
         // The server is live: a client's file gets a chunk there and writes it.
-        let session = svc.open_session().unwrap().session;
+        let session = svc.open_session(Default::default()).unwrap().session;
         let opened = match svc
             .handle_by(
                 session,

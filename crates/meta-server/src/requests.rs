@@ -65,6 +65,9 @@ pub(crate) fn traits(request: &Request) -> Traits {
         Request::Fsync { .. } => (false, true),
         // A whole check, which may repair.
         Request::Fsck { .. } => (false, true),
+        // Reads the data servers' records and every session under the state lock: rare, and
+        // not worth an async worker's time.
+        Request::Status => (false, false),
     };
     Traits {
         inline,

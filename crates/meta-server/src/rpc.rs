@@ -53,6 +53,9 @@ impl ReadHalf for tokio::net::unix::OwnedReadHalf {
 /// How the connection limits count a peer of the local socket: as loopback, which it is.
 const LOCAL_PEER: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
+/// How a peer of the local socket is named in logs and in a status report.
+const LOCAL_PEER_NAME: &str = "local";
+
 /// Reads one frame (like `fabric::frame::read_frame`, asynchronously): the length is checked
 /// against `max` before anything is allocated, the body is checked against its crc32.
 pub async fn read_frame<R: AsyncRead + Unpin>(
@@ -143,7 +146,7 @@ pub(crate) async fn accept_loop(
                     }),
                     Listener::Local(l) => l.accept().await.map(|(stream, _)| {
                         let (r, w) = stream.into_split();
-                        serving.admit(r, w, LOCAL_PEER, "the local socket".into());
+                        serving.admit(r, w, LOCAL_PEER, LOCAL_PEER_NAME.into());
                     }),
                 }
             } => accepted,
@@ -187,7 +190,7 @@ impl Serving {
         let stop = self.stop.clone();
         let awake = self.awake.clone();
         tokio::spawn(async move {
-            if let Err(why) = connection(r, w, service, stop, admitted, &awake).await {
+            if let Err(why) = connection(r, w, service, stop, admitted, &awake, &peer).await {
                 tracing::debug!(%peer, why, "connection closed");
             }
         });
@@ -245,6 +248,7 @@ async fn connection<R, W>(
     mut stop: watch::Receiver<bool>,
     mut admitted: Admitted,
     awake: &Arc<AwakeServe>,
+    peer: &str,
 ) -> Result<(), String>
 where
     R: ReadHalf,
@@ -280,7 +284,12 @@ where
     match hello.role {
         Role::Client { host, pid } => {
             let svc = service.clone();
-            let info = match blocking(move || svc.open_session()).await {
+            let origin = crate::status::Origin {
+                host: host.clone(),
+                pid,
+                peer: peer.to_owned(),
+            };
+            let info = match blocking(move || svc.open_session(origin)).await {
                 Ok(info) => info,
                 Err(e) => {
                     let refusal = match e {

@@ -103,6 +103,8 @@ pub(crate) struct Settings {
     pub record_lock_grace_until: Instant,
     /// Record locks one session may hold (ENOLCK beyond).
     pub max_record_locks_per_session: usize,
+    /// The database's directory (`MetaConfig::db_dir`), for a status report.
+    pub state_dir: std::path::PathBuf,
     /// The first session id of this run ([`first_session_id`]): every session of this run is
     /// numbered from it, and the meta region's fabric server refuses those below it.
     pub first_session: u64,
@@ -113,6 +115,10 @@ pub(crate) struct Settings {
 }
 
 struct Session {
+    /// Where it comes from, for a status report.
+    origin: crate::status::Origin,
+    /// When it opened.
+    opened: Instant,
     last_seen: Instant,
     /// Until when a `Fence` revokes this session even though it speaks again: it was silent
     /// for longer than `fence_after` before it last spoke (see [`Service::fence_targets`]).
@@ -263,6 +269,14 @@ pub(crate) struct Service {
     /// Signalled whenever record locks are given back or cut back (an `SetLk` waiting for a
     /// conflicting lock waits on it).
     records_changed: Condvar,
+    /// When the service started, for a status report.
+    started: Instant,
+    /// Per open file, the lock requests about it that came as RPCs (`GetLk`, `SetLk`,
+    /// `AllocateLockWords`, hosted scale-ups), for a status report: an entry is made when the
+    /// file is first opened and goes when it is no longer open (under the state lock both).
+    /// Under a mutex of its own, so that counting takes no state lock; taken after the state
+    /// lock where both are held.
+    lock_calls: Mutex<HashMap<Ino, u64>>,
     /// Tests: runs inside a scrub, after the free chunks were listed and before they are zeroed.
     #[cfg(test)]
     pub(crate) scrub_hook: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
@@ -363,6 +377,8 @@ impl Service {
             registering: Mutex::new(HashMap::new()),
             records: Mutex::new(proto::records::Table::default()),
             records_changed: Condvar::new(),
+            started: Instant::now(),
+            lock_calls: Mutex::new(HashMap::new()),
             #[cfg(test)]
             scrub_hook: Mutex::new(None),
         };
@@ -391,8 +407,8 @@ impl Service {
 
     // ---- sessions ---------------------------------------------------------------------------
 
-    /// Opens a client session and describes the cluster to it.
-    pub fn open_session(&self) -> Result<ClusterInfo, FsError> {
+    /// Opens a client session from `origin` and describes the cluster to it.
+    pub fn open_session(&self, origin: crate::status::Origin) -> Result<ClusterInfo, FsError> {
         let mut st = lock(&self.state);
         if st.sessions.len() >= self.settings.max_sessions {
             return Err(FsError::TooManySessions {
@@ -404,6 +420,8 @@ impl Service {
         st.sessions.insert(
             session,
             Session {
+                origin,
+                opened: Instant::now(),
                 last_seen: Instant::now(),
                 resumed_until: None,
                 open: HashSet::new(),
@@ -1349,6 +1367,7 @@ impl Service {
                     sessions: HashSet::new(),
                 },
             );
+            self::lock(&self.lock_calls).insert(ino, 0);
             // Readers of the table now take the size from the FCB.
             self.publish(st, [ino]);
         }
@@ -1476,6 +1495,7 @@ impl Service {
             return Ok(Effects::default());
         }
         let open = st.open.remove(&ino).expect("present");
+        lock(&self.lock_calls).remove(&ino);
         Self::free_open_state(st, open);
         self.publish(st, [ino]);
         let mut effects = self.store.delete_orphan(ino)?;
@@ -1601,6 +1621,11 @@ impl Service {
                 Response::Ok
             }
             Request::Fsck(options) => Response::Fsck(self.fsck(session, options)?),
+            Request::Status => Response::Status(Box::new(crate::status::report(
+                self.status_facts()?,
+                session,
+                Instant::now(),
+            ))),
             Request::AwaitRevocations { .. } => {
                 return Err(FsError::Invalid(
                     "AwaitRevocations is for data servers' registration connections".into(),
@@ -1792,6 +1817,7 @@ impl Service {
                 end,
                 kind,
             } => {
+                self.count_lock_call(ino);
                 // During a restart's grace the table lacks the locks not taken back yet.
                 if Instant::now() < self.settings.record_lock_grace_until {
                     return Err(FsError::InGrace);
@@ -1810,6 +1836,7 @@ impl Service {
                 wait_ms,
                 reclaim,
             } => {
+                self.count_lock_call(ino);
                 let wait = Duration::from_millis(u64::from(wait_ms));
                 self.set_record_lock(session, ino, &claim, wait, reclaim)?;
                 Response::Ok
@@ -1880,6 +1907,7 @@ impl Service {
         if !st.open.contains_key(&ino) {
             return Err(FsError::Stale);
         }
+        self.count_lock_call(ino);
         let bytes = words
             .checked_mul(8)
             .filter(|&b| b > 0)
@@ -2049,6 +2077,76 @@ impl Service {
         }
         self.zero_and_recycle(freed);
         Ok(report)
+    }
+
+    /// Counts a lock request about `ino` that came as an RPC (see [`Service::lock_calls`]): only
+    /// while the file is open, its entry made by its first open and removed with its open state.
+    fn count_lock_call(&self, ino: Ino) {
+        if let Some(calls) = lock(&self.lock_calls).get_mut(&ino) {
+            *calls += 1;
+        }
+    }
+
+    /// What a status report is made of ([`crate::status`]), taken under the state lock, so
+    /// that sessions, open files and data servers are of one moment.
+    fn status_facts(&self) -> Result<crate::status::Facts, FsError> {
+        use crate::status::{Facts, OpenFacts, ServerFacts, SessionFacts};
+        let st = lock(&self.state);
+        let mut dirty: HashMap<u32, u64> = HashMap::new();
+        for b in self.store.dirty_chunks()? {
+            *dirty.entry(b.loc.server).or_default() += proto::layout::Layout::units_of(b.order);
+        }
+        let mut servers = Vec::new();
+        for record in self.store.servers()? {
+            servers.push(ServerFacts {
+                incarnation: self.store.incarnation(record.id)?,
+                live: st.live.contains_key(&record.id),
+                dirty_units: dirty.get(&record.id).copied().unwrap_or(0),
+                record,
+            });
+        }
+        let sessions = st
+            .sessions
+            .iter()
+            .map(|(&id, s)| SessionFacts {
+                id,
+                origin: s.origin.clone(),
+                opened: s.opened,
+                last_seen: s.last_seen,
+                resumed_until: s.resumed_until,
+                open_files: s.open.len(),
+            })
+            .collect();
+        let calls = lock(&self.lock_calls);
+        let open = st
+            .open
+            .iter()
+            .map(|(&ino, o)| OpenFacts {
+                ino,
+                sessions: o.sessions.len(),
+                scheme: o.lock.lock.scheme.to_string(),
+                lock_calls: calls.get(&ino).copied().unwrap_or(0),
+            })
+            .collect();
+        drop(calls);
+        drop(st);
+        Ok(Facts {
+            cluster: self.settings.credentials.cluster.clone(),
+            started: self.started,
+            state_dir: self.settings.state_dir.display().to_string(),
+            fabric: self.settings.meta_fabric.to_string(),
+            requests: self.request_count(),
+            inodes: self.store.inode_count()?,
+            chunk_size: self.settings.chunk_size,
+            session_lease: self.settings.session_lease,
+            fence_after: self.settings.fence_after,
+            layout: self.store.layout(),
+            database: self.store.progress(),
+            servers,
+            sessions,
+            fenced: lock(&self.fences).revoked.len() as u64,
+            open,
+        })
     }
 
     /// Space and inodes in layout units (`df`'s blocks): every registered server's region,

@@ -108,6 +108,8 @@ struct Inner {
     durable_in_sled: u64,
     /// The committer's sled error: no mutation commits any more.
     failed: Option<String>,
+    /// When [`Staged::flush`] last flushed sled to disk.
+    last_flush: Option<std::time::Instant>,
     /// The committer waits for work with an empty queue: the next mutation wakes it.
     idle: bool,
     /// Someone waits for sled ([`Staged::settle`]): the committer writes without lingering.
@@ -171,6 +173,7 @@ impl Staged {
                 last: 0,
                 durable_in_sled: 0,
                 failed: None,
+                last_flush: None,
                 idle: false,
                 hurry: false,
                 stop: false,
@@ -300,8 +303,33 @@ impl Staged {
     /// Settles, then flushes sled to disk.
     pub(crate) fn flush(&self) -> Result<(), FsError> {
         self.settle()?;
-        self.shared.db.flush().map(|_| ()).map_err(db_err)
+        self.shared.db.flush().map_err(db_err)?;
+        lock(&self.shared.inner).last_flush = Some(std::time::Instant::now());
+        Ok(())
     }
+
+    /// Where the write-behind stands, for a status report.
+    pub(crate) fn progress(&self) -> Progress {
+        let inner = lock(&self.shared.inner);
+        Progress {
+            committed: inner.last,
+            written: inner.durable_in_sled,
+            last_flush: inner.last_flush,
+            failed: inner.failed.clone(),
+        }
+    }
+}
+
+/// Where the write-behind stands ([`Staged::progress`]).
+pub(crate) struct Progress {
+    /// The last mutation's sequence number: mutations committed since the store opened.
+    pub committed: u64,
+    /// Every mutation up to this one is in sled.
+    pub written: u64,
+    /// When [`Staged::flush`] last flushed sled to disk.
+    pub last_flush: Option<std::time::Instant>,
+    /// The committer's sled error, if it stopped.
+    pub failed: Option<String>,
 }
 
 impl Drop for Staged {

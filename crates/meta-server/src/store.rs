@@ -906,6 +906,11 @@ impl Store {
         self.staged.flush()
     }
 
+    /// Where the write-behind stands (`Staged::progress`), for a status report.
+    pub(crate) fn progress(&self) -> crate::staged::Progress {
+        self.staged.progress()
+    }
+
     // ---- reads ------------------------------------------------------------------------------
 
     /// An inode's attributes.

@@ -223,6 +223,7 @@ pub fn sample_requests() -> Vec<Request> {
         Request::Fence,
         Request::AwaitRevocations { known: 0 },
         Request::Cluster,
+        Request::Status,
         Request::Fsck(crate::fsck::FsckOptions {
             repair: false,
             at_rest: true,
@@ -306,6 +307,86 @@ pub fn request_seeds() -> Vec<Vec<u8>> {
     );
     seeds.push(frame(&postcard::to_stdvec(&ds).expect("encodes")));
     seeds
+}
+
+/// A cluster status with every field set, optional ones both ways; also what the renderers of
+/// `citronfs status` are tested on.
+pub fn sample_status() -> crate::status::ClusterStatus {
+    use crate::status::*;
+    ClusterStatus {
+        cluster: "citronfs".into(),
+        protocols: ProtocolVersion::all(),
+        meta: MetaStatus {
+            uptime_ms: 3_723_004,
+            state_dir: "/var/lib/citronfs/meta".into(),
+            fabric: "tcp:10.0.0.1:7100".into(),
+            requests: 12_345,
+            inodes: 42,
+            chunk_size: 1 << 20,
+            fence_after_ms: 100,
+            session_lease_ms: 10_000,
+            database: DatabaseStatus {
+                committed: 900,
+                written: 899,
+                last_flush_ago_ms: Some(1_500),
+                failed: None,
+            },
+        },
+        data_servers: vec![
+            DataServerStatus {
+                id: 0,
+                name: "ds0".into(),
+                address: "tcp:10.0.0.2:7200".into(),
+                incarnation: 7,
+                live: true,
+                chunks: 64,
+                capacity_bytes: 64 << 20,
+                free_bytes: 60 << 20,
+            },
+            DataServerStatus {
+                id: 1,
+                name: "ds1".into(),
+                address: "tcp:10.0.0.3:7200".into(),
+                incarnation: u64::MAX,
+                live: false,
+                chunks: 0,
+                capacity_bytes: 0,
+                free_bytes: 0,
+            },
+        ],
+        sessions: vec![
+            SessionStatus {
+                id: 1_700_000_000_000_001,
+                host: "node1".into(),
+                pid: 4242,
+                peer: "10.0.0.5:50000".into(),
+                age_ms: 90_000,
+                silent_ms: 20,
+                fenceable: false,
+                open_files: 1,
+                caller: false,
+            },
+            SessionStatus {
+                id: 1_700_000_000_000_002,
+                host: "citronfs-status".into(),
+                pid: 1,
+                peer: "local".into(),
+                age_ms: 0,
+                silent_ms: 0,
+                fenceable: true,
+                open_files: 0,
+                caller: true,
+            },
+        ],
+        fenced_sessions: 3,
+        open_file_count: 1,
+        open_files: vec![OpenFileStatus {
+            ino: 2,
+            sessions: 1,
+            scheme: "citron".into(),
+            lock_calls: 17,
+        }],
+    }
 }
 
 /// A cluster description with every field set.
@@ -395,6 +476,7 @@ pub fn sample_responses() -> Vec<Result<Response, FsError>> {
         }),
         Ok(Response::Heartbeat { layout_epoch: 3 }),
         Ok(Response::Cluster(Box::new(sample_cluster()))),
+        Ok(Response::Status(Box::new(sample_status()))),
         Ok(Response::RecordLock(None)),
         Ok(Response::RecordLock(Some(crate::records::RecordLock {
             start: 5,

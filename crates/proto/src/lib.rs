@@ -11,6 +11,7 @@
 //! - [`records`]: POSIX record locks (`fcntl`) as clients ask for them;
 //! - [`rpc`]: the meta server's requests and responses, and their framing
 //!   (`fabric::frame` + postcard, a versioned handshake);
+//! - [`status`]: a running cluster's state, as `citronfs status` shows it;
 //! - [`stream`]: the stream an RPC connection runs over (tcp, or a Unix socket on the meta
 //!   server's host).
 
@@ -23,6 +24,7 @@ pub mod fuzz;
 pub mod layout;
 pub mod records;
 pub mod rpc;
+pub mod status;
 pub mod stream;
 pub mod types;
 

@@ -376,6 +376,10 @@ pub enum Request {
         /// back first (as NFS's lock manager does after a reboot).
         reclaim: bool,
     },
+    /// The cluster as the meta server sees it: itself, its data servers, the client sessions
+    /// and the open files (`citronfs status`). Reads only; any authenticated session may ask.
+    /// → `Status`
+    Status,
 }
 
 /// What a [`Request`] does, as a client must know it ([`Request::effects`]).
@@ -408,7 +412,8 @@ impl Request {
             | Request::GetXattr { .. }
             | Request::ListXattr { .. }
             | Request::ChunkMap { .. }
-            | Request::GetLk { .. } => (false, true),
+            | Request::GetLk { .. }
+            | Request::Status => (false, true),
             // State in the meta server's memory only (opens, record locks), of the session a
             // broken connection ends: what a first try did went with it.
             Request::Open { .. } | Request::SetLk { .. } => (false, true),
@@ -496,6 +501,8 @@ pub enum Response {
     Fsck(crate::fsck::FsckReport),
     /// A record lock in the way (`GetLk`), or none.
     RecordLock(Option<crate::records::RecordLock>),
+    /// The cluster's state (`Status`).
+    Status(Box<crate::status::ClusterStatus>),
 }
 
 /// One request on the wire.
