@@ -49,6 +49,12 @@ enum Command {
     /// what can be repaired); exit status 0 clean, 1 findings, 2 error.
     #[command(after_help = SETTINGS_HELP)]
     Fsck(cmd::fsck::FsckArgs),
+    /// Show a running cluster: the meta server, every data server (live or not, capacity),
+    /// the client sessions (host, age, when last heard, fenceable), and the open files. Tables
+    /// by default, one JSON object with --json. Asks the meta server over its own client
+    /// session (listed as this command's); opens no file.
+    #[command(after_help = SETTINGS_HELP)]
+    Status(cmd::status::StatusArgs),
     /// Run a cluster of processes under a mixed workload while killing and restarting clients
     /// and servers at random, then verify every file against what the clients acknowledged.
     Soak(soak::SoakArgs),
@@ -77,7 +83,13 @@ fn main() -> std::process::ExitCode {
 
 /// The command line, with the roles' defaults (and the log filter's) shown in `--help`.
 fn command() -> clap::Command {
-    cmd::roles::show_role_defaults(Cli::command()).after_help(format!(
+    // `status` here rather than in `roles`, whose sources the fuzz targets compile alone.
+    cmd::roles::show_role_defaults(Cli::command())
+        .mut_subcommand(
+            "status",
+            cmd::config::show_defaults::<cmd::status::StatusConfig>,
+        )
+        .after_help(format!(
         "Logging: --log on the roles; {} for every command: a level (error, warn, info, debug, \
          trace) or a tracing filter such as info,meta_server=debug [default: {}].",
         cmd::config::LOG_ENV,
@@ -104,6 +116,7 @@ fn run(command: Command) -> Result<()> {
             code if code == std::process::ExitCode::SUCCESS => Ok(()),
             _ => anyhow::bail!("fsck found problems"),
         },
+        Command::Status(args) => cmd::status::status(args),
         Command::Soak(args) => {
             init_logging(&log_from_env())?;
             soak::run(args)

@@ -38,6 +38,11 @@ impl Report {
         if self.json {
             return;
         }
+        print!("{}", self.table());
+    }
+
+    /// The table as text, one line per row after the header and its rule (whatever the mode).
+    pub fn table(&self) -> String {
         let widths: Vec<usize> = (0..self.header.len())
             .map(|c| {
                 self.rows
@@ -48,7 +53,7 @@ impl Report {
                     .unwrap_or(0)
             })
             .collect();
-        let line = |cells: Vec<&str>| {
+        let line = |cells: &[&str]| {
             let parts: Vec<String> = cells
                 .iter()
                 .zip(&widths)
@@ -61,21 +66,15 @@ impl Report {
                     }
                 })
                 .collect();
-            println!("{}", parts.join("  "));
+            format!("{}\n", parts.join("  "))
         };
-        line(self.header.clone());
-        line(
-            widths
-                .iter()
-                .map(|w| "-".repeat(*w))
-                .collect::<Vec<_>>()
-                .iter()
-                .map(String::as_str)
-                .collect(),
-        );
+        let mut out = line(&self.header);
+        let rules: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
+        out += &line(&rules.iter().map(String::as_str).collect::<Vec<_>>());
         for row in &self.rows {
-            line(row.iter().map(String::as_str).collect());
+            out += &line(&row.iter().map(String::as_str).collect::<Vec<_>>());
         }
+        out
     }
 }
 

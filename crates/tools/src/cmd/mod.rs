@@ -1,9 +1,10 @@
-//! The commands that run CitronFS: an embedded cluster (`up`), each role on its own host, and
-//! the consistency checker (`fsck`).
+//! The commands that run CitronFS: an embedded cluster (`up`), each role on its own host, the
+//! consistency checker (`fsck`), and a running cluster's state (`status`).
 
 pub mod config;
 pub mod fsck;
 pub mod roles;
+pub mod status;
 pub mod up;
 
 use std::sync::atomic::{AtomicBool, Ordering};
