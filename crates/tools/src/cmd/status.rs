@@ -96,7 +96,7 @@ pub fn request(addr: &str, credentials: &fabric::Credentials) -> Result<ClusterS
         if e.is_refusal() {
             anyhow::anyhow!(
                 "the meta server at {addr} refused the connection: {e} (check --token and \
-                 --cluster)"
+                 --cluster, and that it runs this version of CitronFS)"
             )
         } else {
             anyhow::anyhow!("cannot reach the meta server at {addr}: {e}")
@@ -109,10 +109,7 @@ pub fn request(addr: &str, credentials: &fabric::Credentials) -> Result<ClusterS
     {
         Ok(Response::Status(status)) => Ok(*status),
         Ok(other) => anyhow::bail!("the meta server answered status with {other:?}"),
-        Err(e) => Err(anyhow::anyhow!(
-            "the meta server refused status: {e} (a meta server older than this command \
-             does not know the request)"
-        )),
+        Err(e) => Err(anyhow::anyhow!("the meta server refused status: {e}")),
     }
 }
 
