@@ -291,6 +291,11 @@ pub struct FuseOptions {
     /// does not offer it (logged). The `threads` above keep serving what io_uring does not
     /// carry (FORGET, INTERRUPT).
     pub ring_threads_per_cpu: usize,
+    /// What the mount table shows as the mount's source (`fsname`, the first field of
+    /// /proc/mounts, findmnt's SOURCE); `None` shows the file system's name. The mount(8)
+    /// helper gives the `HOST:PORT` it mounted, so that `mount -a` sees an fstab line as
+    /// mounted. The type is always `fuse.` and the file system's name (`fuse.citronfs`).
+    pub source: Option<String>,
 }
 
 impl Default for FuseOptions {
@@ -300,6 +305,7 @@ impl Default for FuseOptions {
             threads: 8,
             attr_ttl: Duration::ZERO,
             ring_threads_per_cpu: 8,
+            source: None,
         }
     }
 }
@@ -502,7 +508,7 @@ pub fn mount<B: FsBackend>(
     }
     let mut config = Config::default();
     config.mount_options = vec![
-        MountOption::FSName(fs.fs_name().into()),
+        MountOption::FSName(opts.source.clone().unwrap_or_else(|| fs.fs_name().into())),
         MountOption::Subtype(fs.fs_name().into()),
         MountOption::DefaultPermissions,
         MountOption::RW,

@@ -42,6 +42,13 @@ enum Command {
     /// Mount a running cluster.
     #[command(after_help = SETTINGS_HELP)]
     Mount(cmd::roles::MountArgs),
+    /// The mount(8) helper: mount SPEC (the meta server's HOST:PORT) at DIR as mount(8) calls
+    /// a helper, returning once the mount is up and serving it from a background process until
+    /// `umount DIR`. The binary runs this when invoked as mount.citronfs or
+    /// mount.fuse.citronfs: symlink it as /sbin/mount.citronfs (and /sbin/mount.fuse.citronfs)
+    /// and `mount -t citronfs HOST:PORT DIR -o token_file=PATH`, or an fstab line, mounts.
+    /// Exit status 0 mounted, 1 wrong invocation, 32 mount failure.
+    MountHelper(cmd::helper::HelperArgs),
     /// Run a benchmark and print its figures (a table by default, JSON lines with --json).
     #[command(subcommand)]
     Bench(bench::Bench),
@@ -64,10 +71,32 @@ enum Command {
 }
 
 fn main() -> std::process::ExitCode {
-    let cli = Cli::from_arg_matches(&command().get_matches()).unwrap_or_else(|e| e.exit());
-    // fsck has an exit status of its own (findings are not errors).
+    let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // Invoked as mount(8)'s helper (a symlink named mount.citronfs): `citronfs mount-helper`.
+    let invoked_as = argv
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .map(|n| n.to_string_lossy().into_owned())
+        .filter(|n| cmd::helper::HELPER_NAMES.contains(&n.as_str()));
+    if invoked_as.is_some() {
+        argv.splice(0..1, ["citronfs".into(), "mount-helper".into()]);
+    }
+    let matches = command().try_get_matches_from(argv).unwrap_or_else(|e| {
+        // mount(8)'s status for a wrong invocation is 1, clap's 2.
+        if invoked_as.is_some() && e.use_stderr() {
+            let _ = e.print();
+            std::process::exit(i32::from(cmd::helper::EXIT_USAGE));
+        }
+        e.exit()
+    });
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // fsck and the mount helper have exit statuses of their own.
     let command = match cli.command {
         Command::Fsck(args) => return cmd::fsck::fsck(args),
+        Command::MountHelper(args) => {
+            let name = invoked_as.unwrap_or_else(|| "citronfs mount-helper".into());
+            return cmd::helper::run(args, &name);
+        }
         other => other,
     };
     match run(command) {
@@ -108,6 +137,7 @@ fn run(command: Command) -> Result<()> {
         Command::MetaServer(args) => cmd::roles::meta_server(args),
         Command::DataServer(args) => cmd::roles::data_server(args),
         Command::Mount(args) => cmd::roles::mount(args),
+        Command::MountHelper(_) => unreachable!("run by main"),
         Command::Bench(bench) => {
             init_logging(&log_from_env())?;
             bench.run()

@@ -137,9 +137,14 @@ pub struct CommonArgs {
     /// The cluster's name.
     #[arg(long)]
     pub cluster: Option<String>,
-    /// The cluster's shared secret (or CITRONFS_TOKEN, or `token` in the --config file); required.
+    /// The cluster's shared secret (or CITRONFS_TOKEN, or `token` in the --config file); this
+    /// or --token-file is required. It shows in `ps`: prefer --token-file outside tests.
     #[arg(long)]
     pub token: Option<String>,
+    /// A file holding the cluster's shared secret (surrounding whitespace ignored), readable by
+    /// its owner only (mode 0600 or 0400, like an ssh key); instead of --token.
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
     /// What to log: a level (error, warn, info, debug, trace) or a tracing filter such as
     /// `info,meta_server=debug`.
     #[arg(long)]
@@ -308,12 +313,54 @@ fn shown_value(value: &Value) -> Option<String> {
     }
 }
 
-/// The cluster token from the layered settings: it must be given somewhere.
-pub fn require_token(token: Option<String>) -> Result<String> {
-    match token {
-        Some(t) if !t.is_empty() => Ok(t),
-        _ => bail!("the cluster token is missing: give --token, set CITRONFS_TOKEN, or put token = \"...\" in the --config file"),
+/// The cluster token from the layered settings: given as `token` (a flag, the environment or
+/// the file) or read from `token_file`, not both, and not empty.
+pub fn require_token(token: Option<String>, token_file: Option<&Path>) -> Result<String> {
+    match (token, token_file) {
+        (Some(t), Some(file)) if !t.is_empty() => bail!(
+            "the cluster token is given twice: as a token (--token, CITRONFS_TOKEN or token = \
+             in the --config file) and as the token file {}; give one",
+            file.display()
+        ),
+        (_, Some(file)) => read_token_file(file),
+        (Some(t), None) if !t.is_empty() => Ok(t),
+        _ => bail!(
+            "the cluster token is missing: give --token-file PATH (a file of mode 0600 holding \
+             it), --token, set CITRONFS_TOKEN, or put token_file = \"...\" or token = \"...\" in \
+             the --config file"
+        ),
     }
+}
+
+/// Reads the cluster token from `path`: the file's text less surrounding whitespace (a
+/// trailing newline), refused when the file is readable or writable by its group or others
+/// (as ssh refuses such a private key) or holds no token.
+pub fn read_token_file(path: &Path) -> Result<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let file = std::fs::File::open(path)
+        .with_context(|| format!("cannot open the token file {}", path.display()))?;
+    let mode = file
+        .metadata()
+        .with_context(|| format!("cannot stat the token file {}", path.display()))?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        bail!(
+            "the token file {} is accessible to its group or to others (mode {:04o}); it holds \
+             the cluster's secret: make it private with `chmod 600 {}`",
+            path.display(),
+            mode & 0o7777,
+            path.display()
+        );
+    }
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut &file, &mut text)
+        .with_context(|| format!("cannot read the token file {}", path.display()))?;
+    let token = text.trim();
+    if token.is_empty() {
+        bail!("the token file {} is empty", path.display());
+    }
+    Ok(token.to_string())
 }
 
 /// Installs the logger (to stderr) with `filter`: a level or a tracing filter.

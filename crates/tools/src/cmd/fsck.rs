@@ -66,6 +66,8 @@ pub struct FsckConfig {
     pub cluster: String,
     /// The cluster's shared secret; required to ask a running meta server.
     pub token: Option<String>,
+    /// A file holding the cluster's shared secret, private to its owner.
+    pub token_file: Option<std::path::PathBuf>,
     /// The log filter ([`DEFAULT_LOG`]).
     pub log: String,
     /// The meta server's RPC address ([`DEFAULT_META_ADDR`]).
@@ -77,6 +79,7 @@ impl Default for FsckConfig {
         FsckConfig {
             cluster: DEFAULT_CLUSTER.into(),
             token: None,
+            token_file: None,
             log: DEFAULT_LOG.into(),
             meta: DEFAULT_META_ADDR.to_string(),
         }
@@ -108,7 +111,10 @@ fn run(args: &FsckArgs) -> Result<FsckReport> {
         return meta_server::fsck::check_offline(db, args.repair)
             .with_context(|| format!("checking the database in {}", db.display()));
     }
-    let credentials = fabric::Credentials::new(settings.cluster, require_token(settings.token)?);
+    let credentials = fabric::Credentials::new(
+        settings.cluster,
+        require_token(settings.token, settings.token_file.as_deref())?,
+    );
     let options = FsckOptions {
         repair: args.repair,
         at_rest: args.at_rest,

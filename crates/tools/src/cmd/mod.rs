@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod fsck;
+pub mod helper;
 pub mod roles;
 pub mod status;
 pub mod up;

@@ -4,7 +4,7 @@
 //! Each role has its flags (a clap struct: `MetaArgs`, ...) and its settings (a serde struct:
 //! [`MetaServerConfig`], ...), layered from defaults, the `--config` file, the environment and
 //! the flags by `config::load` (see the `config` module). The settings structs repeat the
-//! shared keys (`cluster`, `token`, `log`, the fabric's) instead of flattening a shared struct:
+//! shared keys (`cluster`, `token`, `token_file`, `log`, the fabric's) instead of flattening a shared struct:
 //! serde cannot flatten into a struct that denies unknown fields, and an unknown key in a file
 //! must stay an error.
 
@@ -122,8 +122,10 @@ impl RoleArgs for MetaArgs {
 pub struct MetaServerConfig {
     /// The cluster's name ([`DEFAULT_CLUSTER`]).
     pub cluster: String,
-    /// The cluster's shared secret; required.
+    /// The cluster's shared secret; this or `token_file` is required.
     pub token: Option<String>,
+    /// A file holding the cluster's shared secret, private to its owner.
+    pub token_file: Option<PathBuf>,
     /// The log filter ([`DEFAULT_LOG`]).
     pub log: String,
     /// How clients reach the meta region ([`DEFAULT_ROLE_FABRIC`]).
@@ -170,6 +172,7 @@ impl Default for MetaServerConfig {
         MetaServerConfig {
             cluster: DEFAULT_CLUSTER.into(),
             token: None,
+            token_file: None,
             log: DEFAULT_LOG.into(),
             fabric: DEFAULT_ROLE_FABRIC,
             region_dir: None,
@@ -204,7 +207,7 @@ impl MetaServerConfig {
                 .unwrap_or_else(|| SocketAddr::new(self.listen.ip(), 0)),
         );
         let mut config = MetaConfig::new(db, fabric);
-        config.token = require_token(self.token)?;
+        config.token = require_token(self.token, self.token_file.as_deref())?;
         config.cluster = self.cluster;
         config.listen = self.listen;
         config.region_bytes = self.region_size.0;
@@ -337,8 +340,10 @@ impl RoleArgs for DataArgs {
 pub struct DataServerConfig {
     /// The cluster's name ([`DEFAULT_CLUSTER`]).
     pub cluster: String,
-    /// The cluster's shared secret; required.
+    /// The cluster's shared secret; this or `token_file` is required.
     pub token: Option<String>,
+    /// A file holding the cluster's shared secret, private to its owner.
+    pub token_file: Option<PathBuf>,
     /// The log filter ([`DEFAULT_LOG`]).
     pub log: String,
     /// How clients reach the region ([`DEFAULT_ROLE_FABRIC`]).
@@ -362,6 +367,7 @@ impl Default for DataServerConfig {
         DataServerConfig {
             cluster: DEFAULT_CLUSTER.into(),
             token: None,
+            token_file: None,
             log: DEFAULT_LOG.into(),
             fabric: DEFAULT_ROLE_FABRIC,
             region_dir: None,
@@ -385,7 +391,7 @@ impl DataServerConfig {
                 .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 0))),
         );
         Ok(DataConfig {
-            token: require_token(self.token)?,
+            token: require_token(self.token, self.token_file.as_deref())?,
             name,
             meta_addr: self.meta,
             cluster: self.cluster,
@@ -467,8 +473,10 @@ impl RoleArgs for MountArgs {
 pub struct MountConfig {
     /// The cluster's name ([`DEFAULT_CLUSTER`]).
     pub cluster: String,
-    /// The cluster's shared secret; required.
+    /// The cluster's shared secret; this or `token_file` is required.
     pub token: Option<String>,
+    /// A file holding the cluster's shared secret, private to its owner.
+    pub token_file: Option<PathBuf>,
     /// The log filter ([`DEFAULT_LOG`]).
     pub log: String,
     /// The meta server's RPC address ([`DEFAULT_META_ADDR`]).
@@ -490,6 +498,7 @@ impl Default for MountConfig {
         MountConfig {
             cluster: DEFAULT_CLUSTER.into(),
             token: None,
+            token_file: None,
             log: DEFAULT_LOG.into(),
             meta: DEFAULT_META_ADDR.to_string(),
             scheme: LockScheme::CITRON,
@@ -503,6 +512,35 @@ impl Default for MountConfig {
 
 /// Mounts a cluster and serves the mount until SIGINT or SIGTERM, then unmounts.
 pub fn mount(args: MountArgs) -> Result<()> {
+    mount_with(args, None, |mount| {
+        eprintln!(
+            "citronfs mounted at {}; Ctrl-C (or fusermount3 -u) unmounts",
+            mount.path().display()
+        );
+        eprintln!("atomic I/O: {}", atomic_bound_line(mount.io_limits()));
+        eprintln!("FUSE requests over: {}", mount.fuse_rings());
+    })
+}
+
+/// The settings of `citronfs mount` checked as far as they can be without connecting: loaded,
+/// the token read (from its file), a shared mount allowed to this user.
+pub fn check_mount_settings(args: &MountArgs) -> Result<MountConfig> {
+    let settings = args.load()?;
+    require_token(settings.token.clone(), settings.token_file.as_deref())?;
+    if !settings.private {
+        fs_client::fuse::other_users_allowed().map_err(anyhow::Error::msg)?;
+    }
+    Ok(settings)
+}
+
+/// [`mount`], the mount table showing `source` as the mount's source (`None`: the file
+/// system's name), and `mounted` called once the mount is up, before serving it until SIGINT
+/// or SIGTERM or an unmount from outside (`umount DIR`).
+pub fn mount_with(
+    args: MountArgs,
+    source: Option<String>,
+    mounted: impl FnOnce(&Mount),
+) -> Result<()> {
     let mut signals = super::StopSignals::catch()?;
     let settings = args.load()?;
     init_logging(&settings.log)?;
@@ -513,7 +551,7 @@ pub fn mount(args: MountArgs) -> Result<()> {
     let mut options = MountOptions::new(
         settings.meta,
         settings.cluster,
-        require_token(settings.token)?,
+        require_token(settings.token, settings.token_file.as_deref())?,
     );
     options.scheme = settings.scheme;
     options.fabric_timeouts = fabric::TcpTimeouts {
@@ -531,15 +569,11 @@ pub fn mount(args: MountArgs) -> Result<()> {
     let fuse = fs_client::fuse::FuseOptions {
         allow_other: !settings.private,
         ring_threads_per_cpu: settings.fuse_ring_threads,
+        source,
         ..Default::default()
     };
     let mount = Mount::at(Arc::new(fs), &args.mountpoint, &fuse)?;
-    eprintln!(
-        "citronfs mounted at {}; Ctrl-C (or fusermount3 -u) unmounts",
-        args.mountpoint.display()
-    );
-    eprintln!("atomic I/O: {}", atomic_bound_line(mount.io_limits()));
-    eprintln!("FUSE requests over: {}", mount.fuse_rings());
+    mounted(&mount);
     mount.wait_for_signal(signals.flag()).context("unmount")
 }
 
@@ -734,7 +768,7 @@ mod tests {
                 .unwrap_err();
             assert_eq!(
                 missing.to_string(),
-                require_token(None).unwrap_err().to_string()
+                require_token(None, None).unwrap_err().to_string()
             );
             assert!(missing.to_string().contains("--token"), "{missing}");
             jail.create_file("meta.toml", "token = \"file\"\n")?;
@@ -748,6 +782,44 @@ mod tests {
                 token(&["--db", "db", "--config", "meta.toml", "--token", "flag"])?,
                 "flag"
             );
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn the_token_comes_from_a_private_token_file() {
+        use std::os::unix::fs::PermissionsExt;
+        jailed(|jail| {
+            let dir = jail.directory().to_path_buf();
+            let file = dir.join("token");
+            std::fs::write(&file, "s3cret\n")?;
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600))?;
+            let token = |args: &[&str]| -> Result<String> {
+                Ok(meta_args(args).load()?.server_config()?.token)
+            };
+            let path = file.to_str().unwrap();
+            assert_eq!(token(&["--db", "db", "--token-file", path])?, "s3cret");
+            // As a key of the --config file, and of the environment.
+            jail.create_file("meta.toml", &format!("token_file = {path:?}\n"))?;
+            assert_eq!(token(&["--db", "db", "--config", "meta.toml"])?, "s3cret");
+            // Given twice: refused, naming both.
+            let twice = token(&["--db", "db", "--token-file", path, "--token", "t"]).unwrap_err();
+            assert!(format!("{twice:#}").contains("given twice"), "{twice:#}");
+            // Readable by others: refused, saying how to fix it.
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644))?;
+            let open = token(&["--db", "db", "--token-file", path]).unwrap_err();
+            let text = format!("{open:#}");
+            assert!(
+                text.contains("mode 0644") && text.contains("chmod 600"),
+                "{text}"
+            );
+            // Empty, or missing: refused.
+            std::fs::write(&file, "\n")?;
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o400))?;
+            let empty = token(&["--db", "db", "--token-file", path]).unwrap_err();
+            assert!(format!("{empty:#}").contains("empty"), "{empty:#}");
+            let none = token(&["--db", "db", "--token-file", "nowhere"]).unwrap_err();
+            assert!(format!("{none:#}").contains("nowhere"), "{none:#}");
             Ok(())
         });
     }

@@ -477,14 +477,32 @@ fn fuse_mount_sys(
         source = name;
     }
 
+    // CitronFS: the file system type is `fuse.SUBTYPE` when a subtype is given, as libfuse
+    // and fusermount3 mount it (so that /proc/mounts and findmnt show `fuse.SUBTYPE`), and
+    // plain `fuse` on a kernel that does not know subtypes (ENODEV), as libfuse retries.
     #[cfg(target_os = "linux")]
-    let result = nix::mount::mount(
+    let subtyped = options.iter().find_map(|x| match x {
+        MountOption::Subtype(subtype) => Some(format!("fuse.{subtype}")),
+        _ => None,
+    });
+    #[cfg(target_os = "linux")]
+    let mut result = nix::mount::mount(
         Some(source),
         mountpoint,
-        Some("fuse"),
+        Some(subtyped.as_deref().unwrap_or("fuse")),
         flags,
         Some(mount_options.as_str()),
     );
+    #[cfg(target_os = "linux")]
+    if subtyped.is_some() && result == Err(nix::errno::Errno::ENODEV) {
+        result = nix::mount::mount(
+            Some(source),
+            mountpoint,
+            Some("fuse"),
+            flags,
+            Some(mount_options.as_str()),
+        );
+    }
     #[cfg(target_os = "macos")]
     let result = nix::mount::mount(source, mountpoint, flags, Some(mount_options.as_str()));
 
