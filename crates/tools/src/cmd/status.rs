@@ -53,8 +53,10 @@ impl RoleArgs for StatusArgs {
 pub struct StatusConfig {
     /// The cluster's name ([`DEFAULT_CLUSTER`]).
     pub cluster: String,
-    /// The cluster's shared secret; required.
+    /// The cluster's shared secret; this or `token_file` is required.
     pub token: Option<String>,
+    /// A file holding the cluster's shared secret (readable by its owner only).
+    pub token_file: Option<std::path::PathBuf>,
     /// The log filter ([`DEFAULT_LOG`]).
     pub log: String,
     /// The meta server's RPC address ([`DEFAULT_META_ADDR`]).
@@ -66,6 +68,7 @@ impl Default for StatusConfig {
         StatusConfig {
             cluster: DEFAULT_CLUSTER.into(),
             token: None,
+            token_file: None,
             log: DEFAULT_LOG.into(),
             meta: DEFAULT_META_ADDR.to_string(),
         }
@@ -76,7 +79,10 @@ impl Default for StatusConfig {
 pub fn status(args: StatusArgs) -> Result<()> {
     let settings = args.load()?;
     init_logging(&settings.log)?;
-    let credentials = fabric::Credentials::new(settings.cluster, require_token(settings.token)?);
+    let credentials = fabric::Credentials::new(
+        settings.cluster,
+        require_token(settings.token, settings.token_file.as_deref())?,
+    );
     let status = request(&settings.meta, &credentials)?;
     if args.json {
         println!("{}", render_json(&status));
