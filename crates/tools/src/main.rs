@@ -116,7 +116,7 @@ fn command() -> clap::Command {
     cmd::roles::show_role_defaults(Cli::command())
         .mut_subcommand(
             "status",
-            cmd::config::show_defaults::<cmd::status::StatusConfig>,
+            cmd::config::show_defaults::<cmd::config::AskConfig>,
         )
         .after_help(format!(
         "Logging: --log on the roles; {} for every command: a level (error, warn, info, debug, \

@@ -23,7 +23,7 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::value::{Dict, Map, Value};
 use figment::{Figment, Metadata, Profile, Provider};
 use serde::de::DeserializeOwned;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::{Path, PathBuf};
@@ -499,5 +499,35 @@ mod tests {
     #[test]
     fn the_log_variable_is_the_log_setting_in_the_environment() {
         assert_eq!(LOG_ENV, format!("{ENV_PREFIX}LOG"));
+    }
+}
+
+/// Settings of the commands that ask a running meta server — `citronfs fsck` and
+/// `citronfs status` — layered like the roles' settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AskConfig {
+    /// The cluster's name ([`DEFAULT_CLUSTER`]).
+    pub cluster: String,
+    /// The cluster's shared secret; this or `token_file` is required to ask a running meta
+    /// server.
+    pub token: Option<String>,
+    /// A file holding the cluster's shared secret, private to its owner.
+    pub token_file: Option<std::path::PathBuf>,
+    /// The log filter ([`DEFAULT_LOG`]).
+    pub log: String,
+    /// The meta server's RPC address ([`DEFAULT_META_ADDR`]).
+    pub meta: String,
+}
+
+impl Default for AskConfig {
+    fn default() -> Self {
+        AskConfig {
+            cluster: DEFAULT_CLUSTER.into(),
+            token: None,
+            token_file: None,
+            log: DEFAULT_LOG.into(),
+            meta: DEFAULT_META_ADDR.to_string(),
+        }
     }
 }

@@ -7,15 +7,12 @@
 //! fixed it: the repairs are listed, and what a second check still finds), 2 when the check
 //! could not run.
 
-use super::config::{
-    init_logging, require_token, CommonArgs, RoleArgs, DEFAULT_CLUSTER, DEFAULT_LOG,
-    DEFAULT_META_ADDR,
-};
+use super::config::{init_logging, require_token, AskConfig, CommonArgs, RoleArgs};
 use crate::report::Report;
 use anyhow::{Context, Result};
 use clap::Args;
 use proto::fsck::{Finding, FsckOptions, FsckReport};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -52,37 +49,9 @@ pub struct FsckArgs {
 }
 
 impl RoleArgs for FsckArgs {
-    type Config = FsckConfig;
+    type Config = AskConfig;
     fn common(&self) -> &CommonArgs {
         &self.common
-    }
-}
-
-/// Settings of `citronfs fsck` (layered like the roles'; see `config`).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FsckConfig {
-    /// The cluster's name ([`DEFAULT_CLUSTER`]).
-    pub cluster: String,
-    /// The cluster's shared secret; required to ask a running meta server.
-    pub token: Option<String>,
-    /// A file holding the cluster's shared secret, private to its owner.
-    pub token_file: Option<std::path::PathBuf>,
-    /// The log filter ([`DEFAULT_LOG`]).
-    pub log: String,
-    /// The meta server's RPC address ([`DEFAULT_META_ADDR`]).
-    pub meta: String,
-}
-
-impl Default for FsckConfig {
-    fn default() -> Self {
-        FsckConfig {
-            cluster: DEFAULT_CLUSTER.into(),
-            token: None,
-            token_file: None,
-            log: DEFAULT_LOG.into(),
-            meta: DEFAULT_META_ADDR.to_string(),
-        }
     }
 }
 

@@ -41,7 +41,7 @@ pub fn show_role_defaults(cli: clap::Command) -> clap::Command {
     cli.mut_subcommand("meta-server", show_defaults::<MetaServerConfig>)
         .mut_subcommand("data-server", show_defaults::<DataServerConfig>)
         .mut_subcommand("mount", show_defaults::<MountConfig>)
-        .mut_subcommand("fsck", show_defaults::<super::fsck::FsckConfig>)
+        .mut_subcommand("fsck", show_defaults::<super::config::AskConfig>)
 }
 
 /// The shm directory of a role's region when none is given: `<shm root>/CLUSTER/NAME`.

@@ -7,16 +7,13 @@
 //! 1 when it could not be asked (unreachable, or the handshake refused: a wrong token or
 //! cluster name).
 
-use super::config::{
-    init_logging, require_token, CommonArgs, RoleArgs, DEFAULT_CLUSTER, DEFAULT_LOG,
-    DEFAULT_META_ADDR,
-};
+use super::config::{init_logging, require_token, AskConfig, CommonArgs, RoleArgs};
 use crate::report::Report;
 use anyhow::{Context, Result};
 use clap::Args;
 use proto::rpc::{Client, Request, Response, Role};
 use proto::status::{ClusterStatus, TOP_OPEN_FILES};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use std::time::Duration;
 
 /// How long `citronfs status` waits for the meta server's answer.
@@ -41,37 +38,9 @@ pub struct StatusArgs {
 }
 
 impl RoleArgs for StatusArgs {
-    type Config = StatusConfig;
+    type Config = AskConfig;
     fn common(&self) -> &CommonArgs {
         &self.common
-    }
-}
-
-/// Settings of `citronfs status` (layered like the roles'; see `config`).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct StatusConfig {
-    /// The cluster's name ([`DEFAULT_CLUSTER`]).
-    pub cluster: String,
-    /// The cluster's shared secret; this or `token_file` is required.
-    pub token: Option<String>,
-    /// A file holding the cluster's shared secret (readable by its owner only).
-    pub token_file: Option<std::path::PathBuf>,
-    /// The log filter ([`DEFAULT_LOG`]).
-    pub log: String,
-    /// The meta server's RPC address ([`DEFAULT_META_ADDR`]).
-    pub meta: String,
-}
-
-impl Default for StatusConfig {
-    fn default() -> Self {
-        StatusConfig {
-            cluster: DEFAULT_CLUSTER.into(),
-            token: None,
-            token_file: None,
-            log: DEFAULT_LOG.into(),
-            meta: DEFAULT_META_ADDR.to_string(),
-        }
     }
 }
 
