@@ -10,7 +10,7 @@
 //! took 113–128 µs word by word against 76–88 µs with `rep movsq`, and 1 MiB into them 192–217 µs
 //! against 88–93 µs (the loop's 8-byte stores each read the destination line for ownership;
 //! the string move's fast path does not). A 1 MiB read or write through a mount spends most of
-//! its time in this copy (issue 11: 1 MiB read at 0.57× the FUSE ceiling on 16 cores).
+//! its time in this copy (a 1 MiB read measured at 0.57× the FUSE ceiling on 16 cores).
 //!
 //! # Why `rep movsq` keeps the words whole
 //! On x86-64, `rep movsq` moves quadwords. Between an 8-byte-aligned source and an 8-byte-aligned

@@ -166,7 +166,7 @@ pub fn other_users_allowed() -> Result<(), String> {
 }
 
 /// The size up to which every read and write call should be one FUSE request (and so atomic),
-/// for every alignment of the user's buffer: issue 8 asks for 16 MiB.
+/// for every alignment of the user's buffer: the promise is 16 MiB.
 pub const ATOMIC_IO_TARGET: u64 = 16 << 20;
 
 /// The largest `max_write` asked for: [`ATOMIC_IO_TARGET`] (also fuser's own limit, the size

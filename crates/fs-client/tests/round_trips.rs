@@ -1,4 +1,4 @@
-//! Fabric round trips per small I/O (issue 11): a 4 KiB read or overwrite on one data server
+//! Fabric round trips per small I/O: a 4 KiB read or overwrite on one data server
 //! takes three in sequence — the lock's acquisition (carrying the file's FCB words), the data
 //! batch, the lock's release (carrying a write's MTIME raise) — and an extending write's SIZE
 //! raise goes beside its data batch (one round trip more, not in sequence). Where the release

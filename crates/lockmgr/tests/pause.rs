@@ -1,4 +1,4 @@
-//! A holder that is *paused* past its lease, not killed (issue 8: a mount stopped with SIGSTOP
+//! A holder that is *paused* past its lease, not killed (a mount stopped with SIGSTOP
 //! for 3 s while another mount wrote the same file, then continued).
 //!
 //! Lease recovery (seed 000 §3.10) presumes a holder that is silent for long enough dead and

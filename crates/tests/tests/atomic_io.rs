@@ -377,7 +377,7 @@ fn checker_catches_torn_records() {
         assert!(u.iter().zip(v.iter()).all(|(x, y)| x != y));
         let mut other = vec![0u8; size];
         fill_record(6 * WRITERS_STRIDE, &mut other);
-        // The last 48 bytes of block 255 from another write (what issue 8 saw).
+        // The last 48 bytes of block 255 from another write (a tear seen once).
         let mut torn = rec.clone();
         let end = 256 * BLOCK;
         torn[end - 48..end].copy_from_slice(&other[end - 48..end]);

@@ -1,4 +1,4 @@
-//! Client crashes at the worst moments (issue 13, point 3): a client *process* is SIGKILLed
+//! Client crashes at the worst moments: a client *process* is SIGKILLed
 //! exactly where a failpoint stops it — holding a range lock, between the per-server batches of
 //! a write spanning chunks on both data servers, holding CITRON's spillover mutex, in the middle
 //! of a scale-up, right after the meta server created a file or renamed one for it — while a

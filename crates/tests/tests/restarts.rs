@@ -1,4 +1,4 @@
-//! Server restarts under live mounts (issue 13, points 1 and 2): a mount keeps working through
+//! Server restarts under live mounts: a mount keeps working through
 //! a restart of the meta server or of a data server — through the file descriptors it had open
 //! — and picks up a data server added after it mounted; a memory-only data server that comes
 //! back empty makes reads of its chunks fail with EIO, never return zeros.

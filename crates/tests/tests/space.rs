@@ -1,4 +1,4 @@
-//! Space in proportion to size (issue 12, part 4), seen through a mount: small files take small
+//! Space in proportion to size, seen through a mount: small files take small
 //! allocations, `statfs` (`df`) charges a file less than twice its size above 4 KiB, and its
 //! inode figures (`df -i`) count one inode per file.
 

@@ -1,5 +1,5 @@
 //! A meta server killed (SIGKILL, no clean shutdown) and started again on its database, under a
-//! live client (issue 13, points 1 and 2): what the client fsynced survives with its size, the
+//! live client: what the client fsynced survives with its size, the
 //! client carries on through the handles it had open, what the durability promise does not
 //! cover (the size of a file grown since its last fsync or close) is the only thing that may
 //! be lost (docs/RELIABILITY.md), and the client's next fsync reports that loss with EIO

@@ -1,4 +1,4 @@
-//! Real multi-host faults (issue 13, point 5): a meta server, two data servers and two client
+//! Real multi-host faults: a meta server, two data servers and two client
 //! hosts, each a `citronfs` process in a network namespace of its own on a private switch
 //! (`testkit::netns`), over the tcp fabric; a link is cut by taking its veth down, as a pulled
 //! cable: nothing is closed or answered, packets are lost.

@@ -29,7 +29,7 @@
 //! (holding nothing, it can wait like anyone else); and a request that waits in a ticket queue
 //! longer than `restart_after` while holding nodes does the same.
 //!
-//! Bounded waits under lease recovery (issue 8): a client paused past its lease (SIGSTOP, a VM
+//! Bounded waits under lease recovery: a client paused past its lease (SIGSTOP, a VM
 //! pause) resumes with its old view while waiters behind it have broken its hold (§3.10). Every
 //! place where it could wait for something that will never come, or act on a hold that is no
 //! longer its own, checks for it:
@@ -665,7 +665,7 @@ impl CitronClient {
     /// Deadlock avoidance: after `restart_after`, the request's nodes in `held` are given back
     /// while the wait goes on; once served, the caller passes the ticket on and starts over.
     ///
-    /// Bounded wait (issue 8): a waiter that was paused while its turn came may find `TCnt`
+    /// Bounded wait: a waiter that was paused while its turn came may find `TCnt`
     /// *past* its ticket — a waiter behind it saw `TCnt` and `Occ` stand still and broke in,
     /// setting `TCnt` to its own ticket (and others may have followed). `TCnt == ticket` then
     /// never holds again. The queue is `[TCnt, TMax)` (15-bit counters, compared relative to

@@ -7,7 +7,7 @@
 //!   (§3.8), starvation avoidance (§3.5.4) and lease recovery at the spin points (§3.10);
 //! - `spillover`: the DSLR-style ticket mutex for `[N, ∞)` and the maximizer (§3.3, §3.9.1);
 //! - [`lease`]: the lease deadline of every held part, derived from the recovery rules of §3.10,
-//!   which bounds waits and makes late releases harmless (issue 8);
+//!   which bounds waits and makes late releases harmless;
 //! - `scaleup`: Algorithm 4, the continuation of releases after a scale-up (Alg. 3 l. 10-12),
 //!   and the blocking scale-down of §3.9.2;
 //! - [`scheme`]: CITRON as one of [`crate::schemes`]: its description ([`CitronSpec`]), how a

@@ -1,7 +1,7 @@
 //! Lock release (seed 000 Alg. 3, §3.6): every verb in one batch, one round trip; the
 //! continuation after a scale-up (l. 10-12) is in `scaleup`.
 //!
-//! # Late releases (issue 8)
+//! # Late releases
 //!
 //! A holder paused past its lease may find its hold broken by a waiter's recovery (§3.10) and the
 //! lock held by someone else. Its release must not disturb that successor, so no part is released

@@ -10,7 +10,7 @@
 //! to its own ticket with one masked CAS that compares the counter it saw (so of several waiters
 //! only one moves it, and only if it really did not move).
 //!
-//! Bounded waits (issue 8): a waiter paused while its turn came finds the served counter moved
+//! Bounded waits: a waiter paused while its turn came finds the served counter moved
 //! past its ticket by such a break-in (relative to the next ticket); it holds nothing then and
 //! starts over with a new ticket instead of polling forever. The release is a masked CAS
 //! `serving: ticket -> ticket + 1` rather than a blind FAA, so that a holder whose turn was
