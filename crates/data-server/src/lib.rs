@@ -252,7 +252,7 @@ fn register_waiting(
 
 /// Long-polls the meta server for revoked sessions on the registration connection (the poll
 /// is also the heartbeat) and fences them on `fence` (where its backend can: on shm clients map
-/// the region themselves and nothing can be refused, DESIGN.md "Fencing"); on failure,
+/// the region themselves and nothing can be refused, docs/ARCHITECTURE.md "Fencing"); on failure,
 /// registers again until
 /// stopped. Each poll names the epoch applied so far, which is how the meta server knows that
 /// a `Fence` has taken effect here.

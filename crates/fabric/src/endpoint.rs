@@ -313,7 +313,7 @@ impl<E: Endpoint + ?Sized> EndpointExt for E {}
 
 /// Measures the round-trip time of an 8-byte read at `addr`: the median of `samples` reads.
 ///
-/// The lock manager derives its `T_wait` from this (seed 000 §3.5.5 reserves a share of the wait
+/// The lock manager derives its `T_wait` from this (CITRON §3.5.5 reserves a share of the wait
 /// for every round trip a conflicting client may take).
 pub fn measure_rtt(
     endpoint: &mut dyn Endpoint,

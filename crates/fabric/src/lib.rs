@@ -3,7 +3,7 @@
 //! Everything in CitronFS — lock words, file control blocks, file data — is reached through this
 //! crate. A server registers [`Region`]s; a client opens one [`Endpoint`] per thread per server
 //! and posts [`Batch`]es of verbs (`read`, `write`, `cas`, `faa`, `masked_cas`, `masked_faa`),
-//! each batch one round trip, executed in posting order. The verbs' semantics follow seed 000
+//! each batch one round trip, executed in posting order. The verbs' semantics follow CITRON
 //! §2.1 and are defined once, in [`atomic_ops`]; every backend runs them through the same
 //! executor ([`RegionTable::execute`]), so they cannot disagree:
 //!

@@ -1,5 +1,5 @@
 //! Procedures: code a server runs next to its memory on a client's behalf, one round trip per
-//! call (seed 003, "Cell": where a server's CPU is on the data path anyway, let it do a
+//! call (the Cell paper: where a server's CPU is on the data path anyway, let it do a
 //! multi-step operation locally instead of answering one round trip per step).
 //!
 //! A procedure sees the server's memory exactly as a client does: through endpoints ([`crate::Endpoint`])

@@ -2,7 +2,7 @@
 //!
 //! A read of more than 8 bytes may tear: it can see half of a concurrent rewrite. Records that are
 //! read one-sidedly therefore carry a crc32 of their contents; a reader that finds a mismatch knows
-//! the read tore and reads again (seed 001, seed 003).
+//! the read tore and reads again (LOCO, Cell).
 //!
 //! Layout: `[crc32 of payload: u32 LE][payload length: u32 LE][payload][zero padding to 8]`.
 

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Atomics are sequentially consistent: the lock protocol's proof relies on the server executing
-/// all atomics "as if in a global order" (seed 000 §3.5.5).
+/// all atomics "as if in a global order" (CITRON §3.5.5).
 const ATOMIC: Ordering = Ordering::SeqCst;
 
 /// A registered region of memory, shared by everyone who holds it.
@@ -282,7 +282,7 @@ impl Region {
 /// The regions an executor can reach, indexed by region id.
 ///
 /// Endpoints keep one of these as a cache in front of a slower, shared lookup, so that the post
-/// path takes no lock (seed 002: per-thread endpoints, nothing shared on the post path).
+/// path takes no lock (SMART: per-thread endpoints, nothing shared on the post path).
 #[derive(Clone, Debug, Default)]
 pub struct RegionTable {
     slots: Vec<Option<Arc<Region>>>,

@@ -419,7 +419,7 @@ impl FabricServer {
 
     /// Fences client sessions: their open connections execute nothing more and new ones are
     /// refused. Returns whether the backend could (tcp can; mem and shm cannot refuse a
-    /// process that maps the memory, see DESIGN.md "Fencing").
+    /// process that maps the memory, see docs/ARCHITECTURE.md "Fencing").
     pub fn revoke(&self, sessions: &[u64]) -> bool {
         match &self.served {
             Served::Tcp(tcp) => {

@@ -9,7 +9,7 @@
 //! Conventions:
 //! - **One mapping to errno**, [`Error::errno`]: a server's answer keeps the errno the wire
 //!   error names ([`FsError::errno`]); every failure below the file system is `EIO` (the
-//!   operation's outcome is unknown; DESIGN.md "Fencing": a fenced client's I/O fails with EIO).
+//!   operation's outcome is unknown; docs/ARCHITECTURE.md "Fencing": a fenced client's I/O fails with EIO).
 //!   The match lists every variant, so a new one must choose.
 //! - **Display includes the cause**, as the rest of the workspace does (`FabricError::Io`,
 //!   `LockError::Fabric`): `{err}` alone is a full sentence for a log line or an `anyhow`
@@ -274,7 +274,7 @@ impl Error {
     }
 
     /// Whether a fabric server refused this client's session: revoked by a fence
-    /// (DESIGN.md "Fencing"; tcp). Every verb of the session is refused from then on, so the
+    /// (docs/ARCHITECTURE.md "Fencing"; tcp). Every verb of the session is refused from then on, so the
     /// client must join again in a new session (`meta::Meta::session_ended`).
     pub(crate) fn is_fenced(&self) -> bool {
         matches!(

@@ -1,4 +1,4 @@
-//! The data path (DESIGN.md "Files"): [`CitronFs::read`], [`CitronFs::write`],
+//! The data path (docs/ARCHITECTURE.md "fs-client"): [`CitronFs::read`], [`CitronFs::write`],
 //! [`CitronFs::fsync`], and truncation under the whole-file lock. Read top-down, one locked I/O
 //! is:
 //!
@@ -32,7 +32,7 @@
 //!
 //! When the lease ran out mid-I/O (`Error::LeaseLost`), the whole read or write is redone
 //! under a new lock ([`Inner::retry`], [`LEASE_RETRIES`] times, then EIO), so a client
-//! that was merely slow never lands a write outside its lock (DESIGN.md "Fencing") — but only
+//! that was merely slow never lands a write outside its lock (docs/ARCHITECTURE.md "Fencing") — but only
 //! while nothing of it was sent: a write that lost its lease after one data server's batch
 //! went out fails with EIO (`Error::LeaseLostPartway`, [`Inner::locked`]), since the release
 //! hands the next holder a range with that part in it, and a redo reported done would make
@@ -745,7 +745,7 @@ impl Inner {
         Ok(value)
     }
 
-    /// Fencing, client side (DESIGN.md "Fencing"): data verbs that change the file are posted
+    /// Fencing, client side (docs/ARCHITECTURE.md "Fencing"): data verbs that change the file are posted
     /// only while the guarding lock's lease has more than `lease_guard` left, so that they
     /// execute before any other client can break the lock. The guard is twice the cluster's
     /// `fence_after`: a client stopped between this check and its post for long enough to
@@ -1204,7 +1204,7 @@ impl Inner {
     }
 
     /// Makes the file's data durable where its data servers are file-backed (the data half of
-    /// `fsync`; DESIGN.md "Files"): one batch of flush verbs per data server, covering every
+    /// `fsync`; docs/ARCHITECTURE.md "fs-client"): one batch of flush verbs per data server, covering every
     /// allocated chunk below the size, with runs of adjacent chunks merged into one verb. Every
     /// write this client acknowledged had completed its data verbs before returning, so the
     /// flushes cover it.

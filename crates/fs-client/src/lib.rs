@@ -2,7 +2,7 @@
 //!
 //! - [`CitronFs`]: the library — POSIX-like calls on inodes and file handles, usable without a
 //!   mount. Reads and writes move data with one-sided verbs under a range lock of the mount's
-//!   scheme (DESIGN.md "Files"); [`client`] maps the facade's calls to the modules that
+//!   scheme (docs/ARCHITECTURE.md "fs-client"); [`client`] maps the facade's calls to the modules that
 //!   implement them, and the module `io` reads the data path top-down.
 //! - [`Error`] ([`error`]): why a call failed, with its typed cause kept, and [`Error::errno`],
 //!   the one mapping to an errno.

@@ -79,7 +79,7 @@ impl TreeAllocator for RpcTreeAllocator {
     }
 }
 
-/// The file system's fence (DESIGN.md "Fencing"): before this client breaks a lock whose
+/// The file system's fence (docs/ARCHITECTURE.md "Fencing"): before this client breaks a lock whose
 /// holder it presumes dead, the meta server revokes every silent session on the meta and data
 /// fabric servers (`Request::Fence`), so that a holder that was only stopped cannot land a
 /// write after the break.

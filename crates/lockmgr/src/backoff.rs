@@ -1,5 +1,5 @@
 //! Waiting without burning cores, for every lock scheme: truncated, randomised exponential
-//! backoff between polls (seed 002 §4.3: after the `i`-th failed poll wait
+//! backoff between polls (SMART §4.3: after the `i`-th failed poll wait
 //! `Rand(min(base · 2^i, max))`), and timed waits.
 //!
 //! Short waits yield the core in a loop (a sleep is never shorter than the kernel's timer slack,

@@ -1,4 +1,4 @@
-//! The fencing hook of lease recovery (seed 000 §3.10).
+//! The fencing hook of lease recovery (CITRON §3.10).
 //!
 //! Lease recovery presumes a holder dead when it has been silent for long enough, and then breaks
 //! its hold with one write to the lock words. A holder that was only *paused* (SIGSTOP, a VM

@@ -1,6 +1,6 @@
 //! Range locks over one-sided verbs.
 //!
-//! [`RangeLock`] is the interface of every scheme: CITRON (seed 000 §3), and the baselines of the
+//! [`RangeLock`] is the interface of every scheme: CITRON (the paper's §3), and the baselines of the
 //! paper's Table 1 that matter to a file system. The crate knows nothing of files: it locks ranges
 //! of an abstract address space of lock units.
 //!

@@ -162,7 +162,7 @@ pub trait RangeLock: Send {
     }
 
     /// The lease deadline of a held lock: the earliest instant at which another client's lease
-    /// recovery (seed 000 §3.10) could break it, computed conservatively on this client's clock.
+    /// recovery (CITRON §3.10) could break it, computed conservatively on this client's clock.
     /// Past it the lock may belong to someone else: the caller must not post data verbs when
     /// `now + guard > deadline` (its `guard` covering the time from that check to the verbs'
     /// execution). Releasing after the deadline is allowed and harmless to the lock's next

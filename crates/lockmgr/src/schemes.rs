@@ -18,7 +18,7 @@
 //! # Spec form
 //!
 //! ```text
-//! citron[:<units>[:<max_units>[:<lease_ms>[:<t_wait_us>[:room|alloc]]]]]   CITRON (seed 000 §3)
+//! citron[:<units>[:<max_units>[:<lease_ms>[:<t_wait_us>[:room|alloc]]]]]   CITRON (the paper's §3)
 //! citron-nofastpath[:…]                                                    the same without §3.8
 //! mutex                                                                    one ticket lock
 //! seg[:<segment_units>[:<segments>]]                                       static segmentation
@@ -58,7 +58,7 @@ use std::sync::Arc;
 /// spec form it reads and writes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum LockScheme {
-    /// CITRON (seed 000 §3): a segment tree of lock words, with or without the fast path.
+    /// CITRON (the paper's §3): a segment tree of lock words, with or without the fast path.
     Citron(CitronSpec),
     /// One ticket lock for the whole address space (an inode mutex).
     Mutex,

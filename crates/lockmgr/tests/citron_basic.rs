@@ -1,5 +1,5 @@
 //! CITRON on the `mem` backend: round trips per operation (fast path and not), scale-up with
-//! locks held across it, scale-down, and lease recovery after dead clients (seed 000 §3.8-3.10).
+//! locks held across it, scale-down, and lease recovery after dead clients (CITRON §3.8-3.10).
 
 use fabric::{MemServer, RegionId, RemoteAddr};
 use lockmgr::citron::{BumpAllocator, Citron, CitronClient, CitronConfig, ClientOptions};

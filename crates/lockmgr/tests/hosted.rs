@@ -236,7 +236,7 @@ fn where_a_client_acquires_is_chosen_per_endpoint() {
 
 /// A client whose host connection goes away holding a lock is a dead client to the others: the
 /// lock stays held (its holder may still be in its critical section) until lease recovery
-/// (a leaf's bits: after `T_lease`, seed 000 §3.10).
+/// (a leaf's bits: after `T_lease`, CITRON §3.10).
 #[test]
 fn a_lost_host_connection_leaves_its_lock_to_lease_recovery() {
     let (_fabric, connector, created) = start(Backend::Tcp, true);

@@ -1,7 +1,7 @@
 //! A holder that is *paused* past its lease, not killed (a mount stopped with SIGSTOP
 //! for 3 s while another mount wrote the same file, then continued).
 //!
-//! Lease recovery (seed 000 §3.10) presumes a holder that is silent for long enough dead and
+//! Lease recovery (CITRON §3.10) presumes a holder that is silent for long enough dead and
 //! breaks its hold. A paused client is not dead: it resumes where it was, with the words it had
 //! read and the verbs it meant to post. These tests pause one client (the *victim*) in-process
 //! with a [`StallSwitch`] — its thread sleeps before its next batch — at chosen points:

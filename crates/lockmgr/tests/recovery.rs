@@ -1,4 +1,4 @@
-//! Client-failure recovery (seed 000 §3.10) across real processes, and liveness under contention.
+//! Client-failure recovery (CITRON §3.10) across real processes, and liveness under contention.
 //!
 //! **Recovery.** A child process (this test binary, re-executed) acquires a lock on a `shm` or
 //! `tcp` fabric, says so on stdout, and is killed with SIGKILL while holding it: a leaf lock, an

@@ -1,4 +1,4 @@
-//! The lock safety checker (DESIGN.md, "Testing"): threads and processes take random ranges —
+//! The lock safety checker (docs/ARCHITECTURE.md, "lockmgr"): threads and processes take random ranges —
 //! unaligned, 1 to 2^16 units, uniform and Zipf placement, some whole-space locks — through a
 //! scheme, with delays injected into every endpoint ([`ChaosConnector`]), and record ownership in
 //! a shadow map; any overlap or any acquisition slower than the liveness bound fails.

@@ -57,7 +57,7 @@ pub const DEFAULT_REGION_BYTES: u64 = 64 << 20;
 /// Default session lease.
 pub const DEFAULT_SESSION_LEASE: Duration = Duration::from_secs(10);
 
-/// Default `T_lease` of CITRON file locks (seed 000 §3.10): a holder must be done within it,
+/// Default `T_lease` of CITRON file locks (CITRON §3.10): a holder must be done within it,
 /// and a holder silent for a few of it is presumed dead. It must cover the slowest locked I/O
 /// (a 16 MiB read or write on a loaded machine) plus fs-client's guard of `2·fence_after`;
 /// recovery of a dead holder takes between one and a few of it.
@@ -431,7 +431,7 @@ impl MetaServer {
 /// from another connection — not from the server's own local memory access.
 ///
 /// Also where clients acquire at this host ([`offer_hosted_citron`], tcp): a client may still
-/// acquire one-sided (its host refused it, or it was told to), and inequality (1) (seed 000
+/// acquire one-sided (its host refused it, or it was told to), and inequality (1) (CITRON
 /// §3.5.5) then needs its phases, a round trip each, to fit in `T_wait`. Sized for the host's
 /// own memory (15 µs), such a client aborted every attempt that was not a fast path, for ever
 /// (seen: a 4 KiB write hung). Hosted grants pay for it in phase (d) waits instead.
@@ -452,7 +452,7 @@ fn measure_t_wait(server: &FabricServer) -> anyhow::Result<Duration> {
 }
 
 /// Lets file-system clients on tcp acquire their range locks at this host
-/// (`lockmgr::citron::hosted`, seed 003): a lock tree lives in the meta region, and on tcp this
+/// (`lockmgr::citron::hosted`, Cell): a lock tree lives in the meta region, and on tcp this
 /// server's CPU executes every one-sided verb of an acquisition anyway, one wake-up per round
 /// trip and per poll. Clients have a fence (`fs-client`'s `MetaFence`), so the host fences for
 /// them: before a break-in on behalf of the client of session `s`, the same revocation of

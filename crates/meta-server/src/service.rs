@@ -285,8 +285,8 @@ pub(crate) struct Service {
 /// Revokes client sessions on one fabric server.
 pub(crate) type RevokeFn = Box<dyn Fn(&[u64]) + Send + Sync>;
 
-/// The fencing state (seed 000 §3.10, "the CM notifies the lock server to destroy the QPs
-/// of the failed clients"; DESIGN.md "Fencing").
+/// The fencing state (CITRON §3.10, "the CM notifies the lock server to destroy the QPs
+/// of the failed clients"; docs/ARCHITECTURE.md "Fencing").
 ///
 /// Invariant: a `Fence` is answered only after every data server registered now has applied an
 /// epoch at least as new as the fence's, so from then on no fabric server that holds file data

@@ -1,5 +1,5 @@
 //! The attribute table: inode attributes published by the meta server in its registered
-//! region, so that clients read them one-sidedly (seed 003, "Cell": reads by the client,
+//! region, so that clients read them one-sidedly (the Cell paper: reads by the client,
 //! writes by the server) and a stat costs neither an RPC nor meta-server CPU.
 //!
 //! ```text

@@ -1,6 +1,6 @@
 //! The directory-entry table: every directory entry of the namespace published by the meta
 //! server in its registered region, so that a client resolves a name — found or not — with
-//! one-sided reads (seed 003, "Cell"), and `lookup` costs neither an RPC nor meta-server CPU
+//! one-sided reads (the Cell paper), and `lookup` costs neither an RPC nor meta-server CPU
 //! even right after the directory changed.
 //!
 //! ```text
@@ -18,7 +18,7 @@
 //!
 //! Invariants (kept by the meta server, which alone writes slots):
 //! - Every slot is written (sealed) before the table is handed to any client: it is filled
-//!   from the database at start, under the state lock, and an unsealed or torn slot (seed 003's
+//!   from the database at start, under the state lock, and an unsealed or torn slot (the Cell paper's
 //!   "crc-protected variable-length data elements") sends the reader to the RPC.
 //! - Every entry of the database is held by its slot or counted there, exactly once. The server
 //!   applies each committed change of an entry (added, removed) to the table in commit order,

@@ -296,7 +296,7 @@ pub enum Request {
         /// Words needed.
         words: u64,
     },
-    /// Sent by a client right before it breaks a lock whose holder it presumes dead (seed 000
+    /// Sent by a client right before it breaks a lock whose holder it presumes dead (CITRON
     /// §3.10 recovery): the meta server revokes every session it has not heard from within
     /// `ClusterInfo::fence_after_ms`, on its own fabric server and on every data server, and
     /// answers only once they all refuse those sessions. → `Ok`

@@ -408,7 +408,7 @@ fn extend_over_the_dead_write(
 
 /// `fsck --at-rest` once the survivor is done, after sweeping what lazy recovery leaves.
 ///
-/// Recovery is lazy (seed 000 §3.10): a dead holder's word is broken only by a request that
+/// Recovery is lazy (CITRON §3.10): a dead holder's word is broken only by a request that
 /// needs it. A victim's request that escalated to the root on the fast path (starvation
 /// avoidance) holds all four leaves under it whole, not only the units it asked for; the
 /// survivor's same-range requests recover the root and their own leaf, and the other leaves

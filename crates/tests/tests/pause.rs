@@ -9,7 +9,7 @@
 //! On the tcp fabric this holds by fencing: the client that breaks the lock first has the
 //! silent session revoked on every fabric server, so the stopped client's verbs are refused
 //! when it continues, and its write fails. (On shm a stopped client
-//! cannot be fenced; DESIGN.md "Fencing" and docs/ARCHITECTURE.md say what holds there.)
+//! cannot be fenced; docs/ARCHITECTURE.md "Fencing" and docs/ARCHITECTURE.md say what holds there.)
 
 use fs_client::LockScheme;
 use rand::Rng;

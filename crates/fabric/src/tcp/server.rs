@@ -357,7 +357,7 @@ pub(crate) struct Session {
     gate: Gate,
     pub(crate) authenticated: bool,
     /// Regions this connection has used; filled from `shared` on a miss, so the hot path takes no
-    /// lock (seed 002: nothing shared on the post path).
+    /// lock (SMART: nothing shared on the post path).
     cache: RegionTable,
     generation: u64,
     /// The procedures this connection has called, each with its state.
@@ -952,7 +952,7 @@ impl TcpServer {
     /// the connection closed) and new connections naming them are refused. A revoked session
     /// stays revoked for the life of the server; session ids are never reused by a meta server.
     ///
-    /// This is the tcp fabric's version of what seed 000 §3.10 has the cluster manager do on
+    /// This is the tcp fabric's version of what CITRON §3.10 has the cluster manager do on
     /// RDMA (destroy the failed client's queue pairs). A batch already executing finishes, and
     /// this returns only after it did: from then on nothing of theirs executes.
     pub fn revoke(&self, sessions: &[u64]) {

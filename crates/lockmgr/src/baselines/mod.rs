@@ -1,4 +1,4 @@
-//! The baseline lock schemes of seed 000 Table 1 that matter to a file system, behind the same
+//! The baseline lock schemes of CITRON Table 1 that matter to a file system, behind the same
 //! [`RangeLock`](crate::RangeLock) trait as CITRON:
 //!
 //! - [`mutex`] (`"mutex"`): one DSLR-style ticket lock for everything;

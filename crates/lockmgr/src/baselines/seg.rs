@@ -1,4 +1,4 @@
-//! The `seg` baseline: static segmentation (seed 000 Table 1 "SS", \[35\]).
+//! The `seg` baseline: static segmentation (CITRON Table 1 "SS", \[35\]).
 //!
 //! The address space is cut into fixed-size segments of `segment_units` units, each guarded by a
 //! [`TicketLock`]. A range locks every segment it touches, in ascending lock-index order, so two

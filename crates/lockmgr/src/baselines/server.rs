@@ -1,4 +1,4 @@
-//! The `server` baseline: a CPU-based lock server (seed 000 §2.2, Table 1 "IT").
+//! The `server` baseline: a CPU-based lock server (CITRON §2.2, Table 1 "IT").
 //!
 //! The server keeps the held ranges in an interval set and serves clients over TCP: one thread
 //! per connection, one request frame ([`fabric::frame`], postcard body) per operation, one

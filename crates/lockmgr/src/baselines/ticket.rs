@@ -1,6 +1,6 @@
 //! A DSLR-style ticket lock on one 64-bit word, driven with one-sided verbs only.
 //!
-//! This is the building block of the `mutex` and `seg` baselines (seed 000 Table 1, "SS": one
+//! This is the building block of the `mutex` and `seg` baselines (CITRON Table 1, "SS": one
 //! DSLR instance per segment) and the shape of CITRON's spillover mutex.
 //!
 //! # Word layout
@@ -19,7 +19,7 @@
 //!   so the increment never disturbs `now serving`. The old value says both my ticket and who is
 //!   being served: if they are equal, the lock is mine after one round trip.
 //! - **wait**: re-read the word until `now serving == my ticket`, with truncated, randomized
-//!   exponential backoff between reads (seed 002 §4.3) so waiters do not flood the server.
+//!   exponential backoff between reads (SMART §4.3) so waiters do not flood the server.
 //! - **release**: `FAA(word, 1)` on `now serving`. When `now serving` wraps from `u32::MAX` to
 //!   0, a plain `+1` would carry into `next ticket`; the releaser knows its own ticket (it *is*
 //!   `now serving`) and adds `0xFFFF_FFFF_0000_0001` instead, which is `+1` on the low half and

@@ -1,4 +1,4 @@
-//! Step 2 of lock acquisition (seed 000 Alg. 2 l. 6-37): for each node of the split, in ascending
+//! Step 2 of lock acquisition (CITRON Alg. 2 l. 6-37): for each node of the split, in ascending
 //! order, phases (a) ticket, (b) wait for occupied ancestors, (c) occupy or lock the leaf,
 //! (d) notify ancestors and wait for descendants; with the fast path of §3.8, starvation
 //! avoidance (§3.5.4) and lease recovery at every spin point (§3.10).

@@ -301,7 +301,7 @@ pub struct ClientOptions {
     /// A request holding some of its nodes gives them back and starts over when it has waited
     /// this long in a ticket queue for the next one (deadlock avoidance, see `acquire`).
     pub restart_after: Duration,
-    /// First backoff bound between polls (about a round trip, seed 002 §4.3).
+    /// First backoff bound between polls (about a round trip, SMART §4.3).
     pub backoff_base: Duration,
     /// Backoff truncation.
     pub backoff_max: Duration,

@@ -1,5 +1,5 @@
 //! Host-executed acquisitions: CITRON's acquire and release run at the lock tree's host on
-//! behalf of a client, an acquire in one round trip and a release posted without one (seed 003,
+//! behalf of a client, an acquire in one round trip and a release posted without one (Cell,
 //! Cell: where a server's CPU executes every verb anyway, let it run the multi-step operation
 //! next to memory instead of answering one round trip per step; chosen per endpoint).
 //!

@@ -1,5 +1,5 @@
 //! The lock tree's shape: node bit layout, node naming and index arithmetic, and where each node
-//! lives in remote memory (seed 000 §3.3, §3.4, §3.9.1).
+//! lives in remote memory (CITRON §3.3, §3.4, §3.9.1).
 //!
 //! # Nodes
 //!

@@ -1,5 +1,5 @@
 //! CITRON: range locks on a segment tree of lock words, acquired and released with one-sided
-//! verbs only (seed 000 §3).
+//! verbs only (CITRON §3).
 //!
 //! - [`layout`]: the node bit layout, node naming, index arithmetic and storage of the tree;
 //! - [`split`]: step 1, the tree knapsack (§3.5.1);
@@ -554,7 +554,7 @@ impl CitronClient {
         })
     }
 
-    /// The backoff between polls (seed 002 §4.3: the first bound "about a round trip").
+    /// The backoff between polls (SMART §4.3: the first bound "about a round trip").
     /// Where a poll costs the server a wake-up (tcp), the first bound is at least the round
     /// trip the lock's `T_wait` was derived from ([`config::rtt_for_t_wait`]): polling faster
     /// than a round trip only queues polls at the server, each a wake-up that delays the holder

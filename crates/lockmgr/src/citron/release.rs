@@ -1,4 +1,4 @@
-//! Lock release (seed 000 Alg. 3, §3.6): every verb in one batch, one round trip; the
+//! Lock release (CITRON Alg. 3, §3.6): every verb in one batch, one round trip; the
 //! continuation after a scale-up (l. 10-12) is in `scaleup`.
 //!
 //! # Late releases

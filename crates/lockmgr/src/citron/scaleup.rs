@@ -1,4 +1,4 @@
-//! Scaling the tree (seed 000 §3.9): Algorithm 4, the release continuation of Alg. 3 l. 10-12,
+//! Scaling the tree (CITRON §3.9): Algorithm 4, the release continuation of Alg. 3 l. 10-12,
 //! and the blocking scale-down of §3.9.2.
 //!
 //! # What a scale-up copies, and who gives it back

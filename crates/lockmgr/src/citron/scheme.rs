@@ -1,7 +1,7 @@
 //! CITRON as a lock scheme of [`crate::schemes`]: its description ([`CitronSpec`]), how a creator
 //! lays out one lock's memory from it, and how a client opens that lock again.
 //!
-//! What the description fixes, and why it is the creator's to fix (seed 000 §3):
+//! What the description fixes, and why it is the creator's to fix (CITRON §3):
 //!
 //! - `N`, the units the tree covers at first: "N is specified at initialization time" (§3.3);
 //!   ranges beyond it take the spillover mutex and are ORed into the maximizer (§3.9.1).

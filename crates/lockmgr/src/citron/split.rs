@@ -1,4 +1,4 @@
-//! Step 1 (seed 000 §3.5.1, Alg. 2 l. 5): split `[l, r)` into at most `k` tree nodes that cover
+//! Step 1 (CITRON §3.5.1, Alg. 2 l. 5): split `[l, r)` into at most `k` tree nodes that cover
 //! it, minimising the covered-but-unrequested units.
 //!
 //! A leaf is locked through a bitmask of exactly the requested units (Alg. 2 l. 21), so a leaf

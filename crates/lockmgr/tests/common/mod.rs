@@ -348,7 +348,7 @@ fn work(
                 workload.liveness
             ));
         }
-        // A lock that presumed a live holder dead (lease recovery, seed 000 §3.10) says so in its
+        // A lock that presumed a live holder dead (lease recovery, CITRON §3.10) says so in its
         // statistics: show them with an overlap, to tell a lease too short from a real bug.
         shadow.claim(holder, &range).map_err(|e| {
             format!(

@@ -1,4 +1,4 @@
-//! `citronfs bench btio`: the NPB BT-IO output pattern (seed 000 §4.3.1) on CitronFS, every
+//! `citronfs bench btio`: the NPB BT-IO output pattern (CITRON §4.3.1) on CitronFS, every
 //! lock scheme in one run.
 //!
 //! The solution array of a class (S, W, A, B, C, D: an N×N×N grid, 5 doubles per point) is
@@ -105,7 +105,7 @@ struct BtioResult {
 /// Process `p`'s rows of output step `step`, in the order it writes them: (file offset,
 /// length).
 ///
-/// BT's multipartition decomposition (as in `false_conflicts`, seed 000 §4.3.1): with `P = q²`
+/// BT's multipartition decomposition (as in `false_conflicts`, CITRON §4.3.1): with `P = q²`
 /// processes each axis is cut into `q` pieces of `g = n/q` points, and process `(i, j)` owns the
 /// cell `((i + c) mod q, (j + c) mod q, c)` of every z-slab `c`. The array is stored x-fastest,
 /// 40 bytes a point, one step after the other, so each (z, y) line of a cell is one row of

@@ -1,4 +1,4 @@
-//! `citronfs bench false-conflicts`: how many conflicts CITRON's range split (seed 000 §3.5.1)
+//! `citronfs bench false-conflicts`: how many conflicts CITRON's range split (CITRON §3.5.1)
 //! and the file system's lock unit add on top of the real ones. No fabric is involved: the
 //! conflicts follow from the split alone ([`lockmgr::citron::split::split`]).
 //!
@@ -43,11 +43,11 @@
 //! the share of requests in at least one.
 //!
 //! Assumptions (state of the seeds, not measured traces):
-//! - `io500-hard` (seed 000 §4.5): `P` ranks (default 64, the paper's thread count) write
+//! - `io500-hard` (CITRON §4.5): `P` ranks (default 64, the paper's thread count) write
 //!   47008-byte records into one shared file, record `i·P + r` by rank `r` in round `i`; the `P`
 //!   writes of a round are concurrent (IOR ranks are not synchronised per write; a round is the
 //!   natural window).
-//! - `btio` (seed 000 §4.3.1, NPB BT class D): a 408³ grid of 5 doubles (40 bytes) per point,
+//! - `btio` (CITRON §4.3.1, NPB BT class D): a 408³ grid of 5 doubles (40 bytes) per point,
 //!   stored x-fastest, one full dump (2.72 GB; the paper's 135.8 GB is 50 dumps) written without
 //!   collective buffering. `P = q²` processes; the multipartition decomposition cuts each axis
 //!   into `q` pieces, process `(i, j)` owns the cell `((i + c) mod q, (j + c) mod q, c)` of every
@@ -64,7 +64,7 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-/// The IO500 hard-write record size (seed 000 §4.5).
+/// The IO500 hard-write record size (CITRON §4.5).
 pub const IO500_HARD_RECORD: u64 = 47008;
 /// Grid points per axis of NPB BT class D.
 pub const BT_CLASS_D_GRID: u64 = super::btio::Class::D.n();

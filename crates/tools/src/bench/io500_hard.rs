@@ -1,4 +1,4 @@
-//! `citronfs bench io500-hard`: the IOR hard-write pattern of IO500 (seed 000 §4.5, Fig. 10),
+//! `citronfs bench io500-hard`: the IOR hard-write pattern of IO500 (CITRON §4.5, Fig. 10),
 //! lock-only, every lock scheme in one run — CITRON from a small tree that scales up as the
 //! offsets grow, against CITRON with the whole tree preallocated and the baselines.
 //!
@@ -325,7 +325,7 @@ pub fn run(args: &Io500HardArgs) -> Result<()> {
     } else if !args.json {
         println!();
         println!(
-            "IOR hard-write, lock-only (seed 000 §4.5): {} writes of {RECORD} B by {procs} ranks, \
+            "IOR hard-write, lock-only (CITRON §4.5): {} writes of {RECORD} B by {procs} ranks, \
              one thread and lock handle each, a tree of {units} lock units of {UNIT} B at the \
              end; {} \
              fabric. citron starts from a tree of {} units and scales up as the offsets grow; \
@@ -339,7 +339,7 @@ pub fn run(args: &Io500HardArgs) -> Result<()> {
     Ok(())
 }
 
-/// The smallest whole tree (64·4^k units, seed 000 §3.2) covering `units`.
+/// The smallest whole tree (64·4^k units, CITRON §3.2) covering `units`.
 fn whole_tree(units: u64) -> u64 {
     let mut n = 64;
     while n < units {

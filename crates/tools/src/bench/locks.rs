@@ -1,4 +1,4 @@
-//! `citronfs bench locks`: the range-lock microbenchmark of seed 000 §4.2 (Figures 6 and 7).
+//! `citronfs bench locks`: the range-lock microbenchmark of CITRON §4.2 (Figures 6 and 7).
 //!
 //! Every selected scheme runs in the same process, one after the other, on the same fabric
 //! backend: threads acquire and release in a closed loop, each request a range of `L` units
@@ -35,7 +35,7 @@ pub fn available_schemes() -> Vec<&'static str> {
     LockScheme::PLAIN.iter().map(LockScheme::name).collect()
 }
 
-/// Range sizes of the mixed workload (seed 000 §4.2, Figure 7): a third of the threads each.
+/// Range sizes of the mixed workload (CITRON §4.2, Figure 7): a third of the threads each.
 const MIXED_SIZES: [u64; 3] = [1, 16, 256];
 
 /// Most lock words a `seg` instance gets (32 MiB); segments beyond wrap onto them.
@@ -76,7 +76,7 @@ pub struct LocksArgs {
     /// with --mixed.
     #[arg(long)]
     pub seg_size: Option<u64>,
-    /// CITRON's `T_wait` in µs (seed 000 §3.5.5); by default it is derived from the
+    /// CITRON's `T_wait` in µs (CITRON §3.5.5); by default it is derived from the
     /// 90th-percentile round trip measured under load (2 threads per core) before the run,
     /// along the clients' path: the fabric's, or the host's own memory when they acquire at
     /// the host (`--citron-hosting`). A
@@ -261,7 +261,7 @@ fn scheme_kind(args: &LocksArgs, name: &str) -> Result<LockScheme> {
 }
 
 /// CITRON with `T_wait` given (0: measured by `create`). The tree covers N from the start
-/// (seed 000 §4.1: N = 2^28), so no scale-up happens.
+/// (CITRON §4.1: N = 2^28), so no scale-up happens.
 fn citron_kind(args: &LocksArgs, name: &str, t_wait_us: u64) -> LockScheme {
     LockScheme::Citron(CitronSpec {
         unit_count: args.units,

@@ -45,7 +45,7 @@ pub enum Bench {
     /// Range-lock schemes side by side (CITRON against the baselines): locks granted per second,
     /// acquire latency, aborts, round trips per acquire and release, CPU per lock.
     Locks(locks::LocksArgs),
-    /// False conflicts of CITRON's range split (seed 000 Fig. 11: k = 1, 2, 3, L up to 4096) or,
+    /// False conflicts of CITRON's range split (CITRON Fig. 11: k = 1, 2, 3, L up to 4096) or,
     /// with --pattern, of a lock unit size under an application's access pattern.
     FalseConflicts(false_conflicts::FalseConflictsArgs),
     /// The file system against tmpfs in one run: sequential 1 MiB and random 4 KiB reads and
@@ -57,16 +57,16 @@ pub enum Bench {
     /// sequential write and read) and a metadata pass (create, stat, unlink), with the ratios.
     /// The peers are set up from Debian's packages by bench/peers/ and torn down afterwards.
     Compare(compare::CompareArgs),
-    /// The NPB BT-IO output pattern (seed 000 §4.3.1): P processes on a square grid write
+    /// The NPB BT-IO output pattern (CITRON §4.3.1): P processes on a square grid write
     /// their rows of every output step into one shared file as interleaved, non-conflicting
     /// records, over C client processes (or library instances); every lock scheme in one run,
     /// the data read back and verified; bandwidth, p99 and the ratios to citron.
     Btio(btio::BtioArgs),
-    /// The distributed Filebench OLTP of seed 000 §4.3.2 (Table 2): per client 1 log writer,
+    /// The distributed Filebench OLTP of CITRON §4.3.2 (Table 2): per client 1 log writer,
     /// 10 data writers and 50 readers on 10 data files and a log of 10 MB, 8 KiB random I/O;
     /// every lock scheme in one run, every read checked whole; throughput and reader/writer p99.
     Oltp(oltp::OltpArgs),
-    /// IO500's IOR hard-write pattern, lock-only (seed 000 §4.5, Fig. 10): 47008 B records
+    /// IO500's IOR hard-write pattern, lock-only (CITRON §4.5, Fig. 10): 47008 B records
     /// interleaved by rank, replayed as locks by one thread per rank — CITRON scaling up from a
     /// small tree against a preallocated tree and the baselines, with throughput over time and
     /// each scale-up's duration; records or replays a trace file.

@@ -1,4 +1,4 @@
-//! `citronfs bench oltp`: the distributed Filebench OLTP workload of seed 000 §4.3.2 (Table 2)
+//! `citronfs bench oltp`: the distributed Filebench OLTP workload of CITRON §4.3.2 (Table 2)
 //! on CitronFS, every lock scheme in one run.
 //!
 //! Ten data files and one log file of 10 MB, shared by every client. Each client runs one log
@@ -211,7 +211,7 @@ pub fn run(args: &OltpArgs) -> Result<()> {
     if !args.common.json {
         println!();
         println!(
-            "Filebench OLTP (seed 000 §4.3.2): {} clients via {:?} on the {} fabric, each with 1 \
+            "Filebench OLTP (CITRON §4.3.2): {} clients via {:?} on the {} fabric, each with 1 \
              log writer, {DATA_WRITERS} data writers and {READERS} readers; 10 data files and 1 \
              log file of 10 MB; 8 KiB random reads and writes ({WRITES_PER_1000_READS} writes per \
              1000 reads), a 256 KiB log write per {READS_PER_LOG_WRITE} reads; {} s per scheme. \
