@@ -1,8 +1,10 @@
 //! The commands that run CitronFS: an embedded cluster (`up`), each role on its own host, the
-//! consistency checker (`fsck`), and a running cluster's state (`status`).
+//! consistency checker (`fsck`), a running cluster's state (`status`), and the metrics
+//! responder every role serves with `--metrics ADDR` (`metrics`).
 
 pub mod config;
 pub mod fsck;
+pub mod metrics;
 pub mod roles;
 pub mod status;
 pub mod up;

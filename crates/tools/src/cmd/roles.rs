@@ -17,6 +17,7 @@ use clap::{value_parser, Args};
 use data_server::{Backing, DataConfig, DataServer};
 use fabric::handshake::ConnectionLimits;
 use fabric::Backend;
+use fs_client::metrics::FuseMetrics;
 use fs_client::{CitronFs, MountOptions};
 use lockmgr::LockScheme;
 use meta_server::{MetaConfig, MetaServer};
@@ -451,6 +452,10 @@ pub struct MountArgs {
     /// 0 keeps /dev/fuse only.
     #[arg(long)]
     fuse_ring_threads: Option<usize>,
+    /// Serve Prometheus metrics over HTTP at this address (`GET /metrics`; port 0: any free
+    /// port, printed at start) [default: none, no metrics].
+    #[arg(long)]
+    metrics: Option<SocketAddr>,
 }
 
 impl RoleArgs for MountArgs {
@@ -483,6 +488,8 @@ pub struct MountConfig {
     pub batch_timeout_ms: u64,
     /// FUSE-over-io_uring threads per CPU (`FuseOptions::ring_threads_per_cpu`).
     pub fuse_ring_threads: usize,
+    /// Where Prometheus metrics are served over HTTP (`None`: nowhere).
+    pub metrics: Option<SocketAddr>,
 }
 
 impl Default for MountConfig {
@@ -497,6 +504,7 @@ impl Default for MountConfig {
             connect_timeout_ms: fabric::tcp::CONNECT_TIMEOUT.as_millis() as u64,
             batch_timeout_ms: fabric::tcp::BATCH_TIMEOUT.as_millis() as u64,
             fuse_ring_threads: fs_client::fuse::FuseOptions::default().ring_threads_per_cpu,
+            metrics: None,
         }
     }
 }
@@ -528,12 +536,21 @@ pub fn mount(args: MountArgs) -> Result<()> {
         eprintln!("citronfs mount: told to stop while connecting; not mounted");
         return Ok(());
     }
+    let fs = Arc::new(fs);
     let fuse = fs_client::fuse::FuseOptions {
         allow_other: !settings.private,
         ring_threads_per_cpu: settings.fuse_ring_threads,
+        metrics: settings.metrics.map(|_| FuseMetrics::new()),
         ..Default::default()
     };
-    let mount = Mount::at(Arc::new(fs), &args.mountpoint, &fuse)?;
+    if let (Some(addr), Some(fuse_metrics)) = (settings.metrics, &fuse.metrics) {
+        let mut registry = super::metrics::registry();
+        fuse_metrics.register(&mut registry);
+        fs_client::metrics::register_client(&mut registry, &fs);
+        let bound = super::metrics::serve(addr, registry)?;
+        eprintln!("metrics: http://{bound}{}", super::metrics::METRICS_PATH);
+    }
+    let mount = Mount::at(fs, &args.mountpoint, &fuse)?;
     eprintln!(
         "citronfs mounted at {}; Ctrl-C (or fusermount3 -u) unmounts",
         args.mountpoint.display()
