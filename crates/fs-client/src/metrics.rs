@@ -80,50 +80,6 @@ fn latency_histogram() -> Histogram {
     Histogram::new(latency_buckets())
 }
 
-/// The name of errno `e` (`ENOENT`), or its number for one not listed.
-pub fn errno_name(e: i32) -> String {
-    let name = match e {
-        libc::EPERM => "EPERM",
-        libc::ENOENT => "ENOENT",
-        libc::EINTR => "EINTR",
-        libc::EIO => "EIO",
-        libc::EBADF => "EBADF",
-        libc::EAGAIN => "EAGAIN",
-        libc::ENOMEM => "ENOMEM",
-        libc::EACCES => "EACCES",
-        libc::EBUSY => "EBUSY",
-        libc::EEXIST => "EEXIST",
-        libc::EXDEV => "EXDEV",
-        libc::ENODEV => "ENODEV",
-        libc::ENOTDIR => "ENOTDIR",
-        libc::EISDIR => "EISDIR",
-        libc::EINVAL => "EINVAL",
-        libc::EMFILE => "EMFILE",
-        libc::ENFILE => "ENFILE",
-        libc::ENOTTY => "ENOTTY",
-        libc::EFBIG => "EFBIG",
-        libc::ENOSPC => "ENOSPC",
-        libc::EROFS => "EROFS",
-        libc::ERANGE => "ERANGE",
-        libc::EDEADLK => "EDEADLK",
-        libc::ENAMETOOLONG => "ENAMETOOLONG",
-        libc::ENOLCK => "ENOLCK",
-        libc::ENOSYS => "ENOSYS",
-        libc::ENOTEMPTY => "ENOTEMPTY",
-        libc::ENODATA => "ENODATA",
-        libc::EPROTO => "EPROTO",
-        libc::EOVERFLOW => "EOVERFLOW",
-        libc::EOPNOTSUPP => "EOPNOTSUPP",
-        libc::ETIMEDOUT => "ETIMEDOUT",
-        libc::ENOTCONN => "ENOTCONN",
-        libc::ECONNREFUSED => "ECONNREFUSED",
-        libc::ESTALE => "ESTALE",
-        libc::EDQUOT => "EDQUOT",
-        _ => return e.to_string(),
-    };
-    name.to_string()
-}
-
 /// One operation's count and latency, made on its first request (so that only operations
 /// that happened are exported).
 struct OpSlot {
@@ -236,7 +192,7 @@ impl FuseMetrics {
                 .errors
                 .get_or_create(&ErrorLabels {
                     op: op.name(),
-                    errno: errno_name(errno),
+                    errno: proto::error::errno_name(errno),
                 })
                 .inc();
         }
@@ -445,7 +401,7 @@ mod tests {
         for (i, op) in FuseOp::ALL.iter().enumerate() {
             assert_eq!(*op as usize, i, "{}", op.name());
         }
-        assert_eq!(errno_name(libc::EIO), "EIO");
-        assert_eq!(errno_name(4095), "4095");
+        assert_eq!(proto::error::errno_name(libc::EIO), "EIO");
+        assert_eq!(proto::error::errno_name(4095), "4095");
     }
 }

@@ -162,6 +162,15 @@ fn up_serves_metrics_that_move_with_a_workload() {
     at_least("citronfs_fuse_read_bytes_total", data.len() as f64);
     at_least("citronfs_client_locked_ios_total", 2.0);
     at_least("citronfs_client_lock_acquires_total", 2.0);
+    at_least("citronfs_meta_requests_total{kind=\"create\"}", 1.0);
+    at_least(
+        "citronfs_meta_request_duration_seconds_count{kind=\"allocate_chunks\"}",
+        1.0,
+    );
+    at_least("citronfs_meta_sessions", 1.0);
+    at_least("citronfs_meta_data_servers{state=\"live\"}", 2.0);
+    at_least("citronfs_meta_capacity_bytes", (64 << 20) as f64);
+    at_least("citronfs_meta_used_bytes", data.len() as f64);
 
     // Anything else is not found.
     assert_eq!(get(&addr, "/").0, 404);

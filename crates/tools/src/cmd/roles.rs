@@ -107,6 +107,10 @@ pub struct MetaArgs {
     /// tcp].
     #[arg(long)]
     local_rpc: Option<PathBuf>,
+    /// Serve Prometheus metrics over HTTP at this address (`GET /metrics`; port 0: any free
+    /// port, printed at start) [default: none, no metrics].
+    #[arg(long)]
+    metrics: Option<SocketAddr>,
 }
 
 impl RoleArgs for MetaArgs {
@@ -164,6 +168,8 @@ pub struct MetaServerConfig {
     /// A Unix socket for clients on this host (`None`: `meta_server::MetaConfig::new`'s
     /// choice, in the region's directory on shm, none on tcp).
     pub local_rpc: Option<PathBuf>,
+    /// Where Prometheus metrics are served over HTTP (`None`: nowhere).
+    pub metrics: Option<SocketAddr>,
 }
 
 impl Default for MetaServerConfig {
@@ -188,6 +194,7 @@ impl Default for MetaServerConfig {
             max_sessions: meta_server::DEFAULT_MAX_SESSIONS,
             max_open_per_session: meta_server::DEFAULT_MAX_OPEN_PER_SESSION,
             local_rpc: None,
+            metrics: None,
         }
     }
 }
@@ -293,12 +300,20 @@ pub fn fuzz_config_seeds() -> Vec<Vec<u8>> {
 pub fn meta_server(args: MetaArgs) -> Result<()> {
     let settings = args.load()?;
     init_logging(&settings.log)?;
+    let metrics = settings.metrics;
     let config = settings.server_config()?;
     eprintln!(
         "citronfs meta-server: cluster {:?}, RPC on {}",
         config.cluster, config.listen
     );
-    MetaServer::run_forever(config)
+    let handle = MetaServer::start(config)?;
+    if let Some(addr) = metrics {
+        let mut registry = super::metrics::registry();
+        handle.register_metrics(&mut registry);
+        let bound = super::metrics::serve(addr, registry)?;
+        eprintln!("metrics: http://{bound}{}", super::metrics::METRICS_PATH);
+    }
+    MetaServer::serve_until_signal(handle)
 }
 
 /// Flags of `citronfs data-server`.

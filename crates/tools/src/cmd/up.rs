@@ -150,6 +150,7 @@ pub fn up(args: UpArgs) -> Result<()> {
             let mut registry = super::metrics::registry();
             fuse_metrics.register(&mut registry);
             fs_client::metrics::register_client(&mut registry, &fs);
+            cluster.meta().register_metrics(&mut registry);
             Some(super::metrics::serve(addr, registry)?)
         }
         _ => None,
