@@ -337,6 +337,10 @@ pub struct DataArgs {
     /// Keep the data in a file in this directory, so that it survives a restart.
     #[arg(long)]
     backing_dir: Option<PathBuf>,
+    /// Serve Prometheus metrics over HTTP at this address (`GET /metrics`; port 0: any free
+    /// port, printed at start) [default: none, no metrics].
+    #[arg(long)]
+    metrics: Option<SocketAddr>,
 }
 
 impl RoleArgs for DataArgs {
@@ -371,6 +375,8 @@ pub struct DataServerConfig {
     pub capacity: Size,
     /// Keep the data in a file in this directory (`None`: memory only).
     pub backing_dir: Option<PathBuf>,
+    /// Where Prometheus metrics are served over HTTP (`None`: nowhere).
+    pub metrics: Option<SocketAddr>,
 }
 
 impl Default for DataServerConfig {
@@ -386,6 +392,7 @@ impl Default for DataServerConfig {
             meta: DEFAULT_META_ADDR.to_string(),
             capacity: DEFAULT_DATA_CAPACITY,
             backing_dir: None,
+            metrics: None,
         }
     }
 }
@@ -422,7 +429,22 @@ pub fn data_server(args: DataArgs) -> Result<()> {
     signals.orderly_from_now();
     let settings = args.load()?;
     init_logging(&settings.log)?;
+    let metrics = settings.metrics;
     let mut handle = DataServer::start(settings.server_config()?)?;
+    if let Some(addr) = metrics {
+        // What the cluster's use of this server is, the meta server's metrics say
+        // (`citronfs_meta_*`); here, that it is up and what it serves.
+        let mut registry = super::metrics::registry();
+        let region = prometheus_client::metrics::gauge::Gauge::<i64>::default();
+        region.set(i64::try_from(handle.region_bytes()).unwrap_or(i64::MAX));
+        registry.register(
+            "data_region_bytes",
+            "Bytes of memory this data server serves",
+            region,
+        );
+        let bound = super::metrics::serve(addr, registry)?;
+        eprintln!("metrics: http://{bound}{}", super::metrics::METRICS_PATH);
+    }
     eprintln!(
         "citronfs data-server: id {}, serving {} bytes",
         handle.id(),
