@@ -96,6 +96,7 @@ use crate::backend::FsBackend;
 use crate::client::FileHandle as Fh;
 use crate::error::{Chain, Error};
 use crate::io::{Fallocate, SeekTo};
+use crate::metrics::{FuseMetrics, FuseOp, OpTimer};
 use fuser::{
     Config, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
     Generation, INodeNo, IoctlFlags, KernelConfig, MountOption, OpenFlags, PollEvents, PollFlags,
@@ -296,6 +297,10 @@ pub struct FuseOptions {
     /// helper gives the `HOST:PORT` it mounted, so that `mount -a` sees an fstab line as
     /// mounted. The type is always `fuse.` and the file system's name (`fuse.citronfs`).
     pub source: Option<String>,
+    /// Where to count every request (by operation, with its latency and its errno if it
+    /// failed) and the bytes read and written ([`crate::metrics::FuseMetrics`]); `None`
+    /// (the default) counts nothing.
+    pub metrics: Option<FuseMetrics>,
 }
 
 impl Default for FuseOptions {
@@ -306,6 +311,7 @@ impl Default for FuseOptions {
             attr_ttl: Duration::ZERO,
             ring_threads_per_cpu: 8,
             source: None,
+            metrics: None,
         }
     }
 }
@@ -535,6 +541,7 @@ pub fn mount<B: FsBackend>(
         rings_asked,
         negotiated: negotiated.clone(),
         waits: Arc::default(),
+        metrics: opts.metrics.clone(),
     };
     // The INIT handshake (and so `init`) is done when spawn_mount returns.
     let session =
@@ -661,6 +668,29 @@ struct FuseAdapter<B> {
     /// The `F_SETLKW` waits in progress, by the kernel's request id: an interrupt of one
     /// (its caller got a signal) sets its flag, and the wait ends with EINTR.
     waits: Arc<Mutex<HashMap<u64, Arc<AtomicBool>>>>,
+    /// Where requests are counted ([`FuseOptions::metrics`]).
+    metrics: Option<FuseMetrics>,
+}
+
+thread_local! {
+    /// The errno the request being answered on this thread got (0: none yet), set where
+    /// every error reply is logged ([`log_reply`]) and read when the request's [`Timing`]
+    /// ends. A request is answered on the thread it arrived on, but for the record-lock waits
+    /// answered from threads of their own, whose errors are not counted.
+    static ANSWERED_ERRNO: std::cell::Cell<i32> = const { std::cell::Cell::new(0) };
+}
+
+/// One request being answered, counted with its latency and errno when dropped (nothing
+/// without metrics).
+struct Timing<'m>(Option<OpTimer<'m>>);
+
+impl Drop for Timing<'_> {
+    fn drop(&mut self) {
+        let errno = ANSWERED_ERRNO.with(|e| e.replace(0));
+        if let Some(t) = &mut self.0 {
+            t.fail(errno);
+        }
+    }
 }
 
 /// The `F_SETLKW` waits in progress ([`FuseAdapter::waits`]), locked.
@@ -680,6 +710,7 @@ fn gone_or_failed(req: &Req<'_>, err: &Error) -> Errno {
                 error = %Chain(err),
                 "the inode has no name any more: ESTALE, and the kernel looks the name up again"
             );
+            ANSWERED_ERRNO.with(|e| e.set(libc::ESTALE));
             Errno::from_i32(libc::ESTALE)
         }
         _ => failed(req, err),
@@ -829,6 +860,7 @@ fn refused(req: &Req<'_>, errno: i32) -> Errno {
 }
 
 fn log_reply(req: &Req<'_>, errno: i32, cause: Option<&Error>) {
+    ANSWERED_ERRNO.with(|e| e.set(errno));
     // Field values are formatted only when the level is enabled: a quiet reply costs nothing
     // at the default level.
     let reply = std::io::Error::from_raw_os_error(errno);
@@ -942,6 +974,12 @@ fn file_attr(a: &Attr, blksize: u64) -> FileAttr {
 }
 
 impl<B: FsBackend> FuseAdapter<B> {
+    /// Starts timing a request of `op` ([`FuseOptions::metrics`]).
+    fn op(&self, op: FuseOp) -> Timing<'_> {
+        ANSWERED_ERRNO.with(|e| e.set(0));
+        Timing(self.metrics.as_ref().map(|m| m.start(op)))
+    }
+
     fn blksize(&self) -> u64 {
         self.fs.blksize()
     }
@@ -1037,11 +1075,13 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let _op = self.op(FuseOp::Lookup);
         let result = name_str(name).and_then(|n| self.fs.lookup(parent.0, n));
         self.entry(Req::name("lookup", parent, name), reply, result)
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let _op = self.op(FuseOp::Getattr);
         match self.fs.getattr(ino.0) {
             Ok(attr) => reply.attr(&self.ttl, &file_attr(&attr, self.blksize())),
             Err(e) => reply.error(gone_or_failed(&Req::ino("getattr", ino), &e)),
@@ -1066,6 +1106,7 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        let _op = self.op(FuseOp::Setattr);
         let set = SetAttr {
             perm: mode.map(|m| (m & 0o7777) as u16),
             uid,
@@ -1085,6 +1126,7 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let _op = self.op(FuseOp::Readlink);
         match self.fs.readlink(ino.0) {
             Ok(target) => reply.data(&target),
             Err(e) => reply.error(gone_or_failed(&Req::ino("readlink", ino), &e)),
@@ -1101,6 +1143,7 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        let _op = self.op(FuseOp::Mknod);
         let result = name_str(name).and_then(|n| {
             let kind = FileKind::from_mode(mode)
                 .ok_or_else(|| FsError::Invalid(format!("mode {mode:o} has no file type")))?;
@@ -1119,12 +1162,14 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
         umask: u32,
         reply: ReplyEntry,
     ) {
+        let _op = self.op(FuseOp::Mkdir);
         let perm = (mode & !umask & 0o7777) as u16;
         let result = name_str(name).and_then(|n| self.fs.mkdir(caller(req), parent.0, n, perm));
         self.entry(Req::name("mkdir", parent, name), reply, result)
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _op = self.op(FuseOp::Unlink);
         Self::empty(
             Req::name("unlink", parent, name),
             reply,
@@ -1133,6 +1178,7 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _op = self.op(FuseOp::Rmdir);
         Self::empty(
             Req::name("rmdir", parent, name),
             reply,
@@ -1148,6 +1194,7 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
         target: &Path,
         reply: ReplyEntry,
     ) {
+        let _op = self.op(FuseOp::Symlink);
         let result = name_str(link_name).and_then(|n| {
             let target = name_str(target.as_os_str())?;
             self.fs.symlink(caller(req), parent.0, n, target)
@@ -1165,6 +1212,7 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        let _op = self.op(FuseOp::Rename);
         let no_replace = flags.contains(RenameFlags::RENAME_NOREPLACE);
         let exchange = flags.contains(RenameFlags::RENAME_EXCHANGE);
         let known = RenameFlags::RENAME_NOREPLACE | RenameFlags::RENAME_EXCHANGE;
@@ -1192,11 +1240,13 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        let _op = self.op(FuseOp::Link);
         let result = name_str(newname).and_then(|n| self.fs.link(ino.0, newparent.0, n));
         self.entry(Req::name("link", newparent, newname), reply, result)
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let _op = self.op(FuseOp::Open);
         match self.fs.open(caller(req), ino.0, flags.0) {
             Ok(fh) => reply.opened(FileHandle(fh.0), self.open_flags(ino.0)),
             Err(e) => reply.error(gone_or_failed(&Req::ino("open", ino), &e)),
@@ -1214,6 +1264,7 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
         lock_owner: Option<fuser::LockOwner>,
         mut reply: ReplyData,
     ) {
+        let _op = self.op(FuseOp::Read);
         // Direct I/O names the reading process's lock owner: one that lost a record lock of
         // the file reads nothing more of it until it unlocks or closes it.
         let owner_ok = |o: fuser::LockOwner| self.fs.check_record_locks(Fh(fh.0), o.0);
@@ -1227,12 +1278,22 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
         let len = size as usize;
         if let Some(buf) = reply.buffer().filter(|buf| buf.len() >= len) {
             return match self.fs.read_in_place(Fh(fh.0), offset, len, buf) {
-                Ok(n) => reply.data_in_place(n),
+                Ok(n) => {
+                    if let Some(m) = &self.metrics {
+                        m.read_bytes(n);
+                    }
+                    reply.data_in_place(n)
+                }
                 Err(e) => reply.error(fail(e)),
             };
         }
         match self.fs.read(Fh(fh.0), offset, len) {
-            Ok(data) => reply.data(data.as_ref()),
+            Ok(data) => {
+                if let Some(m) = &self.metrics {
+                    m.read_bytes(data.as_ref().len());
+                }
+                reply.data(data.as_ref())
+            }
             Err(e) => reply.error(fail(e)),
         }
     }
@@ -1249,6 +1310,7 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
         lock_owner: Option<fuser::LockOwner>,
         reply: ReplyWrite,
     ) {
+        let _op = self.op(FuseOp::Write);
         // Direct I/O: the kernel clears no set-ID bits itself; it flags every write by a
         // caller without CAP_FSETID, whatever was negotiated (see the module docs).
         let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
@@ -1258,7 +1320,12 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
             .map_or(Ok(()), owner_ok)
             .and_then(|()| self.fs.write_as(Fh(fh.0), offset, data, kill))
         {
-            Ok(n) => reply.written(n as u32),
+            Ok(n) => {
+                if let Some(m) = &self.metrics {
+                    m.written_bytes(n);
+                }
+                reply.written(n as u32)
+            }
             Err(e) => {
                 let req = Req::io("write", ino, fh, offset, data.len() as u64);
                 reply.error(failed(&req, &e))
@@ -1276,6 +1343,7 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        let _op = self.op(FuseOp::Fallocate);
         let r = Req::io("fallocate", ino, fh, offset, length);
         let Some(how) = Fallocate::from_mode(mode) else {
             return reply.error(refused(&r, libc::EOPNOTSUPP));
@@ -1298,6 +1366,7 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
         lock_owner: fuser::LockOwner,
         reply: ReplyEmpty,
     ) {
+        let _op = self.op(FuseOp::Flush);
         // Every close where the backend keeps record locks; else only where the kernel
         // ignores FOPEN_NOFLUSH (see the module docs). The closing owner's locks go (POSIX).
         let result = self
@@ -1319,6 +1388,7 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
         _pid: u32,
         reply: ReplyLock,
     ) {
+        let _op = self.op(FuseOp::Getlk);
         let r = Req::fh("getlk", ino, fh);
         let kind = match RecordKind::from_fcntl(typ) {
             Ok(Some(kind)) => kind,
@@ -1367,6 +1437,7 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
         sleep: bool,
         reply: ReplyEmpty,
     ) {
+        let _op = self.op(FuseOp::Setlk);
         let r = Req::fh("setlk", ino, fh);
         let kind = match RecordKind::from_fcntl(typ) {
             Ok(kind) => kind,
@@ -1433,6 +1504,7 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
+        let _op = self.op(FuseOp::Release);
         Self::empty(
             Req::fh("release", ino, fh),
             reply,
@@ -1448,10 +1520,12 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        let _op = self.op(FuseOp::Fsync);
         Self::empty(Req::fh("fsync", ino, fh), reply, self.fs.fsync(Fh(fh.0)))
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let _op = self.op(FuseOp::Opendir);
         match self.fs.getattr(ino.0) {
             Ok(attr) if attr.kind == FileKind::Dir => {
                 reply.opened(FileHandle(0), FopenFlags::empty())
@@ -1469,6 +1543,7 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        let _op = self.op(FuseOp::Readdir);
         let mut cookie = offset;
         loop {
             let entries = match self.fs.readdir(ino.0, cookie, 128) {
@@ -1501,6 +1576,7 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        let _op = self.op(FuseOp::Readdirplus);
         let mut cookie = offset;
         loop {
             let entries = match self.fs.readdirplus(ino.0, cookie, 128) {
@@ -1535,6 +1611,7 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        let _op = self.op(FuseOp::Fsyncdir);
         // Every namespace change is a committed sled transaction when its reply arrives.
         reply.ok()
     }
@@ -1554,6 +1631,7 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
         _out_size: u32,
         reply: ReplyIoctl,
     ) {
+        let _op = self.op(FuseOp::Ioctl);
         // No ioctl is defined on CitronFS files: ENOTTY, as a local file system answers one it
         // does not know (Python's open() asks TCGETS of every file, through isatty).
         reply.error(refused(&Req::fh("ioctl", ino, fh), libc::ENOTTY))
@@ -1568,6 +1646,7 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
         whence: i32,
         reply: ReplyLseek,
     ) {
+        let _op = self.op(FuseOp::Lseek);
         let r = Req::fh("lseek", ino, fh);
         // Only SEEK_DATA and SEEK_HOLE come here: the kernel answers the others itself.
         let (Some(to), Ok(from)) = (SeekTo::from_whence(whence), u64::try_from(offset)) else {
@@ -1593,6 +1672,7 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
         _flags: PollFlags,
         reply: ReplyPoll,
     ) {
+        let _op = self.op(FuseOp::Poll);
         // The kernel then reports a file here always ready, as for a regular file anywhere,
         // and asks this mount no more.
         reply.error(refused(&Req::fh("poll", ino, fh), libc::ENOSYS))
@@ -1611,6 +1691,7 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
         _flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
+        let _op = self.op(FuseOp::CopyFileRange);
         // The kernel then copies through reads and writes (each a locked I/O of its own) and
         // asks this mount no more.
         reply.error(refused(
@@ -1620,6 +1701,7 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
     }
 
     fn statfs(&self, _req: &Request, ino: INodeNo, reply: ReplyStatfs) {
+        let _op = self.op(FuseOp::Statfs);
         match self.fs.statfs() {
             Ok(s) => {
                 let bsize = s.block_size.min(u32::MAX as u64) as u32;
@@ -1650,6 +1732,7 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        let _op = self.op(FuseOp::Setxattr);
         let mode = if flags & libc::XATTR_CREATE != 0 {
             XattrMode::Create
         } else if flags & libc::XATTR_REPLACE != 0 {
@@ -1666,6 +1749,7 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let _op = self.op(FuseOp::Getxattr);
         let req = Req::name("getxattr", ino, name);
         if is_posix_acl(name) {
             return reply.error(refused(&req, libc::EOPNOTSUPP));
@@ -1677,6 +1761,7 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let _op = self.op(FuseOp::Listxattr);
         match self.fs.listxattr(ino.0) {
             Ok(names) => {
                 let mut list = Vec::new();
@@ -1691,6 +1776,7 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _op = self.op(FuseOp::Removexattr);
         let req = Req::name("removexattr", ino, name);
         if is_posix_acl(name) {
             return reply.error(refused(&req, libc::EOPNOTSUPP));
@@ -1700,6 +1786,7 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: fuser::AccessFlags, reply: ReplyEmpty) {
+        let _op = self.op(FuseOp::Access);
         // default_permissions: the kernel checks mode bits itself.
         reply.ok()
     }
@@ -1714,6 +1801,7 @@ impl<B: FsBackend> Filesystem for FuseAdapter<B> {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        let _op = self.op(FuseOp::Create);
         let perm = (mode & !umask & 0o7777) as u16;
         let result =
             name_str(name).and_then(|n| self.fs.create(caller(req), parent.0, n, perm, flags));

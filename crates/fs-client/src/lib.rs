@@ -11,6 +11,8 @@
 //!   stores nothing, for measuring the FUSE path by itself (`citronfs bench fs --fs null`).
 //! - [`plan`]: the byte-range arithmetic of the data path (lock units, chunks, verb batches).
 //! - [`locks`]: how each lock scheme is opened on a file.
+//! - [`metrics`]: Prometheus metrics of a mount (FUSE requests by operation, bytes, the
+//!   library's I/O and range-lock counters), registered into a registry the caller owns.
 //!
 //! Inside the library, one module per concept: `namespace` (RPC wrappers), `handles` (file
 //! handles and open inodes), `io` (the locked I/O), `workers` (per-thread data-path state),
@@ -48,6 +50,7 @@ mod io;
 mod lock_cache;
 pub mod locks;
 mod meta;
+pub mod metrics;
 mod namespace;
 #[cfg(feature = "fuse")]
 pub mod null;

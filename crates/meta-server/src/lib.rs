@@ -21,6 +21,7 @@ pub mod alloc;
 mod awake;
 mod dentries;
 pub mod fsck;
+pub mod metrics;
 mod reclaim;
 mod requests;
 pub mod rpc;
@@ -409,7 +410,12 @@ impl MetaServer {
     /// Runs a meta server until SIGINT or SIGTERM, then shuts it down cleanly (the
     /// `citronfs meta-server` role).
     pub fn run_forever(config: MetaConfig) -> anyhow::Result<()> {
-        let mut handle = Self::start(config)?;
+        Self::serve_until_signal(Self::start(config)?)
+    }
+
+    /// Serves with `handle` (a server [`MetaServer::start`] started) until SIGINT or SIGTERM,
+    /// then shuts it down cleanly.
+    pub fn serve_until_signal(mut handle: MetaHandle) -> anyhow::Result<()> {
         let waiter = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -644,6 +650,21 @@ impl MetaHandle {
         self.inner
             .as_ref()
             .is_none_or(|r| r.service.reclaimer_idle(timeout))
+    }
+
+    /// Registers the server's metrics in `registry` (see [`metrics`]): requests by kind, with
+    /// their latency and errors, counted from now on, and the cluster's state (sessions, open
+    /// files, data servers, capacity) read at each scrape. Call it once per server.
+    pub fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        let Some(running) = &self.inner else {
+            return;
+        };
+        running
+            .service
+            .set_metrics(metrics::RequestMetrics::register(registry));
+        registry.register_collector(Box::new(metrics::StateCollector {
+            service: Arc::downgrade(&running.service),
+        }));
     }
 
     /// Client requests (RPCs) the server has handled since it started, heartbeats excepted

@@ -75,6 +75,85 @@ pub(crate) fn traits(request: &Request) -> Traits {
     }
 }
 
+/// The names of the request kinds, the `kind` label of the meta server's request metrics,
+/// indexed by [`kind`].
+pub(crate) const KIND_NAMES: [&str; 34] = [
+    "heartbeat",
+    "cluster",
+    "lookup",
+    "get_attr",
+    "set_attr",
+    "mknod",
+    "mkdir",
+    "symlink",
+    "link",
+    "unlink",
+    "rmdir",
+    "rename",
+    "readlink",
+    "read_dir",
+    "read_dir_plus",
+    "statfs",
+    "set_xattr",
+    "get_xattr",
+    "list_xattr",
+    "remove_xattr",
+    "open",
+    "release",
+    "chunk_map",
+    "allocate_chunks",
+    "fsync",
+    "allocate_lock_words",
+    "fence",
+    "await_revocations",
+    "fsck",
+    "create",
+    "free_chunks",
+    "get_lk",
+    "set_lk",
+    "status",
+];
+
+/// The kind of `request`: its index in [`KIND_NAMES`].
+pub(crate) fn kind(request: &Request) -> usize {
+    match request {
+        Request::Heartbeat => 0,
+        Request::Cluster => 1,
+        Request::Lookup { .. } => 2,
+        Request::GetAttr { .. } => 3,
+        Request::SetAttr { .. } => 4,
+        Request::Mknod { .. } => 5,
+        Request::Mkdir { .. } => 6,
+        Request::Symlink { .. } => 7,
+        Request::Link { .. } => 8,
+        Request::Unlink { .. } => 9,
+        Request::Rmdir { .. } => 10,
+        Request::Rename { .. } => 11,
+        Request::Readlink { .. } => 12,
+        Request::ReadDir { .. } => 13,
+        Request::ReadDirPlus { .. } => 14,
+        Request::Statfs => 15,
+        Request::SetXattr { .. } => 16,
+        Request::GetXattr { .. } => 17,
+        Request::ListXattr { .. } => 18,
+        Request::RemoveXattr { .. } => 19,
+        Request::Open { .. } => 20,
+        Request::Release { .. } => 21,
+        Request::ChunkMap { .. } => 22,
+        Request::AllocateChunks { .. } => 23,
+        Request::Fsync { .. } => 24,
+        Request::AllocateLockWords { .. } => 25,
+        Request::Fence => 26,
+        Request::AwaitRevocations { .. } => 27,
+        Request::Fsck(..) => 28,
+        Request::Create { .. } => 29,
+        Request::FreeChunks { .. } => 30,
+        Request::GetLk { .. } => 31,
+        Request::SetLk { .. } => 32,
+        Request::Status => 33,
+    }
+}
+
 /// Whether a request frame counts as a client request (`MetaHandle::request_count`, and of
 /// those `awake_count`): every request but a heartbeat, and a heartbeat that carries releases
 /// (a client's idle closes), since those do a client's work.

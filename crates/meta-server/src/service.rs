@@ -258,6 +258,8 @@ pub(crate) struct Service {
     /// state lock's waits included; not the transport's): what `citronfs bench meta` shows as
     /// the server's share of an operation.
     request_ns: std::sync::atomic::AtomicU64,
+    /// Per request kind metrics, once registered (`MetaHandle::register_metrics`).
+    metrics: std::sync::OnceLock<crate::metrics::RequestMetrics>,
     /// Freed chunks on their way to being zeroed and recycled ([`crate::reclaim`]).
     reclaimer: crate::reclaim::Reclaimer,
     /// One mutex per data server name, held across each registration of that server
@@ -373,6 +375,7 @@ impl Service {
             layout_epoch: std::sync::atomic::AtomicU64::new(1),
             requests: std::sync::atomic::AtomicU64::new(0),
             request_ns: std::sync::atomic::AtomicU64::new(0),
+            metrics: std::sync::OnceLock::new(),
             reclaimer: crate::reclaim::Reclaimer::default(),
             registering: Mutex::new(HashMap::new()),
             records: Mutex::new(proto::records::Table::default()),
@@ -1539,6 +1542,7 @@ impl Service {
         expires: Option<Instant>,
     ) -> Result<Response, FsError> {
         let counted = crate::requests::counted(&request, &release_first);
+        let kind = crate::requests::kind(&request);
         let start = Instant::now();
         for ino in release_first {
             if let Err(error) = self.handle_timed(session, Request::Release { ino }, None) {
@@ -1546,6 +1550,10 @@ impl Service {
             }
         }
         let result = self.handle_timed(session, request, expires);
+        if let Some(metrics) = self.metrics.get() {
+            let errno = result.as_ref().err().map(FsError::errno);
+            metrics.record(kind, start.elapsed().as_secs_f64(), errno);
+        }
         if counted {
             self.requests
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -2172,6 +2180,20 @@ impl Service {
             inodes: self.store.inode_count()?,
             free_inodes: free_blocks,
         })
+    }
+
+    /// Counts every request from now on in `metrics` (the first call wins).
+    pub(crate) fn set_metrics(&self, metrics: crate::metrics::RequestMetrics) {
+        let _ = self.metrics.set(metrics);
+    }
+
+    /// The cluster's status now, as `citronfs status` gets it (for the metrics' collector).
+    pub(crate) fn status_now(&self) -> Result<proto::status::ClusterStatus, FsError> {
+        Ok(crate::status::report(
+            self.status_facts()?,
+            0,
+            Instant::now(),
+        ))
     }
 
     /// Client requests handled since start, heartbeats excepted.

@@ -204,6 +204,50 @@ impl From<fabric::FabricError> for FsError {
     }
 }
 
+/// The name of errno `e` (`ENOENT`), or its number for one not listed.
+pub fn errno_name(e: i32) -> String {
+    let name = match e {
+        libc::EPERM => "EPERM",
+        libc::ENOENT => "ENOENT",
+        libc::EINTR => "EINTR",
+        libc::EIO => "EIO",
+        libc::EBADF => "EBADF",
+        libc::EAGAIN => "EAGAIN",
+        libc::ENOMEM => "ENOMEM",
+        libc::EACCES => "EACCES",
+        libc::EBUSY => "EBUSY",
+        libc::EEXIST => "EEXIST",
+        libc::EXDEV => "EXDEV",
+        libc::ENODEV => "ENODEV",
+        libc::ENOTDIR => "ENOTDIR",
+        libc::EISDIR => "EISDIR",
+        libc::EINVAL => "EINVAL",
+        libc::EMFILE => "EMFILE",
+        libc::ENFILE => "ENFILE",
+        libc::ENOTTY => "ENOTTY",
+        libc::EFBIG => "EFBIG",
+        libc::ENOSPC => "ENOSPC",
+        libc::EROFS => "EROFS",
+        libc::ERANGE => "ERANGE",
+        libc::EDEADLK => "EDEADLK",
+        libc::ENAMETOOLONG => "ENAMETOOLONG",
+        libc::ENOLCK => "ENOLCK",
+        libc::ENOSYS => "ENOSYS",
+        libc::ENOTEMPTY => "ENOTEMPTY",
+        libc::ENODATA => "ENODATA",
+        libc::EPROTO => "EPROTO",
+        libc::EOVERFLOW => "EOVERFLOW",
+        libc::EOPNOTSUPP => "EOPNOTSUPP",
+        libc::ETIMEDOUT => "ETIMEDOUT",
+        libc::ENOTCONN => "ENOTCONN",
+        libc::ECONNREFUSED => "ECONNREFUSED",
+        libc::ESTALE => "ESTALE",
+        libc::EDQUOT => "EDQUOT",
+        _ => return e.to_string(),
+    };
+    name.to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,6 +17,7 @@ use clap::{value_parser, Args};
 use data_server::{Backing, DataConfig, DataServer};
 use fabric::handshake::ConnectionLimits;
 use fabric::Backend;
+use fs_client::metrics::FuseMetrics;
 use fs_client::{CitronFs, MountOptions};
 use lockmgr::LockScheme;
 use meta_server::{MetaConfig, MetaServer};
@@ -106,6 +107,10 @@ pub struct MetaArgs {
     /// tcp].
     #[arg(long)]
     local_rpc: Option<PathBuf>,
+    /// Serve Prometheus metrics over HTTP at this address (`GET /metrics`; port 0: any free
+    /// port, printed at start) [default: none, no metrics].
+    #[arg(long)]
+    metrics: Option<SocketAddr>,
 }
 
 impl RoleArgs for MetaArgs {
@@ -165,6 +170,8 @@ pub struct MetaServerConfig {
     /// A Unix socket for clients on this host (`None`: `meta_server::MetaConfig::new`'s
     /// choice, in the region's directory on shm, none on tcp).
     pub local_rpc: Option<PathBuf>,
+    /// Where Prometheus metrics are served over HTTP (`None`: nowhere).
+    pub metrics: Option<SocketAddr>,
 }
 
 impl Default for MetaServerConfig {
@@ -190,6 +197,7 @@ impl Default for MetaServerConfig {
             max_sessions: meta_server::DEFAULT_MAX_SESSIONS,
             max_open_per_session: meta_server::DEFAULT_MAX_OPEN_PER_SESSION,
             local_rpc: None,
+            metrics: None,
         }
     }
 }
@@ -295,12 +303,20 @@ pub fn fuzz_config_seeds() -> Vec<Vec<u8>> {
 pub fn meta_server(args: MetaArgs) -> Result<()> {
     let settings = args.load()?;
     init_logging(&settings.log)?;
+    let metrics = settings.metrics;
     let config = settings.server_config()?;
     eprintln!(
         "citronfs meta-server: cluster {:?}, RPC on {}",
         config.cluster, config.listen
     );
-    MetaServer::run_forever(config)
+    let handle = MetaServer::start(config)?;
+    if let Some(addr) = metrics {
+        let mut registry = super::metrics::registry();
+        handle.register_metrics(&mut registry);
+        let bound = super::metrics::serve(addr, registry)?;
+        eprintln!("metrics: http://{bound}{}", super::metrics::METRICS_PATH);
+    }
+    MetaServer::serve_until_signal(handle)
 }
 
 /// Flags of `citronfs data-server`.
@@ -324,6 +340,10 @@ pub struct DataArgs {
     /// Keep the data in a file in this directory, so that it survives a restart.
     #[arg(long)]
     backing_dir: Option<PathBuf>,
+    /// Serve Prometheus metrics over HTTP at this address (`GET /metrics`; port 0: any free
+    /// port, printed at start) [default: none, no metrics].
+    #[arg(long)]
+    metrics: Option<SocketAddr>,
 }
 
 impl RoleArgs for DataArgs {
@@ -360,6 +380,8 @@ pub struct DataServerConfig {
     pub capacity: Size,
     /// Keep the data in a file in this directory (`None`: memory only).
     pub backing_dir: Option<PathBuf>,
+    /// Where Prometheus metrics are served over HTTP (`None`: nowhere).
+    pub metrics: Option<SocketAddr>,
 }
 
 impl Default for DataServerConfig {
@@ -376,6 +398,7 @@ impl Default for DataServerConfig {
             meta: DEFAULT_META_ADDR.to_string(),
             capacity: DEFAULT_DATA_CAPACITY,
             backing_dir: None,
+            metrics: None,
         }
     }
 }
@@ -412,7 +435,22 @@ pub fn data_server(args: DataArgs) -> Result<()> {
     signals.orderly_from_now();
     let settings = args.load()?;
     init_logging(&settings.log)?;
+    let metrics = settings.metrics;
     let mut handle = DataServer::start(settings.server_config()?)?;
+    if let Some(addr) = metrics {
+        // What the cluster's use of this server is, the meta server's metrics say
+        // (`citronfs_meta_*`); here, that it is up and what it serves.
+        let mut registry = super::metrics::registry();
+        let region = prometheus_client::metrics::gauge::Gauge::<i64>::default();
+        region.set(i64::try_from(handle.region_bytes()).unwrap_or(i64::MAX));
+        registry.register(
+            "data_region_bytes",
+            "Bytes of memory this data server serves",
+            region,
+        );
+        let bound = super::metrics::serve(addr, registry)?;
+        eprintln!("metrics: http://{bound}{}", super::metrics::METRICS_PATH);
+    }
     eprintln!(
         "citronfs data-server: id {}, serving {} bytes",
         handle.id(),
@@ -457,6 +495,10 @@ pub struct MountArgs {
     /// 0 keeps /dev/fuse only.
     #[arg(long)]
     fuse_ring_threads: Option<usize>,
+    /// Serve Prometheus metrics over HTTP at this address (`GET /metrics`; port 0: any free
+    /// port, printed at start) [default: none, no metrics].
+    #[arg(long)]
+    metrics: Option<SocketAddr>,
 }
 
 impl RoleArgs for MountArgs {
@@ -491,6 +533,8 @@ pub struct MountConfig {
     pub batch_timeout_ms: u64,
     /// FUSE-over-io_uring threads per CPU (`FuseOptions::ring_threads_per_cpu`).
     pub fuse_ring_threads: usize,
+    /// Where Prometheus metrics are served over HTTP (`None`: nowhere).
+    pub metrics: Option<SocketAddr>,
 }
 
 impl Default for MountConfig {
@@ -506,6 +550,7 @@ impl Default for MountConfig {
             connect_timeout_ms: fabric::tcp::CONNECT_TIMEOUT.as_millis() as u64,
             batch_timeout_ms: fabric::tcp::BATCH_TIMEOUT.as_millis() as u64,
             fuse_ring_threads: fs_client::fuse::FuseOptions::default().ring_threads_per_cpu,
+            metrics: None,
         }
     }
 }
@@ -566,13 +611,22 @@ pub fn mount_with(
         eprintln!("citronfs mount: told to stop while connecting; not mounted");
         return Ok(());
     }
+    let fs = Arc::new(fs);
     let fuse = fs_client::fuse::FuseOptions {
         allow_other: !settings.private,
         ring_threads_per_cpu: settings.fuse_ring_threads,
         source,
+        metrics: settings.metrics.map(|_| FuseMetrics::new()),
         ..Default::default()
     };
-    let mount = Mount::at(Arc::new(fs), &args.mountpoint, &fuse)?;
+    if let (Some(addr), Some(fuse_metrics)) = (settings.metrics, &fuse.metrics) {
+        let mut registry = super::metrics::registry();
+        fuse_metrics.register(&mut registry);
+        fs_client::metrics::register_client(&mut registry, &fs);
+        let bound = super::metrics::serve(addr, registry)?;
+        eprintln!("metrics: http://{bound}{}", super::metrics::METRICS_PATH);
+    }
+    let mount = Mount::at(fs, &args.mountpoint, &fuse)?;
     mounted(&mount);
     mount.wait_for_signal(signals.flag()).context("unmount")
 }

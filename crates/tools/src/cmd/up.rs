@@ -6,7 +6,9 @@ use super::roles::atomic_bound_line;
 use anyhow::{Context, Result};
 use clap::{value_parser, Args};
 use fabric::Backend;
+use fs_client::metrics::FuseMetrics;
 use lockmgr::LockScheme;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use testkit::{BackingKind, Cluster, ClusterSpec, Mount};
@@ -50,6 +52,10 @@ pub struct UpArgs {
     /// /dev/fuse. 0 keeps /dev/fuse only.
     #[arg(long, default_value_t = fs_client::fuse::FuseOptions::default().ring_threads_per_cpu)]
     fuse_ring_threads: usize,
+    /// Serve Prometheus metrics of the whole embedded cluster and its mount over HTTP at this
+    /// address (`GET /metrics`; port 0: any free port, printed at start).
+    #[arg(long)]
+    metrics: Option<SocketAddr>,
 }
 
 /// The default `--memory` (see its help): a quarter of `MemAvailable`, at most half the free
@@ -113,6 +119,7 @@ pub fn up(args: UpArgs) -> Result<()> {
     let fuse = fs_client::fuse::FuseOptions {
         allow_other: !args.private,
         ring_threads_per_cpu: args.fuse_ring_threads,
+        metrics: args.metrics.map(|_| FuseMetrics::new()),
         ..Default::default()
     };
     // Before anything starts: a shared mount this user may not make is a usage error.
@@ -137,7 +144,18 @@ pub fn up(args: UpArgs) -> Result<()> {
     })?;
     // A signal that came while the cluster started ends the run once mounted (in order).
     signals.orderly_from_now();
-    let mount = Mount::at(Arc::new(cluster.client()?), &args.mountpoint, &fuse)?;
+    let fs = Arc::new(cluster.client()?);
+    let metrics = match (args.metrics, &fuse.metrics) {
+        (Some(addr), Some(fuse_metrics)) => {
+            let mut registry = super::metrics::registry();
+            fuse_metrics.register(&mut registry);
+            fs_client::metrics::register_client(&mut registry, &fs);
+            cluster.meta().register_metrics(&mut registry);
+            Some(super::metrics::serve(addr, registry)?)
+        }
+        _ => None,
+    };
+    let mount = Mount::at(fs, &args.mountpoint, &fuse)?;
 
     println!("CitronFS is up:");
     println!(
@@ -171,6 +189,12 @@ pub fn up(args: UpArgs) -> Result<()> {
     );
     println!("  atomic I/O    {}", atomic_bound_line(mount.io_limits()));
     println!("  FUSE requests over {}", mount.fuse_rings());
+    if let Some(bound) = metrics {
+        println!(
+            "  metrics       http://{bound}{}",
+            super::metrics::METRICS_PATH
+        );
+    }
     // Another client of this cluster, for this machine's other users or a second mount: it
     // needs the token, printed here only (the cluster's secret, made fresh for this run). The
     // executable by its path, so that the line works as printed after `cargo run` too.
