@@ -194,6 +194,10 @@ pub struct FsArgs {
     /// milliseconds [default: the mount's default, 0: every stat reaches the file system].
     #[arg(long)]
     attr_ttl_ms: Option<u64>,
+    /// Count every FUSE request on the FUSE mounts as `--metrics` does (by operation, with its
+    /// latency), to measure what counting costs; nothing is served.
+    #[arg(long)]
+    fuse_metrics: bool,
     /// Data servers of the embedded cluster (files are striped over them).
     #[arg(long, default_value_t = 2)]
     data_servers: usize,
@@ -374,6 +378,7 @@ pub fn run(args: &FsArgs) -> Result<()> {
         attr_ttl: args
             .attr_ttl_ms
             .map_or(testkit::fuse_options().attr_ttl, Duration::from_millis),
+        metrics: args.fuse_metrics.then(fs_client::metrics::FuseMetrics::new),
         ..testkit::fuse_options()
     };
     let schemes: Vec<LockScheme> = args.scheme.clone();
