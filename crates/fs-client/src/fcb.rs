@@ -379,7 +379,7 @@ impl Inner {
             };
             self.read_fcb(&mut w, &inode).map(Some)
         });
-        self.close_inode(attr.ino);
+        self.unpin_open(attr.ino);
         Ok(match found? {
             Some(found) => fcb::live(attr, found.size, found.mtime),
             None => attr,

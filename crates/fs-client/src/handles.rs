@@ -163,6 +163,9 @@ struct OpenEntry {
     busy: bool,
     /// Where the release of a closed inode (no handles) stands.
     linger: Linger,
+    /// Readers of the FCB right now ([`Inner::pin_open`]): while any, a queued release is not
+    /// handed to a call (it stays queued for a later one).
+    pins: usize,
 }
 
 /// Whether an open found this client holding the inode already ([`Inner::open_inode_first`]).
@@ -203,6 +206,7 @@ impl Riders for HandleTable {
             entries, lingering, ..
         } = &mut *open;
         let mut riding = Vec::new();
+        let mut pinned = Vec::new();
         let mut ended = false;
         for ino in lingering.drain(..) {
             let Some(entry) = entries.get_mut(&ino) else {
@@ -210,6 +214,11 @@ impl Riders for HandleTable {
             };
             // Reopened since (No), or listed twice (closed, reopened, closed: Riding).
             if entry.linger != Linger::Queued {
+                continue;
+            }
+            // Its FCB is being read: released by a later call.
+            if entry.pins > 0 {
+                pinned.push(ino);
                 continue;
             }
             let Some(inode) = entry.inode.clone() else {
@@ -225,6 +234,7 @@ impl Riders for HandleTable {
             entry.linger = Linger::Riding;
             riding.push(ino);
         }
+        *lingering = pinned;
         drop(open);
         if ended {
             self.close_epoch.fetch_add(1, Ordering::Relaxed);
@@ -394,11 +404,12 @@ impl Inner {
     }
 
     /// `ino`, if this client has it open (lingering included: the meta server still holds
-    /// that open and its FCB), counted as one more open until the caller's
-    /// [`Inner::close_inode`], so that the open is not released while the caller reads its
-    /// FCB (a lingering open's release would otherwise ride on another thread's call at any
-    /// moment, and the block be freed and given to another file under the read). `None` while
-    /// its `Open` or its release is in flight: the meta server may have freed the FCB already.
+    /// that open and its FCB), pinned until the caller's [`Inner::unpin_open`], so that the
+    /// open is not released while the caller reads its FCB (a lingering open's release would
+    /// otherwise ride on another thread's call at any moment, and the block be freed and given
+    /// to another file under the read: `Riders::take` keeps a pinned release queued). `None`
+    /// while its `Open` or its release is in flight: the meta server may have freed the FCB
+    /// already. A pin is not an open: a lingering inode stays queued, listed once.
     pub(crate) fn pin_open(&self, ino: Ino) -> Option<Arc<OpenInode>> {
         let mut open = self.files.open_inodes();
         let entry = open.entries.get_mut(&ino)?;
@@ -409,9 +420,15 @@ impl Inner {
         if inode.closed.load(Ordering::Relaxed) {
             return None;
         }
-        entry.handles += 1;
-        entry.linger = Linger::No;
+        entry.pins += 1;
         Some(inode)
+    }
+
+    /// Ends a [`Inner::pin_open`] of `ino`.
+    pub(crate) fn unpin_open(&self, ino: Ino) {
+        if let Some(entry) = self.files.open_inodes().entries.get_mut(&ino) {
+            entry.pins = entry.pins.saturating_sub(1);
+        }
     }
 
     /// Counts one more open of `ino` on this client, sending `Open` on the first (without
@@ -442,6 +459,7 @@ impl Inner {
                 handles: 0,
                 busy: true,
                 linger: Linger::No,
+                pins: 0,
             },
         );
         drop(open);
@@ -551,6 +569,7 @@ impl Inner {
                 handles: 1,
                 busy: false,
                 linger: Linger::No,
+                pins: 0,
             },
         );
         Ok(inode)

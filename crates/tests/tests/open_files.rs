@@ -122,8 +122,9 @@ fn a_create_answered_after_its_file_was_opened_and_closed_keeps_its_open_on_tcp(
     create_answered_late(Backend::Tcp);
 }
 
-/// One thread truncates a closed file over and over (each truncate opens it, closes it and
-/// stats it), while others make calls that carry the releases: no call may fail.
+/// One thread truncates a closed file over and over (each truncate opens it, stats it and
+/// closes it), then opens, closes and stats it, while others make calls that carry the
+/// releases: no call may fail.
 fn truncates_beside_other_calls(fabric: Backend) {
     let _serial = one_at_a_time();
     let cluster = cluster(fabric);
@@ -148,6 +149,19 @@ fn truncates_beside_other_calls(fabric: Backend) {
                     Ok(got) if got.size == size => {}
                     Ok(got) => failures.push(format!("truncate to {size} answered {}", got.size)),
                     Err(e) => failures.push(format!("truncate to {size}: {e}")),
+                }
+                // A stat of the file just closed here: its open lingers, and its release may
+                // ride on another thread's call while the stat reads the block.
+                let stat = fs
+                    .open(me, attr.ino, libc::O_RDONLY)
+                    .and_then(|fh| fs.release(fh))
+                    .and_then(|()| fs.getattr(attr.ino));
+                match stat {
+                    Ok(got) if got.size == size => {}
+                    Ok(got) => {
+                        failures.push(format!("stat after truncate to {size}: {}", got.size))
+                    }
+                    Err(e) => failures.push(format!("stat of the closed file: {e}")),
                 }
                 truncates.fetch_add(1, Ordering::Relaxed);
             }
