@@ -82,7 +82,8 @@ impl Protocol {
             // clock (`crate::clock`) to name it in.
             // 9: `ClusterInfo::local_rpc` (a Unix socket for clients on the server's host).
             // 10: `Request::Status` → `Response::Status` (`proto::status`, `citronfs status`).
-            Protocol::Rpc => 10,
+            // 11: `Request::HolderGone` → `Response::Gone` (lock recovery by identity).
+            Protocol::Rpc => 11,
             // 1: the first version with a handshake.
             Protocol::LockServer => 1,
         }

@@ -64,6 +64,7 @@ impl LockCache {
                 &inner.meta,
                 inode.ino,
                 inner.opts.citron_hosting,
+                view.session(),
             )?;
             if let Some((_, old)) = self
                 .files

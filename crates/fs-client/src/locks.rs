@@ -99,6 +99,18 @@ impl lockmgr::Fence for MetaFence {
             source: Box::new(e),
         })
     }
+
+    fn holder_gone(&self, owner: u64, stopped: bool) -> Result<bool, LockError> {
+        match self.meta.call(Request::HolderGone { owner, stopped }) {
+            Ok(Response::Gone(gone)) => Ok(gone),
+            Ok(other) => Err(unexpected("HolderGone", other)),
+            Err(e) => Err(e),
+        }
+        .map_err(|e| LockError::Hook {
+            what: "asking whether a lock holder is gone",
+            source: Box::new(e),
+        })
+    }
 }
 
 /// Opens this thread's handle on the lock of an open file (the fabric schemes), as the meta
@@ -109,11 +121,15 @@ pub(crate) fn open_file_lock(
     meta: &Arc<Meta>,
     ino: Ino,
     hosting: lockmgr::citron::Hosting,
+    session: u64,
 ) -> Result<Box<dyn RangeLock>, Error> {
     let options = OpenOptions {
         citron: ClientOptions {
             fence: Some(Arc::new(MetaFence { meta: meta.clone() })),
             hosting,
+            // Waiters ask the meta server about this client's holds by its session, the one
+            // its fabric endpoints present (and a fence revokes).
+            owner: Some(session),
             ..ClientOptions::default()
         },
         allocator: Some(Arc::new(RpcTreeAllocator {

@@ -617,5 +617,6 @@ fn short(response: &Response) -> &'static str {
         Response::Cluster(_) => "Cluster",
         Response::Fsck(_) => "Fsck",
         Response::Status(_) => "Status",
+        Response::Gone(_) => "Gone",
     }
 }

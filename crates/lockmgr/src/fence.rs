@@ -23,6 +23,37 @@ pub trait Fence: Send + Sync {
     /// Fences the presumed-dead holder off the data servers. Blocking is allowed (the caller is
     /// a waiter that would otherwise spin).
     fn fence(&self) -> Result<(), LockError>;
+
+    /// Whether the holder whose identity is `owner` (the low 48 bits of its
+    /// `ClientOptions::owner`, read from a node's owner record) is out for good: it can land no
+    /// verb on any server any more — it ended and was revoked everywhere, or (only when
+    /// `stopped` is set: the waiter has seen the node stand still for a whole `T_lease`) it was
+    /// silent and this call fenced it. `Ok(true)` lets the waiter break the holder's node at
+    /// once instead of waiting out the lease's several `T_lease`; `Ok(false)` (alive, or not
+    /// known to be out) keeps the lease rule. Blocking is allowed. Default: `Ok(false)`.
+    fn holder_gone(&self, owner: u64, stopped: bool) -> Result<bool, LockError> {
+        let _ = (owner, stopped);
+        Ok(false)
+    }
+}
+
+/// Asks the fence, if any, whether the holder `owner` is out for good ([`Fence::holder_gone`]);
+/// `false` without a fence, or when the question fails (logged: the lease rule still holds).
+pub(crate) fn holder_gone(
+    fence: Option<&std::sync::Arc<dyn Fence>>,
+    owner: u64,
+    stopped: bool,
+) -> bool {
+    let Some(fence) = fence else {
+        return false;
+    };
+    match fence.holder_gone(owner, stopped) {
+        Ok(gone) => gone,
+        Err(e) => {
+            tracing::warn!(error = %e, owner, "lease recovery: could not learn whether a holder is gone; waiting out its lease");
+            false
+        }
+    }
 }
 
 /// Runs the fence, if any, before a recovery write described by `what`. `true`: go ahead and

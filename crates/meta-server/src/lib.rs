@@ -498,6 +498,14 @@ impl lockmgr::Fence for HostFence {
             |service| service.fence(self.session, service::FENCE_WAIT),
         )
     }
+
+    fn holder_gone(&self, owner: u64, stopped: bool) -> Result<bool, lockmgr::LockError> {
+        on_service(
+            &self.service,
+            "asking whether a lock holder is gone (at the host)",
+            |service| service.holder_gone(self.session, owner, stopped, service::FENCE_WAIT),
+        )
+    }
 }
 
 /// Runs `f` on the service a hosted acquisition's hook (`what`) calls, as a lock error.

@@ -60,7 +60,9 @@ pub(crate) fn traits(request: &Request) -> Traits {
         // May wait (up to a second) for another owner's record lock to go.
         Request::SetLk { wait_ms, .. } => (*wait_ms == 0, false),
         // Waits for other clients' sessions and the fabric servers.
-        Request::Fence | Request::AwaitRevocations { .. } => (false, false),
+        Request::Fence | Request::HolderGone { .. } | Request::AwaitRevocations { .. } => {
+            (false, false)
+        }
         // Waits for the database's flush; persists sizes.
         Request::Fsync { .. } => (false, true),
         // A whole check, which may repair.
@@ -77,7 +79,7 @@ pub(crate) fn traits(request: &Request) -> Traits {
 
 /// The names of the request kinds, the `kind` label of the meta server's request metrics,
 /// indexed by [`kind`].
-pub(crate) const KIND_NAMES: [&str; 34] = [
+pub(crate) const KIND_NAMES: [&str; 35] = [
     "heartbeat",
     "cluster",
     "lookup",
@@ -112,6 +114,7 @@ pub(crate) const KIND_NAMES: [&str; 34] = [
     "get_lk",
     "set_lk",
     "status",
+    "holder_gone",
 ];
 
 /// The kind of `request`: its index in [`KIND_NAMES`].
@@ -151,6 +154,7 @@ pub(crate) fn kind(request: &Request) -> usize {
         Request::GetLk { .. } => 31,
         Request::SetLk { .. } => 32,
         Request::Status => 33,
+        Request::HolderGone { .. } => 34,
     }
 }
 

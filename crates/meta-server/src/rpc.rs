@@ -142,11 +142,16 @@ pub(crate) async fn accept_loop(
                         // not keep its task and session for ever.
                         fabric::tcp::watch_peer(&stream);
                         let (r, w) = stream.into_split();
-                        serving.admit(r, w, peer.ip(), peer.to_string());
+                        serving.admit(r, w, peer.ip(), peer.to_string(), None);
                     }),
                     Listener::Local(l) => l.accept().await.map(|(stream, _)| {
+                        let pid = stream
+                            .peer_cred()
+                            .ok()
+                            .and_then(|cred| cred.pid())
+                            .and_then(|pid| u32::try_from(pid).ok());
                         let (r, w) = stream.into_split();
-                        serving.admit(r, w, LOCAL_PEER, LOCAL_PEER_NAME.into());
+                        serving.admit(r, w, LOCAL_PEER, LOCAL_PEER_NAME.into(), pid);
                     }),
                 }
             } => accepted,
@@ -168,15 +173,17 @@ struct Serving {
 }
 
 impl Serving {
-    /// Counts the connection of `r` and `w` from `ip` (named `peer` in logs) against the
-    /// limits before a byte is read — beyond them it gets a refusal naming the limit and costs
-    /// no buffer — and serves it on a task of its own.
+    /// Counts the connection of `r` and `w` from `ip` (named `peer` in logs; `peer_pid`: its
+    /// process, from the Unix socket's peer credentials) against the limits before a byte is
+    /// read — beyond them it gets a refusal naming the limit and costs no buffer — and serves
+    /// it on a task of its own.
     fn admit<R: ReadHalf, W: AsyncWrite + Unpin + Send + 'static>(
         &self,
         r: R,
         w: W,
         ip: IpAddr,
         peer: String,
+        peer_pid: Option<u32>,
     ) {
         let admitted = match self.admission.admit(ip) {
             Ok(admitted) => admitted,
@@ -190,7 +197,9 @@ impl Serving {
         let stop = self.stop.clone();
         let awake = self.awake.clone();
         tokio::spawn(async move {
-            if let Err(why) = connection(r, w, service, stop, admitted, &awake, &peer).await {
+            if let Err(why) =
+                connection(r, w, service, stop, admitted, &awake, &peer, peer_pid).await
+            {
                 tracing::debug!(%peer, why, "connection closed");
             }
         });
@@ -241,6 +250,7 @@ fn guarded<T>(f: impl FnOnce() -> Result<T, FsError>) -> Result<T, FsError> {
     })
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn connection<R, W>(
     r: R,
     w: W,
@@ -249,6 +259,7 @@ async fn connection<R, W>(
     mut admitted: Admitted,
     awake: &Arc<AwakeServe>,
     peer: &str,
+    peer_pid: Option<u32>,
 ) -> Result<(), String>
 where
     R: ReadHalf,
@@ -288,6 +299,7 @@ where
                 host: host.clone(),
                 pid,
                 peer: peer.to_owned(),
+                peer_pid,
             };
             let info = match blocking(move || svc.open_session(origin)).await {
                 Ok(info) => info,

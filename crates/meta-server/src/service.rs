@@ -302,6 +302,28 @@ struct Fences {
     /// Per registered data server (by id): its registration's connection epoch, and the fence
     /// epoch it has applied. Entries come and go with registrations.
     applied: HashMap<u32, (u64, u64)>,
+    /// The latest sessions that ended whose client process the kernel named (the local
+    /// socket's peer credentials), at most [`ENDED_PIDS_KEPT`]: where the fabric cannot fence
+    /// (shm), a lock waiter may break a holder of one of them once that process is gone
+    /// ([`Service::holder_gone`]).
+    ended_pids: std::collections::VecDeque<(u64, u32)>,
+}
+
+/// How many ended sessions' process ids [`Fences::ended_pids`] keeps.
+const ENDED_PIDS_KEPT: usize = 4096;
+
+/// Whether process `pid` (of this server's pid namespace) has exited: no such process, or a
+/// zombie waiting to be reaped. A process that is still there, or whose state cannot be read,
+/// is not gone. A pid reused by another process since reads as not gone: the lease decides.
+fn process_gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // "pid (comm) S ...": the state follows the last ')' (comm may hold one).
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_some_and(|state| matches!(state, 'Z' | 'X')),
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+    }
 }
 
 impl Fences {
@@ -513,6 +535,13 @@ impl Service {
         if lock(&self.records).drop_session(session) {
             self.records_changed.notify_all();
         }
+        if let Some(pid) = s.origin.peer_pid {
+            let mut f = lock(&self.fences);
+            if f.ended_pids.len() >= ENDED_PIDS_KEPT {
+                f.ended_pids.pop_front();
+            }
+            f.ended_pids.push_back((session, pid));
+        }
         self.revoke_ended(session);
         self.zero_and_recycle(freed);
     }
@@ -700,6 +729,93 @@ impl Service {
         for &session in &silent {
             self.end_session(session);
         }
+        self.await_fence_epoch(epoch, wait)
+    }
+
+    /// Whether the lock holder whose session ends in `owner` (its low 48 bits, as a lock
+    /// tree's owner record keeps it) is out for good: it can land no verb on any fabric server
+    /// any more (`lockmgr::Fence::holder_gone`).
+    ///
+    /// Where the fabric cannot fence (shm), a process that maps the memory cannot be kept out:
+    /// a holder is gone only when its session ended and its process is gone too, as the
+    /// kernel names it (a client of the local socket, [`Fences::ended_pids`]); otherwise the
+    /// lease rule decides. Where it can (tcp):
+    ///
+    /// - A session that ended (its connection closed, its lease ran out, a fence) was revoked
+    ///   then ([`Service::revoke_ended`]): `true` once every data server applied that
+    ///   revocation.
+    /// - A live session: `false`, unless `stopped` (the waiter saw the node stand still for a
+    ///   whole `T_lease`) and it has been silent for longer than `fence_after` — then it is
+    ///   revoked and ended here, as [`Service::fence`] does with every silent session, and
+    ///   `true` once the data servers applied it.
+    ///
+    /// Never `caller` itself. Fails if a data server does not acknowledge within `wait`.
+    pub fn holder_gone(
+        &self,
+        caller: u64,
+        owner: u64,
+        stopped: bool,
+        wait: Duration,
+    ) -> Result<bool, FsError> {
+        let named = |session: u64| session & lockmgr::citron::layout::OWNER_ID == owner;
+        if named(caller) {
+            return Ok(false);
+        }
+        if self.local_revoke.get().is_none() {
+            let pid = lock(&self.fences)
+                .ended_pids
+                .iter()
+                .rev()
+                .find(|&&(session, _)| named(session))
+                .map(|&(_, pid)| pid);
+            return Ok(pid.is_some_and(process_gone));
+        }
+        let live = {
+            let st = lock(&self.state);
+            st.sessions
+                .iter()
+                .find(|(&id, _)| named(id))
+                .map(|(&id, s)| (id, s.last_seen.elapsed()))
+        };
+        let epoch = match live {
+            Some((id, silent)) => {
+                if !stopped || silent <= self.settings.fence_after {
+                    return Ok(false);
+                }
+                let mut f = lock(&self.fences);
+                f.epoch += 1;
+                let epoch = f.epoch;
+                f.revoked.push((epoch, id));
+                tracing::warn!(
+                    session = id,
+                    epoch,
+                    ?silent,
+                    "fencing a silent session: a lock-tree node it holds is being broken"
+                );
+                if let Some(revoke) = self.local_revoke.get() {
+                    revoke(&[id]);
+                }
+                self.fence_epoch.send_replace(epoch);
+                drop(f);
+                self.end_session(id);
+                epoch
+            }
+            None => {
+                let f = lock(&self.fences);
+                match f.revoked.iter().find(|&&(_, s)| named(s)) {
+                    Some(&(epoch, _)) => epoch,
+                    // Not a session of this run's: nothing known, the lease decides.
+                    None => return Ok(false),
+                }
+            }
+        };
+        self.await_fence_epoch(epoch, wait)?;
+        Ok(true)
+    }
+
+    /// Waits until every registered data server has applied fence epoch `epoch` (the
+    /// [`Fences`] invariant), or fails after `wait`.
+    fn await_fence_epoch(&self, epoch: u64, wait: Duration) -> Result<(), FsError> {
         let deadline = Instant::now() + wait;
         let mut f = lock(&self.fences);
         loop {
@@ -1627,6 +1743,9 @@ impl Service {
             Request::Fence => {
                 self.fence(session, FENCE_WAIT)?;
                 Response::Ok
+            }
+            Request::HolderGone { owner, stopped } => {
+                Response::Gone(self.holder_gone(session, owner, stopped, FENCE_WAIT)?)
             }
             Request::Fsck(options) => Response::Fsck(self.fsck(session, options)?),
             Request::Status => Response::Status(Box::new(crate::status::report(

@@ -22,6 +22,10 @@ pub(crate) struct Origin {
     pub pid: u32,
     /// The connection's peer address (`local` on the Unix socket).
     pub peer: String,
+    /// On the Unix socket: the client's process as the kernel names it in this server's pid
+    /// namespace (the socket's peer credentials), not as the client said. What tells a lock
+    /// waiter on shm that a holder's process is gone (`Service::holder_gone`).
+    pub peer_pid: Option<u32>,
 }
 
 /// One session as the service holds it.
@@ -174,6 +178,7 @@ mod tests {
                 host: format!("h{id}"),
                 pid: 1,
                 peer: "local".into(),
+                peer_pid: None,
             },
             opened: now - Duration::from_secs(60),
             last_seen: now - Duration::from_millis(silent_ms),

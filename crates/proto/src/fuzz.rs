@@ -221,6 +221,10 @@ pub fn sample_requests() -> Vec<Request> {
             words: u64::MAX / 4,
         },
         Request::Fence,
+        Request::HolderGone {
+            owner: u64::MAX,
+            stopped: true,
+        },
         Request::AwaitRevocations { known: 0 },
         Request::Cluster,
         Request::Status,

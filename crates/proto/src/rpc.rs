@@ -301,6 +301,18 @@ pub enum Request {
     /// `ClusterInfo::fence_after_ms`, on its own fabric server and on every data server, and
     /// answers only once they all refuse those sessions. → `Ok`
     Fence,
+    /// Sent by a client waiting behind a lock-tree node whose owner record names `owner` (the
+    /// low 48 bits of the holder's session, `lockmgr::Fence::holder_gone`): is that holder out
+    /// for good? The meta server answers `Gone(true)` only where its fabric can fence
+    /// (tcp) and only once the session can land no verb on any fabric server: it ended (and was
+    /// revoked), or — with `stopped` — it has been silent for longer than
+    /// `ClusterInfo::fence_after_ms`, and this call revoked it as `Fence` would. → `Gone`
+    HolderGone {
+        /// The low 48 bits of the holder's session.
+        owner: u64,
+        /// The node stood still for a whole `T_lease`: a silent holder may be fenced.
+        stopped: bool,
+    },
     /// A data server's long poll on its registration connection (it doubles as its heartbeat):
     /// "I apply revocations up to `known`; answer when there are newer ones, or after a second".
     /// → `Revocations`
@@ -418,9 +430,10 @@ impl Request {
             // broken connection ends: what a first try did went with it.
             Request::Open { .. } | Request::SetLk { .. } => (false, true),
             // The same again.
-            Request::Fsync { .. } | Request::Fence | Request::AwaitRevocations { .. } => {
-                (false, true)
-            }
+            Request::Fsync { .. }
+            | Request::Fence
+            | Request::HolderGone { .. }
+            | Request::AwaitRevocations { .. } => (false, true),
             // Lock memory lives in the meta region, freed with the open; a second try would
             // allocate again, the first one's words lost until the file's last close.
             Request::AllocateLockWords { .. } => (false, false),
@@ -503,6 +516,8 @@ pub enum Response {
     RecordLock(Option<crate::records::RecordLock>),
     /// The cluster's state (`Status`).
     Status(Box<crate::status::ClusterStatus>),
+    /// Whether a lock holder is out for good (`HolderGone`).
+    Gone(bool),
 }
 
 /// One request on the wire.

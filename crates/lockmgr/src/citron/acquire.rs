@@ -45,6 +45,20 @@
 //!
 //! The releases that follow are safe for whoever holds the lock now (`release` module docs).
 //!
+//! Recovery by identity (an addition to §3.10): the ticket break-in waits `(Δ + H + 2)·T_lease`
+//! because a live holder may take that long without moving the word. When the holder is known
+//! *gone* that patience buys nothing. A client with an identity (`ClientOptions::owner`) writes
+//! an owner record with every node it occupies (`layout`, "Owner word"); the first waiter in
+//! line (`Δ = 1`) that sees an occupied node stand still reads the record and, if it names the
+//! turn being served, asks its fence whether that holder is gone ([`crate::Fence::holder_gone`]:
+//! ended and revoked on every server, or — once the node stood still a whole `T_lease` —
+//! silent and fenced by this very question). Then it breaks in with the same masked CAS as the
+//! lease rule. The first question comes after `T_lease / 4`, then at growing intervals (at
+//! most `T_lease`), so a holder killed outright is broken within about a quarter of a lease and
+//! a stopped one within about one, instead of `(H + 3)·T_lease`. Safety does not rest on time
+//! here: a holder the fence calls gone can land no verb on any server, its late releases and
+//! data writes included. A holder the fence cannot vouch for keeps the lease rule.
+//!
 //! Verbs carried for the caller (`RangeLock::acquire_with`, `crate::carry`): they ride at the
 //! end of every batch this module executes, and the results of the acquisition's last batch
 //! are handed back. That batch is where the grant is learned, or later: for the last node of
@@ -143,7 +157,15 @@ impl CitronClient {
     /// But a holder paused between its grant and this verb, whose turn a waiter broke meanwhile
     /// (§3.10 l. 11: `TCnt` moved to the breaker's ticket, `Occ` cleared), must not set the
     /// breaker's `Occ`: `Occ` is one bit, so the breaker's own masked FAA would then *clear* it.
-    fn post_occupy(&mut self, addr: RemoteAddr, ticket: u64) -> AtomicHandle {
+    ///
+    /// With an identity (`ClientOptions::owner`), the node's owner record is written first, in
+    /// the same batch (`layout`, "Owner word"): a waiter that sees our `Occ` reads our record.
+    fn post_occupy(&mut self, node: Node, addr: RemoteAddr, ticket: u64) -> AtomicHandle {
+        if let Some(owner) = self.opts.owner {
+            if let Some(at) = layout::owner_addr(&self.rec.segments, node) {
+                self.batch.write_u64(at, layout::owner_word(ticket, owner));
+            }
+        }
         self.batch
             .masked_cas(addr, ticket << TCNT_SHIFT, TCNT | OCC, OCC, OCC)
     }
@@ -487,7 +509,7 @@ impl CitronClient {
                 let main = if node.is_leaf() {
                     self.batch.masked_cas(addr, 0, mask, mask, mask)
                 } else {
-                    self.post_occupy(addr, hn.ticket_no)
+                    self.post_occupy(node, addr, hn.ticket_no)
                 };
                 let kids: Vec<(RemoteAddr, AtomicHandle)> = if node.hgt == 1 {
                     let mut v = Vec::with_capacity(4);
@@ -576,7 +598,7 @@ impl CitronClient {
                 let main = if node.is_leaf() {
                     self.batch.masked_cas(addr, 0, mask, mask, mask)
                 } else {
-                    self.post_occupy(addr, hn.ticket_no)
+                    self.post_occupy(node, addr, hn.ticket_no)
                 };
                 // Anchored at `t1` (before the post; conservative, see `lease`).
                 let posted = t1;
@@ -691,6 +713,8 @@ impl CitronClient {
         let mut restart = false;
         let mut last = first & (TCNT | OCC);
         let mut since = Instant::now();
+        // When (stand-still time) to ask next whether the holder is gone.
+        let mut next_ask = lease / 4;
         let mut backoff = self.backoff();
         // The post time of the last verb that did not see our turn.
         let mut anchor = posted;
@@ -731,10 +755,35 @@ impl CitronClient {
             if seen != last {
                 last = seen;
                 since = Instant::now();
+                next_ask = lease / 4;
                 backoff.reset();
                 continue;
             }
             let ahead = counter_gap(ticket, tcnt(w)) as u32;
+            if ahead == 1 && occ(w) && since.elapsed() >= next_ask {
+                // The holder may be known gone (module docs, "Recovery by identity").
+                let stood = since.elapsed();
+                next_ask = stood + lease.min(stood.max(lease / 4));
+                if self.holder_gone(node, w, stood >= lease)? {
+                    let swap = ticket << TCNT_SHIFT;
+                    let cas_posted = Instant::now();
+                    let old = self.ep_masked_cas(addr, w, TCNT | OCC, swap, TCNT | OCC)?;
+                    if old & (TCNT | OCC) == seen {
+                        self.stats.recoveries += 1;
+                        tracing::warn!(
+                            ?addr,
+                            ticket,
+                            after = ?stood,
+                            "lock tree node: its holder is gone (ended or fenced); broke its turn"
+                        );
+                        if restart {
+                            return Ok(TicketWait::Give(Outcome::Restart));
+                        }
+                        return Ok(TicketWait::Served(cas_posted));
+                    }
+                    continue;
+                }
+            }
             if since.elapsed() >= lease * (ahead + node.hgt + 2) {
                 // The fence first (it may take a while, and may refuse: then do not break in,
                 // and try again after another full patience).
@@ -757,6 +806,24 @@ impl CitronClient {
                 since = Instant::now();
             }
         }
+    }
+
+    /// Recovery by identity: whether the holder of `node`'s turn in `w` (occupied) is known
+    /// gone. Reads the node's owner record; a record of this turn names the holder, and the
+    /// fence says whether it is out for good ([`crate::Fence::holder_gone`]; `stopped`: the
+    /// node stood still for a whole `T_lease`, so a silent holder may be fenced now).
+    fn holder_gone(&mut self, node: Node, w: u64, stopped: bool) -> Result<bool, LockError> {
+        let Some(fence) = self.opts.fence.clone() else {
+            return Ok(false);
+        };
+        let Some(at) = layout::owner_addr(&self.rec.segments, node) else {
+            return Ok(false);
+        };
+        let record = self.ep_read_u64(at)?;
+        let Some(owner) = layout::owner_of(record, tcnt(w)) else {
+            return Ok(false);
+        };
+        Ok(crate::fence::holder_gone(Some(&fence), owner, stopped))
     }
 
     /// Phase (b), l. 12-19: wait until no ancestor is occupied; abort on the root's `Exp`

@@ -7,7 +7,8 @@
 //! base + 0      config record, sealed with a crc (fabric::record), RECORD_BYTES long
 //! base + 2048   spillover mutex word (DSLR-style ticket lock: next ticket high 32, serving low 32)
 //! base + 2056   maximizer word (OR of out-of-bound right ends)
-//! base + 2064   the initial tree, tree_nodes(H) words in level order (slot = index - 1)
+//! base + 2064   the initial tree, tree_nodes(H) words in level order (slot = index - 1),
+//!               then as many owner records, in the same order (`layout`, "Owner word")
 //! ```
 //!
 //! Later scale-ups add segments elsewhere (from the [`TreeAllocator`]); the record lists them.
@@ -312,6 +313,12 @@ pub struct ClientOptions {
     /// Where acquisitions run: here, one-sided, or at the lock tree's host in one round trip
     /// ([`super::hosted`]); default [`Hosting::Auto`](super::Hosting::Auto).
     pub hosting: super::Hosting,
+    /// Who this client is to the others' lease recovery: written with every node it occupies
+    /// (`layout`, "Owner word"; its low 48 bits), so that a waiter can ask its
+    /// [`crate::Fence::holder_gone`] about the holder instead of waiting out the lease. The
+    /// file system gives its meta session. Default: none (no record is written; a waiter
+    /// behind this client waits out the lease).
+    pub owner: Option<u64>,
 }
 
 impl std::fmt::Debug for ClientOptions {
@@ -326,6 +333,7 @@ impl std::fmt::Debug for ClientOptions {
             .field("backoff_max", &self.backoff_max)
             .field("fence", &self.fence.as_ref().map(|_| "Fence"))
             .field("hosting", &self.hosting)
+            .field("owner", &self.owner)
             .finish()
     }
 }
@@ -341,6 +349,7 @@ impl PartialEq for ClientOptions {
             && self.backoff_base == other.backoff_base
             && self.backoff_max == other.backoff_max
             && self.hosting == other.hosting
+            && self.owner == other.owner
             && match (&self.fence, &other.fence) {
                 (None, None) => true,
                 (Some(a), Some(b)) => std::sync::Arc::ptr_eq(a, b),
@@ -361,6 +370,7 @@ impl Default for ClientOptions {
             backoff_max: Duration::from_micros(256),
             fence: None,
             hosting: super::Hosting::Auto,
+            owner: None,
         }
     }
 }

@@ -269,6 +269,7 @@ impl Procedure for CitronHost {
             None => host,
         };
         Ok(Box::new(HostSession {
+            session,
             host,
             allocate: self.allocate.clone(),
             fence: self.fence.as_ref().map(|fence| fence(session)),
@@ -281,6 +282,9 @@ impl Procedure for CitronHost {
 
 /// One connection's hosted locks: a CITRON client per lock it opened.
 struct HostSession {
+    /// The session the connection presented: the identity of what its client holds
+    /// (`ClientOptions::owner`) when the host fences on its behalf.
+    session: u64,
     host: Arc<dyn Connector>,
     /// The fence of this connection's client session, if the host can fence.
     fence: Option<Arc<dyn Fence>>,
@@ -391,6 +395,9 @@ impl ProcedureSession for HostSession {
                         ));
                     };
                     client_options.fence = Some(fence.clone());
+                    // Waiters ask the fence about holders by this identity: the session the
+                    // fence revokes.
+                    client_options.owner = Some(self.session);
                 }
                 let allocator = match (allocator, &self.allocate) {
                     (Some(tag), Some(allocate)) => Some(allocate(tag)),

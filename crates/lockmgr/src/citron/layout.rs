@@ -40,6 +40,27 @@
 //! # Leaf word
 //!
 //! A 64-bit bitmap: bit `i` of leaf `pos` is lock unit `64·pos + i`.
+//!
+//! # Owner word
+//!
+//! Every node has a second word, its *owner record*, in a parallel array right after the nodes
+//! of its [`Segment`] ([`owner_addr`]). A client that was given an identity
+//! (`ClientOptions::owner`: the file system gives its meta session) writes
+//! `(ticket, identity)` there ([`owner_word`]) in the batch that occupies the node, *before*
+//! the masked CAS that sets `Occ` (verbs of a batch execute in posting order). A waiter that
+//! finds `Occ` set with `TCnt = t` and the owner record naming ticket `t` therefore reads what
+//! the holder of this very turn wrote — a record of an earlier turn names another ticket, and
+//! one left by a holder whose turn was broken names a ticket that is no longer `TCnt` — so it can
+//! ask whether that holder is still alive instead of waiting out the lease (`acquire`'s
+//! `wait_ticket`). Leaves and the notification counters carry no owner; their recovery stays
+//! the lease's.
+//!
+//! ```text
+//!  63   62 ....... 48  47 ........................................ 0
+//! [V ][   ticket     ][          identity (its low 48 bits)         ]
+//! ```
+//!
+//! `V` set marks a record (zeroed memory holds none).
 
 use fabric::RemoteAddr;
 use serde::{Deserialize, Serialize};
@@ -350,9 +371,14 @@ pub struct Segment {
 }
 
 impl Segment {
-    /// Words the segment holds.
+    /// Nodes the segment holds.
     pub const fn words(&self) -> u64 {
         tree_nodes(self.after) - tree_nodes(self.before)
+    }
+
+    /// Words of memory the segment takes: its nodes and their owner records.
+    pub const fn storage_words(&self) -> u64 {
+        2 * self.words()
     }
 
     /// Whether `node` is stored here.
@@ -379,6 +405,39 @@ impl Segment {
         };
         x - ahead - 1
     }
+}
+
+/// The valid bit of an owner record.
+pub const OWNER_VALID: u64 = 1 << 63;
+/// Bits of the identity an owner record keeps.
+pub const OWNER_ID_BITS: u32 = 48;
+/// The identity field of an owner record.
+pub const OWNER_ID: u64 = (1 << OWNER_ID_BITS) - 1;
+
+/// The owner record of the holder of `ticket` whose identity is `owner` (its low 48 bits).
+pub const fn owner_word(ticket: u64, owner: u64) -> u64 {
+    OWNER_VALID | ((ticket & COUNTER_MASK) << OWNER_ID_BITS) | (owner & OWNER_ID)
+}
+
+/// The identity (low 48 bits) an owner record names for `ticket`, if it is a record of that
+/// ticket.
+pub const fn owner_of(record: u64, ticket: u64) -> Option<u64> {
+    if record & OWNER_VALID != 0
+        && (record >> OWNER_ID_BITS) & COUNTER_MASK == ticket & COUNTER_MASK
+    {
+        Some(record & OWNER_ID)
+    } else {
+        None
+    }
+}
+
+/// Where `node`'s owner record lives given the storage `segments`, if it has storage: the
+/// parallel array after the segment's nodes.
+pub fn owner_addr(segments: &[Segment], node: Node) -> Option<RemoteAddr> {
+    segments
+        .iter()
+        .find(|s| s.holds(node))
+        .map(|s| s.addr.word(s.words() + s.slot(node)))
 }
 
 /// Where `node` lives given the storage `segments` (first holder wins), if it has storage.
@@ -450,6 +509,19 @@ mod tests {
         assert_eq!(exp_tag(e), 5);
         assert_eq!(tcnt(e), 0x7ABC);
         assert!(occ(e));
+    }
+
+    #[test]
+    fn owner_records() {
+        let w = owner_word(0x7ABC, 0x1234_5678_9ABC_DEF0);
+        assert_eq!(owner_of(w, 0x7ABC), Some(0x5678_9ABC_DEF0));
+        assert_eq!(owner_of(w, 0x7ABB), None, "another turn's record");
+        assert_eq!(owner_of(0, 0), None, "zeroed memory holds no record");
+        assert_eq!(
+            owner_of(owner_word(0x8000, 5), 0),
+            Some(5),
+            "tickets wrap at 2^15"
+        );
     }
 
     #[test]
@@ -541,7 +613,7 @@ mod tests {
         let mut before = 0;
         for &h in heights {
             let s = seg(before, h, offset);
-            offset += s.words() * 8;
+            offset += s.storage_words() * 8;
             segments.push(s);
             before = h;
         }
@@ -555,8 +627,9 @@ mod tests {
             let s = holders[0];
             assert!(s.slot(node) < s.words(), "slot in range");
             assert!(seen.insert(node_addr(&segments, node).unwrap()));
+            assert!(seen.insert(owner_addr(&segments, node).unwrap()));
         }
-        assert_eq!(seen.len() as u64, tree_nodes(top));
+        assert_eq!(seen.len() as u64, 2 * tree_nodes(top));
     }
 
     #[test]

@@ -41,6 +41,9 @@
 //!   on the leaf (or on the fast path's children). [`bits_deadline`].
 //! - **Spillover mutex** (`acquire_spillover`): a waiter `Δ >= 1` tickets behind breaks in after
 //!   `Δ·T_lease`: `k = 1`, `p` as for a bakery ticket. [`spill_deadline`].
+//! - **Recovery by identity** (`wait_ticket`, `acquire`'s module docs): the first waiter breaks
+//!   `TCnt`/`Occ` of a holder its fence calls gone, whenever that is. No deadline of ours has to
+//!   cover it: a holder the fence calls gone can post nothing any server executes any more.
 //! - **Line 18** (an occupied ancestor standing still for `T_lease`) breaks nothing: the waiter
 //!   escalates to the ancestor and queues for its ticket, i.e. the first rule.
 //!

@@ -86,7 +86,8 @@ impl Citron {
         let h = layout::height_for(unit_count).ok_or_else(|| {
             LockError::Config(format!("{unit_count} units exceed the largest tree"))
         })?;
-        Ok(TREE_OFFSET + layout::tree_nodes(h) * 8)
+        // The nodes and their owner records (`layout`, "Owner word").
+        Ok(TREE_OFFSET + 2 * layout::tree_nodes(h) * 8)
     }
 
     /// Initialises a lock's memory at `base` (which must be [`Citron::bytes_needed`] bytes and

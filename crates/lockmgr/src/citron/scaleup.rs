@@ -129,8 +129,8 @@ impl CitronClient {
             self.scale_failed_epoch = Some(self.rec.epoch);
             return Ok(false);
         };
-        // l. 3: one allocation for the whole new part.
-        let words = tree_nodes(a) - tree_nodes(b);
+        // l. 3: one allocation for the whole new part: its nodes and their owner records.
+        let words = 2 * (tree_nodes(a) - tree_nodes(b));
         let seg_addr = match self.allocator.allocate(words) {
             Ok(addr) => addr,
             Err(e) => {

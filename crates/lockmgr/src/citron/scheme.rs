@@ -311,9 +311,9 @@ struct GrowthRoom {
 }
 
 /// The growth room of a lock of `unit_count` units that may grow to `max_unit_count`: the nodes
-/// every scale-up together can add, `tree_nodes(H_max) - tree_nodes(H_0)` words (each scale-up's
-/// segment holds exactly the nodes it adds, Alg. 4 and Figure 5, and the tree never grows past
-/// `max_unit_count`).
+/// every scale-up together can add, `tree_nodes(H_max) - tree_nodes(H_0)` of them, each with its
+/// owner record (each scale-up's segment holds exactly the nodes it adds, Alg. 4 and Figure 5,
+/// and the tree never grows past `max_unit_count`).
 fn growth_room(unit_count: u64, max_unit_count: u64) -> Result<Option<GrowthRoom>, LockError> {
     let tree = Citron::bytes_needed(unit_count)?;
     let Some(h0) = layout::height_for(unit_count) else {
@@ -324,7 +324,7 @@ fn growth_room(unit_count: u64, max_unit_count: u64) -> Result<Option<GrowthRoom
         .take_while(|&h| h == h0 || layout::tree_units(h) <= max_unit_count)
         .last()
         .unwrap_or(h0);
-    let area_len = (layout::tree_nodes(h_max) - layout::tree_nodes(h0)) * 8;
+    let area_len = 2 * (layout::tree_nodes(h_max) - layout::tree_nodes(h0)) * 8;
     Ok(Some(GrowthRoom {
         cursor_offset: tree,
         area_offset: tree + 8,
@@ -431,14 +431,14 @@ mod tests {
         assert_eq!(g.area_offset, g.cursor_offset + 8);
         assert_eq!(
             g.area_len,
-            (layout::tree_nodes(6) - layout::tree_nodes(3)) * 8
+            2 * (layout::tree_nodes(6) - layout::tree_nodes(3)) * 8
         );
         // No growth asked: no room.
         assert_eq!(growth_room(1024, 1024).unwrap().unwrap().area_len, 0);
         // A limit between heights stops at the height below it.
         assert_eq!(
             growth_room(1024, 5000).unwrap().unwrap().area_len,
-            (layout::tree_nodes(4) - layout::tree_nodes(3)) * 8
+            2 * (layout::tree_nodes(4) - layout::tree_nodes(3)) * 8
         );
         // The room's bytes follow the tree; no room, no cursor word.
         let spec = |max_unit_count| CitronSpec {
