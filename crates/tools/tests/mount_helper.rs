@@ -325,3 +325,193 @@ fn a_wrong_token_is_refused() {
     assert!(!is_mounted(dir.path()));
     assert!(helper_process(dir.path()).is_none(), "nothing left running");
 }
+
+/// Makes `command` run inside network namespace `ns` (a name under /run/netns): what a program
+/// on that host would do; the processes it forks (the helper's background process) stay
+/// there. Keep the returned file until the command has been started.
+#[must_use = "the namespace's descriptor must stay open until the command starts"]
+fn in_netns(ns: &str, command: &mut Command) -> std::fs::File {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let netns = std::fs::File::open(Path::new("/run/netns").join(ns)).unwrap();
+    let fd = netns.as_raw_fd();
+    // SAFETY: the hook runs between fork and exec and calls only setns(2), which is
+    // async-signal-safe; the caller keeps `netns` (so `fd`) open until the command started,
+    // and it is close-on-exec, so the program does not inherit it.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    netns
+}
+
+/// docs/OPERATIONS.md, "Deploying a cluster on several hosts", followed on network namespaces
+/// standing for the hosts: a meta server and two data servers, each in its own namespace with
+/// its own settings file (addresses of its host, the shared token file), and a client
+/// namespace that mounts the cluster from an fstab line with mount(8). Files written through
+/// the mount are spread over both data servers, as `citronfs status` (run on the client host)
+/// shows, and read back whole; `umount` ends it.
+#[test]
+fn a_cluster_on_three_hosts_deployed_as_the_guide_says_mounts_from_fstab() {
+    skip_unless_root_with_fuse!();
+    testkit::skip_without_netns!();
+    let bin = Path::new(env!("CARGO_BIN_EXE_citronfs"));
+    let net = testkit::netns::Network::new(&["meta", "ds0", "ds1", "client"]).unwrap();
+    let etc = tempfile::tempdir().unwrap();
+    let token_file = etc.path().join("token");
+    std::fs::write(&token_file, "deploy-test-secret\n").unwrap();
+    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let meta_at = net.host("meta").at(7700);
+    let settings = |name: &str, body: String| {
+        let path = etc.path().join(name);
+        std::fs::write(&path, body).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        path
+    };
+    let common = format!(
+        "cluster = \"prod\"\ntoken_file = \"{}\"\nfabric = \"tcp\"\n",
+        token_file.display()
+    );
+    let meta_toml = settings(
+        "meta.toml",
+        format!(
+            "{common}db = \"{}\"\nlisten = \"{meta_at}\"\nchunk_size = \"64K\"\n",
+            etc.path().join("meta-db").display()
+        ),
+    );
+    let mut meta = net
+        .spawn("meta", "meta server", {
+            let mut c = Command::new(bin);
+            c.args(["meta-server", "--config"]).arg(&meta_toml);
+            c
+        })
+        .unwrap();
+    let mut data = Vec::new();
+    for name in ["ds0", "ds1"] {
+        let toml = settings(
+            &format!("data-{name}.toml"),
+            format!(
+                "{common}name = \"{name}\"\nmeta = \"{meta_at}\"\nfabric_listen = \"{}\"\n\
+                 capacity = \"64M\"\n",
+                net.host(name).at(7800)
+            ),
+        );
+        data.push(
+            net.spawn(name, "data server", {
+                let mut c = Command::new(bin);
+                c.args(["data-server", "--config"]).arg(&toml);
+                c
+            })
+            .unwrap(),
+        );
+    }
+    // Every data server live, as the client host's `citronfs status` sees it.
+    let status = || {
+        let mut c = Command::new(bin);
+        c.args(["status", "--json", "--cluster", "prod", "--meta"])
+            .arg(meta_at.to_string())
+            .arg("--token-file")
+            .arg(&token_file);
+        let _ns = in_netns(net.host("client").ns(), &mut c);
+        let out = c.output().unwrap();
+        out.status
+            .success()
+            .then(|| serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap())
+    };
+    let live = |s: &serde_json::Value| {
+        s["data_servers"]
+            .as_array()
+            .map_or(0, |a| a.iter().filter(|d| d["live"] == true).count())
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if status().is_some_and(|s| live(&s) == 2) {
+            break;
+        }
+        assert!(
+            meta.is_running() && data.iter_mut().all(|d| d.is_running()),
+            "a server exited: {}\n{}",
+            meta.output(),
+            data.iter().map(|d| d.output()).collect::<String>()
+        );
+        assert!(
+            Instant::now() < deadline,
+            "two live data servers within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    let _links = HelperLinks::install();
+    let dir = MountPoint::new();
+    let fstab = etc.path().join("fstab");
+    std::fs::write(
+        &fstab,
+        format!(
+            "{meta_at}  {}  fuse.citronfs  token_file={},cluster=prod,_netdev,nofail  0  0\n",
+            dir.path().display(),
+            token_file.display()
+        ),
+    )
+    .unwrap();
+    let mut mount = Command::new("mount");
+    mount.arg("--fstab").arg(&fstab).arg(dir.path());
+    let ns = in_netns(net.host("client").ns(), &mut mount);
+    let mounted = run(&mut mount);
+    drop(ns);
+    assert!(
+        mounted.status.success(),
+        "mount --fstab: {}",
+        text(&mounted)
+    );
+    assert_eq!(
+        mount_entry(dir.path()),
+        Some((meta_at.to_string(), "fuse.citronfs".to_string()))
+    );
+
+    // 16 files of 256 KiB (4 chunks each): both data servers get chunks.
+    let files: Vec<(PathBuf, Vec<u8>)> = (0..16u64)
+        .map(|i| {
+            (
+                dir.path().join(format!("f{i}")),
+                testkit::pattern(i, 0, 256 << 10),
+            )
+        })
+        .collect();
+    for (path, bytes) in &files {
+        std::fs::write(path, bytes).unwrap();
+    }
+    for (path, bytes) in &files {
+        assert!(
+            std::fs::read(path).unwrap() == *bytes,
+            "{} read back",
+            path.display()
+        );
+    }
+    let s = status().expect("status from the client host");
+    let used: Vec<u64> = s["data_servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["capacity_bytes"].as_u64().unwrap() - d["free_bytes"].as_u64().unwrap())
+        .collect();
+    assert!(
+        used.len() == 2 && used.iter().all(|&u| u > 0),
+        "both data servers hold chunks: used {used:?}"
+    );
+
+    let pid = helper_process(dir.path()).expect("a background process serves the mount");
+    let umount = run(Command::new("umount").arg(dir.path()));
+    assert!(umount.status.success(), "umount: {}", text(&umount));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !has_exited(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "the mount's process ends after umount"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
