@@ -17,8 +17,8 @@
 //! - `heal_data_server`: the paths from both clients to `ds2` are cut (`Network::cut_between`,
 //!   the meta server keeps hearing from `ds2`, so the layout does not change) long enough for
 //!   the kernel to give up the clients' idle connections; after the heal, the client that was
-//!   idle through the cut reads the whole file at once, and the one whose reads failed during
-//!   it reads those chunks, each within [`HEALED_BOUND`].
+//!   idle through the cut reads the whole file at once, the one whose reads failed during it
+//!   reads those chunks, and the idle one writes them, each within [`HEALED_BOUND`].
 //!
 //! The tests run one at a time (a lock), since their bounds are timings on a shared machine.
 //! They skip (pass, printing why) without root, `ip`, network namespaces or FUSE.
@@ -652,19 +652,28 @@ fn heal_data_server() {
         });
         c1_after.push((c, took, r));
     }
+    // The other client writes those chunks (what they hold): no stall behind the parts of
+    // c1's locks that its failed reads released late (left to lazy recovery).
+    let mut c2_writes = Vec::new();
+    for &c in &failed {
+        let path = m2.join("striped");
+        let data = expected[c as usize].clone();
+        let (r, took) = bounded(IO_BOUND * 2, "c2's first write after the heal", move || {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .and_then(|f| f.write_all_at(&data, c * CHUNK))
+                .map_err(|e| e.raw_os_error().unwrap_or(-1))
+        });
+        c2_writes.push((c, took, r));
+    }
     println!(
         "ds2 cut off from both clients for {HEAL_CUT:?}: c1's reads of chunks {failed:?} \
          failed; c2 (idle through the cut) first read: {} in {idle_took:?}; c1's first reads \
-         of the failed chunks: {:?}",
+         of the failed chunks: {:?}; c2's writes of them: {:?}",
         errno_name(idle_first.as_ref().err().copied().unwrap_or(0)),
-        c1_after
-            .iter()
-            .map(|(c, took, r)| (
-                *c,
-                *took,
-                errno_name(r.as_ref().err().copied().unwrap_or(0))
-            ))
-            .collect::<Vec<_>>()
+        outcomes(&c1_after),
+        outcomes(&c2_writes)
     );
     match idle_first {
         Ok(data) => assert!(
@@ -687,6 +696,29 @@ fn heal_data_server() {
             "c1's first read of chunk {c} after the heal took {took:?}, over {HEALED_BOUND:?}"
         );
     }
+    for (c, took, r) in c2_writes {
+        assert_eq!(r, Ok(()), "c2's write of chunk {c} after the heal");
+        assert!(
+            took < HEALED_BOUND,
+            "c2's write of chunk {c} after the heal took {took:?}, over {HEALED_BOUND:?}"
+        );
+    }
+    let whole = std::fs::read(m1.join("striped")).unwrap();
+    assert!(whole == expected.concat(), "c1 reads other data at the end");
+}
+
+/// Each chunk's access of `results` (chunk, how long, outcome) with its outcome named.
+fn outcomes<T>(results: &[(u64, Duration, Result<T, i32>)]) -> Vec<(u64, Duration, &str)> {
+    results
+        .iter()
+        .map(|(c, took, r)| {
+            (
+                *c,
+                *took,
+                errno_name(r.as_ref().err().copied().unwrap_or(0)),
+            )
+        })
+        .collect()
 }
 
 /// Reads chunks `0..n` of `path` at once, one thread each: (how long, the data or errno).
