@@ -37,9 +37,10 @@ use lockmgr::citron::Hosting;
 use lockmgr::LockScheme;
 use lockmgr::LockStats;
 use proto::{Caller, ClusterInfo};
+use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How to reach a cluster and how to lock files.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -138,6 +139,9 @@ pub(crate) struct Inner {
     pub(crate) io: crate::io::IoCounters,
     /// Which owners may hold record locks of which files (`records`).
     pub(crate) records: Arc<crate::records::RecordOwners>,
+    /// Since when each data server that a call found unregistered has been away, by id
+    /// (`view`'s [`Inner::data_deadline`]); a view that has it live again clears it.
+    pub(crate) data_away: Mutex<HashMap<u32, Instant>>,
 }
 
 impl CitronFs {
@@ -173,6 +177,7 @@ impl CitronFs {
             pool: WorkerPool::default(),
             io: crate::io::IoCounters::default(),
             records: Arc::default(),
+            data_away: Mutex::default(),
         });
         inner.meta.on_new_session(inner.records.clone());
         // Open one worker now so that a fabric that cannot be reached fails the connect.

@@ -142,12 +142,16 @@ pub enum Error {
         ino: Ino,
     },
     /// A data server an I/O needs stayed unregistered (down, or cut off from the meta server)
-    /// for the whole wait.
-    #[error("data server {server} is not connected to the cluster (waited {waited:?} for it)")]
+    /// for the whole wait (`view`'s `Inner::data_deadline`).
+    #[error(
+        "data server {server} is not connected to the cluster (waited {waited:?} for it, in this \
+         call or since this client first found it away)"
+    )]
     DataServerAway {
         /// The data server.
         server: u32,
-        /// How long the client waited.
+        /// How long the client waited for it: since the call began, or since the client first
+        /// found it away in this outage, if that was earlier.
         waited: std::time::Duration,
     },
     /// A data batch reached another life of a data server than this client's view knows (its

@@ -35,6 +35,7 @@ use crate::workers::Worker;
 use fabric::{AtomicHandle, Batch, Completions, ReadHandle};
 use proto::attrs::{AttrSlot, AttrTableRef};
 use proto::{fcb, Attr, FileKind, FsError, Ino};
+use std::time::Instant;
 
 /// Reads the slots of `inos` in one round trip; each is `None` unless whole and its inode's.
 pub(crate) fn read_slots<const N: usize>(
@@ -361,6 +362,7 @@ impl Inner {
     /// the data path reads (`Inner::retry`): a client behind a meta server restart catches up
     /// and reads again, rather than failing a stat.
     pub(crate) fn fresh_size(&self, attr: Attr) -> Result<Attr, Error> {
+        let started = Instant::now();
         if attr.kind != FileKind::File {
             return Ok(attr);
         }
@@ -369,7 +371,7 @@ impl Inner {
         let Some(open) = self.pin_open(attr.ino) else {
             return Ok(attr);
         };
-        let found = self.retry(true, || {
+        let found = self.retry(started, true, || {
             let mut w = self.checkout()?;
             let inode = match self.live_inode(&open, &w.view) {
                 // Closed here meanwhile (a lingering open that a new session ended):

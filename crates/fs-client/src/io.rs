@@ -40,10 +40,16 @@
 //!
 //! When it failed below the file system (`Error::is_transient`: a server restarted, a
 //! connection broke, a chunk on a data server this client did not know yet), the client
-//! catches up with the cluster (`view`'s `recover`: reconnects, fetches the layout, waits a
-//! bounded time for the data server) and redoes the whole I/O, with growing pauses, for up to
-//! [`RECOVERY_BUDGET`], then EIO. (The meta server may learn of a data server's death a
-//! moment after its clients, so the layout can still name the dead address for a while.)
+//! catches up with the cluster (`view`'s `recover`: reconnects, fetches the layout, waits for
+//! the data server) and redoes the whole I/O, with growing pauses, until the call's bound runs
+//! out — `view::DATA_SERVER_WAIT` after the call began, or after the client first found the
+//! data server away in this outage, whichever is earlier (`Inner::data_deadline`, the one
+//! place it is decided) — then EIO. No attempt starts past it, so a call ends within it plus
+//! at most the attempt in flight (a silent server: the fabric's batch or connect bound). (The
+//! meta server may learn of a data server's death a moment after its clients, so the layout
+//! can still name the dead address for a while.) A request that never left because the
+//! connection was already dead (the kernel gave it up during a cut that has healed since) is
+//! such a failure: it is redone on a fresh connection.
 //! Redoing is safe: a read has no effect, and a write writes the same bytes at the same offsets
 //! under a new lock (an `O_APPEND` write, whose offset is the size it found, is not redone: its
 //! first attempt may have raised the size already). Every attempt starts from a worker and an
@@ -248,11 +254,8 @@ const FALLOCATE_STEP: u64 = 16 << 20;
 /// How often one read or write is retried under a new lock after its lease ran out.
 const LEASE_RETRIES: u32 = 3;
 
-/// For how long one read or write is redone after failures below the file system (a server
-/// restarting), with pauses from [`FIRST_PAUSE`] doubling up to half a second in between.
-const RECOVERY_BUDGET: Duration = crate::meta::RECONNECT_WAIT;
-
-/// The pause before the first redo.
+/// The pause before the first redo after a failure below the file system; the pauses double
+/// up to half a second, within the call's bound (`view::DATA_SERVER_WAIT`).
 const FIRST_PAUSE: Duration = Duration::from_millis(20);
 
 impl CitronFs {
@@ -307,6 +310,7 @@ impl CitronFs {
         len: usize,
         mut dest: ReadDest<'_>,
     ) -> Result<usize, Error> {
+        let started = Instant::now();
         let handle = self.inner.handle(fh)?;
         self.inner.check_handle_records(fh, handle.inode.ino)?;
         let max = self.inner.geometry.max_file_size();
@@ -316,7 +320,7 @@ impl CitronFs {
         let len = len.min((max - offset).min(usize::MAX as u64) as usize);
         let units = self.inner.geometry.lock_range(offset, len as u64)?;
         let inner = &*self.inner;
-        inner.retry(true, || {
+        inner.retry(started, true, || {
             let mut w = inner.checkout()?;
             let inode = &inner.live_inode(&handle.inode, &w.view)?;
             inner.locked(&mut w, inode, units.clone(), None, |w, found, _| {
@@ -356,6 +360,7 @@ impl CitronFs {
         data: &[u8],
         kill_suidgid: bool,
     ) -> Result<usize, Error> {
+        let started = Instant::now();
         let handle = self.inner.handle(fh)?;
         self.inner.check_handle_records(fh, handle.inode.ino)?;
         if data.is_empty() {
@@ -368,7 +373,7 @@ impl CitronFs {
         } else {
             inner.geometry.lock_range(offset, data.len() as u64)?
         };
-        inner.retry(!append, || {
+        inner.retry(started, !append, || {
             inner.locked_change(
                 &handle,
                 units.clone(),
@@ -418,6 +423,7 @@ impl CitronFs {
         mode: Fallocate,
         kill_suidgid: bool,
     ) -> Result<(), Error> {
+        let started = Instant::now();
         let handle = self.inner.handle(fh)?;
         if len == 0 {
             return Err(FsError::Invalid("fallocate of 0 bytes".into()).into());
@@ -430,7 +436,7 @@ impl CitronFs {
         while at < end {
             let step_end = end.min(at.saturating_add(FALLOCATE_STEP));
             let units = inner.geometry.lock_range(at, step_end - at)?;
-            inner.retry(true, || {
+            inner.retry(started, true, || {
                 inner.locked_change(
                     &handle,
                     units.clone(),
@@ -453,9 +459,10 @@ impl CitronFs {
     /// never written or punched out is a hole. No range lock is taken: like every file
     /// system's, the answer is of a moment, not atomic with the I/O that follows it.
     pub fn seek(&self, fh: FileHandle, offset: u64, to: SeekTo) -> Result<Option<u64>, Error> {
+        let started = Instant::now();
         let handle = self.inner.handle(fh)?;
         let inner = &*self.inner;
-        inner.retry(true, || {
+        inner.retry(started, true, || {
             let mut w = inner.checkout()?;
             let inode = inner.live_inode(&handle.inode, &w.view)?;
             let found = inner.read_fcb(&mut w, &inode)?;
@@ -491,12 +498,13 @@ impl CitronFs {
     /// Makes the file's size durable on the meta server (and its data, where the data servers
     /// are file-backed: their regions are the files).
     pub fn fsync(&self, fh: FileHandle) -> Result<(), Error> {
+        let started = Instant::now();
         let handle = self.inner.handle(fh)?;
         let inner = &*self.inner;
         // Taken before: a change made while this fsync runs is left for the next one.
         let unsynced = inner.meta.take_unsynced();
         let synced = inner
-            .retry(true, || {
+            .retry(started, true, || {
                 let mut w = inner.checkout()?;
                 let inode = inner.live_inode(&handle.inode, &w.view)?;
                 inner.flush_data(&mut w, &inode)
@@ -557,16 +565,19 @@ impl Inner {
     /// Runs `op` (one whole locked read or write) again when its lock's lease ran out before
     /// its verbs were done, up to [`LEASE_RETRIES`] times: a stalled client gets a fresh lock
     /// rather than an error, and only one that keeps stalling sees EIO. With `redo`, also after
-    /// a failure below the file system, once the client has caught up with the cluster, for up
-    /// to [`RECOVERY_BUDGET`] (see the module docs).
+    /// a failure below the file system, once the client has caught up with the cluster, until
+    /// the call's bound runs out (`view`'s [`Inner::data_deadline`]: `DATA_SERVER_WAIT` after
+    /// `started`, when the call began; see the module docs). No attempt starts after it; one
+    /// that finds a data server still away in an outage older than the bound fails once the
+    /// client has caught up (`recover`), without waiting.
     pub(crate) fn retry<T>(
         &self,
+        started: Instant,
         redo: bool,
         mut op: impl FnMut() -> Result<T, Error>,
     ) -> Result<T, Error> {
         let mut lease_retries = 0;
         let mut recoveries = 0;
-        let mut first_failure: Option<Instant> = None;
         let mut pause = FIRST_PAUSE;
         loop {
             // An atomic load: the session's id sits behind a mutex, and this runs every I/O.
@@ -594,10 +605,9 @@ impl Inner {
                     if redo
                         && e.is_transient()
                         && !self.meta.is_closing()
-                        && first_failure.is_none_or(|t| t.elapsed() < RECOVERY_BUDGET) =>
+                        && Instant::now() < self.data_deadline(started, None) =>
                 {
                     recoveries += 1;
-                    let since = *first_failure.get_or_insert_with(Instant::now);
                     tracing::warn!(
                         attempt = recoveries,
                         error = %crate::error::Chain(&e),
@@ -605,12 +615,13 @@ impl Inner {
                          redoing it"
                     );
                     if recoveries > 1 {
-                        std::thread::sleep(
-                            pause.min(RECOVERY_BUDGET.saturating_sub(since.elapsed())),
-                        );
+                        let left = self
+                            .data_deadline(started, None)
+                            .saturating_duration_since(Instant::now());
+                        std::thread::sleep(pause.min(left));
                         pause = (pause * 2).min(Duration::from_millis(500));
                     }
-                    self.recover(e)?;
+                    self.recover(e, started)?;
                 }
                 other => return other,
             }
@@ -1260,10 +1271,11 @@ impl Inner {
         caller: Caller,
         set: SetAttr,
     ) -> Result<Attr, Error> {
+        let started = Instant::now();
         // Redone like a write when it failed below the file system, and while the data server
         // holding the new last chunk is away (the meta server refuses a shrink whose tail it
         // cannot zero then): the same size set again is the same change.
-        self.retry(true, || {
+        self.retry(started, true, || {
             let mut w = self.checkout()?;
             let inode = &self.live_inode(inode, &w.view)?;
             let ino = inode.ino;

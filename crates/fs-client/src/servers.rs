@@ -69,16 +69,14 @@ impl Servers {
             });
             let connector = match kept {
                 Some(old) => old.connector.clone(),
-                None => match connector_for(&ds.fabric, opts, info.session) {
-                    Ok(c) => c,
-                    // A server that is away now may be back by the time a chunk on it is
-                    // needed: its I/O waits for it then (`view`), the others go on.
-                    Err(error) if !ds.live => {
-                        tracing::debug!(id = ds.id, %error, "data server away");
-                        Arc::new(Away(ds.id))
-                    }
-                    Err(error) => return Err(Error::fabric(Peer::Data(ds.id))(error)),
-                },
+                // A server that is away now (not registered) is not tried: on tcp a server cut
+                // off answers nothing, and every new view would wait out the connect bound for
+                // it, holding up the calls that need the view. It may be back by the time a
+                // chunk on it is needed: its I/O waits for it then (`view`), the others go on;
+                // its registration brings a new view, which connects to it.
+                None if !ds.live => Arc::new(Away(ds.id)),
+                None => connector_for(&ds.fabric, opts, info.session)
+                    .map_err(Error::fabric(Peer::Data(ds.id)))?,
             };
             data[id] = Some(DataServer {
                 info: ds.clone(),
@@ -123,14 +121,15 @@ impl Servers {
     }
 }
 
-/// The connector of a data server that could not be reached while it was away: every connect
-/// fails, as a transient failure, so that the I/O waits for the server (`view`).
+/// The connector of a data server that was away (not registered with the meta server) when the
+/// view was built: every connect fails, as a transient failure, so that the I/O waits for the
+/// server (`view`).
 struct Away(u32);
 
 impl Connector for Away {
     fn connect(&self) -> Result<Box<dyn fabric::Endpoint>, FabricError> {
         Err(FabricError::Disconnected(format!(
-            "data server {} was away when this client last learnt the layout",
+            "data server {} was away (not registered) when this client last learnt the layout",
             self.0
         )))
     }

@@ -23,13 +23,20 @@
 use crate::client::{Inner, MountOptions};
 use crate::error::Error;
 use crate::handles::OpenInode;
-use crate::meta::{unexpected, RECONNECT_WAIT};
+use crate::meta::unexpected;
 use crate::servers::Servers;
 use proto::rpc::{Request, Response};
 use proto::{ClusterInfo, FsError};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
+
+/// How long a call of the data path (a read, a write, an fsync, a truncate, a stat of an open
+/// file) may go on catching up and redoing its I/O after failures below the file system —
+/// waiting for a data server that is down, restarting or cut off to register again —
+/// counted from the call's start ([`Inner::data_deadline`]): long enough for a restart, short
+/// enough that nothing hangs. Then the call fails with EIO.
+pub(crate) const DATA_SERVER_WAIT: Duration = Duration::from_secs(10);
 
 /// The cluster as this client sees it (see the module docs).
 pub(crate) struct View {
@@ -143,6 +150,11 @@ impl Inner {
             info,
             servers,
         });
+        // A data server registered again ends its outage: the next one has a bound of its own.
+        self.data_away
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|&id, _| !view.data_server_live(id));
         *self.view.write().unwrap_or_else(PoisonError::into_inner) = view.clone();
         self.view_id.store(view.id, Ordering::Release);
         // Chunk locations learnt before may name chunks that are lost now: learn them again.
@@ -150,21 +162,45 @@ impl Inner {
         Ok(view)
     }
 
+    /// When a call that began at `started` stops catching up with the cluster and redoing its
+    /// I/O, and in particular stops waiting for data server `server` (`None`: no server in
+    /// particular) to come back: [`DATA_SERVER_WAIT`] after the call began, or after this
+    /// client first found `server` away in the outage it is in ([`Inner::data_away`]),
+    /// whichever is earlier. So one call ends within the bound however many times it waits
+    /// and redoes, and a call made later in the same outage tries once and fails at once, as
+    /// for the meta server (`Meta::away_since`). The one place that bound is decided.
+    pub(crate) fn data_deadline(&self, started: Instant, server: Option<u32>) -> Instant {
+        self.waiting_since(started, server) + DATA_SERVER_WAIT
+    }
+
+    /// What [`Inner::data_deadline`] counts from: the call's start, or the first failure of
+    /// `server`'s outage if that was earlier.
+    fn waiting_since(&self, started: Instant, server: Option<u32>) -> Instant {
+        let away = server.and_then(|id| {
+            self.data_away
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(&id)
+                .copied()
+        });
+        away.map_or(started, |since| since.min(started))
+    }
+
     /// Recovers from `failure`, an I/O failure below the file system (`Error::is_transient`),
-    /// before the I/O is tried again: a fresh view (reconnecting to the meta server if needed,
-    /// which waits up to [`RECONNECT_WAIT`] for it), and, when the failure was on a data server
-    /// that is not registered now, a wait of up to [`RECONNECT_WAIT`] for it to come back.
-    /// Fails when the cluster stays unreachable past that bound, so nothing hangs; fails with
-    /// `failure` itself when catching up finds this client's meta session over (a fence revoked
-    /// it, or its lease ran out while the client was stopped): the I/O fails as any fenced I/O
-    /// does (EIO), not with the Stale (ESTALE) the meta server answers an ended session — seen
-    /// in `pause.rs` when a revocation reached the data path as a closed connection instead of
-    /// a refusal. A refresh that fails below the file system is tried again within the same
-    /// bound. An [`Error::ForeignFcb`] in the same session is mended by opening the file anew
+    /// of a call that began at `started`, before the I/O is tried again: a fresh view
+    /// (reconnecting to the meta server if needed, which waits for it within its own bound,
+    /// `Meta::away_since`), and, when the failure was on a data server that is not registered
+    /// now, a wait for it to come back until [`Inner::data_deadline`]. Fails when the cluster
+    /// stays unreachable past that bound, so nothing hangs; fails with `failure` itself when
+    /// catching up finds this client's meta session over (a fence revoked it, or its lease
+    /// ran out while the client was stopped): the I/O fails as any fenced I/O does (EIO), not
+    /// with the Stale (ESTALE) the meta server answers an ended session — seen in `pause.rs`
+    /// when a revocation reached the data path as a closed connection instead of a refusal. A
+    /// refresh that fails below the file system is tried again within the same bound. An
+    /// [`Error::ForeignFcb`] in the same session is mended by opening the file anew
     /// ([`Inner::reopen_foreign`]) when the meta server then gives it another block, and is
     /// final when it names the same one (the block was damaged).
-    pub(crate) fn recover(&self, failure: Error) -> Result<Arc<View>, Error> {
-        let deadline = Instant::now() + RECONNECT_WAIT;
+    pub(crate) fn recover(&self, failure: Error, started: Instant) -> Result<Arc<View>, Error> {
         loop {
             let seen = self.view.read().unwrap_or_else(PoisonError::into_inner).id;
             let view = match self.refresh_view(seen) {
@@ -175,7 +211,7 @@ impl Inner {
                 // only wait again, and the I/O must fail within its bound.
                 Err(Error::Rpc { source, .. })
                     if source.server_went_away()
-                        && Instant::now() < deadline
+                        && Instant::now() < self.data_deadline(started, None)
                         && !self.meta.is_closing() =>
                 {
                     tracing::debug!(error = %source, "refreshing the view failed; trying again");
@@ -226,14 +262,23 @@ impl Inner {
             if !waiting {
                 return Ok(view);
             }
-            if Instant::now() >= deadline || self.meta.is_closing() {
-                return Err(match failure.data_server() {
+            let server = failure.data_server();
+            if let Some(id) = server.filter(|&id| !view.data_server_live(id)) {
+                self.data_away
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .entry(id)
+                    .or_insert_with(Instant::now);
+            }
+            if Instant::now() >= self.data_deadline(started, server) || self.meta.is_closing() {
+                return Err(match server {
                     Some(server) => Error::DataServerAway {
                         server,
-                        waited: RECONNECT_WAIT,
+                        waited: self.waiting_since(started, Some(server)).elapsed(),
                     },
                     None => Error::Fs(FsError::Unavailable(format!(
-                        "no data server connected within {RECONNECT_WAIT:?}"
+                        "no data server connected within {:?} of the call",
+                        started.elapsed()
                     ))),
                 });
             }

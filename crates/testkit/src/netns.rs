@@ -239,6 +239,32 @@ impl Network {
         ip(&["-n", &self.switch, "link", "set", port, "up"])
     }
 
+    /// Cuts only the path between hosts `a` and `b`, silently, while both keep talking to
+    /// every other host: each gets a route to the other through a third host of the switch,
+    /// which does not forward (a namespace's default) and drops those packets without a word —
+    /// no ICMP, nothing fails locally. Undone by [`Network::heal_between`].
+    pub fn cut_between(&self, a: &str, b: &str) -> Result<()> {
+        let (ha, hb) = (self.host(a), self.host(b));
+        let Some(third) = self.hosts.iter().find(|h| h.name != a && h.name != b) else {
+            bail!("cutting a path needs a third host on the switch");
+        };
+        let via = third.addr.to_string();
+        for (from, to) in [(ha, hb), (hb, ha)] {
+            let dest = format!("{}/32", to.addr);
+            ip(&["-n", &from.ns, "route", "add", &dest, "via", &via])?;
+        }
+        Ok(())
+    }
+
+    /// Undoes [`Network::cut_between`].
+    pub fn heal_between(&self, a: &str, b: &str) -> Result<()> {
+        let (ha, hb) = (self.host(a), self.host(b));
+        for (from, to) in [(ha, hb), (hb, ha)] {
+            ip(&["-n", &from.ns, "route", "del", &format!("{}/32", to.addr)])?;
+        }
+        Ok(())
+    }
+
     /// Starts `command` on host `host` (in its network namespace only; see the module docs),
     /// its stdout and stderr collected under `label`. The guard stops it on drop.
     pub fn spawn(&self, host: &str, label: &str, mut command: Command) -> Result<HostProcess> {

@@ -14,6 +14,12 @@
 //!   chunk reads back what it held (a write that failed while the link was down never lands
 //!   later).
 //!
+//! - `heal_data_server`: the paths from both clients to `ds2` are cut (`Network::cut_between`,
+//!   the meta server keeps hearing from `ds2`, so the layout does not change) long enough for
+//!   the kernel to give up the clients' idle connections; after the heal, the client that was
+//!   idle through the cut reads the whole file at once, the one whose reads failed during it
+//!   reads those chunks, and the idle one writes them, each within [`HEALED_BOUND`].
+//!
 //! The tests run one at a time (a lock), since their bounds are timings on a shared machine.
 //! They skip (pass, printing why) without root, `ip`, network namespaces or FUSE.
 
@@ -28,10 +34,13 @@ use testkit::{pattern, skip_without_fuse, skip_without_netns};
 /// The `citronfs` binary under test.
 const BIN: &str = env!("CARGO_BIN_EXE_citronfs");
 
-/// How long a client's read or write on a cut peer may take before it fails: the fabric's
-/// batch and connect bounds (5 s each, `fabric::tcp::{BATCH_TIMEOUT, CONNECT_TIMEOUT}`) plus
-/// slack for a loaded 2-core machine. A call fails at the first bound it meets.
-const IO_BOUND: Duration = Duration::from_secs(10);
+/// How long a client's read or write on a cut data server may take before it fails: a call
+/// fails at the first bound it meets — the fabric's batch and connect bounds (5 s each,
+/// `fabric::tcp::{BATCH_TIMEOUT, CONNECT_TIMEOUT}`), or, when it found a connection the kernel
+/// had already given up and the meta server no longer counts the server live, the wait for
+/// it to register again, which ends 10 s after the call began (fs-client `DATA_SERVER_WAIT`) —
+/// plus slack for a loaded 2-core machine.
+const IO_BOUND: Duration = Duration::from_secs(12);
 
 /// How long the surviving client may take to finish a sweep of writes over every record of
 /// the shared file after the other client was cut while writing all of it: the cut client's
@@ -568,10 +577,148 @@ fn cut_data_server() {
     assert!(from_c2 == expected.concat(), "c2 reads other data");
     println!(
         "ds2 cut: chunks {failed:?} failed with EIO (slowest failure {longest_failure:?}, \
-         slowest success {longest_success:?}, {:?} after the cut); healed: all chunks readable \
-         after {readable_in:?} ({whole} failed rounds)",
+         slowest success {longest_success:?}, {:?} after the cut; c2's writes: to ds1 ok in \
+         {took_ok:?}, to ds2 EIO in {took_bad:?}); healed: all chunks readable after \
+         {readable_in:?} ({whole} failed rounds)",
         cut_at.elapsed()
     );
+}
+
+/// How long the first access after a heal may take: a fresh connection and the I/O, well
+/// under the fabric's 5 s batch bound, so that neither a wait for a dead connection's timeout
+/// nor a lock left to lazy recovery (`T_lease` = 2 s per step) fits in it.
+const HEALED_BOUND: Duration = Duration::from_millis(1500);
+
+/// How long `heal_data_server` keeps `ds2` cut off from the clients: longer than a client
+/// connection's dead-peer bound (`fabric::tcp::watch_peer_within` the 5 s batch bound), so
+/// that the kernel gives up the idle client's connections to `ds2` while it is cut.
+const HEAL_CUT: Duration = Duration::from_secs(7);
+
+#[test]
+fn heal_data_server() {
+    skip_without_netns!();
+    skip_without_fuse!();
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut cluster = start_cluster();
+    let m1 = cluster.mount(1, &[]).unwrap();
+    let m2 = cluster.mount(2, &[]).unwrap();
+    const CHUNKS: u64 = 8;
+    let expected: Vec<Vec<u8>> = (0..CHUNKS)
+        .map(|c| pattern(7, c * CHUNK, CHUNK as usize))
+        .collect();
+    std::fs::write(m1.join("striped"), expected.concat()).unwrap();
+    // Both clients read everything once: their workers connect to both data servers.
+    for m in [&m1, &m2] {
+        for (c, (_, r)) in read_chunks(&m.join("striped"), CHUNKS).iter().enumerate() {
+            assert!(
+                r.as_ref().ok() == Some(&expected[c]),
+                "chunk {c} before the cut"
+            );
+        }
+    }
+
+    // Cut the paths from both clients to ds2 (the meta server keeps hearing from ds2, so the
+    // layout does not change: the clients keep their connections, which die silently). c1
+    // reads every chunk while cut (those on ds2 fail); c2 stays idle.
+    for client in ["c1", "c2"] {
+        cluster.net().cut_between(client, "ds2").unwrap();
+    }
+    let cut_at = Instant::now();
+    let during = read_chunks(&m1.join("striped"), CHUNKS);
+    let failed: Vec<u64> = (0..CHUNKS)
+        .filter(|&c| during[c as usize].1.is_err())
+        .collect();
+    assert!(!failed.is_empty(), "no read failed while ds2 was cut off");
+    std::thread::sleep(HEAL_CUT.saturating_sub(cut_at.elapsed()));
+    for client in ["c1", "c2"] {
+        cluster.net().heal_between(client, "ds2").unwrap();
+    }
+
+    // The idle client's first read after the heal succeeds, promptly.
+    let path = m2.join("striped");
+    let (idle_first, idle_took) = bounded(IO_BOUND * 2, "c2's first read after the heal", {
+        move || std::fs::read(&path).map_err(|e| e.raw_os_error().unwrap_or(-1))
+    });
+    // The client whose reads failed during the cut: no stall on its first access of them.
+    let mut c1_after = Vec::new();
+    for &c in &failed {
+        let path = m1.join("striped");
+        let (r, took) = bounded(IO_BOUND * 2, "c1's first read after the heal", move || {
+            let mut buf = vec![0u8; CHUNK as usize];
+            std::fs::File::open(&path)
+                .and_then(|f| f.read_exact_at(&mut buf, c * CHUNK))
+                .map(|()| buf)
+                .map_err(|e| e.raw_os_error().unwrap_or(-1))
+        });
+        c1_after.push((c, took, r));
+    }
+    // The other client writes those chunks (what they hold): no stall behind the parts of
+    // c1's locks that its failed reads released late (left to lazy recovery).
+    let mut c2_writes = Vec::new();
+    for &c in &failed {
+        let path = m2.join("striped");
+        let data = expected[c as usize].clone();
+        let (r, took) = bounded(IO_BOUND * 2, "c2's first write after the heal", move || {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .and_then(|f| f.write_all_at(&data, c * CHUNK))
+                .map_err(|e| e.raw_os_error().unwrap_or(-1))
+        });
+        c2_writes.push((c, took, r));
+    }
+    println!(
+        "ds2 cut off from both clients for {HEAL_CUT:?}: c1's reads of chunks {failed:?} \
+         failed; c2 (idle through the cut) first read: {} in {idle_took:?}; c1's first reads \
+         of the failed chunks: {:?}; c2's writes of them: {:?}",
+        errno_name(idle_first.as_ref().err().copied().unwrap_or(0)),
+        outcomes(&c1_after),
+        outcomes(&c2_writes)
+    );
+    match idle_first {
+        Ok(data) => assert!(
+            data == expected.concat(),
+            "c2 read other data after the heal"
+        ),
+        Err(e) => panic!("c2's first read after the heal failed with errno {e}"),
+    }
+    assert!(
+        idle_took < HEALED_BOUND,
+        "c2's first read after the heal took {idle_took:?}, over {HEALED_BOUND:?}"
+    );
+    for (c, took, r) in c1_after {
+        assert!(
+            r.as_ref().ok() == Some(&expected[c as usize]),
+            "c1's first read of chunk {c} after the heal: {r:?}"
+        );
+        assert!(
+            took < HEALED_BOUND,
+            "c1's first read of chunk {c} after the heal took {took:?}, over {HEALED_BOUND:?}"
+        );
+    }
+    for (c, took, r) in c2_writes {
+        assert_eq!(r, Ok(()), "c2's write of chunk {c} after the heal");
+        assert!(
+            took < HEALED_BOUND,
+            "c2's write of chunk {c} after the heal took {took:?}, over {HEALED_BOUND:?}"
+        );
+    }
+    let whole = std::fs::read(m1.join("striped")).unwrap();
+    assert!(whole == expected.concat(), "c1 reads other data at the end");
+}
+
+/// Each chunk's access of `results` (chunk, how long, outcome) with its outcome named.
+fn outcomes<T>(results: &[(u64, Duration, Result<T, i32>)]) -> Vec<(u64, Duration, &str)> {
+    results
+        .iter()
+        .map(|(c, took, r)| {
+            (
+                *c,
+                *took,
+                errno_name(r.as_ref().err().copied().unwrap_or(0)),
+            )
+        })
+        .collect()
 }
 
 /// Reads chunks `0..n` of `path` at once, one thread each: (how long, the data or errno).

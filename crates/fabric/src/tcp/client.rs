@@ -419,6 +419,14 @@ fn abortive_close_on_drop(stream: &TcpStream) {
     }
 }
 
+/// Whether a failed `write` says that the connection itself is gone — the kernel gave it up
+/// (`ETIMEDOUT`: its keepalive probes or data went unanswered past `TCP_USER_TIMEOUT`), the
+/// peer reset it, or the route to it failed — as opposed to our own deadline or the socket's
+/// send timeout running out (the request may still be on its way then).
+fn is_lost_connection(e: &std::io::Error) -> bool {
+    e.raw_os_error().is_some() && e.kind() != ErrorKind::WouldBlock
+}
+
 /// Whether a socket error is a timeout (`SO_RCVTIMEO`/`SO_SNDTIMEO` ran out: Linux reports
 /// `EAGAIN`, i.e. `WouldBlock`) or our own deadline ran out (`TimedOut`).
 fn is_timeout(e: &std::io::Error) -> bool {
@@ -446,6 +454,8 @@ struct Deadline<'a> {
     /// When taking what has already arrived after the deadline stops (set at the first call
     /// past the deadline).
     grace_end: Option<Instant>,
+    /// Bytes `write_all` has handed to the socket so far.
+    sent: usize,
 }
 
 impl<'a> Deadline<'a> {
@@ -457,6 +467,7 @@ impl<'a> Deadline<'a> {
             bound,
             narrowed: false,
             grace_end: None,
+            sent: 0,
         }
     }
 
@@ -495,7 +506,10 @@ impl<'a> Deadline<'a> {
             self.before_call()?;
             match self.stream.get_ref().write(buf) {
                 Ok(0) => return Err(ErrorKind::WriteZero.into()),
-                Ok(n) => buf = &buf[n..],
+                Ok(n) => {
+                    buf = &buf[n..];
+                    self.sent += n;
+                }
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
             }
@@ -736,8 +750,20 @@ impl TcpEndpoint {
         self.answer_by = Instant::now() + self.timeouts.batch;
         let mut io = Deadline::until(&mut self.stream, self.answer_by, self.timeouts.batch);
         if let Err(e) = io.write_all(&self.tx) {
+            let sent = io.sent;
             drop(io);
-            return Err(if is_timeout(&e) {
+            return Err(if sent == 0 && is_lost_connection(&e) {
+                // The kernel had already given the connection up — most often while it sat
+                // idle through a cut link (`watch_peer_within`), and the link is back now — or
+                // the peer reset it: not one byte of this request left, so it did not run and
+                // redoing it on a new connection is safe.
+                let why = format!(
+                    "the connection to {} was lost before the request was sent ({e}); the \
+                     request did not run",
+                    self.peer
+                );
+                self.fail(why)
+            } else if is_timeout(&e) {
                 let why = format!(
                     "{} did not take the request within {:?} (link down or host frozen?); the \
                      batch's outcome is unknown",
