@@ -108,6 +108,64 @@ fn a_gone_holder_is_broken_within_about_a_quarter_lease() {
     assert_eq!(waiter.stats().recoveries, 1);
 }
 
+/// A request *below* the gone holder's node (a leaf of it) waits in phase (b) on an occupied
+/// ancestor, not in its ticket queue: it learns the holder is gone there, escalates, and breaks
+/// in at once.
+#[test]
+fn a_request_below_a_gone_holder_is_granted_within_about_a_quarter_lease() {
+    let s = Setup::new();
+    let mut dead = s.client(Some(7));
+    let _held = dead.acquire(NODE).unwrap();
+    s.oracle.gone.lock().unwrap().insert(7);
+    let mut waiter = s.client(Some(8));
+    let began = Instant::now();
+    let id = waiter.acquire(10..20).unwrap();
+    let took = began.elapsed();
+    waiter.release(id).unwrap();
+    assert!(
+        took < T_LEASE,
+        "a request under a gone holder's node took {took:?} (the ancestor rule alone: {T_LEASE:?}, then the ticket)"
+    );
+}
+
+/// A request below a holder that is silent (stopped) but not known gone: phase (b) escalates
+/// after a lease, and the ticket wait there counts the stand-still phase (b) already saw, so it
+/// asks at once whether the holder is stopped — and, fenced, it is broken within about one
+/// lease in all, not two.
+#[test]
+fn a_request_below_a_stopped_holder_is_granted_within_about_a_lease() {
+    let s = Setup::new();
+    let mut stopped = s.client(Some(7));
+    let _held = stopped.acquire(NODE).unwrap();
+    // Gone only to a question asked after a whole lease of stand-still (`stopped`).
+    struct StoppedOracle;
+    impl Fence for StoppedOracle {
+        fn fence(&self) -> Result<(), LockError> {
+            Ok(())
+        }
+        fn holder_gone(&self, owner: u64, stopped: bool) -> Result<bool, LockError> {
+            Ok(owner == 7 && stopped)
+        }
+    }
+    let options = ClientOptions {
+        fence: Some(Arc::new(StoppedOracle)),
+        owner: Some(8),
+        ..ClientOptions::default()
+    };
+    let alloc = Arc::new(BumpAllocator::new(RemoteAddr::new(RegionId(2), 0), 1 << 20));
+    let mut waiter = Citron::new(Arc::new(s.server.clone()), s.base, alloc, options)
+        .boxed()
+        .unwrap();
+    let began = Instant::now();
+    let id = waiter.acquire(10..20).unwrap();
+    let took = began.elapsed();
+    waiter.release(id).unwrap();
+    assert!(
+        took < T_LEASE.mul_f64(1.5),
+        "a request under a stopped holder's node took {took:?} (T_lease {T_LEASE:?})"
+    );
+}
+
 #[test]
 fn a_holder_not_known_gone_keeps_the_lease_rule() {
     let s = Setup::new();

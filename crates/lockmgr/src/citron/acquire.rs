@@ -713,6 +713,16 @@ impl CitronClient {
         let mut restart = false;
         let mut last = first & (TCNT | OCC);
         let mut since = Instant::now();
+        // Escalated here because phase (b) saw this very value stand still (l. 18): it has
+        // stood still since then (the recovery rules count from the first read that showed
+        // the current value, `lease` module docs).
+        if let Some((_, _, seen_since)) = self
+            .suspected
+            .take()
+            .filter(|&(n, seen, _)| n == node && seen == last)
+        {
+            since = seen_since;
+        }
         // When (stand-still time) to ask next whether the holder is gone.
         let mut next_ask = lease / 4;
         let mut backoff = self.backoff();
@@ -860,6 +870,8 @@ impl CitronClient {
             let is_root = i + 1 == ancs.len();
             let mut last = words[i] & (TCNT | OCC);
             let mut since = Instant::now();
+            // When (stand-still time) to ask whether its holder is gone (recovery by identity).
+            let mut next_ask = lease / 4;
             let mut backoff = self.backoff();
             // l. 18.
             loop {
@@ -875,8 +887,18 @@ impl CitronClient {
                 if seen != last {
                     last = seen;
                     since = Instant::now();
+                    next_ask = lease / 4;
                 } else if since.elapsed() >= lease {
+                    self.suspected = Some((anc, last, since));
                     return Ok(PhaseB::Give(Outcome::Escalate(anc, Why::Suspected)));
+                } else if since.elapsed() >= next_ask {
+                    // A holder known gone need not be waited out for the rest of the lease:
+                    // escalate now; the ticket wait there asks again and breaks in.
+                    next_ask = since.elapsed() * 2;
+                    if self.holder_gone(anc, w, false)? {
+                        self.suspected = Some((anc, last, since));
+                        return Ok(PhaseB::Give(Outcome::Escalate(anc, Why::Suspected)));
+                    }
                 }
             }
         }

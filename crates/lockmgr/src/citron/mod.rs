@@ -370,6 +370,10 @@ pub struct CitronClient {
     rng: SmallRng,
     /// Epoch at which a scale-up failed (allocation refused): not retried until it changes.
     scale_failed_epoch: Option<u64>,
+    /// An occupied ancestor that phase (b) saw stand still for `T_lease` before it escalated
+    /// to it (l. 18): the node, its `TCnt`/`Occ` as seen, and since when. The ticket wait on it
+    /// that follows counts its stand-still from then, not from its own first read.
+    suspected: Option<(Node, u64, Instant)>,
     /// Where the current acquisition is, for watchdogs ([`CitronClient::progress`]).
     progress: Arc<Progress>,
     /// Set when this client acquires at the host ([`hosted`]); its books of hosted locks.
@@ -409,6 +413,7 @@ impl CitronClient {
             stats: LockStats::default(),
             rng: SmallRng::from_os_rng(),
             scale_failed_epoch: None,
+            suspected: None,
             progress: Arc::default(),
             hosted: None,
             polls_cost_server: endpoint_capabilities.server_cpu_on_data_path,
