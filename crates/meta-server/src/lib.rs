@@ -32,7 +32,7 @@ pub mod store;
 
 use anyhow::Context;
 use fabric::{Backing, Credentials, FabricServer, ServeAt};
-use lockmgr::baselines::LockServer;
+use lockmgr::schemes::LockServer;
 use proto::Caller;
 use service::{Service, Settings, META_REGION};
 use std::net::SocketAddr;
@@ -119,10 +119,11 @@ pub struct MetaConfig {
     pub fence_after: Duration,
     /// `T_lease` of the CITRON lock of every file.
     pub lock_lease: Duration,
-    /// Run the CPU lock server of the `server` lock scheme (off by default: it is a baseline for
-    /// comparison, and mounts asking for the `server` scheme fail with a clear error without
-    /// it). It listens on the RPC address's host, on a port of its own, and authenticates
-    /// peers with the cluster's credentials like every other server.
+    /// Run the CPU lock server that schemes keeping their locks at a lock service use
+    /// (`lockmgr::schemes::Placement::Service`; off by default: it is a baseline for
+    /// comparison, and mounts asking for such a scheme fail with a clear error without it).
+    /// It listens on the RPC address's host, on a port of its own, and authenticates peers
+    /// with the cluster's credentials like every other server.
     pub lock_server: bool,
     /// Limits on connections to the RPC port and the lock server: per peer address, and
     /// pending their handshake in total. A connection beyond them is refused
@@ -868,7 +869,7 @@ mod tests {
                     name: "f".into(),
                     perm: 0o644,
                     caller: Caller { uid: 0, gid: 0 },
-                    scheme: lockmgr::LockScheme::MUTEX,
+                    scheme: "mutex".parse().unwrap(),
                 },
                 None,
             )

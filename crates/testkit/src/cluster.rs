@@ -81,8 +81,8 @@ pub struct ClusterSpec {
     pub fence_after: Duration,
     /// `T_lease` of every file's CITRON lock (must exceed 4 × `fence_after`).
     pub lock_lease: Duration,
-    /// Run the lock server of the `server` scheme (a baseline; off unless a client will lock
-    /// with it).
+    /// Run the lock server of the schemes that keep their locks at a lock service (a baseline;
+    /// on anyway when `scheme` is one; off unless a client will lock with one).
     pub lock_server: bool,
     /// Files one client session may have open at once (beyond: EMFILE).
     pub max_open_per_session: usize,
@@ -95,8 +95,8 @@ pub struct ClusterSpec {
 
 impl Default for ClusterSpec {
     /// Test-sized: two memory-backed data servers of 16 MiB on shm, [`TEST_CHUNK_SIZE`]
-    /// chunks, a 16 MiB meta region, the citron scheme, a random token, a temporary state
-    /// directory, and the meta server's leases.
+    /// chunks, a 16 MiB meta region, the default lock scheme ([`LockScheme::default`]), a
+    /// random token, a temporary state directory, and the meta server's leases.
     fn default() -> Self {
         ClusterSpec {
             name: "citronfs-test".into(),
@@ -108,7 +108,7 @@ impl Default for ClusterSpec {
             fabric: Backend::Shm,
             backing: BackingKind::Memory,
             state_dir: None,
-            scheme: LockScheme::CITRON,
+            scheme: LockScheme::default(),
             session_lease: meta_server::DEFAULT_SESSION_LEASE,
             fence_after: meta_server::DEFAULT_FENCE_AFTER,
             lock_lease: meta_server::DEFAULT_LOCK_LEASE,
@@ -196,7 +196,7 @@ impl Cluster {
         config.session_lease = spec.session_lease;
         config.fence_after = spec.fence_after;
         config.lock_lease = spec.lock_lease;
-        config.lock_server = spec.lock_server || spec.scheme == LockScheme::SERVER;
+        config.lock_server = spec.lock_server || spec.scheme.uses_service();
         config.max_open_per_session = spec.max_open_per_session;
         config.max_record_locks_per_session = spec.max_record_locks_per_session;
         config.idle_poll = spec.meta_idle_poll;
