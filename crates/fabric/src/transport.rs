@@ -3,15 +3,20 @@
 //!
 //! Servers, clients, tests and benchmarks name a backend only as a value — a [`Backend`] (the
 //! `--fabric` choice), a [`ServeAt`] (where a server serves) or a [`FabricAddr`] (how its
-//! clients reach it) — and go through this module for everything else. Adding a backend (RDMA
-//! is next) means a variant in each of the three types and an arm in each function here, and
+//! clients reach it) — and go through this module for everything else. What differs between
+//! backends is asked as a capability, never by matching on the backend: whether a server can
+//! fence sessions ([`FabricServer::can_fence`]), runs procedures
+//! ([`FabricServer::runs_procedures`]), whether its regions outlive its process
+//! ([`FabricServer::keeps_regions_on_crash`]), where its peers on this host meet
+//! ([`ServeAt::host_dir`]) and where it serves again after a restart ([`ServeAt::again_at`]). Adding a backend (RDMA is
+//! next) means a variant in each of the three types and an arm in each function here, and
 //! nothing outside this crate but a command-line value.
 //!
-//! | backend | serves at | reached at | fences sessions |
-//! | --- | --- | --- | --- |
-//! | `mem` | this process | [`FabricAddr::Mem`], from this process only | no |
-//! | `shm` | a directory (under `/dev/shm`) | the directory, from this host | no |
-//! | `tcp` | a socket address | `host:port`, from anywhere, with the cluster's credentials | yes |
+//! | backend | serves at | reached at | fences sessions | runs procedures | outlives its process |
+//! | --- | --- | --- | --- | --- | --- |
+//! | `mem` | this process | [`FabricAddr::Mem`], from this process only | no | no | nothing |
+//! | `shm` | a directory (under `/dev/shm`) | the directory, from this host | no | no | region files |
+//! | `tcp` | a socket address | `host:port`, from anywhere, with the cluster's credentials | yes | yes | nothing |
 
 use crate::addr::RegionId;
 use crate::endpoint::Connector;
@@ -68,6 +73,14 @@ impl Backend {
     }
 }
 
+/// `shm`: a cluster on one host, the clients' verbs never waking a server CPU (what
+/// `citronfs up` and the test clusters start unless told otherwise).
+impl Default for Backend {
+    fn default() -> Self {
+        Backend::Shm
+    }
+}
+
 impl fmt::Display for Backend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
@@ -111,6 +124,31 @@ impl ServeAt {
             ServeAt::Shm { .. } => Backend::Shm,
             ServeAt::Tcp { .. } => Backend::Tcp,
         }
+    }
+
+    /// The directory on this host where this server's peers on the same host find it (shm),
+    /// and where other meeting points of the server's (a local socket) belong; `None` for a
+    /// backend that is not reached through the file system.
+    pub fn host_dir(&self) -> Option<&Path> {
+        match self {
+            ServeAt::Shm { dir } => Some(dir),
+            ServeAt::Mem | ServeAt::Tcp { .. } => None,
+        }
+    }
+
+    /// Where to serve again after a restart, so that clients find the new run at `bound`, the
+    /// address the first run told them ([`FabricServer::addr`]): tcp on that port, as a
+    /// deployment with fixed ports does; the others where this says (shm's directory is its
+    /// address already, mem is per run).
+    pub fn again_at(&self, bound: &FabricAddr) -> Result<ServeAt> {
+        Ok(match (self, bound) {
+            (ServeAt::Tcp { .. }, FabricAddr::Tcp { addr }) => ServeAt::Tcp {
+                listen: addr
+                    .parse()
+                    .map_err(|e| FabricError::Config(format!("the bound address {addr:?}: {e}")))?,
+            },
+            (at, _) => at.clone(),
+        })
     }
 
     /// Where to serve regions backed by files in `dir` ([`Backing::File`]): backends that
@@ -412,6 +450,21 @@ impl FabricServer {
         }
     }
 
+    /// Whether this backend runs procedures ([`FabricServer::register_procedure`]): only one
+    /// whose verbs a server CPU executes (tcp).
+    pub fn runs_procedures(&self) -> bool {
+        matches!(self.served, Served::Tcp(_))
+    }
+
+    /// Whether this backend keeps its regions outside the serving process (shm's region files,
+    /// mapped by every client), so that a killed server leaves them behind for a next run to
+    /// find. Dropping the server removes them, as a stop does: a test that stands in for a
+    /// kill must then not drop it (`std::mem::forget`); the other backends' sockets close and
+    /// memory goes with the process, as a drop does.
+    pub fn keeps_regions_on_crash(&self) -> bool {
+        matches!(self.served, Served::Shm(_))
+    }
+
     /// Whether this backend can fence client sessions ([`FabricServer::revoke`]).
     pub fn can_fence(&self) -> bool {
         matches!(self.served, Served::Tcp(_))
@@ -550,6 +603,34 @@ mod tests {
             let mut own = server.connector().unwrap().connect().unwrap();
             assert_eq!(own.read_u64(RemoteAddr::new(RegionId(3), 8)).unwrap(), 42);
             assert_eq!(server.can_fence(), backend == Backend::Tcp);
+            assert_eq!(server.runs_procedures(), backend == Backend::Tcp);
+            assert_eq!(at.host_dir().is_some(), backend == Backend::Shm);
+            // Served again at the address the first run was told: the same address.
+            let first = server.addr();
+            let again = at.again_at(&first).unwrap();
+            if backend != Backend::Mem {
+                drop(server);
+                let server = serve(&again, &creds()).unwrap();
+                assert_eq!(server.addr(), first, "{backend}");
+            }
+        }
+    }
+
+    /// A server that goes as by a crash (never dropped) leaves shm's region files behind.
+    #[test]
+    fn what_outlives_a_crashed_server() {
+        let dir = tempfile::tempdir().unwrap();
+        for backend in Backend::ALL {
+            let shm = dir.path().join(backend.name());
+            let at = backend.serve_at(&shm, "127.0.0.1:0".parse().unwrap());
+            let server = serve(&at, &creds()).unwrap();
+            server.register(RegionId(3), 64, &Backing::Memory).unwrap();
+            let keeps = server.keeps_regions_on_crash();
+            assert_eq!(keeps, backend == Backend::Shm, "{backend}");
+            if keeps {
+                std::mem::forget(server);
+                assert!(std::fs::read_dir(&shm).unwrap().count() > 0);
+            }
         }
     }
 

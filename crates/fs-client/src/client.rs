@@ -83,7 +83,7 @@ impl MountOptions {
             meta_addr: meta_addr.into(),
             cluster: cluster.into(),
             token: token.into(),
-            scheme: LockScheme::CITRON,
+            scheme: LockScheme::default(),
             host: hostname(),
             fabric_timeouts: fabric::TcpTimeouts::DEFAULT,
             citron_hosting: Hosting::Auto,

@@ -64,12 +64,12 @@ use crate::client::{CitronFs, FileHandle, Inner};
 use crate::error::{Error, Peer};
 use crate::fcb::{check_owner, Fcb, FcbRaises, FcbReads, MtimeRaise};
 use crate::handles::{Handle, OpenInode};
-use crate::locks::{server_range, whole_file};
+use crate::locks::{file_range, WHOLE_FILE};
 use crate::meta::unexpected;
 use crate::plan::{plan, Limits, Op, ServerPlan};
 use crate::workers::Worker;
 use fabric::{Batch, RemoteAddr};
-use lockmgr::{LockScheme, LockStats};
+use lockmgr::LockStats;
 use proto::rpc::{Request, Response};
 use proto::{Attr, Caller, FsError, SetAttr, Timestamp, INCARNATION_REGION};
 use std::ops::Range;
@@ -369,7 +369,7 @@ impl CitronFs {
         let inner = &*self.inner;
         let append = handle.flags & libc::O_APPEND != 0;
         let units = if append {
-            whole_file(inner.scheme)
+            WHOLE_FILE
         } else {
             inner.geometry.lock_range(offset, data.len() as u64)?
         };
@@ -666,7 +666,7 @@ impl Inner {
     /// the MTIME raise in a batch waited for anyway, so a locked I/O costs the lock's own round
     /// trips plus its data batches: three in sequence for a 4 KiB read or overwrite on one data
     /// server, two where the release is posted (CITRON at the host). A scheme that cannot carry
-    /// verbs in its acquisition (`server`) reads the FCB on the worker's meta endpoint, one
+    /// verbs in its acquisition (a lock service) reads the FCB on the worker's meta endpoint, one
     /// round trip more, after the grant.
     pub(crate) fn locked<T>(
         &self,
@@ -676,11 +676,7 @@ impl Inner {
         touch: Option<u64>,
         body: impl FnOnce(&mut Worker, Fcb, Option<u64>) -> Result<T, Error>,
     ) -> Result<T, Error> {
-        let range = if self.scheme == LockScheme::SERVER {
-            server_range(inode.ino, units)?
-        } else {
-            units
-        };
+        let range = file_range(&self.scheme, inode.ino, units)?;
         let before = self.io.start(w);
         let mut extra = std::mem::take(&mut w.batch);
         let mut out = std::mem::take(&mut w.out);
@@ -1280,16 +1276,12 @@ impl Inner {
             let inode = &self.live_inode(inode, &w.view)?;
             let ino = inode.ino;
             let set = set.clone();
-            self.locked(
-                &mut w,
-                inode,
-                whole_file(self.scheme),
-                None,
-                |w, _, _| match self.locked_call(w, Request::SetAttr { ino, set, caller })? {
+            self.locked(&mut w, inode, WHOLE_FILE, None, |w, _, _| {
+                match self.locked_call(w, Request::SetAttr { ino, set, caller })? {
                     Response::Attr(attr) => Ok(attr),
                     other => Err(unexpected("SetAttr", other)),
-                },
-            )
+                }
+            })
         })
     }
 }

@@ -1,5 +1,6 @@
-//! A worker's range-lock handles: one per open file for the fabric schemes, one connection to
-//! the lock server for the `server` scheme. How a handle is opened is `locks`' business; this
+//! A worker's range-lock handles: one per open file where each file has a lock of its own, one
+//! handle on the lock service where the scheme keeps every file's lock there
+//! ([`lockmgr::schemes::Placement`]). How a handle is opened is `locks`' business; this
 //! module decides when.
 //!
 //! Invariants:
@@ -16,7 +17,6 @@ use crate::error::Error;
 use crate::handles::OpenInode;
 use crate::locks;
 use crate::view::View;
-use lockmgr::LockScheme;
 use lockmgr::{LockStats, RangeLock};
 use proto::Ino;
 use std::collections::HashMap;
@@ -27,10 +27,10 @@ use std::sync::{Arc, Weak};
 #[derive(Default)]
 pub(crate) struct LockCache {
     /// Per open inode: the inode (weakly: closing it must free it) and this worker's lock
-    /// handle on it. Unused with the `server` scheme.
+    /// handle on it. Unused with a lock service.
     files: HashMap<Ino, (Weak<OpenInode>, Box<dyn RangeLock>)>,
-    /// The `server` scheme's connection (one global lock space).
-    server: Option<Box<dyn RangeLock>>,
+    /// The handle on the lock service (one lock space for every file).
+    service: Option<Box<dyn RangeLock>>,
 }
 
 impl LockCache {
@@ -41,19 +41,19 @@ impl LockCache {
         view: &View,
         inode: &Arc<OpenInode>,
     ) -> Result<&mut Box<dyn RangeLock>, Error> {
-        if inner.scheme == LockScheme::SERVER {
-            if self.server.is_none() {
+        if inner.scheme.uses_service() {
+            if self.service.is_none() {
                 let at = view
                     .servers
-                    .lock_server
+                    .lock_service
                     .as_ref()
                     .expect("checked at connect");
-                self.server = Some(
-                    locks::open_server_lock(&*view.servers.meta, at)
+                self.service = Some(
+                    locks::open_service_lock(&inner.scheme, &*view.servers.meta, at)
                         .map_err(Error::lock(inode.ino))?,
                 );
             }
-            return Ok(self.server.as_mut().expect("set above"));
+            return Ok(self.service.as_mut().expect("set above"));
         }
         let fresh = !matches!(self.files.get(&inode.ino),
             Some((known, _)) if known.upgrade().is_some_and(|k| k.open_id == inode.open_id));
@@ -97,7 +97,7 @@ impl LockCache {
         for (_, lock) in self.files.values() {
             total.merge(&lock.stats());
         }
-        if let Some(lock) = &self.server {
+        if let Some(lock) = &self.service {
             total.merge(&lock.stats());
         }
     }

@@ -1,26 +1,25 @@
 //! How the client opens range locks on a file.
 //!
 //! Ranges are in lock units of the file (`[0, FILE_UNITS)`; a whole-file lock is wider, see
-//! [`whole_file`]). The meta server creates each open file's lock and sends it in the open
-//! reply ([`proto::OpenFile::lock`]: the scheme with every parameter it chose, and the base
-//! address); `open_file_lock` opens exactly that through [`lockmgr::schemes::open`]. What the
-//! file system adds per scheme:
+//! [`WHOLE_FILE`]). Where a scheme keeps them is the scheme's to say
+//! ([`lockmgr::schemes::Placement`]), and this module asks it:
 //!
-//! - `citron`: scale-ups allocate tree words with the `AllocateLockWords` RPC
-//!   (`RpcTreeAllocator`), and a lease recovery fences first (`MetaFence`).
-//! - `mutex`, `seg`: nothing.
-//! - `server`: the CPU lock server at [`proto::ClusterInfo::lock_server`] locks one global space
-//!   for every file: file `ino`'s unit `u` is `ino << 40 | u` ([`server_range`]), so files never
-//!   conflict with each other and inode numbers must stay below `2^24`; one connection per
-//!   worker serves every file (`open_server_lock`).
+//! - a lock per file: the meta server creates each open file's lock and sends it in the open
+//!   reply ([`proto::OpenFile::lock`]: the scheme with every parameter it chose, and the base
+//!   address); `open_file_lock` opens exactly that through [`lockmgr::schemes::open`], with
+//!   what the file system adds — scale-up memory from the `AllocateLockWords` RPC
+//!   (`RpcTreeAllocator`), and a fence before a lease recovery (`MetaFence`); a scheme takes
+//!   what it uses of them;
+//! - a shared lock service (at [`proto::ClusterInfo::lock_server`]): one connection per
+//!   worker serves every file (`open_service_lock`), and file `ino`'s units are locked in its
+//!   own slice of the service's space ([`file_range`]), so files never conflict with each
+//!   other.
 
 use crate::error::Error;
 use crate::meta::{unexpected, Meta};
-use crate::plan::FILE_UNITS;
 use fabric::RemoteAddr;
-use lockmgr::baselines::LockServerAt;
 use lockmgr::citron::{ClientOptions, TreeAllocator};
-use lockmgr::schemes::{self, OpenOptions, NO_STATE};
+use lockmgr::schemes::{self, LockServerAt, OpenOptions};
 use lockmgr::{LockError, LockRef, LockScheme, RangeLock};
 use proto::rpc::{Request, Response};
 use proto::{FsError, Ino};
@@ -29,26 +28,16 @@ use std::sync::Arc;
 
 /// The unit range that excludes every other reader and writer of the file (truncate, append).
 ///
-/// For the fabric schemes it reaches to `u64::MAX`: CITRON then takes its spillover mutex as
-/// well as the tree, and a range ending beyond its largest tree is never ORed into the
-/// maximizer, so a whole-file lock does not make the tree grow.
-pub fn whole_file(scheme: LockScheme) -> Range<u64> {
-    match scheme {
-        LockScheme::Server => 0..FILE_UNITS,
-        _ => 0..u64::MAX,
-    }
-}
+/// It reaches to `u64::MAX`: CITRON then takes its spillover mutex as well as the tree, and a
+/// range ending beyond its largest tree is never ORed into the maximizer, so a whole-file lock
+/// does not make the tree grow; a lock service cuts it at the end of the file's slice.
+pub const WHOLE_FILE: Range<u64> = 0..u64::MAX;
 
-/// The `server` scheme's global range for units `range` of file `ino`.
-pub fn server_range(ino: Ino, range: Range<u64>) -> Result<Range<u64>, FsError> {
-    if ino >= 1 << 24 {
-        return Err(FsError::Invalid(format!(
-            "inode {ino} is beyond the server lock scheme's 2^24 files"
-        )));
-    }
-    let base = ino << 40;
-    let end = range.end.min(FILE_UNITS);
-    Ok(base + range.start.min(end)..base + end)
+/// Where `scheme` locks units `range` of file `ino` ([`LockScheme::object_range`]).
+pub fn file_range(scheme: &LockScheme, ino: Ino, range: Range<u64>) -> Result<Range<u64>, FsError> {
+    scheme
+        .object_range(ino, range)
+        .map_err(|e| FsError::Invalid(format!("inode {ino}: {e}")))
 }
 
 /// Scale-up memory for one file's CITRON tree, from the meta server.
@@ -73,7 +62,8 @@ impl TreeAllocator for RpcTreeAllocator {
         })
     }
 
-    /// The meta server hosts file locks on tcp and allocates their words itself, by inode.
+    /// The meta server hosts file locks where its fabric runs procedures, and allocates their
+    /// words itself, by inode.
     fn host_tag(&self) -> Option<u64> {
         Some(self.ino)
     }
@@ -113,8 +103,8 @@ impl lockmgr::Fence for MetaFence {
     }
 }
 
-/// Opens this thread's handle on the lock of an open file (the fabric schemes), as the meta
-/// server created it.
+/// Opens this thread's handle on the lock of an open file (a scheme with a lock per file), as
+/// the meta server created it.
 pub(crate) fn open_file_lock(
     lock: &LockRef,
     connector: &dyn fabric::Connector,
@@ -141,42 +131,37 @@ pub(crate) fn open_file_lock(
     schemes::open(lock, connector, &options).map_err(Error::lock(ino))
 }
 
-/// Opens this thread's connection to the cluster's lock server (the `server` scheme: one for
-/// every file, see [`server_range`]).
-pub(crate) fn open_server_lock(
+/// Opens this thread's handle on the cluster's lock service (a scheme that keeps every file's
+/// lock there: one handle for every file, see [`file_range`]).
+pub(crate) fn open_service_lock(
+    scheme: &LockScheme,
     connector: &dyn fabric::Connector,
     at: &LockServerAt,
 ) -> Result<Box<dyn RangeLock>, LockError> {
-    let lock = LockRef {
-        scheme: LockScheme::SERVER,
-        base: NO_STATE,
-    };
     let options = OpenOptions {
         server: Some(at.clone()),
         ..OpenOptions::default()
     };
-    schemes::open(&lock, connector, &options)
+    schemes::open_service(scheme, connector, &options)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::FILE_UNITS;
 
     #[test]
-    fn server_ranges_keep_files_apart() {
-        let a = server_range(1, 0..FILE_UNITS).unwrap();
-        let b = server_range(2, 0..1).unwrap();
-        assert_eq!(a, 1 << 40..2 << 40);
-        assert_eq!(b, 2 << 40..(2 << 40) + 1);
-        assert_eq!(
-            server_range(3, whole_file(LockScheme::SERVER)).unwrap().end,
-            4 << 40
-        );
-        // A fabric scheme's whole-file range is clipped to the file's slice.
-        assert_eq!(
-            server_range(3, 5..u64::MAX).unwrap(),
-            (3 << 40) + 5..4 << 40
-        );
-        assert!(server_range(1 << 24, 0..1).is_err());
+    fn service_ranges_keep_files_apart() {
+        for scheme in ["citron", "mutex", "seg", "server"] {
+            let scheme: LockScheme = scheme.parse().unwrap();
+            let a = file_range(&scheme, 1, 0..FILE_UNITS).unwrap();
+            let b = file_range(&scheme, 2, WHOLE_FILE).unwrap();
+            if scheme.uses_service() {
+                assert!(a.end <= b.start, "{scheme}: {a:?} {b:?}");
+                assert!(file_range(&scheme, 1 << 24, 0..1).is_err());
+            } else {
+                assert_eq!((a, b), (0..FILE_UNITS, WHOLE_FILE), "{scheme}");
+            }
+        }
     }
 }

@@ -13,10 +13,11 @@ use proto::{ChunkLoc, FsError};
 use std::collections::BTreeMap;
 use std::ops::Range;
 
-/// Lock units a file may span: ranges are kept below `2^40` units so that the `server` scheme
-/// can give every inode its own slice of one global lock space (`ino << 40 | unit`, see
-/// [`crate::locks`]). With 4 KiB lock units that is 4 PiB per file.
-pub const FILE_UNITS: u64 = 1 << 40;
+/// Lock units a file may span: a lock service's slice for one object
+/// ([`lockmgr::schemes::OBJECT_UNITS`], `2^40`), so that a scheme keeping every file's lock at a
+/// lock service gives each its own slice of one lock space (see [`crate::locks`]). With 4 KiB
+/// lock units that is 4 PiB per file.
+pub const FILE_UNITS: u64 = lockmgr::schemes::OBJECT_UNITS;
 
 /// The cluster's chunk size and lock unit, both powers of two, and the file layout they give.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,6 +1,7 @@
 //! The servers this client reaches, and how: one fabric connector for the meta region, one per
 //! data server (with what the meta server said about it: its region and size), and the lock
-//! server's address for the `server` scheme.
+//! service's address for a scheme that keeps its locks at one
+//! ([`lockmgr::schemes::Placement::Service`]).
 //!
 //! Invariants: a table is fixed once built; a change of the cluster builds a new one for a new
 //! `view`, reusing the connectors of servers that did not change. Data servers are indexed by
@@ -10,8 +11,7 @@
 use crate::client::MountOptions;
 use crate::error::{Error, Peer};
 use fabric::{Connector, FabricError, RegionId};
-use lockmgr::baselines::LockServerAt;
-use lockmgr::LockScheme;
+use lockmgr::schemes::LockServerAt;
 use proto::{ClusterInfo, DataServerInfo, FabricAddr, FsError};
 use std::net::ToSocketAddrs;
 use std::sync::Arc;
@@ -30,14 +30,14 @@ pub(crate) struct Servers {
     meta_fabric: FabricAddr,
     /// Indexed by data server id.
     data: Vec<Option<DataServer>>,
-    /// The `server` scheme's lock server (`None` with the fabric schemes).
-    /// The `server` scheme's lock server and the cluster credentials it checks.
-    pub(crate) lock_server: Option<LockServerAt>,
+    /// The lock service of a scheme that keeps its locks at one, and the cluster credentials
+    /// it checks (`None` where each file has a lock of its own).
+    pub(crate) lock_service: Option<LockServerAt>,
 }
 
 impl Servers {
     /// Attaches to the meta region and every data server `info` names, for session
-    /// `info.session`, and resolves the lock server when `opts.scheme` needs it. The connectors
+    /// `info.session`, and resolves the lock service when `opts.scheme` uses one. The connectors
     /// of `reuse` (a table of the same session) are kept for servers whose address — and, for
     /// data servers, incarnation — did not change.
     pub(crate) fn connect(
@@ -83,8 +83,8 @@ impl Servers {
                 connector,
             });
         }
-        let lock_server = match (opts.scheme, &info.lock_server) {
-            (LockScheme::SERVER, Some(addr)) => Some(LockServerAt {
+        let lock_service = match (opts.scheme.uses_service(), &info.lock_server) {
+            (true, Some(addr)) => Some(LockServerAt {
                 addr: addr
                     .to_socket_addrs()
                     .ok()
@@ -92,19 +92,20 @@ impl Servers {
                     .ok_or_else(|| Error::Protocol(format!("bad lock server address {addr:?}")))?,
                 credentials: opts.credentials(),
             }),
-            (LockScheme::SERVER, None) => {
-                return Err(FsError::Invalid(
-                    "the cluster runs no lock server: the server scheme is unavailable".into(),
-                )
+            (true, None) => {
+                return Err(FsError::Invalid(format!(
+                    "the cluster runs no lock server: the {} scheme is unavailable",
+                    opts.scheme.name()
+                ))
                 .into())
             }
-            _ => None,
+            (false, _) => None,
         };
         Ok(Servers {
             meta,
             meta_fabric: info.meta_fabric.clone(),
             data,
-            lock_server,
+            lock_service,
         })
     }
 

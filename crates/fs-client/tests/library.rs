@@ -266,7 +266,7 @@ fn no_torn_records(scheme: LockScheme) {
     const B: (u64, usize) = (CHUNK + 2_999, 9_000);
     let split = (B.0 - A.0) as usize;
     let cluster = Cluster::start(ClusterSpec {
-        lock_server: scheme == LockScheme::SERVER,
+        lock_server: scheme.uses_service(),
         ..ClusterSpec::default().with_data_servers(2, 64)
     })
     .unwrap();

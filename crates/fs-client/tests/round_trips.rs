@@ -39,7 +39,7 @@ fn counted(fs: &CitronFs, others: u64, mut op: impl FnMut()) -> IoStats {
 /// `fabric`, with one data server.
 fn small_io_round_trips(scheme: LockScheme, fabric: Backend) -> [(u64, u64); 3] {
     let spec = ClusterSpec {
-        lock_server: scheme == LockScheme::SERVER,
+        lock_server: scheme.uses_service(),
         fabric,
         ..ClusterSpec::default()
     };

@@ -15,6 +15,18 @@
 //! A [`LockRef`] crosses processes as it is (the meta server's open reply carries one), so a
 //! client never derives a lock's layout on its own: it opens exactly what was created.
 //!
+//! # Placement
+//!
+//! A user with many lockable objects (a file system's files) asks the scheme where their locks
+//! live ([`LockScheme::placement`]) instead of knowing it by name:
+//!
+//! - [`Placement::PerObject`]: one lock per object, its state in memory the creator provides
+//!   ([`create`] per object, [`open`] per object and thread);
+//! - [`Placement::Service`]: one lock space at a shared lock service ([`LockServer`], reached
+//!   at a [`LockServerAt`]) for every object: a thread opens one handle on the service
+//!   ([`open_service`]) and locks object `o`'s range at [`LockScheme::object_range`], a slice
+//!   of [`OBJECT_UNITS`] units of its own, so that objects never conflict with each other.
+//!
 //! # Spec form
 //!
 //! ```text
@@ -37,22 +49,44 @@
 //! 2. Add a variant to [`LockScheme`] and its plain form to [`LockScheme::PLAIN`] (the name is
 //!    then parsed and listed everywhere).
 //! 3. Add its arm to each `match` in this module: [`LockScheme::name`], `Display`, `FromStr`,
-//!    [`LockScheme::resolve`], [`LockScheme::region_bytes`], [`create`] and [`open`]; the
-//!    compiler finds them. Defaults it needs from creators go into [`CreateOptions`], choices
-//!    its clients make into [`OpenOptions`].
+//!    [`LockScheme::resolve`], [`LockScheme::region_bytes`], [`LockScheme::placement`],
+//!    [`LockScheme::lease`], [`create`] and [`open`]; the compiler finds them. Defaults it
+//!    needs from creators go into [`CreateOptions`], choices its clients make into
+//!    [`OpenOptions`].
 //! 4. The tests at the end of this module run every entry of [`LockScheme::PLAIN`] (round trips,
 //!    create, open, lock); add a parameterised example to their list. The safety checker
 //!    (`tests/safety.rs`) takes one more line in its `schemes!` list.
 
-use crate::baselines::server::{self, LockServer, LockServerAt};
+use crate::baselines::server;
+pub use crate::baselines::server::{LockServer, LockServerAt};
 use crate::baselines::{MutexScheme, SegScheme, SegSpec, TicketConfig};
 use crate::citron::{CitronDefaults, CitronSpec, ClientOptions, TreeAllocator};
 use crate::scheme::{LockError, RangeLock};
 use fabric::{Connector, Endpoint, EndpointExt, RegionId, RemoteAddr};
 use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;
+use std::ops::Range;
 use std::str::FromStr;
 use std::sync::Arc;
+use std::time::Duration;
+
+/// Where a scheme keeps the locks of many objects (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Placement {
+    /// One lock per object, its state in memory the creator provides.
+    PerObject,
+    /// One lock space at a shared lock service for every object, each object a slice of it
+    /// ([`LockScheme::object_range`]).
+    Service,
+}
+
+/// Units of one object's slice of a [`Placement::Service`] scheme's lock space: object `o`'s
+/// unit `u` is `o × OBJECT_UNITS + u`, and a range reaching beyond the slice is cut at its end.
+pub const OBJECT_UNITS: u64 = 1 << 40;
+
+/// Objects a [`Placement::Service`] scheme's lock space holds (numbered from 0): `2^24`
+/// slices of [`OBJECT_UNITS`] fill the 64-bit unit space.
+pub const SERVICE_OBJECTS: u64 = 1 << 24;
 
 /// A lock scheme and the parameters that shape its shared state (see the module docs for the
 /// spec form it reads and writes).
@@ -113,6 +147,51 @@ impl LockScheme {
         })
     }
 
+    /// Where this scheme keeps the locks of many objects (see the module docs).
+    pub fn placement(&self) -> Placement {
+        match self {
+            Self::Citron(_) | Self::Mutex | Self::Seg(_) => Placement::PerObject,
+            Self::Server => Placement::Service,
+        }
+    }
+
+    /// Whether this scheme's locks live at a shared lock service ([`Placement::Service`]),
+    /// which must then be running for them to be opened.
+    pub fn uses_service(&self) -> bool {
+        self.placement() == Placement::Service
+    }
+
+    /// Where units `range` of object `object` are locked: the range itself where each object
+    /// has a lock of its own, else the object's slice of the service's lock space (see
+    /// [`OBJECT_UNITS`]; an object numbered [`SERVICE_OBJECTS`] or beyond has none).
+    pub fn object_range(&self, object: u64, range: Range<u64>) -> Result<Range<u64>, LockError> {
+        match self.placement() {
+            Placement::PerObject => Ok(range),
+            Placement::Service => {
+                if object >= SERVICE_OBJECTS {
+                    return Err(LockError::Config(format!(
+                        "object {object} is beyond the {} lock scheme's 2^24 objects",
+                        self.name()
+                    )));
+                }
+                // The last slice's end, 2^64, is cut to u64::MAX: its last unit is never
+                // locked, and nothing else can be above it.
+                let base = object * OBJECT_UNITS;
+                let end = range.end.min(OBJECT_UNITS);
+                Ok(base.saturating_add(range.start.min(end))..base.saturating_add(end))
+            }
+        }
+    }
+
+    /// The lease this description fixes for its locks' holders (a holder presumed dead after
+    /// it can be broken); `None` where the scheme has no lease or leaves it to the creator.
+    pub fn lease(&self) -> Option<Duration> {
+        match self {
+            Self::Citron(spec) if spec.lease_ms != 0 => Some(Duration::from_millis(spec.lease_ms)),
+            Self::Citron(_) | Self::Mutex | Self::Seg(_) | Self::Server => None,
+        }
+    }
+
     /// Bytes of memory a lock of this (resolved) description takes from its base; 0 for a
     /// scheme that keeps nothing in remote memory.
     pub fn region_bytes(&self) -> Result<u64, LockError> {
@@ -122,6 +201,13 @@ impl LockScheme {
             Self::Seg(spec) => spec.region_bytes(),
             Self::Server => Ok(0),
         }
+    }
+}
+
+/// [`LockScheme::CITRON`], every parameter the creator's.
+impl Default for LockScheme {
+    fn default() -> Self {
+        Self::CITRON
     }
 }
 
@@ -436,6 +522,26 @@ pub fn open(
         ),
         LockScheme::Server => Box::new(server::open_handle(options.server.as_ref())?),
     })
+}
+
+/// Opens one handle (for one thread) on the shared lock service of `scheme`, a
+/// [`Placement::Service`] scheme, with every object's lock in it ([`LockScheme::object_range`]);
+/// `options` say where the service is. A [`Placement::PerObject`] scheme has no service.
+pub fn open_service(
+    scheme: &LockScheme,
+    connector: &dyn Connector,
+    options: &OpenOptions,
+) -> Result<Box<dyn RangeLock>, LockError> {
+    if !scheme.uses_service() {
+        return Err(LockError::Config(format!(
+            "the {scheme} lock scheme has a lock per object, not a lock service"
+        )));
+    }
+    let lock = LockRef {
+        scheme: *scheme,
+        base: NO_STATE,
+    };
+    open(&lock, connector, options)
 }
 
 /// A lock word that is not at rest (see [`inspect`]).
@@ -816,6 +922,19 @@ mod tests {
         lock.release(id).unwrap();
         // Without the server's address, a client cannot open it.
         assert!(open(&created.lock, &fabric, &OpenOptions::default()).is_err());
+        // One handle on the service locks every object, each in its own slice.
+        let mut service =
+            open_service(&LockScheme::SERVER, &fabric, &created.open_options()).unwrap();
+        let scheme = LockScheme::SERVER;
+        let a = service
+            .acquire(scheme.object_range(1, 0..u64::MAX).unwrap())
+            .unwrap();
+        let b = service
+            .acquire(scheme.object_range(2, 0..u64::MAX).unwrap())
+            .unwrap();
+        service.release(a).unwrap();
+        service.release(b).unwrap();
+        assert!(open_service(&LockScheme::MUTEX, &fabric, &OpenOptions::default()).is_err());
         // The creator's defaults fill what the description leaves open, and only that.
         let options = CreateOptions {
             seg: SegSpec {
@@ -833,5 +952,49 @@ mod tests {
             create(&LockScheme::MUTEX, &options, &mut memory),
             Err(LockError::NoSpace { .. })
         ));
+    }
+
+    /// Where each scheme keeps its locks, and where an object's range is locked.
+    #[test]
+    fn placement_and_object_ranges() {
+        for scheme in examples() {
+            let service = scheme == LockScheme::SERVER;
+            assert_eq!(scheme.uses_service(), service, "{scheme}");
+            if !service {
+                // A lock per object: the range as it is, whatever the object.
+                assert_eq!(
+                    scheme.object_range(1 << 30, 5..u64::MAX).unwrap(),
+                    5..u64::MAX
+                );
+                continue;
+            }
+            let a = scheme.object_range(1, 0..OBJECT_UNITS).unwrap();
+            let b = scheme.object_range(2, 0..1).unwrap();
+            assert_eq!(a, 1 << 40..2 << 40);
+            assert_eq!(b, 2 << 40..(2 << 40) + 1);
+            assert_eq!(scheme.object_range(3, 0..u64::MAX).unwrap().end, 4 << 40);
+            // A range reaching beyond the slice is cut at its end.
+            assert_eq!(
+                scheme.object_range(3, 5..u64::MAX).unwrap(),
+                (3 << 40) + 5..4 << 40
+            );
+            assert_eq!(
+                scheme
+                    .object_range(SERVICE_OBJECTS - 1, 0..u64::MAX)
+                    .unwrap(),
+                u64::MAX - OBJECT_UNITS + 1..u64::MAX
+            );
+            assert!(scheme.object_range(SERVICE_OBJECTS, 0..1).is_err());
+        }
+    }
+
+    /// A lease is a description's only where it fixes one.
+    #[test]
+    fn leases() {
+        let fixed: LockScheme = "citron:1024:0:60000".parse().unwrap();
+        assert_eq!(fixed.lease(), Some(Duration::from_secs(60)));
+        for open in LockScheme::PLAIN {
+            assert_eq!(open.lease(), None, "{open}");
+        }
     }
 }

@@ -32,7 +32,7 @@ pub mod store;
 
 use anyhow::Context;
 use fabric::{Backing, Credentials, FabricServer, ServeAt};
-use lockmgr::baselines::LockServer;
+use lockmgr::schemes::LockServer;
 use proto::Caller;
 use service::{Service, Settings, META_REGION};
 use std::net::SocketAddr;
@@ -119,10 +119,11 @@ pub struct MetaConfig {
     pub fence_after: Duration,
     /// `T_lease` of the CITRON lock of every file.
     pub lock_lease: Duration,
-    /// Run the CPU lock server of the `server` lock scheme (off by default: it is a baseline for
-    /// comparison, and mounts asking for the `server` scheme fail with a clear error without
-    /// it). It listens on the RPC address's host, on a port of its own, and authenticates
-    /// peers with the cluster's credentials like every other server.
+    /// Run the CPU lock server that schemes keeping their locks at a lock service use
+    /// (`lockmgr::schemes::Placement::Service`; off by default: it is a baseline for
+    /// comparison, and mounts asking for such a scheme fail with a clear error without it).
+    /// It listens on the RPC address's host, on a port of its own, and authenticates peers
+    /// with the cluster's credentials like every other server.
     pub lock_server: bool,
     /// Limits on connections to the RPC port and the lock server: per peer address, and
     /// pending their handshake in total. A connection beyond them is refused
@@ -150,9 +151,10 @@ pub struct MetaConfig {
     /// (`proto::stream`: a metadata call costs less than over loopback tcp); clients learn it
     /// in their welcome (`ClusterInfo::local_rpc`) and move there when they can open it. A
     /// stale socket file at the path is replaced; the server removes it when it stops. By
-    /// default [`MetaConfig::new`] sets `meta.sock` in the shm fabric's directory, where
-    /// every client is on this host anyway, and nothing on tcp. A path the socket cannot be
-    /// bound at (too long, not writable) is logged and left out: clients stay on tcp.
+    /// default [`MetaConfig::new`] sets `meta.sock` in the fabric's directory on this host
+    /// (`ServeAt::host_dir`: shm's, where every client is on this host anyway), and nothing
+    /// for a fabric without one (tcp, mem). A path the socket cannot be bound at (too long,
+    /// not writable) is logged and left out: clients stay on tcp.
     pub local_rpc: Option<PathBuf>,
 }
 
@@ -195,10 +197,7 @@ impl MetaConfig {
             idle_poll: default_idle_poll(),
             record_lock_grace: DEFAULT_RECORD_LOCK_GRACE,
             max_record_locks_per_session: DEFAULT_MAX_RECORD_LOCKS_PER_SESSION,
-            local_rpc: match &fabric {
-                ServeAt::Shm { dir } => Some(dir.join(LOCAL_RPC_SOCKET)),
-                ServeAt::Mem | ServeAt::Tcp { .. } => None,
-            },
+            local_rpc: fabric.host_dir().map(|dir| dir.join(LOCAL_RPC_SOCKET)),
             fabric,
         }
     }
@@ -327,7 +326,7 @@ impl MetaServer {
                 },
         };
         let service = Arc::new(Service::new(settings, store, region, lock_server)?);
-        if region_server.backend() == fabric::Backend::Tcp {
+        if region_server.runs_procedures() {
             offer_hosted_citron(&region_server, &service)?;
         }
         let region_server = Arc::new(region_server);
@@ -457,12 +456,13 @@ fn measure_t_wait(server: &FabricServer) -> anyhow::Result<Duration> {
     Ok(t_wait)
 }
 
-/// Lets file-system clients on tcp acquire their range locks at this host
-/// (`lockmgr::citron::hosted`, Cell): a lock tree lives in the meta region, and on tcp this
-/// server's CPU executes every one-sided verb of an acquisition anyway, one wake-up per round
-/// trip and per poll. Clients have a fence (`fs-client`'s `MetaFence`), so the host fences for
-/// them: before a break-in on behalf of the client of session `s`, the same revocation of
-/// silent sessions its `Fence` request would run, with `s` as the caller.
+/// Lets file-system clients acquire their range locks at this host (`lockmgr::citron::hosted`,
+/// Cell) on a fabric that runs procedures (`FabricServer::runs_procedures`: tcp): a lock tree
+/// lives in the meta region, and on such a fabric this server's CPU executes every one-sided
+/// verb of an acquisition anyway, one wake-up per round trip and per poll. Clients have a
+/// fence (`fs-client`'s `MetaFence`), so the host fences for them: before a break-in on behalf
+/// of the client of session `s`, the same revocation of silent sessions its `Fence` request
+/// would run, with `s` as the caller.
 fn offer_hosted_citron(server: &FabricServer, service: &Arc<Service>) -> anyhow::Result<()> {
     let weak = Arc::downgrade(service);
     let service = weak.clone();
@@ -639,8 +639,8 @@ impl MetaHandle {
         self.addr
     }
 
-    /// Where the meta region is served: on tcp the fabric server's bound address, which a
-    /// restart on the same host and port (`ServeAt::Tcp` with this port) keeps for clients.
+    /// Where the meta region is served: the fabric server's bound address, which a restart
+    /// served again there (`fabric::ServeAt::again_at`) keeps for clients.
     pub fn fabric_addr(&self) -> &fabric::FabricAddr {
         &self.fabric_addr
     }
@@ -720,9 +720,10 @@ impl MetaHandle {
         if let Some(reclaimer) = running.reclaimer.take() {
             let _ = reclaimer.join();
         }
-        // A killed process's sockets close and its memory goes (tcp, mem); a region file in
-        // shared memory stays (shm): never dropped, which would remove it, as a stop does.
-        if running.region_server.backend() == fabric::Backend::Shm {
+        // A killed process's sockets close and its memory goes; regions the backend keeps
+        // outside the process (a region file in shared memory) stay: never dropped, which
+        // would remove them, as a stop does.
+        if running.region_server.keeps_regions_on_crash() {
             std::mem::forget(running.region_server);
         }
         // So does the local socket's file, which the next run replaces.
@@ -804,6 +805,12 @@ mod tests {
     use proto::{Caller, ROOT_INO};
     use std::sync::{mpsc, Mutex};
 
+    /// Where these tests serve: in this process (the `mem` fabric).
+    fn in_process() -> ServeAt {
+        let mem: fabric::Backend = "mem".parse().unwrap();
+        mem.serve_at("", "127.0.0.1:0".parse().unwrap())
+    }
+
     /// A data server killed while its registration scrubs (seconds, for a large region) and
     /// started again registers a second time while the first registration still runs. The
     /// second must not scrub from its own list of free chunks after the first made the server
@@ -817,7 +824,7 @@ mod tests {
         let chunks = 16;
         let region_id = RegionId(7);
         let credentials = Credentials::new("citronfs", "");
-        let data = fabric::serve(&ServeAt::Mem, &credentials).unwrap();
+        let data = fabric::serve(&in_process(), &credentials).unwrap();
         let _region = data
             .register(region_id, chunks * chunk, &Backing::Memory)
             .unwrap();
@@ -830,7 +837,7 @@ mod tests {
                 .unwrap();
             store.flush().unwrap();
         }
-        let mut config = MetaConfig::new(db.path(), ServeAt::Mem);
+        let mut config = MetaConfig::new(db.path(), in_process());
         config.chunk_size = chunk;
         let meta = MetaServer::start(config).unwrap();
         let svc = meta.inner.as_ref().unwrap().service.clone();
@@ -868,7 +875,7 @@ mod tests {
                     name: "f".into(),
                     perm: 0o644,
                     caller: Caller { uid: 0, gid: 0 },
-                    scheme: lockmgr::LockScheme::MUTEX,
+                    scheme: "mutex".parse().unwrap(),
                 },
                 None,
             )

@@ -12,10 +12,10 @@ use crate::alloc::RegionAlloc;
 use crate::store::{Block, Effects, Store, Tail};
 use fabric::local::{LocalEndpoint, RegionSource};
 use fabric::{Connector, Endpoint, EndpointExt, Region, RegionId, RemoteAddr};
-use lockmgr::baselines::{LockServer, LockServerAt, SegSpec};
+use lockmgr::baselines::SegSpec;
 use lockmgr::citron::scheme::{duration_ms, duration_us};
 use lockmgr::citron::{CitronDefaults, CitronGrowth};
-use lockmgr::schemes::{self, CreateOptions, LockMemory};
+use lockmgr::schemes::{self, CreateOptions, LockMemory, LockServer, LockServerAt};
 use lockmgr::{CitronConfig, LockError, LockRef, LockScheme};
 use proto::attrs::{AttrSlot, AttrTableRef};
 use proto::fcb;
@@ -137,7 +137,7 @@ struct LockAlloc {
 #[derive(Clone, Copy)]
 struct FileLock {
     lock: LockRef,
-    /// Bytes from `lock.base` (0: none, e.g. `server`).
+    /// Bytes from `lock.base` (0: none, e.g. a lock at a lock service).
     bytes: u64,
 }
 
@@ -1425,7 +1425,7 @@ impl Service {
                 ))
             }
         }
-        if scheme == LockScheme::SERVER && self.lock_server.is_none() {
+        if scheme.uses_service() && self.lock_server.is_none() {
             return Err(FsError::NotSupported);
         }
         let st = &mut *st;
@@ -1517,15 +1517,14 @@ impl Service {
     ) -> Result<FileLock, FsError> {
         // Clients keep 2 × fence_after of every lease as a guard before posting data verbs
         // (`MetaConfig::validate` holds our own lease to the same bound).
-        if let LockScheme::Citron(spec) = scheme {
-            if spec.lease_ms != 0
-                && Duration::from_millis(spec.lease_ms) <= 4 * self.settings.fence_after
-            {
-                return Err(FsError::Invalid(format!(
-                    "lock scheme {scheme}: the lease must exceed 4 × fence_after ({:?})",
-                    self.settings.fence_after
-                )));
-            }
+        if scheme
+            .lease()
+            .is_some_and(|lease| lease <= 4 * self.settings.fence_after)
+        {
+            return Err(FsError::Invalid(format!(
+                "lock scheme {scheme}: the lease must exceed 4 × fence_after ({:?})",
+                self.settings.fence_after
+            )));
         }
         let options = self.lock_defaults(size);
         let mut memory = MetaLockMemory { st, taken: None };
@@ -1553,7 +1552,7 @@ impl Service {
     /// open: a CITRON tree covering the file (at least [`MIN_LOCK_COVER`]), growing as far as
     /// [`CitronConfig::default`] allows from scale-up memory this server hands out
     /// (`AllocateLockWords`), with the cluster's `T_lease` and `T_wait`; `seg` as lockmgr cuts it;
-    /// `server` locks on this server's lock server.
+    /// a scheme that keeps its locks at a lock service on this server's lock server.
     fn lock_defaults(&self, size: u64) -> CreateOptions {
         CreateOptions {
             citron: CitronDefaults {

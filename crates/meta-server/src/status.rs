@@ -212,7 +212,7 @@ mod tests {
                 record: crate::store::ServerRecord {
                     id: 0,
                     name: "ds0".into(),
-                    fabric: proto::FabricAddr::Mem { name: "d".into() },
+                    fabric: "mem:d".parse().unwrap(),
                     region: fabric::RegionId(1),
                     chunks: 8,
                     next_fresh: 6,

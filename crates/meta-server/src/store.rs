@@ -2679,9 +2679,7 @@ mod tests {
     const ME: Caller = Caller { uid: 0, gid: 0 };
 
     fn addr() -> FabricAddr {
-        FabricAddr::Tcp {
-            addr: "127.0.0.1:1".into(),
-        }
+        "tcp:127.0.0.1:1".parse().unwrap()
     }
 
     fn file_with_chunks(store: &Store, name: &str, chunks: u64) -> Attr {

@@ -81,8 +81,8 @@ pub struct ClusterSpec {
     pub fence_after: Duration,
     /// `T_lease` of every file's CITRON lock (must exceed 4 × `fence_after`).
     pub lock_lease: Duration,
-    /// Run the lock server of the `server` scheme (a baseline; off unless a client will lock
-    /// with it).
+    /// Run the lock server of the schemes that keep their locks at a lock service (a baseline;
+    /// on anyway when `scheme` is one; off unless a client will lock with one).
     pub lock_server: bool,
     /// Files one client session may have open at once (beyond: EMFILE).
     pub max_open_per_session: usize,
@@ -94,9 +94,10 @@ pub struct ClusterSpec {
 }
 
 impl Default for ClusterSpec {
-    /// Test-sized: two memory-backed data servers of 16 MiB on shm, [`TEST_CHUNK_SIZE`]
-    /// chunks, a 16 MiB meta region, the citron scheme, a random token, a temporary state
-    /// directory, and the meta server's leases.
+    /// Test-sized: two memory-backed data servers of 16 MiB on the default fabric
+    /// ([`Backend::default`]), [`TEST_CHUNK_SIZE`] chunks, a 16 MiB meta region, the default
+    /// lock scheme ([`LockScheme::default`]), a random token, a temporary state directory, and
+    /// the meta server's leases.
     fn default() -> Self {
         ClusterSpec {
             name: "citronfs-test".into(),
@@ -105,10 +106,10 @@ impl Default for ClusterSpec {
             capacity: 16 << 20,
             chunk_size: TEST_CHUNK_SIZE,
             meta_region_bytes: 16 << 20,
-            fabric: Backend::Shm,
+            fabric: Backend::default(),
             backing: BackingKind::Memory,
             state_dir: None,
-            scheme: LockScheme::CITRON,
+            scheme: LockScheme::default(),
             session_lease: meta_server::DEFAULT_SESSION_LEASE,
             fence_after: meta_server::DEFAULT_FENCE_AFTER,
             lock_lease: meta_server::DEFAULT_LOCK_LEASE,
@@ -196,23 +197,20 @@ impl Cluster {
         config.session_lease = spec.session_lease;
         config.fence_after = spec.fence_after;
         config.lock_lease = spec.lock_lease;
-        config.lock_server = spec.lock_server || spec.scheme == LockScheme::SERVER;
+        config.lock_server = spec.lock_server || spec.scheme.uses_service();
         config.max_open_per_session = spec.max_open_per_session;
         config.max_record_locks_per_session = spec.max_record_locks_per_session;
         config.idle_poll = spec.meta_idle_poll;
         let meta = MetaServer::start(config.clone()).context("start the meta server")?;
         // A restart comes back where clients knew it, as a deployment with fixed ports does:
-        // the RPC service at its address, and on tcp the meta region at its port — so that a
-        // client behind a restart meets the new run there, not a refused connection.
+        // the RPC service at its address, and the meta region where the fabric serves it again
+        // (`ServeAt::again_at`: tcp at its port) — so that a client behind a restart meets the
+        // new run there, not a refused connection.
         config.listen = meta.addr();
-        if let (ServeAt::Tcp { .. }, fabric::FabricAddr::Tcp { addr }) =
-            (&config.fabric, meta.fabric_addr())
-        {
-            let listen = addr
-                .parse()
-                .with_context(|| format!("the meta region's address {addr}"))?;
-            config.fabric = ServeAt::Tcp { listen };
-        }
+        config.fabric = config
+            .fabric
+            .again_at(meta.fabric_addr())
+            .context("where the meta region serves again")?;
         let mut cluster = Cluster {
             meta,
             data: Vec::new(),

@@ -154,7 +154,7 @@ pub fn run(args: &BtioArgs) -> Result<()> {
         data_servers: args.common.data_servers,
         capacity: per_server,
         fabric: args.fabric,
-        lock_server: args.common.scheme.contains(&LockScheme::SERVER),
+        lock_server: args.common.scheme.iter().any(LockScheme::uses_service),
         ..ClusterSpec::server_defaults()
     })?;
 

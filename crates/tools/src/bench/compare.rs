@@ -413,7 +413,7 @@ impl Target {
                     data_servers: 2,
                     capacity: 1 << 30,
                     fabric,
-                    lock_server: args.scheme == LockScheme::SERVER,
+                    lock_server: args.scheme.uses_service(),
                     scheme: args.scheme,
                     ..ClusterSpec::server_defaults()
                 })?;

@@ -536,7 +536,7 @@ pub fn run(args: &FsArgs) -> Result<()> {
             data_servers: args.data_servers,
             capacity: per_server,
             fabric: args.fabric,
-            lock_server: schemes.contains(&LockScheme::SERVER),
+            lock_server: schemes.iter().any(LockScheme::uses_service),
             ..ClusterSpec::server_defaults()
         })?);
         let fabric_name = Some(args.fabric.name());

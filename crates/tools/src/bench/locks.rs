@@ -276,7 +276,8 @@ pub(crate) struct Fabric {
     connector: Arc<dyn Connector>,
     /// The server's memory as a procedure at the server reaches it.
     host_connector: Arc<dyn Connector>,
-    backend: Backend,
+    /// Whether the server runs procedures: CITRON clients may then acquire at the host.
+    runs_procedures: bool,
     _server: FabricServer,
     /// The shm backend's region directory, removed after the server.
     _dir: tempfile::TempDir,
@@ -299,14 +300,14 @@ impl Fabric {
         );
         let server = fabric::serve(&at, &Credentials::new("bench", token))?;
         server.register(LOCK_REGION, region_bytes.max(8), &Backing::Memory)?;
-        if backend == Backend::Tcp {
+        if server.runs_procedures() {
             // CITRON clients may acquire at the host (`--citron-hosting`).
             server.register_procedure(hosted::PROCEDURE, Arc::new(CitronHost::new()))?;
         }
         Ok(Fabric {
             connector: server.connector()?,
             host_connector: server.host_connector()?,
-            backend,
+            runs_procedures: server.runs_procedures(),
             _server: server,
             _dir: dir,
         })
@@ -319,7 +320,8 @@ impl Fabric {
     /// CITRON's `T_wait` for the lock at [`LOCK_REGION`] when its clients acquire as `hosting`
     /// says: from round trips under load (`lockmgr::citron::t_wait_under_load`) along the path
     /// their conflicting phases take — the host's own memory when they acquire at the host
-    /// (`tcp`, where `start` offers the procedure), the fabric otherwise.
+    /// (a fabric that runs procedures, tcp, where `start` offers the procedure), the fabric
+    /// otherwise.
     ///
     /// Why not always the fabric's: inequality (1) (§3.5.5) bounds the time between a
     /// client's phase-(b) read and its leaf lock, and a hosted client makes both at the host.
@@ -335,7 +337,7 @@ impl Fabric {
     pub(crate) fn t_wait(&self, hosting: Hosting) -> Result<Duration> {
         let hosted = match hosting {
             Hosting::Never => false,
-            Hosting::Auto => self.backend == Backend::Tcp,
+            Hosting::Auto => self.runs_procedures,
             Hosting::Always => true,
         };
         let connector = if hosted {

@@ -379,7 +379,7 @@ pub fn run(args: &MetaArgs) -> Result<()> {
         let cluster = Cluster::start(ClusterSpec {
             name: "citronfs-bench-meta".into(),
             fabric: args.fabric,
-            lock_server: args.scheme == LockScheme::SERVER,
+            lock_server: args.scheme.uses_service(),
             ..ClusterSpec::server_defaults()
         })?;
         let fs = Arc::new(cluster.connect(args.scheme)?);

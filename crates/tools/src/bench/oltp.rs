@@ -118,7 +118,7 @@ pub fn run(args: &OltpArgs) -> Result<()> {
         data_servers: args.common.data_servers,
         capacity: per_server,
         fabric: args.fabric,
-        lock_server: args.common.scheme.contains(&LockScheme::SERVER),
+        lock_server: args.common.scheme.iter().any(LockScheme::uses_service),
         ..ClusterSpec::server_defaults()
     })?;
     let progress = if args.common.json {
