@@ -9,6 +9,7 @@
 use fs_client::{CitronFs, LockScheme};
 use proto::ROOT_INO;
 use std::time::{Duration, Instant};
+use testkit::ClusterExt;
 use testkit::{Backend, Cluster, ClusterSpec};
 
 /// The documented wait, and what one last connection attempt may add to it.

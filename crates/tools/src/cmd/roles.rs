@@ -14,6 +14,7 @@ use super::config::{
 };
 use anyhow::{Context, Result};
 use clap::{value_parser, Args};
+use cluster::Mount;
 use data_server::{Backing, DataConfig, DataServer};
 use fabric::handshake::ConnectionLimits;
 use fabric::Backend;
@@ -26,7 +27,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use testkit::Mount;
 
 /// What `--help` of every role says after the flags.
 pub const SETTINGS_HELP: &str = "Settings: a flag wins over the environment (CITRONFS_ and the \
