@@ -241,9 +241,7 @@ impl MetaServerConfig {
 /// data server, mount), the rest is its `--config` file (as UTF-8, invalid sequences
 /// replaced); see `config::fuzz_settings_file` for what is checked. Settings that load are
 /// also turned into the role's configuration, which must end in a value or an error.
-// Used by the tests, and by the `config_file` target of `fuzz/`, which compiles this module
-// from its source (`citronfs` is a binary crate): dead only in the command itself.
-#[cfg_attr(not(test), allow(dead_code))]
+#[cfg(any(test, feature = "fuzzing"))]
 pub fn fuzz_config_file(data: &[u8]) {
     use super::config::fuzz_settings_file;
     let Some((&role, text)) = data.split_first() else {
@@ -269,9 +267,7 @@ pub fn fuzz_config_file(data: &[u8]) {
 
 /// Seeds for [`fuzz_config_file`]: each role's file with every setting, and with an unknown
 /// key, a size in each notation, and a bad value.
-// Used by the tests, and by the `config_file` target of `fuzz/`, which compiles this module
-// from its source (`citronfs` is a binary crate): dead only in the command itself.
-#[cfg_attr(not(test), allow(dead_code))]
+#[cfg(test)]
 pub fn fuzz_config_seeds() -> Vec<Vec<u8>> {
     use super::config::settings_file_seed;
     let files = [
