@@ -907,11 +907,13 @@ pub fn server_handshake<R: DeserializeOwned, W: Serialize>(
     result
 }
 
+#[cfg(any(test, feature = "fuzzing"))]
 /// The credentials of every fuzz entry's server: cluster `fuzz`, token `secret`.
 pub fn fuzz_credentials() -> Credentials {
     Credentials::new("fuzz", "secret")
 }
 
+#[cfg(any(test, feature = "fuzzing"))]
 /// Fuzz entry of the handshake as every server runs it ([`server_handshake`]) for `protocol`
 /// with hellos carrying a role of type `R` (the RPC protocol's is `proto::rpc::Role`, the
 /// others' `()`); `input` is the byte stream the peer sends. Checks, panicking on a finding:
@@ -962,6 +964,7 @@ pub fn fuzz_server_handshake<R: DeserializeOwned + Serialize + PartialEq + std::
     }
 }
 
+#[cfg(any(test, feature = "fuzzing"))]
 /// Seeds for [`fuzz_server_handshake`]: framed hellos of `protocol` with `role` — the right
 /// one, and one with each field wrong — plus other protocols' hellos.
 pub fn fuzz_hello_seeds<R: Serialize + Clone>(protocol: Protocol, role: R) -> Vec<Vec<u8>> {

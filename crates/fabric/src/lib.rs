@@ -27,6 +27,7 @@ pub mod clock;
 pub mod endpoint;
 pub mod error;
 pub mod frame;
+#[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzz;
 pub mod handshake;
 pub mod local;

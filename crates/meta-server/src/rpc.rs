@@ -627,6 +627,7 @@ pub(crate) fn run_request(service: &Service, session: u64, frame: RequestFrame) 
     )
 }
 
+#[cfg(feature = "fuzzing")]
 /// Fuzz entry: `input` is the byte stream a peer sends to the meta server's RPC port, read
 /// exactly as a connection reads it ([`read_frame`]: the hello at most [`MAX_HELLO_FRAME`]
 /// bytes, checked by `handshake::accept`; then request frames of at most [`MAX_FRAME`]
@@ -646,6 +647,7 @@ pub fn fuzz_entry(input: &[u8], store: Option<&crate::store::Store>) {
     RUNTIME.with(|rt| rt.block_on(fuzz_stream(input, store)));
 }
 
+#[cfg(feature = "fuzzing")]
 async fn fuzz_stream(input: &[u8], store: Option<&crate::store::Store>) {
     let mut reader = input;
     let mut body = Vec::new();
@@ -676,6 +678,7 @@ async fn fuzz_stream(input: &[u8], store: Option<&crate::store::Store>) {
     }
 }
 
+#[cfg(feature = "fuzzing")]
 /// Runs a namespace request against `store` the way the service does and checks the
 /// invariants [`fuzz_entry`] lists.
 fn fuzz_dispatch(store: &crate::store::Store, request: proto::rpc::Request) {

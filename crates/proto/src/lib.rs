@@ -20,6 +20,7 @@ pub mod dentries;
 pub mod error;
 pub mod fcb;
 pub mod fsck;
+#[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzz;
 pub mod layout;
 pub mod records;

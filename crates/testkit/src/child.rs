@@ -1,12 +1,11 @@
-//! Client *processes* for tests: [`Cluster::spawn_mount_process`] re-executes the current test
+//! Client *processes* for tests: [`ClusterExt::spawn_mount_process`](crate::ClusterExt::spawn_mount_process) re-executes the current test
 //! binary to run one named test, whose body is [`child_mount_main`]; it mounts the cluster and
 //! serves until its stdin closes.
 //!
 //! The parent tells the child what to mount through environment variables (the `ENV_*`
 //! constants), and the child says it has mounted by printing [`READY`] on stdout.
 
-use crate::cluster::Cluster;
-use crate::mount::{is_mounted, lazy_unmount, Mount};
+use cluster::{is_mounted, lazy_unmount, Cluster, Mount};
 use fs_client::{CitronFs, LockScheme, MountOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -26,93 +25,92 @@ const MOUNT_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a child may take to unmount and exit once its stdin is closed, before it is killed.
 const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
 
-impl Cluster {
-    /// Starts a second client process that mounts this cluster with `scheme` and returns once
-    /// the mount is up. The process is this test binary running the test `child_test`, which
-    /// must call [`child_mount_main`] (and does nothing when run normally). Panics if the
-    /// child does not mount within 30 s (test-only).
-    pub fn spawn_mount_process(&self, child_test: &str, scheme: LockScheme) -> ChildMount {
-        let dir = tempfile::Builder::new()
-            .prefix("citronfs-mnt-")
-            .tempdir()
-            .expect("mount point directory");
-        let exe = std::env::current_exe().expect("the test binary's path");
-        let mut child = Command::new(exe)
-            .args([child_test, "--exact", "--nocapture", "--test-threads=1"])
-            .env(ENV_META, self.meta_addr().to_string())
-            .env(ENV_CLUSTER, self.name())
-            .env(ENV_TOKEN, self.token())
-            .env(ENV_SCHEME, scheme.to_string())
-            .env(ENV_MOUNTPOINT, dir.path())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn the client process");
-        let stdin = child.stdin.take();
-        let stdout = child.stdout.take().expect("piped stdout");
-        let stderr = child.stderr.take().expect("piped stderr");
-        let mut guard = ChildMount {
-            child,
-            stdin,
-            dir,
-            output: Arc::new(Mutex::new(String::new())),
-            log: Arc::new(Mutex::new(String::new())),
-        };
-        // Its log goes on to this process's stderr as before (not through the test harness's
-        // capture) and is kept for `ChildMount::log`.
-        let log = guard.log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                let _ = writeln!(std::io::stderr().lock(), "{line}");
-                let mut kept = log.lock().unwrap_or_else(|e| e.into_inner());
-                kept.push_str(&line);
-                kept.push('\n');
-            }
-        });
-        let (ready_tx, ready_rx) = mpsc::channel();
-        let output = guard.output.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                // libtest prints `test NAME ... ` without a newline before the test body.
-                if line.trim_end().ends_with(READY) {
-                    let _ = ready_tx.send(());
-                }
-                let mut out = output.lock().unwrap_or_else(|e| e.into_inner());
-                out.push_str(&line);
-                out.push('\n');
-            }
-        });
-        let deadline = Instant::now() + MOUNT_TIMEOUT;
-        loop {
-            match ready_rx.recv_timeout(Duration::from_millis(50)) {
-                Ok(()) => break,
-                Err(mpsc::RecvTimeoutError::Timeout) if Instant::now() < deadline => {
-                    if let Ok(Some(status)) = guard.child.try_wait() {
-                        panic!(
-                            "the client process exited ({status}) before mounting; its output:\n{}",
-                            guard.output()
-                        );
-                    }
-                }
-                Err(_) => panic!(
-                    "the client process did not mount within {MOUNT_TIMEOUT:?}; its output:\n{}",
-                    guard.output()
-                ),
-            }
+/// [`ClusterExt::spawn_mount_process`](crate::ClusterExt::spawn_mount_process).
+pub(crate) fn spawn_mount_process(
+    cluster: &Cluster,
+    child_test: &str,
+    scheme: LockScheme,
+) -> ChildMount {
+    let dir = tempfile::Builder::new()
+        .prefix("citronfs-mnt-")
+        .tempdir()
+        .expect("mount point directory");
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let mut child = Command::new(exe)
+        .args([child_test, "--exact", "--nocapture", "--test-threads=1"])
+        .env(ENV_META, cluster.meta_addr().to_string())
+        .env(ENV_CLUSTER, cluster.name())
+        .env(ENV_TOKEN, cluster.token())
+        .env(ENV_SCHEME, scheme.to_string())
+        .env(ENV_MOUNTPOINT, dir.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the client process");
+    let stdin = child.stdin.take();
+    let stdout = child.stdout.take().expect("piped stdout");
+    let stderr = child.stderr.take().expect("piped stderr");
+    let mut guard = ChildMount {
+        child,
+        stdin,
+        dir,
+        output: Arc::new(Mutex::new(String::new())),
+        log: Arc::new(Mutex::new(String::new())),
+    };
+    // Its log goes on to this process's stderr as before (not through the test harness's
+    // capture) and is kept for `ChildMount::log`.
+    let log = guard.log.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            let _ = writeln!(std::io::stderr().lock(), "{line}");
+            let mut kept = log.lock().unwrap_or_else(|e| e.into_inner());
+            kept.push_str(&line);
+            kept.push('\n');
         }
-        assert!(
-            is_mounted(guard.path()),
-            "the client process says it mounted, but {} is no mount point",
-            guard.path().display()
-        );
-        guard
+    });
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let output = guard.output.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            // libtest prints `test NAME ... ` without a newline before the test body.
+            if line.trim_end().ends_with(READY) {
+                let _ = ready_tx.send(());
+            }
+            let mut out = output.lock().unwrap_or_else(|e| e.into_inner());
+            out.push_str(&line);
+            out.push('\n');
+        }
+    });
+    let deadline = Instant::now() + MOUNT_TIMEOUT;
+    loop {
+        match ready_rx.recv_timeout(Duration::from_millis(50)) {
+            Ok(()) => break,
+            Err(mpsc::RecvTimeoutError::Timeout) if Instant::now() < deadline => {
+                if let Ok(Some(status)) = guard.child.try_wait() {
+                    panic!(
+                        "the client process exited ({status}) before mounting; its output:\n{}",
+                        guard.output()
+                    );
+                }
+            }
+            Err(_) => panic!(
+                "the client process did not mount within {MOUNT_TIMEOUT:?}; its output:\n{}",
+                guard.output()
+            ),
+        }
     }
+    assert!(
+        is_mounted(guard.path()),
+        "the client process says it mounted, but {} is no mount point",
+        guard.path().display()
+    );
+    guard
 }
 
-/// A client process with a FUSE mount of the cluster (see [`Cluster::spawn_mount_process`]).
+/// A client process with a FUSE mount of the cluster (see [`ClusterExt::spawn_mount_process`](crate::ClusterExt::spawn_mount_process)).
 /// On drop: its stdin is closed (it unmounts and exits), and if it has not exited within a few
 /// seconds it is killed; whatever is still mounted is detached lazily.
 pub struct ChildMount {
@@ -203,7 +201,7 @@ impl Drop for ChildMount {
     }
 }
 
-/// The body of a client process's test (see [`Cluster::spawn_mount_process`]): when this
+/// The body of a client process's test (see [`ClusterExt::spawn_mount_process`](crate::ClusterExt::spawn_mount_process)): when this
 /// process was started as one, connects, mounts, prints the ready line, serves until stdin is
 /// closed, then unmounts. Run normally (no environment), it returns at once.
 pub fn child_mount_main() {
@@ -229,7 +227,7 @@ pub fn child_mount_main() {
     let mut options = MountOptions::new(meta, cluster, token);
     options.scheme = scheme.parse().expect("scheme");
     let fs = Arc::new(CitronFs::connect(options).expect("the client process connects"));
-    let mount = Mount::at(fs, Path::new(&mountpoint), &crate::fuse_options())
+    let mount = Mount::at(fs, Path::new(&mountpoint), &cluster::fuse_options())
         .expect("the client process mounts");
     let mut stdout = std::io::stdout().lock();
     let _ = writeln!(stdout, "{READY}");

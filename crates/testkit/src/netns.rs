@@ -25,8 +25,8 @@
 //! Everything here needs root, `ip` (iproute2) and network namespaces: [`netns_unavailable`]
 //! says why not, and [`skip_without_netns!`](crate::skip_without_netns) skips a test cleanly.
 
-use crate::mount::{is_mounted, lazy_unmount};
 use anyhow::{bail, Context, Result};
+use cluster::{is_mounted, lazy_unmount};
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};

@@ -14,9 +14,10 @@ use std::io::{Seek, SeekFrom, Write};
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::time::{Duration, SystemTime};
+use testkit::ClusterExt;
 use testkit::{skip_without_fuse, Backend, ChildMount, Cluster, ClusterSpec};
 
-/// The client processes run this test (see `Cluster::spawn_mount_process`); run normally it
+/// The client processes run this test (see `ClusterExt::spawn_mount_process`); run normally it
 /// does nothing.
 #[test]
 fn child_mount() {

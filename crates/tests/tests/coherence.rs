@@ -14,9 +14,10 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use testkit::ClusterExt;
 use testkit::{open_rw, pattern, skip_without_fuse, ChildMount, Cluster, ClusterSpec};
 
-/// The client processes run this test (see `Cluster::spawn_mount_process`); run normally it
+/// The client processes run this test (see `ClusterExt::spawn_mount_process`); run normally it
 /// does nothing.
 #[test]
 fn child_mount() {

@@ -21,6 +21,7 @@ use fs_client::{CitronFs, LockScheme};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use testkit::ClusterExt;
 use testkit::{Backend, Cluster, ClusterSpec};
 
 // The tests of this binary run one at a time: they arm the same failpoints.

@@ -10,9 +10,10 @@ use fs_client::LockScheme;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::FileExt;
+use testkit::ClusterExt;
 use testkit::{open_rw, pattern, skip_without_fuse, Cluster, ClusterSpec};
 
-/// The client processes run this test (see `Cluster::spawn_mount_process`); run normally it
+/// The client processes run this test (see `ClusterExt::spawn_mount_process`); run normally it
 /// does nothing.
 #[test]
 fn child_mount() {

@@ -15,6 +15,7 @@
 use fs_client::{CitronFs, LockScheme};
 use proto::ROOT_INO;
 use std::time::{Duration, Instant};
+use testkit::ClusterExt;
 use testkit::{pattern, Backend, BackingKind, Cluster, ClusterSpec, TEST_CHUNK_SIZE};
 
 /// The documented wait (for the meta server and for a data server alike), and what one last

@@ -21,9 +21,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 use testkit::Backend;
+use testkit::ClusterExt;
 use testkit::{skip_without_fuse, ChildMount, Cluster, ClusterSpec};
 
-/// The client processes run this test (see `Cluster::spawn_mount_process`).
+/// The client processes run this test (see `ClusterExt::spawn_mount_process`).
 #[test]
 fn child_mount() {
     testkit::child_mount_main();

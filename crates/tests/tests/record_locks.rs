@@ -16,9 +16,10 @@ use std::os::unix::fs::FileExt;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+use testkit::ClusterExt;
 use testkit::{open_rw, skip_without_fuse, ChildMount, Cluster, ClusterSpec};
 
-/// The client processes run this test (see `Cluster::spawn_mount_process`); run normally it
+/// The client processes run this test (see `ClusterExt::spawn_mount_process`); run normally it
 /// does nothing.
 #[test]
 fn child_mount() {

@@ -12,6 +12,7 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::time::Duration;
 use testkit::Backend;
+use testkit::ClusterExt;
 use testkit::{
     init_logging, pattern, skip_without_fuse, wait_until, BackingKind, Cluster, ClusterSpec,
     TEST_CHUNK_SIZE,
@@ -114,7 +115,7 @@ fn mount_survives_a_meta_server_restart_on_tcp() {
 }
 
 /// The client processes of [`stopped_client_across_a_meta_restart`] run this test (see
-/// `Cluster::spawn_mount_process`); run normally it does nothing.
+/// `ClusterExt::spawn_mount_process`); run normally it does nothing.
 #[test]
 fn child_mount() {
     testkit::child_mount_main();

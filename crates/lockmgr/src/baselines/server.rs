@@ -386,6 +386,7 @@ fn serve_requests(
     result
 }
 
+#[cfg(any(test, feature = "fuzzing"))]
 /// Fuzz entry: `input` is what a peer sends the lock server. The first byte selects whether
 /// the connection starts authenticated (bit 0 set) or must pass the handshake first; the rest
 /// is the byte stream, served exactly as a connection is (handshake, then requests, against a
@@ -439,6 +440,7 @@ pub fn fuzz_entry(data: &[u8]) {
     );
 }
 
+#[cfg(any(test, feature = "fuzzing"))]
 /// Seeds for [`fuzz_entry`]: a handshake then requests of every kind (acquire, overlapping
 /// acquire, release of a held and of an unknown lock, an empty range), and the same requests
 /// on a connection that starts authenticated.

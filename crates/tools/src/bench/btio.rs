@@ -14,6 +14,7 @@ use super::clients::{Clients, SharedFile, Via, WorkloadArgs};
 use crate::report::{fmt_f, fmt_opt, Report};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
+use cluster::{Cluster, ClusterSpec};
 use fabric::Backend;
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -22,7 +23,6 @@ use serde::Serialize;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
-use testkit::{Cluster, ClusterSpec};
 
 /// Bytes per grid point: 5 doubles.
 pub const POINT: u64 = 40;
@@ -292,7 +292,7 @@ fn run_scheme(
                         barrier.wait();
                         for &(off, len) in &rows {
                             super::interrupted(interrupt)?;
-                            let buf = testkit::pattern(seed, off, len as usize);
+                            let buf = cluster::pattern(seed, off, len as usize);
                             let t = Instant::now();
                             file.write_at(&buf, off)
                                 .with_context(|| format!("process {p}: row at {off}"))?;
@@ -375,7 +375,7 @@ fn verify_rows(file: &dyn SharedFile, rows: &[(u64, u64)], seed: u64) -> Result<
     for &(off, len) in rows {
         let mut buf = vec![0u8; len as usize];
         file.read_at(&mut buf, off)?;
-        if buf != testkit::pattern(seed, off, len as usize) {
+        if buf != cluster::pattern(seed, off, len as usize) {
             bail!("the row at {off} ({len} B) does not hold what was written");
         }
     }
@@ -412,7 +412,7 @@ mod tests {
         let file = MemFile(Mutex::new(Vec::new()));
         let rows = rows_of(12, 2, 3, 0);
         for &(off, len) in &rows {
-            file.write_at(&testkit::pattern(9, off, len as usize), off)
+            file.write_at(&cluster::pattern(9, off, len as usize), off)
                 .unwrap();
         }
         verify_rows(&file, &rows, 9).unwrap();

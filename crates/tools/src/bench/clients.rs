@@ -6,6 +6,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
+use cluster::Cluster;
 use fs_client::{CitronFs, FileHandle, LockScheme};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -13,7 +14,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use testkit::Cluster;
 
 /// How the workload reaches CitronFS.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Serialize)]
@@ -201,7 +201,7 @@ impl Clients {
                     // dies: a killed benchmark leaves no mount of a cluster that went with it.
                     // `Clients` are started by the benchmark's main thread, which lives as
                     // long as they do.
-                    testkit::die_with_parent(&mut command);
+                    cluster::die_with_parent(&mut command);
                     let child = command
                         .arg("mount")
                         .arg("--meta")

@@ -16,6 +16,7 @@
 use crate::report::{fmt_f, fmt_opt, Report};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
+use cluster::{Cluster, ClusterSpec, Mount};
 use fabric::Backend;
 use indicatif::{ProgressBar, ProgressStyle};
 use lockmgr::LockScheme;
@@ -24,7 +25,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use testkit::{Cluster, ClusterSpec, Mount};
 
 /// The fio job files, compiled in so that the binary runs anywhere (the repository keeps them in
 /// `bench/fio/`, where a user can run them by hand with the same `CFSB_*` variables).
@@ -504,7 +504,7 @@ fn run_fio(job: Job, fs: Fs, target: &Target, args: &CompareArgs, work: &Path) -
     let span = 256u64 << 20;
     let mut fio = Command::new("fio");
     // Stopped if this benchmark dies (it runs from the main thread).
-    testkit::die_with_parent(&mut fio);
+    cluster::die_with_parent(&mut fio);
     let out = fio
         .arg("--output-format=json")
         .arg(&job_file)

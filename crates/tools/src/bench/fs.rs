@@ -35,6 +35,7 @@ use crate::cmd::config::parse_size;
 use crate::report::{fmt_f, fmt_opt, fmt_ratio, ratio, Report};
 use anyhow::{bail, Context, Result};
 use clap::{value_parser, Args};
+use cluster::{Cluster, ClusterSpec, Mount};
 use fabric::Backend;
 use fs_client::CitronFs;
 use hdrhistogram::Histogram;
@@ -48,7 +49,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
-use testkit::{Cluster, ClusterSpec, Mount};
 
 /// Bytes per sequential operation.
 const SEQ_BLOCK: u64 = 1 << 20;
@@ -371,15 +371,15 @@ pub fn run(args: &FsArgs) -> Result<()> {
         "--fuse-threads needs at least 1 thread"
     );
     let fuse_options = fs_client::fuse::FuseOptions {
-        threads: args.fuse_threads.unwrap_or(testkit::fuse_options().threads),
+        threads: args.fuse_threads.unwrap_or(cluster::fuse_options().threads),
         ring_threads_per_cpu: args
             .fuse_ring_threads
-            .unwrap_or(testkit::fuse_options().ring_threads_per_cpu),
+            .unwrap_or(cluster::fuse_options().ring_threads_per_cpu),
         attr_ttl: args
             .attr_ttl_ms
-            .map_or(testkit::fuse_options().attr_ttl, Duration::from_millis),
+            .map_or(cluster::fuse_options().attr_ttl, Duration::from_millis),
         metrics: args.fuse_metrics.then(fs_client::metrics::FuseMetrics::new),
-        ..testkit::fuse_options()
+        ..cluster::fuse_options()
     };
     let schemes: Vec<LockScheme> = args.scheme.clone();
     let citron_targets: Vec<Target> = [Target::Citronfs, Target::Library]

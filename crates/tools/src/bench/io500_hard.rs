@@ -16,6 +16,7 @@ use super::locks::{Fabric, LOCK_REGION, MAX_SEGMENTS};
 use crate::report::{fmt_opt, Report};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
+use cluster::{Cluster, ClusterSpec};
 use fabric::{Backend, RemoteAddr};
 use indicatif::{ProgressBar, ProgressStyle};
 use lockmgr::baselines::SegSpec;
@@ -27,7 +28,6 @@ use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
-use testkit::{Cluster, ClusterSpec};
 
 /// IOR hard's record size.
 pub const RECORD: u64 = 47008;
@@ -540,7 +540,7 @@ fn replay_io(
                         let mut done = Vec::with_capacity(mine.len());
                         for w in mine {
                             super::interrupted(interrupt)?;
-                            let buf = testkit::pattern(seed, w.offset, w.len as usize);
+                            let buf = cluster::pattern(seed, w.offset, w.len as usize);
                             file.write_at(&buf, w.offset)
                                 .with_context(|| format!("rank {r}: write at {}", w.offset))?;
                             done.push(began.elapsed());
@@ -565,7 +565,7 @@ fn replay_io(
             for w in trace.iter().filter(|w| w.rank == r as u64) {
                 let mut buf = vec![0u8; w.len as usize];
                 file.read_at(&mut buf, w.offset)?;
-                if buf != testkit::pattern(seed, w.offset, w.len as usize) {
+                if buf != cluster::pattern(seed, w.offset, w.len as usize) {
                     bail!(
                         "scheme {scheme}: the record at {} does not hold what rank {r} wrote",
                         w.offset

@@ -41,6 +41,7 @@ use crate::bench::fs::{check_fuse, is_tmpfs, mount_null};
 use crate::report::{fmt_f, fmt_opt, fmt_ratio, ratio, Report};
 use anyhow::{Context, Result};
 use clap::Args;
+use cluster::{Cluster, ClusterSpec, Mount};
 use fabric::Backend;
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -51,7 +52,6 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
-use testkit::{Cluster, ClusterSpec, Mount};
 
 /// One phase of the run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]

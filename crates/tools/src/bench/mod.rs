@@ -23,7 +23,7 @@ use std::sync::Arc;
 /// with status 130. Client processes die with the benchmark whatever ends it
 /// (`clients::MountProcess`).
 /// (`crate::cmd::StopSignals`, never made orderly: a benchmark's guards are in-process, and an
-/// impatient second Ctrl-C gets the process-death cleanup of `testkit::die_with_parent`.)
+/// impatient second Ctrl-C gets the process-death cleanup of `cluster::die_with_parent`.)
 pub(crate) fn stop_on_signal() -> Result<Arc<AtomicBool>> {
     Ok(crate::cmd::StopSignals::catch()?.into_flag())
 }

@@ -14,6 +14,7 @@ use super::clients::{Clients, SharedFile, Via, WorkloadArgs};
 use crate::report::{fmt_f, fmt_opt, Report};
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use cluster::{Cluster, ClusterSpec};
 use fabric::Backend;
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -23,7 +24,6 @@ use serde::Serialize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use testkit::{Cluster, ClusterSpec};
 
 /// Bytes of each data file and of the log file.
 const FILE_BYTES: u64 = 10 << 20;
@@ -81,7 +81,7 @@ struct OltpResult {
 fn block(seq: u64) -> Vec<u8> {
     let mut b = vec![0u8; BLOCK];
     b[..8].copy_from_slice(&seq.to_le_bytes());
-    let body = testkit::pattern(seq, 0, BLOCK - 12);
+    let body = cluster::pattern(seq, 0, BLOCK - 12);
     b[12..].copy_from_slice(&body);
     let crc = crc32fast::hash(&b[12..]);
     b[8..12].copy_from_slice(&crc.to_le_bytes());
@@ -96,7 +96,7 @@ fn is_whole(b: &[u8]) -> bool {
     let crc = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes"));
     crc == crc32fast::hash(&b[12..])
         && b[12..]
-            == testkit::pattern(
+            == cluster::pattern(
                 u64::from_le_bytes(b[..8].try_into().expect("8")),
                 0,
                 BLOCK - 12,

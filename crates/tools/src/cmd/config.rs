@@ -382,9 +382,7 @@ pub fn log_from_env() -> String {
 }
 
 /// A role's settings from the TOML `text` as its `--config` file, with no flags given.
-// Used by the tests, and by the `config_file` target of `fuzz/`, which compiles this module
-// from its source (`citronfs` is a binary crate): dead only in the command itself.
-#[cfg_attr(not(test), allow(dead_code))]
+#[cfg(any(test, feature = "fuzzing"))]
 pub fn load_str<C: Serialize + DeserializeOwned + Default>(text: &str) -> Result<C> {
     layered(Some(Toml::string(text)), &Dict::new())
 }
@@ -395,9 +393,7 @@ pub fn load_str<C: Serialize + DeserializeOwned + Default>(text: &str) -> Result
 /// top-level key that is not a setting is refused, with an error naming the key when it is
 /// the file's only fault; settings that load survive a round trip through figment's values
 /// unchanged.
-// Used by the tests, and by the `config_file` target of `fuzz/`, which compiles this module
-// from its source (`citronfs` is a binary crate): dead only in the command itself.
-#[cfg_attr(not(test), allow(dead_code))]
+#[cfg(any(test, feature = "fuzzing"))]
 pub fn fuzz_settings_file<C>(text: &str)
 where
     C: Serialize + DeserializeOwned + Default + PartialEq + fmt::Debug,
@@ -444,9 +440,7 @@ where
 
 /// A settings file holding every setting of `C` at its default (settings without a default
 /// left out), as a seed for [`fuzz_settings_file`].
-// Used by the tests, and by the `config_file` target of `fuzz/`, which compiles this module
-// from its source (`citronfs` is a binary crate): dead only in the command itself.
-#[cfg_attr(not(test), allow(dead_code))]
+#[cfg(test)]
 pub fn settings_file_seed<C: Serialize + Default>() -> String {
     let mut text = String::new();
     let Ok(dict) = settings_of(&C::default()) else {

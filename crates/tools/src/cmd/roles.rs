@@ -14,6 +14,7 @@ use super::config::{
 };
 use anyhow::{Context, Result};
 use clap::{value_parser, Args};
+use cluster::Mount;
 use data_server::{Backing, DataConfig, DataServer};
 use fabric::handshake::ConnectionLimits;
 use fabric::Backend;
@@ -26,7 +27,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use testkit::Mount;
 
 /// What `--help` of every role says after the flags.
 pub const SETTINGS_HELP: &str = "Settings: a flag wins over the environment (CITRONFS_ and the \
@@ -241,9 +241,7 @@ impl MetaServerConfig {
 /// data server, mount), the rest is its `--config` file (as UTF-8, invalid sequences
 /// replaced); see `config::fuzz_settings_file` for what is checked. Settings that load are
 /// also turned into the role's configuration, which must end in a value or an error.
-// Used by the tests, and by the `config_file` target of `fuzz/`, which compiles this module
-// from its source (`citronfs` is a binary crate): dead only in the command itself.
-#[cfg_attr(not(test), allow(dead_code))]
+#[cfg(any(test, feature = "fuzzing"))]
 pub fn fuzz_config_file(data: &[u8]) {
     use super::config::fuzz_settings_file;
     let Some((&role, text)) = data.split_first() else {
@@ -269,9 +267,7 @@ pub fn fuzz_config_file(data: &[u8]) {
 
 /// Seeds for [`fuzz_config_file`]: each role's file with every setting, and with an unknown
 /// key, a size in each notation, and a bad value.
-// Used by the tests, and by the `config_file` target of `fuzz/`, which compiles this module
-// from its source (`citronfs` is a binary crate): dead only in the command itself.
-#[cfg_attr(not(test), allow(dead_code))]
+#[cfg(test)]
 pub fn fuzz_config_seeds() -> Vec<Vec<u8>> {
     use super::config::settings_file_seed;
     let files = [

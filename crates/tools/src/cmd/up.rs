@@ -5,13 +5,13 @@ use super::config::{parse_size, DEFAULT_CLUSTER};
 use super::roles::atomic_bound_line;
 use anyhow::{Context, Result};
 use clap::{value_parser, Args};
+use cluster::{BackingKind, Cluster, ClusterSpec, Mount};
 use fabric::Backend;
 use fs_client::metrics::FuseMetrics;
 use lockmgr::LockScheme;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use testkit::{BackingKind, Cluster, ClusterSpec, Mount};
 
 /// Options of `citronfs up`.
 #[derive(Args, Debug)]

@@ -164,7 +164,7 @@ fn apply(
         }
         Op::Create { name, seed, len } => {
             let (_, fh) = fs.create(me, dir, name, 0o644, libc::O_RDWR | libc::O_EXCL)?;
-            let data = testkit::pattern(*seed, 0, *len as usize);
+            let data = cluster::pattern(*seed, 0, *len as usize);
             let result = fs.write(fh, 0, &data).and_then(|_| fs.fsync(fh));
             let _ = fs.release(fh);
             result

@@ -27,7 +27,7 @@ pub fn record(slot: u32, client: u32, seq: u64) -> Vec<u8> {
     r[8..12].copy_from_slice(&slot.to_le_bytes());
     r[12..16].copy_from_slice(&client.to_le_bytes());
     r[16..24].copy_from_slice(&seq.to_le_bytes());
-    let payload = testkit::pattern(seq ^ (u64::from(client) << 48), 0, RECORD - HEADER);
+    let payload = cluster::pattern(seq ^ (u64::from(client) << 48), 0, RECORD - HEADER);
     r[HEADER..].copy_from_slice(&payload);
     let crc = crc(&r);
     r[24..28].copy_from_slice(&crc.to_le_bytes());
@@ -89,7 +89,7 @@ pub enum Op {
         /// The record's sequence number.
         seq: u64,
     },
-    /// A private file created with `len` bytes of `testkit::pattern(seed, 0, len)`.
+    /// A private file created with `len` bytes of `cluster::pattern(seed, 0, len)`.
     Create {
         /// Its name in the soak directory.
         name: String,

@@ -252,9 +252,9 @@ pub fn run(args: SoakArgs) -> Result<()> {
         exe: std::env::current_exe().context("find the citronfs executable")?,
         dir: dir.path().to_path_buf(),
         shm: shm.path().to_path_buf(),
-        token: testkit::random_token()?,
+        token: cluster::random_token()?,
         // The meta server is restarted on this address: outside the ephemeral range.
-        listen: testkit::restartable_addr()?,
+        listen: cluster::restartable_addr()?,
         fabric: args.fabric,
         clients: args.clients,
         rng: StdRng::seed_from_u64(seed),

@@ -200,12 +200,12 @@ fn matches(state: &State, data: Option<&[u8]>) -> bool {
     match (state, data) {
         (State::Absent, None) => true,
         (State::Data { seed, len }, Some(d)) => {
-            d.len() as u64 == *len && d == testkit::pattern(*seed, 0, d.len()).as_slice()
+            d.len() as u64 == *len && d == cluster::pattern(*seed, 0, d.len()).as_slice()
         }
         (State::Partial { seed, len }, Some(d)) => {
             d.len() as u64 <= *len
                 && d.iter()
-                    .zip(testkit::pattern(*seed, 0, d.len()))
+                    .zip(cluster::pattern(*seed, 0, d.len()))
                     .all(|(&got, want)| got == want || got == 0)
         }
         _ => false,
@@ -221,7 +221,7 @@ fn differences(states: &[State], data: &[u8]) -> String {
         let (State::Data { seed, .. } | State::Partial { seed, .. }) = state else {
             continue;
         };
-        let expected = testkit::pattern(*seed, 0, data.len());
+        let expected = cluster::pattern(*seed, 0, data.len());
         let differ: Vec<usize> = (0..data.len())
             .filter(|&i| data[i] != expected[i])
             .collect();
@@ -318,7 +318,7 @@ fn foreign(at: u64, piece: &[u8], expected: &Expected, clients: u32) -> Option<S
     for (name, seed, len) in &expected.creates {
         for off in (0..*len).step_by(4096) {
             let n = piece.len().min((*len - off) as usize);
-            if testkit::pattern(*seed, off, n) == piece[..n] {
+            if cluster::pattern(*seed, off, n) == piece[..n] {
                 return Some(format!("file {name} at offset {off}"));
             }
         }
@@ -497,7 +497,7 @@ mod tests {
         let start = slot as usize * RECORD;
         let mut bytes = vec![0u8; RECORD];
         let a = 1_368_064 - start;
-        bytes[a..a + 4096].copy_from_slice(&testkit::pattern(99, 8192, 4096));
+        bytes[a..a + 4096].copy_from_slice(&cluster::pattern(99, 8192, 4096));
         let in_slot5 = 253_952 + 4096 - 5 * RECORD;
         bytes[a + 4096..a + 8192].copy_from_slice(&record(5, 1, 4)[in_slot5..in_slot5 + 4096]);
         let mut expected = Expected::default();
@@ -516,7 +516,7 @@ mod tests {
 
     #[test]
     fn a_finding_says_where_and_what_the_bytes_differ() {
-        let mut data = testkit::pattern(5, 0, 100);
+        let mut data = cluster::pattern(5, 0, 100);
         data[10..20].fill(0);
         let states = [State::Absent, State::Data { seed: 5, len: 100 }];
         let said = differences(&states, &data);
@@ -528,7 +528,7 @@ mod tests {
         assert!(
             differences(&states, &data).contains("11 bytes differ, offsets 10..=50, not all zero")
         );
-        assert_eq!(differences(&states, &testkit::pattern(5, 0, 100)), "");
+        assert_eq!(differences(&states, &cluster::pattern(5, 0, 100)), "");
     }
 
     fn op_w(slot: u32, seq: u64) -> Op {
@@ -571,19 +571,19 @@ mod tests {
                 State::Data { seed: 1, len: 4 }
             ]
         );
-        assert!(matches(&e.files["f"][1], Some(&testkit::pattern(1, 0, 4))));
-        assert!(!matches(&e.files["f"][1], Some(&testkit::pattern(2, 0, 4))));
+        assert!(matches(&e.files["f"][1], Some(&cluster::pattern(1, 0, 4))));
+        assert!(!matches(&e.files["f"][1], Some(&cluster::pattern(2, 0, 4))));
         assert!(!matches(&e.files["f"][1], None));
         // An interrupted create: any of its blocks may have landed, the rest read zeros.
         let partial = State::Partial { seed: 1, len: 10 };
-        let mut d = testkit::pattern(1, 0, 10);
+        let mut d = cluster::pattern(1, 0, 10);
         d[2..6].fill(0);
         assert!(matches(&partial, Some(&d)));
         assert!(matches(&partial, Some(&d[..4])));
         d[7] = d[7].wrapping_add(1).max(1);
         assert!(!matches(&partial, Some(&d)), "a foreign byte");
         assert!(
-            !matches(&partial, Some(&testkit::pattern(1, 0, 11))),
+            !matches(&partial, Some(&cluster::pattern(1, 0, 11))),
             "too long"
         );
     }

@@ -1,7 +1,7 @@
 //! [`Cluster`]: a meta server and data servers in this process, started as a [`ClusterSpec`]
 //! says.
 //!
-//! Layout of a cluster's directories (the same for `citronfs up` and the tests, so that a
+//! Layout of a cluster's directories (the same for `citronfs up`, the benchmarks and the tests, so that a
 //! `--state-dir` written by one run is read by the next):
 //! - the *state directory* (the spec's `state_dir`, else the run directory): `meta-db/` (the
 //!   namespace, sled) and, for file-backed data servers, `ds-N/` (data server N's region file);
@@ -11,7 +11,7 @@
 //!   killed outright (SIGKILL) could not remove is found and removed when this user next
 //!   starts a cluster of that name ([`sweep_stale_run_dirs`]).
 
-use crate::mount::Mount;
+use crate::mount::{fuse_options, Mount};
 use crate::util::random_token;
 use anyhow::{Context, Result};
 use data_server::{Backing, DataConfig, DataHandle, DataServer};
@@ -284,14 +284,14 @@ impl Cluster {
     }
 
     /// A raw client session with the meta server on one connection that many threads share
-    /// (`proto::rpc::SharedClient`, as `fs-client` uses it), each call bounded by 10 s: for
-    /// tests of the RPC protocol itself.
+    /// (`proto::rpc::SharedClient`, as `fs-client` uses it), each call bounded by 10 s: to ask
+    /// the meta server directly (the cluster's state), or to test the RPC protocol itself.
     pub fn rpc_client(&self) -> Result<proto::rpc::SharedClient> {
         Ok(proto::rpc::SharedClient::connect(
             self.meta_addr(),
             &self.credentials(),
             proto::rpc::Role::Client {
-                host: "testkit".into(),
+                host: "cluster".into(),
                 pid: std::process::id(),
             },
             Some(Duration::from_secs(10)),
@@ -358,7 +358,7 @@ impl Cluster {
 
     /// Mounts a new client with `scheme` in a fresh directory.
     pub fn mount_with(&self, scheme: LockScheme) -> Result<Mount> {
-        Mount::in_temp_dir(Arc::new(self.connect(scheme)?), &crate::fuse_options())
+        Mount::in_temp_dir(Arc::new(self.connect(scheme)?), &fuse_options())
     }
 
     /// Stops every server and starts them again on the same state, names and meta address.
@@ -378,7 +378,7 @@ impl Cluster {
             &self.meta_addr().to_string(),
             &self.credentials(),
             options,
-            "testkit-fsck",
+            "cluster-fsck",
         )
     }
 
@@ -399,37 +399,6 @@ impl Cluster {
         self.meta =
             MetaServer::start(self.meta_config.clone()).context("restart the meta server")?;
         Ok(())
-    }
-
-    /// Waits (up to 30 s, then panics, as [`crate::wait_until`]) until the meta server counts
-    /// every data server of this cluster live: after a meta server restart they register
-    /// again, on shm only once the earlier run's lock leases have run out.
-    pub fn wait_for_live_data_servers(&self) {
-        let expected = self.data.len();
-        crate::wait_until(
-            Duration::from_secs(30),
-            "the data servers to register with the meta server",
-            || {
-                let Ok(client) = self.rpc_client() else {
-                    return false;
-                };
-                matches!(
-                    client.call(proto::rpc::Request::Cluster),
-                    Ok(Ok(proto::rpc::Response::Cluster(info)))
-                        if info.data_servers.iter().filter(|d| d.live).count() >= expected
-                )
-            },
-        );
-    }
-
-    /// [`Cluster::restart_meta`] after a crash instead of a clean stop (`MetaHandle::crash`: no
-    /// goodbye, no flush; the next run finds its `running` mark and scrubs).
-    #[cfg(feature = "test-hooks")]
-    pub fn crash_meta_and_restart(&mut self) -> Result<()> {
-        self.restart_meta_after(|meta| {
-            meta.crash();
-            Ok(())
-        })
     }
 
     /// Stops data server `i` (`ds-i`) and starts it again with the same name, while everything

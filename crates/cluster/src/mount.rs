@@ -1,4 +1,4 @@
-//! [`Mount`]: an in-process FUSE mount that is never left behind, and the FUSE checks.
+//! [`Mount`]: an in-process FUSE mount that is never left behind.
 
 use anyhow::{Context, Result};
 use fs_client::fuse::{FuseOptions, IoLimits, MountHandle};
@@ -6,24 +6,6 @@ use fs_client::CitronFs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-
-/// Why FUSE mounts cannot work here, or `None` when they can: /dev/fuse must exist and open,
-/// and a non-root user needs `fusermount3` (Debian package fuse3).
-pub fn fuse_unavailable() -> Option<String> {
-    fs_client::fuse::check_mountable(Path::new(fs_client::fuse::FUSE_DEVICE)).err()
-}
-
-/// Returns from the calling test when FUSE mounts cannot work here, the skip recorded
-/// ([`crate::skip`]: said on stderr, counted by `.ci/run`).
-#[macro_export]
-macro_rules! skip_without_fuse {
-    () => {
-        if let Some(why) = $crate::fuse_unavailable() {
-            $crate::skip($crate::Need::Fuse, &why);
-            return;
-        }
-    };
-}
 
 /// The mount point: a fresh directory of the mount's own, or one the caller gave.
 enum MountDir {
@@ -54,7 +36,7 @@ pub struct Mount {
     dir: MountDir,
 }
 
-/// The FUSE options of the harness's mounts: shared with every local user (`allow_other`,
+/// The FUSE options of a cluster's mounts: shared with every local user (`allow_other`,
 /// the kernel checking permissions) where this process may mount so — root, or
 /// `user_allow_other` in /etc/fuse.conf — else for this user only.
 pub fn fuse_options() -> FuseOptions {
@@ -188,7 +170,7 @@ impl Drop for Mount {
 
 /// Whether `path` is a mount point now (`fs_client::fuse::is_mount_point`; a table that
 /// cannot be read counts as not mounted).
-pub(crate) fn is_mounted(path: &Path) -> bool {
+pub fn is_mounted(path: &Path) -> bool {
     fs_client::fuse::is_mount_point(path).unwrap_or(false)
 }
 
@@ -206,7 +188,7 @@ fn find_program(names: &[&str]) -> Option<PathBuf> {
 
 /// Detaches whatever is mounted at `path` even if it is busy or its server is gone
 /// (`umount -l`, else `fusermount3 -uz`): the last resort of the guards' `Drop`.
-pub(crate) fn lazy_unmount(path: &Path) {
+pub fn lazy_unmount(path: &Path) {
     if !is_mounted(path) {
         return;
     }
