@@ -1527,8 +1527,8 @@ mod tests {
         assert!(first.verify(&proof, &creds()).is_ok());
     }
 
-    /// A whole handshake over a pipe pair, both sides blocking: the welcome arrives; the
-    /// token's bytes are nowhere in what crossed.
+    /// A whole handshake over a socket pair, both sides blocking: the welcome arrives, and the
+    /// server has the client's role. (`tests/handshake.rs` records a real connection's bytes.)
     #[test]
     fn client_and_server_handshake_over_a_socket_pair() {
         let (mut a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
