@@ -555,12 +555,27 @@ impl std::fmt::Debug for Evictable {
 impl Counts {
     /// Takes the evictable connection `id` of `peer` off its queue, if it is there.
     fn forget_evictable(&mut self, peer: std::net::IpAddr, id: u64) {
-        if let Some(queue) = self.evictable.get_mut(&peer) {
-            queue.retain(|e| e.id != id);
-            if queue.is_empty() {
-                self.evictable.remove(&peer);
-            }
+        drop(self.take_evictable(peer, id));
+    }
+
+    /// Takes the evictable connection `id` of `peer` off its queue: it, if it was there.
+    fn take_evictable(&mut self, peer: std::net::IpAddr, id: u64) -> Option<Evictable> {
+        let queue = self.evictable.get_mut(&peer)?;
+        let taken = queue
+            .iter()
+            .position(|e| e.id == id)
+            .and_then(|at| queue.remove(at));
+        if queue.is_empty() {
+            self.evictable.remove(&peer);
         }
+        taken
+    }
+
+    /// Puts `evictable`, of `peer`, back on its queue in its place by age.
+    fn restore_evictable(&mut self, peer: std::net::IpAddr, evictable: Evictable) {
+        let queue = self.evictable.entry(peer).or_default();
+        let at = queue.partition_point(|e| e.id < evictable.id);
+        queue.insert(at, evictable);
     }
 
     /// Evicts the oldest evictable connection of `peer` (`None`: of the peer holding the most
@@ -654,7 +669,8 @@ impl Admission {
     /// connection of the peer holding the most is. An evicted connection's places go to the
     /// new one at once, and its `evict` is called (outside the lock) with the refusal of the
     /// limit, to answer and close it. The new connection is evictable in turn, with `evict`,
-    /// until it [claims](Admitted::claim) its place by presenting its hello.
+    /// until it [claims](Admitted::claim) its place by presenting its hello, and again while the
+    /// server waits for its proof ([`Admitted::unclaim`]).
     ///
     /// So a flood of connections that never send their hello churns its own connections, and a
     /// peer that presents its hello within the time the flood takes to open a pending limit's
@@ -744,6 +760,7 @@ impl Admission {
             peer,
             pending: true,
             slot,
+            parked: None,
         })
     }
 }
@@ -756,6 +773,8 @@ pub struct Admitted {
     pending: bool,
     /// An evictable connection's id in its peer's queue, and whether it was evicted.
     slot: Option<(u64, std::sync::Arc<std::sync::atomic::AtomicBool>)>,
+    /// A claimed connection's eviction, kept for [`Admitted::unclaim`].
+    parked: Option<Evictable>,
 }
 
 impl Admitted {
@@ -780,12 +799,30 @@ impl Admitted {
             self.slot = Some((id, evicted));
             return false;
         }
-        counts.forget_evictable(self.peer, id);
+        self.parked = counts.take_evictable(self.peer, id);
         true
+    }
+
+    /// The server answered a frame of the handshake and waits for the peer's next (its proof,
+    /// after the challenge): until it [claims](Admitted::claim) its place again, the
+    /// connection may be evicted as before, keeping its age. So a peer that sends a hello but
+    /// cannot prove the secret holds its pending place no more firmly than one that sends
+    /// nothing. Nothing if the connection was not claimed with an eviction.
+    pub fn unclaim(&mut self) {
+        if let Some(parked) = self.parked.take() {
+            if !self.pending {
+                return;
+            }
+            let mut counts = self.admission.counts();
+            self.slot = Some((parked.id, parked.evicted.clone()));
+            counts.restore_evictable(self.peer, parked);
+        }
     }
 
     /// The peer passed the handshake: it no longer counts as pending.
     pub fn authenticated(&mut self) {
+        // What would evict it (a handle on its socket, say) is not needed any more.
+        self.parked = None;
         if std::mem::take(&mut self.pending) {
             let mut counts = self.admission.counts();
             if self.is_evicted() {
@@ -1726,6 +1763,56 @@ mod tests {
         assert_eq!(counts.pending, 0);
         assert!(counts.per_peer.is_empty(), "{:?}", counts.per_peer);
         assert!(counts.evictable.is_empty(), "{:?}", counts.evictable);
+    }
+
+    /// A connection unclaimed after its challenge is evictable again, in its place by age; it
+    /// cannot claim once evicted; once authenticated it is not evictable.
+    #[test]
+    fn admission_evicts_a_connection_waiting_for_its_proof() {
+        use std::sync::mpsc;
+        let admission = Admission::new(ConnectionLimits {
+            max_per_peer: 10,
+            max_pending: 10,
+            max_pending_per_peer: 2,
+        });
+        let a: std::net::IpAddr = [10, 0, 0, 1].into();
+        let (tx, rx) = mpsc::channel();
+        let admit = |name: &'static str| {
+            let tx = tx.clone();
+            admission
+                .admit_evicting(
+                    a,
+                    Box::new(move |refusal| tx.send((name, refusal)).unwrap()),
+                )
+                .unwrap()
+        };
+        let (mut first, mut second) = (admit("first"), admit("second"));
+        // Both sent their hellos; the second authenticates, the first waits for its proof.
+        assert!(first.claim() && second.claim());
+        first.unclaim();
+        second.unclaim();
+        second.claim();
+        second.authenticated();
+        second.unclaim(); // nothing: authenticated
+        let _third = admit("third");
+        assert!(rx.try_recv().is_err(), "two pending places, two pending");
+        let _fourth = admit("fourth");
+        assert_eq!(
+            rx.try_recv().unwrap(),
+            (
+                "first",
+                Refusal::Limit {
+                    limit: Limit::PendingHandshakesPerPeer,
+                    value: 2
+                }
+            )
+        );
+        assert!(
+            first.is_evicted() && !first.claim(),
+            "its proof comes too late"
+        );
+        drop((first, second));
+        assert_eq!(admission.counts().per_peer[&a].pending, 2);
     }
 
     /// The handshake of every protocol under the stable fuzzer (see `crate::fuzz`).

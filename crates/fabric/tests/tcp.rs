@@ -1163,6 +1163,52 @@ fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
 /// presents its credentials; beyond the per-peer limit a peer is refused (`Refusal::Limit`,
 /// before a byte is read or a thread spent), which the endpoint tries again for its connect
 /// bound and then reports as `FabricError::Limited`; places free when their connections close.
+/// Peers that send a hello but never a proof (they cannot prove the secret) hold their pending
+/// places no more firmly than silent ones: a client that completes its handshake evicts the
+/// older, which is told why after its challenge and closed.
+#[test]
+fn peers_without_a_proof_make_room() {
+    use fabric::handshake::{ChallengeAnswer, ConnectionLimits, Limit};
+    let limits = ConnectionLimits {
+        max_per_peer: 10,
+        max_pending: 2,
+        max_pending_per_peer: 10,
+    };
+    let server = TcpServer::bind_with_limits("127.0.0.1:0", creds(), limits).unwrap();
+    server.register(R, REGION_LEN).unwrap();
+    let mut stuck: Vec<TcpStream> = (0..2)
+        .map(|_| {
+            let mut s = TcpStream::connect(server.local_addr()).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            send_hello(&mut s, MAGIC, PROTOCOL_VERSION, CLUSTER);
+            let mut body = Vec::new();
+            frame::read_frame(&mut s, usize::MAX, &mut body).unwrap();
+            let challenge: ChallengeAnswer = postcard::from_bytes(&body).unwrap();
+            assert!(challenge.is_ok());
+            s
+        })
+        .collect();
+    let mut ep = TcpEndpoint::connect(server.local_addr(), &creds()).unwrap();
+    ep.faa(addr(0), 1).unwrap();
+    assert_eq!(
+        read_answer(&mut stuck[0]).unwrap_err(),
+        Refusal::Limit {
+            limit: Limit::PendingHandshakes,
+            value: 2
+        }
+    );
+    assert_closed(&mut stuck[0]);
+    // The younger still waits for its proof.
+    stuck[1]
+        .set_read_timeout(Some(Duration::from_millis(50)))
+        .unwrap();
+    let mut byte = [0u8; 1];
+    assert!(matches!(
+        stuck[1].read(&mut byte),
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)
+    ));
+}
+
 #[test]
 fn connections_are_limited_per_peer_and_silent_ones_make_room() {
     use fabric::handshake::{ConnectionLimits, Limit};

@@ -143,7 +143,14 @@ pub fn fuzz_entry(data: &[u8]) {
     let answer_first = !session.authenticated;
     let mut replies = Vec::new();
     if mode & 2 == 0 {
-        serve(&mut session, &mut &input[..], &mut replies, || true, || {});
+        serve(
+            &mut session,
+            &mut &input[..],
+            &mut replies,
+            || true,
+            || {},
+            || {},
+        );
     } else {
         let mut rest = input;
         while rest.len() >= 2 {

@@ -746,14 +746,16 @@ fn frame_reply(tx: &mut Vec<u8>, reply: &Reply) {
 /// Runs one connection's protocol over `r` and `w` until the peer closes or must be dropped.
 /// `on_hello` runs when each frame of the handshake (the hello, the proof) has arrived, before
 /// it is handled: if it says no (the connection was evicted meanwhile, `Admitted::claim`),
-/// nothing is answered and the connection ends. `on_auth` runs once, after the handshake
-/// succeeded. Returns whether the server chose to close (as opposed to the peer going away, a
-/// write failing or an eviction).
+/// nothing is answered and the connection ends. `on_wait` runs after the server answered a
+/// frame of the handshake and waits for the next (the proof, after the challenge:
+/// `Admitted::unclaim`). `on_auth` runs once, after the handshake succeeded. Returns whether the
+/// server chose to close (as opposed to the peer going away, a write failing or an eviction).
 pub(crate) fn serve<R: Read, W: Write>(
     session: &mut Session,
     r: &mut R,
     w: &mut W,
     mut on_hello: impl FnMut() -> bool,
+    mut on_wait: impl FnMut(),
     mut on_auth: impl FnMut(),
 ) -> bool {
     loop {
@@ -774,6 +776,8 @@ pub(crate) fn serve<R: Read, W: Write>(
         }
         if !was_authenticated && session.authenticated {
             on_auth();
+        } else if !session.authenticated {
+            on_wait();
         }
     }
 }
@@ -808,6 +812,8 @@ fn run_connection(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr, admi
             }
             admitted.borrow_mut().claim()
         },
+        // Until its proof arrives, a peer is as evictable as one that sent nothing yet.
+        || admitted.borrow_mut().unclaim(),
         || {
             admitted.borrow_mut().authenticated();
             // A batch may legitimately wait for a long time between batches.
