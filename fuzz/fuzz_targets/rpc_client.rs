@@ -1,5 +1,6 @@
-//! What a meta server (or an impostor) sends a client: the answer to its hello, then
-//! responses, read as `proto::rpc::Client` reads them (`proto::fuzz::client_entry`).
+//! What a meta server (or an impostor) sends a client: the challenge answering its hello, the
+//! answer to its proof, then responses, read as `proto::rpc::Client` reads them
+//! (`proto::fuzz::client_entry`).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;

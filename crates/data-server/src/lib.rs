@@ -235,7 +235,7 @@ fn register_waiting(
     loop {
         match register(config, role) {
             Ok(registered) => return Ok(registered),
-            Err(e @ RpcError::Refused(_)) => return Err(e),
+            Err(e) if e.is_refusal() => return Err(e),
             Err(e) if Instant::now() + pause > deadline => return Err(e),
             Err(error) => {
                 tracing::warn!(

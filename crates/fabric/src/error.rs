@@ -137,6 +137,11 @@ pub enum FabricError {
     /// up to its connect bound ([`crate::tcp::TcpTimeouts::connect`]) before reporting it.
     #[error("refused by server for now: {0}")]
     Limited(String),
+    /// The server did not prove in the handshake that it holds the cluster's secret: an
+    /// impostor, or a server given another token (`crate::handshake`). The client sent nothing
+    /// derived from the secret and closed the connection; nothing ran.
+    #[error("{0}")]
+    Unverified(String),
     /// The peer broke the protocol (bad frame, checksum, or unexpected message).
     #[error("protocol error: {0}")]
     Protocol(String),

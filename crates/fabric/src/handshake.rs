@@ -1,28 +1,59 @@
 //! The one handshake every CitronFS TCP connection opens with: the verbs of the `tcp` fabric,
-//! the meta server's RPCs and the `server` scheme's lock server alike.
+//! the meta server's RPCs and the `server` scheme's lock server alike. It is a mutual
+//! challenge–response over the cluster's shared secret (its token), which never crosses the
+//! wire: each side proves it holds the secret with an HMAC-SHA256 over both sides' fresh nonces
+//! and the hello.
 //!
 //! ```text
 //! client                                          server
 //!   Hello {magic, protocol, version,        ──▶   accept(): magic, protocol and version
-//!          cluster, token, session, role}          first, then cluster, token, session
+//!          cluster, nonce_c, session, role}        first, then the cluster
+//!                                           ◀──   Ok(Challenge {nonce_s, mac_s}), or a
+//!                                                 Refusal and close
+//!   checks mac_s (a server that cannot
+//!   prove the secret: refused, closed)
+//!   Proof {mac_c}                           ──▶   Challenged::verify(): checks mac_c
 //!                                           ◀──   the protocol's welcome, or a Refusal
 //!                                                 and close
+//!
+//! mac_s = HMAC-SHA256(token, SERVER_LABEL ‖ len(hello) ‖ hello ‖ nonce_s)
+//! mac_c = HMAC-SHA256(token, CLIENT_LABEL ‖ len(hello) ‖ hello ‖ nonce_s)
 //! ```
 //!
-//! A [`Hello`] is one [`frame`](crate::frame) holding its postcard encoding. Its first three
-//! fields — [`MAGIC`], the [`Protocol`] and that protocol's version — keep their place and
-//! encoding in every version, so that a peer of another version, or one that dialled the wrong
-//! port, is told so in plain words instead of being handed a decode error. The fields after them
-//! may change with a protocol's version; `role` is what a protocol adds (the meta server's RPC
+//! `hello` is the hello's encoding exactly as it crossed the wire, so both MACs bind every
+//! field of it (magic, protocol, version, cluster, the client's nonce, session, role) as well
+//! as the server's nonce; the direction label keeps one side's MAC from serving as the other's.
+//! A server's MAC answers a nonce the client just drew, so an impostor cannot replay one it
+//! captured, nor compute one without the secret: the client checks it before it sends anything
+//! derived from the secret, and refuses the server otherwise
+//! ([`HandshakeError::ServerUnverified`]). A client's MAC answers the server's fresh nonce, so a
+//! captured handshake replayed to a server fails ([`Refusal::BadToken`]). MACs are compared in
+//! constant time.
+//!
+//! What it does not do: it authenticates the two ends when the connection opens; it does not
+//! encrypt or sign the traffic after it. A peer that can change packets on the path can still
+//! relay a handshake and tamper with what follows; run clusters on a network you trust, or
+//! under WireGuard or IPsec. A token must be random (`citronfs` makes 128-bit ones,
+//! [`random_token`]): a captured handshake lets anyone test guesses of it offline.
+//!
+//! Every message is one [`frame`](crate::frame) holding a postcard encoding. A [`Hello`]'s
+//! first three fields — [`MAGIC`], the [`Protocol`] and that protocol's version — keep their
+//! place and encoding in every version, and every answer is a `Result` whose error is the
+//! shared [`Refusal`], so that a peer of another version, or one that dialled the wrong port,
+//! is told so in plain words instead of being handed a decode error. The fields after them may
+//! change with a protocol's version; `role` is what a protocol adds (the meta server's RPC
 //! protocol: who is connecting; the others: nothing).
 //!
-//! Every server checks a hello with [`accept`], so the rules are written once: the cluster id
-//! must match, the token must match (compared in constant time, never echoed), and a session the
-//! server has revoked is refused by the caller's check.
+//! Every server checks a hello with [`accept`] and the proof with [`Challenged::verify`], so the
+//! rules are written once: the cluster id must match, the client must prove the secret, and a
+//! session the server has revoked is refused by the caller's check, after the proof.
 
 use crate::frame::{read_frame, write_frame, FrameError};
+use hmac::{Hmac, Mac};
+use rand::RngCore;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use sha2::Sha256;
 use std::io::{Read, Write};
 use std::time::Duration;
 use thiserror::Error;
@@ -30,13 +61,91 @@ use thiserror::Error;
 /// The first field of every [`Hello`]: "CTRN" in ASCII.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"CTRN");
 
-/// The largest hello frame a server reads: an unauthenticated peer must not make it allocate
-/// much.
+/// The largest frame a server reads before the client has proved the secret (its hello, its
+/// proof): an unauthenticated peer must not make it allocate much.
 pub const MAX_HELLO_FRAME: usize = 64 << 10;
 
-/// How long an unauthenticated connection may take to send its hello, and a client waits for
-/// the answer.
+/// How long an unauthenticated connection may take to complete its handshake (the tcp fabric
+/// and the meta server bound the whole handshake; the lock server each of its messages), and a
+/// client waits for each answer.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Bytes of a handshake nonce.
+pub const NONCE_LEN: usize = 32;
+
+/// A handshake nonce: drawn fresh for every connection, by the client for its [`Hello`] and by
+/// the server for its [`Challenge`].
+pub type Nonce = [u8; NONCE_LEN];
+
+/// Bytes of a handshake MAC (HMAC-SHA256).
+pub const MAC_LEN: usize = 32;
+
+/// What the server's MAC (in its [`Challenge`]) starts with.
+const SERVER_LABEL: &[u8] = b"CitronFS handshake 1: server proof";
+/// What the client's MAC (its [`Proof`]) starts with: as long as [`SERVER_LABEL`], so that
+/// neither MAC's input is a prefix of the other's.
+const CLIENT_LABEL: &[u8] = b"CitronFS handshake 1: client proof";
+const _: () = assert!(SERVER_LABEL.len() == CLIENT_LABEL.len());
+
+/// A fresh nonce from the thread's cryptographically secure generator (`rand`'s, seeded from
+/// the operating system).
+pub fn fresh_nonce() -> Nonce {
+    let mut nonce = [0u8; NONCE_LEN];
+    rand::rng().fill_bytes(&mut nonce);
+    nonce
+}
+
+/// Which side a MAC proves.
+#[derive(Clone, Copy)]
+enum Side {
+    Server,
+    Client,
+}
+
+/// The MAC of `side` over the handshake: the hello's encoding as it crossed the wire and the
+/// server's nonce, keyed with `credentials`' token.
+fn transcript_mac(
+    credentials: &Credentials,
+    side: Side,
+    hello: &[u8],
+    server_nonce: &Nonce,
+) -> Hmac<Sha256> {
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(credentials.token.as_bytes())
+        .expect("HMAC takes a key of any length");
+    mac.update(match side {
+        Side::Server => SERVER_LABEL,
+        Side::Client => CLIENT_LABEL,
+    });
+    mac.update(&(hello.len() as u64).to_le_bytes());
+    mac.update(hello);
+    mac.update(server_nonce);
+    mac
+}
+
+fn compute_mac(
+    credentials: &Credentials,
+    side: Side,
+    hello: &[u8],
+    server_nonce: &Nonce,
+) -> [u8; MAC_LEN] {
+    transcript_mac(credentials, side, hello, server_nonce)
+        .finalize()
+        .into_bytes()
+        .into()
+}
+
+/// Whether `mac` is `side`'s MAC over the handshake, compared in constant time.
+fn mac_verifies(
+    credentials: &Credentials,
+    side: Side,
+    hello: &[u8],
+    server_nonce: &Nonce,
+    mac: &[u8],
+) -> bool {
+    transcript_mac(credentials, side, hello, server_nonce)
+        .verify_slice(mac)
+        .is_ok()
+}
 
 /// What a connection speaks after the handshake. Each protocol has its own version
 /// ([`Protocol::version`]); a server accepts only its own protocol.
@@ -63,7 +172,9 @@ impl Protocol {
             // closes: `RemoteError::PostedCallFailed`).
             // 7: a session of an earlier run of the meta server is refused as behind
             // (`Refusal::SessionBehind`), no longer as revoked.
-            Protocol::Verbs => 7,
+            // 8: the handshake is a challenge–response (`Hello::nonce`, `Challenge`, `Proof`):
+            // the token no longer crosses the wire.
+            Protocol::Verbs => 8,
             // 2: the shared hello; `Open` carries a `lockmgr::LockScheme`, `OpenFile` a `LockRef`.
             // 3: data servers name their incarnation; clients learn the layout epoch in every
             // heartbeat and fetch the layout with `Cluster`; `FsError` answers `Lost`,
@@ -82,10 +193,14 @@ impl Protocol {
             // clock (`crate::clock`) to name it in.
             // 9: `ClusterInfo::local_rpc` (a Unix socket for clients on the server's host).
             // 10: `Request::Status` → `Response::Status` (`proto::status`, `citronfs status`).
-            // 11: `Request::HolderGone` → `Response::Gone` (lock recovery by identity).
-            Protocol::Rpc => 11,
+            // 11: the handshake is a challenge–response (`Hello::nonce`, `Challenge`, `Proof`):
+            // the token no longer crosses the wire.
+            // 12: `Request::HolderGone` → `Response::Gone` (lock recovery by identity).
+            Protocol::Rpc => 12,
             // 1: the first version with a handshake.
-            Protocol::LockServer => 1,
+            // 2: the handshake is a challenge–response (`Hello::nonce`, `Challenge`, `Proof`):
+            // the token no longer crosses the wire.
+            Protocol::LockServer => 2,
         }
     }
 
@@ -100,12 +215,13 @@ impl Protocol {
 }
 
 /// Who may connect to a cluster's servers: the cluster's id and its shared secret. Servers
-/// hold the cluster's; clients present them in their [`Hello`].
+/// and clients both hold them; the hello names the cluster, and each side proves it holds the
+/// secret without sending it (see the module's documentation).
 #[derive(Clone, PartialEq, Eq, Default)]
 pub struct Credentials {
     /// The cluster id; a peer naming another cluster is refused.
     pub cluster: String,
-    /// The shared secret; a peer presenting another token is refused.
+    /// The shared secret, never sent; a peer that cannot prove it holds it is refused.
     pub token: String,
 }
 
@@ -116,13 +232,6 @@ impl Credentials {
             cluster: cluster.into(),
             token: token.into(),
         }
-    }
-
-    /// Whether `token` is this cluster's secret, compared in time independent of where the two
-    /// first differ.
-    pub fn token_matches(&self, token: &str) -> bool {
-        let (a, b) = (self.token.as_bytes(), token.as_bytes());
-        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
     }
 }
 
@@ -157,8 +266,8 @@ pub struct Hello<R> {
     pub version: u16,
     /// The cluster the client believes it talks to.
     pub cluster: String,
-    /// The cluster's shared secret.
-    pub token: String,
+    /// The client's nonce, fresh for every connection ([`fresh_nonce`]).
+    pub nonce: Nonce,
     /// The client session the connection belongs to (its meta-server session id), or 0 for a
     /// server's own connections and sessionless clients. A server may refuse a session the
     /// cluster has revoked (the `tcp` fabric does: that is how a client whose locks were
@@ -169,14 +278,15 @@ pub struct Hello<R> {
 }
 
 impl<R> Hello<R> {
-    /// The hello for `protocol` at this build's version, presenting `credentials`.
+    /// The hello for `protocol` at this build's version, naming `credentials`' cluster, with a
+    /// fresh nonce.
     pub fn new(protocol: Protocol, credentials: &Credentials, session: u64, role: R) -> Self {
         Self {
             magic: MAGIC,
             protocol,
             version: protocol.version(),
             cluster: credentials.cluster.clone(),
-            token: credentials.token.clone(),
+            nonce: fresh_nonce(),
             session,
             role,
         }
@@ -190,10 +300,46 @@ impl<R: std::fmt::Debug> std::fmt::Debug for Hello<R> {
             .field("protocol", &self.protocol)
             .field("version", &self.version)
             .field("cluster", &self.cluster)
-            .field("token", &"<redacted>")
+            .field("nonce", &hex(&self.nonce))
             .field("session", &self.session)
             .field("role", &self.role)
             .finish()
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The server's answer to an accepted [`Hello`]: its nonce, and its proof that it holds the
+/// cluster's secret.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Challenge {
+    /// The server's nonce, fresh for every connection.
+    pub nonce: Nonce,
+    /// The server's MAC over the hello and `nonce` (see the module's documentation).
+    pub mac: [u8; MAC_LEN],
+}
+
+/// The answer to a [`Hello`]: the server's challenge, or why it refused.
+pub type ChallengeAnswer = Result<Challenge, Refusal>;
+
+/// The client's answer to a [`Challenge`] it verified: its proof that it holds the cluster's
+/// secret. The server answers it with the protocol's welcome or a [`Refusal`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Proof {
+    /// The client's MAC over the hello and the server's nonce.
+    pub mac: [u8; MAC_LEN],
+}
+
+impl Proof {
+    /// The proof of a client holding `credentials`' secret, answering `challenge` to the hello
+    /// whose encoding (as sent) is `hello`. It does not check the challenge:
+    /// [`answer_challenge`] does, and a client must.
+    pub fn new(credentials: &Credentials, hello: &[u8], challenge: &Challenge) -> Self {
+        Self {
+            mac: compute_mac(credentials, Side::Client, hello, &challenge.nonce),
+        }
     }
 }
 
@@ -230,8 +376,12 @@ pub enum Refusal {
         /// The server's cluster.
         server: String,
     },
-    /// The token does not match (it is never echoed).
-    #[error("authentication failed: wrong token for cluster {cluster:?}")]
+    /// The client's [`Proof`] did not verify: it does not hold the cluster's secret (a wrong
+    /// token), or it replayed another connection's handshake.
+    #[error(
+        "authentication failed: the server could not verify the client (it does not prove \
+         cluster {cluster:?}'s secret: wrong token?)"
+    )]
     BadToken {
         /// The cluster.
         cluster: String,
@@ -406,12 +556,27 @@ impl std::fmt::Debug for Evictable {
 impl Counts {
     /// Takes the evictable connection `id` of `peer` off its queue, if it is there.
     fn forget_evictable(&mut self, peer: std::net::IpAddr, id: u64) {
-        if let Some(queue) = self.evictable.get_mut(&peer) {
-            queue.retain(|e| e.id != id);
-            if queue.is_empty() {
-                self.evictable.remove(&peer);
-            }
+        drop(self.take_evictable(peer, id));
+    }
+
+    /// Takes the evictable connection `id` of `peer` off its queue: it, if it was there.
+    fn take_evictable(&mut self, peer: std::net::IpAddr, id: u64) -> Option<Evictable> {
+        let queue = self.evictable.get_mut(&peer)?;
+        let taken = queue
+            .iter()
+            .position(|e| e.id == id)
+            .and_then(|at| queue.remove(at));
+        if queue.is_empty() {
+            self.evictable.remove(&peer);
         }
+        taken
+    }
+
+    /// Puts `evictable`, of `peer`, back on its queue in its place by age.
+    fn restore_evictable(&mut self, peer: std::net::IpAddr, evictable: Evictable) {
+        let queue = self.evictable.entry(peer).or_default();
+        let at = queue.partition_point(|e| e.id < evictable.id);
+        queue.insert(at, evictable);
     }
 
     /// Evicts the oldest evictable connection of `peer` (`None`: of the peer holding the most
@@ -505,7 +670,8 @@ impl Admission {
     /// connection of the peer holding the most is. An evicted connection's places go to the
     /// new one at once, and its `evict` is called (outside the lock) with the refusal of the
     /// limit, to answer and close it. The new connection is evictable in turn, with `evict`,
-    /// until it [claims](Admitted::claim) its place by presenting its hello.
+    /// until it [claims](Admitted::claim) its place by presenting its hello, and again while the
+    /// server waits for its proof ([`Admitted::unclaim`]).
     ///
     /// So a flood of connections that never send their hello churns its own connections, and a
     /// peer that presents its hello within the time the flood takes to open a pending limit's
@@ -595,6 +761,7 @@ impl Admission {
             peer,
             pending: true,
             slot,
+            parked: None,
         })
     }
 }
@@ -607,6 +774,8 @@ pub struct Admitted {
     pending: bool,
     /// An evictable connection's id in its peer's queue, and whether it was evicted.
     slot: Option<(u64, std::sync::Arc<std::sync::atomic::AtomicBool>)>,
+    /// A claimed connection's eviction, kept for [`Admitted::unclaim`].
+    parked: Option<Evictable>,
 }
 
 impl Admitted {
@@ -631,12 +800,30 @@ impl Admitted {
             self.slot = Some((id, evicted));
             return false;
         }
-        counts.forget_evictable(self.peer, id);
+        self.parked = counts.take_evictable(self.peer, id);
         true
+    }
+
+    /// The server answered a frame of the handshake and waits for the peer's next (its proof,
+    /// after the challenge): until it [claims](Admitted::claim) its place again, the
+    /// connection may be evicted as before, keeping its age. So a peer that sends a hello but
+    /// cannot prove the secret holds its pending place no more firmly than one that sends
+    /// nothing. Nothing if the connection was not claimed with an eviction.
+    pub fn unclaim(&mut self) {
+        if let Some(parked) = self.parked.take() {
+            if !self.pending {
+                return;
+            }
+            let mut counts = self.admission.counts();
+            self.slot = Some((parked.id, parked.evicted.clone()));
+            counts.restore_evictable(self.peer, parked);
+        }
     }
 
     /// The peer passed the handshake: it no longer counts as pending.
     pub fn authenticated(&mut self) {
+        // What would evict it (a handle on its socket, say) is not needed any more.
+        self.parked = None;
         if std::mem::take(&mut self.pending) {
             let mut counts = self.admission.counts();
             if self.is_evicted() {
@@ -789,16 +976,29 @@ fn refuser_loop(rx: std::sync::mpsc::Receiver<(std::net::TcpStream, Refusal)>) {
 }
 
 /// Decodes and checks the hello in `body` for a server of `protocol` belonging to
-/// `credentials`' cluster.
+/// `credentials`' cluster, and draws the server's nonce: the [`Challenge`] to answer with is
+/// [`Challenged::challenge`], and the client's [`Proof`] is checked with
+/// [`Challenged::verify`].
 ///
 /// Checks, in order: magic, protocol, version (decoded alone first, so any client learns these
-/// mismatches whatever the shape of the rest), then the whole hello without trailing bytes, the
-/// cluster id and the token. Whether the session may connect is the caller's check.
+/// mismatches whatever the shape of the rest), then the whole hello without trailing bytes and
+/// the cluster id. Whether the session may connect is the caller's check, after the proof.
 pub fn accept<R: DeserializeOwned>(
     body: &[u8],
     protocol: Protocol,
     credentials: &Credentials,
-) -> Result<Hello<R>, Refusal> {
+) -> Result<Challenged<R>, Refusal> {
+    accept_with_nonce(body, protocol, credentials, fresh_nonce())
+}
+
+/// [`accept`] with the server's nonce given: for tests and fuzzing only (a server's nonce must
+/// be fresh, or a captured handshake could be replayed to it).
+pub fn accept_with_nonce<R: DeserializeOwned>(
+    body: &[u8],
+    protocol: Protocol,
+    credentials: &Credentials,
+    nonce: Nonce,
+) -> Result<Challenged<R>, Refusal> {
     let ((magic, client_protocol, version), _) =
         postcard::take_from_bytes::<(u32, Protocol, u16)>(body)
             .map_err(|e| Refusal::BadHello(format!("cannot decode the hello: {e}")))?;
@@ -834,15 +1034,104 @@ pub fn accept<R: DeserializeOwned>(
             server: credentials.cluster.clone(),
         });
     }
-    if !credentials.token_matches(&hello.token) {
-        return Err(Refusal::BadToken {
+    let challenge = Challenge {
+        nonce,
+        mac: compute_mac(credentials, Side::Server, body, &nonce),
+    };
+    Ok(Challenged {
+        hello,
+        body: body.to_vec(),
+        challenge,
+    })
+}
+
+/// A hello a server accepted ([`accept`]) and challenged, waiting for the client's [`Proof`].
+pub struct Challenged<R> {
+    hello: Hello<R>,
+    /// The hello's encoding as it arrived: what both MACs cover.
+    body: Vec<u8>,
+    challenge: Challenge,
+}
+
+impl<R> Challenged<R> {
+    /// The accepted hello (not authenticated yet).
+    pub fn hello(&self) -> &Hello<R> {
+        &self.hello
+    }
+
+    /// The challenge to answer the hello with (`Ok(challenge)`, a [`ChallengeAnswer`]).
+    pub fn challenge(&self) -> &Challenge {
+        &self.challenge
+    }
+
+    /// Checks the client's answer to the challenge, the [`Proof`] encoded in `body`: the hello
+    /// once the client proved it holds `credentials`' secret, [`Refusal::BadToken`] if it did
+    /// not.
+    pub fn verify(self, body: &[u8], credentials: &Credentials) -> Result<Hello<R>, Refusal> {
+        let proof = match postcard::take_from_bytes::<Proof>(body) {
+            Ok((proof, [])) => proof,
+            Ok((_, trailing)) => {
+                return Err(Refusal::BadHello(format!(
+                    "{} trailing bytes after the proof",
+                    trailing.len()
+                )))
+            }
+            Err(e) => return Err(Refusal::BadHello(format!("cannot decode the proof: {e}"))),
+        };
+        if !mac_verifies(
+            credentials,
+            Side::Client,
+            &self.body,
+            &self.challenge.nonce,
+            &proof.mac,
+        ) {
+            return Err(Refusal::BadToken {
+                cluster: credentials.cluster.clone(),
+            });
+        }
+        Ok(self.hello)
+    }
+}
+
+impl<R: std::fmt::Debug> std::fmt::Debug for Challenged<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Challenged")
+            .field("hello", &self.hello)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The client's side of the challenge: decodes the server's answer to the hello whose encoding
+/// (as sent) is `hello`, checks the server's MAC, and returns the encoded [`Proof`] to send.
+/// A refusal is [`HandshakeError::Refused`]; a server that does not prove `credentials`'
+/// secret is [`HandshakeError::ServerUnverified`], and the client must close the connection
+/// without sending anything more.
+pub fn answer_challenge(
+    credentials: &Credentials,
+    hello: &[u8],
+    answer: &[u8],
+) -> Result<Vec<u8>, HandshakeError> {
+    let challenge = postcard::from_bytes::<ChallengeAnswer>(answer)??;
+    if !mac_verifies(
+        credentials,
+        Side::Server,
+        hello,
+        &challenge.nonce,
+        &challenge.mac,
+    ) {
+        return Err(HandshakeError::ServerUnverified {
             cluster: credentials.cluster.clone(),
         });
     }
-    Ok(hello)
+    Ok(postcard::to_stdvec(&Proof::new(
+        credentials,
+        hello,
+        &challenge,
+    ))?)
 }
 
-/// The encoded answer (a frame body) that refuses a hello with `refusal`, in every protocol.
+/// The encoded answer (a frame body) that refuses a hello or a proof with `refusal`, in every
+/// protocol and at either step.
 pub fn refusal_answer(refusal: &Refusal) -> Result<Vec<u8>, postcard::Error> {
     postcard::to_stdvec::<Result<(), Refusal>>(&Err(refusal.clone()))
 }
@@ -853,6 +1142,16 @@ pub enum HandshakeError {
     /// The server refused the connection, saying why.
     #[error("refused: {0}")]
     Refused(#[from] Refusal),
+    /// The server did not prove it holds the cluster's secret: an impostor, or a server given
+    /// another token. The client sent nothing derived from the secret and closes.
+    #[error(
+        "authentication failed: the client could not verify the server (it does not prove \
+         cluster {cluster:?}'s secret: an impostor, or a server given another token)"
+    )]
+    ServerUnverified {
+        /// The cluster the client wanted.
+        cluster: String,
+    },
     /// Sending the hello or reading the answer failed (closed, timed out, bad frame).
     #[error("handshake: {0}")]
     Frame(#[from] FrameError),
@@ -861,12 +1160,14 @@ pub enum HandshakeError {
     Decode(#[from] postcard::Error),
 }
 
-/// The simple handshake of a blocking client whose server answers with a postcard
-/// `Result<W, Refusal>`: sends the hello as one frame and reads the answer. (The `tcp` fabric's
-/// verbs wrap both in their own message enums and do this inline.)
+/// The handshake of a blocking client whose server answers with a postcard
+/// `Result<W, Refusal>`: sends the hello, checks the server's challenge and sends the client's
+/// proof ([`answer_challenge`]), then reads the welcome. (The `tcp` fabric's verbs do the same
+/// inline, in their own buffers.)
 pub fn client_handshake<R: Serialize, W: DeserializeOwned>(
     stream: &mut (impl Read + Write),
     hello: &Hello<R>,
+    credentials: &Credentials,
     max_answer: usize,
 ) -> Result<W, HandshakeError> {
     let body = postcard::to_stdvec(hello)?;
@@ -875,12 +1176,19 @@ pub fn client_handshake<R: Serialize, W: DeserializeOwned>(
         .map_err(FrameError::Io)?;
     let mut answer = Vec::new();
     read_frame(stream, max_answer, &mut answer)?;
+    let proof = answer_challenge(credentials, &body, &answer)?;
+    write_frame(stream, &proof)
+        .and_then(|()| stream.flush())
+        .map_err(FrameError::Io)?;
+    read_frame(stream, max_answer, &mut answer)?;
     Ok(postcard::from_bytes::<Result<W, Refusal>>(&answer)??)
 }
 
-/// The server side of [`client_handshake`]: reads one hello frame (at most
-/// [`MAX_HELLO_FRAME`]), checks it with [`accept`] and `admit` (the service's own check, e.g.
-/// revoked sessions), and answers `Ok(welcome(&hello))` or the refusal. Returns the accepted
+/// The server side of [`client_handshake`]: reads the hello (one frame of at most
+/// [`MAX_HELLO_FRAME`]), checks it with [`accept`] and answers the challenge, reads the
+/// client's proof and checks it ([`Challenged::verify`]), then `admit`s the hello (the
+/// service's own check, e.g. revoked sessions) and answers `Ok(welcome(&hello))`. Any failure
+/// is answered with its refusal instead, and ends the handshake. Returns the authenticated
 /// hello, or the refusal that was sent.
 pub fn server_handshake<R: DeserializeOwned, W: Serialize>(
     stream: &mut (impl Read + Write),
@@ -888,23 +1196,53 @@ pub fn server_handshake<R: DeserializeOwned, W: Serialize>(
     credentials: &Credentials,
     welcome: impl FnOnce(&Hello<R>) -> Result<W, Refusal>,
 ) -> Result<Hello<R>, Refusal> {
+    server_handshake_with_nonce(stream, protocol, credentials, fresh_nonce(), welcome)
+}
+
+/// [`server_handshake`] with the server's nonce given: for tests and fuzzing only (see
+/// [`accept_with_nonce`]).
+pub fn server_handshake_with_nonce<R: DeserializeOwned, W: Serialize>(
+    stream: &mut (impl Read + Write),
+    protocol: Protocol,
+    credentials: &Credentials,
+    nonce: Nonce,
+    welcome: impl FnOnce(&Hello<R>) -> Result<W, Refusal>,
+) -> Result<Hello<R>, Refusal> {
+    // The peer may be gone already: the refusal is returned to the caller either way.
+    fn send<T: Serialize>(stream: &mut impl Write, answer: &T) {
+        if let Ok(bytes) = postcard::to_stdvec(answer) {
+            let _ = write_frame(stream, &bytes).and_then(|()| stream.flush());
+        }
+    }
+    fn refuse<T>(stream: &mut impl Write, refusal: Refusal) -> Result<T, Refusal> {
+        send(stream, &Err::<(), _>(refusal.clone()));
+        Err(refusal)
+    }
     let mut body = Vec::new();
-    let outcome = match read_frame(stream, MAX_HELLO_FRAME, &mut body) {
-        Ok(()) => accept::<R>(&body, protocol, credentials),
+    let challenged = match read_frame(stream, MAX_HELLO_FRAME, &mut body) {
+        Ok(()) => accept_with_nonce::<R>(&body, protocol, credentials, nonce),
         Err(e) => Err(Refusal::BadHello(e.to_string())),
     };
-    let (answer, result) = match outcome {
-        Ok(hello) => match welcome(&hello) {
-            Ok(w) => (Ok(w), Ok(hello)),
-            Err(refusal) => (Err(refusal.clone()), Err(refusal)),
-        },
-        Err(refusal) => (Err(refusal.clone()), Err(refusal)),
+    let challenged = match challenged {
+        Ok(challenged) => challenged,
+        Err(refusal) => return refuse(stream, refusal),
     };
-    // The peer may be gone already; the refusal is returned to the caller either way.
-    if let Ok(bytes) = postcard::to_stdvec::<Result<W, Refusal>>(&answer) {
-        let _ = write_frame(stream, &bytes).and_then(|()| stream.flush());
+    send(stream, &Ok::<_, Refusal>(challenged.challenge()));
+    let hello = match read_frame(stream, MAX_HELLO_FRAME, &mut body) {
+        Ok(()) => challenged.verify(&body, credentials),
+        Err(e) => Err(Refusal::BadHello(format!("no proof: {e}"))),
+    };
+    let hello = match hello {
+        Ok(hello) => hello,
+        Err(refusal) => return refuse(stream, refusal),
+    };
+    match welcome(&hello) {
+        Ok(w) => {
+            send(stream, &Ok::<_, Refusal>(w));
+            Ok(hello)
+        }
+        Err(refusal) => refuse(stream, refusal),
     }
-    result
 }
 
 #[cfg(any(test, feature = "fuzzing"))]
@@ -914,13 +1252,44 @@ pub fn fuzz_credentials() -> Credentials {
 }
 
 #[cfg(any(test, feature = "fuzzing"))]
-/// Fuzz entry of the handshake as every server runs it ([`server_handshake`]) for `protocol`
-/// with hellos carrying a role of type `R` (the RPC protocol's is `proto::rpc::Role`, the
-/// others' `()`); `input` is the byte stream the peer sends. Checks, panicking on a finding:
-/// the hello's body is not allocated beyond the bytes that arrived; the server writes exactly
-/// one frame, a decodable answer that agrees with the outcome; an accepted hello is of this
-/// protocol and version and presents the server's credentials, and is accepted again after a
-/// round trip through its encoding.
+/// The nonce of every fuzz entry's server and client, so that a fuzzer can reach past the
+/// challenge with the proofs in the seeds ([`fuzz_handshake`], [`fuzz_challenge`]).
+pub const FUZZ_NONCE: Nonce = [7; NONCE_LEN];
+
+#[cfg(any(test, feature = "fuzzing"))]
+/// The client's side of a fuzz entry's handshake as frames: `hello`, then the client's proof
+/// for a server of [`fuzz_credentials`] drawing [`FUZZ_NONCE`].
+pub fn fuzz_handshake<R: Serialize>(hello: &Hello<R>) -> Vec<u8> {
+    let body = postcard::to_stdvec(hello).expect("a hello encodes");
+    let proof = Proof {
+        mac: compute_mac(&fuzz_credentials(), Side::Client, &body, &FUZZ_NONCE),
+    };
+    let proof = postcard::to_stdvec(&proof).expect("a proof encodes");
+    [crate::fuzz::frame(&body), crate::fuzz::frame(&proof)].concat()
+}
+
+#[cfg(any(test, feature = "fuzzing"))]
+/// The server's answer to `hello` as a frame: the challenge of a server of
+/// [`fuzz_credentials`] drawing [`FUZZ_NONCE`], which a client of those credentials verifies.
+pub fn fuzz_challenge<R: Serialize>(hello: &Hello<R>) -> Vec<u8> {
+    let body = postcard::to_stdvec(hello).expect("a hello encodes");
+    let answer: ChallengeAnswer = Ok(Challenge {
+        nonce: FUZZ_NONCE,
+        mac: compute_mac(&fuzz_credentials(), Side::Server, &body, &FUZZ_NONCE),
+    });
+    crate::fuzz::frame(&postcard::to_stdvec(&answer).expect("an answer encodes"))
+}
+
+#[cfg(any(test, feature = "fuzzing"))]
+/// Fuzz entry of the handshake as every server runs it ([`server_handshake`], its nonce
+/// [`FUZZ_NONCE`]) for `protocol` with hellos carrying a role of type `R` (the RPC protocol's
+/// is `proto::rpc::Role`, the others' `()`); `input` is the byte stream the peer sends.
+/// Checks, panicking on a finding: the hello's body is not allocated beyond the bytes that
+/// arrived; the server writes a decodable answer to the hello and, only if that is a
+/// challenge, exactly one more, and the last agrees with the outcome; a challenge proves the
+/// server's secret to a client of its credentials; an authenticated hello is of this protocol
+/// and version, names the server's cluster, and is accepted again after a round trip through
+/// its encoding.
 pub fn fuzz_server_handshake<R: DeserializeOwned + Serialize + PartialEq + std::fmt::Debug>(
     input: &[u8],
     protocol: Protocol,
@@ -931,17 +1300,44 @@ pub fn fuzz_server_handshake<R: DeserializeOwned + Serialize + PartialEq + std::
     crate::fuzz::assert_bounded(&body, input.len());
 
     let mut pipe = crate::fuzz::Pipe::new(input);
-    let outcome = server_handshake::<R, ()>(&mut pipe, protocol, &credentials, |_| Ok(()));
+    let outcome =
+        server_handshake_with_nonce::<R, ()>(&mut pipe, protocol, &credentials, FUZZ_NONCE, |_| {
+            Ok(())
+        });
     let mut written = &pipe.output[..];
-    let mut answer = Vec::new();
-    if let Err(e) = read_frame(&mut written, MAX_HELLO_FRAME, &mut answer) {
-        panic!("the server's answer is not a frame: {e}");
-    }
-    assert!(written.is_empty(), "the server wrote more than one answer");
-    let answer: Result<(), Refusal> = match postcard::from_bytes(&answer) {
-        Ok(answer) => answer,
-        Err(e) => panic!("the server's answer does not decode: {e}"),
+    let mut read_answer = |first: bool| -> Result<(), Refusal> {
+        let mut answer = Vec::new();
+        if let Err(e) = read_frame(&mut written, MAX_HELLO_FRAME, &mut answer) {
+            panic!("the server's answer is not a frame: {e}");
+        }
+        if !first {
+            // The welcome, `()`.
+            return match postcard::from_bytes::<Result<(), Refusal>>(&answer) {
+                Ok(answer) => answer,
+                Err(e) => panic!("the server's answer to the proof does not decode: {e}"),
+            };
+        }
+        match postcard::from_bytes::<ChallengeAnswer>(&answer) {
+            Ok(Ok(challenge)) => {
+                // A challenge answers a hello the server accepted: the first frame's.
+                assert!(
+                    mac_verifies(
+                        &credentials,
+                        Side::Server,
+                        &body,
+                        &challenge.nonce,
+                        &challenge.mac
+                    ),
+                    "the server's challenge does not prove its secret"
+                );
+                Ok(())
+            }
+            Ok(Err(refusal)) => Err(refusal),
+            Err(e) => panic!("the server's answer to the hello does not decode: {e}"),
+        }
     };
+    let answer = read_answer(true).and_then(|()| read_answer(false));
+    assert!(written.is_empty(), "the server wrote more than its answers");
     match (outcome, answer) {
         (Ok(hello), Ok(())) => {
             assert_eq!(
@@ -949,10 +1345,9 @@ pub fn fuzz_server_handshake<R: DeserializeOwned + Serialize + PartialEq + std::
                 (MAGIC, protocol, protocol.version())
             );
             assert_eq!(hello.cluster, credentials.cluster);
-            assert!(credentials.token_matches(&hello.token));
             let again = postcard::to_stdvec(&hello).expect("an accepted hello encodes");
             match accept::<R>(&again, protocol, &credentials) {
-                Ok(back) => assert!(back == hello, "the hello changed in a round trip"),
+                Ok(back) => assert!(back.hello == hello, "the hello changed in a round trip"),
                 Err(refusal) => panic!("a re-encoded accepted hello is refused: {refusal}"),
             }
         }
@@ -965,14 +1360,13 @@ pub fn fuzz_server_handshake<R: DeserializeOwned + Serialize + PartialEq + std::
 }
 
 #[cfg(any(test, feature = "fuzzing"))]
-/// Seeds for [`fuzz_server_handshake`]: framed hellos of `protocol` with `role` — the right
-/// one, and one with each field wrong — plus other protocols' hellos.
+/// Seeds for [`fuzz_server_handshake`]: handshakes of `protocol` with `role` — the right one
+/// (a hello and its proof), one with a wrong proof, and hellos with each field wrong — plus
+/// other protocols' hellos.
 pub fn fuzz_hello_seeds<R: Serialize + Clone>(protocol: Protocol, role: R) -> Vec<Vec<u8>> {
-    let good = Hello::new(protocol, &fuzz_credentials(), 7, role.clone());
-    let mut hellos = vec![good.clone()];
-    let mut h = good.clone();
-    h.token = "wrong".into();
-    hellos.push(h);
+    let mut good = Hello::new(protocol, &fuzz_credentials(), 7, role.clone());
+    good.nonce = FUZZ_NONCE;
+    let mut hellos = Vec::new();
     let mut h = good.clone();
     h.cluster = "other".into();
     hellos.push(h);
@@ -988,15 +1382,26 @@ pub fn fuzz_hello_seeds<R: Serialize + Clone>(protocol: Protocol, role: R) -> Ve
         h.version = other.version();
         hellos.push(h);
     }
-    let mut seeds: Vec<Vec<u8>> = hellos
-        .iter()
-        .map(|h| crate::fuzz::frame(&postcard::to_stdvec(h).expect("a hello encodes")))
-        .collect();
-    // A good hello followed by more bytes (the first request), and one split short.
-    let mut followed = seeds[0].clone();
-    followed.extend_from_slice(&seeds[0]);
+    let handshake = fuzz_handshake(&good);
+    let mut seeds = vec![handshake.clone()];
+    // A proof of another secret: the hello's frame, then a proof that does not verify.
+    let hello_len = crate::fuzz::frame(&postcard::to_stdvec(&good).expect("encodes")).len();
+    let mut wrong = handshake.clone();
+    let last = wrong.len() - 1;
+    wrong[last] ^= 1;
+    let proof = wrong[hello_len + crate::frame::HEADER_LEN..].to_vec();
+    seeds.push([&handshake[..hello_len], &crate::fuzz::frame(&proof)].concat());
+    seeds.extend(
+        hellos
+            .iter()
+            .map(|h| crate::fuzz::frame(&postcard::to_stdvec(h).expect("a hello encodes"))),
+    );
+    // A good handshake followed by more bytes (the first request), and one split short.
+    let mut followed = handshake.clone();
+    followed.extend_from_slice(&handshake);
     seeds.push(followed);
-    seeds.push(seeds[0][..seeds[0].len() / 2].to_vec());
+    seeds.push(handshake[..hello_len / 2].to_vec());
+    seeds.push(handshake[..hello_len].to_vec());
     seeds
 }
 
@@ -1012,10 +1417,23 @@ mod tests {
         postcard::to_stdvec(hello).unwrap()
     }
 
+    /// The client's side of a handshake with a server whose answer is `answer`: its proof.
+    fn client_proof<R: Serialize>(
+        hello: &Hello<R>,
+        credentials: &Credentials,
+        challenge: &Challenge,
+    ) -> Result<Vec<u8>, HandshakeError> {
+        let answer = postcard::to_stdvec(&Ok::<_, Refusal>(challenge)).unwrap();
+        answer_challenge(credentials, &encode(hello), &answer)
+    }
+
     #[test]
     fn accepts_a_good_hello_and_keeps_the_role() {
         let hello = Hello::new(Protocol::Rpc, &creds(), 7, "role".to_string());
-        let got: Hello<String> = accept(&encode(&hello), Protocol::Rpc, &creds()).unwrap();
+        let challenged: Challenged<String> =
+            accept(&encode(&hello), Protocol::Rpc, &creds()).unwrap();
+        let proof = client_proof(&hello, &creds(), challenged.challenge()).unwrap();
+        let got = challenged.verify(&proof, &creds()).unwrap();
         assert_eq!(got.session, 7);
         assert_eq!(got.role, "role");
     }
@@ -1023,7 +1441,9 @@ mod tests {
     #[test]
     fn refuses_each_mismatch_with_its_reason() {
         let good = Hello::new(Protocol::LockServer, &creds(), 0, ());
-        let check = |h: &Hello<()>| accept::<()>(&encode(h), Protocol::LockServer, &creds());
+        let check = |h: &Hello<()>| {
+            accept::<()>(&encode(h), Protocol::LockServer, &creds()).map(|c| c.hello().clone())
+        };
 
         let mut h = good.clone();
         h.magic = 1;
@@ -1053,19 +1473,6 @@ mod tests {
             Refusal::WrongCluster { .. }
         ));
 
-        let mut h = good.clone();
-        h.token = "secreT".into();
-        let refusal = check(&h).unwrap_err();
-        assert!(matches!(refusal, Refusal::BadToken { .. }));
-        assert!(
-            !refusal.to_string().contains("secreT"),
-            "never echo a token"
-        );
-
-        let mut h = good.clone();
-        h.token = String::new();
-        assert!(matches!(check(&h).unwrap_err(), Refusal::BadToken { .. }));
-
         let mut bytes = encode(&good);
         bytes.push(0);
         assert!(matches!(
@@ -1076,6 +1483,108 @@ mod tests {
             accept::<()>(&[], Protocol::LockServer, &creds()).unwrap_err(),
             Refusal::BadHello(_)
         ));
+    }
+
+    /// A client of another secret is refused by the server, which says it could not verify the
+    /// client; a server of another secret is refused by the client, which says it could not
+    /// verify the server. Neither message holds a secret.
+    #[test]
+    fn a_wrong_secret_is_refused_on_either_side() {
+        let hello = Hello::new(Protocol::Verbs, &creds(), 0, ());
+        let wrong = Credentials::new("c", "secreT");
+        for client in [wrong.clone(), Credentials::new("c", "")] {
+            let challenged = accept::<()>(&encode(&hello), Protocol::Verbs, &creds()).unwrap();
+            // The client cannot verify this server (it holds another secret) …
+            let err = client_proof(&hello, &client, challenged.challenge()).unwrap_err();
+            assert!(
+                matches!(err, HandshakeError::ServerUnverified { .. }),
+                "{err}"
+            );
+            let text = err.to_string();
+            assert!(text.contains("could not verify the server"), "{text}");
+            assert!(
+                !text.contains("secret\"") && !text.contains("secreT"),
+                "{text}"
+            );
+            // … and a proof made with its secret anyway does not verify at the server.
+            let proof = Proof {
+                mac: compute_mac(
+                    &client,
+                    Side::Client,
+                    &encode(&hello),
+                    &challenged.challenge().nonce,
+                ),
+            };
+            let refusal = challenged
+                .verify(&postcard::to_stdvec(&proof).unwrap(), &creds())
+                .unwrap_err();
+            assert!(matches!(refusal, Refusal::BadToken { .. }));
+            let text = refusal.to_string();
+            assert!(text.contains("could not verify the client"), "{text}");
+            assert!(!text.contains("secreT"), "never echo a token: {text}");
+        }
+        // A garbled proof is a bad handshake, not a panic.
+        let challenged = accept::<()>(&encode(&hello), Protocol::Verbs, &creds()).unwrap();
+        assert!(matches!(
+            challenged.verify(&[1, 2, 3], &creds()).unwrap_err(),
+            Refusal::BadHello(_)
+        ));
+    }
+
+    /// Each side's MAC is its own: the server's does not pass as the client's (reflected), a
+    /// proof of one connection does not pass on another (the server's nonce differs), and a
+    /// changed hello field invalidates it.
+    #[test]
+    fn a_proof_is_bound_to_its_side_connection_and_hello() {
+        let hello = Hello::new(Protocol::Rpc, &creds(), 3, 1u8);
+        let first = accept::<u8>(&encode(&hello), Protocol::Rpc, &creds()).unwrap();
+        let reflected = postcard::to_stdvec(&Proof {
+            mac: first.challenge().mac,
+        })
+        .unwrap();
+        let proof = client_proof(&hello, &creds(), first.challenge()).unwrap();
+        let second = accept::<u8>(&encode(&hello), Protocol::Rpc, &creds()).unwrap();
+        assert_ne!(first.challenge().nonce, second.challenge().nonce);
+        assert!(matches!(
+            second.verify(&proof, &creds()),
+            Err(Refusal::BadToken { .. })
+        ));
+        let third = accept::<u8>(&encode(&hello), Protocol::Rpc, &creds()).unwrap();
+        assert!(matches!(
+            third.verify(&reflected, &creds()),
+            Err(Refusal::BadToken { .. })
+        ));
+        // A proof for one session is not one for another.
+        let mut other = hello.clone();
+        other.session = 4;
+        let fourth = accept::<u8>(&encode(&other), Protocol::Rpc, &creds()).unwrap();
+        let mac = compute_mac(
+            &creds(),
+            Side::Client,
+            &encode(&hello),
+            &fourth.challenge().nonce,
+        );
+        assert!(matches!(
+            fourth.verify(&postcard::to_stdvec(&Proof { mac }).unwrap(), &creds()),
+            Err(Refusal::BadToken { .. })
+        ));
+        assert!(first.verify(&proof, &creds()).is_ok());
+    }
+
+    /// A whole handshake over a socket pair, both sides blocking: the welcome arrives, and the
+    /// server has the client's role. (`tests/handshake.rs` records a real connection's bytes.)
+    #[test]
+    fn client_and_server_handshake_over_a_socket_pair() {
+        let (mut a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let server = std::thread::spawn(move || {
+            server_handshake::<u32, String>(&mut b, Protocol::Rpc, &creds(), |h| {
+                Ok(format!("welcome {}", h.role))
+            })
+        });
+        let hello = Hello::new(Protocol::Rpc, &creds(), 0, 42u32);
+        let welcome: String = client_handshake(&mut a, &hello, &creds(), 1 << 10).unwrap();
+        assert_eq!(welcome, "welcome 42");
+        assert_eq!(server.join().unwrap().unwrap().role, 42);
     }
 
     /// A hello of another shape (a later version's) is still told its version is unsupported.
@@ -1261,6 +1770,56 @@ mod tests {
         assert_eq!(counts.pending, 0);
         assert!(counts.per_peer.is_empty(), "{:?}", counts.per_peer);
         assert!(counts.evictable.is_empty(), "{:?}", counts.evictable);
+    }
+
+    /// A connection unclaimed after its challenge is evictable again, in its place by age; it
+    /// cannot claim once evicted; once authenticated it is not evictable.
+    #[test]
+    fn admission_evicts_a_connection_waiting_for_its_proof() {
+        use std::sync::mpsc;
+        let admission = Admission::new(ConnectionLimits {
+            max_per_peer: 10,
+            max_pending: 10,
+            max_pending_per_peer: 2,
+        });
+        let a: std::net::IpAddr = [10, 0, 0, 1].into();
+        let (tx, rx) = mpsc::channel();
+        let admit = |name: &'static str| {
+            let tx = tx.clone();
+            admission
+                .admit_evicting(
+                    a,
+                    Box::new(move |refusal| tx.send((name, refusal)).unwrap()),
+                )
+                .unwrap()
+        };
+        let (mut first, mut second) = (admit("first"), admit("second"));
+        // Both sent their hellos; the second authenticates, the first waits for its proof.
+        assert!(first.claim() && second.claim());
+        first.unclaim();
+        second.unclaim();
+        second.claim();
+        second.authenticated();
+        second.unclaim(); // nothing: authenticated
+        let _third = admit("third");
+        assert!(rx.try_recv().is_err(), "two pending places, two pending");
+        let _fourth = admit("fourth");
+        assert_eq!(
+            rx.try_recv().unwrap(),
+            (
+                "first",
+                Refusal::Limit {
+                    limit: Limit::PendingHandshakesPerPeer,
+                    value: 2
+                }
+            )
+        );
+        assert!(
+            first.is_evicted() && !first.claim(),
+            "its proof comes too late"
+        );
+        drop((first, second));
+        assert_eq!(admission.counts().per_peer[&a].pending, 2);
     }
 
     /// The handshake of every protocol under the stable fuzzer (see `crate::fuzz`).

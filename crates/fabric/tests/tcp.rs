@@ -63,7 +63,11 @@ fn raw_authenticated(server: &TcpServer) -> TcpStream {
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
-    send_hello(&mut stream, MAGIC, PROTOCOL_VERSION, CLUSTER, TOKEN);
+    let hello = send_hello(&mut stream, MAGIC, PROTOCOL_VERSION, CLUSTER);
+    let mut challenge = Vec::new();
+    frame::read_frame(&mut stream, usize::MAX, &mut challenge).unwrap();
+    let proof = fabric::handshake::answer_challenge(&creds(), &hello, &challenge).unwrap();
+    frame::write_frame(&mut stream, &proof).unwrap();
     match read_answer(&mut stream) {
         Ok(w) => assert_eq!(w.version, PROTOCOL_VERSION),
         Err(refusal) => panic!("expected Welcome, got {refusal:?}"),
@@ -71,11 +75,14 @@ fn raw_authenticated(server: &TcpServer) -> TcpStream {
     stream
 }
 
-fn send_hello(stream: &mut TcpStream, magic: u32, version: u16, cluster: &str, token: &str) {
-    let mut hello = Hello::new(Protocol::Verbs, &Credentials::new(cluster, token), 0, ());
+/// Sends a hello (no proof follows unless the caller sends one); returns its encoding.
+fn send_hello(stream: &mut TcpStream, magic: u32, version: u16, cluster: &str) -> Vec<u8> {
+    let mut hello = Hello::new(Protocol::Verbs, &Credentials::new(cluster, ""), 0, ());
     hello.magic = magic;
     hello.version = version;
-    frame::write_frame(stream, &postcard::to_stdvec(&hello).unwrap()).unwrap();
+    let body = postcard::to_stdvec(&hello).unwrap();
+    frame::write_frame(stream, &body).unwrap();
+    body
 }
 
 fn read_answer(stream: &mut TcpStream) -> HelloAnswer {
@@ -416,7 +423,7 @@ fn malformed_messages_are_reported() {
         }
     }
     // A second Hello is a protocol error too, but not fatal.
-    send_hello(&mut stream, MAGIC, PROTOCOL_VERSION, CLUSTER, TOKEN);
+    send_hello(&mut stream, MAGIC, PROTOCOL_VERSION, CLUSTER);
     assert!(matches!(
         expect_error(&mut stream),
         RemoteError::Malformed(_)
@@ -458,18 +465,19 @@ fn handshake_refusals() {
         Err(FabricError::Refused(why)) => why,
         other => panic!("expected a refusal, got {other:?}"),
     };
-    let why = refused(CLUSTER, "wrong");
-    assert!(why.contains("wrong token"), "{why}");
-    assert!(
-        !why.contains("wrong\""),
-        "the token must not be echoed: {why}"
-    );
     let why = refused("other-cluster", TOKEN);
     assert!(why.contains("wrong cluster"), "{why}");
-    assert!(matches!(
-        TcpConnector::connect(server.local_addr(), Credentials::new(CLUSTER, "")),
-        Err(FabricError::Refused(_))
-    ));
+    // A wrong secret: the client cannot verify the server (whose proof is of another secret)
+    // and refuses it, sending nothing more.
+    for wrong in ["wrong", ""] {
+        match TcpEndpoint::connect(server.local_addr(), &Credentials::new(CLUSTER, wrong)) {
+            Err(FabricError::Unverified(why)) => {
+                assert!(why.contains("could not verify the server"), "{why}");
+                assert!(!why.contains(TOKEN), "the token must not be echoed: {why}");
+            }
+            other => panic!("expected the server unverified, got {other:?}"),
+        }
+    }
 
     // Raw peers: each gets its specific refusal, then the connection is closed.
     let raw = || {
@@ -483,7 +491,7 @@ fn handshake_refusals() {
     };
 
     let mut s = raw();
-    send_hello(&mut s, MAGIC, PROTOCOL_VERSION + 1, CLUSTER, TOKEN);
+    send_hello(&mut s, MAGIC, PROTOCOL_VERSION + 1, CLUSTER);
     assert_eq!(
         refusal(&mut s),
         Refusal::UnsupportedVersion {
@@ -500,7 +508,6 @@ fn handshake_refusals() {
         u32::from_le_bytes(*b"HTTP"),
         PROTOCOL_VERSION,
         CLUSTER,
-        TOKEN,
     );
     assert_eq!(refusal(&mut s), Refusal::BadMagic);
     assert_closed(&mut s);
@@ -620,6 +627,24 @@ fn connections_are_released() {
     }
 }
 
+/// The server's side of a handshake, by hand: the hello, the challenge, the proof, an empty
+/// welcome.
+fn fake_handshake(s: &mut TcpStream) {
+    let mut body = Vec::new();
+    frame::read_frame(s, usize::MAX, &mut body).unwrap();
+    let challenged = fabric::handshake::accept::<()>(&body, Protocol::Verbs, &creds()).unwrap();
+    let challenge: fabric::handshake::ChallengeAnswer = Ok(challenged.challenge().clone());
+    frame::write_frame(s, &postcard::to_stdvec(&challenge).unwrap()).unwrap();
+    frame::read_frame(s, usize::MAX, &mut body).unwrap();
+    challenged.verify(&body, &creds()).unwrap();
+    let welcome: HelloAnswer = Ok(wire::Welcome {
+        version: PROTOCOL_VERSION,
+        regions: vec![],
+        clock: 0,
+    });
+    frame::write_frame(s, &postcard::to_stdvec(&welcome).unwrap()).unwrap();
+}
+
 /// A fake server that completes the handshake, reads one batch and then answers it with
 /// `reply` (raw bytes, possibly nothing) before closing.
 fn fake_server(reply: Vec<u8>) -> std::net::SocketAddr {
@@ -628,13 +653,7 @@ fn fake_server(reply: Vec<u8>) -> std::net::SocketAddr {
     std::thread::spawn(move || {
         let (mut s, _) = listener.accept().unwrap();
         let mut body = Vec::new();
-        frame::read_frame(&mut s, usize::MAX, &mut body).unwrap();
-        let welcome: HelloAnswer = Ok(wire::Welcome {
-            version: PROTOCOL_VERSION,
-            regions: vec![],
-            clock: 0,
-        });
-        frame::write_frame(&mut s, &postcard::to_stdvec(&welcome).unwrap()).unwrap();
+        fake_handshake(&mut s);
         frame::read_frame(&mut s, usize::MAX, &mut body).unwrap();
         s.write_all(&reply).unwrap();
     });
@@ -1042,13 +1061,7 @@ fn a_trickling_reply_is_held_to_the_batch_bound() {
     std::thread::spawn(move || {
         let (mut s, _) = listener.accept().unwrap();
         let mut body = Vec::new();
-        frame::read_frame(&mut s, usize::MAX, &mut body).unwrap();
-        let welcome: HelloAnswer = Ok(wire::Welcome {
-            version: PROTOCOL_VERSION,
-            regions: vec![],
-            clock: 0,
-        });
-        frame::write_frame(&mut s, &postcard::to_stdvec(&welcome).unwrap()).unwrap();
+        fake_handshake(&mut s);
         frame::read_frame(&mut s, usize::MAX, &mut body).unwrap();
         // A header announcing a large reply, then one byte every 50 ms, forever.
         let _ = s.write_all(&(1u32 << 20).to_le_bytes());
@@ -1094,14 +1107,7 @@ fn a_peer_that_stops_reading_fails_a_large_batch_within_its_bound() {
     let (release, released) = std::sync::mpsc::channel::<()>();
     std::thread::spawn(move || {
         let (mut s, _) = listener.accept().unwrap();
-        let mut body = Vec::new();
-        frame::read_frame(&mut s, usize::MAX, &mut body).unwrap();
-        let welcome: HelloAnswer = Ok(wire::Welcome {
-            version: PROTOCOL_VERSION,
-            regions: vec![],
-            clock: 0,
-        });
-        frame::write_frame(&mut s, &postcard::to_stdvec(&welcome).unwrap()).unwrap();
+        fake_handshake(&mut s);
         // Read nothing more, keeping the connection open until the test ends.
         let _ = released.recv();
     });
@@ -1157,6 +1163,52 @@ fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
 /// presents its credentials; beyond the per-peer limit a peer is refused (`Refusal::Limit`,
 /// before a byte is read or a thread spent), which the endpoint tries again for its connect
 /// bound and then reports as `FabricError::Limited`; places free when their connections close.
+/// Peers that send a hello but never a proof (they cannot prove the secret) hold their pending
+/// places no more firmly than silent ones: a client that completes its handshake evicts the
+/// older, which is told why after its challenge and closed.
+#[test]
+fn peers_without_a_proof_make_room() {
+    use fabric::handshake::{ChallengeAnswer, ConnectionLimits, Limit};
+    let limits = ConnectionLimits {
+        max_per_peer: 10,
+        max_pending: 2,
+        max_pending_per_peer: 10,
+    };
+    let server = TcpServer::bind_with_limits("127.0.0.1:0", creds(), limits).unwrap();
+    server.register(R, REGION_LEN).unwrap();
+    let mut stuck: Vec<TcpStream> = (0..2)
+        .map(|_| {
+            let mut s = TcpStream::connect(server.local_addr()).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            send_hello(&mut s, MAGIC, PROTOCOL_VERSION, CLUSTER);
+            let mut body = Vec::new();
+            frame::read_frame(&mut s, usize::MAX, &mut body).unwrap();
+            let challenge: ChallengeAnswer = postcard::from_bytes(&body).unwrap();
+            assert!(challenge.is_ok());
+            s
+        })
+        .collect();
+    let mut ep = TcpEndpoint::connect(server.local_addr(), &creds()).unwrap();
+    ep.faa(addr(0), 1).unwrap();
+    assert_eq!(
+        read_answer(&mut stuck[0]).unwrap_err(),
+        Refusal::Limit {
+            limit: Limit::PendingHandshakes,
+            value: 2
+        }
+    );
+    assert_closed(&mut stuck[0]);
+    // The younger still waits for its proof.
+    stuck[1]
+        .set_read_timeout(Some(Duration::from_millis(50)))
+        .unwrap();
+    let mut byte = [0u8; 1];
+    assert!(matches!(
+        stuck[1].read(&mut byte),
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut)
+    ));
+}
+
 #[test]
 fn connections_are_limited_per_peer_and_silent_ones_make_room() {
     use fabric::handshake::{ConnectionLimits, Limit};

@@ -14,7 +14,8 @@ use crate::awake::{AwakeServe, Handback};
 use crate::service::Service;
 use fabric::frame::{check_body, header_for, parse_header, FrameError, HEADER_LEN};
 use fabric::handshake::{
-    self, Admission, Admitted, Limit, Protocol, Refusal, HANDSHAKE_TIMEOUT, MAX_HELLO_FRAME,
+    self, Admission, Admitted, ChallengeAnswer, Limit, Protocol, Refusal, HANDSHAKE_TIMEOUT,
+    MAX_HELLO_FRAME,
 };
 use proto::rpc::{HelloAnswer, RequestFrame, ResponseFrame, Role, Welcome, MAX_FRAME};
 use proto::FsError;
@@ -269,19 +270,38 @@ where
     let mut writer = BufWriter::new(w);
     let mut body = Vec::new();
     // The shared handshake (fabric::handshake): an unauthenticated peer gets a small frame
-    // limit and a deadline, and a refusal saying why.
+    // limit and one deadline for the whole exchange, and a refusal saying why.
     let settings = &service.settings;
-    let hello = match tokio::time::timeout(
-        HANDSHAKE_TIMEOUT,
+    let deadline = tokio::time::Instant::now() + HANDSHAKE_TIMEOUT;
+    let late = || Refusal::BadHello(format!("no handshake within {HANDSHAKE_TIMEOUT:?}"));
+    let challenged = match tokio::time::timeout_at(
+        deadline,
         read_frame(&mut reader, MAX_HELLO_FRAME, &mut body),
     )
     .await
     {
         Ok(Ok(())) => handshake::accept::<Role>(&body, Protocol::Rpc, &settings.credentials),
         Ok(Err(e)) => Err(Refusal::BadHello(e.to_string())),
-        Err(_) => Err(Refusal::BadHello(format!(
-            "no hello within {HANDSHAKE_TIMEOUT:?}"
-        ))),
+        Err(_) => Err(late()),
+    };
+    let hello = match challenged {
+        Ok(challenged) => {
+            let challenge: ChallengeAnswer = Ok(challenged.challenge().clone());
+            send(&mut writer, &challenge)
+                .await
+                .map_err(|e| e.to_string())?;
+            match tokio::time::timeout_at(
+                deadline,
+                read_frame(&mut reader, MAX_HELLO_FRAME, &mut body),
+            )
+            .await
+            {
+                Ok(Ok(())) => challenged.verify(&body, &settings.credentials),
+                Ok(Err(e)) => Err(Refusal::BadHello(format!("no proof: {e}"))),
+                Err(_) => Err(late()),
+            }
+        }
+        Err(refusal) => Err(refusal),
     };
     let hello = match hello {
         Ok(hello) => hello,
@@ -629,8 +649,9 @@ pub(crate) fn run_request(service: &Service, session: u64, frame: RequestFrame) 
 
 #[cfg(feature = "fuzzing")]
 /// Fuzz entry: `input` is the byte stream a peer sends to the meta server's RPC port, read
-/// exactly as a connection reads it ([`read_frame`]: the hello at most [`MAX_HELLO_FRAME`]
-/// bytes, checked by `handshake::accept`; then request frames of at most [`MAX_FRAME`]
+/// exactly as a connection reads it ([`read_frame`]: the hello and the proof at most
+/// [`MAX_HELLO_FRAME`] bytes each, checked by `handshake::accept` — the server's nonce
+/// `handshake::FUZZ_NONCE` — and `Challenged::verify`; then request frames of at most [`MAX_FRAME`]
 /// decoded as [`RequestFrame`]s). With a `store`, each namespace request is also run against
 /// it as the service runs it. Checks, panicking on a finding:
 /// - no frame body is allocated beyond the bytes that arrived, whatever length it declares;
@@ -657,9 +678,20 @@ async fn fuzz_stream(input: &[u8], store: Option<&crate::store::Store>) {
         return;
     }
     let credentials = fabric::handshake::fuzz_credentials();
-    match handshake::accept::<Role>(&body, Protocol::Rpc, &credentials) {
-        Ok(hello) if matches!(hello.role, Role::Client { .. }) => {}
+    let challenged = match handshake::accept_with_nonce::<Role>(
+        &body,
+        Protocol::Rpc,
+        &credentials,
+        handshake::FUZZ_NONCE,
+    ) {
+        Ok(challenged) if matches!(challenged.hello().role, Role::Client { .. }) => challenged,
         _ => return,
+    };
+    let available = reader.len();
+    let read = read_frame(&mut reader, MAX_HELLO_FRAME, &mut body).await;
+    fabric::fuzz::assert_bounded(&body, available);
+    if read.is_err() || challenged.verify(&body, &credentials).is_err() {
+        return;
     }
     loop {
         let available = reader.len();

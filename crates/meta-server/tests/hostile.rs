@@ -347,9 +347,9 @@ fn raw_session(server: &Server) -> TcpStream {
             pid: 1,
         },
     );
-    proto::rpc::send(&mut s, &hello).unwrap();
-    let answer: proto::rpc::HelloAnswer = proto::rpc::recv(&mut s).unwrap();
-    assert!(answer.is_ok(), "{answer:?}");
+    let answer: proto::rpc::Welcome =
+        fabric::handshake::client_handshake(&mut s, &hello, &server.credentials, 1 << 20).unwrap();
+    assert!(matches!(answer, proto::rpc::Welcome::Client(_)));
     s
 }
 

@@ -207,6 +207,10 @@ fn authenticated<R: serde::Serialize>(addr: SocketAddr, protocol: Protocol, role
     s.write_all(&body).unwrap();
     let mut answer = Vec::new();
     fabric::frame::read_frame(&mut s, 1 << 20, &mut answer).unwrap();
+    let proof = handshake::answer_challenge(&credentials(), &body, &answer).unwrap();
+    s.write_all(&header_for(&proof)).unwrap();
+    s.write_all(&proof).unwrap();
+    fabric::frame::read_frame(&mut s, 1 << 20, &mut answer).unwrap();
     s
 }
 

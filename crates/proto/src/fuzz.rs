@@ -33,23 +33,20 @@ pub fn assert_round_trip<T: Serialize + DeserializeOwned + PartialEq + std::fmt:
     }
 }
 
-/// Fuzz entry: `input` is what a meta server sends a client: the answer to its hello, then
-/// response frames, read exactly as [`crate::rpc::Client`] reads them
-/// ([`handshake::client_handshake`], then [`recv`]). Checks: no frame body is allocated
+/// Fuzz entry: `input` is what a meta server sends a client: the answers to its hello and to
+/// its proof, then response frames, read exactly as [`crate::rpc::Client`] reads them
+/// ([`handshake::client_handshake`], its nonce [`handshake::FUZZ_NONCE`], then [`recv`]). Checks: no frame body is allocated
 /// beyond the bytes that arrived, every decoded message survives a round trip, and the
 /// stream ends in a typed error.
 pub fn client_entry(input: &[u8]) {
     let mut pipe = Pipe::new(input);
-    let hello = Hello::new(
-        Protocol::Rpc,
+    let hello = fuzz_client_hello();
+    match handshake::client_handshake::<Role, Welcome>(
+        &mut pipe,
+        &hello,
         &fuzz_credentials(),
-        0,
-        Role::Client {
-            host: "fuzz".into(),
-            pid: 1,
-        },
-    );
-    match handshake::client_handshake::<Role, Welcome>(&mut pipe, &hello, MAX_FRAME) {
+        MAX_FRAME,
+    ) {
         Ok(welcome) => assert_round_trip(&welcome),
         Err(handshake::HandshakeError::Refused(refusal)) => {
             assert_round_trip(&refusal);
@@ -261,9 +258,9 @@ pub fn sample_requests() -> Vec<Request> {
     requests
 }
 
-/// Framed request streams as a meta server reads them: a client's hello, then requests.
-pub fn request_seeds() -> Vec<Vec<u8>> {
-    let hello = Hello::new(
+/// The hello of the fuzz entries' client: a client role, the nonce [`handshake::FUZZ_NONCE`].
+fn fuzz_client_hello() -> Hello<Role> {
+    let mut hello = Hello::new(
         Protocol::Rpc,
         &fuzz_credentials(),
         0,
@@ -272,7 +269,14 @@ pub fn request_seeds() -> Vec<Vec<u8>> {
             pid: 1,
         },
     );
-    let hello = frame(&postcard::to_stdvec(&hello).expect("encodes"));
+    hello.nonce = handshake::FUZZ_NONCE;
+    hello
+}
+
+/// Framed request streams as a meta server reads them: a client's hello and proof (for a
+/// server drawing [`handshake::FUZZ_NONCE`]), then requests.
+pub fn request_seeds() -> Vec<Vec<u8>> {
+    let hello = handshake::fuzz_handshake(&fuzz_client_hello());
     let requests: Vec<Vec<u8>> = sample_requests()
         .into_iter()
         .enumerate()
@@ -295,7 +299,7 @@ pub fn request_seeds() -> Vec<Vec<u8>> {
         .collect();
     // Everything in one stream, and a data server's hello.
     seeds.push([vec![hello.clone()], requests].concat().concat());
-    let ds = Hello::new(
+    let mut ds = Hello::new(
         Protocol::Rpc,
         &fuzz_credentials(),
         0,
@@ -309,7 +313,8 @@ pub fn request_seeds() -> Vec<Vec<u8>> {
             incarnation: 0x1234,
         },
     );
-    seeds.push(frame(&postcard::to_stdvec(&ds).expect("encodes")));
+    ds.nonce = handshake::FUZZ_NONCE;
+    seeds.push(handshake::fuzz_handshake(&ds));
     seeds
 }
 
@@ -528,8 +533,10 @@ pub fn sample_responses() -> Vec<Result<Response, FsError>> {
     out
 }
 
-/// Framed streams as a client reads them: a welcome (or a refusal), then responses.
+/// Framed streams as a client reads them: the challenge that [`client_entry`]'s client
+/// verifies, a welcome (or a refusal), then responses; and refusals of the hello.
 pub fn response_seeds() -> Vec<Vec<u8>> {
+    let challenge = handshake::fuzz_challenge(&fuzz_client_hello());
     let info = sample_cluster();
     let answers: Vec<HelloAnswer> = vec![
         Ok(Welcome::Client(info)),
@@ -544,7 +551,13 @@ pub fn response_seeds() -> Vec<Vec<u8>> {
     ];
     let answers: Vec<Vec<u8>> = answers
         .iter()
-        .map(|a| frame(&postcard::to_stdvec(a).expect("encodes")))
+        .map(|a| {
+            [
+                challenge.clone(),
+                frame(&postcard::to_stdvec(a).expect("encodes")),
+            ]
+            .concat()
+        })
         .collect();
     let responses: Vec<Vec<u8>> = sample_responses()
         .into_iter()
@@ -566,6 +579,15 @@ pub fn response_seeds() -> Vec<Vec<u8>> {
         .collect();
     seeds.push([answers.clone(), responses].concat().concat());
     seeds.extend(answers);
+    // The hello refused at once, and a challenge that does not prove the secret.
+    seeds.push(frame(
+        &postcard::to_stdvec(&handshake::ChallengeAnswer::Err(Refusal::BadMagic)).expect("encodes"),
+    ));
+    let forged = handshake::ChallengeAnswer::Ok(handshake::Challenge {
+        nonce: handshake::FUZZ_NONCE,
+        mac: [0; handshake::MAC_LEN],
+    });
+    seeds.push(frame(&postcard::to_stdvec(&forged).expect("encodes")));
     seeds
 }
 
@@ -599,6 +621,8 @@ mod tests {
         let seeds = response_seeds();
         for (seed, expected) in seeds.iter().zip(sample_responses()) {
             let mut pipe = Pipe::new(seed);
+            let challenge: handshake::ChallengeAnswer = recv(&mut pipe).unwrap();
+            assert!(challenge.is_ok());
             let answer: HelloAnswer = recv(&mut pipe).unwrap();
             assert!(answer.is_ok());
             let response: ResponseFrame = recv(&mut pipe).unwrap();

@@ -578,6 +578,11 @@ pub enum RpcError {
     /// The server refused the handshake.
     #[error("refused: {0}")]
     Refused(Refusal),
+    /// The server did not prove in the handshake that it holds the cluster's secret (an
+    /// impostor, or a server given another token): the client refused it, as final as a
+    /// refusal.
+    #[error("{0}")]
+    ServerUnverified(String),
     /// The peer answered out of protocol.
     #[error("protocol: {0}")]
     Protocol(String),
@@ -640,11 +645,11 @@ impl RpcError {
         }
     }
 
-    /// Whether the server refused the connection's handshake (wrong token, another cluster):
-    /// final, unlike a broken connection.
+    /// Whether the server refused the connection's handshake (wrong token, another cluster),
+    /// or the client refused the server's: final, unlike a broken connection.
     pub fn is_refusal(&self) -> bool {
         match self {
-            RpcError::Refused(_) => true,
+            RpcError::Refused(_) | RpcError::ServerUnverified(_) => true,
             RpcError::NotSent(why) => why.is_refusal(),
             _ => false,
         }
@@ -671,6 +676,7 @@ impl From<RpcError> for FsError {
     fn from(e: RpcError) -> Self {
         match e {
             RpcError::Refused(why) => FsError::Refused(why.to_string()),
+            RpcError::ServerUnverified(why) => FsError::Refused(why),
             other => FsError::Io(format!("meta server: {other}")),
         }
     }
@@ -750,28 +756,33 @@ impl Client {
         stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
         stream.set_write_timeout(Some(HANDSHAKE_TIMEOUT))?;
         let hello = Hello::new(Protocol::Rpc, credentials, 0, role);
-        let welcome: Welcome = handshake::client_handshake(&mut stream, &hello, MAX_FRAME)
-            .map_err(|e| match e {
-                HandshakeError::Refused(refusal) => RpcError::Refused(refusal),
-                // A read that timed out reads as EAGAIN ("Resource temporarily unavailable"),
-                // which tells a user nothing: say what happened.
-                HandshakeError::Frame(FrameError::Io(e))
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    RpcError::Io(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        format!(
-                            "no answer to the handshake within {HANDSHAKE_TIMEOUT:?} (is it a \
+        let welcome: Welcome =
+            handshake::client_handshake(&mut stream, &hello, credentials, MAX_FRAME).map_err(
+                |e| match e {
+                    HandshakeError::Refused(refusal) => RpcError::Refused(refusal),
+                    e @ HandshakeError::ServerUnverified { .. } => {
+                        RpcError::ServerUnverified(e.to_string())
+                    }
+                    // A read that timed out reads as EAGAIN ("Resource temporarily unavailable"),
+                    // which tells a user nothing: say what happened.
+                    HandshakeError::Frame(FrameError::Io(e))
+                        if matches!(
+                            e.kind(),
+                            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                        ) =>
+                    {
+                        RpcError::Io(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            format!(
+                                "no answer to the handshake within {HANDSHAKE_TIMEOUT:?} (is it a \
                              CitronFS meta server, and is it running?)"
-                        ),
-                    ))
-                }
-                HandshakeError::Frame(e) => RpcError::Frame(e),
-                HandshakeError::Decode(e) => RpcError::Decode(e),
-            })?;
+                            ),
+                        ))
+                    }
+                    HandshakeError::Frame(e) => RpcError::Frame(e),
+                    HandshakeError::Decode(e) => RpcError::Decode(e),
+                },
+            )?;
         stream.set_read_timeout(None)?;
         stream.set_write_timeout(None)?;
         let client = Client {

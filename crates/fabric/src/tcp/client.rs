@@ -8,8 +8,8 @@ use crate::batch::{Batch, Completions, MAX_BATCH_BYTES, MAX_BATCH_VERBS, MAX_IO_
 use crate::clock::PeerClock;
 use crate::endpoint::{Capabilities, Connector, Endpoint, EndpointStats, MaskedAtomics};
 use crate::error::{BatchError, FabricError, Result};
-use crate::frame::{self, FrameError};
-use crate::handshake::{Credentials, Protocol, Refusal};
+use crate::frame::{self, FrameError, HEADER_LEN};
+use crate::handshake::{self, Credentials, HandshakeError, Protocol, Refusal};
 use std::io::{BufReader, ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::{Mutex, PoisonError};
@@ -254,43 +254,40 @@ impl TcpEndpoint {
             &Hello::new(Protocol::Verbs, credentials, session, ()),
         );
         seal_frame(&mut tx);
+        let hello = tx[HEADER_LEN..].to_vec();
         (&stream)
             .write_all(&tx)
             .map_err(|e| FabricError::io(format!("send handshake to {peer}"), e))?;
 
         let mut stream = BufReader::with_capacity(64 << 10, stream);
         let mut rx = Vec::new();
-        match frame::read_frame(&mut stream, MAX_REPLY_FRAME, &mut rx) {
-            Ok(()) => {}
-            Err(FrameError::Io(e))
-                if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) =>
-            {
-                return Err(FabricError::Protocol(format!(
-                    "{peer} did not answer the handshake within {connect_timeout:?}: \
-                     is it a CitronFS tcp fabric server?"
-                )))
-            }
-            Err(FrameError::Io(e)) => {
-                return Err(FabricError::Disconnected(format!(
-                    "{peer} closed the connection during the handshake: {e}"
-                )))
+        read_handshake_answer(&mut stream, &mut rx, peer, connect_timeout)?;
+        let proof = match handshake::answer_challenge(credentials, &hello, &rx) {
+            Ok(proof) => proof,
+            Err(HandshakeError::Refused(refusal)) => return Err(refused(peer, refusal)),
+            Err(e @ HandshakeError::ServerUnverified { .. }) => {
+                // Nothing more is sent to a server that could not prove the secret.
+                return Err(FabricError::Unverified(format!("{peer}: {e}")));
             }
             Err(e) => {
                 return Err(FabricError::Protocol(format!(
                     "bad handshake reply from {peer}: {e}"
                 )))
             }
-        }
+        };
+        begin_frame(&mut tx);
+        tx.extend_from_slice(&proof);
+        seal_frame(&mut tx);
+        stream
+            .get_ref()
+            .write_all(&tx)
+            .map_err(|e| FabricError::io(format!("send handshake to {peer}"), e))?;
+
+        read_handshake_answer(&mut stream, &mut rx, peer, connect_timeout)?;
         let welcomed_at = Instant::now();
         let welcome = match wire::decode_welcome(&rx) {
             Ok(Ok(welcome)) => welcome,
-            Ok(Err(refusal @ Refusal::SessionBehind { .. })) => {
-                return Err(FabricError::SessionBehind(refusal.to_string()))
-            }
-            Ok(Err(refusal @ Refusal::Limit { .. })) => {
-                return Err(FabricError::Limited(format!("{peer}: {refusal}")))
-            }
-            Ok(Err(refusal)) => return Err(FabricError::Refused(refusal.to_string())),
+            Ok(Err(refusal)) => return Err(refused(peer, refusal)),
             Err(why) => {
                 return Err(FabricError::Protocol(format!(
                     "bad handshake reply from {peer}: {why}"
@@ -934,5 +931,40 @@ impl TcpConnector {
 impl Connector for TcpConnector {
     fn connect(&self) -> Result<Box<dyn Endpoint>> {
         Ok(Box::new(self.endpoint()?))
+    }
+}
+
+/// Reads one answer of the server's handshake into `rx`.
+fn read_handshake_answer(
+    stream: &mut BufReader<TcpStream>,
+    rx: &mut Vec<u8>,
+    peer: SocketAddr,
+    connect_timeout: Duration,
+) -> Result<()> {
+    match frame::read_frame(stream, MAX_REPLY_FRAME, rx) {
+        Ok(()) => Ok(()),
+        Err(FrameError::Io(e))
+            if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) =>
+        {
+            Err(FabricError::Protocol(format!(
+                "{peer} did not answer the handshake within {connect_timeout:?}: \
+                 is it a CitronFS tcp fabric server?"
+            )))
+        }
+        Err(FrameError::Io(e)) => Err(FabricError::Disconnected(format!(
+            "{peer} closed the connection during the handshake: {e}"
+        ))),
+        Err(e) => Err(FabricError::Protocol(format!(
+            "bad handshake reply from {peer}: {e}"
+        ))),
+    }
+}
+
+/// The error of a handshake the server at `peer` refused with `refusal`.
+fn refused(peer: SocketAddr, refusal: Refusal) -> FabricError {
+    match refusal {
+        refusal @ Refusal::SessionBehind { .. } => FabricError::SessionBehind(refusal.to_string()),
+        refusal @ Refusal::Limit { .. } => FabricError::Limited(format!("{peer}: {refusal}")),
+        refusal => FabricError::Refused(refusal.to_string()),
     }
 }

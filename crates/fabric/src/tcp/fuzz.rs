@@ -23,9 +23,12 @@ use std::sync::Arc;
 /// through a host endpoint and echoes the arguments), so that calls reach a procedure's
 /// session and its host endpoint as well as the refusals.
 ///
+/// The server's nonce is [`FUZZ_NONCE`](crate::handshake::FUZZ_NONCE), so the seeds' proofs
+/// ([`crate::handshake::fuzz_handshake`]) reach past the challenge.
+///
 /// Every reply the server produces must itself be a well-formed frame holding a decodable
-/// [`wire::HelloAnswer`] (the first, unless the session started authenticated) or
-/// [`wire::Reply`]; that is asserted.
+/// [`ChallengeAnswer`](crate::handshake::ChallengeAnswer) then [`wire::HelloAnswer`] (the first
+/// two, unless the session started authenticated) or [`wire::Reply`]; that is asserted.
 pub fn fuzz_entry(data: &[u8]) {
     let Some((&mode, input)) = data.split_first() else {
         return;
@@ -52,10 +55,18 @@ pub fn fuzz_entry(data: &[u8]) {
     }
     let mut session = Session::new(shared);
     session.authenticated = mode & 1 != 0;
+    session.fixed_nonce = Some(crate::handshake::FUZZ_NONCE);
     let answer_first = !session.authenticated;
     let mut replies = Vec::new();
     if mode & 2 == 0 {
-        serve(&mut session, &mut &input[..], &mut replies, || true, || {});
+        serve(
+            &mut session,
+            &mut &input[..],
+            &mut replies,
+            || true,
+            || {},
+            || {},
+        );
     } else {
         let mut rest = input;
         while rest.len() >= 2 {
@@ -107,19 +118,21 @@ impl ProcedureSession for FuzzEchoSession {
     }
 }
 
-/// Asserts that `replies` is a sequence of well-formed frames: the answer to a hello first if
-/// `answer_first`, then decodable `Reply`s.
-fn check_replies(mut replies: &[u8], mut answer_first: bool) {
+/// Asserts that `replies` is a sequence of well-formed frames: the answers to a hello and a
+/// proof first if `answer_first`, then decodable `Reply`s.
+fn check_replies(mut replies: &[u8], answer_first: bool) {
     let mut body = Vec::new();
+    let mut handshake: u8 = if answer_first { 2 } else { 0 };
     while !replies.is_empty() {
         if let Err(e) = crate::frame::read_frame(&mut replies, usize::MAX, &mut body) {
             panic!("the server wrote a bad frame: {e}");
         }
-        let decoded = if std::mem::take(&mut answer_first) {
-            postcard::from_bytes::<wire::HelloAnswer>(&body).map(drop)
-        } else {
-            postcard::from_bytes::<wire::Reply>(&body).map(drop)
+        let decoded = match handshake {
+            2 => postcard::from_bytes::<crate::handshake::ChallengeAnswer>(&body).map(drop),
+            1 => postcard::from_bytes::<wire::HelloAnswer>(&body).map(drop),
+            _ => postcard::from_bytes::<wire::Reply>(&body).map(drop),
         };
+        handshake = handshake.saturating_sub(1);
         if let Err(e) = decoded {
             panic!("the server wrote an undecodable reply: {e}");
         }
@@ -147,17 +160,17 @@ fn fuzz_client_decoders(input: &[u8]) {
 /// each mode, and the session's frame bodies in the unframed mode.
 pub fn fuzz_seeds() -> Vec<Vec<u8>> {
     use crate::addr::RemoteAddr;
-    let mut body = Vec::new();
-    wire::encode_message(
-        &mut body,
-        &wire::Hello::new(
-            crate::handshake::Protocol::Verbs,
-            &crate::handshake::fuzz_credentials(),
-            0,
-            (),
-        ),
+    let mut hello = wire::Hello::new(
+        crate::handshake::Protocol::Verbs,
+        &crate::handshake::fuzz_credentials(),
+        0,
+        (),
     );
-    let hello = body.clone();
+    hello.nonce = crate::handshake::FUZZ_NONCE;
+    // The hello and the client's proof, framed, and their bodies.
+    let handshake = crate::handshake::fuzz_handshake(&hello);
+    let bodies = unframe(&handshake);
+    let mut body = Vec::new();
     let mut batch = crate::Batch::new();
     let a = RemoteAddr::new(RegionId(2), 8);
     batch.write(a, b"hello");
@@ -176,7 +189,7 @@ pub fn fuzz_seeds() -> Vec<Vec<u8>> {
     let mut unknown_call = Vec::new();
     wire::encode_call(&mut unknown_call, FUZZ_PROCEDURE + 1, b"?", false);
     let framed = [
-        crate::fuzz::frame(&hello),
+        handshake.clone(),
         crate::fuzz::frame(&request),
         crate::fuzz::frame(&call),
     ]
@@ -194,7 +207,7 @@ pub fn fuzz_seeds() -> Vec<Vec<u8>> {
     vec![
         [&[0u8][..], &framed].concat(),
         [&[1u8][..], &crate::fuzz::frame(&request)].concat(),
-        [&[2u8][..], &unframed(&[&hello, &request])].concat(),
+        [&[2u8][..], &unframed(&[&bodies[0], &bodies[1], &request])].concat(),
         [&[3u8][..], &unframed(&[&request, &request])].concat(),
         [&[3u8][..], &unframed(&[&call, &unknown_call, &request])].concat(),
         [&[3u8][..], &unframed(&[&posted_call, &call, &request])].concat(),
@@ -205,4 +218,16 @@ pub fn fuzz_seeds() -> Vec<Vec<u8>> {
             returned
         },
     ]
+}
+/// The bodies of the frames in `framed`.
+fn unframe(mut framed: &[u8]) -> Vec<Vec<u8>> {
+    let mut bodies = Vec::new();
+    while !framed.is_empty() {
+        let mut body = Vec::new();
+        if crate::frame::read_frame(&mut framed, usize::MAX, &mut body).is_err() {
+            unreachable!("the seeds' frames are well formed");
+        }
+        bodies.push(body);
+    }
+    bodies
 }

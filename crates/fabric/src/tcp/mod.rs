@@ -9,7 +9,8 @@
 //! [`BatchError`](crate::BatchError) that `mem` and `shm` return.
 //!
 //! Connections are authenticated by the handshake every CitronFS protocol shares
-//! ([`crate::handshake`]: cluster id, token, session, versioned); a peer that fails it gets a
+//! ([`crate::handshake`]: versioned, naming the cluster and the session, a mutual
+//! challenge–response over the cluster's secret); a peer that fails it gets a
 //! [`Refusal`](crate::handshake::Refusal) and is disconnected.
 //!
 //! Threads and blocking sockets rather than an async runtime: a connection has at most one
@@ -116,19 +117,17 @@ mod tests {
         fuzz_entry(&[0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0, 0]);
         fuzz_entry(&[3, 4, 0, 1, 1, 0, 0]);
         fuzz_entry(&[4, 2, 2, 200]);
-        // A well-formed session: Hello, then a batch with every verb.
+        // A well-formed session: Hello and proof, then a batch with every verb.
         let mut stream = vec![0u8];
-        let mut body = Vec::new();
-        wire::encode_message(
-            &mut body,
-            &wire::Hello::new(
-                crate::handshake::Protocol::Verbs,
-                &crate::Credentials::new("fuzz", "secret"),
-                0,
-                (),
-            ),
+        let mut hello = wire::Hello::new(
+            crate::handshake::Protocol::Verbs,
+            &crate::Credentials::new("fuzz", "secret"),
+            0,
+            (),
         );
-        crate::frame::write_frame(&mut stream, &body).unwrap();
+        hello.nonce = crate::handshake::FUZZ_NONCE;
+        stream.extend_from_slice(&crate::handshake::fuzz_handshake(&hello));
+        let mut body = Vec::new();
         let mut batch = crate::Batch::new();
         let a = crate::RemoteAddr::new(RegionId(2), 8);
         batch.write(a, b"hello");

@@ -18,7 +18,8 @@ use crate::endpoint::{Capabilities, Connector, Endpoint, EndpointStats};
 use crate::error::{FabricError, Result, VerbError};
 use crate::frame::{self, FrameError};
 use crate::handshake::{
-    self, Admission, Admitted, ConnectionLimits, Credentials, Protocol, HANDSHAKE_TIMEOUT,
+    self, Admission, Admitted, ChallengeAnswer, Challenged, ConnectionLimits, Credentials, Nonce,
+    Protocol, HANDSHAKE_TIMEOUT,
 };
 use crate::procedure::{Procedure, ProcedureId, ProcedureSession, Procedures, MAX_CALL_BYTES};
 use crate::region::{Region, RegionTable};
@@ -356,6 +357,10 @@ pub(crate) struct Session {
     /// [`Shared::revoke`]).
     gate: Gate,
     pub(crate) authenticated: bool,
+    /// The accepted hello whose challenge was sent, while the client's proof is awaited.
+    challenged: Option<Challenged<()>>,
+    /// The server's nonce for the challenge, if given (fuzzing only); else a fresh one.
+    pub(crate) fixed_nonce: Option<Nonce>,
     /// Regions this connection has used; filled from `shared` on a miss, so the hot path takes no
     /// lock (SMART: nothing shared on the post path).
     cache: RegionTable,
@@ -380,6 +385,8 @@ impl Session {
         Self {
             gate: Gate::new(shared, state, 0),
             authenticated: false,
+            challenged: None,
+            fixed_nonce: None,
             cache: RegionTable::new(),
             generation,
             calls: HashMap::new(),
@@ -445,16 +452,40 @@ impl Session {
                     Next::Close
                 }
             }
-            Ok(()) if !self.authenticated => {
-                let answer = self.handshake();
-                self.authenticated = answer.is_ok();
-                self.answer(answer);
-                if self.authenticated {
-                    Next::Continue
-                } else {
-                    Next::Close
+            Ok(()) if !self.authenticated => match self.challenged.take() {
+                None => {
+                    // The hello: answered with the server's challenge.
+                    let shared = &self.gate.shared;
+                    let nonce = self.fixed_nonce.unwrap_or_else(handshake::fresh_nonce);
+                    match handshake::accept_with_nonce::<()>(
+                        &self.rx,
+                        Protocol::Verbs,
+                        &shared.credentials,
+                        nonce,
+                    ) {
+                        Ok(challenged) => {
+                            self.answer_challenge(Ok(challenged.challenge().clone()));
+                            self.challenged = Some(challenged);
+                            Next::Continue
+                        }
+                        Err(refusal) => {
+                            self.answer_challenge(Err(refusal));
+                            Next::Close
+                        }
+                    }
                 }
-            }
+                Some(challenged) => {
+                    // The client's proof: answered with the welcome.
+                    let answer = self.handshake(challenged);
+                    self.authenticated = answer.is_ok();
+                    self.answer(answer);
+                    if self.authenticated {
+                        Next::Continue
+                    } else {
+                        Next::Close
+                    }
+                }
+            },
             Ok(()) => self.request(),
         }
     }
@@ -465,17 +496,25 @@ impl Session {
     }
 
     /// Encodes the answer to the hello as the frame to send.
+    fn answer_challenge(&mut self, answer: ChallengeAnswer) {
+        begin_frame(&mut self.tx);
+        wire::encode_message(&mut self.tx, &answer);
+        seal_frame(&mut self.tx);
+    }
+
+    /// Encodes the answer to the client's proof (or a refusal at any step) as the frame to
+    /// send.
     fn answer(&mut self, answer: HelloAnswer) {
         begin_frame(&mut self.tx);
         wire::encode_message(&mut self.tx, &answer);
         seal_frame(&mut self.tx);
     }
 
-    /// Checks the hello in `self.rx` with the handshake every protocol shares, then the
-    /// session against the revoked ones.
-    fn handshake(&mut self) -> HelloAnswer {
+    /// Checks the client's proof in `self.rx` with the handshake every protocol shares, then
+    /// the session against the revoked ones.
+    fn handshake(&mut self, challenged: Challenged<()>) -> HelloAnswer {
         let shared = &self.gate.shared;
-        let hello = handshake::accept::<()>(&self.rx, Protocol::Verbs, &shared.credentials)?;
+        let hello = challenged.verify(&self.rx, &shared.credentials)?;
         // Read the count before the set: a revocation after this check bumps it again.
         self.gate.checked = shared.revocations.load(Ordering::SeqCst);
         // A session below the floor is told so apart from a revoked one: its client is behind
@@ -705,15 +744,18 @@ fn frame_reply(tx: &mut Vec<u8>, reply: &Reply) {
 }
 
 /// Runs one connection's protocol over `r` and `w` until the peer closes or must be dropped.
-/// `on_hello` runs when the first frame (the hello) has arrived, before it is handled: if it
-/// says no (the connection was evicted meanwhile, `Admitted::claim`), nothing is answered and
-/// the connection ends. `on_auth` runs once, after the handshake succeeded. Returns whether the
+/// `on_hello` runs when each frame of the handshake (the hello, the proof) has arrived, before
+/// it is handled: if it says no (the connection was evicted meanwhile, `Admitted::claim`),
+/// nothing is answered and the connection ends. `on_wait` runs after the server answered a
+/// frame of the handshake and waits for the next (the proof, after the challenge:
+/// `Admitted::unclaim`). `on_auth` runs once, after the handshake succeeded. Returns whether the
 /// server chose to close (as opposed to the peer going away, a write failing or an eviction).
 pub(crate) fn serve<R: Read, W: Write>(
     session: &mut Session,
     r: &mut R,
     w: &mut W,
     mut on_hello: impl FnMut() -> bool,
+    mut on_wait: impl FnMut(),
     mut on_auth: impl FnMut(),
 ) -> bool {
     loop {
@@ -734,6 +776,8 @@ pub(crate) fn serve<R: Read, W: Write>(
         }
         if !was_authenticated && session.authenticated {
             on_auth();
+        } else if !session.authenticated {
+            on_wait();
         }
     }
 }
@@ -746,7 +790,8 @@ fn run_connection(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr, admi
     }
     // A peer that vanishes (cut link, dead host) must not hold a thread for ever.
     super::watch_peer(&stream);
-    // An unauthenticated peer may not hold a thread for long.
+    // An unauthenticated peer may not hold a thread for long: the whole handshake is bounded.
+    let handshake_by = Instant::now() + HANDSHAKE_TIMEOUT;
     if let Err(e) = stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT)) {
         tracing::debug!(%peer, "set_read_timeout: {e}");
     }
@@ -759,7 +804,16 @@ fn run_connection(shared: Arc<Shared>, stream: TcpStream, peer: SocketAddr, admi
         &mut session,
         &mut reader,
         &mut writer,
-        || admitted.borrow_mut().claim(),
+        || {
+            // The proof must arrive within what is left of the bound.
+            let left = handshake_by.saturating_duration_since(Instant::now());
+            if let Err(e) = stream.set_read_timeout(Some(left.max(Duration::from_millis(1)))) {
+                tracing::debug!(%peer, "set_read_timeout: {e}");
+            }
+            admitted.borrow_mut().claim()
+        },
+        // Until its proof arrives, a peer is as evictable as one that sent nothing yet.
+        || admitted.borrow_mut().unclaim(),
         || {
             admitted.borrow_mut().authenticated();
             // A batch may legitimately wait for a long time between batches.

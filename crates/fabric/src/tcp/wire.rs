@@ -1,13 +1,17 @@
 //! The `tcp` fabric's wire protocol.
 //!
 //! Every message is one frame of [`crate::frame`] (`[len u32][crc32 u32][body]`). A body is the
-//! [postcard] encoding of a [`Hello`] and its [`HelloAnswer`], then of a [`Request`] (client to
-//! server) or a [`Reply`] (server to client).
+//! [postcard] encoding of a [`Hello`], its [`ChallengeAnswer`](crate::handshake::ChallengeAnswer),
+//! the client's [`Proof`](crate::handshake::Proof) and its [`HelloAnswer`], then of a [`Request`]
+//! (client to server) or a [`Reply`] (server to client).
 //!
 //! ```text
 //! client                                   server
 //!   Hello (crate::handshake,         ──▶   (the handshake every CitronFS protocol shares)
 //!          Protocol::Verbs)
+//!                                    ◀──   Ok(Challenge {nonce, mac})
+//!                                          or Err(Refusal), then close
+//!   Proof {mac}                      ──▶
 //!                                    ◀──   Ok(Welcome {version, regions, clock})
 //!                                          or Err(Refusal), then close
 //!   Request::Batch(batch)            ──▶   (one frame per batch)
@@ -55,9 +59,9 @@ pub const PROTOCOL_VERSION: u16 = Protocol::Verbs.version();
 /// role.
 pub type Hello = crate::handshake::Hello<()>;
 
-/// The server's answer to the [`Hello`]: like every CitronFS protocol's, a `Result` whose error
-/// is the shared [`Refusal`], so that a client that dialled another protocol's port still reads
-/// why it was refused.
+/// The server's answer to the client's proof (the handshake's last message): like every
+/// CitronFS protocol's, a `Result` whose error is the shared [`Refusal`], so that a client that
+/// dialled another protocol's port still reads why it was refused.
 pub type HelloAnswer = Result<Welcome, Refusal>;
 
 /// Upper bound of the postcard encoding of one [`Verb`]: a variant tag (1 byte), a region id

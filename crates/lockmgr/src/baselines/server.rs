@@ -404,10 +404,11 @@ pub fn fuzz_entry(data: &[u8]) {
     };
     let mut pipe = fabric::fuzz::Pipe::new(input);
     let authenticated = mode & 1 != 0
-        || handshake::server_handshake::<(), ()>(
+        || handshake::server_handshake_with_nonce::<(), ()>(
             &mut pipe,
             Protocol::LockServer,
             &handshake::fuzz_credentials(),
+            handshake::FUZZ_NONCE,
             |_| Ok(()),
         )
         .is_ok();
@@ -419,16 +420,18 @@ pub fn fuzz_entry(data: &[u8]) {
     }
     let mut out = &pipe.output[..];
     let mut body = Vec::new();
-    let mut first = mode & 1 == 0;
+    // The answers to the hello and to the proof come first, unless it started authenticated.
+    let mut handshake: u8 = if mode & 1 == 0 { 2 } else { 0 };
     while !out.is_empty() {
         if let Err(e) = read_frame(&mut out, MAX_FRAME, &mut body) {
             panic!("the lock server wrote a bad frame: {e}");
         }
-        let decoded = if std::mem::take(&mut first) {
-            postcard::from_bytes::<Result<(), handshake::Refusal>>(&body).map(drop)
-        } else {
-            postcard::from_bytes::<Response>(&body).map(drop)
+        let decoded = match handshake {
+            2 => postcard::from_bytes::<handshake::ChallengeAnswer>(&body).map(drop),
+            1 => postcard::from_bytes::<Result<(), handshake::Refusal>>(&body).map(drop),
+            _ => postcard::from_bytes::<Response>(&body).map(drop),
         };
+        handshake = handshake.saturating_sub(1);
         if let Err(e) = decoded {
             panic!("the lock server wrote an undecodable answer: {e}");
         }
@@ -461,8 +464,11 @@ pub fn fuzz_seeds() -> Vec<Vec<u8>> {
     .iter()
     .flat_map(frame)
     .collect();
-    let hello = handshake::Hello::new(Protocol::LockServer, &handshake::fuzz_credentials(), 0, ());
-    let hello = fabric::fuzz::frame(&postcard::to_stdvec(&hello).expect("encodes"));
+    let mut hello =
+        handshake::Hello::new(Protocol::LockServer, &handshake::fuzz_credentials(), 0, ());
+    hello.nonce = handshake::FUZZ_NONCE;
+    // The hello and the client's proof for a server drawing `FUZZ_NONCE`.
+    let hello = handshake::fuzz_handshake(&hello);
     vec![
         [&[0u8][..], &hello, &requests].concat(),
         [&[1u8][..], &requests].concat(),
@@ -515,14 +521,13 @@ impl LockServerClient {
                 .map_err(|e| LockError::Server(format!("connect: {e}")))
         };
         setup(&stream, Some(HANDSHAKE_TIMEOUT))?;
-        handshake::client_handshake::<(), ()>(&mut stream, &hello, MAX_FRAME).map_err(
-            |e| match e {
+        handshake::client_handshake::<(), ()>(&mut stream, &hello, credentials, MAX_FRAME)
+            .map_err(|e| match e {
                 HandshakeError::Refused(refusal) => {
                     LockError::Server(format!("refused: {refusal}"))
                 }
                 other => LockError::Server(other.to_string()),
-            },
-        )?;
+            })?;
         setup(&stream, None)?;
         let reader = stream
             .try_clone()
@@ -759,18 +764,26 @@ mod tests {
     }
 
     /// The lock server takes no request from a peer without the cluster's token: a client with
-    /// a wrong or empty token is refused with the reason, and a raw peer that skips the
+    /// a wrong or empty token refuses the server (which proves another secret) and says why, one
+    /// of another cluster is refused with the reason, and a raw peer that skips the
     /// handshake and sends an `Acquire` gets no lock (the range stays free for others).
     #[test]
     fn refuses_a_peer_without_the_token() {
         let server = LockServer::bind("127.0.0.1:0", creds()).unwrap();
-        for bad in [
-            Credentials::new("c", "wrong"),
-            Credentials::new("c", ""),
-            Credentials::new("other", "secret"),
+        for (bad, expected) in [
+            // A wrong secret: the client cannot verify the server, and says so.
+            (
+                Credentials::new("c", "wrong"),
+                "could not verify the server",
+            ),
+            (Credentials::new("c", ""), "could not verify the server"),
+            (
+                Credentials::new("other", "secret"),
+                "refused: wrong cluster",
+            ),
         ] {
             match LockServerClient::connect(server.addr(), &bad) {
-                Err(LockError::Server(why)) => assert!(why.contains("refused"), "{why}"),
+                Err(LockError::Server(why)) => assert!(why.contains(expected), "{why}"),
                 Err(other) => panic!("expected a refusal, got {other}"),
                 Ok(_) => panic!("a peer with {bad:?} was let in"),
             }

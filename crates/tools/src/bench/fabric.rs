@@ -3,7 +3,10 @@
 //! For every backend and thread count it measures, in one run:
 //! - the round-trip time of an 8-byte read (p50, p99 from an HDR histogram), every thread posting
 //!   one read at a time;
-//! - batched throughput: every thread posts batches of `--batch` 8-byte reads, verbs per second.
+//! - batched throughput: every thread posts batches of `--batch` 8-byte reads, verbs per second;
+//! - connect time (p50, p99): one thread opens `--connects` endpoints one after another, each
+//!   until it is ready for its first verb (for `tcp`: TCP connect and the handshake), and closes
+//!   each before the next.
 //!
 //! As the reference for `tcp`, the same run measures a bare TCP ping-pong on loopback that sends
 //! and receives messages of exactly the sizes the tcp backend's frames have for those batches.
@@ -44,6 +47,9 @@ pub struct FabricArgs {
     /// Seconds of batched traffic per throughput measurement.
     #[arg(long, default_value_t = 1.0)]
     duration: f64,
+    /// Endpoints opened one after another for the connect-time histogram.
+    #[arg(long, default_value_t = 200)]
+    connects: u64,
     /// Print one JSON object per result instead of a table.
     #[arg(long)]
     json: bool,
@@ -59,6 +65,8 @@ struct FabricResult {
     verbs_per_s: f64,
     batch: usize,
     round_trips_per_s: f64,
+    connect_p50_us: f64,
+    connect_p99_us: f64,
     masked_atomics: String,
 }
 
@@ -73,6 +81,8 @@ pub fn run(args: &FabricArgs) -> Result<()> {
             "rtt p99 µs",
             "verbs/s",
             "batch",
+            "connect p50 µs",
+            "connect p99 µs",
             "masked atomics",
         ],
     );
@@ -93,6 +103,8 @@ pub fn run(args: &FabricArgs) -> Result<()> {
                     fmt_f(result.rtt_p99_us, 2),
                     format!("{:.0}", result.verbs_per_s),
                     result.batch.to_string(),
+                    fmt_f(result.connect_p50_us, 1),
+                    fmt_f(result.connect_p99_us, 1),
                     result.masked_atomics.clone(),
                 ],
                 &result,
@@ -145,12 +157,30 @@ fn thread_addr(thread: usize, i: usize) -> RemoteAddr {
     RemoteAddr::new(REGION, ((thread * 4096 + i * 8) as u64) % REGION_LEN)
 }
 
+/// The time `connect` takes, `count` times one after another (each result dropped before the
+/// next): p50 and p99 in µs.
+fn connect_time<T>(count: u64, mut connect: impl FnMut() -> Result<T>) -> Result<(f64, f64)> {
+    let mut hist = new_histogram();
+    for _ in 0..count.max(1) {
+        let start = Instant::now();
+        let connected = connect()?;
+        hist.record(start.elapsed().as_nanos().max(1) as u64)?;
+        drop(connected);
+    }
+    Ok((
+        hist.value_at_quantile(0.5) as f64 / 1000.0,
+        hist.value_at_quantile(0.99) as f64 / 1000.0,
+    ))
+}
+
 fn measure(
     name: &str,
     connector: &dyn Connector,
     args: &FabricArgs,
     threads: usize,
 ) -> Result<FabricResult> {
+    let (connect_p50_us, connect_p99_us) =
+        connect_time(args.connects, || Ok(connector.connect()?))?;
     let mut endpoints: Vec<Box<dyn Endpoint>> = (0..threads)
         .map(|_| connector.connect())
         .collect::<Result<_, _>>()?;
@@ -204,6 +234,8 @@ fn measure(
         verbs_per_s,
         batch: args.batch,
         round_trips_per_s: verbs_per_s / args.batch as f64,
+        connect_p50_us,
+        connect_p99_us,
         masked_atomics: masked,
     })
 }
@@ -263,6 +295,14 @@ fn bare_tcp(args: &FabricArgs, threads: usize) -> Result<FabricResult> {
             stream.read_exact(&mut buf[..rep])?;
             Ok(())
         };
+    // Connect time: a TCP connect and the first (smallest) message's round trip, the bare
+    // counterpart of a connect and its handshake.
+    let (connect_p50_us, connect_p99_us) = connect_time(args.connects, || {
+        let mut stream = TcpStream::connect(addr)?;
+        stream.set_nodelay(true)?;
+        ping(&mut stream, sizes[0], &mut Vec::new())?;
+        Ok(stream)
+    })?;
     let duration = Duration::from_secs_f64(args.duration);
     let samples = args.samples;
     let per_thread = thread::scope(|s| {
@@ -315,6 +355,8 @@ fn bare_tcp(args: &FabricArgs, threads: usize) -> Result<FabricResult> {
         verbs_per_s,
         batch: args.batch,
         round_trips_per_s: messages as f64 / duration.as_secs_f64(),
+        connect_p50_us,
+        connect_p99_us,
         masked_atomics: "-".into(),
     })
 }

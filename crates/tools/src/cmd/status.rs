@@ -11,7 +11,7 @@ use super::config::{init_logging, require_token, AskConfig, CommonArgs, RoleArgs
 use crate::report::Report;
 use anyhow::{Context, Result};
 use clap::Args;
-use proto::rpc::{Client, Request, Response, Role};
+use proto::rpc::{Client, Request, Response, Role, RpcError};
 use proto::status::{ClusterStatus, TOP_OPEN_FILES};
 use serde::Serialize;
 use std::time::Duration;
@@ -68,7 +68,9 @@ pub fn request(addr: &str, credentials: &fabric::Credentials) -> Result<ClusterS
         pid: std::process::id(),
     };
     let mut client = Client::connect(addr, credentials, role).map_err(|e| {
-        if e.is_refusal() {
+        if let RpcError::ServerUnverified(_) = e {
+            anyhow::anyhow!("refused the meta server at {addr}: {e} (check --token and --cluster)")
+        } else if e.is_refusal() {
             anyhow::anyhow!(
                 "the meta server at {addr} refused the connection: {e} (check --token and \
                  --cluster, and that it runs this version of CitronFS)"
