@@ -507,6 +507,9 @@ impl RingEntry {
     /// # Safety
     /// The caller must hold the entry's unanswered request (its reply), use the slice only
     /// until it answers, and take no second slice meanwhile.
+    // The slice is of the entry's mapped buffer, not of `self`: that it is the only one is
+    // the caller's part of the contract above.
+    #[allow(clippy::mut_from_ref)]
     pub(crate) unsafe fn payload_buffer(&self) -> Option<&mut [u8]> {
         if !self.holding() {
             return None;
@@ -736,7 +739,6 @@ impl RingPool {
                 break;
             }
         }
-        drop(spawn_one);
         *counters.threads.lock().unwrap_or_else(|e| e.into_inner()) = served;
         match failed {
             None => Ok(pool),
@@ -780,13 +782,17 @@ impl Drop for RingPool {
     }
 }
 
+/// A registered ring: its thread's state, its entries, and the completions seen while
+/// registering (user data, result) that the serving loop still has to handle.
+type Registered = (Arc<RingThread>, Vec<Arc<RingEntry>>, Vec<(u64, i32)>);
+
 /// Makes the calling thread's ring and first entry, and registers it with the kernel.
 fn register(
     ch: &Channel,
     qid: u16,
     setup: RingSetup,
     doorbell: Arc<Doorbell>,
-) -> io::Result<(Arc<RingThread>, Vec<Arc<RingEntry>>, Vec<(u64, i32)>)> {
+) -> io::Result<Registered> {
     // A test's way to make a ring thread fail to start (CitronFS's `fuse_ring.rs`; the
     // `failpoints` feature only).
     #[cfg(feature = "failpoints")]

@@ -188,21 +188,26 @@ pub fn run(args: &BtioArgs) -> Result<()> {
         .find(|r| r.scheme == LockScheme::CITRON.to_string())
         .map(|r| r.mib_per_s);
     if let Some(path) = &args.common.plot {
-        crate::plot::grouped_bars(
+        let groups: Vec<(String, Vec<Option<f64>>)> = results
+            .iter()
+            .map(|r| (r.scheme.clone(), vec![Some(r.mib_per_s)]))
+            .collect();
+        crate::plot::bars(
             path,
-            &format!(
-                "BT-IO class {:?}, {} processes over {} clients ({})",
-                args.class,
-                args.procs,
-                args.common.clients,
-                args.fabric.name()
-            ),
-            "MiB/s",
-            &["MiB/s".to_string()],
-            &results
-                .iter()
-                .map(|r| (r.scheme.clone(), vec![Some(r.mib_per_s)]))
-                .collect::<Vec<_>>(),
+            &crate::plot::Bars {
+                title: &format!(
+                    "BT-IO class {:?}, {} processes over {} clients ({}): throughput per scheme",
+                    args.class,
+                    args.procs,
+                    args.common.clients,
+                    args.fabric.name()
+                ),
+                y_desc: "MiB/s",
+                unit: crate::plot::Unit::Count,
+                series: &["MiB/s".to_string()],
+                groups: &groups,
+                base: None,
+            },
         )?;
     }
     let mut report = Report::new(

@@ -153,6 +153,10 @@ pub struct CompareArgs {
     /// Also draw the results into this SVG file.
     #[arg(long)]
     plot: Option<std::path::PathBuf>,
+    /// Run nothing: draw --plot from the results of an earlier run, its `--json` output saved in
+    /// this file (one object a line with at least `job`, `fs` and `value`).
+    #[arg(long, requires = "plot")]
+    from: Option<PathBuf>,
     /// One JSON object per result instead of the table.
     #[arg(long)]
     json: bool,
@@ -179,6 +183,9 @@ struct Row {
 
 /// Runs the comparison.
 pub fn run(args: &CompareArgs) -> Result<()> {
+    if let (Some(from), Some(path)) = (&args.from, &args.plot) {
+        return plot(path, &read_results(from)?);
+    }
     anyhow::ensure!(!args.fs.is_empty(), "--fs is empty");
     anyhow::ensure!(args.duration >= 1, "--duration must be at least 1 s");
     anyhow::ensure!(args.procs >= 1, "--procs must be at least 1");
@@ -255,40 +262,11 @@ pub fn run(args: &CompareArgs) -> Result<()> {
 
     fill_ratios(&mut rows);
     if let Some(path) = &args.plot {
-        let series: Vec<String> = args.fs.iter().map(|f| f.name().to_string()).collect();
-        let mut jobs: Vec<&str> = Vec::new();
-        for r in &rows {
-            if !jobs.contains(&r.job) {
-                jobs.push(r.job);
-            }
-        }
-        let groups: Vec<(String, Vec<Option<f64>>)> = jobs
+        let results: Vec<(String, String, f64)> = rows
             .iter()
-            .map(|&job| {
-                let best = rows
-                    .iter()
-                    .filter(|r| r.job == job)
-                    .fold(0f64, |m, r| m.max(r.value));
-                let values = args
-                    .fs
-                    .iter()
-                    .map(|f| {
-                        rows.iter()
-                            .find(|r| r.job == job && r.fs == f.name())
-                            .filter(|_| best > 0.0)
-                            .map(|r| r.value / best)
-                    })
-                    .collect();
-                (job.to_string(), values)
-            })
+            .map(|r| (r.job.to_string(), r.fs.to_string(), r.value))
             .collect();
-        crate::plot::grouped_bars(
-            path,
-            "bench compare: each job's result over the best file system's",
-            "fraction of the best",
-            &series,
-            &groups,
-        )?;
+        plot(path, &results)?;
     }
     let mut report = Report::new(
         args.json,
@@ -324,6 +302,110 @@ pub fn run(args: &CompareArgs) -> Result<()> {
         print_notes(args, &rows);
     }
     Ok(())
+}
+
+/// The distributed peers, which CitronFS is measured against.
+const PEERS: [Fs; 2] = [Fs::Glusterfs, Fs::Moosefs];
+
+/// (job, file system, value) of an earlier run's `--json` output.
+fn read_results(path: &Path) -> Result<Vec<(String, String, f64)>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let v: serde_json::Value = serde_json::from_str(line)
+            .with_context(|| format!("{}:{}: not JSON", path.display(), n + 1))?;
+        let field = |k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_string);
+        match (
+            field("job"),
+            field("fs"),
+            v.get("value").and_then(|x| x.as_f64()),
+        ) {
+            (Some(job), Some(fs), Some(value)) => out.push((job, fs, value)),
+            _ => bail!(
+                "{}:{}: expected an object with job, fs and value",
+                path.display(),
+                n + 1
+            ),
+        }
+    }
+    anyhow::ensure!(!out.is_empty(), "{}: no results", path.display());
+    Ok(out)
+}
+
+/// What the plot shows: each job (in the order of the results) with every file system's value
+/// over the reference's in that job, the file systems in the order of the results. The
+/// reference is the best distributed peer (GlusterFS, MooseFS) of each job; without peers,
+/// tmpfs; without either, the best of all. Returns the reference's name too.
+#[allow(clippy::type_complexity)]
+fn ratios(
+    results: &[(String, String, f64)],
+) -> (String, Vec<String>, Vec<(String, Vec<Option<f64>>)>) {
+    let mut jobs: Vec<&str> = Vec::new();
+    let mut fss: Vec<&str> = Vec::new();
+    for (job, fs, _) in results {
+        if !jobs.contains(&job.as_str()) {
+            jobs.push(job);
+        }
+        if !fss.contains(&fs.as_str()) {
+            fss.push(fs);
+        }
+    }
+    let peers: Vec<&str> = PEERS.iter().map(|f| f.name()).collect();
+    let (reference, among): (String, Vec<&str>) = if fss.iter().any(|f| peers.contains(f)) {
+        ("the better of GlusterFS and MooseFS".into(), peers)
+    } else if fss.contains(&Fs::Tmpfs.name()) {
+        ("tmpfs".into(), vec![Fs::Tmpfs.name()])
+    } else {
+        ("the best".into(), fss.clone())
+    };
+    let value = |job: &str, fs: &str| {
+        results
+            .iter()
+            .find(|(j, f, _)| j == job && f == fs)
+            .map(|r| r.2)
+    };
+    let groups = jobs
+        .iter()
+        .map(|&job| {
+            let best = among
+                .iter()
+                .filter_map(|fs| value(job, fs))
+                .fold(0f64, f64::max);
+            let values = fss
+                .iter()
+                .map(|fs| value(job, fs).filter(|_| best > 0.0).map(|v| v / best))
+                .collect();
+            (job.to_string(), values)
+        })
+        .collect();
+    (
+        reference,
+        fss.iter().map(|f| f.to_string()).collect(),
+        groups,
+    )
+}
+
+/// Draws the comparison: every file system over the best distributed peer, per job, on a log
+/// scale where the ratios span orders of magnitude (tmpfs is tens to hundreds of times any
+/// distributed file system on metadata).
+fn plot(path: &Path, results: &[(String, String, f64)]) -> Result<()> {
+    let (reference, series, groups) = ratios(results);
+    crate::plot::bars(
+        path,
+        &crate::plot::Bars {
+            title: &format!(
+                "bench compare: each file system ÷ {reference}, per job (above 1×: faster)"
+            ),
+            y_desc: "ratio of MiB/s (create, stat, unlink: of ops/s)",
+            unit: crate::plot::Unit::Ratio,
+            series: &series,
+            groups: &groups,
+            base: Some(1.0),
+        },
+    )
 }
 
 /// Sets every row's ratios: CitronFS's value (per fabric) over this row's, same job.
@@ -690,6 +772,49 @@ fn print_notes(args: &CompareArgs, rows: &[Row]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn plots_divide_by_the_best_peer_and_read_saved_results() {
+        let results: Vec<(String, String, f64)> = [
+            ("create", "citronfs-shm", 2204.0),
+            ("create", "tmpfs", 144_323.0),
+            ("create", "glusterfs", 679.0),
+            ("create", "moosefs", 1551.0),
+            ("btio", "citronfs-shm", 433.0),
+            ("btio", "glusterfs", 34.0),
+        ]
+        .iter()
+        .map(|&(j, f, v)| (j.to_string(), f.to_string(), v))
+        .collect();
+        let (reference, series, groups) = ratios(&results);
+        assert_eq!(reference, "the better of GlusterFS and MooseFS");
+        assert_eq!(series, ["citronfs-shm", "tmpfs", "glusterfs", "moosefs"]);
+        assert_eq!(groups[0].0, "create");
+        let create = &groups[0].1;
+        assert!((create[0].unwrap() - 2204.0 / 1551.0).abs() < 1e-9);
+        assert_eq!(create[3], Some(1.0));
+        assert_eq!(groups[1].1, vec![Some(433.0 / 34.0), None, Some(1.0), None]);
+        let only_tmpfs = &results[..2];
+        assert_eq!(ratios(only_tmpfs).0, "tmpfs");
+
+        let dir = tempfile::tempdir().unwrap();
+        let saved = dir.path().join("r.json");
+        std::fs::write(
+            &saved,
+            "{\"job\":\"btio\",\"fs\":\"tmpfs\",\"value\":2.5,\"unit\":\"MiB/s\"}\n\n",
+        )
+        .unwrap();
+        assert_eq!(
+            read_results(&saved).unwrap(),
+            [("btio".into(), "tmpfs".into(), 2.5)]
+        );
+        std::fs::write(&saved, "{\"job\":\"btio\"}\n").unwrap();
+        assert!(read_results(&saved)
+            .unwrap_err()
+            .to_string()
+            .contains(":1:"));
+        plot(&dir.path().join("c.svg"), &results).unwrap();
+    }
 
     #[test]
     fn fio_output_sums_directions_and_takes_the_worse_p99() {

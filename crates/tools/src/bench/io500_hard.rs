@@ -150,6 +150,8 @@ fn write_trace(path: &std::path::Path, trace: &[TraceWrite]) -> Result<()> {
 struct ScaleUp {
     /// Since the start of the run.
     at_ms: f64,
+    /// Records written (locks released) by then, all ranks together.
+    at_records: u64,
     /// The acquire that scaled up, whole (an upper bound of the scale-up).
     acquire_us: f64,
 }
@@ -170,6 +172,9 @@ struct HardResult {
     series: Vec<f64>,
     /// With --io: MiB written per second over the run.
     mib_per_s: Option<f64>,
+    /// (records written, records per second while writing the last of them), for the plot.
+    #[serde(skip)]
+    progress: Vec<(f64, f64)>,
     bucket_ms: u64,
     vs_citron: Option<f64>,
 }
@@ -243,34 +248,7 @@ pub fn run(args: &Io500HardArgs) -> Result<()> {
         .find(|r| r.scheme == "citron")
         .map(|r| r.locks_per_s);
     if let Some(path) = &args.plot {
-        let series: Vec<(String, Vec<(f64, f64)>)> = results
-            .iter()
-            .map(|r| {
-                let points = r
-                    .series
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &v)| ((i as u64 * r.bucket_ms) as f64, v))
-                    .collect();
-                (r.scheme.clone(), points)
-            })
-            .collect();
-        let marks: Vec<f64> = results
-            .iter()
-            .filter(|r| r.scheme == "citron")
-            .flat_map(|r| r.scale_ups.iter().map(|s| s.at_ms))
-            .collect();
-        crate::plot::lines(
-            path,
-            &format!(
-                "IOR hard-write, lock-only, {procs} ranks ({}); grey: citron's scale-ups",
-                args.fabric.name()
-            ),
-            "ms",
-            "locks/s",
-            &series,
-            &marks,
-        )?;
+        plot(path, args, procs, trace.len(), &results)?;
     }
     let mut report = Report::new(
         args.json,
@@ -443,11 +421,13 @@ fn replay(
         scale_ups.extend(ups);
     }
     let seconds = began.elapsed().as_secs_f64();
+    done.sort_unstable();
     let series = buckets(&done, seconds, Duration::from_millis(args.bucket_ms));
     let mut scale_ups: Vec<ScaleUp> = scale_ups
         .into_iter()
         .map(|(at, took)| ScaleUp {
             at_ms: at.as_secs_f64() * 1000.0,
+            at_records: done.partition_point(|&t| t <= at) as u64,
             acquire_us: took.as_secs_f64() * 1e6,
         })
         .collect();
@@ -463,6 +443,7 @@ fn replay(
         scale_ups,
         series,
         mib_per_s: None,
+        progress: rate_points(&done, procs),
         bucket_ms: args.bucket_ms,
         vs_citron: None,
     })
@@ -480,6 +461,89 @@ fn buckets(done: &[Duration], seconds: f64, bucket: Duration) -> Vec<f64> {
         *v /= bucket.as_secs_f64();
     }
     series
+}
+
+/// Points of the plot: how fast the records were written as the run went, from completion times
+/// (sorted). Each point is (records written, records per second since the previous point); the
+/// points are spaced geometrically (about 60, none closer than a record per rank), so a log x axis
+/// shows the start of the run as well as its end, where CITRON's scale-ups happen (each at 4×
+/// the records of the one before).
+fn rate_points(done: &[Duration], procs: u64) -> Vec<(f64, f64)> {
+    let n = done.len();
+    let step = (procs.max(1) as usize).min(n.max(1));
+    let factor = (n as f64 / step as f64).powf(1.0 / 60.0).max(1.0);
+    let mut points: Vec<(f64, f64)> = Vec::new();
+    // Where the piece being measured starts, and where the last point's piece started.
+    let (mut from, mut since) = (0usize, Duration::ZERO);
+    let mut last = (0usize, Duration::ZERO);
+    let mut to = step;
+    while to <= n && to > from {
+        let at = done[to - 1];
+        if at > since {
+            points.push((to as f64, (to - from) as f64 / (at - since).as_secs_f64()));
+            last = (from, since);
+            (from, since) = (to, at);
+        } else if to == n {
+            // The last records finished with the last point's: they join its piece.
+            if let Some(p) = points.last_mut() {
+                *p = (
+                    n as f64,
+                    (n - last.0) as f64 / (since - last.1).as_secs_f64(),
+                );
+            }
+        }
+        if to == n {
+            break;
+        }
+        to = (((to as f64) * factor).round() as usize)
+            .max(to + step)
+            .min(n);
+    }
+    points
+}
+
+/// Draws the records-written plot: every scheme's run across the whole width, its rate on a
+/// log scale where the schemes are orders of magnitude apart, CITRON's scale-ups marked where
+/// they happened with the time of the acquire that performed each.
+fn plot(
+    path: &std::path::Path,
+    args: &Io500HardArgs,
+    procs: u64,
+    records: usize,
+    results: &[HardResult],
+) -> Result<()> {
+    use crate::plot::Unit;
+    let series: Vec<(String, Vec<(f64, f64)>)> = results
+        .iter()
+        .map(|r| {
+            let name = format!("{} ({})", r.scheme, Unit::Micros.fmt(r.seconds * 1e6));
+            (name, r.progress.clone())
+        })
+        .collect();
+    let marks: Vec<(f64, String)> = results
+        .iter()
+        .filter(|r| r.scheme == "citron")
+        .flat_map(|r| r.scale_ups.iter())
+        .map(|s| (s.at_records.max(1) as f64, Unit::Micros.fmt(s.acquire_us)))
+        .collect();
+    let what = if args.io { "with I/O" } else { "lock-only" };
+    crate::plot::lines(
+        path,
+        &crate::plot::Lines {
+            title: &format!(
+                "IOR hard-write {what}: {} records by {procs} ranks ({}), each scheme's whole run",
+                Unit::Count.fmt(records as f64),
+                args.fabric.name()
+            ),
+            x_desc: "records written",
+            x_unit: Unit::Count,
+            y_desc: if args.io { "writes/s" } else { "locks/s" },
+            y_unit: Unit::Count,
+            series: &series,
+            marks: &marks,
+            marks_desc: "citron scale-up (acquire)",
+        },
+    )
 }
 
 /// Replays `trace` with I/O: every scheme on one embedded cluster, the ranks writing through
@@ -557,7 +621,8 @@ fn replay_io(
             }
             Ok((began, done))
         });
-        let (began, done) = began.with_context(|| format!("scheme {scheme}"))?;
+        let (began, mut done) = began.with_context(|| format!("scheme {scheme}"))?;
+        done.sort_unstable();
         let seconds = began.elapsed().as_secs_f64();
         // Every record, read back through its writer's client.
         for (r, file) in files.iter().enumerate() {
@@ -588,6 +653,7 @@ fn replay_io(
             scale_ups: Vec::new(),
             series: buckets(&done, seconds, Duration::from_millis(args.bucket_ms)),
             mib_per_s: Some(bytes as f64 / (1u64 << 20) as f64 / seconds),
+            progress: rate_points(&done, procs),
             bucket_ms: args.bucket_ms,
             vs_citron: None,
         });
@@ -628,6 +694,27 @@ fn rank(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rate_points_cover_every_record_at_growing_steps() {
+        // 1,000 records, one a millisecond: 1,000 records/s throughout.
+        let done: Vec<Duration> = (1..=1000).map(Duration::from_millis).collect();
+        let p = rate_points(&done, 4);
+        assert_eq!(p.first().unwrap().0, 4.0);
+        assert_eq!(p.last().unwrap().0, 1000.0);
+        assert!(p.windows(2).all(|w| w[1].0 - w[0].0 >= 4.0), "{p:?}");
+        for &(_, rate) in &p[1..] {
+            assert!((rate - 1000.0).abs() < 1.0, "{p:?}");
+        }
+        // Records finishing at the same instant are counted with the next point, or the last.
+        let done = vec![Duration::from_millis(1); 3];
+        assert_eq!(rate_points(&done, 1), vec![(3.0, 3000.0)]);
+        let done: Vec<Duration> = [1, 1, 2, 2].map(Duration::from_millis).to_vec();
+        assert_eq!(rate_points(&done, 1), vec![(1.0, 1000.0), (4.0, 3000.0)]);
+        assert!(rate_points(&[], 16).is_empty());
+        let one = rate_points(&[Duration::from_millis(2)], 16);
+        assert_eq!(one, vec![(1.0, 500.0)]);
+    }
 
     #[test]
     fn whole_trees_are_64_times_powers_of_4() {

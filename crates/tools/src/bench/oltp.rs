@@ -154,24 +154,29 @@ pub fn run(args: &OltpArgs) -> Result<()> {
         .find(|r| r.scheme == LockScheme::CITRON.to_string())
         .map(|r| (r.ops_per_s, r.reader_p99_us));
     if let Some(path) = &args.common.plot {
-        crate::plot::grouped_bars(
+        let groups: Vec<(String, Vec<Option<f64>>)> = results
+            .iter()
+            .map(|r| {
+                (
+                    r.scheme.clone(),
+                    vec![Some(r.reader_p99_us), Some(r.writer_p99_us)],
+                )
+            })
+            .collect();
+        crate::plot::bars(
             path,
-            &format!(
-                "Filebench OLTP, {} clients ({}): p99 latency",
-                args.common.clients,
-                args.fabric.name()
-            ),
-            "µs",
-            &["reader p99".to_string(), "writer p99".to_string()],
-            &results
-                .iter()
-                .map(|r| {
-                    (
-                        r.scheme.clone(),
-                        vec![Some(r.reader_p99_us), Some(r.writer_p99_us)],
-                    )
-                })
-                .collect::<Vec<_>>(),
+            &crate::plot::Bars {
+                title: &format!(
+                    "Filebench OLTP, {} clients ({}): p99 latency per scheme (lower is better)",
+                    args.common.clients,
+                    args.fabric.name()
+                ),
+                y_desc: "p99 latency",
+                unit: crate::plot::Unit::Micros,
+                series: &["reader p99".to_string(), "writer p99".to_string()],
+                groups: &groups,
+                base: None,
+            },
         )?;
     }
     let mut report = Report::new(

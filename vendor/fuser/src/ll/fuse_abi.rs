@@ -534,6 +534,7 @@ pub(crate) struct fuse_init_out {
     pub(crate) reserved: [u32; 6],
 }
 
+#[allow(dead_code)] // CitronFS: the kernel ABI kept whole; no feature CitronFS builds uses it.
 #[repr(C)]
 #[derive(Debug, FromBytes, KnownLayout, Immutable)]
 pub(crate) struct cuse_init_in {
@@ -543,6 +544,7 @@ pub(crate) struct cuse_init_in {
     pub(crate) flags: u32,
 }
 
+#[allow(dead_code)] // CitronFS: the kernel ABI kept whole; no feature CitronFS builds uses it.
 #[repr(C)]
 #[derive(Debug, KnownLayout, Immutable)]
 pub(crate) struct cuse_init_out {
@@ -588,6 +590,7 @@ pub(crate) struct fuse_ioctl_in {
     pub(crate) out_size: u32,
 }
 
+#[allow(dead_code)] // CitronFS: the kernel ABI kept whole; no feature CitronFS builds uses it.
 #[repr(C)]
 #[derive(Debug, KnownLayout, Immutable)]
 pub(crate) struct fuse_ioctl_iovec {
@@ -709,6 +712,7 @@ pub(crate) struct fuse_notify_store_out {
     pub(crate) padding: u32,
 }
 
+#[allow(dead_code)] // CitronFS: the kernel ABI kept whole; no feature CitronFS builds uses it.
 #[repr(C)]
 #[derive(Debug, KnownLayout, Immutable)]
 pub(crate) struct fuse_notify_retrieve_out {
@@ -719,6 +723,7 @@ pub(crate) struct fuse_notify_retrieve_out {
     pub(crate) padding: u32,
 }
 
+#[allow(dead_code)] // CitronFS: the kernel ABI kept whole; no feature CitronFS builds uses it.
 #[repr(C)]
 #[derive(Debug, FromBytes, KnownLayout, Immutable)]
 pub(crate) struct fuse_notify_retrieve_in {
