@@ -265,16 +265,17 @@ impl Network {
         Ok(())
     }
 
-    /// Starts `command` on host `host` (in its network namespace only; see the module docs),
-    /// its stdout and stderr collected under `label`. The guard stops it on drop.
-    pub fn spawn(&self, host: &str, label: &str, mut command: Command) -> Result<HostProcess> {
-        let ns = self.host(host).ns.clone();
-        let netns = File::open(Path::new("/run/netns").join(&ns))
+    /// Makes `command` run on host `host` (in its network namespace only: mounts and files
+    /// stay the machine's); the processes it forks stay there too. Keep the returned file
+    /// open until the command has been started.
+    pub fn enter(&self, host: &str, command: &mut Command) -> Result<File> {
+        let ns = &self.host(host).ns;
+        let netns = File::open(Path::new("/run/netns").join(ns))
             .with_context(|| format!("open the namespace {ns}"))?;
         let fd = netns.as_raw_fd();
         // SAFETY: the hook runs between fork and exec and calls only setns(2), which is
-        // async-signal-safe; `fd` stays open until `spawn` returns (`netns` is dropped after
-        // it), and is close-on-exec, so the program does not inherit it.
+        // async-signal-safe; the caller keeps `netns` (so `fd`) open until the command has
+        // started, and it is close-on-exec, so the program does not inherit it.
         unsafe {
             command.pre_exec(move || {
                 if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
@@ -283,6 +284,13 @@ impl Network {
                 Ok(())
             });
         }
+        Ok(netns)
+    }
+
+    /// Starts `command` on host `host` (in its network namespace only; see the module docs),
+    /// its stdout and stderr collected under `label`. The guard stops it on drop.
+    pub fn spawn(&self, host: &str, label: &str, mut command: Command) -> Result<HostProcess> {
+        let netns = self.enter(host, &mut command)?;
         // Stopped with this process even when it is killed (`die_with_parent`).
         crate::die_with_parent(&mut command);
         command

@@ -326,29 +326,6 @@ fn a_wrong_token_is_refused() {
     assert!(helper_process(dir.path()).is_none(), "nothing left running");
 }
 
-/// Makes `command` run inside network namespace `ns` (a name under /run/netns): what a program
-/// on that host would do; the processes it forks (the helper's background process) stay
-/// there. Keep the returned file until the command has been started.
-#[must_use = "the namespace's descriptor must stay open until the command starts"]
-fn in_netns(ns: &str, command: &mut Command) -> std::fs::File {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::process::CommandExt;
-    let netns = std::fs::File::open(Path::new("/run/netns").join(ns)).unwrap();
-    let fd = netns.as_raw_fd();
-    // SAFETY: the hook runs between fork and exec and calls only setns(2), which is
-    // async-signal-safe; the caller keeps `netns` (so `fd`) open until the command started,
-    // and it is close-on-exec, so the program does not inherit it.
-    unsafe {
-        command.pre_exec(move || {
-            if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    netns
-}
-
 /// docs/OPERATIONS.md, "Deploying a cluster on several hosts", followed on network namespaces
 /// standing for the hosts: a meta server and two data servers, each in its own namespace with
 /// its own settings file (addresses of its host, the shared token file), and a client
@@ -416,7 +393,7 @@ fn a_cluster_on_three_hosts_deployed_as_the_guide_says_mounts_from_fstab() {
             .arg(meta_at.to_string())
             .arg("--token-file")
             .arg(&token_file);
-        let _ns = in_netns(net.host("client").ns(), &mut c);
+        let _ns = net.enter("client", &mut c).unwrap();
         let out = c.output().unwrap();
         out.status
             .success()
@@ -459,7 +436,7 @@ fn a_cluster_on_three_hosts_deployed_as_the_guide_says_mounts_from_fstab() {
     .unwrap();
     let mut mount = Command::new("mount");
     mount.arg("--fstab").arg(&fstab).arg(dir.path());
-    let ns = in_netns(net.host("client").ns(), &mut mount);
+    let ns = net.enter("client", &mut mount).unwrap();
     let mounted = run(&mut mount);
     drop(ns);
     assert!(
