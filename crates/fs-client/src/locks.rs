@@ -48,17 +48,13 @@ pub(crate) struct RpcTreeAllocator {
 
 impl TreeAllocator for RpcTreeAllocator {
     fn allocate(&self, words: u64) -> Result<RemoteAddr, LockError> {
-        match self.meta.call(Request::AllocateLockWords {
+        let request = Request::AllocateLockWords {
             ino: self.ino,
             words,
-        }) {
-            Ok(Response::Addr(addr)) => Ok(addr),
-            Ok(other) => Err(unexpected("AllocateLockWords", other)),
-            Err(e) => Err(e),
-        }
-        .map_err(|e| LockError::Hook {
-            what: "lock tree allocation",
-            source: Box::new(e),
+        };
+        lock_hook(&self.meta, request, "lock tree allocation", |r| match r {
+            Response::Addr(addr) => Ok(addr),
+            other => Err(unexpected("AllocateLockWords", other)),
         })
     }
 
@@ -79,28 +75,37 @@ pub(crate) struct MetaFence {
 
 impl lockmgr::Fence for MetaFence {
     fn fence(&self) -> Result<(), LockError> {
-        match self.meta.call(Request::Fence) {
-            Ok(Response::Ok) => Ok(()),
-            Ok(other) => Err(unexpected("Fence", other)),
-            Err(e) => Err(e),
-        }
-        .map_err(|e| LockError::Hook {
-            what: "fence before a lease recovery",
-            source: Box::new(e),
+        let what = "fence before a lease recovery";
+        lock_hook(&self.meta, Request::Fence, what, |r| match r {
+            Response::Ok => Ok(()),
+            other => Err(unexpected("Fence", other)),
         })
     }
 
     fn holder_gone(&self, owner: u64, stopped: bool) -> Result<bool, LockError> {
-        match self.meta.call(Request::HolderGone { owner, stopped }) {
-            Ok(Response::Gone(gone)) => Ok(gone),
-            Ok(other) => Err(unexpected("HolderGone", other)),
-            Err(e) => Err(e),
-        }
-        .map_err(|e| LockError::Hook {
-            what: "asking whether a lock holder is gone",
-            source: Box::new(e),
+        let request = Request::HolderGone { owner, stopped };
+        let what = "asking whether a lock holder is gone";
+        lock_hook(&self.meta, request, what, |r| match r {
+            Response::Gone(gone) => Ok(gone),
+            other => Err(unexpected("HolderGone", other)),
         })
     }
+}
+
+/// A lock manager hook's RPC (`what`, for the error): `request`, its answer taken by `answer`,
+/// any failure as the hook's [`LockError::Hook`].
+fn lock_hook<T>(
+    meta: &Meta,
+    request: Request,
+    what: &'static str,
+    answer: impl FnOnce(Response) -> Result<T, Error>,
+) -> Result<T, LockError> {
+    meta.call(request)
+        .and_then(answer)
+        .map_err(|e| LockError::Hook {
+            what,
+            source: Box::new(e),
+        })
 }
 
 /// Opens this thread's handle on the lock of an open file (a scheme with a lock per file), as

@@ -535,14 +535,7 @@ impl Service {
         if lock(&self.records).drop_session(session) {
             self.records_changed.notify_all();
         }
-        if let Some(pid) = s.origin.peer_pid {
-            let mut f = lock(&self.fences);
-            if f.ended_pids.len() >= ENDED_PIDS_KEPT {
-                f.ended_pids.pop_front();
-            }
-            f.ended_pids.push_back((session, pid));
-        }
-        self.revoke_ended(session);
+        self.revoke_ended(session, s.origin.peer_pid);
         self.zero_and_recycle(freed);
     }
 
@@ -621,18 +614,36 @@ impl Service {
 
     /// Revokes an ended session on the meta server's fabric server and, through the next
     /// revocation poll, on every data server; a later fence waits for its epoch like its own.
-    fn revoke_ended(&self, session: u64) {
+    ///
+    /// `pid`: the ended client's process as the kernel named it (`Origin::peer_pid`), kept in
+    /// [`Fences::ended_pids`] for [`Service::holder_gone`].
+    fn revoke_ended(&self, session: u64, pid: Option<u32>) {
         let mut f = lock(&self.fences);
+        if let Some(pid) = pid {
+            if f.ended_pids.len() >= ENDED_PIDS_KEPT {
+                f.ended_pids.pop_front();
+            }
+            f.ended_pids.push_back((session, pid));
+        }
         if f.revoked.iter().any(|&(_, s)| s == session) {
             return;
         }
+        self.revoke(&mut f, &[session]);
+    }
+
+    /// Revokes `sessions` under a new fence epoch, which it returns: on this server's own
+    /// fabric server at once, on the data servers through their revocation poll (a caller that
+    /// must know they refuse them waits with [`Service::await_fence_epoch`]).
+    fn revoke(&self, f: &mut Fences, sessions: &[u64]) -> u64 {
         f.epoch += 1;
         let epoch = f.epoch;
-        f.revoked.push((epoch, session));
+        f.revoked
+            .extend(sessions.iter().map(|&session| (epoch, session)));
         if let Some(revoke) = self.local_revoke.get() {
-            revoke(&[session]);
+            revoke(sessions);
         }
         self.fence_epoch.send_replace(epoch);
+        epoch
     }
 
     /// Ends every session whose lease ran out; returns how many.
@@ -709,15 +720,8 @@ impl Service {
         let silent = self.fence_targets(caller);
         let mut f = lock(&self.fences);
         if !silent.is_empty() {
-            f.epoch += 1;
-            let epoch = f.epoch;
-            f.revoked
-                .extend(silent.iter().map(|&session| (epoch, session)));
+            let epoch = self.revoke(&mut f, &silent);
             tracing::warn!(sessions = ?silent, epoch, "fencing silent sessions: a lock they may hold is being broken");
-            if let Some(revoke) = self.local_revoke.get() {
-                revoke(&silent);
-            }
-            self.fence_epoch.send_replace(epoch);
         } else {
             tracing::info!(
                 "fence: no session silent for {:?} or just back from such a silence; nothing to revoke",
@@ -782,21 +786,13 @@ impl Service {
                 if !stopped || silent <= self.settings.fence_after {
                     return Ok(false);
                 }
-                let mut f = lock(&self.fences);
-                f.epoch += 1;
-                let epoch = f.epoch;
-                f.revoked.push((epoch, id));
+                let epoch = self.revoke(&mut lock(&self.fences), &[id]);
                 tracing::warn!(
                     session = id,
                     epoch,
                     ?silent,
                     "fencing a silent session: a lock-tree node it holds is being broken"
                 );
-                if let Some(revoke) = self.local_revoke.get() {
-                    revoke(&[id]);
-                }
-                self.fence_epoch.send_replace(epoch);
-                drop(f);
                 self.end_session(id);
                 epoch
             }

@@ -770,50 +770,42 @@ impl CitronClient {
                 continue;
             }
             let ahead = counter_gap(ticket, tcnt(w)) as u32;
-            if ahead == 1 && occ(w) && since.elapsed() >= next_ask {
-                // The holder may be known gone (module docs, "Recovery by identity").
-                let stood = since.elapsed();
+            // Break in when the holder is known gone (module docs, "Recovery by identity"),
+            // or by the lease rule once `TCnt` and `Occ` stood still for the patience.
+            let stood = since.elapsed();
+            let gone = ahead == 1 && occ(w) && stood >= next_ask && {
                 next_ask = stood + lease.min(stood.max(lease / 4));
-                if self.holder_gone(node, w, stood >= lease)? {
-                    let swap = ticket << TCNT_SHIFT;
-                    let cas_posted = Instant::now();
-                    let old = self.ep_masked_cas(addr, w, TCNT | OCC, swap, TCNT | OCC)?;
-                    if old & (TCNT | OCC) == seen {
-                        self.stats.recoveries += 1;
-                        tracing::warn!(
-                            ?addr,
-                            ticket,
-                            after = ?stood,
-                            "lock tree node: its holder is gone (ended or fenced); broke its turn"
-                        );
-                        if restart {
-                            return Ok(TicketWait::Give(Outcome::Restart));
-                        }
-                        return Ok(TicketWait::Served(cas_posted));
-                    }
-                    continue;
-                }
+                self.holder_gone(node, w, stood >= lease)?
+            };
+            let patience_out = !gone && stood >= lease * (ahead + node.hgt + 2);
+            // The lease rule fences first (it may take a while, and may refuse: then do not
+            // break in, and try again after another full patience); a gone holder is out already.
+            if patience_out
+                && !crate::fence::before_recovery(self.opts.fence.as_ref(), "ticket break-in")
+            {
+                since = Instant::now();
+                continue;
             }
-            if since.elapsed() >= lease * (ahead + node.hgt + 2) {
-                // The fence first (it may take a while, and may refuse: then do not break in,
-                // and try again after another full patience).
-                if !crate::fence::before_recovery(self.opts.fence.as_ref(), "ticket break-in") {
-                    since = Instant::now();
-                    continue;
-                }
+            if gone || patience_out {
                 let swap = ticket << TCNT_SHIFT;
                 let cas_posted = Instant::now();
                 let old = self.ep_masked_cas(addr, w, TCNT | OCC, swap, TCNT | OCC)?;
                 if old & (TCNT | OCC) == seen {
                     self.stats.recoveries += 1;
-                    tracing::warn!(?addr, ticket, "lock tree node: holder presumed dead");
+                    if gone {
+                        tracing::warn!(?addr, ticket, after = ?stood, "lock tree node: its holder is gone (ended or fenced); broke its turn");
+                    } else {
+                        tracing::warn!(?addr, ticket, "lock tree node: holder presumed dead");
+                    }
                     if restart {
                         return Ok(TicketWait::Give(Outcome::Restart));
                     }
                     // Our CAS wrote the value waiters now watch: it anchors the deadline.
                     return Ok(TicketWait::Served(cas_posted));
                 }
-                since = Instant::now();
+                if patience_out {
+                    since = Instant::now();
+                }
             }
         }
     }
