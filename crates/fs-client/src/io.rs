@@ -703,7 +703,7 @@ impl Inner {
         let found = reads.decode(&out);
         w.batch = extra;
         w.out = out;
-        w.lease = lease;
+        self.hold_lease(w, lease);
         w.changed = false;
         failpoint!("fs_client::io::locked");
         // An FCB that is not this file's is refused before any data verb or raise touches it
@@ -720,7 +720,7 @@ impl Inner {
             Err(Error::LeaseLost) if w.changed => Err(Error::LeaseLostPartway),
             other => other,
         };
-        w.lease = None;
+        self.hold_lease(w, None);
         w.changed = false;
         let mut extra = std::mem::take(&mut w.batch);
         let mut out = std::mem::take(&mut w.out);
@@ -750,6 +750,22 @@ impl Inner {
         let value = result?;
         released?;
         Ok(value)
+    }
+
+    /// Records in `w` the lease deadline of the lock it now holds (`None`: none, or one never
+    /// broken) and when its batches expire: `lease_guard / 2` before the deadline.
+    ///
+    /// Why earlier than the deadline: past its expiry no verb of a batch starts at the server,
+    /// and an endpoint waits for the reply only [`fabric::REPLY_AFTER_EXPIRY`] longer. So a
+    /// holder whose data server went silent (a cut link, a stopped host) gets its call back
+    /// while the lease still runs and releases the lock in time: the next holder finds the
+    /// range free instead of starving on bits left for lazy recovery (one `T_lease` or more).
+    /// A batch expiring at the deadline itself would be given up only at it, and released
+    /// late. Posts need `lease_guard` left ([`Inner::check_lease_before_post`]), so a batch
+    /// always has at least `lease_guard / 2` to execute in.
+    fn hold_lease(&self, w: &mut Worker, lease: Option<Instant>) {
+        w.lease = lease;
+        w.expires = lease.map(|d| d.checked_sub(self.lease_guard / 2).unwrap_or(d));
     }
 
     /// Fencing, client side (docs/ARCHITECTURE.md "Fencing"): data verbs that change the file are posted
@@ -1123,7 +1139,7 @@ impl Inner {
             // checks before each verb, so a batch posted in time but delayed past the deadline
             // stops there (`LeaseLost`, the I/O is redone) instead of landing after a waiter
             // broke the lock.
-            batch.expire_at(w.lease);
+            batch.expire_at(w.expires);
             if write {
                 // A lease that ran out is not a fault of the endpoints: not broken.
                 if let Err(e) = self.check_lease_before_post(w) {
@@ -1149,7 +1165,7 @@ impl Inner {
         }
         let mut raises_posted = false;
         if raises && failure.is_none() {
-            w.raises.expire_at(w.lease);
+            w.raises.expire_at(w.expires);
             let post = match self.check_lease_before_post(w) {
                 // A lease that ran out is not a fault of the endpoint: not broken.
                 Err(e) => Err((e, false)),

@@ -80,6 +80,10 @@ pub(crate) struct Worker {
     /// The lease deadline of the range lock this worker holds now (`None`: no lock, or one
     /// that is never broken). See `io`'s `check_lease_before_post`.
     pub(crate) lease: Option<Instant>,
+    /// When the batches this worker posts under that lock expire (`fabric::Batch::expire_at`):
+    /// ahead of `lease`, so that a batch whose server went silent is given up with time left
+    /// to release the lock before its deadline (`io`'s `Inner::hold_lease`).
+    pub(crate) expires: Option<Instant>,
     /// Whether part of the change made under the range lock held now may have reached the
     /// file: a data batch of a write, an FCB raise or a locked call was sent. From then on a
     /// lost lease fails the change instead of redoing it (`io`'s `Inner::locked`).
@@ -100,7 +104,7 @@ impl Worker {
     /// Executes the raise batch (`raises`) on the meta endpoint, within the lease (it expires
     /// with it), one round trip, results in `raises_out`; a failure marks the worker broken.
     pub(crate) fn exec_raises(&mut self) -> Result<(), Error> {
-        self.raises.expire_at(self.lease);
+        self.raises.expire_at(self.expires);
         self.changed = true;
         if let Err(e) = self.meta_ep.execute(&self.raises, &mut self.raises_out) {
             self.broken = true;
@@ -217,6 +221,7 @@ impl Inner {
                         raises_out: Completions::new(),
                         broken: false,
                         lease: None,
+                        expires: None,
                         changed: false,
                     };
                 }
