@@ -50,6 +50,7 @@
 //! it, as a data server does at start, is not concurrent with the NIC and may store directly.)
 
 mod endpoint;
+pub mod ibverbs;
 mod server;
 pub mod soft;
 pub mod verbs;
@@ -92,10 +93,7 @@ pub fn provider_named(name: &str) -> Result<Arc<dyn Provider>> {
 }
 
 fn ibverbs_provider() -> Result<Arc<dyn Provider>> {
-    Err(FabricError::Config(format!(
-        "rdma: the ibverbs provider is not in this build; set {ENV_PROVIDER}=soft for the \
-         in-process emulation"
-    )))
+    Ok(Arc::new(ibverbs::IbverbsProvider))
 }
 
 /// Opens the device the environment names with the provider it names, and checks that it can
