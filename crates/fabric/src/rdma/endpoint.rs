@@ -175,6 +175,14 @@ pub struct RdmaEndpoint {
     emulated: u64,
     broken: Option<String>,
     wrs: Vec<WorkRequest>,
+    /// The chain [`Endpoint::post`] posted and [`Endpoint::complete`] has yet to wait for.
+    pending: Option<Pending>,
+}
+
+/// A posted chain: where its verbs keep their bytes, and its signalled request.
+struct Pending {
+    slots: Vec<Slot>,
+    last: Option<u64>,
 }
 
 impl std::fmt::Debug for RdmaEndpoint {
@@ -252,6 +260,7 @@ impl RdmaEndpoint {
             emulated: 0,
             broken: None,
             wrs: Vec::new(),
+            pending: None,
         })
     }
 
@@ -339,14 +348,27 @@ impl RdmaEndpoint {
     /// Posts `self.wrs` (the last one signalled) and waits for its completion until the
     /// batch's deadline.
     fn round_trip(&mut self, first_verb: usize) -> Result<()> {
+        match self.post_wrs()? {
+            Some(last_id) => self.wait(last_id, first_verb),
+            None => Ok(()),
+        }
+    }
+
+    /// Posts `self.wrs` with the last one signalled; that one's id, if there was one.
+    fn post_wrs(&mut self) -> Result<Option<u64>> {
         let Some(last) = self.wrs.last_mut() else {
-            return Ok(());
+            return Ok(None);
         };
         last.signaled = true;
         let last_id = last.wr_id;
         if let Err(e) = self.qp.post_send(&self.wrs) {
             return Err(self.fail(format!("rdma: posting to {}: {e}", self.peer)));
         }
+        Ok(Some(last_id))
+    }
+
+    /// Waits for the completion of request `last_id` until the batch's deadline.
+    fn wait(&mut self, last_id: u64, first_verb: usize) -> Result<()> {
         let deadline = Instant::now() + self.timeouts.batch;
         loop {
             match self.qp.poll(deadline)? {
@@ -396,6 +418,21 @@ impl RdmaEndpoint {
         payload: &mut &[u8],
         out: &mut Completions,
     ) -> Result<()> {
+        let (slots, last) = self.start_chain(verbs, payload)?;
+        if let Some(last) = last {
+            self.wait(last, first)?;
+        }
+        self.finish_chain(batch, verbs, &slots, out);
+        Ok(())
+    }
+
+    /// Lays `verbs` out in the staging buffer and posts them as one chain; where each keeps its
+    /// bytes, and the signalled request's id (none if nothing needed posting).
+    fn start_chain(
+        &mut self,
+        verbs: &[Verb],
+        payload: &mut &[u8],
+    ) -> Result<(Vec<Slot>, Option<u64>)> {
         // Lay the chain out in the staging buffer, word-aligned.
         let mut slots = Vec::with_capacity(verbs.len());
         let mut size = 0usize;
@@ -459,8 +496,13 @@ impl RdmaEndpoint {
             });
             outstanding = op.may_be_overtaken();
         }
-        self.round_trip(first)?;
-        for (verb, slot) in verbs.iter().zip(&slots) {
+        let last = self.post_wrs()?;
+        Ok((slots, last))
+    }
+
+    /// Moves a completed chain's results into `out`.
+    fn finish_chain(&self, batch: &Batch, verbs: &[Verb], slots: &[Slot], out: &mut Completions) {
+        for (verb, slot) in verbs.iter().zip(slots) {
             match *verb {
                 Verb::Read { len, .. } => {
                     self.staging
@@ -470,7 +512,6 @@ impl RdmaEndpoint {
                 _ => {}
             }
         }
-        Ok(())
     }
 
     fn atomic_result(&self, slot: &Slot) -> u64 {
@@ -554,17 +595,70 @@ impl RdmaEndpoint {
     }
 }
 
-impl Endpoint for RdmaEndpoint {
-    fn execute(&mut self, batch: &Batch, out: &mut Completions) -> Result<()> {
+impl RdmaEndpoint {
+    /// What every batch goes through first: a live endpoint, every verb checked.
+    fn prologue(&mut self, batch: &Batch) -> Result<()> {
         if let Some(why) = &self.broken {
             return Err(FabricError::Disconnected(format!(
                 "{why} (an earlier batch broke this endpoint)"
             )));
         }
+        if self.pending.is_some() {
+            return Err(self.fail(
+                "rdma: a batch was posted while another was in flight on this endpoint".into(),
+            ));
+        }
         if self.qp.state() == QpState::Error {
             return Err(self.fail(format!("rdma: the queue pair to {} is in error", self.peer)));
         }
-        self.check(batch)?;
+        self.check(batch)
+    }
+
+    /// Whether `batch` goes as one chain (nothing emulated, within one queue pair's depth).
+    fn one_chain(batch: &Batch) -> bool {
+        batch.len() <= QP_DEPTH as usize
+            && !batch
+                .verbs()
+                .iter()
+                .any(|v| matches!(v, Verb::MaskedCas { .. } | Verb::MaskedFaa { .. }))
+    }
+}
+
+impl Endpoint for RdmaEndpoint {
+    /// A batch that goes as one chain is posted here and waited for in
+    /// [`Endpoint::complete`], so that one thread's batches to several servers overlap; any
+    /// other (emulated masked atomics, several chains) executes here whole.
+    fn post(&mut self, batch: &Batch, out: &mut Completions) -> Result<()> {
+        if !Self::one_chain(batch) {
+            return self.execute(batch, out);
+        }
+        // `out` is filled by `complete`, as tcp's is: one completions may serve several
+        // endpoints' posted batches.
+        self.prologue(batch)?;
+        if batch.expires().is_some_and(|t| Instant::now() >= t) {
+            return Err(VerbError::Expired { index: 0 }.into());
+        }
+        let mut payload = batch.payload();
+        let (slots, last) = self.start_chain(batch.verbs(), &mut payload)?;
+        self.pending = Some(Pending { slots, last });
+        Ok(())
+    }
+
+    fn complete(&mut self, batch: &Batch, out: &mut Completions) -> Result<()> {
+        let Some(pending) = self.pending.take() else {
+            return Ok(());
+        };
+        if let Some(last) = pending.last {
+            self.wait(last, 0)?;
+        }
+        out.reset_for(batch);
+        self.finish_chain(batch, batch.verbs(), &pending.slots, out);
+        self.stats.record(batch);
+        Ok(())
+    }
+
+    fn execute(&mut self, batch: &Batch, out: &mut Completions) -> Result<()> {
+        self.prologue(batch)?;
         out.reset_for(batch);
         let before = self.stats.round_trips;
         let verbs = batch.verbs();
