@@ -157,6 +157,10 @@ pub enum Protocol {
     Rpc,
     /// The lock server of the `server` lock scheme (`lockmgr::baselines::server`).
     LockServer,
+    /// The `rdma` fabric's connection setup (`crate::rdma`, feature `rdma`): queue pair
+    /// numbers, GIDs and rkeys exchanged over an authenticated connection, which then stays
+    /// open for the life of the queue pairs.
+    RdmaSetup,
 }
 
 impl Protocol {
@@ -201,6 +205,8 @@ impl Protocol {
             // 2: the handshake is a challenge–response (`Hello::nonce`, `Challenge`, `Proof`):
             // the token no longer crosses the wire.
             Protocol::LockServer => 2,
+            // 1: the first version.
+            Protocol::RdmaSetup => 1,
         }
     }
 
@@ -210,6 +216,7 @@ impl Protocol {
             Protocol::Verbs => "the tcp fabric's verbs",
             Protocol::Rpc => "the meta server's RPCs",
             Protocol::LockServer => "the lock server",
+            Protocol::RdmaSetup => "the rdma fabric's connection setup",
         }
     }
 }

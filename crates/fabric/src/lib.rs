@@ -33,6 +33,8 @@ pub mod handshake;
 pub mod local;
 pub mod mem;
 pub mod procedure;
+#[cfg(feature = "rdma")]
+pub mod rdma;
 pub mod record;
 pub mod region;
 pub mod shm;

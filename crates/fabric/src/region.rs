@@ -83,6 +83,13 @@ impl Region {
         }
     }
 
+    /// The first byte of the region's memory, for registering it with an RDMA device (which
+    /// then reads and writes it; every other access is atomic).
+    #[cfg(feature = "rdma")]
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        self.words as *mut u8
+    }
+
     /// The region's id.
     pub fn id(&self) -> RegionId {
         self.id

@@ -17,6 +17,7 @@
 //! | `mem` | this process | [`FabricAddr::Mem`], from this process only | no | no | nothing |
 //! | `shm` | a directory (under `/dev/shm`) | the directory, from this host | no | no | region files |
 //! | `tcp` | a socket address | `host:port`, from anywhere, with the cluster's credentials | yes | yes | nothing |
+//! | `rdma` (feature `rdma`) | an RDMA device, and a socket address for connection setup | `host:port` of the setup, from anywhere with the device's fabric, with the cluster's credentials | no | no | nothing |
 
 use crate::addr::RegionId;
 use crate::endpoint::Connector;
@@ -45,6 +46,9 @@ pub enum Backend {
     Shm,
     /// The tcp software NIC: several hosts.
     Tcp,
+    /// An RDMA NIC (cargo feature `rdma`): several hosts, no server CPU on the data path.
+    #[cfg(feature = "rdma")]
+    Rdma,
 }
 
 impl Backend {
@@ -57,6 +61,8 @@ impl Backend {
             Backend::Mem => "mem",
             Backend::Shm => "shm",
             Backend::Tcp => "tcp",
+            #[cfg(feature = "rdma")]
+            Backend::Rdma => "rdma",
         }
     }
 
@@ -69,6 +75,8 @@ impl Backend {
                 dir: shm_dir.into(),
             },
             Backend::Tcp => ServeAt::Tcp { listen: tcp_listen },
+            #[cfg(feature = "rdma")]
+            Backend::Rdma => ServeAt::Rdma { listen: tcp_listen },
         }
     }
 }
@@ -90,10 +98,20 @@ impl fmt::Display for Backend {
 impl std::str::FromStr for Backend {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
+        #[cfg(feature = "rdma")]
+        if s == Backend::Rdma.name() {
+            return Ok(Backend::Rdma);
+        }
         Backend::ALL
             .into_iter()
             .find(|b| b.name() == s)
-            .ok_or_else(|| format!("unknown fabric {s:?} (mem, shm, tcp)"))
+            .ok_or_else(|| {
+                if cfg!(feature = "rdma") {
+                    format!("unknown fabric {s:?} (mem, shm, tcp, rdma)")
+                } else {
+                    format!("unknown fabric {s:?} (mem, shm, tcp; rdma needs a build with fabric's `rdma` feature)")
+                }
+            })
     }
 }
 
@@ -114,6 +132,13 @@ pub enum ServeAt {
         /// Where to listen.
         listen: SocketAddr,
     },
+    /// An RDMA device (the environment names it: `crate::rdma`), with its connection setup
+    /// (the authenticated handshake) listening here (port 0: any).
+    #[cfg(feature = "rdma")]
+    Rdma {
+        /// Where the setup port listens.
+        listen: SocketAddr,
+    },
 }
 
 impl ServeAt {
@@ -123,6 +148,8 @@ impl ServeAt {
             ServeAt::Mem => Backend::Mem,
             ServeAt::Shm { .. } => Backend::Shm,
             ServeAt::Tcp { .. } => Backend::Tcp,
+            #[cfg(feature = "rdma")]
+            ServeAt::Rdma { .. } => Backend::Rdma,
         }
     }
 
@@ -132,7 +159,7 @@ impl ServeAt {
     pub fn host_dir(&self) -> Option<&Path> {
         match self {
             ServeAt::Shm { dir } => Some(dir),
-            ServeAt::Mem | ServeAt::Tcp { .. } => None,
+            _ => None,
         }
     }
 
@@ -143,6 +170,12 @@ impl ServeAt {
     pub fn again_at(&self, bound: &FabricAddr) -> Result<ServeAt> {
         Ok(match (self, bound) {
             (ServeAt::Tcp { .. }, FabricAddr::Tcp { addr }) => ServeAt::Tcp {
+                listen: addr
+                    .parse()
+                    .map_err(|e| FabricError::Config(format!("the bound address {addr:?}: {e}")))?,
+            },
+            #[cfg(feature = "rdma")]
+            (ServeAt::Rdma { .. }, FabricAddr::Rdma { addr }) => ServeAt::Rdma {
                 listen: addr
                     .parse()
                     .map_err(|e| FabricError::Config(format!("the bound address {addr:?}: {e}")))?,
@@ -191,6 +224,12 @@ pub enum FabricAddr {
         /// The server's address.
         addr: String,
     },
+    /// An RDMA server whose setup port is `addr` (`host:port`).
+    #[cfg(feature = "rdma")]
+    Rdma {
+        /// The server's setup address.
+        addr: String,
+    },
 }
 
 impl FabricAddr {
@@ -200,6 +239,8 @@ impl FabricAddr {
             FabricAddr::Mem { .. } => Backend::Mem,
             FabricAddr::Shm { .. } => Backend::Shm,
             FabricAddr::Tcp { .. } => Backend::Tcp,
+            #[cfg(feature = "rdma")]
+            FabricAddr::Rdma { .. } => Backend::Rdma,
         }
     }
 }
@@ -210,6 +251,8 @@ impl fmt::Display for FabricAddr {
             FabricAddr::Mem { name } => write!(f, "mem:{name}"),
             FabricAddr::Shm { dir } => write!(f, "shm:{}", dir.display()),
             FabricAddr::Tcp { addr } => write!(f, "tcp:{addr}"),
+            #[cfg(feature = "rdma")]
+            FabricAddr::Rdma { addr } => write!(f, "rdma:{addr}"),
         }
     }
 }
@@ -226,6 +269,8 @@ impl std::str::FromStr for FabricAddr {
             Backend::Mem => FabricAddr::Mem { name: rest.into() },
             Backend::Shm => FabricAddr::Shm { dir: rest.into() },
             Backend::Tcp => FabricAddr::Tcp { addr: rest.into() },
+            #[cfg(feature = "rdma")]
+            Backend::Rdma => FabricAddr::Rdma { addr: rest.into() },
         })
     }
 }
@@ -258,9 +303,14 @@ pub struct FabricServer {
 }
 
 enum Served {
-    Mem { server: MemServer, name: String },
+    Mem {
+        server: MemServer,
+        name: String,
+    },
     Shm(ShmServer),
     Tcp(TcpServer),
+    #[cfg(feature = "rdma")]
+    Rdma(crate::rdma::RdmaServer),
 }
 
 impl fmt::Debug for FabricServer {
@@ -282,6 +332,10 @@ pub fn serve(at: &ServeAt, credentials: &Credentials) -> Result<FabricServer> {
         }
         ServeAt::Shm { dir } => Served::Shm(ShmServer::create(dir.clone())?),
         ServeAt::Tcp { listen } => Served::Tcp(TcpServer::bind(listen, credentials.clone())?),
+        #[cfg(feature = "rdma")]
+        ServeAt::Rdma { listen } => {
+            Served::Rdma(crate::rdma::RdmaServer::bind(listen, credentials.clone())?)
+        }
     };
     Ok(FabricServer {
         served,
@@ -322,6 +376,13 @@ pub fn connect_with(
             session,
             timeouts,
         )?),
+        #[cfg(feature = "rdma")]
+        FabricAddr::Rdma { addr } => Arc::new(crate::rdma::RdmaConnector::connect_with(
+            addr.as_str(),
+            credentials.clone(),
+            session,
+            timeouts,
+        )?),
     })
 }
 
@@ -339,6 +400,8 @@ impl FabricServer {
                     shm.register(id, len)
                 }
                 Served::Tcp(tcp) => tcp.register(id, len),
+                #[cfg(feature = "rdma")]
+                Served::Rdma(rdma) => rdma.register(id, len),
             },
             Backing::File { dir } => match &self.served {
                 Served::Shm(shm) if shm.dir() == dir => open_or_create(shm, id, len),
@@ -348,6 +411,8 @@ impl FabricServer {
                     match served {
                         Served::Mem { server, .. } => server.add_region(region.clone())?,
                         Served::Tcp(tcp) => tcp.add_region(region.clone())?,
+                        #[cfg(feature = "rdma")]
+                        Served::Rdma(rdma) => rdma.add_region(region.clone())?,
                         Served::Shm(shm) => {
                             return Err(FabricError::Config(format!(
                                 "an shm server in {} cannot serve a region file in {}: serve \
@@ -379,6 +444,10 @@ impl FabricServer {
             Served::Tcp(tcp) => FabricAddr::Tcp {
                 addr: reachable(tcp.local_addr()).to_string(),
             },
+            #[cfg(feature = "rdma")]
+            Served::Rdma(rdma) => FabricAddr::Rdma {
+                addr: reachable(rdma.local_addr()).to_string(),
+            },
         }
     }
 
@@ -388,6 +457,8 @@ impl FabricServer {
             Served::Mem { .. } => Backend::Mem,
             Served::Shm(_) => Backend::Shm,
             Served::Tcp(_) => Backend::Tcp,
+            #[cfg(feature = "rdma")]
+            Served::Rdma(_) => Backend::Rdma,
         }
     }
 
@@ -403,7 +474,11 @@ impl FabricServer {
     pub fn host_connector(&self) -> Result<Arc<dyn Connector>> {
         match &self.served {
             Served::Tcp(tcp) => Ok(tcp.host_connector()),
-            Served::Mem { .. } | Served::Shm(_) => self.connector(),
+            // rdma: a loopback queue pair unless the device's atomics are IBV_ATOMIC_GLOB (the
+            // rule is written down and enforced in `RdmaServer::host_connector`).
+            #[cfg(feature = "rdma")]
+            Served::Rdma(rdma) => Ok(rdma.host_connector(self.connector()?)),
+            _ => self.connector(),
         }
     }
 
@@ -418,7 +493,7 @@ impl FabricServer {
     ) -> Result<()> {
         match &self.served {
             Served::Tcp(tcp) => tcp.register_procedure(id, procedure),
-            Served::Mem { .. } | Served::Shm(_) => Err(crate::FabricError::Unsupported(format!(
+            _ => Err(crate::FabricError::Unsupported(format!(
                 "{} servers run no procedures",
                 self.backend()
             ))),
@@ -436,7 +511,7 @@ impl FabricServer {
                 tcp.refuse_sessions_before(floor);
                 true
             }
-            Served::Mem { .. } | Served::Shm(_) => false,
+            _ => false,
         }
     }
 
@@ -446,7 +521,7 @@ impl FabricServer {
     pub fn accept_session_floors(&self) -> Result<bool> {
         match &self.served {
             Served::Tcp(tcp) => tcp.accept_session_floors().map(|()| true),
-            Served::Mem { .. } | Served::Shm(_) => Ok(false),
+            _ => Ok(false),
         }
     }
 
@@ -479,7 +554,7 @@ impl FabricServer {
                 tcp.revoke(sessions);
                 true
             }
-            Served::Mem { .. } | Served::Shm(_) => false,
+            _ => false,
         }
     }
 }
@@ -679,7 +754,7 @@ mod tests {
         for backend in Backend::ALL {
             assert_eq!(backend.name().parse::<Backend>(), Ok(backend));
         }
-        assert!("rdma".parse::<Backend>().is_err());
+        assert_eq!("rdma".parse::<Backend>().is_ok(), cfg!(feature = "rdma"));
         for addr in [
             FabricAddr::Mem { name: "1-2".into() },
             FabricAddr::Shm {
