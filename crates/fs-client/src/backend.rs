@@ -16,8 +16,9 @@
 //! Operations a backend may lack have default bodies that answer as a file system without the
 //! feature does (`EOPNOTSUPP`, or "no extended attributes"); [`CitronFs`] overrides them all.
 
-use crate::client::{CitronFs, FileHandle};
+use crate::client::CitronFs;
 use crate::error::Error;
+use crate::handles::FileHandle;
 use crate::io::{Fallocate, SeekTo};
 use proto::records::{RecordClaim, RecordKind, RecordLock};
 use proto::rpc::XattrMode;

@@ -43,28 +43,36 @@ pub mod client;
 mod dentries;
 pub mod error;
 mod fcb;
+mod fcntl;
 #[cfg(feature = "fuse")]
 pub mod fuse;
 mod handles;
 mod io;
+mod io_stats;
 mod lock_cache;
+mod locked_io;
 pub mod locks;
 mod meta;
 pub mod metrics;
 mod namespace;
 #[cfg(feature = "fuse")]
 pub mod null;
+mod options;
 pub mod plan;
 pub mod records;
 mod servers;
+mod transfer;
 mod view;
 mod workers;
 
-pub use client::{CitronFs, FileHandle, MountOptions};
+pub use client::CitronFs;
 pub use error::Error;
-pub use io::{Fallocate, IoStats, SeekTo};
+pub use handles::FileHandle;
+pub use io::{Fallocate, SeekTo};
+pub use io_stats::IoStats;
 pub use lockmgr::citron::Hosting;
 pub use lockmgr::LockScheme;
+pub use options::MountOptions;
 pub use proto::records::{RecordClaim, RecordKind, RecordLock};
 pub use proto::rpc::XattrMode;
 pub use proto::{
