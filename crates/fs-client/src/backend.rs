@@ -320,7 +320,7 @@ macro_rules! library_calls {
 }
 
 /// The file system: each operation is the library call of the same name — listed through
-/// [`library_calls`] — except the few that are not a call as they stand (the name, the block
+/// `library_calls` — except the few that are not a call as they stand (the name, the block
 /// size, the read into a thread's spare buffer).
 impl FsBackend for CitronFs {
     type ReadData<'a> = ReadBuf;
