@@ -8,7 +8,7 @@
 use crate::addr::RemoteAddr;
 use crate::error::BatchError;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// A batch's expiry in serde's encoding of it: the instant in this process's count of
 /// microseconds ([`crate::clock`]), for a peer that is this very process. The tcp fabric's
@@ -160,6 +160,12 @@ impl ReadHandle {
     }
 }
 
+/// How long past an expiring batch's expiry ([`Batch::expire_at`]) an endpoint still waits for
+/// its reply: what a verb begun just before the expiry and the reply's way back take on a
+/// healthy link. A caller that sets an expiry ahead of a deadline of its own (a lease) leaves
+/// at least this much, plus what it must still do before that deadline, between the two.
+pub const REPLY_AFTER_EXPIRY: Duration = Duration::from_millis(20);
+
 /// Verbs in posting order, executed in that order as one round trip.
 ///
 /// Invariant: `payload` is exactly the concatenation of the write verbs' data, in order, and the
@@ -213,7 +219,15 @@ impl Batch {
     /// instant travels in the server's clock, as surely not later than this one
     /// ([`crate::clock`]), so no delay on the way stretches it. Cleared by [`Batch::clear`].
     ///
+    /// An endpoint that waits for a server's reply waits for an expiring batch no longer than
+    /// [`REPLY_AFTER_EXPIRY`] past its expiry (or its own batch bound, if that comes first):
+    /// no verb of it starts later, so a reply still missing then belongs to a batch that ran
+    /// out or a server that does not answer, and the caller — a lock holder — gets control back
+    /// while its lease still runs and can release the lock in time. The outcome is then
+    /// unknown ([`FabricError::TimedOut`]), as for any batch that timed out.
+    ///
     /// [`VerbError::Expired`]: crate::VerbError::Expired
+    /// [`FabricError::TimedOut`]: crate::FabricError::TimedOut
     pub fn expire_at(&mut self, expires: Option<Instant>) {
         self.expires = expires;
     }

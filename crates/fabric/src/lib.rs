@@ -41,7 +41,7 @@ pub mod transport;
 mod word_copy;
 
 pub use addr::{RegionId, RemoteAddr};
-pub use batch::{AtomicHandle, Batch, Completions, ReadHandle, Verb};
+pub use batch::{AtomicHandle, Batch, Completions, ReadHandle, Verb, REPLY_AFTER_EXPIRY};
 pub use endpoint::{
     measure_rtt, measure_rtt_under_load, Capabilities, Connector, Endpoint, EndpointExt,
     EndpointStats, MaskedAtomics, RttProfile,

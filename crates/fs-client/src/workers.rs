@@ -95,6 +95,10 @@ pub(crate) struct Worker {
     /// The lease deadline of the range lock this worker holds now (`None`: no lock, or one
     /// that is never broken). See [`Worker::check_lease_before_post`].
     pub(crate) lease: Option<Instant>,
+    /// When the batches this worker posts under that lock expire (`fabric::Batch::expire_at`):
+    /// ahead of `lease`, so that a batch whose server went silent is given up with time left
+    /// to release the lock before its deadline ([`Worker::hold_lease`]).
+    pub(crate) expires: Option<Instant>,
     /// How much of the lease must be left to post a change (the pool's `lease_guard`).
     lease_guard: Duration,
     /// Whether part of the change made under the range lock held now may have reached the
@@ -104,6 +108,22 @@ pub(crate) struct Worker {
 }
 
 impl Worker {
+    /// Records the lease deadline of the lock this worker now holds (`None`: none, or one never
+    /// broken) and when its batches expire: `lease_guard / 2` before the deadline.
+    ///
+    /// Why earlier than the deadline: past its expiry no verb of a batch starts at the server,
+    /// and an endpoint waits for the reply only [`fabric::REPLY_AFTER_EXPIRY`] longer. So a
+    /// holder whose data server went silent (a cut link, a stopped host) gets its call back
+    /// while the lease still runs and releases the lock in time: the next holder finds the
+    /// range free instead of starving on bits left for lazy recovery (one `T_lease` or more).
+    /// A batch expiring at the deadline itself would be given up only at it, and released
+    /// late. Posts need `lease_guard` left ([`Worker::check_lease_before_post`]), so a batch
+    /// always has at least `lease_guard / 2` to execute in.
+    pub(crate) fn hold_lease(&mut self, lease: Option<Instant>) {
+        self.lease = lease;
+        self.expires = lease.map(|d| d.checked_sub(self.lease_guard / 2).unwrap_or(d));
+    }
+
     /// Fencing, client side (docs/ARCHITECTURE.md "Fencing"): data verbs that change the file are posted
     /// only while the guarding lock's lease has more than `lease_guard` left, so that they
     /// execute before any other client can break the lock. The guard is twice the cluster's
@@ -138,7 +158,7 @@ impl Worker {
     /// Executes the raise batch (`raises`) on the meta endpoint, within the lease (it expires
     /// with it), one round trip, results in `raises_out`; a failure marks the worker broken.
     pub(crate) fn exec_raises(&mut self) -> Result<(), Error> {
-        self.raises.expire_at(self.lease);
+        self.raises.expire_at(self.expires);
         self.changed = true;
         if let Err(e) = self.meta_ep.execute(&self.raises, &mut self.raises_out) {
             self.broken = true;
@@ -258,6 +278,7 @@ impl WorkerPool {
                         raises_out: Completions::new(),
                         broken: false,
                         lease: None,
+                        expires: None,
                         lease_guard: self.lease_guard,
                         changed: false,
                     };

@@ -19,6 +19,9 @@
 //!   the kernel to give up the clients' idle connections; after the heal, the client that was
 //!   idle through the cut reads the whole file at once, the one whose reads failed during it
 //!   reads those chunks, and the idle one writes them, each within [`HEALED_BOUND`].
+//! - `a_write_cut_from_its_data_server_frees_its_range_within_its_lease`: a write whose
+//!   client's path to one data server goes silent fails, and the range it had locked is free
+//!   for the other client at once ([`FREED_BOUND`]), not after lazy recovery.
 //!
 //! The tests run one at a time (a lock), since their bounds are timings on a shared machine.
 //! They skip (pass, printing why) without root, `ip`, network namespaces or FUSE.
@@ -713,6 +716,81 @@ fn heal_data_server() {
     }
     let whole = std::fs::read(m1.join("striped")).unwrap();
     assert!(whole == expected.concat(), "c1 reads other data at the end");
+}
+
+/// How long the other client's reads of a range may take once a write to it failed because the
+/// writer's path to a data server went silent: the writer's lock must be free by then. Three
+/// quarters of the lock lease (`T_lease` = 2 s): a lock released late leaves the range to lazy
+/// recovery, which waits a whole `T_lease` first. (Measured: 3–430 ms; 4.0 s when released
+/// late.)
+const FREED_BOUND: Duration = Duration::from_millis(1500);
+
+/// The writer's path to `ds2` goes silent (`Network::cut_between`) while it holds a range lock
+/// over chunks on both data servers; its write fails, and the other client's reads of both
+/// chunks succeed at once afterwards. The writer's batch to `ds2` expires ahead of the lock's
+/// lease, so it gets its call back while the lease still runs and releases the lock in time.
+/// Before, it waited out the fabric's 5 s batch bound, released after the 2 s lease, and left
+/// the lock's leaf bits for lazy recovery: the other client's reads then waited 2 s or more.
+#[test]
+fn a_write_cut_from_its_data_server_frees_its_range_within_its_lease() {
+    skip_without_netns!();
+    skip_without_fuse!();
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut cluster = start_cluster();
+    let m1 = cluster.mount(1, &[]).unwrap();
+    let m2 = cluster.mount(2, &[]).unwrap();
+    const CHUNKS: u64 = 4;
+    let before = pattern(11, 0, (CHUNKS * CHUNK) as usize);
+    std::fs::write(m1.join("shared"), &before).unwrap();
+    // Both clients have read the file: their workers are connected to both data servers.
+    for m in [&m1, &m2] {
+        assert!(std::fs::read(m.join("shared")).unwrap() == before);
+    }
+
+    // Chunks 1 and 2 are on different data servers (striped): c1's write of both holds one
+    // range lock over both, and its batch to ds2 gets no answer.
+    cluster.net().cut_between("c1", "ds2").unwrap();
+    let path = m1.join("shared");
+    let (write, write_took) = bounded(IO_BOUND * 2, "c1's write across the cut", move || {
+        let data = pattern(12, CHUNK, 2 * CHUNK as usize);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.write_all_at(&data, CHUNK))
+            .map_err(|e| e.raw_os_error().unwrap_or(-1))
+    });
+    // c2 reaches both servers: its reads of the two chunks find the range free.
+    let mut reads = Vec::new();
+    for c in [1, 2] {
+        let path = m2.join("shared");
+        let (r, took) = bounded(
+            IO_BOUND * 2,
+            "c2's read after c1's write failed",
+            move || {
+                let mut buf = vec![0u8; CHUNK as usize];
+                std::fs::File::open(&path)
+                    .and_then(|f| f.read_exact_at(&mut buf, c * CHUNK))
+                    .map_err(|e| e.raw_os_error().unwrap_or(-1))
+            },
+        );
+        reads.push((c, took, r));
+    }
+    cluster.net().heal_between("c1", "ds2").unwrap();
+    println!(
+        "c1's write across its cut path to ds2: {} after {write_took:?}; c2's reads of chunks \
+         1 and 2 then: {:?}",
+        errno_name(write.err().unwrap_or(0)),
+        outcomes(&reads)
+    );
+    assert_eq!(write, Err(libc::EIO), "c1's write with its path to ds2 cut");
+    for (c, took, r) in reads {
+        assert_eq!(r, Ok(()), "c2's read of chunk {c}");
+        assert!(
+            took < FREED_BOUND,
+            "c2's read of chunk {c} took {took:?} after c1's write failed, over \
+             {FREED_BOUND:?}: c1's lock was not released in time"
+        );
+    }
 }
 
 /// Each chunk's access of `results` (chunk, how long, outcome) with its outcome named.

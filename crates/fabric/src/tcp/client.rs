@@ -130,6 +130,9 @@ pub struct TcpEndpoint {
     /// send, so that batches posted together to several servers time out together (their
     /// replies awaited one after another must not add up their bounds).
     answer_by: Instant,
+    /// `answer_by` is the expiry of the batch sent last (plus [`crate::REPLY_AFTER_EXPIRY`]),
+    /// which came before its batch bound.
+    expiry_first: bool,
     /// What the server's answers told of its clock: batch expiries are sent in it
     /// ([`crate::clock`]).
     clock: PeerClock,
@@ -319,6 +322,7 @@ impl TcpEndpoint {
             broken: None,
             in_flight: false,
             answer_by: Instant::now(),
+            expiry_first: false,
             clock: PeerClock::from_answer(welcome.clock, welcomed_at),
             welcome,
         })
@@ -565,7 +569,7 @@ impl Endpoint for TcpEndpoint {
         begin_frame(&mut self.tx);
         wire::encode_batch_for(&mut self.tx, batch, &clock);
         seal_frame(&mut self.tx);
-        self.send()?;
+        self.send(batch.expires())?;
         self.in_flight = true;
         Ok(())
     }
@@ -672,7 +676,7 @@ impl TcpEndpoint {
         begin_frame(&mut self.tx);
         wire::encode_call(&mut self.tx, procedure, args, posted);
         seal_frame(&mut self.tx);
-        self.send()
+        self.send(None)
     }
 
     /// Waits, at most the call bound ([`TcpTimeouts::call`]), until the answer to the call just
@@ -715,6 +719,7 @@ impl TcpEndpoint {
         }
         // The answer's bytes are held to the batch bound from here.
         self.answer_by = Instant::now() + self.timeouts.batch;
+        self.expiry_first = false;
         Ok(())
     }
 
@@ -741,10 +746,22 @@ impl TcpEndpoint {
     /// Sends the request frame in `self.tx`, held to the batch's time bound. Any failure gives
     /// the connection up: from the first byte sent, the request may have executed, so the
     /// outcome is unknown (`Disconnected` or `TimedOut`, as the `Endpoint` contract requires).
-    fn send(&mut self) -> Result<()> {
+    ///
+    /// A request that `expires` is answered by its expiry plus [`crate::REPLY_AFTER_EXPIRY`] at
+    /// the latest (see [`Batch::expire_at`]), when that comes before the batch bound.
+    fn send(&mut self, expires: Option<Instant>) -> Result<()> {
         // The socket timeouts bound each `write` and `read` call; `Deadline` holds the request
         // and its reply as a whole to its bound too, however the bytes trickle (see its docs).
-        self.answer_by = Instant::now() + self.timeouts.batch;
+        let now = Instant::now();
+        self.answer_by = now + self.timeouts.batch;
+        self.expiry_first = false;
+        if let Some(expires) = expires {
+            let by = expires + crate::REPLY_AFTER_EXPIRY;
+            if by < self.answer_by {
+                self.answer_by = by;
+                self.expiry_first = true;
+            }
+        }
         let mut io = Deadline::until(&mut self.stream, self.answer_by, self.timeouts.batch);
         if let Err(e) = io.write_all(&self.tx) {
             let sent = io.sent;
@@ -761,10 +778,14 @@ impl TcpEndpoint {
                 );
                 self.fail(why)
             } else if is_timeout(&e) {
+                let within = match self.expiry_first {
+                    true => "by the batch's expiry".to_string(),
+                    false => format!("within {:?}", self.timeouts.batch),
+                };
                 let why = format!(
-                    "{} did not take the request within {:?} (link down or host frozen?); the \
+                    "{} did not take the request {within} (link down or host frozen?); the \
                      batch's outcome is unknown",
-                    self.peer, self.timeouts.batch
+                    self.peer
                 );
                 self.fail_timed_out(why)
             } else {
@@ -787,6 +808,15 @@ impl TcpEndpoint {
             Err(FrameError::Io(e)) if e.kind() == ErrorKind::UnexpectedEof => {
                 let why = format!("{} closed the connection", self.peer);
                 Err(self.fail(why))
+            }
+            Err(FrameError::Io(e)) if is_timeout(&e) && self.expiry_first => {
+                let why = format!(
+                    "no reply from {} by the batch's expiry (a lock holder's lease about to \
+                     run out; link down, host frozen or overloaded?); the batch's outcome is \
+                     unknown",
+                    self.peer
+                );
+                Err(self.fail_timed_out(why))
             }
             Err(FrameError::Io(e)) if is_timeout(&e) => {
                 let why = format!(
