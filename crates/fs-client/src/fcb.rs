@@ -190,7 +190,7 @@ impl MtimeRaise {
 /// on the meta endpoint, the worker's own (`Worker::raises`): SIZE to the write's end when it
 /// extends the file, and MTIME to its start time when the release cannot carry that raise for
 /// free (`lockmgr::RangeLock::release_carries_verbs`). A write sends the batch beside its data
-/// batches (`io`'s `exec_data_round`), so the raises cost no round trip in sequence of their
+/// batches (`transfer`'s `exec_data_round`), so the raises cost no round trip in sequence of their
 /// own; [`finish_fcb_raises`] then redoes a CAS that lost to another client, still
 /// under the lock.
 pub(crate) struct FcbRaises {
