@@ -221,6 +221,17 @@ impl<E: Endpoint + ?Sized> Endpoint for Box<E> {
 pub trait Connector: Send + Sync {
     /// Opens a new endpoint to the server.
     fn connect(&self) -> Result<Box<dyn Endpoint>>;
+
+    /// [`Connector::connect`], given up at `deadline` if that comes before the backend's own
+    /// connect bound ([`FabricError::TimedOut`](crate::FabricError::TimedOut)): what a lock
+    /// holder connecting to a data server uses, with its batches' expiry as the deadline
+    /// ([`crate::Batch::expire_at`]), so that a silent server cannot keep it past its lease.
+    /// `None`: the backend's bound alone. This default ignores the deadline: the backends
+    /// whose connect cannot block on a peer (`mem`, `shm`) need none.
+    fn connect_by(&self, deadline: Option<std::time::Instant>) -> Result<Box<dyn Endpoint>> {
+        let _ = deadline;
+        self.connect()
+    }
 }
 
 /// A shared connector ([`crate::connect`] returns one) is a connector.
@@ -228,12 +239,18 @@ impl<C: Connector + ?Sized> Connector for std::sync::Arc<C> {
     fn connect(&self) -> Result<Box<dyn Endpoint>> {
         (**self).connect()
     }
+    fn connect_by(&self, deadline: Option<std::time::Instant>) -> Result<Box<dyn Endpoint>> {
+        (**self).connect_by(deadline)
+    }
 }
 
 /// A boxed connector is a connector.
 impl<C: Connector + ?Sized> Connector for Box<C> {
     fn connect(&self) -> Result<Box<dyn Endpoint>> {
         (**self).connect()
+    }
+    fn connect_by(&self, deadline: Option<std::time::Instant>) -> Result<Box<dyn Endpoint>> {
+        (**self).connect_by(deadline)
     }
 }
 

@@ -997,6 +997,64 @@ fn a_silent_link_fails_an_expiring_batch_at_its_expiry() {
     );
 }
 
+/// A connector asked for an endpoint by a deadline gives up at that deadline when the server
+/// does not answer, not at its connect bound (5 s): a lock holder connecting to a data server
+/// that went silent gets its call back while its lease still runs. Without a deadline the
+/// connect bound applies as before.
+#[test]
+fn a_connect_by_a_deadline_to_a_silent_server_ends_at_the_deadline() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let server = TcpServer::bind("127.0.0.1:0", creds()).unwrap();
+    server.register(R, REGION_LEN).unwrap();
+    let upstream = server.local_addr();
+    // A proxy that forwards each connection until `silent` is set, and then accepts new ones
+    // and never answers them (a host whose process stopped answering its handshake).
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let silent = Arc::new(AtomicBool::new(false));
+    let quiet = silent.clone();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for client in listener.incoming() {
+            let Ok(client) = client else { return };
+            if quiet.load(Ordering::SeqCst) {
+                held.push(client);
+                continue;
+            }
+            let Ok(server) = TcpStream::connect(upstream) else {
+                return;
+            };
+            for (mut from, mut to) in [
+                (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                (server, client),
+            ] {
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut from, &mut to);
+                });
+            }
+        }
+    });
+    let connector = TcpConnector::connect(addr, creds()).unwrap();
+    let mut first = connector.endpoint().unwrap();
+    first.faa(self::addr(0), 1).unwrap();
+    silent.store(true, Ordering::SeqCst);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let by = Duration::from_millis(300);
+    std::thread::spawn(move || {
+        let start = Instant::now();
+        let result = connector.connect_by(Some(start + by)).map(drop);
+        let _ = tx.send((start.elapsed(), result));
+    });
+    let (took, result) = rx
+        .recv_timeout(Duration::from_secs(15))
+        .expect("a connect to a silent server must end, not hang");
+    assert!(result.is_err(), "connected to a server that never answers");
+    assert!(
+        took >= by && took < by + Duration::from_millis(700),
+        "gave up after {took:?}, deadline {by:?}: {result:?}"
+    );
+}
+
 /// A batch that reaches the server after its expiry does not execute, however much time it
 /// had left when it was sent: the expiry travels as an instant in the server's clock
 /// (`fabric::clock`). Before, it travelled as the time left on sending, counted again from the

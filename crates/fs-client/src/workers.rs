@@ -176,7 +176,8 @@ impl Worker {
             .sum()
     }
 
-    /// This worker's endpoint to data server `server`, connected on first use.
+    /// This worker's endpoint to data server `server`, connected on first use — by the
+    /// expiry of the batches of the lock it holds, if it holds one (`Connector::connect_by`).
     pub(crate) fn data_ep(&mut self, server: u32) -> Result<&mut dyn Endpoint, Error> {
         let id = server as usize;
         let ds = self
@@ -190,7 +191,7 @@ impl Worker {
         if self.data_eps[id].is_none() {
             self.data_eps[id] = Some(
                 ds.connector
-                    .connect()
+                    .connect_by(self.expires)
                     .map_err(Error::fabric(Peer::Data(server)))?,
             );
         }

@@ -934,6 +934,12 @@ impl TcpConnector {
 
     /// Opens a new endpoint (a new connection), or hands out the one opened by `connect`.
     pub fn endpoint(&self) -> Result<TcpEndpoint> {
+        self.endpoint_by(None)
+    }
+
+    /// [`TcpConnector::endpoint`], its connection and handshake given up at `deadline` when
+    /// that comes before the connect bound (see [`Connector::connect_by`]).
+    pub fn endpoint_by(&self, deadline: Option<Instant>) -> Result<TcpEndpoint> {
         let spare = self
             .spare
             .lock()
@@ -942,7 +948,18 @@ impl TcpConnector {
         match spare {
             Some(endpoint) => Ok(endpoint),
             None => {
-                TcpEndpoint::connect_with(self.addr, &self.credentials, self.session, self.timeouts)
+                let mut timeouts = self.timeouts;
+                if let Some(deadline) = deadline {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(FabricError::TimedOut(format!(
+                            "no time left to connect to {} before the caller's deadline",
+                            self.addr
+                        )));
+                    }
+                    timeouts.connect = timeouts.connect.min(left);
+                }
+                TcpEndpoint::connect_with(self.addr, &self.credentials, self.session, timeouts)
             }
         }
     }
@@ -961,6 +978,9 @@ impl TcpConnector {
 impl Connector for TcpConnector {
     fn connect(&self) -> Result<Box<dyn Endpoint>> {
         Ok(Box::new(self.endpoint()?))
+    }
+    fn connect_by(&self, deadline: Option<Instant>) -> Result<Box<dyn Endpoint>> {
+        Ok(Box::new(self.endpoint_by(deadline)?))
     }
 }
 

@@ -11,16 +11,15 @@
 //! last step every process reads its rows back through its own client and checks them.
 
 use super::clients::{Clients, SharedFile, Via, WorkloadArgs};
+use super::runner::Run;
 use crate::report::{fmt_f, fmt_opt, Report};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use cluster::{Cluster, ClusterSpec};
 use fabric::Backend;
 use hdrhistogram::Histogram;
-use indicatif::{ProgressBar, ProgressStyle};
 use lockmgr::LockScheme;
 use serde::Serialize;
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
@@ -158,31 +157,26 @@ pub fn run(args: &BtioArgs) -> Result<()> {
         ..ClusterSpec::server_defaults()
     })?;
 
-    let progress = if args.common.json {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new(args.common.scheme.len() as u64 * args.steps).with_style(
-            ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} ({elapsed})")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        )
-    };
-    let interrupt = super::stop_on_signal()?;
+    let run = Run::start(
+        args.common.json,
+        args.common.scheme.len() as u64 * args.steps,
+    )?;
     let mut results: Vec<BtioResult> = Vec::new();
     for &scheme in &args.common.scheme {
-        super::interrupted(&interrupt)?;
-        progress.set_message(format!(
+        run.check()?;
+        run.say(format!(
             "{scheme}: starting {} clients",
             args.common.clients
         ));
         let clients = Clients::start(&cluster, scheme, args.common.clients, args.common.via)?;
         let name = format!("btio-{}.dat", scheme.name());
-        let r = run_scheme(args, &clients, &name, scheme, &progress, &interrupt)
+        let r = run_scheme(args, &clients, &name, scheme, &run)
             .with_context(|| format!("scheme {scheme}"))?;
         clients.remove(&name)?;
         drop(clients);
         results.push(r);
     }
-    progress.finish_and_clear();
+    run.finish();
     let citron = results
         .iter()
         .find(|r| r.scheme == LockScheme::CITRON.to_string())
@@ -257,8 +251,7 @@ fn run_scheme(
     clients: &Clients,
     name: &str,
     scheme: LockScheme,
-    progress: &ProgressBar,
-    interrupt: &AtomicBool,
+    run: &Run,
 ) -> Result<BtioResult> {
     let n = args.class.n();
     let side = (args.procs as f64).sqrt().round() as u64;
@@ -281,8 +274,8 @@ fn run_scheme(
     let mut bytes = 0u64;
     let mut write_seconds = 0.0;
     for step in 0..args.steps {
-        super::interrupted(interrupt)?;
-        progress.set_message(format!("{scheme}: step {}", step + 1));
+        run.check()?;
+        run.say(format!("{scheme}: step {}", step + 1));
         let t = Instant::now();
         let outcomes: Vec<Result<(Histogram<u64>, u64, u64)>> = std::thread::scope(|s| {
             let handles: Vec<_> = files
@@ -296,7 +289,7 @@ fn run_scheme(
                         let mut total = 0;
                         barrier.wait();
                         for &(off, len) in &rows {
-                            super::interrupted(interrupt)?;
+                            run.check()?;
                             let buf = cluster::pattern(seed, off, len as usize);
                             let t = Instant::now();
                             file.write_at(&buf, off)
@@ -323,11 +316,11 @@ fn run_scheme(
             writes += w;
             bytes += b;
         }
-        progress.inc(1);
+        run.advance();
     }
 
-    super::interrupted(interrupt)?;
-    progress.set_message(format!("{scheme}: verifying"));
+    run.check()?;
+    run.say(format!("{scheme}: verifying"));
     let verified: Vec<Result<()>> = std::thread::scope(|s| {
         let handles: Vec<_> = files
             .iter()
@@ -335,7 +328,7 @@ fn run_scheme(
             .map(|(p, file)| {
                 s.spawn(move || -> Result<()> {
                     for step in 0..args.steps {
-                        super::interrupted(interrupt)?;
+                        run.check()?;
                         verify_rows(file.as_ref(), &rows_of(n, side, p as u64, step), seed)
                             .with_context(|| format!("process {p}, step {step}"))?;
                     }

@@ -13,12 +13,12 @@
 //! and the peers' FUSE clients would otherwise serve reads and absorb writes in the local page
 //! cache) except on tmpfs, which has no O_DIRECT and whose page cache is its storage.
 
+use super::runner::Run;
 use crate::report::{fmt_f, fmt_opt, Report};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use cluster::{Cluster, ClusterSpec, Mount};
 use fabric::Backend;
-use indicatif::{ProgressBar, ProgressStyle};
 use lockmgr::LockScheme;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -219,46 +219,37 @@ pub fn run(args: &CompareArgs) -> Result<()> {
     }
 
     let steps = args.fs.len() as u64 * (args.jobs.len() as u64 + u64::from(args.files > 0));
-    let progress = if args.json {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new(steps).with_style(
-            ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} ({elapsed})")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        )
-    };
-
     // A signal ends the run between jobs; the target's guard tears it down on the way out.
-    let interrupt = super::stop_on_signal()?;
+    let run = Run::start(args.json, steps)?;
     let mut rows: Vec<Row> = Vec::new();
     for &fs in &args.fs {
-        super::interrupted(&interrupt)?;
-        progress.set_message(format!("{}: setting up", fs.name()));
+        run.check()?;
+        run.say(format!("{}: setting up", fs.name()));
         let target = Target::up(fs, args, work.path(), &scripts)
             .with_context(|| format!("set up {}", fs.name()))?;
         for &job in &args.jobs {
-            super::interrupted(&interrupt)?;
-            progress.set_message(format!("{}: {}", fs.name(), job.name()));
+            run.check()?;
+            run.say(format!("{}: {}", fs.name(), job.name()));
             let row = run_fio(job, fs, &target, args, work.path())
                 .with_context(|| format!("{} on {}", job.name(), fs.name()))?;
             rows.push(row);
-            progress.inc(1);
+            run.advance();
         }
         if args.files > 0 {
-            super::interrupted(&interrupt)?;
-            progress.set_message(format!("{}: metadata", fs.name()));
+            run.check()?;
+            run.say(format!("{}: metadata", fs.name()));
             rows.extend(
                 metadata_pass(fs, &target.dir, args.files)
                     .with_context(|| format!("metadata pass on {}", fs.name()))?,
             );
-            progress.inc(1);
+            run.advance();
         }
-        progress.set_message(format!("{}: tearing down", fs.name()));
+        run.say(format!("{}: tearing down", fs.name()));
         target
             .down()
             .with_context(|| format!("tear down {}", fs.name()))?;
     }
-    progress.finish_and_clear();
+    run.finish();
 
     fill_ratios(&mut rows);
     if let Some(path) = &args.plot {

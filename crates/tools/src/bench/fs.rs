@@ -31,6 +31,7 @@
 //! (SIGINT or SIGTERM end the run after the current case; a second Ctrl-C exits at once).
 
 use super::clients::{LibraryFile, SharedFile};
+use super::runner::{interrupted, Run};
 use crate::cmd::config::parse_size;
 use crate::report::{fmt_f, fmt_opt, fmt_ratio, ratio, Report};
 use anyhow::{bail, Context, Result};
@@ -39,7 +40,6 @@ use cluster::{Cluster, ClusterSpec, Mount};
 use fabric::Backend;
 use fs_client::CitronFs;
 use hdrhistogram::Histogram;
-use indicatif::{ProgressBar, ProgressStyle};
 use lockmgr::{LockScheme, LockStats};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -335,7 +335,7 @@ struct Plan<'a> {
     patterns: &'a [Pattern],
     threads: &'a [usize],
     stop: &'a AtomicBool,
-    progress: &'a ProgressBar,
+    run: &'a Run,
 }
 
 /// What one case measured.
@@ -391,22 +391,13 @@ pub fn run(args: &FsArgs) -> Result<()> {
         check_fuse(Path::new("/dev/fuse"))?;
     }
 
-    // Ctrl-C and SIGTERM end the run between cases, so that the mount is unmounted and the
-    // servers stopped; a second signal exits at once (leaving the mount to `fusermount3 -u`).
-    let stop = super::stop_on_signal()?;
-
     let cases_per_fs = (args.patterns.len() * args.threads.len()) as u64;
     let fs_runs = u64::from(args.fs.contains(&Target::Tmpfs))
         + u64::from(args.fs.contains(&Target::Null))
         + (citron_targets.len() * schemes.len()) as u64;
-    let progress = if args.json {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new(cases_per_fs * fs_runs).with_style(
-            ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        )
-    };
+    // Ctrl-C and SIGTERM end the run between cases, so that the mount is unmounted and the
+    // servers stopped; a second signal exits at once (leaving the mount to `fusermount3 -u`).
+    let run = Run::start(args.json, cases_per_fs * fs_runs)?;
     let duration = Duration::from_secs_f64(args.duration);
     let plan = Plan {
         file_size,
@@ -415,8 +406,8 @@ pub fn run(args: &FsArgs) -> Result<()> {
         warmup: (duration / 10).min(Duration::from_millis(200)),
         patterns: &args.patterns,
         threads: &args.threads,
-        stop: &stop,
-        progress: &progress,
+        stop: run.stop(),
+        run: &run,
     };
 
     let mut report = Report::new(
@@ -510,7 +501,7 @@ pub fn run(args: &FsArgs) -> Result<()> {
         ));
     }
     if args.fs.contains(&Target::Null) {
-        progress.set_message("mounting the null backend");
+        run.say("mounting the null backend");
         let (handle, dir) = mount_null(&fuse_options)?;
         let path = dir
             .path()
@@ -526,7 +517,7 @@ pub fn run(args: &FsArgs) -> Result<()> {
         ));
     }
     if !citron_targets.is_empty() {
-        progress.set_message("starting the cluster");
+        run.say("starting the cluster");
         // Each scheme's files, with room to spare for chunk rounding and the stripes.
         let files = (citron_targets.len() * schemes.len()) as u64;
         let memory = (file_size + SEQ_BLOCK * args.data_servers as u64) * files + (256 << 20);
@@ -583,10 +574,10 @@ pub fn run(args: &FsArgs) -> Result<()> {
             }
         }
     }
-    progress.set_length(cases_per_fs * subjects.len() as u64);
+    run.set_steps(cases_per_fs * subjects.len() as u64);
 
     for s in &subjects {
-        progress.set_message(format!("{}: filling the file", s.label()));
+        run.say(format!("{}: filling the file", s.label()));
         fill(s.io.as_ref(), plan.file_size, plan.stop)?;
     }
     for &threads in plan.threads {
@@ -595,7 +586,7 @@ pub fn run(args: &FsArgs) -> Result<()> {
             for s in &subjects {
                 let r = measure(&plan, s, pattern, threads)?;
                 case.push(emit(r, &case));
-                progress.inc(1);
+                run.advance();
             }
         }
     }
@@ -616,10 +607,10 @@ pub fn run(args: &FsArgs) -> Result<()> {
             .with_context(|| format!("unmount {}", dir.path().display()))?;
     }
     if let Some(cluster) = cluster {
-        progress.set_message("stopping the cluster");
+        run.say("stopping the cluster");
         cluster.shutdown()?;
     }
-    progress.finish_and_clear();
+    run.finish();
     report.finish();
     if !args.json {
         print_notes(args, file_size, tmpfs_note, &transports);
@@ -686,7 +677,7 @@ impl Drop for RemoveOnDrop {
 
 /// Runs one case (`pattern`, `threads`) on `subject`'s file, already filled.
 fn measure(plan: &Plan, subject: &Subject, pattern: Pattern, threads: usize) -> Result<FsResult> {
-    plan.progress.set_message(format!(
+    plan.run.say(format!(
         "{}: {}, {threads} threads",
         subject.label(),
         pattern.name()
@@ -710,7 +701,7 @@ fn measure(plan: &Plan, subject: &Subject, pattern: Pattern, threads: usize) -> 
         .map(|(b, a)| a.since(&b))
         .filter(|d| d.locked_ios > 0);
     let rtts_per_op = io.map(|d| d.round_trips as f64 / d.locked_ios as f64);
-    super::interrupted(plan.stop)?;
+    interrupted(plan.stop)?;
     let us = |q: f64| m.histogram.value_at_quantile(q) as f64 / 1000.0;
     Ok(FsResult {
         fs: subject.target.name(),
@@ -770,7 +761,7 @@ fn fill(io: &dyn SharedFile, file_size: u64, stop: &AtomicBool) -> Result<()> {
     let whole = file_size / SEQ_BLOCK * SEQ_BLOCK;
     let mut offset = 0;
     while offset < whole {
-        super::interrupted(stop)?;
+        interrupted(stop)?;
         io.write_at(&buf, offset).context("fill the file")?;
         offset += SEQ_BLOCK;
     }

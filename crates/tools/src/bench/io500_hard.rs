@@ -13,12 +13,12 @@
 
 use super::clients::{Clients, SharedFile, Via};
 use super::locks::{Fabric, LOCK_REGION, MAX_SEGMENTS};
+use super::runner::{interrupted, Run};
 use crate::report::{fmt_opt, Report};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use cluster::{Cluster, ClusterSpec};
 use fabric::{Backend, RemoteAddr};
-use indicatif::{ProgressBar, ProgressStyle};
 use lockmgr::baselines::SegSpec;
 use lockmgr::citron::{CitronGrowth, CitronSpec, Hosting};
 use lockmgr::schemes::{self, CreateOptions, FixedMemory};
@@ -222,27 +222,26 @@ pub fn run(args: &Io500HardArgs) -> Result<()> {
         ),
         ("server", LockScheme::Server, None),
     ];
-    let progress = if args.json {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new(if args.io { 4 } else { kinds.len() as u64 }).with_style(
-            ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} ({elapsed})")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        )
+    let steps = if args.io { 4 } else { kinds.len() as u64 };
+    // With I/O the run has client processes and mounts: a signal ends it in order. (Lock-only
+    // runs start nothing outside this process, and end at once.)
+    let run = match args.io {
+        true => Run::start(args.json, steps)?,
+        false => Run::in_process(args.json, steps),
     };
     let mut results = Vec::new();
     if args.io {
-        results = replay_io(args, &trace, procs, end, &progress)?;
+        results = replay_io(args, &trace, procs, end, &run)?;
     } else {
         for (name, kind, initial) in kinds {
-            progress.set_message(name);
+            run.say(name);
             let r = replay(args, &trace, procs, name, kind, initial)
                 .with_context(|| format!("scheme {name}"))?;
             results.push(r);
-            progress.inc(1);
+            run.advance();
         }
     }
-    progress.finish_and_clear();
+    run.finish();
     let citron_rate = results
         .iter()
         .find(|r| r.scheme == "citron")
@@ -553,7 +552,7 @@ fn replay_io(
     trace: &[TraceWrite],
     procs: u64,
     end: u64,
-    progress: &ProgressBar,
+    run: &Run,
 ) -> Result<Vec<HardResult>> {
     let schemes = [
         LockScheme::CITRON,
@@ -569,13 +568,10 @@ fn replay_io(
         lock_server: true,
         ..ClusterSpec::server_defaults()
     })?;
-    // With I/O the run has client processes and mounts: a signal ends it in order. (Lock-only
-    // runs start nothing outside this process, and end at once.)
-    let interrupt = super::stop_on_signal()?;
     let mut results = Vec::new();
     for scheme in schemes {
-        super::interrupted(&interrupt)?;
-        progress.set_message(scheme.to_string());
+        run.check()?;
+        run.say(scheme.to_string());
         let clients = Clients::start(&cluster, scheme, args.clients, args.via)?;
         let name = format!("io500-hard-{}.dat", scheme.name());
         let seed = 0x10500 + results.len() as u64;
@@ -592,7 +588,7 @@ fn replay_io(
                 .iter()
                 .enumerate()
                 .map(|(r, file)| {
-                    let (start, interrupt) = (start.clone(), &interrupt);
+                    let (start, stop) = (start.clone(), run.stop());
                     let mine: Vec<TraceWrite> = trace
                         .iter()
                         .filter(|w| w.rank == r as u64)
@@ -603,7 +599,7 @@ fn replay_io(
                         let began = Instant::now();
                         let mut done = Vec::with_capacity(mine.len());
                         for w in mine {
-                            super::interrupted(interrupt)?;
+                            interrupted(stop)?;
                             let buf = cluster::pattern(seed, w.offset, w.len as usize);
                             file.write_at(&buf, w.offset)
                                 .with_context(|| format!("rank {r}: write at {}", w.offset))?;
@@ -626,7 +622,7 @@ fn replay_io(
         let seconds = began.elapsed().as_secs_f64();
         // Every record, read back through its writer's client.
         for (r, file) in files.iter().enumerate() {
-            super::interrupted(&interrupt)?;
+            run.check()?;
             for w in trace.iter().filter(|w| w.rank == r as u64) {
                 let mut buf = vec![0u8; w.len as usize];
                 file.read_at(&mut buf, w.offset)?;
@@ -657,7 +653,7 @@ fn replay_io(
             bucket_ms: args.bucket_ms,
             vs_citron: None,
         });
-        progress.inc(1);
+        run.advance();
     }
     cluster.shutdown()?;
     Ok(results)

@@ -12,10 +12,10 @@
 //! whatever the backend: its CPU time is in the per-operation figure too. With `--backend tcp`
 //! the fabric's software NIC also runs in this process.
 
+use super::runner::Run;
 use anyhow::{anyhow, bail, Context, Result};
 use fabric::{Backend, Backing, Connector, Credentials, FabricServer, RegionId, RemoteAddr};
 use hdrhistogram::Histogram;
-use indicatif::{ProgressBar, ProgressStyle};
 use lockmgr::baselines::SegSpec;
 use lockmgr::citron::{hosted, CitronHost, CitronSpec, Hosting};
 use lockmgr::schemes::{self, CreateOptions, FixedMemory};
@@ -197,28 +197,21 @@ pub fn run(args: &LocksArgs) -> Result<()> {
     }
 
     let total = (schemes.len() * args.threads.len()) as u64;
-    let progress = if args.json {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new(total).with_style(
-            ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} (eta {eta})")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        )
-    };
+    let run = Run::in_process(args.json, total);
     let mut results = Vec::new();
     for name in &schemes {
         for &threads in &args.threads {
-            progress.set_message(format!("{name}, {threads} threads"));
+            run.say(format!("{name}, {threads} threads"));
             let result = run_one(args, name, threads)
                 .with_context(|| format!("{name} with {threads} threads"))?;
             if args.json {
                 println!("{}", serde_json::to_string(&result)?);
             }
             results.push(result);
-            progress.inc(1);
+            run.advance();
         }
     }
-    progress.finish_and_clear();
+    run.finish();
     if !args.json {
         print_table(&results);
     }

@@ -37,6 +37,7 @@
 //! then carry their ratio to it (`vs null`, throughput; `p50/null`, latency): what is left
 //! to CitronFS's client, its RPC transport and its meta server.
 
+use super::runner::{interrupted, Run};
 use crate::bench::fs::{check_fuse, is_tmpfs, mount_null};
 use crate::report::{fmt_f, fmt_opt, fmt_ratio, ratio, Report};
 use anyhow::{Context, Result};
@@ -44,7 +45,6 @@ use clap::Args;
 use cluster::{Cluster, ClusterSpec, Mount};
 use fabric::Backend;
 use hdrhistogram::Histogram;
-use indicatif::{ProgressBar, ProgressStyle};
 use lockmgr::LockScheme;
 use serde::Serialize;
 use std::os::unix::fs::OpenOptionsExt;
@@ -273,18 +273,10 @@ pub fn run(args: &MetaArgs) -> Result<()> {
     }
     // Ctrl-C and SIGTERM end the run between phases, so that the mount is unmounted and the
     // servers stopped; a second signal exits at once.
-    let stop = super::stop_on_signal()?;
-    let progress = if args.json {
-        ProgressBar::hidden()
-    } else {
-        // Four phases per thread count and file system, and CitronFS's `rpc` row.
-        let rows = args.threads.len()
-            * (args.fs.len() * PHASES.len() + usize::from(args.fs.contains(&MetaTarget::Citronfs)));
-        ProgressBar::new(rows as u64).with_style(
-            ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        )
-    };
+    // Four phases per thread count and file system, and CitronFS's `rpc` row.
+    let rows = args.threads.len()
+        * (args.fs.len() * PHASES.len() + usize::from(args.fs.contains(&MetaTarget::Citronfs)));
+    let runner = Run::start(args.json, rows as u64)?;
     let mut report = Report::new(
         args.json,
         &[
@@ -351,7 +343,7 @@ pub fn run(args: &MetaArgs) -> Result<()> {
                 dir.display()
             ));
         }
-        for r in run_target(args, &Target::plain("tmpfs", &dir), &stop, &progress)? {
+        for r in run_target(args, &Target::plain("tmpfs", &dir), &runner)? {
             tmpfs_results.push(emit(r, &[], &[]));
         }
     }
@@ -360,9 +352,9 @@ pub fn run(args: &MetaArgs) -> Result<()> {
         ..Default::default()
     };
     if args.fs.contains(&MetaTarget::Null) {
-        progress.set_message("mounting the null backend");
+        runner.say("mounting the null backend");
         let (handle, dir) = mount_null(&options)?;
-        let results = run_target(args, &Target::plain("null", dir.path()), &stop, &progress);
+        let results = run_target(args, &Target::plain("null", dir.path()), &runner);
         handle
             .unmount()
             .with_context(|| format!("unmount {}", dir.path().display()))?;
@@ -375,7 +367,7 @@ pub fn run(args: &MetaArgs) -> Result<()> {
     // How CitronFS's client reached the meta server (`proto::stream`).
     let mut transport = None;
     if citronfs || library {
-        progress.set_message("starting the cluster");
+        runner.say("starting the cluster");
         let cluster = Cluster::start(ClusterSpec {
             name: "citronfs-bench-meta".into(),
             fabric: args.fabric,
@@ -401,7 +393,7 @@ pub fn run(args: &MetaArgs) -> Result<()> {
                 cluster: Some(&cluster),
                 rpc: Some(&fs),
             };
-            measured = run_target(args, &target, &stop, &progress).map(|r| rows.extend(r));
+            measured = run_target(args, &target, &runner).map(|r| rows.extend(r));
             let mountpoint = mount.path().to_path_buf();
             mount
                 .unmount()
@@ -415,17 +407,17 @@ pub fn run(args: &MetaArgs) -> Result<()> {
                 cluster: Some(&cluster),
                 rpc: None,
             };
-            measured = run_target(args, &target, &stop, &progress).map(|r| rows.extend(r));
+            measured = run_target(args, &target, &runner).map(|r| rows.extend(r));
         }
         drop(fs);
-        progress.set_message("stopping the cluster");
+        runner.say("stopping the cluster");
         cluster.shutdown()?;
         measured?;
         for r in rows {
             emit(r, &tmpfs_results, &null_results);
         }
     }
-    progress.finish_and_clear();
+    runner.finish();
     report.finish();
     if !args.json {
         println!();
@@ -486,12 +478,8 @@ impl<'a> Target<'a> {
 /// Runs every thread count's four phases in a fresh directory of `target`; with `target.rpc`,
 /// then the `rpc` row: `--files` meta-server round trips per thread straight from the client
 /// library (`CitronFs::meta_round_trip`), the RPC transport's share of an operation.
-fn run_target(
-    args: &MetaArgs,
-    target: &Target<'_>,
-    stop: &AtomicBool,
-    progress: &ProgressBar,
-) -> Result<Vec<MetaResult>> {
+fn run_target(args: &MetaArgs, target: &Target<'_>, runner: &Run) -> Result<Vec<MetaResult>> {
+    let stop = runner.stop();
     let Target {
         name: fs,
         fabric,
@@ -521,9 +509,9 @@ fn run_target(
         let rpcs = per_op(0);
         let server_us = per_op(1).map(|ns| ns / 1000.0);
         let awake = per_op(2);
-        super::interrupted(stop)?;
+        interrupted(stop)?;
         let us = |q: f64| m.histogram.value_at_quantile(q) as f64 / 1000.0;
-        progress.inc(1);
+        runner.advance();
         Ok::<_, anyhow::Error>(MetaResult {
             fs,
             fabric,
@@ -547,14 +535,14 @@ fn run_target(
     for &threads in &args.threads {
         let dir = subject.make_dir(&format!("bench-meta-{}-{threads}", std::process::id()))?;
         for phase in PHASES {
-            progress.set_message(format!("{fs}: {}, {threads} threads", phase.name()));
+            runner.say(format!("{fs}: {}, {threads} threads", phase.name()));
             results.push(row(phase.name(), threads, &|| {
                 dir.run(phase, threads, args.files, stop)
             })?);
         }
         dir.remove()?;
         if let Some(client) = client {
-            progress.set_message(format!("{fs}: rpc, {threads} threads"));
+            runner.say(format!("{fs}: rpc, {threads} threads"));
             results.push(row(RPC_ROW, threads, &|| {
                 run_threads(
                     threads,

@@ -10,31 +10,10 @@ pub mod io500_hard;
 pub mod locks;
 pub mod meta;
 pub mod oltp;
+pub(crate) mod runner;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::Subcommand;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-
-/// Makes SIGINT and SIGTERM end a benchmark that starts mounts, client processes or servers
-/// in an orderly way: the first signal sets the returned flag, which the benchmark checks
-/// between (and inside) its cases and answers with [`interrupted`]'s error, so that its guards
-/// unmount, stop and remove what it started on the way out; a second signal exits at once
-/// with status 130. Client processes die with the benchmark whatever ends it
-/// (`clients::MountProcess`).
-/// (`crate::cmd::StopSignals`, never made orderly: a benchmark's guards are in-process, and an
-/// impatient second Ctrl-C gets the process-death cleanup of `cluster::die_with_parent`.)
-pub(crate) fn stop_on_signal() -> Result<Arc<AtomicBool>> {
-    Ok(crate::cmd::StopSignals::catch()?.into_flag())
-}
-
-/// The error that ends a run once [`stop_on_signal`]'s flag is set.
-pub(crate) fn interrupted(stop: &AtomicBool) -> Result<()> {
-    if stop.load(Ordering::Relaxed) {
-        bail!("interrupted");
-    }
-    Ok(())
-}
 
 /// The benchmarks.
 #[derive(Subcommand)]

@@ -11,13 +11,13 @@
 //! the block it got is whole: a torn read fails the run.
 
 use super::clients::{Clients, SharedFile, Via, WorkloadArgs};
+use super::runner::{interrupted, Run};
 use crate::report::{fmt_f, fmt_opt, Report};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use cluster::{Cluster, ClusterSpec};
 use fabric::Backend;
 use hdrhistogram::Histogram;
-use indicatif::{ProgressBar, ProgressStyle};
 use lockmgr::LockScheme;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -121,34 +121,26 @@ pub fn run(args: &OltpArgs) -> Result<()> {
         lock_server: args.common.scheme.iter().any(LockScheme::uses_service),
         ..ClusterSpec::server_defaults()
     })?;
-    let progress = if args.common.json {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new(args.common.scheme.len() as u64).with_style(
-            ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} ({elapsed})")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        )
-    };
-    let interrupt = super::stop_on_signal()?;
+    let run = Run::start(args.common.json, args.common.scheme.len() as u64)?;
     let mut results = Vec::new();
     for &scheme in &args.common.scheme {
-        super::interrupted(&interrupt)?;
-        progress.set_message(format!(
+        run.check()?;
+        run.say(format!(
             "{scheme}: starting {} clients",
             args.common.clients
         ));
         let clients = Clients::start(&cluster, scheme, args.common.clients, args.common.via)?;
-        progress.set_message(format!("{scheme}: running"));
-        let r = run_scheme(args, &clients, scheme, &interrupt)
+        run.say(format!("{scheme}: running"));
+        let r = run_scheme(args, &clients, scheme, run.stop())
             .with_context(|| format!("scheme {scheme}"))?;
         for f in file_names(scheme) {
             clients.remove(&f)?;
         }
         drop(clients);
         results.push(r);
-        progress.inc(1);
+        run.advance();
     }
-    progress.finish_and_clear();
+    run.finish();
     let citron = results
         .iter()
         .find(|r| r.scheme == LockScheme::CITRON.to_string())
@@ -267,7 +259,7 @@ fn run_scheme(
         for name in &names {
             let f = clients.open(0, name)?;
             for off in (0..FILE_BYTES).step_by(zero.len()) {
-                super::interrupted(interrupt)?;
+                interrupted(interrupt)?;
                 f.write_at(&zero, off)?;
             }
         }
@@ -368,7 +360,7 @@ fn run_scheme(
             .collect()
     });
     let seconds = started.elapsed().as_secs_f64();
-    super::interrupted(interrupt)?;
+    interrupted(interrupt)?;
     let mut hists = [
         Histogram::<u64>::new(3)?,
         Histogram::<u64>::new(3)?,
