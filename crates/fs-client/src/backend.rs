@@ -3,8 +3,8 @@
 //! `fuse` module).
 //!
 //! Two backends implement it:
-//! - [`CitronFs`], the file system (every method forwards to the library call of the same
-//!   name);
+//! - [`CitronFs`], the file system: each operation is the library call of the same name,
+//!   listed once (name, arguments, answer) through a macro rather than forwarded by hand;
 //! - [`crate::null::NullFs`], a measuring tool that stores nothing and answers at once, so
 //!   that the same adapter over it shows what the FUSE path itself costs on a machine
 //!   (`citronfs bench fs --fs null`).
@@ -16,8 +16,9 @@
 //! Operations a backend may lack have default bodies that answer as a file system without the
 //! feature does (`EOPNOTSUPP`, or "no extended attributes"); [`CitronFs`] overrides them all.
 
-use crate::client::{CitronFs, FileHandle};
+use crate::client::CitronFs;
 use crate::error::Error;
+use crate::handles::FileHandle;
 use crate::io::{Fallocate, SeekTo};
 use proto::records::{RecordClaim, RecordKind, RecordLock};
 use proto::rpc::XattrMode;
@@ -305,7 +306,22 @@ pub trait FsBackend: Send + Sync + 'static {
     }
 }
 
-/// The file system: each method is the library call of the same name.
+/// Implements the listed [`FsBackend`] operations with [`CitronFs`]'s library call of the same
+/// name and arguments. Each signature is written once, here; the compiler checks it against
+/// the trait and against the call.
+macro_rules! library_calls {
+    ($(fn $name:ident($($arg:ident: $ty:ty),* $(,)?) -> $ret:ty;)*) => {
+        $(
+            fn $name(&self, $($arg: $ty),*) -> $ret {
+                CitronFs::$name(self, $($arg),*)
+            }
+        )*
+    };
+}
+
+/// The file system: each operation is the library call of the same name — listed through
+/// `library_calls` — except the few that are not a call as they stand (the name, the block
+/// size, the read into a thread's spare buffer).
 impl FsBackend for CitronFs {
     type ReadData<'a> = ReadBuf;
 
@@ -322,86 +338,8 @@ impl FsBackend for CitronFs {
         CitronFs::shutting_down(self)
     }
 
-    fn lookup(&self, parent: Ino, name: &str) -> Result<Attr, Error> {
-        CitronFs::lookup(self, parent, name)
-    }
-
-    fn getattr(&self, ino: Ino) -> Result<Attr, Error> {
-        CitronFs::getattr(self, ino)
-    }
-
-    fn setattr(&self, caller: Caller, ino: Ino, set: SetAttr) -> Result<Attr, Error> {
-        CitronFs::setattr(self, caller, ino, set)
-    }
-
-    fn open(&self, caller: Caller, ino: Ino, flags: i32) -> Result<FileHandle, Error> {
-        CitronFs::open(self, caller, ino, flags)
-    }
-
-    fn create(
-        &self,
-        caller: Caller,
-        parent: Ino,
-        name: &str,
-        perm: u16,
-        flags: i32,
-    ) -> Result<(Attr, FileHandle), Error> {
-        CitronFs::create(self, caller, parent, name, perm, flags)
-    }
-
-    fn release(&self, fh: FileHandle) -> Result<(), Error> {
-        CitronFs::release(self, fh)
-    }
-
     fn record_locks(&self) -> bool {
         true
-    }
-
-    fn wants_flush(&self, ino: Ino) -> bool {
-        CitronFs::wants_flush(self, ino)
-    }
-
-    fn getlk(
-        &self,
-        fh: FileHandle,
-        owner: u64,
-        start: u64,
-        end: u64,
-        kind: RecordKind,
-    ) -> Result<Option<RecordLock>, Error> {
-        CitronFs::getlk(self, fh, owner, start, end, kind)
-    }
-
-    fn setlk(
-        &self,
-        fh: FileHandle,
-        claim: RecordClaim,
-        wait: Option<&dyn Fn() -> bool>,
-    ) -> Result<(), Error> {
-        CitronFs::setlk(self, fh, claim, wait)
-    }
-
-    fn try_getlk(
-        &self,
-        fh: FileHandle,
-        owner: u64,
-        start: u64,
-        end: u64,
-        kind: RecordKind,
-    ) -> Result<Option<RecordLock>, Error> {
-        CitronFs::try_getlk(self, fh, owner, start, end, kind)
-    }
-
-    fn try_setlk(&self, fh: FileHandle, claim: RecordClaim) -> Result<(), Error> {
-        CitronFs::try_setlk(self, fh, claim)
-    }
-
-    fn release_records(&self, fh: FileHandle, owner: u64) -> Result<(), Error> {
-        CitronFs::release_records(self, fh, owner)
-    }
-
-    fn check_record_locks(&self, fh: FileHandle, owner: u64) -> Result<(), Error> {
-        CitronFs::check_record_locks(self, fh, owner)
     }
 
     fn read(&self, fh: FileHandle, offset: u64, len: usize) -> Result<ReadBuf, Error> {
@@ -410,134 +348,50 @@ impl FsBackend for CitronFs {
         Ok(buf)
     }
 
-    fn read_in_place(
-        &self,
-        fh: FileHandle,
-        offset: u64,
-        len: usize,
-        buf: &mut [u8],
-    ) -> Result<usize, Error> {
-        CitronFs::read_in_place(self, fh, offset, len, buf)
-    }
-
-    fn write_as(
-        &self,
-        fh: FileHandle,
-        offset: u64,
-        data: &[u8],
-        kill_suidgid: bool,
-    ) -> Result<usize, Error> {
-        CitronFs::write_as(self, fh, offset, data, kill_suidgid)
-    }
-
-    fn fsync(&self, fh: FileHandle) -> Result<(), Error> {
-        CitronFs::fsync(self, fh)
-    }
-
-    fn readdir(&self, ino: Ino, cookie: u64, max: u32) -> Result<Vec<DirEntry>, Error> {
-        CitronFs::readdir(self, ino, cookie, max)
-    }
-
-    fn readdirplus(&self, ino: Ino, cookie: u64, max: u32) -> Result<Vec<(DirEntry, Attr)>, Error> {
-        CitronFs::readdirplus(self, ino, cookie, max)
-    }
-
-    fn statfs(&self) -> Result<FsStats, Error> {
-        CitronFs::statfs(self)
-    }
-
-    fn unlink(&self, parent: Ino, name: &str) -> Result<(), Error> {
-        CitronFs::unlink(self, parent, name)
-    }
-
-    fn mknod(
-        &self,
-        caller: Caller,
-        parent: Ino,
-        name: &str,
-        kind: FileKind,
-        perm: u16,
-        rdev: u32,
-    ) -> Result<Attr, Error> {
-        CitronFs::mknod(self, caller, parent, name, kind, perm, rdev)
-    }
-
-    fn mkdir(&self, caller: Caller, parent: Ino, name: &str, perm: u16) -> Result<Attr, Error> {
-        CitronFs::mkdir(self, caller, parent, name, perm)
-    }
-
-    fn rmdir(&self, parent: Ino, name: &str) -> Result<(), Error> {
-        CitronFs::rmdir(self, parent, name)
-    }
-
-    fn symlink(
-        &self,
-        caller: Caller,
-        parent: Ino,
-        name: &str,
-        target: &str,
-    ) -> Result<Attr, Error> {
-        CitronFs::symlink(self, caller, parent, name, target)
-    }
-
-    fn readlink(&self, ino: Ino) -> Result<Vec<u8>, Error> {
-        CitronFs::readlink(self, ino)
-    }
-
-    fn rename(
-        &self,
-        parent: Ino,
-        name: &str,
-        new_parent: Ino,
-        new_name: &str,
-        no_replace: bool,
-    ) -> Result<(), Error> {
-        CitronFs::rename(self, parent, name, new_parent, new_name, no_replace)
-    }
-
-    fn exchange(
-        &self,
-        parent: Ino,
-        name: &str,
-        new_parent: Ino,
-        new_name: &str,
-    ) -> Result<(), Error> {
-        CitronFs::exchange(self, parent, name, new_parent, new_name)
-    }
-
-    fn link(&self, ino: Ino, new_parent: Ino, new_name: &str) -> Result<Attr, Error> {
-        CitronFs::link(self, ino, new_parent, new_name)
-    }
-
-    fn fallocate(
-        &self,
-        fh: FileHandle,
-        offset: u64,
-        len: u64,
-        how: Fallocate,
-        kill_suidgid: bool,
-    ) -> Result<(), Error> {
-        CitronFs::fallocate(self, fh, offset, len, how, kill_suidgid)
-    }
-
-    fn seek(&self, fh: FileHandle, offset: u64, to: SeekTo) -> Result<Option<u64>, Error> {
-        CitronFs::seek(self, fh, offset, to)
-    }
-
-    fn setxattr(&self, ino: Ino, name: &str, value: &[u8], mode: XattrMode) -> Result<(), Error> {
-        CitronFs::setxattr(self, ino, name, value, mode)
-    }
-
-    fn getxattr(&self, ino: Ino, name: &str) -> Result<Vec<u8>, Error> {
-        CitronFs::getxattr(self, ino, name)
-    }
-
-    fn listxattr(&self, ino: Ino) -> Result<Vec<String>, Error> {
-        CitronFs::listxattr(self, ino)
-    }
-
-    fn removexattr(&self, ino: Ino, name: &str) -> Result<(), Error> {
-        CitronFs::removexattr(self, ino, name)
+    library_calls! {
+        fn lookup(parent: Ino, name: &str) -> Result<Attr, Error>;
+        fn getattr(ino: Ino) -> Result<Attr, Error>;
+        fn setattr(caller: Caller, ino: Ino, set: SetAttr) -> Result<Attr, Error>;
+        fn open(caller: Caller, ino: Ino, flags: i32) -> Result<FileHandle, Error>;
+        fn create(caller: Caller, parent: Ino, name: &str, perm: u16, flags: i32)
+            -> Result<(Attr, FileHandle), Error>;
+        fn release(fh: FileHandle) -> Result<(), Error>;
+        fn wants_flush(ino: Ino) -> bool;
+        fn getlk(fh: FileHandle, owner: u64, start: u64, end: u64, kind: RecordKind)
+            -> Result<Option<RecordLock>, Error>;
+        fn setlk(fh: FileHandle, claim: RecordClaim, wait: Option<&dyn Fn() -> bool>)
+            -> Result<(), Error>;
+        fn try_getlk(fh: FileHandle, owner: u64, start: u64, end: u64, kind: RecordKind)
+            -> Result<Option<RecordLock>, Error>;
+        fn try_setlk(fh: FileHandle, claim: RecordClaim) -> Result<(), Error>;
+        fn release_records(fh: FileHandle, owner: u64) -> Result<(), Error>;
+        fn check_record_locks(fh: FileHandle, owner: u64) -> Result<(), Error>;
+        fn read_in_place(fh: FileHandle, offset: u64, len: usize, buf: &mut [u8])
+            -> Result<usize, Error>;
+        fn write_as(fh: FileHandle, offset: u64, data: &[u8], kill_suidgid: bool)
+            -> Result<usize, Error>;
+        fn fsync(fh: FileHandle) -> Result<(), Error>;
+        fn readdir(ino: Ino, cookie: u64, max: u32) -> Result<Vec<DirEntry>, Error>;
+        fn readdirplus(ino: Ino, cookie: u64, max: u32) -> Result<Vec<(DirEntry, Attr)>, Error>;
+        fn statfs() -> Result<FsStats, Error>;
+        fn unlink(parent: Ino, name: &str) -> Result<(), Error>;
+        fn mknod(caller: Caller, parent: Ino, name: &str, kind: FileKind, perm: u16, rdev: u32)
+            -> Result<Attr, Error>;
+        fn mkdir(caller: Caller, parent: Ino, name: &str, perm: u16) -> Result<Attr, Error>;
+        fn rmdir(parent: Ino, name: &str) -> Result<(), Error>;
+        fn symlink(caller: Caller, parent: Ino, name: &str, target: &str) -> Result<Attr, Error>;
+        fn readlink(ino: Ino) -> Result<Vec<u8>, Error>;
+        fn rename(parent: Ino, name: &str, new_parent: Ino, new_name: &str, no_replace: bool)
+            -> Result<(), Error>;
+        fn exchange(parent: Ino, name: &str, new_parent: Ino, new_name: &str) -> Result<(), Error>;
+        fn link(ino: Ino, new_parent: Ino, new_name: &str) -> Result<Attr, Error>;
+        fn fallocate(fh: FileHandle, offset: u64, len: u64, how: Fallocate, kill_suidgid: bool)
+            -> Result<(), Error>;
+        fn seek(fh: FileHandle, offset: u64, to: SeekTo) -> Result<Option<u64>, Error>;
+        fn setxattr(ino: Ino, name: &str, value: &[u8], mode: XattrMode) -> Result<(), Error>;
+        fn getxattr(ino: Ino, name: &str) -> Result<Vec<u8>, Error>;
+        fn listxattr(ino: Ino) -> Result<Vec<String>, Error>;
+        fn removexattr(ino: Ino, name: &str) -> Result<(), Error>;
     }
 }
 

@@ -8,43 +8,54 @@
 //!   only a cache of the very generation a location was learnt for may keep it.
 //! - Holes are never cached: another client may fill them at any time.
 //! - A cache holds only locations learnt under the client's current chunk epoch (the id of the
-//!   `view` that last changed): a data server that came back with new memory makes the meta
+//!   `view` that last changed, `Views::chunk_epoch`): a data server that came back with new memory makes the meta
 //!   server answer `Lost` for its chunks, and a cache from before would not know.
 //! - Every location is checked against the data server it names before it is used or cached
 //!   (the server is known, the chunk is inside its region), so a bad answer of the meta server
 //!   cannot make a verb touch memory outside a chunk.
 
-use crate::client::Inner;
 use crate::error::Error;
-use crate::handles::OpenInode;
-use crate::meta::unexpected;
+use crate::meta::{unexpected, Meta};
 use crate::plan::Geometry;
 use crate::view::View;
 use proto::rpc::{Request, Response};
-use proto::{ChunkLoc, FsError};
+use proto::{ChunkLoc, FsError, Ino};
 use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::atomic::Ordering;
-use std::sync::PoisonError;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{PoisonError, RwLock};
+
+/// The chunk locations of one open file that this client knows (see the module docs).
+pub(crate) struct ChunkCache {
+    /// The file.
+    ino: Ino,
+    /// Its locations, of one file generation.
+    known: RwLock<Known>,
+}
+
+impl ChunkCache {
+    /// An empty cache of file `ino`, for its generation `generation`.
+    pub(crate) fn new(ino: Ino, generation: u64) -> ChunkCache {
+        ChunkCache {
+            ino,
+            known: RwLock::new(Known {
+                generation,
+                epoch: 0,
+                map: HashMap::new(),
+            }),
+        }
+    }
+}
 
 /// Chunk locations of one file generation (see the module docs).
-pub(crate) struct ChunkCache {
+struct Known {
     generation: u64,
-    /// The chunk epoch (`Inner::chunk_epoch`) the locations were learnt in.
+    /// The chunk epoch (`Views::chunk_epoch`) the locations were learnt in.
     epoch: u64,
     map: HashMap<u64, ChunkLoc>,
 }
 
-impl ChunkCache {
-    /// An empty cache for file generation `generation`.
-    pub(crate) fn new(generation: u64) -> ChunkCache {
-        ChunkCache {
-            generation,
-            epoch: 0,
-            map: HashMap::new(),
-        }
-    }
-
+impl Known {
     /// Empties the cache if it is of an older generation or chunk epoch than given, and says
     /// whether it may hold locations of `generation` learnt in `epoch` now.
     fn catch_up(&mut self, generation: u64, epoch: u64) -> bool {
@@ -73,24 +84,39 @@ impl ChunkRun {
     }
 }
 
-impl Inner {
+/// Where the data path learns chunk locations: the meta connection that answers, the mount's
+/// geometry, the chunk epoch caches must be of, and the view locations are checked against.
+pub(crate) struct ChunkLocator<'a> {
+    /// Answers `ChunkMap` and `AllocateChunks`.
+    pub(crate) meta: &'a Meta,
+    /// Chunk size and lock unit.
+    pub(crate) geometry: &'a Geometry,
+    /// `Views::chunk_epoch`.
+    pub(crate) epoch: &'a AtomicU64,
+    /// The view of the call: every location must name one of its data servers.
+    pub(crate) view: &'a View,
+}
+
+impl ChunkLocator<'_> {
     /// Where chunks of bytes `[off, off + len)` live, for file generation `generation`:
     /// `result[i]` is chunk `first + i`'s location (None: a hole). With `allocate`, holes are
-    /// allocated with one `AllocateChunks` for the whole missing run.
-    pub(crate) fn chunk_locations(
+    /// allocated with one `AllocateChunks` for the whole missing run. When an allocation finds
+    /// the file's layout changed under it, `fresh_generation` reads the generation the FCB has
+    /// now, and the lookup starts over with it.
+    pub(crate) fn locate(
         &self,
-        view: &View,
-        inode: &OpenInode,
+        file: &ChunkCache,
         mut generation: u64,
         off: u64,
         len: usize,
         allocate: bool,
+        mut fresh_generation: impl FnMut() -> Result<u64, Error>,
     ) -> Result<ChunkRun, Error> {
         let chunks = self.geometry.chunks(off, len as u64);
         for _attempt in 0..3 {
             // Read before the call: a change during it leaves the answer uncached.
-            let epoch = self.chunk_epoch.load(Ordering::SeqCst);
-            let (mut locs, missing) = self.cached(inode, generation, epoch, chunks.clone());
+            let epoch = self.epoch.load(Ordering::SeqCst);
+            let (mut locs, missing) = self.cached(file, generation, epoch, chunks.clone());
             let Some((a, b)) = missing else {
                 return Ok(ChunkRun {
                     first: chunks.start,
@@ -99,14 +125,14 @@ impl Inner {
             };
             let request = if allocate {
                 Request::AllocateChunks {
-                    ino: inode.ino,
+                    ino: file.ino,
                     generation,
                     first: a,
                     count: b - a + 1,
                 }
             } else {
                 Request::ChunkMap {
-                    ino: inode.ino,
+                    ino: file.ino,
                     first: a,
                     count: b - a + 1,
                 }
@@ -117,8 +143,7 @@ impl Inner {
                 Err(Error::Fs(FsError::Stale)) if allocate => {
                     // The file's layout changed under us (unlink elsewhere): start over with
                     // the generation the FCB has now.
-                    let mut w = self.checkout()?;
-                    generation = self.read_fcb(&mut w, inode)?.generation;
+                    generation = fresh_generation()?;
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -130,7 +155,7 @@ impl Inner {
                     b - a + 1
                 )));
             }
-            let mut cache = inode.chunks.write().unwrap_or_else(PoisonError::into_inner);
+            let mut cache = file.known.write().unwrap_or_else(PoisonError::into_inner);
             // Only a cache of this very generation and epoch may learn these locations.
             let cacheable = cache.catch_up(generation, epoch);
             for (i, loc) in got.into_iter().enumerate() {
@@ -139,12 +164,12 @@ impl Inner {
                     if allocate {
                         return Err(Error::Protocol(format!(
                             "meta server allocated no chunk {c} of inode {}",
-                            inode.ino
+                            file.ino
                         )));
                     }
                     continue;
                 };
-                check_loc(view, &self.geometry, c, loc)?;
+                check_loc(self.view, self.geometry, c, loc)?;
                 if cacheable {
                     cache.map.insert(c, loc);
                 }
@@ -157,7 +182,7 @@ impl Inner {
                 locs,
             });
         }
-        Err(Error::GenerationChurn { ino: inode.ino })
+        Err(Error::GenerationChurn { ino: file.ino })
     }
 
     /// The cached locations of `chunks` for `generation` (`None` where not cached), and the
@@ -165,12 +190,12 @@ impl Inner {
     /// caller that read the FCB before a truncate) bypasses it.
     fn cached(
         &self,
-        inode: &OpenInode,
+        file: &ChunkCache,
         generation: u64,
         epoch: u64,
         chunks: Range<u64>,
     ) -> (Vec<Option<ChunkLoc>>, Option<(u64, u64)>) {
-        let lookup = |cache: &ChunkCache| {
+        let lookup = |cache: &Known| {
             let mut missing: Option<(u64, u64)> = None;
             let locs = chunks
                 .clone()
@@ -189,12 +214,12 @@ impl Inner {
             (locs, missing)
         };
         {
-            let cache = inode.chunks.read().unwrap_or_else(PoisonError::into_inner);
+            let cache = file.known.read().unwrap_or_else(PoisonError::into_inner);
             if cache.generation >= generation && cache.epoch >= epoch {
                 return lookup(&cache);
             }
         }
-        let mut cache = inode.chunks.write().unwrap_or_else(PoisonError::into_inner);
+        let mut cache = file.known.write().unwrap_or_else(PoisonError::into_inner);
         cache.catch_up(generation, epoch);
         lookup(&cache)
     }

@@ -1,22 +1,35 @@
-//! [`CitronFs`]: the client library's facade, and the state its parts share.
+//! `CitronFs`: the client library's facade, and `Inner`, the parts its calls share.
 //!
-//! `CitronFs` is the one public type; its calls are implemented next to the concept they use:
+//! `CitronFs` is the one public type. Its calls are implemented by concern, each in a module
+//! that owns no state of its own and reads top-down into the parts below it:
 //!
-//! | module | calls | owns |
+//! | module | calls |
+//! | --- | --- |
+//! | `namespace` | `lookup`, `getattr`, `setattr`, `mknod`, `create`, `open`, `release`, `mkdir`, `unlink`, `rmdir`, `rename`, `link`, `symlink`, `readlink`, `readdir`, `statfs`, xattrs |
+//! | `io` | `read`, `write`, `fallocate`, `seek`, `fsync`, truncation |
+//! | `fcntl` | `getlk`, `setlk`, `release_records`, `check_record_locks`, `wants_flush` |
+//!
+//! `Inner` holds one part per concept, each a struct with private state and a narrow API:
+//!
+//! | part | module | owns |
 //! | --- | --- | --- |
-//! | `namespace` | `lookup`, `getattr`, `setattr`, `mknod`, `create`, `mkdir`, `unlink`, `rmdir`, `rename`, `link`, `symlink`, `readlink`, `readdir`, `statfs`, xattrs | nothing: RPC wrappers over the meta connection |
-//! | `handles` | `open`, `release`, `handle_ino` | the file-handle table and the open-inode table (`Open`/`Release` pairing) |
-//! | `io` | `read`, `write`, `fsync` | the locked I/O: lock, check the lease, post verbs, release |
-//! | `records` | `getlk`, `setlk`, `release_records` | which owners may hold record (`fcntl`) locks of which files |
-//! | `workers` | — | the pool of per-thread data-path state (endpoints, batches, lock handles) |
-//! | `lock_cache` | — | a worker's range-lock handles, one per open file |
-//! | `fcb` | — | reads of a file control block and raises of its SIZE |
-//! | `chunks` | — | the per-inode cache of chunk locations |
-//! | `servers` | — | the connectors to the fabric servers (`connector_for`) and the lock server's address |
-//! | `view` | — | the cluster as this client sees it now (session, layout, connectors), replaced when a server restarts |
+//! | `Meta` | `meta` | the meta-server connection, the session and its heartbeat |
+//! | `Views` | `view` | the cluster as this client sees it now (session, layout, connectors), replaced when a server restarts; the outage bound of a call |
+//! | `HandleTable` | `handles` | the file-handle table and the open-inode table (`Open`/`Release` pairing, lingering opens) |
+//! | `WorkerPool` | `workers` | per-thread data-path state: endpoints, batches, the lease of the lock held, a `LockCache` (`lock_cache`) of range-lock handles |
+//! | `RecordOwners` | `records` | which owners hold record (`fcntl`) locks of which files |
+//! | `IoCounters` | `io_stats` | the data path's fabric round trips |
 //!
-//! This module connects (assembles `Inner` from those parts), sums lock statistics, and gives
-//! back what is still open when the client is dropped.
+//! Below the parts, without state of their own: `locked_io` (one locked I/O: acquire with the
+//! FCB words, body, release), `transfer` (the data verbs of one I/O), `fcb` (the file control
+//! block's words), `chunks` (an open file's chunk-location cache), `dentries` (one-sided
+//! lookups), `plan` (byte-range arithmetic), `locks` (how a scheme's lock is opened),
+//! `servers` (fabric connectors).
+//!
+//! `Inner`'s own methods are the few that need several parts at once: a worker of the current
+//! view (`Inner::checkout`), an open of the current session (`Inner::live_inode`), chunk
+//! locations (`Inner::chunk_locations`), and redoing an I/O after a failure
+//! (`Inner::retry`, `Inner::recover`).
 //!
 //! # Threads and state
 //!
@@ -27,79 +40,31 @@
 //! chunk cache (a `RwLock`). Everything that talks to the fabric — endpoints and range-lock
 //! handles — belongs to one worker at a time.
 
+use crate::chunks::{ChunkLocator, ChunkRun};
 use crate::error::Error;
-use crate::handles::HandleTable;
+use crate::fcb::read_fcb;
+use crate::handles::{HandleTable, OpenInode};
+use crate::io_stats::{IoCounters, IoStats};
+use crate::lock_cache::LockSetup;
 use crate::meta::{Heartbeat, Meta};
+use crate::options::MountOptions;
 use crate::plan::Geometry;
-use crate::view::View;
-use crate::workers::WorkerPool;
-use lockmgr::citron::Hosting;
+use crate::records::RecordOwners;
+use crate::view::{View, Views};
+use crate::workers::{Checkout, WorkerPool};
 use lockmgr::LockScheme;
 use lockmgr::LockStats;
 use proto::{Caller, ClusterInfo};
-use std::collections::HashMap;
-use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// How to reach a cluster and how to lock files.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MountOptions {
-    /// The meta server's RPC address (`host:port`).
-    pub meta_addr: String,
-    /// The cluster's name.
-    pub cluster: String,
-    /// The cluster's shared secret.
-    pub token: String,
-    /// The range-lock scheme of every read and write (`citron` by default).
-    pub scheme: LockScheme,
-    /// This client's host name, for the meta server's logs.
-    pub host: String,
-    /// How long connecting to a tcp fabric server and one batch of verbs may take before a
-    /// silent server (a cut link, a frozen host) fails the call with EIO instead of blocking
-    /// it ([`fabric::TcpTimeouts::DEFAULT`]: 5 s each).
-    pub fabric_timeouts: fabric::TcpTimeouts,
-    /// Where CITRON locks are acquired: by default ([`Hosting::Auto`]) at the meta server,
-    /// which hosts the lock trees, where it offers that (tcp: one call per acquisition, the
-    /// release posted, the meta server fencing and scaling up on the client's behalf), and
-    /// one-sided otherwise. [`Hosting::Never`] acquires one-sided always (tests that kill a
-    /// client in the middle of the protocol).
-    pub citron_hosting: Hosting,
-}
+/// How often one read or write is retried under a new lock after its lease ran out.
+const LEASE_RETRIES: u32 = 3;
 
-impl MountOptions {
-    /// The cluster credentials every server checks in the handshake.
-    pub fn credentials(&self) -> fabric::Credentials {
-        fabric::Credentials::new(self.cluster.clone(), self.token.clone())
-    }
-
-    /// Options for the cluster at `meta_addr` with the default scheme (`citron`).
-    pub fn new(
-        meta_addr: impl Into<String>,
-        cluster: impl Into<String>,
-        token: impl Into<String>,
-    ) -> MountOptions {
-        MountOptions {
-            meta_addr: meta_addr.into(),
-            cluster: cluster.into(),
-            token: token.into(),
-            scheme: LockScheme::default(),
-            host: hostname(),
-            fabric_timeouts: fabric::TcpTimeouts::DEFAULT,
-            citron_hosting: Hosting::Auto,
-        }
-    }
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_else(|_| "localhost".into())
-}
-
-/// A file handle returned by [`CitronFs::open`] and [`CitronFs::create`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct FileHandle(pub u64);
+/// The pause before the first redo after a failure below the file system; the pauses double
+/// up to half a second, within the call's bound (`view::DATA_SERVER_WAIT`).
+const FIRST_PAUSE: Duration = Duration::from_millis(20);
 
 /// A connected CitronFS client. `Send + Sync`: share it (in an `Arc`) between threads.
 pub struct CitronFs {
@@ -108,40 +73,25 @@ pub struct CitronFs {
 }
 
 /// What every call shares: fixed facts about the cluster, set at connect, and one part per
-/// concept (each documented in its module).
+/// concept (see the module docs).
 pub(crate) struct Inner {
     /// The meta-server connection (namespace calls, opens, chunk allocation, fences).
     pub(crate) meta: Arc<Meta>,
-    /// How much of a lock's lease must be left to post data verbs (twice the cluster's
-    /// `fence_after`; see `io`'s `check_lease_before_post`).
-    pub(crate) lease_guard: Duration,
     /// Chunk size and lock unit: fixed for the life of the mount (a meta server that comes
     /// back with others is refused).
     pub(crate) geometry: Geometry,
+    /// The range-lock scheme of every read and write.
     pub(crate) scheme: LockScheme,
-    /// How this client was asked to connect (for reconnections).
-    pub(crate) opts: MountOptions,
-    /// The cluster as this client sees it now: session, layout, connectors (`view`).
-    pub(crate) view: RwLock<Arc<View>>,
-    /// Serializes building new views.
-    pub(crate) view_refresh: Mutex<()>,
-    /// The installed view's id: a worker whose view has it (and is still current, see
-    /// `view`) is used without touching `view`'s lock or count.
-    pub(crate) view_id: AtomicU64,
-    /// The view id chunk caches must be of: a cache learnt under an older view is emptied
-    /// (`chunks`), since a data server may have lost its chunks meanwhile.
-    pub(crate) chunk_epoch: AtomicU64,
+    /// The cluster as this client sees it now.
+    pub(crate) views: Views,
     /// File handles and the inodes open on this client.
     pub(crate) files: Arc<HandleTable>,
     /// The per-thread data-path state.
     pub(crate) pool: WorkerPool,
     /// The data path's fabric traffic ([`CitronFs::io_stats`]).
-    pub(crate) io: crate::io::IoCounters,
-    /// Which owners may hold record locks of which files (`records`).
-    pub(crate) records: Arc<crate::records::RecordOwners>,
-    /// Since when each data server that a call found unregistered has been away, by id
-    /// (`view`'s [`Inner::data_deadline`]); a view that has it live again clears it.
-    pub(crate) data_away: Mutex<HashMap<u32, Instant>>,
+    pub(crate) io: IoCounters,
+    /// Which owners may hold record locks of which files.
+    pub(crate) records: Arc<RecordOwners>,
 }
 
 impl CitronFs {
@@ -151,7 +101,7 @@ impl CitronFs {
     pub fn connect(opts: MountOptions) -> Result<CitronFs, Error> {
         let (meta, info) = Meta::connect(&opts.meta_addr, &opts.cluster, &opts.token, &opts.host)?;
         let meta = Arc::new(meta);
-        let files = Arc::new(HandleTable::default());
+        let files = Arc::new(HandleTable::new(opts.scheme));
         meta.set_riders(files.clone());
         let geometry = Geometry::new(info.chunk_size, info.lock_unit)?;
         // Often enough for the session lease, and for a fence (which revokes sessions silent
@@ -163,21 +113,23 @@ impl CitronFs {
         )?;
         let lease_guard = 2 * Duration::from_millis(info.fence_after_ms);
         let view = View::first(info, &opts)?;
-        let inner = Arc::new(Inner {
+        let pool = WorkerPool::new(
+            LockSetup {
+                scheme: opts.scheme,
+                hosting: opts.citron_hosting,
+                meta: meta.clone(),
+            },
             lease_guard,
-            meta,
+        );
+        let inner = Arc::new(Inner {
+            meta: meta.clone(),
             geometry,
             scheme: opts.scheme,
-            chunk_epoch: AtomicU64::new(view.id),
-            view_id: AtomicU64::new(view.id),
-            view: RwLock::new(Arc::new(view)),
-            view_refresh: Mutex::new(()),
-            opts,
+            views: Views::new(meta, opts, geometry, view),
             files,
-            pool: WorkerPool::default(),
-            io: crate::io::IoCounters::default(),
+            pool,
+            io: IoCounters::default(),
             records: Arc::default(),
-            data_away: Mutex::default(),
         });
         inner.meta.on_new_session(inner.records.clone());
         // Open one worker now so that a fabric that cannot be reached fails the connect.
@@ -197,19 +149,14 @@ impl CitronFs {
 
     /// The fabric round trips of this client's locked I/Os so far (reads, writes, fallocate,
     /// truncate): all of them, and those of the range lock. Counted as each I/O finishes.
-    pub fn io_stats(&self) -> crate::io::IoStats {
+    pub fn io_stats(&self) -> IoStats {
         self.inner.io.snapshot()
     }
 
     /// What the meta server told this client about the cluster, as of this client's current
     /// view (a reconnection or a change of the data servers brings a newer one).
     pub fn cluster(&self) -> ClusterInfo {
-        self.inner
-            .view
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .info
-            .clone()
+        self.inner.views.installed().info.clone()
     }
 
     /// Whether this client's connection to the meta server runs over the server's local Unix
@@ -254,6 +201,133 @@ impl CitronFs {
                 gid: libc::getegid(),
             }
         }
+    }
+}
+
+impl Inner {
+    /// A worker for one call, of the current view ([`WorkerPool::checkout`]).
+    pub(crate) fn checkout(&self) -> Result<Checkout<'_>, Error> {
+        self.pool.checkout(&self.views, &self.files)
+    }
+
+    /// `inode` as open in `view`'s session: itself, or reopened if it was opened in an earlier
+    /// session, which a restart of the meta server ended (`view`'s invariants: file control
+    /// blocks and lock states live in the meta server's region, laid out afresh by a restart).
+    pub(crate) fn live_inode(
+        &self,
+        inode: &Arc<OpenInode>,
+        view: &View,
+    ) -> Result<Arc<OpenInode>, Error> {
+        // A closed inode still in use was replaced by a reopen (`reopen_foreign`): the table
+        // has the open to use now.
+        if inode.session == view.session() && !inode.closed.load(Ordering::Relaxed) {
+            return Ok(inode.clone());
+        }
+        self.files.reopen(&self.meta, inode.ino, view)
+    }
+
+    /// Where chunks of bytes `[off, off + len)` of `inode` live, for file generation
+    /// `generation` ([`ChunkLocator::locate`]); with `allocate`, holes are allocated. A file
+    /// whose layout changed under an allocation has its FCB read again on a worker of its own.
+    pub(crate) fn chunk_locations(
+        &self,
+        view: &View,
+        inode: &OpenInode,
+        generation: u64,
+        off: u64,
+        len: usize,
+        allocate: bool,
+    ) -> Result<ChunkRun, Error> {
+        let locator = ChunkLocator {
+            meta: &self.meta,
+            geometry: &self.geometry,
+            epoch: self.views.chunk_epoch(),
+            view,
+        };
+        locator.locate(&inode.chunks, generation, off, len, allocate, || {
+            let mut w = self.checkout()?;
+            Ok(read_fcb(&mut w, inode)?.generation)
+        })
+    }
+
+    /// Runs `op` (one whole locked read or write) again when its lock's lease ran out before
+    /// its verbs were done, up to [`LEASE_RETRIES`] times: a stalled client gets a fresh lock
+    /// rather than an error, and only one that keeps stalling sees EIO. With `redo`, also after
+    /// a failure below the file system, once the client has caught up with the cluster, until
+    /// the call's bound runs out ([`Views::data_deadline`]: `DATA_SERVER_WAIT` after
+    /// `started`, when the call began; see the module docs). No attempt starts after it; one
+    /// that finds a data server still away in an outage older than the bound fails once the
+    /// client has caught up (`recover`), without waiting.
+    pub(crate) fn retry<T>(
+        &self,
+        started: Instant,
+        redo: bool,
+        mut op: impl FnMut() -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        let mut lease_retries = 0;
+        let mut recoveries = 0;
+        let mut pause = FIRST_PAUSE;
+        loop {
+            // An atomic load: the session's id sits behind a mutex, and this runs every I/O.
+            let generation = self.meta.generation();
+            match op() {
+                // Fenced: the fabric servers refuse this session's verbs for good (a lock it
+                // held was broken while it was stopped or cut off). This I/O fails — its verbs
+                // may have landed in part before the fence — and the client joins again in a
+                // new session for the next ones, unless it has already.
+                Err(e) if e.is_fenced() => {
+                    self.meta.session_ended(generation);
+                    return Err(e);
+                }
+                Err(Error::LeaseLost) if lease_retries < LEASE_RETRIES => {
+                    lease_retries += 1;
+                    tracing::warn!(
+                        attempt = lease_retries,
+                        "range lock lease ran out mid-I/O; retrying under a new lock"
+                    );
+                }
+                // Not once the client is going away (`CitronFs::shutting_down`): a cluster
+                // that died with the process that started it would hold every request in
+                // flight at the unmount for the whole budget, one after another per worker.
+                Err(e)
+                    if redo
+                        && e.is_transient()
+                        && !self.meta.is_closing()
+                        && Instant::now() < self.views.data_deadline(started, None) =>
+                {
+                    recoveries += 1;
+                    tracing::warn!(
+                        attempt = recoveries,
+                        error = %crate::error::Chain(&e),
+                        "I/O failed below the file system; catching up with the cluster and \
+                         redoing it"
+                    );
+                    if recoveries > 1 {
+                        let left = self
+                            .views
+                            .data_deadline(started, None)
+                            .saturating_duration_since(Instant::now());
+                        std::thread::sleep(pause.min(left));
+                        pause = (pause * 2).min(Duration::from_millis(500));
+                    }
+                    self.recover(e, started)?;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Catches up with the cluster after `failure` ([`Views::recover`]); a file control block
+    /// found to be another file's is mended by opening the file anew
+    /// ([`HandleTable::reopen_foreign`]), whose new block must then be the file's.
+    pub(crate) fn recover(&self, failure: Error, started: Instant) -> Result<Arc<View>, Error> {
+        self.views.recover(failure, started, |ino, fcb, view| {
+            self.files
+                .reopen_foreign(&self.meta, ino, fcb, view, |inode| {
+                    let mut w = self.checkout()?;
+                    read_fcb(&mut w, inode).map(drop)
+                })
+        })
     }
 }
 

@@ -13,9 +13,9 @@
 //!   lookup that begins after a change was answered sees that change (or a newer one): never
 //!   staler than an RPC issued at the same moment.
 
-use crate::client::Inner;
 use crate::error::Error;
 use crate::fcb::{live_slot_attr, read_slots};
+use crate::workers::Worker;
 use proto::dentries::Answer;
 use proto::{Attr, FileKind, Ino};
 
@@ -30,45 +30,38 @@ pub(crate) enum OneSided {
     Unknown,
 }
 
-impl Inner {
-    /// Looks `name` up in `parent` one-sidedly: one round trip reads the entry's slot and the
-    /// parent's attributes, a second the inode's attributes when found (a third, its FCB, when
-    /// it is open somewhere). `.` and `..` are not in the table: always `Unknown`.
-    pub(crate) fn lookup_one_sided(&self, parent: Ino, name: &str) -> Result<OneSided, Error> {
-        if proto::rpc::is_dot(name) {
-            return Ok(OneSided::Unknown);
+/// Looks `name` up in `parent` one-sidedly: one round trip reads the entry's slot and the
+/// parent's attributes, a second the inode's attributes when found (a third, its FCB, when
+/// it is open somewhere). `.` and `..` are not in the table: the caller asks the meta server.
+pub(crate) fn lookup_one_sided(w: &mut Worker, parent: Ino, name: &str) -> Result<OneSided, Error> {
+    let (Some(attrs), Some(entries)) = (w.view.info.attr_table, w.view.info.dentry_table) else {
+        return Ok(OneSided::Unknown);
+    };
+    w.batch.clear();
+    let entry = w.batch.read(
+        entries.slot_addr(entries.slot_of(parent, name)),
+        proto::dentries::SLOT_BYTES as usize,
+    );
+    let dir = w
+        .batch
+        .read(attrs.slot_addr(parent), proto::attrs::SLOT_BYTES as usize);
+    w.exec_meta()?;
+    let answer = proto::dentries::decode(w.out.bytes(entry))
+        .map_or(Answer::Unknown, |slot| slot.answer(parent, name));
+    let is_dir = proto::attrs::decode(w.out.bytes(dir), parent)
+        .is_some_and(|slot| slot.attr.kind == FileKind::Dir);
+    match answer {
+        Answer::Found(ino) => {
+            let [slot] = read_slots(w, &attrs, [ino])?;
+            let Some(slot) = slot else {
+                return Ok(OneSided::Unknown);
+            };
+            Ok(match live_slot_attr(w, &attrs, slot)? {
+                Some(attr) => OneSided::Found(attr),
+                None => OneSided::Unknown,
+            })
         }
-        let mut w = self.checkout()?;
-        let (Some(attrs), Some(entries)) = (w.view.info.attr_table, w.view.info.dentry_table)
-        else {
-            return Ok(OneSided::Unknown);
-        };
-        w.batch.clear();
-        let entry = w.batch.read(
-            entries.slot_addr(entries.slot_of(parent, name)),
-            proto::dentries::SLOT_BYTES as usize,
-        );
-        let dir = w
-            .batch
-            .read(attrs.slot_addr(parent), proto::attrs::SLOT_BYTES as usize);
-        w.exec_meta()?;
-        let answer = proto::dentries::decode(w.out.bytes(entry))
-            .map_or(Answer::Unknown, |slot| slot.answer(parent, name));
-        let is_dir = proto::attrs::decode(w.out.bytes(dir), parent)
-            .is_some_and(|slot| slot.attr.kind == FileKind::Dir);
-        match answer {
-            Answer::Found(ino) => {
-                let [slot] = read_slots(&mut w, &attrs, [ino])?;
-                let Some(slot) = slot else {
-                    return Ok(OneSided::Unknown);
-                };
-                Ok(match live_slot_attr(&mut w, &attrs, slot)? {
-                    Some(attr) => OneSided::Found(attr),
-                    None => OneSided::Unknown,
-                })
-            }
-            Answer::Absent if is_dir => Ok(OneSided::Absent),
-            Answer::Absent | Answer::Unknown => Ok(OneSided::Unknown),
-        }
+        Answer::Absent if is_dir => Ok(OneSided::Absent),
+        Answer::Absent | Answer::Unknown => Ok(OneSided::Unknown),
     }
 }

@@ -142,7 +142,7 @@ pub enum Error {
         ino: Ino,
     },
     /// A data server an I/O needs stayed unregistered (down, or cut off from the meta server)
-    /// for the whole wait (`view`'s `Inner::data_deadline`).
+    /// for the whole wait (`view`'s `Views::data_deadline`).
     #[error(
         "data server {server} is not connected to the cluster (waited {waited:?} for it, in this \
          call or since this client first found it away)"

@@ -3,9 +3,9 @@
 //!
 //! Invariants:
 //! - SIZE is the truth about a file's size while it is open anywhere: writers of every client
-//!   raise it one-sidedly, and only upward, with a CAS ([`Inner::raise_size`]) while they hold
+//!   raise it one-sidedly, and only upward, with a CAS ([`raise_size`]) while they hold
 //!   the range lock of their write; the meta server persists it on release, fsync and truncate.
-//!   Attributes of an open file therefore take their size from here ([`Inner::fresh_size`]).
+//!   Attributes of an open file therefore take their size from here (`CitronFs::fresh_size`).
 //! - MTIME (the latest data change) is raised by every write and fallocate, with a CAS from the
 //!   value read in the acquisition ([`FcbReads`]) to the write's start time ([`MtimeRaise`]),
 //!   in a round trip the I/O waits for anyway: at the head of its range lock's release batch
@@ -17,7 +17,7 @@
 //!   them, before the release: under the lock the order of the two does not matter (no reader
 //!   of the range gets the lock before the release, and one of another range does not read
 //!   these bytes), and a CAS that found another writer's smaller raise is redone before the
-//!   release ([`Inner::finish_fcb_raises`]).
+//!   release ([`finish_fcb_raises`]).
 //! - Each word is read atomically; SIZE and GENERATION are read in one round trip but are two
 //!   words, so a reader that needs them consistent holds the range lock that a truncate would
 //!   need (every read and write does).
@@ -28,14 +28,13 @@
 //!   in the lock's granting batch, [`FcbReads`]), so a wrong FCB costs an error, never a
 //!   write, and an open costs no round trip of its own to check it.
 
-use crate::client::Inner;
 use crate::error::Error;
 use crate::handles::OpenInode;
+use crate::meta::Meta;
 use crate::workers::Worker;
 use fabric::{AtomicHandle, Batch, Completions, ReadHandle};
 use proto::attrs::{AttrSlot, AttrTableRef};
-use proto::{fcb, Attr, FileKind, FsError, Ino};
-use std::time::Instant;
+use proto::{fcb, Attr, Ino};
 
 /// Reads the slots of `inos` in one round trip; each is `None` unless whole and its inode's.
 pub(crate) fn read_slots<const N: usize>(
@@ -82,7 +81,7 @@ pub(crate) fn live_slot_attr(
 }
 
 /// The FCB words read in one verb ([`FcbReads`]): by a locked I/O in the batch that granted
-/// its range lock, or alone ([`Inner::read_fcb`]).
+/// its range lock, or alone ([`read_fcb`]).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Fcb {
     /// INO: whose FCB this is ([`check_owner`]).
@@ -163,7 +162,7 @@ impl FcbReads {
 /// `lockmgr::RangeLock::release_with`, or [`FcbRaises`] beside its data), so a reader that
 /// locks after the release sees it, without a round trip of its own. MTIME is not guarded by
 /// the range lock (writers of other ranges raise it too), so the CAS may find another value:
-/// [`Inner::finish_mtime_raise`] then retries, and never lowers it.
+/// [`finish_mtime_raise`] then retries, and never lowers it.
 pub(crate) struct MtimeRaise {
     cas: AtomicHandle,
     expected: u64,
@@ -191,8 +190,8 @@ impl MtimeRaise {
 /// on the meta endpoint, the worker's own (`Worker::raises`): SIZE to the write's end when it
 /// extends the file, and MTIME to its start time when the release cannot carry that raise for
 /// free (`lockmgr::RangeLock::release_carries_verbs`). A write sends the batch beside its data
-/// batches (`io`'s `exec_data_round`), so the raises cost no round trip in sequence of their
-/// own; [`Inner::finish_fcb_raises`] then redoes a CAS that lost to another client, still
+/// batches (`transfer`'s `exec_data_round`), so the raises cost no round trip in sequence of their
+/// own; [`finish_fcb_raises`] then redoes a CAS that lost to another client, still
 /// under the lock.
 pub(crate) struct FcbRaises {
     /// SIZE's CAS, from the SIZE the acquisition read to the end of the write.
@@ -236,155 +235,119 @@ impl FcbRaises {
     }
 }
 
-impl Inner {
-    /// `ino`'s attributes read one-sidedly from the meta server's attribute table
-    /// (`proto::attrs`): one read of its slot and, when the file is open on some client, one
-    /// of its FCB's INO and SIZE words (the size's truth while open). `None` — no table, a
-    /// slot of another inode or empty, a torn read, an FCB no longer the file's — sends the
-    /// caller to the RPC; an error is a failure of the meta region's fabric.
-    pub(crate) fn attr_one_sided(&self, ino: Ino) -> Result<Option<Attr>, Error> {
-        let mut w = self.checkout()?;
-        let Some(table) = w.view.info.attr_table else {
-            return Ok(None);
-        };
-        let [slot] = read_slots(&mut w, &table, [ino])?;
-        match slot {
-            Some(slot) => live_slot_attr(&mut w, &table, slot),
-            None => Ok(None),
-        }
+/// `ino`'s attributes read one-sidedly from the meta server's attribute table
+/// (`proto::attrs`): one read of its slot and, when the file is open on some client, one
+/// of its FCB's INO and SIZE words (the size's truth while open). `None` — no table, a
+/// slot of another inode or empty, a torn read, an FCB no longer the file's — sends the
+/// caller to the RPC; an error is a failure of the meta region's fabric.
+pub(crate) fn attr_one_sided(w: &mut Worker, ino: Ino) -> Result<Option<Attr>, Error> {
+    let Some(table) = w.view.info.attr_table else {
+        return Ok(None);
+    };
+    let [slot] = read_slots(w, &table, [ino])?;
+    match slot {
+        Some(slot) => live_slot_attr(w, &table, slot),
+        None => Ok(None),
     }
+}
 
-    /// Reads the FCB's words outside a lock acquisition ([`FcbReads`] in a batch of its own on
-    /// the worker's meta endpoint: one round trip), refused unless it is `inode`'s
-    /// ([`check_owner`]). Each word is read atomically, but not the words together: a reader
-    /// that needs two of them consistent holds the range lock a change of both would need.
-    pub(crate) fn read_fcb(&self, w: &mut Worker, inode: &OpenInode) -> Result<Fcb, Error> {
+/// Reads the FCB's words outside a lock acquisition ([`FcbReads`] in a batch of its own on
+/// the worker's meta endpoint: one round trip), refused unless it is `inode`'s
+/// ([`check_owner`]). Each word is read atomically, but not the words together: a reader
+/// that needs two of them consistent holds the range lock a change of both would need.
+pub(crate) fn read_fcb(w: &mut Worker, inode: &OpenInode) -> Result<Fcb, Error> {
+    w.batch.clear();
+    let reads = FcbReads::post(&mut w.batch, inode);
+    w.exec_meta()?;
+    let found = reads.decode(&w.out);
+    check_owner(inode, found.ino)?;
+    Ok(found)
+}
+
+/// Completes an MTIME raise whose CAS executed with results `out`: when another client
+/// moved MTIME meanwhile to a time before ours, CAS again from what it found (one round
+/// trip each, rare); a later time is left as it is.
+pub(crate) fn finish_mtime_raise(
+    w: &mut Worker,
+    inode: &OpenInode,
+    raise: &MtimeRaise,
+    out: &Completions,
+) -> Result<(), Error> {
+    let mut old = out.old(raise.cas);
+    let mut expected = raise.expected;
+    while old != expected && old < raise.now_ns {
+        expected = old;
         w.batch.clear();
-        let reads = FcbReads::post(&mut w.batch, inode);
+        let cas = w
+            .batch
+            .cas(inode.fcb.add(fcb::MTIME), expected, raise.now_ns);
         w.exec_meta()?;
-        let found = reads.decode(&w.out);
-        check_owner(inode, found.ino)?;
-        Ok(found)
+        old = w.out.old(cas);
     }
+    Ok(())
+}
 
-    /// Completes an MTIME raise whose CAS executed with results `out`: when another client
-    /// moved MTIME meanwhile to a time before ours, CAS again from what it found (one round
-    /// trip each, rare); a later time is left as it is.
-    pub(crate) fn finish_mtime_raise(
-        &self,
-        w: &mut Worker,
-        inode: &OpenInode,
-        raise: &MtimeRaise,
-        out: &Completions,
-    ) -> Result<(), Error> {
-        let mut old = out.old(raise.cas);
-        let mut expected = raise.expected;
-        while old != expected && old < raise.now_ns {
-            expected = old;
-            w.batch.clear();
-            let cas = w
-                .batch
-                .cas(inode.fcb.add(fcb::MTIME), expected, raise.now_ns);
-            w.exec_meta()?;
-            old = w.out.old(cas);
-        }
-        Ok(())
+/// Completes `raises`, whose batch executed (its results in `w.raises_out`), still under
+/// the range lock: a SIZE CAS that found another writer's smaller raise is redone from
+/// what it found (one round trip each, within the lease), so a reader that locks after the
+/// release finds the size at or beyond this write's end; an MTIME CAS that lost is redone
+/// as [`finish_mtime_raise`] does. A raised size lives in the meta server's memory
+/// until an fsync or close: noted as unsynced.
+pub(crate) fn finish_fcb_raises(
+    meta: &Meta,
+    w: &mut Worker,
+    inode: &OpenInode,
+    raises: &FcbRaises,
+) -> Result<(), Error> {
+    // The retries use the worker's main batch; the raises' results are set aside meanwhile.
+    let out = std::mem::take(&mut w.raises_out);
+    let finished = finish_with(w, inode, raises, &out);
+    w.raises_out = out;
+    finished?;
+    if raises.size.is_some() {
+        meta.note_unsynced(w.view.generation);
     }
+    Ok(())
+}
 
-    /// Completes `raises`, whose batch executed (its results in `w.raises_out`), still under
-    /// the range lock: a SIZE CAS that found another writer's smaller raise is redone from
-    /// what it found (one round trip each, within the lease), so a reader that locks after the
-    /// release finds the size at or beyond this write's end; an MTIME CAS that lost is redone
-    /// as [`Inner::finish_mtime_raise`] does. A raised size lives in the meta server's memory
-    /// until an fsync or close: noted as unsynced.
-    pub(crate) fn finish_fcb_raises(
-        &self,
-        w: &mut Worker,
-        inode: &OpenInode,
-        raises: &FcbRaises,
-    ) -> Result<(), Error> {
-        // The retries use the worker's main batch; the raises' results are set aside meanwhile.
-        let out = std::mem::take(&mut w.raises_out);
-        let finished = self.finish_with(w, inode, raises, &out);
-        w.raises_out = out;
-        finished?;
-        if raises.size.is_some() {
-            self.meta.note_unsynced(w.view.generation);
+/// [`finish_fcb_raises`]' work, with the raises' results set aside in `out`.
+fn finish_with(
+    w: &mut Worker,
+    inode: &OpenInode,
+    raises: &FcbRaises,
+    out: &Completions,
+) -> Result<(), Error> {
+    if let Some(size) = &raises.size {
+        let old = out.old(size.cas);
+        if old != size.seen {
+            raise_size(w, inode, old, size.end)?;
         }
-        Ok(())
     }
+    match &raises.mtime {
+        Some(mtime) => finish_mtime_raise(w, inode, mtime, out),
+        None => Ok(()),
+    }
+}
 
-    fn finish_with(
-        &self,
-        w: &mut Worker,
-        inode: &OpenInode,
-        raises: &FcbRaises,
-        out: &Completions,
-    ) -> Result<(), Error> {
-        if let Some(size) = &raises.size {
-            let old = out.old(size.cas);
-            if old != size.seen {
-                self.raise_size(w, inode, old, size.end)?;
-            }
+/// Raises SIZE to `end` unless it is there already (CAS loop from `seen`). Called under the
+/// write's range lock: each CAS is posted only within the lock's lease.
+pub(crate) fn raise_size(
+    w: &mut Worker,
+    inode: &OpenInode,
+    mut seen: u64,
+    end: u64,
+) -> Result<(), Error> {
+    let addr = inode.fcb.add(fcb::SIZE);
+    while end > seen {
+        w.check_lease_before_post()?;
+        w.batch.clear();
+        let h = w.batch.cas(addr, seen, end);
+        w.exec_meta()?;
+        let old = w.out.old(h);
+        if old == seen {
+            break;
         }
-        match &raises.mtime {
-            Some(mtime) => self.finish_mtime_raise(w, inode, mtime, out),
-            None => Ok(()),
-        }
+        seen = old;
     }
-
-    /// Raises SIZE to `end` unless it is there already (CAS loop from `seen`). Called under the
-    /// write's range lock: each CAS is posted only within the lock's lease.
-    pub(crate) fn raise_size(
-        &self,
-        w: &mut Worker,
-        inode: &OpenInode,
-        mut seen: u64,
-        end: u64,
-    ) -> Result<(), Error> {
-        let addr = inode.fcb.add(fcb::SIZE);
-        while end > seen {
-            self.check_lease_before_post(w)?;
-            w.batch.clear();
-            let h = w.batch.cas(addr, seen, end);
-            w.exec_meta()?;
-            let old = w.out.old(h);
-            if old == seen {
-                break;
-            }
-            seen = old;
-        }
-        Ok(())
-    }
-
-    /// For a file open here, corrects the attributes with the FCB (`proto::fcb::live`: its
-    /// SIZE and MTIME are the truth, updated one-sidedly by writers of every client). Read as
-    /// the data path reads (`Inner::retry`): a client behind a meta server restart catches up
-    /// and reads again, rather than failing a stat.
-    pub(crate) fn fresh_size(&self, attr: Attr) -> Result<Attr, Error> {
-        let started = Instant::now();
-        if attr.kind != FileKind::File {
-            return Ok(attr);
-        }
-        // Pinned: a release of the open cannot ride on another thread's call while the FCB
-        // is read (the meta server would free the block, and another file take it).
-        let Some(open) = self.pin_open(attr.ino) else {
-            return Ok(attr);
-        };
-        let found = self.retry(started, true, || {
-            let mut w = self.checkout()?;
-            let inode = match self.live_inode(&open, &w.view) {
-                // Closed here meanwhile (a lingering open that a new session ended):
-                // the attributes as read are the file's.
-                Err(Error::Fs(FsError::Stale)) => return Ok(None),
-                inode => inode?,
-            };
-            self.read_fcb(&mut w, &inode).map(Some)
-        });
-        self.unpin_open(attr.ino);
-        Ok(match found? {
-            Some(found) => fcb::live(attr, found.size, found.mtime),
-            None => attr,
-        })
-    }
+    Ok(())
 }

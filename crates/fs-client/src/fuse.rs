@@ -93,8 +93,8 @@
 //! SIGINT or SIGTERM (or an external unmount), for command-line use.
 
 use crate::backend::FsBackend;
-use crate::client::FileHandle as Fh;
 use crate::error::{Chain, Error};
+use crate::handles::FileHandle as Fh;
 use crate::io::{Fallocate, SeekTo};
 use crate::metrics::{FuseMetrics, FuseOp, OpTimer};
 use fuser::{

@@ -1,4 +1,5 @@
-//! File handles and the inodes open on this client: [`CitronFs::open`], [`CitronFs::release`].
+//! File handles and the inodes open on this client ([`HandleTable`]), what `CitronFs::open`,
+//! `CitronFs::create` and `CitronFs::release` change.
 //!
 //! Owns two tables ([`HandleTable`]):
 //! - the open inodes, each with its handle count: the first open of an inode by this client
@@ -25,25 +26,29 @@
 //!
 //! An open belongs to the meta session that made it (`OpenInode::session`): after a
 //! reconnection (a meta server restart) the data path reopens the inode in the new session
-//! before using it ([`Inner::reopen`], called by `view`'s `live_inode`), replacing the table's
+//! before using it ([`HandleTable::reopen`], called by the client's `live_inode`), replacing the table's
 //! entry and every handle's reference to it; a last close sends `Release` only in the session
 //! that holds the open.
 //!
 //! Closing bumps a *close epoch*: workers compare it at checkout and drop the lock handles of
 //! closed files then (`lock_cache`), without taking the open-inode mutex (a checkout happens
-//! while it is held, in [`Inner::open_inode`]).
+//! while it is held, in [`HandleTable::open_inode`]).
 
 use crate::chunks::ChunkCache;
-use crate::client::{CitronFs, FileHandle, Inner};
 use crate::error::Error;
-use crate::meta::{unexpected, Riders};
+use crate::meta::{unexpected, Meta, Riders};
+use crate::view::View;
 use fabric::RemoteAddr;
-use lockmgr::LockRef;
+use lockmgr::{LockRef, LockScheme};
 use proto::rpc::{Request, Response};
-use proto::{Caller, FsError, Ino, SetAttr};
+use proto::{Caller, FsError, Ino};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock};
+
+/// A file handle returned by `CitronFs::open` and `CitronFs::create`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FileHandle(pub u64);
 
 /// The file-handle and open-inode tables (see the module docs).
 pub(crate) struct HandleTable {
@@ -56,6 +61,8 @@ pub(crate) struct HandleTable {
     next_open_id: AtomicU64,
     /// Bumped at every last close: workers then drop lock handles of closed files.
     close_epoch: AtomicU64,
+    /// The lock scheme every `Open` asks for (the mount's).
+    scheme: LockScheme,
 }
 
 /// The open-inode table.
@@ -69,7 +76,7 @@ struct OpenInodes {
     creates: usize,
     /// The inodes whose release a call carried while a `Create` was in flight (emptied when
     /// none is): a `Create` answered for one of them had its open ended by that release
-    /// ([`Inner::adopt_open`]).
+    /// ([`HandleTable::adopt_open`]).
     released_while_creating: HashSet<Ino>,
 }
 
@@ -83,8 +90,8 @@ impl OpenInodes {
     }
 }
 
-/// A `Create` in flight ([`Inner::creating`]), counted in the open-inode table until it is
-/// adopted ([`Inner::adopt_open`]) or dropped (the call failed).
+/// A `Create` in flight ([`HandleTable::creating`]), counted in the open-inode table until it is
+/// adopted ([`HandleTable::adopt_open`]) or dropped (the call failed).
 pub(crate) struct Creating<'a> {
     files: &'a HandleTable,
     /// Counted out already (by `adopt_open`).
@@ -99,8 +106,9 @@ impl Drop for Creating<'_> {
     }
 }
 
-impl Default for HandleTable {
-    fn default() -> Self {
+impl HandleTable {
+    /// Empty tables of a mount whose files are locked with `scheme`.
+    pub(crate) fn new(scheme: LockScheme) -> HandleTable {
         HandleTable {
             open: Mutex::new(OpenInodes::default()),
             settled: Condvar::new(),
@@ -108,11 +116,10 @@ impl Default for HandleTable {
             next_fh: AtomicU64::new(1),
             next_open_id: AtomicU64::new(1),
             close_epoch: AtomicU64::new(0),
+            scheme,
         }
     }
-}
 
-impl HandleTable {
     /// How many last closes this client has seen (see the module docs).
     pub(crate) fn close_epoch(&self) -> u64 {
         self.close_epoch.load(Ordering::Relaxed)
@@ -163,12 +170,12 @@ struct OpenEntry {
     busy: bool,
     /// Where the release of a closed inode (no handles) stands.
     linger: Linger,
-    /// Readers of the FCB right now ([`Inner::pin_open`]): while any, a queued release is not
+    /// Readers of the FCB right now ([`HandleTable::pin_open`]): while any, a queued release is not
     /// handed to a call (it stays queued for a later one).
     pins: usize,
 }
 
-/// Whether an open found this client holding the inode already ([`Inner::open_inode_first`]).
+/// Whether an open found this client holding the inode already ([`HandleTable::open_inode_first`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum FirstOpen {
     /// It had handles on it.
@@ -279,7 +286,8 @@ pub(crate) struct OpenInode {
     pub(crate) fcb: RemoteAddr,
     /// The file's lock state in the meta region (what `locks::open_file_lock` opens).
     pub(crate) lock: LockRef,
-    pub(crate) chunks: RwLock<ChunkCache>,
+    /// Where its chunks live, as far as this client knows.
+    pub(crate) chunks: ChunkCache,
     /// Set at the last close: workers drop their lock handles on it.
     pub(crate) closed: AtomicBool,
 }
@@ -293,81 +301,7 @@ pub(crate) struct Handle {
     pub(crate) flags: i32,
 }
 
-impl CitronFs {
-    /// Opens regular file `ino` for I/O. `flags` are open(2) flags: `O_TRUNC` truncates (under
-    /// the whole-file lock), `O_APPEND` makes every write go to the current end of the file
-    /// (under the whole-file lock, so appends of all clients serialize). The first open of an
-    /// inode by this client sends `Open` to the meta server; the last release sends `Release`.
-    ///
-    /// An open for writing (or creating) of an inode that has no name any more (unlinked, kept
-    /// by opens) and on which this client holds no handle is `Stale`: no path leads to it, so
-    /// the caller reached it through a name it had cached from before another client removed
-    /// it — the kernel's entry cache, for the FUSE adapter, which then looks the name up again
-    /// — and what it wrote would be lost with the removed file (an `O_CREAT` open, SQLite's
-    /// journal, would not create the file). Such an inode lives on while this client's own
-    /// release of it still waits to ride on a call (a lingering open, see the module docs). An
-    /// open for reading is let through: it reads the file as it was a moment before its
-    /// removal, complete, where a new lookup could lose the race again to a next removal (a
-    /// file replaced by rename, over and over).
-    pub fn open(&self, caller: Caller, ino: Ino, flags: i32) -> Result<FileHandle, Error> {
-        let (inode, first) = self.inner.open_inode_first(ino)?;
-        let writes = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_CREAT != 0;
-        let first = if writes { first } else { FirstOpen::No };
-        let nlink = match first {
-            FirstOpen::Sent(nlink) => Some(nlink),
-            // Taken back without an RPC: asked now (one-sidedly where the table has it).
-            FirstOpen::Lingering => match self.getattr(ino) {
-                Ok(attr) => Some(attr.nlink),
-                Err(e) => {
-                    self.inner.close_inode(ino);
-                    return Err(e);
-                }
-            },
-            FirstOpen::No => None,
-        };
-        if nlink == Some(0) {
-            self.inner.close_inode(ino);
-            return Err(FsError::Stale.into());
-        }
-        if flags & libc::O_TRUNC != 0 && flags & libc::O_ACCMODE != libc::O_RDONLY {
-            let set = SetAttr {
-                size: Some(0),
-                // Linux clears set-ID bits on a truncate by a caller without CAP_FSETID.
-                kill_suidgid: caller.uid != 0,
-                ..SetAttr::default()
-            };
-            if let Err(e) = self.inner.truncate(&inode, caller, set) {
-                self.inner.close_inode(ino);
-                return Err(e);
-            }
-        }
-        Ok(self.inner.new_handle(inode, caller, flags))
-    }
-
-    /// Closes a handle, giving back the record locks taken through it (`records`); the last
-    /// handle of an inode on this client releases the inode.
-    pub fn release(&self, fh: FileHandle) -> Result<(), Error> {
-        let handle = self
-            .inner
-            .files
-            .handles
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&fh.0)
-            .ok_or(Error::Fs(FsError::Stale))?;
-        // Before the inode's release, which may ride on a later call.
-        self.inner.release_handle_records(fh);
-        self.inner.close_inode(handle.inode.ino);
-        Ok(())
-    }
-
-    /// The inode a handle is open on.
-    pub fn handle_ino(&self, fh: FileHandle) -> Result<Ino, Error> {
-        Ok(self.inner.handle(fh)?.inode.ino)
-    }
-}
-
-impl Inner {
+impl HandleTable {
     /// A new file handle on `inode` (counted in the open-inode table already).
     pub(crate) fn new_handle(
         &self,
@@ -375,7 +309,7 @@ impl Inner {
         caller: Caller,
         flags: i32,
     ) -> FileHandle {
-        let files = &self.files;
+        let files = self;
         let fh = files.next_fh.fetch_add(1, Ordering::Relaxed);
         files
             .handles
@@ -394,8 +328,7 @@ impl Inner {
 
     /// What handle `fh` stands for (`Stale` once released).
     pub(crate) fn handle(&self, fh: FileHandle) -> Result<Arc<Handle>, Error> {
-        self.files
-            .handles
+        self.handles
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .get(&fh.0)
@@ -403,15 +336,25 @@ impl Inner {
             .ok_or(Error::Fs(FsError::Stale))
     }
 
+    /// Forgets handle `fh` and returns what it stood for (`Stale` once released). The inode
+    /// stays counted open until [`HandleTable::close_inode`].
+    pub(crate) fn remove_handle(&self, fh: FileHandle) -> Result<Arc<Handle>, Error> {
+        self.handles
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&fh.0)
+            .ok_or(Error::Fs(FsError::Stale))
+    }
+
     /// `ino`, if this client has it open (lingering included: the meta server still holds
-    /// that open and its FCB), pinned until the caller's [`Inner::unpin_open`], so that the
+    /// that open and its FCB), pinned until the caller's [`HandleTable::unpin_open`], so that the
     /// open is not released while the caller reads its FCB (a lingering open's release would
     /// otherwise ride on another thread's call at any moment, and the block be freed and given
     /// to another file under the read: `Riders::take` keeps a pinned release queued). `None`
     /// while its `Open` or its release is in flight: the meta server may have freed the FCB
     /// already. A pin is not an open: a lingering inode stays queued, listed once.
     pub(crate) fn pin_open(&self, ino: Ino) -> Option<Arc<OpenInode>> {
-        let mut open = self.files.open_inodes();
+        let mut open = self.open_inodes();
         let entry = open.entries.get_mut(&ino)?;
         if entry.busy || entry.linger == Linger::Riding {
             return None;
@@ -424,22 +367,26 @@ impl Inner {
         Some(inode)
     }
 
-    /// Ends a [`Inner::pin_open`] of `ino`.
+    /// Ends a [`HandleTable::pin_open`] of `ino`.
     pub(crate) fn unpin_open(&self, ino: Ino) {
-        if let Some(entry) = self.files.open_inodes().entries.get_mut(&ino) {
+        if let Some(entry) = self.open_inodes().entries.get_mut(&ino) {
             entry.pins = entry.pins.saturating_sub(1);
         }
     }
 
     /// Counts one more open of `ino` on this client, sending `Open` on the first (without
     /// holding the table: see the module docs).
-    pub(crate) fn open_inode(&self, ino: Ino) -> Result<Arc<OpenInode>, Error> {
-        self.open_inode_first(ino).map(|(inode, _)| inode)
+    pub(crate) fn open_inode(&self, meta: &Meta, ino: Ino) -> Result<Arc<OpenInode>, Error> {
+        self.open_inode_first(meta, ino).map(|(inode, _)| inode)
     }
 
-    /// [`Inner::open_inode`], saying whether this client held a handle on `ino` before.
-    pub(crate) fn open_inode_first(&self, ino: Ino) -> Result<(Arc<OpenInode>, FirstOpen), Error> {
-        let mut open = self.files.settled(ino);
+    /// [`HandleTable::open_inode`], saying whether this client held a handle on `ino` before.
+    pub(crate) fn open_inode_first(
+        &self,
+        meta: &Meta,
+        ino: Ino,
+    ) -> Result<(Arc<OpenInode>, FirstOpen), Error> {
+        let mut open = self.settled(ino);
         if let Some(entry) = open.entries.get_mut(&ino) {
             if let Some(inode) = &entry.inode {
                 let first = match entry.linger {
@@ -463,8 +410,8 @@ impl Inner {
             },
         );
         drop(open);
-        let sent = self.send_open(ino);
-        let mut open = self.files.open_inodes();
+        let sent = self.send_open(meta, ino);
+        let mut open = self.open_inodes();
         let result = match (sent, open.entries.get_mut(&ino)) {
             (Ok((inode, nlink)), Some(entry)) => {
                 entry.inode = Some(inode.clone());
@@ -474,7 +421,7 @@ impl Inner {
             }
             (Ok(_), None) => {
                 // The client is going away (`take_all_open` emptied the table).
-                let _ = self.meta.call(Request::Release { ino });
+                let _ = meta.call(Request::Release { ino });
                 Err(Error::Fs(FsError::Stale))
             }
             (Err(e), _) => {
@@ -483,7 +430,7 @@ impl Inner {
             }
         };
         drop(open);
-        self.files.settled.notify_all();
+        self.settled.notify_all();
         result
     }
 
@@ -492,9 +439,9 @@ impl Inner {
     /// the session that holds the open, and the next use reopens it (harmless), never the
     /// other way round.
     /// Also the file's link count at the open.
-    fn send_open(&self, ino: Ino) -> Result<(Arc<OpenInode>, u32), Error> {
-        let session = self.meta.session();
-        let opened = match self.meta.call(Request::Open {
+    fn send_open(&self, meta: &Meta, ino: Ino) -> Result<(Arc<OpenInode>, u32), Error> {
+        let session = meta.session();
+        let opened = match meta.call(Request::Open {
             ino,
             scheme: self.scheme,
         })? {
@@ -510,21 +457,21 @@ impl Inner {
     fn opened(&self, ino: Ino, session: u64, opened: proto::OpenFile) -> Arc<OpenInode> {
         Arc::new(OpenInode {
             ino,
-            open_id: self.files.next_open_id.fetch_add(1, Ordering::Relaxed),
+            open_id: self.next_open_id.fetch_add(1, Ordering::Relaxed),
             session,
             fcb: opened.fcb,
             lock: opened.lock,
-            chunks: RwLock::new(ChunkCache::new(opened.attr.generation)),
+            chunks: ChunkCache::new(ino, opened.attr.generation),
             closed: AtomicBool::new(false),
         })
     }
 
-    /// Counts a `Create` about to be sent: until its answer is adopted ([`Inner::adopt_open`]),
+    /// Counts a `Create` about to be sent: until its answer is adopted ([`HandleTable::adopt_open`]),
     /// the releases that calls carry are noted, since the new file may be among them.
     pub(crate) fn creating(&self) -> Creating<'_> {
-        self.files.open_inodes().creates += 1;
+        self.open_inodes().creates += 1;
         Creating {
-            files: &self.files,
+            files: self,
             ended: false,
         }
     }
@@ -537,13 +484,14 @@ impl Inner {
     /// anew.
     pub(crate) fn adopt_open(
         &self,
+        meta: &Meta,
         mut creating: Creating<'_>,
         ino: Ino,
         session: u64,
         opened: proto::OpenFile,
     ) -> Result<Arc<OpenInode>, Error> {
         let inode = self.opened(ino, session, opened);
-        let mut open = self.files.settled(ino);
+        let mut open = self.settled(ino);
         let released = open.released_while_creating.contains(&ino);
         open.end_create();
         creating.ended = true;
@@ -560,7 +508,7 @@ impl Inner {
                 ino,
                 "a created file's open was released meanwhile: opened anew"
             );
-            return self.open_inode(ino);
+            return self.open_inode(meta, ino);
         }
         open.entries.insert(
             ino,
@@ -580,10 +528,11 @@ impl Inner {
     /// every handle on `ino` then name the new open. `Stale` if the inode was closed meanwhile.
     pub(crate) fn reopen(
         &self,
+        meta: &Meta,
         ino: Ino,
-        view: &crate::view::View,
+        view: &View,
     ) -> Result<Arc<OpenInode>, Error> {
-        let mut open = self.files.settled(ino);
+        let mut open = self.settled(ino);
         let Some(entry) = open.entries.get_mut(&ino) else {
             return Err(Error::Fs(FsError::Stale));
         };
@@ -594,7 +543,7 @@ impl Inner {
             return Ok(current.clone());
         }
         // Rare (after a meta server restart): the table stays locked across this `Open`.
-        let (inode, _) = self.send_open(ino)?;
+        let (inode, _) = self.send_open(meta, ino)?;
         tracing::info!(
             ino,
             session = inode.session,
@@ -612,11 +561,13 @@ impl Inner {
     /// again mends nothing) or the open fails.
     pub(crate) fn reopen_foreign(
         &self,
+        meta: &Meta,
         ino: Ino,
         fcb: RemoteAddr,
-        view: &crate::view::View,
+        view: &View,
+        check: impl FnOnce(&Arc<OpenInode>) -> Result<(), Error>,
     ) -> Result<(), Error> {
-        let mut open = self.files.settled(ino);
+        let mut open = self.settled(ino);
         let Some(current) = open
             .entries
             .get_mut(&ino)
@@ -630,9 +581,8 @@ impl Inner {
         }
         // Rare: the table stays locked across this `Open` and the read of the block it names,
         // which must be the file's now (else the block is damaged: the error says so).
-        let (inode, _) = self.send_open(ino)?;
-        let mut w = self.checkout()?;
-        self.read_fcb(&mut w, &inode)?;
+        let (inode, _) = self.send_open(meta, ino)?;
+        check(&inode)?;
         tracing::warn!(
             ino,
             old = %fcb,
@@ -650,12 +600,8 @@ impl Inner {
         let ino = inode.ino;
         let old = std::mem::replace(current, inode.clone());
         old.closed.store(true, Ordering::Relaxed);
-        self.files.close_epoch.fetch_add(1, Ordering::Relaxed);
-        let mut handles = self
-            .files
-            .handles
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
+        self.close_epoch.fetch_add(1, Ordering::Relaxed);
+        let mut handles = self.handles.write().unwrap_or_else(PoisonError::into_inner);
         for handle in handles.values_mut() {
             if handle.inode.ino == ino {
                 *handle = Arc::new(Handle {
@@ -671,8 +617,8 @@ impl Inner {
     /// queued to ride on the next call to the meta server (any thread's, the heartbeat at
     /// the latest: [`Riders`]), and a new open meanwhile takes it back without an RPC (see
     /// the module docs).
-    pub(crate) fn close_inode(&self, ino: Ino) {
-        let mut open = self.files.settled(ino);
+    pub(crate) fn close_inode(&self, meta: &Meta, ino: Ino) {
+        let mut open = self.settled(ino);
         let Some(entry) = open.entries.get_mut(&ino) else {
             return;
         };
@@ -684,11 +630,11 @@ impl Inner {
             return;
         }
         // An open of an earlier session ended with that session.
-        if inode.session != self.meta.session() {
+        if inode.session != meta.session() {
             open.entries.remove(&ino);
             drop(open);
             inode.closed.store(true, Ordering::Relaxed);
-            self.files.close_epoch.fetch_add(1, Ordering::Relaxed);
+            self.close_epoch.fetch_add(1, Ordering::Relaxed);
             return;
         }
         entry.linger = Linger::Queued;

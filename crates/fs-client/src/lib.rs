@@ -14,10 +14,23 @@
 //! - [`metrics`]: Prometheus metrics of a mount (FUSE requests by operation, bytes, the
 //!   library's I/O and range-lock counters), registered into a registry the caller owns.
 //!
-//! Inside the library, one module per concept: `namespace` (RPC wrappers), `handles` (file
-//! handles and open inodes), `io` (the locked I/O), `workers` (per-thread data-path state),
-//! `lock_cache` (a worker's lock handles), `fcb` (file control blocks), `chunks` (chunk
-//! locations), `servers` (fabric connectors), `meta` (the meta-server connection).
+//! Inside the library, in layers (a module uses only those below it; no import cycle):
+//! - the calls of [`CitronFs`], by concern: `namespace` (names, attributes, opens), `io` (the
+//!   data path: read, write, fallocate, seek, fsync, truncate), `fcntl` (record locks);
+//! - [`client`]: `CitronFs` itself and `Inner`, which holds the parts and joins them where a
+//!   call needs several (a worker of the current view, redoing an I/O after a failure);
+//! - the parts, each a struct with private state: `meta` (the meta-server connection), `view`
+//!   (the cluster as this client sees it), `handles` (file handles and open inodes), `workers`
+//!   (per-thread data-path state) with `lock_cache` (a worker's range-lock handles), [`records`]
+//!   (record locks held), `io_stats` (the data path's counters);
+//! - the steps of one I/O: `locked_io` (the range lock around it), `transfer` (its data verbs),
+//!   `fcb` (the file control block's words), `chunks` (where a file's chunks live), `dentries`
+//!   (one-sided lookups);
+//! - below them: [`plan`], [`locks`], `servers` (fabric connectors), `options`, [`error`].
+//!
+//! A read, top-down: [`fuse`] → `backend` → `io` (`CitronFs::read_into`) → `client` (retry,
+//! a worker, the open of the current session) → `locked_io` (acquire with the FCB words) →
+//! `chunks` → `transfer` → [`plan`] → the fabric; then back up through `locked_io`'s release.
 //!
 //! No FUSE type appears outside [`fuse`].
 
@@ -43,28 +56,36 @@ pub mod client;
 mod dentries;
 pub mod error;
 mod fcb;
+mod fcntl;
 #[cfg(feature = "fuse")]
 pub mod fuse;
 mod handles;
 mod io;
+mod io_stats;
 mod lock_cache;
+mod locked_io;
 pub mod locks;
 mod meta;
 pub mod metrics;
 mod namespace;
 #[cfg(feature = "fuse")]
 pub mod null;
+mod options;
 pub mod plan;
 pub mod records;
 mod servers;
+mod transfer;
 mod view;
 mod workers;
 
-pub use client::{CitronFs, FileHandle, MountOptions};
+pub use client::CitronFs;
 pub use error::Error;
-pub use io::{Fallocate, IoStats, SeekTo};
+pub use handles::FileHandle;
+pub use io::{Fallocate, SeekTo};
+pub use io_stats::IoStats;
 pub use lockmgr::citron::Hosting;
 pub use lockmgr::LockScheme;
+pub use options::MountOptions;
 pub use proto::records::{RecordClaim, RecordKind, RecordLock};
 pub use proto::rpc::XattrMode;
 pub use proto::{

@@ -69,7 +69,7 @@ pub(crate) struct Meta {
     /// waited for.
     closing: AtomicBool,
     /// Run by the heartbeat thread once it finds a new session ([`Meta::on_new_session`]).
-    on_new_session: OnceLock<Arc<crate::records::RecordOwners>>,
+    on_new_session: OnceLock<Arc<dyn NewSession>>,
     /// When a connection attempt of this client first failed in the current outage of the
     /// meta server (`None`: none failed since the last success): every wait for it, in every
     /// call and every thread, ends [`RECONNECT_WAIT`] after this ([`Meta::reconnect`]).
@@ -131,7 +131,7 @@ impl Meta {
 
     /// Sets what the heartbeat thread runs when it finds a new session (`records`: taking
     /// back the record locks of the session that ended); set once.
-    pub(crate) fn on_new_session(&self, hook: Arc<crate::records::RecordOwners>) {
+    pub(crate) fn on_new_session(&self, hook: Arc<dyn NewSession>) {
         let _ = self.on_new_session.set(hook);
     }
 
@@ -391,6 +391,33 @@ impl Meta {
             (answer, _) => answer,
         }
     }
+    /// A call answered with attributes.
+    pub(crate) fn attr_call(
+        &self,
+        what: &'static str,
+        request: Request,
+    ) -> Result<proto::Attr, Error> {
+        match self.call(request)? {
+            Response::Attr(attr) => Ok(attr),
+            other => Err(unexpected(what, other)),
+        }
+    }
+
+    /// A call answered with `Ok`.
+    pub(crate) fn ok_call(&self, what: &'static str, request: Request) -> Result<(), Error> {
+        match self.call(request)? {
+            Response::Ok => Ok(()),
+            other => Err(unexpected(what, other)),
+        }
+    }
+
+    /// A call answered with bytes.
+    pub(crate) fn data_call(&self, what: &'static str, request: Request) -> Result<Vec<u8>, Error> {
+        match self.call(request)? {
+            Response::Data(data) => Ok(data),
+            other => Err(unexpected(what, other)),
+        }
+    }
 
     /// Whether the current connection runs over the meta server's local socket (false when
     /// it is over tcp, or broken).
@@ -483,6 +510,13 @@ impl Meta {
     }
 }
 
+/// What a client does when its heartbeat finds it in a new meta session (`records`: taking
+/// back the record locks of the session that ended). Run on a thread of its own.
+pub(crate) trait NewSession: Send + Sync {
+    /// The session changed; `meta` is the connection, now of the new session.
+    fn new_session(&self, meta: &Meta);
+}
+
 /// What rides on the next call to the meta server: the releases of files this client closed
 /// (`handles`, "lingering opens"), so that a close costs no round trip of its own — the next
 /// call of any thread carries them (`RequestFrame::release_first`), the heartbeat at the
@@ -544,7 +578,7 @@ impl Heartbeat {
                             let meta = meta.clone();
                             let spawned = std::thread::Builder::new()
                                 .name("citronfs-reclaim".into())
-                                .spawn(move || hook.reclaim(&meta));
+                                .spawn(move || hook.new_session(&meta));
                             if let Err(error) = spawned {
                                 tracing::error!(%error, "cannot start taking record locks back");
                             }

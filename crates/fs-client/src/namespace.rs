@@ -12,12 +12,15 @@
 //! - the size in an attribute of a file open on this client comes from its file control block
 //!   (`fcb`'s `fresh_size`), not from the meta server, whose copy lags behind one-sided writes.
 
-use crate::client::{CitronFs, FileHandle, Inner};
-use crate::dentries::OneSided;
+use crate::client::CitronFs;
+use crate::dentries::{lookup_one_sided, OneSided};
 use crate::error::Error;
+use crate::fcb::{attr_one_sided, read_fcb};
+use crate::handles::{FileHandle, FirstOpen};
 use crate::meta::unexpected;
 use proto::rpc::{check_name_for, is_dot, NameOp, Request, Response, XattrMode};
 use proto::{Attr, Caller, DirEntry, FileKind, FsError, FsStats, Ino, SetAttr};
+use std::time::Instant;
 
 /// Checks a name given to `op` before it travels (see the module docs); `.` and `..` travel.
 fn check(op: NameOp, name: &str) -> Result<(), Error> {
@@ -54,19 +57,27 @@ impl CitronFs {
     pub fn lookup(&self, parent: Ino, name: &str) -> Result<Attr, Error> {
         // Any call's rules: they differ only for `.` and `..`, which the server resolves.
         check(NameOp::Create, name)?;
-        match or_rpc(self.inner.lookup_one_sided(parent, name), OneSided::Unknown)? {
-            OneSided::Found(attr) => return self.inner.fresh_size(attr),
+        let one_sided = match is_dot(name) {
+            // Not in the table: the meta server answers.
+            true => Ok(OneSided::Unknown),
+            false => self
+                .inner
+                .checkout()
+                .and_then(|mut w| lookup_one_sided(&mut w, parent, name)),
+        };
+        match or_rpc(one_sided, OneSided::Unknown)? {
+            OneSided::Found(attr) => return self.fresh_size(attr),
             OneSided::Absent => return Err(FsError::NotFound.into()),
             OneSided::Unknown => {}
         }
-        let attr = self.inner.attr_call(
+        let attr = self.inner.meta.attr_call(
             "Lookup",
             Request::Lookup {
                 parent,
                 name: name.into(),
             },
         )?;
-        self.inner.fresh_size(attr)
+        self.fresh_size(attr)
     }
 
     /// An inode's attributes; for a file open on this client the size comes one-sidedly from
@@ -75,11 +86,18 @@ impl CitronFs {
     /// Read one-sidedly from the meta server's attribute table when it holds the inode
     /// (`proto::attrs`: no RPC, no meta-server CPU); else, or when the read tore, by RPC.
     pub fn getattr(&self, ino: Ino) -> Result<Attr, Error> {
-        let attr = match or_rpc(self.inner.attr_one_sided(ino), None)? {
+        let one_sided = self
+            .inner
+            .checkout()
+            .and_then(|mut w| attr_one_sided(&mut w, ino));
+        let attr = match or_rpc(one_sided, None)? {
             Some(attr) => attr,
-            None => self.inner.attr_call("GetAttr", Request::GetAttr { ino })?,
+            None => self
+                .inner
+                .meta
+                .attr_call("GetAttr", Request::GetAttr { ino })?,
         };
-        self.inner.fresh_size(attr)
+        self.fresh_size(attr)
     }
 
     /// Changes attributes (chmod, chown, utimens, truncate). A size change takes the whole-file
@@ -88,6 +106,7 @@ impl CitronFs {
         let attr = match set.size {
             None => self
                 .inner
+                .meta
                 .attr_call("SetAttr", Request::SetAttr { ino, set, caller })?,
             Some(size) => {
                 if size > self.inner.geometry.max_file_size() {
@@ -95,16 +114,15 @@ impl CitronFs {
                         FsError::Invalid(format!("size {size} exceeds the largest file")).into(),
                     );
                 }
-                let inode = self.inner.open_inode(ino)?;
+                let inode = self.inner.files.open_inode(&self.inner.meta, ino)?;
                 let result = self
-                    .inner
                     .truncate(&inode, caller, set)
-                    .and_then(|attr| self.inner.fresh_size(attr));
-                self.inner.close_inode(ino);
+                    .and_then(|attr| self.fresh_size(attr));
+                self.inner.files.close_inode(&self.inner.meta, ino);
                 return result;
             }
         };
-        self.inner.fresh_size(attr)
+        self.fresh_size(attr)
     }
 
     /// Creates a new regular file and opens it: one `Create` call (the name checked here
@@ -119,7 +137,7 @@ impl CitronFs {
     ) -> Result<(Attr, FileHandle), Error> {
         check(NameOp::Create, name)?;
         let session = self.inner.meta.session();
-        let creating = self.inner.creating();
+        let creating = self.inner.files.creating();
         let opened = match self.inner.meta.call(Request::Create {
             parent,
             name: name.into(),
@@ -131,8 +149,11 @@ impl CitronFs {
             other => return Err(unexpected("Create", other)),
         };
         let attr = opened.attr.clone();
-        let inode = self.inner.adopt_open(creating, attr.ino, session, opened)?;
-        Ok((attr, self.inner.new_handle(inode, caller, flags)))
+        let inode =
+            self.inner
+                .files
+                .adopt_open(&self.inner.meta, creating, attr.ino, session, opened)?;
+        Ok((attr, self.inner.files.new_handle(inode, caller, flags)))
     }
 
     /// Creates a file, device node, fifo or socket.
@@ -149,7 +170,7 @@ impl CitronFs {
         if matches!(kind, FileKind::Dir | FileKind::Symlink) {
             return Err(FsError::Invalid(format!("mknod cannot create a {kind:?}")).into());
         }
-        self.inner.attr_call(
+        self.inner.meta.attr_call(
             "Mknod",
             Request::Mknod {
                 parent,
@@ -200,7 +221,7 @@ impl CitronFs {
             }
             may_open(&attr, caller, flags)?;
             let fh = self.open(caller, attr.ino, flags)?;
-            return match self.inner.fresh_size(attr) {
+            return match self.fresh_size(attr) {
                 Ok(attr) => Ok((attr, fh)),
                 Err(e) => {
                     let _ = self.release(fh);
@@ -214,7 +235,7 @@ impl CitronFs {
     /// Creates a directory.
     pub fn mkdir(&self, caller: Caller, parent: Ino, name: &str, perm: u16) -> Result<Attr, Error> {
         check(NameOp::Create, name)?;
-        self.inner.attr_call(
+        self.inner.meta.attr_call(
             "Mkdir",
             Request::Mkdir {
                 parent,
@@ -228,7 +249,7 @@ impl CitronFs {
     /// Removes a non-directory entry.
     pub fn unlink(&self, parent: Ino, name: &str) -> Result<(), Error> {
         check(NameOp::Unlink, name)?;
-        self.inner.ok_call(
+        self.inner.meta.ok_call(
             "Unlink",
             Request::Unlink {
                 parent,
@@ -240,7 +261,7 @@ impl CitronFs {
     /// Removes an empty directory.
     pub fn rmdir(&self, parent: Ino, name: &str) -> Result<(), Error> {
         check(NameOp::Rmdir, name)?;
-        self.inner.ok_call(
+        self.inner.meta.ok_call(
             "Rmdir",
             Request::Rmdir {
                 parent,
@@ -261,7 +282,7 @@ impl CitronFs {
     ) -> Result<(), Error> {
         check(NameOp::RenameFrom, name)?;
         check(NameOp::RenameTo { no_replace }, new_name)?;
-        self.inner.ok_call(
+        self.inner.meta.ok_call(
             "Rename",
             Request::Rename {
                 parent,
@@ -285,7 +306,7 @@ impl CitronFs {
     ) -> Result<(), Error> {
         check(NameOp::RenameFrom, name)?;
         check(NameOp::RenameFrom, new_name)?;
-        self.inner.ok_call(
+        self.inner.meta.ok_call(
             "Rename",
             Request::Rename {
                 parent,
@@ -301,7 +322,7 @@ impl CitronFs {
     /// Adds the hard link `new_parent/new_name` to `ino`.
     pub fn link(&self, ino: Ino, new_parent: Ino, new_name: &str) -> Result<Attr, Error> {
         check(NameOp::Create, new_name)?;
-        let attr = self.inner.attr_call(
+        let attr = self.inner.meta.attr_call(
             "Link",
             Request::Link {
                 ino,
@@ -309,7 +330,7 @@ impl CitronFs {
                 new_name: new_name.into(),
             },
         )?;
-        self.inner.fresh_size(attr)
+        self.fresh_size(attr)
     }
 
     /// Creates the symbolic link `parent/name` pointing to `target`.
@@ -324,7 +345,7 @@ impl CitronFs {
         if target.len() > proto::SYMLINK_MAX {
             return Err(FsError::NameTooLong.into());
         }
-        self.inner.attr_call(
+        self.inner.meta.attr_call(
             "Symlink",
             Request::Symlink {
                 parent,
@@ -337,7 +358,9 @@ impl CitronFs {
 
     /// A symbolic link's target.
     pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>, Error> {
-        self.inner.data_call("Readlink", Request::Readlink { ino })
+        self.inner
+            .meta
+            .data_call("Readlink", Request::Readlink { ino })
     }
 
     /// Up to `max` entries of directory `ino` after `cookie` (0: from the start, with `.` and
@@ -368,7 +391,7 @@ impl CitronFs {
         {
             Response::EntriesPlus(entries) => entries
                 .into_iter()
-                .map(|(entry, attr)| Ok((entry, self.inner.fresh_size(attr)?)))
+                .map(|(entry, attr)| Ok((entry, self.fresh_size(attr)?)))
                 .collect(),
             other => Err(unexpected("ReadDirPlus", other)),
         }
@@ -393,7 +416,7 @@ impl CitronFs {
         if name.len() > proto::XATTR_NAME_MAX || value.len() > proto::XATTR_VALUE_MAX {
             return Err(FsError::NameTooLong.into());
         }
-        self.inner.ok_call(
+        self.inner.meta.ok_call(
             "SetXattr",
             Request::SetXattr {
                 ino,
@@ -406,7 +429,7 @@ impl CitronFs {
 
     /// An extended attribute's value.
     pub fn getxattr(&self, ino: Ino, name: &str) -> Result<Vec<u8>, Error> {
-        self.inner.data_call(
+        self.inner.meta.data_call(
             "GetXattr",
             Request::GetXattr {
                 ino,
@@ -425,13 +448,115 @@ impl CitronFs {
 
     /// Removes an extended attribute.
     pub fn removexattr(&self, ino: Ino, name: &str) -> Result<(), Error> {
-        self.inner.ok_call(
+        self.inner.meta.ok_call(
             "RemoveXattr",
             Request::RemoveXattr {
                 ino,
                 name: name.into(),
             },
         )
+    }
+}
+
+/// Opens and closes of files, and the size of an open file's attributes.
+impl CitronFs {
+    /// Opens regular file `ino` for I/O. `flags` are open(2) flags: `O_TRUNC` truncates (under
+    /// the whole-file lock), `O_APPEND` makes every write go to the current end of the file
+    /// (under the whole-file lock, so appends of all clients serialize). The first open of an
+    /// inode by this client sends `Open` to the meta server; the last release sends `Release`.
+    ///
+    /// An open for writing (or creating) of an inode that has no name any more (unlinked, kept
+    /// by opens) and on which this client holds no handle is `Stale`: no path leads to it, so
+    /// the caller reached it through a name it had cached from before another client removed
+    /// it — the kernel's entry cache, for the FUSE adapter, which then looks the name up again
+    /// — and what it wrote would be lost with the removed file (an `O_CREAT` open, SQLite's
+    /// journal, would not create the file). Such an inode lives on while this client's own
+    /// release of it still waits to ride on a call (a lingering open, see the module docs). An
+    /// open for reading is let through: it reads the file as it was a moment before its
+    /// removal, complete, where a new lookup could lose the race again to a next removal (a
+    /// file replaced by rename, over and over).
+    pub fn open(&self, caller: Caller, ino: Ino, flags: i32) -> Result<FileHandle, Error> {
+        let (inode, first) = self.inner.files.open_inode_first(&self.inner.meta, ino)?;
+        let writes = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_CREAT != 0;
+        let first = if writes { first } else { FirstOpen::No };
+        let nlink = match first {
+            FirstOpen::Sent(nlink) => Some(nlink),
+            // Taken back without an RPC: asked now (one-sidedly where the table has it).
+            FirstOpen::Lingering => match self.getattr(ino) {
+                Ok(attr) => Some(attr.nlink),
+                Err(e) => {
+                    self.inner.files.close_inode(&self.inner.meta, ino);
+                    return Err(e);
+                }
+            },
+            FirstOpen::No => None,
+        };
+        if nlink == Some(0) {
+            self.inner.files.close_inode(&self.inner.meta, ino);
+            return Err(FsError::Stale.into());
+        }
+        if flags & libc::O_TRUNC != 0 && flags & libc::O_ACCMODE != libc::O_RDONLY {
+            let set = SetAttr {
+                size: Some(0),
+                // Linux clears set-ID bits on a truncate by a caller without CAP_FSETID.
+                kill_suidgid: caller.uid != 0,
+                ..SetAttr::default()
+            };
+            if let Err(e) = self.truncate(&inode, caller, set) {
+                self.inner.files.close_inode(&self.inner.meta, ino);
+                return Err(e);
+            }
+        }
+        Ok(self.inner.files.new_handle(inode, caller, flags))
+    }
+
+    /// Closes a handle, giving back the record locks taken through it (`records`); the last
+    /// handle of an inode on this client releases the inode.
+    pub fn release(&self, fh: FileHandle) -> Result<(), Error> {
+        let handle = self.inner.files.remove_handle(fh)?;
+        // Before the inode's release, which may ride on a later call.
+        self.inner.records.release_handle(&self.inner.meta, fh);
+        self.inner
+            .files
+            .close_inode(&self.inner.meta, handle.inode.ino);
+        Ok(())
+    }
+
+    /// The inode a handle is open on.
+    pub fn handle_ino(&self, fh: FileHandle) -> Result<Ino, Error> {
+        Ok(self.inner.files.handle(fh)?.inode.ino)
+    }
+
+    /// For a file open here, corrects the attributes with the FCB (`proto::fcb::live`: its
+    /// SIZE and MTIME are the truth, updated one-sidedly by writers of every client). Read as
+    /// the data path reads ([`Inner::retry`](crate::client::Inner::retry)): a client behind a meta server restart catches up
+    /// and reads again, rather than failing a stat.
+    fn fresh_size(&self, attr: Attr) -> Result<Attr, Error> {
+        let started = Instant::now();
+        if attr.kind != FileKind::File {
+            return Ok(attr);
+        }
+        // Pinned: a release of the open cannot ride on another thread's call while the FCB
+        // is read (the meta server would free the block, and another file take it).
+        let inner = &*self.inner;
+        let Some(open) = inner.files.pin_open(attr.ino) else {
+            return Ok(attr);
+        };
+        let found = inner.retry(started, true, || {
+            let mut w = inner.checkout()?;
+            let inode = match inner.live_inode(&open, &w.view) {
+                // Closed here meanwhile (a lingering open that a new session ended):
+                // the attributes as read are the file's.
+                Err(Error::Fs(FsError::Stale)) => return Ok(None),
+                inode => inode?,
+            };
+            read_fcb(&mut w, &inode).map(Some)
+        });
+        inner.files.unpin_open(attr.ino);
+        Ok(match found? {
+            Some(found) => proto::fcb::live(attr, found.size, found.mtime),
+            None => attr,
+        })
     }
 }
 
@@ -457,30 +582,4 @@ fn may_open(attr: &Attr, caller: Caller, flags: i32) -> Result<(), FsError> {
         return Err(FsError::Access);
     }
     Ok(())
-}
-
-impl Inner {
-    /// A call answered with attributes.
-    pub(crate) fn attr_call(&self, what: &'static str, request: Request) -> Result<Attr, Error> {
-        match self.meta.call(request)? {
-            Response::Attr(attr) => Ok(attr),
-            other => Err(unexpected(what, other)),
-        }
-    }
-
-    /// A call answered with `Ok`.
-    pub(crate) fn ok_call(&self, what: &'static str, request: Request) -> Result<(), Error> {
-        match self.meta.call(request)? {
-            Response::Ok => Ok(()),
-            other => Err(unexpected(what, other)),
-        }
-    }
-
-    /// A call answered with bytes.
-    fn data_call(&self, what: &'static str, request: Request) -> Result<Vec<u8>, Error> {
-        match self.meta.call(request)? {
-            Response::Data(data) => Ok(data),
-            other => Err(unexpected(what, other)),
-        }
-    }
 }

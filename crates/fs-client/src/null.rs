@@ -23,8 +23,8 @@
 //! [`write_as`]: FsBackend::write_as
 
 use crate::backend::FsBackend;
-use crate::client::FileHandle;
 use crate::error::Error;
+use crate::handles::FileHandle;
 use proto::rpc::{check_name_for, NameOp};
 use proto::{
     Attr, Caller, DirEntry, FileKind, FsError, FsStats, Ino, SetAttr, SetTime, Timestamp, ROOT_INO,

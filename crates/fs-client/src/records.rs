@@ -14,8 +14,8 @@
 //! docs/ARCHITECTURE.md). So `RecordOwners` keeps the locks granted through this client, and
 //! per handle the owners that took locks through it:
 //! - a file opened while this client holds locks of it is opened with FLUSH
-//!   ([`CitronFs::wants_flush`]), and each close of it gives the closing owner's locks back
-//!   ([`CitronFs::release_records`]): POSIX exactly (the case that matters is a process that
+//!   ([`crate::CitronFs::wants_flush`]), and each close of it gives the closing owner's locks back
+//!   ([`crate::CitronFs::release_records`]): POSIX exactly (the case that matters is a process that
 //!   opens and closes a second descriptor of a file it has locked);
 //! - a handle through which locks were taken gives them back when it is released (the last
 //!   close of its open file description, which the kernel sends after `close` returns): a
@@ -30,12 +30,12 @@
 //! meta session it takes them all back (`SetLk` with `reclaim`): a restarted meta server grants
 //! only such reclaims during its grace period (`meta_server::MetaConfig::record_lock_grace`, 2 s)
 //! and answers other new locks and `F_GETLK` `InGrace`, which the client asks again 50 ms later
-//! ([`CitronFs::try_setlk`] and [`CitronFs::try_getlk`] ask once, for a caller that waits
+//! ([`crate::CitronFs::try_setlk`] and [`crate::CitronFs::try_getlk`] ask once, for a caller that waits
 //! elsewhere: the FUSE adapter waits on a thread of its own, not a request thread). A session
 //! that ended without a restart (a lost connection, a fence, a client stopped past its session
 //! lease) has no grace: a lock another client took meanwhile cannot be taken back. It is then
 //! *lost*, as NFS has it (Linux's default, `nfs.recover_lost_locks=0`): the owner's reads and
-//! writes of the file fail with EIO ([`Error::RecordLockLost`], [`CitronFs::check_record_locks`]),
+//! writes of the file fail with EIO ([`Error::RecordLockLost`], [`crate::CitronFs::check_record_locks`]),
 //! and so do those through the handle it was taken through, until the owner unlocks (any
 //! `F_UNLCK` of the file) or closes the file. A process that went on writing as if it still
 //! held the lock would interleave its writes with the new holder's; failing them is how it
@@ -48,13 +48,11 @@
 //! wait that would close a cycle of owners each waiting for the next one's lock fails with
 //! EDEADLK, as on a local file system.
 
-use crate::client::{CitronFs, FileHandle};
 use crate::error::Error;
-use crate::meta::unexpected;
-use crate::meta::Meta;
-use proto::records::{Owner, RecordClaim, RecordKind, RecordLock, Table};
+use crate::handles::FileHandle;
+use crate::meta::{unexpected, Meta, NewSession};
+use proto::records::{Owner, RecordClaim, Table};
 use proto::rpc::{Request, Response};
-use proto::FsError;
 use proto::Ino;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -67,7 +65,7 @@ pub const WAIT_SLICE: Duration = Duration::from_millis(200);
 
 /// How soon a new lock refused for the meta server's grace period (`FsError::InGrace`) is
 /// asked again.
-const GRACE_RETRY: Duration = Duration::from_millis(50);
+pub(crate) const GRACE_RETRY: Duration = Duration::from_millis(50);
 
 /// The record locks of this client, as granted (what it takes back when a new meta session
 /// begins: [`RecordOwners::reclaim`]; who holds locks of a file), and through which handle
@@ -120,10 +118,15 @@ impl RecordOwners {
         }
     }
 
+    /// Whether some owner of this client lost record locks (see the module docs).
+    pub(crate) fn any_lost(&self) -> bool {
+        self.any_lost.load(Ordering::SeqCst)
+    }
+
     /// Whether I/O of `ino` through handle `fh` by lock owner `owner` (if the caller knows
     /// it) may go on: not if `owner` lost locks of the file, nor if an owner that took locks
     /// through `fh` did (a `flock` lock's owner is its open file, which no read names).
-    fn check(&self, fh: FileHandle, ino: Ino, owner: Option<u64>) -> Result<(), Error> {
+    pub(crate) fn check(&self, fh: FileHandle, ino: Ino, owner: Option<u64>) -> Result<(), Error> {
         if !self.any_lost.load(Ordering::SeqCst) {
             return Ok(());
         }
@@ -139,7 +142,13 @@ impl RecordOwners {
 
     /// Makes `SetLk` call `claim` on `ino`, and keeps what it granted. An unlock ends a loss
     /// of the owner's locks of the file (see the module docs).
-    fn call(&self, meta: &Meta, ino: Ino, claim: RecordClaim, wait_ms: u32) -> Result<(), Error> {
+    pub(crate) fn call(
+        &self,
+        meta: &Meta,
+        ino: Ino,
+        claim: RecordClaim,
+        wait_ms: u32,
+    ) -> Result<(), Error> {
         let _calls = self.calls.read().unwrap_or_else(PoisonError::into_inner);
         let call = Request::SetLk {
             ino,
@@ -215,7 +224,7 @@ impl RecordOwners {
     /// closed the file (its locks given back by the close) and opened and locked it again
     /// could see the old handle's late release give back its new lock (`record_locks.rs`,
     /// once in a full run of the suite: another client then got a conflicting lock).
-    fn add(&self, ino: Ino, fh: FileHandle, owner: u64) {
+    pub(crate) fn add(&self, ino: Ino, fh: FileHandle, owner: u64) {
         let mut o = self.lock();
         for (&other, (file, through)) in o.by_handle.iter_mut() {
             if other != fh.0 && *file == ino {
@@ -230,7 +239,7 @@ impl RecordOwners {
     }
 
     /// Whether `owner` holds locks of `ino`; a close that asks ends a loss of them.
-    fn holds_at_close(&self, ino: Ino, owner: u64) -> bool {
+    pub(crate) fn holds_at_close(&self, ino: Ino, owner: u64) -> bool {
         let mut o = self.lock();
         self.forgive(&mut o, ino, owner);
         o.held.holds(ino, mine(owner))
@@ -252,161 +261,43 @@ impl RecordOwners {
         Some((ino, held))
     }
 
-    fn any(&self, ino: Ino) -> bool {
+    /// Whether this client holds record locks of `ino`.
+    pub(crate) fn any(&self, ino: Ino) -> bool {
         self.lock().held.any(ino)
     }
 }
 
-impl CitronFs {
-    /// `F_GETLK`: the first record lock of another owner (of any client) that a lock of `kind`
-    /// by `owner` over bytes `[start, end]` (inclusive) of `fh`'s file would conflict with.
-    /// Its `pid` is 0 when it is held through another client.
-    pub fn getlk(
-        &self,
-        fh: FileHandle,
-        owner: u64,
-        start: u64,
-        end: u64,
-        kind: RecordKind,
-    ) -> Result<Option<RecordLock>, Error> {
-        loop {
-            match self.try_getlk(fh, owner, start, end, kind) {
-                // The locks of before are being taken back: the answer would miss them.
-                Err(Error::Fs(FsError::InGrace)) => std::thread::sleep(GRACE_RETRY),
-                other => return other,
-            }
-        }
-    }
-
-    /// [`CitronFs::getlk`] asked once: `FsError::InGrace` (EAGAIN) during the meta server's
-    /// grace period after a restart, instead of waiting it out — for a caller that waits
-    /// elsewhere (the FUSE adapter, on a thread of its own rather than a request thread).
-    pub fn try_getlk(
-        &self,
-        fh: FileHandle,
-        owner: u64,
-        start: u64,
-        end: u64,
-        kind: RecordKind,
-    ) -> Result<Option<RecordLock>, Error> {
-        let ino = self.inner.handle(fh)?.inode.ino;
-        let call = Request::GetLk {
-            ino,
-            owner,
-            start,
-            end,
-            kind,
-        };
-        match self.inner.meta.call(call)? {
-            Response::RecordLock(lock) => Ok(lock),
-            other => Err(unexpected("GetLk", other)),
-        }
-    }
-
-    /// [`CitronFs::setlk`] tried once, without waiting for anything: a lock in the way is
-    /// `FsError::WouldBlock`, the meta server's grace period after a restart
-    /// `FsError::InGrace` (both EAGAIN) — for a caller that waits elsewhere.
-    pub fn try_setlk(&self, fh: FileHandle, claim: RecordClaim) -> Result<(), Error> {
-        let ino = self.inner.handle(fh)?.inode.ino;
-        if claim.kind.is_some() {
-            self.inner.records.add(ino, fh, claim.owner);
-        }
-        self.inner.records.call(&self.inner.meta, ino, claim, 0)
-    }
-
-    /// `F_SETLK` (`wait` `None`) or `F_SETLKW`: takes (`claim.kind` set) or gives back
-    /// (`None`) the claim's owner's record lock over its bytes of `fh`'s file, with POSIX's
-    /// rules. A lock that conflicts with another owner's fails with EAGAIN, or with `wait`
-    /// waits until it can be taken, asking `wait` between the meta server's waits whether to
-    /// stop ([`Error::Interrupted`] when it says so).
-    pub fn setlk(
-        &self,
-        fh: FileHandle,
-        claim: RecordClaim,
-        wait: Option<&dyn Fn() -> bool>,
-    ) -> Result<(), Error> {
-        let ino = self.inner.handle(fh)?.inode.ino;
-        if claim.kind.is_some() {
-            self.inner.records.add(ino, fh, claim.owner);
-        }
-        let wait_ms = match wait {
-            Some(_) => WAIT_SLICE.as_millis() as u32,
-            None => 0,
-        };
-        loop {
-            let stop = || wait.is_some_and(|stop| stop());
-            match self
-                .inner
-                .records
-                .call(&self.inner.meta, ino, claim, wait_ms)
-            {
-                Err(Error::Fs(FsError::WouldBlock)) if wait.is_some() => {}
-                Err(Error::Fs(FsError::InGrace)) => std::thread::sleep(GRACE_RETRY),
-                other => return other,
-            }
-            if stop() {
-                return Err(Error::Interrupted);
-            }
-        }
-    }
-
-    /// Gives back every record lock `owner` holds on `fh`'s file (a close: POSIX gives a
-    /// process's locks on a file back when it closes any descriptor of it). No call when
-    /// `owner` took none of that file's through this client.
-    pub fn release_records(&self, fh: FileHandle, owner: u64) -> Result<(), Error> {
-        let ino = self.inner.handle(fh)?.inode.ino;
-        if !self.inner.records.holds_at_close(ino, owner) {
-            return Ok(());
-        }
-        self.inner.unlock_all(ino, owner)
-    }
-
-    /// Whether reads and writes of `fh`'s file by lock owner `owner` (the kernel's, as in
-    /// `F_SETLK`) may go on: [`Error::RecordLockLost`] (EIO) once a record lock of `owner` on
-    /// the file, or one taken through `fh`, was lost (see the module docs), until the owner
-    /// unlocks or closes the file. [`CitronFs::read`] and [`CitronFs::write`] check the
-    /// handle's owners themselves; a caller that knows the I/O's owner (FUSE's direct I/O
-    /// names it) checks it here first. One atomic load while no lock of this client was lost.
-    pub fn check_record_locks(&self, fh: FileHandle, owner: u64) -> Result<(), Error> {
-        if !self.inner.records.any_lost.load(Ordering::SeqCst) {
-            return Ok(());
-        }
-        let ino = self.inner.handle(fh)?.inode.ino;
-        self.inner.records.check(fh, ino, Some(owner))
-    }
-
-    /// Whether closes of `ino`, opened now, must say who closed (FUSE's FLUSH): while this
-    /// client holds record locks of it (see the module docs).
-    pub fn wants_flush(&self, ino: Ino) -> bool {
-        self.inner.records.any(ino)
-    }
-}
-
-impl crate::client::Inner {
-    /// [`CitronFs::check_record_locks`] for the owners that took locks through `fh`, whoever
+impl RecordOwners {
+    /// `CitronFs::check_record_locks` for the owners that took locks through `fh`, whoever
     /// does the I/O: the data path's check.
-    pub(crate) fn check_handle_records(&self, fh: FileHandle, ino: Ino) -> Result<(), Error> {
-        self.records.check(fh, ino, None)
+    pub(crate) fn check_handle(&self, fh: FileHandle, ino: Ino) -> Result<(), Error> {
+        self.check(fh, ino, None)
     }
 
     /// Gives back the record locks of handle `fh`, being released: those taken through it and
     /// not given back since (see the module docs). Failures are logged: the handle goes anyway,
     /// and the session's end or the file's last release gives the locks back at the latest.
-    pub(crate) fn release_handle_records(&self, fh: FileHandle) {
-        let Some((ino, owners)) = self.records.take_handle(fh) else {
+    pub(crate) fn release_handle(&self, meta: &Meta, fh: FileHandle) {
+        let Some((ino, owners)) = self.take_handle(fh) else {
             return;
         };
         for owner in owners {
-            if let Err(error) = self.unlock_all(ino, owner) {
+            if let Err(error) = self.unlock_all(meta, ino, owner) {
                 tracing::warn!(ino, owner, error = %crate::error::Chain(&error), "record locks not given back at a release");
             }
         }
     }
 
     /// Gives back every record lock of `owner` on `ino`.
-    fn unlock_all(&self, ino: Ino, owner: u64) -> Result<(), Error> {
-        self.records
-            .call(&self.meta, ino, RecordClaim::unlock_all(owner), 0)
+    pub(crate) fn unlock_all(&self, meta: &Meta, ino: Ino, owner: u64) -> Result<(), Error> {
+        self.call(meta, ino, RecordClaim::unlock_all(owner), 0)
+    }
+}
+
+impl NewSession for RecordOwners {
+    /// Takes the record locks of the session that ended back ([`RecordOwners::reclaim`]).
+    fn new_session(&self, meta: &Meta) {
+        self.reclaim(meta);
     }
 }
 

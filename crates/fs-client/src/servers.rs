@@ -8,8 +8,8 @@
 //! id (ids are checked to be below `2^16`, so the table stays small). A connector makes
 //! endpoints; endpoints themselves belong to workers (`workers`).
 
-use crate::client::MountOptions;
 use crate::error::{Error, Peer};
+use crate::options::MountOptions;
 use fabric::{Connector, FabricError, RegionId};
 use lockmgr::schemes::LockServerAt;
 use proto::{ClusterInfo, DataServerInfo, FabricAddr, FsError};

@@ -2,10 +2,10 @@
 //! fabric connectors that follow from them — replaced whole when the session or the layout
 //! changes, so that a server restart does not break the mount.
 //!
-//! A [`View`] is immutable. [`Inner::view`] returns the current one after a cheap check (two
+//! [`Views`] holds the current view. A [`View`] is immutable. [`Views::current`] returns the current one after a cheap check (two
 //! atomic loads and a read lock) that the meta connection is up, that it still belongs to the
 //! meta session the connection has, and that no heartbeat brought a newer layout epoch;
-//! otherwise it builds the next one ([`Inner::refresh_view`]): asks the meta server for the
+//! otherwise it builds the next one ([`Views::refresh`]): asks the meta server for the
 //! layout (`Cluster`, which reconnects first if the connection broke — a new session), and
 //! connects to the servers, keeping the connectors of data servers whose address and
 //! incarnation did not change.
@@ -15,26 +15,28 @@
 //!   is dropped at checkout once a newer view exists, so no endpoint or lock handle of an old
 //!   session or of a data server's earlier life is used after the client learnt of the change.
 //! - What was opened in an older session is reopened in the current one before use
-//!   ([`Inner::live_inode`]): file control blocks and lock states live in the meta server's
+//!   (the client's `live_inode`): file control blocks and lock states live in the meta server's
 //!   region, which a restarted meta server has laid out afresh.
 //! - A data server that came back with new memory (a new incarnation) gets new connectors, and
 //!   every chunk cache is emptied (the meta server now answers `Lost` for its chunks).
 
-use crate::client::{Inner, MountOptions};
 use crate::error::Error;
-use crate::handles::OpenInode;
-use crate::meta::unexpected;
+use crate::meta::{unexpected, Meta};
+use crate::options::MountOptions;
+use crate::plan::Geometry;
 use crate::servers::Servers;
+use fabric::RemoteAddr;
 use proto::rpc::{Request, Response};
-use proto::{ClusterInfo, FsError};
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, PoisonError};
+use proto::{ClusterInfo, FsError, Ino};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 /// How long a call of the data path (a read, a write, an fsync, a truncate, a stat of an open
 /// file) may go on catching up and redoing its I/O after failures below the file system —
 /// waiting for a data server that is down, restarting or cut off to register again —
-/// counted from the call's start ([`Inner::data_deadline`]): long enough for a restart, short
+/// counted from the call's start ([`Views::data_deadline`]): long enough for a restart, short
 /// enough that nothing hangs. Then the call fails with EIO.
 pub(crate) const DATA_SERVER_WAIT: Duration = Duration::from_secs(10);
 
@@ -76,39 +78,91 @@ impl View {
     }
 }
 
-impl Inner {
+/// The current [`View`] of a client, and what replaces it (see the module docs).
+pub(crate) struct Views {
+    /// The meta-server connection the layout is asked on.
+    meta: Arc<Meta>,
+    /// How this client was asked to connect (for the connectors of a new view).
+    opts: MountOptions,
+    /// The mount's chunk size and lock unit: a cluster that comes back with others is refused.
+    geometry: Geometry,
+    /// The installed view.
+    current: RwLock<Arc<View>>,
+    /// Serializes building new views.
+    refresh: Mutex<()>,
+    /// The installed view's id: a worker whose view has it (and is still current, see
+    /// [`Views::is_current`]) is used without touching `current`'s lock or count.
+    id: AtomicU64,
+    /// The view id chunk caches must be of: a cache learnt under an older view is emptied
+    /// (`chunks`), since a data server may have lost its chunks meanwhile.
+    chunk_epoch: AtomicU64,
+    /// Since when each data server that a call found unregistered has been away, by id
+    /// ([`Views::data_deadline`]); a view that has it live again clears it.
+    data_away: Mutex<HashMap<u32, Instant>>,
+}
+
+impl Views {
+    /// Holds `first`, the view built at connect.
+    pub(crate) fn new(
+        meta: Arc<Meta>,
+        opts: MountOptions,
+        geometry: Geometry,
+        first: View,
+    ) -> Views {
+        Views {
+            meta,
+            opts,
+            geometry,
+            chunk_epoch: AtomicU64::new(first.id),
+            id: AtomicU64::new(first.id),
+            current: RwLock::new(Arc::new(first)),
+            refresh: Mutex::new(()),
+            data_away: Mutex::default(),
+        }
+    }
+
+    /// The installed view, as it is (not checked for being current).
+    pub(crate) fn installed(&self) -> Arc<View> {
+        self.current
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The view id chunk caches must be of now (`chunks`).
+    pub(crate) fn chunk_epoch(&self) -> &AtomicU64 {
+        &self.chunk_epoch
+    }
+
     /// Whether `view` is the installed view and still current: the meta connection is up, of
     /// the view's session, and no heartbeat brought a newer layout epoch. Atomic loads only.
     pub(crate) fn is_current(&self, view: &View) -> bool {
-        view.id == self.view_id.load(Ordering::Acquire)
+        view.id == self.id.load(Ordering::Acquire)
             && self.meta.is_up()
             && view.generation == self.meta.generation()
             && view.info.layout_epoch >= self.meta.layout_epoch()
     }
 
     /// The current view, refreshed first if it is out of date (see the module docs).
-    pub(crate) fn view(&self) -> Result<Arc<View>, Error> {
+    pub(crate) fn current(&self) -> Result<Arc<View>, Error> {
         let view = self
-            .view
+            .current
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
         if self.is_current(&view) {
             return Ok(view);
         }
-        self.refresh_view(view.id)
+        self.refresh(view.id)
     }
 
     /// Builds and installs a new view unless one newer than view `seen` was installed meanwhile:
     /// fetches the layout (reconnecting to the meta server, a new session, if the connection
     /// broke) and connects to the servers it names.
-    pub(crate) fn refresh_view(&self, seen: u64) -> Result<Arc<View>, Error> {
-        let _one_at_a_time = self
-            .view_refresh
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+    pub(crate) fn refresh(&self, seen: u64) -> Result<Arc<View>, Error> {
+        let _one_at_a_time = self.refresh.lock().unwrap_or_else(PoisonError::into_inner);
         let current = self
-            .view
+            .current
             .read()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
@@ -155,8 +209,8 @@ impl Inner {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .retain(|&id, _| !view.data_server_live(id));
-        *self.view.write().unwrap_or_else(PoisonError::into_inner) = view.clone();
-        self.view_id.store(view.id, Ordering::Release);
+        *self.current.write().unwrap_or_else(PoisonError::into_inner) = view.clone();
+        self.id.store(view.id, Ordering::Release);
         // Chunk locations learnt before may name chunks that are lost now: learn them again.
         self.chunk_epoch.store(view.id, Ordering::SeqCst);
         Ok(view)
@@ -165,7 +219,7 @@ impl Inner {
     /// When a call that began at `started` stops catching up with the cluster and redoing its
     /// I/O, and in particular stops waiting for data server `server` (`None`: no server in
     /// particular) to come back: [`DATA_SERVER_WAIT`] after the call began, or after this
-    /// client first found `server` away in the outage it is in ([`Inner::data_away`]),
+    /// client first found `server` away in the outage it is in ([`Views::data_away`]),
     /// whichever is earlier. So one call ends within the bound however many times it waits
     /// and redoes, and a call made later in the same outage tries once and fails at once, as
     /// for the meta server (`Meta::away_since`). The one place that bound is decided.
@@ -173,9 +227,9 @@ impl Inner {
         self.waiting_since(started, server) + DATA_SERVER_WAIT
     }
 
-    /// What [`Inner::data_deadline`] counts from: the call's start, or the first failure of
+    /// What [`Views::data_deadline`] counts from: the call's start, or the first failure of
     /// `server`'s outage if that was earlier.
-    fn waiting_since(&self, started: Instant, server: Option<u32>) -> Instant {
+    pub(crate) fn waiting_since(&self, started: Instant, server: Option<u32>) -> Instant {
         let away = server.and_then(|id| {
             self.data_away
                 .lock()
@@ -190,7 +244,7 @@ impl Inner {
     /// of a call that began at `started`, before the I/O is tried again: a fresh view
     /// (reconnecting to the meta server if needed, which waits for it within its own bound,
     /// `Meta::away_since`), and, when the failure was on a data server that is not registered
-    /// now, a wait for it to come back until [`Inner::data_deadline`]. Fails when the cluster
+    /// now, a wait for it to come back until [`Views::data_deadline`]. Fails when the cluster
     /// stays unreachable past that bound, so nothing hangs; fails with `failure` itself when
     /// catching up finds this client's meta session over (a fence revoked it, or its lease
     /// ran out while the client was stopped): the I/O fails as any fenced I/O does (EIO), not
@@ -198,12 +252,18 @@ impl Inner {
     /// when a revocation reached the data path as a closed connection instead of a refusal. A
     /// refresh that fails below the file system is tried again within the same bound. An
     /// [`Error::ForeignFcb`] in the same session is mended by opening the file anew
-    /// ([`Inner::reopen_foreign`]) when the meta server then gives it another block, and is
+    /// (`reopen_foreign`: `HandleTable::reopen_foreign`) when the meta server then gives it another block, and is
     /// final when it names the same one (the block was damaged).
-    pub(crate) fn recover(&self, failure: Error, started: Instant) -> Result<Arc<View>, Error> {
+    pub(crate) fn recover(
+        &self,
+        failure: Error,
+        started: Instant,
+        reopen_foreign: impl FnOnce(Ino, RemoteAddr, &View) -> Result<(), Error>,
+    ) -> Result<Arc<View>, Error> {
+        let mut reopen_foreign = Some(reopen_foreign);
         loop {
-            let seen = self.view.read().unwrap_or_else(PoisonError::into_inner).id;
-            let view = match self.refresh_view(seen) {
+            let seen = self.installed().id;
+            let view = match self.refresh(seen) {
                 Err(Error::Fs(FsError::Stale)) => return Err(failure),
                 // The meta server went away under the refresh (a restart's old connection
                 // answering its last, `ServerStopping`): the connection was dropped, and the
@@ -231,7 +291,8 @@ impl Inner {
             } = &failure
             {
                 if view.session() == *session {
-                    if self.reopen_foreign(*ino, *fcb, &view).is_err() {
+                    let reopen = reopen_foreign.take().expect("the loop returns after it");
+                    if reopen(*ino, *fcb, &view).is_err() {
                         return Err(failure);
                     }
                     return Ok(view);
@@ -284,20 +345,5 @@ impl Inner {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-    }
-
-    /// `inode` as open in `view`'s session: itself, or reopened if it was opened in an earlier
-    /// session (see the module docs).
-    pub(crate) fn live_inode(
-        &self,
-        inode: &Arc<OpenInode>,
-        view: &View,
-    ) -> Result<Arc<OpenInode>, Error> {
-        // A closed inode still in use was replaced by a reopen (`reopen_foreign`): the table
-        // has the open to use now.
-        if inode.session == view.session() && !inode.closed.load(Ordering::Relaxed) {
-            return Ok(inode.clone());
-        }
-        self.reopen(inode.ino, view)
     }
 }

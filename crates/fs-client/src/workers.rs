@@ -16,18 +16,22 @@
 //! - A worker belongs to one `view`: its endpoints and lock handles were made from that view's
 //!   connectors. A worker of an older view is dropped at checkout, never reused.
 
-use crate::client::Inner;
 use crate::error::{Error, Peer};
-use crate::lock_cache::LockCache;
-use crate::view::View;
+use crate::handles::HandleTable;
+use crate::lock_cache::{LockCache, LockSetup};
+use crate::view::{View, Views};
 use fabric::{Batch, Completions, Endpoint};
 use lockmgr::LockStats;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Idle workers, and the statistics of lock handles no worker holds any more.
-#[derive(Default)]
 pub(crate) struct WorkerPool {
+    /// What new workers' lock handles are opened with.
+    locks: LockSetup,
+    /// How much of a lock's lease must be left to post data verbs (twice the cluster's
+    /// `fence_after`; see [`Worker::check_lease_before_post`]).
+    lease_guard: Duration,
     idle: Mutex<Vec<Worker>>,
     /// Statistics of lock handles already dropped (closed files, broken workers), so that
     /// [`crate::CitronFs::lock_stats`] keeps counting them.
@@ -35,6 +39,17 @@ pub(crate) struct WorkerPool {
 }
 
 impl WorkerPool {
+    /// An empty pool whose workers open lock handles with `locks` and post changes only with
+    /// `lease_guard` of their lock's lease left.
+    pub(crate) fn new(locks: LockSetup, lease_guard: Duration) -> WorkerPool {
+        WorkerPool {
+            locks,
+            lease_guard,
+            idle: Mutex::default(),
+            retired_lock_stats: Mutex::default(),
+        }
+    }
+
     /// Counts `stats` of lock handles being dropped.
     pub(crate) fn retire(&self, stats: &LockStats) {
         self.retired_lock_stats
@@ -78,19 +93,58 @@ pub(crate) struct Worker {
     /// An endpoint or lock handle of this worker failed: drop it rather than reuse it.
     pub(crate) broken: bool,
     /// The lease deadline of the range lock this worker holds now (`None`: no lock, or one
-    /// that is never broken). See `io`'s `check_lease_before_post`.
+    /// that is never broken). See [`Worker::check_lease_before_post`].
     pub(crate) lease: Option<Instant>,
     /// When the batches this worker posts under that lock expire (`fabric::Batch::expire_at`):
     /// ahead of `lease`, so that a batch whose server went silent is given up with time left
-    /// to release the lock before its deadline (`io`'s `Inner::hold_lease`).
+    /// to release the lock before its deadline ([`Worker::hold_lease`]).
     pub(crate) expires: Option<Instant>,
+    /// How much of the lease must be left to post a change (the pool's `lease_guard`).
+    lease_guard: Duration,
     /// Whether part of the change made under the range lock held now may have reached the
     /// file: a data batch of a write, an FCB raise or a locked call was sent. From then on a
-    /// lost lease fails the change instead of redoing it (`io`'s `Inner::locked`).
+    /// lost lease fails the change instead of redoing it (`locked_io::locked`).
     pub(crate) changed: bool,
 }
 
 impl Worker {
+    /// Records the lease deadline of the lock this worker now holds (`None`: none, or one never
+    /// broken) and when its batches expire: `lease_guard / 2` before the deadline.
+    ///
+    /// Why earlier than the deadline: past its expiry no verb of a batch starts at the server,
+    /// and an endpoint waits for the reply only [`fabric::REPLY_AFTER_EXPIRY`] longer. So a
+    /// holder whose data server went silent (a cut link, a stopped host) gets its call back
+    /// while the lease still runs and releases the lock in time: the next holder finds the
+    /// range free instead of starving on bits left for lazy recovery (one `T_lease` or more).
+    /// A batch expiring at the deadline itself would be given up only at it, and released
+    /// late. Posts need `lease_guard` left ([`Worker::check_lease_before_post`]), so a batch
+    /// always has at least `lease_guard / 2` to execute in.
+    pub(crate) fn hold_lease(&mut self, lease: Option<Instant>) {
+        self.lease = lease;
+        self.expires = lease.map(|d| d.checked_sub(self.lease_guard / 2).unwrap_or(d));
+    }
+
+    /// Fencing, client side (docs/ARCHITECTURE.md "Fencing"): data verbs that change the file are posted
+    /// only while the guarding lock's lease has more than `lease_guard` left, so that they
+    /// execute before any other client can break the lock. The guard is twice the cluster's
+    /// `fence_after`: a client stopped between this check and its post for long enough to
+    /// land late is silent that long, and the breaker's `Fence` revokes it first (tcp).
+    pub(crate) fn check_lease_before_post(&self) -> Result<(), Error> {
+        match self.lease {
+            Some(deadline) if Instant::now() + self.lease_guard > deadline => Err(Error::LeaseLost),
+            _ => Ok(()),
+        }
+    }
+
+    /// Reads are validated after the fact: data read before the lease deadline was read under
+    /// the lock; data read later may mix in another client's write.
+    pub(crate) fn check_lease_after_read(&self) -> Result<(), Error> {
+        match self.lease {
+            Some(deadline) if Instant::now() >= deadline => Err(Error::LeaseLost),
+            _ => Ok(()),
+        }
+    }
+
     /// Executes `self.batch` on the meta endpoint, one round trip, results in `self.out`; a
     /// failure marks the worker broken (the endpoint's state is unknown).
     pub(crate) fn exec_meta(&mut self) -> Result<(), Error> {
@@ -185,27 +239,30 @@ impl Drop for Checkout<'_> {
     }
 }
 
-impl Inner {
+impl WorkerPool {
     /// A worker for one call, of the current view: an idle one, or a new one (connected to
     /// the meta region) when none is idle. Idle workers of older views are dropped. The usual
     /// case — an idle worker of the current view — costs the pool's mutex and atomic loads.
-    pub(crate) fn checkout(&self) -> Result<Checkout<'_>, Error> {
+    pub(crate) fn checkout(
+        &self,
+        views: &Views,
+        files: &HandleTable,
+    ) -> Result<Checkout<'_>, Error> {
         let mut worker = loop {
             let pooled = self
-                .pool
                 .idle
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .pop();
             match pooled {
-                Some(w) if self.is_current(&w.view) => break w,
+                Some(w) if views.is_current(&w.view) => break w,
                 Some(w) => {
                     let mut retired = LockStats::default();
                     w.locks.merge_stats(&mut retired);
-                    self.pool.retire(&retired);
+                    self.retire(&retired);
                 }
                 None => {
-                    let view = self.view()?;
+                    let view = views.current()?;
                     break Worker {
                         meta_ep: view
                             .servers
@@ -214,8 +271,8 @@ impl Inner {
                             .map_err(Error::fabric(Peer::Meta))?,
                         view,
                         data_eps: Vec::new(),
-                        locks: LockCache::default(),
-                        close_epoch: self.files.close_epoch(),
+                        locks: LockCache::new(self.locks.clone()),
+                        close_epoch: files.close_epoch(),
                         batch: Batch::new(),
                         out: Completions::new(),
                         raises: Batch::new(),
@@ -223,21 +280,22 @@ impl Inner {
                         broken: false,
                         lease: None,
                         expires: None,
+                        lease_guard: self.lease_guard,
                         changed: false,
                     };
                 }
             }
         };
-        let epoch = self.files.close_epoch();
+        let epoch = files.close_epoch();
         if worker.close_epoch != epoch {
             // Without taking the open-inode table: checkouts happen while it is held
             // (open_inode).
             let retired = worker.locks.drop_closed();
-            self.pool.retire(&retired);
+            self.retire(&retired);
         }
         worker.close_epoch = epoch;
         Ok(Checkout {
-            pool: &self.pool,
+            pool: self,
             worker: Some(worker),
         })
     }

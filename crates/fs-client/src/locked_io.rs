@@ -1,0 +1,127 @@
+//! One locked I/O: the range lock around a body of data verbs ([`locked`]). Acquire with the
+//! file control block's words in the granting batch, run the body, release — with the MTIME
+//! raise at the head of the release where the scheme's release is one-sided verbs — and count
+//! the I/O ([`IoCounters`]).
+//!
+//! Invariants:
+//! - The lock is held from the batch that read the FCB (its granting batch) until after the
+//!   body's last data verb and raise completed; the body runs only with an FCB that is the
+//!   file's ([`check_owner`]).
+//! - A change that lost its lease after part of it was sent fails (`LeaseLostPartway`), never
+//!   redone: the release hands the next holder a range with that part in it.
+//! - A failed acquisition or release marks the worker broken (its lock handle is in doubt).
+
+use crate::error::Error;
+use crate::fcb::{check_owner, finish_mtime_raise, Fcb, FcbReads, MtimeRaise};
+use crate::handles::OpenInode;
+use crate::io_stats::IoCounters;
+use crate::locks::file_range;
+use crate::workers::Worker;
+use lockmgr::LockStats;
+use std::ops::Range;
+use std::sync::Arc;
+
+/// Runs `body` holding units `units` of `inode` locked, with the file's FCB words as the
+/// acquisition found them; releases after it, whatever it returned. A failed acquisition
+/// or release marks the worker broken (its lock handle is in doubt).
+///
+/// `touch` (a write's start time) asks for MTIME to be raised to it ([`MtimeRaise`]): at
+/// the head of the release batch where the release is one-sided verbs that carry it for
+/// free (`lockmgr::RangeLock::release_carries_verbs`), else by `body`, which is then given
+/// the time as its third argument and posts the raise beside its data (`fcb::FcbRaises`).
+///
+/// Round trips: the FCB reads ride in the lock's granting batch ([`FcbReads`]; the lock
+/// handle's endpoint reaches the meta region, where the lock words and the FCB live), and
+/// the MTIME raise in a batch waited for anyway, so a locked I/O costs the lock's own round
+/// trips plus its data batches: three in sequence for a 4 KiB read or overwrite on one data
+/// server, two where the release is posted (CITRON at the host). A scheme that cannot carry
+/// verbs in its acquisition (a lock service) reads the FCB on the worker's meta endpoint, one
+/// round trip more, after the grant.
+pub(crate) fn locked<T>(
+    w: &mut Worker,
+    io: &IoCounters,
+    inode: &Arc<OpenInode>,
+    units: Range<u64>,
+    touch: Option<u64>,
+    body: impl FnOnce(&mut Worker, Fcb, Option<u64>) -> Result<T, Error>,
+) -> Result<T, Error> {
+    let range = file_range(w.locks.scheme(), inode.ino, units)?;
+    let before = io.start(w);
+    let mut extra = std::mem::take(&mut w.batch);
+    let mut out = std::mem::take(&mut w.out);
+    extra.clear();
+    let reads = FcbReads::post(&mut extra, inode);
+    let lock = w.locks.handle(&w.view, inode)?;
+    let lock_before = lock.stats();
+    let (touch_at_release, touch_in_body) = match lock.release_carries_verbs() {
+        true => (touch, None),
+        false => (None, touch),
+    };
+    let acquired = lock
+        .acquire_with(range, &extra, &mut out, &mut *w.meta_ep)
+        .map(|id| (id, lock.lease_deadline(id)));
+    let (id, lease) = match acquired {
+        Ok(held) => held,
+        Err(e) => {
+            w.batch = extra;
+            w.out = out;
+            w.broken = true;
+            return Err(Error::lock(inode.ino)(e));
+        }
+    };
+    let found = reads.decode(&out);
+    w.batch = extra;
+    w.out = out;
+    w.hold_lease(lease);
+    w.changed = false;
+    failpoint!("fs_client::io::locked");
+    // An FCB that is not this file's is refused before any data verb or raise touches it
+    // (the lock is released all the same).
+    let (result, owned) = match check_owner(inode, found.ino) {
+        Ok(()) => (body(w, found, touch_in_body), true),
+        Err(e) => (Err(e), false),
+    };
+    // A lease lost partway through a change: the release below hands the range to the
+    // next holder with that part in it, so the change must not be redone and reported
+    // done — another client may read the part in between, a torn read of a write that
+    // then succeeded. It fails instead, as a write cut by a crash does.
+    let result = match result {
+        Err(Error::LeaseLost) if w.changed => Err(Error::LeaseLostPartway),
+        other => other,
+    };
+    w.hold_lease(None);
+    w.changed = false;
+    let mut extra = std::mem::take(&mut w.batch);
+    let mut out = std::mem::take(&mut w.out);
+    extra.clear();
+    let raise = touch_at_release
+        .filter(|_| owned)
+        .and_then(|now| MtimeRaise::post(&mut extra, inode, found.mtime, now));
+    let meta_ep = &mut *w.meta_ep;
+    let mut lock_rtts = 0;
+    let released = w.locks.handle(&w.view, inode).and_then(|l| {
+        let released = l
+            .release_with(id, &extra, &mut out, meta_ep)
+            .map_err(Error::lock(inode.ino));
+        lock_rtts = lock_round_trips(&l.stats()) - lock_round_trips(&lock_before);
+        released
+    });
+    w.batch = extra;
+    let released = released.and_then(|()| match &raise {
+        Some(raise) => finish_mtime_raise(w, inode, raise, &out),
+        None => Ok(()),
+    });
+    w.out = out;
+    if released.is_err() {
+        w.broken = true;
+    }
+    io.finish(w, before, lock_rtts);
+    let value = result?;
+    released?;
+    Ok(value)
+}
+
+/// The round trips a lock handle has spent acquiring and releasing.
+fn lock_round_trips(stats: &LockStats) -> u64 {
+    stats.acquire.round_trips + stats.release.round_trips
+}

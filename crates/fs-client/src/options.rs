@@ -1,0 +1,59 @@
+//! [`MountOptions`]: how a client reaches its cluster and locks its files.
+
+use lockmgr::citron::Hosting;
+use lockmgr::LockScheme;
+
+/// How to reach a cluster and how to lock files.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MountOptions {
+    /// The meta server's RPC address (`host:port`).
+    pub meta_addr: String,
+    /// The cluster's name.
+    pub cluster: String,
+    /// The cluster's shared secret.
+    pub token: String,
+    /// The range-lock scheme of every read and write (`citron` by default).
+    pub scheme: LockScheme,
+    /// This client's host name, for the meta server's logs.
+    pub host: String,
+    /// How long connecting to a tcp fabric server and one batch of verbs may take before a
+    /// silent server (a cut link, a frozen host) fails the call with EIO instead of blocking
+    /// it ([`fabric::TcpTimeouts::DEFAULT`]: 5 s each).
+    pub fabric_timeouts: fabric::TcpTimeouts,
+    /// Where CITRON locks are acquired: by default ([`Hosting::Auto`]) at the meta server,
+    /// which hosts the lock trees, where it offers that (tcp: one call per acquisition, the
+    /// release posted, the meta server fencing and scaling up on the client's behalf), and
+    /// one-sided otherwise. [`Hosting::Never`] acquires one-sided always (tests that kill a
+    /// client in the middle of the protocol).
+    pub citron_hosting: Hosting,
+}
+
+impl MountOptions {
+    /// The cluster credentials every server checks in the handshake.
+    pub fn credentials(&self) -> fabric::Credentials {
+        fabric::Credentials::new(self.cluster.clone(), self.token.clone())
+    }
+
+    /// Options for the cluster at `meta_addr` with the default scheme (`citron`).
+    pub fn new(
+        meta_addr: impl Into<String>,
+        cluster: impl Into<String>,
+        token: impl Into<String>,
+    ) -> MountOptions {
+        MountOptions {
+            meta_addr: meta_addr.into(),
+            cluster: cluster.into(),
+            token: token.into(),
+            scheme: LockScheme::default(),
+            host: hostname(),
+            fabric_timeouts: fabric::TcpTimeouts::DEFAULT,
+            citron_hosting: Hosting::Auto,
+        }
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_else(|_| "localhost".into())
+}
