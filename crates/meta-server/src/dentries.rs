@@ -125,7 +125,7 @@ impl DentryTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::service::OwnRegion;
+    use crate::meta_region::OwnRegion;
     use fabric::{Region, RegionId, RemoteAddr};
     use proto::dentries::Answer;
     use std::sync::Arc;

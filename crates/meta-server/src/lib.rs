@@ -20,21 +20,30 @@
 pub mod alloc;
 mod awake;
 mod dentries;
+mod fences;
 pub mod fsck;
+mod meta_region;
 pub mod metrics;
+mod open_files;
+mod published;
 mod reclaim;
+mod record_locks;
+mod registry;
 mod requests;
 pub mod rpc;
 mod service;
+mod sessions;
 mod staged;
 mod status;
 pub mod store;
+mod sync;
 
 use anyhow::Context;
 use fabric::{Backing, Credentials, FabricServer, ServeAt};
 use lockmgr::schemes::LockServer;
+use meta_region::META_REGION;
 use proto::Caller;
-use service::{Service, Settings, META_REGION};
+use service::{Service, Settings};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -495,7 +504,7 @@ impl lockmgr::Fence for HostFence {
         on_service(
             &self.service,
             "fence before a lease recovery (at the host)",
-            |service| service.fence(self.session, service::FENCE_WAIT),
+            |service| service.fence(self.session, fences::FENCE_WAIT),
         )
     }
 
@@ -503,7 +512,7 @@ impl lockmgr::Fence for HostFence {
         on_service(
             &self.service,
             "asking whether a lock holder is gone (at the host)",
-            |service| service.holder_gone(self.session, owner, stopped, service::FENCE_WAIT),
+            |service| service.holder_gone(self.session, owner, stopped, fences::FENCE_WAIT),
         )
     }
 }
@@ -846,7 +855,7 @@ mod tests {
         let (entered_tx, entered) = mpsc::channel::<()>();
         let (go, go_rx) = mpsc::channel::<()>();
         let (entered_tx, go_rx) = (Mutex::new(entered_tx), Mutex::new(go_rx));
-        *svc.scrub_hook.lock().unwrap() = Some(Arc::new(move || {
+        *svc.scrub_hook().lock().unwrap() = Some(Arc::new(move || {
             entered_tx.lock().unwrap().send(()).unwrap();
             let _ = go_rx.lock().unwrap().recv();
         }));

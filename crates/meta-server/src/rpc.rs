@@ -242,7 +242,7 @@ async fn blocking<T: Send + 'static>(
 }
 
 /// Runs `f`, a handler; a panic in it is its caller's internal error, not the connection's
-/// end (the state it leaves is as consistent as sled left it: see `service::lock`).
+/// end (the state it leaves is as consistent as sled left it: see `sync::lock`).
 fn guarded<T>(f: impl FnOnce() -> Result<T, FsError>) -> Result<T, FsError> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|_| {
         Err(FsError::Io(

@@ -112,7 +112,7 @@ pub(crate) fn report(facts: Facts, caller: u64, now: Instant) -> ClusterStatus {
                 peer: s.origin.peer.clone(),
                 age_ms: since(s.opened),
                 silent_ms: ms(silent),
-                // `Service::fence_targets`' test.
+                // `SessionTable::fence_targets`' test.
                 fenceable: silent > facts.fence_after
                     || s.resumed_until.is_some_and(|until| now < until),
                 open_files: s.open_files as u64,

@@ -430,7 +430,7 @@ fn pause_past_lease(spec: ClusterSpec, how: Stops) {
 /// patience ran out just after A was continued, A's heartbeat reached the meta server before
 /// A's stale post (checked before the stop) reached one data server, B's fence revoked nothing,
 /// and the post landed after B's write. A session heard from after a silence now stays a
-/// fence's target for a while (meta-server `Service::fence_targets`; the deterministic test is
+/// fence's target for a while (meta-server `SessionTable::fence_targets`; the deterministic test is
 /// `lifecycle.rs` `a_session_back_from_a_silence_is_still_fenced`).
 ///
 /// Ignored for a while: with that fix it passed 9 of 10 runs of the whole `citronfs-tests`
