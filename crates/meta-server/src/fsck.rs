@@ -51,7 +51,7 @@
 //! chunks shared by two files or naming nothing allocated, kind mismatches, directory parent
 //! conflicts; lock words when the caller does not say no client is active (`at_rest`).
 
-use crate::store::{Block, Image, Store};
+use crate::store::{Block, Image, ServerRecord, Store};
 use proto::fsck::{Finding, FsckCounts, FsckOptions, FsckReport, Repair, MAX_FINDINGS};
 use proto::layout::Layout;
 use proto::{ChunkLoc, FileKind, FsError, Ino, ROOT_INO};
@@ -115,24 +115,77 @@ fn check_lost(image: &Image, out: &mut Vec<Finding>) {
     }
 }
 
-fn check_chunks(image: &Image, live: &Live, layout: Layout, out: &mut Vec<Finding>) {
-    let servers: HashMap<u32, &crate::store::ServerRecord> =
-        image.servers.iter().map(|s| (s.id, s)).collect();
-    let max = layout.max_order();
-    // Units below `next_fresh` (in chunk-size blocks): allocated at least once.
-    let limit = |s: &crate::store::ServerRecord| s.next_fresh.min(s.chunks) << max;
-    let allocated = |b: &Block| {
+/// The data servers' records as the chunk checks see them.
+struct Space<'a> {
+    servers: HashMap<u32, &'a ServerRecord>,
+    /// The layout's largest order.
+    max: u32,
+    layout: Layout,
+}
+
+impl<'a> Space<'a> {
+    fn new(image: &'a Image, layout: Layout) -> Space<'a> {
+        Space {
+            servers: image.servers.iter().map(|s| (s.id, s)).collect(),
+            max: layout.max_order(),
+            layout,
+        }
+    }
+
+    /// Units below `next_fresh` (in chunk-size blocks): allocated at least once.
+    fn limit(&self, s: &ServerRecord) -> u64 {
+        s.next_fresh.min(s.chunks) << self.max
+    }
+
+    /// Whether `b` is an aligned block of a known server below its `next_fresh` mark.
+    fn allocated(&self, b: &Block) -> bool {
         let units = Layout::units_of(b.order);
-        servers.get(&b.loc.server).is_some_and(|s| {
-            b.order <= max
+        self.servers.get(&b.loc.server).is_some_and(|s| {
+            b.order <= self.max
                 && b.loc.index % units == 0
                 && b.loc
                     .index
                     .checked_add(units)
-                    .is_some_and(|e| e <= limit(s))
+                    .is_some_and(|e| e <= self.limit(s))
         })
-    };
-    // Chunk maps: who names each chunk, and maps of what is not a file.
+    }
+}
+
+/// What a block of a server's region is, for the sweep of [`sweep_units`].
+#[derive(Clone, Copy)]
+enum Kind {
+    Used(Ino, u64),
+    Free,
+    Dirty,
+}
+
+fn check_chunks(image: &Image, live: &Live, layout: Layout, out: &mut Vec<Finding>) {
+    let space = Space::new(image, layout);
+    let (used, per_file) = check_chunk_maps(image, &space, out);
+    check_allocated_bytes(image, &per_file, layout, out);
+    check_sizes(image, live, per_file, layout, out);
+    let free_blocks = check_free_stacks(image, &space, out);
+    // Dirty set.
+    let mut dirty_blocks: Vec<Block> = Vec::new();
+    for &block in &image.dirty {
+        if !space.allocated(&block) {
+            out.push(Finding::DirtyChunkOutOfRange { loc: block.loc });
+        } else {
+            dirty_blocks.push(block);
+        }
+    }
+    sweep_units(image, &space, &used, &free_blocks, &dirty_blocks, out);
+}
+
+/// The blocks chunk maps name (each once, with its first owner) and each file's chunk indexes;
+/// reports chunks on unknown servers or outside what was allocated, maps of what is not a file,
+/// and chunks two maps name.
+#[allow(clippy::type_complexity)]
+fn check_chunk_maps(
+    image: &Image,
+    space: &Space,
+    out: &mut Vec<Finding>,
+) -> (Vec<(Block, Ino, u64)>, BTreeMap<Ino, Vec<u64>>) {
     let mut owners: HashMap<ChunkLoc, Vec<(Ino, u64)>> = HashMap::new();
     let mut used: Vec<(Block, Ino, u64)> = Vec::new();
     let mut of_no_file: BTreeMap<Ino, u64> = BTreeMap::new();
@@ -146,11 +199,11 @@ fn check_chunks(image: &Image, live: &Live, layout: Layout, out: &mut Vec<Findin
         }
         let block = Block {
             loc,
-            order: layout.order(chunk),
+            order: space.layout.order(chunk),
         };
-        if !servers.contains_key(&loc.server) {
+        if !space.servers.contains_key(&loc.server) {
             out.push(Finding::ChunkOnUnknownServer { ino, chunk, loc });
-        } else if !allocated(&block) {
+        } else if !space.allocated(&block) {
             out.push(Finding::ChunkNotAllocated { ino, chunk, loc });
         }
         let o = owners.entry(loc).or_default();
@@ -171,9 +224,17 @@ fn check_chunks(image: &Image, live: &Live, layout: Layout, out: &mut Vec<Findin
             owners: o.clone(),
         });
     }
+    (used, per_file)
+}
 
-    // Chunk bytes: what each file counts against what its map holds (every file, those
-    // without chunks included).
+/// Chunk bytes: what each file counts against what its map holds (every file, those without
+/// chunks included).
+fn check_allocated_bytes(
+    image: &Image,
+    per_file: &BTreeMap<Ino, Vec<u64>>,
+    layout: Layout,
+    out: &mut Vec<Finding>,
+) {
     for (&ino, attr) in &image.inodes {
         let counted = per_file
             .get(&ino)
@@ -186,8 +247,16 @@ fn check_chunks(image: &Image, live: &Live, layout: Layout, out: &mut Vec<Findin
             });
         }
     }
+}
 
-    // Sizes: chunks wholly beyond the size (see the module docs for open files).
+/// Sizes: chunks wholly beyond the size (see the module docs for open files).
+fn check_sizes(
+    image: &Image,
+    live: &Live,
+    per_file: BTreeMap<Ino, Vec<u64>>,
+    layout: Layout,
+    out: &mut Vec<Finding>,
+) {
     for (ino, chunks) in per_file {
         let size = match live.open.get(&ino) {
             None => image.inodes[&ino].size,
@@ -204,9 +273,12 @@ fn check_chunks(image: &Image, live: &Live, layout: Layout, out: &mut Vec<Findin
             });
         }
     }
+}
 
-    // Free stacks: per server and order, `free_counts[order]` entries in slots
-    // `0..free_counts[order]`, each a distinct allocated block with its free-index entry.
+/// Free stacks: per server and order, `free_counts[order]` entries in slots
+/// `0..free_counts[order]`, each a distinct allocated block with its free-index entry. Returns
+/// the free blocks that are allocated and listed once.
+fn check_free_stacks(image: &Image, space: &Space, out: &mut Vec<Finding>) -> Vec<Block> {
     let mut free: BTreeMap<u32, Vec<(u32, u64, u64)>> = BTreeMap::new();
     for &(server, order, slot, at) in &image.free {
         free.entry(server).or_default().push((order, slot, at));
@@ -220,54 +292,9 @@ fn check_chunks(image: &Image, live: &Live, layout: Layout, out: &mut Vec<Findin
     let mut free_blocks: Vec<Block> = Vec::new();
     for rec in &image.servers {
         let entries = free.remove(&rec.id).unwrap_or_default();
-        let mut problems = Vec::new();
-        if rec.free_counts.len() != max as usize + 1 {
-            problems.push(format!(
-                "{} stack counts for {} orders",
-                rec.free_counts.len(),
-                max + 1
-            ));
-        }
-        let mut slots: BTreeMap<u32, BTreeSet<u64>> = BTreeMap::new();
-        let mut seen = HashSet::new();
-        for &(order, slot, at) in &entries {
-            let count = rec.free_counts.get(order as usize).copied().unwrap_or(0);
-            if slot >= count || !slots.entry(order).or_default().insert(slot) {
-                problems.push(format!("order {order} slot {slot} for a count of {count}"));
-            }
-            let block = Block {
-                loc: ChunkLoc {
-                    server: rec.id,
-                    index: at,
-                },
-                order,
-            };
-            if !allocated(&block) {
-                problems.push(format!(
-                    "block {at} of order {order} was never allocated or is misaligned"
-                ));
-            } else if !seen.insert(at) {
-                problems.push(format!("block {at} is on it twice"));
-            } else {
-                free_blocks.push(block);
-            }
-            if index.get(&(rec.id, at)) != Some(&(order, slot)) {
-                problems.push(format!("block {at} has no matching free-index entry"));
-            }
-        }
-        for (order, &count) in rec.free_counts.iter().enumerate() {
-            let n = slots.get(&(order as u32)).map_or(0, |s| s.len() as u64);
-            if n != count {
-                problems.push(format!("order {order}: {n} entries for a count of {count}"));
-            }
-        }
-        if index_count.get(&rec.id).copied().unwrap_or(0) != entries.len() as u64 {
-            problems.push(format!(
-                "{} free-index entries for {} stack entries",
-                index_count.get(&rec.id).copied().unwrap_or(0),
-                entries.len()
-            ));
-        }
+        let indexed = index_count.get(&rec.id).copied().unwrap_or(0);
+        let mut problems =
+            free_stack_problems(rec, &entries, &index, indexed, space, &mut free_blocks);
         if !problems.is_empty() {
             problems.sort();
             problems.dedup();
@@ -284,25 +311,82 @@ fn check_chunks(image: &Image, live: &Live, layout: Layout, out: &mut Vec<Findin
             detail: format!("{} entries for a server with no record", entries.len()),
         });
     }
+    free_blocks
+}
 
-    // Dirty set.
-    let mut dirty_blocks: Vec<Block> = Vec::new();
-    for &block in &image.dirty {
-        if !allocated(&block) {
-            out.push(Finding::DirtyChunkOutOfRange { loc: block.loc });
+/// What is wrong with server `rec`'s free stacks, whose `entries` are (order, slot, unit
+/// offset), given the free index (`indexed` entries of it are the server's); pushes each free
+/// block that is allocated and listed once to `free_blocks`.
+fn free_stack_problems(
+    rec: &ServerRecord,
+    entries: &[(u32, u64, u64)],
+    index: &HashMap<(u32, u64), (u32, u64)>,
+    indexed: u64,
+    space: &Space,
+    free_blocks: &mut Vec<Block>,
+) -> Vec<String> {
+    let max = space.max;
+    let mut problems = Vec::new();
+    if rec.free_counts.len() != max as usize + 1 {
+        problems.push(format!(
+            "{} stack counts for {} orders",
+            rec.free_counts.len(),
+            max + 1
+        ));
+    }
+    let mut slots: BTreeMap<u32, BTreeSet<u64>> = BTreeMap::new();
+    let mut seen = HashSet::new();
+    for &(order, slot, at) in entries {
+        let count = rec.free_counts.get(order as usize).copied().unwrap_or(0);
+        if slot >= count || !slots.entry(order).or_default().insert(slot) {
+            problems.push(format!("order {order} slot {slot} for a count of {count}"));
+        }
+        let block = Block {
+            loc: ChunkLoc {
+                server: rec.id,
+                index: at,
+            },
+            order,
+        };
+        if !space.allocated(&block) {
+            problems.push(format!(
+                "block {at} of order {order} was never allocated or is misaligned"
+            ));
+        } else if !seen.insert(at) {
+            problems.push(format!("block {at} is on it twice"));
         } else {
-            dirty_blocks.push(block);
+            free_blocks.push(block);
+        }
+        if index.get(&(rec.id, at)) != Some(&(order, slot)) {
+            problems.push(format!("block {at} has no matching free-index entry"));
         }
     }
-
-    // Every unit below `next_fresh` in exactly one block: a sweep per server over the used,
-    // free and dirty blocks in address order finds overlaps and gaps (leaks).
-    #[derive(Clone, Copy)]
-    enum Kind {
-        Used(Ino, u64),
-        Free,
-        Dirty,
+    for (order, &count) in rec.free_counts.iter().enumerate() {
+        let n = slots.get(&(order as u32)).map_or(0, |s| s.len() as u64);
+        if n != count {
+            problems.push(format!("order {order}: {n} entries for a count of {count}"));
+        }
     }
+    if indexed != entries.len() as u64 {
+        problems.push(format!(
+            "{} free-index entries for {} stack entries",
+            indexed,
+            entries.len()
+        ));
+    }
+    problems
+}
+
+/// Every unit below `next_fresh` in exactly one block: a sweep per server over the used, free
+/// and dirty blocks in address order finds overlaps and gaps (leaks).
+fn sweep_units(
+    image: &Image,
+    space: &Space,
+    used: &[(Block, Ino, u64)],
+    free_blocks: &[Block],
+    dirty_blocks: &[Block],
+    out: &mut Vec<Finding>,
+) {
     let mut per_server: BTreeMap<u32, Vec<(u64, u64, Kind)>> = BTreeMap::new();
     let mut add = |b: &Block, kind: Kind| {
         let start = b.loc.index;
@@ -312,20 +396,17 @@ fn check_chunks(image: &Image, live: &Live, layout: Layout, out: &mut Vec<Findin
             .or_default()
             .push((start, end, kind));
     };
-    for (b, ino, chunk) in &used {
-        if allocated(b) {
+    for (b, ino, chunk) in used {
+        if space.allocated(b) {
             add(b, Kind::Used(*ino, *chunk));
         }
     }
     free_blocks.iter().for_each(|b| add(b, Kind::Free));
     dirty_blocks.iter().for_each(|b| add(b, Kind::Dirty));
+    let (max, layout) = (space.max, space.layout);
     for rec in &image.servers {
         let mut blocks = per_server.remove(&rec.id).unwrap_or_default();
         blocks.sort_by_key(|&(start, end, _)| (start, end));
-        let loc = |index| ChunkLoc {
-            server: rec.id,
-            index,
-        };
         // The block reaching furthest so far.
         let mut cover: Option<(u64, u64, Kind)> = None;
         let mut reached = 0u64;
@@ -334,49 +415,8 @@ fn check_chunks(image: &Image, live: &Live, layout: Layout, out: &mut Vec<Findin
                 leaks(rec.id, reached, start, max, layout, out);
             }
             if let Some((c_start, _, c_kind)) = cover.filter(|_| start < reached) {
-                match (c_kind, kind) {
-                    (Kind::Used(ino, chunk), Kind::Free) | (Kind::Free, Kind::Used(ino, chunk)) => {
-                        out.push(Finding::ChunkUsedAndFree {
-                            ino,
-                            chunk,
-                            loc: loc(if matches!(kind, Kind::Free) {
-                                start
-                            } else {
-                                c_start
-                            }),
-                            dirty: false,
-                        })
-                    }
-                    (Kind::Used(ino, chunk), Kind::Dirty)
-                    | (Kind::Dirty, Kind::Used(ino, chunk)) => {
-                        out.push(Finding::ChunkUsedAndFree {
-                            ino,
-                            chunk,
-                            loc: loc(if matches!(kind, Kind::Dirty) {
-                                start
-                            } else {
-                                c_start
-                            }),
-                            dirty: true,
-                        })
-                    }
-                    (Kind::Free, Kind::Dirty) => {
-                        out.push(Finding::ChunkFreeAndDirty { loc: loc(start) })
-                    }
-                    (Kind::Dirty, Kind::Free) => {
-                        out.push(Finding::ChunkFreeAndDirty { loc: loc(c_start) })
-                    }
-                    (Kind::Used(a, ca), Kind::Used(b, cb)) => out.push(Finding::ChunkSharedBy {
-                        loc: loc(start),
-                        owners: vec![(a, ca), (b, cb)],
-                    }),
-                    (Kind::Free, Kind::Free) => out.push(Finding::FreeStackBroken {
-                        server: rec.id,
-                        detail: format!("free blocks at {c_start} and {start} overlap"),
-                    }),
-                    // Dirty blocks come from chunk maps and leaks: two overlapping ones were two
-                    // overlapping chunks, reported while they were used.
-                    (Kind::Dirty, Kind::Dirty) => {}
+                if let Some(finding) = overlap(rec.id, (c_start, c_kind), (start, kind)) {
+                    out.push(finding);
                 }
             }
             if end > reached {
@@ -384,11 +424,57 @@ fn check_chunks(image: &Image, live: &Live, layout: Layout, out: &mut Vec<Findin
                 cover = Some((start, end, kind));
             }
         }
-        let top = limit(rec);
+        let top = space.limit(rec);
         if top > reached {
             leaks(rec.id, reached, top, max, layout, out);
         }
     }
+}
+
+/// What two overlapping blocks of `server` say: the one reaching furthest so far (`cover`, at
+/// its start) and the next one (`next`, at its start).
+fn overlap(server: u32, cover: (u64, Kind), next: (u64, Kind)) -> Option<Finding> {
+    let ((c_start, c_kind), (start, kind)) = (cover, next);
+    let loc = |index| ChunkLoc { server, index };
+    Some(match (c_kind, kind) {
+        (Kind::Used(ino, chunk), Kind::Free) | (Kind::Free, Kind::Used(ino, chunk)) => {
+            Finding::ChunkUsedAndFree {
+                ino,
+                chunk,
+                loc: loc(if matches!(kind, Kind::Free) {
+                    start
+                } else {
+                    c_start
+                }),
+                dirty: false,
+            }
+        }
+        (Kind::Used(ino, chunk), Kind::Dirty) | (Kind::Dirty, Kind::Used(ino, chunk)) => {
+            Finding::ChunkUsedAndFree {
+                ino,
+                chunk,
+                loc: loc(if matches!(kind, Kind::Dirty) {
+                    start
+                } else {
+                    c_start
+                }),
+                dirty: true,
+            }
+        }
+        (Kind::Free, Kind::Dirty) => Finding::ChunkFreeAndDirty { loc: loc(start) },
+        (Kind::Dirty, Kind::Free) => Finding::ChunkFreeAndDirty { loc: loc(c_start) },
+        (Kind::Used(a, ca), Kind::Used(b, cb)) => Finding::ChunkSharedBy {
+            loc: loc(start),
+            owners: vec![(a, ca), (b, cb)],
+        },
+        (Kind::Free, Kind::Free) => Finding::FreeStackBroken {
+            server,
+            detail: format!("free blocks at {c_start} and {start} overlap"),
+        },
+        // Dirty blocks come from chunk maps and leaks: two overlapping ones were two
+        // overlapping chunks, reported while they were used.
+        (Kind::Dirty, Kind::Dirty) => return None,
+    })
 }
 
 /// Reports units `from..to` of `server` (in no block) as the fewest aligned blocks.
@@ -409,162 +495,30 @@ fn leaks(server: u32, mut from: u64, to: u64, max: u32, layout: Layout, out: &mu
     }
 }
 
+/// What the directory entries say of the inodes they name.
+#[derive(Default)]
+struct Tally {
+    /// Links of non-directories counted from the entries.
+    links: HashMap<Ino, u32>,
+    /// Subdirectories per directory.
+    subdirs: HashMap<Ino, u32>,
+    /// The directories whose entries name each directory.
+    named_by: HashMap<Ino, Vec<Ino>>,
+    /// What each directory's entries name.
+    children: HashMap<Ino, Vec<Ino>>,
+}
+
 fn check_namespace(image: &Image, live: &Live, out: &mut Vec<Finding>) {
-    let inodes = &image.inodes;
-    // Links counted from the entries, and which entries name each directory.
-    let mut links: HashMap<Ino, u32> = HashMap::new();
-    let mut subdirs: HashMap<Ino, u32> = HashMap::new();
-    let mut named_by: HashMap<Ino, Vec<Ino>> = HashMap::new();
-    let index: HashMap<(Ino, u64), &crate::store::ImageEntry> = image
-        .index
-        .iter()
-        .map(|e| ((e.parent, e.cookie), e))
-        .collect();
-    let mut children: HashMap<Ino, Vec<Ino>> = HashMap::new();
-    for e in &image.entries {
-        match inodes.get(&e.parent) {
-            Some(dir) if dir.kind == FileKind::Dir => {}
-            _ => {
-                out.push(Finding::EntryMismatch {
-                    parent: e.parent,
-                    name: e.name.clone(),
-                    detail: "it is in something that is not an existing directory".into(),
-                });
-                continue;
-            }
-        }
-        let Some(target) = inodes.get(&e.ino) else {
-            out.push(Finding::DanglingEntry {
-                parent: e.parent,
-                name: e.name.clone(),
-                ino: e.ino,
-            });
-            continue;
-        };
-        if target.kind != e.kind {
-            out.push(Finding::EntryMismatch {
-                parent: e.parent,
-                name: e.name.clone(),
-                detail: format!("it says {:?}, inode {} is {:?}", e.kind, e.ino, target.kind),
-            });
-        }
-        match index.get(&(e.parent, e.cookie)) {
-            Some(i) if i.ino == e.ino && i.name == e.name && i.kind == e.kind => {}
-            _ => out.push(Finding::EntryMismatch {
-                parent: e.parent,
-                name: e.name.clone(),
-                detail: format!("no matching readdir index at cookie {}", e.cookie),
-            }),
-        }
-        if image
-            .cookies
-            .get(&e.parent)
-            .is_none_or(|&next| e.cookie >= next)
-        {
-            out.push(Finding::EntryMismatch {
-                parent: e.parent,
-                name: e.name.clone(),
-                detail: format!(
-                    "cookie {} is not below the directory's next cookie (it would be reused)",
-                    e.cookie
-                ),
-            });
-        }
-        children.entry(e.parent).or_default().push(e.ino);
-        if target.kind == FileKind::Dir {
-            *subdirs.entry(e.parent).or_default() += 1;
-            named_by.entry(e.ino).or_default().push(e.parent);
+    let tally = check_entries(image, out);
+    let reached = reachable(image, &tally.children);
+    for (&ino, attr) in &image.inodes {
+        if attr.kind == FileKind::Dir {
+            check_dir_links(image, &tally, &reached, ino, attr, out);
         } else {
-            *links.entry(e.ino).or_default() += 1;
+            check_file_links(image, &tally, &reached, ino, attr, out);
         }
-    }
-    let entries: HashSet<(Ino, u64)> = image.entries.iter().map(|e| (e.parent, e.cookie)).collect();
-    for i in &image.index {
-        if !entries.contains(&(i.parent, i.cookie)) {
-            out.push(Finding::EntryMismatch {
-                parent: i.parent,
-                name: i.name.clone(),
-                detail: format!("readdir index at cookie {} has no entry", i.cookie),
-            });
-        }
-    }
-
-    // Reachability from the root.
-    let mut reached: HashSet<Ino> = HashSet::new();
-    let mut queue = VecDeque::from([ROOT_INO]);
-    while let Some(ino) = queue.pop_front() {
-        if !reached.insert(ino) {
-            continue;
-        }
-        for &child in children.get(&ino).into_iter().flatten() {
-            if inodes.contains_key(&child) {
-                queue.push_back(child);
-            }
-        }
-    }
-
-    for (&ino, attr) in inodes {
         let open = live.open.contains_key(&ino);
         let orphan = image.orphans.contains(&ino);
-        if attr.kind == FileKind::Dir {
-            let counted = 2 + subdirs.get(&ino).copied().unwrap_or(0);
-            if attr.nlink != counted && (reached.contains(&ino) || ino == ROOT_INO) {
-                out.push(Finding::WrongLinkCount {
-                    ino,
-                    kind: attr.kind,
-                    stored: attr.nlink,
-                    counted,
-                });
-            }
-            let namers = named_by.get(&ino).map(Vec::as_slice).unwrap_or(&[]);
-            let parent = image.parents.get(&ino).copied();
-            if ino == ROOT_INO {
-                if parent != Some(ROOT_INO) || !namers.is_empty() {
-                    out.push(Finding::DirectoryParent {
-                        ino,
-                        detail: format!(
-                            "the root's parent is {parent:?} and entries in {namers:?} name it"
-                        ),
-                    });
-                }
-            } else if namers.len() > 1 {
-                out.push(Finding::DirectoryParent {
-                    ino,
-                    detail: format!("named by entries in several directories: {namers:?}"),
-                });
-            } else if namers.len() == 1 && parent != Some(namers[0]) {
-                out.push(Finding::DirectoryParent {
-                    ino,
-                    detail: format!(
-                        "named in directory {} but its parent pointer is {parent:?}",
-                        namers[0]
-                    ),
-                });
-            }
-        } else {
-            let counted = links.get(&ino).copied().unwrap_or(0);
-            // An orphan (unlinked while open) has no entry and a count of 0.
-            if attr.nlink != counted && reached.contains(&ino) {
-                out.push(Finding::WrongLinkCount {
-                    ino,
-                    kind: attr.kind,
-                    stored: attr.nlink,
-                    counted,
-                });
-            }
-            if attr.kind == FileKind::Symlink && !image.symlinks.contains(&ino) {
-                out.push(Finding::StrayRecord {
-                    ino,
-                    what: "a symlink without a target".into(),
-                });
-            }
-            if image.parents.contains_key(&ino) {
-                out.push(Finding::StrayRecord {
-                    ino,
-                    what: "a parent pointer on something that is not a directory".into(),
-                });
-            }
-        }
         if !reached.contains(&ino) {
             if orphan {
                 if !open || attr.nlink > 0 {
@@ -588,8 +542,191 @@ fn check_namespace(image: &Image, live: &Live, out: &mut Vec<Finding>) {
             });
         }
     }
+    check_stray_records(image, out);
+}
 
-    // Records of inodes that do not exist.
+/// Checks every directory entry against its directory, its inode, the readdir index and the
+/// cookie counter (and the index against the entries); counts what the sound ones name.
+fn check_entries(image: &Image, out: &mut Vec<Finding>) -> Tally {
+    let index: HashMap<(Ino, u64), &crate::store::ImageEntry> = image
+        .index
+        .iter()
+        .map(|e| ((e.parent, e.cookie), e))
+        .collect();
+    let mut tally = Tally::default();
+    for e in &image.entries {
+        let Some(target) = check_entry(image, &index, e, out) else {
+            continue;
+        };
+        tally.children.entry(e.parent).or_default().push(e.ino);
+        if target.kind == FileKind::Dir {
+            *tally.subdirs.entry(e.parent).or_default() += 1;
+            tally.named_by.entry(e.ino).or_default().push(e.parent);
+        } else {
+            *tally.links.entry(e.ino).or_default() += 1;
+        }
+    }
+    let entries: HashSet<(Ino, u64)> = image.entries.iter().map(|e| (e.parent, e.cookie)).collect();
+    for i in &image.index {
+        if !entries.contains(&(i.parent, i.cookie)) {
+            out.push(Finding::EntryMismatch {
+                parent: i.parent,
+                name: i.name.clone(),
+                detail: format!("readdir index at cookie {} has no entry", i.cookie),
+            });
+        }
+    }
+    tally
+}
+
+/// Checks entry `e`; the inode it names, unless it is in no directory or names nothing.
+fn check_entry<'a>(
+    image: &'a Image,
+    index: &HashMap<(Ino, u64), &crate::store::ImageEntry>,
+    e: &crate::store::ImageEntry,
+    out: &mut Vec<Finding>,
+) -> Option<&'a proto::Attr> {
+    let mismatch = |detail: String| Finding::EntryMismatch {
+        parent: e.parent,
+        name: e.name.clone(),
+        detail,
+    };
+    match image.inodes.get(&e.parent) {
+        Some(dir) if dir.kind == FileKind::Dir => {}
+        _ => {
+            out.push(mismatch(
+                "it is in something that is not an existing directory".into(),
+            ));
+            return None;
+        }
+    }
+    let Some(target) = image.inodes.get(&e.ino) else {
+        out.push(Finding::DanglingEntry {
+            parent: e.parent,
+            name: e.name.clone(),
+            ino: e.ino,
+        });
+        return None;
+    };
+    if target.kind != e.kind {
+        out.push(mismatch(format!(
+            "it says {:?}, inode {} is {:?}",
+            e.kind, e.ino, target.kind
+        )));
+    }
+    match index.get(&(e.parent, e.cookie)) {
+        Some(i) if i.ino == e.ino && i.name == e.name && i.kind == e.kind => {}
+        _ => out.push(mismatch(format!(
+            "no matching readdir index at cookie {}",
+            e.cookie
+        ))),
+    }
+    if image
+        .cookies
+        .get(&e.parent)
+        .is_none_or(|&next| e.cookie >= next)
+    {
+        out.push(mismatch(format!(
+            "cookie {} is not below the directory's next cookie (it would be reused)",
+            e.cookie
+        )));
+    }
+    Some(target)
+}
+
+/// The inodes reachable from the root through `children`.
+fn reachable(image: &Image, children: &HashMap<Ino, Vec<Ino>>) -> HashSet<Ino> {
+    let mut reached: HashSet<Ino> = HashSet::new();
+    let mut queue = VecDeque::from([ROOT_INO]);
+    while let Some(ino) = queue.pop_front() {
+        if !reached.insert(ino) {
+            continue;
+        }
+        for &child in children.get(&ino).into_iter().flatten() {
+            if image.inodes.contains_key(&child) {
+                queue.push_back(child);
+            }
+        }
+    }
+    reached
+}
+
+/// A directory's link count and parent pointer against the entries that name it.
+fn check_dir_links(
+    image: &Image,
+    tally: &Tally,
+    reached: &HashSet<Ino>,
+    ino: Ino,
+    attr: &proto::Attr,
+    out: &mut Vec<Finding>,
+) {
+    let counted = 2 + tally.subdirs.get(&ino).copied().unwrap_or(0);
+    if attr.nlink != counted && (reached.contains(&ino) || ino == ROOT_INO) {
+        out.push(Finding::WrongLinkCount {
+            ino,
+            kind: attr.kind,
+            stored: attr.nlink,
+            counted,
+        });
+    }
+    let namers = tally.named_by.get(&ino).map(Vec::as_slice).unwrap_or(&[]);
+    let parent = image.parents.get(&ino).copied();
+    let detail = if ino == ROOT_INO {
+        (parent != Some(ROOT_INO) || !namers.is_empty())
+            .then(|| format!("the root's parent is {parent:?} and entries in {namers:?} name it"))
+    } else if namers.len() > 1 {
+        Some(format!(
+            "named by entries in several directories: {namers:?}"
+        ))
+    } else if namers.len() == 1 && parent != Some(namers[0]) {
+        Some(format!(
+            "named in directory {} but its parent pointer is {parent:?}",
+            namers[0]
+        ))
+    } else {
+        None
+    };
+    if let Some(detail) = detail {
+        out.push(Finding::DirectoryParent { ino, detail });
+    }
+}
+
+/// A non-directory's link count against its entries, and records only directories or
+/// symlinks may have.
+fn check_file_links(
+    image: &Image,
+    tally: &Tally,
+    reached: &HashSet<Ino>,
+    ino: Ino,
+    attr: &proto::Attr,
+    out: &mut Vec<Finding>,
+) {
+    let counted = tally.links.get(&ino).copied().unwrap_or(0);
+    // An orphan (unlinked while open) has no entry and a count of 0.
+    if attr.nlink != counted && reached.contains(&ino) {
+        out.push(Finding::WrongLinkCount {
+            ino,
+            kind: attr.kind,
+            stored: attr.nlink,
+            counted,
+        });
+    }
+    if attr.kind == FileKind::Symlink && !image.symlinks.contains(&ino) {
+        out.push(Finding::StrayRecord {
+            ino,
+            what: "a symlink without a target".into(),
+        });
+    }
+    if image.parents.contains_key(&ino) {
+        out.push(Finding::StrayRecord {
+            ino,
+            what: "a parent pointer on something that is not a directory".into(),
+        });
+    }
+}
+
+/// Records of inodes that do not exist.
+fn check_stray_records(image: &Image, out: &mut Vec<Finding>) {
     let mut strays: BTreeMap<Ino, Vec<&str>> = BTreeMap::new();
     let sets: [(&str, Box<dyn Iterator<Item = Ino> + '_>); 5] = [
         ("xattrs", Box::new(image.xattr_inos.iter().copied())),
@@ -600,7 +737,7 @@ fn check_namespace(image: &Image, live: &Live, out: &mut Vec<Finding>) {
     ];
     for (what, inos) in sets {
         for ino in inos {
-            if !inodes.contains_key(&ino) {
+            if !image.inodes.contains_key(&ino) {
                 strays.entry(ino).or_default().push(what);
             }
         }
@@ -621,6 +758,26 @@ pub(crate) struct Repaired {
     pub freed: Vec<Block>,
 }
 
+impl Repaired {
+    /// `ino`'s chunks were freed (`effects`).
+    fn freed_chunks(&mut self, ino: Ino, effects: crate::store::Effects) {
+        self.repairs.push(Repair::FreedChunks {
+            ino,
+            chunks: effects.freed.len() as u64,
+        });
+        self.freed.extend(effects.freed);
+    }
+
+    /// `ino` was deleted (`effects`).
+    fn deleted_inode(&mut self, ino: Ino, effects: crate::store::Effects) {
+        self.repairs.push(Repair::DeletedInode {
+            ino,
+            chunks: effects.freed.len() as u64,
+        });
+        self.freed.extend(effects.freed);
+    }
+}
+
 /// Repairs what `findings` (of a check of `image`) allow (see the module docs); files open
 /// somewhere are never deleted or trimmed.
 pub(crate) fn repair(
@@ -633,89 +790,111 @@ pub(crate) fn repair(
     let mut rebuild: BTreeSet<u32> = BTreeSet::new();
     let mut deleted: HashSet<Ino> = HashSet::new();
     for finding in findings {
-        match finding {
-            Finding::DanglingEntry { parent, name, .. }
-                if store.repair_remove_entry(*parent, name)? =>
-            {
-                done.repairs.push(Repair::RemovedEntry {
-                    parent: *parent,
-                    name: name.clone(),
-                });
+        repair_namespace(store, image, live, finding, &mut done, &mut deleted)?;
+        repair_space(store, live, finding, &mut done, &mut rebuild)?;
+    }
+    let layout = store.layout();
+    for server in rebuild {
+        let Some(rec) = image.servers.iter().find(|s| s.id == server) else {
+            continue;
+        };
+        let keep = valid_free_blocks(image, layout, rec);
+        let before = store.repair_rebuild_free(server, &keep)?;
+        done.repairs.push(Repair::RebuiltFreeStack {
+            server,
+            from: before,
+            to: keep.len() as u64,
+        });
+    }
+    Ok(done)
+}
+
+/// Repairs one finding about the namespace (entries, links, orphans, stray records); others
+/// are left alone. `deleted`: the inodes deleted so far, never deleted twice.
+fn repair_namespace(
+    store: &Store,
+    image: &Image,
+    live: &Live,
+    finding: &Finding,
+    done: &mut Repaired,
+    deleted: &mut HashSet<Ino>,
+) -> Result<(), FsError> {
+    match finding {
+        Finding::DanglingEntry { parent, name, .. }
+            if store.repair_remove_entry(*parent, name)? =>
+        {
+            done.repairs.push(Repair::RemovedEntry {
+                parent: *parent,
+                name: name.clone(),
+            });
+        }
+        Finding::StrayRecord { ino, .. } if !image.inodes.contains_key(ino) => {
+            store.repair_remove_stray(*ino)?;
+            done.repairs.push(Repair::RemovedStrayRecords { ino: *ino });
+        }
+        Finding::Unreachable { ino, .. }
+            if !live.open.contains_key(ino) && *ino != ROOT_INO && deleted.insert(*ino) =>
+        {
+            done.deleted_inode(*ino, store.repair_delete_inode(*ino)?);
+        }
+        Finding::StaleOrphan { ino, nlink } => {
+            if *nlink > 0 {
+                store.repair_unmark_orphan(*ino)?;
+                done.repairs.push(Repair::UnmarkedOrphan { ino: *ino });
+            } else if !live.open.contains_key(ino) && deleted.insert(*ino) {
+                done.deleted_inode(*ino, store.repair_delete_inode(*ino)?);
             }
-            Finding::StrayRecord { ino, .. } if !image.inodes.contains_key(ino) => {
-                store.repair_remove_stray(*ino)?;
-                done.repairs.push(Repair::RemovedStrayRecords { ino: *ino });
-            }
-            Finding::ChunkOfNoFile { ino, .. } => {
-                let effects = store.repair_free_chunks(*ino, 0)?;
-                done.repairs.push(Repair::FreedChunks {
-                    ino: *ino,
-                    chunks: effects.freed.len() as u64,
-                });
-                done.freed.extend(effects.freed);
-            }
-            Finding::Unreachable { ino, .. }
-                if !live.open.contains_key(ino) && *ino != ROOT_INO && deleted.insert(*ino) =>
-            {
-                let effects = store.repair_delete_inode(*ino)?;
-                done.repairs.push(Repair::DeletedInode {
-                    ino: *ino,
-                    chunks: effects.freed.len() as u64,
-                });
-                done.freed.extend(effects.freed);
-            }
-            Finding::StaleOrphan { ino, nlink } => {
-                if *nlink > 0 {
-                    store.repair_unmark_orphan(*ino)?;
-                    done.repairs.push(Repair::UnmarkedOrphan { ino: *ino });
-                } else if !live.open.contains_key(ino) && deleted.insert(*ino) {
-                    let effects = store.repair_delete_inode(*ino)?;
-                    done.repairs.push(Repair::DeletedInode {
-                        ino: *ino,
-                        chunks: effects.freed.len() as u64,
-                    });
-                    done.freed.extend(effects.freed);
-                }
-            }
-            Finding::WrongLinkCount {
-                ino,
-                stored,
-                counted,
-                ..
-            } => {
-                store.repair_set_nlink(*ino, *counted)?;
-                done.repairs.push(Repair::SetLinkCount {
-                    ino: *ino,
-                    from: *stored,
-                    to: *counted,
-                });
-            }
-            Finding::WrongAllocated {
-                ino,
-                stored,
-                counted,
-            } => {
-                store.repair_set_allocated(*ino, *counted)?;
-                done.repairs.push(Repair::SetAllocated {
-                    ino: *ino,
-                    from: *stored,
-                    to: *counted,
-                });
-            }
-            Finding::ChunkBeyondSize { ino, chunks, .. } if !live.open.contains_key(ino) => {
-                let from = chunks.iter().copied().min().unwrap_or(0);
-                let effects = store.repair_free_chunks(*ino, from)?;
-                done.repairs.push(Repair::FreedChunks {
-                    ino: *ino,
-                    chunks: effects.freed.len() as u64,
-                });
-                done.freed.extend(effects.freed);
-            }
-            Finding::LeakedChunk { loc, bytes } => {
-                let units = bytes / store.layout().unit();
-                if !units.is_power_of_two() {
-                    continue;
-                }
+        }
+        Finding::WrongLinkCount {
+            ino,
+            stored,
+            counted,
+            ..
+        } => {
+            store.repair_set_nlink(*ino, *counted)?;
+            done.repairs.push(Repair::SetLinkCount {
+                ino: *ino,
+                from: *stored,
+                to: *counted,
+            });
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Repairs one finding about space (chunk maps, allocated bytes, leaks, the dirty set); the
+/// servers whose free stacks must be rebuilt are added to `rebuild`. Others are left alone.
+fn repair_space(
+    store: &Store,
+    live: &Live,
+    finding: &Finding,
+    done: &mut Repaired,
+    rebuild: &mut BTreeSet<u32>,
+) -> Result<(), FsError> {
+    match finding {
+        Finding::ChunkOfNoFile { ino, .. } => {
+            done.freed_chunks(*ino, store.repair_free_chunks(*ino, 0)?);
+        }
+        Finding::WrongAllocated {
+            ino,
+            stored,
+            counted,
+        } => {
+            store.repair_set_allocated(*ino, *counted)?;
+            done.repairs.push(Repair::SetAllocated {
+                ino: *ino,
+                from: *stored,
+                to: *counted,
+            });
+        }
+        Finding::ChunkBeyondSize { ino, chunks, .. } if !live.open.contains_key(ino) => {
+            let from = chunks.iter().copied().min().unwrap_or(0);
+            done.freed_chunks(*ino, store.repair_free_chunks(*ino, from)?);
+        }
+        Finding::LeakedChunk { loc, bytes } => {
+            let units = bytes / store.layout().unit();
+            if units.is_power_of_two() {
                 let block = Block {
                     loc: *loc,
                     order: units.trailing_zeros(),
@@ -724,80 +903,71 @@ pub(crate) fn repair(
                 done.repairs.push(Repair::FreedLeakedChunk { loc: *loc });
                 done.freed.push(block);
             }
-            Finding::FreeStackBroken { server, .. } => {
-                rebuild.insert(*server);
-            }
-            Finding::ChunkFreeAndDirty { loc } => {
-                rebuild.insert(loc.server);
-            }
-            Finding::ChunkUsedAndFree { loc, dirty, .. } => {
-                if *dirty {
-                    store.repair_clear_dirty(*loc)?;
-                    done.repairs.push(Repair::ClearedDirtyMark { loc: *loc });
-                } else {
-                    rebuild.insert(loc.server);
-                }
-            }
-            Finding::DirtyChunkOutOfRange { loc } => {
+        }
+        Finding::FreeStackBroken { server, .. } => {
+            rebuild.insert(*server);
+        }
+        Finding::ChunkFreeAndDirty { loc } => {
+            rebuild.insert(loc.server);
+        }
+        Finding::ChunkUsedAndFree { loc, dirty, .. } => {
+            if *dirty {
                 store.repair_clear_dirty(*loc)?;
                 done.repairs.push(Repair::ClearedDirtyMark { loc: *loc });
+            } else {
+                rebuild.insert(loc.server);
             }
-            _ => {}
+        }
+        Finding::DirtyChunkOutOfRange { loc } => {
+            store.repair_clear_dirty(*loc)?;
+            done.repairs.push(Repair::ClearedDirtyMark { loc: *loc });
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// The free blocks of server `rec` a rebuilt stack keeps, as (unit offset, order): allocated
+/// and aligned, overlapping no chunk, dirty block or other kept free block, in stack order.
+fn valid_free_blocks(image: &Image, layout: Layout, rec: &ServerRecord) -> Vec<(u64, u32)> {
+    let server = rec.id;
+    let limit = rec.next_fresh.min(rec.chunks) << layout.max_order();
+    // Occupied ranges: start → end.
+    let mut taken: BTreeMap<u64, u64> = BTreeMap::new();
+    let overlaps = |taken: &BTreeMap<u64, u64>, start: u64, end: u64| {
+        taken
+            .range(..end)
+            .next_back()
+            .is_some_and(|(_, &e)| e > start)
+    };
+    for &(_, chunk, loc) in image.chunks.iter().filter(|c| c.2.server == server) {
+        let end = loc.index.saturating_add(layout.len(chunk) / layout.unit());
+        taken.insert(loc.index, end);
+    }
+    for b in image.dirty.iter().filter(|b| b.loc.server == server) {
+        let end = b.loc.index.saturating_add(Layout::units_of(b.order));
+        taken.insert(b.loc.index, end);
+    }
+    let mut entries: Vec<(u32, u64, u64)> = image
+        .free
+        .iter()
+        .filter(|&&(s, _, _, _)| s == server)
+        .map(|&(_, order, slot, at)| (order, slot, at))
+        .collect();
+    entries.sort_unstable();
+    let mut keep = Vec::new();
+    for (order, _, at) in entries {
+        if order > layout.max_order() {
+            continue;
+        }
+        let units = Layout::units_of(order);
+        let end = at.saturating_add(units);
+        if at % units == 0 && end <= limit && !overlaps(&taken, at, end) {
+            taken.insert(at, end);
+            keep.push((at, order));
         }
     }
-    if !rebuild.is_empty() {
-        // Valid free blocks: allocated and aligned, overlapping no chunk, dirty block or other
-        // kept free block, in stack order.
-        let layout = store.layout();
-        for server in rebuild {
-            let Some(rec) = image.servers.iter().find(|s| s.id == server) else {
-                continue;
-            };
-            let limit = rec.next_fresh.min(rec.chunks) << layout.max_order();
-            // Occupied ranges: start → end.
-            let mut taken: BTreeMap<u64, u64> = BTreeMap::new();
-            let overlaps = |taken: &BTreeMap<u64, u64>, start: u64, end: u64| {
-                taken
-                    .range(..end)
-                    .next_back()
-                    .is_some_and(|(_, &e)| e > start)
-            };
-            for &(_, chunk, loc) in image.chunks.iter().filter(|c| c.2.server == server) {
-                let end = loc.index.saturating_add(layout.len(chunk) / layout.unit());
-                taken.insert(loc.index, end);
-            }
-            for b in image.dirty.iter().filter(|b| b.loc.server == server) {
-                let end = b.loc.index.saturating_add(Layout::units_of(b.order));
-                taken.insert(b.loc.index, end);
-            }
-            let mut entries: Vec<(u32, u64, u64)> = image
-                .free
-                .iter()
-                .filter(|&&(s, _, _, _)| s == server)
-                .map(|&(_, order, slot, at)| (order, slot, at))
-                .collect();
-            entries.sort_unstable();
-            let mut keep = Vec::new();
-            for (order, _, at) in entries {
-                if order > layout.max_order() {
-                    continue;
-                }
-                let units = Layout::units_of(order);
-                let end = at.saturating_add(units);
-                if at % units == 0 && end <= limit && !overlaps(&taken, at, end) {
-                    taken.insert(at, end);
-                    keep.push((at, order));
-                }
-            }
-            let before = store.repair_rebuild_free(server, &keep)?;
-            done.repairs.push(Repair::RebuiltFreeStack {
-                server,
-                from: before,
-                to: keep.len() as u64,
-            });
-        }
-    }
-    Ok(done)
+    keep
 }
 
 /// The whole run on `store`: a check, then with `options.repair` rounds of repair and check.
