@@ -17,6 +17,86 @@ impl Tx<'_> {
         }
         self.free_chunks(ino, &doomed.chunks).map(drop)
     }
+
+    /// Moves entry `src` from `from` (directory, name) to `to`, where no entry is, updating
+    /// both directories' times and link counts, a moved directory's parent pointer and the
+    /// moved inode's change time.
+    fn move_entry(
+        &self,
+        (parent, name): (Ino, &str),
+        (new_parent, new_name): (Ino, &str),
+        src: &Dirent,
+        now: Timestamp,
+    ) -> TxResult<()> {
+        self.remove_dirent(parent, name, src)?;
+        self.add_dirent(new_parent, new_name, src.ino, src.kind)?;
+        // Re-read the parents: a replaced target may have changed `new_parent`.
+        let mut old_dir = self.inode(parent)?;
+        if parent != new_parent {
+            let mut np = self.inode(new_parent)?;
+            if src.kind == FileKind::Dir {
+                self.t(T_PARENTS).insert(be64(src.ino), &be64(new_parent))?;
+                old_dir.nlink = old_dir.nlink.saturating_sub(1);
+                np.nlink += 1;
+            }
+            np.mtime = now;
+            np.ctime = now;
+            self.put_inode(&np)?;
+        }
+        old_dir.mtime = now;
+        old_dir.ctime = now;
+        self.put_inode(&old_dir)?;
+        let mut moved = self.inode(src.ino)?;
+        moved.ctime = now;
+        self.put_inode(&moved)
+    }
+
+    /// Sets regular file `attr`'s size to `size` (from `old`): frees the chunks `doomed` (those
+    /// wholly past the smaller of the two) with a new generation, and records the tail of the
+    /// last chunk a shrink leaves to zero.
+    pub(super) fn set_size(
+        &self,
+        attr: &mut Attr,
+        size: u64,
+        old: u64,
+        doomed: &[(u64, ChunkLoc)],
+    ) -> TxResult<Effects> {
+        match attr.kind {
+            FileKind::File => {}
+            FileKind::Dir => return abort(FsError::IsDir),
+            _ => {
+                return abort(FsError::Invalid(
+                    "only regular files have a size to set".into(),
+                ))
+            }
+        }
+        let (layout, ino) = (self.1, attr.ino);
+        let mut effects = Effects::default();
+        if size < old || !doomed.is_empty() {
+            // Clients drop cached chunk locations of older generations.
+            attr.generation += 1;
+            attr.allocated = attr
+                .allocated
+                .saturating_sub(self.free_chunks(ino, doomed)?);
+            effects.freed = self.blocks(doomed);
+            // Only a shrink leaves bytes of the file's last chunk to zero.
+            let (chunk, from) = layout.locate(size);
+            if size < old && from != 0 {
+                if let Some(v) = self.t(T_CHUNKS).get(key_u64s(ino, chunk))? {
+                    let loc = lift(decode_loc(&v))?;
+                    let order = layout.order(chunk);
+                    self.t(T_TAILS)
+                        .insert(key_server(loc.server, loc.index), &encode_tail(from, order))?;
+                    effects.tail = Some(Tail {
+                        block: Block { loc, order },
+                        from,
+                    });
+                }
+            }
+        }
+        attr.size = size;
+        Ok(effects)
+    }
 }
 
 impl Store {
@@ -514,27 +594,7 @@ impl Store {
                     }
                 }
             }
-            tx.remove_dirent(parent, name, &src)?;
-            tx.add_dirent(new_parent, new_name, src.ino, src.kind)?;
-            // Re-read the parents: the replaced target may have changed `new_parent` above.
-            let mut old_dir = tx.inode(parent)?;
-            if parent != new_parent {
-                let mut np = tx.inode(new_parent)?;
-                if src.kind == FileKind::Dir {
-                    tx.t(T_PARENTS).insert(be64(src.ino), &be64(new_parent))?;
-                    old_dir.nlink = old_dir.nlink.saturating_sub(1);
-                    np.nlink += 1;
-                }
-                np.mtime = now;
-                np.ctime = now;
-                tx.put_inode(&np)?;
-            }
-            old_dir.mtime = now;
-            old_dir.ctime = now;
-            tx.put_inode(&old_dir)?;
-            let mut moved = tx.inode(src.ino)?;
-            moved.ctime = now;
-            tx.put_inode(&moved)?;
+            tx.move_entry((parent, name), (new_parent, new_name), &src, now)?;
             Ok(effects)
         })
     }
@@ -668,93 +728,16 @@ impl Store {
         };
         self.tx(|tx| {
             let mut attr = tx.inode(ino)?;
-            let root = caller.uid == 0;
-            let owner = caller.uid == attr.uid;
             let now = Timestamp::now();
-            let mut changed = false;
             let mut effects = Effects::default();
+            let mut changed = false;
             if let Some(size) = set.size {
-                match attr.kind {
-                    FileKind::File => {}
-                    FileKind::Dir => return abort(FsError::IsDir),
-                    _ => {
-                        return abort(FsError::Invalid(
-                            "only regular files have a size to set".into(),
-                        ))
-                    }
-                }
-                if size < old || !doomed.is_empty() {
-                    // Clients drop cached chunk locations of older generations.
-                    attr.generation += 1;
-                    attr.allocated = attr.allocated.saturating_sub(tx.free_chunks(ino, &doomed)?);
-                    effects.freed = tx.blocks(&doomed);
-                    // Only a shrink leaves bytes of the file's last chunk to zero.
-                    let (chunk, from) = layout.locate(size);
-                    if size < old && from != 0 {
-                        if let Some(v) = tx.t(T_CHUNKS).get(key_u64s(ino, chunk))? {
-                            let loc = lift(decode_loc(&v))?;
-                            let order = layout.order(chunk);
-                            tx.t(T_TAILS).insert(
-                                key_server(loc.server, loc.index),
-                                &encode_tail(from, order),
-                            )?;
-                            effects.tail = Some(Tail {
-                                block: Block { loc, order },
-                                from,
-                            });
-                        }
-                    }
-                }
-                attr.size = size;
+                effects = tx.set_size(&mut attr, size, old, &doomed)?;
                 attr.mtime = now;
                 changed = true;
             }
-            if let Some(perm) = set.perm {
-                let perm = perm & 0o7777;
-                // Anyone may clear set-ID bits and nothing else: the kernel asks so, with the
-                // caller's credentials, when a non-owner truncates or writes a set-ID file.
-                let only_clears_setid =
-                    perm & !attr.perm == 0 && (perm ^ attr.perm) & !fcb::SETID_BITS == 0;
-                if !root && !owner && !only_clears_setid {
-                    return abort(FsError::Perm);
-                }
-                attr.perm = perm;
-                changed = true;
-            }
-            if set.kill_suidgid && attr.kind == FileKind::File {
-                let clear = fcb::setid_to_clear(attr.perm);
-                if clear != 0 {
-                    attr.perm &= !clear;
-                    changed = true;
-                }
-            }
-            if let Some(uid) = set.uid {
-                if !root && uid != attr.uid {
-                    return abort(FsError::Perm);
-                }
-                attr.uid = uid;
-                changed = true;
-            }
-            if let Some(gid) = set.gid {
-                // Non-root owners may change the group (the kernel checks their membership).
-                if !root && !owner && gid != attr.gid {
-                    return abort(FsError::Perm);
-                }
-                attr.gid = gid;
-                changed = true;
-            }
-            let at = |t: SetTime| match t {
-                SetTime::At(t) => t,
-                SetTime::Now => now,
-            };
-            if let Some(t) = set.atime {
-                attr.atime = at(t);
-                changed = true;
-            }
-            if let Some(t) = set.mtime {
-                attr.mtime = at(t);
-                changed = true;
-            }
+            changed |= lift(set_owner_and_mode(&mut attr, set, caller))?;
+            changed |= set_times(&mut attr, set, now);
             if changed {
                 attr.ctime = now;
             }
@@ -887,4 +870,68 @@ pub(super) fn check_xattr_name(name: &str) -> Result<(), FsError> {
         return Err(FsError::NameTooLong);
     }
     Ok(())
+}
+
+/// Applies the permission bits, set-ID clearing, owner and group of `set` to `attr`, as `caller`
+/// may: ownership is enforced for chmod and chown by non-root callers. Whether it changed
+/// anything.
+pub(super) fn set_owner_and_mode(
+    attr: &mut Attr,
+    set: &SetAttr,
+    caller: Caller,
+) -> Result<bool, FsError> {
+    let root = caller.uid == 0;
+    let owner = caller.uid == attr.uid;
+    let mut changed = false;
+    if let Some(perm) = set.perm {
+        let perm = perm & 0o7777;
+        // Anyone may clear set-ID bits and nothing else: the kernel asks so, with the caller's
+        // credentials, when a non-owner truncates or writes a set-ID file.
+        let only_clears_setid =
+            perm & !attr.perm == 0 && (perm ^ attr.perm) & !fcb::SETID_BITS == 0;
+        if !root && !owner && !only_clears_setid {
+            return Err(FsError::Perm);
+        }
+        attr.perm = perm;
+        changed = true;
+    }
+    if set.kill_suidgid && attr.kind == FileKind::File {
+        let clear = fcb::setid_to_clear(attr.perm);
+        if clear != 0 {
+            attr.perm &= !clear;
+            changed = true;
+        }
+    }
+    if let Some(uid) = set.uid {
+        if !root && uid != attr.uid {
+            return Err(FsError::Perm);
+        }
+        attr.uid = uid;
+        changed = true;
+    }
+    if let Some(gid) = set.gid {
+        // Non-root owners may change the group (the kernel checks their membership).
+        if !root && !owner && gid != attr.gid {
+            return Err(FsError::Perm);
+        }
+        attr.gid = gid;
+        changed = true;
+    }
+    Ok(changed)
+}
+
+/// Applies the access and modification times of `set` to `attr` (`now` for "now"). Whether it
+/// changed anything.
+pub(super) fn set_times(attr: &mut Attr, set: &SetAttr, now: Timestamp) -> bool {
+    let at = |t: SetTime| match t {
+        SetTime::At(t) => t,
+        SetTime::Now => now,
+    };
+    if let Some(t) = set.atime {
+        attr.atime = at(t);
+    }
+    if let Some(t) = set.mtime {
+        attr.mtime = at(t);
+    }
+    set.atime.is_some() || set.mtime.is_some()
 }
