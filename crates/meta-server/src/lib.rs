@@ -295,57 +295,22 @@ impl MetaServer {
         let meta_fabric_addr = meta_fabric.clone();
         let t_wait = measure_t_wait(&region_server)?;
 
-        let lock_server = if config.lock_server {
-            let server = LockServer::bind_with_limits(
-                SocketAddr::new(config.listen.ip(), 0),
-                config.credentials(),
-                config.connection_limits,
-            )
-            .context("starting the lock server")?;
-            Some(Arc::new(server))
-        } else {
-            None
-        };
+        let lock_server = start_lock_server(&config)?;
 
         let local_socket = config.local_rpc.as_deref().and_then(LocalSocket::bind);
-        let settings = Settings {
-            local_rpc: local_socket
-                .as_ref()
-                .map(|s| s.path.to_string_lossy().into_owned()),
-            credentials: config.credentials(),
-            chunk_size: config.chunk_size,
-            lock_unit: config.lock_unit,
-            session_lease: config.session_lease,
-            fence_after: config.fence_after,
-            lock_lease: config.lock_lease,
+        let local_rpc = local_socket
+            .as_ref()
+            .map(|s| s.path.to_string_lossy().into_owned());
+        let settings = service_settings(
+            &config,
+            local_rpc,
             meta_fabric,
             t_wait,
-            connection_limits: config.connection_limits,
-            max_sessions: config.max_sessions,
-            max_open_per_session: config.max_open_per_session,
-            max_record_locks_per_session: config.max_record_locks_per_session,
-            state_dir: config.db_dir.clone(),
             first_session,
-            earlier_leases_until: restarted.then(|| std::time::Instant::now() + config.lock_lease),
-            record_lock_grace_until: std::time::Instant::now()
-                + if restarted {
-                    config.record_lock_grace
-                } else {
-                    Duration::ZERO
-                },
-        };
+            restarted,
+        );
         let service = Arc::new(Service::new(settings, store, region, lock_server)?);
-        if region_server.runs_procedures() {
-            offer_hosted_citron(&region_server, &service)?;
-        }
-        let region_server = Arc::new(region_server);
-        if region_server.can_fence() {
-            let server = region_server.clone();
-            service.set_local_revoke(Box::new(move |sessions| {
-                server.revoke(sessions);
-            }));
-        }
-
+        let region_server = serve_for(region_server, &service)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("meta-server")
@@ -358,9 +323,8 @@ impl MetaServer {
         let addr = listener.local_addr()?;
         let reclaimer = {
             let service = service.clone();
-            std::thread::Builder::new()
-                .name("meta-reclaimer".into())
-                .spawn(move || service.run_reclaimer())
+            let thread = std::thread::Builder::new().name("meta-reclaimer".into());
+            (thread.spawn(move || service.run_reclaimer()))
                 .context("starting the reclaimer thread")?
         };
         let (stop_tx, stop_rx) = watch::channel(false);
@@ -380,23 +344,7 @@ impl MetaServer {
         serve(rpc::Listener::Tcp(listener));
         // The local socket is served by the runtime; if it cannot be, its file goes (dropped
         // here), so that clients told of it fail to connect at once and stay on tcp.
-        let local_socket = local_socket.and_then(|mut socket| {
-            let _runtime = runtime.enter();
-            match tokio::net::UnixListener::from_std(socket.listener.take()?) {
-                Ok(listener) => {
-                    serve(rpc::Listener::Local(listener));
-                    tracing::info!(
-                        path = %socket.path.display(),
-                        "meta server listening on a local socket too"
-                    );
-                    Some(socket)
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "cannot serve the local socket: clients use tcp");
-                    None
-                }
-            }
-        });
+        let local_socket = local_socket.and_then(|socket| socket.serve(&runtime, serve));
         runtime.spawn(reaper(service.clone(), config.session_lease, stop_rx));
         tracing::info!(%addr, cluster = config.cluster, "meta server listening");
         Ok(MetaHandle {
@@ -550,6 +498,79 @@ impl lockmgr::citron::TreeAllocator for HostAllocator {
     }
 }
 
+/// Makes the meta region's fabric server serve `service`: hosted CITRON acquisitions where the
+/// fabric runs procedures, and the service's revocations where it can fence.
+fn serve_for(
+    region_server: FabricServer,
+    service: &Arc<Service>,
+) -> anyhow::Result<Arc<FabricServer>> {
+    if region_server.runs_procedures() {
+        offer_hosted_citron(&region_server, service)?;
+    }
+    let region_server = Arc::new(region_server);
+    if region_server.can_fence() {
+        let server = region_server.clone();
+        service.set_local_revoke(Box::new(move |sessions| {
+            server.revoke(sessions);
+        }));
+    }
+    Ok(region_server)
+}
+
+/// The lock server for schemes that keep their locks at a lock service, if `config` asks for
+/// one: on the listening address's interface, any port.
+fn start_lock_server(config: &MetaConfig) -> anyhow::Result<Option<Arc<LockServer>>> {
+    let lock_server = if config.lock_server {
+        let server = LockServer::bind_with_limits(
+            SocketAddr::new(config.listen.ip(), 0),
+            config.credentials(),
+            config.connection_limits,
+        )
+        .context("starting the lock server")?;
+        Some(Arc::new(server))
+    } else {
+        None
+    };
+    Ok(lock_server)
+}
+
+/// What the service needs of `config`, with what starting found: the local socket as bound,
+/// the meta region's address, the measured `T_wait`, this run's first session id, and whether
+/// this is a restart.
+fn service_settings(
+    config: &MetaConfig,
+    local_rpc: Option<String>,
+    meta_fabric: fabric::FabricAddr,
+    t_wait: Duration,
+    first_session: u64,
+    restarted: bool,
+) -> Settings {
+    Settings {
+        local_rpc,
+        credentials: config.credentials(),
+        chunk_size: config.chunk_size,
+        lock_unit: config.lock_unit,
+        session_lease: config.session_lease,
+        fence_after: config.fence_after,
+        lock_lease: config.lock_lease,
+        meta_fabric,
+        t_wait,
+        connection_limits: config.connection_limits,
+        max_sessions: config.max_sessions,
+        max_open_per_session: config.max_open_per_session,
+        max_record_locks_per_session: config.max_record_locks_per_session,
+        state_dir: config.db_dir.clone(),
+        first_session,
+        earlier_leases_until: restarted.then(|| std::time::Instant::now() + config.lock_lease),
+        record_lock_grace_until: std::time::Instant::now()
+            + if restarted {
+                config.record_lock_grace
+            } else {
+                Duration::ZERO
+            },
+    }
+}
+
 /// Expires sessions whose lease ran out.
 async fn reaper(service: Arc<Service>, lease: Duration, mut stop: watch::Receiver<bool>) {
     let period = (lease / 4).max(Duration::from_millis(5));
@@ -593,6 +614,30 @@ struct LocalSocket {
 }
 
 impl LocalSocket {
+    /// Serves the socket on `runtime` with `serve`; if it cannot be, the socket (and its file)
+    /// goes, so that clients told of it fail to connect at once and stay on tcp.
+    fn serve(
+        mut self,
+        runtime: &tokio::runtime::Runtime,
+        serve: impl Fn(rpc::Listener),
+    ) -> Option<Self> {
+        let _runtime = runtime.enter();
+        match tokio::net::UnixListener::from_std(self.listener.take()?) {
+            Ok(listener) => {
+                serve(rpc::Listener::Local(listener));
+                tracing::info!(
+                    path = %self.path.display(),
+                    "meta server listening on a local socket too"
+                );
+                Some(self)
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot serve the local socket: clients use tcp");
+                None
+            }
+        }
+    }
+
     /// Binds the socket at `path`, replacing the file of a server that is gone (a crash leaves
     /// it); `None`, logged, when the path cannot be bound, or a live server answers there.
     fn bind(path: &std::path::Path) -> Option<LocalSocket> {

@@ -268,89 +268,17 @@ where
 {
     let mut reader = BufReader::new(r);
     let mut writer = BufWriter::new(w);
-    let mut body = Vec::new();
-    // The shared handshake (fabric::handshake): an unauthenticated peer gets a small frame
-    // limit and one deadline for the whole exchange, and a refusal saying why.
-    let settings = &service.settings;
-    let deadline = tokio::time::Instant::now() + HANDSHAKE_TIMEOUT;
-    let late = || Refusal::BadHello(format!("no handshake within {HANDSHAKE_TIMEOUT:?}"));
-    let challenged = match tokio::time::timeout_at(
-        deadline,
-        read_frame(&mut reader, MAX_HELLO_FRAME, &mut body),
-    )
-    .await
-    {
-        Ok(Ok(())) => handshake::accept::<Role>(&body, Protocol::Rpc, &settings.credentials),
-        Ok(Err(e)) => Err(Refusal::BadHello(e.to_string())),
-        Err(_) => Err(late()),
-    };
-    let hello = match challenged {
-        Ok(challenged) => {
-            let challenge: ChallengeAnswer = Ok(challenged.challenge().clone());
-            send(&mut writer, &challenge)
-                .await
-                .map_err(|e| e.to_string())?;
-            match tokio::time::timeout_at(
-                deadline,
-                read_frame(&mut reader, MAX_HELLO_FRAME, &mut body),
-            )
-            .await
-            {
-                Ok(Ok(())) => challenged.verify(&body, &settings.credentials),
-                Ok(Err(e)) => Err(Refusal::BadHello(format!("no proof: {e}"))),
-                Err(_) => Err(late()),
-            }
-        }
-        Err(refusal) => Err(refusal),
-    };
-    let hello = match hello {
-        Ok(hello) => hello,
-        Err(refusal) => {
-            tracing::warn!(%refusal, "refused a connection");
-            let _ = send(&mut writer, &HelloAnswer::Err(refusal.clone())).await;
-            return Err(refusal.to_string());
-        }
-    };
+    let hello = accept_hello(&mut reader, &mut writer, &service.settings.credentials).await?;
     admitted.authenticated();
     match hello.role {
         Role::Client { host, pid } => {
-            let svc = service.clone();
             let origin = crate::status::Origin {
-                host: host.clone(),
+                host,
                 pid,
                 peer: peer.to_owned(),
                 peer_pid,
             };
-            let info = match blocking(move || svc.open_session(origin)).await {
-                Ok(info) => info,
-                Err(e) => {
-                    let refusal = match e {
-                        FsError::TooManySessions { limit } => Refusal::Limit {
-                            limit: Limit::Sessions,
-                            value: limit,
-                        },
-                        e => Refusal::Rejected(e.to_string()),
-                    };
-                    tracing::warn!(host, pid, %refusal, "refused a client session");
-                    let why = refusal.to_string();
-                    let _ = send(&mut writer, &HelloAnswer::Err(refusal)).await;
-                    return Err(why);
-                }
-            };
-            let session = info.session;
-            tracing::info!(session, host, pid, "client session opened");
-            send(&mut writer, &HelloAnswer::Ok(Welcome::Client(info)))
-                .await
-                .map_err(|e| e.to_string())?;
-            let result = serve(&mut reader, writer, &service, &mut stop, session, awake).await;
-            let svc = service.clone();
-            let _ = blocking(move || {
-                svc.end_session(session);
-                Ok(())
-            })
-            .await;
-            tracing::info!(session, "client session closed");
-            result
+            client_connection(reader, writer, &service, &mut stop, awake, origin).await
         }
         Role::DataServer {
             fabric,
@@ -382,82 +310,234 @@ where
                 service.data_server_gone(id, epoch);
                 return Err(e.to_string());
             }
-            // The connection's life is the registration's: answer heartbeats until it closes.
-            let result = loop {
-                tokio::select! {
-                    frame = tokio::time::timeout(
-                        DATA_SERVER_SILENCE,
-                        recv::<_, RequestFrame>(&mut reader, &mut body),
-                    ) => match frame {
-                        Err(_) => {
-                            // A cut link or a frozen host closes nothing: without this bound the
-                            // registration would stay live (and fences would wait on it) until
-                            // TCP gave up, minutes later.
-                            tracing::warn!(
-                                id,
-                                "data server silent for {DATA_SERVER_SILENCE:?}: declared gone"
-                            );
-                            break Err(format!(
-                                "data server {id} sent nothing for {DATA_SERVER_SILENCE:?}"
-                            ));
-                        }
-                        Ok(Err(why)) => break Err(why),
-                        Ok(Ok(frame)) => {
-                            let result = match frame.request {
-                                proto::rpc::Request::Heartbeat => Ok(proto::rpc::Response::Ok),
-                                proto::rpc::Request::AwaitRevocations { known } => {
-                                    service.fence_applied(id, epoch, known);
-                                    let mut watch = service.fence_watch();
-                                    // Answer at once if newer revocations exist, else at the
-                                    // first one or after a second (the poll is the heartbeat).
-                                    // Meanwhile watch the connection: a data server that dies
-                                    // must be marked gone at once (clients ask the layout to
-                                    // learn where it comes back), not a second later.
-                                    let poll = tokio::time::timeout(
-                                        std::time::Duration::from_secs(1),
-                                        watch.wait_for(|&newest| newest > known),
-                                    );
-                                    let stopping = tokio::select! {
-                                        _ = poll => false,
-                                        filled = reader.fill_buf() => {
-                                            if filled.map_or(true, |b| b.is_empty()) {
-                                                break Err("the data server closed its registration".into());
-                                            }
-                                            false
-                                        }
-                                        _ = stop.changed() => true,
-                                    };
-                                    if stopping {
-                                        let _ = send(&mut writer, &goodbye()).await;
-                                        break Ok(());
-                                    }
-                                    let (newest, sessions) = service.revocations_since(known);
-                                    Ok(proto::rpc::Response::Revocations {
-                                        epoch: newest,
-                                        sessions,
-                                    })
-                                }
-                                _ => Err(FsError::Invalid(
-                                    "a data server connection only takes heartbeats and \
-                                     revocation polls"
-                                        .into(),
-                                )),
-                            };
-                            if let Err(e) = send(&mut writer, &ResponseFrame::new(frame.id, result)).await {
-                                break Err(e.to_string());
-                            }
-                        }
-                    },
-                    _ = stop.changed() => {
-                        let _ = send(&mut writer, &goodbye()).await;
-                        break Ok(());
-                    }
-                }
-            };
+            let registration = Registration { id, epoch };
+            let result =
+                data_server_connection(&mut reader, &mut writer, &service, &mut stop, registration)
+                    .await;
             service.data_server_gone(id, epoch);
             result
         }
     }
+}
+
+/// The shared handshake (fabric::handshake): an unauthenticated peer gets a small frame limit
+/// and one deadline for the whole exchange, and a refusal saying why.
+async fn accept_hello<R, W>(
+    reader: &mut BufReader<R>,
+    writer: &mut BufWriter<W>,
+    credentials: &fabric::Credentials,
+) -> Result<handshake::Hello<Role>, String>
+where
+    R: ReadHalf,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let mut body = Vec::new();
+    let deadline = tokio::time::Instant::now() + HANDSHAKE_TIMEOUT;
+    let late = || Refusal::BadHello(format!("no handshake within {HANDSHAKE_TIMEOUT:?}"));
+    let challenged = match tokio::time::timeout_at(
+        deadline,
+        read_frame(&mut *reader, MAX_HELLO_FRAME, &mut body),
+    )
+    .await
+    {
+        Ok(Ok(())) => handshake::accept::<Role>(&body, Protocol::Rpc, credentials),
+        Ok(Err(e)) => Err(Refusal::BadHello(e.to_string())),
+        Err(_) => Err(late()),
+    };
+    let hello = match challenged {
+        Ok(challenged) => {
+            let challenge: ChallengeAnswer = Ok(challenged.challenge().clone());
+            send(&mut *writer, &challenge)
+                .await
+                .map_err(|e| e.to_string())?;
+            match tokio::time::timeout_at(
+                deadline,
+                read_frame(&mut *reader, MAX_HELLO_FRAME, &mut body),
+            )
+            .await
+            {
+                Ok(Ok(())) => challenged.verify(&body, credentials),
+                Ok(Err(e)) => Err(Refusal::BadHello(format!("no proof: {e}"))),
+                Err(_) => Err(late()),
+            }
+        }
+        Err(refusal) => Err(refusal),
+    };
+    match hello {
+        Ok(hello) => Ok(hello),
+        Err(refusal) => {
+            tracing::warn!(%refusal, "refused a connection");
+            let _ = send(&mut *writer, &HelloAnswer::Err(refusal.clone())).await;
+            Err(refusal.to_string())
+        }
+    }
+}
+
+/// A client's connection once its handshake is done: opens its session (or says why not),
+/// serves its requests, and ends the session when the connection ends.
+async fn client_connection<R, W>(
+    mut reader: BufReader<R>,
+    mut writer: BufWriter<W>,
+    service: &Arc<Service>,
+    stop: &mut watch::Receiver<bool>,
+    awake: &Arc<AwakeServe>,
+    origin: crate::status::Origin,
+) -> Result<(), String>
+where
+    R: ReadHalf,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let (host, pid) = (origin.host.clone(), origin.pid);
+    let svc = service.clone();
+    let info = match blocking(move || svc.open_session(origin)).await {
+        Ok(info) => info,
+        Err(e) => {
+            let refusal = match e {
+                FsError::TooManySessions { limit } => Refusal::Limit {
+                    limit: Limit::Sessions,
+                    value: limit,
+                },
+                e => Refusal::Rejected(e.to_string()),
+            };
+            tracing::warn!(host, pid, %refusal, "refused a client session");
+            let why = refusal.to_string();
+            let _ = send(&mut writer, &HelloAnswer::Err(refusal)).await;
+            return Err(why);
+        }
+    };
+    let session = info.session;
+    tracing::info!(session, host, pid, "client session opened");
+    send(&mut writer, &HelloAnswer::Ok(Welcome::Client(info)))
+        .await
+        .map_err(|e| e.to_string())?;
+    let result = serve(&mut reader, writer, service, stop, session, awake).await;
+    let svc = service.clone();
+    let _ = blocking(move || {
+        svc.end_session(session);
+        Ok(())
+    })
+    .await;
+    tracing::info!(session, "client session closed");
+    result
+}
+
+/// A data server's registration: its id and the connection epoch it was registered under.
+#[derive(Clone, Copy)]
+struct Registration {
+    id: u32,
+    epoch: u64,
+}
+
+/// A registered data server's connection: its life is the registration's; answers heartbeats
+/// and revocation polls until it closes, falls silent or the meta server stops.
+async fn data_server_connection<R, W>(
+    reader: &mut BufReader<R>,
+    writer: &mut BufWriter<W>,
+    service: &Arc<Service>,
+    stop: &mut watch::Receiver<bool>,
+    registration: Registration,
+) -> Result<(), String>
+where
+    R: ReadHalf,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let id = registration.id;
+    let mut body = Vec::new();
+    loop {
+        tokio::select! {
+            frame = tokio::time::timeout(
+                DATA_SERVER_SILENCE,
+                recv::<_, RequestFrame>(&mut *reader, &mut body),
+            ) => match frame {
+                Err(_) => {
+                    // A cut link or a frozen host closes nothing: without this bound the
+                    // registration would stay live (and fences would wait on it) until TCP
+                    // gave up, minutes later.
+                    tracing::warn!(
+                        id,
+                        "data server silent for {DATA_SERVER_SILENCE:?}: declared gone"
+                    );
+                    return Err(format!(
+                        "data server {id} sent nothing for {DATA_SERVER_SILENCE:?}"
+                    ));
+                }
+                Ok(Err(why)) => return Err(why),
+                Ok(Ok(frame)) => {
+                    let result = match frame.request {
+                        proto::rpc::Request::Heartbeat => Ok(proto::rpc::Response::Ok),
+                        proto::rpc::Request::AwaitRevocations { known } => {
+                            match revocation_poll(reader, service, stop, registration, known).await {
+                                Poll::Answer(answer) => Ok(answer),
+                                Poll::Closed => {
+                                    return Err("the data server closed its registration".into())
+                                }
+                                Poll::Stopping => {
+                                    let _ = send(&mut *writer, &goodbye()).await;
+                                    return Ok(());
+                                }
+                            }
+                        }
+                        _ => Err(FsError::Invalid(
+                            "a data server connection only takes heartbeats and revocation \
+                             polls"
+                                .into(),
+                        )),
+                    };
+                    if let Err(e) = send(&mut *writer, &ResponseFrame::new(frame.id, result)).await {
+                        return Err(e.to_string());
+                    }
+                }
+            },
+            _ = stop.changed() => {
+                let _ = send(&mut *writer, &goodbye()).await;
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// How a revocation poll ended ([`revocation_poll`]).
+enum Poll {
+    /// With this answer.
+    Answer(proto::rpc::Response),
+    /// The data server closed its connection meanwhile.
+    Closed,
+    /// The meta server is stopping.
+    Stopping,
+}
+
+/// A data server's revocation poll (`AwaitRevocations`), having applied epochs up to `known`:
+/// answers at once if newer revocations exist, else at the first one or after a second (the
+/// poll is the heartbeat). Meanwhile it watches the connection: a data server that dies must
+/// be marked gone at once (clients ask the layout to learn where it comes back), not a second
+/// later.
+async fn revocation_poll<R: ReadHalf>(
+    reader: &mut BufReader<R>,
+    service: &Arc<Service>,
+    stop: &mut watch::Receiver<bool>,
+    registration: Registration,
+    known: u64,
+) -> Poll {
+    service.fence_applied(registration.id, registration.epoch, known);
+    let mut watch = service.fence_watch();
+    let poll = tokio::time::timeout(
+        std::time::Duration::from_secs(1),
+        watch.wait_for(|&newest| newest > known),
+    );
+    tokio::select! {
+        _ = poll => {}
+        filled = reader.fill_buf() => {
+            if filled.map_or(true, |b| b.is_empty()) {
+                return Poll::Closed;
+            }
+        }
+        _ = stop.changed() => return Poll::Stopping,
+    }
+    let (newest, sessions) = service.revocations_since(known);
+    Poll::Answer(proto::rpc::Response::Revocations {
+        epoch: newest,
+        sessions,
+    })
 }
 
 /// What a connection is sent when the meta server stops cleanly, before it closes: an answer
@@ -531,32 +611,17 @@ where
                     }
                 },
             };
-            // A frame the server cannot take is answered under id 0 (no request has it), with
-            // the reason, before the connection closes: the client learns why (see
-            // `proto::rpc::Client::call`).
-            let refuse = |why: String| async {
-                let frame = ResponseFrame::new(0, Err(FsError::Invalid(why.clone())));
-                let _ = send(&mut *writer.lock().await, &frame).await;
-                Err(why)
-            };
-            let frame: RequestFrame = match read {
-                Ok(()) => match postcard::from_bytes(&body) {
-                    Ok(frame) => frame,
-                    Err(e) => {
-                        let why = format!("malformed request: {e}");
-                        tracing::warn!(session, why, "closing a client connection");
-                        return refuse(why).await;
-                    }
-                },
-                Err(FrameError::TooLarge { len, max }) => {
-                    let why = format!(
-                        "a request frame of {len} bytes exceeds the limit of {max} bytes \
-                         (proto::rpc::MAX_FRAME)"
-                    );
+            let frame = match decode_request(read, &body) {
+                Ok(frame) => frame,
+                Err(Undecodable::Refused(why)) => {
+                    // Answered under id 0 (no request has it), with the reason, before the
+                    // connection closes: the client learns why (see `proto::rpc::Client::call`).
                     tracing::warn!(session, why, "closing a client connection");
-                    return refuse(why).await;
+                    let frame = ResponseFrame::new(0, Err(FsError::Invalid(why.clone())));
+                    let _ = send(&mut *writer.lock().await, &frame).await;
+                    return Err(why);
                 }
-                Err(e) => return Err(e.to_string()),
+                Err(Undecodable::Broken(why)) => return Err(why),
             };
             let permit = tokio::select! {
                 permit = permits.clone().acquire_owned() => {
@@ -612,19 +677,43 @@ where
         .acquire_many(MAX_IN_FLIGHT_PER_CONNECTION as u32)
         .await;
     if *stop.borrow() {
-        // A lingering close: the goodbye is the last thing sent (then a FIN), and what the
-        // client sends meanwhile is read and dropped, for a while. Closed with bytes unread,
-        // the socket would answer with a reset, and a reset may make the client's kernel
-        // drop the goodbye unread — its calls would then fail as after a crash, not as calls
-        // the server never ran.
-        let _ = writer.lock().await.shutdown().await;
-        let mut sink = [0u8; 4096];
-        let _ = tokio::time::timeout(STOP_LINGER, async {
-            while matches!(reader.read(&mut sink).await, Ok(n) if n > 0) {}
-        })
-        .await;
+        linger(reader, &mut *writer.lock().await).await;
     }
     result
+}
+
+/// A lingering close: the goodbye is the last thing sent (then a FIN), and what the client
+/// sends meanwhile is read and dropped, for a while. Closed with bytes unread, the socket
+/// would answer with a reset, and a reset may make the client's kernel drop the goodbye
+/// unread — its calls would then fail as after a crash, not as calls the server never ran.
+async fn linger<R: ReadHalf, W: AsyncWrite + Unpin>(reader: &mut BufReader<R>, writer: &mut W) {
+    let _ = writer.shutdown().await;
+    let mut sink = [0u8; 4096];
+    let _ = tokio::time::timeout(STOP_LINGER, async {
+        while matches!(reader.read(&mut sink).await, Ok(n) if n > 0) {}
+    })
+    .await;
+}
+
+/// Why a client's frame is not a request ([`decode_request`]).
+enum Undecodable {
+    /// The server cannot take it: refused with this reason, then the connection closes.
+    Refused(String),
+    /// The stream broke: the connection closes.
+    Broken(String),
+}
+
+/// The request a frame read into `body` (`read`: how reading it went) holds.
+fn decode_request(read: Result<(), FrameError>, body: &[u8]) -> Result<RequestFrame, Undecodable> {
+    match read {
+        Ok(()) => postcard::from_bytes(body)
+            .map_err(|e| Undecodable::Refused(format!("malformed request: {e}"))),
+        Err(FrameError::TooLarge { len, max }) => Err(Undecodable::Refused(format!(
+            "a request frame of {len} bytes exceeds the limit of {max} bytes \
+             (proto::rpc::MAX_FRAME)"
+        ))),
+        Err(e) => Err(Undecodable::Broken(e.to_string())),
+    }
 }
 
 /// How long a connection of a stopping meta server reads and drops what its client still
