@@ -182,3 +182,93 @@ impl PublishedTables {
         self.publish(region, store, open, [ino]);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meta_region::META_REGION;
+    use crate::open_files::LockPolicy;
+    use proto::dentries::Answer;
+    use proto::{Caller, FileKind, ROOT_INO};
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    const ROOT: Caller = Caller { uid: 0, gid: 0 };
+
+    fn setup() -> (tempfile::TempDir, Store, MetaRegion, OpenFiles) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), 1 << 16, ROOT).unwrap();
+        let region = fabric::Region::anonymous(META_REGION, 1 << 20);
+        let region = MetaRegion::new(Arc::new(region)).unwrap();
+        let open = OpenFiles::new(LockPolicy {
+            lock_unit: 4096,
+            lock_lease: Duration::from_secs(1),
+            t_wait: Duration::from_micros(10),
+            fence_after: Duration::from_millis(100),
+            lock_server: None,
+        });
+        (dir, store, region, open)
+    }
+
+    fn slot(t: &PublishedTables, region: &mut MetaRegion, ino: Ino) -> Option<AttrSlot> {
+        let addr = t.attr_table()?.slot_addr(ino);
+        let bytes = region
+            .endpoint()
+            .read(addr, proto::attrs::SLOT_BYTES as usize)
+            .ok()?;
+        proto::attrs::decode(&bytes, ino)
+    }
+
+    fn entry(t: &PublishedTables, region: &mut MetaRegion, parent: Ino, name: &str) -> Answer {
+        let table = t.dentry_table().unwrap();
+        let at = table.slot_addr(table.slot_of(parent, name));
+        let bytes = region
+            .endpoint()
+            .read(at, proto::dentries::SLOT_BYTES as usize)
+            .unwrap();
+        proto::dentries::decode(&bytes)
+            .unwrap()
+            .answer(parent, name)
+    }
+
+    #[test]
+    fn committed_changes_are_published_and_deletions_cleared() {
+        let (_dir, store, mut region, open) = setup();
+        let mut t = PublishedTables::new(&mut region, 1);
+        t.fill_entries(&mut region, &store).unwrap();
+        let attr = store
+            .mknod(ROOT_INO, "f", FileKind::File, 0o644, 0, ROOT)
+            .unwrap();
+        assert!(
+            slot(&t, &mut region, attr.ino).is_none(),
+            "not published yet"
+        );
+        t.publish_touched(&mut region, &store, &open);
+        let first = slot(&t, &mut region, attr.ino).expect("published");
+        assert_eq!(first.attr, attr);
+        assert_eq!(first.fcb, 0, "not open");
+        assert!(
+            first.version > 1024,
+            "above every version of an earlier run"
+        );
+        assert_eq!(
+            entry(&t, &mut region, ROOT_INO, "f"),
+            Answer::Found(attr.ino)
+        );
+        store.unlink(ROOT_INO, "f", |_| false).unwrap();
+        t.publish_touched(&mut region, &store, &open);
+        assert!(slot(&t, &mut region, attr.ino).is_none(), "cleared");
+        assert_eq!(entry(&t, &mut region, ROOT_INO, "f"), Answer::Absent);
+    }
+
+    #[test]
+    fn a_fill_publishes_only_what_the_slot_lacks() {
+        let (_dir, store, mut region, open) = setup();
+        let mut t = PublishedTables::new(&mut region, 1);
+        t.fill(&mut region, &store, &open, ROOT_INO);
+        let first = slot(&t, &mut region, ROOT_INO).expect("filled");
+        t.fill(&mut region, &store, &open, ROOT_INO);
+        let again = slot(&t, &mut region, ROOT_INO).unwrap();
+        assert_eq!(first.version, again.version, "held already: not rewritten");
+    }
+}
