@@ -103,42 +103,10 @@ pub(crate) fn report(facts: Facts, caller: u64, now: Instant) -> ClusterStatus {
     let mut sessions: Vec<SessionStatus> = facts
         .sessions
         .iter()
-        .map(|s| {
-            let silent = now.saturating_duration_since(s.last_seen);
-            SessionStatus {
-                id: s.id,
-                host: s.origin.host.clone(),
-                pid: s.origin.pid,
-                peer: s.origin.peer.clone(),
-                age_ms: since(s.opened),
-                silent_ms: ms(silent),
-                // `SessionTable::fence_targets`' test.
-                fenceable: silent > facts.fence_after
-                    || s.resumed_until.is_some_and(|until| now < until),
-                open_files: s.open_files as u64,
-                caller: s.id == caller,
-            }
-        })
+        .map(|s| session_status(s, caller, facts.fence_after, now))
         .collect();
     sessions.sort_by_key(|s| s.id);
-    let mut open = facts.open;
-    open.sort_by(|a, b| {
-        b.sessions
-            .cmp(&a.sessions)
-            .then(b.lock_calls.cmp(&a.lock_calls))
-            .then(a.ino.cmp(&b.ino))
-    });
-    let open_file_count = open.len() as u64;
-    let open_files = open
-        .into_iter()
-        .take(TOP_OPEN_FILES)
-        .map(|f| OpenFileStatus {
-            ino: f.ino,
-            sessions: f.sessions as u64,
-            scheme: f.scheme,
-            lock_calls: f.lock_calls,
-        })
-        .collect();
+    let (open_file_count, open_files) = top_open_files(facts.open);
     ClusterStatus {
         cluster: facts.cluster,
         protocols: ProtocolVersion::all(),
@@ -164,6 +132,51 @@ pub(crate) fn report(facts: Facts, caller: u64, now: Instant) -> ClusterStatus {
         open_file_count,
         open_files,
     }
+}
+
+/// Session `s` as `caller` sees it at `now`.
+fn session_status(
+    s: &SessionFacts,
+    caller: u64,
+    fence_after: Duration,
+    now: Instant,
+) -> SessionStatus {
+    let silent = now.saturating_duration_since(s.last_seen);
+    SessionStatus {
+        id: s.id,
+        host: s.origin.host.clone(),
+        pid: s.origin.pid,
+        peer: s.origin.peer.clone(),
+        age_ms: ms(now.saturating_duration_since(s.opened)),
+        silent_ms: ms(silent),
+        // `SessionTable::fence_targets`' test.
+        fenceable: silent > fence_after || s.resumed_until.is_some_and(|until| now < until),
+        open_files: s.open_files as u64,
+        caller: s.id == caller,
+    }
+}
+
+/// How many files are open, and the [`TOP_OPEN_FILES`] first of them: those open in the most
+/// sessions, then with the most lock calls, then by inode.
+fn top_open_files(mut open: Vec<OpenFacts>) -> (u64, Vec<OpenFileStatus>) {
+    open.sort_by(|a, b| {
+        b.sessions
+            .cmp(&a.sessions)
+            .then(b.lock_calls.cmp(&a.lock_calls))
+            .then(a.ino.cmp(&b.ino))
+    });
+    let count = open.len() as u64;
+    let top = open
+        .into_iter()
+        .take(TOP_OPEN_FILES)
+        .map(|f| OpenFileStatus {
+            ino: f.ino,
+            sessions: f.sessions as u64,
+            scheme: f.scheme,
+            lock_calls: f.lock_calls,
+        })
+        .collect();
+    (count, top)
 }
 
 #[cfg(test)]

@@ -549,37 +549,8 @@ impl Store {
     /// chunk maps would be meaningless.
     pub fn open(dir: &Path, chunk_size: u64, root_owner: Caller) -> anyhow::Result<Store> {
         let store = Store::open_trees(dir, chunk_size)?;
+        store.check_layout(dir, chunk_size)?;
         let meta = store.tree(T_META);
-        match meta.get(b"layout")? {
-            Some(v) if v.as_ref() == LAYOUT_MARK => {}
-            Some(v) => anyhow::bail!(
-                "the meta database in {} has the unknown chunk layout {:?}",
-                dir.display(),
-                String::from_utf8_lossy(&v)
-            ),
-            None if store.tree(T_SERVERS).len() == 0 => {
-                meta.insert(b"layout", LAYOUT_MARK)?;
-            }
-            None => anyhow::bail!(
-                "the meta database in {} was made by an older CitronFS (every chunk {} bytes); \
-                 this one sizes chunks geometrically: start from an empty state directory",
-                dir.display(),
-                chunk_size
-            ),
-        }
-        match meta.get(b"chunk_size")? {
-            Some(v) => {
-                let stored = decode_u64(&v).map_err(|e| anyhow::anyhow!("{e}"))?;
-                anyhow::ensure!(
-                    stored == chunk_size,
-                    "the meta database in {} uses chunk size {stored}, not {chunk_size}",
-                    dir.display()
-                );
-            }
-            None => {
-                meta.insert(b"chunk_size", &be64(chunk_size))?;
-            }
-        }
         store.upgrade_inodes()?;
         // The `running` mark: set from now on until a clean shutdown (`Store::mark_clean`).
         // Found set, the last run ended in a crash.
@@ -608,7 +579,50 @@ impl Store {
         }
         meta.insert(b"running", &[][..])?;
         store.staged.flush()?;
-        if store.tree(T_INODES).get(be64(ROOT_INO))?.is_none() {
+        store.create_root(root_owner)?;
+        Ok(store)
+    }
+
+    /// Refuses a database of another chunk layout or chunk size than `chunk_size`'s (its chunk
+    /// maps would be meaningless); marks a new one with both.
+    fn check_layout(&self, dir: &Path, chunk_size: u64) -> anyhow::Result<()> {
+        let meta = self.tree(T_META);
+        match meta.get(b"layout")? {
+            Some(v) if v.as_ref() == LAYOUT_MARK => {}
+            Some(v) => anyhow::bail!(
+                "the meta database in {} has the unknown chunk layout {:?}",
+                dir.display(),
+                String::from_utf8_lossy(&v)
+            ),
+            None if self.tree(T_SERVERS).len() == 0 => {
+                meta.insert(b"layout", LAYOUT_MARK)?;
+            }
+            None => anyhow::bail!(
+                "the meta database in {} was made by an older CitronFS (every chunk {} bytes); \
+                 this one sizes chunks geometrically: start from an empty state directory",
+                dir.display(),
+                chunk_size
+            ),
+        }
+        match meta.get(b"chunk_size")? {
+            Some(v) => {
+                let stored = decode_u64(&v).map_err(|e| anyhow::anyhow!("{e}"))?;
+                anyhow::ensure!(
+                    stored == chunk_size,
+                    "the meta database in {} uses chunk size {stored}, not {chunk_size}",
+                    dir.display()
+                );
+            }
+            None => {
+                meta.insert(b"chunk_size", &be64(chunk_size))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates the root directory, owned by `root_owner`, unless it exists.
+    fn create_root(&self, root_owner: Caller) -> anyhow::Result<()> {
+        if self.tree(T_INODES).get(be64(ROOT_INO))?.is_none() {
             let now = Timestamp::now();
             let root = Attr {
                 ino: ROOT_INO,
@@ -626,13 +640,13 @@ impl Store {
                 generation: 0,
                 allocated: 0,
             };
-            store.tx(|tx| {
+            self.tx(|tx| {
                 tx.put_inode(&root)?;
                 tx.t(T_PARENTS).insert(be64(ROOT_INO), &be64(ROOT_INO))?;
                 Ok(())
             })?;
         }
-        Ok(store)
+        Ok(())
     }
 
     /// Opens the existing database in `dir` (a stopped meta server's) without creating
