@@ -654,21 +654,13 @@ where
                 }
                 continue;
             }
-            let svc = service.clone();
-            let writer = writer.clone();
-            let write_failed = write_failed.clone();
-            let runtime = runtime.clone();
-            // Onto the blocking pool, whose thread writes the answer: one thread hand-off per
-            // request, on the way in.
-            tokio::task::spawn_blocking(move || {
-                let frame = run_request(&svc, session, frame);
-                let sent =
-                    runtime.block_on(async { send(&mut *writer.lock().await, &frame).await });
-                if let Err(e) = sent {
-                    write_failed.send_replace(Some(format!("writing an answer: {e}")));
-                }
-                drop(permit);
-            });
+            let answering = Answering {
+                service: service.clone(),
+                writer: writer.clone(),
+                write_failed: write_failed.clone(),
+                runtime: runtime.clone(),
+            };
+            answering.on_pool(session, frame, permit);
         }
     };
     let result = read_loop.await;
@@ -680,6 +672,34 @@ where
         linger(reader, &mut *writer.lock().await).await;
     }
     result
+}
+
+/// What a request handed to the blocking pool needs to be run and answered there.
+struct Answering<W> {
+    service: Arc<Service>,
+    /// The connection's writer, shared by every request in flight.
+    writer: Arc<tokio::sync::Mutex<W>>,
+    /// Told when an answer could not be written (the connection then ends).
+    write_failed: Arc<watch::Sender<Option<String>>>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl<W: AsyncWrite + Unpin + Send + 'static> Answering<W> {
+    /// Runs `frame` of `session` on the blocking pool, whose thread writes the answer: one
+    /// thread hand-off per request, on the way in. `permit` is released once it is answered.
+    fn on_pool(self, session: u64, frame: RequestFrame, permit: tokio::sync::OwnedSemaphorePermit) {
+        tokio::task::spawn_blocking(move || {
+            let frame = run_request(&self.service, session, frame);
+            let sent = self
+                .runtime
+                .block_on(async { send(&mut *self.writer.lock().await, &frame).await });
+            if let Err(e) = sent {
+                self.write_failed
+                    .send_replace(Some(format!("writing an answer: {e}")));
+            }
+            drop(permit);
+        });
+    }
 }
 
 /// A lingering close: the goodbye is the last thing sent (then a FIN), and what the client
