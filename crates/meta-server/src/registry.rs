@@ -153,6 +153,7 @@ impl LiveServers {
 pub(crate) struct RegistrySettings {
     /// To connect to the data servers' fabric.
     pub credentials: fabric::Credentials,
+    /// Bytes of a chunk: a region holds `region_bytes / chunk_size` of them.
     pub chunk_size: u64,
     /// The first session id of this run: data servers refuse every session below it.
     pub first_session: u64,
