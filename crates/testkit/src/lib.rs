@@ -19,6 +19,7 @@
 
 mod child;
 mod ext;
+pub mod layering;
 pub mod netns;
 mod skip;
 mod util;
