@@ -482,11 +482,17 @@ fn child_main(spec: &str) -> Result<Report, String> {
     };
     let child: u64 = child.parse().map_err(|_| "bad child index")?;
     let threads: usize = threads.parse().map_err(|_| "bad thread count")?;
+    let broken = broken == "1";
+    // The broken-variant runs use their own workload (the parent's shadow is sized for it).
+    let base = if broken {
+        broken_process_workload()
+    } else {
+        process_workload(&kind)
+    };
     let w = Workload {
         read_ratio: read_ratio.parse().map_err(|_| "bad read ratio")?,
-        ..process_workload(&kind)
+        ..base
     };
-    let broken = broken == "1";
     let lock = LockRef {
         scheme: kind,
         base: LOCK_BASE,
@@ -845,6 +851,14 @@ fn broken_workload() -> Workload {
     }
 }
 
+/// [`broken_workload`] for the process runs (the children build the same).
+fn broken_process_workload() -> Workload {
+    Workload {
+        iterations: 100,
+        ..broken_workload()
+    }
+}
+
 fn caught(kind: &LockScheme, result: Result<Report, String>) {
     let violation = result.expect_err("the checker missed CITRON granting writers as readers");
     assert!(violation.contains("OVERLAP"), "{kind}: {violation}");
@@ -877,14 +891,14 @@ macro_rules! broken_citron {
             #[test]
             fn caught_processes_on_shm() {
                 let kind = LockScheme::Citron(citron($fast));
-                let w = Workload { iterations: 100, ..broken_workload() };
+                let w = broken_process_workload();
                 caught(&kind, processes_run(Backend::Shm, &kind, 3, 2, &w, true));
             }
 
             #[test]
             fn caught_processes_on_tcp() {
                 let kind = LockScheme::Citron(citron($fast));
-                let w = Workload { iterations: 100, ..broken_workload() };
+                let w = broken_process_workload();
                 caught(&kind, processes_run(Backend::Tcp, &kind, 3, 2, &w, true));
             }
         }

@@ -489,8 +489,6 @@ impl CitronClient {
 
         let mut leaf_fail_since: Option<Instant> = None;
         let mut leaf_backoff = self.backoff();
-        // The leaf's readers that kept us out, as last seen, and since when (`leaf_readers_stood`).
-        let mut leaf_readers_seen: Option<(u64, Instant)> = None;
         // A leaf on the fast path posts its phase-(b) reads in the (c)+(d) batch (module docs,
         // "one-batch leaf"), until an occupied ancestor has been seen: from then on it waits in
         // phase (b) like everyone else.
@@ -704,8 +702,7 @@ impl CitronClient {
                         self.release_parts(&[hn.clone()], None)?;
                         hn.tokens.clear();
                         hn.leaf_mask = 0;
-                        let moved =
-                            self.leaf_readers_stood(share, mask, last, &mut leaf_readers_seen)?;
+                        let moved = self.leaf_readers_stood(share, mask, last)?;
                         if moved {
                             // Live readers kept us out: starvation avoidance applies.
                             if let Some(o) = self.leaf_failed(node, &mut leaf_fail_since) {
@@ -1435,7 +1432,8 @@ impl CitronClient {
     }
 
     /// A leaf writer gave up waiting for the leaf's readers, whose share word reads `last`:
-    /// tracks how long the touched halves stood still (across attempts, in `seen`) and, past
+    /// tracks how long the touched halves stood still (across attempts and aborts, in
+    /// `self.leaf_readers_seen`) and, past
     /// `T_lease`, repairs them (`Cnt := Max`: every reader registered then is dead, §3.10 —
     /// the counter pairs only grow, so standing still means nobody came or left). Returns
     /// whether they moved since the last attempt (live readers: counts towards starvation).
@@ -1444,12 +1442,11 @@ impl CitronClient {
         share: RemoteAddr,
         mask: u64,
         last: u64,
-        seen: &mut Option<(u64, Instant)>,
     ) -> Result<bool, LockError> {
         let fields = layout::leaf_share_fields(mask);
         let v = last & fields;
-        match *seen {
-            Some((s, since)) if s == v => {
+        match self.leaf_readers_seen {
+            Some((at, s, since)) if at == share && s == v => {
                 if since.elapsed() >= self.rec.t_lease()
                     && crate::fence::before_recovery(
                         self.opts.fence.as_ref(),
@@ -1462,12 +1459,12 @@ impl CitronClient {
                         self.stats.recoveries += 1;
                         tracing::warn!(?share, "lock tree leaf: readers of a dead client repaired");
                     }
-                    *seen = None;
+                    self.leaf_readers_seen = None;
                 }
                 Ok(false)
             }
             _ => {
-                *seen = Some((v, Instant::now()));
+                self.leaf_readers_seen = Some((share, v, Instant::now()));
                 Ok(true)
             }
         }

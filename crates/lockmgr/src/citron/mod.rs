@@ -416,6 +416,10 @@ pub struct CitronClient {
     polls_cost_server: bool,
     /// The mode of the acquisition in progress ([`RangeLock::acquire_mode`]).
     mode: crate::LockMode,
+    /// A leaf writer kept out by readers: the leaf's share word, the readers' fields as last
+    /// seen, and since when they stood still (`acquire::leaf_readers_stood`), across the
+    /// attempts and aborts of one acquisition.
+    leaf_readers_seen: Option<(RemoteAddr, u64, Instant)>,
 }
 
 impl CitronClient {
@@ -453,6 +457,7 @@ impl CitronClient {
             hosted: None,
             polls_cost_server: endpoint_capabilities.server_cpu_on_data_path,
             mode: crate::LockMode::Exclusive,
+            leaf_readers_seen: None,
         })
     }
 
@@ -744,6 +749,7 @@ impl CitronClient {
         extra: &Batch,
         out: &mut Completions,
     ) -> Result<LockId, LockError> {
+        self.leaf_readers_seen = None;
         self.mode = if self.hosted.is_some() {
             crate::LockMode::Exclusive
         } else {
