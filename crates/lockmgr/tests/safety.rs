@@ -255,7 +255,7 @@ fn threads_run_checked(
 /// the server runs their acquire and release next to memory) and half one-sided, on one tree.
 /// Delays are injected into the one-sided clients' verbs, the hosted clients' calls, and the
 /// host's own steps (the procedure's host endpoints are wrapped in a [`ChaosConnector`] too).
-fn hosted_and_one_sided_on_tcp(kind: LockScheme, threads: usize) {
+fn hosted_and_one_sided_on_tcp(kind: LockScheme, threads: usize, read_ratio: f64) {
     use lockmgr::citron::{hosted, CitronHost, Hosting};
     let fabric = Fabric::start(
         Backend::Tcp,
@@ -272,7 +272,10 @@ fn hosted_and_one_sided_on_tcp(kind: LockScheme, threads: usize) {
     let connector = fabric.connector();
     let created = create_lock(&kind, &*connector);
     let connector = ChaosConnector::new(connector, chaos(12));
-    let w = workload(&kind);
+    let w = Workload {
+        read_ratio,
+        ..workload(&kind)
+    };
     let shadow = AtomicShadow::new(w.units, threads);
     let report = common::run_threads(threads, 0, w, |worker| {
         let mut options = created.open_options();
@@ -625,12 +628,18 @@ macro_rules! schemes {
 
 #[test]
 fn citron_hosted_and_one_sided_on_tcp() {
-    hosted_and_one_sided_on_tcp(LockScheme::Citron(citron(true)), 4);
+    hosted_and_one_sided_on_tcp(LockScheme::Citron(citron(true)), 4, 0.0);
+}
+
+/// Readers one-sided beside hosted clients (which take shared requests exclusively).
+#[test]
+fn citron_shared_hosted_and_one_sided_on_tcp() {
+    hosted_and_one_sided_on_tcp(LockScheme::Citron(citron(true)), 4, 0.5);
 }
 
 #[test]
 fn citron_nofastpath_hosted_and_one_sided_on_tcp() {
-    hosted_and_one_sided_on_tcp(LockScheme::Citron(citron(false)), 4);
+    hosted_and_one_sided_on_tcp(LockScheme::Citron(citron(false)), 4, 0.0);
 }
 
 schemes! {
