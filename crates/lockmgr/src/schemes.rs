@@ -601,6 +601,10 @@ pub fn inspect(
                     word: *word,
                 })
                 .collect();
+            busy.extend(audit.busy_shares.iter().map(|(node, word)| BusyWord {
+                what: format!("share({}, {})", node.hgt, node.pos),
+                word: *word,
+            }));
             if audit.spillover_busy {
                 busy.push(BusyWord {
                     what: "spillover mutex".into(),
