@@ -440,8 +440,20 @@ const READER_LEAF: Scenario = Scenario {
 const READER_NODE_256: Scenario = Scenario {
     scheme: Scheme::CitronReader,
     // Each leaf whole: the dead reader registered both halves of every child; a writer of a
-    // leaf repairs the halves it touches (recovery is lazy).
-    repair: &[(256, 320), (320, 384), (384, 448), (448, 512), (0, UNITS)],
+    // leaf repairs the halves it touches (recovery is lazy). Twice: a leaf writer that still
+    // met the dead reader's registration at the node above may lock that node instead (phase
+    // (b) escalation) and leave the leaf to the next writer there.
+    repair: &[
+        (256, 320),
+        (320, 384),
+        (384, 448),
+        (448, 512),
+        (256, 320),
+        (320, 384),
+        (384, 448),
+        (448, 512),
+        (0, UNITS),
+    ],
     ..NODE_256
 };
 

@@ -53,6 +53,17 @@ const CASES: &[(u64, u64, u64, u64)] = &[
     (0, 1024, 3, 5),
 ];
 
+/// Acquires and releases `range` in `mode`; returns (acquire RTTs, verbs), (release RTTs, verbs).
+fn measure(c: &mut CitronClient, l: u64, r: u64, mode: LockMode) -> ((u64, u64), (u64, u64)) {
+    let before = c.endpoint_stats();
+    let id = c.acquire_mode(l..r, mode).unwrap();
+    let mid = c.endpoint_stats();
+    c.release(id).unwrap();
+    let after = c.endpoint_stats();
+    let (a, b) = (mid.since(&before), after.since(&mid));
+    ((a.round_trips, a.verbs), (b.round_trips, b.verbs))
+}
+
 #[test]
 fn uncontended_shared_round_trips() {
     for fast_path in [true, false] {
@@ -65,42 +76,33 @@ fn uncontended_shared_round_trips() {
         );
         let mut c = citron.client().unwrap();
         assert!(c.modes().contains(&LockMode::Shared));
+        // Exclusive on a lock never used in shared mode: what every lock pays today.
+        for &(l, r, _, _) in CASES {
+            let (acq, rel) = measure(&mut c, l, r, LockMode::Exclusive);
+            eprintln!("exclusive (no readers ever) {l}..{r} fast_path={fast_path}: acquire {acq:?}, release {rel:?} (RTTs, verbs)");
+        }
         for &(l, r, fast, slow) in CASES {
-            let before = c.endpoint_stats();
-            let id = c.acquire_mode(l..r, LockMode::Shared).unwrap();
-            let mid = c.endpoint_stats();
-            c.release(id).unwrap();
-            let after = c.endpoint_stats();
+            let (acq, rel) = measure(&mut c, l, r, LockMode::Shared);
             let want = if fast_path { fast } else { slow };
-            assert_eq!(
-                mid.since(&before).round_trips,
-                want,
-                "shared acquire {l}..{r} fast_path={fast_path}"
-            );
-            assert_eq!(after.since(&mid).round_trips, 1, "shared release {l}..{r}");
-            // The exclusive path beside it, for the verb counts (asserted in citron_basic).
-            let b2 = c.endpoint_stats();
-            let id = c.acquire(l..r).unwrap();
-            let m2 = c.endpoint_stats();
-            c.release(id).unwrap();
-            let a2 = c.endpoint_stats();
-            eprintln!(
-                "exclusive {l}..{r} fast_path={fast_path}: acquire {} RTTs / {} verbs, release {} RTT / {} verbs",
-                m2.since(&b2).round_trips,
-                m2.since(&b2).verbs,
-                a2.since(&m2).round_trips,
-                a2.since(&m2).verbs
-            );
-            eprintln!(
-                "shared {l}..{r} fast_path={fast_path}: acquire {} RTTs / {} verbs, release {} RTT / {} verbs",
-                mid.since(&before).round_trips,
-                mid.since(&before).verbs,
-                after.since(&mid).round_trips,
-                after.since(&mid).verbs
-            );
+            assert_eq!(acq.0, want, "shared acquire {l}..{r} fast_path={fast_path}");
+            assert_eq!(rel.0, 1, "shared release {l}..{r}");
+            eprintln!("shared {l}..{r} fast_path={fast_path}: acquire {acq:?}, release {rel:?} (RTTs, verbs)");
         }
         let stats = c.stats();
         assert_eq!(stats.aborts.total(), 0, "{stats:?}");
+        // Exclusive once readers are in use: the first acquisition learns it (one more round
+        // trip, once per client), then the same round trips as before, more verbs.
+        let _ = measure(&mut c, 10, 20, LockMode::Exclusive);
+        for &(l, r, fast, slow) in CASES {
+            let (acq, rel) = measure(&mut c, l, r, LockMode::Exclusive);
+            let want = if fast_path { fast } else { slow };
+            assert_eq!(
+                acq.0, want,
+                "exclusive acquire {l}..{r} fast_path={fast_path}"
+            );
+            assert_eq!(rel.0, 1, "exclusive release {l}..{r}");
+            eprintln!("exclusive (readers in use) {l}..{r} fast_path={fast_path}: acquire {acq:?}, release {rel:?} (RTTs, verbs)");
+        }
         assert_rest(&mut c);
     }
 }

@@ -436,11 +436,7 @@ impl CitronClient {
         if !node.is_leaf() {
             self.batch.clear();
             let th = self.batch.masked_faa(addr, ADD_TMAX, BOUNDARY);
-            let (reads, sreads) = if fastp {
-                self.post_anc_reads(&ancs, &anc_shares)
-            } else {
-                (Vec::new(), Vec::new())
-            };
+            let anc_reads = fastp.then(|| self.post_anc_reads(&ancs, &anc_shares));
             let posted = Instant::now();
             self.exec()?;
             hn.ticket = true;
@@ -475,13 +471,15 @@ impl CitronClient {
                 self.release_parts(&[hn], None)?;
                 return Ok(Outcome::Aborted(Why::ScaleUp));
             } else if fastp {
-                let words: Vec<u64> = reads.iter().map(|r| self.out.word(*r, 0)).collect();
-                let swords: Vec<u64> = sreads.iter().map(|r| self.out.word(*r, 0)).collect();
+                let (words, swords, flagged) = match &anc_reads {
+                    Some(r) => self.anc_words(r),
+                    None => (Vec::new(), Vec::new(), false),
+                };
                 if words.last().is_some_and(|w| exp_tag(*w) != 0) {
                     self.release_parts(&[hn], None)?;
                     return Ok(Outcome::Aborted(Why::ScaleUp));
                 }
-                if blocking(&words, &swords).is_none() {
+                if !flagged && blocking(&words, &swords).is_none() {
                     phase_b_done = Some(posted);
                 }
             }
@@ -530,11 +528,7 @@ impl CitronClient {
                 // children whole so that the wait of (d) can be skipped.
                 self.batch.clear();
                 // One-batch leaf: l. 14's reads, executed before the CAS (posting order).
-                let (b_reads, b_sreads) = if one_batch {
-                    self.post_anc_reads(&ancs, &anc_shares)
-                } else {
-                    (Vec::new(), Vec::new())
-                };
+                let b_anc = one_batch.then(|| self.post_anc_reads(&ancs, &anc_shares));
                 let main = if node.is_leaf() {
                     self.batch.masked_cas(addr, 0, mask, mask, mask)
                 } else {
@@ -590,11 +584,10 @@ impl CitronClient {
                         return Ok(Outcome::Restart);
                     }
                 }
-                if one_batch {
-                    let words: Vec<u64> = b_reads.iter().map(|r| self.out.word(*r, 0)).collect();
-                    let swords: Vec<u64> = b_sreads.iter().map(|r| self.out.word(*r, 0)).collect();
+                if let Some(r) = b_anc.as_ref().filter(|_| one_batch) {
+                    let (words, swords, flagged) = self.anc_words(r);
                     let expanding = words.last().is_some_and(|w| exp_tag(*w) != 0);
-                    if expanding || blocking(&words, &swords).is_some() {
+                    if expanding || flagged || blocking(&words, &swords).is_some() {
                         // l. 15-16: the attempt was speculative; undo what it did (as an
                         // abort would, §3.5.5) and take the regular phase (b).
                         let undo = HeldNode {
@@ -860,6 +853,12 @@ impl CitronClient {
             } else {
                 Vec::new()
             };
+            // Readers are in use on this lock (`layout::READERS_SEEN`): set before the
+            // registration (posting order), so a writer that reads the flag clear reads before
+            // any registration of ours.
+            let root_share = self.share_addr(root)?;
+            self.batch
+                .masked_cas(root_share, 0, 0, layout::READERS_SEEN, layout::READERS_SEEN);
             let (main, bits_read, pass) = if node.is_leaf() {
                 let reg = self
                     .batch
@@ -1198,11 +1197,14 @@ impl CitronClient {
         let mut waited = false;
         loop {
             self.batch.clear();
-            let (reads, sreads) = self.post_anc_reads(ancs, shares);
+            let anc_reads = self.post_anc_reads(ancs, shares);
             let t1 = Instant::now();
             self.exec()?;
-            let words: Vec<u64> = reads.iter().map(|r| self.out.word(*r, 0)).collect();
-            let swords: Vec<u64> = sreads.iter().map(|r| self.out.word(*r, 0)).collect();
+            let (words, swords, flagged) = self.anc_words(&anc_reads);
+            if flagged {
+                // Readers are in use: read again, share words included.
+                continue;
+            }
             if words.last().is_some_and(|w| exp_tag(*w) != 0) {
                 return Ok(PhaseB::Give(Outcome::Aborted(Why::ScaleUp)));
             }
@@ -1292,19 +1294,30 @@ impl CitronClient {
                 nodes.push((n, self.node_addr(n)?, DCNT | DMAX));
             }
         }
+        // A writer's share words: read when this client has seen readers in use; otherwise
+        // the root's `READERS_SEEN` flag is read first, and only if it is set are they read
+        // (polled below). A reader that sets the flag after our read notifies after it too,
+        // past `t0 + T_wait`: its phase-(b) read came after our `Occ` (inequality (1)), so
+        // it waits for us (`docs/SHARED_LOCKS.md`, "Writers pay for readers once used").
+        let mut share_nodes: Vec<(Node, RemoteAddr, u64)> = Vec::new();
         if !shared {
-            let words = nodes.len();
-            for i in 0..words {
-                let n = nodes[i].0;
+            for &(n, _, _) in &nodes {
                 let fields = if n == node {
                     DCNT | DMAX | TCNT | TMAX
                 } else {
                     DCNT | DMAX
                 };
-                nodes.push((n, self.share_addr(n)?, fields));
+                share_nodes.push((n, self.share_addr(n)?, fields));
             }
         }
         self.batch.clear();
+        let flag = if !shared && !self.readers_seen {
+            let root_share = self.share_addr(Node::root(self.rec.height))?;
+            Some(self.batch.read(root_share, 8))
+        } else {
+            nodes.append(&mut share_nodes);
+            None
+        };
         // Fast-path children that were only partly locked: give them back first (§3.8) — unless
         // we were paused past their lease deadline since locking them: then a leaf repair may
         // have zeroed them and someone else set them again; leave them to lazy recovery
@@ -1346,6 +1359,10 @@ impl CitronClient {
         }
         self.exec()?;
         let now = Instant::now();
+        let flagged = flag.is_some_and(|h| self.out.word(h, 0) & layout::READERS_SEEN != 0);
+        if flagged {
+            self.readers_seen = true;
+        }
         let paired =
             |w: u64, fields: u64| dcnt(w) == dmax(w) && (fields & TCNT == 0 || tcnt(w) == tmax(w));
         let mut waiting: Vec<(Node, RemoteAddr, u64, u64, Instant)> = Vec::new();
@@ -1355,6 +1372,13 @@ impl CitronClient {
                 if !paired(w, n.2) {
                     waiting.push((n.0, n.1, n.2, w & n.2, now));
                 }
+            }
+        }
+        if flagged {
+            // Not read yet: polled below (an impossible `seen` starts their stand-still clock
+            // at the first poll).
+            for (n, a, fields) in share_nodes {
+                waiting.push((n, a, fields, !fields, now));
             }
         }
         let mut backoff = self.backoff();
@@ -1486,6 +1510,7 @@ impl CitronClient {
         let started = Instant::now();
         let mut last = first & (TCNT | TMAX);
         let mut since = started;
+        let mut moved = false;
         let mut backoff = self.backoff();
         loop {
             backoff.snooze(&mut self.rng);
@@ -1504,24 +1529,51 @@ impl CitronClient {
             if seen != last {
                 last = seen;
                 since = Instant::now();
+                moved = true;
             } else if since.elapsed() >= lease {
                 return Ok(Some(Outcome::Escalate(anc, Why::Suspected)));
             }
-            if started.elapsed() >= self.opts.starvation_after {
+            // Readers that come and go (not dead ones standing still) for `starvation_after`.
+            if moved && started.elapsed() >= self.opts.starvation_after {
                 return Ok(Some(Outcome::Escalate(anc, Why::ReadersStarve)));
             }
         }
     }
 
-    /// Posts reads of the ancestors' words and (a writer's) their share words.
-    fn post_anc_reads(
-        &mut self,
-        ancs: &[(Node, RemoteAddr)],
-        shares: &[RemoteAddr],
-    ) -> (Vec<ReadHandle>, Vec<ReadHandle>) {
+    /// Posts reads of the ancestors' words and (a writer's) their share words — or, while this
+    /// client has not seen the lock used in shared mode, only the root's share word first, for
+    /// its `READERS_SEEN` flag (`layout`, "Share word"): one read instead of one per ancestor.
+    fn post_anc_reads(&mut self, ancs: &[(Node, RemoteAddr)], shares: &[RemoteAddr]) -> AncReads {
+        let flag = match shares.last() {
+            Some(root_share) if !self.readers_seen => Some(self.batch.read(*root_share, 8)),
+            _ => None,
+        };
         let reads = ancs.iter().map(|(_, a)| self.batch.read(*a, 8)).collect();
-        let sreads = shares.iter().map(|a| self.batch.read(*a, 8)).collect();
-        (reads, sreads)
+        let sreads = if flag.is_none() {
+            shares.iter().map(|a| self.batch.read(*a, 8)).collect()
+        } else {
+            Vec::new()
+        };
+        AncReads {
+            reads,
+            sreads,
+            flag,
+        }
+    }
+
+    /// What `post_anc_reads` read: the ancestors' words, their share words (if read), and
+    /// whether the flag read found readers in use for the first time — then the reads are
+    /// incomplete and the caller treats the ancestors as blocking (it reads them again).
+    fn anc_words(&mut self, r: &AncReads) -> (Vec<u64>, Vec<u64>, bool) {
+        let words = r.reads.iter().map(|h| self.out.word(*h, 0)).collect();
+        let swords = r.sreads.iter().map(|h| self.out.word(*h, 0)).collect();
+        let flagged = r
+            .flag
+            .is_some_and(|h| self.out.word(h, 0) & layout::READERS_SEEN != 0);
+        if flagged {
+            self.readers_seen = true;
+        }
+        (words, swords, flagged)
     }
 
     /// §3.10, l. 22: holding the leaf's parent (or higher), bits still set in the leaf can only
@@ -1615,4 +1667,11 @@ struct CVals {
     kid_bits: Option<[u64; 4]>,
     /// The one-batch leaf's ancestor reads.
     b_words: Vec<u64>,
+}
+
+/// Reads posted by `post_anc_reads`.
+struct AncReads {
+    reads: Vec<ReadHandle>,
+    sreads: Vec<ReadHandle>,
+    flag: Option<ReadHandle>,
 }

@@ -491,6 +491,12 @@ pub const fn leaf_share_repaired(w: u64, mask: u64) -> u64 {
     r
 }
 
+/// The root's share word's flag (bit 60, unused otherwise) that every shared acquisition sets
+/// before it registers: readers are in use on this lock. A writer that never saw it set reads
+/// it instead of its ancestors' share words (one verb instead of one per ancestor), and a
+/// scale-up carries it to the new root.
+pub const READERS_SEEN: u64 = OCC;
+
 /// Readers holding an internal node (`RMax - RCnt` of its share word).
 pub const fn node_readers(share: u64) -> u64 {
     counter_gap(tmax(share), tcnt(share))

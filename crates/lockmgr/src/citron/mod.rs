@@ -420,6 +420,9 @@ pub struct CitronClient {
     /// seen, and since when they stood still (`acquire::leaf_readers_stood`), across the
     /// attempts and aborts of one acquisition.
     leaf_readers_seen: Option<(RemoteAddr, u64, Instant)>,
+    /// This client saw the lock's `READERS_SEEN` flag set (`layout`): from now on its
+    /// writers read the share words of their ancestors and windows directly.
+    readers_seen: bool,
 }
 
 impl CitronClient {
@@ -458,6 +461,7 @@ impl CitronClient {
             polls_cost_server: endpoint_capabilities.server_cpu_on_data_path,
             mode: crate::LockMode::Exclusive,
             leaf_readers_seen: None,
+            readers_seen: false,
         })
     }
 

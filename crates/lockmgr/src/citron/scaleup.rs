@@ -219,6 +219,13 @@ impl CitronClient {
             }
             self.exec()?;
         }
+        // Readers in use on the old tree are in use on the new one (`layout::READERS_SEEN`).
+        if shares
+            .first()
+            .is_some_and(|w| w & layout::READERS_SEEN != 0)
+        {
+            self.carry_readers_seen(&next, a)?;
+        }
 
         // l. 9-10: publish the new configuration, clear the maximizer.
         self.publish_scale_up(next, a)?;
@@ -302,6 +309,13 @@ impl CitronClient {
         // l. 4-5 where the scaler did not get to (idempotent where it did); the words now.
         let (top, words) = self.tag_top(b, m, tag)?;
         let shares = self.tag_shares(&top, tag)?;
+        if shares
+            .first()
+            .is_some_and(|w| w & layout::READERS_SEEN != 0)
+        {
+            let rec = self.rec.clone();
+            self.carry_readers_seen(&rec, a)?;
+        }
         // What each copy target must count besides its DCnt: the outstanding notifications of
         // the nodes copying to it (and an occupied old root), every target listed; the same
         // for the share words (shared notifications, the old root's readers).
@@ -338,6 +352,15 @@ impl CitronClient {
             "lock tree: finished a scale-up whose scaler died"
         );
         Ok(())
+    }
+
+    /// Sets `READERS_SEEN` on the root of the tree of height `a` described by `rec`.
+    fn carry_readers_seen(&mut self, rec: &ConfigRecord, a: u32) -> Result<(), LockError> {
+        let at = share_addr_in(rec, Node::root(a))?;
+        self.batch.clear();
+        self.batch
+            .masked_cas(at, 0, 0, layout::READERS_SEEN, layout::READERS_SEEN);
+        self.exec()
     }
 
     /// `finish_scale_up`'s repair of the copy targets: each must count `DCnt + n` in `DMax`
