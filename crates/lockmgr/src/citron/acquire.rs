@@ -416,10 +416,8 @@ impl CitronClient {
             .map(|t| self.node_addr(t).map(|a| (t, a)))
             .collect::<Result<_, _>>()?;
         // Readers of an ancestor block us as its Occ does (`docs/SHARED_LOCKS.md`).
-        let anc_shares: Vec<RemoteAddr> = ancs
-            .iter()
-            .map(|(a, _)| self.share_addr(*a))
-            .collect::<Result<_, _>>()?;
+        // (Computed where used: only the root's until this client has seen readers in use.)
+        let mut anc_shares: Vec<RemoteAddr> = self.anc_shares(&ancs)?;
         let share = self.share_addr(node)?;
         let mask = if node.is_leaf() {
             node.leaf_mask(l, r)
@@ -498,18 +496,21 @@ impl CitronClient {
                 Some(t) => t,
                 // Posted below, in front of phase (c)'s masked CAS.
                 None if one_batch => Instant::now(),
-                None => match self.phase_b(&ancs, &anc_shares, &holding)? {
-                    PhaseB::Clear(t1, waited) => {
-                        if waited {
-                            was_fast = false;
+                None => {
+                    anc_shares = self.anc_shares(&ancs)?;
+                    match self.phase_b(&ancs, &anc_shares, &holding)? {
+                        PhaseB::Clear(t1, waited) => {
+                            if waited {
+                                was_fast = false;
+                            }
+                            t1
                         }
-                        t1
+                        PhaseB::Give(outcome) => {
+                            self.release_parts(&[hn], None)?;
+                            return Ok(outcome);
+                        }
                     }
-                    PhaseB::Give(outcome) => {
-                        self.release_parts(&[hn], None)?;
-                        return Ok(outcome);
-                    }
-                },
+                }
             };
 
             // Phase (c), l. 20-28, and the notification of (d), l. 29-31.
@@ -528,6 +529,9 @@ impl CitronClient {
                 // children whole so that the wait of (d) can be skipped.
                 self.batch.clear();
                 // One-batch leaf: l. 14's reads, executed before the CAS (posting order).
+                if one_batch {
+                    anc_shares = self.anc_shares(&ancs)?;
+                }
                 let b_anc = one_batch.then(|| self.post_anc_reads(&ancs, &anc_shares));
                 let main = if node.is_leaf() {
                     self.batch.masked_cas(addr, 0, mask, mask, mask)
@@ -1190,6 +1194,8 @@ impl CitronClient {
         shares: &[RemoteAddr],
         holding: &[Node],
     ) -> Result<PhaseB, LockError> {
+        let mut owned: Vec<RemoteAddr>;
+        let mut shares = shares;
         if ancs.is_empty() {
             return Ok(PhaseB::Clear(Instant::now(), false));
         }
@@ -1203,6 +1209,8 @@ impl CitronClient {
             let (words, swords, flagged) = self.anc_words(&anc_reads);
             if flagged {
                 // Readers are in use: read again, share words included.
+                owned = self.anc_shares(ancs)?;
+                shares = &owned;
                 continue;
             }
             if words.last().is_some_and(|w| exp_tag(*w) != 0) {
@@ -1299,23 +1307,28 @@ impl CitronClient {
         // (polled below). A reader that sets the flag after our read notifies after it too,
         // past `t0 + T_wait`: its phase-(b) read came after our `Occ` (inequality (1)), so
         // it waits for us (`docs/SHARED_LOCKS.md`, "Writers pay for readers once used").
-        let mut share_nodes: Vec<(Node, RemoteAddr, u64)> = Vec::new();
-        if !shared {
-            for &(n, _, _) in &nodes {
-                let fields = if n == node {
-                    DCNT | DMAX | TCNT | TMAX
-                } else {
-                    DCNT | DMAX
-                };
-                share_nodes.push((n, self.share_addr(n)?, fields));
-            }
-        }
+        let share_nodes = |me: &Self, nodes: &[(Node, RemoteAddr, u64)]| {
+            nodes
+                .iter()
+                .map(|&(n, _, _)| {
+                    let fields = if n == node {
+                        DCNT | DMAX | TCNT | TMAX
+                    } else {
+                        DCNT | DMAX
+                    };
+                    me.share_addr(n).map(|a| (n, a, fields))
+                })
+                .collect::<Result<Vec<_>, LockError>>()
+        };
         self.batch.clear();
-        let flag = if !shared && !self.readers_seen {
+        let flag = if shared {
+            None
+        } else if !self.readers_seen {
             let root_share = self.share_addr(Node::root(self.rec.height))?;
             Some(self.batch.read(root_share, 8))
         } else {
-            nodes.append(&mut share_nodes);
+            let mut more = share_nodes(self, &nodes)?;
+            nodes.append(&mut more);
             None
         };
         // Fast-path children that were only partly locked: give them back first (§3.8) — unless
@@ -1377,7 +1390,7 @@ impl CitronClient {
         if flagged {
             // Not read yet: polled below (an impossible `seen` starts their stand-still clock
             // at the first poll).
-            for (n, a, fields) in share_nodes {
+            for (n, a, fields) in share_nodes(self, &nodes)? {
                 waiting.push((n, a, fields, !fields, now));
             }
         }
@@ -1537,6 +1550,20 @@ impl CitronClient {
             if moved && started.elapsed() >= self.opts.starvation_after {
                 return Ok(Some(Outcome::Escalate(anc, Why::ReadersStarve)));
             }
+        }
+    }
+
+    /// A writer's share words of `ancs` (lowest first) — only the root's (for the
+    /// `READERS_SEEN` flag) while this client has not seen readers in use; empty without
+    /// ancestors.
+    fn anc_shares(&self, ancs: &[(Node, RemoteAddr)]) -> Result<Vec<RemoteAddr>, LockError> {
+        if self.readers_seen {
+            ancs.iter().map(|(a, _)| self.share_addr(*a)).collect()
+        } else {
+            ancs.last()
+                .map(|(root, _)| self.share_addr(*root))
+                .into_iter()
+                .collect()
         }
     }
 
