@@ -36,6 +36,6 @@ pub mod stats;
 pub use chaos::{ChaosConfig, ChaosConnector, ChaosEndpoint, StallEndpoint, StallSwitch};
 pub use citron::{Citron, CitronClient, CitronConfig, ClientOptions};
 pub use fence::Fence;
-pub use scheme::{check_range, LockError, LockId, ProgressFn, RangeLock};
+pub use scheme::{check_range, LockError, LockId, LockMode, ProgressFn, RangeLock};
 pub use schemes::{LockRef, LockScheme};
 pub use stats::{AbortCounts, LockStats};

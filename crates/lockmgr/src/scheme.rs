@@ -63,11 +63,38 @@ pub enum LockError {
     },
 }
 
+/// How a lock is held: exclusive (a writer: no other holder overlaps it) or shared (a reader:
+/// other shared holders may overlap it, no exclusive one may).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum LockMode {
+    /// No other holder of an overlapping range.
+    #[default]
+    Exclusive,
+    /// Only other shared holders of overlapping ranges.
+    Shared,
+}
+
+impl LockMode {
+    /// The mode as the benchmarks and reports spell it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            LockMode::Exclusive => "exclusive",
+            LockMode::Shared => "shared",
+        }
+    }
+}
+
+/// The modes of a scheme that grants exclusive locks only.
+pub const EXCLUSIVE_ONLY: &[LockMode] = &[LockMode::Exclusive];
+/// The modes of a scheme that grants shared locks as well.
+pub const EXCLUSIVE_AND_SHARED: &[LockMode] = &[LockMode::Exclusive, LockMode::Shared];
+
 /// Describes, when called from any thread, where a client's current acquisition is
 /// ([`RangeLock::progress`]).
 pub type ProgressFn = std::sync::Arc<dyn Fn() -> String + Send + Sync>;
 
-/// One client's handle on a range-lock instance. Locks are exclusive; ranges are in lock units,
+/// One client's handle on a range-lock instance. Locks are exclusive unless taken with
+/// [`RangeLock::acquire_mode`] in [`LockMode::Shared`] on a scheme that has that mode; ranges are in lock units,
 /// half-open `[start, end)`, anywhere in `[0, u64::MAX)`.
 ///
 /// A handle belongs to one thread (it owns that thread's endpoints); open one per thread.
@@ -75,8 +102,21 @@ pub trait RangeLock: Send {
     /// Blocks until `range` is held by this client and returns the id to release it with.
     fn acquire(&mut self, range: Range<u64>) -> Result<LockId, LockError>;
 
-    /// Releases a lock taken with [`RangeLock::acquire`].
+    /// Releases a lock taken with [`RangeLock::acquire`] (or [`RangeLock::acquire_mode`]).
     fn release(&mut self, id: LockId) -> Result<(), LockError>;
+
+    /// The modes this scheme grants ([`RangeLock::acquire_mode`]); default: exclusive only.
+    fn modes(&self) -> &'static [LockMode] {
+        EXCLUSIVE_ONLY
+    }
+
+    /// Blocks until `range` is held by this client in `mode`. [`LockMode::Exclusive`] is
+    /// [`RangeLock::acquire`]. A scheme without a shared mode (see [`RangeLock::modes`]) grants
+    /// a shared request exclusively (this default): a stronger lock, never a wrong one.
+    fn acquire_mode(&mut self, range: Range<u64>, mode: LockMode) -> Result<LockId, LockError> {
+        let _ = mode;
+        self.acquire(range)
+    }
 
     /// [`RangeLock::acquire`], also executing the caller's verbs `extra` (reads of the data
     /// the lock guards, say) **after the lock was granted**, with their results in `out`

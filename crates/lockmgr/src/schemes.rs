@@ -122,6 +122,16 @@ impl LockScheme {
         Self::SERVER,
     ];
 
+    /// The modes the scheme grants ([`RangeLock::modes`] of its handles): CITRON and the lock
+    /// server share readers; `mutex` and `seg` are exclusive only (a shared request is granted
+    /// exclusively there).
+    pub fn modes(&self) -> &'static [crate::LockMode] {
+        match self {
+            Self::Citron(_) | Self::Server => crate::scheme::EXCLUSIVE_AND_SHARED,
+            Self::Mutex | Self::Seg(_) => crate::scheme::EXCLUSIVE_ONLY,
+        }
+    }
+
     /// The scheme's name, as [`RangeLock::scheme`] reports it and the spec form starts.
     pub fn name(&self) -> &'static str {
         match self {
@@ -591,6 +601,10 @@ pub fn inspect(
                     word: *word,
                 })
                 .collect();
+            busy.extend(audit.busy_shares.iter().map(|(node, word)| BusyWord {
+                what: format!("share({}, {})", node.hgt, node.pos),
+                word: *word,
+            }));
             if audit.spillover_busy {
                 busy.push(BusyWord {
                     what: "spillover mutex".into(),

@@ -27,6 +27,10 @@ fn calm(units: u64) -> CitronConfig {
         // Generous T_wait: scheduling noise on a loaded test machine must not trip inequality
         // (1) here, where round trips are counted exactly.
         t_wait: Some(Duration::from_millis(5)),
+        // A lease far above these tests' critical sections: under load, a debug build's
+        // scale-up and audit while a lock is held took past the 500 ms default, and the late
+        // release then (correctly) left the lock's words to lazy recovery.
+        t_lease: Duration::from_secs(30),
         ..Default::default()
     }
 }

@@ -9,6 +9,12 @@
 //!
 //! The checker's self-tests prove it can fail: a lock that locks nothing, a lock that leaves out
 //! the last unit of every range, and a lock that never grants must all be caught.
+//!
+//! Shared mode (`docs/SHARED_LOCKS.md`): the `*_shared` lines of the matrix ask for half of
+//! their locks shared; the shadow lets readers overlap readers and nothing else. Its self-tests:
+//! readers of a lock that locks nothing pass (readers may overlap), and CITRON with a
+//! deliberately wrong grant — every exclusive request taken shared — is caught, on every
+//! backend, threads and processes.
 
 mod common;
 
@@ -21,8 +27,8 @@ use lockmgr::chaos::DelayMode;
 use lockmgr::citron::{CitronSpec, ClientOptions, NoAllocator};
 use lockmgr::schemes::{self, CreateOptions, Created, FixedMemory, OpenOptions};
 use lockmgr::{
-    ChaosConfig, ChaosConnector, CitronClient, LockError, LockId, LockRef, LockScheme, LockStats,
-    RangeLock,
+    ChaosConfig, ChaosConnector, CitronClient, LockError, LockId, LockMode, LockRef, LockScheme,
+    LockStats, RangeLock,
 };
 use std::io::{BufRead, BufReader};
 use std::ops::Range;
@@ -174,8 +180,11 @@ fn check_at_rest(kind: &LockScheme, connector: &dyn Connector) {
 /// Safety-checks `kind` with `threads` threads of this process on `backend`, sharing an
 /// in-memory shadow; like [`processes_on`], a run that did not take every path
 /// [`check_stats`] requires is followed by another, up to three.
-fn threads_on(backend: Backend, kind: LockScheme, threads: usize) {
-    let w = workload(&kind);
+fn threads_on(backend: Backend, kind: LockScheme, threads: usize, read_ratio: f64) {
+    let w = Workload {
+        read_ratio,
+        ..workload(&kind)
+    };
     run_until_exercised(&kind, threads, &w, |run| {
         threads_run(backend, kind, threads, run, &w)
     });
@@ -214,6 +223,19 @@ fn threads_run(
     run: u64,
     w: &Workload,
 ) -> Report {
+    threads_run_checked(backend, kind, threads, run, w, false)
+        .unwrap_or_else(|violation| panic!("{kind} on {backend:?}: {violation}"))
+}
+
+/// [`threads_run`], its violation returned (`broken`: every lock wrapped in [`WriterAsReader`]).
+fn threads_run_checked(
+    backend: Backend,
+    kind: LockScheme,
+    threads: usize,
+    run: u64,
+    w: &Workload,
+    broken: bool,
+) -> Result<Report, String> {
     let fabric = Fabric::start(backend, &[(REGION_LOCK, lock_region_bytes(&kind).max(8))]);
     let connector = fabric.connector();
     let created = create_lock(&kind, &*connector);
@@ -223,18 +245,17 @@ fn threads_run(
     let report = common::run_threads(threads, 0, *w, |_| {
         let lock = schemes::open(&created.lock, &connector, &options)
             .map_err(|e| format!("open {kind}: {e}"))?;
-        Ok((lock, shadow.clone()))
-    })
-    .unwrap_or_else(|violation| panic!("{kind} on {backend:?}: {violation}"));
+        Ok((wrap(lock, broken), shadow.clone()))
+    })?;
     check_at_rest(&kind, &connector);
-    report
+    Ok(report)
 }
 
 /// CITRON on `tcp` with half the threads acquiring at the host ([`lockmgr::citron::hosted`]:
 /// the server runs their acquire and release next to memory) and half one-sided, on one tree.
 /// Delays are injected into the one-sided clients' verbs, the hosted clients' calls, and the
 /// host's own steps (the procedure's host endpoints are wrapped in a [`ChaosConnector`] too).
-fn hosted_and_one_sided_on_tcp(kind: LockScheme, threads: usize) {
+fn hosted_and_one_sided_on_tcp(kind: LockScheme, threads: usize, read_ratio: f64) {
     use lockmgr::citron::{hosted, CitronHost, Hosting};
     let fabric = Fabric::start(
         Backend::Tcp,
@@ -251,7 +272,10 @@ fn hosted_and_one_sided_on_tcp(kind: LockScheme, threads: usize) {
     let connector = fabric.connector();
     let created = create_lock(&kind, &*connector);
     let connector = ChaosConnector::new(connector, chaos(12));
-    let w = workload(&kind);
+    let w = Workload {
+        read_ratio,
+        ..workload(&kind)
+    };
     let shadow = AtomicShadow::new(w.units, threads);
     let report = common::run_threads(threads, 0, w, |worker| {
         let mut options = created.open_options();
@@ -306,10 +330,20 @@ fn untaken_paths(kind: &LockScheme, stats: &lockmgr::LockStats) -> Vec<&'static 
 /// no starvation escalation at all (300 acquisitions): a run that did not take every path
 /// [`check_stats`] requires is followed by another, up to three, each checked for safety, and
 /// the paths are required of them together.
-fn processes_on(backend: Backend, kind: LockScheme, children: usize, threads: usize) {
-    let w = process_workload(&kind);
+fn processes_on(
+    backend: Backend,
+    kind: LockScheme,
+    children: usize,
+    threads: usize,
+    read_ratio: f64,
+) {
+    let w = Workload {
+        read_ratio,
+        ..process_workload(&kind)
+    };
     run_until_exercised(&kind, children * threads, &w, |_| {
-        processes_run(backend, &kind, children, threads, &w)
+        processes_run(backend, &kind, children, threads, &w, false)
+            .unwrap_or_else(|violation| panic!("{kind} on {backend:?}: {violation}"))
     });
 }
 
@@ -320,7 +354,8 @@ fn processes_run(
     children: usize,
     threads: usize,
     w: &Workload,
-) -> Report {
+    broken: bool,
+) -> Result<Report, String> {
     let kind = *kind;
     let holders = (children * threads) as u64;
     let fabric = Fabric::start(backend, &[(REGION_LOCK, lock_region_bytes(&kind).max(8))]);
@@ -345,10 +380,12 @@ fn processes_run(
     for child in 0..children {
         // The children open exactly what was created: the description as `create` returned it.
         let spec = format!(
-            "{}|{}|{}|{server_addr}|{child}|{threads}",
+            "{}|{}|{}|{server_addr}|{child}|{threads}|{}|{}",
             fabric.location(),
             shadow.location(),
-            created.lock.scheme
+            created.lock.scheme,
+            w.read_ratio,
+            u8::from(broken),
         );
         let mut process = Command::new(std::env::current_exe().unwrap())
             .args([
@@ -392,7 +429,13 @@ fn processes_run(
     for _ in 0..children {
         match results.recv_timeout(deadline) {
             Ok(Ok(child)) => report.merge(&child),
-            Ok(Err(violation)) => panic!("{kind} on {backend:?}: {violation}"),
+            Ok(Err(violation)) => {
+                // The other children may still run: stop them (ours, by pid) and report.
+                for pid in &pids {
+                    let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+                }
+                return Err(violation);
+            }
             Err(_) => {
                 for pid in &pids {
                     // Only our own children, by pid.
@@ -403,7 +446,7 @@ fn processes_run(
         }
     }
     check_at_rest(&kind, &*fabric.connector());
-    report
+    Ok(report)
 }
 
 /// The text after `marker` in `line`.
@@ -428,7 +471,8 @@ fn child_worker() {
 
 fn child_main(spec: &str) -> Result<Report, String> {
     let fields: Vec<&str> = spec.split('|').collect();
-    let [location, shadow_location, kind, server, child, threads] = fields[..] else {
+    let [location, shadow_location, kind, server, child, threads, read_ratio, broken] = fields[..]
+    else {
         return Err(format!("bad child spec {spec:?}"));
     };
     let kind: LockScheme = kind.parse().map_err(|e: LockError| e.to_string())?;
@@ -441,7 +485,17 @@ fn child_main(spec: &str) -> Result<Report, String> {
     };
     let child: u64 = child.parse().map_err(|_| "bad child index")?;
     let threads: usize = threads.parse().map_err(|_| "bad thread count")?;
-    let w = process_workload(&kind);
+    let broken = broken == "1";
+    // The broken-variant runs use their own workload (the parent's shadow is sized for it).
+    let base = if broken {
+        broken_process_workload()
+    } else {
+        process_workload(&kind)
+    };
+    let w = Workload {
+        read_ratio: read_ratio.parse().map_err(|_| "bad read ratio")?,
+        ..base
+    };
     let lock = LockRef {
         scheme: kind,
         base: LOCK_BASE,
@@ -465,7 +519,7 @@ fn child_main(spec: &str) -> Result<Report, String> {
             REGION_SHADOW,
             w.units,
         );
-        Ok((lock, shadow))
+        Ok((wrap(lock, broken), shadow))
     })
 }
 
@@ -535,26 +589,26 @@ fn decode_report(line: &str) -> Option<Report> {
 /// shm and tcp. A line may carry `ignore = "why"` for a scheme that is known to fail the checker,
 /// so the failure stays visible (`cargo test -- --ignored`) without blocking everyone else.
 macro_rules! schemes {
-    ($($name:ident => $kind:expr $(, ignore = $why:literal)?;)*) => {$(
+    ($($name:ident => $kind:expr, reads $reads:expr $(, ignore = $why:literal)?;)*) => {$(
         mod $name {
             use super::*;
 
             #[test]
             $(#[ignore = $why])?
             fn threads_on_mem() {
-                threads_on(Backend::Mem, $kind, 4);
+                threads_on(Backend::Mem, $kind, 4, $reads);
             }
 
             #[test]
             $(#[ignore = $why])?
             fn threads_on_shm() {
-                threads_on(Backend::Shm, $kind, 4);
+                threads_on(Backend::Shm, $kind, 4, $reads);
             }
 
             #[test]
             $(#[ignore = $why])?
             fn threads_on_tcp() {
-                threads_on(Backend::Tcp, $kind, 4);
+                threads_on(Backend::Tcp, $kind, 4, $reads);
             }
 
             /// `rdma` on its `soft` provider: a NIC's semantics (atomics atomic among
@@ -570,13 +624,13 @@ macro_rules! schemes {
             #[test]
             $(#[ignore = $why])?
             fn processes_on_shm() {
-                processes_on(Backend::Shm, $kind, 3, 2);
+                processes_on(Backend::Shm, $kind, 3, 2, $reads);
             }
 
             #[test]
             $(#[ignore = $why])?
             fn processes_on_tcp() {
-                processes_on(Backend::Tcp, $kind, 3, 2);
+                processes_on(Backend::Tcp, $kind, 3, 2, $reads);
             }
         }
     )*};
@@ -584,23 +638,35 @@ macro_rules! schemes {
 
 #[test]
 fn citron_hosted_and_one_sided_on_tcp() {
-    hosted_and_one_sided_on_tcp(LockScheme::Citron(citron(true)), 4);
+    hosted_and_one_sided_on_tcp(LockScheme::Citron(citron(true)), 4, 0.0);
+}
+
+/// Readers one-sided beside hosted clients (which take shared requests exclusively).
+#[test]
+fn citron_shared_hosted_and_one_sided_on_tcp() {
+    hosted_and_one_sided_on_tcp(LockScheme::Citron(citron(true)), 4, 0.5);
 }
 
 #[test]
 fn citron_nofastpath_hosted_and_one_sided_on_tcp() {
-    hosted_and_one_sided_on_tcp(LockScheme::Citron(citron(false)), 4);
+    hosted_and_one_sided_on_tcp(LockScheme::Citron(citron(false)), 4, 0.0);
 }
 
 schemes! {
-    mutex => LockScheme::MUTEX;
+    mutex => LockScheme::MUTEX, reads 0.0;
     // Segments wrap: 2^20 units / 256 = 4096 segments onto 1024 lock words.
-    seg => LockScheme::Seg(SegSpec { segment_units: 256, segments: 1024 });
-    server => LockScheme::SERVER;
+    seg => LockScheme::Seg(SegSpec { segment_units: 256, segments: 1024 }), reads 0.0;
+    server => LockScheme::SERVER, reads 0.0;
     // Scale-ups from CITRON_UNITS through the fabric allocator over the lock's growth room (the
     // default creator's growth); a lease far above the critical sections (see CITRON_LEASE_MS).
-    citron => LockScheme::Citron(citron(true));
-    citron_nofastpath => LockScheme::Citron(citron(false));
+    citron => LockScheme::Citron(citron(true)), reads 0.0;
+    citron_nofastpath => LockScheme::Citron(citron(false)), reads 0.0;
+    // Shared mode: half of the acquisitions are readers (`docs/SHARED_LOCKS.md`).
+    citron_shared => LockScheme::Citron(citron(true)), reads 0.5;
+    citron_nofastpath_shared => LockScheme::Citron(citron(false)), reads 0.5;
+    server_shared => LockScheme::SERVER, reads 0.5;
+    // A scheme without a shared mode grants shared requests exclusively: still safe.
+    mutex_shared => LockScheme::MUTEX, reads 0.5;
 }
 
 /// `kind` as the checker runs it on `rdma`: CITRON with a `T_wait` of 2 ms where the creator
@@ -745,4 +811,137 @@ fn checker_catches_a_lock_that_never_grants() {
     });
     let violation = result.expect_err("the checker missed a lock that never grants");
     assert!(violation.contains("LIVENESS"), "{violation}");
+}
+
+// ---- Shared mode: readers may overlap readers; a wrong grant must be caught. ----
+
+/// A deliberately wrong grant: every exclusive request is taken in shared mode, so a writer is
+/// admitted beside readers and other writers of its range.
+struct WriterAsReader(Box<dyn RangeLock>);
+
+impl RangeLock for WriterAsReader {
+    fn acquire(&mut self, range: Range<u64>) -> Result<LockId, LockError> {
+        self.0.acquire_mode(range, LockMode::Shared)
+    }
+    fn acquire_mode(&mut self, range: Range<u64>, _mode: LockMode) -> Result<LockId, LockError> {
+        self.0.acquire_mode(range, LockMode::Shared)
+    }
+    fn release(&mut self, id: LockId) -> Result<(), LockError> {
+        self.0.release(id)
+    }
+    fn stats(&self) -> LockStats {
+        self.0.stats()
+    }
+    fn scheme(&self) -> &'static str {
+        "writer-as-reader"
+    }
+}
+
+/// The lock itself, or (`broken`) wrapped in [`WriterAsReader`].
+fn wrap(lock: Box<dyn RangeLock>, broken: bool) -> Box<dyn RangeLock> {
+    if broken {
+        Box::new(WriterAsReader(lock))
+    } else {
+        lock
+    }
+}
+
+#[test]
+fn checker_lets_readers_overlap() {
+    let w = Workload {
+        read_ratio: 1.0,
+        ..crowded()
+    };
+    let shadow = AtomicShadow::new(w.units, 4);
+    common::run_threads(4, 0, w, |_| {
+        Ok((Box::new(NoopLock(0)) as Box<dyn RangeLock>, shadow.clone()))
+    })
+    .expect("readers may overlap readers");
+}
+
+#[test]
+fn checker_catches_a_reader_beside_a_writer() {
+    let w = Workload {
+        read_ratio: 0.5,
+        ..crowded()
+    };
+    let shadow = AtomicShadow::new(w.units, 4);
+    let result = common::run_threads(4, 0, w, |_| {
+        Ok((Box::new(NoopLock(0)) as Box<dyn RangeLock>, shadow.clone()))
+    });
+    let violation = result.expect_err("the checker missed readers beside writers");
+    assert!(violation.contains("OVERLAP"), "{violation}");
+}
+
+/// The crowded CITRON workload of the broken-variant runs: a small space, so that a writer
+/// taken as a reader meets another holder soon; mostly writers.
+fn broken_workload() -> Workload {
+    Workload {
+        units: 4096,
+        max_size_log2: 6,
+        whole: 0.0,
+        iterations: 400,
+        hold_probability: 1.0,
+        max_hold: Duration::from_micros(200),
+        read_ratio: 0.2,
+        ..citron_workload()
+    }
+}
+
+/// [`broken_workload`] for the process runs (the children build the same).
+fn broken_process_workload() -> Workload {
+    Workload {
+        iterations: 100,
+        ..broken_workload()
+    }
+}
+
+fn caught(kind: &LockScheme, result: Result<Report, String>) {
+    let violation = result.expect_err("the checker missed CITRON granting writers as readers");
+    assert!(violation.contains("OVERLAP"), "{kind}: {violation}");
+    eprintln!("{kind}: caught: {violation}");
+}
+
+macro_rules! broken_citron {
+    ($($name:ident => $fast:expr;)*) => {$(
+        mod $name {
+            use super::*;
+
+            #[test]
+            fn caught_threads_on_mem() {
+                let kind = LockScheme::Citron(citron($fast));
+                caught(&kind, threads_run_checked(Backend::Mem, kind, 4, 0, &broken_workload(), true));
+            }
+
+            #[test]
+            fn caught_threads_on_shm() {
+                let kind = LockScheme::Citron(citron($fast));
+                caught(&kind, threads_run_checked(Backend::Shm, kind, 4, 0, &broken_workload(), true));
+            }
+
+            #[test]
+            fn caught_threads_on_tcp() {
+                let kind = LockScheme::Citron(citron($fast));
+                caught(&kind, threads_run_checked(Backend::Tcp, kind, 4, 0, &broken_workload(), true));
+            }
+
+            #[test]
+            fn caught_processes_on_shm() {
+                let kind = LockScheme::Citron(citron($fast));
+                let w = broken_process_workload();
+                caught(&kind, processes_run(Backend::Shm, &kind, 3, 2, &w, true));
+            }
+
+            #[test]
+            fn caught_processes_on_tcp() {
+                let kind = LockScheme::Citron(citron($fast));
+                let w = broken_process_workload();
+                caught(&kind, processes_run(Backend::Tcp, &kind, 3, 2, &w, true));
+            }
+        }
+    )*};
+}
+
+broken_citron! {
+    citron_writer_as_reader => true;
 }

@@ -13,6 +13,18 @@
 //! a large range cannot be starved by a stream of small ones that keep some of its units busy
 //! (non-conflicting requests still pass each other freely).
 //!
+//! # Shared mode
+//!
+//! A reader–writer range lock, the fair comparison for CITRON's shared mode
+//! (`docs/SHARED_LOCKS.md`): `AcquireShared` ranges may overlap each other and are kept in a
+//! second set; an exclusive request conflicts with every held range, a shared one only with
+//! held exclusive ones. Among waiting requests the same first-come first-served rule holds for
+//! conflicting ones — a shared request never passes an earlier waiting exclusive one that
+//! overlaps it, so a writer is not starved by a stream of readers; readers pass earlier
+//! waiting readers freely. A connection's request that overlaps a lock the connection holds
+//! is refused in either mode (a reader's second read could wait behind a writer that waits
+//! for its first).
+//!
 //! # Authentication
 //!
 //! A connection opens with the handshake every CitronFS protocol shares
@@ -24,7 +36,7 @@
 //! When a connection closes (the client exited or crashed), the server releases every lock that
 //! connection held and withdraws its waiting request.
 
-use crate::scheme::{check_range, LockError, LockId, RangeLock};
+use crate::scheme::{check_range, LockError, LockId, LockMode, RangeLock};
 use crate::schemes::LockScheme;
 use crate::stats::LockStats;
 use fabric::frame::{read_frame, write_frame, FrameError};
@@ -60,6 +72,13 @@ pub enum Request {
         /// The id the server granted it under.
         id: u64,
     },
+    /// Lock `[start, end)` shared (readers overlap readers); answered once granted.
+    AcquireShared {
+        /// First unit.
+        start: u64,
+        /// One past the last unit.
+        end: u64,
+    },
 }
 
 /// The server's answer.
@@ -83,8 +102,15 @@ pub enum Response {
 #[derive(Default)]
 struct Table {
     held: BTreeMap<u64, (u64, u64)>,
-    owners: HashMap<u64, u64>,
-    waiting: BTreeMap<u64, Range<u64>>,
+    /// Shared ranges, which may overlap: keyed by `(start, id)`, value the end.
+    shared: BTreeMap<(u64, u64), u64>,
+    /// The longest shared range ever granted: only shared ranges starting less than this
+    /// before a range can reach into it.
+    shared_span: u64,
+    /// Lock id -> its start, and whether it is shared.
+    owners: HashMap<u64, (u64, bool)>,
+    /// Blocked requests by arrival number: range and whether shared.
+    waiting: BTreeMap<u64, (Range<u64>, bool)>,
     next_arrival: u64,
     next_id: u64,
 }
@@ -99,27 +125,46 @@ impl Table {
             .is_some_and(|(_, &(end, _))| end > range.start)
     }
 
-    /// Whether the request that arrived as `arrival` may be granted now.
-    fn grantable(&self, arrival: u64, range: &Range<u64>) -> bool {
-        !self.overlaps_held(range)
-            && !self
-                .waiting
-                .range(..arrival)
-                .any(|(_, w)| w.start < range.end && range.start < w.end)
+    /// Whether `range` overlaps a held shared range.
+    fn overlaps_shared(&self, range: &Range<u64>) -> bool {
+        let from = range.start.saturating_sub(self.shared_span);
+        self.shared
+            .range((from, 0)..(range.end, 0))
+            .any(|(_, &end)| end > range.start)
     }
 
-    fn grant(&mut self, range: Range<u64>) -> u64 {
+    /// Whether the request that arrived as `arrival` (shared or not) may be granted now: it
+    /// overlaps no held range it conflicts with and no earlier waiting request it conflicts
+    /// with (two shared requests never conflict).
+    fn grantable(&self, arrival: u64, range: &Range<u64>, shared: bool) -> bool {
+        !self.overlaps_held(range)
+            && (shared || !self.overlaps_shared(range))
+            && !self.waiting.range(..arrival).any(|(_, (w, w_shared))| {
+                !(shared && *w_shared) && w.start < range.end && range.start < w.end
+            })
+    }
+
+    fn grant(&mut self, range: Range<u64>, shared: bool) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
-        self.held.insert(range.start, (range.end, id));
-        self.owners.insert(id, range.start);
+        if shared {
+            self.shared_span = self.shared_span.max(range.end - range.start);
+            self.shared.insert((range.start, id), range.end);
+        } else {
+            self.held.insert(range.start, (range.end, id));
+        }
+        self.owners.insert(id, (range.start, shared));
         id
     }
 
     fn release(&mut self, id: u64) -> bool {
         match self.owners.remove(&id) {
-            Some(start) => {
+            Some((start, false)) => {
                 self.held.remove(&start);
+                true
+            }
+            Some((start, true)) => {
+                self.shared.remove(&(start, id));
                 true
             }
             None => false,
@@ -331,7 +376,11 @@ fn serve_requests(
             }
         }
         let response = match postcard::from_bytes::<Request>(&body) {
-            Ok(Request::Acquire { start, end }) if start < end => {
+            Ok(
+                ref request @ (Request::Acquire { start, end }
+                | Request::AcquireShared { start, end }),
+            ) if start < end => {
+                let shared_mode = matches!(request, Request::AcquireShared { .. });
                 let range = start..end;
                 if mine.len() >= MAX_HELD_PER_CONNECTION {
                     Response::Error(format!(
@@ -351,12 +400,12 @@ fn serve_requests(
                         held.start, held.end
                     ))
                 } else {
-                    let id = acquire(shared, range.clone());
+                    let id = acquire(shared, range.clone(), shared_mode);
                     mine.insert(id, range);
                     Response::Granted { id }
                 }
             }
-            Ok(Request::Acquire { start, end }) => {
+            Ok(Request::Acquire { start, end } | Request::AcquireShared { start, end }) => {
                 Response::Error(format!("empty range {start}..{end}"))
             }
             Ok(Request::Release { id }) => {
@@ -452,6 +501,8 @@ pub fn fuzz_seeds() -> Vec<Vec<u8>> {
     let requests: Vec<u8> = [
         Request::Acquire { start: 0, end: 10 },
         Request::Acquire { start: 5, end: 20 },
+        Request::AcquireShared { start: 3, end: 8 },
+        Request::AcquireShared { start: 4, end: 30 },
         Request::Acquire {
             start: 10,
             end: u64::MAX,
@@ -477,22 +528,22 @@ pub fn fuzz_seeds() -> Vec<Vec<u8>> {
 }
 
 /// Blocks until `range` can be granted, then grants it.
-fn acquire(shared: &Shared, range: Range<u64>) -> u64 {
+fn acquire(shared: &Shared, range: Range<u64>, mode_shared: bool) -> u64 {
     let mut table = shared.table();
     let arrival = table.next_arrival;
     table.next_arrival += 1;
-    if table.grantable(arrival, &range) {
-        return table.grant(range);
+    if table.grantable(arrival, &range, mode_shared) {
+        return table.grant(range, mode_shared);
     }
-    table.waiting.insert(arrival, range.clone());
+    table.waiting.insert(arrival, (range.clone(), mode_shared));
     loop {
         table = shared
             .changed
             .wait(table)
             .expect("lock server table poisoned");
-        if table.grantable(arrival, &range) {
+        if table.grantable(arrival, &range, mode_shared) {
             table.waiting.remove(&arrival);
-            let id = table.grant(range);
+            let id = table.grant(range, mode_shared);
             // Leaving the queue may unblock later requests that only conflicted with us.
             shared.changed.notify_all();
             return id;
@@ -561,11 +612,20 @@ impl Drop for LockServerClient {
 
 impl RangeLock for LockServerClient {
     fn acquire(&mut self, range: Range<u64>) -> Result<LockId, LockError> {
+        self.acquire_mode(range, LockMode::Exclusive)
+    }
+
+    fn modes(&self) -> &'static [LockMode] {
+        crate::scheme::EXCLUSIVE_AND_SHARED
+    }
+
+    fn acquire_mode(&mut self, range: Range<u64>, mode: LockMode) -> Result<LockId, LockError> {
         check_range(&range)?;
         let started = Instant::now();
-        let response = self.call(&Request::Acquire {
-            start: range.start,
-            end: range.end,
+        let (start, end) = (range.start, range.end);
+        let response = self.call(&match mode {
+            LockMode::Exclusive => Request::Acquire { start, end },
+            LockMode::Shared => Request::AcquireShared { start, end },
         });
         self.stats.acquire_time += started.elapsed();
         self.stats.acquire.round_trips += 1;
@@ -727,8 +787,8 @@ mod tests {
     #[test]
     fn interval_set_finds_overlaps() {
         let mut table = Table::default();
-        table.grant(10..20);
-        table.grant(30..40);
+        table.grant(10..20, false);
+        table.grant(30..40, false);
         assert!(!table.overlaps_held(&(0..10)));
         assert!(!table.overlaps_held(&(20..30)));
         assert!(table.overlaps_held(&(19..21)));
@@ -740,11 +800,37 @@ mod tests {
     #[test]
     fn waiting_request_blocks_later_conflicting_ones() {
         let mut table = Table::default();
-        table.grant(0..10);
-        table.waiting.insert(0, 5..50);
+        table.grant(0..10, false);
+        table.waiting.insert(0, (5..50, false));
         // Arrived later, overlaps the waiting 5..50 but no held range: must queue behind it.
-        assert!(!table.grantable(1, &(40..45)));
-        assert!(table.grantable(1, &(50..60)));
+        assert!(!table.grantable(1, &(40..45), false));
+        assert!(!table.grantable(1, &(40..45), true));
+        assert!(table.grantable(1, &(50..60), false));
+    }
+
+    #[test]
+    fn readers_share_and_writers_wait() {
+        let mut table = Table::default();
+        let a = table.grant(0..100, true);
+        // Readers overlap readers.
+        assert!(table.grantable(0, &(50..60), true));
+        let b = table.grant(50..60, true);
+        // A writer overlapping either reader waits; one beside them does not.
+        assert!(!table.grantable(1, &(99..200), false));
+        assert!(!table.grantable(1, &(55..56), false));
+        assert!(table.grantable(1, &(100..200), false));
+        // A waiting writer bars later overlapping readers (no writer starvation), not others.
+        table.waiting.insert(2, (90..95, false));
+        assert!(!table.grantable(3, &(0..91), true));
+        assert!(table.grantable(3, &(0..90), true));
+        // Readers waiting do not hold back later readers.
+        table.waiting.insert(4, (200..300, true));
+        assert!(table.grantable(5, &(250..260), true));
+        assert!(table.release(a));
+        assert!(table.release(b));
+        assert!(!table.overlaps_shared(&(0..1000)));
+        table.waiting.clear();
+        assert!(table.grantable(6, &(0..1000), false));
     }
 
     fn creds() -> Credentials {

@@ -78,7 +78,7 @@
 use super::config::DELTA;
 use super::layout::{
     self, counter_gap, dcnt, dmax, exp_tag, occ, tcnt, tmax, Node, ADD_DMAX, ADD_TMAX, BOUNDARY,
-    DCNT, DCNT_SHIFT, DMAX, OCC, TCNT, TCNT_SHIFT,
+    DCNT, DCNT_SHIFT, DMAX, OCC, TCNT, TCNT_SHIFT, TMAX,
 };
 use super::lease;
 use super::split::split;
@@ -101,12 +101,16 @@ pub(crate) enum Why {
     /// The leaf kept failing its masked CAS (§3.5.4, l. 23): lock the parent, then repair the
     /// leaf if a dead holder left bits in it (§3.10, l. 22).
     Starvation(Node),
+    /// A writer waited in phase (b) for the readers of an ancestor longer than
+    /// `starvation_after` while readers kept coming: it locks that ancestor instead, whose
+    /// bakery bars new readers behind it (`docs/SHARED_LOCKS.md`, writer starvation).
+    ReadersStarve,
 }
 
 /// The result of one `LOCKNODE` (Alg. 2 l. 8).
 pub(crate) enum Outcome {
     /// Locked; `true` when it took the fast path without waiting.
-    Acquired(HeldNode, bool),
+    Acquired(Box<HeldNode>, bool),
     /// Undone; retry the same node.
     Aborted(Why),
     /// Undone; lock this ancestor instead.
@@ -194,6 +198,7 @@ impl CitronClient {
         targets: &[(Node, RemoteAddr)],
         toks: &[AtomicHandle],
         posted: Instant,
+        shared: bool,
     ) -> Vec<Token> {
         let lease = self.rec.t_lease();
         targets
@@ -204,6 +209,7 @@ impl CitronClient {
                 addr: *a,
                 tag: exp_tag(self.out.old(*h)),
                 deadline: lease::token_deadline(posted, lease, n.hgt),
+                shared,
             })
             .collect()
     }
@@ -230,7 +236,11 @@ impl CitronClient {
                 // record (Alg. 3 l. 11, inside `release_parts`), so `self.rec` after the attempt
                 // is not necessarily the one the attempt saw.
                 let attempt_epoch = self.rec.epoch;
-                let outcome = self.lock_node(target, l, r, &mut held.nodes)?;
+                let outcome = if self.shared() {
+                    self.lock_node_shared(target, l, r, &mut held.nodes)?
+                } else {
+                    self.lock_node(target, l, r, &mut held.nodes)?
+                };
                 let why = match &outcome {
                     Outcome::Acquired(..) => 0,
                     Outcome::Aborted(Why::TimeLimit) => 1,
@@ -273,7 +283,7 @@ impl CitronClient {
                             Some(leaf) => hn.children.contains(&self.node_addr(leaf)?),
                             None => true,
                         };
-                        held.nodes.push(hn);
+                        held.nodes.push(*hn);
                         if let (Some(leaf), false) = (leaf, ours) {
                             self.repair_leaf(leaf)?;
                         }
@@ -290,7 +300,7 @@ impl CitronClient {
                                 // so the remaining nodes stay valid (§3.9.1).
                                 self.wait_for_new_config(attempt_epoch)?;
                             }
-                            Why::Suspected | Why::Starvation(_) => {}
+                            Why::Suspected | Why::Starvation(_) | Why::ReadersStarve => {}
                         }
                     }
                     Outcome::Escalate(anc, why) => {
@@ -299,8 +309,14 @@ impl CitronClient {
                         match why {
                             Why::Starvation(leaf) => {
                                 self.stats.starvation_escalations += 1;
-                                origin_leaf.get_or_insert(leaf);
+                                // A reader holding the parent must not zero the leaf: a live
+                                // writer may hold bits there while it waits for the readers
+                                // of the leaf (`docs/SHARED_LOCKS.md`); a writer repairs it.
+                                if !self.shared() {
+                                    origin_leaf.get_or_insert(leaf);
+                                }
                             }
+                            Why::ReadersStarve => self.stats.starvation_escalations += 1,
                             _ => self.stats.aborts.suspected_failure += 1,
                         }
                         // Locking `anc` covers everything of ours inside it: release those
@@ -399,6 +415,10 @@ impl CitronClient {
             .into_iter()
             .map(|t| self.node_addr(t).map(|a| (t, a)))
             .collect::<Result<_, _>>()?;
+        // Readers of an ancestor block us as its Occ does (`docs/SHARED_LOCKS.md`).
+        // (Computed where used: only the root's until this client has seen readers in use.)
+        let mut anc_shares: Vec<RemoteAddr> = self.anc_shares(&ancs)?;
+        let share = self.share_addr(node)?;
         let mask = if node.is_leaf() {
             node.leaf_mask(l, r)
         } else {
@@ -414,11 +434,7 @@ impl CitronClient {
         if !node.is_leaf() {
             self.batch.clear();
             let th = self.batch.masked_faa(addr, ADD_TMAX, BOUNDARY);
-            let reads: Vec<ReadHandle> = if fastp {
-                ancs.iter().map(|(_, a)| self.batch.read(*a, 8)).collect()
-            } else {
-                Vec::new()
-            };
+            let anc_reads = fastp.then(|| self.post_anc_reads(&ancs, &anc_shares));
             let posted = Instant::now();
             self.exec()?;
             hn.ticket = true;
@@ -453,12 +469,15 @@ impl CitronClient {
                 self.release_parts(&[hn], None)?;
                 return Ok(Outcome::Aborted(Why::ScaleUp));
             } else if fastp {
-                let words: Vec<u64> = reads.iter().map(|r| self.out.word(*r, 0)).collect();
+                let (words, swords, flagged) = match &anc_reads {
+                    Some(r) => self.anc_words(r),
+                    None => (Vec::new(), Vec::new(), false),
+                };
                 if words.last().is_some_and(|w| exp_tag(*w) != 0) {
                     self.release_parts(&[hn], None)?;
                     return Ok(Outcome::Aborted(Why::ScaleUp));
                 }
-                if words.iter().all(|w| !occ(*w)) {
+                if !flagged && blocking(&words, &swords).is_none() {
                     phase_b_done = Some(posted);
                 }
             }
@@ -477,18 +496,21 @@ impl CitronClient {
                 Some(t) => t,
                 // Posted below, in front of phase (c)'s masked CAS.
                 None if one_batch => Instant::now(),
-                None => match self.phase_b(&ancs, &holding)? {
-                    PhaseB::Clear(t1, waited) => {
-                        if waited {
-                            was_fast = false;
+                None => {
+                    anc_shares = self.anc_shares(&ancs)?;
+                    match self.phase_b(&ancs, &anc_shares, &holding)? {
+                        PhaseB::Clear(t1, waited) => {
+                            if waited {
+                                was_fast = false;
+                            }
+                            t1
                         }
-                        t1
+                        PhaseB::Give(outcome) => {
+                            self.release_parts(&[hn], None)?;
+                            return Ok(outcome);
+                        }
                     }
-                    PhaseB::Give(outcome) => {
-                        self.release_parts(&[hn], None)?;
-                        return Ok(outcome);
-                    }
-                },
+                }
             };
 
             // Phase (c), l. 20-28, and the notification of (d), l. 29-31.
@@ -496,21 +518,27 @@ impl CitronClient {
             let t0;
             let t2;
             let root_word;
+            // A leaf's share word read right after the masked CAS (posting order): readers
+            // that registered before our bits landed (`docs/SHARED_LOCKS.md`, leaves).
+            let leaf_share;
+            // Fast path over leaves: the children's share words and our own, read after the
+            // children's CASes; the wait of (d) is skipped only when no reader shows there.
+            let mut kids_readers = true;
             if fastp {
                 // §3.8: (c) and (d) in one batch; for a node over leaves, also lock its four
                 // children whole so that the wait of (d) can be skipped.
                 self.batch.clear();
                 // One-batch leaf: l. 14's reads, executed before the CAS (posting order).
-                let b_reads: Vec<ReadHandle> = if one_batch {
-                    ancs.iter().map(|(_, a)| self.batch.read(*a, 8)).collect()
-                } else {
-                    Vec::new()
-                };
+                if one_batch {
+                    anc_shares = self.anc_shares(&ancs)?;
+                }
+                let b_anc = one_batch.then(|| self.post_anc_reads(&ancs, &anc_shares));
                 let main = if node.is_leaf() {
                     self.batch.masked_cas(addr, 0, mask, mask, mask)
                 } else {
                     self.post_occupy(node, addr, hn.ticket_no)
                 };
+                let ls = node.is_leaf().then(|| self.batch.read(share, 8));
                 let kids: Vec<(RemoteAddr, AtomicHandle)> = if node.hgt == 1 {
                     let mut v = Vec::with_capacity(4);
                     for i in 0..4 {
@@ -521,6 +549,12 @@ impl CitronClient {
                 } else {
                     Vec::new()
                 };
+                let kid_shares: Option<(ReadHandle, ReadHandle)> = if node.hgt == 1 {
+                    let first = self.share_addr(Node::new(0, node.pos * 4))?;
+                    Some((self.batch.read(first, 32), self.batch.read(share, 8)))
+                } else {
+                    None
+                };
                 let (toks, rr) = self.post_notify(&targets, root_addr);
                 // The lease deadlines of what this batch takes are anchored at `t1`, taken
                 // before the batch was posted (an earlier anchor is a conservative one, see
@@ -529,9 +563,16 @@ impl CitronClient {
                 self.exec()?;
                 t2 = Instant::now();
                 t0 = t2;
-                hn.tokens = self.notify_tokens(&targets, &toks, posted);
+                hn.tokens = self.notify_tokens(&targets, &toks, posted, false);
                 hn.bits_deadline = Some(lease::bits_deadline(posted, self.rec.t_lease()));
                 let old = self.out.old(main);
+                leaf_share = ls.map(|h| self.out.word(h, 0));
+                if let Some((kh, own)) = kid_shares {
+                    // The four children's share words are consecutive slots of one level.
+                    let own = self.out.word(own, 0);
+                    kids_readers = layout::node_readers(own) != 0
+                        || (0..4).any(|i| layout::leaf_readers(self.out.word(kh, i), !0));
+                }
                 if !node.is_leaf() {
                     // The leaf children this batch locked whole are ours, whatever follows.
                     hn.children = kids
@@ -547,10 +588,10 @@ impl CitronClient {
                         return Ok(Outcome::Restart);
                     }
                 }
-                if one_batch {
-                    let words: Vec<u64> = b_reads.iter().map(|r| self.out.word(*r, 0)).collect();
+                if let Some(r) = b_anc.as_ref().filter(|_| one_batch) {
+                    let (words, swords, flagged) = self.anc_words(r);
                     let expanding = words.last().is_some_and(|w| exp_tag(*w) != 0);
-                    if expanding || words.iter().any(|w| occ(*w)) {
+                    if expanding || flagged || blocking(&words, &swords).is_some() {
                         // l. 15-16: the attempt was speculative; undo what it did (as an
                         // abort would, §3.5.5) and take the regular phase (b).
                         let undo = HeldNode {
@@ -600,11 +641,13 @@ impl CitronClient {
                 } else {
                     self.post_occupy(node, addr, hn.ticket_no)
                 };
+                let ls = node.is_leaf().then(|| self.batch.read(share, 8));
                 // Anchored at `t1` (before the post; conservative, see `lease`).
                 let posted = t1;
                 self.exec()?;
                 t0 = Instant::now();
                 let old = self.out.old(main);
+                leaf_share = ls.map(|h| self.out.word(h, 0));
                 let lease_t = self.rec.t_lease();
                 if node.is_leaf() {
                     hn.bits_deadline = Some(lease::bits_deadline(posted, lease_t));
@@ -630,7 +673,7 @@ impl CitronClient {
                 // Anchored at `t0`, taken after phase (c) and before this post.
                 self.exec()?;
                 t2 = Instant::now();
-                hn.tokens = self.notify_tokens(&targets, &toks, t0);
+                hn.tokens = self.notify_tokens(&targets, &toks, t0, false);
                 root_word = self.out.word(rr, 0);
             }
 
@@ -646,18 +689,330 @@ impl CitronClient {
                 return Ok(Outcome::Aborted(Why::TimeLimit));
             }
             if node.is_leaf() {
-                return Ok(Outcome::Acquired(hn, was_fast));
+                if let Some(w) = leaf_share.filter(|w| layout::leaf_readers(*w, mask)) {
+                    // Readers registered before our bits: they leave (or back off, seeing our
+                    // bits); new ones back off. Wait for them, holding the bits, for a while.
+                    was_fast = false;
+                    self.progress.set(Phase::Descendants);
+                    let patience = self.opts.starvation_after.min(self.rec.t_lease() / 4);
+                    if let Some(last) = self.wait_leaf_readers(share, mask, w, patience)? {
+                        self.release_parts(&[hn.clone()], None)?;
+                        hn.tokens.clear();
+                        hn.leaf_mask = 0;
+                        let moved = self.leaf_readers_stood(share, mask, last)?;
+                        if moved {
+                            // Live readers kept us out: starvation avoidance applies.
+                            if let Some(o) = self.leaf_failed(node, &mut leaf_fail_since) {
+                                return Ok(o);
+                            }
+                        } else {
+                            self.stats.aborts.leaf_conflict += 1;
+                            self.stats.retries += 1;
+                        }
+                        leaf_backoff.snooze(&mut self.rng);
+                        continue;
+                    }
+                }
+                return Ok(Outcome::Acquired(Box::new(hn), was_fast));
             }
-            if hn.children.len() == 4 {
-                // §3.8: every descendant is locked explicitly; no wait needed.
-                return Ok(Outcome::Acquired(hn, was_fast));
+            if hn.children.len() == 4 && !kids_readers {
+                // §3.8: every descendant is locked explicitly and no reader registered below
+                // or here; no wait needed.
+                return Ok(Outcome::Acquired(Box::new(hn), was_fast));
             }
             was_fast = false;
             self.progress.set(Phase::Descendants);
             // l. 34: wait until t0 + T_wait, then l. 35-36.
             wait_until(t0 + t_wait);
-            self.wait_window(node, m, &mut hn)?;
-            return Ok(Outcome::Acquired(hn, was_fast));
+            self.wait_window(node, m, &mut hn, false)?;
+            return Ok(Outcome::Acquired(Box::new(hn), was_fast));
+        }
+    }
+
+    /// `LOCKNODE` in shared mode (`docs/SHARED_LOCKS.md`): the phases of Alg. 2 with readers'
+    /// verbs. (a) as a writer: a bakery ticket on an internal node (so a writer ahead in the
+    /// queue is waited for, and a writer behind bars later readers). (b) waits for occupied
+    /// ancestors only — readers above do not block a reader. (c) registers in the node's share
+    /// word instead of occupying: `RMax += 1` and the ticket passed on in the same batch (an
+    /// internal node), or the touched halves' `Max += 1` followed by a read of the leaf's bits
+    /// (a leaf: a set bit of ours means a writer; back off). (d) notifies the share words of
+    /// the same ancestors (`SMax += 1`) and waits for writers below only (`DCnt == DMax`).
+    ///
+    /// Fast path: as the exclusive one — a leaf in one batch; a node over leaves registers as
+    /// a reader of its four children too and reads their bits after, so that, none set, the
+    /// wait of (d) is skipped (no writer below holds, and a later one sees our registration).
+    pub(crate) fn lock_node_shared(
+        &mut self,
+        node: Node,
+        l: u64,
+        r: u64,
+        held: &mut Vec<HeldNode>,
+    ) -> Result<Outcome, LockError> {
+        let holding: Vec<Node> = held.iter().map(|h| h.node).collect();
+        let h = self.rec.height;
+        let m = self.rec.m;
+        let t_wait = self.rec.t_wait();
+        let bound = t_wait.mul_f64(1.0 - DELTA);
+        let root = Node::root(h);
+        let addr = self.node_addr(node)?;
+        let share = self.share_addr(node)?;
+        let root_addr = self.node_addr(root)?;
+        let mut ancs = Vec::with_capacity(node.level(h) as usize);
+        for d in 1..=node.level(h) {
+            let a = node.ancestor(d);
+            ancs.push((a, self.node_addr(a)?));
+        }
+        let mut targets = Vec::new();
+        layout::notify_targets(node, h, m, &mut targets);
+        let targets: Vec<(Node, RemoteAddr)> = targets
+            .into_iter()
+            .map(|t| self.share_addr(t).map(|a| (t, a)))
+            .collect::<Result<_, _>>()?;
+        let mask = if node.is_leaf() {
+            node.leaf_mask(l, r)
+        } else {
+            0
+        };
+        let register = layout::leaf_share_register(mask);
+        let all_halves = layout::leaf_share_register(!0);
+        let fastp = self.opts.fast_path;
+        let lease_t = self.rec.t_lease();
+        let mut was_fast = fastp;
+        let mut hn = HeldNode::new(node, addr);
+        hn.share = Some(share);
+        let mut phase_b_done: Option<Instant> = None;
+
+        // Phase (a): as `lock_node`.
+        if !node.is_leaf() {
+            self.batch.clear();
+            let th = self.batch.masked_faa(addr, ADD_TMAX, BOUNDARY);
+            let reads: Vec<ReadHandle> = if fastp {
+                ancs.iter().map(|(_, a)| self.batch.read(*a, 8)).collect()
+            } else {
+                Vec::new()
+            };
+            let posted = Instant::now();
+            self.exec()?;
+            hn.ticket = true;
+            let old = self.out.old(th);
+            let ticket = tmax(old);
+            hn.ticket_no = ticket;
+            hn.word_deadline = Some(lease::word_deadline(posted, lease_t, node.hgt));
+            if tcnt(old) != ticket {
+                was_fast = false;
+                self.progress.set(Phase::Ticket);
+                match self.wait_ticket(addr, ticket, old, posted, node, node == root, held)? {
+                    TicketWait::Served(anchor) => {
+                        hn.word_deadline = Some(lease::word_deadline(anchor, lease_t, node.hgt));
+                    }
+                    TicketWait::Give(give) => {
+                        self.release_parts(&[hn], None)?;
+                        return Ok(give);
+                    }
+                    TicketWait::PassedOver => return Ok(Outcome::Restart),
+                }
+            } else if node == root && exp_tag(old) != 0 {
+                self.release_parts(&[hn], None)?;
+                return Ok(Outcome::Aborted(Why::ScaleUp));
+            } else if fastp {
+                let words: Vec<u64> = reads.iter().map(|r| self.out.word(*r, 0)).collect();
+                if words.last().is_some_and(|w| exp_tag(*w) != 0) {
+                    self.release_parts(&[hn], None)?;
+                    return Ok(Outcome::Aborted(Why::ScaleUp));
+                }
+                if blocking(&words, &[]).is_none() {
+                    phase_b_done = Some(posted);
+                }
+            }
+        }
+
+        let mut leaf_fail_since: Option<Instant> = None;
+        let mut leaf_backoff = self.backoff();
+        let mut one_batch = fastp && node.is_leaf() && !ancs.is_empty();
+        loop {
+            // Phase (b): occupied ancestors only.
+            self.progress.set(Phase::Ancestors);
+            let t1 = match phase_b_done.take() {
+                Some(t) => t,
+                None if one_batch => Instant::now(),
+                None => match self.phase_b(&ancs, &[], &holding)? {
+                    PhaseB::Clear(t1, waited) => {
+                        if waited {
+                            was_fast = false;
+                        }
+                        t1
+                    }
+                    PhaseB::Give(outcome) => {
+                        self.release_parts(&[hn], None)?;
+                        return Ok(outcome);
+                    }
+                },
+            };
+
+            // Phase (c): register; (d)'s notification in the same batch on the fast path.
+            self.progress.set(Phase::Occupy);
+            self.batch.clear();
+            let b_reads: Vec<ReadHandle> = if one_batch {
+                ancs.iter().map(|(_, a)| self.batch.read(*a, 8)).collect()
+            } else {
+                Vec::new()
+            };
+            // Readers are in use on this lock (`layout::READERS_SEEN`): set before the
+            // registration (posting order), so a writer that reads the flag clear reads before
+            // any registration of ours.
+            let root_share = self.share_addr(root)?;
+            self.batch
+                .masked_cas(root_share, 0, 0, layout::READERS_SEEN, layout::READERS_SEEN);
+            let (main, bits_read, pass) = if node.is_leaf() {
+                let reg = self
+                    .batch
+                    .masked_faa(share, register, layout::LEAF_SHARE_BOUNDARY);
+                (reg, Some(self.batch.read(addr, 8)), None)
+            } else {
+                let reg = self.batch.masked_faa(share, ADD_TMAX, BOUNDARY);
+                // Pass the ticket on, conditional on it still being ours (`post_occupy`).
+                let next = ((hn.ticket_no + 1) & layout::COUNTER_MASK) << TCNT_SHIFT;
+                let pass = self.batch.masked_cas(
+                    addr,
+                    hn.ticket_no << TCNT_SHIFT,
+                    TCNT | OCC,
+                    next,
+                    TCNT | OCC,
+                );
+                (reg, None, Some(pass))
+            };
+            let kids: Vec<RemoteAddr> = if fastp && node.hgt == 1 {
+                let mut v = Vec::with_capacity(4);
+                for i in 0..4 {
+                    let c = self.share_addr(Node::new(0, node.pos * 4 + i))?;
+                    self.batch
+                        .masked_faa(c, all_halves, layout::LEAF_SHARE_BOUNDARY);
+                    v.push(c);
+                }
+                v
+            } else {
+                Vec::new()
+            };
+            let kid_bits = if kids.is_empty() {
+                None
+            } else {
+                let first = self.node_addr(Node::new(0, node.pos * 4))?;
+                Some(self.batch.read(first, 32))
+            };
+            // Anchored at `t1`, taken before the post (conservative, see `lease`).
+            let posted = t1;
+            let extract = |out: &fabric::Completions| CVals {
+                reg_old: out.old(main),
+                check: match (bits_read, pass) {
+                    (Some(h), _) => out.word(h, 0),
+                    (None, Some(h)) => out.old(h),
+                    _ => 0,
+                },
+                kid_bits: kid_bits.map(|h| {
+                    [
+                        out.word(h, 0),
+                        out.word(h, 1),
+                        out.word(h, 2),
+                        out.word(h, 3),
+                    ]
+                }),
+                b_words: b_reads.iter().map(|r| out.word(*r, 0)).collect(),
+            };
+            let mut cvals = None;
+            let mut t0 = posted;
+            if !fastp {
+                self.exec()?;
+                t0 = Instant::now();
+                cvals = Some(extract(&self.out));
+                self.batch.clear();
+            }
+            let (toks, rr) = self.post_notify(&targets, root_addr);
+            self.exec()?;
+            let t2 = Instant::now();
+            if fastp {
+                t0 = t2;
+            }
+            let c = match cvals {
+                Some(c) => c,
+                None => extract(&self.out),
+            };
+            hn.tokens = self.notify_tokens(&targets, &toks, if fastp { posted } else { t0 }, true);
+            let root_word = self.out.word(rr, 0);
+            if node.is_leaf() {
+                hn.leaf_register = register;
+                hn.bits_deadline = Some(lease::bits_deadline(posted, lease_t));
+            } else {
+                if c.check & (TCNT | OCC) != hn.ticket_no << TCNT_SHIFT {
+                    // Our turn was broken before we passed it on (paused past the lease?):
+                    // the ticket is not ours; undo the registration and start over.
+                    self.stats.passed_over += 1;
+                    self.progress.aborted(8);
+                    hn.ticket = false;
+                    hn.readers = true;
+                    hn.readers_deadline = Some(lease::token_deadline(posted, lease_t, node.hgt));
+                    hn.reader_children = kids;
+                    hn.bits_deadline = Some(lease::bits_deadline(posted, lease_t));
+                    self.release_parts(&[hn], None)?;
+                    return Ok(Outcome::Restart);
+                }
+                hn.ticket = false;
+                hn.readers = true;
+                hn.readers_tag = exp_tag(c.reg_old);
+                hn.readers_deadline = Some(lease::token_deadline(posted, lease_t, node.hgt));
+                hn.root_of = (node == root).then_some(h);
+                hn.reader_children = kids;
+                hn.bits_deadline = Some(lease::bits_deadline(posted, lease_t));
+            }
+            if one_batch {
+                let expanding = c.b_words.last().is_some_and(|w| exp_tag(*w) != 0);
+                if expanding || blocking(&c.b_words, &[]).is_some() {
+                    // Speculative: undo (an abort, §3.5.5) and take the regular phase (b).
+                    self.release_parts(&[hn.clone()], None)?;
+                    hn.tokens.clear();
+                    hn.leaf_register = 0;
+                    if expanding {
+                        return Ok(Outcome::Aborted(Why::ScaleUp));
+                    }
+                    self.stats.aborts.occupied_ancestor += 1;
+                    self.stats.retries += 1;
+                    self.progress.aborted(6);
+                    was_fast = false;
+                    one_batch = false;
+                    continue;
+                }
+            }
+            if node.is_leaf() && c.check & mask != 0 {
+                // A writer holds (or is taking) some of our units: back off, wait, retry.
+                self.release_parts(&[hn.clone()], None)?;
+                hn.tokens.clear();
+                hn.leaf_register = 0;
+                if let Some(o) = self.leaf_failed(node, &mut leaf_fail_since) {
+                    return Ok(o);
+                }
+                was_fast = false;
+                leaf_backoff.snooze(&mut self.rng);
+                continue;
+            }
+            if exp_tag(root_word) != 0 {
+                self.release_parts(&[hn], None)?;
+                return Ok(Outcome::Aborted(Why::ScaleUp));
+            }
+            if t2.duration_since(t1) > bound {
+                self.release_parts(&[hn], None)?;
+                return Ok(Outcome::Aborted(Why::TimeLimit));
+            }
+            if node.is_leaf() {
+                return Ok(Outcome::Acquired(Box::new(hn), was_fast));
+            }
+            if c.kid_bits.is_some_and(|b| b.iter().all(|w| *w == 0)) {
+                // No writer holds a leaf below, and a later one sees our registration there.
+                return Ok(Outcome::Acquired(Box::new(hn), was_fast));
+            }
+            was_fast = false;
+            self.progress.set(Phase::Descendants);
+            wait_until(t0 + t_wait);
+            self.wait_window(node, m, &mut hn, true)?;
+            return Ok(Outcome::Acquired(Box::new(hn), was_fast));
         }
     }
 
@@ -830,11 +1185,17 @@ impl CitronClient {
 
     /// Phase (b), l. 12-19: wait until no ancestor is occupied; abort on the root's `Exp`
     /// (l. 15); suspect a failure when an occupied ancestor stands still for `T_lease` (l. 18).
+    ///
+    /// `shares`: a writer's ancestors' share words (empty for a reader): an ancestor with
+    /// readers blocks a writer as an occupied one does (`docs/SHARED_LOCKS.md`).
     fn phase_b(
         &mut self,
         ancs: &[(Node, RemoteAddr)],
+        shares: &[RemoteAddr],
         holding: &[Node],
     ) -> Result<PhaseB, LockError> {
+        let mut owned: Vec<RemoteAddr>;
+        let mut shares = shares;
         if ancs.is_empty() {
             return Ok(PhaseB::Clear(Instant::now(), false));
         }
@@ -842,17 +1203,37 @@ impl CitronClient {
         let mut waited = false;
         loop {
             self.batch.clear();
-            let reads: Vec<ReadHandle> = ancs.iter().map(|(_, a)| self.batch.read(*a, 8)).collect();
+            let anc_reads = self.post_anc_reads(ancs, shares);
             let t1 = Instant::now();
             self.exec()?;
-            let words: Vec<u64> = reads.iter().map(|r| self.out.word(*r, 0)).collect();
+            let (words, swords, flagged) = self.anc_words(&anc_reads);
+            if flagged {
+                // Readers are in use: read again, share words included.
+                owned = self.anc_shares(ancs)?;
+                shares = &owned;
+                continue;
+            }
             if words.last().is_some_and(|w| exp_tag(*w) != 0) {
                 return Ok(PhaseB::Give(Outcome::Aborted(Why::ScaleUp)));
             }
-            // l. 16: the lowest occupied ancestor.
-            let Some(i) = words.iter().position(|w| occ(*w)) else {
+            // l. 16: the lowest occupied ancestor (for a writer: or one with readers).
+            let Some(i) = blocking(&words, &swords) else {
                 return Ok(PhaseB::Clear(t1, waited));
             };
+            if !occ(words[i]) {
+                // Readers only: wait until they are gone (a writer).
+                waited = true;
+                let (anc, _) = ancs[i];
+                if holding.iter().any(|h| h.within(&anc)) {
+                    return Ok(PhaseB::Give(Outcome::Restart));
+                }
+                if let Some(give) =
+                    self.wait_ancestor_readers(anc, ancs[i].1, shares[i], swords[i])?
+                {
+                    return Ok(PhaseB::Give(give));
+                }
+                continue;
+            }
             waited = true;
             let (anc, anc_addr) = ancs[i];
             if holding.iter().any(|h| h.within(&anc)) {
@@ -899,22 +1280,63 @@ impl CitronClient {
     /// l. 35-36: wait until `DCnt == DMax` on `node` and its internal descendants within `m`
     /// levels. Recovery (§3.10): a node whose counters stand still for `H·T_lease` (`H` its height
     /// above the leaves) has `DCnt` set to `DMax`, one masked CAS.
-    fn wait_window(&mut self, node: Node, m: u32, hn: &mut HeldNode) -> Result<(), LockError> {
+    ///
+    /// A writer (`shared == false`) also waits for the shared twins in the same nodes' share
+    /// words (`SCnt == SMax`: no shared acquisition below notified) and, at `node` itself, for
+    /// its readers (`RCnt == RMax`); the same stand-still repairs them (dead readers). A reader
+    /// waits for writers only (`docs/SHARED_LOCKS.md`).
+    fn wait_window(
+        &mut self,
+        node: Node,
+        m: u32,
+        hn: &mut HeldNode,
+        shared: bool,
+    ) -> Result<(), LockError> {
         let lease = self.rec.t_lease();
-        let mut nodes: Vec<(Node, RemoteAddr)> = Vec::new();
+        // (node, address, the fields that must pair up: DCnt/DMax, and TCnt/TMax too for our
+        // own share word's readers).
+        let mut nodes: Vec<(Node, RemoteAddr, u64)> = Vec::new();
         for (hgt, start, count) in layout::window(node, m) {
             for pos in start..start + count {
                 let n = Node::new(hgt, pos);
-                nodes.push((n, self.node_addr(n)?));
+                nodes.push((n, self.node_addr(n)?, DCNT | DMAX));
             }
         }
+        // A writer's share words: read when this client has seen readers in use; otherwise
+        // the root's `READERS_SEEN` flag is read first, and only if it is set are they read
+        // (polled below). A reader that sets the flag after our read notifies after it too,
+        // past `t0 + T_wait`: its phase-(b) read came after our `Occ` (inequality (1)), so
+        // it waits for us (`docs/SHARED_LOCKS.md`, "Writers pay for readers once used").
+        let share_nodes = |me: &Self, nodes: &[(Node, RemoteAddr, u64)]| {
+            nodes
+                .iter()
+                .map(|&(n, _, _)| {
+                    let fields = if n == node {
+                        DCNT | DMAX | TCNT | TMAX
+                    } else {
+                        DCNT | DMAX
+                    };
+                    me.share_addr(n).map(|a| (n, a, fields))
+                })
+                .collect::<Result<Vec<_>, LockError>>()
+        };
         self.batch.clear();
+        let flag = if shared {
+            None
+        } else if !self.readers_seen {
+            let root_share = self.share_addr(Node::root(self.rec.height))?;
+            Some(self.batch.read(root_share, 8))
+        } else {
+            let mut more = share_nodes(self, &nodes)?;
+            nodes.append(&mut more);
+            None
+        };
         // Fast-path children that were only partly locked: give them back first (§3.8) — unless
         // we were paused past their lease deadline since locking them: then a leaf repair may
         // have zeroed them and someone else set them again; leave them to lazy recovery
         // (`release` module docs).
         let children_live = hn.bits_deadline.is_none_or(|d| Instant::now() < d);
-        if !hn.children.is_empty() && !children_live {
+        if (!hn.children.is_empty() || !hn.reader_children.is_empty()) && !children_live {
             self.stats.late_releases += 1;
             tracing::warn!(
                 ?node,
@@ -924,6 +1346,15 @@ impl CitronClient {
         for c in hn.children.drain(..) {
             if children_live {
                 self.batch.write_u64(c, 0);
+            }
+        }
+        for c in hn.reader_children.drain(..) {
+            if children_live {
+                self.batch.masked_faa(
+                    c,
+                    layout::leaf_share_release(layout::leaf_share_register(!0)),
+                    layout::LEAF_SHARE_BOUNDARY,
+                );
             }
         }
         // Consecutive slots are read with one verb: a level of the window is one run per
@@ -941,13 +1372,26 @@ impl CitronClient {
         }
         self.exec()?;
         let now = Instant::now();
-        let mut waiting: Vec<(Node, RemoteAddr, u64, Instant)> = Vec::new();
+        let flagged = flag.is_some_and(|h| self.out.word(h, 0) & layout::READERS_SEEN != 0);
+        if flagged {
+            self.readers_seen = true;
+        }
+        let paired =
+            |w: u64, fields: u64| dcnt(w) == dmax(w) && (fields & TCNT == 0 || tcnt(w) == tmax(w));
+        let mut waiting: Vec<(Node, RemoteAddr, u64, u64, Instant)> = Vec::new();
         for (i, j, h) in runs {
             for (k, n) in nodes[i..j].iter().enumerate() {
                 let w = self.out.word(h, k);
-                if dcnt(w) != dmax(w) {
-                    waiting.push((n.0, n.1, w & (DCNT | DMAX), now));
+                if !paired(w, n.2) {
+                    waiting.push((n.0, n.1, n.2, w & n.2, now));
                 }
+            }
+        }
+        if flagged {
+            // Not read yet: polled below (an impossible `seen` starts their stand-still clock
+            // at the first poll).
+            for (n, a, fields) in share_nodes(self, &nodes)? {
+                waiting.push((n, a, fields, !fields, now));
             }
         }
         let mut backoff = self.backoff();
@@ -956,40 +1400,207 @@ impl CitronClient {
             self.batch.clear();
             let reads: Vec<ReadHandle> = waiting
                 .iter()
-                .map(|(_, a, _, _)| self.batch.read(*a, 8))
+                .map(|(_, a, _, _, _)| self.batch.read(*a, 8))
                 .collect();
             self.exec()?;
             let words: Vec<u64> = reads.iter().map(|r| self.out.word(*r, 0)).collect();
             let mut still = Vec::with_capacity(waiting.len());
-            for ((n, a, seen, since), w) in waiting.into_iter().zip(words) {
-                if dcnt(w) == dmax(w) {
+            for ((n, a, fields, seen, since), w) in waiting.into_iter().zip(words) {
+                if paired(w, fields) {
                     continue;
                 }
-                let now_seen = w & (DCNT | DMAX);
+                let now_seen = w & fields;
                 if now_seen != seen {
-                    still.push((n, a, now_seen, Instant::now()));
+                    still.push((n, a, fields, now_seen, Instant::now()));
                     continue;
                 }
                 if since.elapsed() >= lease * n.hgt {
                     if !crate::fence::before_recovery(self.opts.fence.as_ref(), "DCnt repair") {
-                        still.push((n, a, seen, Instant::now()));
+                        still.push((n, a, fields, seen, Instant::now()));
                         continue;
                     }
-                    let swap = dmax(w) << DCNT_SHIFT;
-                    let old = self.ep_masked_cas(a, w, DCNT | DMAX, swap, DCNT)?;
-                    if old & (DCNT | DMAX) == seen {
+                    // DCnt := DMax (and RCnt := RMax for readers of the node itself).
+                    let swap = (dmax(w) << DCNT_SHIFT) | (tmax(w) << TCNT_SHIFT);
+                    let swap_mask = DCNT | (fields & TCNT);
+                    let old = self.ep_masked_cas(a, w, fields, swap, swap_mask)?;
+                    if old & fields == seen {
                         self.stats.recoveries += 1;
-                        tracing::warn!(?n, "lock tree: notifications of a dead client repaired");
+                        tracing::warn!(
+                            ?n,
+                            "lock tree: notifications (or readers) of a dead client repaired"
+                        );
                         continue;
                     }
-                    still.push((n, a, old & (DCNT | DMAX), Instant::now()));
+                    still.push((n, a, fields, old & fields, Instant::now()));
                     continue;
                 }
-                still.push((n, a, seen, since));
+                still.push((n, a, fields, seen, since));
             }
             waiting = still;
         }
         Ok(())
+    }
+
+    /// A writer holding leaf bits `mask` waits until no reader of the halves they touch is
+    /// registered in the leaf's share word at `share` (`first`: its value read after our CAS).
+    /// Readers that registered before our bits leave; those that see our bits back off. But
+    /// only for `patience`: our bits' lease is one `T_lease` (`lease::bits_deadline`), shorter
+    /// than a dead reader's stand-still; so `false` (still readers) makes the caller undo and
+    /// retry like a failed CAS, escalating to the parent after `starvation_after`, where
+    /// `repair_leaf` repairs dead readers (§3.10 for readers).
+    fn wait_leaf_readers(
+        &mut self,
+        share: RemoteAddr,
+        mask: u64,
+        first: u64,
+        patience: std::time::Duration,
+    ) -> Result<Option<u64>, LockError> {
+        let start = Instant::now();
+        let mut last = first;
+        let mut backoff = self.backoff();
+        while layout::leaf_readers(last, mask) {
+            if start.elapsed() >= patience {
+                return Ok(Some(last));
+            }
+            backoff.snooze(&mut self.rng);
+            last = self.ep_read_u64(share)?;
+        }
+        Ok(None)
+    }
+
+    /// A leaf writer gave up waiting for the leaf's readers, whose share word reads `last`:
+    /// tracks how long the touched halves stood still (across attempts and aborts, in
+    /// `self.leaf_readers_seen`) and, past
+    /// `T_lease`, repairs them (`Cnt := Max`: every reader registered then is dead, §3.10 —
+    /// the counter pairs only grow, so standing still means nobody came or left). Returns
+    /// whether they moved since the last attempt (live readers: counts towards starvation).
+    fn leaf_readers_stood(
+        &mut self,
+        share: RemoteAddr,
+        mask: u64,
+        last: u64,
+    ) -> Result<bool, LockError> {
+        let fields = layout::leaf_share_fields(mask);
+        let v = last & fields;
+        match self.leaf_readers_seen {
+            Some((at, s, since)) if at == share && s == v => {
+                if since.elapsed() >= self.rec.t_lease()
+                    && crate::fence::before_recovery(
+                        self.opts.fence.as_ref(),
+                        "leaf readers repair",
+                    )
+                {
+                    let repaired = layout::leaf_share_repaired(last, mask);
+                    let old = self.ep_masked_cas(share, last, fields, repaired, fields)?;
+                    if old & fields == v {
+                        self.stats.recoveries += 1;
+                        tracing::warn!(?share, "lock tree leaf: readers of a dead client repaired");
+                    }
+                    self.leaf_readers_seen = None;
+                }
+                Ok(false)
+            }
+            _ => {
+                self.leaf_readers_seen = Some((share, v, Instant::now()));
+                Ok(true)
+            }
+        }
+    }
+
+    /// A writer in phase (b) found readers (and no `Occ`) at ancestor `anc`: waits until they
+    /// are gone (`None`: read the ancestors again). Readers standing still for `T_lease` are
+    /// suspected dead: lock `anc` (its ticket wait and phase (d) repair them). Readers that keep
+    /// coming for `starvation_after`: lock `anc`, whose bakery bars new readers behind us.
+    fn wait_ancestor_readers(
+        &mut self,
+        anc: Node,
+        anc_addr: RemoteAddr,
+        share: RemoteAddr,
+        first: u64,
+    ) -> Result<Option<Outcome>, LockError> {
+        let lease = self.rec.t_lease();
+        let is_root = anc == Node::root(self.rec.height);
+        let started = Instant::now();
+        let mut last = first & (TCNT | TMAX);
+        let mut since = started;
+        let mut moved = false;
+        let mut backoff = self.backoff();
+        loop {
+            backoff.snooze(&mut self.rng);
+            self.batch.clear();
+            let wh = self.batch.read(anc_addr, 8);
+            let sh = self.batch.read(share, 8);
+            self.exec()?;
+            let (w, sw) = (self.out.word(wh, 0), self.out.word(sh, 0));
+            if is_root && exp_tag(w) != 0 {
+                return Ok(Some(Outcome::Aborted(Why::ScaleUp)));
+            }
+            if occ(w) || layout::node_readers(sw) == 0 {
+                return Ok(None);
+            }
+            let seen = sw & (TCNT | TMAX);
+            if seen != last {
+                last = seen;
+                since = Instant::now();
+                moved = true;
+            } else if since.elapsed() >= lease {
+                return Ok(Some(Outcome::Escalate(anc, Why::Suspected)));
+            }
+            // Readers that come and go (not dead ones standing still) for `starvation_after`.
+            if moved && started.elapsed() >= self.opts.starvation_after {
+                return Ok(Some(Outcome::Escalate(anc, Why::ReadersStarve)));
+            }
+        }
+    }
+
+    /// A writer's share words of `ancs` (lowest first) — only the root's (for the
+    /// `READERS_SEEN` flag) while this client has not seen readers in use; empty without
+    /// ancestors.
+    fn anc_shares(&self, ancs: &[(Node, RemoteAddr)]) -> Result<Vec<RemoteAddr>, LockError> {
+        if self.readers_seen {
+            ancs.iter().map(|(a, _)| self.share_addr(*a)).collect()
+        } else {
+            ancs.last()
+                .map(|(root, _)| self.share_addr(*root))
+                .into_iter()
+                .collect()
+        }
+    }
+
+    /// Posts reads of the ancestors' words and (a writer's) their share words — or, while this
+    /// client has not seen the lock used in shared mode, only the root's share word first, for
+    /// its `READERS_SEEN` flag (`layout`, "Share word"): one read instead of one per ancestor.
+    fn post_anc_reads(&mut self, ancs: &[(Node, RemoteAddr)], shares: &[RemoteAddr]) -> AncReads {
+        let flag = match shares.last() {
+            Some(root_share) if !self.readers_seen => Some(self.batch.read(*root_share, 8)),
+            _ => None,
+        };
+        let reads = ancs.iter().map(|(_, a)| self.batch.read(*a, 8)).collect();
+        let sreads = if flag.is_none() {
+            shares.iter().map(|a| self.batch.read(*a, 8)).collect()
+        } else {
+            Vec::new()
+        };
+        AncReads {
+            reads,
+            sreads,
+            flag,
+        }
+    }
+
+    /// What `post_anc_reads` read: the ancestors' words, their share words (if read), and
+    /// whether the flag read found readers in use for the first time — then the reads are
+    /// incomplete and the caller treats the ancestors as blocking (it reads them again).
+    fn anc_words(&mut self, r: &AncReads) -> (Vec<u64>, Vec<u64>, bool) {
+        let words = r.reads.iter().map(|h| self.out.word(*h, 0)).collect();
+        let swords = r.sreads.iter().map(|h| self.out.word(*h, 0)).collect();
+        let flagged = r
+            .flag
+            .is_some_and(|h| self.out.word(h, 0) & layout::READERS_SEEN != 0);
+        if flagged {
+            self.readers_seen = true;
+        }
+        (words, swords, flagged)
     }
 
     /// §3.10, l. 22: holding the leaf's parent (or higher), bits still set in the leaf can only
@@ -1024,7 +1635,7 @@ impl CitronClient {
                         bits = last,
                         "lock tree leaf: bits of a dead client cleared"
                     );
-                    return Ok(());
+                    break;
                 }
             }
             backoff.snooze(&mut self.rng);
@@ -1034,6 +1645,60 @@ impl CitronClient {
                 since = Instant::now();
             }
         }
+        // The leaf's readers (shared mode): the same rule — registrations that stand still
+        // for `T_lease` while we hold the parent belong to dead readers (a live one that
+        // registered before our `Occ` was waited for in phase (d); a later one backs off).
+        let share = self.share_addr(leaf)?;
+        let mut last = self.ep_read_u64(share)?;
+        let mut since = Instant::now();
+        while layout::leaf_readers(last, !0) {
+            if since.elapsed() >= lease {
+                if !crate::fence::before_recovery(self.opts.fence.as_ref(), "leaf readers repair") {
+                    since = Instant::now();
+                    continue;
+                }
+                let fields = layout::leaf_share_fields(!0);
+                let repaired = layout::leaf_share_repaired(last, !0);
+                let old = self.ep_masked_cas(share, last, fields, repaired, fields)?;
+                if old == last {
+                    self.stats.recoveries += 1;
+                    tracing::warn!(?leaf, "lock tree leaf: readers of a dead client repaired");
+                    return Ok(());
+                }
+            }
+            backoff.snooze(&mut self.rng);
+            let w = self.ep_read_u64(share)?;
+            if w != last {
+                last = w;
+                since = Instant::now();
+            }
+        }
         Ok(())
     }
+}
+
+/// The lowest ancestor (index into the reads, lowest first) that blocks: occupied, or — when
+/// `swords` (a writer's reads of the share words) is not empty — with readers.
+fn blocking(words: &[u64], swords: &[u64]) -> Option<usize> {
+    (0..words.len())
+        .find(|&i| occ(words[i]) || swords.get(i).is_some_and(|s| layout::node_readers(*s) != 0))
+}
+
+/// What phase (c) of a shared acquisition returned.
+struct CVals {
+    /// The share word before our registration.
+    reg_old: u64,
+    /// A leaf: its bits after our registration; internal: the word before our ticket pass.
+    check: u64,
+    /// The fast path over leaves: the four children's bits after our registrations.
+    kid_bits: Option<[u64; 4]>,
+    /// The one-batch leaf's ancestor reads.
+    b_words: Vec<u64>,
+}
+
+/// Reads posted by `post_anc_reads`.
+struct AncReads {
+    reads: Vec<ReadHandle>,
+    sreads: Vec<ReadHandle>,
+    flag: Option<ReadHandle>,
 }

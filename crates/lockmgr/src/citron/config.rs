@@ -8,7 +8,7 @@
 //! base + 2048   spillover mutex word (DSLR-style ticket lock: next ticket high 32, serving low 32)
 //! base + 2056   maximizer word (OR of out-of-bound right ends)
 //! base + 2064   the initial tree, tree_nodes(H) words in level order (slot = index - 1),
-//!               then as many owner records, in the same order (`layout`, "Owner word")
+//!               then as many owner records, then as many share words, in the same order (`layout`, "Owner word", "Share word")
 //! ```
 //!
 //! Later scale-ups add segments elsewhere (from the [`TreeAllocator`]); the record lists them.

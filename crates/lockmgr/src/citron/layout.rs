@@ -61,6 +61,32 @@
 //! ```
 //!
 //! `V` set marks a record (zeroed memory holds none).
+//!
+//! # Share word (shared mode, `docs/SHARED_LOCKS.md`)
+//!
+//! Every node has a third word, its *share word*, in a second parallel array after the owner
+//! records ([`share_addr`]). On an internal node it has the node word's layout, with other
+//! meanings (so [`BOUNDARY`], the field accessors and the scale-up's copy code apply as is):
+//!
+//! ```text
+//!  63..61  60   59 ....... 45  44 ....... 30  29 ....... 15  14 ........ 0
+//! [ Tag  ][ 0 ][    RCnt     ][    RMax     ][    SCnt     ][    SMax     ]
+//! ```
+//!
+//! `RMax - RCnt` readers hold the node itself (a shared acquisition registers with `RMax += 1`
+//! and leaves with `RCnt += 1`); `SMax - SCnt` shared acquisitions below notified it (the
+//! shared twin of `DCnt/DMax`). `Tag` is the scale-up tag, written by the same scale-up that
+//! tags the node word, so a releaser learns from its own release verb whether its shared
+//! notification was copied.
+//!
+//! On a leaf the share word counts the readers of each half of the leaf, as counter pairs:
+//!
+//! ```text
+//!  63 ........ 48  47 ........ 32  31 ........ 16  15 ......... 0
+//! [  Cnt (hi)    ][  Max (hi)    ][  Cnt (lo)    ][  Max (lo)    ]
+//! ```
+//!
+//! the low pair for units `0..32` of the leaf, the high pair for `32..64` ([`LEAF_SHARE_BOUNDARY`]).
 
 use fabric::RemoteAddr;
 use serde::{Deserialize, Serialize};
@@ -376,9 +402,10 @@ impl Segment {
         tree_nodes(self.after) - tree_nodes(self.before)
     }
 
-    /// Words of memory the segment takes: its nodes and their owner records.
+    /// Words of memory the segment takes: its nodes, their owner records and their share
+    /// words ([`STORAGE_WORDS_PER_NODE`]).
     pub const fn storage_words(&self) -> u64 {
-        2 * self.words()
+        STORAGE_WORDS_PER_NODE * self.words()
     }
 
     /// Whether `node` is stored here.
@@ -405,6 +432,83 @@ impl Segment {
         };
         x - ahead - 1
     }
+}
+
+/// Words of storage per tree node: the node word, its owner record and its share word.
+pub const STORAGE_WORDS_PER_NODE: u64 = 3;
+
+/// Masked-FAA boundary mask of a leaf's share word: four 16-bit fields.
+pub const LEAF_SHARE_BOUNDARY: u64 = (1 << 15) | (1 << 31) | (1 << 47) | (1 << 63);
+
+/// The leaf share word's addend that registers a reader of the halves of a leaf that `mask`
+/// (a leaf bitmask) touches (`Max += 1` per half).
+pub const fn leaf_share_register(mask: u64) -> u64 {
+    let mut add = 0;
+    if mask & 0xFFFF_FFFF != 0 {
+        add |= 1;
+    }
+    if mask >> 32 != 0 {
+        add |= 1 << 32;
+    }
+    add
+}
+
+/// The leaf share word's addend that deregisters what [`leaf_share_register`] registered
+/// (`Cnt += 1` per half).
+pub const fn leaf_share_release(register: u64) -> u64 {
+    register << 16
+}
+
+/// Whether the leaf share word `w` shows a reader of a half of the leaf that `mask` touches.
+pub const fn leaf_readers(w: u64, mask: u64) -> bool {
+    let lo = mask & 0xFFFF_FFFF != 0 && (w & 0xFFFF) != ((w >> 16) & 0xFFFF);
+    let hi = mask >> 32 != 0 && ((w >> 32) & 0xFFFF) != ((w >> 48) & 0xFFFF);
+    lo || hi
+}
+
+/// The fields of a leaf share word that `mask` touches (both counters of each half).
+pub const fn leaf_share_fields(mask: u64) -> u64 {
+    let mut f = 0;
+    if mask & 0xFFFF_FFFF != 0 {
+        f |= 0xFFFF_FFFF;
+    }
+    if mask >> 32 != 0 {
+        f |= 0xFFFF_FFFF << 32;
+    }
+    f
+}
+
+/// The leaf share word `w` with every touched half's `Cnt` set to its `Max` (the repair of
+/// dead readers, §3.10 for shared mode).
+pub const fn leaf_share_repaired(w: u64, mask: u64) -> u64 {
+    let mut r = w;
+    if mask & 0xFFFF_FFFF != 0 {
+        r = (r & !(0xFFFF << 16)) | ((w & 0xFFFF) << 16);
+    }
+    if mask >> 32 != 0 {
+        r = (r & !(0xFFFF << 48)) | (((w >> 32) & 0xFFFF) << 48);
+    }
+    r
+}
+
+/// The root's share word's flag (bit 60, unused otherwise) that every shared acquisition sets
+/// before it registers: readers are in use on this lock. A writer that never saw it set reads
+/// it instead of its ancestors' share words (one verb instead of one per ancestor), and a
+/// scale-up carries it to the new root.
+pub const READERS_SEEN: u64 = OCC;
+
+/// Readers holding an internal node (`RMax - RCnt` of its share word).
+pub const fn node_readers(share: u64) -> u64 {
+    counter_gap(tmax(share), tcnt(share))
+}
+
+/// Where `node`'s share word lives given the storage `segments`, if it has storage: the second
+/// parallel array after the segment's nodes.
+pub fn share_addr(segments: &[Segment], node: Node) -> Option<RemoteAddr> {
+    segments
+        .iter()
+        .find(|s| s.holds(node))
+        .map(|s| s.addr.word(2 * s.words() + s.slot(node)))
 }
 
 /// The valid bit of an owner record.
@@ -547,6 +651,27 @@ mod tests {
     }
 
     #[test]
+    fn leaf_share_words() {
+        use fabric::atomic_ops::masked_faa_result;
+        let lo = leaf_share_register(0b1100);
+        let both = leaf_share_register(1 | (1 << 40));
+        assert_eq!(lo, 1);
+        assert_eq!(both, 1 | (1 << 32));
+        let w = masked_faa_result(0, both, LEAF_SHARE_BOUNDARY);
+        assert!(leaf_readers(w, 1));
+        assert!(leaf_readers(w, 1 << 63));
+        let w = masked_faa_result(w, leaf_share_release(lo), LEAF_SHARE_BOUNDARY);
+        assert!(!leaf_readers(w, 1));
+        assert!(leaf_readers(w, 1 << 33));
+        assert!(!leaf_readers(leaf_share_repaired(w, 1 << 33), 1 << 33));
+        // Wrap: Max at 0xFFFF plus one is 0 and carries nowhere.
+        let full = 0xFFFF | (0xFFFF << 16);
+        let w = masked_faa_result(full, lo, LEAF_SHARE_BOUNDARY);
+        assert_eq!(w, 0xFFFF << 16);
+        assert!(leaf_readers(w, 1));
+    }
+
+    #[test]
     fn index_arithmetic_basics() {
         assert_eq!(level_start(0), 1);
         assert_eq!(level_start(1), 2);
@@ -628,8 +753,9 @@ mod tests {
             assert!(s.slot(node) < s.words(), "slot in range");
             assert!(seen.insert(node_addr(&segments, node).unwrap()));
             assert!(seen.insert(owner_addr(&segments, node).unwrap()));
+            assert!(seen.insert(share_addr(&segments, node).unwrap()));
         }
-        assert_eq!(seen.len() as u64, 2 * tree_nodes(top));
+        assert_eq!(seen.len() as u64, 3 * tree_nodes(top));
     }
 
     #[test]

@@ -86,8 +86,8 @@ impl Citron {
         let h = layout::height_for(unit_count).ok_or_else(|| {
             LockError::Config(format!("{unit_count} units exceed the largest tree"))
         })?;
-        // The nodes and their owner records (`layout`, "Owner word").
-        Ok(TREE_OFFSET + 2 * layout::tree_nodes(h) * 8)
+        // The nodes, their owner records and share words (`layout`, "Owner word", "Share word").
+        Ok(TREE_OFFSET + layout::STORAGE_WORDS_PER_NODE * layout::tree_nodes(h) * 8)
     }
 
     /// Initialises a lock's memory at `base` (which must be [`Citron::bytes_needed`] bytes and
@@ -228,6 +228,9 @@ pub(crate) struct Token {
     /// The earliest instant at which a phase-(d) waiter could repair `node`'s `DCnt` over this
     /// notification ([`lease::token_deadline`]); a release after it leaves `DCnt` alone.
     pub(crate) deadline: Instant,
+    /// A shared acquisition's notification: `SMax` of the node's share word (`addr` is the
+    /// share word), released with `SCnt += 1`.
+    pub(crate) shared: bool,
 }
 
 /// What this client holds (or has done so far) on one tree node.
@@ -263,6 +266,22 @@ pub(crate) struct HeldNode {
     pub(crate) bits_deadline: Option<Instant>,
     /// Notifications made.
     pub(crate) tokens: Vec<Token>,
+    /// Shared mode: the node's share word (`layout`, "Share word").
+    pub(crate) share: Option<RemoteAddr>,
+    /// Shared, internal: registered as a reader of the node (`RMax += 1`), to leave with
+    /// `RCnt += 1`.
+    pub(crate) readers: bool,
+    /// The share word's tag when registering (a root's registration is copied by a scale-up).
+    pub(crate) readers_tag: u8,
+    /// The earliest instant at which a writer could repair the registration away
+    /// ([`lease::token_deadline`]: the same `H·T_lease` stand-still as `DCnt`).
+    pub(crate) readers_deadline: Option<Instant>,
+    /// Shared, leaf: what was added to the leaf's share word (`layout::leaf_share_register`),
+    /// 0 if nothing; its deadline is `bits_deadline`.
+    pub(crate) leaf_register: u64,
+    /// Shared fast path on a node over leaves: the share words of the leaf children registered
+    /// whole (both halves); their deadline is `bits_deadline`.
+    pub(crate) reader_children: Vec<RemoteAddr>,
 }
 
 impl HeldNode {
@@ -280,20 +299,31 @@ impl HeldNode {
             children: Vec::new(),
             bits_deadline: None,
             tokens: Vec::new(),
+            share: None,
+            readers: false,
+            readers_tag: 0,
+            readers_deadline: None,
+            leaf_register: 0,
+            reader_children: Vec::new(),
         }
     }
 
     /// The earliest lease deadline of what this node holds.
     pub(crate) fn deadline(&self) -> Option<Instant> {
-        let bits = (self.leaf_mask != 0 || !self.children.is_empty())
-            .then_some(self.bits_deadline)
-            .flatten();
+        let bits = (self.leaf_mask != 0
+            || !self.children.is_empty()
+            || self.leaf_register != 0
+            || !self.reader_children.is_empty())
+        .then_some(self.bits_deadline)
+        .flatten();
         let word = self.ticket.then_some(self.word_deadline).flatten();
+        let readers = self.readers.then_some(self.readers_deadline).flatten();
         self.tokens
             .iter()
             .map(|t| t.deadline)
             .chain(bits)
             .chain(word)
+            .chain(readers)
             .min()
     }
 
@@ -338,6 +368,9 @@ pub struct Audit {
     /// Nodes not at rest (leaf bits set; internal: Occ set or a counter pair apart), with their
     /// words.
     pub busy_nodes: Vec<(Node, u64)>,
+    /// Share words not at rest (readers registered, a counter pair apart), with their words
+    /// (`layout`, "Share word"; the scale-up tag does not count).
+    pub busy_shares: Vec<(Node, u64)>,
     /// The spillover mutex is held or waited for.
     pub spillover_busy: bool,
     /// The spillover mutex's word (next ticket high, now serving low).
@@ -349,7 +382,7 @@ pub struct Audit {
 impl Audit {
     /// Whether the tree and the mutex are at rest.
     pub fn at_rest(&self) -> bool {
-        self.busy_nodes.is_empty() && !self.spillover_busy
+        self.busy_nodes.is_empty() && self.busy_shares.is_empty() && !self.spillover_busy
     }
 }
 
@@ -381,6 +414,15 @@ pub struct CitronClient {
     /// Every poll costs the server's CPU a wake-up (`Capabilities::server_cpu_on_data_path`,
     /// tcp): backoffs start at a round trip instead of `backoff_base` (see `backoff`).
     polls_cost_server: bool,
+    /// The mode of the acquisition in progress ([`RangeLock::acquire_mode`]).
+    mode: crate::LockMode,
+    /// A leaf writer kept out by readers: the leaf's share word, the readers' fields as last
+    /// seen, and since when they stood still (`acquire::leaf_readers_stood`), across the
+    /// attempts and aborts of one acquisition.
+    leaf_readers_seen: Option<(RemoteAddr, u64, Instant)>,
+    /// This client saw the lock's `READERS_SEEN` flag set (`layout`): from now on its
+    /// writers read the share words of their ancestors and windows directly.
+    readers_seen: bool,
 }
 
 impl CitronClient {
@@ -417,6 +459,9 @@ impl CitronClient {
             progress: Arc::default(),
             hosted: None,
             polls_cost_server: endpoint_capabilities.server_cpu_on_data_path,
+            mode: crate::LockMode::Exclusive,
+            leaf_readers_seen: None,
+            readers_seen: false,
         })
     }
 
@@ -475,10 +520,25 @@ impl CitronClient {
                 let mut reads = Vec::with_capacity(n as usize);
                 for p in pos..pos + n {
                     let node = Node::new(hgt, p);
-                    reads.push((node, self.batch.read(self.node_addr(node)?, 8)));
+                    reads.push((
+                        node,
+                        self.batch.read(self.node_addr(node)?, 8),
+                        self.batch.read(self.share_addr(node)?, 8),
+                    ));
                 }
                 self.exec()?;
-                for (node, r) in reads {
+                for (node, r, sr) in reads {
+                    let sw = self.out.word(sr, 0);
+                    let share_busy = if node.is_leaf() {
+                        layout::leaf_readers(sw, !0)
+                    } else {
+                        sw & !layout::EXP != 0
+                            && (layout::dcnt(sw) != layout::dmax(sw)
+                                || layout::tcnt(sw) != layout::tmax(sw))
+                    };
+                    if share_busy {
+                        audit.busy_shares.push((node, sw));
+                    }
                     let w = self.out.word(r, 0);
                     let busy = if node.is_leaf() {
                         w != 0
@@ -552,6 +612,17 @@ impl CitronClient {
 
     fn maximizer_addr(&self) -> RemoteAddr {
         self.base.add(MAXIMIZER_OFFSET)
+    }
+
+    fn share_addr(&self, node: Node) -> Result<RemoteAddr, LockError> {
+        layout::share_addr(&self.rec.segments, node).ok_or_else(|| {
+            LockError::Config(format!("node {node:?} has no storage in the config record"))
+        })
+    }
+
+    /// Whether the acquisition in progress is shared.
+    fn shared(&self) -> bool {
+        self.mode == crate::LockMode::Shared
     }
 
     fn node_addr(&self, node: Node) -> Result<RemoteAddr, LockError> {
@@ -671,6 +742,23 @@ impl CitronClient {
         extra: &Batch,
         out: &mut Completions,
     ) -> Result<LockId, LockError> {
+        self.acquire_mode_with(range, crate::LockMode::Exclusive, extra, out)
+    }
+
+    /// [`CitronClient::take`] in `mode`: `extra` carried as [`RangeLock::acquire_with`] does.
+    pub fn acquire_mode_with(
+        &mut self,
+        range: Range<u64>,
+        mode: crate::LockMode,
+        extra: &Batch,
+        out: &mut Completions,
+    ) -> Result<LockId, LockError> {
+        self.leaf_readers_seen = None;
+        self.mode = if self.hosted.is_some() {
+            crate::LockMode::Exclusive
+        } else {
+            mode
+        };
         if self.hosted.is_some() {
             return self.acquire_hosted(range, extra, out);
         }
@@ -724,6 +812,20 @@ impl CitronClient {
 
 impl RangeLock for CitronClient {
     crate::carry::carrying_lock_methods!();
+
+    fn modes(&self) -> &'static [crate::LockMode] {
+        crate::scheme::EXCLUSIVE_AND_SHARED
+    }
+
+    /// Shared: see `docs/SHARED_LOCKS.md`. A client that acquires at the host ([`hosted`])
+    /// takes a shared request exclusively (the host runs the exclusive protocol only).
+    fn acquire_mode(
+        &mut self,
+        range: Range<u64>,
+        mode: crate::LockMode,
+    ) -> Result<LockId, LockError> {
+        self.acquire_mode_with(range, mode, &Batch::new(), &mut Completions::new())
+    }
 
     /// One-sided, the release's first batch carries `extra`; at the host the release is posted
     /// and `extra` would take a round trip of its own (`release_hosted`).

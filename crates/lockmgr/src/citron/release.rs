@@ -27,7 +27,10 @@
 //! Each such release is counted in `LockStats::late_releases` and logged at warn; it returns
 //! `Ok` (the lock is no longer ours either way).
 
-use super::layout::{exp_tag, ADD_DCNT, BOUNDARY, COUNTER_MASK, OCC, TCNT, TCNT_SHIFT};
+use super::layout::{
+    exp_tag, leaf_share_register, leaf_share_release, ADD_DCNT, ADD_TCNT, BOUNDARY, COUNTER_MASK,
+    LEAF_SHARE_BOUNDARY, OCC, TCNT, TCNT_SHIFT,
+};
 use super::scaleup::Continue;
 use super::spillover::spill_released;
 use super::{CitronClient, Held, HeldNode};
@@ -97,6 +100,7 @@ impl CitronClient {
                         Continue::RootOcc {
                             node: n.node,
                             height,
+                            shared: false,
                         },
                         n.occ_tag,
                     )),
@@ -104,14 +108,54 @@ impl CitronClient {
                 };
                 words.push((h, expect, cont));
             }
+            // Shared parts (`docs/SHARED_LOCKS.md`): leave the node (`RCnt += 1`), the leaf's
+            // halves and the fast path's children (`Cnt += 1`); past their deadline a writer
+            // may have repaired them already: left out, as a late notification is.
+            if n.readers {
+                if let (true, Some(at)) = (live(n.readers_deadline), n.share) {
+                    let h = self.batch.masked_faa(at, ADD_TCNT, BOUNDARY);
+                    if let Some(height) = n.root_of {
+                        let c = Continue::RootOcc {
+                            node: n.node,
+                            height,
+                            shared: true,
+                        };
+                        checks.push((h, c, n.readers_tag));
+                    }
+                } else {
+                    late += 1;
+                }
+            }
+            if n.leaf_register != 0 {
+                if let (true, Some(at)) = (bits_live, n.share) {
+                    self.batch.masked_faa(
+                        at,
+                        leaf_share_release(n.leaf_register),
+                        LEAF_SHARE_BOUNDARY,
+                    );
+                } else {
+                    late += 1;
+                }
+            }
+            if !n.reader_children.is_empty() && !bits_live {
+                late += 1;
+            }
+            for c in n.reader_children.iter().filter(|_| bits_live) {
+                let all = leaf_share_release(leaf_share_register(!0));
+                self.batch.masked_faa(*c, all, LEAF_SHARE_BOUNDARY);
+            }
             for t in &n.tokens {
                 if now >= t.deadline {
                     late += 1;
                     continue;
                 }
-                // l. 8-9.
+                // l. 8-9 (a shared notification: `SCnt += 1` in the share word, same field).
                 let h = self.batch.masked_faa(t.addr, ADD_DCNT, BOUNDARY);
-                checks.push((h, Continue::Token { node: t.node }, t.tag));
+                let c = Continue::Token {
+                    node: t.node,
+                    shared: t.shared,
+                };
+                checks.push((h, c, t.tag));
             }
         }
         let spill_cas = spill.map(|ticket| (self.post_spill_release(ticket), ticket));

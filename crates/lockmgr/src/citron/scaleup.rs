@@ -86,6 +86,8 @@ pub(crate) enum Continue {
     Token {
         /// Where it was made.
         node: Node,
+        /// A shared notification (`SMax` of the share word, `docs/SHARED_LOCKS.md`).
+        shared: bool,
     },
     /// `Occ` at `node`, which was the root of the tree of height `height` when occupied.
     RootOcc {
@@ -93,6 +95,8 @@ pub(crate) enum Continue {
         node: Node,
         /// The tree it was the root of.
         height: u32,
+        /// Readers registered at the root (its share word's `RMax`), not `Occ`.
+        shared: bool,
     },
 }
 
@@ -130,7 +134,7 @@ impl CitronClient {
             return Ok(false);
         };
         // l. 3: one allocation for the whole new part: its nodes and their owner records.
-        let words = 2 * (tree_nodes(a) - tree_nodes(b));
+        let words = layout::STORAGE_WORDS_PER_NODE * (tree_nodes(a) - tree_nodes(b));
         let seg_addr = match self.allocator.allocate(words) {
             Ok(addr) => addr,
             Err(e) => {
@@ -168,8 +172,10 @@ impl CitronClient {
         self.ep.write(self.base, &sealed)?;
         failpoint!("lockmgr::citron::scale_up_announced");
 
-        // l. 4-5: Exp on the internal nodes of the old top m levels, by index order.
+        // l. 4-5: Exp on the internal nodes of the old top m levels, by index order; then the
+        // same tag on their share words (`docs/SHARED_LOCKS.md`, scale-up).
         let (top, olds) = self.tag_top(b, m, tag)?;
+        let shares = self.tag_shares(&top, tag)?;
 
         failpoint!("lockmgr::citron::scale_up_tagged");
 
@@ -189,12 +195,36 @@ impl CitronClient {
                 }
             }
         }
+        // The shared twins: outstanding shared notifications (`SMax - SCnt`) go where the
+        // exclusive ones go, the old root's readers (`RMax - RCnt`) where its `Occ` goes — into
+        // the share words there.
+        for (y, sv) in top.iter().zip(&shares) {
+            let outstanding = counter_gap(dmax(*sv), dcnt(*sv));
+            if outstanding > 0 {
+                for t in copy_targets(*y, a, a, m, m) {
+                    adds.push((share_addr_in(&next, t)?, add_dmax(outstanding)));
+                }
+            }
+            let readers = layout::node_readers(*sv);
+            if *y == old_root && readers > 0 {
+                for t in copy_targets(*y, a, a, 1, m) {
+                    adds.push((share_addr_in(&next, t)?, add_dmax(readers)));
+                }
+            }
+        }
         for chunk in adds.chunks(CHUNK) {
             self.batch.clear();
             for (addr, add) in chunk {
                 self.batch.masked_faa(*addr, *add, BOUNDARY);
             }
             self.exec()?;
+        }
+        // Readers in use on the old tree are in use on the new one (`layout::READERS_SEEN`).
+        if shares
+            .first()
+            .is_some_and(|w| w & layout::READERS_SEEN != 0)
+        {
+            self.carry_readers_seen(&next, a)?;
         }
 
         // l. 9-10: publish the new configuration, clear the maximizer.
@@ -232,6 +262,27 @@ impl CitronClient {
         Ok((top, words))
     }
 
+    /// The share words of `top` get scale-up tag `tag` (after their node words: an acquirer
+    /// whose shared notification missed a snapshot sees the root's `Exp`); returns their
+    /// snapshots.
+    fn tag_shares(&mut self, top: &[Node], tag: u8) -> Result<Vec<u64>, LockError> {
+        let mut words = Vec::with_capacity(top.len());
+        for chunk in top.chunks(CHUNK) {
+            self.batch.clear();
+            let mut hs: Vec<AtomicHandle> = Vec::with_capacity(chunk.len());
+            for y in chunk {
+                let addr = self.share_addr(*y)?;
+                hs.push(
+                    self.batch
+                        .masked_cas(addr, 0, 0, u64::from(tag) << EXP_SHIFT, EXP),
+                );
+            }
+            self.exec()?;
+            words.extend(hs.iter().map(|h| self.out.old(*h)));
+        }
+        Ok(words)
+    }
+
     /// Alg. 4 l. 9-10: publishes `next` (the announced record) as the finished configuration
     /// of height `a` and clears the maximizer, in one batch.
     fn publish_scale_up(&mut self, mut next: ConfigRecord, a: u32) -> Result<(), LockError> {
@@ -257,27 +308,74 @@ impl CitronClient {
         let (b, a, tag, m) = (e.before, e.after, e.tag, self.rec.m);
         // l. 4-5 where the scaler did not get to (idempotent where it did); the words now.
         let (top, words) = self.tag_top(b, m, tag)?;
+        let shares = self.tag_shares(&top, tag)?;
+        if shares
+            .first()
+            .is_some_and(|w| w & layout::READERS_SEEN != 0)
+        {
+            let rec = self.rec.clone();
+            self.carry_readers_seen(&rec, a)?;
+        }
         // What each copy target must count besides its DCnt: the outstanding notifications of
-        // the nodes copying to it (and an occupied old root), every target listed.
+        // the nodes copying to it (and an occupied old root), every target listed; the same
+        // for the share words (shared notifications, the old root's readers).
         let old_root = Node::root(b);
-        let mut need: std::collections::BTreeMap<(u32, u64), (Node, u64)> = Default::default();
-        for (y, v) in top.iter().zip(&words) {
-            let outstanding = counter_gap(dmax(*v), dcnt(*v));
-            for t in copy_targets(*y, a, a, m, m) {
-                need.entry((t.hgt, t.pos)).or_insert((t, 0)).1 += outstanding;
-            }
-            if *y == old_root {
-                let occupied = u64::from(occ(*v));
-                for t in copy_targets(*y, a, a, 1, m) {
-                    need.entry((t.hgt, t.pos)).or_insert((t, 0)).1 += occupied;
+        for shared in [false, true] {
+            let snaps = if shared { &shares } else { &words };
+            let mut need: std::collections::BTreeMap<(u32, u64), (Node, u64)> = Default::default();
+            for (y, v) in top.iter().zip(snaps) {
+                let outstanding = counter_gap(dmax(*v), dcnt(*v));
+                for t in copy_targets(*y, a, a, m, m) {
+                    need.entry((t.hgt, t.pos)).or_insert((t, 0)).1 += outstanding;
+                }
+                if *y == old_root {
+                    let occupied = if shared {
+                        layout::node_readers(*v)
+                    } else {
+                        u64::from(occ(*v))
+                    };
+                    for t in copy_targets(*y, a, a, 1, m) {
+                        need.entry((t.hgt, t.pos)).or_insert((t, 0)).1 += occupied;
+                    }
                 }
             }
+            let targets: Vec<(Node, u64)> = need.into_values().collect();
+            self.fix_copies(&targets, shared)?;
         }
-        let targets: Vec<(Node, u64)> = need.into_values().collect();
+        // l. 9-10.
+        self.publish_scale_up(self.rec.clone(), a)?;
+        self.stats.recoveries += 1;
+        tracing::warn!(
+            from = b,
+            to = a,
+            tag,
+            "lock tree: finished a scale-up whose scaler died"
+        );
+        Ok(())
+    }
+
+    /// Sets `READERS_SEEN` on the root of the tree of height `a` described by `rec`.
+    fn carry_readers_seen(&mut self, rec: &ConfigRecord, a: u32) -> Result<(), LockError> {
+        let at = share_addr_in(rec, Node::root(a))?;
+        self.batch.clear();
+        self.batch
+            .masked_cas(at, 0, 0, layout::READERS_SEEN, layout::READERS_SEEN);
+        self.exec()
+    }
+
+    /// `finish_scale_up`'s repair of the copy targets: each must count `DCnt + n` in `DMax`
+    /// (node words, or share words when `shared`).
+    fn fix_copies(&mut self, targets: &[(Node, u64)], shared: bool) -> Result<(), LockError> {
         for chunk in targets.chunks(CHUNK) {
             let addrs = chunk
                 .iter()
-                .map(|(t, _)| node_addr_in(&self.rec, *t))
+                .map(|(t, _)| {
+                    if shared {
+                        share_addr_in(&self.rec, *t)
+                    } else {
+                        node_addr_in(&self.rec, *t)
+                    }
+                })
                 .collect::<Result<Vec<_>, _>>()?;
             self.batch.clear();
             let reads: Vec<_> = addrs.iter().map(|addr| self.batch.read(*addr, 8)).collect();
@@ -292,15 +390,6 @@ impl CitronClient {
             }
             self.exec()?;
         }
-        // l. 9-10.
-        self.publish_scale_up(self.rec.clone(), a)?;
-        self.stats.recoveries += 1;
-        tracing::warn!(
-            from = b,
-            to = a,
-            tag,
-            "lock tree: finished a scale-up whose scaler died"
-        );
         Ok(())
     }
 
@@ -318,7 +407,7 @@ impl CitronClient {
             // l. 11: fetch the configuration that describes the scale-up(s).
             self.refresh()?;
             let m = self.rec.m;
-            let mut targets: Vec<Node> = Vec::new();
+            let mut targets: Vec<(Node, bool)> = Vec::new();
             let mut unresolved = Vec::new();
             for (c, seen) in work.drain(..) {
                 if seen == SHRUNK_TAG || seen == 0 {
@@ -327,7 +416,7 @@ impl CitronClient {
                     continue;
                 }
                 match c {
-                    Continue::Token { node } => {
+                    Continue::Token { node, shared } => {
                         match self
                             .rec
                             .events
@@ -335,11 +424,19 @@ impl CitronClient {
                             .rev()
                             .find(|e| e.tag == seen && touches(e, node, m))
                         {
-                            Some(e) => targets.extend(copy_targets(node, e.after, e.cap, m, m)),
+                            Some(e) => targets.extend(
+                                copy_targets(node, e.after, e.cap, m, m)
+                                    .into_iter()
+                                    .map(|t| (t, shared)),
+                            ),
                             None => unresolved.push((c, seen)),
                         }
                     }
-                    Continue::RootOcc { node, height } => {
+                    Continue::RootOcc {
+                        node,
+                        height,
+                        shared,
+                    } => {
                         match self
                             .rec
                             .events
@@ -347,9 +444,11 @@ impl CitronClient {
                             .rev()
                             .find(|e| e.tag != SHRUNK_TAG && e.before == height)
                         {
-                            Some(e) if node == Node::root(height) => {
-                                targets.extend(copy_targets(node, e.after, e.cap, 1, m))
-                            }
+                            Some(e) if node == Node::root(height) => targets.extend(
+                                copy_targets(node, e.after, e.cap, 1, m)
+                                    .into_iter()
+                                    .map(|t| (t, shared)),
+                            ),
                             Some(_) => {}
                             None => unresolved.push((c, seen)),
                         }
@@ -360,19 +459,24 @@ impl CitronClient {
             for chunk in targets.chunks(CHUNK) {
                 self.batch.clear();
                 let mut hs = Vec::with_capacity(chunk.len());
-                for t in chunk {
-                    if let Some(addr) = layout::node_addr(&self.rec.segments, *t) {
-                        hs.push((*t, self.batch.masked_faa(addr, ADD_DCNT, BOUNDARY)));
+                for &(t, shared) in chunk {
+                    let addr = if shared {
+                        layout::share_addr(&self.rec.segments, t)
+                    } else {
+                        layout::node_addr(&self.rec.segments, t)
+                    };
+                    if let Some(addr) = addr {
+                        hs.push((t, shared, self.batch.masked_faa(addr, ADD_DCNT, BOUNDARY)));
                     }
                 }
                 if hs.is_empty() {
                     continue;
                 }
                 self.exec()?;
-                for (t, h) in hs {
+                for (t, shared, h) in hs {
                     let seen = layout::exp_tag(self.out.old(h));
                     if seen != 0 {
-                        work.push((Continue::Token { node: t }, seen));
+                        work.push((Continue::Token { node: t, shared }, seen));
                     }
                 }
             }
@@ -442,6 +546,8 @@ impl CitronClient {
                 let y = Node::new(h - 1 - level, pos);
                 let addr = self.node_addr(y)?;
                 self.batch.masked_cas(addr, 0, 0, 0, EXP);
+                let share = self.share_addr(y)?;
+                self.batch.masked_cas(share, 0, 0, 0, EXP);
             }
         }
         self.batch.write(self.base, &sealed);
@@ -449,6 +555,11 @@ impl CitronClient {
         self.rec = next;
         Ok(())
     }
+}
+
+fn share_addr_in(rec: &ConfigRecord, node: Node) -> Result<RemoteAddr, LockError> {
+    layout::share_addr(&rec.segments, node)
+        .ok_or_else(|| LockError::Config(format!("node {node:?} has no storage")))
 }
 
 fn node_addr_in(rec: &ConfigRecord, node: Node) -> Result<RemoteAddr, LockError> {

@@ -324,7 +324,8 @@ fn growth_room(unit_count: u64, max_unit_count: u64) -> Result<Option<GrowthRoom
         .take_while(|&h| h == h0 || layout::tree_units(h) <= max_unit_count)
         .last()
         .unwrap_or(h0);
-    let area_len = 2 * (layout::tree_nodes(h_max) - layout::tree_nodes(h0)) * 8;
+    let area_len =
+        layout::STORAGE_WORDS_PER_NODE * (layout::tree_nodes(h_max) - layout::tree_nodes(h0)) * 8;
     Ok(Some(GrowthRoom {
         cursor_offset: tree,
         area_offset: tree + 8,
@@ -431,14 +432,14 @@ mod tests {
         assert_eq!(g.area_offset, g.cursor_offset + 8);
         assert_eq!(
             g.area_len,
-            2 * (layout::tree_nodes(6) - layout::tree_nodes(3)) * 8
+            layout::STORAGE_WORDS_PER_NODE * (layout::tree_nodes(6) - layout::tree_nodes(3)) * 8
         );
         // No growth asked: no room.
         assert_eq!(growth_room(1024, 1024).unwrap().unwrap().area_len, 0);
         // A limit between heights stops at the height below it.
         assert_eq!(
             growth_room(1024, 5000).unwrap().unwrap().area_len,
-            2 * (layout::tree_nodes(4) - layout::tree_nodes(3)) * 8
+            layout::STORAGE_WORDS_PER_NODE * (layout::tree_nodes(4) - layout::tree_nodes(3)) * 8
         );
         // The room's bytes follow the tree; no room, no cursor word.
         let spec = |max_unit_count| CitronSpec {

@@ -7,6 +7,11 @@
 //! process ([`AtomicShadow`], for threads) or in a fabric region ([`FabricShadow`], for several
 //! processes on `shm`, using the fabric's own CAS verbs).
 //!
+//! Shared mode: a worker asks for a shared lock with the workload's `read_ratio`. A slot then
+//! counts its readers: a shared claim adds one to every slot of its range (and fails if an
+//! exclusive holder is there), an exclusive claim needs every slot empty. So readers may
+//! overlap readers, and at no instant does an exclusive holder overlap any other holder.
+//!
 //! Liveness: a watchdog fails the run if any acquisition takes longer than the workload's bound.
 //! Workloads are bounded by iteration counts, never by durations, so runs take the same work on
 //! any machine.
@@ -17,7 +22,7 @@ pub mod servers;
 
 use fabric::batch::MAX_BATCH_VERBS;
 use fabric::{Batch, Completions, Endpoint, EndpointExt, RegionId, RemoteAddr};
-use lockmgr::{LockStats, RangeLock};
+use lockmgr::{LockMode, LockStats, RangeLock};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
@@ -48,6 +53,8 @@ pub struct Workload {
     pub liveness: Duration,
     /// Seed of the workers' random streams.
     pub seed: u64,
+    /// Fraction of acquisitions in shared mode (0: all exclusive).
+    pub read_ratio: f64,
 }
 
 impl Default for Workload {
@@ -62,6 +69,7 @@ impl Default for Workload {
             max_hold: Duration::from_micros(200),
             liveness: Duration::from_secs(5),
             seed: 0xC17_0000,
+            read_ratio: 0.0,
         }
     }
 }
@@ -105,6 +113,17 @@ impl RangeGen {
         start..start + size
     }
 
+    /// The mode of the next acquisition (draws nothing when the workload has no readers, so
+    /// exclusive-only streams stay what they were).
+    pub fn next_mode(&mut self) -> LockMode {
+        if self.workload.read_ratio > 0.0 && self.rng.random_bool(self.workload.read_ratio.min(1.0))
+        {
+            LockMode::Shared
+        } else {
+            LockMode::Exclusive
+        }
+    }
+
     /// Lingers inside the critical section with the workload's probability.
     pub fn maybe_hold(&mut self) {
         if self.rng.random_bool(self.workload.hold_probability) {
@@ -117,12 +136,26 @@ impl RangeGen {
     }
 }
 
+/// A slot held exclusively holds `EXCL | holder`; a slot held shared holds its reader count.
+pub const EXCL: u64 = 1 << 63;
+
 /// A shadow map: per-unit owner slots, plus each holder's current range (for messages).
 pub trait Shadow {
-    /// Claims every unit of `range` for `holder`; `Err` describes the first overlap found.
-    fn claim(&mut self, holder: u64, range: &Range<u64>) -> Result<(), String>;
-    /// Frees every unit of `range` from `holder`; `Err` if some unit was not `holder`'s.
-    fn unclaim(&mut self, holder: u64, range: &Range<u64>) -> Result<(), String>;
+    /// Claims every unit of `range` for `holder` (shared: as one more reader); `Err` describes
+    /// the first overlap found.
+    fn claim(&mut self, holder: u64, range: &Range<u64>, mode: LockMode) -> Result<(), String>;
+    /// Frees every unit of `range` from `holder` (shared: one reader less); `Err` if some unit
+    /// was not `holder`'s (or not shared).
+    fn unclaim(&mut self, holder: u64, range: &Range<u64>, mode: LockMode) -> Result<(), String>;
+}
+
+/// Who holds a slot of value `v`, for messages.
+fn slot_holder(v: u64) -> String {
+    if v & EXCL != 0 {
+        format!("holder {} (exclusive)", v & !EXCL)
+    } else {
+        format!("{v} reader(s)")
+    }
 }
 
 fn fmt_range(start: u64, end: u64) -> String {
@@ -153,40 +186,62 @@ impl AtomicShadow {
 }
 
 impl Shadow for Arc<AtomicShadow> {
-    fn claim(&mut self, holder: u64, range: &Range<u64>) -> Result<(), String> {
+    fn claim(&mut self, holder: u64, range: &Range<u64>, mode: LockMode) -> Result<(), String> {
         let (start, end) = &self.ranges[holder as usize];
         start.store(range.start, Ordering::SeqCst);
         end.store(range.end, Ordering::SeqCst);
         for unit in range.clone() {
-            if let Err(other) = self.slots[unit as usize].compare_exchange(
-                0,
-                holder,
-                Ordering::SeqCst,
-                Ordering::SeqCst,
-            ) {
-                let (s, e) = &self.ranges[other as usize];
+            let slot = &self.slots[unit as usize];
+            let clash = match mode {
+                LockMode::Exclusive => slot
+                    .compare_exchange(0, EXCL | holder, Ordering::SeqCst, Ordering::SeqCst)
+                    .err(),
+                LockMode::Shared => {
+                    let old = slot.fetch_add(1, Ordering::SeqCst);
+                    (old & EXCL != 0).then_some(old)
+                }
+            };
+            if let Some(other) = clash {
+                let whose = if other & EXCL != 0 {
+                    let (s, e) = &self.ranges[(other & !EXCL) as usize];
+                    format!(
+                        ", which holds {}",
+                        fmt_range(s.load(Ordering::SeqCst), e.load(Ordering::SeqCst))
+                    )
+                } else {
+                    String::new()
+                };
                 return Err(format!(
-                    "OVERLAP: holder {holder} was granted [{}, {}) but unit {unit} is held by holder {other}, which holds {}",
+                    "OVERLAP: holder {holder} was granted [{}, {}) {} but unit {unit} is held by {}{whose}",
                     range.start,
                     range.end,
-                    fmt_range(s.load(Ordering::SeqCst), e.load(Ordering::SeqCst)),
+                    mode.name(),
+                    slot_holder(other),
                 ));
             }
         }
         Ok(())
     }
 
-    fn unclaim(&mut self, holder: u64, range: &Range<u64>) -> Result<(), String> {
+    fn unclaim(&mut self, holder: u64, range: &Range<u64>, mode: LockMode) -> Result<(), String> {
         for unit in range.clone() {
-            if let Err(other) = self.slots[unit as usize].compare_exchange(
-                holder,
-                0,
-                Ordering::SeqCst,
-                Ordering::SeqCst,
-            ) {
+            let slot = &self.slots[unit as usize];
+            let bad = match mode {
+                LockMode::Exclusive => slot
+                    .compare_exchange(EXCL | holder, 0, Ordering::SeqCst, Ordering::SeqCst)
+                    .err(),
+                LockMode::Shared => {
+                    let old = slot.fetch_sub(1, Ordering::SeqCst);
+                    (old & EXCL != 0 || old == 0).then_some(old)
+                }
+            };
+            if let Some(other) = bad {
                 return Err(format!(
-                    "OVERLAP: holder {holder} held [{}, {}) but at release unit {unit} belonged to holder {other}",
-                    range.start, range.end
+                    "OVERLAP: holder {holder} held [{}, {}) {} but at release unit {unit} was held by {}",
+                    range.start,
+                    range.end,
+                    mode.name(),
+                    slot_holder(other)
                 ));
             }
         }
@@ -229,25 +284,40 @@ impl FabricShadow {
         RemoteAddr::new(self.region, (self.units + 2 * holder) * 8)
     }
 
-    /// CASes every slot of `range` from `from` to `to`; returns the first unit that did not hold
-    /// `from`, with what it held.
+    /// CASes every slot of `range` from `from` to `to` (exclusive), or adds `add` to every
+    /// slot (shared: `from == to == 0`); returns the first unit whose old value was wrong, with
+    /// what it held.
     fn swap_all(
         &mut self,
         range: &Range<u64>,
         from: u64,
         to: u64,
+        add: Option<u64>,
     ) -> Result<Option<(u64, u64)>, String> {
         let mut unit = range.start;
         while unit < range.end {
             let n = (range.end - unit).min(MAX_BATCH_VERBS as u64);
             self.batch.clear();
             for u in unit..unit + n {
-                self.batch.cas(self.slot(u), from, to);
+                match add {
+                    None => {
+                        self.batch.cas(self.slot(u), from, to);
+                    }
+                    Some(a) => {
+                        self.batch.faa(self.slot(u), a);
+                    }
+                }
             }
             self.endpoint
                 .execute(&self.batch, &mut self.out)
                 .map_err(|e| format!("shadow fabric: {e}"))?;
-            if let Some(i) = self.out.olds().iter().position(|&old| old != from) {
+            let wrong = |old: u64| match add {
+                None => old != from,
+                // Adding a reader: no exclusive holder; removing one: a reader was there.
+                Some(1) => old & EXCL != 0,
+                Some(_) => old & EXCL != 0 || old == 0,
+            };
+            if let Some(i) = self.out.olds().iter().position(|&old| wrong(old)) {
                 return Ok(Some((unit + i as u64, self.out.olds()[i])));
             }
             unit += n;
@@ -257,34 +327,51 @@ impl FabricShadow {
 }
 
 impl Shadow for FabricShadow {
-    fn claim(&mut self, holder: u64, range: &Range<u64>) -> Result<(), String> {
+    fn claim(&mut self, holder: u64, range: &Range<u64>, mode: LockMode) -> Result<(), String> {
         let mut batch = Batch::new();
         batch.write_u64(self.holder_range(holder), range.start);
         batch.write_u64(self.holder_range(holder).word(1), range.end);
         self.endpoint
             .execute(&batch, &mut Completions::new())
             .map_err(|e| format!("shadow fabric: {e}"))?;
-        if let Some((unit, other)) = self.swap_all(range, 0, holder)? {
-            let at = self.holder_range(other);
-            let (s, e) = (
-                self.endpoint.read_u64(at).unwrap_or(0),
-                self.endpoint.read_u64(at.word(1)).unwrap_or(0),
-            );
+        let clash = match mode {
+            LockMode::Exclusive => self.swap_all(range, 0, EXCL | holder, None)?,
+            LockMode::Shared => self.swap_all(range, 0, 0, Some(1))?,
+        };
+        if let Some((unit, other)) = clash {
+            let whose = if other & EXCL != 0 {
+                let at = self.holder_range(other & !EXCL);
+                let (s, e) = (
+                    self.endpoint.read_u64(at).unwrap_or(0),
+                    self.endpoint.read_u64(at.word(1)).unwrap_or(0),
+                );
+                format!(", which holds {}", fmt_range(s, e))
+            } else {
+                String::new()
+            };
             return Err(format!(
-                "OVERLAP: holder {holder} was granted [{}, {}) but unit {unit} is held by holder {other}, which holds {}",
+                "OVERLAP: holder {holder} was granted [{}, {}) {} but unit {unit} is held by {}{whose}",
                 range.start,
                 range.end,
-                fmt_range(s, e)
+                mode.name(),
+                slot_holder(other)
             ));
         }
         Ok(())
     }
 
-    fn unclaim(&mut self, holder: u64, range: &Range<u64>) -> Result<(), String> {
-        if let Some((unit, other)) = self.swap_all(range, holder, 0)? {
+    fn unclaim(&mut self, holder: u64, range: &Range<u64>, mode: LockMode) -> Result<(), String> {
+        let bad = match mode {
+            LockMode::Exclusive => self.swap_all(range, EXCL | holder, 0, None)?,
+            LockMode::Shared => self.swap_all(range, 0, 0, Some(u64::MAX))?,
+        };
+        if let Some((unit, other)) = bad {
             return Err(format!(
-                "OVERLAP: holder {holder} held [{}, {}) but at release unit {unit} belonged to holder {other}",
-                range.start, range.end
+                "OVERLAP: holder {holder} held [{}, {}) {} but at release unit {unit} was held by {}",
+                range.start,
+                range.end,
+                mode.name(),
+                slot_holder(other)
             ));
         }
         Ok(())
@@ -330,6 +417,7 @@ fn work(
     let mut max_acquire = Duration::ZERO;
     for i in 0..workload.iterations {
         let range = gen.next_range();
+        let mode = gen.next_mode();
         watch.start.store(range.start, Ordering::Relaxed);
         watch.end.store(range.end, Ordering::Relaxed);
         watch
@@ -337,7 +425,7 @@ fn work(
             .store(epoch.elapsed().as_nanos() as u64 + 1, Ordering::SeqCst);
         let started = Instant::now();
         let id = lock
-            .acquire(range.clone())
+            .acquire_mode(range.clone(), mode)
             .map_err(|e| format!("holder {holder}: acquire {range:?} failed: {e}"))?;
         let took = started.elapsed();
         watch.since.store(0, Ordering::SeqCst);
@@ -350,14 +438,14 @@ fn work(
         }
         // A lock that presumed a live holder dead (lease recovery, CITRON §3.10) says so in its
         // statistics: show them with an overlap, to tell a lease too short from a real bug.
-        shadow.claim(holder, &range).map_err(|e| {
+        shadow.claim(holder, &range, mode).map_err(|e| {
             format!(
                 "{e} (acquisition took {took:?}; this holder's lock statistics: {:?})",
                 lock.stats()
             )
         })?;
         gen.maybe_hold();
-        shadow.unclaim(holder, &range)?;
+        shadow.unclaim(holder, &range, mode)?;
         lock.release(id)
             .map_err(|e| format!("holder {holder}: release {range:?} failed: {e}"))?;
     }

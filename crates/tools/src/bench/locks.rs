@@ -8,6 +8,14 @@
 //! give the abort rate and the round trips per acquire and per release; `getrusage` gives the CPU
 //! time the whole process spent per operation, so that waiting which burns cores shows up.
 //!
+//! With `--read-ratio R`, a fraction `R` of the acquisitions are reads, taken in shared mode
+//! (`lockmgr::LockMode::Shared`) by the schemes that have it (CITRON, `server`) and exclusively
+//! by the others. A scheme name may carry a suffix: `-shared` (the same, named so in the
+//! results) or `-exclusive` (reads taken exclusively: the scheme as it was without a shared
+//! mode), so `--scheme citron-shared,citron-exclusive,server-shared` compares them in one run.
+//! Which acquisitions are reads is drawn from each thread's own stream, the same for every
+//! scheme; `--read-ratio 0` (the default) draws nothing and runs what it always ran.
+//!
 //! The `server` scheme's lock server runs in this process on TCP loopback (its own threads),
 //! whatever the backend: its CPU time is in the per-operation figure too. With `--backend tcp`
 //! the fabric's software NIC also runs in this process.
@@ -19,7 +27,7 @@ use hdrhistogram::Histogram;
 use lockmgr::baselines::SegSpec;
 use lockmgr::citron::{hosted, CitronHost, CitronSpec, Hosting};
 use lockmgr::schemes::{self, CreateOptions, FixedMemory};
-use lockmgr::{AbortCounts, LockScheme, LockStats, RangeLock};
+use lockmgr::{AbortCounts, LockMode, LockScheme, LockStats, RangeLock};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Zipf};
@@ -91,9 +99,33 @@ pub struct LocksArgs {
     /// `always`: always at the host (fails where the fabric cannot).
     #[arg(long, value_enum, default_value_t = CitronHostingArg::Auto)]
     pub citron_hosting: CitronHostingArg,
+    /// Fraction of acquisitions that are reads (shared where the scheme has a shared mode,
+    /// see the module docs), 0 to 1.
+    #[arg(long, default_value_t = 0.0)]
+    pub read_ratio: f64,
     /// Print one JSON object per result instead of a table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// How a scheme name's suffix says reads are taken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Reads {
+    /// Shared where the scheme has a shared mode (no suffix, or `-shared`).
+    Shared,
+    /// Exclusive (`-exclusive`).
+    Exclusive,
+}
+
+/// A scheme name split into the plain scheme and how it takes reads.
+fn split_name(name: &str) -> (&str, Reads) {
+    if let Some(base) = name.strip_suffix("-exclusive") {
+        (base, Reads::Exclusive)
+    } else if let Some(base) = name.strip_suffix("-shared") {
+        (base, Reads::Shared)
+    } else {
+        (name, Reads::Shared)
+    }
 }
 
 /// `--citron-hosting` ([`lockmgr::citron::Hosting`]).
@@ -167,6 +199,11 @@ pub struct LocksResult {
     pub starvation_escalations: u64,
     /// CITRON: every acquisition ran at the lock tree's host (`--citron-hosting`).
     pub hosted: bool,
+    /// Fraction of acquisitions that were reads (`--read-ratio`).
+    pub read_ratio: f64,
+    /// How reads were taken: `shared` or `exclusive` (the scheme's modes and the name's
+    /// suffix).
+    pub reads: &'static str,
 }
 
 /// Runs the benchmark and prints its results.
@@ -194,6 +231,9 @@ pub fn run(args: &LocksArgs) -> Result<()> {
     }
     if !(args.duration > 0.0 && args.duration.is_finite()) {
         bail!("--duration must be positive");
+    }
+    if !(0.0..=1.0).contains(&args.read_ratio) {
+        bail!("--read-ratio must be between 0 and 1");
     }
 
     let total = (schemes.len() * args.threads.len()) as u64;
@@ -224,8 +264,8 @@ fn select_schemes(args: &LocksArgs) -> Result<Vec<String>> {
         return Ok(available.iter().map(|s| s.to_string()).collect());
     }
     for name in &args.scheme {
-        if !available.contains(&name.as_str()) {
-            bail!("unknown scheme {name:?} (available: {available:?})");
+        if !available.contains(&split_name(name).0) {
+            bail!("unknown scheme {name:?} (available: {available:?}, each optionally with -shared or -exclusive)");
         }
     }
     Ok(args.scheme.clone())
@@ -238,6 +278,7 @@ fn seg_size(args: &LocksArgs) -> u64 {
 }
 
 fn scheme_kind(args: &LocksArgs, name: &str) -> Result<LockScheme> {
+    let name = split_name(name).0;
     let plain: LockScheme = name.parse()?;
     Ok(match plain {
         LockScheme::Mutex | LockScheme::Server => plain,
@@ -389,7 +430,13 @@ impl Borders {
 }
 
 fn run_one(args: &LocksArgs, name: &str, threads: usize) -> Result<LocksResult> {
+    let (plain, reads) = split_name(name);
     let mut kind = scheme_kind(args, name)?;
+    let read_mode = if reads == Reads::Shared && kind.modes().contains(&LockMode::Shared) {
+        LockMode::Shared
+    } else {
+        LockMode::Exclusive
+    };
     let options = CreateOptions::default();
     let region_bytes = kind.resolve(&options)?.region_bytes()?;
     let fabric = Fabric::start(args.backend, region_bytes)?;
@@ -399,7 +446,7 @@ fn run_one(args: &LocksArgs, name: &str, threads: usize) -> Result<LocksResult> 
         (true, Some(us)) => Some(Duration::from_micros(us)),
         (true, None) => {
             let t_wait = fabric.t_wait(args.citron_hosting.hosting())?;
-            kind = citron_kind(args, name, t_wait.as_micros().max(1) as u64);
+            kind = citron_kind(args, plain, t_wait.as_micros().max(1) as u64);
             Some(t_wait)
         }
     };
@@ -427,10 +474,11 @@ fn run_one(args: &LocksArgs, name: &str, threads: usize) -> Result<LocksResult> 
         let borders = Borders::new(args.units, range, args.alpha)?;
         let lock = schemes::open(&created.lock, fabric.connector(), &open_options)?;
         let (stop, start) = (stop.clone(), start.clone());
+        let reads = (args.read_ratio, read_mode);
         workers.push(
             std::thread::Builder::new()
                 .name(format!("bench-locks-{t}"))
-                .spawn(move || client(lock, borders, range, t as u64, &stop, &start))?,
+                .spawn(move || client(lock, borders, range, reads, t as u64, &stop, &start))?,
         );
     }
 
@@ -499,6 +547,8 @@ fn run_one(args: &LocksArgs, name: &str, threads: usize) -> Result<LocksResult> 
         starvation_escalations: stats.starvation_escalations,
         // A hosted acquisition posts no verbs of its own: one call, the steps at the host.
         hosted: kind.is_citron() && stats.acquisitions > 0 && stats.acquire.verbs == 0,
+        read_ratio: args.read_ratio,
+        reads: read_mode.name(),
     })
 }
 
@@ -507,11 +557,13 @@ fn new_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 100_000_000_000, 3).expect("valid histogram bounds")
 }
 
-/// One client thread's closed loop: acquire, release, until told to stop.
+/// One client thread's closed loop: acquire, release, until told to stop. `reads`: the
+/// fraction of acquisitions that are reads, and the mode they are taken in.
 fn client(
     mut lock: Box<dyn RangeLock>,
     borders: Borders,
     range: u64,
+    reads: (f64, LockMode),
     seed: u64,
     stop: &AtomicBool,
     start: &Barrier,
@@ -524,8 +576,13 @@ fn client(
     let before = lock.stats();
     while !stop.load(Ordering::Relaxed) {
         let left = borders.sample(&mut rng);
+        let mode = if reads.0 > 0.0 && rng.random_bool(reads.0) {
+            reads.1
+        } else {
+            LockMode::Exclusive
+        };
         let began = Instant::now();
-        let id = lock.acquire(left..left + range)?;
+        let id = lock.acquire_mode(left..left + range, mode)?;
         latencies.saturating_record(began.elapsed().as_nanos() as u64);
         lock.release(id)?;
         ops += 1;
@@ -554,11 +611,12 @@ fn cpu_time() -> Duration {
 
 fn print_table(results: &[LocksResult]) {
     println!(
-        "{:<18} {:<7} {:>7} {:>6} {:>12} {:>9} {:>9} {:>10} {:>8} {:>8} {:>10}",
+        "{:<22} {:<7} {:>7} {:>6} {:>5} {:>12} {:>9} {:>9} {:>10} {:>8} {:>8} {:>10}",
         "scheme",
         "backend",
         "threads",
         "range",
+        "reads",
         "ops/s",
         "p50 µs",
         "p99 µs",
@@ -574,11 +632,12 @@ fn print_table(results: &[LocksResult]) {
             None => r.scheme.clone(),
         };
         println!(
-            "{:<18} {:<7} {:>7} {:>6} {:>12.0} {:>9.1} {:>9.1} {:>10.4} {:>8.2} {:>8.2} {:>10.2}",
+            "{:<22} {:<7} {:>7} {:>6} {:>5.2} {:>12.0} {:>9.1} {:>9.1} {:>10.4} {:>8.2} {:>8.2} {:>10.2}",
             scheme,
             r.backend,
             r.threads,
             r.range,
+            r.read_ratio,
             r.ops_per_s,
             r.p50_us,
             r.p99_us,
