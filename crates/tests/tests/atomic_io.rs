@@ -1,4 +1,4 @@
-//! Issue 8: a read or write system call is atomic with respect to every other read and write of
+//! A read or write system call is atomic with respect to every other read and write of
 //! the file on every client, up to the mount's atomic I/O bound (16 MiB where the machine
 //! allows it), whatever the alignment of the user's buffer.
 //!
