@@ -612,13 +612,15 @@ macro_rules! schemes {
             }
 
             /// `rdma` on its `soft` provider: a NIC's semantics (atomics atomic among
-            /// themselves only, RC ordering), masked atomics emulated by the client's CAS loops.
+            /// themselves only, RC ordering), masked atomics emulated by the client's CAS loops
+            /// (CITRON's `T_wait` as the creator measures it, counting the emulation's round
+            /// trips: `lockmgr::citron::t_wait_round_trips`).
             #[cfg(feature = "rdma")]
             #[test]
             $(#[ignore = $why])?
             fn threads_on_rdma_soft() {
                 std::env::set_var(fabric::rdma::ENV_PROVIDER, "soft");
-                threads_on(Backend::Rdma, on_rdma($kind), 4);
+                threads_on(Backend::Rdma, $kind, 4, $reads);
             }
 
             #[test]
@@ -667,24 +669,6 @@ schemes! {
     server_shared => LockScheme::SERVER, reads 0.5;
     // A scheme without a shared mode grants shared requests exclusively: still safe.
     mutex_shared => LockScheme::MUTEX, reads 0.5;
-}
-
-/// `kind` as the checker runs it on `rdma`: CITRON with a `T_wait` of 2 ms where the creator
-/// would measure one. `T_wait` reserves [`lockmgr::citron::config::T_WAIT_ROUND_TRIPS`] round
-/// trips, counting the masked-FAA batch of phases (c) and (d) as one; where masked atomics are
-/// client-emulated (`MaskedAtomics::ClientEmulated`: a Read and a CAS each, or more under
-/// contention) that batch takes several, inequality (1) fails on every attempt and the fast
-/// path livelocks (seen: every holder aborting for 5 s). Until the creator counts the
-/// emulation's round trips, the checker gives CITRON the time on `rdma` itself.
-#[cfg(feature = "rdma")]
-fn on_rdma(kind: LockScheme) -> LockScheme {
-    match kind {
-        LockScheme::Citron(mut spec) if spec.t_wait_us == 0 => {
-            spec.t_wait_us = 2_000;
-            LockScheme::Citron(spec)
-        }
-        other => other,
-    }
 }
 
 /// The checker's CITRON: [`CITRON_UNITS`] growing to [`CITRON_SPACE`], [`CITRON_LEASE_MS`],

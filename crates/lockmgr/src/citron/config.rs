@@ -42,11 +42,35 @@ pub const T_WAIT_RTT_FACTOR: f64 = 2.5;
 /// abort rate of inequality (1) climbs.
 pub const T_WAIT_FLOOR_PER_RTT: Duration = Duration::from_micros(5);
 
+/// Masked atomics the phase-(c)+(d) batch may carry, counted for `T_wait` where the fabric
+/// emulates them ([`t_wait_round_trips`]): the notifications of the request's target
+/// ancestors and the conditional `Occ` of phase (c).
+pub const T_WAIT_EMULATED_MASKED: u32 = 4;
+
+/// The round trips `T_wait` reserves for fabrics whose masked atomics are `masked`: the
+/// paper's [`T_WAIT_ROUND_TRIPS`] where a masked atomic is one verb of a batch, and two more
+/// for each of [`T_WAIT_EMULATED_MASKED`] masked atomics where the client emulates them (a
+/// Read, then a CAS, each a round trip of its own: `rdma`, whose verbs have no masked
+/// atomics). Counting the emulated batch as one round trip made every non-fast-path attempt
+/// fail inequality (1) there: a livelock.
+pub fn t_wait_round_trips(masked: fabric::MaskedAtomics) -> u32 {
+    match masked {
+        fabric::MaskedAtomics::ClientEmulated => T_WAIT_ROUND_TRIPS + 2 * T_WAIT_EMULATED_MASKED,
+        fabric::MaskedAtomics::Native | fabric::MaskedAtomics::CpuCasLoop => T_WAIT_ROUND_TRIPS,
+    }
+}
+
 /// `T_wait` for a fabric whose round trip takes `rtt`:
 /// `3 · max(2.5 · RTT, 5 µs)` — the paper's 15 µs at 2 µs RTT (§3.5.5), scaled with the fabric.
 pub fn t_wait_for_rtt(rtt: Duration) -> Duration {
+    t_wait_for(rtt, fabric::MaskedAtomics::Native)
+}
+
+/// [`t_wait_for_rtt`] for a fabric whose masked atomics are `masked`:
+/// `max(2.5 · RTT, 5 µs)` per round trip of [`t_wait_round_trips`].
+pub fn t_wait_for(rtt: Duration, masked: fabric::MaskedAtomics) -> Duration {
     let per = rtt.mul_f64(T_WAIT_RTT_FACTOR).max(T_WAIT_FLOOR_PER_RTT);
-    per * T_WAIT_ROUND_TRIPS
+    per * t_wait_round_trips(masked)
 }
 
 /// The round trip a `T_wait` was derived from ([`t_wait_for_rtt`] inverted; at least the floor's
@@ -82,9 +106,10 @@ pub fn t_wait_under_load(
     connector: &dyn fabric::Connector,
     addr: RemoteAddr,
 ) -> Result<(Duration, fabric::RttProfile), LockError> {
+    let masked = connector.connect()?.capabilities().masked_atomics;
     let profile =
         fabric::measure_rtt_under_load(connector, addr, rtt_load_threads(), RTT_LOAD_SAMPLES)?;
-    Ok((t_wait_for_rtt(profile.p90), profile))
+    Ok((t_wait_for(profile.p90, masked), profile))
 }
 
 /// Memory a scale-up asks for: zeroed words reachable through the same endpoint as the rest of

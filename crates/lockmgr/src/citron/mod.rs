@@ -31,8 +31,9 @@ mod spillover;
 pub mod split;
 
 pub use config::{
-    rtt_for_t_wait, rtt_load_threads, t_wait_for_rtt, t_wait_under_load, BumpAllocator,
-    CitronConfig, ClientOptions, ConfigRecord, FabricBumpAllocator, NoAllocator, TreeAllocator,
+    rtt_for_t_wait, rtt_load_threads, t_wait_for, t_wait_for_rtt, t_wait_round_trips,
+    t_wait_under_load, BumpAllocator, CitronConfig, ClientOptions, ConfigRecord,
+    FabricBumpAllocator, NoAllocator, TreeAllocator,
 };
 pub use hosted::{CitronHost, Hosting};
 
@@ -202,18 +203,18 @@ impl Citron {
     }
 }
 
-/// `T_wait` (§3.5.5) for a lock at `base` as `endpoint` reaches it: [`t_wait_for_rtt`] of the
-/// median of 64 reads of the spillover word (what [`Citron::create`] does when no `T_wait` is
-/// given).
+/// `T_wait` (§3.5.5) for a lock at `base` as `endpoint` reaches it: [`t_wait_for`] of the
+/// median of 64 reads of the spillover word and the endpoint's masked atomics (what
+/// [`Citron::create`] does when no `T_wait` is given).
 pub(crate) fn measure_t_wait(
     endpoint: &mut dyn Endpoint,
     base: RemoteAddr,
 ) -> Result<Duration, LockError> {
-    Ok(t_wait_for_rtt(measure_rtt(
-        endpoint,
-        base.add(SPILLOVER_OFFSET),
-        64,
-    )?))
+    let masked = endpoint.capabilities().masked_atomics;
+    Ok(t_wait_for(
+        measure_rtt(endpoint, base.add(SPILLOVER_OFFSET), 64)?,
+        masked,
+    ))
 }
 
 /// A notification this client made (`DMax += 1` on `node`, Alg. 2 l. 31), to be released with
