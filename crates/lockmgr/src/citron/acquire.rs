@@ -138,6 +138,71 @@ enum PhaseB {
     Give(Outcome),
 }
 
+/// What a request for one node knows before its first verb (`lock_node`, `lock_node_shared`):
+/// the tree's shape and timing as the record gives them, and the words it will touch.
+struct NodeRequest {
+    /// The nodes of this request already held.
+    holding: Vec<Node>,
+    /// The tree's height.
+    h: u32,
+    /// Every `m`-th ancestor is notified (§3.5.4).
+    m: u32,
+    /// `T_wait` (§3.5.5).
+    t_wait: std::time::Duration,
+    /// The bound of inequality (1): `T_wait · (1 − δ)`.
+    bound: std::time::Duration,
+    /// The tree's root.
+    root: Node,
+    /// The node's word.
+    addr: RemoteAddr,
+    /// The root's word.
+    root_addr: RemoteAddr,
+    /// Every ancestor of the node, nearest first, with its word.
+    ancs: Vec<(Node, RemoteAddr)>,
+    /// The ancestors to notify (Alg. 2 l. 31), each with the word its notification goes to.
+    targets: Vec<(Node, RemoteAddr)>,
+}
+
+impl CitronClient {
+    /// A request for `node` given `held`, its notifications going to `target_word` of each
+    /// target ancestor (the node word for a writer's `DMax`, the share word for a reader's
+    /// `SMax`).
+    fn node_request(
+        &self,
+        node: Node,
+        held: &[HeldNode],
+        target_word: fn(&Self, Node) -> Result<RemoteAddr, LockError>,
+    ) -> Result<NodeRequest, LockError> {
+        let h = self.rec.height;
+        let m = self.rec.m;
+        let t_wait = self.rec.t_wait();
+        let root = Node::root(h);
+        let mut ancs = Vec::with_capacity(node.level(h) as usize);
+        for d in 1..=node.level(h) {
+            let a = node.ancestor(d);
+            ancs.push((a, self.node_addr(a)?));
+        }
+        let mut targets = Vec::new();
+        layout::notify_targets(node, h, m, &mut targets);
+        let targets = targets
+            .into_iter()
+            .map(|t| target_word(self, t).map(|a| (t, a)))
+            .collect::<Result<_, _>>()?;
+        Ok(NodeRequest {
+            holding: held.iter().map(|h| h.node).collect(),
+            h,
+            m,
+            t_wait,
+            bound: t_wait.mul_f64(1.0 - DELTA),
+            root,
+            addr: self.node_addr(node)?,
+            root_addr: self.node_addr(root)?,
+            ancs,
+            targets,
+        })
+    }
+}
+
 impl CitronClient {
     /// Alg. 2 l. 31: posts the `DMax` notification of every target ancestor and the read of the
     /// root, into the current batch (one round trip with whatever else it carries).
@@ -396,25 +461,18 @@ impl CitronClient {
         r: u64,
         held: &mut Vec<HeldNode>,
     ) -> Result<Outcome, LockError> {
-        let holding: Vec<Node> = held.iter().map(|h| h.node).collect();
-        let h = self.rec.height;
-        let m = self.rec.m;
-        let t_wait = self.rec.t_wait();
-        let bound = t_wait.mul_f64(1.0 - DELTA);
-        let root = Node::root(h);
-        let addr = self.node_addr(node)?;
-        let root_addr = self.node_addr(root)?;
-        let mut ancs = Vec::with_capacity(node.level(h) as usize);
-        for d in 1..=node.level(h) {
-            let a = node.ancestor(d);
-            ancs.push((a, self.node_addr(a)?));
-        }
-        let mut targets = Vec::new();
-        layout::notify_targets(node, h, m, &mut targets);
-        let targets: Vec<(Node, RemoteAddr)> = targets
-            .into_iter()
-            .map(|t| self.node_addr(t).map(|a| (t, a)))
-            .collect::<Result<_, _>>()?;
+        let NodeRequest {
+            holding,
+            h,
+            m,
+            t_wait,
+            bound,
+            root,
+            addr,
+            root_addr,
+            ancs,
+            targets,
+        } = self.node_request(node, held, Self::node_addr)?;
         // Readers of an ancestor block us as its Occ does (`docs/SHARED_LOCKS.md`).
         // (Computed where used: only the root's until this client has seen readers in use.)
         let mut anc_shares: Vec<RemoteAddr> = self.anc_shares(&ancs)?;
@@ -748,26 +806,20 @@ impl CitronClient {
         r: u64,
         held: &mut Vec<HeldNode>,
     ) -> Result<Outcome, LockError> {
-        let holding: Vec<Node> = held.iter().map(|h| h.node).collect();
-        let h = self.rec.height;
-        let m = self.rec.m;
-        let t_wait = self.rec.t_wait();
-        let bound = t_wait.mul_f64(1.0 - DELTA);
-        let root = Node::root(h);
-        let addr = self.node_addr(node)?;
+        // Readers notify ancestors in their share words (`SMax`).
+        let NodeRequest {
+            holding,
+            h,
+            m,
+            t_wait,
+            bound,
+            root,
+            addr,
+            root_addr,
+            ancs,
+            targets,
+        } = self.node_request(node, held, Self::share_addr)?;
         let share = self.share_addr(node)?;
-        let root_addr = self.node_addr(root)?;
-        let mut ancs = Vec::with_capacity(node.level(h) as usize);
-        for d in 1..=node.level(h) {
-            let a = node.ancestor(d);
-            ancs.push((a, self.node_addr(a)?));
-        }
-        let mut targets = Vec::new();
-        layout::notify_targets(node, h, m, &mut targets);
-        let targets: Vec<(Node, RemoteAddr)> = targets
-            .into_iter()
-            .map(|t| self.share_addr(t).map(|a| (t, a)))
-            .collect::<Result<_, _>>()?;
         let mask = if node.is_leaf() {
             node.leaf_mask(l, r)
         } else {
