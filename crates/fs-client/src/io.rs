@@ -4,12 +4,9 @@
 //!
 //! 1. check out a worker (`workers`): its own endpoints and lock handles;
 //! 2. **lock** `[off, off+len)` rounded outward to lock units ([`locked`]; an `O_APPEND`
-//!    write locks the whole file) — **shared for a read, exclusive for anything that changes
-//!    the file** (write, truncate, fallocate), so overlapping reads hold the range together
-//!    where the scheme shares (CITRON acquired one-sidedly) and no read overlaps a write —
-//!    and note the lock's lease deadline. SIZE, GENERATION, MTIME and MODE of the file
-//!    control block (`fcb`) ride in the lock's granting batch
-//!    (`lockmgr::RangeLock::acquire_mode_with`): no round trip of their own;
+//!    write locks the whole file) and note the lock's lease deadline. SIZE, GENERATION, MTIME
+//!    and MODE of the file control block (`fcb`) ride in the lock's granting batch
+//!    (`lockmgr::RangeLock::acquire_with`): no round trip of their own;
 //! 3. find the chunks (`chunks`; a write allocates the missing run with one RPC);
 //! 4. **post the data verbs**, one batch per data server ([`transfer::read`],
 //!    [`transfer::write`]), **checking the lease**: a write's verbs are posted only while
@@ -60,9 +57,7 @@
 //!
 //! Invariants: the lock is held from the batch that read the FCB (its granting batch) until
 //! after the last data verb and the SIZE raise completed; a worker whose verbs or lock release failed is marked broken and
-//! never reused; no lock shared between the client's threads (a mutex) is held while verbs
-//! are in flight. Under a shared range lock a read only reads: its body posts no write verb,
-//! raises nothing in the FCB and sends no RPC that changes the file.
+//! never reused; no shared lock is held while verbs are in flight.
 
 use crate::client::CitronFs;
 use crate::error::Error;
@@ -73,7 +68,6 @@ use crate::locks::WHOLE_FILE;
 use crate::meta::unexpected;
 use crate::transfer::{self, ReadDest};
 use crate::workers::Worker;
-use lockmgr::LockMode;
 use proto::rpc::{Request, Response};
 use proto::{Attr, Caller, FsError, SetAttr, Timestamp};
 use std::ops::Range;
@@ -204,7 +198,6 @@ impl CitronFs {
                 &inner.io,
                 inode,
                 units.clone(),
-                LockMode::Shared,
                 None,
                 |w, found, _| {
                     let (size, generation) = (found.size, found.generation);
@@ -442,7 +435,6 @@ impl CitronFs {
             &inner.io,
             &inode,
             units,
-            LockMode::Exclusive,
             Some(now),
             |w, found, mtime| {
                 if kill_suidgid {
@@ -626,7 +618,6 @@ impl CitronFs {
                 &inner.io,
                 inode,
                 WHOLE_FILE,
-                LockMode::Exclusive,
                 None,
                 |w, _, _| match self.locked_call(w, Request::SetAttr { ino, set, caller })? {
                     Response::Attr(attr) => Ok(attr),

@@ -156,26 +156,6 @@ pub trait RangeLock: Send {
         Ok(id)
     }
 
-    /// [`RangeLock::acquire_with`] in `mode`: the lock as [`RangeLock::acquire_mode`] grants
-    /// it, `extra` carried (or executed on `fallback`) as [`RangeLock::acquire_with`] does,
-    /// under the same invariant. A shared grant excludes every exclusive holder of an
-    /// overlapping range, so values `extra` reads are no writer's half-done work.
-    ///
-    /// This default takes every request exclusively through [`RangeLock::acquire_with`] (a
-    /// stronger lock, never a wrong one), so that a scheme's own way of carrying verbs is kept;
-    /// the schemes with a shared mode that carry verbs (CITRON, one-sided) override it.
-    fn acquire_mode_with(
-        &mut self,
-        range: Range<u64>,
-        mode: LockMode,
-        extra: &Batch,
-        out: &mut Completions,
-        fallback: &mut dyn Endpoint,
-    ) -> Result<LockId, LockError> {
-        let _ = mode;
-        self.acquire_with(range, extra, out, fallback)
-    }
-
     /// [`RangeLock::release`], executing the caller's verbs `extra` **before** the release
     /// verbs (the next holder sees their effects), with their results in `out`.
     ///
