@@ -599,13 +599,13 @@ mod tests {
         }
     }
 
-    /// Without a device the provider says so, clearly, and never panics.
+    /// Without a device the provider says so, clearly, and never panics (on a machine with a
+    /// device, the first open succeeds and only the unknown name is checked).
     #[test]
     fn no_device_is_a_clear_error() {
         if let Err(e) = IbverbsProvider.open(None) {
             let text = e.to_string();
             assert!(text.starts_with("rdma: "), "{text}");
-            skip("rdma::ibverbs::tests::no_device_is_a_clear_error", &text);
         }
         let err = IbverbsProvider
             .open(Some("no-such-device-0"))
