@@ -72,7 +72,7 @@ pub(crate) fn locked<T>(
     let found = reads.decode(&out);
     w.batch = extra;
     w.out = out;
-    w.hold_lease(lease);
+    w.lease = lease;
     w.changed = false;
     failpoint!("fs_client::io::locked");
     // An FCB that is not this file's is refused before any data verb or raise touches it
@@ -89,7 +89,7 @@ pub(crate) fn locked<T>(
         Err(Error::LeaseLost) if w.changed => Err(Error::LeaseLostPartway),
         other => other,
     };
-    w.hold_lease(None);
+    w.lease = None;
     w.changed = false;
     let mut extra = std::mem::take(&mut w.batch);
     let mut out = std::mem::take(&mut w.out);

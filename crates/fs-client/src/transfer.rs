@@ -10,7 +10,7 @@
 //! - A write's batches are posted only while the lock's lease has `lease_guard` left
 //!   ([`Worker::check_lease_before_post`]); a read is checked against the lease after it
 //!   completed ([`Worker::check_lease_after_read`]). Every batch expires ahead of the lease
-//!   ([`Worker::hold_lease`]), so that one whose server went silent is given up in time to
+//!   ([`Worker::expires`]), so that one whose server went silent is given up in time to
 //!   release the lock.
 //! - Each batch ends with a read of its data server's incarnation word; a word that is not
 //!   the view's discards the round's outcome ([`Error::StaleDataServer`], redone).
@@ -65,7 +65,7 @@ pub(crate) enum Transfer {
 }
 
 /// A data batch's failure as the I/O sees it, and whether the endpoint is broken by it. A
-/// batch refused for its expiry (ahead of the lock's lease deadline, `Worker::hold_lease`) is
+/// batch refused for its expiry (ahead of the lock's lease deadline, `Worker::expires`) is
 /// `LeaseLost` — the I/O is redone under a new lock — and leaves the endpoint fine; any other
 /// failure leaves the endpoint's state unknown.
 fn data_failure(e: Error) -> (Error, bool) {
@@ -291,7 +291,7 @@ fn post_and_complete(
         // checks before each verb, so a batch posted in time but delayed past the deadline
         // stops there (`LeaseLost`, the I/O is redone) instead of landing after a waiter
         // broke the lock.
-        batch.expire_at(w.expires);
+        batch.expire_at(w.expires());
         if write {
             // A lease that ran out is not a fault of the endpoints: not broken.
             if let Err(e) = w.check_lease_before_post() {
@@ -317,7 +317,7 @@ fn post_and_complete(
     }
     let mut raises_posted = false;
     if raises && failure.is_none() {
-        w.raises.expire_at(w.expires);
+        w.raises.expire_at(w.expires());
         let post = match w.check_lease_before_post() {
             // A lease that ran out is not a fault of the endpoint: not broken.
             Err(e) => Err((e, false)),

@@ -93,12 +93,9 @@ pub(crate) struct Worker {
     /// An endpoint or lock handle of this worker failed: drop it rather than reuse it.
     pub(crate) broken: bool,
     /// The lease deadline of the range lock this worker holds now (`None`: no lock, or one
-    /// that is never broken). See [`Worker::check_lease_before_post`].
+    /// that is never broken). See [`Worker::check_lease_before_post`]; its batches expire at
+    /// [`Worker::expires`].
     pub(crate) lease: Option<Instant>,
-    /// When the batches this worker posts under that lock expire (`fabric::Batch::expire_at`):
-    /// ahead of `lease`, so that a batch whose server went silent is given up with time left
-    /// to release the lock before its deadline ([`Worker::hold_lease`]).
-    pub(crate) expires: Option<Instant>,
     /// How much of the lease must be left to post a change (the pool's `lease_guard`).
     lease_guard: Duration,
     /// Whether part of the change made under the range lock held now may have reached the
@@ -108,8 +105,8 @@ pub(crate) struct Worker {
 }
 
 impl Worker {
-    /// Records the lease deadline of the lock this worker now holds (`None`: none, or one never
-    /// broken) and when its batches expire: `lease_guard / 2` before the deadline.
+    /// When the batches this worker posts under its lock expire (`fabric::Batch::expire_at`):
+    /// `lease_guard / 2` before the lease deadline (`None` without a lease).
     ///
     /// Why earlier than the deadline: past its expiry no verb of a batch starts at the server,
     /// and an endpoint waits for the reply only [`fabric::REPLY_AFTER_EXPIRY`] longer. So a
@@ -119,9 +116,9 @@ impl Worker {
     /// A batch expiring at the deadline itself would be given up only at it, and released
     /// late. Posts need `lease_guard` left ([`Worker::check_lease_before_post`]), so a batch
     /// always has at least `lease_guard / 2` to execute in.
-    pub(crate) fn hold_lease(&mut self, lease: Option<Instant>) {
-        self.lease = lease;
-        self.expires = lease.map(|d| d.checked_sub(self.lease_guard / 2).unwrap_or(d));
+    pub(crate) fn expires(&self) -> Option<Instant> {
+        self.lease
+            .map(|d| d.checked_sub(self.lease_guard / 2).unwrap_or(d))
     }
 
     /// Fencing, client side (docs/ARCHITECTURE.md "Fencing"): data verbs that change the file are posted
@@ -158,7 +155,7 @@ impl Worker {
     /// Executes the raise batch (`raises`) on the meta endpoint, within the lease (it expires
     /// with it), one round trip, results in `raises_out`; a failure marks the worker broken.
     pub(crate) fn exec_raises(&mut self) -> Result<(), Error> {
-        self.raises.expire_at(self.expires);
+        self.raises.expire_at(self.expires());
         self.changed = true;
         if let Err(e) = self.meta_ep.execute(&self.raises, &mut self.raises_out) {
             self.broken = true;
@@ -191,7 +188,7 @@ impl Worker {
         if self.data_eps[id].is_none() {
             self.data_eps[id] = Some(
                 ds.connector
-                    .connect_by(self.expires)
+                    .connect_by(self.expires())
                     .map_err(Error::fabric(Peer::Data(server)))?,
             );
         }
@@ -279,7 +276,6 @@ impl WorkerPool {
                         raises_out: Completions::new(),
                         broken: false,
                         lease: None,
-                        expires: None,
                         lease_guard: self.lease_guard,
                         changed: false,
                     };
