@@ -993,12 +993,14 @@ fn read_handshake_answer(
 ) -> Result<()> {
     match frame::read_frame(stream, MAX_REPLY_FRAME, rx) {
         Ok(()) => Ok(()),
+        // A silence, like a connect that gets no answer: `TimedOut` (what a caller bounding the
+        // connect by a deadline, `Connector::connect_by`, is promised).
         Err(FrameError::Io(e))
             if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) =>
         {
-            Err(FabricError::Protocol(format!(
-                "{peer} did not answer the handshake within {connect_timeout:?}: \
-                 is it a CitronFS tcp fabric server?"
+            Err(FabricError::TimedOut(format!(
+                "{peer} did not answer the handshake within {connect_timeout:?} (link down, \
+                 host frozen, or not a CitronFS tcp fabric server?)"
             )))
         }
         Err(FrameError::Io(e)) => Err(FabricError::Disconnected(format!(
