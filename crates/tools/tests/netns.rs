@@ -655,11 +655,7 @@ fn heal_data_server() {
     for &c in &failed {
         let path = m1.join("striped");
         let (r, took) = bounded(IO_BOUND * 2, "c1's first read after the heal", move || {
-            let mut buf = vec![0u8; CHUNK as usize];
-            std::fs::File::open(&path)
-                .and_then(|f| f.read_exact_at(&mut buf, c * CHUNK))
-                .map(|()| buf)
-                .map_err(|e| e.raw_os_error().unwrap_or(-1))
+            read_chunk(&path, c)
         });
         c1_after.push((c, took, r));
     }
@@ -766,12 +762,7 @@ fn a_write_cut_from_its_data_server_frees_its_range_within_its_lease() {
         let (r, took) = bounded(
             IO_BOUND * 2,
             "c2's read after c1's write failed",
-            move || {
-                let mut buf = vec![0u8; CHUNK as usize];
-                std::fs::File::open(&path)
-                    .and_then(|f| f.read_exact_at(&mut buf, c * CHUNK))
-                    .map_err(|e| e.raw_os_error().unwrap_or(-1))
-            },
+            move || read_chunk(&path, c).map(drop),
         );
         reads.push((c, took, r));
     }
@@ -807,6 +798,15 @@ fn outcomes<T>(results: &[(u64, Duration, Result<T, i32>)]) -> Vec<(u64, Duratio
         .collect()
 }
 
+/// Chunk `c` of the file at `path`, or the errno its read failed with.
+fn read_chunk(path: &Path, c: u64) -> Result<Vec<u8>, i32> {
+    let mut buf = vec![0u8; CHUNK as usize];
+    std::fs::File::open(path)
+        .and_then(|f| f.read_exact_at(&mut buf, c * CHUNK))
+        .map(|()| buf)
+        .map_err(|e| e.raw_os_error().unwrap_or(-1))
+}
+
 /// Reads chunks `0..n` of `path` at once, one thread each: (how long, the data or errno).
 /// Fails the test if any read does not return within twice the I/O bound.
 fn read_chunks(path: &Path, n: u64) -> Vec<(Duration, Result<Vec<u8>, i32>)> {
@@ -818,11 +818,7 @@ fn read_chunks(path: &Path, n: u64) -> Vec<(Duration, Result<Vec<u8>, i32>)> {
             let (tx, rx) = mpsc::channel();
             std::thread::spawn(move || {
                 let start = Instant::now();
-                let mut buf = vec![0u8; CHUNK as usize];
-                let r = std::fs::File::open(&path)
-                    .and_then(|f| f.read_exact_at(&mut buf, c * CHUNK))
-                    .map(|()| buf)
-                    .map_err(|e| e.raw_os_error().unwrap_or(-1));
+                let r = read_chunk(&path, c);
                 left.fetch_sub(1, Ordering::SeqCst);
                 let _ = tx.send((start.elapsed(), r));
             });
