@@ -29,14 +29,18 @@
 //! when it completes; no `msync` runs). Every verb is checked by the client against the
 //! server's region list before anything is posted, so a batch is refused whole with the same
 //! [`VerbError`](crate::VerbError) as on every other backend; a batch's expiry is checked when
-//! it is posted (a NIC cannot check it later).
+//! it is posted (a NIC cannot check it later), and an expiring batch's completion is awaited
+//! until its expiry plus [`crate::REPLY_AFTER_EXPIRY`] only, as tcp awaits its reply; then the
+//! queue pair is moved to the error state, so that nothing of the batch is sent any more.
 //!
 //! **Errors** are errors, never a panic or a hang: no device (ENOSYS, an empty list), a device
 //! without atomics, a failed registration are errors at start-up ([`FabricError::Config`]); a
 //! remote access error or a queue pair in error fails the batch with
 //! [`FabricError::Disconnected`] (the endpoint is dead; verbs before the failed one may have
 //! executed), and a completion that does not come by the batch's deadline
-//! ([`TcpTimeouts::batch`](crate::TcpTimeouts)) with [`FabricError::TimedOut`].
+//! ([`TcpTimeouts::batch`](crate::TcpTimeouts), or an expiring batch's expiry plus
+//! [`crate::REPLY_AFTER_EXPIRY`]) with [`FabricError::TimedOut`], the queue pair moved to the
+//! error state.
 //!
 //! **The server's own CPU and lock words.** A NIC's atomics are atomic against the CPU's
 //! atomics on the same word only where the device reports `IBV_ATOMIC_GLOB`; with
@@ -298,6 +302,66 @@ mod tests {
         assert!(start.elapsed() < Duration::from_secs(5));
         soft::stall(ep.qpn(), false);
         assert!(ep.read_u64(W).is_err(), "a timed-out endpoint stays dead");
+    }
+
+    /// An expiring batch to a silent server fails at its expiry (plus
+    /// `REPLY_AFTER_EXPIRY`), not at the batch bound: a lock holder gets control back while its
+    /// lease still runs, as on tcp. The queue pair is in error then, so nothing of the batch
+    /// can land later; the endpoint stays dead and a new one works.
+    #[test]
+    fn a_silent_server_fails_an_expiring_batch_at_its_expiry() {
+        let s = server(SoftOptions::default());
+        let bound = Duration::from_secs(5);
+        let c = connector(&s, SoftOptions::default(), bound);
+        let mut first = c.endpoint().unwrap();
+        first.faa(W, 1).unwrap();
+        let mut first = Some(first);
+        let expiry = Duration::from_millis(300);
+        for masked in [false, true] {
+            let mut batch = Batch::new();
+            if masked {
+                // Emulated: its Read and CAS round trips are held to the expiry too.
+                batch.masked_faa(W, 1, 1 << 31);
+            } else {
+                batch.write(W.add(8), b"expiring");
+            }
+            let start = Instant::now();
+            batch.expire_at(Some(start + expiry));
+            let ep = match masked {
+                true => c.endpoint().unwrap(),
+                false => first.take().unwrap(),
+            };
+            soft::stall(ep.qpn(), true);
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let mut ep = ep;
+                let result = ep.execute(&batch, &mut Completions::new());
+                let _ = tx.send((start.elapsed(), result, ep));
+            });
+            let (took, result, mut ep) = rx
+                .recv_timeout(bound + Duration::from_secs(5))
+                .expect("a batch to a silent server must fail, not hang");
+            match result {
+                Err(crate::FabricError::TimedOut(why)) => {
+                    assert!(why.contains("expiry"), "{why}")
+                }
+                other => panic!("expected TimedOut, got {other:?}"),
+            }
+            assert!(
+                took >= expiry && took < expiry + Duration::from_millis(700),
+                "failed after {took:?}; expiry {expiry:?}, batch bound {bound:?}"
+            );
+            assert_eq!(ep.qp_state(), verbs::QpState::Error);
+            soft::stall(ep.qpn(), false);
+            assert!(ep.read_u64(W).is_err(), "a timed-out endpoint stays dead");
+        }
+        let mut fresh = c.endpoint().unwrap();
+        assert_eq!(
+            fresh.read_u64(W).unwrap(),
+            1,
+            "nothing of either batch landed"
+        );
+        assert_eq!(fresh.read_u64(W.add(8)).unwrap(), 0);
     }
 
     #[test]
