@@ -10,11 +10,11 @@ use crate::atomic_ops::{masked_cas_matches, masked_cas_result, masked_faa_result
 use crate::batch::{Batch, Completions, Verb, MAX_BATCH_BYTES, MAX_BATCH_VERBS, MAX_IO_BYTES};
 use crate::endpoint::{Capabilities, Connector, Endpoint, EndpointStats, MaskedAtomics};
 use crate::error::{FabricError, Result, VerbError};
-use crate::frame::{read_frame, write_frame};
+use crate::frame::{read_frame, write_frame, FrameError};
 use crate::handshake::{self, Credentials, HandshakeError, Hello, Protocol};
 use crate::tcp::TcpTimeouts;
 use std::collections::HashMap;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -95,7 +95,14 @@ impl RdmaConnector {
 
     /// A new endpoint: its own queue pair, connected to one of the server's.
     pub fn endpoint(&self) -> Result<RdmaEndpoint> {
-        RdmaEndpoint::connect(self)
+        self.endpoint_by(None)
+    }
+
+    /// [`RdmaConnector::endpoint`], its setup connection and handshake (the exchange of queue
+    /// pair numbers, GIDs and rkeys) given up at `deadline` with [`FabricError::TimedOut`] when
+    /// that comes before the connect bound (see [`Connector::connect_by`]).
+    pub fn endpoint_by(&self, deadline: Option<Instant>) -> Result<RdmaEndpoint> {
+        RdmaEndpoint::connect(self, deadline)
     }
 }
 
@@ -103,6 +110,56 @@ impl Connector for RdmaConnector {
     fn connect(&self) -> Result<Box<dyn Endpoint>> {
         Ok(Box::new(self.endpoint()?))
     }
+    fn connect_by(&self, deadline: Option<Instant>) -> Result<Box<dyn Endpoint>> {
+        Ok(Box::new(self.endpoint_by(deadline)?))
+    }
+}
+
+/// The setup connection held to one deadline as a whole: before each read or write, the
+/// socket's timeouts are narrowed to the time left, and past it every call fails as timed out
+/// (a socket timeout alone bounds each call, not the handshake's several).
+struct Until<'a> {
+    stream: &'a mut TcpStream,
+    until: Instant,
+}
+
+impl Until<'_> {
+    fn before_call(&mut self) -> std::io::Result<()> {
+        let left = self.until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the connect's deadline passed",
+            ));
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        self.stream.set_write_timeout(Some(left))
+    }
+}
+
+impl Read for Until<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.before_call()?;
+        self.stream.read(buf)
+    }
+}
+
+impl Write for Until<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.before_call()?;
+        self.stream.write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.stream.flush()
+    }
+}
+
+/// Whether `e` is a socket timeout (`set_read_timeout` reports one as `WouldBlock`).
+fn is_timeout(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    )
 }
 
 /// The endpoint's registered buffer: the source of writes and the target of reads and atomic
@@ -232,18 +289,41 @@ struct Slot {
 }
 
 impl RdmaEndpoint {
-    fn connect(c: &RdmaConnector) -> Result<Self> {
+    /// Connects a new endpoint to `c`'s server: the setup connection and its handshake end by
+    /// the connect bound, or by `deadline` when that comes first (a lock holder's, see
+    /// [`Connector::connect_by`]), with [`FabricError::TimedOut`] when the server does not
+    /// answer in time.
+    fn connect(c: &RdmaConnector, deadline: Option<Instant>) -> Result<Self> {
         let peer = c.addr;
-        let mut setup = TcpStream::connect_timeout(&peer, c.timeouts.connect)
-            .map_err(|e| FabricError::io(format!("rdma: connect to {peer}"), e))?;
+        let now = Instant::now();
+        let mut until = now + c.timeouts.connect;
+        let mut within = format!("within {:?}", c.timeouts.connect);
+        if let Some(deadline) = deadline {
+            if deadline <= now {
+                return Err(FabricError::TimedOut(format!(
+                    "rdma: no time left to connect to {peer} before the caller's deadline"
+                )));
+            }
+            if deadline < until {
+                until = deadline;
+                within = "by the caller's deadline".into();
+            }
+        }
+        let silent = |what: &str| {
+            FabricError::TimedOut(format!(
+                "rdma: {peer} did not {what} {within} (link down, host frozen, or not a \
+                 CitronFS rdma server?)"
+            ))
+        };
+        let mut setup = TcpStream::connect_timeout(&peer, until - now).map_err(|e| {
+            if is_timeout(&e) {
+                silent("accept the setup connection")
+            } else {
+                FabricError::io(format!("rdma: connect to {peer}"), e)
+            }
+        })?;
         let io = |e| FabricError::io(format!("rdma: setup connection to {peer}"), e);
         setup.set_nodelay(true).map_err(io)?;
-        setup
-            .set_read_timeout(Some(c.timeouts.connect))
-            .map_err(io)?;
-        setup
-            .set_write_timeout(Some(c.timeouts.connect))
-            .map_err(io)?;
         let mut qp = c.pd.create_qp(QP_DEPTH)?;
         qp.to_init(Access(0))?;
         let hello = Hello::new(
@@ -253,12 +333,18 @@ impl RdmaEndpoint {
             SetupRole { qp: qp.address() },
         );
         let welcome: SetupWelcome = match handshake::client_handshake(
-            &mut setup,
+            &mut Until {
+                stream: &mut setup,
+                until,
+            },
             &hello,
             &c.credentials,
             MAX_SETUP_FRAME,
         ) {
             Ok(welcome) => welcome,
+            Err(HandshakeError::Frame(FrameError::Io(e))) if is_timeout(&e) => {
+                return Err(silent("answer the setup handshake"))
+            }
             Err(HandshakeError::Refused(refusal)) => {
                 return Err(FabricError::Refused(format!("{peer}: {refusal}")))
             }

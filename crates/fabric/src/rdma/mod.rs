@@ -364,6 +364,73 @@ mod tests {
         assert_eq!(fresh.read_u64(W.add(8)).unwrap(), 0);
     }
 
+    /// A connector asked for an endpoint by a deadline gives up at that deadline when the
+    /// server does not answer the setup handshake, not at its connect bound (5 s): a lock
+    /// holder connecting to a data server that went silent gets its call back while its lease
+    /// still runs, as on tcp.
+    #[test]
+    fn a_connect_by_a_deadline_to_a_silent_server_ends_at_the_deadline() {
+        use std::net::{TcpListener, TcpStream};
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let s = server(SoftOptions::default());
+        let upstream = s.local_addr();
+        // A proxy that forwards each setup connection until `silent` is set, and then accepts
+        // new ones and never answers them (a host whose process stopped answering).
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let silent = Arc::new(AtomicBool::new(false));
+        let quiet = silent.clone();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                if quiet.load(Ordering::SeqCst) {
+                    held.push(client);
+                    continue;
+                }
+                let Ok(server) = TcpStream::connect(upstream) else {
+                    return;
+                };
+                for (mut from, mut to) in [
+                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                    (server, client),
+                ] {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                    });
+                }
+            }
+        });
+        let c = RdmaConnector::on_device(
+            device(SoftOptions::default()),
+            addr,
+            creds(),
+            0,
+            TcpTimeouts::DEFAULT,
+        )
+        .unwrap();
+        c.endpoint().unwrap().faa(W, 1).unwrap();
+        silent.store(true, Ordering::SeqCst);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let by = Duration::from_millis(300);
+        std::thread::spawn(move || {
+            let start = Instant::now();
+            let result = c.connect_by(Some(start + by)).map(drop);
+            let _ = tx.send((start.elapsed(), result));
+        });
+        let (took, result) = rx
+            .recv_timeout(Duration::from_secs(15))
+            .expect("a connect to a silent server must end, not hang");
+        assert!(
+            matches!(&result, Err(crate::FabricError::TimedOut(why)) if why.contains("deadline")),
+            "a connect to a server that never answers: {result:?}"
+        );
+        assert!(
+            took >= by && took < by + Duration::from_millis(700),
+            "gave up after {took:?}, deadline {by:?}: {result:?}"
+        );
+    }
+
     #[test]
     fn a_server_gone_is_an_error() {
         let s = server(SoftOptions::default());
