@@ -11,7 +11,7 @@ use crate::batch::{Batch, Completions, Verb, MAX_BATCH_BYTES, MAX_BATCH_VERBS, M
 use crate::endpoint::{Capabilities, Connector, Endpoint, EndpointStats, MaskedAtomics};
 use crate::error::{FabricError, Result, VerbError};
 use crate::frame::{read_frame, write_frame, FrameError};
-use crate::handshake::{self, Credentials, HandshakeError, Hello, Protocol};
+use crate::handshake::{self, Credentials, HandshakeError, Hello, Protocol, Refusal};
 use crate::tcp::TcpTimeouts;
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -344,6 +344,10 @@ impl RdmaEndpoint {
             Ok(welcome) => welcome,
             Err(HandshakeError::Frame(FrameError::Io(e))) if is_timeout(&e) => {
                 return Err(silent("answer the setup handshake"))
+            }
+            // A session of an earlier run of the meta server is behind, not fenced (as on tcp).
+            Err(HandshakeError::Refused(refusal @ Refusal::SessionBehind { .. })) => {
+                return Err(FabricError::SessionBehind(format!("{peer}: {refusal}")))
             }
             Err(HandshakeError::Refused(refusal)) => {
                 return Err(FabricError::Refused(format!("{peer}: {refusal}")))

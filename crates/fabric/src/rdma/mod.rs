@@ -431,6 +431,64 @@ mod tests {
         );
     }
 
+    /// Fencing: once a session is revoked, the server's queue pairs for it are in the error
+    /// state, so its endpoints' verbs execute nothing more (the word untouched), a new
+    /// endpoint naming it is refused, and other sessions go on. Sessions below a floor are
+    /// cut off the same way and refused as behind, not as revoked.
+    #[test]
+    fn a_revoked_session_is_fenced() {
+        let s = server(SoftOptions::default());
+        let session = |n| {
+            RdmaConnector::on_device(
+                device(SoftOptions::default()),
+                s.local_addr(),
+                creds(),
+                n,
+                TcpTimeouts::DEFAULT,
+            )
+            .unwrap()
+        };
+        let fenced = session(7);
+        let (mut a, mut b) = (fenced.endpoint().unwrap(), fenced.endpoint().unwrap());
+        let other = session(8);
+        let mut o = other.endpoint().unwrap();
+        a.write_u64(W, 1).unwrap();
+
+        s.revoke(&[7]);
+        for ep in [&mut a, &mut b] {
+            let err = ep.write_u64(W, 2).unwrap_err();
+            assert!(
+                matches!(&err, crate::FabricError::Disconnected(why) if why.contains("retries exceeded")),
+                "{err}"
+            );
+            assert_eq!(ep.qp_state(), verbs::QpState::Error);
+        }
+        assert_eq!(o.read_u64(W).unwrap(), 1, "the fenced write must not land");
+        match fenced.endpoint() {
+            Err(crate::FabricError::Refused(why)) => {
+                assert!(why.contains("session 7 was revoked"), "{why}")
+            }
+            other => panic!("a revoked session must be refused, got {other:?}"),
+        }
+        o.write_u64(W, 3).unwrap();
+
+        s.refuse_sessions_before(100);
+        assert!(
+            o.read_u64(W).is_err(),
+            "a session below the floor is cut off"
+        );
+        match other.endpoint() {
+            Err(crate::FabricError::SessionBehind(why)) => {
+                assert!(why.contains("start at 100"), "{why}")
+            }
+            other => panic!("a session below the floor is behind, got {other:?}"),
+        }
+        let mut current = session(100).endpoint().unwrap();
+        assert_eq!(current.read_u64(W).unwrap(), 3);
+        // The server's own loopback (session 0) is never fenced.
+        assert_eq!(session(0).endpoint().unwrap().read_u64(W).unwrap(), 3);
+    }
+
     #[test]
     fn a_server_gone_is_an_error() {
         let s = server(SoftOptions::default());
