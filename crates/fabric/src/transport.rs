@@ -17,7 +17,7 @@
 //! | `mem` | this process | [`FabricAddr::Mem`], from this process only | no | no | nothing |
 //! | `shm` | a directory (under `/dev/shm`) | the directory, from this host | no | no | region files |
 //! | `tcp` | a socket address | `host:port`, from anywhere, with the cluster's credentials | yes | yes | nothing |
-//! | `rdma` (feature `rdma`) | an RDMA device, and a socket address for connection setup | `host:port` of the setup, from anywhere with the device's fabric, with the cluster's credentials | no | no | nothing |
+//! | `rdma` (feature `rdma`) | an RDMA device, and a socket address for connection setup | `host:port` of the setup, from anywhere with the device's fabric, with the cluster's credentials | yes (queue pairs to the error state) | no | nothing |
 
 use crate::addr::RegionId;
 use crate::endpoint::Connector;
@@ -504,11 +504,16 @@ impl FabricServer {
     /// [`FabricServer::revoke`] does a list: a server that numbers its sessions upwards from its
     /// start (the meta server) refuses those of its earlier runs, whose clients have not yet
     /// noticed the restart — their verbs would name places in a region that now holds other
-    /// things. Returns whether the backend could (tcp; see [`FabricServer::revoke`]).
+    /// things. Returns whether the backend could (tcp, rdma; see [`FabricServer::revoke`]).
     pub fn refuse_sessions_before(&self, floor: u64) -> bool {
         match &self.served {
             Served::Tcp(tcp) => {
                 tcp.refuse_sessions_before(floor);
+                true
+            }
+            #[cfg(feature = "rdma")]
+            Served::Rdma(rdma) => {
+                rdma.refuse_sessions_before(floor);
                 true
             }
             _ => false,
@@ -542,16 +547,28 @@ impl FabricServer {
 
     /// Whether this backend can fence client sessions ([`FabricServer::revoke`]).
     pub fn can_fence(&self) -> bool {
-        matches!(self.served, Served::Tcp(_))
+        match &self.served {
+            Served::Tcp(_) => true,
+            #[cfg(feature = "rdma")]
+            Served::Rdma(_) => true,
+            _ => false,
+        }
     }
 
     /// Fences client sessions: their open connections execute nothing more and new ones are
-    /// refused. Returns whether the backend could (tcp can; mem and shm cannot refuse a
-    /// process that maps the memory, see docs/ARCHITECTURE.md "Fencing").
+    /// refused. Returns whether the backend could: tcp can (its server refuses their batches),
+    /// rdma can (its server moves their queue pairs to the error state,
+    /// [`crate::rdma::RdmaServer::revoke`]); mem and shm cannot refuse a process that maps the
+    /// memory, see docs/ARCHITECTURE.md "Fencing".
     pub fn revoke(&self, sessions: &[u64]) -> bool {
         match &self.served {
             Served::Tcp(tcp) => {
                 tcp.revoke(sessions);
+                true
+            }
+            #[cfg(feature = "rdma")]
+            Served::Rdma(rdma) => {
+                rdma.revoke(sessions);
                 true
             }
             _ => false,

@@ -401,9 +401,13 @@ fn measure_t_wait(server: &FabricServer) -> anyhow::Result<Duration> {
     let connector = server
         .connector()
         .context("measuring the fabric's round trip")?;
-    let (t_wait, rtt) =
-        lockmgr::citron::t_wait_under_load(&*connector, fabric::RemoteAddr::new(META_REGION, 0))
-            .context("measuring the fabric's round trip")?;
+    let (t_wait, rtt) = lockmgr::citron::t_wait_under_load(
+        &*connector,
+        fabric::RemoteAddr::new(META_REGION, 0),
+        // The file system's trees grow as far as the default allows (`open_files`).
+        &lockmgr::citron::CitronConfig::default(),
+    )
+    .context("measuring the fabric's round trip")?;
     tracing::info!(
         ?rtt,
         ?t_wait,

@@ -10,15 +10,15 @@ use crate::atomic_ops::{masked_cas_matches, masked_cas_result, masked_faa_result
 use crate::batch::{Batch, Completions, Verb, MAX_BATCH_BYTES, MAX_BATCH_VERBS, MAX_IO_BYTES};
 use crate::endpoint::{Capabilities, Connector, Endpoint, EndpointStats, MaskedAtomics};
 use crate::error::{FabricError, Result, VerbError};
-use crate::frame::{read_frame, write_frame};
-use crate::handshake::{self, Credentials, HandshakeError, Hello, Protocol};
+use crate::frame::{read_frame, write_frame, FrameError};
+use crate::handshake::{self, Credentials, HandshakeError, Hello, Protocol, Refusal};
 use crate::tcp::TcpTimeouts;
 use std::collections::HashMap;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// What the `rdma` backend can do.
 pub const CAPABILITIES: Capabilities = Capabilities {
@@ -95,7 +95,14 @@ impl RdmaConnector {
 
     /// A new endpoint: its own queue pair, connected to one of the server's.
     pub fn endpoint(&self) -> Result<RdmaEndpoint> {
-        RdmaEndpoint::connect(self)
+        self.endpoint_by(None)
+    }
+
+    /// [`RdmaConnector::endpoint`], its setup connection and handshake (the exchange of queue
+    /// pair numbers, GIDs and rkeys) given up at `deadline` with [`FabricError::TimedOut`] when
+    /// that comes before the connect bound (see [`Connector::connect_by`]).
+    pub fn endpoint_by(&self, deadline: Option<Instant>) -> Result<RdmaEndpoint> {
+        RdmaEndpoint::connect(self, deadline)
     }
 }
 
@@ -103,6 +110,56 @@ impl Connector for RdmaConnector {
     fn connect(&self) -> Result<Box<dyn Endpoint>> {
         Ok(Box::new(self.endpoint()?))
     }
+    fn connect_by(&self, deadline: Option<Instant>) -> Result<Box<dyn Endpoint>> {
+        Ok(Box::new(self.endpoint_by(deadline)?))
+    }
+}
+
+/// The setup connection held to one deadline as a whole: before each read or write, the
+/// socket's timeouts are narrowed to the time left, and past it every call fails as timed out
+/// (a socket timeout alone bounds each call, not the handshake's several).
+struct Until<'a> {
+    stream: &'a mut TcpStream,
+    until: Instant,
+}
+
+impl Until<'_> {
+    fn before_call(&mut self) -> std::io::Result<()> {
+        let left = self.until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the connect's deadline passed",
+            ));
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        self.stream.set_write_timeout(Some(left))
+    }
+}
+
+impl Read for Until<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.before_call()?;
+        self.stream.read(buf)
+    }
+}
+
+impl Write for Until<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.before_call()?;
+        self.stream.write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.stream.flush()
+    }
+}
+
+/// Whether `e` is a socket timeout (`set_read_timeout` reports one as `WouldBlock`).
+fn is_timeout(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    )
 }
 
 /// The endpoint's registered buffer: the source of writes and the target of reads and atomic
@@ -177,12 +234,43 @@ pub struct RdmaEndpoint {
     wrs: Vec<WorkRequest>,
     /// The chain [`Endpoint::post`] posted and [`Endpoint::complete`] has yet to wait for.
     pending: Option<Pending>,
+    /// The expiry of the batch being run ([`Batch::expire_at`]).
+    expires: Option<Instant>,
 }
 
-/// A posted chain: where its verbs keep their bytes, and its signalled request.
+/// A posted chain: where its verbs keep their bytes, its signalled request, and when its
+/// completion must have come.
 struct Pending {
     slots: Vec<Slot>,
     last: Option<u64>,
+    by: AnswerBy,
+}
+
+/// When a posted chain's completion must have come: its batch bound counted from the posting,
+/// or, for an expiring batch, its expiry plus [`crate::REPLY_AFTER_EXPIRY`] when that comes
+/// first (as tcp's endpoint waits for a reply; see [`Batch::expire_at`]).
+#[derive(Clone, Copy, Debug)]
+struct AnswerBy {
+    at: Instant,
+    /// `at` is the batch's expiry plus [`crate::REPLY_AFTER_EXPIRY`].
+    expiry_first: bool,
+}
+
+impl AnswerBy {
+    /// For a chain posted now, under batch bound `bound`, of a batch that `expires`.
+    fn from_now(bound: Duration, expires: Option<Instant>) -> Self {
+        let at = Instant::now() + bound;
+        match expires.map(|t| t + crate::REPLY_AFTER_EXPIRY) {
+            Some(by) if by < at => AnswerBy {
+                at: by,
+                expiry_first: true,
+            },
+            _ => AnswerBy {
+                at,
+                expiry_first: false,
+            },
+        }
+    }
 }
 
 impl std::fmt::Debug for RdmaEndpoint {
@@ -201,18 +289,41 @@ struct Slot {
 }
 
 impl RdmaEndpoint {
-    fn connect(c: &RdmaConnector) -> Result<Self> {
+    /// Connects a new endpoint to `c`'s server: the setup connection and its handshake end by
+    /// the connect bound, or by `deadline` when that comes first (a lock holder's, see
+    /// [`Connector::connect_by`]), with [`FabricError::TimedOut`] when the server does not
+    /// answer in time.
+    fn connect(c: &RdmaConnector, deadline: Option<Instant>) -> Result<Self> {
         let peer = c.addr;
-        let mut setup = TcpStream::connect_timeout(&peer, c.timeouts.connect)
-            .map_err(|e| FabricError::io(format!("rdma: connect to {peer}"), e))?;
+        let now = Instant::now();
+        let mut until = now + c.timeouts.connect;
+        let mut within = format!("within {:?}", c.timeouts.connect);
+        if let Some(deadline) = deadline {
+            if deadline <= now {
+                return Err(FabricError::TimedOut(format!(
+                    "rdma: no time left to connect to {peer} before the caller's deadline"
+                )));
+            }
+            if deadline < until {
+                until = deadline;
+                within = "by the caller's deadline".into();
+            }
+        }
+        let silent = |what: &str| {
+            FabricError::TimedOut(format!(
+                "rdma: {peer} did not {what} {within} (link down, host frozen, or not a \
+                 CitronFS rdma server?)"
+            ))
+        };
+        let mut setup = TcpStream::connect_timeout(&peer, until - now).map_err(|e| {
+            if is_timeout(&e) {
+                silent("accept the setup connection")
+            } else {
+                FabricError::io(format!("rdma: connect to {peer}"), e)
+            }
+        })?;
         let io = |e| FabricError::io(format!("rdma: setup connection to {peer}"), e);
         setup.set_nodelay(true).map_err(io)?;
-        setup
-            .set_read_timeout(Some(c.timeouts.connect))
-            .map_err(io)?;
-        setup
-            .set_write_timeout(Some(c.timeouts.connect))
-            .map_err(io)?;
         let mut qp = c.pd.create_qp(QP_DEPTH)?;
         qp.to_init(Access(0))?;
         let hello = Hello::new(
@@ -222,12 +333,22 @@ impl RdmaEndpoint {
             SetupRole { qp: qp.address() },
         );
         let welcome: SetupWelcome = match handshake::client_handshake(
-            &mut setup,
+            &mut Until {
+                stream: &mut setup,
+                until,
+            },
             &hello,
             &c.credentials,
             MAX_SETUP_FRAME,
         ) {
             Ok(welcome) => welcome,
+            Err(HandshakeError::Frame(FrameError::Io(e))) if is_timeout(&e) => {
+                return Err(silent("answer the setup handshake"))
+            }
+            // A session of an earlier run of the meta server is behind, not fenced (as on tcp).
+            Err(HandshakeError::Refused(refusal @ Refusal::SessionBehind { .. })) => {
+                return Err(FabricError::SessionBehind(format!("{peer}: {refusal}")))
+            }
             Err(HandshakeError::Refused(refusal)) => {
                 return Err(FabricError::Refused(format!("{peer}: {refusal}")))
             }
@@ -261,6 +382,7 @@ impl RdmaEndpoint {
             broken: None,
             wrs: Vec::new(),
             pending: None,
+            expires: None,
         })
     }
 
@@ -272,6 +394,12 @@ impl RdmaEndpoint {
     /// This endpoint's queue pair number.
     pub fn qpn(&self) -> u32 {
         self.qp.address().qpn
+    }
+
+    /// The state of this endpoint's queue pair ([`QpState::Error`] once a batch failed or
+    /// timed out: the endpoint is dead then).
+    pub fn qp_state(&self) -> QpState {
+        self.qp.state()
     }
 
     /// Masked atomics this endpoint has emulated (each a Read and one or more CAS round trips).
@@ -349,7 +477,10 @@ impl RdmaEndpoint {
     /// batch's deadline.
     fn round_trip(&mut self, first_verb: usize) -> Result<()> {
         match self.post_wrs()? {
-            Some(last_id) => self.wait(last_id, first_verb),
+            Some(last_id) => {
+                let by = AnswerBy::from_now(self.timeouts.batch, self.expires);
+                self.wait(last_id, first_verb, by)
+            }
             None => Ok(()),
         }
     }
@@ -367,11 +498,30 @@ impl RdmaEndpoint {
         Ok(Some(last_id))
     }
 
-    /// Waits for the completion of request `last_id` until the batch's deadline.
-    fn wait(&mut self, last_id: u64, first_verb: usize) -> Result<()> {
-        let deadline = Instant::now() + self.timeouts.batch;
+    /// Waits for the completion of request `last_id` until `by`: the batch bound, or an
+    /// expiring batch's expiry plus [`crate::REPLY_AFTER_EXPIRY`] when that comes first. A
+    /// completion that has not come by then fails the batch with [`FabricError::TimedOut`]
+    /// (its outcome unknown) and moves the queue pair to the error state: the endpoint is dead
+    /// from then on, as after any other queue pair error, and its owner opens a new one.
+    ///
+    /// Why the error state, and why it is what makes an expiring batch's caller safe to go on
+    /// (a lock holder gets control back here within its lease, and releases the lock or lets
+    /// it be broken): a NIC never checks a batch's expiry, so a chain posted before it may
+    /// still sit in the send queue, or be sent again after a lost packet (RC retransmits for
+    /// up to `retry_cnt` local ACK timeouts — seconds), and land after the lock changed hands.
+    /// `ibv_modify_qp` to `IBV_QPS_ERR` stops the requester: its send queue processes no more
+    /// work requests and sends no request packet, neither a new one nor a retransmission, and
+    /// every outstanding work request completes flushed (`IBV_WC_WR_FLUSH_ERR`); a QP in the
+    /// error state never leaves it except through RESET, which this endpoint never does. So
+    /// once the transition is made, the server's responder gets nothing more of the batch but
+    /// packets already on the wire, which the fabric delivers within its packet lifetime
+    /// (microseconds in a data centre) or drops — and the caller's lease guard, of which
+    /// `REPLY_AFTER_EXPIRY` is a part, leaves it that much and more before the lease ends.
+    /// (The server's queue pair is not moved: a silent server cannot be told. It executes
+    /// requests in packet order and gets no more from this one.)
+    fn wait(&mut self, last_id: u64, first_verb: usize, by: AnswerBy) -> Result<()> {
         loop {
-            match self.qp.poll(deadline)? {
+            match self.qp.poll(by.at)? {
                 Some(wc) if wc.status == WcStatus::Success => {
                     if wc.wr_id == last_id {
                         return Ok(());
@@ -388,10 +538,18 @@ impl RdmaEndpoint {
                     return Err(self.fail(why));
                 }
                 None => {
+                    let within = match by.expiry_first {
+                        true => format!(
+                            "by the batch's expiry (and {:?} after it)",
+                            crate::REPLY_AFTER_EXPIRY
+                        ),
+                        false => format!("within {:?}", self.timeouts.batch),
+                    };
                     let why = format!(
-                        "rdma: no completion from {} within {:?} (the batch's outcome is \
-                         unknown; the queue pair is moved to the error state)",
-                        self.peer, self.timeouts.batch
+                        "rdma: no completion from {} {within} (the batch's outcome is unknown; \
+                         the queue pair is moved to the error state, so none of its verbs \
+                         executes later)",
+                        self.peer
                     );
                     let _ = self.qp.to_error();
                     self.broken = Some(why.clone());
@@ -420,7 +578,8 @@ impl RdmaEndpoint {
     ) -> Result<()> {
         let (slots, last) = self.start_chain(verbs, payload)?;
         if let Some(last) = last {
-            self.wait(last, first)?;
+            let by = AnswerBy::from_now(self.timeouts.batch, self.expires);
+            self.wait(last, first, by)?;
         }
         self.finish_chain(batch, verbs, &slots, out);
         Ok(())
@@ -598,6 +757,7 @@ impl RdmaEndpoint {
 impl RdmaEndpoint {
     /// What every batch goes through first: a live endpoint, every verb checked.
     fn prologue(&mut self, batch: &Batch) -> Result<()> {
+        self.expires = batch.expires();
         if let Some(why) = &self.broken {
             return Err(FabricError::Disconnected(format!(
                 "{why} (an earlier batch broke this endpoint)"
@@ -640,7 +800,10 @@ impl Endpoint for RdmaEndpoint {
         }
         let mut payload = batch.payload();
         let (slots, last) = self.start_chain(batch.verbs(), &mut payload)?;
-        self.pending = Some(Pending { slots, last });
+        // The completion is awaited from the posting, so that batches posted together to
+        // several servers time out together.
+        let by = AnswerBy::from_now(self.timeouts.batch, self.expires);
+        self.pending = Some(Pending { slots, last, by });
         Ok(())
     }
 
@@ -649,7 +812,7 @@ impl Endpoint for RdmaEndpoint {
             return Ok(());
         };
         if let Some(last) = pending.last {
-            self.wait(last, 0)?;
+            self.wait(last, 0, pending.by)?;
         }
         out.reset_for(batch);
         self.finish_chain(batch, batch.verbs(), &pending.slots, out);

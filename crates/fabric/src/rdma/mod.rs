@@ -29,14 +29,18 @@
 //! when it completes; no `msync` runs). Every verb is checked by the client against the
 //! server's region list before anything is posted, so a batch is refused whole with the same
 //! [`VerbError`](crate::VerbError) as on every other backend; a batch's expiry is checked when
-//! it is posted (a NIC cannot check it later).
+//! it is posted (a NIC cannot check it later), and an expiring batch's completion is awaited
+//! until its expiry plus [`crate::REPLY_AFTER_EXPIRY`] only, as tcp awaits its reply; then the
+//! queue pair is moved to the error state, so that nothing of the batch is sent any more.
 //!
 //! **Errors** are errors, never a panic or a hang: no device (ENOSYS, an empty list), a device
 //! without atomics, a failed registration are errors at start-up ([`FabricError::Config`]); a
 //! remote access error or a queue pair in error fails the batch with
 //! [`FabricError::Disconnected`] (the endpoint is dead; verbs before the failed one may have
 //! executed), and a completion that does not come by the batch's deadline
-//! ([`TcpTimeouts::batch`](crate::TcpTimeouts)) with [`FabricError::TimedOut`].
+//! ([`TcpTimeouts::batch`](crate::TcpTimeouts), or an expiring batch's expiry plus
+//! [`crate::REPLY_AFTER_EXPIRY`]) with [`FabricError::TimedOut`], the queue pair moved to the
+//! error state.
 //!
 //! **The server's own CPU and lock words.** A NIC's atomics are atomic against the CPU's
 //! atomics on the same word only where the device reports `IBV_ATOMIC_GLOB`; with
@@ -298,6 +302,191 @@ mod tests {
         assert!(start.elapsed() < Duration::from_secs(5));
         soft::stall(ep.qpn(), false);
         assert!(ep.read_u64(W).is_err(), "a timed-out endpoint stays dead");
+    }
+
+    /// An expiring batch to a silent server fails at its expiry (plus
+    /// `REPLY_AFTER_EXPIRY`), not at the batch bound: a lock holder gets control back while its
+    /// lease still runs, as on tcp. The queue pair is in error then, so nothing of the batch
+    /// can land later; the endpoint stays dead and a new one works.
+    #[test]
+    fn a_silent_server_fails_an_expiring_batch_at_its_expiry() {
+        let s = server(SoftOptions::default());
+        let bound = Duration::from_secs(5);
+        let c = connector(&s, SoftOptions::default(), bound);
+        let mut first = c.endpoint().unwrap();
+        first.faa(W, 1).unwrap();
+        let mut first = Some(first);
+        let expiry = Duration::from_millis(300);
+        for masked in [false, true] {
+            let mut batch = Batch::new();
+            if masked {
+                // Emulated: its Read and CAS round trips are held to the expiry too.
+                batch.masked_faa(W, 1, 1 << 31);
+            } else {
+                batch.write(W.add(8), b"expiring");
+            }
+            let start = Instant::now();
+            batch.expire_at(Some(start + expiry));
+            let ep = match masked {
+                true => c.endpoint().unwrap(),
+                false => first.take().unwrap(),
+            };
+            soft::stall(ep.qpn(), true);
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let mut ep = ep;
+                let result = ep.execute(&batch, &mut Completions::new());
+                let _ = tx.send((start.elapsed(), result, ep));
+            });
+            let (took, result, mut ep) = rx
+                .recv_timeout(bound + Duration::from_secs(5))
+                .expect("a batch to a silent server must fail, not hang");
+            match result {
+                Err(crate::FabricError::TimedOut(why)) => {
+                    assert!(why.contains("expiry"), "{why}")
+                }
+                other => panic!("expected TimedOut, got {other:?}"),
+            }
+            assert!(
+                took >= expiry && took < expiry + Duration::from_millis(700),
+                "failed after {took:?}; expiry {expiry:?}, batch bound {bound:?}"
+            );
+            assert_eq!(ep.qp_state(), verbs::QpState::Error);
+            soft::stall(ep.qpn(), false);
+            assert!(ep.read_u64(W).is_err(), "a timed-out endpoint stays dead");
+        }
+        let mut fresh = c.endpoint().unwrap();
+        assert_eq!(
+            fresh.read_u64(W).unwrap(),
+            1,
+            "nothing of either batch landed"
+        );
+        assert_eq!(fresh.read_u64(W.add(8)).unwrap(), 0);
+    }
+
+    /// A connector asked for an endpoint by a deadline gives up at that deadline when the
+    /// server does not answer the setup handshake, not at its connect bound (5 s): a lock
+    /// holder connecting to a data server that went silent gets its call back while its lease
+    /// still runs, as on tcp.
+    #[test]
+    fn a_connect_by_a_deadline_to_a_silent_server_ends_at_the_deadline() {
+        use std::net::{TcpListener, TcpStream};
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let s = server(SoftOptions::default());
+        let upstream = s.local_addr();
+        // A proxy that forwards each setup connection until `silent` is set, and then accepts
+        // new ones and never answers them (a host whose process stopped answering).
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let silent = Arc::new(AtomicBool::new(false));
+        let quiet = silent.clone();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                if quiet.load(Ordering::SeqCst) {
+                    held.push(client);
+                    continue;
+                }
+                let Ok(server) = TcpStream::connect(upstream) else {
+                    return;
+                };
+                for (mut from, mut to) in [
+                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                    (server, client),
+                ] {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                    });
+                }
+            }
+        });
+        let c = RdmaConnector::on_device(
+            device(SoftOptions::default()),
+            addr,
+            creds(),
+            0,
+            TcpTimeouts::DEFAULT,
+        )
+        .unwrap();
+        c.endpoint().unwrap().faa(W, 1).unwrap();
+        silent.store(true, Ordering::SeqCst);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let by = Duration::from_millis(300);
+        std::thread::spawn(move || {
+            let start = Instant::now();
+            let result = c.connect_by(Some(start + by)).map(drop);
+            let _ = tx.send((start.elapsed(), result));
+        });
+        let (took, result) = rx
+            .recv_timeout(Duration::from_secs(15))
+            .expect("a connect to a silent server must end, not hang");
+        assert!(
+            matches!(&result, Err(crate::FabricError::TimedOut(why)) if why.contains("deadline")),
+            "a connect to a server that never answers: {result:?}"
+        );
+        assert!(
+            took >= by && took < by + Duration::from_millis(700),
+            "gave up after {took:?}, deadline {by:?}: {result:?}"
+        );
+    }
+
+    /// Fencing: once a session is revoked, the server's queue pairs for it are in the error
+    /// state, so its endpoints' verbs execute nothing more (the word untouched), a new
+    /// endpoint naming it is refused, and other sessions go on. Sessions below a floor are
+    /// cut off the same way and refused as behind, not as revoked.
+    #[test]
+    fn a_revoked_session_is_fenced() {
+        let s = server(SoftOptions::default());
+        let session = |n| {
+            RdmaConnector::on_device(
+                device(SoftOptions::default()),
+                s.local_addr(),
+                creds(),
+                n,
+                TcpTimeouts::DEFAULT,
+            )
+            .unwrap()
+        };
+        let fenced = session(7);
+        let (mut a, mut b) = (fenced.endpoint().unwrap(), fenced.endpoint().unwrap());
+        let other = session(8);
+        let mut o = other.endpoint().unwrap();
+        a.write_u64(W, 1).unwrap();
+
+        s.revoke(&[7]);
+        for ep in [&mut a, &mut b] {
+            let err = ep.write_u64(W, 2).unwrap_err();
+            assert!(
+                matches!(&err, crate::FabricError::Disconnected(why) if why.contains("retries exceeded")),
+                "{err}"
+            );
+            assert_eq!(ep.qp_state(), verbs::QpState::Error);
+        }
+        assert_eq!(o.read_u64(W).unwrap(), 1, "the fenced write must not land");
+        match fenced.endpoint() {
+            Err(crate::FabricError::Refused(why)) => {
+                assert!(why.contains("session 7 was revoked"), "{why}")
+            }
+            other => panic!("a revoked session must be refused, got {other:?}"),
+        }
+        o.write_u64(W, 3).unwrap();
+
+        s.refuse_sessions_before(100);
+        assert!(
+            o.read_u64(W).is_err(),
+            "a session below the floor is cut off"
+        );
+        match other.endpoint() {
+            Err(crate::FabricError::SessionBehind(why)) => {
+                assert!(why.contains("start at 100"), "{why}")
+            }
+            other => panic!("a session below the floor is behind, got {other:?}"),
+        }
+        let mut current = session(100).endpoint().unwrap();
+        assert_eq!(current.read_u64(W).unwrap(), 3);
+        // The server's own loopback (session 0) is never fenced.
+        assert_eq!(session(0).endpoint().unwrap().read_u64(W).unwrap(), 3);
     }
 
     #[test]

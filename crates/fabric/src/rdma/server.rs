@@ -9,7 +9,7 @@ use crate::error::{FabricError, Result};
 use crate::frame::{read_frame, write_frame};
 use crate::handshake::{self, Credentials, Protocol, Refusal};
 use crate::region::Region;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
@@ -37,6 +37,60 @@ struct Shared {
     next_conn: AtomicU64,
     /// Open setup connections (to wake them at shutdown), by number.
     connections: Mutex<HashMap<u64, (TcpStream, JoinHandle<()>)>>,
+    /// Which client sessions are fenced, and every client's queue pair by session.
+    fencing: Mutex<Fencing>,
+}
+
+/// A queue pair the server made for a client endpoint, shared by its setup connection (which
+/// destroys it when it closes) and the fencing (which moves it to the error state).
+type SharedQp = Arc<Mutex<Box<dyn QueuePair>>>;
+
+/// The sessions the cluster fenced on this server, and the live queue pairs of every session.
+/// One lock over both: a queue pair is created and recorded under it after its session is
+/// checked, and a revocation marks the sessions and moves their queue pairs to the error state
+/// under it, so no queue pair of a fenced session escapes either way.
+#[derive(Default)]
+struct Fencing {
+    /// Revoked sessions (0, no session, is never revoked).
+    revoked: HashSet<u64>,
+    /// Sessions below this (0 excepted) are refused too: those of an earlier run of a server
+    /// that numbers the sessions ([`RdmaServer::refuse_sessions_before`]).
+    floor: u64,
+    /// Live client queue pairs by setup connection number: the session and the queue pair.
+    qps: HashMap<u64, (u64, SharedQp)>,
+}
+
+impl Fencing {
+    /// Why `session` may not connect, if it may not.
+    fn refusal(&self, session: u64) -> Option<Refusal> {
+        if session != 0 && session < self.floor {
+            return Some(Refusal::SessionBehind {
+                session,
+                floor: self.floor,
+            });
+        }
+        self.revoked
+            .contains(&session)
+            .then_some(Refusal::Revoked { session })
+    }
+
+    /// Moves every live queue pair of a refused session to the error state; the numbers of
+    /// their setup connections.
+    fn cut_off(&self) -> Vec<u64> {
+        let mut cut = Vec::new();
+        for (&conn, (session, qp)) in &self.qps {
+            if self.refusal(*session).is_some() {
+                // `ibv_modify_qp` to IBV_QPS_ERR: when it returns, the responder executes no
+                // request of this queue pair any more (it neither executes nor answers what
+                // arrives; the client's requests end in retries exceeded or flushed).
+                if let Err(e) = lock(qp).to_error() {
+                    tracing::warn!(%e, session, "fabric rdma: moving a fenced queue pair to error");
+                }
+                cut.push(conn);
+            }
+        }
+        cut
+    }
 }
 
 impl Shared {
@@ -102,6 +156,7 @@ impl RdmaServer {
             stopping: AtomicBool::new(false),
             next_conn: AtomicU64::new(0),
             connections: Mutex::default(),
+            fencing: Mutex::default(),
         });
         let accepting = listener
             .try_clone()
@@ -198,6 +253,45 @@ impl RdmaServer {
         }
     }
 
+    /// Fences client sessions `sessions`: every queue pair this server made for them is moved to
+    /// the error state, so that their NIC requests execute nothing more (a request in
+    /// execution when the move is made finishes first; the clients' requests end in errors),
+    /// their setup connections are closed (which destroys those queue pairs), and new setup
+    /// connections naming them are refused. A revoked session stays revoked for the life of
+    /// the server. This is CITRON §3.10's fence on RDMA ("destroy the QPs of the failed
+    /// clients"), and what `TcpServer::revoke` does on tcp: when this returns, nothing of theirs
+    /// executes here any more.
+    pub fn revoke(&self, sessions: &[u64]) {
+        self.fence(|f| {
+            f.revoked
+                .extend(sessions.iter().copied().filter(|&s| s != 0))
+        });
+    }
+
+    /// Fences every client session numbered below `floor` (0 excepted), as
+    /// [`RdmaServer::revoke`] does a list: the sessions of an earlier run of a server that
+    /// numbers them upwards from its start (the meta server). New setup connections of theirs
+    /// are refused as behind ([`Refusal::SessionBehind`]), not as revoked.
+    pub fn refuse_sessions_before(&self, floor: u64) {
+        self.fence(|f| f.floor = f.floor.max(floor));
+    }
+
+    /// Marks sessions refused with `mark`, moves their queue pairs to the error state and
+    /// closes their setup connections.
+    fn fence(&self, mark: impl FnOnce(&mut Fencing)) {
+        let cut = {
+            let mut fencing = lock(&self.shared.fencing);
+            mark(&mut fencing);
+            fencing.cut_off()
+        };
+        let connections = lock(&self.shared.connections);
+        for conn in cut {
+            if let Some((stream, _)) = connections.get(&conn) {
+                let _ = stream.shutdown(Shutdown::Both);
+            }
+        }
+    }
+
     /// Number of open setup connections (one per client endpoint).
     pub fn connection_count(&self) -> usize {
         lock(&self.shared.connections).len()
@@ -273,7 +367,7 @@ fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
         let thread = std::thread::Builder::new()
             .name("fabric-rdma-conn".into())
             .spawn(move || {
-                serve_connection(&for_conn, stream);
+                serve_connection(&for_conn, stream, id);
                 lock(&for_conn.connections).remove(&id);
             });
         if let Ok(thread) = thread {
@@ -286,18 +380,24 @@ fn accept_loop(shared: Arc<Shared>, listener: TcpListener) {
     }
 }
 
-/// One client endpoint: the handshake creating its queue pair, then region requests until the
-/// connection closes, which destroys the queue pair.
-fn serve_connection(shared: &Shared, mut stream: TcpStream) {
+/// One client endpoint: the handshake creating its queue pair (unless its session is fenced),
+/// then region requests until the connection closes, which destroys the queue pair.
+fn serve_connection(shared: &Shared, mut stream: TcpStream, id: u64) {
     let _ = stream.set_nodelay(true);
     let _ = stream.set_read_timeout(Some(handshake::HANDSHAKE_TIMEOUT));
     let _ = stream.set_write_timeout(Some(handshake::HANDSHAKE_TIMEOUT));
-    let mut qp: Option<Box<dyn QueuePair>> = None;
+    let mut qp: Option<SharedQp> = None;
     let result = handshake::server_handshake::<SetupRole, SetupWelcome>(
         &mut stream,
         Protocol::RdmaSetup,
         &shared.credentials,
         |hello| {
+            // Checked and recorded under the fencing lock: a revocation either comes first
+            // and is seen here, or comes after and finds this queue pair to cut off.
+            let mut fencing = lock(&shared.fencing);
+            if let Some(refusal) = fencing.refusal(hello.session) {
+                return Err(refusal);
+            }
             let created = shared
                 .pd
                 .create_qp(QP_DEPTH)
@@ -313,12 +413,15 @@ fn serve_connection(shared: &Shared, mut stream: TcpStream) {
                 regions: shared.keys(),
             };
             // Kept until the connection closes.
+            let created: SharedQp = Arc::new(Mutex::new(created));
+            fencing.qps.insert(id, (hello.session, created.clone()));
             qp = Some(created);
             Ok(welcome)
         },
     );
     if let Err(refusal) = result {
         tracing::debug!(%refusal, "fabric rdma: setup refused");
+        lock(&shared.fencing).qps.remove(&id);
         return;
     }
     // The lifeline: region lists on request; no timeout while the client lives.
@@ -338,5 +441,6 @@ fn serve_connection(shared: &Shared, mut stream: TcpStream) {
             break;
         }
     }
+    lock(&shared.fencing).qps.remove(&id);
     drop(qp);
 }

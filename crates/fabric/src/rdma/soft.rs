@@ -367,7 +367,10 @@ impl SoftQp {
             Some(qp) if remote.gid == gid() => qp.clone(),
             _ => return WcStatus::RetryExceeded,
         };
-        let (state, qp_access) = *lock(&responder.state);
+        // Held until the request has executed: a responder moved to the error state executes
+        // nothing after the move returns, as a NIC's after `ibv_modify_qp` (a fence relies on it).
+        let responder_state = lock(&responder.state);
+        let (state, qp_access) = *responder_state;
         if !matches!(state, QpState::Rtr | QpState::Rts) {
             return WcStatus::RetryExceeded;
         }
@@ -423,7 +426,7 @@ impl SoftQp {
                 unsafe { store_bytes(wr.local_addr, &reply) };
             }
         }
-        drop((local, target));
+        drop((local, target, responder_state));
         WcStatus::Success
     }
 

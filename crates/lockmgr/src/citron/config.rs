@@ -42,42 +42,62 @@ pub const T_WAIT_RTT_FACTOR: f64 = 2.5;
 /// abort rate of inequality (1) climbs.
 pub const T_WAIT_FLOOR_PER_RTT: Duration = Duration::from_micros(5);
 
-/// Masked atomics the phase-(c)+(d) batch may carry, counted for `T_wait` where the fabric
-/// emulates them ([`t_wait_round_trips`]): the notifications of the request's target
-/// ancestors and the conditional `Occ` of phase (c).
-pub const T_WAIT_EMULATED_MASKED: u32 = 4;
+/// Masked atomics the phase-(c)+(d) batch of one request may carry in a tree that grows to
+/// `tallest_height` levels with meet-in-the-middle distance `m`, counted for `T_wait` where
+/// the fabric emulates them ([`t_wait_round_trips`]): the conditional `Occ` of phase (c) and
+/// the `DMax` notifications of the request's target ancestors ([`layout::notify_targets`]:
+/// the parent and every `m`-th ancestor above it, most for a leaf — one more for every `m`
+/// levels of height). 4 for the file system's trees (`m` = 4, up to 2^30 units: height 13),
+/// 8 for the tallest tree ([`layout::MAX_HEIGHT`]) at `m` = 4.
+pub fn emulated_masked_atomics(tallest_height: u32, m: u32) -> u32 {
+    let m = m.max(1);
+    let mut targets = Vec::new();
+    let most = (0..tallest_height)
+        .map(|hgt| {
+            layout::notify_targets(layout::Node::new(hgt, 0), tallest_height, m, &mut targets);
+            targets.len() as u32
+        })
+        .max()
+        .unwrap_or(0);
+    1 + most
+}
 
-/// The round trips `T_wait` reserves for fabrics whose masked atomics are `masked`: the
+/// The round trips `T_wait` reserves for fabrics whose masked atomics are `masked`, for a lock
+/// whose tree grows to `tallest_height` levels with meet-in-the-middle distance `m`: the
 /// paper's [`T_WAIT_ROUND_TRIPS`] where a masked atomic is one verb of a batch, and two more
-/// for each of [`T_WAIT_EMULATED_MASKED`] masked atomics where the client emulates them (a
-/// Read, then a CAS, each a round trip of its own: `rdma`, whose verbs have no masked
-/// atomics). Counting the emulated batch as one round trip made every non-fast-path attempt
-/// fail inequality (1) there: a livelock.
-pub fn t_wait_round_trips(masked: fabric::MaskedAtomics) -> u32 {
+/// for each masked atomic of the phase-(c)+(d) batch ([`emulated_masked_atomics`]) where the
+/// client emulates them (a Read, then a CAS, each a round trip of its own: `rdma`, whose verbs
+/// have no masked atomics). Counting the emulated batch as one round trip made every
+/// non-fast-path attempt fail inequality (1) there: a livelock; a count fixed for the file
+/// system's trees undercounts a taller tree's notifications.
+pub fn t_wait_round_trips(masked: fabric::MaskedAtomics, tallest_height: u32, m: u32) -> u32 {
     match masked {
-        fabric::MaskedAtomics::ClientEmulated => T_WAIT_ROUND_TRIPS + 2 * T_WAIT_EMULATED_MASKED,
+        fabric::MaskedAtomics::ClientEmulated => {
+            T_WAIT_ROUND_TRIPS + 2 * emulated_masked_atomics(tallest_height, m)
+        }
         fabric::MaskedAtomics::Native | fabric::MaskedAtomics::CpuCasLoop => T_WAIT_ROUND_TRIPS,
     }
 }
 
-/// `T_wait` for a fabric whose round trip takes `rtt`:
+/// `T_wait` for a fabric whose round trip takes `rtt` and whose masked atomics are one verb:
 /// `3 · max(2.5 · RTT, 5 µs)` — the paper's 15 µs at 2 µs RTT (§3.5.5), scaled with the fabric.
 pub fn t_wait_for_rtt(rtt: Duration) -> Duration {
-    t_wait_for(rtt, fabric::MaskedAtomics::Native)
+    t_wait_for(rtt, T_WAIT_ROUND_TRIPS)
 }
 
-/// [`t_wait_for_rtt`] for a fabric whose masked atomics are `masked`:
-/// `max(2.5 · RTT, 5 µs)` per round trip of [`t_wait_round_trips`].
-pub fn t_wait_for(rtt: Duration, masked: fabric::MaskedAtomics) -> Duration {
+/// `T_wait` for a fabric whose round trip takes `rtt`, reserving `round_trips` of them
+/// ([`t_wait_round_trips`]): `max(2.5 · RTT, 5 µs)` each.
+pub fn t_wait_for(rtt: Duration, round_trips: u32) -> Duration {
     let per = rtt.mul_f64(T_WAIT_RTT_FACTOR).max(T_WAIT_FLOOR_PER_RTT);
-    per * t_wait_round_trips(masked)
+    per * round_trips
 }
 
-/// The round trip a `T_wait` was derived from ([`t_wait_for_rtt`] inverted; at least the floor's
-/// share, 2 µs): what a client that only knows the lock's record knows of the fabric's round
-/// trip under load.
-pub fn rtt_for_t_wait(t_wait: Duration) -> Duration {
-    t_wait.div_f64(f64::from(T_WAIT_ROUND_TRIPS) * T_WAIT_RTT_FACTOR)
+/// The round trip a `T_wait` reserving `round_trips` round trips was derived from
+/// ([`t_wait_for`] inverted; at least the floor's share, 2 µs): what a client that only knows
+/// the lock's record knows of the fabric's round trip under load. The client counts the
+/// round trips as the creator did ([`ConfigRecord::t_wait_round_trips`]).
+pub fn rtt_for_t_wait(t_wait: Duration, round_trips: u32) -> Duration {
+    t_wait.div_f64(f64::from(round_trips.max(1)) * T_WAIT_RTT_FACTOR)
 }
 
 /// Threads of the load under which [`t_wait_under_load`] measures the round trip: twice the
@@ -91,9 +111,10 @@ pub fn rtt_load_threads() -> usize {
 /// Reads each load thread posts in [`t_wait_under_load`].
 pub const RTT_LOAD_SAMPLES: usize = 500;
 
-/// `T_wait` for clients that reach the lock through `connector`: [`t_wait_for_rtt`] of the 90th
-/// percentile round trip measured under load ([`fabric::measure_rtt_under_load`], reading the
-/// word at `addr`).
+/// `T_wait` for clients that reach locks shaped as `config` says (their tallest tree and `m`)
+/// through `connector`: [`t_wait_for`] of the 90th percentile round trip measured under load
+/// ([`fabric::measure_rtt_under_load`], reading the word at `addr`), for
+/// [`CitronConfig::t_wait_round_trips`] round trips.
 ///
 /// Why loaded and why p90: inequality (1) is tested only by clients that conflict, hence busy
 /// ones, and a time-limit abort costs a whole attempt, so the reserve per round trip must cover
@@ -105,11 +126,13 @@ pub const RTT_LOAD_SAMPLES: usize = 500;
 pub fn t_wait_under_load(
     connector: &dyn fabric::Connector,
     addr: RemoteAddr,
+    config: &CitronConfig,
 ) -> Result<(Duration, fabric::RttProfile), LockError> {
     let masked = connector.connect()?.capabilities().masked_atomics;
+    let round_trips = config.t_wait_round_trips(masked)?;
     let profile =
         fabric::measure_rtt_under_load(connector, addr, rtt_load_threads(), RTT_LOAD_SAMPLES)?;
-    Ok((t_wait_for(profile.p90, masked), profile))
+    Ok((t_wait_for(profile.p90, round_trips), profile))
 }
 
 /// Memory a scale-up asks for: zeroed words reachable through the same endpoint as the rest of
@@ -300,6 +323,22 @@ pub struct CitronConfig {
     pub min_scale_levels: u32,
 }
 
+impl CitronConfig {
+    /// The tallest tree this lock may grow to ([`layout::tallest_height`]).
+    pub fn tallest_height(&self) -> Result<u32, LockError> {
+        let height = layout::height_for(self.unit_count).ok_or_else(|| {
+            LockError::Config(format!("{} units exceed the largest tree", self.unit_count))
+        })?;
+        Ok(layout::tallest_height(height, self.max_unit_count))
+    }
+
+    /// The round trips this lock's `T_wait` reserves where the fabric's masked atomics are
+    /// `masked` ([`t_wait_round_trips`] for its tallest tree and `m`).
+    pub fn t_wait_round_trips(&self, masked: fabric::MaskedAtomics) -> Result<u32, LockError> {
+        Ok(t_wait_round_trips(masked, self.tallest_height()?, self.m))
+    }
+}
+
 impl Default for CitronConfig {
     fn default() -> Self {
         Self {
@@ -458,6 +497,17 @@ impl ConfigRecord {
         Duration::from_nanos(self.t_lease_ns)
     }
 
+    /// The round trips this lock's `T_wait` reserves where the fabric's masked atomics are
+    /// `masked`, counted as its creator counted them ([`CitronConfig::t_wait_round_trips`]:
+    /// the tallest tree within [`ConfigRecord::max_units`], and `m`).
+    pub fn t_wait_round_trips(&self, masked: fabric::MaskedAtomics) -> u32 {
+        t_wait_round_trips(
+            masked,
+            layout::tallest_height(self.height, self.max_units),
+            self.m,
+        )
+    }
+
     /// Seals the record for writing.
     pub fn seal(&self) -> Result<Vec<u8>, LockError> {
         let payload = postcard::to_stdvec(self)
@@ -544,12 +594,95 @@ mod tests {
         );
         // And back: the round trip a record's T_wait stands for (the floor's, 2 µs, at least).
         assert_eq!(
-            rtt_for_t_wait(Duration::from_micros(300)),
+            rtt_for_t_wait(Duration::from_micros(300), T_WAIT_ROUND_TRIPS),
             Duration::from_micros(40)
         );
         assert_eq!(
-            rtt_for_t_wait(t_wait_for_rtt(Duration::from_nanos(100))),
+            rtt_for_t_wait(
+                t_wait_for_rtt(Duration::from_nanos(100)),
+                T_WAIT_ROUND_TRIPS
+            ),
             Duration::from_micros(2)
         );
+    }
+
+    /// Where masked atomics are emulated, `T_wait` counts two round trips for each masked
+    /// atomic of the phase-(c)+(d) batch: phase (c)'s `Occ` and a leaf's notifications, one
+    /// more every `m` levels of the tallest tree the lock may grow to — not a fixed 4.
+    #[test]
+    fn emulated_masked_atomics_follow_the_tallest_tree() {
+        use fabric::MaskedAtomics::{ClientEmulated, CpuCasLoop, Native};
+        // The notifications counted are what `notify_targets` makes for the deepest node.
+        let mut targets = Vec::new();
+        for h in layout::MIN_HEIGHT..=layout::MAX_HEIGHT {
+            for m in 1..=6 {
+                layout::notify_targets(layout::Node::new(0, 0), h, m, &mut targets);
+                assert_eq!(
+                    emulated_masked_atomics(h, m),
+                    1 + targets.len() as u32,
+                    "h {h}, m {m}"
+                );
+            }
+        }
+        // m = 4: the parent, then every 4th ancestor down to level 3.
+        assert_eq!(emulated_masked_atomics(2, 4), 2);
+        assert_eq!(emulated_masked_atomics(5, 4), 2);
+        assert_eq!(emulated_masked_atomics(6, 4), 3);
+        assert_eq!(emulated_masked_atomics(13, 4), 4);
+        assert_eq!(emulated_masked_atomics(layout::MAX_HEIGHT, 4), 8);
+        // The file system's trees (CitronConfig::default: up to 2^30 units) keep the 4 the
+        // constant had; a lock allowed to grow to the tallest tree counts 8.
+        let fs = CitronConfig::default();
+        assert_eq!(fs.tallest_height().unwrap(), 13);
+        assert_eq!(fs.t_wait_round_trips(ClientEmulated).unwrap(), 3 + 2 * 4);
+        let tallest = CitronConfig {
+            max_unit_count: u64::MAX,
+            ..CitronConfig::default()
+        };
+        assert_eq!(tallest.tallest_height().unwrap(), layout::MAX_HEIGHT);
+        assert_eq!(
+            tallest.t_wait_round_trips(ClientEmulated).unwrap(),
+            3 + 2 * 8
+        );
+        // A small tree that may not grow: fewer.
+        let small = CitronConfig {
+            unit_count: 256,
+            max_unit_count: 256,
+            ..CitronConfig::default()
+        };
+        assert_eq!(small.tallest_height().unwrap(), 2);
+        assert_eq!(small.t_wait_round_trips(ClientEmulated).unwrap(), 3 + 2 * 2);
+        // A tree already taller than its limit is its own tallest.
+        assert_eq!(layout::tallest_height(8, 256), 8);
+        // Native and CPU masked atomics are one verb of the batch: the paper's 3.
+        for masked in [Native, CpuCasLoop] {
+            assert_eq!(
+                tallest.t_wait_round_trips(masked).unwrap(),
+                T_WAIT_ROUND_TRIPS
+            );
+        }
+        // A client counts from the record what the creator counted from its config, and
+        // inverts the T_wait with it.
+        let rtt = Duration::from_micros(40);
+        for config in [fs, tallest, small] {
+            let round_trips = config.t_wait_round_trips(ClientEmulated).unwrap();
+            let t_wait = t_wait_for(rtt, round_trips);
+            let height = layout::height_for(config.unit_count).unwrap();
+            let record = ConfigRecord {
+                epoch: 1,
+                height,
+                m: config.m,
+                t_wait_ns: t_wait.as_nanos() as u64,
+                t_lease_ns: 1,
+                max_units: config.max_unit_count,
+                min_scale_levels: 1,
+                segments: Vec::new(),
+                events: Vec::new(),
+                pending: false,
+                next_tag: 1,
+            };
+            assert_eq!(record.t_wait_round_trips(ClientEmulated), round_trips);
+            assert_eq!(rtt_for_t_wait(record.t_wait(), round_trips), rtt);
+        }
     }
 }

@@ -274,6 +274,16 @@ pub fn height_for(units: u64) -> Option<u32> {
     (MIN_HEIGHT..=MAX_HEIGHT).find(|&h| tree_units(h) >= units)
 }
 
+/// The tallest tree a lock now of height `height` may grow to when its scale-ups stop at
+/// `max_units` units: the tallest height within `max_units` (where `spillover::target_height`
+/// stops), or `height` itself if that is already as tall.
+pub fn tallest_height(height: u32, max_units: u64) -> u32 {
+    (height..=MAX_HEIGHT)
+        .take_while(|&h| h == height || tree_units(h) <= max_units)
+        .last()
+        .unwrap_or(height)
+}
+
 /// A node of the lock tree, named independently of the tree's height (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Node {

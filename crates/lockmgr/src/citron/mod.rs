@@ -31,9 +31,9 @@ mod spillover;
 pub mod split;
 
 pub use config::{
-    rtt_for_t_wait, rtt_load_threads, t_wait_for, t_wait_for_rtt, t_wait_round_trips,
-    t_wait_under_load, BumpAllocator, CitronConfig, ClientOptions, ConfigRecord,
-    FabricBumpAllocator, NoAllocator, TreeAllocator,
+    emulated_masked_atomics, rtt_for_t_wait, rtt_load_threads, t_wait_for, t_wait_for_rtt,
+    t_wait_round_trips, t_wait_under_load, BumpAllocator, CitronConfig, ClientOptions,
+    ConfigRecord, FabricBumpAllocator, NoAllocator, TreeAllocator,
 };
 pub use hosted::{CitronHost, Hosting};
 
@@ -139,7 +139,7 @@ impl Citron {
             None => {
                 endpoint.execute(&batch, &mut Completions::new())?;
                 batch.clear();
-                measure_t_wait(endpoint, base)?
+                measure_t_wait(endpoint, base, &config)?
             }
         };
         let record = ConfigRecord {
@@ -203,17 +203,20 @@ impl Citron {
     }
 }
 
-/// `T_wait` (§3.5.5) for a lock at `base` as `endpoint` reaches it: [`t_wait_for`] of the
-/// median of 64 reads of the spillover word and the endpoint's masked atomics (what
-/// [`Citron::create`] does when no `T_wait` is given).
+/// `T_wait` (§3.5.5) for a lock shaped as `config` says at `base` as `endpoint` reaches it:
+/// [`t_wait_for`] of the median of 64 reads of the spillover word, for the round trips the
+/// endpoint's masked atomics take in the lock's tallest tree
+/// ([`CitronConfig::t_wait_round_trips`]; what [`Citron::create`] does when no `T_wait` is
+/// given).
 pub(crate) fn measure_t_wait(
     endpoint: &mut dyn Endpoint,
     base: RemoteAddr,
+    config: &CitronConfig,
 ) -> Result<Duration, LockError> {
-    let masked = endpoint.capabilities().masked_atomics;
+    let round_trips = config.t_wait_round_trips(endpoint.capabilities().masked_atomics)?;
     Ok(t_wait_for(
         measure_rtt(endpoint, base.add(SPILLOVER_OFFSET), 64)?,
-        masked,
+        round_trips,
     ))
 }
 
@@ -415,6 +418,9 @@ pub struct CitronClient {
     /// Every poll costs the server's CPU a wake-up (`Capabilities::server_cpu_on_data_path`,
     /// tcp): backoffs start at a round trip instead of `backoff_base` (see `backoff`).
     polls_cost_server: bool,
+    /// The endpoint's masked atomics: what the lock's `T_wait` counted round trips for
+    /// ([`ConfigRecord::t_wait_round_trips`]).
+    masked: fabric::MaskedAtomics,
     /// The mode of the acquisition in progress ([`RangeLock::acquire_mode`]).
     mode: crate::LockMode,
     /// A leaf writer kept out by readers: the leaf's share word, the readers' fields as last
@@ -460,6 +466,7 @@ impl CitronClient {
             progress: Arc::default(),
             hosted: None,
             polls_cost_server: endpoint_capabilities.server_cpu_on_data_path,
+            masked: endpoint_capabilities.masked_atomics,
             mode: crate::LockMode::Exclusive,
             leaf_readers_seen: None,
             readers_seen: false,
@@ -640,9 +647,10 @@ impl CitronClient {
     /// `backoff_base` as configured.
     fn backoff(&self) -> BackoffState {
         let base = if self.polls_cost_server {
-            self.opts
-                .backoff_base
-                .max(config::rtt_for_t_wait(self.rec.t_wait()))
+            self.opts.backoff_base.max(config::rtt_for_t_wait(
+                self.rec.t_wait(),
+                self.rec.t_wait_round_trips(self.masked),
+            ))
         } else {
             self.opts.backoff_base
         };

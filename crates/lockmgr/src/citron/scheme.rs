@@ -216,6 +216,19 @@ impl CitronSpec {
         }
     }
 
+    /// The [`CitronConfig`] a lock of this (resolved) description is created with: its units,
+    /// scale-up limit, lease and `T_wait` (`None` while open, 0), the other choices the
+    /// defaults. What `T_wait` is derived for ([`CitronConfig::t_wait_round_trips`]).
+    pub fn config(&self) -> CitronConfig {
+        CitronConfig {
+            unit_count: self.unit_count,
+            max_unit_count: self.max_unit_count,
+            t_lease: Duration::from_millis(self.lease_ms),
+            t_wait: (self.t_wait_us != 0).then(|| Duration::from_micros(self.t_wait_us)),
+            ..CitronConfig::default()
+        }
+    }
+
     /// Creates the lock from a resolved description: takes [`Self::region_bytes`] from `memory`,
     /// measures `T_wait` if it is open, lays out the record, the spillover mutex, the maximizer
     /// and the tree ([`Citron::create`]), and zeroes the growth room and its cursor. Returns the
@@ -227,23 +240,15 @@ impl CitronSpec {
         let bytes = self.region_bytes()?;
         let base = memory.allocate(bytes)?;
         let endpoint = memory.endpoint();
+        let mut config = self.config();
         // Measured here rather than inside `Citron::create`, so that the record gets exactly
         // the value the returned description states (whole microseconds).
         let t_wait_us = match self.t_wait_us {
-            0 => duration_us(measure_t_wait(endpoint, base)?),
+            0 => duration_us(measure_t_wait(endpoint, base, &config)?),
             us => us,
         };
-        Citron::create(
-            endpoint,
-            base,
-            CitronConfig {
-                unit_count: self.unit_count,
-                max_unit_count: self.max_unit_count,
-                t_lease: Duration::from_millis(self.lease_ms),
-                t_wait: Some(Duration::from_micros(t_wait_us)),
-                ..CitronConfig::default()
-            },
-        )?;
+        config.t_wait = Some(Duration::from_micros(t_wait_us));
+        Citron::create(endpoint, base, config)?;
         if let Some(room) = self.room()? {
             // The memory Alg. 4 l. 3 asks for must be "free and zeroed", and the cursor at 0.
             FabricBumpAllocator::format(
@@ -320,10 +325,7 @@ fn growth_room(unit_count: u64, max_unit_count: u64) -> Result<Option<GrowthRoom
         return Ok(None);
     };
     // The tallest height within `max_unit_count` (what `scaleup::target_height` stops at).
-    let h_max = (h0..=layout::MAX_HEIGHT)
-        .take_while(|&h| h == h0 || layout::tree_units(h) <= max_unit_count)
-        .last()
-        .unwrap_or(h0);
+    let h_max = layout::tallest_height(h0, max_unit_count);
     let area_len =
         layout::STORAGE_WORDS_PER_NODE * (layout::tree_nodes(h_max) - layout::tree_nodes(h0)) * 8;
     Ok(Some(GrowthRoom {

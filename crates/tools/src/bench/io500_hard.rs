@@ -381,7 +381,8 @@ fn replay(
     let fabric = Fabric::start(args.fabric, region_bytes)?;
     if let LockScheme::Citron(spec) = &mut kind {
         // Replayed with the default options: hosted where the fabric offers it.
-        let t_wait = fabric.t_wait(Hosting::Auto)?;
+        let shape = spec.resolve(&options.citron)?.config();
+        let t_wait = fabric.t_wait(Hosting::Auto, &shape)?;
         spec.t_wait_us = t_wait.as_micros().max(1) as u64;
     }
     let created = schemes::create(

@@ -25,7 +25,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use fabric::{Backend, Backing, Connector, Credentials, FabricServer, RegionId, RemoteAddr};
 use hdrhistogram::Histogram;
 use lockmgr::baselines::SegSpec;
-use lockmgr::citron::{hosted, CitronHost, CitronSpec, Hosting};
+use lockmgr::citron::{hosted, CitronConfig, CitronHost, CitronSpec, Hosting};
 use lockmgr::schemes::{self, CreateOptions, FixedMemory};
 use lockmgr::{AbortCounts, LockMode, LockScheme, LockStats, RangeLock};
 use rand::rngs::SmallRng;
@@ -367,8 +367,9 @@ impl Fabric {
     /// Only for a tree every client of which acquires as `hosting` says (a benchmark's): a
     /// one-sided client on a tree sized for the host aborts every attempt that is not a fast
     /// path, for ever — which is why the file system's meta server sizes its trees for the
-    /// fabric (`meta-server`'s `measure_t_wait`).
-    pub(crate) fn t_wait(&self, hosting: Hosting) -> Result<Duration> {
+    /// fabric (`meta-server`'s `measure_t_wait`). `shape`: the tree's (its tallest height and
+    /// `m` count where masked atomics are emulated: `CitronConfig::t_wait_round_trips`).
+    pub(crate) fn t_wait(&self, hosting: Hosting, shape: &CitronConfig) -> Result<Duration> {
         let hosted = match hosting {
             Hosting::Never => false,
             Hosting::Auto => self.runs_procedures,
@@ -380,7 +381,7 @@ impl Fabric {
             &*self.connector
         };
         let (t_wait, rtt) =
-            lockmgr::citron::t_wait_under_load(connector, RemoteAddr::new(LOCK_REGION, 0))?;
+            lockmgr::citron::t_wait_under_load(connector, RemoteAddr::new(LOCK_REGION, 0), shape)?;
         tracing::info!(
             ?rtt,
             ?t_wait,
@@ -445,7 +446,10 @@ fn run_one(args: &LocksArgs, name: &str, threads: usize) -> Result<LocksResult> 
         (false, _) => None,
         (true, Some(us)) => Some(Duration::from_micros(us)),
         (true, None) => {
-            let t_wait = fabric.t_wait(args.citron_hosting.hosting())?;
+            let LockScheme::Citron(spec) = kind.resolve(&options)? else {
+                bail!("{name}: not a CITRON scheme")
+            };
+            let t_wait = fabric.t_wait(args.citron_hosting.hosting(), &spec.config())?;
             kind = citron_kind(args, plain, t_wait.as_micros().max(1) as u64);
             Some(t_wait)
         }
