@@ -53,6 +53,7 @@ mod endpoint;
 pub mod ibverbs;
 mod server;
 pub mod soft;
+mod soft_link;
 pub mod verbs;
 
 pub use endpoint::{RdmaConnector, RdmaEndpoint};
