@@ -75,6 +75,10 @@ use std::time::Instant;
 pub const ENV_ATOMIC: &str = "CITRONFS_RDMA_SOFT_ATOMIC";
 /// The environment variable making the soft device return atomic results big-endian (`1`).
 pub const ENV_REPLY_BE: &str = "CITRONFS_RDMA_SOFT_REPLY_BE";
+/// The environment variable choosing how requests to this process's own queue pairs travel:
+/// `wire` (default: over the process's socket, as requests from other processes do) or
+/// `direct` (a function call).
+pub const ENV_LOOPBACK: &str = "CITRONFS_RDMA_SOFT_LOOPBACK";
 
 /// How the soft device behaves.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -85,6 +89,12 @@ pub struct SoftOptions {
     pub reply_be: bool,
     /// The device has no atomics (`IBV_ATOMIC_NONE`), as some iWARP devices.
     pub no_atomics: bool,
+    /// Requests to this process's own queue pairs are function calls instead of socket
+    /// exchanges: faster, but a round trip in the process then costs far less than one to
+    /// another process, which a NIC's loopback does not (a server measuring its round trips
+    /// through its loopback, as the meta server does for CITRON's `T_wait`, would measure
+    /// the wrong thing for clients in other processes).
+    pub direct_loopback: bool,
 }
 
 impl SoftOptions {
@@ -95,6 +105,7 @@ impl SoftOptions {
             glob: atomic == "glob",
             no_atomics: atomic == "none",
             reply_be: std::env::var(ENV_REPLY_BE).is_ok_and(|v| v == "1"),
+            direct_loopback: std::env::var(ENV_LOOPBACK).is_ok_and(|v| v == "direct"),
         }
     }
 }
@@ -321,7 +332,8 @@ impl ProtectionDomain for SoftPd {
             )));
         }
         let f = fabric();
-        // Peers in other processes reach this queue pair through the process's socket.
+        // Peers (in other processes, and in this one unless `direct_loopback`) reach this queue
+        // pair through the process's socket.
         soft_link::serve(gid());
         let qpn = f.next_qpn.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff;
         let shared = Arc::new(QpShared {
@@ -426,7 +438,8 @@ impl SoftQp {
             rkey: wr.rkey,
             len: wr.len,
         };
-        let answer = if remote.gid == gid() {
+        let direct = self.options.direct_loopback || !soft_link::serve(gid());
+        let answer = if remote.gid == gid() && direct {
             respond(&ask, &payload)
         } else {
             self.link.borrow_mut().ask(&remote.gid, &ask, &payload)
@@ -1207,7 +1220,17 @@ mod tests {
 
     #[test]
     fn hca_atomics_are_atomic_among_themselves() {
-        let provider = SoftProvider::default();
+        // Over the process's socket (the default) and by function calls.
+        for direct_loopback in [false, true] {
+            hca_atomics_are_atomic(SoftOptions {
+                direct_loopback,
+                ..SoftOptions::default()
+            });
+        }
+    }
+
+    fn hca_atomics_are_atomic(options: SoftOptions) {
+        let provider = SoftProvider::new(options);
         let dev = provider.open(None).unwrap();
         let spd = dev.alloc_pd().unwrap();
         let remote = Arc::new(Buf::new(&*spd, 1, Access::SERVED));

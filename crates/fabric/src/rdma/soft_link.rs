@@ -71,21 +71,24 @@ fn split_gid(gid: &[u8; 16]) -> (u32, u64) {
     (u32::from_be_bytes(pid), u64::from_be_bytes(nonce))
 }
 
-/// Starts this process's responder (once): its socket and the thread accepting on it. An
-/// error (the directory not writable, say) leaves the process reachable from itself only; it
-/// is logged once, and requesters elsewhere see [`WcStatus::RetryExceeded`].
-pub(super) fn serve(gid: [u8; 16]) {
-    static STARTED: OnceLock<()> = OnceLock::new();
-    STARTED.get_or_init(|| {
-        if let Err(error) = start(gid) {
+/// Starts this process's responder (once): its socket and the thread accepting on it; whether
+/// it listens. An error (the directory not writable, say) leaves the process reachable from
+/// itself only (by function calls); it is logged once, and requesters elsewhere see
+/// [`WcStatus::RetryExceeded`].
+pub(super) fn serve(gid: [u8; 16]) -> bool {
+    static LISTENING: OnceLock<bool> = OnceLock::new();
+    *LISTENING.get_or_init(|| match start(gid) {
+        Ok(()) => true,
+        Err(error) => {
             tracing::warn!(
                 %error,
                 dir = %socket_dir().display(),
                 "rdma soft: no socket for peers in other processes; this process's queue \
                  pairs are reachable from this process only"
             );
+            false
         }
-    });
+    })
 }
 
 fn start(gid: [u8; 16]) -> std::io::Result<()> {
