@@ -451,9 +451,19 @@ impl SoftQp {
         if wr.op == WrOp::Write {
             return WcStatus::Success;
         }
+        if bytes.len()
+            != if wr.op.is_atomic() {
+                8
+            } else {
+                wr.len as usize
+            }
+        {
+            // Not what the responder's side ever answers: a corrupt answer.
+            return WcStatus::RemoteOperation;
+        }
         if wr.op.is_atomic() {
             let mut old = [0u8; 8];
-            old.copy_from_slice(&bytes[..8]);
+            old.copy_from_slice(&bytes);
             let old = u64::from_le_bytes(old);
             bytes = if self.options.reply_be {
                 old.to_be_bytes()
