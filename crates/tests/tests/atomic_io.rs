@@ -2,16 +2,16 @@
 //! the file on every client, up to the mount's atomic I/O bound (16 MiB where the machine
 //! allows it), whatever the alignment of the user's buffer.
 //!
-//! Two in-process mounts of one cluster (two CitronFS clients, two FUSE connections), on the
-//! shm fabric and on the tcp fabric; with the `rdma` feature also on the rdma fabric (its
-//! provider from `CITRONFS_RDMA_PROVIDER`, `soft` in CI), there from two client processes,
-//! on three of the cases (1, 4 and 16 MiB, unaligned). For each case (a record size and a file offset), one writer
-//! per mount `pwrite`s whole self-describing records at the same offset while one reader per
-//! mount `pread`s the record's range; every call uses a user buffer at another page offset
-//! (0, 1, 8, 511, 2048, 4095 and a few random ones). A record's 4 KiB blocks each repeat one
-//! 16-byte unit naming the write (a one-byte tag: writer id and sequence number), the block's
-//! index and the record's size, every byte of it mixed with the tag, so a read that shows parts
-//! of two writes is caught wherever they meet — also in a short tail block, down to one byte.
+//! Two in-process mounts of one cluster (two CitronFS clients, two FUSE connections), on the shm
+//! fabric and on the tcp fabric; with the `rdma` feature also on the rdma fabric (its provider from
+//! `CITRONFS_RDMA_PROVIDER`, `soft` in CI), there from two client processes, on three of the cases
+//! (1, 4 and 16 MiB, unaligned). For each case (a record size and a file offset), one writer per
+//! mount `pwrite`s whole self-describing records at the same offset while one reader per mount
+//! `pread`s the record's range; every call uses a user buffer at another page offset (0, 1, 8, 511,
+//! 2048, 4095 and a few random ones). A record's 4 KiB blocks each repeat one 16-byte unit naming
+//! the write (a one-byte tag: writer id and sequence number), the block's index and the record's
+//! size, every byte of it mixed with the tag, so a read that shows parts of two writes is caught
+//! wherever they meet — also in a short tail block, down to one byte.
 //!
 //! Before the fix the kernel cut a direct-I/O call into several FUSE requests at 256 pages of
 //! the user's buffer (and writes at 4 MiB), each under its own range lock: on the 2-core
