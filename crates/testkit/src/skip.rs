@@ -21,6 +21,9 @@ pub enum Need {
     Root,
     /// Network namespaces: root, `ip` (iproute2), and a kernel and container that allow them.
     Netns,
+    /// An RDMA device that opens (the `rdma` fabric's provider from `CITRONFS_RDMA_PROVIDER`:
+    /// `ibverbs` needs a device; `soft` runs anywhere).
+    Rdma,
     /// Something else: a kernel feature (FUSE over io_uring, shared mappings of direct-I/O
     /// files), a tool outside the project's install list.
     Other,
@@ -33,6 +36,7 @@ impl Need {
             Need::Fuse => "fuse",
             Need::Root => "root",
             Need::Netns => "netns",
+            Need::Rdma => "rdma",
             Need::Other => "other",
         }
     }

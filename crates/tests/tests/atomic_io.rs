@@ -2,14 +2,16 @@
 //! the file on every client, up to the mount's atomic I/O bound (16 MiB where the machine
 //! allows it), whatever the alignment of the user's buffer.
 //!
-//! Two in-process mounts of one cluster (two CitronFS clients, two FUSE connections), on the
-//! shm fabric and on the tcp fabric. For each case (a record size and a file offset), one writer
-//! per mount `pwrite`s whole self-describing records at the same offset while one reader per
-//! mount `pread`s the record's range; every call uses a user buffer at another page offset
-//! (0, 1, 8, 511, 2048, 4095 and a few random ones). A record's 4 KiB blocks each repeat one
-//! 16-byte unit naming the write (a one-byte tag: writer id and sequence number), the block's
-//! index and the record's size, every byte of it mixed with the tag, so a read that shows parts
-//! of two writes is caught wherever they meet — also in a short tail block, down to one byte.
+//! Two in-process mounts of one cluster (two CitronFS clients, two FUSE connections), on the shm
+//! fabric and on the tcp fabric; with the `rdma` feature also on the rdma fabric (its provider from
+//! `CITRONFS_RDMA_PROVIDER`, `soft` in CI), there from two client processes, on three of the cases
+//! (1, 4 and 16 MiB, unaligned). For each case (a record size and a file offset), one writer per
+//! mount `pwrite`s whole self-describing records at the same offset while one reader per mount
+//! `pread`s the record's range; every call uses a user buffer at another page offset (0, 1, 8, 511,
+//! 2048, 4095 and a few random ones). A record's 4 KiB blocks each repeat one 16-byte unit naming
+//! the write (a one-byte tag: writer id and sequence number), the block's index and the record's
+//! size, every byte of it mixed with the tag, so a read that shows parts of two writes is caught
+//! wherever they meet — also in a short tail block, down to one byte.
 //!
 //! Before the fix the kernel cut a direct-I/O call into several FUSE requests at 256 pages of
 //! the user's buffer (and writes at 4 MiB), each under its own range lock: on the 2-core
@@ -23,6 +25,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use testkit::Backend;
 use testkit::{open_rw, skip_without_fuse, Cluster, ClusterSpec, Mount, UserBuf};
+#[cfg(feature = "rdma")]
+use testkit::{ChildMount, ClusterExt};
 
 const MAX_PAGES_LIMIT_SYSCTL: &str = fs_client::fuse::MAX_PAGES_LIMIT_SYSCTL;
 
@@ -278,7 +282,29 @@ fn run_case(
     (counts, examples)
 }
 
+/// The cases of the run from two client processes on rdma: 1, 4 and 16 MiB, unaligned.
+#[cfg(feature = "rdma")]
+const RDMA_CASES: [(usize, u64, u8); 3] = [
+    (MIB, 5_001, 12),
+    (4 * MIB, 65_536 - 3, 5),
+    (16 * MIB, 4_095, 4),
+];
+
+/// Where the two mounts are served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Clients {
+    /// By this process (two clients, two FUSE connections).
+    InProcess,
+    /// By two client processes (`child_mount`).
+    #[cfg(feature = "rdma")]
+    Processes,
+}
+
 fn atomic_io(fabric: Backend) {
+    atomic_io_with(fabric, Clients::InProcess, &CASES);
+}
+
+fn atomic_io_with(fabric: Backend, clients: Clients, cases: &[(usize, u64, u8)]) {
     skip_without_fuse!();
     let cluster = Cluster::start(ClusterSpec {
         data_servers: 2,
@@ -289,7 +315,24 @@ fn atomic_io(fabric: Backend) {
     })
     .unwrap();
     let (a, b): (Mount, Mount) = (cluster.mount().unwrap(), cluster.mount().unwrap());
+    // Client processes mount with the same options as `Cluster::mount`: the same bound.
     let bound = a.atomic_bound().min(b.atomic_bound());
+    #[cfg(feature = "rdma")]
+    let processes: Option<(ChildMount, ChildMount)> = (clients == Clients::Processes).then(|| {
+        let scheme = ClusterSpec::default().scheme;
+        let pa = cluster.spawn_mount_process("child_mount", scheme);
+        let pb = cluster.spawn_mount_process("child_mount", scheme);
+        assert_ne!(pa.pid(), pb.pid());
+        (pa, pb)
+    });
+    #[cfg(feature = "rdma")]
+    let (a_path, b_path) = match &processes {
+        Some((pa, pb)) => (pa.path(), pb.path()),
+        None => (a.path(), b.path()),
+    };
+    #[cfg(not(feature = "rdma"))]
+    let (a_path, b_path) = (a.path(), b.path());
+    eprintln!("{fabric:?}: mounts served {clients:?}");
     eprintln!("{fabric:?}: the mounts report an atomic I/O bound of {bound} bytes");
     if can_raise_max_pages_limit() {
         // The mount can raise /proc/sys/fs/fuse/max_pages_limit, so it must reach 16 MiB: the
@@ -307,7 +350,7 @@ fn atomic_io(fabric: Backend) {
     }
     let offsets = buffer_offsets();
     eprintln!("{fabric:?}: user buffers at page offsets {offsets:?}");
-    let mut cases = CASES.to_vec();
+    let mut cases = cases.to_vec();
     if bound < WANTED_BOUND as u64 {
         // Where the mount cannot reach 16 MiB, the bound it reports must hold exactly.
         let at_bound = usize::try_from(bound).expect("a bound in memory");
@@ -325,7 +368,7 @@ fn atomic_io(fabric: Backend) {
             continue;
         }
         let started = Instant::now();
-        let (c, ex) = run_case(a.path(), b.path(), size, offset, writes, &offsets);
+        let (c, ex) = run_case(a_path, b_path, size, offset, writes, &offsets);
         eprintln!(
             "{fabric:?}: {size} bytes at offset {offset}: {} writes, {} reads checked, {} torn \
              ({:.1} s)",
@@ -362,6 +405,36 @@ fn reads_and_writes_are_atomic_up_to_the_bound_shm() {
 #[test]
 fn reads_and_writes_are_atomic_up_to_the_bound_tcp() {
     atomic_io(Backend::Tcp);
+}
+
+/// The client processes of the rdma run run this test (see
+/// `ClusterExt::spawn_mount_process`); run normally it does nothing.
+#[cfg(feature = "rdma")]
+#[test]
+fn child_mount() {
+    testkit::child_mount_main();
+}
+
+/// Whether the rdma fabric's device opens here; if not, the test records a skip.
+#[cfg(feature = "rdma")]
+fn rdma_opens() -> bool {
+    match fabric::rdma::open_device() {
+        Ok(_) => true,
+        Err(e) => {
+            testkit::skip(testkit::Need::Rdma, &e.to_string());
+            false
+        }
+    }
+}
+
+/// On rdma (`CITRONFS_RDMA_PROVIDER=soft` in CI: the soft NIC, across processes), from two
+/// client processes, at 1, 4 and 16 MiB unaligned.
+#[cfg(feature = "rdma")]
+#[test]
+fn reads_and_writes_are_atomic_up_to_the_bound_rdma_two_processes() {
+    if rdma_opens() {
+        atomic_io_with(Backend::Rdma, Clients::Processes, &RDMA_CASES);
+    }
 }
 
 /// The checker itself: a whole record passes, and a record with a foreign piece anywhere — a

@@ -5,7 +5,8 @@
 //!
 //! The test process only issues system calls on the two mount points; the kernel hands them to
 //! the client processes, so every read and write goes through one of two independent CitronFS
-//! clients.
+//! clients. With the `rdma` feature, the citron case runs on the rdma fabric too (its provider
+//! from `CITRONFS_RDMA_PROVIDER`: `soft` in CI, whose NIC spans the processes of a host).
 
 use fs_client::LockScheme;
 use std::fs::{File, OpenOptions};
@@ -294,10 +295,15 @@ fn no_torn_records(a: &Path, b: &Path, scheme: LockScheme) {
 }
 
 fn two_processes(scheme: LockScheme) {
+    two_processes_on(scheme, ClusterSpec::default().fabric);
+}
+
+fn two_processes_on(scheme: LockScheme, fabric: testkit::Backend) {
     skip_without_fuse!();
     let cluster = Cluster::start(ClusterSpec {
         chunk_size: CHUNK,
         scheme,
+        fabric,
         ..ClusterSpec::default()
     })
     .unwrap();
@@ -326,6 +332,18 @@ fn two_client_processes_seg() {
 #[test]
 fn two_client_processes_server() {
     two_processes(LockScheme::SERVER);
+}
+
+/// On the rdma fabric: the servers in this process, the two clients in theirs, every verb
+/// through the rdma backend (the soft NIC in CI). Skipped, and recorded, where no device opens.
+#[cfg(feature = "rdma")]
+#[test]
+fn two_client_processes_citron_rdma() {
+    if let Err(e) = fabric::rdma::open_device() {
+        testkit::skip(testkit::Need::Rdma, &e.to_string());
+        return;
+    }
+    two_processes_on(LockScheme::CITRON, testkit::Backend::Rdma);
 }
 
 /// The checker itself: whole records pass, a record with a foreign piece fails.

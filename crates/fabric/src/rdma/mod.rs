@@ -3,10 +3,11 @@
 //!
 //! Two layers. The backend proper ([`RdmaServer`], [`RdmaConnector`], [`RdmaEndpoint`]) is
 //! written against a narrow verbs interface ([`verbs`]); a provider implements that interface:
-//! [`soft`], an in-process emulation of a NIC with a real NIC's semantics (every line of the
-//! backend runs in CI on it), or `ibverbs`, the thin shim over libibverbs (`rdma-sys`). The
-//! environment chooses: [`ENV_PROVIDER`] (`CITRONFS_RDMA_PROVIDER=soft|ibverbs`, default
-//! `ibverbs`) and [`ENV_DEVICE`] (`CITRONFS_RDMA_DEVICE`, default the first device found).
+//! [`soft`], an emulation of a NIC for the processes of one host with a real NIC's semantics
+//! (every line of the backend runs in CI on it), or `ibverbs`, the thin shim over libibverbs
+//! (`rdma-sys`). The environment chooses: [`ENV_PROVIDER`] (`CITRONFS_RDMA_PROVIDER=soft|
+//! ibverbs`, default `ibverbs`) and [`ENV_DEVICE`] (`CITRONFS_RDMA_DEVICE`, default the first
+//! device found).
 //!
 //! **Connection setup.** A server listens on a tcp address; every client endpoint opens one
 //! connection to it and runs the cluster's authenticated handshake ([`crate::handshake`],
@@ -57,6 +58,7 @@ mod endpoint;
 pub mod ibverbs;
 mod server;
 pub mod soft;
+mod soft_link;
 pub mod verbs;
 
 pub use endpoint::{RdmaConnector, RdmaEndpoint};

@@ -1,6 +1,23 @@
-//! The `soft` provider: an in-process emulation of an RDMA NIC with a real NIC's semantics and
-//! no stronger ones, so that every line of the `rdma` backend above the verbs runs in CI, and
-//! code that relies on what hardware does not promise fails here as it would there.
+//! The `soft` provider: an emulation of an RDMA NIC with a real NIC's semantics and no
+//! stronger ones, so that every line of the `rdma` backend above the verbs runs in CI, and code
+//! that relies on what hardware does not promise fails here as it would there. It reaches the
+//! queue pairs of every process of the host that uses it.
+//!
+//! **Where requests execute.** A chain is executed on the poster's thread, inside `post_send`,
+//! request by request in the order below. The requester's half of a request (its local buffer:
+//! lkey, range, access) is checked and moved there; the responder's half — its queue pair's
+//! state and access flags, the rkey, range and access of the registration, and the bytes —
+//! runs in the process that created the responder queue pair (`respond`): directly when that
+//! is this process, else on a thread of that process, reached over a unix socket in the host's
+//! soft-NIC directory (`soft_link`: `CITRONFS_RDMA_SOFT_DIR`, default
+//! `/dev/shm/citronfs-softnic-<uid>`; the process is named by its soft GID, which carries its
+//! process id and a per-process random nonce). So registered memory is only ever touched by the
+//! NIC of the process that registered it, as a NIC touches only its own host's memory: any
+//! memory can be registered (heap, file mappings), and the device-wide atomic lock of that
+//! process orders every atomic on it, whichever process posted it. A peer process that is gone
+//! (exited, killed: no socket, the stream closed) or silent for `soft_link::RETRY_TIMEOUT`
+//! fails the request with [`WcStatus::RetryExceeded`]; a responder queue pair destroyed or in
+//! the error state is seen by the next request (also [`WcStatus::RetryExceeded`]).
 //!
 //! What it emulates, rule by rule (each has a unit test below):
 //!
@@ -11,8 +28,9 @@
 //!   whose local buffer is not 8 bytes), a remote one with [`WcStatus::RemoteAccess`].
 //! - **Atomics** act on 8-byte aligned words only (else [`WcStatus::RemoteInvalidRequest`]).
 //!   By default the device reports [`AtomicCap::Hca`] and means it: an atomic is a load and a
-//!   store under a device-wide lock, atomic against the other atomics of the emulated NIC but
-//!   **not** against the CPU's atomics or plain stores on the same word. With
+//!   store under the device-wide lock of the process owning the memory, atomic against the
+//!   other atomics of the emulated NIC (from any process) but **not** against the CPU's
+//!   atomics or plain stores on the same word. With
 //!   [`SoftOptions::glob`] (`CITRONFS_RDMA_SOFT_ATOMIC=glob`) they are CPU atomics and the
 //!   device reports [`AtomicCap::Glob`]. [`SoftOptions::reply_be`]
 //!   (`CITRONFS_RDMA_SOFT_REPLY_BE=1`) returns atomic results big-endian, as devices in a
@@ -30,18 +48,24 @@
 //!   no longer exists, or is not connected, completes with [`WcStatus::RetryExceeded`].
 //! - **Completions** come in posting order; a successful unsignalled request gives none.
 //!
-//! What it cannot emulate: timing (a request is executed on the poster's thread, inside
-//! `post_send`), the NIC's caches and its PCIe transactions (a multi-word Write tears only at
-//! 8-byte word boundaries here; a real NIC may place bytes in any order within a request), peers
-//! in other processes (the queue pairs and registrations of one process only), and link-level
-//! faults other than a silent peer ([`stall`]).
+//! What it cannot emulate: timing (a request is executed inside `post_send`, a round trip to
+//! another process is a unix-socket exchange and its responder a scheduled thread), the NIC's
+//! caches and its PCIe transactions (a multi-word Write tears only at 8-byte word boundaries
+//! here; a real NIC may place bytes in any order within a request), peers on other hosts (one
+//! host's processes only, of one user, in one pid namespace), a responder process that is
+//! stopped rather than gone (its requesters wait up to `soft_link::RETRY_TIMEOUT` inside
+//! `post_send` before retries are exceeded, where a NIC would keep answering for it), a
+//! process forked after using soft (it keeps its parent's GID but not its socket), and
+//! link-level faults other than a silent peer ([`stall`]).
 
+use super::soft_link::{self, Link};
 use super::verbs::{
     Access, AtomicCap, Device, DeviceAttrs, MemoryRegion, ProtectionDomain, Provider, QpAddress,
     QpState, QueuePair, WcStatus, WorkCompletion, WorkRequest, WrOp,
 };
 use crate::error::{FabricError, Result};
 use crate::word_copy;
+use std::cell::RefCell;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
@@ -51,6 +75,10 @@ use std::time::Instant;
 pub const ENV_ATOMIC: &str = "CITRONFS_RDMA_SOFT_ATOMIC";
 /// The environment variable making the soft device return atomic results big-endian (`1`).
 pub const ENV_REPLY_BE: &str = "CITRONFS_RDMA_SOFT_REPLY_BE";
+/// The environment variable choosing how requests to this process's own queue pairs travel:
+/// `wire` (default: over the process's socket, as requests from other processes do) or
+/// `direct` (a function call).
+pub const ENV_LOOPBACK: &str = "CITRONFS_RDMA_SOFT_LOOPBACK";
 
 /// How the soft device behaves.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -61,6 +89,12 @@ pub struct SoftOptions {
     pub reply_be: bool,
     /// The device has no atomics (`IBV_ATOMIC_NONE`), as some iWARP devices.
     pub no_atomics: bool,
+    /// Requests to this process's own queue pairs are function calls instead of socket
+    /// exchanges: faster, but a round trip in the process then costs far less than one to
+    /// another process, which a NIC's loopback does not (a server measuring its round trips
+    /// through its loopback, as the meta server does for CITRON's `T_wait`, would measure
+    /// the wrong thing for clients in other processes).
+    pub direct_loopback: bool,
 }
 
 impl SoftOptions {
@@ -71,6 +105,7 @@ impl SoftOptions {
             glob: atomic == "glob",
             no_atomics: atomic == "none",
             reply_be: std::env::var(ENV_REPLY_BE).is_ok_and(|v| v == "1"),
+            direct_loopback: std::env::var(ENV_LOOPBACK).is_ok_and(|v| v == "direct"),
         }
     }
 }
@@ -139,11 +174,16 @@ pub fn stall(qpn: u32, on: bool) {
     }
 }
 
-/// The GID of this process's soft port: `fe80::` and the process id.
+/// The GID of this process's soft port: `fe80::`, a random nonce drawn once per process
+/// (bytes 4..12) and the process id (bytes 12..16). Peers in other processes of the host find
+/// the process's socket by it ([`soft_link`]).
 fn gid() -> [u8; 16] {
+    static NONCE: OnceLock<u64> = OnceLock::new();
+    let nonce = *NONCE.get_or_init(rand::random::<u64>);
     let mut gid = [0u8; 16];
     gid[0] = 0xfe;
     gid[1] = 0x80;
+    gid[4..12].copy_from_slice(&nonce.to_be_bytes());
     gid[12..].copy_from_slice(&std::process::id().to_be_bytes());
     gid
 }
@@ -209,6 +249,9 @@ struct MrEntry {
     len: u64,
     access: Access,
     pd: u64,
+    /// Whether the registration still exists: read-held while its bytes move, so that
+    /// deregistering waits for requests in flight on it (the memory may go right after).
+    live: RwLock<bool>,
 }
 
 impl MrEntry {
@@ -245,6 +288,8 @@ impl Drop for SoftMr {
     fn drop(&mut self) {
         write(&fabric().lkeys).remove(&self.lkey);
         write(&fabric().rkeys).remove(&self.rkey);
+        // Waits for the requests moving bytes of it now; later ones find it dead.
+        *write(&self.entry.live) = false;
     }
 }
 
@@ -272,6 +317,7 @@ impl ProtectionDomain for SoftPd {
             len: len as u64,
             access,
             pd: self.id,
+            live: RwLock::new(true),
         });
         write(&f.lkeys).insert(lkey, entry.clone());
         write(&f.rkeys).insert(rkey, entry.clone());
@@ -286,9 +332,13 @@ impl ProtectionDomain for SoftPd {
             )));
         }
         let f = fabric();
+        // Peers (in other processes, and in this one unless `direct_loopback`) reach this queue
+        // pair through the process's socket.
+        soft_link::serve(gid());
         let qpn = f.next_qpn.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff;
         let shared = Arc::new(QpShared {
             pd: self.id,
+            options: self.options,
             state: Mutex::new((QpState::Reset, Access(0))),
         });
         write(&f.qps).insert(qpn, shared.clone());
@@ -299,14 +349,17 @@ impl ProtectionDomain for SoftPd {
             options: self.options,
             max_send_wr,
             remote: None,
+            link: RefCell::default(),
             cq: VecDeque::new(),
         }))
     }
 }
 
-/// What the responder side of a queue pair needs of it: its domain, state and access flags.
+/// What the responder side of a queue pair needs of it: its domain, its device's options,
+/// state and access flags.
 struct QpShared {
     pd: u64,
+    options: SoftOptions,
     state: Mutex<(QpState, Access)>,
 }
 
@@ -317,6 +370,8 @@ struct SoftQp {
     options: SoftOptions,
     max_send_wr: u32,
     remote: Option<QpAddress>,
+    /// The stream to the responder's process, where that is another process.
+    link: RefCell<Link>,
     cq: VecDeque<WorkCompletion>,
 }
 
@@ -343,7 +398,9 @@ impl SoftQp {
         Ok(())
     }
 
-    /// Checks and executes one request; its status.
+    /// Checks and executes one request; its status. The requester's side (the local buffer)
+    /// is checked and moved here; the responder's side by [`respond`], in this process or,
+    /// through [`Link`], in the responder's.
     fn run(&self, wr: &WorkRequest) -> WcStatus {
         let f = fabric();
         // The requester's side: the local buffer.
@@ -363,101 +420,65 @@ impl SoftQp {
         let Some(remote) = self.remote else {
             return WcStatus::RetryExceeded;
         };
-        let responder = match read(&f.qps).get(&remote.qpn) {
-            Some(qp) if remote.gid == gid() => qp.clone(),
-            _ => return WcStatus::RetryExceeded,
-        };
-        // Held until the request has executed: a responder moved to the error state executes
-        // nothing after the move returns, as a NIC's after `ibv_modify_qp` (a fence relies on it).
-        let responder_state = lock(&responder.state);
-        let (state, qp_access) = *responder_state;
-        if !matches!(state, QpState::Rtr | QpState::Rts) {
-            return WcStatus::RetryExceeded;
+        let mut payload = Vec::new();
+        if wr.op == WrOp::Write {
+            let live = read(&local.live);
+            if !*live {
+                return WcStatus::LocalProtection;
+            }
+            payload = vec![0u8; wr.len as usize];
+            // SAFETY: the local range lies inside a registration that is live while `live` is
+            // held, whose memory is valid, word-aligned and accessed atomically by everyone.
+            unsafe { load_bytes(wr.local_addr, &mut payload) };
         }
-        let need = match wr.op {
-            WrOp::Read => Access::REMOTE_READ,
-            WrOp::Write => Access::REMOTE_WRITE,
-            WrOp::CompareSwap { .. } | WrOp::FetchAdd { .. } => Access::REMOTE_ATOMIC,
+        let ask = Ask {
+            qpn: remote.qpn,
+            op: wr.op,
+            remote_addr: wr.remote_addr,
+            rkey: wr.rkey,
+            len: wr.len,
         };
-        if !qp_access.contains(need) {
-            return WcStatus::RemoteInvalidRequest;
-        }
-        if wr.op.is_atomic() && (wr.remote_addr % 8 != 0 || self.options.no_atomics) {
-            return WcStatus::RemoteInvalidRequest;
-        }
-        let target = match read(&f.rkeys).get(&wr.rkey) {
-            Some(mr)
-                if mr.pd == responder.pd
-                    && mr.access.contains(need)
-                    && mr.covers(wr.remote_addr, wr.len) =>
-            {
-                mr.clone()
-            }
-            _ => return WcStatus::RemoteAccess,
-        };
-        // `local` and `target` are held until the end: both registrations stay alive, and
-        // their memory valid (`ProtectionDomain::register`'s contract), while the bytes move.
-        match wr.op {
-            WrOp::Read => {
-                let mut bytes = vec![0u8; wr.len as usize];
-                // SAFETY: the remote range lies inside a live registration (checked above),
-                // whose memory is valid, word-aligned and accessed atomically by everyone.
-                unsafe { load_bytes(wr.remote_addr, &mut bytes) };
-                // SAFETY: as above, for the local registration.
-                unsafe { store_bytes(wr.local_addr, &bytes) };
-            }
-            WrOp::Write => {
-                let mut bytes = vec![0u8; wr.len as usize];
-                // SAFETY: as for a Read, the roles swapped.
-                unsafe { load_bytes(wr.local_addr, &mut bytes) };
-                // SAFETY: as above.
-                unsafe { store_bytes(wr.remote_addr, &bytes) };
-            }
-            WrOp::CompareSwap { .. } | WrOp::FetchAdd { .. } => {
-                // SAFETY: the word is aligned (checked) and inside a live registration.
-                let word = unsafe { &*(wr.remote_addr as *const AtomicU64) };
-                let old = self.atomic(word, wr.op);
-                let reply = if self.options.reply_be {
-                    old.to_be_bytes()
-                } else {
-                    old.to_le_bytes()
-                };
-                // SAFETY: the local range (8 bytes) lies inside a live registration.
-                unsafe { store_bytes(wr.local_addr, &reply) };
-            }
-        }
-        drop((local, target, responder_state));
-        WcStatus::Success
-    }
-
-    /// One atomic on `word`: with `glob`, a CPU atomic; otherwise a load and a store that only
-    /// the device's other atomics wait for (`IBV_ATOMIC_HCA`: a CPU's atomic or store on the
-    /// same word in between is lost, as it may be on hardware).
-    fn atomic(&self, word: &AtomicU64, op: WrOp) -> u64 {
-        let new = |old: u64| match op {
-            WrOp::CompareSwap { compare, swap } => {
-                if old == compare {
-                    swap
-                } else {
-                    old
-                }
-            }
-            WrOp::FetchAdd { add } => old.wrapping_add(add),
-            WrOp::Read | WrOp::Write => unreachable!("not an atomic"),
-        };
-        if self.options.glob {
-            match word.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |old| Some(new(old))) {
-                Ok(old) | Err(old) => old,
-            }
+        let direct = self.options.direct_loopback || !soft_link::serve(gid());
+        let answer = if remote.gid == gid() && direct {
+            respond(&ask, &payload)
         } else {
-            let _device = lock(&fabric().atomics);
-            let old = word.load(Ordering::SeqCst);
-            let value = new(old);
-            if value != old || matches!(op, WrOp::FetchAdd { .. }) {
-                word.store(value, Ordering::SeqCst);
-            }
-            old
+            self.link.borrow_mut().ask(&remote.gid, &ask, &payload)
+        };
+        let mut bytes = match answer {
+            Ok(bytes) => bytes,
+            Err(status) => return status,
+        };
+        if wr.op == WrOp::Write {
+            return WcStatus::Success;
         }
+        if bytes.len()
+            != if wr.op.is_atomic() {
+                8
+            } else {
+                wr.len as usize
+            }
+        {
+            // Not what the responder's side ever answers: a corrupt answer.
+            return WcStatus::RemoteOperation;
+        }
+        if wr.op.is_atomic() {
+            let mut old = [0u8; 8];
+            old.copy_from_slice(&bytes);
+            let old = u64::from_le_bytes(old);
+            bytes = if self.options.reply_be {
+                old.to_be_bytes()
+            } else {
+                old.to_le_bytes()
+            }
+            .to_vec();
+        }
+        let live = read(&local.live);
+        if !*live {
+            return WcStatus::LocalProtection;
+        }
+        // SAFETY: as above; `bytes` is as long as the local range (a Read's `len`, or 8).
+        unsafe { store_bytes(wr.local_addr, &bytes) };
+        WcStatus::Success
     }
 
     /// Executes `chain` in the most adversarial order RC allows; returns the index of the
@@ -492,6 +513,127 @@ impl SoftQp {
             }
         }
         run_deferred(&mut deferred, chain.len())
+    }
+}
+
+/// One request as its responder sees it, after the requester's local checks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Ask {
+    /// The responder's queue pair.
+    pub qpn: u32,
+    /// What to do.
+    pub op: WrOp,
+    /// Where, in the registration `rkey` names.
+    pub remote_addr: u64,
+    /// The remote registration's key.
+    pub rkey: u32,
+    /// Bytes moved (8 for an atomic).
+    pub len: u32,
+}
+
+/// The responder's side of one request, executed in the process that owns the responder queue
+/// pair and the memory: checks the queue pair (it must exist and be connected: else
+/// [`WcStatus::RetryExceeded`], as from a peer that is gone), its access flags, the rkey, range
+/// and access of the registration, then moves the bytes. Returns what a Read read or the old
+/// value of an atomic (8 bytes, little-endian), or the request's failed status. A Write's bytes
+/// are `payload`.
+pub(super) fn respond(ask: &Ask, payload: &[u8]) -> std::result::Result<Vec<u8>, WcStatus> {
+    let f = fabric();
+    let responder = read(&f.qps)
+        .get(&ask.qpn)
+        .cloned()
+        .ok_or(WcStatus::RetryExceeded)?;
+    // Held until the request has executed: a responder moved to the error state executes
+    // nothing after the move returns, as a NIC's after `ibv_modify_qp` (fencing relies on it).
+    let responder_state = lock(&responder.state);
+    let (state, qp_access) = *responder_state;
+    if !matches!(state, QpState::Rtr | QpState::Rts) {
+        return Err(WcStatus::RetryExceeded);
+    }
+    let need = match ask.op {
+        WrOp::Read => Access::REMOTE_READ,
+        WrOp::Write => Access::REMOTE_WRITE,
+        WrOp::CompareSwap { .. } | WrOp::FetchAdd { .. } => Access::REMOTE_ATOMIC,
+    };
+    if !qp_access.contains(need) {
+        return Err(WcStatus::RemoteInvalidRequest);
+    }
+    if ask.op.is_atomic() && (ask.remote_addr % 8 != 0 || responder.options.no_atomics) {
+        return Err(WcStatus::RemoteInvalidRequest);
+    }
+    let target = match read(&f.rkeys).get(&ask.rkey) {
+        Some(mr)
+            if mr.pd == responder.pd
+                && mr.access.contains(need)
+                && mr.covers(ask.remote_addr, ask.len) =>
+        {
+            mr.clone()
+        }
+        _ => return Err(WcStatus::RemoteAccess),
+    };
+    if ask.op == WrOp::Write && payload.len() != ask.len as usize {
+        return Err(WcStatus::RemoteOperation);
+    }
+    // Held while the bytes move: the registration, and so its memory, stays valid
+    // (`ProtectionDomain::register`'s contract) until this is released.
+    let live = read(&target.live);
+    if !*live {
+        return Err(WcStatus::RemoteAccess);
+    }
+    let answer = match ask.op {
+        WrOp::Read => {
+            let mut bytes = vec![0u8; ask.len as usize];
+            // SAFETY: the remote range lies inside a live registration (checked above), whose
+            // memory is valid, word-aligned and accessed atomically by everyone.
+            unsafe { load_bytes(ask.remote_addr, &mut bytes) };
+            bytes
+        }
+        WrOp::Write => {
+            // SAFETY: as for a Read.
+            unsafe { store_bytes(ask.remote_addr, payload) };
+            Vec::new()
+        }
+        WrOp::CompareSwap { .. } | WrOp::FetchAdd { .. } => {
+            // SAFETY: the word is aligned (checked) and inside a live registration.
+            let word = unsafe { &*(ask.remote_addr as *const AtomicU64) };
+            atomic(responder.options.glob, word, ask.op)
+                .to_le_bytes()
+                .to_vec()
+        }
+    };
+    drop((live, responder_state));
+    Ok(answer)
+}
+
+/// One atomic on `word`: with `glob`, a CPU atomic; otherwise a load and a store that only the
+/// device's other atomics wait for (`IBV_ATOMIC_HCA`: a CPU's atomic or store on the same word
+/// in between is lost, as it may be on hardware). Every atomic on a registration's words is
+/// executed in the process that registered it ([`respond`]), so the process's device lock
+/// orders all of them.
+fn atomic(glob: bool, word: &AtomicU64, op: WrOp) -> u64 {
+    let new = |old: u64| match op {
+        WrOp::CompareSwap { compare, swap } => {
+            if old == compare {
+                swap
+            } else {
+                old
+            }
+        }
+        WrOp::FetchAdd { add } => old.wrapping_add(add),
+        WrOp::Read | WrOp::Write => old,
+    };
+    if glob {
+        match word.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |old| Some(new(old))) {
+            Ok(old) | Err(old) => old,
+        }
+    } else {
+        let _device = lock(&fabric().atomics);
+        let old = word.load(Ordering::SeqCst);
+        let value = new(old);
+        if value != old || matches!(op, WrOp::FetchAdd { .. }) {
+            word.store(value, Ordering::SeqCst);
+        }
+        old
     }
 }
 
@@ -1091,7 +1233,17 @@ mod tests {
 
     #[test]
     fn hca_atomics_are_atomic_among_themselves() {
-        let provider = SoftProvider::default();
+        // Over the process's socket (the default) and by function calls.
+        for direct_loopback in [false, true] {
+            hca_atomics_are_atomic(SoftOptions {
+                direct_loopback,
+                ..SoftOptions::default()
+            });
+        }
+    }
+
+    fn hca_atomics_are_atomic(options: SoftOptions) {
+        let provider = SoftProvider::new(options);
         let dev = provider.open(None).unwrap();
         let spd = dev.alloc_pd().unwrap();
         let remote = Arc::new(Buf::new(&*spd, 1, Access::SERVED));
@@ -1133,5 +1285,393 @@ mod tests {
             assert!(pd.register(p, 12, Access::SERVED).is_err());
             assert!(pd.register(p, 16, Access::SERVED).is_ok());
         }
+    }
+
+    // Peers in other processes: a child process (this test binary, running
+    // `responder_child`) registers memory and serves queue pairs; this process posts to them.
+
+    const ENV_CHILD: &str = "CITRONFS_SOFT_TEST_RESPONDER";
+    const ENV_QPS: &str = "CITRONFS_SOFT_TEST_QPS";
+    /// Words the child serves.
+    const CHILD_WORDS: usize = 64;
+
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    fn unhex(s: &str) -> [u8; 16] {
+        let mut out = [0u8; 16];
+        for (i, b) in out.iter_mut().enumerate() {
+            *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap();
+        }
+        out
+    }
+
+    /// The child's side: serves `CITRONFS_SOFT_TEST_QPS` queue pairs and a region of
+    /// `CHILD_WORDS` words, and obeys commands on stdin. Run normally, it does nothing.
+    #[test]
+    fn responder_child() {
+        use std::io::BufRead;
+        if std::env::var_os(ENV_CHILD).is_none() {
+            return;
+        }
+        let n: usize = std::env::var(ENV_QPS).unwrap().parse().unwrap();
+        let dev = SoftProvider::default().open(None).unwrap();
+        let spd = dev.alloc_pd().unwrap();
+        let words: Box<[AtomicU64]> = (0..CHILD_WORDS).map(|_| AtomicU64::new(0)).collect();
+        // SAFETY: `words` outlives the registration (dropped explicitly or first, below).
+        let mut mr = Some(
+            unsafe { spd.register(words.as_ptr() as *mut u8, CHILD_WORDS * 8, Access::SERVED) }
+                .unwrap(),
+        );
+        let mut qps: Vec<Box<dyn QueuePair>> = (0..n)
+            .map(|_| {
+                let mut qp = spd.create_qp(64).unwrap();
+                qp.to_init(Access::SERVED).unwrap();
+                qp
+            })
+            .collect();
+        let m = mr.as_ref().unwrap();
+        let qpns: Vec<String> = qps.iter().map(|q| q.address().qpn.to_string()).collect();
+        println!(
+            "READY {} {} {} {}",
+            m.rkey(),
+            m.addr(),
+            hex(&qps[0].address().gid),
+            qpns.join(" ")
+        );
+        let mut lines = std::io::stdin().lock().lines();
+        // PEER <gid> <qpn>...: the parent's queue pairs, one for each of ours.
+        let line = lines.next().unwrap().unwrap();
+        let mut parts = line.split_whitespace().skip(1);
+        let gid = unhex(parts.next().unwrap());
+        for qp in qps.iter_mut() {
+            let qpn = parts.next().unwrap().parse().unwrap();
+            qp.to_rtr(&QpAddress {
+                qpn,
+                psn: 0,
+                lid: 0,
+                gid,
+            })
+            .unwrap();
+            qp.to_rts().unwrap();
+        }
+        println!("CONNECTED");
+        for line in lines {
+            let line = line.unwrap();
+            let words_of: Vec<&str> = line.split_whitespace().collect();
+            match words_of.as_slice() {
+                ["word", i] => {
+                    let i: usize = i.parse().unwrap();
+                    println!("WORD {}", words[i].load(Ordering::SeqCst));
+                }
+                ["faa", count] => {
+                    // Fetch-and-adds on word 0 from this process's own queue pairs.
+                    let count: usize = count.parse().unwrap();
+                    let cpd = dev.alloc_pd().unwrap();
+                    let mut c = cpd.create_qp(4).unwrap();
+                    let mut srv = spd.create_qp(4).unwrap();
+                    c.to_init(Access(0)).unwrap();
+                    srv.to_init(Access::SERVED).unwrap();
+                    c.to_rtr(&srv.address()).unwrap();
+                    srv.to_rtr(&c.address()).unwrap();
+                    c.to_rts().unwrap();
+                    srv.to_rts().unwrap();
+                    let local = Buf::new(&*cpd, 1, Access::LOCAL_WRITE);
+                    let m = mr.as_ref().unwrap();
+                    for _ in 0..count {
+                        let w = WorkRequest {
+                            wr_id: 1,
+                            op: WrOp::FetchAdd { add: 1 },
+                            local_addr: local.at(0),
+                            len: 8,
+                            lkey: local.mr.lkey(),
+                            remote_addr: m.addr(),
+                            rkey: m.rkey(),
+                            signaled: true,
+                            fence: false,
+                        };
+                        assert_eq!(post_one(&mut *c, w), WcStatus::Success);
+                    }
+                    println!("DONE");
+                }
+                ["dereg"] => {
+                    mr = None;
+                    println!("OK");
+                }
+                ["destroy"] => {
+                    qps.clear();
+                    println!("OK");
+                }
+                _ => panic!("unknown command {line:?}"),
+            }
+        }
+        drop(mr);
+        drop(words);
+    }
+
+    /// A running child and what it serves.
+    struct Child {
+        process: std::process::Child,
+        stdin: std::process::ChildStdin,
+        stdout: std::io::BufReader<std::process::ChildStdout>,
+        rkey: u32,
+        addr: u64,
+    }
+
+    impl Drop for Child {
+        fn drop(&mut self) {
+            let _ = self.process.kill();
+            let _ = self.process.wait();
+        }
+    }
+
+    impl Child {
+        /// Starts a child serving `n` queue pairs and connects `n` of ours, in `cpd`, to them.
+        fn spawn(cpd: &dyn ProtectionDomain, n: usize) -> (Child, Vec<Box<dyn QueuePair>>) {
+            use std::process::{Command, Stdio};
+            let mut process = Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "rdma::soft::tests::responder_child",
+                    "--exact",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(ENV_CHILD, "1")
+                .env(ENV_QPS, n.to_string())
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let stdin = process.stdin.take().unwrap();
+            let stdout = std::io::BufReader::new(process.stdout.take().unwrap());
+            let mut child = Child {
+                process,
+                stdin,
+                stdout,
+                rkey: 0,
+                addr: 0,
+            };
+            let ready = child.expect("READY ");
+            let mut parts = ready.split_whitespace();
+            child.rkey = parts.next().unwrap().parse().unwrap();
+            child.addr = parts.next().unwrap().parse().unwrap();
+            let gid = unhex(parts.next().unwrap());
+            let mut ours = Vec::new();
+            for part in parts {
+                let mut qp = cpd.create_qp(64).unwrap();
+                qp.to_init(Access(0)).unwrap();
+                qp.to_rtr(&QpAddress {
+                    qpn: part.parse().unwrap(),
+                    psn: 0,
+                    lid: 0,
+                    gid,
+                })
+                .unwrap();
+                qp.to_rts().unwrap();
+                ours.push(qp);
+            }
+            let qpns: Vec<String> = ours.iter().map(|q| q.address().qpn.to_string()).collect();
+            child.send(&format!(
+                "PEER {} {}",
+                hex(&ours[0].address().gid),
+                qpns.join(" ")
+            ));
+            child.expect("CONNECTED");
+            (child, ours)
+        }
+
+        fn send(&mut self, line: &str) {
+            use std::io::Write;
+            writeln!(self.stdin, "{line}").unwrap();
+            self.stdin.flush().unwrap();
+        }
+
+        /// The rest of the first line of output holding `tag`, after it.
+        fn expect(&mut self, tag: &str) -> String {
+            use std::io::BufRead;
+            loop {
+                let mut line = String::new();
+                assert!(
+                    self.stdout.read_line(&mut line).unwrap() > 0,
+                    "the child exited before {tag:?}"
+                );
+                if let Some(at) = line.find(tag) {
+                    return line[at + tag.len()..].trim().to_string();
+                }
+            }
+        }
+
+        fn word(&mut self, i: usize) -> u64 {
+            self.send(&format!("word {i}"));
+            self.expect("WORD ").parse().unwrap()
+        }
+
+        /// A request from `local` (byte `at`) to the child's region (byte `rat`).
+        fn wr(&self, id: u64, op: WrOp, local: &Buf, at: u64, rat: u64, len: u32) -> WorkRequest {
+            WorkRequest {
+                wr_id: id,
+                op,
+                local_addr: local.at(at),
+                len,
+                lkey: local.mr.lkey(),
+                remote_addr: self.addr + rat,
+                rkey: self.rkey,
+                signaled: false,
+                fence: false,
+            }
+        }
+    }
+
+    #[test]
+    fn a_responder_in_another_process_runs_the_verbs_and_checks_them() {
+        let dev = SoftProvider::default().open(None).unwrap();
+        let cpd = dev.alloc_pd().unwrap();
+        let (mut child, mut qps) = Child::spawn(&*cpd, 4);
+        let local = Buf::new(&*cpd, 8, Access::LOCAL_WRITE);
+        let c = &mut *qps[0];
+        local.set(0, 0x1122_3344_5566_7788);
+        assert_eq!(
+            post_one(c, child.wr(1, WrOp::Write, &local, 1, 3, 5)),
+            WcStatus::Success
+        );
+        assert_eq!(child.word(0), 0x3344_5566_7700_0000);
+        assert_eq!(
+            post_one(c, child.wr(2, WrOp::Read, &local, 8, 0, 16)),
+            WcStatus::Success
+        );
+        assert_eq!((local.word(1), local.word(2)), (0x3344_5566_7700_0000, 0));
+        let faa = WrOp::FetchAdd { add: 5 };
+        assert_eq!(
+            post_one(c, child.wr(3, faa, &local, 32, 24, 8)),
+            WcStatus::Success
+        );
+        let cas = WrOp::CompareSwap {
+            compare: 5,
+            swap: 99,
+        };
+        assert_eq!(
+            post_one(c, child.wr(4, cas, &local, 40, 24, 8)),
+            WcStatus::Success
+        );
+        assert_eq!((local.word(4), local.word(5), child.word(3)), (0, 5, 99));
+        // The adversarial order holds across processes too: an unfenced Read sees a later
+        // Write of its chain.
+        local.set(6, 7);
+        let r = child.wr(5, WrOp::Read, &local, 56, 16, 8);
+        let mut w = child.wr(6, WrOp::Write, &local, 48, 16, 8);
+        w.signaled = true;
+        c.post_send(&[r, w]).unwrap();
+        assert_eq!(drain(c).len(), 1);
+        assert_eq!(local.word(7), 7, "the unfenced Read saw the later Write");
+
+        // A remote access error (past the region), then everything after it flushed.
+        let c = &mut *qps[1];
+        let bad = child.wr(7, WrOp::Read, &local, 0, CHILD_WORDS as u64 * 8, 8);
+        assert_eq!(post_one(c, bad), WcStatus::RemoteAccess);
+        assert_eq!(c.state(), QpState::Error);
+        let ok = child.wr(8, WrOp::Read, &local, 0, 0, 8);
+        assert_eq!(post_one(c, ok), WcStatus::Flushed);
+        // A misaligned atomic, and a wrong rkey.
+        let c = &mut *qps[2];
+        let faa = child.wr(9, WrOp::FetchAdd { add: 1 }, &local, 0, 4, 8);
+        assert_eq!(post_one(c, faa), WcStatus::RemoteInvalidRequest);
+        // Deregistered behind our back: a remote access error.
+        child.send("dereg");
+        child.expect("OK");
+        let c = &mut *qps[3];
+        assert_eq!(post_one(c, ok), WcStatus::RemoteAccess);
+        // The responder's queue pairs destroyed: retries exceeded.
+        let (mut child, mut qps) = Child::spawn(&*cpd, 1);
+        let ok = child.wr(10, WrOp::Read, &local, 0, 0, 8);
+        assert_eq!(post_one(&mut *qps[0], ok), WcStatus::Success);
+        child.send("destroy");
+        child.expect("OK");
+        assert_eq!(post_one(&mut *qps[0], ok), WcStatus::RetryExceeded);
+    }
+
+    #[test]
+    fn atomics_from_two_processes_lose_no_update() {
+        const EACH: usize = 2000;
+        let dev = SoftProvider::default().open(None).unwrap();
+        let cpd = dev.alloc_pd().unwrap();
+        let (mut child, qps) = Child::spawn(&*cpd, 2);
+        let (rkey, addr) = (child.rkey, child.addr);
+        // The child adds from its own queue pairs while two threads here add from theirs.
+        child.send(&format!("faa {EACH}"));
+        std::thread::scope(|s| {
+            for mut qp in qps {
+                let cpd = cpd.clone();
+                s.spawn(move || {
+                    let local = Buf::new(&*cpd, 1, Access::LOCAL_WRITE);
+                    for _ in 0..EACH {
+                        let w = WorkRequest {
+                            wr_id: 1,
+                            op: WrOp::FetchAdd { add: 1 },
+                            local_addr: local.at(0),
+                            len: 8,
+                            lkey: local.mr.lkey(),
+                            remote_addr: addr,
+                            rkey,
+                            signaled: true,
+                            fence: false,
+                        };
+                        assert_eq!(post_one(&mut *qp, w), WcStatus::Success);
+                    }
+                });
+            }
+        });
+        child.expect("DONE");
+        assert_eq!(child.word(0), 3 * EACH as u64);
+    }
+
+    #[test]
+    fn a_peer_killed_mid_run_exceeds_retries_without_a_hang() {
+        let dev = SoftProvider::default().open(None).unwrap();
+        let cpd = dev.alloc_pd().unwrap();
+        let (mut child, mut qps) = Child::spawn(&*cpd, 1);
+        let mut qp = qps.pop().unwrap();
+        let done = Arc::new(AtomicU64::new(0));
+        let (rkey, addr) = (child.rkey, child.addr);
+        let counter = done.clone();
+        let poster = std::thread::spawn(move || {
+            let local = Buf::new(&*cpd, 1, Access::LOCAL_WRITE);
+            let w = WorkRequest {
+                wr_id: 1,
+                op: WrOp::FetchAdd { add: 1 },
+                local_addr: local.at(0),
+                len: 8,
+                lkey: local.mr.lkey(),
+                remote_addr: addr,
+                rkey,
+                signaled: true,
+                fence: false,
+            };
+            loop {
+                let status = post_one(&mut *qp, w);
+                if status != WcStatus::Success {
+                    // Later requests are flushed: the queue pair is in error.
+                    return (status, post_one(&mut *qp, w), qp.state());
+                }
+                counter.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+        let start = Instant::now();
+        while done.load(Ordering::SeqCst) < 100 {
+            assert!(start.elapsed() < Duration::from_secs(30), "no progress");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        child.process.kill().unwrap();
+        child.process.wait().unwrap();
+        let killed = Instant::now();
+        let (status, after, state) = poster.join().unwrap();
+        assert_eq!(status, WcStatus::RetryExceeded);
+        assert_eq!(after, WcStatus::Flushed);
+        assert_eq!(state, QpState::Error);
+        assert!(
+            killed.elapsed() < Duration::from_secs(5),
+            "the poster noticed the dead peer only after {:?}",
+            killed.elapsed()
+        );
     }
 }

@@ -1,9 +1,9 @@
 //! The narrow verbs interface the `rdma` backend is written against: what it needs of
 //! libibverbs, and nothing more.
 //!
-//! Two providers implement it: [`super::soft`], an in-process emulation with a real NIC's
-//! semantics (for tests, and for every line of the backend to run in CI), and
-//! `super::ibverbs`, the thin shim over `rdma-sys`. The backend never learns which it has.
+//! Two providers implement it: [`super::soft`], an emulation for the processes of one host
+//! with a real NIC's semantics (for tests, and for every line of the backend to run in CI),
+//! and `super::ibverbs`, the thin shim over `rdma-sys`. The backend never learns which it has.
 //!
 //! The pieces, in libibverbs' terms:
 //!
