@@ -387,7 +387,7 @@ impl Service {
         stopped: bool,
         wait: Duration,
     ) -> Result<bool, FsError> {
-        let named = |session: u64| session & lockmgr::citron::layout::OWNER_ID == owner;
+        let named = |session: u64| lockmgr::holder_identity(session) == owner;
         if named(caller) {
             return Ok(false);
         }
