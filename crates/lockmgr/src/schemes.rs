@@ -66,8 +66,11 @@
 //! 3. Add its arm to each `match` in this module: [`LockScheme::name`], `Display`, `FromStr`,
 //!    [`LockScheme::resolve`], [`LockScheme::region_bytes`], [`LockScheme::placement`],
 //!    [`LockScheme::lease`], [`create`] and [`open`]; the compiler finds them. Defaults it
-//!    needs from creators go into [`CreateOptions`], choices its clients make into
-//!    [`OpenOptions`].
+//!    needs from creators go into [`CreateOptions`] (derived from [`LockDefaults`] in
+//!    [`CreateOptions::from_defaults`]), choices its clients make into [`OpenOptions`] (taking
+//!    the every-scheme fields where set); acquisitions it can run at the lock's host offer
+//!    their procedure in [`LockHost::procedures`], and a scheme that records its holders says
+//!    what it keeps of an owner in [`crate::holder_identity`].
 //! 4. The tests at the end of this module run every entry of [`LockScheme::PLAIN`] (round trips,
 //!    create, open, lock); add a parameterised example to their list. The safety checker
 //!    (`tests/safety.rs`) takes one more line in its `schemes!` list.
