@@ -116,7 +116,7 @@ impl CitronFs {
         let pool = WorkerPool::new(
             LockSetup {
                 scheme: opts.scheme,
-                hosting: opts.citron_hosting,
+                hosting: opts.lock_hosting,
                 meta: meta.clone(),
             },
             lease_guard,

@@ -23,7 +23,7 @@
 //!
 //! So a 4 KiB read or write on one data server takes three round trips in sequence
 //! (acquire, data with the raises beside it, release; uncontended, with a fabric lock scheme).
-//! Where the lock is acquired at the meta server (tcp, `lockmgr::citron::hosted`), the release
+//! Where the lock is acquired at the meta server (tcp, `lockmgr::schemes::Hosting`), the release
 //! is posted and a read or write waits for two.
 //!
 //! A write that fails after its raises landed (a data server died, the lease ran out) is redone

@@ -83,7 +83,7 @@ pub use error::Error;
 pub use handles::FileHandle;
 pub use io::{Fallocate, SeekTo};
 pub use io_stats::IoStats;
-pub use lockmgr::citron::Hosting;
+pub use lockmgr::schemes::Hosting;
 pub use lockmgr::LockScheme;
 pub use options::MountOptions;
 pub use proto::records::{RecordClaim, RecordKind, RecordLock};

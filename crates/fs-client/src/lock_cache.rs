@@ -18,7 +18,7 @@ use crate::handles::OpenInode;
 use crate::locks;
 use crate::meta::Meta;
 use crate::view::View;
-use lockmgr::citron::Hosting;
+use lockmgr::schemes::Hosting;
 use lockmgr::{LockScheme, LockStats, RangeLock};
 use proto::Ino;
 use std::collections::HashMap;
@@ -30,7 +30,7 @@ use std::sync::{Arc, Weak};
 pub(crate) struct LockSetup {
     /// The mount's range-lock scheme.
     pub(crate) scheme: LockScheme,
-    /// Where CITRON locks are acquired (`MountOptions::citron_hosting`).
+    /// Where range locks are acquired (`MountOptions::lock_hosting`).
     pub(crate) hosting: Hosting,
     /// The meta-server connection (lock-tree allocation, fences).
     pub(crate) meta: Arc<Meta>,

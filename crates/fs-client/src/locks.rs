@@ -7,9 +7,10 @@
 //! - a lock per file: the meta server creates each open file's lock and sends it in the open
 //!   reply ([`proto::OpenFile::lock`]: the scheme with every parameter it chose, and the base
 //!   address); `open_file_lock` opens exactly that through [`lockmgr::schemes::open`], with
-//!   what the file system adds — scale-up memory from the `AllocateLockWords` RPC
-//!   (`RpcTreeAllocator`), and a fence before a lease recovery (`MetaFence`); a scheme takes
-//!   what it uses of them;
+//!   what the file system adds — memory to grow into from the `AllocateLockWords` RPC
+//!   (`RpcLockWords`), a fence before a lease recovery (`MetaFence`), this client's session as
+//!   the holder's identity, and where to acquire ([`lockmgr::schemes::Hosting`]); a scheme
+//!   takes what it uses of them;
 //! - a shared lock service (at [`proto::ClusterInfo::lock_server`]): one connection per
 //!   worker serves every file (`open_service_lock`), and file `ino`'s units are locked in its
 //!   own slice of the service's space ([`file_range`]), so files never conflict with each
@@ -18,8 +19,7 @@
 use crate::error::Error;
 use crate::meta::{unexpected, Meta};
 use fabric::RemoteAddr;
-use lockmgr::citron::{ClientOptions, TreeAllocator};
-use lockmgr::schemes::{self, LockServerAt, OpenOptions};
+use lockmgr::schemes::{self, Hosting, LockServerAt, LockWordAllocator, OpenOptions};
 use lockmgr::{LockError, LockRef, LockScheme, RangeLock};
 use proto::rpc::{Request, Response};
 use proto::{FsError, Ino};
@@ -40,13 +40,13 @@ pub fn file_range(scheme: &LockScheme, ino: Ino, range: Range<u64>) -> Result<Ra
         .map_err(|e| FsError::Invalid(format!("inode {ino}: {e}")))
 }
 
-/// Scale-up memory for one file's CITRON tree, from the meta server.
-pub(crate) struct RpcTreeAllocator {
+/// Memory one file's lock grows into (CITRON's scale-ups), from the meta server.
+pub(crate) struct RpcLockWords {
     pub(crate) meta: Arc<Meta>,
     pub(crate) ino: Ino,
 }
 
-impl TreeAllocator for RpcTreeAllocator {
+impl LockWordAllocator for RpcLockWords {
     fn allocate(&self, words: u64) -> Result<RemoteAddr, LockError> {
         let request = Request::AllocateLockWords {
             ino: self.ino,
@@ -115,19 +115,16 @@ pub(crate) fn open_file_lock(
     connector: &dyn fabric::Connector,
     meta: &Arc<Meta>,
     ino: Ino,
-    hosting: lockmgr::citron::Hosting,
+    hosting: Hosting,
     session: u64,
 ) -> Result<Box<dyn RangeLock>, Error> {
     let options = OpenOptions {
-        citron: ClientOptions {
-            fence: Some(Arc::new(MetaFence { meta: meta.clone() })),
-            hosting,
-            // Waiters ask the meta server about this client's holds by its session, the one
-            // its fabric endpoints present (and a fence revokes).
-            owner: Some(session),
-            ..ClientOptions::default()
-        },
-        allocator: Some(Arc::new(RpcTreeAllocator {
+        fence: Some(Arc::new(MetaFence { meta: meta.clone() })),
+        hosting: Some(hosting),
+        // Waiters ask the meta server about this client's holds by its session, the one
+        // its fabric endpoints present (and a fence revokes).
+        owner: Some(session),
+        allocator: Some(Arc::new(RpcLockWords {
             meta: meta.clone(),
             ino,
         })),

@@ -1,6 +1,6 @@
 //! [`MountOptions`]: how a client reaches its cluster and locks its files.
 
-use lockmgr::citron::Hosting;
+use lockmgr::schemes::Hosting;
 use lockmgr::LockScheme;
 
 /// How to reach a cluster and how to lock files.
@@ -20,12 +20,13 @@ pub struct MountOptions {
     /// silent server (a cut link, a frozen host) fails the call with EIO instead of blocking
     /// it ([`fabric::TcpTimeouts::DEFAULT`]: 5 s each).
     pub fabric_timeouts: fabric::TcpTimeouts,
-    /// Where CITRON locks are acquired: by default ([`Hosting::Auto`]) at the meta server,
-    /// which hosts the lock trees, where it offers that (tcp: one call per acquisition, the
-    /// release posted, the meta server fencing and scaling up on the client's behalf), and
-    /// one-sided otherwise. [`Hosting::Never`] acquires one-sided always (tests that kill a
-    /// client in the middle of the protocol).
-    pub citron_hosting: Hosting,
+    /// Where range locks are acquired, for a scheme that can be acquired at its host
+    /// (CITRON): by default ([`Hosting::Auto`]) at the meta server, which hosts the locks'
+    /// memory, where it offers that (tcp: one call per acquisition, the release posted, the
+    /// meta server fencing and growing the lock on the client's behalf), and one-sided
+    /// otherwise. [`Hosting::Never`] acquires one-sided always (tests that kill a client in the
+    /// middle of the protocol).
+    pub lock_hosting: Hosting,
 }
 
 impl MountOptions {
@@ -47,7 +48,7 @@ impl MountOptions {
             scheme: LockScheme::default(),
             host: hostname(),
             fabric_timeouts: fabric::TcpTimeouts::DEFAULT,
-            citron_hosting: Hosting::Auto,
+            lock_hosting: Hosting::Auto,
         }
     }
 }

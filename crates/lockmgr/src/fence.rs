@@ -24,8 +24,8 @@ pub trait Fence: Send + Sync {
     /// a waiter that would otherwise spin).
     fn fence(&self) -> Result<(), LockError>;
 
-    /// Whether the holder whose identity is `owner` (the low 48 bits of its
-    /// `ClientOptions::owner`, read from a node's owner record) is out for good: it can land no
+    /// Whether the holder whose identity is `owner` (the [`holder_identity`] of the owner it
+    /// opened its lock with, `schemes::OpenOptions::owner`, as the scheme recorded it) is out for good: it can land no
     /// verb on any server any more — it ended and was revoked everywhere, or (only when
     /// `stopped` is set: the waiter has seen the node stand still for a whole `T_lease`) it was
     /// silent and this call fenced it. `Ok(true)` lets the waiter break the holder's node at
@@ -35,6 +35,14 @@ pub trait Fence: Send + Sync {
         let _ = (owner, stopped);
         Ok(false)
     }
+}
+
+/// The identity [`Fence::holder_gone`] names a holder by, for a client that opened its lock
+/// with owner `owner` (`schemes::OpenOptions::owner`): what the schemes that record their
+/// holders keep of it (CITRON's owner records: its low 48 bits). A fence finds the holder's
+/// sessions by comparing theirs through this.
+pub fn holder_identity(owner: u64) -> u64 {
+    owner & crate::citron::layout::OWNER_ID
 }
 
 /// Asks the fence, if any, whether the holder `owner` is out for good ([`Fence::holder_gone`]);

@@ -6,7 +6,9 @@
 //!
 //! [`schemes`] is the one seam between the schemes and their users: one description type
 //! ([`LockScheme`]), one function that creates a lock's state ([`schemes::create`]) and one that
-//! opens a handle on it ([`schemes::open`]).
+//! opens a handle on it ([`schemes::open`]), with what a lock's host offers so that clients
+//! acquire there ([`schemes::LockHost`]) and the hooks a user gives every scheme alike
+//! ([`Fence`], [`schemes::LockWordAllocator`]).
 
 /// A failpoint (`fail::fail_point!`) where a crash test stops a client: compiled to nothing
 /// unless the cargo feature `failpoints` is on, and then inert until a test configures it
@@ -29,13 +31,14 @@ pub(crate) mod carry;
 pub mod chaos;
 pub mod citron;
 pub mod fence;
+pub mod hosting;
 pub mod scheme;
 pub mod schemes;
 pub mod stats;
 
 pub use chaos::{ChaosConfig, ChaosConnector, ChaosEndpoint, StallEndpoint, StallSwitch};
 pub use citron::{Citron, CitronClient, CitronConfig, ClientOptions};
-pub use fence::Fence;
+pub use fence::{holder_identity, Fence};
 pub use scheme::{check_range, LockError, LockId, LockMode, ProgressFn, RangeLock};
 pub use schemes::{LockRef, LockScheme};
 pub use stats::{AbortCounts, LockStats};

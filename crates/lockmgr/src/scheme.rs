@@ -43,7 +43,7 @@ pub enum LockError {
     #[error("lock server: {0}")]
     Server(String),
     /// A hook the scheme calls outside its lock words failed: the user's fence
-    /// ([`crate::Fence`]) or a CITRON tree allocation ([`crate::citron::TreeAllocator`]). The
+    /// ([`crate::Fence`]) or an allocation of lock words ([`crate::schemes::LockWordAllocator`]). The
     /// hook's own error is kept whole as the source (a file system's RPC failure, say), so
     /// whoever reports it can name the real cause and the caller's errno mapping can see it.
     #[error("{what}: {source}")]

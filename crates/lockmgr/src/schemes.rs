@@ -27,6 +27,21 @@
 //!   ([`open_service`]) and locks object `o`'s range at [`LockScheme::object_range`], a slice
 //!   of [`OBJECT_UNITS`] units of its own, so that objects never conflict with each other.
 //!
+//! # What a user gives every scheme alike
+//!
+//! A user of many locks (the file system) names no scheme's own types: what it decides is in
+//! terms every scheme takes and each uses as far as it has a use for it.
+//!
+//! - Creating: [`LockDefaults`] (the units a lock covers at first, the holders' lease, the
+//!   wait measured by [`wait_under_load`], whether the creator hands out memory to grow into),
+//!   turned into each scheme's defaults by [`CreateOptions::from_defaults`].
+//! - Opening: [`OpenOptions`]' `fence` (called before any lease recovery breaks a hold),
+//!   `owner` (who this client is to the others' recovery; a fence compares sessions by
+//!   [`crate::holder_identity`]), `hosting` (acquire at the lock's host, [`Hosting`]) and
+//!   `allocator` (memory a lock grows into, [`LockWordAllocator`]).
+//! - Hosting: [`LockHost`], the procedures the server of the locks' memory offers so that
+//!   clients acquire there (the schemes that can: CITRON).
+//!
 //! # Spec form
 //!
 //! ```text
@@ -51,8 +66,11 @@
 //! 3. Add its arm to each `match` in this module: [`LockScheme::name`], `Display`, `FromStr`,
 //!    [`LockScheme::resolve`], [`LockScheme::region_bytes`], [`LockScheme::placement`],
 //!    [`LockScheme::lease`], [`create`] and [`open`]; the compiler finds them. Defaults it
-//!    needs from creators go into [`CreateOptions`], choices its clients make into
-//!    [`OpenOptions`].
+//!    needs from creators go into [`CreateOptions`] (derived from [`LockDefaults`] in
+//!    [`CreateOptions::from_defaults`]), choices its clients make into [`OpenOptions`] (taking
+//!    the every-scheme fields where set); acquisitions it can run at the lock's host offer
+//!    their procedure in [`LockHost::procedures`], and a scheme that records its holders says
+//!    what it keeps of an owner in [`crate::holder_identity`].
 //! 4. The tests at the end of this module run every entry of [`LockScheme::PLAIN`] (round trips,
 //!    create, open, lock); add a parameterised example to their list. The safety checker
 //!    (`tests/safety.rs`) takes one more line in its `schemes!` list.
@@ -60,7 +78,9 @@
 use crate::baselines::server;
 pub use crate::baselines::server::{LockServer, LockServerAt};
 use crate::baselines::{MutexScheme, SegScheme, SegSpec, TicketConfig};
-use crate::citron::{CitronDefaults, CitronSpec, ClientOptions, TreeAllocator};
+use crate::citron::{CitronConfig, CitronDefaults, CitronGrowth, CitronSpec, ClientOptions};
+use crate::fence::Fence;
+pub use crate::hosting::{HostAllocate, HostFence, Hosting, LockHost};
 use crate::scheme::{LockError, RangeLock};
 use fabric::{Connector, Endpoint, EndpointExt, RegionId, RemoteAddr};
 use serde::{de, Deserialize, Deserializer, Serialize, Serializer};
@@ -369,6 +389,23 @@ pub trait LockMemory {
     fn allocate(&mut self, bytes: u64) -> Result<RemoteAddr, LockError>;
 }
 
+/// Memory a lock's state grows into after it was created (CITRON's scale-ups, Alg. 4 l. 3, one
+/// call each): zeroed words reachable through the same endpoint as the rest of the lock. The
+/// file system's clients bring one that asks the meta server (its `AllocateLockWords` RPC).
+pub trait LockWordAllocator: Send + Sync {
+    /// Allocates `words` zeroed, 8-byte aligned words and returns the first one's address.
+    fn allocate(&self, words: u64) -> Result<RemoteAddr, LockError>;
+
+    /// What the lock's host needs to allocate as this allocator does, for a client that
+    /// acquires at the host ([`Hosting`], whose growth then runs there): a tag the host's own
+    /// allocator understands ([`LockHost::allocating`]; the file system's is the inode).
+    /// `None`, the default: the host cannot, and a lock that grows from an allocator is
+    /// acquired on the client.
+    fn host_tag(&self) -> Option<u64> {
+        None
+    }
+}
+
 /// One stretch of memory at a known address (a region registered for the lock): what tests and
 /// benchmarks create a lock in. Hands out its stretch once.
 pub struct FixedMemory<'a> {
@@ -428,6 +465,67 @@ impl Default for CreateOptions {
     }
 }
 
+/// What a creator of many locks decides for all of them, in terms every scheme understands;
+/// [`CreateOptions::from_defaults`] turns it into each scheme's defaults.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockDefaults {
+    /// Units a lock covers at first (a scheme whose state is sized by them, CITRON's tree;
+    /// beyond them it grows or takes a coarser lock).
+    pub units: u64,
+    /// How long a holder has to release before the others may presume it dead (schemes with
+    /// a lease: CITRON's `T_lease`).
+    pub lease: Duration,
+    /// The wait that schemes which need one (CITRON's `T_wait`, §3.5.5) give a conflicting
+    /// acquisition, as [`wait_under_load`] measured it where clients reach the locks.
+    pub wait: Duration,
+    /// Whether the creator hands out memory for locks to grow into, through the
+    /// [`LockWordAllocator`] its clients bring ([`OpenOptions::allocator`]); `false`: a lock
+    /// grows only into room set aside when it was created.
+    pub allocates_growth: bool,
+    /// The lock server that holds the locks of a scheme that keeps them at a lock service
+    /// ([`CreateOptions::lock_server`]).
+    pub lock_server: Option<LockServerAt>,
+}
+
+impl CreateOptions {
+    /// Each scheme's defaults from what the creator decided for all: CITRON covers
+    /// `defaults.units` at first with its lease and `T_wait`, and grows from the creator's
+    /// allocator as far as [`CitronConfig::default`] allows (no growth without one); `seg` is
+    /// cut as [`SegSpec::DEFAULT`]; a scheme at a lock service uses `defaults.lock_server`.
+    pub fn from_defaults(defaults: &LockDefaults) -> Self {
+        let (growth, max_unit_count) = match defaults.allocates_growth {
+            true => (
+                CitronGrowth::Allocator,
+                CitronConfig::default().max_unit_count,
+            ),
+            false => (CitronGrowth::Room, 0),
+        };
+        Self {
+            citron: CitronDefaults {
+                unit_count: defaults.units,
+                max_unit_count,
+                growth,
+                lease_ms: crate::citron::scheme::duration_ms(defaults.lease),
+                t_wait_us: crate::citron::scheme::duration_us(defaults.wait),
+            },
+            seg: SegSpec::DEFAULT,
+            lock_server: defaults.lock_server.clone(),
+        }
+    }
+}
+
+/// The wait a creator gives its locks ([`LockDefaults::wait`]) for clients that reach them
+/// through `connector`, derived by the schemes that need one (CITRON's `T_wait`) from the
+/// fabric's round trip under load (reading the word at `addr`); with that round trip's profile.
+pub fn wait_under_load(
+    connector: &dyn Connector,
+    addr: RemoteAddr,
+) -> Result<(Duration, fabric::RttProfile), LockError> {
+    // Locks made from [`LockDefaults`] grow as far as the default configuration allows, so
+    // the round trips of their tallest tree are the default's.
+    crate::citron::t_wait_under_load(connector, addr, &crate::citron::CitronConfig::default())
+}
+
 /// What [`create`] made.
 #[derive(Clone)]
 pub struct Created {
@@ -454,18 +552,55 @@ impl Created {
 
 /// What each client chooses for itself when it opens a lock; none of it changes the lock's
 /// state, which the [`LockRef`] describes.
+///
+/// The first fields are every scheme's (see the module docs): a scheme uses what it has a use
+/// for, and where one is set it takes the place of the same choice in the scheme's own options
+/// below (`citron`, `ticket`).
 #[derive(Clone, Default)]
 pub struct OpenOptions {
-    /// CITRON: the client's own options (`k`, backoff, the fence, ...). The fast path is the
+    /// Called right before this client breaks another client's hold (any lease recovery);
+    /// see [`Fence`]. `None`: the scheme options' own (none by default).
+    pub fence: Option<Arc<dyn Fence>>,
+    /// Who this client is to the others' lease recovery, recorded with what it holds by the
+    /// schemes that record holders (CITRON), so that a waiter can ask its fence
+    /// ([`Fence::holder_gone`], by [`crate::holder_identity`]) instead of waiting out the lease.
+    /// The file system gives its meta session. `None`: the scheme options' own (none by
+    /// default: a waiter waits out the lease).
+    pub owner: Option<u64>,
+    /// Where acquisitions run ([`Hosting`]); `None`: the scheme options' own
+    /// ([`Hosting::Auto`] by default).
+    pub hosting: Option<Hosting>,
+    /// Where a lock created to grow from its creator's allocator ([`LockDefaults::allocates_growth`])
+    /// gets memory (CITRON's scale-ups, Alg. 4 l. 3; the file system's `AllocateLockWords` RPC).
+    pub allocator: Option<Arc<dyn LockWordAllocator>>,
+    /// CITRON: the client's own options (`k`, backoff, ...). The fast path is the
     /// description's; scale-ups happen only where the lock has somewhere to grow.
     pub citron: ClientOptions,
-    /// CITRON created with [`CitronGrowth::Allocator`](crate::citron::CitronGrowth::Allocator): where scale-ups get memory
-    /// (Alg. 4 l. 3; the file system's `AllocateLockWords` RPC).
-    pub allocator: Option<Arc<dyn TreeAllocator>>,
     /// `mutex` and `seg`: the ticket locks' client behaviour.
     pub ticket: TicketConfig,
     /// `server`: where the lock server listens, and its credentials.
     pub server: Option<LockServerAt>,
+}
+
+impl OpenOptions {
+    /// CITRON's client options: [`OpenOptions::citron`] with every scheme's fields that are set.
+    fn citron_options(&self) -> ClientOptions {
+        let own = &self.citron;
+        ClientOptions {
+            fence: self.fence.clone().or_else(|| own.fence.clone()),
+            owner: self.owner.or(own.owner),
+            hosting: self.hosting.unwrap_or(own.hosting),
+            ..own.clone()
+        }
+    }
+
+    /// The ticket locks' client behaviour: [`OpenOptions::ticket`] with the fence, if set.
+    fn ticket_config(&self) -> TicketConfig {
+        TicketConfig {
+            fence: self.fence.clone().or_else(|| self.ticket.fence.clone()),
+            ..self.ticket.clone()
+        }
+    }
 }
 
 /// Creates one lock of `scheme` in `memory`, with what `scheme` leaves open decided by
@@ -521,14 +656,14 @@ pub fn open(
         LockScheme::Citron(spec) => Box::new(spec.open(
             lock.base,
             connector,
-            &options.citron,
+            &options.citron_options(),
             options.allocator.as_ref(),
         )?),
         LockScheme::Mutex => {
-            Box::new(MutexScheme::attach(lock.base, options.ticket.clone()).open(connector)?)
+            Box::new(MutexScheme::attach(lock.base, options.ticket_config()).open(connector)?)
         }
         LockScheme::Seg(spec) => Box::new(
-            SegScheme::attach(lock.base, spec.config(options.ticket.clone()))?.open(connector)?,
+            SegScheme::attach(lock.base, spec.config(options.ticket_config()))?.open(connector)?,
         ),
         LockScheme::Server => Box::new(server::open_handle(options.server.as_ref())?),
     })
@@ -1000,6 +1135,58 @@ mod tests {
             );
             assert!(scheme.object_range(SERVICE_OBJECTS, 0..1).is_err());
         }
+    }
+
+    /// Every scheme's open options take the place of a scheme's own where they are set, and
+    /// only there; the creator's defaults become each scheme's.
+    #[test]
+    fn options_every_scheme_takes() {
+        struct NoFence;
+        impl Fence for NoFence {
+            fn fence(&self) -> Result<(), LockError> {
+                Ok(())
+            }
+        }
+        let own: Arc<dyn Fence> = Arc::new(NoFence);
+        let mut options = OpenOptions::default();
+        options.citron.hosting = Hosting::Never;
+        options.citron.owner = Some(7);
+        options.citron.fence = Some(own.clone());
+        let citron = options.citron_options();
+        assert_eq!((citron.hosting, citron.owner), (Hosting::Never, Some(7)));
+        assert!(Arc::ptr_eq(citron.fence.as_ref().unwrap(), &own));
+        assert!(options.ticket_config().fence.is_none());
+        let given: Arc<dyn Fence> = Arc::new(NoFence);
+        options.fence = Some(given.clone());
+        options.owner = Some(9);
+        options.hosting = Some(Hosting::Always);
+        let citron = options.citron_options();
+        assert_eq!((citron.hosting, citron.owner), (Hosting::Always, Some(9)));
+        assert!(Arc::ptr_eq(citron.fence.as_ref().unwrap(), &given));
+        assert!(Arc::ptr_eq(
+            options.ticket_config().fence.as_ref().unwrap(),
+            &given
+        ));
+        assert_eq!(citron.k, ClientOptions::default().k);
+
+        let defaults = LockDefaults {
+            units: 300,
+            lease: Duration::from_millis(1500),
+            wait: Duration::from_nanos(10_500),
+            allocates_growth: true,
+            lock_server: None,
+        };
+        let resolved = LockScheme::CITRON
+            .resolve(&CreateOptions::from_defaults(&defaults))
+            .unwrap();
+        assert_eq!(resolved.to_string(), "citron:1024:1073741824:1500:11:alloc");
+        let fixed = CreateOptions::from_defaults(&LockDefaults {
+            allocates_growth: false,
+            ..defaults
+        });
+        let resolved = LockScheme::CITRON.resolve(&fixed).unwrap();
+        assert_eq!(resolved.to_string(), "citron:1024:1024:1500:11:room");
+        assert_eq!(fixed.seg, SegSpec::DEFAULT);
     }
 
     /// A lease is a description's only where it fixes one.

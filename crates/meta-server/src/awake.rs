@@ -188,7 +188,7 @@ impl<W> Spell<W> {
                 return Handback::Frame(read);
             }
             let frame = match postcard::from_bytes::<RequestFrame>(&self.body) {
-                Ok(frame) if crate::requests::traits(&frame.request).inline => frame,
+                Ok(frame) if crate::requests::inline(&frame.request) => frame,
                 // Undecodable (the async loop refuses it) or not quick (it goes to the pool).
                 _ => return Handback::Frame(Ok(())),
             };

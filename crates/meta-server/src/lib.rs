@@ -388,11 +388,11 @@ impl MetaServer {
     }
 }
 
-/// `T_wait` for CITRON trees: derived from round trips to the meta region under load
-/// (`lockmgr::citron::t_wait_under_load`) as one-sided clients make them — through the fabric,
-/// from another connection — not from the server's own local memory access.
+/// The wait of file locks (CITRON's `T_wait`): derived from round trips to the meta region
+/// under load (`lockmgr::schemes::wait_under_load`) as one-sided clients make them — through
+/// the fabric, from another connection — not from the server's own local memory access.
 ///
-/// Also where clients acquire at this host ([`offer_hosted_citron`], tcp): a client may still
+/// Also where clients acquire at this host ([`offer_hosted_locks`], tcp): a client may still
 /// acquire one-sided (its host refused it, or it was told to), and inequality (1) (CITRON
 /// §3.5.5) then needs its phases, a round trip each, to fit in `T_wait`. Sized for the host's
 /// own memory (15 µs), such a client aborted every attempt that was not a fast path, for ever
@@ -401,33 +401,29 @@ fn measure_t_wait(server: &FabricServer) -> anyhow::Result<Duration> {
     let connector = server
         .connector()
         .context("measuring the fabric's round trip")?;
-    let (t_wait, rtt) = lockmgr::citron::t_wait_under_load(
-        &*connector,
-        fabric::RemoteAddr::new(META_REGION, 0),
-        // The file system's trees grow as far as the default allows (`open_files`).
-        &lockmgr::citron::CitronConfig::default(),
-    )
-    .context("measuring the fabric's round trip")?;
+    let (t_wait, rtt) =
+        lockmgr::schemes::wait_under_load(&*connector, fabric::RemoteAddr::new(META_REGION, 0))
+            .context("measuring the fabric's round trip")?;
     tracing::info!(
         ?rtt,
         ?t_wait,
         backend = %server.backend(),
-        "CITRON T_wait from the round trip under load"
+        "lock wait (CITRON's T_wait) from the round trip under load"
     );
     Ok(t_wait)
 }
 
-/// Lets file-system clients acquire their range locks at this host (`lockmgr::citron::hosted`,
-/// Cell) on a fabric that runs procedures (`FabricServer::runs_procedures`: tcp): a lock tree
+/// Lets file-system clients acquire their range locks at this host (`lockmgr::schemes::LockHost`:
+/// the schemes that can, CITRON) on a fabric that runs procedures (`FabricServer::runs_procedures`: tcp): a lock tree
 /// lives in the meta region, and on such a fabric this server's CPU executes every one-sided
 /// verb of an acquisition anyway, one wake-up per round trip and per poll. Clients have a
 /// fence (`fs-client`'s `MetaFence`), so the host fences for them: before a break-in on behalf
 /// of the client of session `s`, the same revocation of silent sessions its `Fence` request
 /// would run, with `s` as the caller.
-fn offer_hosted_citron(server: &FabricServer, service: &Arc<Service>) -> anyhow::Result<()> {
+fn offer_hosted_locks(server: &FabricServer, service: &Arc<Service>) -> anyhow::Result<()> {
     let weak = Arc::downgrade(service);
     let service = weak.clone();
-    let host = lockmgr::citron::CitronHost::new()
+    let host = lockmgr::schemes::LockHost::new()
         .fencing(Arc::new(move |session| {
             Arc::new(HostFence {
                 service: service.clone(),
@@ -438,14 +434,17 @@ fn offer_hosted_citron(server: &FabricServer, service: &Arc<Service>) -> anyhow:
             Arc::new(HostAllocator {
                 service: weak.clone(),
                 ino,
-            }) as Arc<dyn lockmgr::citron::TreeAllocator>
+            }) as Arc<dyn lockmgr::schemes::LockWordAllocator>
         }));
-    server
-        .register_procedure(lockmgr::citron::hosted::PROCEDURE, Arc::new(host))
-        .context("offering hosted CITRON acquisitions")
+    for (id, procedure) in host.procedures() {
+        server
+            .register_procedure(id, procedure)
+            .context("offering hosted lock acquisitions")?;
+    }
+    Ok(())
 }
 
-/// The fence a hosted acquisition of session `session` runs ([`offer_hosted_citron`]).
+/// The fence a hosted acquisition of session `session` runs ([`offer_hosted_locks`]).
 struct HostFence {
     service: std::sync::Weak<Service>,
     session: u64,
@@ -485,14 +484,14 @@ fn on_service<T>(
     f(&service).map_err(|e| hook(Box::new(e)))
 }
 
-/// The allocator of the scale-ups a hosted acquisition of file `ino`'s lock runs here
-/// ([`offer_hosted_citron`]): the same lock words `AllocateLockWords` would give its client.
+/// The allocator of the growth a hosted acquisition of file `ino`'s lock runs here
+/// ([`offer_hosted_locks`]): the same lock words `AllocateLockWords` would give its client.
 struct HostAllocator {
     service: std::sync::Weak<Service>,
     ino: proto::Ino,
 }
 
-impl lockmgr::citron::TreeAllocator for HostAllocator {
+impl lockmgr::schemes::LockWordAllocator for HostAllocator {
     fn allocate(&self, words: u64) -> Result<fabric::RemoteAddr, lockmgr::LockError> {
         on_service(
             &self.service,
@@ -502,14 +501,14 @@ impl lockmgr::citron::TreeAllocator for HostAllocator {
     }
 }
 
-/// Makes the meta region's fabric server serve `service`: hosted CITRON acquisitions where the
+/// Makes the meta region's fabric server serve `service`: hosted lock acquisitions where the
 /// fabric runs procedures, and the service's revocations where it can fence.
 fn serve_for(
     region_server: FabricServer,
     service: &Arc<Service>,
 ) -> anyhow::Result<Arc<FabricServer>> {
     if region_server.runs_procedures() {
-        offer_hosted_citron(&region_server, service)?;
+        offer_hosted_locks(&region_server, service)?;
     }
     let region_server = Arc::new(region_server);
     if region_server.can_fence() {

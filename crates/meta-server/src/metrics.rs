@@ -8,7 +8,6 @@
 //!   bytes, inodes, fenced sessions and requests handled — read from the service's state at
 //!   each scrape (the same facts `citronfs status` shows), never kept on the hot path.
 
-use crate::requests::KIND_NAMES;
 use crate::service::Service;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -17,6 +16,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
+use proto::rpc::RequestKind;
 use std::sync::{OnceLock, Weak};
 
 /// The `kind` label of a request metric.
@@ -58,7 +58,7 @@ impl RequestMetrics {
             requests: Family::default(),
             latency: Family::new_with_constructor(latency_histogram),
             errors: Family::default(),
-            slots: KIND_NAMES.iter().map(|_| OnceLock::new()).collect(),
+            slots: RequestKind::ALL.iter().map(|_| OnceLock::new()).collect(),
         };
         registry.register(
             "meta_requests",
@@ -78,13 +78,10 @@ impl RequestMetrics {
         m
     }
 
-    /// Counts one request of kind `kind` (`requests::kind`) that took `seconds`, failed with
-    /// `errno` if any.
-    pub(crate) fn record(&self, kind: usize, seconds: f64, errno: Option<i32>) {
-        let slot = self.slots[kind].get_or_init(|| {
-            let labels = KindLabels {
-                kind: KIND_NAMES[kind],
-            };
+    /// Counts one request of kind `kind` that took `seconds`, failed with `errno` if any.
+    pub(crate) fn record(&self, kind: RequestKind, seconds: f64, errno: Option<i32>) {
+        let slot = self.slots[kind.index()].get_or_init(|| {
+            let labels = KindLabels { kind: kind.name() };
             KindSlot {
                 requests: self.requests.get_or_create(&labels).clone(),
                 latency: self.latency.get_or_create(&labels).clone(),
@@ -95,7 +92,7 @@ impl RequestMetrics {
         if let Some(errno) = errno {
             self.errors
                 .get_or_create(&ErrorLabels {
-                    kind: KIND_NAMES[kind],
+                    kind: kind.name(),
                     errno: proto::error::errno_name(errno),
                 })
                 .inc();

@@ -5,11 +5,8 @@ use crate::meta_region::{meta_addr, CreatedLock, MetaRegion, RegionSpan};
 use crate::status::OpenFacts;
 use crate::sync::lock;
 use fabric::EndpointExt;
-use lockmgr::baselines::SegSpec;
-use lockmgr::citron::scheme::{duration_ms, duration_us};
-use lockmgr::citron::{CitronDefaults, CitronGrowth};
-use lockmgr::schemes::{CreateOptions, LockServer, LockServerAt};
-use lockmgr::{CitronConfig, LockError, LockRef, LockScheme};
+use lockmgr::schemes::{CreateOptions, LockDefaults, LockServer, LockServerAt};
+use lockmgr::{LockError, LockRef, LockScheme};
 use proto::{fcb, Attr, FsError, Ino, OpenFile, SetAttr};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -47,25 +44,21 @@ impl LockPolicy {
     }
 
     /// What the meta server decides for a file's lock where the opener's description leaves
-    /// it open: a CITRON tree covering the file (at least [`MIN_LOCK_COVER`]), growing as far
-    /// as [`CitronConfig::default`] allows from scale-up memory this server hands out
-    /// (`AllocateLockWords`), with the cluster's `T_lease` and `T_wait`; `seg` as lockmgr cuts
-    /// it; a scheme that keeps its locks at a lock service on this server's lock server.
+    /// it open (each scheme takes what it uses, [`CreateOptions::from_defaults`]): covering the
+    /// file (at least [`MIN_LOCK_COVER`]), growing from memory this server hands out
+    /// (`AllocateLockWords`), with the cluster's lock lease and wait; a scheme that keeps its
+    /// locks at a lock service on this server's lock server.
     fn options(&self, size: u64) -> CreateOptions {
-        CreateOptions {
-            citron: CitronDefaults {
-                unit_count: size.max(MIN_LOCK_COVER).div_ceil(self.lock_unit),
-                max_unit_count: CitronConfig::default().max_unit_count,
-                growth: CitronGrowth::Allocator,
-                lease_ms: duration_ms(self.lock_lease),
-                t_wait_us: duration_us(self.t_wait),
-            },
-            seg: SegSpec::DEFAULT,
+        CreateOptions::from_defaults(&LockDefaults {
+            units: size.max(MIN_LOCK_COVER).div_ceil(self.lock_unit),
+            lease: self.lock_lease,
+            wait: self.t_wait,
+            allocates_growth: true,
             lock_server: self.lock_server.as_ref().map(|server| LockServerAt {
                 addr: server.addr(),
                 credentials: server.credentials().clone(),
             }),
-        }
+        })
     }
 
     /// Creates the lock of `scheme` for a file of `size` bytes in `region`.

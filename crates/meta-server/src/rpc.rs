@@ -6,7 +6,7 @@
 //! sled and the fabric verbs block, so a request runs on tokio's blocking pool
 //! (`spawn_blocking`), whose thread also writes the answer, and a slow request (zeroing chunks,
 //! a lock tree created for a large file) never stalls other connections — except a quick one
-//! (`requests::Traits::inline`: tens of microseconds in memory) alone on its connection, which
+//! (`requests::inline`: tens of microseconds in memory) alone on its connection, which
 //! the async worker that read it handles and answers itself, saving the hand-off's thread
 //! wake-up; after that answer the connection is served awake for a while (`awake`).
 
@@ -577,27 +577,47 @@ where
     R: ReadHalf,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let writer = Arc::new(tokio::sync::Mutex::new(writer));
-    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT_PER_CONNECTION));
-    // An answer that could not be written ends the connection (the stream may be mid-frame).
-    let (write_failed, mut write_failure) = watch::channel(None::<String>);
-    let write_failed = Arc::new(write_failed);
-    let runtime = tokio::runtime::Handle::current();
-    let read_loop = async {
+    let connection = Connection {
+        service: service.clone(),
+        session,
+        writer: Arc::new(tokio::sync::Mutex::new(writer)),
+        permits: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT_PER_CONNECTION)),
+        write_failed: Arc::new(watch::channel(None).0),
+        runtime: tokio::runtime::Handle::current(),
+    };
+    let result = connection.read_loop(reader, stop, awake).await;
+    // Every request started has answered (or failed to write) before the session ends.
+    connection.all_answered().await;
+    if *stop.borrow() {
+        linger(reader, &mut *connection.writer.lock().await).await;
+    }
+    result
+}
+
+/// One client connection as [`serve`] answers it: what its requests in flight share.
+struct Connection<W> {
+    service: Arc<Service>,
+    session: u64,
+    /// The connection's writer, shared by every request in flight.
+    writer: Arc<tokio::sync::Mutex<W>>,
+    /// One per request that may be in flight, held until it is answered.
+    permits: Arc<tokio::sync::Semaphore>,
+    /// Told when an answer could not be written: the connection then ends (the stream may be
+    /// mid-frame).
+    write_failed: Arc<watch::Sender<Option<String>>>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl<W: AsyncWrite + Unpin + Send + 'static> Connection<W> {
+    /// Reads and starts requests until the connection closes, fails or the server stops.
+    async fn read_loop<R: ReadHalf>(
+        &self,
+        reader: &mut BufReader<R>,
+        stop: &mut watch::Receiver<bool>,
+        awake: &Arc<AwakeServe>,
+    ) -> Result<(), String> {
+        let mut write_failure = self.write_failed.subscribe();
         let mut body = Vec::new();
-        // The server stops: no request is started any more, and once every request started
-        // has answered, the client is told so. Invariant: nothing is answered after the
-        // goodbye, so a call the goodbye fails was not executed, and the client may make it
-        // again on its next connection (`proto::rpc::RpcError::ServerStopping`). (A request
-        // still running when the shutdown's grace runs out leaves with its connection
-        // unanswered, and no goodbye: its client cannot tell, as after a crash.)
-        let stopping = || async {
-            let _ = permits
-                .acquire_many(MAX_IN_FLIGHT_PER_CONNECTION as u32)
-                .await;
-            let _ = send(&mut *writer.lock().await, &goodbye()).await;
-            Ok(())
-        };
         // A frame the awake thread read and left to this loop (`awake::Handback::Frame`).
         let mut handed_back = None;
         loop {
@@ -605,47 +625,38 @@ where
                 Some(read) => read,
                 None => tokio::select! {
                     read = read_frame(reader, MAX_FRAME, &mut body) => read,
-                    _ = stop.changed() => return stopping().await,
+                    _ = stop.changed() => return self.stopping().await,
                     _ = write_failure.changed() => {
                         return Err(write_failure.borrow().clone().unwrap_or_default());
                     }
                 },
             };
-            let frame = match decode_request(read, &body) {
-                Ok(frame) => frame,
-                Err(Undecodable::Refused(why)) => {
-                    // Answered under id 0 (no request has it), with the reason, before the
-                    // connection closes: the client learns why (see `proto::rpc::Client::call`).
-                    tracing::warn!(session, why, "closing a client connection");
-                    let frame = ResponseFrame::new(0, Err(FsError::Invalid(why.clone())));
-                    let _ = send(&mut *writer.lock().await, &frame).await;
-                    return Err(why);
-                }
-                Err(Undecodable::Broken(why)) => return Err(why),
-            };
+            let frame = self.decode(read, &body).await?;
             let permit = tokio::select! {
-                permit = permits.clone().acquire_owned() => {
+                permit = self.permits.clone().acquire_owned() => {
                     permit.map_err(|e| e.to_string())?
                 }
-                _ = stop.changed() => return stopping().await,
+                _ = stop.changed() => return self.stopping().await,
             };
             // Alone on its connection (this one holds the only permit taken) and quick
-            // (`requests::Traits::inline`): handled right here, on the async worker that read
-            // it, and answered from it — no thread hand-off at all. A request that arrives meanwhile
+            // (`requests::inline`): handled right here, on the async worker that read it, and
+            // answered from it — no thread hand-off at all. A request that arrives meanwhile
             // waits in the socket until this one is answered (tens of microseconds); while
             // others are in flight, every request goes to the pool.
-            if permits.available_permits() == MAX_IN_FLIGHT_PER_CONNECTION - 1
-                && crate::requests::traits(&frame.request).inline
+            if self.permits.available_permits() == MAX_IN_FLIGHT_PER_CONNECTION - 1
+                && crate::requests::inline(&frame.request)
             {
-                let answer = run_request(service, session, frame);
-                let sent = send(&mut *writer.lock().await, &answer).await;
-                drop(permit);
-                if let Err(e) = sent {
-                    return Err(format!("writing an answer: {e}"));
-                }
+                self.answer_here(frame, permit).await?;
                 // The caller's next request usually follows within tens of microseconds.
                 match awake
-                    .serve(reader, &writer, service, session, stop, &mut body)
+                    .serve(
+                        reader,
+                        &self.writer,
+                        &self.service,
+                        self.session,
+                        stop,
+                        &mut body,
+                    )
                     .await
                 {
                     Handback::Idle => {}
@@ -654,24 +665,72 @@ where
                 }
                 continue;
             }
-            let answering = Answering {
-                service: service.clone(),
-                writer: writer.clone(),
-                write_failed: write_failed.clone(),
-                runtime: runtime.clone(),
-            };
-            answering.on_pool(session, frame, permit);
+            self.answering().on_pool(self.session, frame, permit);
         }
-    };
-    let result = read_loop.await;
-    // Every request started has answered (or failed to write) before the session ends.
-    let _ = permits
-        .acquire_many(MAX_IN_FLIGHT_PER_CONNECTION as u32)
-        .await;
-    if *stop.borrow() {
-        linger(reader, &mut *writer.lock().await).await;
     }
-    result
+
+    /// The request a frame read into `body` holds; one the server cannot take is refused:
+    /// answered under id 0 (no request has it), with the reason, before the connection closes,
+    /// so that the client learns why (see `proto::rpc::Client::call`).
+    async fn decode(
+        &self,
+        read: Result<(), FrameError>,
+        body: &[u8],
+    ) -> Result<RequestFrame, String> {
+        match decode_request(read, body) {
+            Ok(frame) => Ok(frame),
+            Err(Undecodable::Refused(why)) => {
+                tracing::warn!(session = self.session, why, "closing a client connection");
+                let frame = ResponseFrame::new(0, Err(FsError::Invalid(why.clone())));
+                let _ = send(&mut *self.writer.lock().await, &frame).await;
+                Err(why)
+            }
+            Err(Undecodable::Broken(why)) => Err(why),
+        }
+    }
+
+    /// Runs `frame` on this async worker and writes its answer; `permit` is released once it
+    /// is written.
+    async fn answer_here(
+        &self,
+        frame: RequestFrame,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) -> Result<(), String> {
+        let answer = run_request(&self.service, self.session, frame);
+        let sent = send(&mut *self.writer.lock().await, &answer).await;
+        drop(permit);
+        sent.map_err(|e| format!("writing an answer: {e}"))
+    }
+
+    /// The server stops: no request is started any more, and once every request started has
+    /// answered, the client is told so. Invariant: nothing is answered after the goodbye, so a
+    /// call the goodbye fails was not executed, and the client may make it again on its next
+    /// connection (`proto::rpc::RpcError::ServerStopping`). (A request still running when the
+    /// shutdown's grace runs out leaves with its connection unanswered, and no goodbye: its
+    /// client cannot tell, as after a crash.)
+    async fn stopping(&self) -> Result<(), String> {
+        self.all_answered().await;
+        let _ = send(&mut *self.writer.lock().await, &goodbye()).await;
+        Ok(())
+    }
+
+    /// Waits until every request started has answered (or failed to write).
+    async fn all_answered(&self) {
+        let _ = self
+            .permits
+            .acquire_many(MAX_IN_FLIGHT_PER_CONNECTION as u32)
+            .await;
+    }
+
+    /// What a request handed to the blocking pool takes with it.
+    fn answering(&self) -> Answering<W> {
+        Answering {
+            service: self.service.clone(),
+            writer: self.writer.clone(),
+            write_failed: self.write_failed.clone(),
+            runtime: self.runtime.clone(),
+        }
+    }
 }
 
 /// What a request handed to the blocking pool needs to be run and answered there.
@@ -823,137 +882,85 @@ async fn fuzz_stream(input: &[u8], store: Option<&crate::store::Store>) {
 /// Runs a namespace request against `store` the way the service does and checks the
 /// invariants [`fuzz_entry`] lists.
 fn fuzz_dispatch(store: &crate::store::Store, request: proto::rpc::Request) {
-    use proto::rpc::{check_name, check_name_for, NameOp, Request};
-    use proto::{FileKind, ROOT_INO};
-    let never_open = |_| false;
-    // (the name a successful call created, and the call)
-    let created: Option<(String, Result<(), FsError>)> = match request {
-        Request::Lookup { parent, name } => {
-            let _ = store.lookup(parent, &name);
+    use proto::rpc::{check_name_for, Group, NameOp, Request};
+    use proto::FileKind;
+    // The name a successful call created.
+    let created = match request.class().group {
+        Group::Read => {
+            fuzz_read(store, request);
             None
         }
-        Request::GetAttr { ino } => {
-            let _ = store.getattr(ino);
-            None
-        }
-        Request::Mknod {
-            parent,
-            name,
-            kind,
-            perm,
-            rdev,
-            caller,
-        } => {
-            let r = store.mknod(parent, &name, kind, perm, rdev, caller);
-            Some((name, r.map(drop)))
+        Group::Change => {
+            let name = match &request {
+                Request::Mknod { name, .. }
+                | Request::Mkdir { name, .. }
+                | Request::Symlink { name, .. } => Some(name.clone()),
+                Request::Link { new_name, .. } | Request::Rename { new_name, .. } => {
+                    Some(new_name.clone())
+                }
+                _ => None,
+            };
+            let done = crate::service::change_namespace(store, request, |_| false);
+            name.filter(|_| done.is_ok())
         }
         // The service runs `Create` as `Mknod` of a file, then `Open`.
-        Request::Create {
-            parent,
-            name,
-            perm,
-            caller,
-            ..
-        } => {
-            let r = store.mknod(parent, &name, FileKind::File, perm, 0, caller);
-            Some((name, r.map(drop)))
-        }
-        Request::Mkdir {
-            parent,
-            name,
-            perm,
-            caller,
-        } => {
-            let r = store.mkdir(parent, &name, perm, caller);
-            Some((name, r.map(drop)))
-        }
-        Request::Symlink {
-            parent,
-            name,
-            target,
-            caller,
-        } => {
-            let r = store.symlink(parent, &name, &target, caller);
-            Some((name, r.map(drop)))
-        }
-        Request::Link {
-            ino,
-            new_parent,
-            new_name,
-        } => {
-            let r = store.link(ino, new_parent, &new_name);
-            Some((new_name, r.map(drop)))
-        }
-        Request::Unlink { parent, name } => {
-            let _ = store.unlink(parent, &name, never_open);
-            None
-        }
-        Request::Rmdir { parent, name } => {
-            let _ = store.rmdir(parent, &name);
-            None
-        }
-        Request::Rename {
-            parent,
-            name,
-            new_parent,
-            new_name,
-            no_replace,
-            exchange,
-        } => {
-            let r = if exchange {
-                store.exchange(parent, &name, new_parent, &new_name)
-            } else {
-                store.rename(parent, &name, new_parent, &new_name, no_replace, never_open)
-            };
-            Some((new_name, r.map(drop)))
-        }
-        Request::Readlink { ino } => {
-            let _ = store.readlink(ino);
-            None
-        }
-        Request::ReadDir { ino, cookie, max } | Request::ReadDirPlus { ino, cookie, max } => {
-            if let Ok(entries) = store.readdir(ino, cookie, max) {
-                assert!(entries.len() <= (max.clamp(1, 4096)) as usize);
+        Group::File => match request {
+            Request::Create {
+                parent,
+                name,
+                perm,
+                caller,
+                ..
+            } => {
+                let done = store.mknod(parent, &name, FileKind::File, perm, 0, caller);
+                Some(name).filter(|_| done.is_ok())
             }
-            None
-        }
-        Request::SetXattr {
-            ino,
-            name,
-            value,
-            mode,
-        } => {
-            let _ = store.setxattr(ino, &name, &value, mode);
-            None
-        }
-        Request::GetXattr { ino, name } => {
-            let _ = store.getxattr(ino, &name);
-            None
-        }
-        Request::ListXattr { ino } => {
-            let _ = store.listxattr(ino);
-            None
-        }
-        Request::RemoveXattr { ino, name } => {
-            let _ = store.removexattr(ino, &name);
-            None
-        }
-        Request::ChunkMap { ino, first, count } => {
-            if let Ok(chunks) = store.chunk_map(ino, first, count) {
-                assert_eq!(chunks.len() as u64, count);
+            _ => None,
+        },
+        Group::Chunks => {
+            if let Request::ChunkMap { ino, first, count } = request {
+                if let Ok(chunks) = store.chunk_map(ino, first, count) {
+                    assert_eq!(chunks.len() as u64, count);
+                }
             }
             None
         }
         // The rest need the service's state (open files, data servers, the meta region).
-        _ => None,
+        Group::Cluster => None,
     };
-    if let Some((name, Ok(()))) = created {
-        let op = NameOp::Create;
+    if let Some(name) = created {
         assert!(
-            check_name_for(op, &name).is_ok(),
+            check_name_for(NameOp::Create, &name).is_ok(),
             "the store accepted the bad name {name:?}"
         );
     }
+    fuzz_check_root(store);
+}
+
+#[cfg(feature = "fuzzing")]
+/// Runs a read of the namespace against `store` ([`fuzz_dispatch`]).
+fn fuzz_read(store: &crate::store::Store, request: proto::rpc::Request) {
+    use proto::rpc::Request;
+    match request {
+        Request::Lookup { parent, name } => drop(store.lookup(parent, &name)),
+        Request::GetAttr { ino } => drop(store.getattr(ino)),
+        Request::Readlink { ino } => drop(store.readlink(ino)),
+        Request::ReadDir { ino, cookie, max } | Request::ReadDirPlus { ino, cookie, max } => {
+            if let Ok(entries) = store.readdir(ino, cookie, max) {
+                assert!(entries.len() <= (max.clamp(1, 4096)) as usize);
+            }
+        }
+        Request::GetXattr { ino, name } => drop(store.getxattr(ino, &name)),
+        Request::ListXattr { ino } => drop(store.listxattr(ino)),
+        _ => {}
+    }
+}
+
+#[cfg(feature = "fuzzing")]
+/// Checks that the root of `store` is a directory whose listing holds only good names.
+fn fuzz_check_root(store: &crate::store::Store) {
+    use proto::rpc::check_name;
+    use proto::{FileKind, ROOT_INO};
     let root = store.getattr(ROOT_INO).expect("the root exists");
     assert_eq!(root.kind, FileKind::Dir);
     let entries = store

@@ -28,7 +28,7 @@ use lockmgr::schemes::{self, LockServer};
 use lockmgr::LockScheme;
 use proto::fcb;
 use proto::fsck::{Finding, FsckOptions, FsckReport, Repair};
-use proto::rpc::{Request, Response};
+use proto::rpc::{Group, Request, Response};
 use proto::{
     Attr, ClusterInfo, DataServerInfo, FabricAddr, FileKind, FsError, FsStats, Ino, OpenFile,
     SetAttr,
@@ -387,7 +387,7 @@ impl Service {
         stopped: bool,
         wait: Duration,
     ) -> Result<bool, FsError> {
-        let named = |session: u64| session & lockmgr::citron::layout::OWNER_ID == owner;
+        let named = |session: u64| lockmgr::holder_identity(session) == owner;
         if named(caller) {
             return Ok(false);
         }
@@ -629,7 +629,7 @@ impl Service {
         expires: Option<Instant>,
     ) -> Result<Response, FsError> {
         let counted = crate::requests::counted(&request, &release_first);
-        let kind = crate::requests::kind(&request);
+        let kind = request.kind();
         let start = Instant::now();
         for ino in release_first {
             if let Err(error) = self.handle_timed(session, Request::Release { ino }, None) {
@@ -659,7 +659,7 @@ impl Service {
     ) -> Result<Response, FsError> {
         self.touch(session, true)?;
         self.check_expiry(expires)?;
-        let changes = crate::requests::traits(&request).changes_inodes;
+        let changes = crate::requests::changes_inodes(&request);
         let result = self.dispatch(session, request, expires);
         if changes {
             // Before the answer: a client that saw it reads the change one-sidedly.
@@ -697,59 +697,26 @@ impl Service {
         }
     }
 
-    /// Hands `request` to the handler of its group. Exhaustive: a new kind of request does not
-    /// compile until it is given a group here.
+    /// Hands `request` to the handler of its group (its row in proto's request table,
+    /// `RequestClass::group`).
     fn dispatch(
         &self,
         session: u64,
         request: Request,
         expires: Option<Instant>,
     ) -> Result<Response, FsError> {
-        match request {
-            Request::Heartbeat
-            | Request::Cluster
-            | Request::Fence
-            | Request::HolderGone { .. }
-            | Request::Fsck(_)
-            | Request::Status
-            | Request::Statfs
-            | Request::AwaitRevocations { .. } => self.handle_cluster(session, request),
-            Request::Lookup { .. }
-            | Request::GetAttr { .. }
-            | Request::Readlink { .. }
-            | Request::ReadDir { .. }
-            | Request::ReadDirPlus { .. }
-            | Request::GetXattr { .. }
-            | Request::ListXattr { .. } => self.handle_read(request),
-            Request::Mknod { .. }
-            | Request::Mkdir { .. }
-            | Request::Symlink { .. }
-            | Request::Link { .. }
-            | Request::Unlink { .. }
-            | Request::Rmdir { .. }
-            | Request::Rename { .. }
-            | Request::SetXattr { .. }
-            | Request::RemoveXattr { .. } => self.handle_change(request),
-            Request::SetAttr { .. }
-            | Request::Open { .. }
-            | Request::Create { .. }
-            | Request::Release { .. }
-            | Request::Fsync { .. }
-            | Request::AllocateLockWords { .. }
-            | Request::GetLk { .. }
-            | Request::SetLk { .. } => self.handle_file(session, request, expires),
-            Request::ChunkMap { .. }
-            | Request::AllocateChunks { .. }
-            | Request::FreeChunks { .. } => self.handle_chunks(request, expires),
+        match request.class().group {
+            Group::Cluster => self.handle_cluster(session, request),
+            Group::Read => self.handle_read(request),
+            Group::Change => self.handle_change(request),
+            Group::File => self.handle_file(session, request, expires),
+            Group::Chunks => self.handle_chunks(request, expires),
         }
     }
 
     /// The answer to a request handed to a group it is not of ([`Service::dispatch`]).
     fn misrouted(request: &Request) -> FsError {
-        FsError::Invalid(format!(
-            "{} is not handled here",
-            crate::requests::kind(request)
-        ))
+        FsError::Invalid(format!("{} is not handled here", request.kind().name()))
     }
 
     /// Requests about the cluster and the session itself.
@@ -850,100 +817,16 @@ impl Service {
     /// Changes of the namespace, under the state lock.
     fn handle_change(&self, request: Request) -> Result<Response, FsError> {
         let st = lock(&self.state);
-        let is_open = |ino: Ino| st.open.is_open(ino);
-        let store = &self.store;
-        let (response, effects) = match request {
-            Request::Mknod {
-                parent,
-                name,
-                kind,
-                perm,
-                rdev,
-                caller,
-            } => (
-                Response::Attr(store.mknod(parent, &name, kind, perm, rdev, caller)?),
-                Effects::default(),
-            ),
-            Request::Mkdir {
-                parent,
-                name,
-                perm,
-                caller,
-            } => (
-                Response::Attr(store.mkdir(parent, &name, perm, caller)?),
-                Effects::default(),
-            ),
-            Request::Symlink {
-                parent,
-                name,
-                target,
-                caller,
-            } => (
-                Response::Attr(store.symlink(parent, &name, &target, caller)?),
-                Effects::default(),
-            ),
-            Request::Link {
-                ino,
-                new_parent,
-                new_name,
-            } => {
-                let attr = store.link(ino, new_parent, &new_name)?;
-                drop(st);
-                return Ok(Response::Attr(self.live_attr(attr)));
-            }
-            Request::Unlink { parent, name } => {
-                (Response::Ok, store.unlink(parent, &name, is_open)?)
-            }
-            Request::Rmdir { parent, name } => {
-                store.rmdir(parent, &name)?;
-                (Response::Ok, Effects::default())
-            }
-            rename @ Request::Rename { .. } => (Response::Ok, self.rename(&st, rename)?),
-            Request::SetXattr {
-                ino,
-                name,
-                value,
-                mode,
-            } => {
-                store.setxattr(ino, &name, &value, mode)?;
-                (Response::Ok, Effects::default())
-            }
-            Request::RemoveXattr { ino, name } => {
-                store.removexattr(ino, &name)?;
-                (Response::Ok, Effects::default())
-            }
-            other => return Err(Self::misrouted(&other)),
-        };
+        let link = matches!(request, Request::Link { .. });
+        let (response, effects) =
+            change_namespace(&self.store, request, |ino: Ino| st.open.is_open(ino))?;
         drop(st);
         self.registry.zero_and_recycle(effects.freed);
-        Ok(response)
-    }
-
-    /// `Rename` (or, with `exchange`, `RENAME_EXCHANGE`), with the state lock `st` held.
-    fn rename(&self, st: &State, request: Request) -> Result<Effects, FsError> {
-        let Request::Rename {
-            parent,
-            name,
-            new_parent,
-            new_name,
-            no_replace,
-            exchange,
-        } = request
-        else {
-            return Err(Self::misrouted(&request));
-        };
-        if !exchange {
-            let is_open = |ino: Ino| st.open.is_open(ino);
-            return self
-                .store
-                .rename(parent, &name, new_parent, &new_name, no_replace, is_open);
-        }
-        if no_replace {
-            return Err(FsError::Invalid(
-                "RENAME_EXCHANGE and RENAME_NOREPLACE exclude each other".into(),
-            ));
-        }
-        self.store.exchange(parent, &name, new_parent, &new_name)
+        Ok(match response {
+            // The linked inode may be open: its size is its control block's.
+            Response::Attr(attr) if link => Response::Attr(self.live_attr(attr)),
+            response => response,
+        })
     }
 
     /// Requests about one file: its attributes, opening and releasing it, its lock state and
@@ -1274,5 +1157,77 @@ impl Service {
     /// Bytes of the meta region not in use (for tests and reports).
     pub fn meta_free_bytes(&self) -> u64 {
         lock(&self.state).region.free_bytes()
+    }
+}
+
+/// Runs a change of the namespace ([`Group::Change`](proto::rpc::Group::Change)) on `store`,
+/// `is_open` saying which inodes are open: what the service runs under its state lock
+/// (`Service::handle_change`), and the fuzzer (`rpc::fuzz_entry`) against a store alone.
+pub(crate) fn change_namespace(
+    store: &Store,
+    request: Request,
+    is_open: impl Fn(Ino) -> bool,
+) -> Result<(Response, Effects), FsError> {
+    let attr = |attr: Result<Attr, FsError>| Ok((Response::Attr(attr?), Effects::default()));
+    let done = |r: Result<(), FsError>| r.map(|()| (Response::Ok, Effects::default()));
+    match request {
+        Request::Mknod {
+            parent,
+            name,
+            kind,
+            perm,
+            rdev,
+            caller,
+        } => attr(store.mknod(parent, &name, kind, perm, rdev, caller)),
+        Request::Mkdir {
+            parent,
+            name,
+            perm,
+            caller,
+        } => attr(store.mkdir(parent, &name, perm, caller)),
+        Request::Symlink {
+            parent,
+            name,
+            target,
+            caller,
+        } => attr(store.symlink(parent, &name, &target, caller)),
+        Request::Link {
+            ino,
+            new_parent,
+            new_name,
+        } => attr(store.link(ino, new_parent, &new_name)),
+        Request::Unlink { parent, name } => {
+            Ok((Response::Ok, store.unlink(parent, &name, is_open)?))
+        }
+        Request::Rmdir { parent, name } => done(store.rmdir(parent, &name)),
+        Request::Rename {
+            parent,
+            name,
+            new_parent,
+            new_name,
+            no_replace,
+            exchange,
+        } => {
+            let effects = match (exchange, no_replace) {
+                (false, _) => {
+                    store.rename(parent, &name, new_parent, &new_name, no_replace, is_open)?
+                }
+                (true, true) => {
+                    return Err(FsError::Invalid(
+                        "RENAME_EXCHANGE and RENAME_NOREPLACE exclude each other".into(),
+                    ))
+                }
+                (true, false) => store.exchange(parent, &name, new_parent, &new_name)?,
+            };
+            Ok((Response::Ok, effects))
+        }
+        Request::SetXattr {
+            ino,
+            name,
+            value,
+            mode,
+        } => done(store.setxattr(ino, &name, &value, mode)),
+        Request::RemoveXattr { ino, name } => done(store.removexattr(ino, &name)),
+        other => Err(Service::misrouted(&other)),
     }
 }

@@ -24,6 +24,7 @@ pub mod fsck;
 pub mod fuzz;
 pub mod layout;
 pub mod records;
+mod request;
 pub mod rpc;
 pub mod status;
 pub mod stream;

@@ -17,6 +17,8 @@ use std::path::Path;
 use std::time::Duration;
 use thiserror::Error;
 
+use crate::request::{class, requests};
+pub use crate::request::{Cost, Effects, Group, RequestClass};
 use fabric::handshake::{self, HandshakeError, HANDSHAKE_TIMEOUT};
 pub use fabric::handshake::{Credentials, Protocol, Refusal};
 
@@ -85,27 +87,29 @@ pub enum XattrMode {
     Replace,
 }
 
-/// A call to the meta server.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Request {
+// The meta server's requests, one row each: the variant of `Request` (the wire type, in this
+// order) `=>` its class (`crate::request`: its name, the meta server's handler group, what
+// serving it costs, what it changes).
+requests! {
     /// Keeps the session alive. A client session is answered `Heartbeat` (with the layout
     /// epoch); a data server's registration connection `Ok`.
-    Heartbeat,
+    Heartbeat => class("heartbeat", Group::Cluster, Cost::Quick);
     /// The cluster's layout now (data servers, their incarnations and whether they are
     /// connected), for this session. → `Cluster`
-    Cluster,
+    Cluster => class("cluster", Group::Cluster, Cost::Quick);
     /// The entry `name` in directory `parent`. → `Attr`
     Lookup {
         /// Directory.
         parent: Ino,
         /// Name.
         name: String,
-    },
+    } => class("lookup", Group::Read, Cost::Quick);
     /// An inode's attributes (the size from its file control block if open). → `Attr`
     GetAttr {
         /// Inode.
         ino: Ino,
-    },
+    } => class("get_attr", Group::Read, Cost::Quick);
+    // Depends: a size change may zero a tail after a flush (`Request::is_quick`).
     /// Changes attributes; a size change truncates or extends. → `Attr`
     SetAttr {
         /// Inode.
@@ -114,7 +118,7 @@ pub enum Request {
         set: SetAttr,
         /// Who asks.
         caller: Caller,
-    },
+    } => class("set_attr", Group::File, Cost::Depends).changes_inodes().changes_namespace();
     /// Creates a file, device node, fifo or socket. → `Attr`
     Mknod {
         /// Directory.
@@ -129,7 +133,7 @@ pub enum Request {
         rdev: u32,
         /// Owner.
         caller: Caller,
-    },
+    } => class("mknod", Group::Change, Cost::Quick).changes_inodes().changes_namespace();
     /// Creates a directory. → `Attr`
     Mkdir {
         /// Parent directory.
@@ -140,7 +144,7 @@ pub enum Request {
         perm: u16,
         /// Owner.
         caller: Caller,
-    },
+    } => class("mkdir", Group::Change, Cost::Quick).changes_inodes().changes_namespace();
     /// Creates a symbolic link. → `Attr`
     Symlink {
         /// Directory.
@@ -151,7 +155,7 @@ pub enum Request {
         target: String,
         /// Owner.
         caller: Caller,
-    },
+    } => class("symlink", Group::Change, Cost::Quick).changes_inodes().changes_namespace();
     /// Adds a hard link to `ino`. → `Attr`
     Link {
         /// The existing inode (not a directory).
@@ -160,21 +164,21 @@ pub enum Request {
         new_parent: Ino,
         /// The new name.
         new_name: String,
-    },
+    } => class("link", Group::Change, Cost::Quick).changes_inodes().changes_namespace();
     /// Removes a non-directory entry. → `Ok`
     Unlink {
         /// Directory.
         parent: Ino,
         /// Name.
         name: String,
-    },
+    } => class("unlink", Group::Change, Cost::Quick).changes_inodes().changes_namespace();
     /// Removes an empty directory. → `Ok`
     Rmdir {
         /// Parent directory.
         parent: Ino,
         /// Name.
         name: String,
-    },
+    } => class("rmdir", Group::Change, Cost::Quick).changes_inodes().changes_namespace();
     /// Renames, replacing a compatible target (an empty directory for a directory). → `Ok`
     Rename {
         /// Source directory.
@@ -190,12 +194,13 @@ pub enum Request {
         /// Swap the two entries, both of which must exist (`RENAME_EXCHANGE`; not with
         /// `no_replace`).
         exchange: bool,
-    },
+    } => class("rename", Group::Change, Cost::Quick).changes_inodes().changes_namespace();
     /// A symlink's target. → `Data`
     Readlink {
         /// Inode.
         ino: Ino,
-    },
+    } => class("readlink", Group::Read, Cost::Quick);
+    // A page is up to 4,096 entries, each with a getattr for `ReadDirPlus`: milliseconds.
     /// Directory entries after `cookie` (0 = from the start; `.` and `..` included). → `Entries`
     ReadDir {
         /// Directory.
@@ -204,7 +209,7 @@ pub enum Request {
         cookie: u64,
         /// At most this many.
         max: u32,
-    },
+    } => class("read_dir", Group::Read, Cost::Slow);
     /// Like `ReadDir`, with each entry's attributes (as `GetAttr` would answer them): what
     /// `readdirplus` needs to list a directory with its attributes in one call. → `EntriesPlus`
     ReadDirPlus {
@@ -214,9 +219,9 @@ pub enum Request {
         cookie: u64,
         /// At most this many.
         max: u32,
-    },
+    } => class("read_dir_plus", Group::Read, Cost::Slow);
     /// File-system totals. → `Stats`
-    Statfs,
+    Statfs => class("statfs", Group::Cluster, Cost::Quick);
     /// Sets an extended attribute. → `Ok`
     SetXattr {
         /// Inode.
@@ -227,26 +232,28 @@ pub enum Request {
         value: Vec<u8>,
         /// Create/replace semantics.
         mode: XattrMode,
-    },
+    } => class("set_xattr", Group::Change, Cost::Quick).changes_inodes().changes_namespace();
     /// An extended attribute's value. → `Data`
     GetXattr {
         /// Inode.
         ino: Ino,
         /// Name.
         name: String,
-    },
+    } => class("get_xattr", Group::Read, Cost::Quick);
     /// Extended attribute names. → `Names`
     ListXattr {
         /// Inode.
         ino: Ino,
-    },
+    } => class("list_xattr", Group::Read, Cost::Quick);
     /// Removes an extended attribute. → `Ok`
     RemoveXattr {
         /// Inode.
         ino: Ino,
         /// Name.
         name: String,
-    },
+    } => class("remove_xattr", Group::Change, Cost::Quick).changes_inodes().changes_namespace();
+    // State in the meta server's memory only, of the session a broken connection ends: what
+    // a first try did went with it.
     /// Opens a regular file for I/O with a lock scheme: sets up its file control block and lock
     /// state if this is the first open. → `Open`
     Open {
@@ -256,12 +263,12 @@ pub enum Request {
         /// one lock per scheme name: a later opener gets the lock as the first one's open
         /// created it (the reply says how).
         scheme: lockmgr::LockScheme,
-    },
+    } => class("open", Group::File, Cost::Quick).changes_inodes();
     /// The client closed its last handle on `ino`; the size is persisted. → `Ok`
     Release {
         /// Inode.
         ino: Ino,
-    },
+    } => class("release", Group::File, Cost::Quick).changes_inodes().changes_namespace();
     /// Where chunks `first..first+count` of `ino` live (None for holes). → `Chunks`
     ChunkMap {
         /// Inode.
@@ -270,7 +277,8 @@ pub enum Request {
         first: u64,
         /// Number of chunks.
         count: u64,
-    },
+    } => class("chunk_map", Group::Chunks, Cost::Quick);
+    // Zeroed chunks (counted in the file's `allocated`) from the data servers.
     /// Makes sure chunks `first..first+count` of `ino` exist (allocating zeroed ones for holes)
     /// and returns where they live. → `Chunks` (all `Some`)
     AllocateChunks {
@@ -282,12 +290,16 @@ pub enum Request {
         first: u64,
         /// Number of chunks.
         count: u64,
-    },
+    } => class("allocate_chunks", Group::Chunks, Cost::Slow).changes_inodes().changes_namespace();
+    // Waits for the database's flush; persists sizes. Repeats as the same again.
     /// Persists the file's size from its file control block (fsync, close). → `Ok`
     Fsync {
         /// Inode.
         ino: Ino,
-    },
+    } => class("fsync", Group::File, Cost::Slow).changes_inodes();
+    // Memory from the meta region. Once: lock memory lives in the meta region, freed with
+    // the open; a second try would allocate again, the first one's words lost until the
+    // file's last close.
     /// Allocates `words` zeroed words in the meta region for `ino`'s lock tree (CITRON
     /// scale-up, Algorithm 4 l. 3). → `Addr`
     AllocateLockWords {
@@ -295,12 +307,13 @@ pub enum Request {
         ino: Ino,
         /// Words needed.
         words: u64,
-    },
+    } => class("allocate_lock_words", Group::File, Cost::Slow).once();
+    // Waits for other clients' sessions and the fabric servers; the same again when repeated.
     /// Sent by a client right before it breaks a lock whose holder it presumes dead (CITRON
     /// §3.10 recovery): the meta server revokes every session it has not heard from within
     /// `ClusterInfo::fence_after_ms`, on its own fabric server and on every data server, and
     /// answers only once they all refuse those sessions. → `Ok`
-    Fence,
+    Fence => class("fence", Group::Cluster, Cost::Slow);
     /// Sent by a client waiting behind a lock-tree node whose owner record names `owner` (the
     /// low 48 bits of the holder's session, `lockmgr::Fence::holder_gone`): is that holder out
     /// for good? The meta server answers `Gone(true)` only where its fabric can fence
@@ -312,17 +325,19 @@ pub enum Request {
         owner: u64,
         /// The node stood still for a whole `T_lease`: a silent holder may be fenced.
         stopped: bool,
-    },
+    } => class("holder_gone", Group::Cluster, Cost::Slow);
     /// A data server's long poll on its registration connection (it doubles as its heartbeat):
     /// "I apply revocations up to `known`; answer when there are newer ones, or after a second".
     /// → `Revocations`
     AwaitRevocations {
         /// The revocation epoch this data server has applied.
         known: u64,
-    },
+    } => class("await_revocations", Group::Cluster, Cost::Slow);
+    // A whole check, which may repair. Once: an administrator's check (and repairs), not a
+    // change a client makes to its files.
     /// Checks the namespace, the chunk allocation and (at rest) the open files' locks for
     /// consistency, repairing what it can when asked (`citronfs fsck`). → `Fsck`
-    Fsck(crate::fsck::FsckOptions),
+    Fsck(crate::fsck::FsckOptions) => class("fsck", Group::Cluster, Cost::Slow).changes_inodes().once();
     /// Creates a regular file and opens it for I/O in one call (`Mknod` then `Open`, as the
     /// FUSE `create` needs: one round trip instead of two). Fails with `Exists` when the name
     /// is taken, whatever it names. → `Open`
@@ -337,7 +352,8 @@ pub enum Request {
         caller: Caller,
         /// The opener's lock scheme (as in `Open`).
         scheme: lockmgr::LockScheme,
-    },
+    } => class("create", Group::File, Cost::Quick).changes_inodes().changes_namespace();
+    // A scan of the file's chunks, and its generation bumped.
     /// Frees the allocated chunks among chunks `[first, first + count)` of regular file `ino`
     /// — a hole punched over whole chunks: they read zeros afterwards, and their memory goes
     /// back to the data servers — bumping the file's generation when any was, so that every
@@ -352,7 +368,7 @@ pub enum Request {
         first: u64,
         /// Number of chunks.
         count: u64,
-    },
+    } => class("free_chunks", Group::Chunks, Cost::Slow).changes_inodes().changes_namespace();
     /// `F_GETLK`: the first record lock of another owner that a lock of `kind` over bytes
     /// `[start, end]` of `ino` would conflict with (`crate::records`).
     /// → `RecordLock(None)` when there is none
@@ -367,7 +383,9 @@ pub enum Request {
         end: u64,
         /// The kind of lock the caller would take.
         kind: crate::records::RecordKind,
-    },
+    } => class("get_lk", Group::File, Cost::Quick);
+    // Depends: may wait (up to a second) for another owner's record lock to go. Repeats as
+    // `Open` does.
     /// `F_SETLK`/`F_SETLKW`: takes (`claim.kind` set) or gives back (`None`) the claim's
     /// owner's record lock over its bytes of `ino`, with POSIX's rules for an owner's own locks
     /// (a new lock replaces, splits or merges with those it overlaps or touches; an unlock may
@@ -387,89 +405,14 @@ pub enum Request {
         /// which holds back every other new lock so that the holders of before take theirs
         /// back first (as NFS's lock manager does after a reboot).
         reclaim: bool,
-    },
+    } => class("set_lk", Group::File, Cost::Depends);
+    // Reads the data servers' records and every session under the state lock: rare, and
+    // not worth an async worker's time.
     /// The cluster as the meta server sees it: itself, its data servers, the client sessions
     /// and the open files (`citronfs status`). Reads only; any authenticated session may ask.
     /// → `Status`
-    Status,
-}
+    Status => class("status", Group::Cluster, Cost::Slow);
 
-/// What a [`Request`] does, as a client must know it ([`Request::effects`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Effects {
-    /// It changes what the meta server keeps in its database, so that its effect is durable
-    /// only after the database's next flush (which an `Fsync` waits for): a client counts such
-    /// calls as not yet synced.
-    pub changes_namespace: bool,
-    /// It may be made a second time when the first try's outcome is unknown (its connection
-    /// broke after it was sent): on a new connection, in a new session, the second try does
-    /// not do what the first may have done already, or does no harm doing it again.
-    pub may_repeat: bool,
-}
-
-impl Request {
-    /// What the request does, as a client must know it: one exhaustive match, so that a new
-    /// request is classified where it is defined.
-    pub fn effects(&self) -> Effects {
-        let (changes_namespace, may_repeat) = match self {
-            // Reads.
-            Request::Heartbeat
-            | Request::Cluster
-            | Request::Lookup { .. }
-            | Request::GetAttr { .. }
-            | Request::Readlink { .. }
-            | Request::ReadDir { .. }
-            | Request::ReadDirPlus { .. }
-            | Request::Statfs
-            | Request::GetXattr { .. }
-            | Request::ListXattr { .. }
-            | Request::ChunkMap { .. }
-            | Request::GetLk { .. }
-            | Request::Status => (false, true),
-            // State in the meta server's memory only (opens, record locks), of the session a
-            // broken connection ends: what a first try did went with it.
-            Request::Open { .. } | Request::SetLk { .. } => (false, true),
-            // The same again.
-            Request::Fsync { .. }
-            | Request::Fence
-            | Request::HolderGone { .. }
-            | Request::AwaitRevocations { .. } => (false, true),
-            // Lock memory lives in the meta region, freed with the open; a second try would
-            // allocate again, the first one's words lost until the file's last close.
-            Request::AllocateLockWords { .. } => (false, false),
-            // An administrator's check (and repairs), not a change a client makes to its files.
-            Request::Fsck(_) => (false, false),
-            // Changes: a second try would fail (EEXIST, ENOENT) or act twice.
-            Request::SetAttr { .. }
-            | Request::Mknod { .. }
-            | Request::Create { .. }
-            | Request::Mkdir { .. }
-            | Request::Symlink { .. }
-            | Request::Link { .. }
-            | Request::Unlink { .. }
-            | Request::Rmdir { .. }
-            | Request::Rename { .. }
-            | Request::SetXattr { .. }
-            | Request::RemoveXattr { .. }
-            | Request::AllocateChunks { .. }
-            | Request::FreeChunks { .. }
-            | Request::Release { .. } => (true, false),
-        };
-        Effects {
-            changes_namespace,
-            may_repeat,
-        }
-    }
-
-    /// [`Effects::changes_namespace`] of the request.
-    pub fn changes_namespace(&self) -> bool {
-        self.effects().changes_namespace
-    }
-
-    /// [`Effects::may_repeat`] of the request.
-    pub fn may_repeat(&self) -> bool {
-        self.effects().may_repeat
-    }
 }
 
 /// A successful result.

@@ -158,7 +158,7 @@ fn victim_main() {
     if failpoint.starts_with("lockmgr::") {
         // The lock protocol's failpoints are on the client's side of it: acquired at the
         // meta server (tcp's default), the protocol runs there, where no client dies.
-        options.citron_hosting = fs_client::Hosting::Never;
+        options.lock_hosting = fs_client::Hosting::Never;
     }
     let fs = CitronFs::connect(options).expect("the victim connects");
     let me = CitronFs::process_caller();

@@ -11,10 +11,11 @@
 //!               then as many owner records, then as many share words, in the same order (`layout`, "Owner word", "Share word")
 //! ```
 //!
-//! Later scale-ups add segments elsewhere (from the [`TreeAllocator`]); the record lists them.
+//! Later scale-ups add segments elsewhere (from the [`LockWordAllocator`]); the record lists them.
 
 use super::layout::{self, Segment};
 use crate::scheme::LockError;
+use crate::schemes::LockWordAllocator;
 use fabric::{record, RemoteAddr};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -135,22 +136,6 @@ pub fn t_wait_under_load(
     Ok((t_wait_for(profile.p90, round_trips), profile))
 }
 
-/// Memory a scale-up asks for: zeroed words reachable through the same endpoint as the rest of
-/// the lock (Alg. 4 l. 3, one call per scale-up). The meta server implements it with an RPC.
-pub trait TreeAllocator: Send + Sync {
-    /// Allocates `words` zeroed, 8-byte aligned words and returns the first one's address.
-    fn allocate(&self, words: u64) -> Result<RemoteAddr, LockError>;
-
-    /// What the lock tree's host needs to allocate as this allocator does, for a client that
-    /// acquires at the host (`hosted`, whose scale-ups then run there): a tag the host's own
-    /// allocator understands ([`super::CitronHost::allocating`]; the file system's is the
-    /// inode). `None`, the default: the host cannot, and a tree that grows from an allocator
-    /// is acquired one-sided.
-    fn host_tag(&self) -> Option<u64> {
-        None
-    }
-}
-
 /// A bump allocator over a zeroed stretch of a region (tests, single-process use). Never frees.
 #[derive(Debug)]
 pub struct BumpAllocator {
@@ -175,7 +160,7 @@ impl BumpAllocator {
     }
 }
 
-impl TreeAllocator for BumpAllocator {
+impl LockWordAllocator for BumpAllocator {
     fn allocate(&self, words: u64) -> Result<RemoteAddr, LockError> {
         let bytes = words
             .checked_mul(8)
@@ -264,7 +249,7 @@ impl FabricBumpAllocator {
     }
 }
 
-impl TreeAllocator for FabricBumpAllocator {
+impl LockWordAllocator for FabricBumpAllocator {
     fn allocate(&self, words: u64) -> Result<RemoteAddr, LockError> {
         use fabric::EndpointExt;
         let bytes = words
@@ -293,7 +278,7 @@ impl TreeAllocator for FabricBumpAllocator {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct NoAllocator;
 
-impl TreeAllocator for NoAllocator {
+impl LockWordAllocator for NoAllocator {
     fn allocate(&self, _words: u64) -> Result<RemoteAddr, LockError> {
         Err(LockError::Config("this lock has no tree allocator".into()))
     }

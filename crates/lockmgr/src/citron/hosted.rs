@@ -30,8 +30,9 @@
 //! A host connection that closes leaves what its client held to lease recovery, exactly like a
 //! one-sided client that died: the client may still be inside its critical section.
 
-use super::{CitronClient, ClientOptions, TreeAllocator};
+use super::{CitronClient, ClientOptions};
 use crate::fence::Fence;
+pub use crate::hosting::{HostAllocate, HostFence, HostWrap, Hosting};
 use crate::scheme::{LockError, LockId, RangeLock};
 use crate::schemes::LockScheme;
 use crate::stats::{AbortCounts, LockStats};
@@ -45,20 +46,6 @@ use std::time::{Duration, Instant};
 
 /// The fabric procedure number of [`CitronHost`].
 pub const PROCEDURE: ProcedureId = 0xC17_0001;
-
-/// Where a client runs its acquisitions ([`ClientOptions::hosting`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum Hosting {
-    /// Always one-sided, on the client.
-    Never,
-    /// At the host where the endpoint's server executes every verb anyway (`tcp`) and offers
-    /// the procedure — and, for a client with a fence, can fence on its behalf
-    /// ([`CitronHost::fencing`]); one-sided otherwise.
-    #[default]
-    Auto,
-    /// At the host; opening the lock fails if the host cannot.
-    Always,
-}
 
 /// The client options the host's client uses (all but the fence, which never travels: the
 /// host fences with its own, [`CitronHost::fencing`]).
@@ -106,7 +93,7 @@ enum Call {
     /// created), for this connection.
     /// `fenced`: the client has a fence, so the host must fence before every break-in it makes
     /// on the client's behalf, or refuse.
-    /// `allocator`: the client allocator's tag (`TreeAllocator::host_tag`), for a tree that
+    /// `allocator`: the client allocator's tag (`LockWordAllocator::host_tag`), for a tree that
     /// grows from an allocator.
     Open {
         scheme: String,
@@ -210,17 +197,6 @@ pub struct CitronHost {
     allocate: Option<HostAllocate>,
 }
 
-/// The allocator a host scales a tree up from on behalf of a client whose own allocator has
-/// tag `tag` ([`CitronHost::allocating`]).
-pub type HostAllocate = Arc<dyn Fn(u64) -> Arc<dyn TreeAllocator> + Send + Sync>;
-
-/// A wrapper of the host connector ([`CitronHost::wrapped`]).
-pub type HostWrap = Arc<dyn Fn(Arc<dyn Connector>) -> Arc<dyn Connector> + Send + Sync>;
-
-/// The fence a host runs before a break-in on behalf of the client of session `session`
-/// ([`CitronHost::fencing`]).
-pub type HostFence = Arc<dyn Fn(u64) -> Arc<dyn Fence> + Send + Sync>;
-
 impl CitronHost {
     /// The procedure, reaching the host's memory directly.
     pub fn new() -> Self {
@@ -238,7 +214,7 @@ impl CitronHost {
 
     /// Hosts trees that grow from an allocator ([`super::CitronGrowth::Allocator`]): a
     /// hosted client's scale-ups (Alg. 4) run at the host, which allocates from
-    /// `allocate(tag)`, `tag` being the client allocator's [`TreeAllocator::host_tag`]. The
+    /// `allocate(tag)`, `tag` being the client allocator's [`crate::schemes::LockWordAllocator::host_tag`]. The
     /// file system's meta server allocates a file's lock words as its `AllocateLockWords`
     /// request would. Without it, such a tree is acquired one-sided.
     pub fn allocating(mut self, allocate: HostAllocate) -> Self {

@@ -33,13 +33,14 @@ pub mod split;
 pub use config::{
     emulated_masked_atomics, rtt_for_t_wait, rtt_load_threads, t_wait_for, t_wait_for_rtt,
     t_wait_round_trips, t_wait_under_load, BumpAllocator, CitronConfig, ClientOptions,
-    ConfigRecord, FabricBumpAllocator, NoAllocator, TreeAllocator,
+    ConfigRecord, FabricBumpAllocator, NoAllocator,
 };
 pub use hosted::{CitronHost, Hosting};
 
 use crate::backoff::{pause, Backoff, BackoffState, SLEEP_THRESHOLD};
 use crate::carry::CarryingEndpoint;
 use crate::scheme::{check_range, LockError, LockId, RangeLock};
+use crate::schemes::LockWordAllocator;
 use crate::stats::LockStats;
 use config::{MAXIMIZER_OFFSET, RECORD_BYTES, SPILLOVER_OFFSET, TREE_OFFSET};
 use fabric::{measure_rtt, Batch, Completions, Connector, Endpoint, EndpointExt, RemoteAddr};
@@ -74,7 +75,7 @@ pub struct CitronLayout {
 pub struct Citron {
     connector: Arc<dyn Connector>,
     base: RemoteAddr,
-    allocator: Arc<dyn TreeAllocator>,
+    allocator: Arc<dyn LockWordAllocator>,
     options: ClientOptions,
 }
 
@@ -176,7 +177,7 @@ impl Citron {
     pub fn new(
         connector: Arc<dyn Connector>,
         base: RemoteAddr,
-        allocator: Arc<dyn TreeAllocator>,
+        allocator: Arc<dyn LockWordAllocator>,
         options: ClientOptions,
     ) -> Self {
         Self {
@@ -396,7 +397,7 @@ pub struct CitronClient {
     /// batches (`crate::carry`, [`RangeLock::acquire_with`]).
     ep: CarryingEndpoint,
     base: RemoteAddr,
-    allocator: Arc<dyn TreeAllocator>,
+    allocator: Arc<dyn LockWordAllocator>,
     opts: ClientOptions,
     rec: ConfigRecord,
     batch: Batch,
@@ -437,7 +438,7 @@ impl CitronClient {
     pub fn open(
         mut endpoint: Box<dyn Endpoint>,
         base: RemoteAddr,
-        allocator: Arc<dyn TreeAllocator>,
+        allocator: Arc<dyn LockWordAllocator>,
         options: ClientOptions,
     ) -> Result<Self, LockError> {
         if !(1..=split::MAX_K).contains(&options.k) {

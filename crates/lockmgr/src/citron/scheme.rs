@@ -17,10 +17,10 @@
 //! The fast path (§3.8) is a client-side choice and changes nothing in memory; it is in the
 //! description (`citron` / `citron-nofastpath`) so that the name says what a client runs.
 
-use super::config::{FabricBumpAllocator, NoAllocator, TreeAllocator};
+use super::config::{FabricBumpAllocator, NoAllocator};
 use super::{layout, measure_t_wait, Citron, CitronClient, CitronConfig, ClientOptions};
 use crate::scheme::LockError;
-use crate::schemes::{write_spec, Fields, LockMemory};
+use crate::schemes::{write_spec, Fields, LockMemory, LockWordAllocator};
 use fabric::{Connector, RemoteAddr};
 use std::sync::Arc;
 use std::time::Duration;
@@ -270,9 +270,9 @@ impl CitronSpec {
         base: RemoteAddr,
         connector: &dyn Connector,
         options: &ClientOptions,
-        allocator: Option<&Arc<dyn TreeAllocator>>,
+        allocator: Option<&Arc<dyn LockWordAllocator>>,
     ) -> Result<CitronClient, LockError> {
-        let allocator: Option<Arc<dyn TreeAllocator>> = match (self.growth, self.room()?) {
+        let allocator: Option<Arc<dyn LockWordAllocator>> = match (self.growth, self.room()?) {
             (Some(CitronGrowth::Allocator), _) => Some(allocator.cloned().ok_or_else(|| {
                 LockError::Config(format!(
                     "{}: the lock grows from its creator's allocator; none was given",
