@@ -270,12 +270,20 @@ fn tcp_fabric_serves_fcbs_and_zeroes_chunks() {
 /// the meta server's fabric server and on every data server before it answers — their open
 /// endpoints execute nothing more and new ones are refused — while the fencing session and a
 /// heartbeating one keep working.
+/// The fence tests' `fence_after`: 20 heartbeat intervals (`BEAT`), so that a heartbeat made
+/// late by a loaded machine does not fence the session that is meant to be live.
+const FENCE_AFTER: Duration = Duration::from_millis(400);
+/// The fence tests' heartbeat interval.
+const BEAT: Duration = Duration::from_millis(20);
+/// Heartbeats of the live sessions while the silent one is silent: 3× `FENCE_AFTER`.
+const SILENCE_BEATS: u32 = 60;
+
 #[test]
 fn fence_revokes_silent_sessions_on_every_fabric_server() {
     use fabric::{FabricError, TcpConnector};
     let cl = Cluster::start(ClusterSpec {
         fabric: Backend::Tcp,
-        fence_after: Duration::from_millis(100),
+        fence_after: FENCE_AFTER,
         ..spec(1, 4, false)
     })
     .unwrap();
@@ -304,8 +312,8 @@ fn fence_revokes_silent_sessions_on_every_fabric_server() {
     sm.read_u64(meta_word).unwrap();
 
     // The silent session says nothing for 3× fence_after; the live one heartbeats.
-    for _ in 0..15 {
-        std::thread::sleep(Duration::from_millis(20));
+    for _ in 0..SILENCE_BEATS {
+        std::thread::sleep(BEAT);
         live.heartbeat().unwrap();
     }
     fencer.ok(Request::Fence).unwrap();
@@ -342,7 +350,7 @@ fn a_session_back_from_a_silence_is_still_fenced() {
     use fabric::{FabricError, TcpConnector};
     let cl = Cluster::start(ClusterSpec {
         fabric: Backend::Tcp,
-        fence_after: Duration::from_millis(100),
+        fence_after: FENCE_AFTER,
         ..spec(1, 4, false)
     })
     .unwrap();
@@ -360,8 +368,8 @@ fn a_session_back_from_a_silence_is_still_fenced() {
     let word = RemoteAddr::new(ds.region, 0);
     ep.write_u64(word, 1).unwrap();
     // "Stopped" for 3× fence_after while the others heartbeat, then back: it speaks first.
-    for _ in 0..15 {
-        std::thread::sleep(Duration::from_millis(20));
+    for _ in 0..SILENCE_BEATS {
+        std::thread::sleep(BEAT);
         live.heartbeat().unwrap();
         fencer.heartbeat().unwrap();
     }
