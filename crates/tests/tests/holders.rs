@@ -3,8 +3,10 @@
 //! height-1 node with the default 2 s lease).
 //!
 //! The holder is this test binary re-executed (`holder_process`) as a library client of a tcp
-//! cluster: it opens the shared file, arms the failpoint `fs_client::io::locked` (the range
-//! lock granted, no data verb posted yet), says so on stdout, and waits there. Then the test
+//! cluster (with the `rdma` feature, also of an rdma cluster: its provider from
+//! `CITRONFS_RDMA_PROVIDER`, `soft` in CI, whose NIC spans the processes of the host): it
+//! opens the shared file, arms the failpoint `fs_client::io::locked` (the range lock granted,
+//! no data verb posted yet), says so on stdout, and waits there. Then the test
 //!
 //! - **kills** it (SIGKILL): its meta connection closes, the meta server ends and revokes its
 //!   session, and the survivor, queued on the node behind it, finds the holder's session in
@@ -21,6 +23,10 @@
 //! are printed. On shm a process that maps the memory cannot be fenced: the meta server calls a
 //! holder gone there only once its process has exited (the kill), and a stopped holder is left
 //! to the lease rule (docs/RELIABILITY.md).
+//!
+//! A last test stops the holder past its session's lease with its lock's lease still running
+//! ([`a_stopped_holder_whose_session_ended_lands_nothing`]): its own checks then let its write
+//! post, so what keeps it from landing over the survivor's is the fence alone (tcp, rdma).
 
 use fs_client::{CitronFs, LockScheme};
 use proto::ROOT_INO;
@@ -43,6 +49,9 @@ const TRIALS: usize = 3;
 const ENV_JOB: &str = "CITRONFS_HOLDER_JOB";
 const HOLDING: &str = "HOLDER-HOLDING";
 const WROTE: &str = "HOLDER-WROTE";
+/// Said by a holder that holds every lock it takes (`Holder::spawn_holding_every_lock`) when
+/// its write took its lock again (a redo).
+const AGAIN: &str = "HOLDER-AGAIN";
 const SURVIVOR: u32 = 1;
 const HOLDER: u32 = 2;
 
@@ -76,20 +85,28 @@ fn holder_process() {
         return;
     };
     let f: Vec<&str> = job.split('|').collect();
-    let [meta, cluster, token, seq] = f[..] else {
+    let [meta, cluster, token, seq, ref rest @ ..] = f[..] else {
         panic!("bad job {job:?}");
     };
     let seq: u32 = seq.parse().unwrap();
+    // "every": read the range first (the worker then has its endpoints to every data server,
+    // and the write posts on them), and hold every lock the write takes, not only the first,
+    // saying `AGAIN` at each.
+    let every = rest == ["every"];
     let mut options = fs_client::MountOptions::new(meta, cluster, token);
     options.scheme = LockScheme::CITRON;
     let fs = CitronFs::connect(options).expect("the holder connects");
     let me = CitronFs::process_caller();
     let ino = fs.lookup(ROOT_INO, "f").expect("the shared file").ino;
     let fh = fs.open(me, ino, libc::O_RDWR).expect("open");
+    if every {
+        fs.read(fh, 0, RECORD).expect("the holder's first read");
+    }
     let armed = std::sync::atomic::AtomicBool::new(true);
     fail::cfg_callback("fs_client::io::locked", move || {
-        if armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
-            println!("{HOLDING}");
+        let first = armed.swap(false, std::sync::atomic::Ordering::SeqCst);
+        if first || every {
+            println!("{}", if first { HOLDING } else { AGAIN });
             let _ = std::io::stdout().flush();
             // Hold the lock until the test says go on (or kills this process).
             let _ = std::io::stdin().lock().read_line(&mut String::new());
@@ -118,13 +135,27 @@ struct Holder {
 
 impl Holder {
     fn spawn(cluster: &Cluster, seq: u32) -> Holder {
-        let job = [
+        Self::spawn_job(cluster, seq, false)
+    }
+
+    /// A holder that reads the range first (its worker connected to every data server), then
+    /// holds every lock its write takes, saying [`AGAIN`] at each after the first: a redo of
+    /// its write stops before it posts anything.
+    fn spawn_holding_every_lock(cluster: &Cluster, seq: u32) -> Holder {
+        Self::spawn_job(cluster, seq, true)
+    }
+
+    fn spawn_job(cluster: &Cluster, seq: u32, every: bool) -> Holder {
+        let mut job = vec![
             cluster.meta_addr().to_string(),
             cluster.name().to_string(),
             cluster.token().to_string(),
             seq.to_string(),
-        ]
-        .join("|");
+        ];
+        if every {
+            job.push("every".into());
+        }
+        let job = job.join("|");
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args([
                 "holder_process",
@@ -155,16 +186,23 @@ impl Holder {
     /// Waits for a line ending in `marker` (libtest prints "test NAME ... " before the test's
     /// own output) and returns what follows the marker.
     fn expect(&self, marker: &str, within: Duration) -> String {
+        self.expect_one_of(&[marker], within).1
+    }
+
+    /// Waits for a line with one of `markers`; the marker found and what follows it.
+    fn expect_one_of<'m>(&self, markers: &[&'m str], within: Duration) -> (&'m str, String) {
         let deadline = Instant::now() + within;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
                 Ok(line) => {
-                    if let Some(at) = line.find(marker) {
-                        return line[at + marker.len()..].trim().to_string();
+                    for marker in markers {
+                        if let Some(at) = line.find(marker) {
+                            return (marker, line[at + marker.len()..].trim().to_string());
+                        }
                     }
                 }
-                Err(_) => panic!("the holder did not say {marker} within {within:?}"),
+                Err(_) => panic!("the holder did not say any of {markers:?} within {within:?}"),
             }
         }
     }
@@ -293,4 +331,109 @@ fn a_killed_holder_frees_its_range_within_a_lease_on_shm() {
 #[test]
 fn a_stopped_holder_is_fenced_and_its_range_freed_within_two_leases_on_tcp() {
     holders(How::Stop, Backend::Tcp);
+}
+
+/// On the rdma fabric (the soft NIC in CI): the survivor's question fences the stopped holder's
+/// session, which moves its queue pairs to the error state. Skipped, and recorded, where no
+/// device opens.
+#[cfg(feature = "rdma")]
+#[test]
+fn a_stopped_holder_is_fenced_and_its_range_freed_within_two_leases_on_rdma() {
+    if let Err(e) = fabric::rdma::open_device() {
+        testkit::skip(testkit::Need::Rdma, &e.to_string());
+        return;
+    }
+    holders(How::Stop, Backend::Rdma);
+}
+
+/// The files' `T_lease` in [`a_stopped_holder_whose_session_ended_lands_nothing`]: long, so
+/// that the holder's lease is still running, by its own clock, when it is continued.
+const LONG_LEASE: Duration = Duration::from_secs(20);
+
+/// A holder stopped (SIGSTOP) at its lock, before any data verb, for longer than its session's
+/// lease: the meta server ends its session and revokes it on every fabric server; the
+/// survivor, queued behind it, learns it gone and writes the range. Then the holder is
+/// continued, with its lock's lease still running ([`LONG_LEASE`]): its own checks let its
+/// write post, so only the fence can keep it from landing over the survivor's. Its verbs must
+/// fail (on tcp the server refuses the revoked session's batches; on rdma its queue pairs were
+/// moved to the error state, and its reconnection in that session is refused): the write
+/// fails, or is redone under a new lock — held there, and the holder killed, before it posts —
+/// and the range still holds the survivor's record, whole.
+fn a_stopped_holder_whose_session_ended_lands_nothing(fabric: Backend) {
+    testkit::init_logging();
+    let cluster = Cluster::start(ClusterSpec {
+        fabric,
+        scheme: LockScheme::CITRON,
+        session_lease: Duration::from_millis(1500),
+        lock_lease: LONG_LEASE,
+        ..ClusterSpec::default()
+    })
+    .unwrap();
+    let fs = cluster.client().unwrap();
+    let me = CitronFs::process_caller();
+    let (_, fh) = fs.create(me, ROOT_INO, "f", 0o644, libc::O_RDWR).unwrap();
+    fs.write(fh, 0, &record(SURVIVOR, 0)).unwrap();
+    let mut holder = Holder::spawn_holding_every_lock(&cluster, 1);
+    holder.expect(HOLDING, Duration::from_secs(60));
+    let granted = Instant::now();
+    let sessions = cluster.meta().session_count();
+    holder.signal(libc::SIGSTOP);
+    testkit::wait_until(
+        Duration::from_secs(30),
+        "the holder's session to end",
+        || cluster.meta().session_count() < sessions,
+    );
+    fs.write(fh, 0, &record(SURVIVOR, 1))
+        .expect("the survivor's write");
+    let waited = granted.elapsed();
+    // The holder posts only while more than 2·fence_after of its lease is left: continued
+    // well within it, its checks pass, and what stops its write is the fence.
+    assert!(
+        waited < LONG_LEASE / 2,
+        "the survivor took {waited:?} to write: the holder's lease ({LONG_LEASE:?}) would \
+         be nearly out when it goes on, and its own check, not the fence, would stop it"
+    );
+    holder.signal(libc::SIGCONT);
+    holder.go_on();
+    let (said, what) = holder.expect_one_of(&[WROTE, AGAIN], Duration::from_secs(60));
+    eprintln!(
+        "{fabric:?}: the holder, continued {:?} into its lease: {said} {what}",
+        granted.elapsed()
+    );
+    assert!(
+        !(said == WROTE && what == "ok"),
+        "{fabric:?}: the stopped holder's write landed in its fenced session (no redo), \
+         over the survivor's"
+    );
+    if said == AGAIN {
+        // A redo, under a lock of a new session, stopped before it posts: not this test's.
+        holder.signal(libc::SIGKILL);
+        let _ = holder.child.wait();
+    }
+    let back = fs.read(fh, 0, RECORD).expect("read back");
+    match whole(&back) {
+        Ok(tag) => assert_eq!(
+            tag,
+            (SURVIVOR, 1),
+            "{fabric:?}: the fenced holder's write landed over the survivor's"
+        ),
+        Err(e) => panic!("{fabric:?}: {e}"),
+    }
+}
+
+#[test]
+fn a_stopped_holder_whose_session_ended_lands_nothing_on_tcp() {
+    a_stopped_holder_whose_session_ended_lands_nothing(Backend::Tcp);
+}
+
+/// On the rdma fabric (the soft NIC in CI): the holder is a process of its own, its queue pairs
+/// on the soft NIC beside the servers'. Skipped, and recorded, where no device opens.
+#[cfg(feature = "rdma")]
+#[test]
+fn a_stopped_holder_whose_session_ended_lands_nothing_on_rdma() {
+    if let Err(e) = fabric::rdma::open_device() {
+        testkit::skip(testkit::Need::Rdma, &e.to_string());
+        return;
+    }
+    a_stopped_holder_whose_session_ended_lands_nothing(Backend::Rdma);
 }
