@@ -19,7 +19,8 @@
 //! - A write puts its bytes on every replica of each chunk, all in the same rounds (one batch
 //!   per data server per round, every batch of a round posted before any is awaited), and
 //!   succeeds only when every replica has them. A read takes each chunk from one replica
-//!   (`ChunkRun::read_from`).
+//!   (`ChunkRun::read_from`); when a data server fails it, it is read again, under the same
+//!   lock, from the chunks' other replicas ([`read`]; docs/REPLICAS.md).
 
 use crate::chunks::ChunkRun;
 use crate::error::{Error, Peer};
@@ -90,16 +91,73 @@ fn data_failure(e: Error) -> (Error, bool) {
 /// from the reply frame on `tcp`. The batches of every data server are in flight together
 /// ([`exec_data_round`]).
 ///
-/// Each chunk is read from one of its replicas (`ChunkRun::read_from`).
+/// Each chunk is read from one of its replicas (`ChunkRun::read_from`). When a data server
+/// fails the read (its connection broke, it restarted, the client does not know it) and every
+/// chunk of the read that has a replica there has another on a server not failed yet, the read
+/// is done again at once from those others, still under the caller's lock: a dead replica
+/// costs no EIO and no wait. A chunk of one replica fails as before (the caller's recovery).
 pub(crate) fn read(
     w: &mut Worker,
     geometry: &Geometry,
     off: u64,
     n: usize,
     run: &ChunkRun,
-    dest: ReadDest<'_>,
+    mut dest: ReadDest<'_>,
 ) -> Result<(), Error> {
-    read_avoiding(w, geometry, off, n, run, dest, &[])
+    // Servers this read failed on: empty (no allocation) unless one did.
+    let mut avoid: Vec<u32> = Vec::new();
+    loop {
+        let e = match read_avoiding(w, geometry, off, n, run, dest.reborrow(), &avoid) {
+            Err(e) => e,
+            done => return done,
+        };
+        match fallback(&e, geometry, off, n, run, &avoid) {
+            Some(server) => {
+                tracing::warn!(
+                    server,
+                    error = %crate::error::Chain(&e),
+                    "a read failed on a data server; reading its chunks from other replicas"
+                );
+                avoid.push(server);
+            }
+            None => return Err(e),
+        }
+    }
+}
+
+/// The data server to read around after a read failed with `e`: the one that failed it,
+/// when it is not avoided yet and every chunk of `[off, off + n)` with a replica on it has
+/// another on a server not in `avoid` (so that the next try has a replica of every chunk).
+fn fallback(
+    e: &Error,
+    geometry: &Geometry,
+    off: u64,
+    n: usize,
+    run: &ChunkRun,
+    avoid: &[u32],
+) -> Option<u32> {
+    let server = e.data_server().filter(|_| e.is_transient())?;
+    if avoid.contains(&server) {
+        return None;
+    }
+    let mut touched = false;
+    for chunk in geometry.chunks(off, n as u64) {
+        let Some(replicas) = run.get(chunk) else {
+            continue;
+        };
+        if replicas.on(server).is_none() {
+            continue;
+        }
+        touched = true;
+        let other = replicas
+            .as_slice()
+            .iter()
+            .any(|l| l.server != server && !avoid.contains(&l.server));
+        if !other {
+            return None;
+        }
+    }
+    touched.then_some(server)
 }
 
 /// [`read`]'s one try: each chunk from a replica not on a server in `avoid`.

@@ -279,12 +279,19 @@ fn run_case(
 }
 
 fn atomic_io(fabric: Backend) {
+    atomic_io_with(fabric, 1);
+}
+
+/// [`atomic_io`] with `replicas` replicas of every chunk (docs/REPLICAS.md): a write lands on
+/// each replica, and a read of any replica must show one write whole.
+fn atomic_io_with(fabric: Backend, replicas: usize) {
     skip_without_fuse!();
     let cluster = Cluster::start(ClusterSpec {
         data_servers: 2,
         capacity: 32 << 20,
         chunk_size: 64 << 10,
         fabric,
+        replicas,
         ..ClusterSpec::default()
     })
     .unwrap();
@@ -362,6 +369,11 @@ fn reads_and_writes_are_atomic_up_to_the_bound_shm() {
 #[test]
 fn reads_and_writes_are_atomic_up_to_the_bound_tcp() {
     atomic_io(Backend::Tcp);
+}
+
+#[test]
+fn reads_and_writes_of_two_replicas_are_atomic_up_to_the_bound_tcp() {
+    atomic_io_with(Backend::Tcp, 2);
 }
 
 /// The checker itself: a whole record passes, and a record with a foreign piece anywhere — a
