@@ -283,7 +283,7 @@ pub fn parse_replicas(value: &[u8]) -> Result<usize, crate::FsError> {
 /// Where the replicas of one chunk live: one to [`MAX_REPLICAS`] locations on distinct data
 /// servers, the first the one it was placed on first. Kept inline (no allocation), so that a
 /// client's cache of one-replica chunks costs what a cache of plain locations did.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy)]
 pub struct Replicas {
     len: u8,
     locs: [ChunkLoc; MAX_REPLICAS],
@@ -347,6 +347,21 @@ impl Replicas {
     /// The replica on data server `server`, if any.
     pub fn on(&self, server: u32) -> Option<ChunkLoc> {
         self.as_slice().iter().copied().find(|l| l.server == server)
+    }
+}
+
+/// Equal when the locations are, in order (the unused slots are not compared).
+impl PartialEq for Replicas {
+    fn eq(&self, other: &Replicas) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl Eq for Replicas {}
+
+impl std::hash::Hash for Replicas {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_slice().hash(state);
     }
 }
 
