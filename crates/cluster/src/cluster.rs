@@ -91,6 +91,8 @@ pub struct ClusterSpec {
     /// How long the meta server polls a connection for its next request
     /// (`MetaConfig::idle_poll`).
     pub meta_idle_poll: Duration,
+    /// Replicas of every chunk (`MetaConfig::replicas`).
+    pub replicas: usize,
 }
 
 impl Default for ClusterSpec {
@@ -117,6 +119,7 @@ impl Default for ClusterSpec {
             max_open_per_session: meta_server::DEFAULT_MAX_OPEN_PER_SESSION,
             max_record_locks_per_session: meta_server::DEFAULT_MAX_RECORD_LOCKS_PER_SESSION,
             meta_idle_poll: meta_server::default_idle_poll(),
+            replicas: meta_server::DEFAULT_REPLICAS,
         }
     }
 }
@@ -200,6 +203,7 @@ impl Cluster {
         config.lock_server = spec.lock_server || spec.scheme.uses_service();
         config.max_open_per_session = spec.max_open_per_session;
         config.max_record_locks_per_session = spec.max_record_locks_per_session;
+        config.replicas = spec.replicas;
         config.idle_poll = spec.meta_idle_poll;
         let meta = MetaServer::start(config.clone()).context("start the meta server")?;
         // A restart comes back where clients knew it, as a deployment with fixed ports does:

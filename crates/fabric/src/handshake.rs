@@ -200,7 +200,8 @@ impl Protocol {
             // 11: the handshake is a challenge–response (`Hello::nonce`, `Challenge`, `Proof`):
             // the token no longer crosses the wire.
             // 12: `Request::HolderGone` → `Response::Gone` (lock recovery by identity).
-            Protocol::Rpc => 12,
+            // 13: `Response::Chunks` names every replica of a chunk (`proto::Replicas`).
+            Protocol::Rpc => 13,
             // 1: the first version with a handshake.
             // 2: the handshake is a challenge–response (`Hello::nonce`, `Challenge`, `Proof`):
             // the token no longer crosses the wire.

@@ -12,14 +12,15 @@
 //!   server answer `Lost` for its chunks, and a cache from before would not know.
 //! - Every location is checked against the data server it names before it is used or cached
 //!   (the server is known, the chunk is inside its region), so a bad answer of the meta server
-//!   cannot make a verb touch memory outside a chunk.
+//!   cannot make a verb touch memory outside a chunk. A chunk's locations are its replicas
+//!   ([`Replicas`], docs/REPLICAS.md): writes go to each, reads to one ([`ChunkRun::read_from`]).
 
 use crate::error::Error;
 use crate::meta::{unexpected, Meta};
 use crate::plan::Geometry;
 use crate::view::View;
 use proto::rpc::{Request, Response};
-use proto::{ChunkLoc, FsError, Ino};
+use proto::{ChunkLoc, FsError, Ino, Replicas};
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -52,7 +53,7 @@ struct Known {
     generation: u64,
     /// The chunk epoch (`Views::chunk_epoch`) the locations were learnt in.
     epoch: u64,
-    map: HashMap<u64, ChunkLoc>,
+    map: HashMap<u64, Replicas>,
 }
 
 impl Known {
@@ -71,16 +72,49 @@ impl Known {
 /// Chunk locations for a run of chunks starting at `first`.
 pub(crate) struct ChunkRun {
     pub(crate) first: u64,
-    /// `locs[i]`: chunk `first + i` (`None`: a hole).
-    pub(crate) locs: Vec<Option<ChunkLoc>>,
+    /// `locs[i]`: chunk `first + i`'s replicas (`None`: a hole).
+    pub(crate) locs: Vec<Option<Replicas>>,
 }
 
 impl ChunkRun {
-    /// Where chunk `chunk` lives (`None`: a hole, or outside the run).
-    pub(crate) fn get(&self, chunk: u64) -> Option<ChunkLoc> {
+    /// Where chunk `chunk`'s replicas live (`None`: a hole, or outside the run).
+    pub(crate) fn get(&self, chunk: u64) -> Option<Replicas> {
         chunk
             .checked_sub(self.first)
             .and_then(|i| self.locs.get(i as usize).copied().flatten())
+    }
+
+    /// The replica of chunk `chunk` a read takes (`Ok(None)`: a hole): the only one; else,
+    /// among those not on a server in `avoid` (servers this read already failed on), those
+    /// whose server `live` says is registered, one picked by `spread` (the client's session)
+    /// so that clients share the load, and the same client keeps to the same one; else any not
+    /// avoided. `Err(())` when every replica is on a server to avoid.
+    pub(crate) fn read_from(
+        &self,
+        chunk: u64,
+        spread: u64,
+        avoid: &[u32],
+        live: impl Fn(u32) -> bool,
+    ) -> Result<Option<ChunkLoc>, ()> {
+        let Some(replicas) = self.get(chunk) else {
+            return Ok(None);
+        };
+        let all = replicas.as_slice();
+        if all.len() == 1 && avoid.is_empty() {
+            return Ok(Some(all[0]));
+        }
+        let usable = |l: &&ChunkLoc| !avoid.contains(&l.server);
+        let live_count = all.iter().filter(usable).filter(|l| live(l.server)).count();
+        let pick = |n: usize| (chunk.wrapping_add(spread) % n as u64) as usize;
+        if live_count > 0 {
+            return Ok(all
+                .iter()
+                .filter(usable)
+                .filter(|l| live(l.server))
+                .nth(pick(live_count))
+                .copied());
+        }
+        all.iter().find(usable).copied().map(Some).ok_or(())
     }
 }
 
@@ -158,9 +192,9 @@ impl ChunkLocator<'_> {
             let mut cache = file.known.write().unwrap_or_else(PoisonError::into_inner);
             // Only a cache of this very generation and epoch may learn these locations.
             let cacheable = cache.catch_up(generation, epoch);
-            for (i, loc) in got.into_iter().enumerate() {
+            for (i, replicas) in got.into_iter().enumerate() {
                 let c = a + i as u64;
-                let Some(loc) = loc else {
+                let Some(replicas) = replicas else {
                     if allocate {
                         return Err(Error::Protocol(format!(
                             "meta server allocated no chunk {c} of inode {}",
@@ -169,12 +203,14 @@ impl ChunkLocator<'_> {
                     }
                     continue;
                 };
-                check_loc(self.view, self.geometry, c, loc)?;
+                for &loc in replicas.as_slice() {
+                    check_loc(self.view, self.geometry, c, loc)?;
+                }
                 if cacheable {
-                    cache.map.insert(c, loc);
+                    cache.map.insert(c, replicas);
                 }
                 if (chunks.start..chunks.end).contains(&c) {
-                    locs[(c - chunks.start) as usize] = Some(loc);
+                    locs[(c - chunks.start) as usize] = Some(replicas);
                 }
             }
             return Ok(ChunkRun {
@@ -194,7 +230,7 @@ impl ChunkLocator<'_> {
         generation: u64,
         epoch: u64,
         chunks: Range<u64>,
-    ) -> (Vec<Option<ChunkLoc>>, Option<(u64, u64)>) {
+    ) -> (Vec<Option<Replicas>>, Option<(u64, u64)>) {
         let lookup = |cache: &Known| {
             let mut missing: Option<(u64, u64)> = None;
             let locs = chunks
@@ -237,5 +273,47 @@ fn check_loc(view: &View, geometry: &Geometry, chunk: u64, loc: ChunkLoc) -> Res
             "chunk {chunk} at unit {} is beyond data server {}'s {region} bytes",
             loc.index, loc.server
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn loc(server: u32) -> ChunkLoc {
+        ChunkLoc {
+            server,
+            index: u64::from(server) * 10,
+        }
+    }
+
+    /// A read takes a live replica, spread over them by chunk and session, skips servers it
+    /// failed on, falls back to one the view calls away when no other is left, and gives up
+    /// only when every replica is on a server it failed on.
+    #[test]
+    fn a_read_picks_a_live_replica_not_failed_on() {
+        let run = ChunkRun {
+            first: 4,
+            locs: vec![
+                Some(Replicas::new(&[loc(0), loc(1)]).unwrap()),
+                Some(Replicas::one(loc(2))),
+                None,
+            ],
+        };
+        let all = |_: u32| true;
+        assert_eq!(run.read_from(6, 0, &[], all), Ok(None), "a hole");
+        assert_eq!(run.read_from(5, 9, &[], all), Ok(Some(loc(2))));
+        assert_eq!(run.read_from(5, 9, &[2], all), Err(()));
+        // Spread: the session moves the choice.
+        let a = run.read_from(4, 0, &[], all).unwrap().unwrap();
+        let b = run.read_from(4, 1, &[], all).unwrap().unwrap();
+        assert_ne!(a.server, b.server);
+        for spread in 0..4 {
+            assert_eq!(run.read_from(4, spread, &[0], all), Ok(Some(loc(1))));
+            assert_eq!(run.read_from(4, spread, &[], |s| s != 1), Ok(Some(loc(0))));
+            // Both away in the view: the first not failed on.
+            assert_eq!(run.read_from(4, spread, &[0], |_| false), Ok(Some(loc(1))));
+        }
+        assert_eq!(run.read_from(4, 0, &[1, 0], all), Err(()));
     }
 }

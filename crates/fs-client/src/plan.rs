@@ -176,56 +176,82 @@ impl Limits {
 
 /// Plans the verbs that move bytes `[off, off + len)` of a file: one batch list per data server,
 /// with pieces of chunks that lie back to back in one region merged into one verb, every verb at
-/// most `limits.max_io` bytes and every batch within the verb and byte limits. Chunks for which
-/// `locate` gives `None` are holes: no verb touches them (reads leave zeros there).
+/// most `limits.max_io` bytes and every batch within the verb and byte limits. `locate` gives
+/// the locations a chunk's piece is moved to or from: none for a hole (no verb touches it;
+/// reads leave zeros there), one for a read or a chunk of one replica, each replica's for a
+/// write (docs/REPLICAS.md) — a piece gets a verb at each, in its server's batches.
 ///
 /// Fails when a location from the meta server cannot be a real address (the offset overflows).
-pub fn plan(
+pub fn plan<L>(
     geometry: &Geometry,
     off: u64,
     len: usize,
-    mut locate: impl FnMut(u64) -> Option<ChunkLoc>,
+    mut locate: impl FnMut(u64) -> L,
     limits: Limits,
-) -> Result<Vec<ServerPlan>, FsError> {
+) -> Result<Vec<ServerPlan>, FsError>
+where
+    L: IntoIterator<Item = ChunkLoc>,
+{
     let max_io = limits.max_io.min(limits.max_batch_bytes).max(1);
     let max_verbs = limits.max_verbs.max(1);
     let mut servers: BTreeMap<u32, Vec<PlannedBatch>> = BTreeMap::new();
     for piece in geometry.pieces(off, len) {
-        let Some(loc) = locate(piece.chunk) else {
-            continue;
-        };
-        let base = loc
-            .index
-            .checked_mul(geometry.layout.unit())
-            .and_then(|b| b.checked_add(piece.chunk_off))
-            .ok_or_else(|| {
-                FsError::Io(format!(
-                    "chunk {} of server {} lies beyond any address",
-                    loc.index, loc.server
-                ))
-            })?;
-        let batches = servers.entry(loc.server).or_default();
-        let mut done = 0usize;
-        while done < piece.len {
-            let n = (piece.len - done).min(max_io);
-            push(
-                batches,
-                Op {
-                    remote_off: base + done as u64,
-                    buf_off: piece.buf_off + done,
-                    len: n,
-                },
+        for loc in locate(piece.chunk) {
+            plan_piece(
+                geometry,
+                &piece,
+                loc,
+                &mut servers,
+                limits,
                 max_io,
                 max_verbs,
-                limits.max_batch_bytes,
-            );
-            done += n;
+            )?;
         }
     }
     Ok(servers
         .into_iter()
         .map(|(server, batches)| ServerPlan { server, batches })
         .collect())
+}
+
+/// Adds the verbs that move `piece` at `loc` to its server's batches in `servers`.
+fn plan_piece(
+    geometry: &Geometry,
+    piece: &Piece,
+    loc: ChunkLoc,
+    servers: &mut BTreeMap<u32, Vec<PlannedBatch>>,
+    limits: Limits,
+    max_io: usize,
+    max_verbs: usize,
+) -> Result<(), FsError> {
+    let base = loc
+        .index
+        .checked_mul(geometry.layout.unit())
+        .and_then(|b| b.checked_add(piece.chunk_off))
+        .ok_or_else(|| {
+            FsError::Io(format!(
+                "chunk {} of server {} lies beyond any address",
+                loc.index, loc.server
+            ))
+        })?;
+    let batches = servers.entry(loc.server).or_default();
+    let mut done = 0usize;
+    while done < piece.len {
+        let n = (piece.len - done).min(max_io);
+        push(
+            batches,
+            Op {
+                remote_off: base + done as u64,
+                buf_off: piece.buf_off + done,
+                len: n,
+            },
+            max_io,
+            max_verbs,
+            limits.max_batch_bytes,
+        );
+        done += n;
+    }
+    Ok(())
 }
 
 /// Appends `op` to the last batch: merged into the last verb when it continues it both remotely
@@ -267,6 +293,49 @@ fn push(
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// A write to a chunk of two replicas plans the same verbs on each replica's server: a
+    /// 4 KiB write is one batch per server, so one round; a read plans one replica's.
+    #[test]
+    fn a_write_plans_every_replica_and_a_read_one() {
+        let g = Geometry::new(64 << 10, 4096).unwrap();
+        let replicas = proto::Replicas::new(&[
+            ChunkLoc {
+                server: 3,
+                index: 16,
+            },
+            ChunkLoc {
+                server: 1,
+                index: 32,
+            },
+        ])
+        .unwrap();
+        // Within chunk 2 (bytes 8 KiB..16 KiB of the file).
+        let write = plan(&g, 8192 + 100, 4096, |_| replicas, Limits::FABRIC).unwrap();
+        assert_eq!(write.len(), 2);
+        for sp in &write {
+            assert_eq!(sp.batches.len(), 1, "one round");
+            let at = replicas.on(sp.server).unwrap().index * 4096;
+            assert_eq!(
+                sp.batches[0].ops,
+                vec![Op {
+                    remote_off: at + 100,
+                    buf_off: 0,
+                    len: 4096
+                }]
+            );
+        }
+        let read = plan(
+            &g,
+            8192 + 100,
+            4096,
+            |_| Some(replicas.first()),
+            Limits::FABRIC,
+        )
+        .unwrap();
+        assert_eq!(read.len(), 1);
+        assert_eq!(read[0].server, 3);
+    }
 
     #[test]
     fn lock_ranges_round_outward() {

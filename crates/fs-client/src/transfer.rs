@@ -16,6 +16,11 @@
 //!   the view's discards the round's outcome ([`Error::StaleDataServer`], redone).
 //! - A failure other than an expired lease marks the worker broken: its endpoints' state is
 //!   unknown, so they are not reused.
+//! - A write puts its bytes on every replica of each chunk, all in the same rounds (one batch
+//!   per data server per round, every batch of a round posted before any is awaited), and
+//!   succeeds only when every replica has them. A read takes each chunk from one replica
+//!   (`ChunkRun::read_from`); when a data server fails it, it is read again, under the same
+//!   lock, from the chunks' other replicas ([`read`]; docs/REPLICAS.md).
 
 use crate::chunks::ChunkRun;
 use crate::error::{Error, Peer};
@@ -85,15 +90,109 @@ fn data_failure(e: Error) -> (Error, bool) {
 /// (`fabric::Batch::read_to`): a memcpy straight from the region on `shm` and `mem`, one
 /// from the reply frame on `tcp`. The batches of every data server are in flight together
 /// ([`exec_data_round`]).
+///
+/// Each chunk is read from one of its replicas (`ChunkRun::read_from`). When a data server
+/// fails the read (its connection broke, it restarted, the client does not know it) and every
+/// chunk of the read that has a replica there has another on a server not failed yet, the read
+/// is done again at once from those others, still under the caller's lock: a dead replica
+/// costs no EIO and no wait. A chunk of one replica fails as before (the caller's recovery).
 pub(crate) fn read(
     w: &mut Worker,
     geometry: &Geometry,
     off: u64,
     n: usize,
     run: &ChunkRun,
-    dest: ReadDest<'_>,
+    mut dest: ReadDest<'_>,
 ) -> Result<(), Error> {
-    let plans = plan(geometry, off, n, |c| run.get(c), Limits::FABRIC)?;
+    // Servers this read failed on: empty (no allocation) unless one did.
+    let mut avoid: Vec<u32> = Vec::new();
+    loop {
+        let e = match read_avoiding(w, geometry, off, n, run, dest.reborrow(), &avoid) {
+            Err(e) => e,
+            done => return done,
+        };
+        match fallback(&e, geometry, off, n, run, &avoid) {
+            Some(server) => {
+                tracing::warn!(
+                    server,
+                    error = %crate::error::Chain(&e),
+                    "a read failed on a data server; reading its chunks from other replicas"
+                );
+                avoid.push(server);
+            }
+            None => return Err(e),
+        }
+    }
+}
+
+/// The data server to read around after a read failed with `e`: the one that failed it,
+/// when it is not avoided yet and every chunk of `[off, off + n)` with a replica on it has
+/// another on a server not in `avoid` (so that the next try has a replica of every chunk).
+fn fallback(
+    e: &Error,
+    geometry: &Geometry,
+    off: u64,
+    n: usize,
+    run: &ChunkRun,
+    avoid: &[u32],
+) -> Option<u32> {
+    let server = e.data_server().filter(|_| e.is_transient())?;
+    if avoid.contains(&server) {
+        return None;
+    }
+    let mut touched = false;
+    for chunk in geometry.chunks(off, n as u64) {
+        let Some(replicas) = run.get(chunk) else {
+            continue;
+        };
+        if replicas.on(server).is_none() {
+            continue;
+        }
+        touched = true;
+        let other = replicas
+            .as_slice()
+            .iter()
+            .any(|l| l.server != server && !avoid.contains(&l.server));
+        if !other {
+            return None;
+        }
+    }
+    touched.then_some(server)
+}
+
+/// [`read`]'s one try: each chunk from a replica not on a server in `avoid`.
+fn read_avoiding(
+    w: &mut Worker,
+    geometry: &Geometry,
+    off: u64,
+    n: usize,
+    run: &ChunkRun,
+    dest: ReadDest<'_>,
+    avoid: &[u32],
+) -> Result<(), Error> {
+    let spread = w.view.session();
+    let mut exhausted = None;
+    let plans = {
+        let view = &w.view;
+        plan(
+            geometry,
+            off,
+            n,
+            |c| match run.read_from(c, spread, avoid, |s| view.data_server_live(s)) {
+                Ok(loc) => loc,
+                Err(()) => {
+                    exhausted = Some(c);
+                    None
+                }
+            },
+            Limits::FABRIC,
+        )?
+    };
+    if let Some(chunk) = exhausted {
+        return Err(Error::Protocol(format!(
+            "every replica of chunk {chunk} is on a data server this read failed on"
+        )));
+    }
     // The file's bytes, then one incarnation word per batch of a round (see
     // `exec_data_round`).
     let need = n + CHECK_BYTES * plans.len();
@@ -109,7 +208,7 @@ pub(crate) fn read(
             // No room for the check words after the bytes: read into a buffer of our
             // own and copy the bytes out.
             let mut own = Vec::new();
-            read(w, geometry, off, n, run, ReadDest::Grow(&mut own))?;
+            read_avoiding(w, geometry, off, n, run, ReadDest::Grow(&mut own), avoid)?;
             buf[..n].copy_from_slice(&own[..n]);
             return Ok(());
         }
@@ -140,7 +239,14 @@ pub(crate) fn write(
     run: &ChunkRun,
     raises: bool,
 ) -> Result<(), Error> {
-    let plans = plan(geometry, off, data.len(), |c| run.get(c), Limits::FABRIC)?;
+    // Every replica of each chunk, in the same rounds.
+    let plans = plan(
+        geometry,
+        off,
+        data.len(),
+        |c| run.get(c).into_iter().flatten(),
+        Limits::FABRIC,
+    )?;
     let mut checks = vec![0u8; CHECK_BYTES * plans.len()];
     exec_plans(
         w,
@@ -384,13 +490,15 @@ fn post_and_complete(
 pub(crate) fn flush(w: &mut Worker, geometry: &Geometry, run: &ChunkRun) -> Result<(), Error> {
     // Byte ranges of the chunks in each server's region.
     let mut per_server: std::collections::BTreeMap<u32, Vec<Range<u64>>> = Default::default();
-    for (i, loc) in run.locs.iter().enumerate() {
-        let Some(loc) = loc else { continue };
+    for (i, replicas) in run.locs.iter().enumerate() {
+        let Some(replicas) = replicas else { continue };
         let chunk = run.first + i as u64;
-        let range = geometry
-            .region_range(chunk, *loc)
-            .ok_or_else(|| Error::Protocol(format!("chunk {chunk} lies beyond any address")))?;
-        per_server.entry(loc.server).or_default().push(range);
+        for loc in replicas.as_slice() {
+            let range = geometry
+                .region_range(chunk, *loc)
+                .ok_or_else(|| Error::Protocol(format!("chunk {chunk} lies beyond any address")))?;
+            per_server.entry(loc.server).or_default().push(range);
+        }
     }
     for (server, mut ranges) in per_server {
         ranges.sort_unstable_by_key(|r| r.start);

@@ -38,16 +38,28 @@ fn counted(fs: &CitronFs, others: u64, mut op: impl FnMut()) -> IoStats {
 /// `(read, overwrite, extending write)` round trips, total and of the lock, under `scheme` on
 /// `fabric`, with one data server.
 fn small_io_round_trips(scheme: LockScheme, fabric: Backend) -> [(u64, u64); 3] {
+    small_io_round_trips_of(scheme, fabric, 1)
+}
+
+/// [`small_io_round_trips`] with `replicas` data servers and as many replicas of every chunk:
+/// a write's data batches (one per replica's server, posted together in one round) each count.
+fn small_io_round_trips_of(
+    scheme: LockScheme,
+    fabric: Backend,
+    replicas: usize,
+) -> [(u64, u64); 3] {
     let spec = ClusterSpec {
         lock_server: scheme.uses_service(),
         fabric,
+        replicas,
         ..ClusterSpec::default()
     };
+    let data = replicas as u64 - 1;
     // Where the release carries no verbs (posted, or an RPC), the MTIME raise goes beside the
     // data batch: one round trip more outside the lock's.
     let posted = fabric == Backend::Tcp && scheme == LockScheme::CITRON;
     let beside = u64::from(scheme == LockScheme::SERVER || posted);
-    let cluster = Cluster::start(spec.with_data_servers(1, 64)).unwrap();
+    let cluster = Cluster::start(spec.with_data_servers(replicas, 64)).unwrap();
     let fs = cluster.connect(scheme).unwrap();
     let (attr, fh) = fs
         .create(
@@ -71,7 +83,7 @@ fn small_io_round_trips(scheme: LockScheme, fabric: Backend) -> [(u64, u64); 3] 
     std::thread::sleep(std::time::Duration::from_millis(2));
     let other = pattern(8, 0, 4096);
     // Data, and MTIME beside it where the release cannot carry it.
-    let overwrite = counted(&fs, 1 + lone + beside, || {
+    let overwrite = counted(&fs, 1 + data + lone + beside, || {
         assert_eq!(fs.write(fh, 0, &other).unwrap(), 4096)
     });
     // The MTIME raise landed; the data too.
@@ -87,7 +99,7 @@ fn small_io_round_trips(scheme: LockScheme, fabric: Backend) -> [(u64, u64); 3] 
     // Data, and SIZE beside it (with MTIME where the release cannot carry it); each try
     // extends the file by another block.
     let mut end = 4096;
-    let extend = counted(&fs, 2 + lone, || {
+    let extend = counted(&fs, 2 + data + lone, || {
         assert_eq!(fs.write(fh, end, &block).unwrap(), 4096);
         end += 4096;
         assert_eq!(fs.getattr(attr.ino).unwrap().size, end);
@@ -126,5 +138,15 @@ fn citron_at_the_host_takes_one_lock_round_trip_per_small_io() {
     assert_eq!(
         small_io_round_trips(LockScheme::CITRON, Backend::Tcp),
         [(2, 1), (3, 1), (3, 1)]
+    );
+}
+
+#[test]
+fn a_small_write_of_two_replicas_takes_one_data_batch_per_replica() {
+    // A read takes one replica; a write's two data batches (one per server) are counted each,
+    // posted in the same round (`transfer::exec_data_round`): no round trip in sequence more.
+    assert_eq!(
+        small_io_round_trips_of(LockScheme::CITRON, Backend::Shm, 2),
+        [(3, 2), (4, 2), (5, 2)]
     );
 }

@@ -264,7 +264,9 @@ fn check_sizes(
             Some(_) => continue,
         };
         let first_beyond = layout.chunks_below(size);
-        let beyond: Vec<u64> = chunks.into_iter().filter(|&c| c >= first_beyond).collect();
+        let mut beyond: Vec<u64> = chunks.into_iter().filter(|&c| c >= first_beyond).collect();
+        // A chunk of several replicas is listed once per replica: named once.
+        beyond.dedup();
         if !beyond.is_empty() {
             out.push(Finding::ChunkBeyondSize {
                 ino,
@@ -1102,8 +1104,8 @@ mod tests {
             .ino;
         store.link(g, d, "h").unwrap();
         store.symlink(ROOT_INO, "s", "g", OWNER).unwrap();
-        store.allocate_chunks(f, 0, 0, 3, &[0, 1]).unwrap();
-        store.allocate_chunks(g, 0, 0, 2, &[0, 1]).unwrap();
+        store.allocate_chunks(f, 0, 0, 3, &[0, 1], 1).unwrap();
+        store.allocate_chunks(g, 0, 0, 2, &[0, 1], 1).unwrap();
         store.persist_size(f, l.start(3)).unwrap();
         store.persist_size(g, l.start(2) - 1).unwrap();
         // Truncate f to one chunk: two chunks freed (dirty), then recycled (free).
@@ -1165,6 +1167,24 @@ mod tests {
         assert_eq!(findings(&store, &Live::default()), Vec::new());
     }
 
+    /// Chunks of two replicas: each replica's block is the file's, and charged to it.
+    #[test]
+    fn a_healthy_namespace_with_replicas_has_no_findings() {
+        for cs in [CS, 64 << 10] {
+            let (_dir, store, _, _) = healthy_with(cs);
+            let r = store
+                .mknod(ROOT_INO, "r", FileKind::File, 0o644, 0, OWNER)
+                .unwrap()
+                .ino;
+            let l = store.layout();
+            store.persist_size(r, l.start(3)).unwrap();
+            let sets = store.allocate_chunks(r, 0, 0, 3, &[0, 1], 2).unwrap();
+            assert!(sets.iter().all(|s| s.len() == 2));
+            assert_eq!(store.getattr(r).unwrap().allocated, 2 * l.held(0..3));
+            assert_eq!(findings(&store, &Live::default()), Vec::new());
+        }
+    }
+
     #[test]
     fn a_healthy_namespace_of_mixed_block_sizes_has_no_findings() {
         let (_dir, store, _, _) = healthy_with(64 << 10);
@@ -1183,7 +1203,9 @@ mod tests {
         live.at_rest = true;
         assert_eq!(findings(&store, &live), Vec::new());
         let generation = store.getattr(f).unwrap().generation;
-        store.allocate_chunks(f, generation, 1, 4, &[0, 1]).unwrap();
+        store
+            .allocate_chunks(f, generation, 1, 4, &[0, 1], 1)
+            .unwrap();
         let found = findings(&store, &live);
         assert!(
             matches!(&found[..], [Finding::ChunkBeyondSize { chunks, .. }] if chunks == &[3, 4]),
@@ -1327,14 +1349,14 @@ mod tests {
         );
         damaged(
             |store, f, _| {
-                let loc = store.chunk_map(f, 0, 1).unwrap()[0].unwrap();
+                let loc = store.chunk_map(f, 0, 1).unwrap()[0].unwrap().first();
                 vec![Corruption::PushFree { loc }]
             },
             &["chunk-used-and-free"],
         );
         damaged(
             |store, f, _| {
-                let loc = store.chunk_map(f, 0, 1).unwrap()[0].unwrap();
+                let loc = store.chunk_map(f, 0, 1).unwrap()[0].unwrap().first();
                 vec![Corruption::MarkDirty { loc }]
             },
             &["chunk-used-and-free"],
@@ -1353,7 +1375,7 @@ mod tests {
         // Chunks under an inode that does not exist.
         damaged(
             |store, f, _| {
-                let loc = store.chunk_map(f, 0, 1).unwrap()[0].unwrap();
+                let loc = store.chunk_map(f, 0, 1).unwrap()[0].unwrap().first();
                 vec![
                     Corruption::MapChunk {
                         ino: 4242,
@@ -1378,7 +1400,7 @@ mod tests {
     #[test]
     fn what_is_not_repaired_is_still_found() {
         let (_dir, store, f, g) = healthy();
-        let loc = store.chunk_map(f, 0, 1).unwrap()[0].unwrap();
+        let loc = store.chunk_map(f, 0, 1).unwrap()[0].unwrap().first();
         // g's chunk 5 is f's chunk 0; f's chunk 9 is on a server that does not exist.
         store
             .corrupt(&Corruption::MapChunk {

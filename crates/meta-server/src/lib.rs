@@ -165,7 +165,18 @@ pub struct MetaConfig {
     /// for a fabric without one (tcp, mem). A path the socket cannot be bound at (too long,
     /// not writable) is logged and left out: clients stay on tcp.
     pub local_rpc: Option<PathBuf>,
+    /// The cluster's replication factor: how many replicas, on distinct data servers, each
+    /// chunk of a file gets unless the file inherited another from its directory
+    /// (`proto::REPLICAS_XATTR`; docs/REPLICAS.md). 1 to `proto::MAX_REPLICAS`; the default,
+    /// [`DEFAULT_REPLICAS`], keeps one copy.
+    pub replicas: usize,
 }
+
+/// The default of [`MetaConfig::replicas`]: one copy of every chunk. A cluster of one data
+/// server (the common test and laptop set-up) could not place a second, and a second doubles
+/// the memory of every file and the bytes of every write; a cluster that wants data to
+/// outlive a data server asks for 2 or more.
+pub const DEFAULT_REPLICAS: usize = 1;
 
 /// The default of [`MetaConfig::idle_poll`]: [`IDLE_POLL`] on a machine of at least 4 CPUs,
 /// nothing on a smaller one (`proto::rpc::poll_budget`).
@@ -207,6 +218,7 @@ impl MetaConfig {
             record_lock_grace: DEFAULT_RECORD_LOCK_GRACE,
             max_record_locks_per_session: DEFAULT_MAX_RECORD_LOCKS_PER_SESSION,
             local_rpc: fabric.host_dir().map(|dir| dir.join(LOCAL_RPC_SOCKET)),
+            replicas: DEFAULT_REPLICAS,
             fabric,
         }
     }
@@ -217,6 +229,12 @@ impl MetaConfig {
     }
 
     fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            (1..=proto::MAX_REPLICAS).contains(&self.replicas),
+            "--replicas {} must be from 1 to {}",
+            self.replicas,
+            proto::MAX_REPLICAS
+        );
         anyhow::ensure!(
             self.chunk_size.is_power_of_two() && self.chunk_size >= 4096,
             "chunk size {} must be a power of two of at least 4096",
@@ -562,6 +580,7 @@ fn service_settings(
         max_sessions: config.max_sessions,
         max_open_per_session: config.max_open_per_session,
         max_record_locks_per_session: config.max_record_locks_per_session,
+        replicas: config.replicas,
         state_dir: config.db_dir.clone(),
         first_session,
         earlier_leases_until: restarted.then(|| std::time::Instant::now() + config.lock_lease),
@@ -955,7 +974,7 @@ mod tests {
             )
             .unwrap()
         {
-            Response::Chunks(locs) => locs[0].expect("allocated"),
+            Response::Chunks(locs) => locs[0].expect("allocated").first(),
             other => panic!("allocation answered {other:?}"),
         };
         let unit = proto::layout::MIN_CHUNK;

@@ -121,12 +121,17 @@ impl LiveServers {
         if from == 0 {
             return Ok(());
         }
-        match store.chunk_at(ino, chunk)? {
-            Some(loc) if !self.is_live(loc.server) => Err(FsError::Unavailable(format!(
+        let replicas = store.chunk_at(ino, chunk)?;
+        match replicas
+            .iter()
+            .flat_map(|r| r.as_slice())
+            .find(|loc| !self.is_live(loc.server))
+        {
+            Some(loc) => Err(FsError::Unavailable(format!(
                 "data server {} holds the last chunk of the truncated file and is away",
                 loc.server
             ))),
-            _ => Ok(()),
+            None => Ok(()),
         }
     }
 
@@ -139,11 +144,18 @@ impl LiveServers {
         if new <= old || from == 0 {
             return Ok(());
         }
-        if let Some(Some(loc)) = store.chunk_map(ino, chunk, 1)?.first() {
-            let (endpoint, region) = self.endpoint(loc.server)?;
-            let base = loc.index * layout.unit();
-            let mut ep = lock(&endpoint);
-            zero_range(&mut **ep, region, base + from, base + layout.len(chunk))?;
+        if let Some(Some(replicas)) = store.chunk_map(ino, chunk, 1)?.first() {
+            for loc in replicas.as_slice() {
+                // A replica whose server is away is skipped while another is here: its reads
+                // go to the others (docs/REPLICAS.md).
+                if replicas.len() > 1 && !self.is_live(loc.server) {
+                    continue;
+                }
+                let (endpoint, region) = self.endpoint(loc.server)?;
+                let base = loc.index * layout.unit();
+                let mut ep = lock(&endpoint);
+                zero_range(&mut **ep, region, base + from, base + layout.len(chunk))?;
+            }
         }
         Ok(())
     }

@@ -64,6 +64,8 @@ pub(crate) struct Settings {
     pub record_lock_grace_until: Instant,
     /// Record locks one session may hold (ENOLCK beyond).
     pub max_record_locks_per_session: usize,
+    /// Replicas of a chunk of a file that names none ([`MetaConfig::replicas`]).
+    pub replicas: usize,
     /// The database's directory (`MetaConfig::db_dir`), for a status report.
     pub state_dir: std::path::PathBuf,
     /// The first session id of this run ([`first_session_id`]): every session of this run is
@@ -818,6 +820,18 @@ impl Service {
     fn handle_change(&self, request: Request) -> Result<Response, FsError> {
         let st = lock(&self.state);
         let link = matches!(request, Request::Link { .. });
+        if let Request::SetXattr { name, value, .. } = &request {
+            if name == proto::REPLICAS_XATTR {
+                let want = proto::parse_replicas(value)?;
+                let live = st.live.ids().len();
+                if want > live {
+                    return Err(FsError::Invalid(format!(
+                        "{} {want} needs {want} data servers, but {live} are live",
+                        proto::REPLICAS_XATTR
+                    )));
+                }
+            }
+        }
         let (response, effects) =
             change_namespace(&self.store, request, |ino: Ino| st.open.is_open(ino))?;
         drop(st);
@@ -930,7 +944,7 @@ impl Service {
         drop(guard);
         // The client holds the whole-file lock until this answer: nobody writes the tail
         // meanwhile.
-        if let Some(tail) = effects.tail {
+        for tail in effects.tails {
             if let Err(error) = self.registry.zero_tail(&self.state, &self.store, tail) {
                 tracing::warn!(?tail, %error, "truncated chunk's tail not zeroed yet");
             }
@@ -955,6 +969,7 @@ impl Service {
                 first,
                 count,
             } => {
+                let replicas = self.store.replicas_of(ino, self.settings.replicas)?;
                 let locs = self.registry.allocate_waiting(|| {
                     let st = lock(&self.state);
                     let servers = st.live.ids();
@@ -963,8 +978,19 @@ impl Service {
                             "no data server is connected to allocate chunks on".into(),
                         ));
                     }
+                    if replicas > 1 {
+                        // A server that is away only makes new chunks short of a replica
+                        // (docs/REPLICAS.md); a cluster that never had enough is an error.
+                        let known = self.store.servers()?.len();
+                        if replicas > known {
+                            return Err(FsError::Invalid(format!(
+                                "inode {ino} wants {replicas} replicas of each chunk, but the \
+                                 cluster has {known} data servers"
+                            )));
+                        }
+                    }
                     self.store
-                        .allocate_chunks(ino, generation, first, count, &servers)
+                        .allocate_chunks(ino, generation, first, count, &servers, replicas)
                 })?;
                 Response::Chunks(locs.into_iter().map(Some).collect())
             }

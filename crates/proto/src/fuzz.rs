@@ -473,10 +473,23 @@ pub fn sample_responses() -> Vec<Result<Response, FsError>> {
         })),
         Ok(Response::Chunks(vec![
             None,
-            Some(ChunkLoc {
+            Some(Replicas::one(ChunkLoc {
                 server: 1,
                 index: 9,
-            }),
+            })),
+            Some(
+                Replicas::new(&[
+                    ChunkLoc {
+                        server: 1,
+                        index: 9,
+                    },
+                    ChunkLoc {
+                        server: 0,
+                        index: 3,
+                    },
+                ])
+                .expect("two servers"),
+            ),
         ])),
         Ok(Response::Addr(RemoteAddr::new(RegionId(0), 4096))),
         Ok(Response::Revocations {

@@ -434,8 +434,8 @@ pub enum Response {
     Stats(FsStats),
     /// An opened file.
     Open(OpenFile),
-    /// Chunk locations.
-    Chunks(Vec<Option<ChunkLoc>>),
+    /// Chunk locations: every replica of each chunk that holds its data (`None`: a hole).
+    Chunks(Vec<Option<Replicas>>),
     /// An address in the meta region.
     Addr(RemoteAddr),
     /// A client session's heartbeat answer.

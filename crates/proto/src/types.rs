@@ -258,6 +258,175 @@ pub struct ChunkLoc {
     pub index: u64,
 }
 
+/// Most replicas a chunk may have ([`Replicas`]): a replication factor above it is refused.
+pub const MAX_REPLICAS: usize = 4;
+
+/// The extended attribute that sets the replication factor of what is created in a
+/// directory from then on (a decimal number, `1..=MAX_REPLICAS`): a new file or directory
+/// inherits its parent's, and a file's chunks get that many replicas on distinct data servers
+/// (docs/REPLICAS.md). Without it, the meta server's `--replicas` applies.
+pub const REPLICAS_XATTR: &str = "citronfs.replicas";
+
+/// Parses a value of [`REPLICAS_XATTR`]: a decimal number in `1..=MAX_REPLICAS` (surrounding
+/// whitespace, such as the newline `echo` adds, is ignored).
+pub fn parse_replicas(value: &[u8]) -> Result<usize, crate::FsError> {
+    let text = std::str::from_utf8(value).unwrap_or("").trim();
+    match text.parse::<usize>() {
+        Ok(n) if (1..=MAX_REPLICAS).contains(&n) => Ok(n),
+        _ => Err(crate::FsError::Invalid(format!(
+            "{REPLICAS_XATTR} must be a number from 1 to {MAX_REPLICAS}, not {:?}",
+            String::from_utf8_lossy(value)
+        ))),
+    }
+}
+
+/// Where the replicas of one chunk live: one to [`MAX_REPLICAS`] locations on distinct data
+/// servers, the first the one it was placed on first. Kept inline (no allocation), so that a
+/// client's cache of one-replica chunks costs what a cache of plain locations did.
+#[derive(Clone, Copy)]
+pub struct Replicas {
+    len: u8,
+    locs: [ChunkLoc; MAX_REPLICAS],
+}
+
+impl Replicas {
+    /// One replica at `loc`.
+    pub const fn one(loc: ChunkLoc) -> Replicas {
+        Replicas {
+            len: 1,
+            locs: [loc; MAX_REPLICAS],
+        }
+    }
+
+    /// The replicas at `locs`; fails unless there are 1 to [`MAX_REPLICAS`] of them on distinct
+    /// data servers.
+    pub fn new(locs: &[ChunkLoc]) -> Result<Replicas, crate::FsError> {
+        let Some(&first) = locs.first() else {
+            return Err(crate::FsError::Invalid("a chunk without a replica".into()));
+        };
+        if locs.len() > MAX_REPLICAS {
+            return Err(crate::FsError::Invalid(format!(
+                "a chunk with {} replicas (at most {MAX_REPLICAS})",
+                locs.len()
+            )));
+        }
+        for (i, a) in locs.iter().enumerate() {
+            if locs[..i].iter().any(|b| b.server == a.server) {
+                return Err(crate::FsError::Invalid(format!(
+                    "two replicas of a chunk on data server {}",
+                    a.server
+                )));
+            }
+        }
+        let mut out = Replicas::one(first);
+        out.locs[..locs.len()].copy_from_slice(locs);
+        out.len = locs.len() as u8;
+        Ok(out)
+    }
+
+    /// The locations, the first placed first.
+    pub fn as_slice(&self) -> &[ChunkLoc] {
+        &self.locs[..self.len as usize]
+    }
+
+    /// The first replica's location.
+    pub fn first(&self) -> ChunkLoc {
+        self.locs[0]
+    }
+
+    /// How many replicas there are (at least 1).
+    pub fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    /// Never: a chunk has at least one replica (here for the convention of `len`).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The replica on data server `server`, if any.
+    pub fn on(&self, server: u32) -> Option<ChunkLoc> {
+        self.as_slice().iter().copied().find(|l| l.server == server)
+    }
+}
+
+/// Equal when the locations are, in order (the unused slots are not compared).
+impl PartialEq for Replicas {
+    fn eq(&self, other: &Replicas) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl Eq for Replicas {}
+
+impl std::hash::Hash for Replicas {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_slice().hash(state);
+    }
+}
+
+impl std::fmt::Debug for Replicas {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.as_slice()).finish()
+    }
+}
+
+impl IntoIterator for Replicas {
+    type Item = ChunkLoc;
+    type IntoIter = std::iter::Take<std::array::IntoIter<ChunkLoc, MAX_REPLICAS>>;
+
+    /// The locations, the first placed first.
+    fn into_iter(self) -> Self::IntoIter {
+        self.locs.into_iter().take(self.len as usize)
+    }
+}
+
+impl From<ChunkLoc> for Replicas {
+    fn from(loc: ChunkLoc) -> Replicas {
+        Replicas::one(loc)
+    }
+}
+
+impl Serialize for Replicas {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.as_slice().serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Replicas {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Replicas, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Replicas;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(
+                    f,
+                    "1 to {MAX_REPLICAS} chunk locations on distinct data servers"
+                )
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Replicas, A::Error> {
+                let mut locs = [ChunkLoc {
+                    server: 0,
+                    index: 0,
+                }; MAX_REPLICAS];
+                let mut n = 0;
+                while let Some(loc) = seq.next_element::<ChunkLoc>()? {
+                    if n == MAX_REPLICAS {
+                        return Err(serde::de::Error::invalid_length(n + 1, &self));
+                    }
+                    locs[n] = loc;
+                    n += 1;
+                }
+                Replicas::new(&locs[..n]).map_err(serde::de::Error::custom)
+            }
+        }
+        d.deserialize_seq(Visit)
+    }
+}
+
 /// What a client learns when it opens a session: how the cluster is laid out.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterInfo {
@@ -312,3 +481,42 @@ pub struct OpenFile {
 
 /// Addresses live in the meta region as [`RemoteAddr`]s; re-exported for convenience.
 pub use fabric::RemoteAddr as Addr;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn loc(server: u32) -> ChunkLoc {
+        ChunkLoc { server, index: 7 }
+    }
+
+    /// A replica set crosses the wire as a list of locations; one that is empty, longer than
+    /// `MAX_REPLICAS` or names a server twice is refused when decoded, never trusted.
+    #[test]
+    fn replica_sets_round_trip_and_bad_ones_are_refused() {
+        let two = Replicas::new(&[loc(1), loc(0)]).unwrap();
+        let bytes = postcard::to_stdvec(&two).unwrap();
+        assert_eq!(postcard::from_bytes::<Replicas>(&bytes).unwrap(), two);
+        assert_eq!(
+            bytes,
+            postcard::to_stdvec(&vec![loc(1), loc(0)]).unwrap(),
+            "a plain list"
+        );
+        assert_eq!(two.into_iter().collect::<Vec<_>>(), vec![loc(1), loc(0)]);
+        assert_eq!(two.on(0), Some(loc(0)));
+        assert_eq!(two.on(2), None);
+        for bad in [
+            vec![],
+            vec![loc(0), loc(0)],
+            (0..=MAX_REPLICAS as u32).map(loc).collect(),
+        ] {
+            let bytes = postcard::to_stdvec(&bad).unwrap();
+            assert!(postcard::from_bytes::<Replicas>(&bytes).is_err(), "{bad:?}");
+            assert!(Replicas::new(&bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(parse_replicas(b"2\n").unwrap(), 2);
+        for bad in [&b"0"[..], b"5", b"-1", b"x", b""] {
+            assert!(parse_replicas(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -313,7 +313,7 @@ fn chunk_zero(cluster: &Cluster, ino: proto::Ino) -> proto::ChunkLoc {
         })
         .unwrap();
     match answer {
-        Ok(proto::rpc::Response::Chunks(locs)) => locs[0].expect("chunk 0 is allocated"),
+        Ok(proto::rpc::Response::Chunks(locs)) => locs[0].expect("chunk 0 is allocated").first(),
         other => panic!("ChunkMap answered {other:?}"),
     }
 }

@@ -102,6 +102,67 @@ fn bench_fs_measures_the_null_ceiling_in_the_same_run() {
     );
 }
 
+/// `--replicas 1,2`: a file of each count, measured back to back, each row naming its count;
+/// a replicated write moves its data to two servers, one batch each (more round trips per
+/// call than the file of one replica), a read to one.
+#[test]
+fn bench_fs_measures_each_replica_count() {
+    let rows = json_rows(&[
+        "bench",
+        "fs",
+        "--fs",
+        "library",
+        "--replicas",
+        "1,2",
+        "--patterns",
+        "rand-read,rand-write",
+        "--threads",
+        "1",
+        "--size",
+        "4M",
+        "--duration",
+        "0.2",
+    ]);
+    let order: Vec<(&str, u64)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["pattern"].as_str().unwrap(),
+                r["replicas"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        order,
+        [
+            ("rand-read", 1),
+            ("rand-read", 2),
+            ("rand-write", 1),
+            ("rand-write", 2)
+        ]
+    );
+    let rtts = |i: usize| rows[i]["rtts_per_op"].as_f64().unwrap();
+    assert!(
+        rtts(3) > rtts(2) + 0.5,
+        "a second replica's batch: {rows:?}"
+    );
+    assert!(
+        rtts(1) < rtts(0) + 0.5,
+        "a read takes one replica: {rows:?}"
+    );
+    // More replicas than data servers: refused.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_citronfs"))
+        .args(["bench", "fs", "--fs", "library", "--replicas", "3"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--replicas"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn bench_meta_measures_the_null_ceiling_in_the_same_run() {
     if let Some(why) = testkit::fuse_unavailable() {

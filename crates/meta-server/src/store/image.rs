@@ -27,7 +27,7 @@ pub(crate) struct Image {
     /// Inodes with at least one xattr.
     pub xattr_inos: std::collections::BTreeSet<Ino>,
     pub symlinks: std::collections::BTreeSet<Ino>,
-    /// (ino, chunk index, location).
+    /// (ino, chunk index, location): one entry per replica.
     pub chunks: Vec<(Ino, u64, ChunkLoc)>,
     pub servers: Vec<ServerRecord>,
     /// Free-stack entries: (server, order, slot, unit offset).
@@ -98,9 +98,10 @@ impl Store {
                 .get(8..)
                 .ok_or_else(|| corrupt("a chunk key is short"))
                 .and_then(decode_u64)?;
-            image
-                .chunks
-                .push((decode_ino_prefix(&k)?, index, decode_loc(&v)?));
+            let ino = decode_ino_prefix(&k)?;
+            for loc in decode_replicas(&v)?.as_slice() {
+                image.chunks.push((ino, index, *loc));
+            }
         }
         image.servers = self.servers()?;
         for item in self.tree(T_FREE).iter() {

@@ -12,7 +12,7 @@
 //! | `cookies`   | dir ino                     | the next cookie to hand out in that dir       |
 //! | `xattrs`    | ino ++ name                 | value                                        |
 //! | `symlinks`  | ino                         | target                                       |
-//! | `chunks`    | ino ++ chunk index          | server (u32) ++ offset in its region in layout units (u64) |
+//! | `chunks`    | ino ++ chunk index          | per replica, the first placed first: server (u32) ++ offset in its region in layout units (u64) (one replica: the format of before replicas) |
 //! | `servers`   | server id (u32)             | postcard [`ServerRecord`]                    |
 //! | `names`     | server name                 | server id (u32)                              |
 //! | `free`      | server id ++ order (u8) ++ slot | unit offset: the server's stack of zeroed free blocks of that order |
@@ -83,8 +83,9 @@ use proto::layout::Layout;
 use proto::rpc::XattrMode;
 use proto::rpc::{check_name_for, is_dot, NameOp};
 use proto::{
-    Attr, Caller, ChunkLoc, DirEntry, FabricAddr, FileKind, FsError, Ino, SetAttr, SetTime,
-    Timestamp, NAME_MAX, ROOT_INO, SYMLINK_MAX, XATTR_NAME_MAX, XATTR_VALUE_MAX,
+    Attr, Caller, ChunkLoc, DirEntry, FabricAddr, FileKind, FsError, Ino, Replicas, SetAttr,
+    SetTime, Timestamp, MAX_REPLICAS, NAME_MAX, REPLICAS_XATTR, ROOT_INO, SYMLINK_MAX,
+    XATTR_NAME_MAX, XATTR_VALUE_MAX,
 };
 use serde::{Deserialize, Serialize};
 use sled::transaction::ConflictableTransactionError;
@@ -323,6 +324,34 @@ fn decode_loc(v: &[u8]) -> Result<ChunkLoc, FsError> {
     })
 }
 
+/// The value of a `chunks` entry: each replica's location, the first placed first.
+fn encode_replicas(replicas: &Replicas) -> Vec<u8> {
+    let mut out = Vec::with_capacity(12 * replicas.len());
+    for loc in replicas.as_slice() {
+        out.extend_from_slice(&encode_loc(*loc));
+    }
+    out
+}
+
+/// A `chunks` entry's value: 1 to `MAX_REPLICAS` locations on distinct servers.
+fn decode_replicas(v: &[u8]) -> Result<Replicas, FsError> {
+    if v.is_empty() || v.len() % 12 != 0 || v.len() / 12 > MAX_REPLICAS {
+        return Err(corrupt(&format!(
+            "a chunk's replica set is {} bytes, not 12 per replica",
+            v.len()
+        )));
+    }
+    let mut locs = [ChunkLoc {
+        server: 0,
+        index: 0,
+    }; MAX_REPLICAS];
+    let n = v.len() / 12;
+    for (i, loc) in v.chunks_exact(12).enumerate() {
+        locs[i] = decode_loc(loc)?;
+    }
+    Replicas::new(&locs[..n]).map_err(|e| corrupt(&e.to_string()))
+}
+
 /// Two big-endian u64s (a `key_u64s` key).
 fn decode_u64_pair(v: &[u8]) -> Result<(u64, u64), FsError> {
     if v.len() != 16 {
@@ -490,9 +519,9 @@ struct Doomed {
 pub struct Effects {
     /// Blocks freed (now dirty): zero them, then [`Store::recycle`] them.
     pub freed: Vec<Block>,
-    /// A chunk whose bytes from an offset on (to its end) are to be zeroed once the change is
-    /// durable, then [`Store::tail_zeroed`] (a shrinking truncate).
-    pub tail: Option<Tail>,
+    /// The replicas of a chunk whose bytes from an offset on (to its end) are to be zeroed
+    /// once the change is durable, then [`Store::tail_zeroed`] (a shrinking truncate).
+    pub tails: Vec<Tail>,
     /// An inode whose last link went while it is open: deleted at its last release.
     pub orphaned: Option<Ino>,
 }
@@ -850,7 +879,7 @@ mod tests {
             )
             .unwrap();
         store
-            .allocate_chunks(attr.ino, attr.generation, 0, chunks, &[0])
+            .allocate_chunks(attr.ino, attr.generation, 0, chunks, &[0], 1)
             .unwrap();
         store.getattr(attr.ino).unwrap()
     }
@@ -870,10 +899,10 @@ mod tests {
             .unwrap();
         assert_eq!(f.allocated, 0);
         let bytes = |chunks: std::ops::Range<u64>| chunks.map(|c| l.len(c)).sum::<u64>();
-        store.allocate_chunks(f.ino, 0, 0, 7, &[0]).unwrap();
+        store.allocate_chunks(f.ino, 0, 0, 7, &[0], 1).unwrap();
         assert_eq!(store.getattr(f.ino).unwrap().allocated, bytes(0..7));
         // Allocating chunks that exist adds nothing.
-        store.allocate_chunks(f.ino, 0, 2, 3, &[0]).unwrap();
+        store.allocate_chunks(f.ino, 0, 2, 3, &[0], 1).unwrap();
         assert_eq!(store.getattr(f.ino).unwrap().allocated, bytes(0..7));
         let (attr, _) = store.free_chunks_in(f.ino, 2, 3).unwrap();
         assert_eq!(attr.allocated, bytes(0..7) - bytes(2..5));
@@ -989,7 +1018,7 @@ mod tests {
             Err(FsError::Lost(_))
         ));
         assert!(matches!(
-            store.allocate_chunks(f.ino, f.generation, 0, 4, &[0]),
+            store.allocate_chunks(f.ino, f.generation, 0, 4, &[0], 1),
             Err(FsError::Lost(_))
         ));
         assert_eq!(store.lost_chunks().unwrap().len(), 3);
@@ -1033,10 +1062,10 @@ mod tests {
                 .1
         };
         // To a chunk boundary: no tail.
-        assert!(shrink(CS + CS).tail.is_none());
+        assert!(shrink(CS + CS).tails.is_empty());
         // Into the middle of chunk 1: its tail from offset 100 on, recorded durably.
         let effects = shrink(CS + 100);
-        let tail = effects.tail.unwrap();
+        let tail = effects.tails[0];
         assert_eq!(tail.from, 100);
         assert_eq!(store.tails().unwrap(), vec![tail]);
         let loc = tail.block.loc;
@@ -1044,7 +1073,7 @@ mod tests {
         assert!(store.tails().unwrap().is_empty());
         // Freeing the chunk drops a pending tail with it (a dirty chunk is zeroed whole).
         let effects = shrink(CS + 50);
-        assert!(effects.tail.is_some());
+        assert_eq!(effects.tails.len(), 1);
         let effects = shrink(10);
         assert_eq!(effects.freed, vec![Block { loc, order: 0 }]);
         assert_eq!(store.tails().unwrap().len(), 1, "chunk 0's tail only");
@@ -1115,8 +1144,9 @@ mod tests {
                 .mknod(ROOT_INO, &format!("f{i}"), FileKind::File, 0o644, 0, ME)
                 .unwrap();
             let loc = store
-                .allocate_chunks(f.ino, f.generation, 0, 1, &[0])
-                .unwrap()[0];
+                .allocate_chunks(f.ino, f.generation, 0, 1, &[0], 1)
+                .unwrap()[0]
+                .first();
             files.push((f, loc));
         }
         let mut offsets: Vec<u64> = files.iter().map(|(_, l)| l.index).collect();
@@ -1127,7 +1157,7 @@ mod tests {
             .mknod(ROOT_INO, "g", FileKind::File, 0o644, 0, ME)
             .unwrap();
         assert!(matches!(
-            store.allocate_chunks(g.ino, g.generation, 0, 1, &[0]),
+            store.allocate_chunks(g.ino, g.generation, 0, 1, &[0], 1),
             Err(FsError::NoSpace)
         ));
         // Freed and zeroed, the blocks merge back into whole chunks: a 64 KiB chunk (index 5 of
@@ -1147,14 +1177,203 @@ mod tests {
             "merged into two whole chunks"
         );
         let locs = store
-            .allocate_chunks(g.ino, g.generation, 0, 6, &[0])
+            .allocate_chunks(g.ino, g.generation, 0, 6, &[0], 1)
             .unwrap();
         let layout = store.layout();
-        for (k, loc) in locs.iter().enumerate() {
+        for (k, loc) in locs.iter().map(|r| r.first()).enumerate() {
             let units = layout.len(k as u64) / layout.unit();
             assert_eq!(loc.index % units, 0, "chunk {k} aligned to its size");
         }
         // Chunks 0..=5 hold 4+4+8+16+32+64 KiB = 32 units: the whole region.
         assert_eq!(unallocated(&store), 0);
+    }
+
+    /// A store of 64 KiB chunks with `n` data servers of 8 chunks each.
+    fn store_with_servers(dir: &Path, n: usize) -> Store {
+        let store = Store::open(dir, 64 << 10, ME).unwrap();
+        for i in 0..n {
+            store
+                .register_server(&format!("ds-{i}"), &addr(), fabric::RegionId(1), 8, 1)
+                .unwrap();
+        }
+        store
+    }
+
+    /// With a replication factor of 2, every chunk gets two blocks of its order on distinct
+    /// servers (spread over the three), the file is charged both, and freeing the file frees
+    /// both (each becomes dirty); a one-replica chunk is stored as it was before replicas.
+    #[test]
+    fn replicas_are_placed_on_distinct_servers_and_charged_and_freed_each() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_with_servers(dir.path(), 3);
+        let l = store.layout();
+        let f = store
+            .mknod(ROOT_INO, "f", FileKind::File, 0o644, 0, ME)
+            .unwrap();
+        let sets = store
+            .allocate_chunks(f.ino, f.generation, 0, 7, &[0, 1, 2], 2)
+            .unwrap();
+        let mut firsts = std::collections::BTreeSet::new();
+        for (k, set) in sets.iter().enumerate() {
+            assert_eq!(set.len(), 2, "chunk {k}: {set:?}");
+            assert_ne!(set.as_slice()[0].server, set.as_slice()[1].server);
+            firsts.insert(set.first().server);
+            let units = l.len(k as u64) / l.unit();
+            for loc in set.as_slice() {
+                assert_eq!(loc.index % units, 0, "chunk {k} aligned to its size");
+            }
+        }
+        assert_eq!(firsts.len(), 3, "first replicas striped over every server");
+        assert_eq!(
+            store.getattr(f.ino).unwrap().allocated,
+            2 * l.held(0..7),
+            "both replicas charged"
+        );
+        // What a client learns is what was placed; allocating again changes nothing.
+        let map = store.chunk_map(f.ino, 0, 7).unwrap();
+        assert_eq!(map, sets.iter().copied().map(Some).collect::<Vec<_>>());
+        assert_eq!(
+            store
+                .allocate_chunks(f.ino, f.generation, 0, 7, &[0, 1, 2], 2)
+                .unwrap(),
+            sets
+        );
+        assert_eq!(store.getattr(f.ino).unwrap().allocated, 2 * l.held(0..7));
+        // A file of one replica per chunk: its values are one 12-byte location, as before.
+        let g = store
+            .mknod(ROOT_INO, "g", FileKind::File, 0o644, 0, ME)
+            .unwrap();
+        let one = store
+            .allocate_chunks(g.ino, g.generation, 0, 1, &[0, 1, 2], 1)
+            .unwrap()[0];
+        let raw = store
+            .tree(T_CHUNKS)
+            .get(key_u64s(g.ino, 0))
+            .unwrap()
+            .unwrap();
+        assert_eq!(raw.as_ref(), &encode_loc(one.first())[..]);
+        // Unlinked: every replica's block is freed.
+        let effects = store.unlink(ROOT_INO, "f", |_| false).unwrap();
+        assert_eq!(effects.freed.len(), 14);
+        let mut freed: Vec<_> = effects.freed.iter().map(|b| b.loc).collect();
+        let mut placed: Vec<_> = sets.iter().flat_map(|s| s.as_slice().to_vec()).collect();
+        freed.sort_by_key(|l| (l.server, l.index));
+        placed.sort_by_key(|l| (l.server, l.index));
+        assert_eq!(freed, placed);
+        assert_eq!(store.dirty_chunks().unwrap().len(), 14);
+    }
+
+    /// More replicas than servers given: one per server (a server away; the service refuses
+    /// a factor above the servers the cluster has). Out of space on one server: the next.
+    #[test]
+    fn replicas_take_the_servers_there_are() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_with_servers(dir.path(), 2);
+        let f = store
+            .mknod(ROOT_INO, "f", FileKind::File, 0o644, 0, ME)
+            .unwrap();
+        let sets = store
+            .allocate_chunks(f.ino, f.generation, 0, 2, &[1], 3)
+            .unwrap();
+        assert!(sets.iter().all(|s| s.len() == 1 && s.first().server == 1));
+        // Two servers of 8 chunks: with 2 replicas each, 8 more full chunks fit, not 9.
+        let g = store
+            .mknod(ROOT_INO, "g", FileKind::File, 0o644, 0, ME)
+            .unwrap();
+        assert!(matches!(
+            store.allocate_chunks(g.ino, g.generation, 6, 9, &[0, 1], 2),
+            Err(FsError::NoSpace)
+        ));
+        assert_eq!(store.getattr(g.ino).unwrap().allocated, 0, "all or nothing");
+    }
+
+    /// A replica whose server came back with new memory is left out of the chunk's map while
+    /// another holds the data; the chunk is lost only when every replica is.
+    #[test]
+    fn a_lost_replica_is_left_out_until_every_replica_is_lost() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_with_servers(dir.path(), 2);
+        let f = store
+            .mknod(ROOT_INO, "f", FileKind::File, 0o644, 0, ME)
+            .unwrap();
+        store
+            .allocate_chunks(f.ino, f.generation, 0, 3, &[0, 1], 2)
+            .unwrap();
+        let (_, lost) = store
+            .register_server("ds-0", &addr(), fabric::RegionId(1), 8, 2)
+            .unwrap();
+        assert_eq!(lost, 3);
+        for set in store.chunk_map(f.ino, 0, 3).unwrap() {
+            let set = set.unwrap();
+            assert_eq!(set.len(), 1);
+            assert_eq!(set.first().server, 1);
+        }
+        let again = store
+            .allocate_chunks(f.ino, f.generation, 0, 3, &[0, 1], 2)
+            .unwrap();
+        assert!(again.iter().all(|s| s.len() == 1 && s.first().server == 1));
+        store
+            .register_server("ds-1", &addr(), fabric::RegionId(1), 8, 2)
+            .unwrap();
+        assert!(matches!(
+            store.chunk_map(f.ino, 0, 1),
+            Err(FsError::Lost(_))
+        ));
+    }
+
+    /// `citronfs.replicas` is a factor from 1 to MAX_REPLICAS, inherited by the files and
+    /// directories created below it; without it the cluster's default applies.
+    #[test]
+    fn the_replicas_xattr_is_checked_and_inherited() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_with_servers(dir.path(), 2);
+        let d = store.mkdir(ROOT_INO, "d", 0o755, ME).unwrap();
+        for bad in [&b"0"[..], b"5", b"two", b""] {
+            assert!(
+                matches!(
+                    store.setxattr(d.ino, REPLICAS_XATTR, bad, XattrMode::Either),
+                    Err(FsError::Invalid(_))
+                ),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(store.replicas_of(d.ino, 1).unwrap(), 1);
+        store
+            .setxattr(d.ino, REPLICAS_XATTR, b"2\n", XattrMode::Either)
+            .unwrap();
+        let f = store
+            .mknod(d.ino, "f", FileKind::File, 0o644, 0, ME)
+            .unwrap();
+        let e = store.mkdir(d.ino, "e", 0o755, ME).unwrap();
+        let g = store
+            .mknod(e.ino, "g", FileKind::File, 0o644, 0, ME)
+            .unwrap();
+        let outside = store
+            .mknod(ROOT_INO, "h", FileKind::File, 0o644, 0, ME)
+            .unwrap();
+        assert_eq!(store.replicas_of(f.ino, 1).unwrap(), 2);
+        assert_eq!(
+            store.replicas_of(g.ino, 1).unwrap(),
+            2,
+            "through a subdirectory"
+        );
+        assert_eq!(store.getxattr(f.ino, REPLICAS_XATTR).unwrap(), b"2\n");
+        assert_eq!(store.replicas_of(outside.ino, 3).unwrap(), 3, "the default");
+        // A shrinking truncate records the tail of every replica.
+        let set = |size| SetAttr {
+            size: Some(size),
+            ..SetAttr::default()
+        };
+        let (f, _) = store.setattr(f.ino, &set(8192), ME, None).unwrap();
+        store
+            .allocate_chunks(f.ino, f.generation, 0, 2, &[0, 1], 2)
+            .unwrap();
+        let (_, effects) = store.setattr(f.ino, &set(5000), ME, Some(8192)).unwrap();
+        assert_eq!(effects.tails.len(), 2);
+        assert_ne!(
+            effects.tails[0].block.loc.server,
+            effects.tails[1].block.loc.server
+        );
+        assert_eq!(store.tails().unwrap().len(), 2);
     }
 }

@@ -83,14 +83,17 @@ impl Tx<'_> {
             let (chunk, from) = layout.locate(size);
             if size < old && from != 0 {
                 if let Some(v) = self.t(T_CHUNKS).get(key_u64s(ino, chunk))? {
-                    let loc = lift(decode_loc(&v))?;
                     let order = layout.order(chunk);
-                    self.t(T_TAILS)
-                        .insert(key_server(loc.server, loc.index), &encode_tail(from, order))?;
-                    effects.tail = Some(Tail {
-                        block: Block { loc, order },
-                        from,
-                    });
+                    // Every replica's tail (a lost one's too: it is zeroed whole when its
+                    // chunk is freed or copied again).
+                    for &loc in lift(decode_replicas(&v))?.as_slice() {
+                        self.t(T_TAILS)
+                            .insert(key_server(loc.server, loc.index), &encode_tail(from, order))?;
+                        effects.tails.push(Tail {
+                            block: Block { loc, order },
+                            from,
+                        });
+                    }
                 }
             }
         }
@@ -347,6 +350,14 @@ impl Store {
             };
             tx.put_inode(&attr)?;
             tx.add_dirent(parent, name, ino, kind)?;
+            if matches!(kind, FileKind::File | FileKind::Dir) {
+                // The directory's replication factor, inherited (docs/REPLICAS.md).
+                let key = key2(parent, REPLICAS_XATTR.as_bytes());
+                if let Some(v) = tx.t(T_XATTRS).get(&key)? {
+                    tx.t(T_XATTRS)
+                        .insert(key2(ino, REPLICAS_XATTR.as_bytes()), v)?;
+                }
+            }
             if kind == FileKind::Dir {
                 tx.t(T_PARENTS).insert(be64(ino), &be64(parent))?;
                 dir.nlink += 1;
@@ -774,7 +785,21 @@ impl Store {
         })
     }
 
-    /// Sets an xattr.
+    /// How many replicas each chunk of `ino` gets: its [`REPLICAS_XATTR`] (inherited from its
+    /// directory when it was created), else `default` (the cluster's).
+    pub fn replicas_of(&self, ino: Ino, default: usize) -> Result<usize, FsError> {
+        match self
+            .tree(T_XATTRS)
+            .get(key2(ino, REPLICAS_XATTR.as_bytes()))
+            .map_err(db_err)?
+        {
+            Some(v) => proto::parse_replicas(&v),
+            None => Ok(default),
+        }
+    }
+
+    /// Sets an xattr. [`REPLICAS_XATTR`] must be a replication factor
+    /// ([`proto::parse_replicas`]).
     pub fn setxattr(
         &self,
         ino: Ino,
@@ -785,6 +810,9 @@ impl Store {
         check_xattr_name(name)?;
         if value.len() > XATTR_VALUE_MAX {
             return Err(FsError::NameTooLong);
+        }
+        if name == REPLICAS_XATTR {
+            proto::parse_replicas(value)?;
         }
         self.tx(|tx| {
             let mut attr = tx.inode(ino)?;

@@ -151,13 +151,15 @@ impl Tx<'_> {
 }
 
 impl Store {
-    /// Where chunks `first..first+count` of `ino` live.
+    /// Where chunks `first..first+count` of `ino` live: the replicas of each that hold its
+    /// data (a replica whose server came back with new memory is left out); `Lost` when
+    /// every replica of one of them is lost.
     pub fn chunk_map(
         &self,
         ino: Ino,
         first: u64,
         count: u64,
-    ) -> Result<Vec<Option<ChunkLoc>>, FsError> {
+    ) -> Result<Vec<Option<Replicas>>, FsError> {
         check_chunk_range(first, count)?;
         self.getattr(ino)?;
         let mut out = vec![None; count as usize];
@@ -166,37 +168,53 @@ impl Store {
         for item in self.tree(T_CHUNKS).range(start..end) {
             let (k, v) = item.map_err(db_err)?;
             let index = decode_u64(&k[8..])?;
-            let loc = decode_loc(&v)?;
-            self.check_not_lost(ino, index, loc)?;
-            out[(index - first) as usize] = Some(loc);
+            let replicas = decode_replicas(&v)?;
+            out[(index - first) as usize] = Some(self.holding(ino, index, replicas)?);
         }
         Ok(out)
     }
 
-    /// Where chunk `index` of `ino` is, if allocated (lost or not).
-    pub fn chunk_at(&self, ino: Ino, index: u64) -> Result<Option<ChunkLoc>, FsError> {
+    /// Where chunk `index` of `ino` is, if allocated: every replica, lost or not.
+    pub fn chunk_at(&self, ino: Ino, index: u64) -> Result<Option<Replicas>, FsError> {
         self.tree(T_CHUNKS)
             .get(key_u64s(ino, index))
             .map_err(db_err)?
-            .map(|v| decode_loc(&v))
+            .map(|v| decode_replicas(&v))
             .transpose()
     }
 
-    /// `Lost` if chunk `index` of `ino`, at `loc`, lost its data.
-    pub(super) fn check_not_lost(
+    /// The replicas of chunk `index` of `ino` that hold its data (not `lost`); `Lost` when
+    /// none does. A chunk of one replica (every chunk before replicas) costs one lookup, as
+    /// it did.
+    pub(super) fn holding(
         &self,
         ino: Ino,
         index: u64,
-        loc: ChunkLoc,
-    ) -> Result<(), FsError> {
-        if self
-            .tree(T_LOST)
-            .contains_key(key_server(loc.server, loc.index))
-            .map_err(db_err)?
-        {
-            return Err(lost_error(ino, index, loc));
+        replicas: Replicas,
+    ) -> Result<Replicas, FsError> {
+        let lost = |loc: &ChunkLoc| {
+            self.tree(T_LOST)
+                .contains_key(key_server(loc.server, loc.index))
+                .map_err(db_err)
+        };
+        if replicas.len() == 1 {
+            return match lost(&replicas.first())? {
+                true => Err(lost_error(ino, index, replicas.first())),
+                false => Ok(replicas),
+            };
         }
-        Ok(())
+        let mut kept = [replicas.first(); MAX_REPLICAS];
+        let mut n = 0;
+        for loc in replicas.as_slice() {
+            if !lost(loc)? {
+                kept[n] = *loc;
+                n += 1;
+            }
+        }
+        match n {
+            0 => Err(lost_error(ino, index, replicas.first())),
+            n => Replicas::new(&kept[..n]).map_err(|e| corrupt(&e.to_string())),
+        }
     }
 
     /// Every lost chunk: (ino, chunk index in the file, where it was).
@@ -306,12 +324,15 @@ impl Store {
         Ok(out)
     }
 
-    /// The chunks of `ino` with index `>= from`.
+    /// The chunks of `ino` with index `>= from`, one entry per replica (see
+    /// [`Store::scan_chunks_in`]).
     pub(super) fn scan_chunks(&self, ino: Ino, from: u64) -> Result<Vec<(u64, ChunkLoc)>, FsError> {
         self.scan_chunks_in(ino, from..=u64::MAX)
     }
 
-    /// The allocated chunks of `ino` among `chunks`, in order.
+    /// The allocated chunks of `ino` among `chunks`, in order, one entry per replica (a
+    /// chunk of `n` replicas is listed `n` times with its index): what freeing them frees,
+    /// and what the file is charged for them.
     pub(super) fn scan_chunks_in(
         &self,
         ino: Ino,
@@ -323,7 +344,10 @@ impl Store {
             .range(key_u64s(ino, *chunks.start())..=key_u64s(ino, *chunks.end()))
         {
             let (k, v) = item.map_err(db_err)?;
-            out.push((decode_u64(&k[8..])?, decode_loc(&v)?));
+            let index = decode_u64(&k[8..])?;
+            for loc in decode_replicas(&v)?.as_slice() {
+                out.push((index, *loc));
+            }
         }
         Ok(out)
     }
@@ -393,9 +417,12 @@ impl Store {
     }
 
     /// Makes sure chunks `first..first+count` of `ino` exist, taking zeroed blocks of each
-    /// chunk's order from the servers in `servers` (the connected ones, by id): chunk `c` prefers server
-    /// `servers[(ino + c) % n]` (striping), then any other with space. All or nothing: out of
-    /// space aborts the whole transaction with `NoSpace`.
+    /// chunk's order from the servers in `servers` (the connected ones, by id, each once):
+    /// chunk `c`'s first replica prefers server `servers[(ino + c) % n]` (striping), and each
+    /// further replica the next server in `servers` (cyclically) that has space, so that the
+    /// `min(replicas, n)` replicas of a chunk are on distinct servers. All or nothing: out of
+    /// space aborts the whole transaction with `NoSpace`. Chunks that exist are returned as
+    /// [`Store::chunk_map`] returns them (their replicas that hold data).
     pub fn allocate_chunks(
         &self,
         ino: Ino,
@@ -403,8 +430,10 @@ impl Store {
         first: u64,
         count: u64,
         servers: &[u32],
-    ) -> Result<Vec<ChunkLoc>, FsError> {
+        replicas: usize,
+    ) -> Result<Vec<Replicas>, FsError> {
         check_chunk_range(first, count)?;
+        let want = replicas.clamp(1, MAX_REPLICAS).min(servers.len().max(1));
         self.tx(|tx| {
             let mut attr = tx.inode(ino)?;
             if let Err(e) = check_has_chunks(&attr) {
@@ -421,15 +450,25 @@ impl Store {
             for c in first..first + count {
                 let key = key_u64s(ino, c);
                 if let Some(v) = tx.t(T_CHUNKS).get(key)? {
-                    let loc = lift(decode_loc(&v))?;
-                    if tx
-                        .t(T_LOST)
-                        .get(key_server(loc.server, loc.index))?
-                        .is_some()
-                    {
-                        return abort(lost_error(ino, c, loc));
+                    let found = lift(decode_replicas(&v))?;
+                    let mut kept = [found.first(); MAX_REPLICAS];
+                    let mut n = 0;
+                    for loc in found.as_slice() {
+                        if tx
+                            .t(T_LOST)
+                            .get(key_server(loc.server, loc.index))?
+                            .is_none()
+                        {
+                            kept[n] = *loc;
+                            n += 1;
+                        }
                     }
-                    out.push(loc);
+                    if n == 0 {
+                        return abort(lost_error(ino, c, found.first()));
+                    }
+                    out.push(lift(
+                        Replicas::new(&kept[..n]).map_err(|e| corrupt(&e.to_string())),
+                    )?);
                     continue;
                 }
                 let n = servers.len();
@@ -438,29 +477,37 @@ impl Store {
                 } else {
                     ((ino.wrapping_add(c)) % n as u64) as usize
                 };
-                let mut placed = None;
+                let mut placed = [ChunkLoc {
+                    server: 0,
+                    index: 0,
+                }; MAX_REPLICAS];
+                let mut got = 0;
                 for k in 0..n {
+                    if got == want {
+                        break;
+                    }
                     let slot = (start + k) % n;
                     if full[slot] {
                         continue;
                     }
                     match tx.take_block(servers[slot], tx.1.order(c))? {
                         Some(index) => {
-                            placed = Some(ChunkLoc {
+                            placed[got] = ChunkLoc {
                                 server: servers[slot],
                                 index,
-                            });
-                            break;
+                            };
+                            got += 1;
                         }
                         None => full[slot] = true,
                     }
                 }
-                let Some(loc) = placed else {
+                if got < want {
                     return abort(FsError::NoSpace);
-                };
-                tx.t(T_CHUNKS).insert(key, &encode_loc(loc))?;
-                attr.allocated += tx.1.len(c);
-                out.push(loc);
+                }
+                let set = lift(Replicas::new(&placed[..got]).map_err(|e| corrupt(&e.to_string())))?;
+                tx.t(T_CHUNKS).insert(key, encode_replicas(&set))?;
+                attr.allocated += tx.1.len(c) * got as u64;
+                out.push(set);
             }
             if attr.allocated != allocated {
                 tx.put_inode(&attr)?;
@@ -577,13 +624,12 @@ impl Store {
         Ok((rec, doomed.len() as u64))
     }
 
-    /// Every chunk of a file on data server `server`: (ino, chunk index, location).
+    /// Every replica of a file's chunk on data server `server`: (ino, chunk index, location).
     pub(super) fn chunks_on(&self, server: u32) -> Result<Vec<(Ino, u64, ChunkLoc)>, FsError> {
         let mut out = Vec::new();
         for item in self.tree(T_CHUNKS).iter() {
             let (k, v) = item.map_err(db_err)?;
-            let loc = decode_loc(&v)?;
-            if loc.server == server {
+            if let Some(loc) = decode_replicas(&v)?.on(server) {
                 let (ino, index) = decode_u64_pair(&k)?;
                 out.push((ino, index, loc));
             }

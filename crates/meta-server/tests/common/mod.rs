@@ -217,14 +217,19 @@ impl Fs {
             first,
             count,
         })? {
-            Response::Chunks(c) => Ok(c.into_iter().map(|c| c.expect("allocated")).collect()),
+            // The first replica of each (one, unless a test asks for more).
+            Response::Chunks(c) => Ok(c
+                .into_iter()
+                .map(|c| c.expect("allocated").first())
+                .collect()),
             other => panic!("{other:?}"),
         }
     }
 
+    /// The first replica of each chunk (`None`: a hole).
     pub fn chunk_map(&mut self, ino: Ino, first: u64, count: u64) -> Vec<Option<proto::ChunkLoc>> {
         match self.call(Request::ChunkMap { ino, first, count }).unwrap() {
-            Response::Chunks(c) => c,
+            Response::Chunks(c) => c.into_iter().map(|r| r.map(|r| r.first())).collect(),
             other => panic!("{other:?}"),
         }
     }

@@ -201,6 +201,11 @@ pub struct FsArgs {
     /// Data servers of the embedded cluster (files are striped over them).
     #[arg(long, default_value_t = 2)]
     data_servers: usize,
+    /// Replicas of every chunk of the CitronFS files (comma-separated: each count gets a file
+    /// of its own, in a directory whose `citronfs.replicas` is that count; at most
+    /// --data-servers): a write goes to every replica, a read to one (docs/REPLICAS.md).
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    replicas: Vec<usize>,
     /// Directory for the tmpfs file [default: a fresh directory under /dev/shm].
     #[arg(long)]
     tmpfs_dir: Option<PathBuf>,
@@ -217,6 +222,8 @@ struct FsResult {
     fs: &'static str,
     /// The lock scheme (`null` for tmpfs and the null backend).
     scheme: Option<String>,
+    /// Replicas of every chunk of the file (CitronFS only).
+    replicas: Option<usize>,
     /// The fabric (`null` for tmpfs).
     fabric: Option<&'static str>,
     pattern: &'static str,
@@ -367,6 +374,16 @@ pub fn run(args: &FsArgs) -> Result<()> {
     anyhow::ensure!(!args.fs.is_empty(), "--fs is empty");
     anyhow::ensure!(args.data_servers >= 1, "at least one data server is needed");
     anyhow::ensure!(
+        !args.replicas.is_empty()
+            && args
+                .replicas
+                .iter()
+                .all(|&r| (1..=proto::MAX_REPLICAS).contains(&r) && r <= args.data_servers),
+        "--replicas needs counts from 1 to {} and at most --data-servers ({})",
+        proto::MAX_REPLICAS,
+        args.data_servers
+    );
+    anyhow::ensure!(
         args.fuse_threads != Some(0),
         "--fuse-threads needs at least 1 thread"
     );
@@ -394,7 +411,7 @@ pub fn run(args: &FsArgs) -> Result<()> {
     let cases_per_fs = (args.patterns.len() * args.threads.len()) as u64;
     let fs_runs = u64::from(args.fs.contains(&Target::Tmpfs))
         + u64::from(args.fs.contains(&Target::Null))
-        + (citron_targets.len() * schemes.len()) as u64;
+        + (citron_targets.len() * schemes.len() * args.replicas.len()) as u64;
     // Ctrl-C and SIGTERM end the run between cases, so that the mount is unmounted and the
     // servers stopped; a second signal exits at once (leaving the mount to `fusermount3 -u`).
     let run = Run::start(args.json, cases_per_fs * fs_runs)?;
@@ -415,6 +432,7 @@ pub fn run(args: &FsArgs) -> Result<()> {
         &[
             "fs",
             "scheme",
+            "replicas",
             "pattern",
             "threads",
             "MiB/s",
@@ -440,6 +458,7 @@ pub fn run(args: &FsArgs) -> Result<()> {
             vec![
                 r.fs.to_string(),
                 r.scheme.clone().unwrap_or_else(|| "-".into()),
+                r.replicas.map_or_else(|| "-".into(), |n| n.to_string()),
                 r.pattern.to_string(),
                 r.threads.to_string(),
                 fmt_f(r.mib_per_s, 1),
@@ -518,8 +537,10 @@ pub fn run(args: &FsArgs) -> Result<()> {
     }
     if !citron_targets.is_empty() {
         run.say("starting the cluster");
-        // Each scheme's files, with room to spare for chunk rounding and the stripes.
-        let files = (citron_targets.len() * schemes.len()) as u64;
+        // Each scheme's files (each replica of them), with room to spare for chunk rounding and
+        // the stripes.
+        let files = (citron_targets.len() * schemes.len()) as u64
+            * args.replicas.iter().sum::<usize>() as u64;
         let memory = (file_size + SEQ_BLOCK * args.data_servers as u64) * files + (256 << 20);
         let per_server = (memory / args.data_servers as u64).max(64 << 20);
         let cluster = cluster.insert(Cluster::start(ClusterSpec {
@@ -533,44 +554,65 @@ pub fn run(args: &FsArgs) -> Result<()> {
         let fabric_name = Some(args.fabric.name());
         for &scheme in &schemes {
             let fs = Arc::new(cluster.connect(scheme)?);
-            let name = format!("bench-{}-{}.dat", scheme.name(), std::process::id());
-            let scheme_name = Some(scheme.name());
-            if args.fs.contains(&Target::Citronfs) {
-                let mount = Mount::in_temp_dir(fs.clone(), &fuse_options)?;
-                transports.push(format!(
-                    "CitronFS mount ({}): {}",
-                    scheme.name(),
-                    mount.fuse_rings()
-                ));
-                let path = mount.path().join(&name);
-                mounts.push(mount);
-                // Frees the chunks; the run's result matters more than a failed cleanup.
-                removals.push(RemoveOnDrop::Path(path.clone()));
-                let file = open_rw(&path)?;
-                subjects.push(Subject::new(
-                    Target::Citronfs,
-                    scheme_name,
-                    fabric_name,
-                    file,
-                    Some(fs.clone()),
-                ));
-            }
-            if args.fs.contains(&Target::Library) {
-                let name = format!("lib-{name}");
-                let caller = CitronFs::process_caller();
-                let (_, fh) = fs
-                    .create(caller, proto::ROOT_INO, &name, 0o644, libc::O_RDWR)
-                    .map_err(|e| anyhow::anyhow!("create {name}: {e}"))?;
-                removals.push(RemoveOnDrop::Library(fs.clone(), name));
-                // Dropping the file releases its handle.
-                let file = LibraryFile::new(fs.clone(), fh);
-                subjects.push(Subject::new(
-                    Target::Library,
-                    scheme_name,
-                    fabric_name,
-                    file,
-                    Some(fs.clone()),
-                ));
+            let caller = CitronFs::process_caller();
+            for &replicas in &args.replicas {
+                // A directory of this replica count for the scheme's files.
+                let dir = format!("bench-r{replicas}-{}-{}", scheme.name(), std::process::id());
+                let dir_ino = fs
+                    .mkdir(caller, proto::ROOT_INO, &dir, 0o755)
+                    .map_err(|e| anyhow::anyhow!("mkdir {dir}: {e}"))?
+                    .ino;
+                fs.setxattr(
+                    dir_ino,
+                    proto::REPLICAS_XATTR,
+                    replicas.to_string().as_bytes(),
+                    proto::rpc::XattrMode::Either,
+                )
+                .map_err(|e| anyhow::anyhow!("setxattr {dir}: {e}"))?;
+                let name = format!("bench-{}-{}.dat", scheme.name(), std::process::id());
+                let scheme_name = Some(scheme.name());
+                if args.fs.contains(&Target::Citronfs) {
+                    let mount = Mount::in_temp_dir(fs.clone(), &fuse_options)?;
+                    transports.push(format!(
+                        "CitronFS mount ({}, {replicas} replicas): {}",
+                        scheme.name(),
+                        mount.fuse_rings()
+                    ));
+                    let path = mount.path().join(&dir).join(&name);
+                    mounts.push(mount);
+                    // Frees the chunks; the run's result matters more than a failed cleanup.
+                    removals.push(RemoveOnDrop::Path(path.clone()));
+                    let file = open_rw(&path)?;
+                    subjects.push(
+                        Subject::new(
+                            Target::Citronfs,
+                            scheme_name,
+                            fabric_name,
+                            file,
+                            Some(fs.clone()),
+                        )
+                        .with_replicas(replicas),
+                    );
+                }
+                if args.fs.contains(&Target::Library) {
+                    let name = format!("lib-{name}");
+                    let (_, fh) = fs
+                        .create(caller, dir_ino, &name, 0o644, libc::O_RDWR)
+                        .map_err(|e| anyhow::anyhow!("create {name}: {e}"))?;
+                    removals.push(RemoveOnDrop::Library(fs.clone(), dir_ino, name));
+                    // Dropping the file releases its handle.
+                    let file = LibraryFile::new(fs.clone(), fh);
+                    subjects.push(
+                        Subject::new(
+                            Target::Library,
+                            scheme_name,
+                            fabric_name,
+                            file,
+                            Some(fs.clone()),
+                        )
+                        .with_replicas(replicas),
+                    );
+                }
             }
         }
     }
@@ -624,6 +666,8 @@ struct Subject {
     target: Target,
     /// The lock scheme (CitronFS only).
     scheme: Option<&'static str>,
+    /// Replicas of every chunk of the file (CitronFS only).
+    replicas: Option<usize>,
     /// The fabric (CitronFS only).
     fabric: Option<&'static str>,
     io: Box<dyn SharedFile>,
@@ -642,24 +686,35 @@ impl Subject {
         Subject {
             target,
             scheme,
+            replicas: None,
             fabric,
             io: Box::new(io),
             client,
         }
     }
 
+    /// The subject, its file of `replicas` replicas.
+    fn with_replicas(self, replicas: usize) -> Subject {
+        Subject {
+            replicas: Some(replicas),
+            ..self
+        }
+    }
+
     fn label(&self) -> String {
-        match self.scheme {
-            Some(scheme) => format!("{} ({scheme})", self.target.name()),
-            None => self.target.name().to_string(),
+        match (self.scheme, self.replicas) {
+            (Some(scheme), Some(r)) => format!("{} ({scheme}, {r} replicas)", self.target.name()),
+            (Some(scheme), None) => format!("{} ({scheme})", self.target.name()),
+            _ => self.target.name().to_string(),
         }
     }
 }
 
-/// A file removed on drop: by path, or through the client library that created it.
+/// A file removed on drop: by path, or through the client library that created it (in the
+/// directory of that inode).
 enum RemoveOnDrop {
     Path(PathBuf),
-    Library(Arc<CitronFs>, String),
+    Library(Arc<CitronFs>, proto::Ino, String),
 }
 
 impl Drop for RemoveOnDrop {
@@ -668,8 +723,8 @@ impl Drop for RemoveOnDrop {
             RemoveOnDrop::Path(path) => {
                 let _ = std::fs::remove_file(path);
             }
-            RemoveOnDrop::Library(fs, name) => {
-                let _ = fs.unlink(proto::ROOT_INO, name);
+            RemoveOnDrop::Library(fs, dir, name) => {
+                let _ = fs.unlink(*dir, name);
             }
         }
     }
@@ -706,6 +761,7 @@ fn measure(plan: &Plan, subject: &Subject, pattern: Pattern, threads: usize) -> 
     Ok(FsResult {
         fs: subject.target.name(),
         scheme: subject.scheme.map(str::to_string),
+        replicas: subject.replicas,
         fabric: subject.fabric,
         pattern: pattern.name(),
         threads,
@@ -934,6 +990,13 @@ fn print_notes(args: &FsArgs, file_size: u64, tmpfs_note: Option<String>, transp
         args.data_servers,
         args.fabric.name()
     );
+    if args.replicas.iter().any(|&r| r > 1) {
+        println!(
+            "replicas: every chunk of the file kept on that many data servers (docs/REPLICAS.md): \
+             a write posts its data to each replica's server in the same round and returns when \
+             every replica has it; a read takes one replica."
+        );
+    }
     if args.fs.contains(&Target::Null) {
         println!(
             "null: the same FUSE adapter and mount options over a backend that stores nothing \

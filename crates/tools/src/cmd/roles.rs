@@ -101,6 +101,13 @@ pub struct MetaArgs {
     /// Files one client session may have open at once; an open beyond fails with EMFILE.
     #[arg(long)]
     max_open_per_session: Option<usize>,
+    /// Replicas of every chunk of file data, each on another data server, so that a file's
+    /// data outlives data servers that die (1 to 4). The default, 1, keeps one copy: a cluster
+    /// of one data server can keep no more, and each replica adds the file's size in memory
+    /// and its bytes to every write. A directory's `citronfs.replicas` xattr sets it for what
+    /// is created below it from then on.
+    #[arg(long)]
+    replicas: Option<usize>,
     /// A Unix socket where the server also takes client connections, for clients on this
     /// host: their metadata calls cost less than over loopback tcp, and they move there on
     /// their own [default: meta.sock in the region's directory with --fabric shm; none with
@@ -167,6 +174,8 @@ pub struct MetaServerConfig {
     pub max_sessions: usize,
     /// Open files per session (`meta_server::DEFAULT_MAX_OPEN_PER_SESSION`).
     pub max_open_per_session: usize,
+    /// Replicas of every chunk (`meta_server::DEFAULT_REPLICAS`).
+    pub replicas: usize,
     /// A Unix socket for clients on this host (`None`: `meta_server::MetaConfig::new`'s
     /// choice, in the region's directory on shm, none on tcp).
     pub local_rpc: Option<PathBuf>,
@@ -196,6 +205,7 @@ impl Default for MetaServerConfig {
             max_pending_handshakes_per_peer: ConnectionLimits::DEFAULT_MAX_PENDING_PER_PEER,
             max_sessions: meta_server::DEFAULT_MAX_SESSIONS,
             max_open_per_session: meta_server::DEFAULT_MAX_OPEN_PER_SESSION,
+            replicas: meta_server::DEFAULT_REPLICAS,
             local_rpc: None,
             metrics: None,
         }
@@ -230,6 +240,7 @@ impl MetaServerConfig {
         };
         config.max_sessions = self.max_sessions;
         config.max_open_per_session = self.max_open_per_session;
+        config.replicas = self.replicas;
         if let Some(path) = self.local_rpc {
             config.local_rpc = Some(path);
         }

@@ -21,6 +21,13 @@ pub struct UpArgs {
     /// Data servers to start.
     #[arg(long, default_value_t = 2)]
     data_servers: usize,
+    /// Replicas of every chunk of file data, each on another data server (at most
+    /// --data-servers): with 2 or more, a file's data outlives a data server that dies. The
+    /// default, 1, keeps one copy: every replica adds the file's size in memory and its bytes
+    /// to every write. A directory's `citronfs.replicas` xattr sets it for what is created
+    /// below it.
+    #[arg(long, default_value_t = meta_server::DEFAULT_REPLICAS)]
+    replicas: usize,
     /// Memory for file data, shared evenly by the data servers (e.g. 512M, 4G). Default: what
     /// fits this machine — a quarter of the memory available now (MemAvailable), no more than
     /// half the free space where the regions live (/dev/shm, or the --state-dir file system),
@@ -103,6 +110,20 @@ fn free_space(path: &Path) -> Option<u64> {
 pub fn up(args: UpArgs) -> Result<()> {
     let mut signals = super::StopSignals::catch()?;
     anyhow::ensure!(args.data_servers >= 1, "at least one data server is needed");
+    anyhow::ensure!(
+        (1..=proto::MAX_REPLICAS).contains(&args.replicas),
+        "--replicas {} must be from 1 to {}",
+        args.replicas,
+        proto::MAX_REPLICAS
+    );
+    anyhow::ensure!(
+        args.replicas <= args.data_servers,
+        "--replicas {} needs at least {} data servers (--data-servers {}): each replica of a \
+         chunk is on another one",
+        args.replicas,
+        args.replicas,
+        args.data_servers
+    );
     let servers = args.data_servers as u64;
     let memory = match &args.memory {
         Some(text) => parse_size(text)?,
@@ -140,6 +161,7 @@ pub fn up(args: UpArgs) -> Result<()> {
         },
         state_dir: args.state_dir.clone(),
         scheme,
+        replicas: args.replicas,
         ..ClusterSpec::server_defaults()
     })?;
     // A signal that came while the cluster started ends the run once mounted (in order).

@@ -1,0 +1,310 @@
+//! Replicas (docs/REPLICAS.md) through real mounts: with a replication factor of 2 on two
+//! data servers, every file written through the mount reads back whole after one of the data
+//! servers is killed with SIGKILL — no EIO, nothing lost, nothing torn — both before the meta
+//! server noticed the death (the read fails on the dead server and is redone from the other
+//! replica under the same lock) and after (the client reads the live replica only). The
+//! replication factor is set through the mount with `setxattr` on a directory, checked
+//! (a factor above the live data servers is EINVAL), inherited, and charged in `st_blocks`.
+//!
+//! The data servers are processes of their own (this test binary run again as
+//! [`child_data_server`]), so that one can be killed as a machine dies: no shutdown path runs.
+
+use std::ffi::CString;
+use std::io::{BufRead, BufReader};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+use testkit::{pattern, skip_without_fuse, wait_until, Backend, Cluster, ClusterSpec};
+
+const ENV_NAME: &str = "CITRONFS_TEST_DS_NAME";
+const ENV_META: &str = "CITRONFS_TEST_DS_META";
+const ENV_CLUSTER: &str = "CITRONFS_TEST_DS_CLUSTER";
+const ENV_TOKEN: &str = "CITRONFS_TEST_DS_TOKEN";
+const ENV_CAPACITY: &str = "CITRONFS_TEST_DS_CAPACITY";
+/// What a data server process prints once it has registered.
+const READY: &str = "CITRONFS-DATA-SERVER-READY";
+const CHUNK: u64 = 64 << 10;
+const CAPACITY: u64 = 32 << 20;
+
+/// The body of a data server process (see [`DataProcess::start`]); run normally (no
+/// environment), it returns at once.
+#[test]
+fn child_data_server() {
+    let (Ok(name), Ok(meta), Ok(cluster), Ok(token), Ok(capacity)) = (
+        std::env::var(ENV_NAME),
+        std::env::var(ENV_META),
+        std::env::var(ENV_CLUSTER),
+        std::env::var(ENV_TOKEN),
+        std::env::var(ENV_CAPACITY),
+    ) else {
+        return;
+    };
+    let _server = data_server::DataServer::start(data_server::DataConfig {
+        name,
+        meta_addr: meta,
+        cluster,
+        token,
+        capacity_bytes: capacity.parse().expect("a capacity"),
+        fabric: fabric::ServeAt::Tcp {
+            listen: "127.0.0.1:0".parse().expect("an address"),
+        },
+        backing: data_server::Backing::Memory,
+    })
+    .expect("the data server starts");
+    println!("{READY}");
+    // Serves until its stdin closes (the test is done) or it is killed.
+    let mut line = String::new();
+    while std::io::stdin().read_line(&mut line).is_ok_and(|n| n > 0) {
+        line.clear();
+    }
+}
+
+/// A data server process, killed on drop.
+struct DataProcess(Child);
+
+impl DataProcess {
+    fn start(cluster: &Cluster, name: &str) -> DataProcess {
+        let exe = std::env::current_exe().expect("the test binary's path");
+        let mut command = Command::new(exe);
+        command
+            .args([
+                "child_data_server",
+                "--exact",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(ENV_NAME, name)
+            .env(ENV_META, cluster.meta_addr().to_string())
+            .env(ENV_CLUSTER, cluster.name())
+            .env(ENV_TOKEN, cluster.token())
+            .env(ENV_CAPACITY, CAPACITY.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        testkit::die_with_parent(&mut command);
+        let mut child = command.spawn().expect("spawn a data server process");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        let ready = lines.any(|l| l.is_ok_and(|l| l.contains(READY)));
+        assert!(ready, "data server {name} did not start");
+        DataProcess(child)
+    }
+
+    /// SIGKILL: the process dies at once, its memory with it.
+    fn kill(&mut self) {
+        self.0.kill().expect("kill the data server");
+        self.0.wait().expect("reap the data server");
+    }
+}
+
+impl Drop for DataProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// How many data servers the meta server has live.
+fn live_data_servers(cluster: &Cluster) -> usize {
+    let client = cluster.rpc_client().expect("an RPC client");
+    match client.call(proto::rpc::Request::Status) {
+        Ok(Ok(proto::rpc::Response::Status(status))) => {
+            status.data_servers.iter().filter(|d| d.live).count()
+        }
+        other => panic!("status: {other:?}"),
+    }
+}
+
+/// setxattr(2) of `name` on `path`; the errno when it fails.
+fn set_xattr(path: &Path, name: &str, value: &[u8]) -> Result<(), i32> {
+    let p = CString::new(path.as_os_str().as_bytes()).expect("a path");
+    let n = CString::new(name).expect("a name");
+    // SAFETY: both strings are NUL-terminated, and the value's pointer and length describe it.
+    let r = unsafe {
+        libc::setxattr(
+            p.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+    }
+}
+
+/// getxattr(2) of `name` on `path`.
+fn get_xattr(path: &Path, name: &str) -> Result<Vec<u8>, i32> {
+    let p = CString::new(path.as_os_str().as_bytes()).expect("a path");
+    let n = CString::new(name).expect("a name");
+    let mut buf = vec![0u8; 64];
+    // SAFETY: both strings are NUL-terminated, and the buffer's pointer and length describe it.
+    let r = unsafe { libc::getxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+    }
+    buf.truncate(r as usize);
+    Ok(buf)
+}
+
+/// The files the test writes: (name, size), from under a block to several chunks, and one
+/// that ends mid-chunk.
+const FILES: [(&str, usize); 4] = [
+    ("small", 5_000),
+    ("chunk", CHUNK as usize),
+    ("big", 3 * (1 << 20) + 12_345),
+    ("many-chunks", 40 * CHUNK as usize),
+];
+
+/// Opens every file.
+fn open_all(dir: &Path) -> Vec<std::fs::File> {
+    FILES
+        .iter()
+        .map(|(name, _)| std::fs::File::open(dir.join(name)).unwrap())
+        .collect()
+}
+
+/// Reads every file back through `files` (as [`open_all`] opened them) in pieces of `piece`
+/// bytes; the errors and the files that differ.
+fn read_back(files: &[std::fs::File], piece: usize) -> (Vec<String>, Vec<String>) {
+    let (mut errors, mut wrong) = (Vec::new(), Vec::new());
+    for (seed, ((name, size), file)) in FILES.iter().zip(files).enumerate() {
+        let want = pattern(seed as u64 + 1, 0, *size);
+        let mut got = vec![0u8; *size];
+        let mut at = 0;
+        while at < *size {
+            let n = piece.min(size - at);
+            match file.read_exact_at(&mut got[at..at + n], at as u64) {
+                Ok(()) => at += n,
+                Err(e) => {
+                    errors.push(format!("read {name} at {at}: {e}"));
+                    break;
+                }
+            }
+        }
+        if at == *size && got != want {
+            let first = got.iter().zip(&want).position(|(a, b)| a != b);
+            wrong.push(format!("{name}: first wrong byte at {first:?}"));
+        }
+    }
+    (errors, wrong)
+}
+
+/// Writes the files with `replicas` replicas through a mount, kills data server `victim` (0 or
+/// 1), and reads everything back.
+fn kill_a_data_server_under_a_mount(replicas: usize, victim: usize) {
+    skip_without_fuse!();
+    testkit::init_logging();
+    let cluster = Cluster::start(ClusterSpec {
+        data_servers: 0,
+        capacity: CAPACITY,
+        chunk_size: CHUNK,
+        fabric: Backend::Tcp,
+        // Heartbeats (a quarter of `fence_after`) every 500 ms rather than 25: the reads right
+        // after the kill come before the client hears of it, and meet the dead server.
+        fence_after: Duration::from_secs(2),
+        lock_lease: Duration::from_secs(10),
+        replicas: 1,
+        ..ClusterSpec::default()
+    })
+    .unwrap();
+    let mut servers = [
+        DataProcess::start(&cluster, "ds-0"),
+        DataProcess::start(&cluster, "ds-1"),
+    ];
+    wait_until(Duration::from_secs(30), "two live data servers", || {
+        live_data_servers(&cluster) == 2
+    });
+    let mount = cluster.mount().unwrap();
+    let dir = mount.path().join("d");
+    std::fs::create_dir(&dir).unwrap();
+    // More replicas than live data servers: refused, clearly.
+    assert_eq!(
+        set_xattr(&dir, proto::REPLICAS_XATTR, b"3"),
+        Err(libc::EINVAL)
+    );
+    assert_eq!(
+        set_xattr(&dir, proto::REPLICAS_XATTR, b"two"),
+        Err(libc::EINVAL)
+    );
+    let factor = replicas.to_string();
+    set_xattr(&dir, proto::REPLICAS_XATTR, factor.as_bytes()).unwrap();
+    assert_eq!(
+        get_xattr(&dir, proto::REPLICAS_XATTR).unwrap(),
+        factor.as_bytes()
+    );
+
+    for (seed, (name, size)) in FILES.iter().enumerate() {
+        let data = pattern(seed as u64 + 1, 0, *size);
+        // Written in 1 MiB calls, as a copy would.
+        let file = std::fs::File::create(dir.join(name)).unwrap();
+        for (i, part) in data.chunks(1 << 20).enumerate() {
+            file.write_all_at(part, (i << 20) as u64).unwrap();
+        }
+        drop(file);
+        let path = dir.join(name);
+        assert_eq!(
+            get_xattr(&path, proto::REPLICAS_XATTR).unwrap(),
+            factor.as_bytes(),
+            "{name} inherits the directory's factor"
+        );
+        // Every replica is charged.
+        let layout = proto::layout::Layout::new(CHUNK).unwrap();
+        let blocks = std::fs::metadata(&path).unwrap().blocks();
+        assert_eq!(
+            blocks * 512,
+            replicas as u64 * layout.charged(*size as u64),
+            "{name}: st_blocks counts {replicas} replicas"
+        );
+    }
+    // Opened, and read once (the client learns where the chunks are), before the kill.
+    let files = open_all(&dir);
+    let (errors, wrong) = read_back(&files, 1 << 20);
+    assert!(
+        errors.is_empty() && wrong.is_empty(),
+        "{errors:?} {wrong:?}"
+    );
+
+    // SIGKILL one data server, and read at once through the open files: the client has not
+    // heard of the death (no call to the meta server brought it), so the reads of chunks
+    // whose chosen replica was on the dead server fail there and are redone from the other.
+    servers[victim].kill();
+    let (errors, wrong) = read_back(&files, 1 << 20);
+    eprintln!(
+        "replicas {replicas}, ds-{victim} killed: right after the kill: {} errors, {} files wrong",
+        errors.len(),
+        wrong.len()
+    );
+    assert!(
+        errors.is_empty() && wrong.is_empty(),
+        "replicas {replicas}: reads after a data server was killed: errors {errors:#?}, wrong \
+         {wrong:#?}"
+    );
+    // Once the meta server knows: reads go to the live replica only, in small pieces too.
+    wait_until(
+        Duration::from_secs(30),
+        "the meta server to see the death",
+        || live_data_servers(&cluster) == 1,
+    );
+    let (errors, wrong) = read_back(&open_all(&dir), 4096 * 3 + 1);
+    assert!(
+        errors.is_empty() && wrong.is_empty(),
+        "replicas {replicas}: reads once the death is known: errors {errors:#?}, wrong \
+         {wrong:#?}"
+    );
+    drop(files);
+    drop(mount);
+}
+
+/// Each server killed in turn: the other holds every chunk, so every replica was written.
+#[test]
+fn two_replicas_read_back_whole_after_either_data_server_is_killed() {
+    for victim in [1, 0] {
+        kill_a_data_server_under_a_mount(2, victim);
+    }
+}
