@@ -93,6 +93,9 @@ pub struct ClusterSpec {
     pub meta_idle_poll: Duration,
     /// Replicas of every chunk (`MetaConfig::replicas`).
     pub replicas: usize,
+    /// The failure domain of each data server, by index (`DataConfig::zone`); data servers
+    /// beyond the list name none.
+    pub zones: Vec<String>,
 }
 
 impl Default for ClusterSpec {
@@ -120,6 +123,7 @@ impl Default for ClusterSpec {
             max_record_locks_per_session: meta_server::DEFAULT_MAX_RECORD_LOCKS_PER_SESSION,
             meta_idle_poll: meta_server::default_idle_poll(),
             replicas: meta_server::DEFAULT_REPLICAS,
+            zones: Vec::new(),
         }
     }
 }
@@ -239,8 +243,8 @@ impl Cluster {
     }
 
     /// The configuration data server `i` is (or would be) started with: named `ds-i` (a
-    /// restart with the same name gets the same id and chunks back). For a test that starts
-    /// one more, changed.
+    /// restart with the same name gets the same id and chunks back), in zone `zones[i]` if the
+    /// spec names one. For a test that starts one more, changed.
     pub fn data_config(&self, i: usize) -> DataConfig {
         let name = data_server_name(i);
         let backing = match self.spec.backing {
@@ -264,6 +268,7 @@ impl Cluster {
             capacity_bytes: self.spec.capacity,
             fabric: serve_at(self.spec.fabric, shm_dir),
             backing,
+            zone: self.spec.zones.get(i).cloned(),
         }
     }
 

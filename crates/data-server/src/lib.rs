@@ -50,6 +50,9 @@ pub struct DataConfig {
     pub fabric: ServeAt,
     /// What holds the region.
     pub backing: Backing,
+    /// Its failure domain (a rack, a host, a power feed), if it names one: the meta server
+    /// places the replicas of a chunk in distinct zones where it can (docs/REPLICAS.md).
+    pub zone: Option<String>,
 }
 
 /// The entry point.
@@ -108,6 +111,7 @@ impl DataServer {
             region_bytes: region.len(),
             name: config.name.clone(),
             incarnation,
+            zone: config.zone.clone(),
         };
         let (client, id) = register_waiting(&config, &role, REGISTER_WAIT).with_context(|| {
             format!(

@@ -201,7 +201,9 @@ impl Protocol {
             // the token no longer crosses the wire.
             // 12: `Request::HolderGone` → `Response::Gone` (lock recovery by identity).
             // 13: `Response::Chunks` names every replica of a chunk (`proto::Replicas`).
-            Protocol::Rpc => 13,
+            // 14: a data server names its failure domain (`Role::DataServer::zone`), and
+            // `DataServerStatus` shows it.
+            Protocol::Rpc => 14,
             // 1: the first version with a handshake.
             // 2: the handshake is a challenge–response (`Hello::nonce`, `Challenge`, `Proof`):
             // the token no longer crosses the wire.

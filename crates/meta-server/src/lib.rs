@@ -928,7 +928,7 @@ mod tests {
         }));
         let register = |svc: Arc<Service>, addr: fabric::FabricAddr| {
             std::thread::spawn(move || {
-                svc.register_data_server("ds", addr, region_id, chunks * chunk, 1)
+                svc.register_data_server("ds", addr, region_id, chunks * chunk, 1, None)
             })
         };
         let first = register(svc.clone(), data.addr());

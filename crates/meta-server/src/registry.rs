@@ -242,6 +242,7 @@ impl Registry {
         region: RegionId,
         region_bytes: u64,
         incarnation: u64,
+        zone: Option<&str>,
     ) -> Result<(u32, u64), FsError> {
         let chunks = self.chunks_of(name, region_bytes)?;
         let one_at_a_time = lock(&self.registering)
@@ -253,7 +254,7 @@ impl Registry {
         let (record, lost) = {
             // Serialized with allocations (the lost-chunk scan must be exact).
             let _st = lock(state);
-            store.register_server(name, &fabric, region, chunks, incarnation)?
+            store.register_server_in_zone(name, &fabric, region, chunks, incarnation, zone)?
         };
         let id = record.id;
         if store.needs_scrub(id)? {
@@ -273,7 +274,14 @@ impl Registry {
         let epoch = lock(state).as_mut().insert(id, region, endpoint);
         fences.server_registered(id, epoch);
         self.layout_changed();
-        tracing::info!(name, id, chunks, ?fabric, "data server registered");
+        tracing::info!(
+            name,
+            id,
+            chunks,
+            zone = zone.unwrap_or("(none)"),
+            ?fabric,
+            "data server registered"
+        );
         // Chunks freed while it was away are zeroed now that it is reachable.
         let dirty: Vec<Block> = store
             .dirty_chunks()?

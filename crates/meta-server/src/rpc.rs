@@ -286,10 +286,18 @@ where
             region_bytes,
             name,
             incarnation,
+            zone,
         } => {
             let svc = service.clone();
             let registered = blocking(move || {
-                svc.register_data_server(&name, fabric, region, region_bytes, incarnation)
+                svc.register_data_server(
+                    &name,
+                    fabric,
+                    region,
+                    region_bytes,
+                    incarnation,
+                    zone.as_deref(),
+                )
             })
             .await;
             let (id, epoch) = match registered {

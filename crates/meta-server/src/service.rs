@@ -442,7 +442,8 @@ impl Service {
 
     /// Registers a data server (by its stable name) and connects to its region; returns its id
     /// and the connection epoch to pass to [`Service::data_server_gone`] (see
-    /// [`Registry::register`]).
+    /// [`Registry::register`]), in failure domain `zone` if it names one.
+    #[allow(clippy::too_many_arguments)]
     pub fn register_data_server(
         &self,
         name: &str,
@@ -450,6 +451,7 @@ impl Service {
         region: RegionId,
         region_bytes: u64,
         incarnation: u64,
+        zone: Option<&str>,
     ) -> Result<(u32, u64), FsError> {
         self.registry.register(
             &self.state,
@@ -460,6 +462,7 @@ impl Service {
             region,
             region_bytes,
             incarnation,
+            zone,
         )
     }
 

@@ -89,6 +89,7 @@ pub(crate) fn report(facts: Facts, caller: u64, now: Instant) -> ClusterStatus {
         .map(|s| DataServerStatus {
             id: s.record.id,
             name: s.record.name.clone(),
+            zone: s.record.zone.clone(),
             address: s.record.fabric.to_string(),
             incarnation: s.incarnation,
             live: s.live,
@@ -230,6 +231,7 @@ mod tests {
                     chunks: 8,
                     next_fresh: 6,
                     free_counts: vec![0; layout.max_order() as usize + 1],
+                    zone: None,
                 },
                 incarnation: 9,
                 live: true,

@@ -549,6 +549,7 @@ fn a_data_server_started_before_its_meta_server_waits_for_it() {
         capacity_bytes: 4 << 20,
         fabric: fabric::ServeAt::Mem,
         backing: data_server::Backing::Memory,
+        zone: None,
     };
     let data = std::thread::spawn(move || DataServer::start(config));
     // Long enough for the first attempts to find nobody listening.

@@ -311,6 +311,7 @@ pub fn request_seeds() -> Vec<Vec<u8>> {
             region_bytes: 1 << 20,
             name: "ds".into(),
             incarnation: 0x1234,
+            zone: Some("rack-1".into()),
         },
     );
     ds.nonce = handshake::FUZZ_NONCE;
@@ -345,6 +346,7 @@ pub fn sample_status() -> crate::status::ClusterStatus {
             DataServerStatus {
                 id: 0,
                 name: "ds0".into(),
+                zone: Some("rack-a".into()),
                 address: "tcp:10.0.0.2:7200".into(),
                 incarnation: 7,
                 live: true,
@@ -355,6 +357,7 @@ pub fn sample_status() -> crate::status::ClusterStatus {
             DataServerStatus {
                 id: 1,
                 name: "ds1".into(),
+                zone: None,
                 address: "tcp:10.0.0.3:7200".into(),
                 incarnation: u64::MAX,
                 live: false,

@@ -52,6 +52,9 @@ pub enum Role {
         incarnation: u64,
         /// A stable name, so that a restarted data server gets its old id back (and its data).
         name: String,
+        /// Its failure domain (`citronfs data-server --zone`), if it names one: the meta server
+        /// places the replicas of a chunk in distinct zones where it can (docs/REPLICAS.md).
+        zone: Option<String>,
     },
 }
 

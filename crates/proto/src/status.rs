@@ -110,6 +110,8 @@ pub struct DataServerStatus {
     pub id: u32,
     /// Its stable name.
     pub name: String,
+    /// Its failure domain (`--zone`), if it named one.
+    pub zone: Option<String>,
     /// Its region's fabric address.
     pub address: String,
     /// The life of its region it registered with last.

@@ -51,6 +51,7 @@ fn child_data_server() {
             listen: "127.0.0.1:0".parse().expect("an address"),
         },
         backing: data_server::Backing::Memory,
+        zone: None,
     })
     .expect("the data server starts");
     println!("{READY}");
@@ -307,4 +308,71 @@ fn two_replicas_read_back_whole_after_either_data_server_is_killed() {
     for victim in [1, 0] {
         kill_a_data_server_under_a_mount(2, victim);
     }
+}
+
+/// Zones: four data servers in two zones (`ClusterSpec::zones`, the data servers' `--zone`),
+/// two replicas of every chunk: each chunk of a file written through a client has one replica
+/// in each zone, and the meta server's status shows every server's zone.
+#[test]
+fn two_replicas_land_in_distinct_zones() {
+    testkit::init_logging();
+    let zones = ["a", "a", "b", "b"];
+    let cluster = Cluster::start(ClusterSpec {
+        data_servers: zones.len(),
+        capacity: CAPACITY,
+        chunk_size: CHUNK,
+        replicas: 2,
+        zones: zones.iter().map(|z| z.to_string()).collect(),
+        ..ClusterSpec::default()
+    })
+    .unwrap();
+    let client = cluster.rpc_client().unwrap();
+    let status = match client.call(proto::rpc::Request::Status) {
+        Ok(Ok(proto::rpc::Response::Status(status))) => status,
+        other => panic!("status: {other:?}"),
+    };
+    let zone_of: std::collections::HashMap<u32, String> = status
+        .data_servers
+        .iter()
+        .map(|d| (d.id, d.zone.clone().expect("every server names a zone")))
+        .collect();
+    assert_eq!(zone_of.len(), zones.len(), "{:?}", status.data_servers);
+
+    let fs = cluster.client().unwrap();
+    let (attr, fh) = fs
+        .create(
+            fs_client::CitronFs::process_caller(),
+            proto::ROOT_INO,
+            "f",
+            0o644,
+            libc::O_RDWR,
+        )
+        .unwrap();
+    let chunks = 24;
+    let size = proto::layout::Layout::new(CHUNK).unwrap().start(chunks) as usize;
+    let data = pattern(7, 0, size);
+    assert_eq!(fs.write(fh, 0, &data).unwrap(), size);
+    let map = match client.call(proto::rpc::Request::ChunkMap {
+        ino: attr.ino,
+        first: 0,
+        count: chunks,
+    }) {
+        Ok(Ok(proto::rpc::Response::Chunks(map))) => map,
+        other => panic!("ChunkMap answered {other:?}"),
+    };
+    let mut firsts = std::collections::HashSet::new();
+    for (k, replicas) in map.iter().enumerate() {
+        let replicas = replicas.unwrap_or_else(|| panic!("chunk {k} is allocated"));
+        let in_zones: Vec<&str> = replicas
+            .as_slice()
+            .iter()
+            .map(|loc| zone_of[&loc.server].as_str())
+            .collect();
+        assert_eq!(replicas.len(), 2, "chunk {k}: {replicas:?}");
+        assert_ne!(in_zones[0], in_zones[1], "chunk {k}: {replicas:?}");
+        firsts.insert(replicas.first().server);
+    }
+    assert_eq!(firsts.len(), zones.len(), "the first replicas are striped");
+    assert_eq!(fs.read(fh, 0, size).unwrap(), data);
+    fs.release(fh).unwrap();
 }

@@ -81,6 +81,7 @@ fn a_killed_meta_server_keeps_what_was_fsynced_and_clients_carry_on() {
             listen: "127.0.0.1:0".parse().unwrap(),
         },
         backing: Backing::Memory,
+        zone: None,
     })
     .unwrap();
     let fs = CitronFs::connect(MountOptions::new(

@@ -192,9 +192,39 @@ pub struct ServerRecord {
     pub next_fresh: u64,
     /// Entries in its `free` stack of each order `0..=L` (slots `0..free_counts[order]`).
     pub free_counts: Vec<u64>,
+    /// Its failure domain as it last registered (`citronfs data-server --zone`); `None`: it
+    /// named none, or its record was written before zones (see [`ServerRecord::decode`]).
+    pub zone: Option<String>,
 }
 
 impl ServerRecord {
+    /// A stored record: one of now, or one written before [`ServerRecord::zone`] existed. postcard
+    /// writes a struct's fields in order and `zone` is the last, so an old record is a new one
+    /// without it, and a `None` is the one byte 0: an old record decodes with no zone. (A record
+    /// of now with no zone is the old one plus that byte, which an older CitronFS reads too:
+    /// postcard ignores bytes after a value.)
+    pub(crate) fn decode(v: &[u8]) -> Result<ServerRecord, FsError> {
+        match postcard::from_bytes(v) {
+            Ok(rec) => Ok(rec),
+            Err(postcard::Error::DeserializeUnexpectedEnd) => {
+                let mut bytes = Vec::with_capacity(v.len() + 1);
+                bytes.extend_from_slice(v);
+                bytes.push(0);
+                dec(&bytes, "server record")
+            }
+            Err(e) => Err(corrupt(&format!("server record: {e}"))),
+        }
+    }
+
+    /// The zone replicas are spread over: its label, else a zone of its own (an unlabelled
+    /// server is its own failure domain).
+    pub(crate) fn zone_key(&self) -> ZoneKey {
+        match &self.zone {
+            Some(zone) => ZoneKey::Named(zone.clone()),
+            None => ZoneKey::Alone(self.id),
+        }
+    }
+
     /// Layout units not in any file (free, never used, or `dirty_units` freed and not yet
     /// zeroed), with chunk-size blocks of order `max_order`.
     pub fn unallocated_units(&self, max_order: u32, dirty_units: u64) -> u64 {
@@ -206,6 +236,15 @@ impl ServerRecord {
             .sum();
         (self.chunks.saturating_sub(self.next_fresh) << max_order) + free + dirty_units
     }
+}
+
+/// A failure domain as placement compares them: a `--zone` label, or an unlabelled server alone.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum ZoneKey {
+    /// The servers labelled with this zone.
+    Named(String),
+    /// The unlabelled server of this id.
+    Alone(u32),
 }
 
 /// A block of a data server's region: where it starts and its order (`2^order` units).
@@ -549,6 +588,8 @@ pub struct Store {
     /// [`Store::take_touched`]: the meta server republishes their attributes; and the
     /// directory entries they changed, in commit order ([`Store::take_entry_changes`]).
     touched: std::sync::Mutex<Touched>,
+    /// Whether an allocation has logged that replicas of a chunk share a zone (once).
+    warned_shared_zone: std::sync::atomic::AtomicBool,
 }
 
 impl Store {
@@ -570,6 +611,7 @@ impl Store {
             staged,
             layout,
             touched: std::sync::Mutex::new(Touched::default()),
+            warned_shared_zone: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -1375,5 +1417,235 @@ mod tests {
             effects.tails[1].block.loc.server
         );
         assert_eq!(store.tails().unwrap().len(), 2);
+    }
+
+    /// A store of 64 KiB chunks with a data server of 64 chunks in each of `zones` (`None`:
+    /// unlabelled), ids in that order.
+    fn store_in_zones(dir: &Path, zones: &[Option<&str>]) -> Store {
+        let store = Store::open(dir, 64 << 10, ME).unwrap();
+        for (i, zone) in zones.iter().enumerate() {
+            let (rec, _) = store
+                .register_server_in_zone(
+                    &format!("ds-{i}"),
+                    &addr(),
+                    fabric::RegionId(1),
+                    64,
+                    1,
+                    *zone,
+                )
+                .unwrap();
+            assert_eq!((rec.id as usize, rec.zone.as_deref()), (i, *zone));
+        }
+        store
+    }
+
+    /// The replica sets of chunks `0..chunks` of each of `files` new files, allocated with
+    /// `replicas` over every server of `store`.
+    fn place(store: &Store, files: usize, chunks: u64, replicas: usize) -> Vec<Replicas> {
+        let servers: Vec<u32> = store.servers().unwrap().iter().map(|r| r.id).collect();
+        let mut out = Vec::new();
+        for i in 0..files {
+            let f = store
+                .mknod(ROOT_INO, &format!("f{i}"), FileKind::File, 0o644, 0, ME)
+                .unwrap();
+            out.extend(
+                store
+                    .allocate_chunks(f.ino, f.generation, 0, chunks, &servers, replicas)
+                    .unwrap(),
+            );
+        }
+        out
+    }
+
+    /// Four servers in two zones, two replicas: every chunk of every file has one replica in
+    /// each zone, and the replicas spread evenly over the four servers.
+    #[test]
+    fn two_replicas_go_one_to_each_of_two_zones() {
+        let dir = tempfile::tempdir().unwrap();
+        let zones = [Some("a"), Some("a"), Some("b"), Some("b")];
+        let store = store_in_zones(dir.path(), &zones);
+        let sets = place(&store, 8, 12, 2);
+        let mut per_server = [0usize; 4];
+        for set in &sets {
+            let [x, y] = set.as_slice() else {
+                panic!("two replicas: {set:?}")
+            };
+            assert_ne!(
+                zones[x.server as usize], zones[y.server as usize],
+                "one replica per zone: {set:?}"
+            );
+            per_server[x.server as usize] += 1;
+            per_server[y.server as usize] += 1;
+        }
+        assert_eq!(per_server.iter().sum::<usize>(), 8 * 12 * 2);
+        assert!(
+            per_server.iter().all(|&n| n == 8 * 12 * 2 / 4),
+            "even spread: {per_server:?}"
+        );
+    }
+
+    /// Fewer zones than replicas: the replicas still go to distinct servers (every zone used),
+    /// and the allocation succeeds. One zone of three servers and one of one, two replicas:
+    /// the lone server holds a replica of every chunk.
+    #[test]
+    fn fewer_zones_than_replicas_fall_back_to_distinct_servers() {
+        let dir = tempfile::tempdir().unwrap();
+        let zones = [Some("a"), Some("a"), Some("b")];
+        let store = store_in_zones(dir.path(), &zones);
+        for set in place(&store, 4, 8, 3) {
+            let servers: std::collections::BTreeSet<u32> =
+                set.as_slice().iter().map(|l| l.server).collect();
+            assert_eq!(servers.len(), 3, "distinct servers: {set:?}");
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let zones = [Some("a"), Some("a"), Some("a"), Some("b")];
+        let store = store_in_zones(dir.path(), &zones);
+        for set in place(&store, 4, 8, 2) {
+            assert!(set.on(3).is_some(), "the other zone's server: {set:?}");
+            assert_eq!(set.len(), 2);
+        }
+    }
+
+    /// Unlabelled servers are zones of their own: with two servers in zone `a` and two
+    /// unlabelled, three replicas are never on both servers of `a`.
+    #[test]
+    fn unlabelled_servers_are_zones_of_their_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let zones = [Some("a"), None, Some("a"), None];
+        let store = store_in_zones(dir.path(), &zones);
+        for set in place(&store, 6, 8, 3) {
+            assert_eq!(set.len(), 3);
+            assert!(
+                !(set.on(0).is_some() && set.on(2).is_some()),
+                "both servers of zone a: {set:?}"
+            );
+        }
+        // All unlabelled: the striping and the next-server rule of before zones.
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_in_zones(dir.path(), &[None, None, None]);
+        let f = store
+            .mknod(ROOT_INO, "g", FileKind::File, 0o644, 0, ME)
+            .unwrap();
+        let sets = store
+            .allocate_chunks(f.ino, f.generation, 0, 6, &[0, 1, 2], 2)
+            .unwrap();
+        for (c, set) in sets.iter().enumerate() {
+            let first = ((f.ino + c as u64) % 3) as u32;
+            let servers: Vec<u32> = set.as_slice().iter().map(|l| l.server).collect();
+            assert_eq!(servers, [first, (first + 1) % 3], "chunk {c}");
+        }
+    }
+
+    /// The placement order alternates between zones, each zone's servers in their order;
+    /// servers all alone keep theirs.
+    #[test]
+    fn zone_order_alternates_zones() {
+        let named = |z: &str| ZoneKey::Named(z.into());
+        let order = space::zone_order(
+            &[0, 1, 2, 3, 4],
+            vec![
+                named("a"),
+                named("a"),
+                named("b"),
+                ZoneKey::Alone(3),
+                named("a"),
+            ],
+        );
+        let ids: Vec<u32> = order.iter().map(|(id, _)| *id).collect();
+        assert_eq!(ids, [0, 2, 3, 1, 4]);
+        let alone: Vec<ZoneKey> = (0..3).map(ZoneKey::Alone).collect();
+        let ids: Vec<u32> = space::zone_order(&[0, 1, 2], alone)
+            .iter()
+            .map(|(id, _)| *id)
+            .collect();
+        assert_eq!(ids, [0, 1, 2]);
+    }
+
+    /// A server record written before zones (no `zone` field) still opens, with no zone; a
+    /// registration names its zone, and a later one without a zone clears it.
+    #[test]
+    fn a_server_record_from_before_zones_decodes_with_no_zone() {
+        /// The record as CitronFS wrote it before zones.
+        #[derive(Serialize)]
+        struct Before {
+            id: u32,
+            name: String,
+            fabric: FabricAddr,
+            region: fabric::RegionId,
+            chunks: u64,
+            next_fresh: u64,
+            free_counts: Vec<u64>,
+        }
+        let before = Before {
+            id: 0,
+            name: "ds-0".into(),
+            fabric: addr(),
+            region: fabric::RegionId(1),
+            chunks: 64,
+            next_fresh: 3,
+            free_counts: vec![1, 0, 2, 0, 0],
+        };
+        let old = postcard::to_stdvec(&before).unwrap();
+        let rec = ServerRecord::decode(&old).unwrap();
+        assert_eq!(
+            rec,
+            ServerRecord {
+                id: 0,
+                name: "ds-0".into(),
+                fabric: addr(),
+                region: fabric::RegionId(1),
+                chunks: 64,
+                next_fresh: 3,
+                free_counts: vec![1, 0, 2, 0, 0],
+                zone: None,
+            }
+        );
+        // A record of now round-trips, with or without a zone; damage is still an error.
+        let zoned = ServerRecord {
+            zone: Some("rack-1".into()),
+            ..rec.clone()
+        };
+        assert_eq!(ServerRecord::decode(&enc(&zoned)).unwrap(), zoned);
+        assert_eq!(ServerRecord::decode(&enc(&rec)).unwrap(), rec);
+        assert!(ServerRecord::decode(&old[..old.len() - 3]).is_err());
+
+        // In a store: an old record in the servers tree opens, and the server allocates.
+        let dir = tempfile::tempdir().unwrap();
+        let store = store_in_zones(dir.path(), &[Some("a"), Some("b")]);
+        let max = store.layout().max_order() as usize;
+        let old = postcard::to_stdvec(&Before {
+            id: 0,
+            name: "ds-0".into(),
+            fabric: addr(),
+            region: fabric::RegionId(1),
+            chunks: 64,
+            next_fresh: 0,
+            free_counts: vec![0; max + 1],
+        })
+        .unwrap();
+        store
+            .tx(|tx| {
+                tx.t(T_SERVERS).insert(0u32.to_be_bytes(), old.clone())?;
+                Ok(())
+            })
+            .unwrap();
+        let zones: Vec<Option<String>> = store
+            .servers()
+            .unwrap()
+            .into_iter()
+            .map(|r| r.zone)
+            .collect();
+        assert_eq!(zones, [None, Some("b".to_string())]);
+        assert_eq!(place(&store, 1, 4, 2).len(), 4);
+        // Registering again names the zone; without one, it is cleared.
+        let (rec, _) = store
+            .register_server_in_zone("ds-0", &addr(), fabric::RegionId(1), 64, 1, Some("c"))
+            .unwrap();
+        assert_eq!(rec.zone.as_deref(), Some("c"));
+        assert_eq!(store.servers().unwrap()[0].zone.as_deref(), Some("c"));
+        let (rec, _) = store
+            .register_server("ds-0", &addr(), fabric::RegionId(1), 64, 1)
+            .unwrap();
+        assert_eq!(rec.zone, None);
     }
 }

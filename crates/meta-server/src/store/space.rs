@@ -7,7 +7,7 @@ use super::*;
 impl Tx<'_> {
     pub(super) fn server(&self, id: u32) -> TxResult<ServerRecord> {
         match self.t(T_SERVERS).get(id.to_be_bytes())? {
-            Some(v) => lift(dec(&v, "server record")),
+            Some(v) => lift(ServerRecord::decode(&v)),
             None => abort(corrupt(&format!("data server {id} has no record"))),
         }
     }
@@ -242,7 +242,7 @@ impl Store {
         let Some(v) = self.tree(T_SERVERS).get(id.to_be_bytes()).map_err(db_err)? else {
             return Ok(Vec::new());
         };
-        let rec: ServerRecord = dec(&v, "server record")?;
+        let rec = ServerRecord::decode(&v)?;
         let max = self.layout.max_order();
         let mut out = Vec::new();
         if rec.next_fresh < rec.chunks {
@@ -306,7 +306,7 @@ impl Store {
         let mut out = Vec::new();
         for item in self.tree(T_SERVERS).iter() {
             let (_, v) = item.map_err(db_err)?;
-            out.push(dec(&v, "server record")?);
+            out.push(ServerRecord::decode(&v)?);
         }
         Ok(out)
     }
@@ -420,8 +420,12 @@ impl Store {
     /// chunk's order from the servers in `servers` (the connected ones, by id, each once):
     /// chunk `c`'s first replica prefers server `servers[(ino + c) % n]` (striping), and each
     /// further replica the next server in `servers` (cyclically) that has space, so that the
-    /// `min(replicas, n)` replicas of a chunk are on distinct servers. All or nothing: out of
-    /// space aborts the whole transaction with `NoSpace`. Chunks that exist are returned as
+    /// `min(replicas, n)` replicas of a chunk are on distinct servers. With more than one
+    /// replica, the servers' zones ([`ServerRecord::zone`]) count too: `servers` is taken in
+    /// an order that alternates between zones ([`zone_order`]), and a further replica prefers
+    /// a server in a zone the chunk has no replica in yet, then any other server (fewer zones
+    /// than replicas, or a zone full: logged once). All or nothing: out of space aborts the
+    /// whole transaction with `NoSpace`. Chunks that exist are returned as
     /// [`Store::chunk_map`] returns them (their replicas that hold data).
     pub fn allocate_chunks(
         &self,
@@ -434,7 +438,18 @@ impl Store {
     ) -> Result<Vec<Replicas>, FsError> {
         check_chunk_range(first, count)?;
         let want = replicas.clamp(1, MAX_REPLICAS).min(servers.len().max(1));
-        self.tx(|tx| {
+        // One replica (the common case) reads no server record: zones cannot matter.
+        let zoned = match want {
+            1 => None,
+            _ => Some(self.zones_of(servers)?),
+        };
+        let (servers, zones): (Vec<u32>, Vec<ZoneKey>) = match zoned {
+            Some(zones) => zone_order(servers, zones).into_iter().unzip(),
+            None => (servers.to_vec(), Vec::new()),
+        };
+        let servers = servers.as_slice();
+        let shared_zone = std::cell::Cell::new(false);
+        let placed_sets = self.tx(|tx| {
             let mut attr = tx.inode(ino)?;
             if let Err(e) = check_has_chunks(&attr) {
                 return abort(e);
@@ -482,23 +497,40 @@ impl Store {
                     index: 0,
                 }; MAX_REPLICAS];
                 let mut got = 0;
-                for k in 0..n {
-                    if got == want {
-                        break;
-                    }
-                    let slot = (start + k) % n;
-                    if full[slot] {
-                        continue;
-                    }
-                    match tx.take_block(servers[slot], tx.1.order(c))? {
-                        Some(index) => {
-                            placed[got] = ChunkLoc {
-                                server: servers[slot],
-                                index,
-                            };
-                            got += 1;
+                // Zones: a first pass only over servers in zones the chunk has no replica in
+                // yet, then a pass over the rest; without zones, the second pass alone.
+                let mut used = [usize::MAX; MAX_REPLICAS];
+                let passes: &[bool] = if zones.is_empty() {
+                    &[false]
+                } else {
+                    &[true, false]
+                };
+                for &new_zones_only in passes {
+                    for k in 0..n {
+                        if got == want {
+                            break;
                         }
-                        None => full[slot] = true,
+                        let slot = (start + k) % n;
+                        if full[slot] || used[..got].contains(&slot) {
+                            continue;
+                        }
+                        if new_zones_only && used[..got].iter().any(|&u| zones[u] == zones[slot]) {
+                            continue;
+                        }
+                        match tx.take_block(servers[slot], tx.1.order(c))? {
+                            Some(index) => {
+                                placed[got] = ChunkLoc {
+                                    server: servers[slot],
+                                    index,
+                                };
+                                used[got] = slot;
+                                got += 1;
+                            }
+                            None => full[slot] = true,
+                        }
+                    }
+                    if new_zones_only && got < want {
+                        shared_zone.set(true);
                     }
                 }
                 if got < want {
@@ -513,7 +545,35 @@ impl Store {
                 tx.put_inode(&attr)?;
             }
             Ok(out)
-        })
+        })?;
+        if shared_zone.get()
+            && !self
+                .warned_shared_zone
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            let zones: std::collections::HashSet<&ZoneKey> = zones.iter().collect();
+            tracing::warn!(
+                replicas = want,
+                zones = zones.len(),
+                "some replicas of a chunk share a zone: fewer zones among the live data \
+                 servers than replicas (or a zone's servers are full); they are still on \
+                 distinct servers (logged once)"
+            );
+        }
+        Ok(placed_sets)
+    }
+
+    /// The zone of each of `servers` (by their records).
+    fn zones_of(&self, servers: &[u32]) -> Result<Vec<ZoneKey>, FsError> {
+        servers
+            .iter()
+            .map(
+                |&id| match self.tree(T_SERVERS).get(id.to_be_bytes()).map_err(db_err)? {
+                    Some(v) => Ok(ServerRecord::decode(&v)?.zone_key()),
+                    None => Err(corrupt(&format!("data server {id} has no record"))),
+                },
+            )
+            .collect()
     }
 
     /// The order of dirty block `loc` (`None`: not dirty, recycled already).
@@ -554,6 +614,20 @@ impl Store {
         chunks: u64,
         incarnation: u64,
     ) -> Result<(ServerRecord, u64), FsError> {
+        self.register_server_in_zone(name, fabric, region, chunks, incarnation, None)
+    }
+
+    /// [`Store::register_server`] for a server in failure domain `zone` (recorded as it says
+    /// at each registration: `None` clears a zone it named before).
+    pub fn register_server_in_zone(
+        &self,
+        name: &str,
+        fabric: &FabricAddr,
+        region: fabric::RegionId,
+        chunks: u64,
+        incarnation: u64,
+        zone: Option<&str>,
+    ) -> Result<(ServerRecord, u64), FsError> {
         // The scan is outside the transaction (sled deadlocks a read inside one); registrations
         // and allocations are serialized by the service's state lock, so it stays exact.
         let known = self
@@ -590,6 +664,7 @@ impl Store {
                     rec.fabric = fabric.clone();
                     rec.region = region;
                     rec.chunks = chunks;
+                    rec.zone = zone.map(str::to_owned);
                     rec
                 }
                 None => {
@@ -609,6 +684,7 @@ impl Store {
                         chunks,
                         next_fresh: 0,
                         free_counts: vec![0; tx.1.max_order() as usize + 1],
+                        zone: zone.map(str::to_owned),
                     }
                 }
             };
@@ -636,6 +712,31 @@ impl Store {
         }
         Ok(out)
     }
+}
+
+/// `servers` (with their `zones`) in the order placement walks them: round-robin over the
+/// zones (in the order each first appears), each zone's servers in their order — so that the
+/// next server after any one is in another zone where one is left, and each server follows
+/// about as many others (the replicas spread evenly). Servers all in zones of their own keep
+/// their order.
+pub(crate) fn zone_order(servers: &[u32], zones: Vec<ZoneKey>) -> Vec<(u32, ZoneKey)> {
+    let mut groups: Vec<(ZoneKey, Vec<u32>)> = Vec::new();
+    for (&id, zone) in servers.iter().zip(zones) {
+        match groups.iter_mut().find(|(z, _)| *z == zone) {
+            Some((_, members)) => members.push(id),
+            None => groups.push((zone, vec![id])),
+        }
+    }
+    let mut out = Vec::with_capacity(servers.len());
+    let deepest = groups.iter().map(|(_, m)| m.len()).max().unwrap_or(0);
+    for round in 0..deepest {
+        for (zone, members) in &groups {
+            if let Some(&id) = members.get(round) {
+                out.push((id, zone.clone()));
+            }
+        }
+    }
+    out
 }
 
 /// The error of an I/O touching lost chunk `index` of `ino`.

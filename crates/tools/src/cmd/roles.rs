@@ -347,6 +347,11 @@ pub struct DataArgs {
     /// Keep the data in a file in this directory, so that it survives a restart.
     #[arg(long)]
     backing_dir: Option<PathBuf>,
+    /// The failure domain this server is in (a rack, a host, a power feed; any label): the
+    /// replicas of a chunk go to data servers of distinct zones where there are enough, else to
+    /// distinct servers [default: none, a zone of its own].
+    #[arg(long)]
+    zone: Option<String>,
     /// Serve Prometheus metrics over HTTP at this address (`GET /metrics`; port 0: any free
     /// port, printed at start) [default: none, no metrics].
     #[arg(long)]
@@ -387,6 +392,8 @@ pub struct DataServerConfig {
     pub capacity: Size,
     /// Keep the data in a file in this directory (`None`: memory only).
     pub backing_dir: Option<PathBuf>,
+    /// The failure domain replicas are spread over (`None`: a zone of its own).
+    pub zone: Option<String>,
     /// Where Prometheus metrics are served over HTTP (`None`: nowhere).
     pub metrics: Option<SocketAddr>,
 }
@@ -405,6 +412,7 @@ impl Default for DataServerConfig {
             meta: DEFAULT_META_ADDR.to_string(),
             capacity: DEFAULT_DATA_CAPACITY,
             backing_dir: None,
+            zone: None,
             metrics: None,
         }
     }
@@ -414,6 +422,9 @@ impl DataServerConfig {
     /// The data server's configuration, failing clearly on a missing name or token.
     pub fn server_config(self) -> Result<DataConfig> {
         let name = self.name.context("a data server needs a stable --name")?;
+        if self.zone.as_deref().is_some_and(|z| z.trim().is_empty()) {
+            anyhow::bail!("--zone must not be empty (leave it out for a zone of its own)");
+        }
         let fabric = self.fabric.serve_at(
             self.region_dir
                 .unwrap_or_else(|| default_region_dir(&self.cluster, &name)),
@@ -431,6 +442,7 @@ impl DataServerConfig {
                 Some(dir) => Backing::File { dir },
                 None => Backing::Memory,
             },
+            zone: self.zone,
         })
     }
 }

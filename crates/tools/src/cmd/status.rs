@@ -175,6 +175,7 @@ pub fn render_table(status: &ClusterStatus) -> String {
         &[
             "id",
             "name",
+            "zone",
             "address",
             "incarnation",
             "state",
@@ -189,6 +190,7 @@ pub fn render_table(status: &ClusterStatus) -> String {
             vec![
                 d.id.to_string(),
                 d.name.clone(),
+                d.zone.clone().unwrap_or_else(|| "-".into()),
                 d.address.clone(),
                 d.incarnation.to_string(),
                 if d.live { "live" } else { "DOWN" }.into(),
@@ -286,6 +288,7 @@ mod tests {
             "/var/lib/citronfs/meta",
             "last flush 1.5s ago",
             "data servers (1 live of 2)",
+            "rack-a",
             "DOWN",
             "64.0 MiB",
             "4.0 MiB",

@@ -28,6 +28,11 @@ pub struct UpArgs {
     /// below it.
     #[arg(long, default_value_t = meta_server::DEFAULT_REPLICAS)]
     replicas: usize,
+    /// The failure domain of each data server, in order, comma-separated (e.g. a,a,b,b): the
+    /// replicas of a chunk go to distinct zones where there are enough, else to distinct
+    /// servers. Servers beyond the list name none (a zone of their own each).
+    #[arg(long, value_delimiter = ',')]
+    zones: Vec<String>,
     /// Memory for file data, shared evenly by the data servers (e.g. 512M, 4G). Default: what
     /// fits this machine — a quarter of the memory available now (MemAvailable), no more than
     /// half the free space where the regions live (/dev/shm, or the --state-dir file system),
@@ -124,6 +129,17 @@ pub fn up(args: UpArgs) -> Result<()> {
         args.replicas,
         args.data_servers
     );
+    anyhow::ensure!(
+        args.zones.len() <= args.data_servers,
+        "--zones names {} zones for {} data servers (--data-servers)",
+        args.zones.len(),
+        args.data_servers
+    );
+    anyhow::ensure!(
+        args.zones.iter().all(|z| !z.trim().is_empty()),
+        "--zones {:?}: a zone must not be empty",
+        args.zones.join(",")
+    );
     let servers = args.data_servers as u64;
     let memory = match &args.memory {
         Some(text) => parse_size(text)?,
@@ -162,6 +178,7 @@ pub fn up(args: UpArgs) -> Result<()> {
         state_dir: args.state_dir.clone(),
         scheme,
         replicas: args.replicas,
+        zones: args.zones.clone(),
         ..ClusterSpec::server_defaults()
     })?;
     // A signal that came while the cluster started ends the run once mounted (in order).
