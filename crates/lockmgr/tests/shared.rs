@@ -327,10 +327,10 @@ fn readers_held_across_a_scale_up() {
 
 /// A writer killed holding a leaf (it forgets its lock) leaves bits that only a writer's path
 /// may clear. Readers of that leaf, and no writer, must get their locks within the bound of
-/// `docs/SHARED_LOCKS.md` ("Readers repair a dead writer's leaf": the starvation bound plus
-/// `3·T_lease` per dead leaf for the reads that find the bits; no starvation wait once they are
-/// repaired) and
-/// leave the tree at rest. Dead writers of a leaf, of two leaves, of a node over leaves (whose
+/// `docs/SHARED_LOCKS.md` ("Readers repair a dead writer's leaf": `max(starvation_after,
+/// T_lease / 2) + 2·T_lease` per dead leaf for the reads that find the bits, here within
+/// `starvation_after + 3·T_lease`; no starvation wait once they are repaired) and leave the
+/// tree at rest. Dead writers of a leaf, of two leaves, of a node over leaves (whose
 /// fast path locked its four children whole); readers of part of the leaf, of all of it, of
 /// more; three reader threads at once; with and without the fast path.
 #[test]

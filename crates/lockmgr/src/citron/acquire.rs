@@ -911,10 +911,11 @@ impl CitronClient {
         let mut leaf_fail_since: Option<Instant> = None;
         let mut leaf_backoff = self.backoff();
         let mut one_batch = fastp && node.is_leaf() && !ancs.is_empty();
-        // The leaf's bits under our mask at every failed attempt, while they were the same at
-        // all of them (`None` once they differed): a dead writer's bits stand still
+        // The leaf's bits under our mask at the failed attempts, and since when they read so;
+        // `moved`: they changed since the first. A dead writer's bits stand still
         // (`docs/SHARED_LOCKS.md`, "Readers repair a dead writer's leaf").
-        let mut in_way: Option<Option<u64>> = None;
+        let mut in_way: Option<(u64, Instant)> = None;
+        let mut moved = false;
         loop {
             // Phase (b): occupied ancestors only.
             self.progress.set(Phase::Ancestors);
@@ -1073,18 +1074,27 @@ impl CitronClient {
                 hn.tokens.clear();
                 hn.leaf_register = 0;
                 let bits = c.check & mask;
-                let still = *in_way.get_or_insert(Some(bits)) == Some(bits);
-                if !still {
-                    in_way = Some(None);
+                match in_way {
+                    Some((b, _)) if b == bits => {}
+                    Some(_) => {
+                        moved = true;
+                        in_way = Some((bits, Instant::now()));
+                    }
+                    None => in_way = Some((bits, Instant::now())),
                 }
                 if let Some(o) = self.leaf_failed(node, &mut leaf_fail_since) {
-                    // The same bits for the whole starvation bound: perhaps a dead writer's,
-                    // which only a writer's path may clear. Otherwise writers come and go:
-                    // escalate to the parent as the starvation rule says.
-                    if still && node.parent().in_tree(h) {
+                    // Writers come and go: escalate to the parent as the starvation rule says.
+                    if moved || !node.parent().in_tree(h) {
+                        return Ok(o);
+                    }
+                    // The same bits all along. For `T_lease / 2` — longer than a live writer
+                    // holds its bits while it waits for readers (`T_lease / 4` at most) —
+                    // perhaps a dead writer's, which only a writer's path may clear. Until
+                    // then, a live writer's critical section: keep waiting here (the parent,
+                    // shared, would wait for that writer's notification all the same).
+                    if in_way.is_some_and(|(_, since)| since.elapsed() >= lease_t / 2) {
                         return Ok(Outcome::RepairLeaf(node));
                     }
-                    return Ok(o);
                 }
                 was_fast = false;
                 leaf_backoff.snooze(&mut self.rng);
