@@ -250,8 +250,8 @@ pub fn run(args: &BtioArgs) -> Result<()> {
             "BT-IO class {:?} ({n}³ points, {} KiB per step), {} steps, {} processes on a {side}x{side} \
              grid over {} client(s) via {:?}, {} fabric, {} data servers. Each row of a process \
              is one pwrite of {} B (BT's multipartition: cells of {} points a side); MiB/s counts the write phase of every step; every row was \
-             read back by its writer and compared (the only reads: their locks' mode, {}{}, \
-             is outside the MiB/s).",
+             read back by its writer and compared, outside the MiB/s: the run's only reads, \
+             which locked their ranges {}{}.",
             args.class,
             step_bytes >> 10,
             args.steps,
