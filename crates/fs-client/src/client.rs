@@ -82,6 +82,8 @@ pub(crate) struct Inner {
     pub(crate) geometry: Geometry,
     /// The range-lock scheme of every read and write.
     pub(crate) scheme: LockScheme,
+    /// The mode of a read's range lock ([`MountOptions::read_locks`]).
+    pub(crate) read_locks: lockmgr::LockMode,
     /// The cluster as this client sees it now.
     pub(crate) views: Views,
     /// File handles and the inodes open on this client.
@@ -125,6 +127,7 @@ impl CitronFs {
             meta: meta.clone(),
             geometry,
             scheme: opts.scheme,
+            read_locks: opts.read_locks,
             views: Views::new(meta, opts, geometry, view),
             files,
             pool,

@@ -4,9 +4,13 @@
 //!
 //! 1. check out a worker (`workers`): its own endpoints and lock handles;
 //! 2. **lock** `[off, off+len)` rounded outward to lock units ([`locked`]; an `O_APPEND`
-//!    write locks the whole file) and note the lock's lease deadline. SIZE, GENERATION, MTIME
-//!    and MODE of the file control block (`fcb`) ride in the lock's granting batch
-//!    (`lockmgr::RangeLock::acquire_with`): no round trip of their own;
+//!    write locks the whole file) — **shared for a read** (by default:
+//!    [`crate::MountOptions::read_locks`]), **exclusive for anything that changes the file**
+//!    (write, truncate, fallocate), so overlapping reads hold the range together where the
+//!    scheme shares (CITRON acquired one-sidedly) and no read overlaps a write —
+//!    and note the lock's lease deadline. SIZE, GENERATION, MTIME and MODE of the file
+//!    control block (`fcb`) ride in the lock's granting batch
+//!    (`lockmgr::RangeLock::acquire_mode_with`): no round trip of their own;
 //! 3. find the chunks (`chunks`; a write allocates the missing run with one RPC);
 //! 4. **post the data verbs**, one batch per data server ([`transfer::read`],
 //!    [`transfer::write`]), **checking the lease**: a write's verbs are posted only while
@@ -57,7 +61,9 @@
 //!
 //! Invariants: the lock is held from the batch that read the FCB (its granting batch) until
 //! after the last data verb and the SIZE raise completed; a worker whose verbs or lock release failed is marked broken and
-//! never reused; no shared lock is held while verbs are in flight.
+//! never reused; no lock shared between the client's threads (a mutex) is held while verbs
+//! are in flight. Under a shared range lock a read only reads: its body posts no write verb,
+//! raises nothing in the FCB and sends no RPC that changes the file.
 
 use crate::client::CitronFs;
 use crate::error::Error;
@@ -68,6 +74,7 @@ use crate::locks::WHOLE_FILE;
 use crate::meta::unexpected;
 use crate::transfer::{self, ReadDest};
 use crate::workers::Worker;
+use lockmgr::LockMode;
 use proto::rpc::{Request, Response};
 use proto::{Attr, Caller, FsError, SetAttr, Timestamp};
 use std::ops::Range;
@@ -198,6 +205,7 @@ impl CitronFs {
                 &inner.io,
                 inode,
                 units.clone(),
+                inner.read_locks,
                 None,
                 |w, found, _| {
                     let (size, generation) = (found.size, found.generation);
@@ -435,6 +443,7 @@ impl CitronFs {
             &inner.io,
             &inode,
             units,
+            LockMode::Exclusive,
             Some(now),
             |w, found, mtime| {
                 if kill_suidgid {
@@ -618,6 +627,7 @@ impl CitronFs {
                 &inner.io,
                 inode,
                 WHOLE_FILE,
+                LockMode::Exclusive,
                 None,
                 |w, _, _| match self.locked_call(w, Request::SetAttr { ino, set, caller })? {
                     Response::Attr(attr) => Ok(attr),

@@ -84,7 +84,7 @@ pub use handles::FileHandle;
 pub use io::{Fallocate, SeekTo};
 pub use io_stats::IoStats;
 pub use lockmgr::schemes::Hosting;
-pub use lockmgr::LockScheme;
+pub use lockmgr::{LockMode, LockScheme};
 pub use options::MountOptions;
 pub use proto::records::{RecordClaim, RecordKind, RecordLock};
 pub use proto::rpc::XattrMode;

@@ -17,13 +17,20 @@ use crate::handles::OpenInode;
 use crate::io_stats::IoCounters;
 use crate::locks::file_range;
 use crate::workers::Worker;
-use lockmgr::LockStats;
+use lockmgr::{LockMode, LockStats};
 use std::ops::Range;
 use std::sync::Arc;
 
-/// Runs `body` holding units `units` of `inode` locked, with the file's FCB words as the
-/// acquisition found them; releases after it, whatever it returned. A failed acquisition
+/// Runs `body` holding units `units` of `inode` locked in `mode`, with the file's FCB words as
+/// the acquisition found them; releases after it, whatever it returned. A failed acquisition
 /// or release marks the worker broken (its lock handle is in doubt).
+///
+/// `mode`: [`LockMode::Shared`] for a body that only reads (a read: no data verb that writes,
+/// no MTIME raise, no RPC that changes the file), so that overlapping reads of several
+/// clients hold the range together where the scheme shares
+/// (`lockmgr::RangeLock::acquire_mode_with`); [`LockMode::Exclusive`] for anything that
+/// changes the file. A shared grant still excludes every writer of an overlapping range, so
+/// a read never sees a torn write. `touch` must be `None` with a shared lock.
 ///
 /// `touch` (a write's start time) asks for MTIME to be raised to it ([`MtimeRaise`]): at
 /// the head of the release batch where the release is one-sided verbs that carry it for
@@ -42,9 +49,14 @@ pub(crate) fn locked<T>(
     io: &IoCounters,
     inode: &Arc<OpenInode>,
     units: Range<u64>,
+    mode: LockMode,
     touch: Option<u64>,
     body: impl FnOnce(&mut Worker, Fcb, Option<u64>) -> Result<T, Error>,
 ) -> Result<T, Error> {
+    debug_assert!(
+        mode == LockMode::Exclusive || touch.is_none(),
+        "a shared lock never raises MTIME"
+    );
     let range = file_range(w.locks.scheme(), inode.ino, units)?;
     let before = io.start(w);
     let mut extra = std::mem::take(&mut w.batch);
@@ -58,7 +70,7 @@ pub(crate) fn locked<T>(
         false => (None, touch),
     };
     let acquired = lock
-        .acquire_with(range, &extra, &mut out, &mut *w.meta_ep)
+        .acquire_mode_with(range, mode, &extra, &mut out, &mut *w.meta_ep)
         .map(|id| (id, lock.lease_deadline(id)));
     let (id, lease) = match acquired {
         Ok(held) => held,

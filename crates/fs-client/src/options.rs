@@ -1,7 +1,7 @@
 //! [`MountOptions`]: how a client reaches its cluster and locks its files.
 
 use lockmgr::schemes::Hosting;
-use lockmgr::LockScheme;
+use lockmgr::{LockMode, LockScheme};
 
 /// How to reach a cluster and how to lock files.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -27,6 +27,12 @@ pub struct MountOptions {
     /// otherwise. [`Hosting::Never`] acquires one-sided always (tests that kill a client in the
     /// middle of the protocol).
     pub lock_hosting: Hosting,
+    /// The mode of a read's range lock: [`LockMode::Shared`] by default, so that overlapping
+    /// reads hold their ranges together where the scheme shares (`docs/SHARED_LOCKS.md`,
+    /// "Through the file system"); [`LockMode::Exclusive`] takes them as writes are taken
+    /// (the behaviour before shared reads, kept for comparison: `--read-locks exclusive`).
+    /// Writes, truncates and fallocate are exclusive always.
+    pub read_locks: LockMode,
 }
 
 impl MountOptions {
@@ -49,6 +55,7 @@ impl MountOptions {
             host: hostname(),
             fabric_timeouts: fabric::TcpTimeouts::DEFAULT,
             lock_hosting: Hosting::Auto,
+            read_locks: LockMode::Shared,
         }
     }
 }

@@ -64,8 +64,12 @@ pub enum LockError {
 }
 
 /// How a lock is held: exclusive (a writer: no other holder overlaps it) or shared (a reader:
-/// other shared holders may overlap it, no exclusive one may).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+/// other shared holders may overlap it, no exclusive one may). Spelled `exclusive` and `shared`
+/// in configuration files, on command lines ([`std::str::FromStr`]) and in reports.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum LockMode {
     /// No other holder of an overlapping range.
     #[default]
@@ -80,6 +84,27 @@ impl LockMode {
         match self {
             LockMode::Exclusive => "exclusive",
             LockMode::Shared => "shared",
+        }
+    }
+}
+
+impl std::fmt::Display for LockMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for LockMode {
+    type Err = String;
+
+    /// `exclusive` or `shared`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "exclusive" => Ok(LockMode::Exclusive),
+            "shared" => Ok(LockMode::Shared),
+            other => Err(format!(
+                "unknown lock mode {other:?} (expected shared or exclusive)"
+            )),
         }
     }
 }
@@ -154,6 +179,26 @@ pub trait RangeLock: Send {
             return Err(e.into());
         }
         Ok(id)
+    }
+
+    /// [`RangeLock::acquire_with`] in `mode`: the lock as [`RangeLock::acquire_mode`] grants
+    /// it, `extra` carried (or executed on `fallback`) as [`RangeLock::acquire_with`] does,
+    /// under the same invariant. A shared grant excludes every exclusive holder of an
+    /// overlapping range, so values `extra` reads are no writer's half-done work.
+    ///
+    /// This default takes every request exclusively through [`RangeLock::acquire_with`] (a
+    /// stronger lock, never a wrong one), so that a scheme's own way of carrying verbs is kept;
+    /// the schemes with a shared mode that carry verbs (CITRON, one-sided) override it.
+    fn acquire_mode_with(
+        &mut self,
+        range: Range<u64>,
+        mode: LockMode,
+        extra: &Batch,
+        out: &mut Completions,
+        fallback: &mut dyn Endpoint,
+    ) -> Result<LockId, LockError> {
+        let _ = mode;
+        self.acquire_with(range, extra, out, fallback)
     }
 
     /// [`RangeLock::release`], executing the caller's verbs `extra` **before** the release

@@ -324,3 +324,97 @@ fn readers_held_across_a_scale_up() {
     let mut b = t.join().unwrap();
     assert_rest(&mut b);
 }
+
+/// A writer killed holding a leaf (it forgets its lock) leaves bits that only a writer's path
+/// may clear. Readers of that leaf, and no writer, must get their locks within the bound of
+/// `docs/SHARED_LOCKS.md` ("Readers repair a dead writer's leaf": `max(starvation_after,
+/// T_lease / 2) + 2·T_lease` per dead leaf for the reads that find the bits, here within
+/// `starvation_after + 3·T_lease`; no starvation wait once they are repaired) and leave the
+/// tree at rest. Dead writers of a leaf, of two leaves, of a node over leaves (whose
+/// fast path locked its four children whole); readers of part of the leaf, of all of it, of
+/// more; three reader threads at once; with and without the fast path.
+#[test]
+fn readers_repair_a_dead_writers_leaf() {
+    const STARVE: Duration = Duration::from_millis(40);
+    const THREADS: usize = 3;
+    const READS: usize = 8;
+    for fast_path in [true, false] {
+        // (dead writer's range, readers' range, leases more for a dead internal node: its
+        // `Occ` is broken as for writers, `docs/SHARED_LOCKS.md` "Lease recovery").
+        for (dead, read, extra) in [
+            (10..20, 12..13, 0),
+            (10..20, 0..64, 0),
+            (60..70, 60..70, 0),
+            (256..512, 300..301, 4),
+            (100..101, 90..130, 0),
+        ] {
+            let citron = setup(
+                lease_config(1 << 12, LEASE),
+                ClientOptions {
+                    starvation_after: STARVE,
+                    fast_path,
+                    ..Default::default()
+                },
+            );
+            let mut w = citron.client().unwrap();
+            let id = w.acquire(dead.clone()).unwrap();
+            w.forget(id).unwrap();
+            let readers: Vec<_> = (0..THREADS)
+                .map(|_| {
+                    let mut c = citron.client().unwrap();
+                    let read = read.clone();
+                    std::thread::spawn(move || {
+                        let mut took = Vec::new();
+                        for _ in 0..READS {
+                            let start = Instant::now();
+                            let id = c.acquire_mode(read.clone(), LockMode::Shared).unwrap();
+                            took.push(start.elapsed());
+                            c.release(id).unwrap();
+                        }
+                        (took, c.stats().recoveries)
+                    })
+                })
+                .collect();
+            let mut slow = 0;
+            let mut recoveries = 0;
+            for t in readers {
+                let (took, rec) = t.join().unwrap();
+                recoveries += rec;
+                // Each dead leaf in the read's way is repaired on its own.
+                let leaves = (dead.start.max(read.start) / 64..dead.end.min(read.end).div_ceil(64))
+                    .count() as u32;
+                for d in &took {
+                    assert!(
+                        *d < (STARVE + LEASE * 3) * leaves.max(1) + LEASE * extra,
+                        "fast_path={fast_path}: read {read:?} after dead writer {dead:?} took {d:?}"
+                    );
+                }
+                slow += took.iter().filter(|d| **d >= STARVE).count();
+                eprintln!(
+                    "fast_path={fast_path} dead {dead:?} read {read:?}: {:?}",
+                    took.iter().map(|d| d.as_millis()).collect::<Vec<_>>()
+                );
+            }
+            // The reads that found the bits (at most one per thread, and a few for a dead
+            // writer of two leaves) waited; the rest took no starvation wait.
+            assert!(
+                slow <= 2 * THREADS,
+                "fast_path={fast_path}: {slow} of {} reads of {read:?} waited out the starvation bound after dead writer {dead:?}",
+                THREADS * READS
+            );
+            assert!(recoveries >= 1, "no reader repaired the leaf of {dead:?}");
+            // No writer came: readers alone bring the tree back to rest. What the dead writer
+            // left where these readers did not need it is repaired lazily by the next reader
+            // that does, as by writers: readers of each leaf of its range (the other children
+            // its fast path locked whole), then of everything (its notifications above the
+            // leaves' parents, which only a wider lock's window holds).
+            let mut c = citron.client().unwrap();
+            let leaves = (dead.start / 64..dead.end.div_ceil(64)).map(|p| p * 64..p * 64 + 64);
+            for sweep in leaves.chain(std::iter::once(0..4096)) {
+                let id = c.acquire_mode(sweep, LockMode::Shared).unwrap();
+                c.release(id).unwrap();
+            }
+            assert_rest(&mut c);
+        }
+    }
+}

@@ -5,8 +5,9 @@
 
 use std::process::Command;
 
-/// Runs `citronfs bench ARGS --json` and returns its results, one per scheme, in order.
-fn bench(args: &[&str]) -> Vec<serde_json::Value> {
+/// Runs `citronfs bench ARGS --json` and returns its results, one per scheme (and read-lock
+/// mode), in order; their schemes must be `schemes`.
+fn bench_of(args: &[&str], schemes: &[&str]) -> Vec<serde_json::Value> {
     let out = Command::new(env!("CARGO_BIN_EXE_citronfs"))
         .arg("bench")
         .args(args)
@@ -23,12 +24,17 @@ fn bench(args: &[&str]) -> Vec<serde_json::Value> {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    let schemes: Vec<&str> = results
+    let got: Vec<&str> = results
         .iter()
         .map(|r| r["scheme"].as_str().unwrap())
         .collect();
-    assert_eq!(schemes, ["citron", "mutex", "seg", "server"]);
+    assert_eq!(got, schemes);
     results
+}
+
+/// [`bench_of`] with every scheme once.
+fn bench(args: &[&str]) -> Vec<serde_json::Value> {
+    bench_of(args, &["citron", "mutex", "seg", "server"])
 }
 
 #[test]
@@ -66,6 +72,39 @@ fn oltp_small_run_checks_every_read_through_client_processes() {
     for r in &results {
         assert!(r["reads"].as_u64().unwrap() > 0, "{r}");
         assert!(r["ops_per_s"].as_f64().unwrap() > 0.0, "{r}");
+        assert_eq!(r["read_locks"], "shared", "{r}");
+    }
+}
+
+/// `--read-locks shared,exclusive`: each scheme runs with reads locked shared, then exclusive,
+/// both in the report.
+#[test]
+fn oltp_runs_each_read_lock_mode_side_by_side() {
+    if let Some(why) = testkit::fuse_unavailable() {
+        testkit::skip(testkit::Need::Fuse, &why);
+        return;
+    }
+    let results = bench_of(
+        &[
+            "oltp",
+            "--clients",
+            "1",
+            "--duration",
+            "1",
+            "--scheme",
+            "citron,mutex",
+            "--read-locks",
+            "shared,exclusive",
+        ],
+        &["citron", "citron", "mutex", "mutex"],
+    );
+    let modes: Vec<&str> = results
+        .iter()
+        .map(|r| r["read_locks"].as_str().unwrap())
+        .collect();
+    assert_eq!(modes, ["shared", "exclusive", "shared", "exclusive"]);
+    for r in &results {
+        assert!(r["reads"].as_u64().unwrap() > 0, "{r}");
     }
 }
 

@@ -117,6 +117,10 @@ pub(crate) enum Outcome {
     Escalate(Node, Why),
     /// Undone; give back every node of the request and start over (deadlock avoidance).
     Restart,
+    /// Undone (a reader): the bits of this leaf that kept it out stood still for the
+    /// starvation bound. Give back every node of the request, take the writer's path that
+    /// repairs a dead writer's leaf (`repair_leaf_as_writer`), then start over in shared mode.
+    RepairLeaf(Node),
 }
 
 /// Result of waiting for a bakery ticket (`wait_ticket`).
@@ -292,6 +296,8 @@ impl CitronClient {
         let mut pending: VecDeque<Node> = split(root, l, r, self.opts.k).into();
         let mut origin_leaf: Option<Node> = None;
         let mut restart_backoff = self.backoff();
+        // Leaves a reader took the writer's path to repair (`Outcome::RepairLeaf`).
+        let mut repaired: Vec<Node> = Vec::new();
         // l. 6-7: ascending order, each until acquired.
         while let Some(first) = pending.pop_front() {
             let mut target = first;
@@ -313,11 +319,35 @@ impl CitronClient {
                     Outcome::Escalate(_, Why::Starvation(_)) => 4,
                     Outcome::Aborted(_) | Outcome::Escalate(..) => 3,
                     Outcome::Restart => 5,
+                    Outcome::RepairLeaf(_) => 9,
                 };
                 if why != 0 {
                     self.progress.aborted(why);
                 }
+                let outcome = match outcome {
+                    // Once per leaf and acquisition: a reader whose leaf is still in the way
+                    // after a repair (live writers kept coming) escalates as readers do.
+                    Outcome::RepairLeaf(leaf) if repaired.contains(&leaf) => {
+                        Outcome::Escalate(leaf.parent(), Why::Starvation(leaf))
+                    }
+                    o => o,
+                };
                 match outcome {
+                    Outcome::RepairLeaf(leaf) => {
+                        *fast = false;
+                        repaired.push(leaf);
+                        self.stats.retries += 1;
+                        self.stats.starvation_escalations += 1;
+                        let all = std::mem::take(&mut held.nodes);
+                        self.release_parts(&all, None)?;
+                        self.repair_leaf_as_writer(leaf)?;
+                        let root = Node::root(self.rec.height);
+                        pending = split(root, l, r, self.opts.k).into();
+                        match pending.pop_front() {
+                            Some(n) => target = n,
+                            None => break,
+                        }
+                    }
                     Outcome::Restart => {
                         *fast = false;
                         self.stats.retries += 1;
@@ -881,6 +911,11 @@ impl CitronClient {
         let mut leaf_fail_since: Option<Instant> = None;
         let mut leaf_backoff = self.backoff();
         let mut one_batch = fastp && node.is_leaf() && !ancs.is_empty();
+        // The leaf's bits under our mask at the failed attempts, and since when they read so;
+        // `moved`: they changed since the first. A dead writer's bits stand still
+        // (`docs/SHARED_LOCKS.md`, "Readers repair a dead writer's leaf").
+        let mut in_way: Option<(u64, Instant)> = None;
+        let mut moved = false;
         loop {
             // Phase (b): occupied ancestors only.
             self.progress.set(Phase::Ancestors);
@@ -1038,8 +1073,28 @@ impl CitronClient {
                 self.release_parts(&[hn.clone()], None)?;
                 hn.tokens.clear();
                 hn.leaf_register = 0;
+                let bits = c.check & mask;
+                match in_way {
+                    Some((b, _)) if b == bits => {}
+                    Some(_) => {
+                        moved = true;
+                        in_way = Some((bits, Instant::now()));
+                    }
+                    None => in_way = Some((bits, Instant::now())),
+                }
                 if let Some(o) = self.leaf_failed(node, &mut leaf_fail_since) {
-                    return Ok(o);
+                    // Writers come and go: escalate to the parent as the starvation rule says.
+                    if moved || !node.parent().in_tree(h) {
+                        return Ok(o);
+                    }
+                    // The same bits all along. For `T_lease / 2` — longer than a live writer
+                    // holds its bits while it waits for readers (`T_lease / 4` at most) —
+                    // perhaps a dead writer's, which only a writer's path may clear. Until
+                    // then, a live writer's critical section: keep waiting here (the parent,
+                    // shared, would wait for that writer's notification all the same).
+                    if in_way.is_some_and(|(_, since)| since.elapsed() >= lease_t / 2) {
+                        return Ok(Outcome::RepairLeaf(node));
+                    }
                 }
                 was_fast = false;
                 leaf_backoff.snooze(&mut self.rng);
@@ -1066,6 +1121,41 @@ impl CitronClient {
             self.wait_window(node, m, &mut hn, true)?;
             return Ok(Outcome::Acquired(Box::new(hn), was_fast));
         }
+    }
+
+    /// A reader found `leaf`'s bits in its way, unchanged, for the starvation bound
+    /// (`Outcome::RepairLeaf`): it takes the path a writer takes after a starvation escalation
+    /// from that leaf — the parent, exclusively (`lock_node`, with all of its recovery) — and,
+    /// holding it, repairs the leaf as that writer would (`repair_leaf`: bits that stand still
+    /// for `T_lease` under an exclusive parent are a dead client's), then gives the parent back.
+    /// The caller holds nothing of its request meanwhile (it gave it back) and starts over in
+    /// shared mode. Never zeroes a live writer's bits: it *is* the writer's path, entered by a
+    /// reader (`docs/SHARED_LOCKS.md`, "Readers repair a dead writer's leaf").
+    fn repair_leaf_as_writer(&mut self, leaf: Node) -> Result<(), LockError> {
+        let parent = leaf.parent();
+        let leaf_addr = self.node_addr(leaf)?;
+        let mode = self.mode;
+        self.mode = crate::LockMode::Exclusive;
+        let mut held = Held::default();
+        let mut fast = true;
+        tracing::debug!(
+            ?leaf,
+            "lock tree leaf: a reader takes the writer's path to repair it"
+        );
+        let mut result = self.acquire_on_tree(parent.start(), parent.end(), &mut held, &mut fast);
+        if result.is_ok() {
+            // Bits the fast path (§3.8) set in the leaf are ours (see `acquire_on_tree`).
+            let ours = held.nodes.iter().any(|h| h.children.contains(&leaf_addr));
+            if !ours {
+                result = self.repair_leaf(leaf);
+            }
+        }
+        let released = self.release_parts(&held.nodes, None);
+        self.mode = mode;
+        // The exclusive path's own bookkeeping of leaf readers is not the caller's.
+        self.leaf_readers_seen = None;
+        result?;
+        released
     }
 
     /// A leaf's masked CAS failed (l. 22): count it, and escalate to the parent once it has kept

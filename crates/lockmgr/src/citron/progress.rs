@@ -72,7 +72,7 @@ pub struct Progress {
 }
 
 /// Reasons an attempt is given up, as [`ProgressSnapshot::last_abort`] names them.
-pub const WHY: [&str; 9] = [
+pub const WHY: [&str; 10] = [
     "none",
     "time limit (inequality (1))",
     "scale-up (Exp)",
@@ -82,6 +82,7 @@ pub const WHY: [&str; 9] = [
     "occupied ancestor (one-batch leaf)",
     "lease deadline passed before the grant",
     "passed over by a lease recovery",
+    "a reader repairs a leaf as a writer (bits stood still)",
 ];
 
 /// A copy of a [`Progress`] at one moment.

@@ -18,7 +18,7 @@ use clap::{Args, ValueEnum};
 use cluster::{Cluster, ClusterSpec};
 use fabric::Backend;
 use hdrhistogram::Histogram;
-use lockmgr::LockScheme;
+use lockmgr::{LockMode, LockScheme};
 use serde::Serialize;
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
@@ -77,10 +77,15 @@ pub struct BtioArgs {
     common: WorkloadArgs,
 }
 
-/// The result of one scheme.
+/// The result of one scheme and read-lock mode.
 #[derive(Debug, Serialize)]
 struct BtioResult {
     scheme: String,
+    /// How reads (the verification's) locked their ranges (`MountOptions::read_locks`).
+    read_locks: LockMode,
+    /// The run's name in the table and the plot.
+    #[serde(skip)]
+    label: String,
     class: Class,
     procs: u64,
     clients: usize,
@@ -97,7 +102,7 @@ struct BtioResult {
     mib_per_s: f64,
     p50_us: f64,
     p99_us: f64,
-    /// This scheme's bandwidth over citron's (citron: 1).
+    /// This run's bandwidth over citron's with the first read-lock mode asked for (that one: 1).
     vs_citron: Option<f64>,
 }
 
@@ -144,6 +149,7 @@ pub fn run(args: &BtioArgs) -> Result<()> {
     anyhow::ensure!(args.common.clients >= 1, "--clients must be at least 1");
     anyhow::ensure!(args.steps >= 1, "--steps must be at least 1");
     anyhow::ensure!(!args.common.scheme.is_empty(), "--scheme is empty");
+    anyhow::ensure!(!args.common.read_locks.is_empty(), "--read-locks is empty");
     let n = args.class.n();
     let step_bytes = n * n * n * POINT;
     let file_bytes = step_bytes * args.steps;
@@ -157,21 +163,25 @@ pub fn run(args: &BtioArgs) -> Result<()> {
         ..ClusterSpec::server_defaults()
     })?;
 
-    let run = Run::start(
-        args.common.json,
-        args.common.scheme.len() as u64 * args.steps,
-    )?;
+    let runs = args.common.runs();
+    let run = Run::start(args.common.json, runs.len() as u64 * args.steps)?;
     let mut results: Vec<BtioResult> = Vec::new();
-    for &scheme in &args.common.scheme {
+    for (scheme, reads) in runs {
         run.check()?;
-        run.say(format!(
-            "{scheme}: starting {} clients",
-            args.common.clients
-        ));
-        let clients = Clients::start(&cluster, scheme, args.common.clients, args.common.via)?;
+        let label = args.common.label(scheme, reads);
+        run.say(format!("{label}: starting {} clients", args.common.clients));
+        let clients = Clients::start(
+            &cluster,
+            scheme,
+            reads,
+            args.common.clients,
+            args.common.via,
+        )?;
         let name = format!("btio-{}.dat", scheme.name());
-        let r = run_scheme(args, &clients, &name, scheme, &run)
-            .with_context(|| format!("scheme {scheme}"))?;
+        let mut r = run_scheme(args, &clients, &name, scheme, &run)
+            .with_context(|| format!("scheme {label}"))?;
+        r.read_locks = reads;
+        r.label = label;
         clients.remove(&name)?;
         drop(clients);
         results.push(r);
@@ -179,12 +189,14 @@ pub fn run(args: &BtioArgs) -> Result<()> {
     run.finish();
     let citron = results
         .iter()
-        .find(|r| r.scheme == LockScheme::CITRON.to_string())
+        .find(|r| {
+            r.scheme == LockScheme::CITRON.to_string() && r.read_locks == args.common.read_locks[0]
+        })
         .map(|r| r.mib_per_s);
     if let Some(path) = &args.common.plot {
         let groups: Vec<(String, Vec<Option<f64>>)> = results
             .iter()
-            .map(|r| (r.scheme.clone(), vec![Some(r.mib_per_s)]))
+            .map(|r| (r.label.clone(), vec![Some(r.mib_per_s)]))
             .collect();
         crate::plot::bars(
             path,
@@ -206,13 +218,22 @@ pub fn run(args: &BtioArgs) -> Result<()> {
     }
     let mut report = Report::new(
         args.common.json,
-        &["scheme", "MiB/s", "vs citron", "p50 µs", "p99 µs", "writes"],
+        &[
+            "scheme",
+            "reads",
+            "MiB/s",
+            "vs citron",
+            "p50 µs",
+            "p99 µs",
+            "writes",
+        ],
     );
     for mut r in results {
         r.vs_citron = citron.filter(|&c| c > 0.0).map(|c| r.mib_per_s / c);
         report.add(
             vec![
                 r.scheme.clone(),
+                r.read_locks.to_string(),
                 fmt_f(r.mib_per_s, 1),
                 fmt_opt(r.vs_citron, 2),
                 fmt_f(r.p50_us, 1),
@@ -229,7 +250,8 @@ pub fn run(args: &BtioArgs) -> Result<()> {
             "BT-IO class {:?} ({n}³ points, {} KiB per step), {} steps, {} processes on a {side}x{side} \
              grid over {} client(s) via {:?}, {} fabric, {} data servers. Each row of a process \
              is one pwrite of {} B (BT's multipartition: cells of {} points a side); MiB/s counts the write phase of every step; every row was \
-             read back by its writer and compared.",
+             read back by its writer and compared, outside the MiB/s: the run's only reads, \
+             which locked their ranges {}{}.",
             args.class,
             step_bytes >> 10,
             args.steps,
@@ -240,6 +262,8 @@ pub fn run(args: &BtioArgs) -> Result<()> {
             args.common.data_servers,
             n / side * POINT,
             n / side,
+            args.common.read_locks.iter().map(|m| m.name()).collect::<Vec<_>>().join(", then "),
+            super::oltp::READS_NOTE,
         );
     }
     cluster.shutdown()
@@ -351,6 +375,8 @@ fn run_scheme(
     let us = |q: f64| hist.value_at_quantile(q) as f64 / 1000.0;
     Ok(BtioResult {
         scheme: scheme.to_string(),
+        read_locks: LockMode::Shared,
+        label: scheme.to_string(),
         class: args.class,
         procs: args.procs,
         clients: args.common.clients,

@@ -7,7 +7,7 @@
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use cluster::Cluster;
-use fs_client::{CitronFs, FileHandle, LockScheme};
+use fs_client::{CitronFs, FileHandle, LockMode, LockScheme};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -35,6 +35,12 @@ pub struct WorkloadArgs {
     #[arg(long, value_delimiter = ',', default_value = "citron,mutex,seg,server",
           value_parser = clap::value_parser!(LockScheme))]
     pub scheme: Vec<LockScheme>,
+    /// How reads lock their ranges, comma-separated: each scheme runs once per mode, on fresh
+    /// files (shared: overlapping reads run together where the scheme shares; exclusive: as
+    /// writes, the behaviour before shared reads). `shared,exclusive` compares them.
+    #[arg(long, value_delimiter = ',', default_value = "shared",
+          value_parser = clap::value_parser!(LockMode))]
+    pub read_locks: Vec<LockMode>,
     /// Through FUSE mounts (client processes) or the client library (no FUSE).
     #[arg(long, value_enum, default_value = "fuse")]
     pub via: Via,
@@ -47,6 +53,26 @@ pub struct WorkloadArgs {
     /// One JSON object per result instead of the table.
     #[arg(long)]
     pub json: bool,
+}
+
+impl WorkloadArgs {
+    /// The runs asked for, in order: every scheme, each with every read-lock mode.
+    pub fn runs(&self) -> Vec<(LockScheme, LockMode)> {
+        self.scheme
+            .iter()
+            .flat_map(|&s| self.read_locks.iter().map(move |&m| (s, m)))
+            .collect()
+    }
+
+    /// The name of one run in tables and plots: the scheme, and its reads' mode when more than
+    /// one was asked for.
+    pub fn label(&self, scheme: LockScheme, reads: LockMode) -> String {
+        if self.read_locks.len() > 1 {
+            format!("{scheme} ({reads} reads)")
+        } else {
+            scheme.to_string()
+        }
+    }
 }
 
 /// One open file as a workload thread sees it: positional reads and writes.
@@ -174,14 +200,27 @@ fn is_fuse_mount(dir: &Path) -> bool {
 }
 
 impl Clients {
-    /// Starts `count` clients of `cluster` with lock scheme `scheme`: `citronfs mount`
-    /// processes (this same executable) or library instances.
-    pub fn start(cluster: &Cluster, scheme: LockScheme, count: usize, via: Via) -> Result<Clients> {
+    /// Starts `count` clients of `cluster` with lock scheme `scheme`, their reads locking in
+    /// mode `reads` (`MountOptions::read_locks`): `citronfs mount` processes (this same
+    /// executable) or library instances.
+    pub fn start(
+        cluster: &Cluster,
+        scheme: LockScheme,
+        reads: LockMode,
+        count: usize,
+        via: Via,
+    ) -> Result<Clients> {
         anyhow::ensure!(count >= 1, "at least one client is needed");
         let kind = match via {
             Via::Library => ClientsKind::Library(
                 (0..count)
-                    .map(|_| cluster.connect(scheme).map(Arc::new))
+                    .map(|_| {
+                        let mut options = cluster.options(scheme);
+                        options.read_locks = reads;
+                        CitronFs::connect(options).map(Arc::new).map_err(|e| {
+                            anyhow::anyhow!("cannot open a session with the cluster: {e}")
+                        })
+                    })
                     .collect::<Result<_>>()?,
             ),
             Via::Fuse => {
@@ -210,6 +249,8 @@ impl Clients {
                         .arg(cluster.name())
                         .arg("--scheme")
                         .arg(scheme.to_string())
+                        .arg("--read-locks")
+                        .arg(reads.to_string())
                         .arg(dir.path())
                         .env("CITRONFS_TOKEN", cluster.token())
                         .stdin(Stdio::null())

@@ -573,7 +573,13 @@ fn replay_io(
     for scheme in schemes {
         run.check()?;
         run.say(scheme.to_string());
-        let clients = Clients::start(&cluster, scheme, args.clients, args.via)?;
+        let clients = Clients::start(
+            &cluster,
+            scheme,
+            fs_client::LockMode::Shared,
+            args.clients,
+            args.via,
+        )?;
         let name = format!("io500-hard-{}.dat", scheme.name());
         let seed = 0x10500 + results.len() as u64;
         let files: Vec<Arc<dyn SharedFile>> = (0..procs)

@@ -1,5 +1,6 @@
 //! `citronfs bench oltp`: the distributed Filebench OLTP workload of CITRON §4.3.2 (Table 2)
-//! on CitronFS, every lock scheme in one run.
+//! on CitronFS, every lock scheme in one run (and, with `--read-locks shared,exclusive`, each
+//! with reads taking shared range locks and exclusive ones).
 //!
 //! Ten data files and one log file of 10 MB, shared by every client. Each client runs one log
 //! writer, ten data writers and fifty readers (threads of this process, each using its client's
@@ -18,7 +19,7 @@ use clap::Args;
 use cluster::{Cluster, ClusterSpec};
 use fabric::Backend;
 use hdrhistogram::Histogram;
-use lockmgr::LockScheme;
+use lockmgr::{LockMode, LockScheme};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -53,10 +54,15 @@ pub struct OltpArgs {
     common: WorkloadArgs,
 }
 
-/// The result of one scheme.
+/// The result of one scheme and read-lock mode.
 #[derive(Debug, Serialize)]
 struct OltpResult {
     scheme: String,
+    /// How reads locked their ranges (`MountOptions::read_locks`).
+    read_locks: LockMode,
+    /// The run's name in the table and the plot.
+    #[serde(skip)]
+    label: String,
     clients: usize,
     via: Via,
     fabric: &'static str,
@@ -70,9 +76,9 @@ struct OltpResult {
     reader_p99_us: f64,
     writer_p99_us: f64,
     log_p99_us: f64,
-    /// Throughput over citron's.
+    /// Throughput over citron's (with the first read-lock mode asked for).
     ops_vs_citron: Option<f64>,
-    /// Reader p99 over citron's.
+    /// Reader p99 over citron's (with the first read-lock mode asked for).
     reader_p99_vs_citron: Option<f64>,
 }
 
@@ -111,6 +117,7 @@ pub fn run(args: &OltpArgs) -> Result<()> {
         "--duration must be positive"
     );
     anyhow::ensure!(!args.common.scheme.is_empty(), "--scheme is empty");
+    anyhow::ensure!(!args.common.read_locks.is_empty(), "--read-locks is empty");
     let per_server =
         (FILE_BYTES * (DATA_FILES as u64 + 1) * 2) / args.common.data_servers as u64 + (64 << 20);
     let cluster = Cluster::start(ClusterSpec {
@@ -121,18 +128,25 @@ pub fn run(args: &OltpArgs) -> Result<()> {
         lock_server: args.common.scheme.iter().any(LockScheme::uses_service),
         ..ClusterSpec::server_defaults()
     })?;
-    let run = Run::start(args.common.json, args.common.scheme.len() as u64)?;
+    let runs = args.common.runs();
+    let run = Run::start(args.common.json, runs.len() as u64)?;
     let mut results = Vec::new();
-    for &scheme in &args.common.scheme {
+    for (scheme, reads) in runs {
         run.check()?;
-        run.say(format!(
-            "{scheme}: starting {} clients",
-            args.common.clients
-        ));
-        let clients = Clients::start(&cluster, scheme, args.common.clients, args.common.via)?;
-        run.say(format!("{scheme}: running"));
-        let r = run_scheme(args, &clients, scheme, run.stop())
-            .with_context(|| format!("scheme {scheme}"))?;
+        let label = args.common.label(scheme, reads);
+        run.say(format!("{label}: starting {} clients", args.common.clients));
+        let clients = Clients::start(
+            &cluster,
+            scheme,
+            reads,
+            args.common.clients,
+            args.common.via,
+        )?;
+        run.say(format!("{label}: running"));
+        let mut r = run_scheme(args, &clients, scheme, run.stop())
+            .with_context(|| format!("scheme {label}"))?;
+        r.read_locks = reads;
+        r.label = label;
         for f in file_names(scheme) {
             clients.remove(&f)?;
         }
@@ -143,14 +157,16 @@ pub fn run(args: &OltpArgs) -> Result<()> {
     run.finish();
     let citron = results
         .iter()
-        .find(|r| r.scheme == LockScheme::CITRON.to_string())
+        .find(|r| {
+            r.scheme == LockScheme::CITRON.to_string() && r.read_locks == args.common.read_locks[0]
+        })
         .map(|r| (r.ops_per_s, r.reader_p99_us));
     if let Some(path) = &args.common.plot {
         let groups: Vec<(String, Vec<Option<f64>>)> = results
             .iter()
             .map(|r| {
                 (
-                    r.scheme.clone(),
+                    r.label.clone(),
                     vec![Some(r.reader_p99_us), Some(r.writer_p99_us)],
                 )
             })
@@ -175,6 +191,7 @@ pub fn run(args: &OltpArgs) -> Result<()> {
         args.common.json,
         &[
             "scheme",
+            "reads",
             "ops/s",
             "vs citron",
             "reader p50 µs",
@@ -193,6 +210,7 @@ pub fn run(args: &OltpArgs) -> Result<()> {
         report.add(
             vec![
                 r.scheme.clone(),
+                r.read_locks.to_string(),
                 format!("{:.0}", r.ops_per_s),
                 ratio(r.ops_vs_citron),
                 fmt_f(r.reader_p50_us, 1),
@@ -212,15 +230,27 @@ pub fn run(args: &OltpArgs) -> Result<()> {
              log writer, {DATA_WRITERS} data writers and {READERS} readers; 10 data files and 1 \
              log file of 10 MB; 8 KiB random reads and writes ({WRITES_PER_1000_READS} writes per \
              1000 reads), a 256 KiB log write per {READS_PER_LOG_WRITE} reads; {} s per scheme. \
-             Every read was checked to be a whole block.",
+             Every read was checked to be a whole block. Reads locked their ranges {}{}.",
             args.common.clients,
             args.common.via,
             args.fabric.name(),
-            args.duration
+            args.duration,
+            args.common
+                .read_locks
+                .iter()
+                .map(|m| m.name())
+                .collect::<Vec<_>>()
+                .join(", then "),
+            READS_NOTE,
         );
     }
     cluster.shutdown()
 }
+
+/// Where a shared read is not shared (`docs/SHARED_LOCKS.md`, "Through the file system").
+pub(crate) const READS_NOTE: &str = " (shared where the scheme shares: CITRON acquired \
+     one-sidedly, as on shm; CITRON acquired at the meta server, as on tcp, and mutex, seg and \
+     server take a shared read exclusively)";
 
 fn file_names(scheme: LockScheme) -> Vec<String> {
     let mut names: Vec<String> = (0..DATA_FILES)
@@ -380,6 +410,8 @@ fn run_scheme(
     let us = |h: &Histogram<u64>, q: f64| h.value_at_quantile(q) as f64 / 1000.0;
     Ok(OltpResult {
         scheme: scheme.to_string(),
+        read_locks: LockMode::Shared,
+        label: scheme.to_string(),
         clients: args.common.clients,
         via: args.common.via,
         fabric: args.fabric.name(),

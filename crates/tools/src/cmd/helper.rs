@@ -34,10 +34,11 @@ pub const EXIT_MOUNT_FAILURE: u8 = 32;
 /// The options that are settings of `citronfs mount`, given to it as `--KEY VALUE`
 /// (`private` alone means `private=true`). The meta server's address is SPEC, and the token
 /// itself is not an option: it would show in `ps` and in /etc/fstab, which every user reads.
-pub const SETTING_OPTIONS: [&str; 9] = [
+pub const SETTING_OPTIONS: [&str; 10] = [
     "token_file",
     "cluster",
     "scheme",
+    "read_locks",
     "private",
     "log",
     "connect_timeout_ms",
@@ -83,9 +84,10 @@ pub struct HelperArgs {
     /// Where to mount (an existing directory).
     dir: PathBuf,
     /// Mount options, comma-separated: token_file=PATH (a file of mode 0600 holding the
-    /// cluster's token), cluster=NAME, scheme=SCHEME, private, log=FILTER, log_file=PATH
-    /// (where the background process logs; default none), connect_timeout_ms=N,
-    /// batch_timeout_ms=N, fuse_ring_threads=N, config=PATH (a `citronfs mount` TOML file);
+    /// cluster's token), cluster=NAME, scheme=SCHEME, read_locks=shared|exclusive, private,
+    /// log=FILTER, log_file=PATH (where the background process logs; default none),
+    /// connect_timeout_ms=N, batch_timeout_ms=N, fuse_ring_threads=N, config=PATH (a
+    /// `citronfs mount` TOML file);
     /// mount(8)'s and systemd's own (_netdev, nofail, noauto, x-systemd.*, defaults, rw, ...)
     /// are ignored.
     #[arg(short = 'o', value_name = "OPTIONS")]
@@ -422,6 +424,7 @@ mod tests {
             let value = match key {
                 "private" => "true",
                 "scheme" => "mutex",
+                "read_locks" => "exclusive",
                 "cluster" | "log" | "token_file" | "config" => "x",
                 _ => "5",
             };

@@ -20,7 +20,7 @@ use fabric::handshake::ConnectionLimits;
 use fabric::Backend;
 use fs_client::metrics::FuseMetrics;
 use fs_client::{CitronFs, MountOptions};
-use lockmgr::LockScheme;
+use lockmgr::{LockMode, LockScheme};
 use meta_server::{MetaConfig, MetaServer};
 use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
@@ -496,6 +496,10 @@ pub struct MountArgs {
     /// parameters (e.g. seg:4:4096).
     #[arg(long, value_parser = value_parser!(LockScheme))]
     scheme: Option<LockScheme>,
+    /// How reads lock their byte ranges: shared (overlapping reads run together; writes still
+    /// exclude them) or exclusive (as writes: for comparison).
+    #[arg(long, value_parser = value_parser!(LockMode))]
+    read_locks: Option<LockMode>,
     /// Restrict the mount to the mounting user. Without it every local user may use the mount,
     /// with the kernel checking permissions (allow_other + default_permissions), which needs
     /// root or `user_allow_other` in /etc/fuse.conf.
@@ -544,6 +548,8 @@ pub struct MountConfig {
     pub meta: String,
     /// The lock scheme (`LockScheme::CITRON`).
     pub scheme: LockScheme,
+    /// The mode of a read's range lock (`MountOptions::read_locks`: shared).
+    pub read_locks: LockMode,
     /// Restrict the mount to the mounting user (else shared: `FuseOptions::allow_other`).
     pub private: bool,
     /// Milliseconds a tcp fabric connect may take (`fabric::tcp::CONNECT_TIMEOUT`).
@@ -565,6 +571,7 @@ impl Default for MountConfig {
             log: DEFAULT_LOG.into(),
             meta: DEFAULT_META_ADDR.to_string(),
             scheme: LockScheme::CITRON,
+            read_locks: LockMode::Shared,
             private: false,
             connect_timeout_ms: fabric::tcp::CONNECT_TIMEOUT.as_millis() as u64,
             batch_timeout_ms: fabric::tcp::BATCH_TIMEOUT.as_millis() as u64,
@@ -618,6 +625,7 @@ pub fn mount_with(
         require_token(settings.token, settings.token_file.as_deref())?,
     );
     options.scheme = settings.scheme;
+    options.read_locks = settings.read_locks;
     options.fabric_timeouts = fabric::TcpTimeouts {
         connect: Duration::from_millis(settings.connect_timeout_ms),
         batch: Duration::from_millis(settings.batch_timeout_ms),
@@ -1067,10 +1075,13 @@ mod tests {
                 "t",
                 "--scheme",
                 "mutex",
+                "--read-locks",
+                "exclusive",
                 "--private",
             ])
             .load()?;
             assert_eq!(mount.scheme, LockScheme::MUTEX);
+            assert_eq!(mount.read_locks, LockMode::Exclusive);
             assert!(mount.private);
             Ok(())
         });

@@ -8,7 +8,7 @@ use clap::{value_parser, Args};
 use cluster::{BackingKind, Cluster, ClusterSpec, Mount};
 use fabric::Backend;
 use fs_client::metrics::FuseMetrics;
-use lockmgr::LockScheme;
+use lockmgr::{LockMode, LockScheme};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -46,6 +46,10 @@ pub struct UpArgs {
     /// parameters (e.g. seg:4:4096).
     #[arg(long, default_value = "citron", value_parser = value_parser!(LockScheme))]
     scheme: LockScheme,
+    /// How reads lock their byte ranges: shared (overlapping reads run together; writes still
+    /// exclude them) or exclusive (as writes: for comparison).
+    #[arg(long, default_value = "shared", value_parser = value_parser!(LockMode))]
+    read_locks: LockMode,
     /// Keep the namespace and the data in this directory, so that the next `up` with the same
     /// directory finds them again. Without it everything lives in memory and is gone on exit.
     #[arg(long)]
@@ -183,7 +187,12 @@ pub fn up(args: UpArgs) -> Result<()> {
     })?;
     // A signal that came while the cluster started ends the run once mounted (in order).
     signals.orderly_from_now();
-    let fs = Arc::new(cluster.client()?);
+    let mut options = cluster.options(scheme);
+    options.read_locks = args.read_locks;
+    let fs = Arc::new(
+        fs_client::CitronFs::connect(options)
+            .map_err(|e| anyhow::anyhow!("cannot open a session with the cluster: {e}"))?,
+    );
     let metrics = match (args.metrics, &fuse.metrics) {
         (Some(addr), Some(fuse_metrics)) => {
             let mut registry = super::metrics::registry();
@@ -210,7 +219,7 @@ pub fn up(args: UpArgs) -> Result<()> {
             d.region_bytes() >> 20
         );
     }
-    println!("  lock scheme   {scheme}");
+    println!("  lock scheme   {scheme} (reads {})", args.read_locks);
     match &args.state_dir {
         Some(dir) => println!("  state         kept in {}", dir.display()),
         None => {
@@ -241,10 +250,14 @@ pub fn up(args: UpArgs) -> Result<()> {
         .map(|p| p.display().to_string())
         .unwrap_or_else(|_| "citronfs".into());
     println!(
-        "  more clients  CITRONFS_TOKEN={} {me} mount --meta {} --cluster {} --scheme {scheme} DIR",
+        "  more clients  CITRONFS_TOKEN={} {me} mount --meta {} --cluster {} --scheme {scheme}{} DIR",
         cluster.token(),
         cluster.meta_addr(),
-        args.cluster
+        args.cluster,
+        match args.read_locks {
+            LockMode::Shared => String::new(),
+            mode => format!(" --read-locks {mode}"),
+        }
     );
     println!(
         "Stop with Ctrl-C (or `kill {}`): it unmounts and stops every server.",
