@@ -35,6 +35,9 @@
 //!   are marked lost by the meta server (`store`'s `lost` tree): each file with some is a
 //!   finding (`lost-chunks`), not repaired — the data is gone; the user truncates or removes
 //!   the file. A mark that does not name the chunk map's entry is reported as a stray record.
+//! - **Replicas** (the running server only: `crate::replica_check`, called by the service).
+//!   The bytes of a chunk's live replicas, read from their data servers, are the same (files
+//!   at rest only), and every chunk has as many live replicas as its file's factor.
 //!
 //! # Repairs (`repair`)
 //!
