@@ -519,3 +519,45 @@ fn fsck_counts_chunks_under_replicated_after_a_data_server_is_killed() {
     assert_eq!(report.counts.replicated_chunks, 0);
     drop(fs);
 }
+
+/// A memory-only data server restarted under files of two replicas comes back with new memory:
+/// its replicas are marked lost, so fsck counts their chunks under-replicated and does not
+/// compare the empty replicas with the live ones (which would differ everywhere).
+#[test]
+fn fsck_counts_replicas_on_a_server_back_with_new_memory_and_does_not_compare_them() {
+    use proto::fsck::{Finding, FsckOptions};
+    testkit::init_logging();
+    let mut cluster = Cluster::start(ClusterSpec {
+        data_servers: 2,
+        capacity: CAPACITY,
+        chunk_size: CHUNK,
+        fabric: Backend::Tcp,
+        replicas: 2,
+        ..ClusterSpec::default()
+    })
+    .unwrap();
+    let fs = cluster.client().unwrap();
+    let size = 2 * CHUNK as usize;
+    let ino = write_file(&fs, "f", &pattern(3, 0, size));
+    drop(fs);
+    cluster.restart_data_server(1).unwrap();
+    wait_until(Duration::from_secs(30), "two live data servers", || {
+        live_data_servers(&cluster) == 2
+    });
+    let report = cluster.fsck(FsckOptions::default()).unwrap();
+    let chunks = proto::layout::Layout::new(CHUNK)
+        .unwrap()
+        .chunks_below(size as u64);
+    assert_eq!(
+        report.findings,
+        vec![Finding::UnderReplicated {
+            ino,
+            path: Some("/f".into()),
+            factor: 2,
+            chunks,
+            fewest: 1,
+        }]
+    );
+    assert_eq!(report.counts.under_replicated, chunks);
+    assert_eq!(report.counts.replicated_chunks, 0);
+}
