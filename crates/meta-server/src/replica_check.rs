@@ -11,7 +11,8 @@
 //! opened while the checker runs (the service holds its state lock, which every open takes).
 //! An open file is compared only when the caller says no client is active (`at_rest`) and its
 //! lock inspects at rest; otherwise it is skipped, and the report says so
-//! (`FsckReport::replicas_not_compared`).
+//! (`FsckReport::replicas_not_compared`). A replica whose read fails (its server gone
+//! mid-check) is listed there too, and the check goes on with the other chunks.
 //!
 //! # Live replicas
 //!
@@ -60,6 +61,9 @@ pub(crate) struct Outcome {
     pub compared: u64,
     /// Chunks with fewer live replicas than their file's factor.
     pub under_replicated: u64,
+    /// Files a read or write of whose replicas failed (a data server gone mid-check), and
+    /// what failed: the check goes on with the other chunks.
+    pub failed: Vec<(Ino, String)>,
 }
 
 /// What the replica checks look at and may do.
@@ -124,8 +128,14 @@ pub(crate) fn check(
         out.compared += 1;
         let reference = live_replicas[0];
         for &other in &live_replicas[1..] {
-            if let Some(offset) = first_difference(io, layout.len(chunk), reference, other, piece)?
-            {
+            let found = match first_difference(io, layout.len(chunk), reference, other, piece) {
+                Ok(found) => found,
+                Err(e) => {
+                    out.failed.push((ino, format!("chunk {chunk}: {e}")));
+                    continue;
+                }
+            };
+            if let Some(offset) = found {
                 out.findings.push(Finding::ReplicasDiffer {
                     ino,
                     path: paths.of(ino),
@@ -151,18 +161,24 @@ pub(crate) fn check(
     }
     if repair {
         for &(ino, chunk, reference, other) in &differing {
-            copy(io, layout.len(chunk), reference, other, piece)?;
-            out.repairs.push(Repair::CopiedReplica {
-                ino,
-                chunk,
-                from: reference,
-                to: other,
-            });
+            match copy(io, layout.len(chunk), reference, other, piece) {
+                Ok(()) => out.repairs.push(Repair::CopiedReplica {
+                    ino,
+                    chunk,
+                    from: reference,
+                    to: other,
+                }),
+                Err(e) => out
+                    .failed
+                    .push((ino, format!("chunk {chunk}, copying: {e}"))),
+            }
         }
-        // Compared again: what differs still, and what stays under-replicated.
+        // Compared again: what differs still (or cannot be read), and what stays
+        // under-replicated.
         for &(ino, chunk, reference, other) in &differing {
-            if let Some(offset) = first_difference(io, layout.len(chunk), reference, other, piece)?
-            {
+            let found =
+                first_difference(io, layout.len(chunk), reference, other, piece).unwrap_or(Some(0));
+            if let Some(offset) = found {
                 out.remaining.push(Finding::ReplicasDiffer {
                     ino,
                     path: paths.of(ino),
@@ -377,6 +393,40 @@ mod tests {
             run(&store, &[0, 1], &BTreeMap::new(), &mut mem, false).findings,
             Vec::new()
         );
+    }
+
+    /// [`Memory`] whose reads of one server fail.
+    struct Failing(Memory, u32);
+
+    impl ReplicaIo for Failing {
+        fn read(&mut self, loc: ChunkLoc, offset: u64, buf: &mut [u8]) -> Result<(), FsError> {
+            if loc.server == self.1 {
+                return Err(FsError::Io("gone".into()));
+            }
+            self.0.read(loc, offset, buf)
+        }
+        fn write(&mut self, loc: ChunkLoc, offset: u64, data: &[u8]) -> Result<(), FsError> {
+            self.0.write(loc, offset, data)
+        }
+    }
+
+    #[test]
+    fn a_replica_that_cannot_be_read_is_said_and_the_check_goes_on() {
+        let (_dir, store, r, mem) = replicated();
+        let image = store.image().unwrap();
+        let live: HashSet<u32> = [0, 1].into();
+        let skip = BTreeMap::new();
+        let scope = Scope {
+            live: &live,
+            skip: &skip,
+            piece: 1000,
+            repair: true,
+        };
+        let mut io = Failing(mem, 1);
+        let out = check(&image, store.layout(), &scope, |_| Ok(2), &mut io).unwrap();
+        assert_eq!(out.failed.len(), 3, "{:?}", out.failed);
+        assert!(out.failed.iter().all(|(ino, _)| *ino == r));
+        assert_eq!(out.findings, Vec::new());
     }
 
     #[test]

@@ -1139,6 +1139,12 @@ impl Service {
         let not_compared = skip
             .into_iter()
             .filter(|(ino, _)| replicated.contains(ino))
+            .chain(
+                outcome
+                    .failed
+                    .iter()
+                    .map(|(ino, why)| (*ino, format!("a replica could not be read: {why}"))),
+            )
             .take(MAX_FINDINGS)
             .collect();
         Ok(ReplicaChecks {
