@@ -32,9 +32,13 @@
 //!   file's lock words are free and their counters balanced (`lockmgr::schemes::inspect`) —
 //!   the service adds these findings.
 //! - **Lost chunks.** Chunks of a memory-only data server that came back without its memory
-//!   are marked lost by the meta server (`store`'s `lost` tree): each file with some is a
-//!   finding (`lost-chunks`), not repaired — the data is gone; the user truncates or removes
+//!   are marked lost by the meta server (`store`'s `lost` tree): each file with some whose
+//!   every replica is lost is a finding (`lost-chunks`; a lost replica beside a live one is
+//!   under-replication, see below), not repaired — the data is gone; the user truncates or removes
 //!   the file. A mark that does not name the chunk map's entry is reported as a stray record.
+//! - **Replicas** (the running server only: `crate::replica_check`, called by the service).
+//!   The bytes of a chunk's live replicas, read from their data servers, are the same (files
+//!   at rest only), and every chunk has as many live replicas as its file's factor.
 //!
 //! # Repairs (`repair`)
 //!
@@ -90,8 +94,20 @@ pub(crate) fn check(image: &Image, live: &Live, layout: Layout) -> (Vec<Finding>
 /// Files with lost chunks (see the module docs).
 fn check_lost(image: &Image, out: &mut Vec<Finding>) {
     let maps: HashSet<(Ino, u64, ChunkLoc)> = image.chunks.iter().copied().collect();
+    let lost: HashSet<(Ino, u64, ChunkLoc)> = image.lost.iter().copied().collect();
+    // Chunks with a replica not marked lost: their data is still there (the replica checks
+    // count them under-replicated).
+    let held: HashSet<(Ino, u64)> = image
+        .chunks
+        .iter()
+        .filter(|c| !lost.contains(c))
+        .map(|&(ino, chunk, _)| (ino, chunk))
+        .collect();
     let mut per_file: BTreeMap<Ino, (Vec<u64>, BTreeSet<u32>)> = BTreeMap::new();
     for &(ino, chunk, loc) in &image.lost {
+        if held.contains(&(ino, chunk)) && maps.contains(&(ino, chunk, loc)) {
+            continue;
+        }
         if maps.contains(&(ino, chunk, loc)) {
             let (chunks, servers) = per_file.entry(ino).or_default();
             chunks.push(chunk);
@@ -107,6 +123,7 @@ fn check_lost(image: &Image, out: &mut Vec<Finding>) {
     }
     for (ino, (mut chunks, servers)) in per_file {
         chunks.sort_unstable();
+        chunks.dedup();
         out.push(Finding::LostChunks {
             ino,
             chunks,

@@ -29,6 +29,7 @@ mod published;
 mod reclaim;
 mod record_locks;
 mod registry;
+mod replica_check;
 mod requests;
 pub mod rpc;
 mod service;

@@ -161,6 +161,47 @@ impl LiveServers {
     }
 }
 
+/// One-sided reads and writes of replicas' blocks on the live data servers, through the
+/// registry's endpoints, for the consistency checker's replica checks
+/// ([`crate::replica_check`]); a server not connected is an error.
+pub(crate) struct ReplicaEndpoints<'a> {
+    live: &'a LiveServers,
+    /// Bytes of a layout unit (a block's index is in units).
+    unit: u64,
+}
+
+impl LiveServers {
+    /// Reads and writes of replicas' blocks through these servers' endpoints.
+    pub fn replica_io(&self, unit: u64) -> ReplicaEndpoints<'_> {
+        ReplicaEndpoints { live: self, unit }
+    }
+}
+
+impl crate::replica_check::ReplicaIo for ReplicaEndpoints<'_> {
+    fn read(&mut self, loc: ChunkLoc, offset: u64, buf: &mut [u8]) -> Result<(), FsError> {
+        let (endpoint, region) = self.live.endpoint(loc.server)?;
+        let mut ep = lock(&endpoint);
+        let piece = ep.capabilities().max_io_bytes.clamp(8, 1 << 20);
+        let base = loc.index * self.unit + offset;
+        for (i, part) in buf.chunks_mut(piece).enumerate() {
+            let at = base + (i * piece) as u64;
+            part.copy_from_slice(&ep.read(RemoteAddr::new(region, at), part.len())?);
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, loc: ChunkLoc, offset: u64, data: &[u8]) -> Result<(), FsError> {
+        let (endpoint, region) = self.live.endpoint(loc.server)?;
+        let mut ep = lock(&endpoint);
+        let piece = ep.capabilities().max_io_bytes.clamp(8, 1 << 20);
+        let base = loc.index * self.unit + offset;
+        for (i, part) in data.chunks(piece).enumerate() {
+            ep.write(RemoteAddr::new(region, base + (i * piece) as u64), part)?;
+        }
+        Ok(())
+    }
+}
+
 /// What the registry needs of the meta server's settings.
 pub(crate) struct RegistrySettings {
     /// To connect to the data servers' fabric.

@@ -27,12 +27,13 @@ use fabric::{Region, RegionId, RemoteAddr};
 use lockmgr::schemes::{self, LockServer};
 use lockmgr::LockScheme;
 use proto::fcb;
-use proto::fsck::{Finding, FsckOptions, FsckReport, Repair};
+use proto::fsck::{Finding, FsckOptions, FsckReport, Repair, MAX_FINDINGS};
 use proto::rpc::{Group, Request, Response};
 use proto::{
     Attr, ClusterInfo, DataServerInfo, FabricAddr, FileKind, FsError, FsStats, Ino, OpenFile,
     SetAttr,
 };
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -87,6 +88,12 @@ pub(crate) fn first_session_id() -> u64 {
         .map(|d| d.as_micros() as u64)
         .unwrap_or(1)
         .max(1)
+}
+
+/// What the replica checks of one `fsck` found, and the files they did not compare.
+struct ReplicaChecks {
+    outcome: crate::replica_check::Outcome,
+    not_compared: Vec<(Ino, String)>,
 }
 
 /// What the state lock guards (see the module docs).
@@ -1021,6 +1028,7 @@ impl Service {
     /// namespace change, chunk allocation or recycling runs between its scans. Locks are
     /// inspected when the caller says nothing is in flight (`at_rest`) or no session but the
     /// caller's is connected. Chunks freed by repairs are zeroed and recycled afterwards.
+    /// Replicas are compared (and with `repair` made to agree) first, by [`Self::check_replicas`].
     fn fsck(&self, session: u64, options: FsckOptions) -> Result<FsckReport, FsError> {
         let mut st = lock(&self.state);
         let others = st.sessions.others_than(session);
@@ -1043,7 +1051,25 @@ impl Service {
             }
             self.check_locks(&state.borrow().open, reset)
         };
+        // Replicas first, on their own reads of the database: what the namespace repairs
+        // below free is not compared.
+        let replicas = self.check_replicas(&state.borrow(), at_rest, options.repair)?;
         let (mut report, freed) = crate::fsck::run(&self.store, options, live, locks)?;
+        report.counts.replicated_chunks = replicas.outcome.compared;
+        report.counts.under_replicated = replicas.outcome.under_replicated;
+        report.replicas_not_compared = replicas.not_compared;
+        let outcome = replicas.outcome;
+        if options.repair && !outcome.findings.is_empty() {
+            report.repairs.extend(outcome.repairs);
+            let remaining = report.remaining.get_or_insert_with(Vec::new);
+            remaining.extend(outcome.remaining);
+            remaining.truncate(MAX_FINDINGS);
+        }
+        let room = MAX_FINDINGS.saturating_sub(report.findings.len());
+        report.truncated += outcome.findings.len().saturating_sub(room) as u64;
+        report
+            .findings
+            .extend(outcome.findings.into_iter().take(room));
         report.counts.sessions = others as u64;
         report.counts.open_files = st.open.len() as u64;
         if !report.repairs.is_empty() {
@@ -1060,6 +1086,74 @@ impl Service {
         }
         self.registry.zero_and_recycle(freed);
         Ok(report)
+    }
+
+    /// The consistency checker's replica checks ([`crate::replica_check`]) under the state
+    /// lock (`st`): files open nowhere are compared; open files only `at_rest` and where their
+    /// lock inspects at rest; the others are listed as not compared.
+    fn check_replicas(
+        &self,
+        st: &State,
+        at_rest: bool,
+        repair: bool,
+    ) -> Result<ReplicaChecks, FsError> {
+        let mut skip: BTreeMap<Ino, String> = BTreeMap::new();
+        let open = st.open.inos();
+        if at_rest {
+            let (findings, _, _) = self.check_locks(&st.open, false);
+            for finding in findings {
+                if let Some(ino) = finding.ino() {
+                    skip.insert(
+                        ino,
+                        "its range lock is held (or cannot be inspected)".into(),
+                    );
+                }
+            }
+        } else {
+            for ino in open {
+                skip.insert(
+                    ino,
+                    "it is open and clients are active (no --at-rest): its lock may be held".into(),
+                );
+            }
+        }
+        let image = self.store.image()?;
+        let layout = self.store.layout();
+        let live = st.live.id_set();
+        let scope = crate::replica_check::Scope {
+            live: &live,
+            skip: &skip,
+            piece: crate::replica_check::PIECE,
+            repair,
+        };
+        let factor = |ino| self.store.replicas_of(ino, self.settings.replicas);
+        let mut io = st.live.replica_io(layout.unit());
+        let outcome = crate::replica_check::check(&image, layout, &scope, factor, &mut io)?;
+        // Only the files that have chunks of several replicas are worth saying.
+        let mut per_chunk: HashMap<(Ino, u64), usize> = HashMap::new();
+        for &(ino, chunk, _) in &image.chunks {
+            *per_chunk.entry((ino, chunk)).or_default() += 1;
+        }
+        let replicated: HashSet<Ino> = per_chunk
+            .into_iter()
+            .filter(|&(_, n)| n > 1)
+            .map(|((ino, _), _)| ino)
+            .collect();
+        let not_compared = skip
+            .into_iter()
+            .filter(|(ino, _)| replicated.contains(ino))
+            .chain(
+                outcome
+                    .failed
+                    .iter()
+                    .map(|(ino, why)| (*ino, format!("a replica could not be read: {why}"))),
+            )
+            .take(MAX_FINDINGS)
+            .collect();
+        Ok(ReplicaChecks {
+            outcome,
+            not_compared,
+        })
     }
 
     /// Inspects the lock of every open file, at rest (no client holds or waits): what is busy

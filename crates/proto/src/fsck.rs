@@ -220,6 +220,40 @@ pub enum Finding {
         /// The busy words.
         busy: Vec<String>,
     },
+    /// Two replicas of a chunk hold different bytes at rest (no lock on the file held): a
+    /// read may return either. `--repair` copies the reference replica over the other.
+    ReplicasDiffer {
+        /// The file.
+        ino: Ino,
+        /// One of its paths, when the namespace reaches it.
+        path: Option<String>,
+        /// Its chunk index.
+        chunk: u64,
+        /// The reference replica: the first live one of the chunk map.
+        reference: ChunkLoc,
+        /// The replica that differs from it.
+        other: ChunkLoc,
+        /// The first differing byte, from the start of the chunk.
+        offset: u64,
+        /// The same byte's offset in the file.
+        file_offset: u64,
+    },
+    /// A file has chunks with fewer live replicas than its replication factor: a replica on a
+    /// data server that is not connected, or lost (its server came back with new memory), or
+    /// never placed (fewer live servers than the factor at allocation). Not repaired:
+    /// re-replication onto other servers is not built.
+    UnderReplicated {
+        /// The file.
+        ino: Ino,
+        /// One of its paths, when the namespace reaches it.
+        path: Option<String>,
+        /// Its replication factor.
+        factor: u32,
+        /// How many of its chunks have fewer live replicas than that.
+        chunks: u64,
+        /// The fewest live replicas any of its chunks has.
+        fewest: u32,
+    },
     /// An open file's lock words could not be read or inspected.
     LockUnreadable {
         /// The file.
@@ -257,6 +291,8 @@ impl Finding {
             Finding::LockNotAtRest { .. } => "lock-not-at-rest",
             Finding::LockUnreadable { .. } => "lock-unreadable",
             Finding::LostChunks { .. } => "lost-chunks",
+            Finding::ReplicasDiffer { .. } => "replicas-differ",
+            Finding::UnderReplicated { .. } => "under-replicated",
         }
     }
 
@@ -277,7 +313,9 @@ impl Finding {
             | Finding::StrayRecord { ino, .. }
             | Finding::LockNotAtRest { ino, .. }
             | Finding::LockUnreadable { ino, .. }
-            | Finding::LostChunks { ino, .. } => Some(*ino),
+            | Finding::LostChunks { ino, .. }
+            | Finding::ReplicasDiffer { ino, .. }
+            | Finding::UnderReplicated { ino, .. } => Some(*ino),
             Finding::EntryMismatch { parent, .. } => Some(*parent),
             Finding::ChunkSharedBy { .. }
             | Finding::LeakedChunk { .. }
@@ -291,6 +329,14 @@ impl Finding {
 
 fn loc(l: &ChunkLoc) -> String {
     format!("server {} block at unit {}", l.server, l.index)
+}
+
+/// "inode N" or "inode N (PATH)".
+fn file(ino: Ino, path: &Option<String>) -> String {
+    match path {
+        Some(p) => format!("inode {ino} ({p})"),
+        None => format!("inode {ino}"),
+    }
 }
 
 impl fmt::Display for Finding {
@@ -420,6 +466,34 @@ impl fmt::Display for Finding {
                 "inode {ino} lost chunks {chunks:?}: data server(s) {servers:?} came back \
                  without their memory (reads of them fail with EIO; truncate or remove the file)"
             ),
+            Finding::ReplicasDiffer {
+                ino,
+                path,
+                chunk,
+                reference,
+                other,
+                offset,
+                file_offset,
+            } => write!(
+                f,
+                "{} chunk {chunk}: the replica on {} differs from the one on {} from byte \
+                 {offset} of the chunk (file offset {file_offset})",
+                file(*ino, path),
+                loc(other),
+                loc(reference)
+            ),
+            Finding::UnderReplicated {
+                ino,
+                path,
+                factor,
+                chunks,
+                fewest,
+            } => write!(
+                f,
+                "{} has {chunks} chunks with fewer live replicas than its factor {factor} \
+                 (fewest: {fewest})",
+                file(*ino, path)
+            ),
         }
     }
 }
@@ -498,6 +572,18 @@ pub enum Repair {
         /// The inode.
         ino: Ino,
     },
+    /// A replica that differed from its chunk's reference replica was overwritten with the
+    /// reference's bytes.
+    CopiedReplica {
+        /// The file.
+        ino: Ino,
+        /// Its chunk index.
+        chunk: u64,
+        /// The replica copied from.
+        from: ChunkLoc,
+        /// The replica overwritten.
+        to: ChunkLoc,
+    },
     /// At rest, an open file's busy lock words (a dead client's) were put back at rest.
     ResetLock {
         /// The file.
@@ -541,6 +627,17 @@ impl fmt::Display for Repair {
             Repair::UnmarkedOrphan { ino } => {
                 write!(f, "dropped the orphan mark of linked inode {ino}")
             }
+            Repair::CopiedReplica {
+                ino,
+                chunk,
+                from,
+                to,
+            } => write!(
+                f,
+                "copied inode {ino} chunk {chunk} from {} over {}",
+                loc(from),
+                loc(to)
+            ),
             Repair::ResetLock { ino, scheme, words } => write!(
                 f,
                 "reset inode {ino}'s {scheme} lock to rest: {}",
@@ -568,6 +665,10 @@ pub struct FsckCounts {
     pub sessions: u64,
     /// Files open by some session (their control blocks and locks are in the meta region).
     pub open_files: u64,
+    /// Chunks of several replicas whose replicas' bytes were compared.
+    pub replicated_chunks: u64,
+    /// Chunks with fewer live replicas than their file's factor, in every file.
+    pub under_replicated: u64,
 }
 
 /// The checker's answer.
@@ -585,6 +686,9 @@ pub struct FsckReport {
     pub counts: FsckCounts,
     /// Whether locks were checked at rest.
     pub at_rest: bool,
+    /// Files with several replicas whose replicas were not compared (nor repaired), and why:
+    /// open while clients are active (no `--at-rest`), or their range lock is held.
+    pub replicas_not_compared: Vec<(Ino, String)>,
 }
 
 impl FsckReport {
@@ -625,6 +729,7 @@ mod tests {
             remaining: Some(Vec::new()),
             counts: FsckCounts::default(),
             at_rest: true,
+            replicas_not_compared: vec![(7, "its range lock is held".into())],
         };
         let wire = postcard::to_stdvec(&report).unwrap();
         assert_eq!(postcard::from_bytes::<FsckReport>(&wire).unwrap(), report);

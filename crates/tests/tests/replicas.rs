@@ -376,3 +376,256 @@ fn two_replicas_land_in_distinct_zones() {
     assert_eq!(fs.read(fh, 0, size).unwrap(), data);
     fs.release(fh).unwrap();
 }
+
+/// Where chunk `chunk` of `ino` has its replicas, as the meta server's chunk map says.
+fn replicas_of(cluster: &Cluster, ino: proto::Ino, chunk: u64) -> Vec<proto::ChunkLoc> {
+    let client = cluster.rpc_client().expect("an RPC client");
+    match client.call(proto::rpc::Request::ChunkMap {
+        ino,
+        first: chunk,
+        count: 1,
+    }) {
+        Ok(Ok(proto::rpc::Response::Chunks(chunks))) => chunks
+            .first()
+            .and_then(|c| c.as_ref())
+            .map(|r| r.as_slice().to_vec())
+            .expect("the chunk exists"),
+        other => panic!("chunk map: {other:?}"),
+    }
+}
+
+/// Writes `data` to a new file `/name` through a library client, and closes it; its inode.
+fn write_file(fs: &fs_client::CitronFs, name: &str, data: &[u8]) -> proto::Ino {
+    let me = fs_client::CitronFs::process_caller();
+    let (attr, fh) = fs
+        .create(me, proto::ROOT_INO, name, 0o644, libc::O_RDWR)
+        .expect("create");
+    for (i, part) in data.chunks(1 << 20).enumerate() {
+        fs.write(fh, (i << 20) as u64, part).expect("write");
+    }
+    fs.release(fh).expect("release");
+    attr.ino
+}
+
+/// `citronfs fsck` compares a chunk's replicas at rest: one replica's bytes changed directly
+/// on its data server (a one-sided write through the fabric, bypassing every client) is a
+/// `replicas-differ` finding naming the file, its path, the chunk, both replicas' servers and
+/// the first differing byte; `--repair` copies the first replica over it; the next check is
+/// clean and the file reads back as written. An open file, while clients are active, is not
+/// compared, and the report says so.
+#[test]
+fn fsck_finds_and_repairs_replicas_that_differ() {
+    use fabric::{Connector, EndpointExt};
+    use proto::fsck::{Finding, FsckOptions, Repair};
+    testkit::init_logging();
+    let cluster = Cluster::start(ClusterSpec {
+        data_servers: 2,
+        capacity: CAPACITY,
+        chunk_size: CHUNK,
+        fabric: Backend::Tcp,
+        replicas: 2,
+        ..ClusterSpec::default()
+    })
+    .unwrap();
+    let fs = cluster.client().unwrap();
+    let size = 3 * CHUNK as usize + 1000;
+    let data = pattern(7, 0, size);
+    let ino = write_file(&fs, "f", &data);
+    // The client gone, the file is open nowhere: no lock on it can be held, and it is compared.
+    drop(fs);
+    const CHECK: FsckOptions = FsckOptions {
+        repair: false,
+        at_rest: false,
+    };
+    wait_until(
+        Duration::from_secs(10),
+        "the client's session to end",
+        || cluster.fsck(CHECK).unwrap().counts.open_files == 0,
+    );
+    let report = cluster.fsck(CHECK).unwrap();
+    assert!(report.clean(), "{:#?}", report.findings);
+    assert!(report.counts.replicated_chunks >= 4, "{:?}", report.counts);
+    assert_eq!(report.counts.under_replicated, 0);
+
+    // Other bytes at byte 777 of chunk 2's second replica.
+    let layout = proto::layout::Layout::new(CHUNK).unwrap();
+    let chunk = 2;
+    let replicas = replicas_of(&cluster, ino, chunk);
+    assert_eq!(replicas.len(), 2, "{replicas:?}");
+    let (first, second) = (replicas[0], replicas[1]);
+    let server = cluster
+        .data_servers()
+        .iter()
+        .find(|d| d.id() == second.server)
+        .expect("the replica's data server");
+    let mut ep = fabric::connect(server.fabric(), &cluster.credentials(), 0)
+        .unwrap()
+        .connect()
+        .unwrap();
+    let at = second.index * layout.unit() + 777;
+    let addr = fabric::RemoteAddr::new(data_server::DATA_REGION, at);
+    let old = ep.read(addr, 16).unwrap();
+    let new: Vec<u8> = old.iter().map(|b| !b).collect();
+    ep.write(addr, &new).unwrap();
+
+    let report = cluster.fsck(CHECK).unwrap();
+    let expected = Finding::ReplicasDiffer {
+        ino,
+        path: Some("/f".into()),
+        chunk,
+        reference: first,
+        other: second,
+        offset: 777,
+        file_offset: layout.start(chunk) + 777,
+    };
+    assert_eq!(report.findings, vec![expected.clone()]);
+    eprintln!("fsck: {expected}");
+
+    let report = cluster
+        .fsck(FsckOptions {
+            repair: true,
+            at_rest: false,
+        })
+        .unwrap();
+    assert_eq!(report.findings, vec![expected]);
+    assert_eq!(
+        report.repairs,
+        vec![Repair::CopiedReplica {
+            ino,
+            chunk,
+            from: first,
+            to: second
+        }]
+    );
+    assert_eq!(report.remaining, Some(Vec::new()));
+    assert_eq!(ep.read(addr, 16).unwrap(), old, "the replica was repaired");
+    let report = cluster.fsck(CHECK).unwrap();
+    assert!(report.clean(), "{:#?}", report.findings);
+
+    // The file reads back as written.
+    let fs = cluster.client().unwrap();
+    let me = fs_client::CitronFs::process_caller();
+    let fh = fs.open(me, ino, libc::O_RDONLY).unwrap();
+    assert!(fs.read(fh, 0, size).unwrap() == data, "the file reads back");
+    // Open, while another session is connected and no --at-rest: not compared, and said.
+    let report = cluster.fsck(FsckOptions::default()).unwrap();
+    assert_eq!(report.replicas_not_compared.len(), 1, "{report:#?}");
+    assert_eq!(report.replicas_not_compared[0].0, ino);
+    fs.release(fh).unwrap();
+}
+
+/// A data server killed (SIGKILL) under files of two replicas: fsck counts every chunk with a
+/// replica there as under-replicated, per file and in the summary, and `--repair` leaves them
+/// (re-replication is not built).
+#[test]
+fn fsck_counts_chunks_under_replicated_after_a_data_server_is_killed() {
+    use proto::fsck::{Finding, FsckOptions};
+    testkit::init_logging();
+    let cluster = Cluster::start(ClusterSpec {
+        data_servers: 0,
+        capacity: CAPACITY,
+        chunk_size: CHUNK,
+        fabric: Backend::Tcp,
+        replicas: 2,
+        ..ClusterSpec::default()
+    })
+    .unwrap();
+    let mut servers = [
+        DataProcess::start(&cluster, "ds-0"),
+        DataProcess::start(&cluster, "ds-1"),
+    ];
+    wait_until(Duration::from_secs(30), "two live data servers", || {
+        live_data_servers(&cluster) == 2
+    });
+    let fs = cluster.client().unwrap();
+    let layout = proto::layout::Layout::new(CHUNK).unwrap();
+    let sizes = [CHUNK as usize * 3, 5000];
+    let inos: Vec<proto::Ino> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &size)| write_file(&fs, &format!("f{i}"), &pattern(i as u64, 0, size)))
+        .collect();
+    let report = cluster.fsck(FsckOptions::default()).unwrap();
+    assert!(report.clean(), "{:#?}", report.findings);
+
+    servers[1].kill();
+    wait_until(
+        Duration::from_secs(30),
+        "the meta server to see the death",
+        || live_data_servers(&cluster) == 1,
+    );
+    let report = cluster
+        .fsck(FsckOptions {
+            repair: true,
+            at_rest: false,
+        })
+        .unwrap();
+    let mut total = 0;
+    for (&ino, &size) in inos.iter().zip(&sizes) {
+        let chunks = layout.chunks_below(size as u64);
+        total += chunks;
+        let expected = Finding::UnderReplicated {
+            ino,
+            path: Some(format!(
+                "/f{}",
+                inos.iter().position(|&i| i == ino).unwrap()
+            )),
+            factor: 2,
+            chunks,
+            fewest: 1,
+        };
+        assert!(
+            report.findings.contains(&expected),
+            "{expected:?} in {:#?}",
+            report.findings
+        );
+        assert!(report.remaining.as_ref().unwrap().contains(&expected));
+    }
+    assert_eq!(report.counts.under_replicated, total);
+    assert!(report.repairs.is_empty(), "{:#?}", report.repairs);
+    // Nothing left to compare: one live replica each.
+    assert_eq!(report.counts.replicated_chunks, 0);
+    drop(fs);
+}
+
+/// A memory-only data server restarted under files of two replicas comes back with new memory:
+/// its replicas are marked lost, so fsck counts their chunks under-replicated and does not
+/// compare the empty replicas with the live ones (which would differ everywhere).
+#[test]
+fn fsck_counts_replicas_on_a_server_back_with_new_memory_and_does_not_compare_them() {
+    use proto::fsck::{Finding, FsckOptions};
+    testkit::init_logging();
+    let mut cluster = Cluster::start(ClusterSpec {
+        data_servers: 2,
+        capacity: CAPACITY,
+        chunk_size: CHUNK,
+        fabric: Backend::Tcp,
+        replicas: 2,
+        ..ClusterSpec::default()
+    })
+    .unwrap();
+    let fs = cluster.client().unwrap();
+    let size = 2 * CHUNK as usize;
+    let ino = write_file(&fs, "f", &pattern(3, 0, size));
+    drop(fs);
+    cluster.restart_data_server(1).unwrap();
+    wait_until(Duration::from_secs(30), "two live data servers", || {
+        live_data_servers(&cluster) == 2
+    });
+    let report = cluster.fsck(FsckOptions::default()).unwrap();
+    let chunks = proto::layout::Layout::new(CHUNK)
+        .unwrap()
+        .chunks_below(size as u64);
+    assert_eq!(
+        report.findings,
+        vec![Finding::UnderReplicated {
+            ino,
+            path: Some("/f".into()),
+            factor: 2,
+            chunks,
+            fewest: 1,
+        }]
+    );
+    assert_eq!(report.counts.under_replicated, chunks);
+    assert_eq!(report.counts.replicated_chunks, 0);
+}

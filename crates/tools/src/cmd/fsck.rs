@@ -26,8 +26,8 @@ pub struct FsckArgs {
     #[arg(long)]
     meta: Option<String>,
     /// Repair what can be repaired (dangling entries, link counts, unreachable inodes, leaked
-    /// chunks, broken free stacks; with --at-rest, lock words dead clients left), then check
-    /// again.
+    /// chunks, broken free stacks, replicas that differ from their chunk's first live replica;
+    /// with --at-rest, lock words dead clients left), then check again.
     #[arg(long)]
     #[serde(skip)]
     repair: bool,
@@ -139,10 +139,21 @@ fn print(report: &FsckReport, json: bool) {
             }
         }
     }
+    for (ino, why) in &report.replicas_not_compared {
+        if json {
+            println!(
+                "{}",
+                serde_json::json!({ "phase": "not-compared", "ino": ino, "message": why })
+            );
+        } else {
+            println!("replicas not compared: inode {ino}: {why}");
+        }
+    }
     let c = report.counts;
     let summary = format!(
         "checked {} inodes, {} entries, {} chunk-map entries on {} data servers, {} open files \
-         of {} other sessions, {} open-file locks ({}): {} findings{}{}",
+         of {} other sessions, {} open-file locks ({}), {} replicated chunks compared ({} \
+         files not compared), {} under-replicated chunks: {} findings{}{}",
         c.inodes,
         c.entries,
         c.chunks,
@@ -155,6 +166,9 @@ fn print(report: &FsckReport, json: bool) {
         } else {
             "not checked: clients active, no --at-rest"
         },
+        c.replicated_chunks,
+        report.replicas_not_compared.len(),
+        c.under_replicated,
         report.findings.len() as u64 + report.truncated,
         if report.truncated > 0 {
             format!(" ({} not listed)", report.truncated)
