@@ -63,19 +63,29 @@ pub fn emulated_masked_atomics(tallest_height: u32, m: u32) -> u32 {
     1 + most
 }
 
+/// The fewest round trips `T_wait` reserves where masked atomics are emulated: 11, the count of
+/// a tree of height 13 (the paper's 3, and a Read and a CAS for each of 4 masked atomics), with
+/// which CITRON runs live on the `soft` provider for every tree up to that height. A smaller
+/// tree has fewer notifications to emulate, but its batch still carries the plain reads chained
+/// around them (phase (b)'s before, the root's after), and its CAS loops retry under contention:
+/// counting only the masked atomics of a 16k-unit tree (7 round trips) livelocked the safety
+/// checker's shared runs on rdma/soft (every holder aborting on inequality (1) for 5 s).
+pub const T_WAIT_EMULATED_MIN_ROUND_TRIPS: u32 = 11;
+
 /// The round trips `T_wait` reserves for fabrics whose masked atomics are `masked`, for a lock
 /// whose tree grows to `tallest_height` levels with meet-in-the-middle distance `m`: the
 /// paper's [`T_WAIT_ROUND_TRIPS`] where a masked atomic is one verb of a batch, and two more
 /// for each masked atomic of the phase-(c)+(d) batch ([`emulated_masked_atomics`]) where the
 /// client emulates them (a Read, then a CAS, each a round trip of its own: `rdma`, whose verbs
-/// have no masked atomics). Counting the emulated batch as one round trip made every
-/// non-fast-path attempt fail inequality (1) there: a livelock; a count fixed for the file
-/// system's trees undercounts a taller tree's notifications.
+/// have no masked atomics), and never fewer than [`T_WAIT_EMULATED_MIN_ROUND_TRIPS`] there.
+/// Counting the emulated batch as one round trip made every non-fast-path attempt fail
+/// inequality (1) there: a livelock; a count fixed for the file system's trees undercounts a
+/// taller tree's notifications.
 pub fn t_wait_round_trips(masked: fabric::MaskedAtomics, tallest_height: u32, m: u32) -> u32 {
     match masked {
-        fabric::MaskedAtomics::ClientEmulated => {
-            T_WAIT_ROUND_TRIPS + 2 * emulated_masked_atomics(tallest_height, m)
-        }
+        fabric::MaskedAtomics::ClientEmulated => (T_WAIT_ROUND_TRIPS
+            + 2 * emulated_masked_atomics(tallest_height, m))
+        .max(T_WAIT_EMULATED_MIN_ROUND_TRIPS),
         fabric::MaskedAtomics::Native | fabric::MaskedAtomics::CpuCasLoop => T_WAIT_ROUND_TRIPS,
     }
 }
@@ -629,14 +639,27 @@ mod tests {
             tallest.t_wait_round_trips(ClientEmulated).unwrap(),
             3 + 2 * 8
         );
-        // A small tree that may not grow: fewer.
+        // A small tree that may not grow: fewer notifications, but never under the floor.
         let small = CitronConfig {
             unit_count: 256,
             max_unit_count: 256,
             ..CitronConfig::default()
         };
         assert_eq!(small.tallest_height().unwrap(), 2);
-        assert_eq!(small.t_wait_round_trips(ClientEmulated).unwrap(), 3 + 2 * 2);
+        assert_eq!(
+            small.t_wait_round_trips(ClientEmulated).unwrap(),
+            T_WAIT_EMULATED_MIN_ROUND_TRIPS
+        );
+        // The safety checker's locks (1024 units, growing to 16384): the floor, not 3 + 2 · 2.
+        let checker = CitronConfig {
+            unit_count: 1024,
+            max_unit_count: 16384,
+            ..CitronConfig::default()
+        };
+        assert_eq!(
+            checker.t_wait_round_trips(ClientEmulated).unwrap(),
+            T_WAIT_EMULATED_MIN_ROUND_TRIPS
+        );
         // A tree already taller than its limit is its own tallest.
         assert_eq!(layout::tallest_height(8, 256), 8);
         // Native and CPU masked atomics are one verb of the batch: the paper's 3.
