@@ -3,7 +3,10 @@
 //!
 //! The file systems: CitronFS on the shm and on the tcp fabric (an embedded cluster each, FUSE
 //! mounted in this process), tmpfs (a directory under /dev/shm), a one-brick GlusterFS volume and
-//! a MooseFS cluster (a master and one chunkserver). The peers are set up by the scripts in
+//! a MooseFS cluster (a master and one chunkserver). `--replicas N` keeps N copies of the data
+//! on each distributed file system alike: CitronFS's cluster gets `replicas: N` (and max(2, N)
+//! data servers), GlusterFS a `replica N` volume of N bricks, MooseFS N chunkservers and goal N
+//! (the scripts read the count from `CFSB_REPLICAS`). The peers are set up by the scripts in
 //! `bench/peers/` from Debian's packages, their servers inside a network namespace of their own
 //! (reached over a veth pair; the MooseFS chunkserver refuses a loopback master), their data
 //! under `--work-dir` (tmpfs by default, so that every file system keeps its data in memory), and
@@ -68,10 +71,11 @@ pub enum Fs {
     CitronfsTcp,
     /// A directory under /dev/shm.
     Tmpfs,
-    /// A one-brick GlusterFS volume (glusterfs-server), mounted with mount.glusterfs.
+    /// A one-brick GlusterFS volume (glusterfs-server; --replicas N: a replica volume of N
+    /// bricks), mounted with mount.glusterfs.
     Glusterfs,
-    /// A MooseFS master and chunkserver (moosefs-master, moosefs-chunkserver), mounted with
-    /// mfsmount.
+    /// A MooseFS master and chunkserver (moosefs-master, moosefs-chunkserver; --replicas N: N
+    /// chunkservers, goal N), mounted with mfsmount.
     Moosefs,
 }
 
@@ -150,6 +154,11 @@ pub struct CompareArgs {
     /// tmpfs by default, so that every file system compared keeps its data in memory.
     #[arg(long, default_value = "/dev/shm")]
     work_dir: PathBuf,
+    /// Copies of every file's data on each distributed file system: CitronFS's replicas (on
+    /// max(2, N) data servers), a GlusterFS `replica N` volume of N bricks, N MooseFS
+    /// chunkservers with goal N. tmpfs keeps one.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=MAX_REPLICAS))]
+    replicas: u32,
     /// Also draw the results into this SVG file.
     #[arg(long)]
     plot: Option<std::path::PathBuf>,
@@ -162,11 +171,16 @@ pub struct CompareArgs {
     json: bool,
 }
 
+/// The most replicas `--replicas` takes (each is a server process of every peer).
+const MAX_REPLICAS: i64 = 8;
+
 /// One measured result.
 #[derive(Debug, Serialize)]
 struct Row {
     job: &'static str,
     fs: &'static str,
+    /// Copies of the data the file system kept (`None` on tmpfs, which is not distributed).
+    replicas: Option<u32>,
     /// MiB/s for fio jobs (reads and writes together), operations per second for the metadata
     /// pass.
     value: f64,
@@ -239,7 +253,7 @@ pub fn run(args: &CompareArgs) -> Result<()> {
             run.check()?;
             run.say(format!("{}: metadata", fs.name()));
             rows.extend(
-                metadata_pass(fs, &target.dir, args.files)
+                metadata_pass(fs, replicas_of(fs, args), &target.dir, args.files)
                     .with_context(|| format!("metadata pass on {}", fs.name()))?,
             );
             run.advance();
@@ -264,6 +278,7 @@ pub fn run(args: &CompareArgs) -> Result<()> {
         &[
             "job",
             "fs",
+            "replicas",
             "value",
             "unit",
             "ops/s",
@@ -278,6 +293,7 @@ pub fn run(args: &CompareArgs) -> Result<()> {
             vec![
                 r.job.to_string(),
                 r.fs.to_string(),
+                r.replicas.map_or_else(|| "-".into(), |n| n.to_string()),
                 fmt_f(r.value, 1),
                 r.unit.to_string(),
                 format!("{:.0}", r.ops_per_s),
@@ -445,6 +461,9 @@ struct Peer {
     script: PathBuf,
     state: PathBuf,
     mountpoint: PathBuf,
+    /// Copies of the data (bricks of the GlusterFS volume; MooseFS chunkservers and goal),
+    /// passed to the script as `CFSB_REPLICAS`.
+    replicas: u32,
 }
 
 impl Peer {
@@ -455,6 +474,7 @@ impl Peer {
             .arg(action)
             .arg(&self.state)
             .arg(&self.mountpoint)
+            .env("CFSB_REPLICAS", self.replicas.to_string())
             .output()
             .with_context(|| format!("run {}", self.script.display()))?;
         if !out.status.success() {
@@ -469,6 +489,29 @@ impl Peer {
     }
 }
 
+/// The embedded CitronFS cluster of a run on `fabric`: `--replicas` copies of every chunk on
+/// max(2, replicas) data servers.
+fn cluster_spec(fabric: Backend, args: &CompareArgs) -> ClusterSpec {
+    let replicas = args.replicas as usize;
+    // Room for the largest job's files (each job's files are removed after it), per replica.
+    ClusterSpec {
+        name: "citronfs-compare".into(),
+        data_servers: replicas.max(2),
+        capacity: 1 << 30,
+        fabric,
+        lock_server: args.scheme.uses_service(),
+        scheme: args.scheme,
+        replicas,
+        ..ClusterSpec::server_defaults()
+    }
+}
+
+/// The replica count a row of `fs` reports: `--replicas` on the distributed file systems, none
+/// on tmpfs.
+fn replicas_of(fs: Fs, args: &CompareArgs) -> Option<u32> {
+    (fs != Fs::Tmpfs).then_some(args.replicas)
+}
+
 impl Target {
     fn up(fs: Fs, args: &CompareArgs, work: &Path, scripts: &Path) -> Result<Target> {
         match fs {
@@ -480,16 +523,7 @@ impl Target {
                 } else {
                     Backend::Tcp
                 };
-                // Room for the largest job's files (each job's files are removed after it).
-                let cluster = Cluster::start(ClusterSpec {
-                    name: "citronfs-compare".into(),
-                    data_servers: 2,
-                    capacity: 1 << 30,
-                    fabric,
-                    lock_server: args.scheme.uses_service(),
-                    scheme: args.scheme,
-                    ..ClusterSpec::server_defaults()
-                })?;
+                let cluster = Cluster::start(cluster_spec(fabric, args))?;
                 let client = Arc::new(cluster.connect(args.scheme)?);
                 let mount = Mount::in_temp_dir(client, &fs_client::fuse::FuseOptions::default())?;
                 Ok(Target {
@@ -517,6 +551,7 @@ impl Target {
                     script: scripts.join(format!("{}.sh", fs.name())),
                     state: work.join(fs.name()),
                     mountpoint: work.join(format!("{}-mnt", fs.name())),
+                    replicas: args.replicas,
                 };
                 std::fs::create_dir_all(&peer.state)?;
                 let dir = peer.mountpoint.clone();
@@ -611,6 +646,7 @@ fn run_fio(job: Job, fs: Fs, target: &Target, args: &CompareArgs, work: &Path) -
     Ok(Row {
         job: job.name(),
         fs: fs.name(),
+        replicas: replicas_of(fs, args),
         value: m.bytes_per_s / (1u64 << 20) as f64,
         unit: "MiB/s",
         ops_per_s: m.iops,
@@ -680,7 +716,7 @@ impl FioOutput {
 
 /// Creates, stats and unlinks `files` files in a fresh directory, one thread; one row per phase
 /// (operations per second).
-fn metadata_pass(fs: Fs, dir: &Path, files: u32) -> Result<Vec<Row>> {
+fn metadata_pass(fs: Fs, replicas: Option<u32>, dir: &Path, files: u32) -> Result<Vec<Row>> {
     let dir = dir.join("metadata-pass");
     std::fs::create_dir_all(&dir).with_context(|| format!("mkdir {}", dir.display()))?;
     let names: Vec<PathBuf> = (0..files).map(|i| dir.join(format!("f{i:06}"))).collect();
@@ -694,6 +730,7 @@ fn metadata_pass(fs: Fs, dir: &Path, files: u32) -> Result<Vec<Row>> {
         rows.push(Row {
             job: name,
             fs: fs.name(),
+            replicas,
             value: per_s,
             unit: "ops/s",
             ops_per_s: per_s,
@@ -717,11 +754,15 @@ fn print_notes(args: &CompareArgs, rows: &[Row]) {
          (io500-hard, btio, oltp); direct=1 everywhere but tmpfs. value: MiB/s (fio jobs, reads \
          and writes together) or operations per second (create, stat, unlink: {} files, one \
          thread). shm ÷ this, tcp ÷ this: CitronFS on that fabric over this row (> 1: CitronFS \
-         is faster). CitronFS: scheme {}, 2 data servers. Peers' data in {}.",
+         is faster). CitronFS: scheme {}, {} data servers. replicas: copies of the data on each \
+         distributed file system, {} (CitronFS's replicas; GlusterFS bricks, a replica volume \
+         from 2; MooseFS chunkservers and goal). Peers' data in {}.",
         args.duration,
         args.procs,
         args.files,
         args.scheme,
+        args.replicas.max(2),
+        args.replicas,
         args.work_dir.display()
     );
     for job in [
@@ -833,6 +874,7 @@ mod tests {
         let row = |job, fs: Fs, value| Row {
             job,
             fs: fs.name(),
+            replicas: None,
             value,
             unit: "MiB/s",
             ops_per_s: 0.0,
@@ -851,6 +893,86 @@ mod tests {
         assert_eq!(rows[2].tcp_ratio, Some(3.0));
         assert_eq!(rows[0].shm_ratio, Some(1.0));
         assert_eq!(rows[3].shm_ratio, None, "no CitronFS row for oltp");
+    }
+
+    /// `bench compare` with these arguments, as the command line parses them.
+    fn parse(args: &[&str]) -> Result<CompareArgs, clap::Error> {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: CompareArgs,
+        }
+        Cli::try_parse_from(std::iter::once("compare").chain(args.iter().copied())).map(|c| c.args)
+    }
+
+    #[test]
+    fn replicas_reach_the_cluster_the_peers_and_the_rows() {
+        // The default run is today's: one copy, two data servers.
+        let default = parse(&[]).unwrap();
+        assert_eq!(default.replicas, 1);
+        let spec = cluster_spec(Backend::Tcp, &default);
+        assert_eq!((spec.replicas, spec.data_servers), (1, 2));
+        assert_eq!(spec.capacity, 1 << 30);
+        assert_eq!(replicas_of(Fs::CitronfsShm, &default), Some(1));
+
+        let two = parse(&["--replicas", "2"]).unwrap();
+        let spec = cluster_spec(Backend::Shm, &two);
+        assert_eq!((spec.replicas, spec.data_servers), (2, 2));
+        let three = parse(&["--replicas", "3", "--fs", "citronfs-tcp,tmpfs,glusterfs"]).unwrap();
+        let spec = cluster_spec(Backend::Tcp, &three);
+        assert_eq!((spec.replicas, spec.data_servers), (3, 3));
+        for fs in [Fs::CitronfsShm, Fs::CitronfsTcp, Fs::Glusterfs, Fs::Moosefs] {
+            assert_eq!(replicas_of(fs, &three), Some(3), "{}", fs.name());
+        }
+        assert_eq!(replicas_of(Fs::Tmpfs, &three), None);
+
+        for bad in ["0", "9", "-1", "two"] {
+            assert!(parse(&["--replicas", bad]).is_err(), "--replicas {bad}");
+        }
+    }
+
+    #[test]
+    fn peer_scripts_get_the_replica_count_in_their_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("peer.sh");
+        std::fs::write(
+            &script,
+            "echo \"$1 ${CFSB_REPLICAS:-unset} $(basename \"$3\")\" >> \"$2/seen\"\n",
+        )
+        .unwrap();
+        for replicas in [1, 3] {
+            let peer = Peer {
+                script: script.clone(),
+                state: dir.path().to_path_buf(),
+                mountpoint: dir.path().join("mnt"),
+                replicas,
+            };
+            peer.script("up").unwrap();
+            peer.script("down").unwrap();
+        }
+        let seen = std::fs::read_to_string(dir.path().join("seen")).unwrap();
+        assert_eq!(seen, "up 1 mnt\ndown 1 mnt\nup 3 mnt\ndown 3 mnt\n");
+
+        // A failing script's error carries its stderr.
+        std::fs::write(&script, "echo \"no bricks\" >&2; exit 2\n").unwrap();
+        let peer = Peer {
+            script,
+            state: dir.path().to_path_buf(),
+            mountpoint: dir.path().join("mnt"),
+            replicas: 2,
+        };
+        let err = peer.script("up").unwrap_err().to_string();
+        assert!(err.contains("no bricks"), "{err}");
+    }
+
+    #[test]
+    fn the_peer_scripts_read_the_replica_count() {
+        for (name, text) in PEER_SCRIPTS {
+            if *name != "netns.sh" {
+                assert!(text.contains("CFSB_REPLICAS"), "{name} ignores --replicas");
+            }
+        }
     }
 
     #[test]

@@ -35,6 +35,8 @@ pub enum Bench {
     /// in one run: the fio jobs of bench/fio/ (IO500-hard-like, BT-IO-like, OLTP-like, 1 MiB
     /// sequential write and read) and a metadata pass (create, stat, unlink), with the ratios.
     /// The peers are set up from Debian's packages by bench/peers/ and torn down afterwards.
+    /// --replicas N keeps N copies of the data on each (CitronFS replicas, GlusterFS replica
+    /// bricks, MooseFS chunkservers and goal).
     Compare(compare::CompareArgs),
     /// The NPB BT-IO output pattern (CITRON §4.3.1): P processes on a square grid write
     /// their rows of every output step into one shared file as interleaved, non-conflicting
