@@ -478,7 +478,7 @@ mod tests {
 
     #[test]
     fn class_d_rows_span_the_papers_range() {
-        // Seed 000 §4.3.1: 2040 B to 16320 B for class D.
+        // The CITRON paper, §4.3.1: 2040 B to 16320 B for class D.
         let len = |procs: u64| {
             let side = (procs as f64).sqrt() as u64;
             rows_of(Class::D.n(), side, 0, 0)[0].1
