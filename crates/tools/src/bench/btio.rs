@@ -15,7 +15,6 @@ use super::runner::Run;
 use crate::report::{fmt_f, fmt_opt, Report};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
-use cluster::{Cluster, ClusterSpec};
 use fabric::Backend;
 use hdrhistogram::Histogram;
 use lockmgr::{LockMode, LockScheme};
@@ -146,37 +145,20 @@ pub fn run(args: &BtioArgs) -> Result<()> {
         args.class.n(),
         args.procs
     );
-    anyhow::ensure!(args.common.clients >= 1, "--clients must be at least 1");
     anyhow::ensure!(args.steps >= 1, "--steps must be at least 1");
-    anyhow::ensure!(!args.common.scheme.is_empty(), "--scheme is empty");
-    anyhow::ensure!(!args.common.read_locks.is_empty(), "--read-locks is empty");
     let n = args.class.n();
     let step_bytes = n * n * n * POINT;
     let file_bytes = step_bytes * args.steps;
     let per_server = (file_bytes + (64 << 20)) / args.common.data_servers as u64 + (64 << 20);
-    let cluster = Cluster::start(ClusterSpec {
-        name: "citronfs-btio".into(),
-        data_servers: args.common.data_servers,
-        capacity: per_server,
-        fabric: args.fabric,
-        lock_server: args.common.scheme.iter().any(LockScheme::uses_service),
-        ..ClusterSpec::server_defaults()
-    })?;
+    let cluster = args
+        .common
+        .start_cluster("citronfs-btio", args.fabric, per_server)?;
 
     let runs = args.common.runs();
     let run = Run::start(args.common.json, runs.len() as u64 * args.steps)?;
     let mut results: Vec<BtioResult> = Vec::new();
     for (scheme, reads) in runs {
-        run.check()?;
-        let label = args.common.label(scheme, reads);
-        run.say(format!("{label}: starting {} clients", args.common.clients));
-        let clients = Clients::start(
-            &cluster,
-            scheme,
-            reads,
-            args.common.clients,
-            args.common.via,
-        )?;
+        let (label, clients) = args.common.start_clients(&cluster, scheme, reads, &run)?;
         let name = format!("btio-{}.dat", scheme.name());
         let mut r = run_scheme(args, &clients, &name, scheme, &run)
             .with_context(|| format!("scheme {label}"))?;

@@ -64,6 +64,44 @@ impl WorkloadArgs {
             .collect()
     }
 
+    /// Checks the options every workload shares, then starts the embedded cluster `name` on
+    /// `fabric`, each data server of `per_server` bytes (with a lock server where a scheme asked
+    /// for needs one).
+    pub fn start_cluster(
+        &self,
+        name: &str,
+        fabric: fabric::Backend,
+        per_server: u64,
+    ) -> Result<Cluster> {
+        anyhow::ensure!(self.clients >= 1, "--clients must be at least 1");
+        anyhow::ensure!(!self.scheme.is_empty(), "--scheme is empty");
+        anyhow::ensure!(!self.read_locks.is_empty(), "--read-locks is empty");
+        Cluster::start(cluster::ClusterSpec {
+            name: name.into(),
+            data_servers: self.data_servers,
+            capacity: per_server,
+            fabric,
+            lock_server: self.scheme.iter().any(LockScheme::uses_service),
+            ..cluster::ClusterSpec::server_defaults()
+        })
+    }
+
+    /// The clients of one run (`scheme`, reads locked `reads`), announced on `run`; with the
+    /// run's label ([`WorkloadArgs::label`]).
+    pub fn start_clients(
+        &self,
+        cluster: &Cluster,
+        scheme: LockScheme,
+        reads: LockMode,
+        run: &super::runner::Run,
+    ) -> Result<(String, Clients)> {
+        run.check()?;
+        let label = self.label(scheme, reads);
+        run.say(format!("{label}: starting {} clients", self.clients));
+        let clients = Clients::start(cluster, scheme, reads, self.clients, self.via)?;
+        Ok((label, clients))
+    }
+
     /// The name of one run in tables and plots: the scheme, and its reads' mode when more than
     /// one was asked for.
     pub fn label(&self, scheme: LockScheme, reads: LockMode) -> String {

@@ -16,7 +16,6 @@ use super::runner::{interrupted, Run};
 use crate::report::{fmt_f, fmt_opt, Report};
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use cluster::{Cluster, ClusterSpec};
 use fabric::Backend;
 use hdrhistogram::Histogram;
 use lockmgr::{LockMode, LockScheme};
@@ -111,37 +110,20 @@ fn is_whole(b: &[u8]) -> bool {
 
 /// Runs the benchmark.
 pub fn run(args: &OltpArgs) -> Result<()> {
-    anyhow::ensure!(args.common.clients >= 1, "--clients must be at least 1");
     anyhow::ensure!(
         args.duration > 0.0 && args.duration.is_finite(),
         "--duration must be positive"
     );
-    anyhow::ensure!(!args.common.scheme.is_empty(), "--scheme is empty");
-    anyhow::ensure!(!args.common.read_locks.is_empty(), "--read-locks is empty");
     let per_server =
         (FILE_BYTES * (DATA_FILES as u64 + 1) * 2) / args.common.data_servers as u64 + (64 << 20);
-    let cluster = Cluster::start(ClusterSpec {
-        name: "citronfs-oltp".into(),
-        data_servers: args.common.data_servers,
-        capacity: per_server,
-        fabric: args.fabric,
-        lock_server: args.common.scheme.iter().any(LockScheme::uses_service),
-        ..ClusterSpec::server_defaults()
-    })?;
+    let cluster = args
+        .common
+        .start_cluster("citronfs-oltp", args.fabric, per_server)?;
     let runs = args.common.runs();
     let run = Run::start(args.common.json, runs.len() as u64)?;
     let mut results = Vec::new();
     for (scheme, reads) in runs {
-        run.check()?;
-        let label = args.common.label(scheme, reads);
-        run.say(format!("{label}: starting {} clients", args.common.clients));
-        let clients = Clients::start(
-            &cluster,
-            scheme,
-            reads,
-            args.common.clients,
-            args.common.via,
-        )?;
+        let (label, clients) = args.common.start_clients(&cluster, scheme, reads, &run)?;
         run.say(format!("{label}: running"));
         let mut r = run_scheme(args, &clients, scheme, run.stop())
             .with_context(|| format!("scheme {label}"))?;
