@@ -118,6 +118,19 @@ fn live_data_servers(cluster: &Cluster) -> usize {
     }
 }
 
+/// Two data servers of `cluster` as processes of their own (`ds-0`, `ds-1`), once the meta
+/// server has both live.
+fn two_data_processes(cluster: &Cluster) -> [DataProcess; 2] {
+    let servers = [
+        DataProcess::start(cluster, "ds-0"),
+        DataProcess::start(cluster, "ds-1"),
+    ];
+    wait_until(Duration::from_secs(30), "two live data servers", || {
+        live_data_servers(cluster) == 2
+    });
+    servers
+}
+
 /// setxattr(2) of `name` on `path`; the errno when it fails.
 fn set_xattr(path: &Path, name: &str, value: &[u8]) -> Result<(), i32> {
     let p = CString::new(path.as_os_str().as_bytes()).expect("a path");
@@ -214,13 +227,7 @@ fn kill_a_data_server_under_a_mount(replicas: usize, victim: usize) {
         ..ClusterSpec::default()
     })
     .unwrap();
-    let mut servers = [
-        DataProcess::start(&cluster, "ds-0"),
-        DataProcess::start(&cluster, "ds-1"),
-    ];
-    wait_until(Duration::from_secs(30), "two live data servers", || {
-        live_data_servers(&cluster) == 2
-    });
+    let mut servers = two_data_processes(&cluster);
     let mount = cluster.mount().unwrap();
     let dir = mount.path().join("d");
     std::fs::create_dir(&dir).unwrap();
@@ -530,13 +537,7 @@ fn fsck_counts_chunks_under_replicated_after_a_data_server_is_killed() {
         ..ClusterSpec::default()
     })
     .unwrap();
-    let mut servers = [
-        DataProcess::start(&cluster, "ds-0"),
-        DataProcess::start(&cluster, "ds-1"),
-    ];
-    wait_until(Duration::from_secs(30), "two live data servers", || {
-        live_data_servers(&cluster) == 2
-    });
+    let mut servers = two_data_processes(&cluster);
     let fs = cluster.client().unwrap();
     let layout = proto::layout::Layout::new(CHUNK).unwrap();
     let sizes = [CHUNK as usize * 3, 5000];
