@@ -23,11 +23,12 @@
 
 use fabric::{Batch, Capabilities, Completions, Endpoint, EndpointStats};
 
-/// The [`RangeLock`](crate::RangeLock) methods `acquire`, `release`, `acquire_with`,
-/// `acquire_mode_with` and `release_with` of a scheme that carries a caller's verbs in its own
-/// batches, through its inherent `take(range, extra, out)`, `take_mode(range, mode, extra, out)`
-/// and `give_back(id, extra, out)`: the plain calls carry nothing, and `fallback` is never used
-/// (an uncontended grant stays one round trip).
+/// The [`RangeLock`](crate::RangeLock) methods `acquire`, `release`, `acquire_with` and
+/// `release_with` of a scheme that carries a caller's verbs in its own batches, through its
+/// inherent `take(range, extra, out)` and `give_back(id, extra, out)`: the plain calls carry
+/// nothing, and `fallback` is never used (an uncontended grant stays one round trip). An
+/// exclusive-only scheme keeps the trait's `acquire_mode_with`, which takes every request
+/// through `acquire_with`; a scheme that shares writes its own.
 macro_rules! carrying_lock_methods {
     () => {
         fn acquire(
@@ -55,17 +56,6 @@ macro_rules! carrying_lock_methods {
             self.take(range, extra, out)
         }
 
-        fn acquire_mode_with(
-            &mut self,
-            range: std::ops::Range<u64>,
-            mode: $crate::LockMode,
-            extra: &fabric::Batch,
-            out: &mut fabric::Completions,
-            _fallback: &mut dyn fabric::Endpoint,
-        ) -> Result<$crate::LockId, $crate::LockError> {
-            self.take_mode(range, mode, extra, out)
-        }
-
         fn release_with(
             &mut self,
             id: $crate::LockId,
@@ -78,20 +68,6 @@ macro_rules! carrying_lock_methods {
     };
 }
 pub(crate) use carrying_lock_methods;
-
-impl crate::citron::CitronClient {
-    /// `carrying_lock_methods`' acquisition in `mode`: shared where the client acquires
-    /// one-sidedly, exclusive at the host ([`crate::citron::CitronClient::acquire_mode_with`]).
-    pub(crate) fn take_mode(
-        &mut self,
-        range: std::ops::Range<u64>,
-        mode: crate::LockMode,
-        extra: &Batch,
-        out: &mut Completions,
-    ) -> Result<crate::LockId, crate::LockError> {
-        self.acquire_mode_with(range, mode, extra, out)
-    }
-}
 
 /// Where the carried verbs go in the batches executed meanwhile.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

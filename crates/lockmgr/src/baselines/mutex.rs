@@ -76,18 +76,6 @@ pub struct MutexLock {
 }
 
 impl MutexLock {
-    /// [`MutexLock::take`] for a request in any mode: this scheme is exclusive only and grants a
-    /// shared request exclusively (`RangeLock::acquire_mode_with`).
-    fn take_mode(
-        &mut self,
-        range: Range<u64>,
-        _mode: crate::LockMode,
-        extra: &Batch,
-        out: &mut Completions,
-    ) -> Result<LockId, LockError> {
-        self.take(range, extra, out)
-    }
-
     /// An acquisition carrying `extra` ([`RangeLock::acquire_with`]) in the ticket lock's own
     /// batches (`ClientCore::acquire_carrying`).
     fn take(

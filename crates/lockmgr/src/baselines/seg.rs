@@ -292,18 +292,6 @@ fn release_all(
 }
 
 impl SegLock {
-    /// [`SegLock::take`] for a request in any mode: this scheme is exclusive only and grants a
-    /// shared request exclusively (`RangeLock::acquire_mode_with`).
-    fn take_mode(
-        &mut self,
-        range: Range<u64>,
-        _mode: crate::LockMode,
-        extra: &Batch,
-        out: &mut Completions,
-    ) -> Result<LockId, LockError> {
-        self.take(range, extra, out)
-    }
-
     /// An acquisition carrying `extra` ([`RangeLock::acquire_with`]) in the ticket locks' own
     /// batches (`ClientCore::acquire_carrying`): the last batch is the grant of the last
     /// segment's ticket lock, taken after every earlier one.

@@ -823,6 +823,19 @@ impl CitronClient {
 impl RangeLock for CitronClient {
     crate::carry::carrying_lock_methods!();
 
+    /// Carried as the other calls are: shared where the client acquires one-sidedly,
+    /// exclusive at the host ([`CitronClient::acquire_mode_with`]).
+    fn acquire_mode_with(
+        &mut self,
+        range: Range<u64>,
+        mode: crate::LockMode,
+        extra: &Batch,
+        out: &mut Completions,
+        _fallback: &mut dyn fabric::Endpoint,
+    ) -> Result<LockId, LockError> {
+        CitronClient::acquire_mode_with(self, range, mode, extra, out)
+    }
+
     fn modes(&self) -> &'static [crate::LockMode] {
         crate::scheme::EXCLUSIVE_AND_SHARED
     }
