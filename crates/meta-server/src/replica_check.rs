@@ -102,6 +102,19 @@ pub(crate) fn check(
         }
     }
     let paths = Paths::new(image);
+    // The finding of chunk `chunk` of `ino`, whose replica `other` first differs from
+    // `reference` at `offset` into the chunk.
+    let differ = |ino: Ino, chunk: u64, reference: ChunkLoc, other: ChunkLoc, offset: u64| {
+        Finding::ReplicasDiffer {
+            ino,
+            path: paths.of(ino),
+            chunk,
+            reference,
+            other,
+            offset,
+            file_offset: layout.start(chunk) + offset,
+        }
+    };
     let mut out = Outcome::default();
     // Under-replicated chunks per file: (count, fewest live).
     let mut under: BTreeMap<Ino, (u64, u32)> = BTreeMap::new();
@@ -136,15 +149,8 @@ pub(crate) fn check(
                 }
             };
             if let Some(offset) = found {
-                out.findings.push(Finding::ReplicasDiffer {
-                    ino,
-                    path: paths.of(ino),
-                    chunk,
-                    reference,
-                    other,
-                    offset,
-                    file_offset: layout.start(chunk) + offset,
-                });
+                out.findings
+                    .push(differ(ino, chunk, reference, other, offset));
                 differing.push((ino, chunk, reference, other));
             }
         }
@@ -179,15 +185,8 @@ pub(crate) fn check(
             let found =
                 first_difference(io, layout.len(chunk), reference, other, piece).unwrap_or(Some(0));
             if let Some(offset) = found {
-                out.remaining.push(Finding::ReplicasDiffer {
-                    ino,
-                    path: paths.of(ino),
-                    chunk,
-                    reference,
-                    other,
-                    offset,
-                    file_offset: layout.start(chunk) + offset,
-                });
+                out.remaining
+                    .push(differ(ino, chunk, reference, other, offset));
             }
         }
         out.remaining.extend(
