@@ -31,7 +31,9 @@ use common::servers::Fabric;
 use fabric::Backend;
 use fabric::{Connector, RegionId, RemoteAddr};
 use lockmgr::baselines::{MutexScheme, SegConfig, SegScheme, TicketConfig};
-use lockmgr::citron::{Citron, CitronClient, CitronConfig, ClientOptions, NoAllocator, Phase};
+use lockmgr::citron::{
+    t_wait_under_load, Citron, CitronClient, CitronConfig, ClientOptions, NoAllocator, Phase,
+};
 use lockmgr::{LockStats, RangeLock, StallEndpoint, StallSwitch};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -98,17 +100,28 @@ fn seg_config() -> SegConfig {
 }
 
 /// Creates the lock of `scheme` on `connector`.
+///
+/// CITRON's `T_wait` is measured as the file system measures it: the 90th-percentile round trip
+/// under load (`t_wait_under_load`). The idle median `Citron::create` measures by default
+/// undercounts what these scenarios' contending threads see on tcp: with `T_wait` near 150 µs
+/// the victim's height-2 node (two round trips of 85 µs between `t1` and `t2`) failed
+/// inequality (1) on nearly every attempt and took up to 8 s to be granted.
 fn create(scheme: Scheme, connector: &dyn Connector) {
     let mut ep = connector.connect().unwrap();
     match scheme {
         Scheme::Citron => {
+            let config = CitronConfig {
+                unit_count: UNITS,
+                t_lease: T_LEASE,
+                ..CitronConfig::default()
+            };
+            let (t_wait, _) = t_wait_under_load(connector, BASE, &config).unwrap();
             Citron::create(
                 &mut *ep,
                 BASE,
                 CitronConfig {
-                    unit_count: UNITS,
-                    t_lease: T_LEASE,
-                    ..CitronConfig::default()
+                    t_wait: Some(t_wait),
+                    ..config
                 },
             )
             .unwrap();
