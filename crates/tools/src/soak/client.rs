@@ -8,8 +8,9 @@
 //!   locks and writes meet in every lock unit at a slot boundary);
 //! - creates of private files with patterned contents, renames, truncates and unlinks.
 //!
-//! A failed operation (EIO while a server restarts) stays unacknowledged; the file it touched
-//! is then left alone, so that each file has at most one uncertain operation for the verifier.
+//! A failed operation (EIO while a server restarts) stays unacknowledged and is journaled with
+//! its errno (the soak counts them); the file it touched is then left alone, so that each file
+//! has at most one uncertain operation for the verifier.
 
 use super::journal::{now_ms, record, Entry, Journal, Op};
 use anyhow::{Context, Result};
@@ -141,7 +142,10 @@ pub fn run(args: ClientArgs) -> Result<()> {
                     Op::Write { .. } | Op::Unlink { .. } => {}
                 }
             }
-            Err(error) => eprintln!("soak client {}: {op}: {error}", args.id),
+            Err(error) => {
+                eprintln!("soak client {}: {op}: {error}", args.id);
+                journal.log(&Entry::Failed(op, error.errno()))?;
+            }
         }
     }
 }

@@ -159,13 +159,15 @@ impl Op {
     }
 }
 
-/// A journal entry: an intent or an acknowledgement of an operation.
+/// A journal entry: an intent, an acknowledgement or a failure of an operation.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Entry {
     /// About to start the operation.
     Intent(Op),
     /// The operation and an fsync after it returned, at `at` (ms since the Unix epoch).
     Ack(Op, u64),
+    /// The operation (or the fsync after it) failed with this errno; it stays unacknowledged.
+    Failed(Op, i32),
 }
 
 /// Now, in ms since the Unix epoch (the clock of acknowledgements and of the soak's kills).
@@ -193,6 +195,7 @@ impl Journal {
         let line = match entry {
             Entry::Intent(op) => format!("I {op}\n"),
             Entry::Ack(op, at) => format!("A {op} @{at}\n"),
+            Entry::Failed(op, errno) => format!("F {op} !{errno}\n"),
         };
         self.0.write_all(line.as_bytes())
     }
@@ -211,6 +214,11 @@ pub fn read(path: &Path) -> std::io::Result<Vec<Entry>> {
                     let (at, op) = rest.split_last()?;
                     let at = at.strip_prefix('@')?.parse().ok()?;
                     Op::parse(op).map(|op| Entry::Ack(op, at))
+                }
+                Some((&"F", rest)) => {
+                    let (errno, op) = rest.split_last()?;
+                    let errno = errno.strip_prefix('!')?.parse().ok()?;
+                    Op::parse(op).map(|op| Entry::Failed(op, errno))
                 }
                 _ => None,
             }
@@ -274,6 +282,8 @@ mod tests {
             j.log(&Entry::Intent(op.clone())).unwrap();
             j.log(&Entry::Ack(op.clone(), 1234)).unwrap();
         }
+        j.log(&Entry::Intent(ops[0].clone())).unwrap();
+        j.log(&Entry::Failed(ops[0].clone(), libc::EIO)).unwrap();
         std::fs::OpenOptions::new()
             .append(true)
             .open(&path)
@@ -281,7 +291,11 @@ mod tests {
             .write_all(b"I W 4")
             .unwrap();
         let entries = read(&path).unwrap();
-        assert_eq!(entries.len(), 2 * ops.len());
+        assert_eq!(entries.len(), 2 * ops.len() + 2);
+        assert_eq!(
+            entries[2 * ops.len() + 1],
+            Entry::Failed(ops[0].clone(), libc::EIO)
+        );
         for (i, op) in ops.iter().enumerate() {
             assert_eq!(entries[2 * i], Entry::Intent(op.clone()));
             assert_eq!(entries[2 * i + 1], Entry::Ack(op.clone(), 1234));

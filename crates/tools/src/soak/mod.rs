@@ -1,14 +1,18 @@
-//! `citronfs soak`: a cluster of real processes — a meta server, two file-backed data servers
-//! and several clients — running a mixed workload while the soak kills (SIGKILL) and restarts
-//! clients and servers at random; at the end it verifies every file against what the clients
-//! acknowledged, runs `fsck --at-rest`, and prints what it did and what it found.
+//! `citronfs soak`: a cluster of real processes — a meta server, data servers (two file-backed
+//! ones by default) and several clients — running a mixed workload while the soak kills
+//! (SIGKILL) and restarts clients and servers at random; at the end it verifies every file
+//! against what the clients acknowledged, runs `fsck --at-rest`, and prints what it did and
+//! what it found, with the operations that failed (EIO and others).
 //!
 //! The parts: `client` (the workload, `citronfs soak-client`), `journal` (records and the
 //! intent/acknowledgement journal), `verify` (the verdict). This module is the supervisor.
 //!
-//! The data servers are file-backed, so a kill loses no acknowledged data by the file system's
-//! promise (docs/RELIABILITY.md); clients are library clients (no FUSE mount to clean up after
-//! each kill).
+//! The data servers are file-backed by default, so a kill loses no acknowledged data by the file
+//! system's promise (docs/RELIABILITY.md). With `--memory-only` they keep data in memory only
+//! and come back empty: only replicas (`--replicas 2` or more) keep the data then, so a data
+//! server is killed only while no chunk is under-replicated (asked of `fsck`), as the promise
+//! of replicas is to outlive one server at a time. Clients are library clients (no FUSE mount
+//! to clean up after each kill).
 
 pub mod client;
 pub mod journal;
@@ -29,7 +33,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const CLUSTER: &str = "soak";
-const DATA_SERVERS: usize = 2;
 /// Slots of the shared file per client.
 const SLOTS_PER_CLIENT: u32 = 16;
 
@@ -48,6 +51,25 @@ pub struct SoakArgs {
     /// Mean seconds between two kills (exponentially distributed).
     #[arg(long, default_value_t = 3.0)]
     pub kill_every: f64,
+    /// What the soak kills: any of `client`, `meta`, `data`, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [Kind::Client, Kind::Meta, Kind::Data])]
+    pub kill: Vec<Kind>,
+    /// Data servers (default: 2, or one more than `--replicas` when that is 2 or more, so that
+    /// a killed server's chunks have somewhere to be re-replicated).
+    #[arg(long)]
+    pub data_servers: Option<usize>,
+    /// The cluster's replication factor (`meta-server --replicas`).
+    #[arg(long, default_value_t = 1)]
+    pub replicas: u32,
+    /// Data servers keep data in memory only (no backing file): a killed one comes back empty.
+    /// Needs `--replicas 2` or more when data servers are killed.
+    #[arg(long)]
+    pub memory_only: bool,
+    /// Fail (exit non-zero) when any operation returned EIO, besides lost, torn or unexpected
+    /// data: what replicas promise for data-server kills (meta-server kills stall clients
+    /// until it is back, which may surface errors).
+    #[arg(long)]
+    pub fail_on_eio: bool,
     /// Seed of the random choices (kills, workloads); random by default, printed.
     #[arg(long)]
     pub seed: Option<u64>,
@@ -58,6 +80,27 @@ pub struct SoakArgs {
     /// One JSON object instead of a table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// What the soak may kill (`--kill`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Kind {
+    /// Client processes.
+    Client,
+    /// The meta server.
+    Meta,
+    /// Data servers.
+    Data,
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Kind::Client => "client",
+            Kind::Meta => "meta",
+            Kind::Data => "data",
+        })
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,9 +134,15 @@ struct Done {
     fabric: String,
     seconds: f64,
     clients: u32,
+    data_servers: usize,
+    replicas: u32,
+    memory_only: bool,
     kills_client: u64,
     kills_meta: u64,
     kills_data: u64,
+    /// Data-server kills left out because some chunk was under-replicated then (memory-only
+    /// data servers: a second loss before re-replication ends loses data by design).
+    data_kills_skipped: u64,
     /// Clients that exited on their own (and were started again).
     client_exits: u64,
     /// When a server was last started again (ms since the Unix epoch; 0: never).
@@ -108,6 +157,8 @@ struct Soak {
     listen: SocketAddr,
     fabric: Backend,
     clients: u32,
+    replicas: u32,
+    memory_only: bool,
     rng: StdRng,
     procs: Vec<Proc>,
 }
@@ -129,6 +180,7 @@ impl Soak {
         match role {
             Role::Meta => {
                 cmd.args(["meta-server", "--cluster", CLUSTER, "--fabric", fabric])
+                    .args(["--replicas", &self.replicas.to_string()])
                     .args([
                         "--chunk-size",
                         &verify::CHUNK.to_string(),
@@ -143,15 +195,20 @@ impl Soak {
                     .arg(self.shm.join("meta"));
             }
             Role::Data(i) => {
-                let backing = self.dir.join(format!("ds-{i}"));
                 cmd.args(["data-server", "--cluster", CLUSTER, "--fabric", fabric])
                     .args(["--name", &format!("ds-{i}"), "--capacity", "128M"])
                     .arg("--meta")
-                    .arg(self.listen.to_string())
-                    .arg("--backing-dir")
-                    .arg(&backing)
-                    .arg("--region-dir")
-                    .arg(&backing);
+                    .arg(self.listen.to_string());
+                if self.memory_only {
+                    cmd.arg("--region-dir")
+                        .arg(self.shm.join(format!("ds-{i}")));
+                } else {
+                    let backing = self.dir.join(format!("ds-{i}"));
+                    cmd.arg("--backing-dir")
+                        .arg(&backing)
+                        .arg("--region-dir")
+                        .arg(&backing);
+                }
             }
             Role::Client(id) => {
                 cmd.args(["soak-client", "--cluster", CLUSTER])
@@ -219,6 +276,28 @@ impl Soak {
         Ok(())
     }
 
+    /// Whether no chunk is under-replicated now (`fsck`'s count; a failed check counts as
+    /// not): waits up to [`REPLICATED_WAIT`] for re-replication to end.
+    fn fully_replicated(&self) -> Result<bool> {
+        let deadline = Instant::now() + REPLICATED_WAIT;
+        loop {
+            let options = proto::fsck::FsckOptions {
+                repair: false,
+                at_rest: false,
+            };
+            let under = fsck(self, options)
+                .map(|r| r.counts.under_replicated)
+                .unwrap_or(u64::MAX);
+            if under == 0 {
+                return Ok(true);
+            }
+            if Instant::now() > deadline {
+                return Ok(false);
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
     fn kill(&mut self, i: usize) {
         if let Some(mut c) = self.procs[i].child.take() {
             let _ = c.kill();
@@ -234,6 +313,26 @@ pub fn run(args: SoakArgs) -> Result<()> {
     }
     if args.clients == 0 || args.minutes <= 0.0 || args.kill_every <= 0.0 {
         bail!("--clients, --minutes and --kill-every must be positive");
+    }
+    let data_servers = args.data_servers.unwrap_or(if args.replicas >= 2 {
+        args.replicas as usize + 1
+    } else {
+        2
+    });
+    if data_servers == 0 || args.replicas == 0 || args.replicas as usize > data_servers {
+        bail!(
+            "--replicas {} needs at least as many --data-servers ({data_servers})",
+            args.replicas
+        );
+    }
+    if args.memory_only && args.replicas < 2 && args.kill.contains(&Kind::Data) {
+        bail!(
+            "--memory-only data servers lose their data when killed: give --replicas 2 or more, \
+             or leave `data` out of --kill"
+        );
+    }
+    if args.kill.is_empty() {
+        bail!("--kill names nothing to kill");
     }
     let seed = args.seed.unwrap_or_else(rand::random);
     let dir = tempfile::Builder::new()
@@ -257,11 +356,13 @@ pub fn run(args: SoakArgs) -> Result<()> {
         listen: cluster::restartable_addr()?,
         fabric: args.fabric,
         clients: args.clients,
+        replicas: args.replicas,
+        memory_only: args.memory_only,
         rng: StdRng::seed_from_u64(seed),
         procs: Vec::new(),
     };
     let mut roles = vec![Role::Meta];
-    roles.extend((0..DATA_SERVERS).map(Role::Data));
+    roles.extend((0..data_servers).map(Role::Data));
     roles.extend((0..args.clients).map(Role::Client));
     soak.procs = roles
         .iter()
@@ -271,11 +372,11 @@ pub fn run(args: SoakArgs) -> Result<()> {
             lives: 0,
         })
         .collect();
-    for i in 0..=DATA_SERVERS {
+    for i in 0..=data_servers {
         soak.start(i)?;
     }
     prepare(&soak)?;
-    for i in DATA_SERVERS + 1..soak.procs.len() {
+    for i in data_servers + 1..soak.procs.len() {
         soak.start(i)?;
     }
 
@@ -283,6 +384,9 @@ pub fn run(args: SoakArgs) -> Result<()> {
         seed,
         fabric: format!("{:?}", args.fabric).to_lowercase(),
         clients: args.clients,
+        data_servers,
+        replicas: args.replicas,
+        memory_only: args.memory_only,
         ..Done::default()
     };
     let started = Instant::now();
@@ -301,7 +405,7 @@ pub fn run(args: SoakArgs) -> Result<()> {
         std::thread::sleep(pause);
         bar.set_position(started.elapsed().as_secs());
         // Clients that stopped on their own are started again.
-        for i in DATA_SERVERS + 1..soak.procs.len() {
+        for i in data_servers + 1..soak.procs.len() {
             let exited = soak.procs[i]
                 .child
                 .as_mut()
@@ -315,20 +419,35 @@ pub fn run(args: SoakArgs) -> Result<()> {
         if started.elapsed() >= total {
             break;
         }
-        // The first kills take one of each kind (so that even a short soak kills a client,
-        // the meta server and a data server); then clients are killed most often, each
+        // The first kills take one of each kind asked for (so that even a short soak kills a
+        // client, the meta server and a data server); then clients are killed most often, each
         // server about as often as a client.
         let kills = done.kills_client + done.kills_meta + done.kills_data;
-        let pick = match kills {
-            0 => 0,
-            1 => 2,
-            2 => 4,
-            _ => soak.rng.random_range(0..10),
+        let kind = match [Kind::Meta, Kind::Data, Kind::Client]
+            .into_iter()
+            .filter(|k| args.kill.contains(k))
+            .nth(kills as usize)
+        {
+            Some(first) => first,
+            None => loop {
+                let kind = match soak.rng.random_range(0..10) {
+                    0..=1 => Kind::Meta,
+                    2..=3 => Kind::Data,
+                    _ => Kind::Client,
+                };
+                if args.kill.contains(&kind) {
+                    break kind;
+                }
+            },
         };
-        let victim = match pick {
-            0..=1 => 0,
-            2..=3 => 1 + soak.rng.random_range(0..DATA_SERVERS),
-            _ => DATA_SERVERS + 1 + soak.rng.random_range(0..args.clients as usize),
+        if kind == Kind::Data && soak.memory_only && !soak.fully_replicated()? {
+            done.data_kills_skipped += 1;
+            continue;
+        }
+        let victim = match kind {
+            Kind::Meta => 0,
+            Kind::Data => 1 + soak.rng.random_range(0..data_servers),
+            Kind::Client => data_servers + 1 + soak.rng.random_range(0..args.clients as usize),
         };
         soak.kill(victim);
         match soak.procs[victim].role {
@@ -342,7 +461,7 @@ pub fn run(args: SoakArgs) -> Result<()> {
         ));
         std::thread::sleep(Duration::from_millis(soak.rng.random_range(100..1000)));
         soak.start(victim)?;
-        if victim <= DATA_SERVERS {
+        if victim <= data_servers {
             done.last_server_restart_ms = journal::now_ms();
         }
     }
@@ -363,14 +482,20 @@ pub fn run(args: SoakArgs) -> Result<()> {
 
     // Stop the clients (a kill: whatever they were doing is unacknowledged), and verify with
     // every server up.
-    for i in DATA_SERVERS + 1..soak.procs.len() {
+    for i in data_servers + 1..soak.procs.len() {
         soak.kill(i);
+    }
+    // Memory-only data servers: the last one killed may still be re-replicating; the verdict
+    // (fsck's under-replicated chunks) is taken once that ended or REPLICATED_WAIT ran out.
+    if soak.memory_only && done.kills_data > 0 {
+        soak.fully_replicated()?;
     }
     let verdict = verify_all(&soak, done.last_server_restart_ms)
         .and_then(|found| Ok((found, fsck_at_rest(&soak)?)));
     // Kept when asked for whatever the verdict, and when the verdict is not clean: its
     // journals, logs and regions are the evidence.
-    let clean = matches!(&verdict, Ok((found, fsck)) if found.clean() && fsck.clean());
+    let clean = matches!(&verdict, Ok((found, fsck))
+        if found.clean() && fsck.clean() && !(args.fail_on_eio && found.eio > 0));
     if args.keep || !clean {
         let kept = dir.keep();
         let shm = shm.keep();
@@ -385,11 +510,12 @@ pub fn run(args: SoakArgs) -> Result<()> {
     if !clean {
         let fsck_findings: Vec<String> = fsck.findings.iter().map(|f| f.to_string()).collect();
         bail!(
-            "the soak found {} lost, {} torn, {} unexpected and {} fsck findings (seed {seed}): \
-             {:#?} {fsck_findings:#?}",
+            "the soak found {} lost, {} torn, {} unexpected, {} EIO and {} fsck findings \
+             (seed {seed}): {:#?} {fsck_findings:#?}",
             found.lost,
             found.torn,
             found.unexpected,
+            found.eio,
             fsck.findings.len() as u64 + fsck.truncated,
             found.problems
         );
@@ -419,6 +545,10 @@ fn prepare(soak: &Soak) -> Result<()> {
     let _ = fs.release(fh);
     Ok(())
 }
+
+/// How long the soak waits, before it kills a memory-only data server, for no chunk to be
+/// under-replicated.
+const REPLICATED_WAIT: Duration = Duration::from_secs(30);
 
 /// How long the soak waits, after its last kill, for a client to acknowledge an operation
 /// after the last server restart.
@@ -461,11 +591,16 @@ fn verify_all(soak: &Soak, last_restart: u64) -> Result<verify::Findings> {
 
 /// `citronfs fsck --at-rest` of the soak's cluster (no client is left but the checker).
 fn fsck_at_rest(soak: &Soak) -> Result<proto::fsck::FsckReport> {
-    let credentials = fabric::Credentials::new(CLUSTER.to_string(), soak.token.clone());
     let options = proto::fsck::FsckOptions {
         repair: false,
         at_rest: true,
     };
+    fsck(soak, options)
+}
+
+/// `citronfs fsck` of the soak's cluster.
+fn fsck(soak: &Soak, options: proto::fsck::FsckOptions) -> Result<proto::fsck::FsckReport> {
+    let credentials = fabric::Credentials::new(CLUSTER.to_string(), soak.token.clone());
     meta_server::fsck::request(
         &soak.listen.to_string(),
         &credentials,
@@ -488,9 +623,24 @@ fn report(args: &SoakArgs, done: &Done, found: &verify::Findings, fsck: &proto::
         ("fabric", done.fabric.clone()),
         ("seconds", format!("{:.0}", done.seconds)),
         ("clients", done.clients.to_string()),
+        ("data servers", done.data_servers.to_string()),
+        ("replicas", done.replicas.to_string()),
+        (
+            "data servers' memory",
+            if done.memory_only {
+                "memory only"
+            } else {
+                "file-backed"
+            }
+            .to_string(),
+        ),
         ("kills of clients", done.kills_client.to_string()),
         ("kills of the meta server", done.kills_meta.to_string()),
         ("kills of data servers", done.kills_data.to_string()),
+        (
+            "data-server kills skipped (under-replicated)",
+            done.data_kills_skipped.to_string(),
+        ),
         ("clients that exited", done.client_exits.to_string()),
         ("acknowledged record writes", acked("write")),
         ("acknowledged creates", acked("create")),
@@ -498,6 +648,11 @@ fn report(args: &SoakArgs, done: &Done, found: &verify::Findings, fsck: &proto::
         ("acknowledged truncates", acked("truncate")),
         ("acknowledged unlinks", acked("unlink")),
         ("unacknowledged operations", found.unacked.to_string()),
+        ("operations that returned EIO", found.eio.to_string()),
+        (
+            "operations that returned another error",
+            found.other_errors.to_string(),
+        ),
         (
             "acknowledged after the last server restart",
             found.acked_after_last_server_restart.to_string(),

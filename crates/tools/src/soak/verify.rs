@@ -48,6 +48,10 @@ pub struct Findings {
     pub acked: BTreeMap<&'static str, u64>,
     /// Operations not acknowledged (a kill or an error cut them short).
     pub unacked: u64,
+    /// Operations that returned EIO (a subset of `unacked`).
+    pub eio: u64,
+    /// Operations that returned another error (a subset of `unacked`).
+    pub other_errors: u64,
     /// Operations acknowledged after the last restart of a server: the clients carried on.
     pub acked_after_last_server_restart: u64,
     /// Slots or files that lost an acknowledged write or operation.
@@ -107,9 +111,20 @@ impl Expected {
     fn replay(&mut self, entries: &[Entry], since: u64, found: &mut Findings) {
         let mut i = 0;
         while i < entries.len() {
-            let Entry::Intent(op) = &entries[i] else {
-                i += 1;
-                continue;
+            let op = match &entries[i] {
+                Entry::Intent(op) => op,
+                Entry::Failed(_, errno) => {
+                    match *errno {
+                        libc::EIO => found.eio += 1,
+                        _ => found.other_errors += 1,
+                    }
+                    i += 1;
+                    continue;
+                }
+                Entry::Ack(..) => {
+                    i += 1;
+                    continue;
+                }
             };
             let acked_at = match entries.get(i + 1) {
                 Some(Entry::Ack(a, at)) if a == op => Some(*at),
@@ -553,9 +568,11 @@ mod tests {
                 Entry::Intent(op_w(3, 1)),
                 Entry::Ack(op_w(3, 1), 10),
                 Entry::Intent(op_w(3, 2)),
+                Entry::Failed(op_w(3, 2), libc::EIO),
                 Entry::Intent(create.clone()),
                 Entry::Ack(create, 30),
-                Entry::Intent(trunc),
+                Entry::Intent(trunc.clone()),
+                Entry::Failed(trunc, libc::ENOSPC),
             ],
             20,
             &mut found,
@@ -563,6 +580,7 @@ mod tests {
         assert_eq!(e.acked[&3], 1);
         assert!(e.pending[&3].contains(&2));
         assert_eq!(found.unacked, 2);
+        assert_eq!((found.eio, found.other_errors), (1, 1));
         assert_eq!(found.acked_after_last_server_restart, 1);
         assert_eq!(
             e.files["f"],
