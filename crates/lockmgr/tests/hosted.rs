@@ -1,7 +1,8 @@
 //! CITRON acquired at the lock tree's host (`lockmgr::citron::hosted`): one round trip per
 //! acquire and a posted release, carried verbs in the same calls, a lease deadline no later
 //! than the host's, the choice of where to acquire per endpoint, a host that fences for its
-//! clients, and a dead host connection leaving its locks to lease recovery.
+//! clients, shared requests held shared at the host, and a dead host connection leaving its
+//! locks, exclusive and shared, to lease recovery.
 
 mod common;
 
@@ -10,8 +11,8 @@ use fabric::{Backend, Batch, Completions, Connector, EndpointExt, RegionId, Remo
 use lockmgr::chaos::DelayMode;
 use lockmgr::citron::{hosted, CitronClient, CitronHost, CitronSpec, Hosting, NoAllocator};
 use lockmgr::schemes::{self, CreateOptions, Created, FixedMemory, OpenOptions};
-use lockmgr::{ChaosConfig, ChaosConnector, Fence, LockError, LockScheme, RangeLock};
-use std::sync::{Arc, Mutex};
+use lockmgr::{ChaosConfig, ChaosConnector, Fence, LockError, LockMode, LockScheme, RangeLock};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const REGION: RegionId = RegionId(1);
@@ -236,23 +237,123 @@ fn where_a_client_acquires_is_chosen_per_endpoint() {
 
 /// A client whose host connection goes away holding a lock is a dead client to the others: the
 /// lock stays held (its holder may still be in its critical section) until lease recovery
-/// (a leaf's bits: after `T_lease`, CITRON §3.10).
+/// (a leaf's bits or a leaf's reader registration: after `T_lease`, CITRON §3.10) — in either
+/// mode, for one-sided and hosted waiters.
 #[test]
 fn a_lost_host_connection_leaves_its_lock_to_lease_recovery() {
+    for (mode, waiter) in [
+        (LockMode::Exclusive, Hosting::Never),
+        (LockMode::Shared, Hosting::Never),
+        (LockMode::Shared, Hosting::Always),
+    ] {
+        let (_fabric, connector, created) = start(Backend::Tcp, true);
+        let mut lock = open(&connector, &created, Hosting::Always, None).unwrap();
+        let _held = lock.acquire_mode(0..16, mode).unwrap();
+        drop(lock);
+        let mut other = open(&connector, &created, waiter, None).unwrap();
+        let start = Instant::now();
+        let id = other.acquire(8..9).unwrap();
+        let waited = start.elapsed();
+        assert!(
+            waited >= LEASE / 2,
+            "{mode} hold, {waiter:?} waiter: granted after {waited:?}: the lost connection's \
+             lock was given back early"
+        );
+        assert!(waited < LEASE * 10, "{mode}, {waiter:?}: never recovered");
+        other.release(id).unwrap();
+    }
+}
+
+/// A lock acquiring on a thread of its own ([`acquire_aside`]): the lock and its id come back
+/// when the thread is joined.
+type Aside = std::thread::JoinHandle<(Box<dyn RangeLock>, lockmgr::LockId)>;
+
+/// Acquires `range` in `mode` on `lock` on a thread of its own; a message on the returned
+/// channel says it was granted.
+fn acquire_aside(
+    mut lock: Box<dyn RangeLock>,
+    range: std::ops::Range<u64>,
+    mode: LockMode,
+) -> (Aside, mpsc::Receiver<()>) {
+    let (granted, grants) = mpsc::channel();
+    let thread = std::thread::spawn(move || {
+        let id = lock.acquire_mode(range, mode).unwrap();
+        let _ = granted.send(());
+        (lock, id)
+    });
+    (thread, grants)
+}
+
+/// Two hosted clients (two host connections) ask for overlapping ranges shared: both are
+/// granted at once, the host running the shared protocol for each; a writer of the overlap,
+/// hosted or one-sided, waits until both are released. Ranges: on one leaf, over leaf
+/// children (§3.8), and split in two nodes (`k = 2`).
+#[test]
+fn hosted_shared_acquisitions_overlap_and_an_exclusive_one_waits_for_both() {
+    /// How long an acquisition that is not blocked may take (a loaded machine).
+    const PATIENCE: Duration = Duration::from_secs(5);
+    /// How long a blocked writer is watched for not being granted.
+    const WATCH: Duration = Duration::from_millis(300);
     let (_fabric, connector, created) = start(Backend::Tcp, true);
-    let mut lock = open(&connector, &created, Hosting::Always, None).unwrap();
-    let _held = lock.acquire(0..16).unwrap();
-    drop(lock);
-    let mut other = open(&connector, &created, Hosting::Never, None).unwrap();
-    let start = Instant::now();
-    let id = other.acquire(8..9).unwrap();
-    let waited = start.elapsed();
-    assert!(
-        waited >= LEASE / 2,
-        "granted after {waited:?}: the lost connection's lock was given back early"
-    );
-    assert!(waited < LEASE * 10, "never recovered");
-    other.release(id).unwrap();
+    let mut a = open(&connector, &created, Hosting::Always, None).unwrap();
+    let mut b = open(&connector, &created, Hosting::Always, None).unwrap();
+    // The writers, by whether they acquire at the host.
+    let mut writers = [Hosting::Always, Hosting::Never]
+        .map(|hosting| Some(open(&connector, &created, hosting, None).unwrap()));
+    const HOSTED: usize = 0;
+    const ONE_SIDED: usize = 1;
+    for (ra, rb, overlap, w) in [
+        (10..20, 15..30, 16..18, HOSTED),
+        (0..256, 64..512, 100..101, ONE_SIDED),
+        (0..1024, 256..2048, 300..900, HOSTED),
+        (100..3000, 0..4096, 2000..2001, ONE_SIDED),
+    ] {
+        let what = format!("{ra:?} and {rb:?}, writer of {overlap:?}");
+        let ia = a.acquire_mode(ra.clone(), LockMode::Shared).unwrap();
+        let (b_thread, b_granted) = acquire_aside(b, rb.clone(), LockMode::Shared);
+        let together = b_granted.recv_timeout(PATIENCE).is_ok();
+        if !together {
+            // Let B through, so that the test fails instead of hanging.
+            a.release(ia).unwrap();
+        }
+        let (b_back, ib) = b_thread.join().unwrap();
+        b = b_back;
+        assert!(
+            together,
+            "{what}: the second hosted shared request waited for the first"
+        );
+        let writer = writers[w].take().expect("put back after each round");
+        let (w_thread, w_granted) = acquire_aside(writer, overlap.clone(), LockMode::Exclusive);
+        let beside_both = w_granted.recv_timeout(WATCH).is_ok();
+        a.release(ia).unwrap();
+        let beside_one = beside_both || w_granted.recv_timeout(WATCH).is_ok();
+        b.release(ib).unwrap();
+        w_granted
+            .recv_timeout(PATIENCE * 2)
+            .unwrap_or_else(|_| panic!("{what}: the writer was never granted"));
+        let (mut writer, iw) = w_thread.join().unwrap();
+        writer.release(iw).unwrap();
+        assert!(
+            !beside_both,
+            "{what}: the writer was granted beside two readers"
+        );
+        assert!(
+            !beside_one,
+            "{what}: the writer was granted beside B's read"
+        );
+        writers[w] = Some(writer);
+        wait_at_rest(&connector, &what);
+    }
+    let hosted_writer = writers[HOSTED].take().expect("put back");
+    for (name, lock) in [("A", &a), ("B", &b), ("the hosted writer", &hosted_writer)] {
+        let stats = lock.stats();
+        assert_eq!(stats.acquire.verbs, 0, "{name} acquired one-sided");
+        assert_eq!(
+            stats.rtts_per_acquire(),
+            1.0,
+            "{name}: one call per acquire"
+        );
+    }
 }
 
 /// The caller's carried verbs: read under the lock in the acquire call's one round trip,
@@ -290,52 +391,55 @@ fn carried_verbs_travel_in_the_host_calls() {
 
 /// A host that can fence hosts clients that have a fence, and fences as the waiting client
 /// (its connection's session), never calling the client's own fence, before it breaks the hold
-/// of a holder whose connection went away.
+/// of a holder whose connection went away: an exclusive hold (the leaf's bits) or a shared one
+/// (its reader registration).
 #[test]
 fn a_fencing_host_hosts_fenced_clients_and_fences_as_them() {
-    let at_host = Arc::new(Recorded::default());
-    let record = at_host.clone();
-    let host = CitronHost::new().fencing(Arc::new(move |session| {
-        Arc::new(RecordingFence {
-            record: record.clone(),
-            session,
-        }) as Arc<dyn Fence>
-    }));
-    let (fabric, _connector, created) = start_with(Backend::Tcp, Some(host));
-    let own = Arc::new(Recorded::default());
-    // A client of session `session` with its own (recording) fence, Auto hosting.
-    let client = |session| {
-        let fence: Arc<dyn Fence> = Arc::new(RecordingFence {
-            record: own.clone(),
-            session,
-        });
-        open(
-            &fabric.connector_for(session),
-            &created,
-            Hosting::Auto,
-            Some(fence),
-        )
-        .unwrap()
-    };
-    let mut holder = client(11);
-    assert!(was_hosted(&mut *holder), "a client with a fence is hosted");
-    let _held = holder.acquire(0..16).unwrap();
-    drop(holder);
-    let mut waiter = client(22);
-    let start = Instant::now();
-    let id = waiter.acquire(8..9).unwrap();
-    assert!(
-        start.elapsed() >= LEASE / 2,
-        "granted before the lease ran out"
-    );
-    waiter.release(id).unwrap();
-    let fenced = at_host.calls.lock().unwrap().clone();
-    assert!(
-        !fenced.is_empty() && fenced.iter().all(|&s| s == 22),
-        "the host fences as the waiter before breaking in: {fenced:?}"
-    );
-    assert!(
-        own.calls.lock().unwrap().is_empty(),
-        "the client's own fence is not called when the host fences"
-    );
+    for mode in [LockMode::Exclusive, LockMode::Shared] {
+        let at_host = Arc::new(Recorded::default());
+        let record = at_host.clone();
+        let host = CitronHost::new().fencing(Arc::new(move |session| {
+            Arc::new(RecordingFence {
+                record: record.clone(),
+                session,
+            }) as Arc<dyn Fence>
+        }));
+        let (fabric, _connector, created) = start_with(Backend::Tcp, Some(host));
+        let own = Arc::new(Recorded::default());
+        // A client of session `session` with its own (recording) fence, Auto hosting.
+        let client = |session| {
+            let fence: Arc<dyn Fence> = Arc::new(RecordingFence {
+                record: own.clone(),
+                session,
+            });
+            open(
+                &fabric.connector_for(session),
+                &created,
+                Hosting::Auto,
+                Some(fence),
+            )
+            .unwrap()
+        };
+        let mut holder = client(11);
+        assert!(was_hosted(&mut *holder), "a client with a fence is hosted");
+        let _held = holder.acquire_mode(0..16, mode).unwrap();
+        drop(holder);
+        let mut waiter = client(22);
+        let start = Instant::now();
+        let id = waiter.acquire(8..9).unwrap();
+        assert!(
+            start.elapsed() >= LEASE / 2,
+            "{mode} hold: granted before the lease ran out"
+        );
+        waiter.release(id).unwrap();
+        let fenced = at_host.calls.lock().unwrap().clone();
+        assert!(
+            !fenced.is_empty() && fenced.iter().all(|&s| s == 22),
+            "{mode} hold: the host fences as the waiter before breaking in: {fenced:?}"
+        );
+        assert!(
+            own.calls.lock().unwrap().is_empty(),
+            "{mode} hold: the client's own fence is not called when the host fences"
+        );
+    }
 }

@@ -643,7 +643,8 @@ fn citron_hosted_and_one_sided_on_tcp() {
     hosted_and_one_sided_on_tcp(LockScheme::Citron(citron(true)), 4, 0.0);
 }
 
-/// Readers one-sided beside hosted clients (which take shared requests exclusively).
+/// Readers and writers at the host (which runs each request in its mode) beside readers and
+/// writers acquiring one-sided, on one tree.
 #[test]
 fn citron_shared_hosted_and_one_sided_on_tcp() {
     hosted_and_one_sided_on_tcp(LockScheme::Citron(citron(true)), 4, 0.5);

@@ -1,5 +1,6 @@
 //! Reads share their range lock, writes do not (docs/SHARED_LOCKS.md "Through the file
-//! system"): with CITRON acquired one-sidedly (shm), a read through one client that holds its
+//! system"): with CITRON acquired one-sidedly (shm) and at the meta server (tcp, where clients
+//! acquire their file locks at the lock trees' host), a read through one client that holds its
 //! range (stopped inside its lock at the failpoint `fs_client::io::locked`) does not hold up a
 //! read of the same range through another client, while a write of that range waits until
 //! every read holding it is done, so that neither read sees any of it. Mounted with
@@ -32,13 +33,17 @@ const PATIENCE: Duration = Duration::from_secs(5);
 /// One test at a time: the failpoint is the process's.
 static FAILPOINTS: Mutex<()> = Mutex::new(());
 
-/// A cluster on shm whose file locks have a lease far beyond [`HOLD`] (a held lock is never
-/// broken here), and `clients` library clients of it locking with CITRON, their reads in
+/// A cluster on `fabric` whose file locks have a lease far beyond [`HOLD`] (a held lock is
+/// never broken here), and `clients` library clients of it locking with CITRON, their reads in
 /// mode `reads`, each with the same file open: `LEN` bytes of 0xAA at `OFFSET`.
-fn cluster(clients: usize, reads: LockMode) -> (Cluster, Vec<(CitronFs, fs_client::FileHandle)>) {
+fn cluster(
+    fabric: Backend,
+    clients: usize,
+    reads: LockMode,
+) -> (Cluster, Vec<(CitronFs, fs_client::FileHandle)>) {
     testkit::init_logging();
     let cluster = Cluster::start(ClusterSpec {
-        fabric: Backend::Shm,
+        fabric,
         lock_lease: Duration::from_secs(60),
         ..ClusterSpec::default()
     })
@@ -84,11 +89,38 @@ fn hold_first(holds: usize, release: Arc<AtomicBool>) -> mpsc::Receiver<usize> {
     hits
 }
 
+/// Checks that every client of `clients` acquired its range locks where `fabric` has them
+/// acquired: at the meta server on tcp (no atomic verb of its own, releases posted to the
+/// host), one-sided elsewhere.
+fn check_where_locks_were_acquired(fabric: Backend, clients: &[(CitronFs, fs_client::FileHandle)]) {
+    for (i, (client, _)) in clients.iter().enumerate() {
+        let stats = client.lock_stats();
+        assert!(stats.acquisitions > 0, "client {i} took no lock");
+        let hosted = stats.acquire.atomics == 0 && stats.release.posted_calls > 0;
+        assert_eq!(
+            hosted,
+            fabric == Backend::Tcp,
+            "client {i} on {fabric:?}: locks acquired at the host: {hosted} ({stats:?})"
+        );
+    }
+}
+
 /// Client A's read holds its range; client B's read of the same range completes meanwhile.
 /// With an exclusive lock for reads, B waits until A's hold ends ([`HOLD`]).
 #[test]
 fn reads_of_one_range_through_two_clients_run_together() {
-    let b_read = read_beside_a_held_read(LockMode::Shared, PATIENCE);
+    reads_run_together(Backend::Shm);
+}
+
+/// [`reads_of_one_range_through_two_clients_run_together`] where the clients acquire their
+/// locks at the meta server (tcp).
+#[test]
+fn reads_of_one_range_through_two_clients_run_together_on_tcp() {
+    reads_run_together(Backend::Tcp);
+}
+
+fn reads_run_together(fabric: Backend) {
+    let b_read = read_beside_a_held_read(fabric, LockMode::Shared, PATIENCE);
     let b_read = b_read.expect(
         "B's read of the range did not complete while A's read held it: reads do not share",
     );
@@ -99,7 +131,18 @@ fn reads_of_one_range_through_two_clients_run_together() {
 /// held one, as a write would.
 #[test]
 fn with_exclusive_read_locks_a_read_waits_for_a_held_read() {
-    let b_read = read_beside_a_held_read(LockMode::Exclusive, Duration::from_secs(1));
+    exclusive_reads_wait(Backend::Shm);
+}
+
+/// [`with_exclusive_read_locks_a_read_waits_for_a_held_read`] where the clients acquire their
+/// locks at the meta server (tcp).
+#[test]
+fn with_exclusive_read_locks_a_read_waits_for_a_held_read_on_tcp() {
+    exclusive_reads_wait(Backend::Tcp);
+}
+
+fn exclusive_reads_wait(fabric: Backend) {
+    let b_read = read_beside_a_held_read(fabric, LockMode::Exclusive, Duration::from_secs(1));
     assert!(
         b_read.is_none(),
         "B's read completed while A's read held the range, with exclusive read locks"
@@ -107,13 +150,15 @@ fn with_exclusive_read_locks_a_read_waits_for_a_held_read() {
 }
 
 /// Client A's read holds its range (at [`FAILPOINT`]) while client B reads the same range:
-/// B's result if it came within `patience`. Both reads are checked to see the file's bytes.
+/// B's result if it came within `patience`. Both reads are checked to see the file's bytes,
+/// and both clients to have acquired where `fabric` has them acquire.
 fn read_beside_a_held_read(
+    fabric: Backend,
     reads: LockMode,
     patience: Duration,
 ) -> Option<Result<Vec<u8>, fs_client::Error>> {
     let _turn = FAILPOINTS.lock().unwrap_or_else(|e| e.into_inner());
-    let (_cluster, clients) = cluster(2, reads);
+    let (_cluster, clients) = cluster(fabric, 2, reads);
     let [(a, fa), (b, fb)] = &clients[..] else {
         unreachable!()
     };
@@ -140,6 +185,7 @@ fn read_beside_a_held_read(
     });
     fail::remove(FAILPOINT);
     assert_eq!(a_read.unwrap(), vec![0xAA; LEN], "A's read");
+    check_where_locks_were_acquired(fabric, &clients);
     b_read
 }
 
@@ -147,8 +193,19 @@ fn read_beside_a_held_read(
 /// both are done, and neither read sees any of it.
 #[test]
 fn a_write_waits_for_every_read_holding_its_range() {
+    a_write_waits_for_every_read(Backend::Shm);
+}
+
+/// [`a_write_waits_for_every_read_holding_its_range`] where the clients acquire their locks at
+/// the meta server (tcp).
+#[test]
+fn a_write_waits_for_every_read_holding_its_range_on_tcp() {
+    a_write_waits_for_every_read(Backend::Tcp);
+}
+
+fn a_write_waits_for_every_read(fabric: Backend) {
     let _turn = FAILPOINTS.lock().unwrap_or_else(|e| e.into_inner());
-    let (_cluster, clients) = cluster(3, LockMode::Shared);
+    let (_cluster, clients) = cluster(fabric, 3, LockMode::Shared);
     let [(a, fa), (b, fb), (c, fc)] = &clients[..] else {
         unreachable!()
     };
@@ -184,4 +241,5 @@ fn a_write_waits_for_every_read_holding_its_range() {
     assert_eq!(a_read.unwrap(), vec![0xAA; LEN], "A's read saw C's write");
     assert_eq!(b_read.unwrap(), vec![0xAA; LEN], "B's read saw C's write");
     assert_eq!(a.read(*fa, OFFSET, LEN).unwrap(), vec![0xCC; LEN]);
+    check_where_locks_were_acquired(fabric, &clients);
 }

@@ -18,6 +18,14 @@
 //! client is just another client, with its own `t1`/`t2` for inequality (1) (§3.5.5) on the
 //! host's clock, and its waits (ticket polls, the phase-(d) window) cost no network at all.
 //!
+//! Modes: a shared request (`RangeLock::acquire_mode`, `docs/SHARED_LOCKS.md`) is run at the
+//! host in shared mode, an exclusive one exclusively: the host's client takes what the
+//! client's own would have. So overlapping shared requests of several hosted clients (each
+//! connection's calls run one at a time, on the connection's thread) hold their ranges
+//! together, beside one-sided readers, and an exclusive one waits for all of them. An exclusive
+//! request travels as [`Call::Acquire`], the call of builds before the modes; a shared one as
+//! [`Call::AcquireMode`], answered with the mode granted.
+//!
 //! The lease: the host returns, with a grant, how much of the lock's lease (`lease` module) was
 //! left when the call *began* at the host; the client counts it from the instant it *sent* the
 //! call, which is earlier, so its deadline is never later than the host's.
@@ -26,14 +34,17 @@
 //! backend has the server's CPU on the data path (`tcp`: the round trips a one-sided acquire
 //! would take cost the server CPU anyway), the server offers the procedure ([`CitronHost`]
 //! registered under [`PROCEDURE`]), and the host can open the lock as the client would. A client
-//! with a fence (`ClientOptions::fence`) never hosts: the host could not call it before a break-in.
+//! with a fence (`ClientOptions::fence`) is hosted only by a host that fences on its behalf
+//! ([`CitronHost::fencing`]): the host could not call the client's own before a break-in.
 //! A host connection that closes leaves what its client held to lease recovery, exactly like a
-//! one-sided client that died: the client may still be inside its critical section.
+//! one-sided client that died: the client may still be inside its critical section. A shared
+//! hold's reader registrations are recovered by the readers' rules (`docs/SHARED_LOCKS.md`,
+//! "Lease recovery (§3.10) for readers"), with the host's fence where it fences.
 
 use super::{CitronClient, ClientOptions};
 use crate::fence::Fence;
 pub use crate::hosting::{HostAllocate, HostFence, HostWrap, Hosting};
-use crate::scheme::{LockError, LockId, RangeLock};
+use crate::scheme::{LockError, LockId, LockMode, RangeLock};
 use crate::schemes::LockScheme;
 use crate::stats::{AbortCounts, LockStats};
 use fabric::procedure::{Procedure, ProcedureId, ProcedureSession};
@@ -102,9 +113,11 @@ enum Call {
         fenced: bool,
         allocator: Option<u64>,
     },
-    /// Acquire `[start, end)` on the lock at `base` (Alg. 1), then execute `extra` (a batch in
-    /// the tcp wire's encoding, empty for none) under it: the caller's carried verbs
-    /// (`RangeLock::acquire_with`).
+    /// Acquire `[start, end)` on the lock at `base` exclusively (Alg. 1), then execute `extra`
+    /// (a batch in the tcp wire's encoding, empty for none) under it: the caller's carried
+    /// verbs (`RangeLock::acquire_with`). Answered [`Answer::Acquired`]. The call of hosts and
+    /// clients from before the modes, which meant exclusive there too: an exclusive request
+    /// still sends it, so either side of an exclusive acquisition may be of such a build.
     Acquire {
         base: RemoteAddr,
         start: u64,
@@ -116,6 +129,16 @@ enum Call {
     /// [`Call::Release`], posted (`Endpoint::post_call`): nobody waits for its answer, so
     /// what the host's client counted in it goes with the next answer.
     PostedRelease { base: RemoteAddr, id: u64 },
+    /// [`Call::Acquire`] in `mode` (`docs/SHARED_LOCKS.md`): what a shared request sends.
+    /// Answered [`Answer::AcquiredMode`]. A host from before the modes cannot decode it and
+    /// fails the call (the request fails; nothing is granted).
+    AcquireMode {
+        base: RemoteAddr,
+        start: u64,
+        end: u64,
+        mode: LockMode,
+        extra: Vec<u8>,
+    },
 }
 
 /// What the host's client counted during one call (everything a client's statistics hold but
@@ -164,22 +187,35 @@ impl Counts {
     }
 }
 
+/// A grant at the host ([`Answer::Acquired`], [`Answer::AcquiredMode`]).
+#[derive(Debug, Serialize, Deserialize)]
+struct Grant {
+    /// The host's lock id.
+    id: u64,
+    /// The lock's lease left when the call began at the host (`None`: no deadline).
+    lease_left: Option<Duration>,
+    /// What the host's client counted in the call.
+    counts: Counts,
+    /// Those of the call's `extra` batch, in the tcp wire's encoding (empty without one).
+    completions: Vec<u8>,
+}
+
 /// The host's answer.
 #[derive(Debug, Serialize, Deserialize)]
 enum Answer {
     Opened,
-    /// Granted as `id`; `lease_left`: the lock's lease left when the call began at the host
-    /// (`None`: no deadline).
-    /// `completions`: those of the call's `extra` batch, in the tcp wire's encoding (empty
-    /// without one).
-    Acquired {
-        id: u64,
-        lease_left: Option<Duration>,
-        counts: Counts,
-        completions: Vec<u8>,
-    },
+    /// [`Call::Acquire`] granted, exclusively. (A newtype variant of a struct is encoded as
+    /// the struct variant of the same fields that hosts from before the modes answer.)
+    Acquired(Grant),
     Released {
         counts: Counts,
+    },
+    /// [`Call::AcquireMode`] granted in `mode`: the mode the host ran the protocol in (a
+    /// shared request's part past the tree, the spillover mutex, is held exclusively all the
+    /// same).
+    AcquiredMode {
+        mode: LockMode,
+        grant: Grant,
     },
 }
 
@@ -300,6 +336,40 @@ impl HostSession {
         Counts::of(&counts)
     }
 
+    /// Acquires `range` of the lock at `base` in `mode` (Alg. 1), then executes the carried
+    /// batch `extra` under it; `began`: when the call began at the host, which the grant's
+    /// lease left counts from.
+    fn acquire(
+        &mut self,
+        began: Instant,
+        base: RemoteAddr,
+        range: std::ops::Range<u64>,
+        mode: LockMode,
+        extra: &[u8],
+    ) -> fabric::Result<Grant> {
+        let client = self.lock(base)?;
+        let before = client.stats();
+        let id = client.acquire_mode(range, mode).map_err(failed)?;
+        let lease_left = client
+            .lease_deadline(id)
+            .map(|d| d.saturating_duration_since(began));
+        let spent = client.stats().since(&before);
+        let completions = match self.carry(extra) {
+            Ok(completions) => completions,
+            Err(e) => {
+                // Held, but the caller cannot use it without its verbs' results.
+                let _ = self.lock(base)?.release(id);
+                return Err(e);
+            }
+        };
+        Ok(Grant {
+            id: id.0,
+            lease_left,
+            counts: self.report(&spent),
+            completions,
+        })
+    }
+
     /// Releases lock `id` of the lock at `base` (Alg. 3); returns what its client counted.
     fn release(&mut self, base: RemoteAddr, id: u64) -> fabric::Result<LockStats> {
         let client = self.lock(base)?;
@@ -390,29 +460,23 @@ impl ProcedureSession for HostSession {
                 start,
                 end,
                 extra,
-            } => {
-                let client = self.lock(base)?;
-                let before = client.stats();
-                let id = client.acquire(start..end).map_err(failed)?;
-                let lease_left = client
-                    .lease_deadline(id)
-                    .map(|d| d.saturating_duration_since(began));
-                let spent = client.stats().since(&before);
-                let completions = match self.carry(&extra) {
-                    Ok(completions) => completions,
-                    Err(e) => {
-                        // Held, but the caller cannot use it without its verbs' results.
-                        let _ = self.lock(base)?.release(id);
-                        return Err(e);
-                    }
-                };
-                Answer::Acquired {
-                    id: id.0,
-                    lease_left,
-                    counts: self.report(&spent),
-                    completions,
-                }
-            }
+            } => Answer::Acquired(self.acquire(
+                began,
+                base,
+                start..end,
+                LockMode::Exclusive,
+                &extra,
+            )?),
+            Call::AcquireMode {
+                base,
+                start,
+                end,
+                mode,
+                extra,
+            } => Answer::AcquiredMode {
+                mode,
+                grant: self.acquire(began, base, start..end, mode, &extra)?,
+            },
             Call::Release { base, id } => {
                 let spent = self.release(base, id)?;
                 Answer::Released {
@@ -483,13 +547,16 @@ impl CitronClient {
         self.hosted.is_some()
     }
 
-    /// [`RangeLock::acquire_with`] at the host: one round trip, `extra` executed at the host
-    /// right after the grant, its results into `out`. An `extra` that cannot travel in the
-    /// call ([`travels`]) is executed in a round trip of its own after it, on the same
-    /// endpoint (so after the grant, under the lock).
+    /// [`RangeLock::acquire_mode_with`] at the host: one round trip, `extra` executed at the
+    /// host right after the grant, its results into `out`. An `extra` that cannot travel in
+    /// the call ([`travels`]) is executed in a round trip of its own after it, on the same
+    /// endpoint (so after the grant, under the lock). An exclusive request sends
+    /// [`Call::Acquire`], a shared one [`Call::AcquireMode`]; a grant in a weaker mode than
+    /// asked for is given back and fails.
     pub(crate) fn acquire_hosted(
         &mut self,
         range: std::ops::Range<u64>,
+        mode: LockMode,
         extra: &Batch,
         out: &mut Completions,
     ) -> Result<LockId, LockError> {
@@ -500,37 +567,52 @@ impl CitronClient {
         };
         let sent = Instant::now();
         let before = self.ep.stats();
-        let call = Call::Acquire {
-            base: self.base,
-            start: range.start,
-            end: range.end,
-            extra: if in_call {
-                encode_carried(extra)
-            } else {
-                Vec::new()
+        let (base, start, end) = (self.base, range.start, range.end);
+        let extra_bytes = if in_call {
+            encode_carried(extra)
+        } else {
+            Vec::new()
+        };
+        let call = match mode {
+            LockMode::Exclusive => Call::Acquire {
+                base,
+                start,
+                end,
+                extra: extra_bytes,
+            },
+            LockMode::Shared => Call::AcquireMode {
+                base,
+                start,
+                end,
+                mode,
+                extra: extra_bytes,
             },
         };
         let answer = host_call(&mut self.ep, hosted, &call);
         self.stats.acquire.add(&self.ep.stats().since(&before));
         self.stats.acquire_time += sent.elapsed();
-        let (id, completions) = match answer? {
-            Answer::Acquired {
-                id,
-                lease_left,
-                counts,
-                completions,
-            } => {
-                counts.add_to(&mut self.stats);
-                self.stats.acquisitions += 1;
-                hosted.held.insert(id, lease_left.map(|left| sent + left));
-                (LockId(id), completions)
-            }
+        let (granted, grant) = match answer? {
+            Answer::Acquired(grant) => (LockMode::Exclusive, grant),
+            Answer::AcquiredMode { mode, grant } => (mode, grant),
             other => {
                 return Err(LockError::Config(format!(
                     "CITRON host answered {other:?} to an acquire"
                 )))
             }
         };
+        grant.counts.add_to(&mut self.stats);
+        self.stats.acquisitions += 1;
+        hosted
+            .held
+            .insert(grant.id, grant.lease_left.map(|left| sent + left));
+        let (id, completions) = (LockId(grant.id), grant.completions);
+        if granted != mode && granted != LockMode::Exclusive {
+            // A weaker lock than asked for: not one the caller may use.
+            let _ = self.release_hosted(id, &Batch::new(), &mut Completions::new());
+            return Err(LockError::Config(format!(
+                "CITRON host granted a {mode} request {granted}"
+            )));
+        }
         let carried = if in_call {
             decode_carried(&completions, extra, out)
         } else if extra.is_empty() {
@@ -695,4 +777,115 @@ fn host_call(
     ep.call(PROCEDURE, &bufs.args, &mut bufs.reply)?;
     postcard::from_bytes(&bufs.reply)
         .map_err(|e| LockError::Config(format!("bad CITRON host answer: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The calls and answers as builds before the modes had them.
+    mod before_modes {
+        use super::super::{Counts, HostOptions};
+        use fabric::RemoteAddr;
+        use serde::{Deserialize, Serialize};
+        use std::time::Duration;
+
+        #[derive(Debug, Serialize, Deserialize)]
+        pub enum Call {
+            Open {
+                scheme: String,
+                base: RemoteAddr,
+                options: HostOptions,
+                fenced: bool,
+                allocator: Option<u64>,
+            },
+            Acquire {
+                base: RemoteAddr,
+                start: u64,
+                end: u64,
+                extra: Vec<u8>,
+            },
+            Release {
+                base: RemoteAddr,
+                id: u64,
+            },
+            PostedRelease {
+                base: RemoteAddr,
+                id: u64,
+            },
+        }
+
+        #[derive(Debug, Serialize, Deserialize)]
+        pub enum Answer {
+            Opened,
+            Acquired {
+                id: u64,
+                lease_left: Option<Duration>,
+                counts: Counts,
+                completions: Vec<u8>,
+            },
+            Released {
+                counts: Counts,
+            },
+        }
+    }
+
+    const BASE: RemoteAddr = RemoteAddr::new(fabric::RegionId(3), 64);
+
+    /// An exclusive acquisition speaks the format of builds before the modes, both ways; a
+    /// shared one is refused by such a host rather than taken for something else.
+    #[test]
+    fn an_exclusive_acquisition_keeps_the_format_from_before_the_modes() {
+        let call = Call::Acquire {
+            base: BASE,
+            start: 5,
+            end: 9,
+            extra: vec![1, 2, 3],
+        };
+        let bytes = postcard::to_allocvec(&call).unwrap();
+        let old = postcard::to_allocvec(&before_modes::Call::Acquire {
+            base: BASE,
+            start: 5,
+            end: 9,
+            extra: vec![1, 2, 3],
+        })
+        .unwrap();
+        assert_eq!(bytes, old, "the exclusive acquire call");
+
+        let answer = Answer::Acquired(Grant {
+            id: 7,
+            lease_left: Some(Duration::from_millis(300)),
+            counts: Counts {
+                retries: 2,
+                ..Counts::default()
+            },
+            completions: vec![4, 5],
+        });
+        let bytes = postcard::to_allocvec(&answer).unwrap();
+        match postcard::from_bytes::<before_modes::Answer>(&bytes).unwrap() {
+            before_modes::Answer::Acquired {
+                id,
+                lease_left,
+                counts,
+                completions,
+            } => assert_eq!(
+                (id, lease_left, counts.retries, completions),
+                (7, Some(Duration::from_millis(300)), 2, vec![4, 5])
+            ),
+            other => panic!("an old client reads {other:?}"),
+        }
+
+        let shared = postcard::to_allocvec(&Call::AcquireMode {
+            base: BASE,
+            start: 5,
+            end: 9,
+            mode: LockMode::Shared,
+            extra: Vec::new(),
+        })
+        .unwrap();
+        assert!(
+            postcard::from_bytes::<before_modes::Call>(&shared).is_err(),
+            "a host from before the modes must fail a shared call, not run it"
+        );
+    }
 }

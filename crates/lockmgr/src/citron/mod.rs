@@ -764,13 +764,9 @@ impl CitronClient {
         out: &mut Completions,
     ) -> Result<LockId, LockError> {
         self.leaf_readers_seen = None;
-        self.mode = if self.hosted.is_some() {
-            crate::LockMode::Exclusive
-        } else {
-            mode
-        };
+        self.mode = mode;
         if self.hosted.is_some() {
-            return self.acquire_hosted(range, extra, out);
+            return self.acquire_hosted(range, mode, extra, out);
         }
         let start = Instant::now();
         let before = self.ep.stats();
@@ -823,8 +819,8 @@ impl CitronClient {
 impl RangeLock for CitronClient {
     crate::carry::carrying_lock_methods!();
 
-    /// Carried as the other calls are: shared where the client acquires one-sidedly,
-    /// exclusive at the host ([`CitronClient::acquire_mode_with`]).
+    /// Carried as the other calls are, in `mode` one-sided and at the host alike
+    /// ([`CitronClient::acquire_mode_with`]).
     fn acquire_mode_with(
         &mut self,
         range: Range<u64>,
@@ -841,7 +837,7 @@ impl RangeLock for CitronClient {
     }
 
     /// Shared: see `docs/SHARED_LOCKS.md`. A client that acquires at the host ([`hosted`])
-    /// takes a shared request exclusively (the host runs the exclusive protocol only).
+    /// has the host run the same protocol in the same mode.
     fn acquire_mode(
         &mut self,
         range: Range<u64>,

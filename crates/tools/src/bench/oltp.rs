@@ -230,9 +230,9 @@ pub fn run(args: &OltpArgs) -> Result<()> {
 }
 
 /// Where a shared read is not shared (`docs/SHARED_LOCKS.md`, "Through the file system").
-pub(crate) const READS_NOTE: &str = " (shared where the scheme shares: CITRON acquired \
-     one-sidedly, as on shm; CITRON acquired at the meta server, as on tcp, and mutex, seg and \
-     server take a shared read exclusively)";
+pub(crate) const READS_NOTE: &str = " (shared where the scheme shares: CITRON, acquired \
+     one-sidedly as on shm or at the meta server as on tcp; mutex, seg and server take a shared \
+     read exclusively)";
 
 fn file_names(scheme: LockScheme) -> Vec<String> {
     let mut names: Vec<String> = (0..DATA_FILES)
