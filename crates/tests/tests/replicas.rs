@@ -5,6 +5,9 @@
 //! replica under the same lock) and after (the client reads the live replica only). The
 //! replication factor is set through the mount with `setxattr` on a directory, checked
 //! (a factor above the live data servers is EINVAL), inherited, and charged in `st_blocks`.
+//! Writes go on while a replica's data server is dead (the meta server drops its replicas),
+//! and a dropped replica is never read again, even by a client whose chunk map predates the
+//! drop, when its server comes back with its old memory.
 //!
 //! The data servers are processes of their own (this test binary run again as
 //! [`child_data_server`]), so that one can be killed as a machine dies: no shutdown path runs.
@@ -704,14 +707,17 @@ fn writers_and_readers_go_on_while_a_replica_server_is_dead() {
     );
     let writes = Arc::new(AtomicU64::new(0));
     let reads = Arc::new(AtomicU64::new(0));
+    // The longest write, in microseconds: the pause the death cost a writer.
+    let slowest = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let failures: Arc<Mutex<Vec<String>>> = Arc::default();
     let mut threads = Vec::new();
     for file in 0..LIVE_FILES {
         let path = mounts[file % 2].path().join(format!("f{file}"));
-        let (acked, writes, stop, failures) = (
+        let (acked, writes, slowest, stop, failures) = (
             acked.clone(),
             writes.clone(),
+            slowest.clone(),
             stop.clone(),
             failures.clone(),
         );
@@ -722,7 +728,11 @@ fn writers_and_readers_go_on_while_a_replica_server_is_dead() {
             while !stop.load(Ordering::Relaxed) {
                 seq += 1;
                 let block = (next(&mut x) % LIVE_BLOCKS as u64) as usize;
-                match f.write_all_at(&stamped(file, block, seq), (block * LIVE_BLOCK) as u64) {
+                let began = std::time::Instant::now();
+                let written =
+                    f.write_all_at(&stamped(file, block, seq), (block * LIVE_BLOCK) as u64);
+                slowest.fetch_max(began.elapsed().as_micros() as u64, Ordering::SeqCst);
+                match written {
                     Ok(()) => {
                         acked[file * LIVE_BLOCKS + block].store(seq, Ordering::SeqCst);
                         writes.fetch_add(1, Ordering::SeqCst);
@@ -793,9 +803,10 @@ fn writers_and_readers_go_on_while_a_replica_server_is_dead() {
     }
     let after = (count(&writes) - killed_at.0, count(&reads) - killed_at.1);
     let failures = std::mem::take(&mut *failures.lock().unwrap());
+    let slowest = Duration::from_micros(count(&slowest));
     eprintln!(
         "replica server killed under live I/O: {} writes and {} reads after the kill, {} \
-         failures",
+         failures, slowest write {slowest:?}",
         after.0,
         after.1,
         failures.len()
@@ -805,6 +816,8 @@ fn writers_and_readers_go_on_while_a_replica_server_is_dead() {
         after.0 >= 300 && after.1 >= 300,
         "writes and reads stalled after the kill: {after:?}"
     );
+    // No write waited for the dead server (that wait is 10 s).
+    assert!(slowest < Duration::from_secs(5), "a write took {slowest:?}");
     // Everything reads back as last acknowledged, through both clients.
     for mount in &mounts {
         for file in 0..LIVE_FILES {
