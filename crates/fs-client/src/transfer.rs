@@ -21,9 +21,10 @@
 //!   succeeds only when every replica has them. It never leaves a replica out by itself: a
 //!   failure on a server whose chunks all have replicas elsewhere is
 //!   [`Error::ReplicaServerFailed`], and the write is redone with the chunk map the meta
-//!   server answers then (without that server's replicas once it has dropped them). A read takes each chunk from one replica
-//!   (`ChunkRun::read_from`); when a data server fails it, it is read again, under the same
-//!   lock, from the chunks' other replicas ([`read`]; docs/REPLICAS.md).
+//!   server answers then (without that server's replicas once it has dropped them). A read
+//!   takes each chunk from one replica (`ChunkRun::read_from`); when a data server fails it,
+//!   it is read again, under the same lock, from the chunks' other replicas ([`read`];
+//!   docs/REPLICAS.md).
 
 use crate::chunks::ChunkRun;
 use crate::error::{Error, Peer};
