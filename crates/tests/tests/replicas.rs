@@ -677,11 +677,9 @@ fn next(x: &mut u64) -> u64 {
 /// everything reads back as last acknowledged), nothing torn.
 #[test]
 fn writers_and_readers_go_on_while_a_replica_server_is_dead() {
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    use std::sync::{Arc, Mutex};
     skip_without_fuse!();
     testkit::init_logging();
-    let cluster = Cluster::start(ClusterSpec {
+    let mut cluster = Cluster::start(ClusterSpec {
         data_servers: 0,
         capacity: CAPACITY,
         chunk_size: CHUNK,
@@ -691,6 +689,36 @@ fn writers_and_readers_go_on_while_a_replica_server_is_dead() {
     })
     .unwrap();
     let mut servers = two_data_processes(&cluster);
+    live_io_across_a_replica_server_death(&mut cluster, |_| servers[1].kill());
+}
+
+/// [`writers_and_readers_go_on_while_a_replica_server_is_dead`] on shm, the data servers in
+/// this process and `ds-1` stopped (its regions emptied, its incarnation word zeroed: the
+/// clients' batches to it find the word zero, `StaleDataServer`, rather than a broken
+/// connection).
+#[test]
+fn writers_and_readers_go_on_while_a_replica_server_is_stopped_on_shm() {
+    skip_without_fuse!();
+    testkit::init_logging();
+    let mut cluster = Cluster::start(ClusterSpec {
+        data_servers: 2,
+        capacity: CAPACITY,
+        chunk_size: CHUNK,
+        fabric: Backend::Shm,
+        replicas: 2,
+        ..ClusterSpec::default()
+    })
+    .unwrap();
+    live_io_across_a_replica_server_death(&mut cluster, |cluster| {
+        cluster.data_servers_mut()[1].shutdown()
+    });
+}
+
+/// The body of the two tests above: `cluster` has two live data servers and replicas 2;
+/// `kill` makes `ds-1` die (or stop) while the writers and readers run.
+fn live_io_across_a_replica_server_death(cluster: &mut Cluster, kill: impl FnOnce(&mut Cluster)) {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
     let mounts = [cluster.mount().unwrap(), cluster.mount().unwrap()];
     for file in 0..LIVE_FILES {
         let f = std::fs::File::create(mounts[0].path().join(format!("f{file}"))).unwrap();
@@ -781,12 +809,12 @@ fn writers_and_readers_go_on_while_a_replica_server_is_dead() {
     wait_until(Duration::from_secs(30), "writes before the kill", || {
         count(&writes) >= 100 && count(&reads) >= 100
     });
-    servers[1].kill();
+    kill(cluster);
     let killed_at = (count(&writes), count(&reads));
     wait_until(
         Duration::from_secs(30),
         "the meta server to see the death",
-        || live_data_servers(&cluster) == 1,
+        || live_data_servers(cluster) == 1,
     );
     // Writes and reads go on: a few hundred more of each (not waited for past the bound of a
     // write's wait for a dead server, so that a stall shows as such).
