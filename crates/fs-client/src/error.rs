@@ -169,6 +169,19 @@ pub enum Error {
         /// The incarnation word read.
         found: u64,
     },
+    /// A write's (or a flush's) data round failed on data server `server`, and every chunk it
+    /// touched there has a replica on another server: once the meta server has marked the
+    /// server down it drops those replicas, so the I/O is redone at once with a chunk map
+    /// learnt anew, without waiting for the server (`view`'s `recover`; docs/REPLICAS.md "A
+    /// dead data server"). Transient, as the failure it carries.
+    #[error("data server {server} failed an I/O of chunks with replicas elsewhere: {source}")]
+    ReplicaServerFailed {
+        /// The data server.
+        server: u32,
+        /// The failure.
+        #[source]
+        source: Box<Error>,
+    },
     /// An fsync found that changes this client made before the meta server restarted (and
     /// that no fsync covered) may have been lost with it.
     #[error(
@@ -216,6 +229,7 @@ impl Error {
             | Error::GenerationChurn { .. }
             | Error::DataServerAway { .. }
             | Error::StaleDataServer { .. }
+            | Error::ReplicaServerFailed { .. }
             | Error::ChangesMaybeLost
             | Error::RecordLockLost { .. }
             | Error::ForeignFcb { .. }
@@ -271,6 +285,7 @@ impl Error {
             } => true,
             Error::UnknownDataServer(_)
             | Error::StaleDataServer { .. }
+            | Error::ReplicaServerFailed { .. }
             | Error::ForeignFcb { .. }
             | Error::Fs(FsError::Unavailable(_)) => true,
             _ => false,
@@ -302,6 +317,7 @@ impl Error {
             }
             | Error::UnknownDataServer(id)
             | Error::StaleDataServer { server: id, .. }
+            | Error::ReplicaServerFailed { server: id, .. }
             | Error::DataServerAway { server: id, .. } => Some(*id),
             _ => None,
         }

@@ -18,9 +18,13 @@
 //!   unknown, so they are not reused.
 //! - A write puts its bytes on every replica of each chunk, all in the same rounds (one batch
 //!   per data server per round, every batch of a round posted before any is awaited), and
-//!   succeeds only when every replica has them. A read takes each chunk from one replica
-//!   (`ChunkRun::read_from`); when a data server fails it, it is read again, under the same
-//!   lock, from the chunks' other replicas ([`read`]; docs/REPLICAS.md).
+//!   succeeds only when every replica has them. It never leaves a replica out by itself: a
+//!   failure on a server whose chunks all have replicas elsewhere is
+//!   [`Error::ReplicaServerFailed`], and the write is redone with the chunk map the meta
+//!   server answers then (without that server's replicas once it has dropped them). A read
+//!   takes each chunk from one replica (`ChunkRun::read_from`); when a data server fails it,
+//!   it is read again, under the same lock, from the chunks' other replicas ([`read`];
+//!   docs/REPLICAS.md).
 
 use crate::chunks::ChunkRun;
 use crate::error::{Error, Peer};
@@ -258,6 +262,41 @@ pub(crate) fn write(
             batch.write(at, &data[op.buf_off..op.buf_off + op.len]);
         },
     )
+    .map_err(|e| on_replicas(e, run, geometry.chunks(off, data.len() as u64)))
+}
+
+/// `e`, the failure of a write's or a flush's rounds over the chunks `chunks` of `run`, as
+/// [`Error::ReplicaServerFailed`] when it is a transient failure on one data server and every
+/// one of those chunks with a replica there has another (so the I/O, redone with a chunk map
+/// learnt anew once the meta server dropped that server's replicas, need not wait for it);
+/// else `e` as it is.
+fn on_replicas(e: Error, run: &ChunkRun, chunks: Range<u64>) -> Error {
+    let Some(server) = e
+        .data_server()
+        .filter(|_| e.is_transient() && !e.is_fenced())
+    else {
+        return e;
+    };
+    let mut touched = false;
+    for chunk in chunks {
+        let Some(replicas) = run.get(chunk) else {
+            continue;
+        };
+        if replicas.on(server).is_none() {
+            continue;
+        }
+        if replicas.len() < 2 {
+            return e;
+        }
+        touched = true;
+    }
+    match touched {
+        true => Error::ReplicaServerFailed {
+            server,
+            source: Box::new(e),
+        },
+        false => e,
+    }
 }
 
 /// Overwrites with zeros the allocated bytes of `[off, off + len)` (holes already read
@@ -518,7 +557,9 @@ pub(crate) fn flush(w: &mut Worker, geometry: &Geometry, run: &ChunkRun) -> Resu
                 batch.flush(RemoteAddr::new(region, r.start), r.end - r.start);
             }
             let mut check = vec![0u8; CHECK_BYTES];
-            exec_data_round(w, &mut [(server, batch)], &mut check, 0, Transfer::Read)?;
+            let chunks = run.first..run.first + run.locs.len() as u64;
+            exec_data_round(w, &mut [(server, batch)], &mut check, 0, Transfer::Read)
+                .map_err(|e| on_replicas(e, run, chunks))?;
         }
     }
     Ok(())

@@ -316,6 +316,12 @@ impl Views {
                     .data_servers
                     .iter()
                     .any(|ds| ds.id == *server && ds.live && ds.incarnation == *found),
+                // A write or flush of chunks that all have replicas elsewhere: redone at once
+                // (this view emptied every chunk cache, and the meta server dropped the
+                // server's replicas before any view could call it away: docs/REPLICAS.md);
+                // while the meta server still has it live, the redo meets it again and the
+                // caller's growing pauses space the tries.
+                Error::ReplicaServerFailed { .. } => false,
                 _ => failure
                     .data_server()
                     .is_some_and(|id| !view.data_server_live(id)),

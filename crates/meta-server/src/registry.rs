@@ -121,7 +121,14 @@ impl LiveServers {
         if from == 0 {
             return Ok(());
         }
-        let replicas = store.chunk_at(ino, chunk)?;
+        // The replicas that hold the data: a lost one (dropped, or its server came back with
+        // new memory) is never read again, and its block is zeroed whole when freed.
+        let replicas = match store.chunk_map(ino, chunk, 1) {
+            Ok(mut sets) => sets.pop().flatten(),
+            // Every replica lost: each counts, as for a chunk of one replica.
+            Err(FsError::Lost(_)) => store.chunk_at(ino, chunk)?,
+            Err(e) => return Err(e),
+        };
         match replicas
             .iter()
             .flat_map(|r| r.as_slice())
@@ -450,23 +457,29 @@ impl Registry {
     }
 
     /// A data server's registration connection `epoch` closed: it is no longer live (unless it
-    /// registered again since) and a fence no longer waits for it.
+    /// registered again since) and a fence no longer waits for it. Unless the meta server is
+    /// stopping, `down` runs next, under the same hold of the state lock (so before any
+    /// allocation, registration or layout answer sees the server away): the service drops the
+    /// server's replicas there (docs/REPLICAS.md "A dead data server"). The layout epoch moves
+    /// after it.
     pub fn gone<S: AsMut<LiveServers>>(
         &self,
         state: &Mutex<S>,
         fences: &FenceTable,
         id: u32,
         epoch: u64,
+        down: impl FnOnce(&mut S),
     ) {
         fences.server_gone(id, epoch);
         let mut st = lock(state);
         if st.as_mut().remove(id, epoch) {
-            self.layout_changed();
             if self.stopping.load(Ordering::Relaxed) {
                 tracing::info!(id, "data server connection closed at shutdown");
             } else {
                 tracing::warn!(id, "data server disconnected");
+                down(&mut st);
             }
+            self.layout_changed();
         }
     }
 

@@ -166,6 +166,11 @@ pub(crate) struct Service {
     metrics: OnceLock<crate::metrics::RequestMetrics>,
     /// When the service started, for a status report.
     started: Instant,
+    /// Held shared by every `ChunkMap` answer, and exclusively while a down data server's
+    /// replicas are dropped and the files' new generations published
+    /// ([`Service::drop_replicas_on`]): no chunk map without a dropped replica is answered
+    /// before the generation that makes cached maps stale is in the files' control blocks.
+    chunk_gate: std::sync::RwLock<()>,
 }
 
 impl Service {
@@ -215,6 +220,7 @@ impl Service {
             request_ns: AtomicU64::new(0),
             metrics: OnceLock::new(),
             started: Instant::now(),
+            chunk_gate: std::sync::RwLock::new(()),
         };
         // Orphans were open when the last run ended; no session survives a restart.
         for ino in service.store.orphans()? {
@@ -478,9 +484,55 @@ impl Service {
         self.registry.begin_shutdown();
     }
 
-    /// A data server's registration connection closed.
+    /// A data server's registration connection closed: it is down, and its replicas of chunks
+    /// with another live replica are dropped ([`Service::drop_replicas_on`]).
     pub fn data_server_gone(&self, id: u32, epoch: u64) {
-        self.registry.gone(&self.state, &self.fences, id, epoch);
+        self.registry
+            .gone(&self.state, &self.fences, id, epoch, |st| {
+                self.drop_replicas_on(st, id)
+            });
+    }
+
+    /// Drops data server `id`'s replicas, the server just marked down (the state lock held
+    /// since): every replica there of a chunk with another live replica is marked lost
+    /// ([`Store::drop_replicas_on`]), so that writes go on with the others, and the new
+    /// generation of each file touched is published in its control block if it is open —
+    /// with no chunk map answered in between (`chunk_gate`), so that no client can learn a
+    /// chunk map without the replica, write the chunk without it, and release its lock before
+    /// the generation that makes every other client's cached map stale is there to be read
+    /// under the next lock (docs/REPLICAS.md "A dead data server").
+    fn drop_replicas_on(&self, st: &mut State, id: u32) {
+        let _gate = self
+            .chunk_gate
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let dropped = match self.store.drop_replicas_on(id, |s| st.live.is_live(s)) {
+            Ok(dropped) => dropped,
+            Err(error) => {
+                tracing::error!(
+                    id,
+                    %error,
+                    "cannot drop the replicas of a data server that went down: writes to its \
+                     chunks wait for it"
+                );
+                return;
+            }
+        };
+        for attr in &dropped.files {
+            if let Err(error) = st.open.publish_generation(&mut st.region, attr) {
+                tracing::error!(ino = attr.ino, %error, "cannot publish a file's generation");
+            }
+        }
+        st.publish_touched(&self.store);
+        if dropped.replicas > 0 {
+            tracing::warn!(
+                id,
+                replicas = dropped.replicas,
+                files = dropped.files.len(),
+                "dropped the replicas of a data server that went down from chunks with another \
+                 live replica: writes go on without them, and they are never read again"
+            );
+        }
     }
 
     /// The reclaimer thread's loop (started by `MetaServer::start`); returns once stopped and
@@ -971,6 +1023,11 @@ impl Service {
     ) -> Result<Response, FsError> {
         Ok(match request {
             Request::ChunkMap { ino, first, count } => {
+                // Not while replicas are being dropped (`drop_replicas_on`).
+                let _gate = self
+                    .chunk_gate
+                    .read()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
                 Response::Chunks(self.store.chunk_map(ino, first, count)?)
             }
             Request::AllocateChunks {

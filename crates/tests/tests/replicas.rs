@@ -5,6 +5,9 @@
 //! replica under the same lock) and after (the client reads the live replica only). The
 //! replication factor is set through the mount with `setxattr` on a directory, checked
 //! (a factor above the live data servers is EINVAL), inherited, and charged in `st_blocks`.
+//! Writes go on while a replica's data server is dead (the meta server drops its replicas),
+//! and a dropped replica is never read again, even by a client whose chunk map predates the
+//! drop, when its server comes back with its old memory.
 //!
 //! The data servers are processes of their own (this test binary run again as
 //! [`child_data_server`]), so that one can be killed as a machine dies: no shutdown path runs.
@@ -629,4 +632,336 @@ fn fsck_counts_replicas_on_a_server_back_with_new_memory_and_does_not_compare_th
     );
     assert_eq!(report.counts.under_replicated, chunks);
     assert_eq!(report.counts.replicated_chunks, 0);
+}
+
+/// Files of the live-I/O test below, their blocks, and a block's bytes: 8 KiB blocks cross
+/// the geometric layout's small chunks (4, 4, 8, 16, 32 KiB ...), so one write spans two
+/// chunks at times.
+const LIVE_FILES: usize = 4;
+const LIVE_BLOCKS: usize = 24;
+const LIVE_BLOCK: usize = 8192;
+
+/// Block `block` of file `file` as its write number `seq` fills it: every 8-byte word says
+/// all three, so a read that sees two writes (torn) or another block is caught.
+fn stamped(file: usize, block: usize, seq: u64) -> Vec<u8> {
+    let word = (seq << 24) | ((file as u64) << 16) | block as u64;
+    word.to_le_bytes().repeat(LIVE_BLOCK / 8)
+}
+
+/// The write number a block read holds; `Err` when it is not one whole write of this block.
+fn stamp_of(file: usize, block: usize, bytes: &[u8]) -> Result<u64, String> {
+    let first = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes"));
+    if bytes.chunks(8).any(|w| w != first.to_le_bytes()) {
+        return Err(format!("file {file} block {block}: torn (words differ)"));
+    }
+    if first & 0xFF_FFFF != ((file as u64) << 16) | block as u64 {
+        return Err(format!("file {file} block {block}: holds {first:#x}"));
+    }
+    Ok(first >> 24)
+}
+
+/// A small deterministic generator (xorshift) for the threads' choices.
+fn next(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
+/// Writes while a replica's data server is dead (docs/REPLICAS.md "A dead data server"): two
+/// mounts (two clients), replicas 2 on two memory-only data server processes, one writer
+/// thread per file (files spread over both mounts) and one reader per mount, all running while
+/// `ds-1` is killed with SIGKILL. The meta server drops the dead server's replicas, and the
+/// writers that met the dead server catch up and go on with the live replica: no EIO, no
+/// write lost (every read sees at least the last write acknowledged before it began, and
+/// everything reads back as last acknowledged), nothing torn.
+#[test]
+fn writers_and_readers_go_on_while_a_replica_server_is_dead() {
+    skip_without_fuse!();
+    testkit::init_logging();
+    let mut cluster = Cluster::start(ClusterSpec {
+        data_servers: 0,
+        capacity: CAPACITY,
+        chunk_size: CHUNK,
+        fabric: Backend::Tcp,
+        replicas: 2,
+        ..ClusterSpec::default()
+    })
+    .unwrap();
+    let mut servers = two_data_processes(&cluster);
+    live_io_across_a_replica_server_death(&mut cluster, |_| servers[1].kill());
+}
+
+/// [`writers_and_readers_go_on_while_a_replica_server_is_dead`] on shm, the data servers in
+/// this process and `ds-1` stopped (its regions emptied, its incarnation word zeroed: the
+/// clients' batches to it find the word zero, `StaleDataServer`, rather than a broken
+/// connection).
+#[test]
+fn writers_and_readers_go_on_while_a_replica_server_is_stopped_on_shm() {
+    skip_without_fuse!();
+    testkit::init_logging();
+    let mut cluster = Cluster::start(ClusterSpec {
+        data_servers: 2,
+        capacity: CAPACITY,
+        chunk_size: CHUNK,
+        fabric: Backend::Shm,
+        replicas: 2,
+        ..ClusterSpec::default()
+    })
+    .unwrap();
+    live_io_across_a_replica_server_death(&mut cluster, |cluster| {
+        cluster.data_servers_mut()[1].shutdown()
+    });
+}
+
+/// The body of the two tests above: `cluster` has two live data servers and replicas 2;
+/// `kill` makes `ds-1` die (or stop) while the writers and readers run.
+fn live_io_across_a_replica_server_death(cluster: &mut Cluster, kill: impl FnOnce(&mut Cluster)) {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+    let mounts = [cluster.mount().unwrap(), cluster.mount().unwrap()];
+    for file in 0..LIVE_FILES {
+        let f = std::fs::File::create(mounts[0].path().join(format!("f{file}"))).unwrap();
+        for block in 0..LIVE_BLOCKS {
+            f.write_all_at(&stamped(file, block, 1), (block * LIVE_BLOCK) as u64)
+                .unwrap();
+        }
+    }
+    // The last write number acknowledged per block, the writes done, what went wrong.
+    let acked: Arc<Vec<AtomicU64>> = Arc::new(
+        (0..LIVE_FILES * LIVE_BLOCKS)
+            .map(|_| AtomicU64::new(1))
+            .collect(),
+    );
+    let writes = Arc::new(AtomicU64::new(0));
+    let reads = Arc::new(AtomicU64::new(0));
+    // The longest write, in microseconds: the pause the death cost a writer.
+    let slowest = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let failures: Arc<Mutex<Vec<String>>> = Arc::default();
+    let mut threads = Vec::new();
+    for file in 0..LIVE_FILES {
+        let path = mounts[file % 2].path().join(format!("f{file}"));
+        let (acked, writes, slowest, stop, failures) = (
+            acked.clone(),
+            writes.clone(),
+            slowest.clone(),
+            stop.clone(),
+            failures.clone(),
+        );
+        threads.push(std::thread::spawn(move || {
+            let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
+            let mut x = 0x9E37_79B9 + file as u64;
+            let mut seq = 1;
+            while !stop.load(Ordering::Relaxed) {
+                seq += 1;
+                let block = (next(&mut x) % LIVE_BLOCKS as u64) as usize;
+                let began = std::time::Instant::now();
+                let written =
+                    f.write_all_at(&stamped(file, block, seq), (block * LIVE_BLOCK) as u64);
+                slowest.fetch_max(began.elapsed().as_micros() as u64, Ordering::SeqCst);
+                match written {
+                    Ok(()) => {
+                        acked[file * LIVE_BLOCKS + block].store(seq, Ordering::SeqCst);
+                        writes.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Err(e) => failures
+                        .lock()
+                        .unwrap()
+                        .push(format!("write f{file} block {block}: {e}")),
+                }
+            }
+        }));
+    }
+    for (m, mount) in mounts.iter().enumerate() {
+        let dir = mount.path().to_path_buf();
+        let (acked, reads, stop, failures) =
+            (acked.clone(), reads.clone(), stop.clone(), failures.clone());
+        threads.push(std::thread::spawn(move || {
+            let files: Vec<std::fs::File> = (0..LIVE_FILES)
+                .map(|f| std::fs::File::open(dir.join(format!("f{f}"))).unwrap())
+                .collect();
+            let mut x = 0x51_7CC1 + m as u64;
+            let mut buf = vec![0u8; LIVE_BLOCK];
+            while !stop.load(Ordering::Relaxed) {
+                let file = (next(&mut x) % LIVE_FILES as u64) as usize;
+                let block = (next(&mut x) % LIVE_BLOCKS as u64) as usize;
+                let before = acked[file * LIVE_BLOCKS + block].load(Ordering::SeqCst);
+                let wrong = match files[file].read_exact_at(&mut buf, (block * LIVE_BLOCK) as u64) {
+                    Err(e) => Some(format!("read f{file} block {block} (mount {m}): {e}")),
+                    Ok(()) => match stamp_of(file, block, &buf) {
+                        Err(e) => Some(format!("mount {m}: {e}")),
+                        Ok(seq) if seq < before => Some(format!(
+                            "mount {m}: f{file} block {block} reads write {seq}, but write \
+                             {before} was acknowledged before the read began (lost)"
+                        )),
+                        Ok(_) => None,
+                    },
+                };
+                reads.fetch_add(1, Ordering::SeqCst);
+                if let Some(wrong) = wrong {
+                    failures.lock().unwrap().push(wrong);
+                }
+            }
+        }));
+    }
+    let count = |c: &AtomicU64| c.load(Ordering::SeqCst);
+    wait_until(Duration::from_secs(30), "writes before the kill", || {
+        count(&writes) >= 100 && count(&reads) >= 100
+    });
+    kill(cluster);
+    let killed_at = (count(&writes), count(&reads));
+    wait_until(
+        Duration::from_secs(30),
+        "the meta server to see the death",
+        || live_data_servers(cluster) == 1,
+    );
+    // Writes and reads go on: a few hundred more of each (not waited for past the bound of a
+    // write's wait for a dead server, so that a stall shows as such).
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while (count(&writes) < killed_at.0 + 300 || count(&reads) < killed_at.1 + 300)
+        && std::time::Instant::now() < deadline
+        && failures.lock().unwrap().is_empty()
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    stop.store(true, Ordering::SeqCst);
+    for t in threads {
+        t.join().unwrap();
+    }
+    let after = (count(&writes) - killed_at.0, count(&reads) - killed_at.1);
+    let failures = std::mem::take(&mut *failures.lock().unwrap());
+    let slowest = Duration::from_micros(count(&slowest));
+    eprintln!(
+        "replica server killed under live I/O: {} writes and {} reads after the kill, {} \
+         failures, slowest write {slowest:?}",
+        after.0,
+        after.1,
+        failures.len()
+    );
+    assert!(failures.is_empty(), "{failures:#?}");
+    assert!(
+        after.0 >= 300 && after.1 >= 300,
+        "writes and reads stalled after the kill: {after:?}"
+    );
+    // No write waited for the dead server (that wait is 10 s).
+    assert!(slowest < Duration::from_secs(5), "a write took {slowest:?}");
+    // Everything reads back as last acknowledged, through both clients.
+    for mount in &mounts {
+        for file in 0..LIVE_FILES {
+            let f = std::fs::File::open(mount.path().join(format!("f{file}"))).unwrap();
+            let mut buf = vec![0u8; LIVE_BLOCK];
+            for block in 0..LIVE_BLOCKS {
+                f.read_exact_at(&mut buf, (block * LIVE_BLOCK) as u64)
+                    .unwrap();
+                let want = count(&acked[file * LIVE_BLOCKS + block]);
+                assert_eq!(
+                    stamp_of(file, block, &buf),
+                    Ok(want),
+                    "f{file} block {block}"
+                );
+            }
+        }
+    }
+}
+
+/// A file-backed data server stopped, then started again with its old memory at its old
+/// address, serves none of the replicas the meta server dropped while it was away — not even
+/// to a client whose cached chunk map and view predate the drop (its heartbeats are 30 s
+/// apart, so nothing told it of the stop): the drop moved the file's generation, which every
+/// locked I/O reads, so that client's next read learns the chunk map anew.
+#[test]
+fn a_server_back_with_its_old_memory_serves_no_dropped_replica() {
+    testkit::init_logging();
+    let long = Duration::from_secs(600);
+    let mut cluster = Cluster::start(ClusterSpec {
+        data_servers: 2,
+        capacity: CAPACITY,
+        chunk_size: CHUNK,
+        fabric: Backend::Tcp,
+        backing: testkit::BackingKind::File,
+        replicas: 2,
+        session_lease: long,
+        fence_after: Duration::from_secs(120),
+        lock_lease: long,
+        ..ClusterSpec::default()
+    })
+    .unwrap();
+    let me = fs_client::CitronFs::process_caller();
+    let (stale, writer) = (cluster.client().unwrap(), cluster.client().unwrap());
+    let size = 6 * CHUNK as usize;
+    let layout = proto::layout::Layout::new(CHUNK).unwrap();
+    let chunks = layout.chunks_below(size as u64);
+    let old = pattern(1, 0, size);
+    let ino = write_file(&stale, "f", &old);
+    // Both clients learn where every chunk is (both replicas).
+    let fa = stale.open(me, ino, libc::O_RDONLY).unwrap();
+    let fb = writer.open(me, ino, libc::O_RDWR).unwrap();
+    assert_eq!(stale.read(fa, 0, size).unwrap(), old);
+    assert_eq!(writer.read(fb, 0, size).unwrap(), old);
+    for c in 0..chunks {
+        assert_eq!(replicas_of(&cluster, ino, c).len(), 2, "chunk {c}");
+    }
+
+    // ds-1 stops; its region file stays.
+    let fabric::FabricAddr::Tcp { addr } = cluster.data_servers()[1].fabric().clone() else {
+        panic!("a tcp data server");
+    };
+    cluster.data_servers_mut()[1].shutdown();
+    wait_until(
+        Duration::from_secs(30),
+        "the meta server to see ds-1 gone",
+        || live_data_servers(&cluster) == 1,
+    );
+    // New data over the whole file, while ds-1 is down: no EIO; ds-1's replicas are dropped.
+    let new = pattern(2, 0, size);
+    for (i, part) in new.chunks(CHUNK as usize).enumerate() {
+        writer
+            .write(fb, (i * CHUNK as usize) as u64, part)
+            .expect("a write while a replica's data server is down");
+    }
+    for c in 0..chunks {
+        let servers: Vec<u32> = replicas_of(&cluster, ino, c)
+            .iter()
+            .map(|l| l.server)
+            .collect();
+        assert_eq!(servers, [0], "chunk {c} without the dropped replica");
+    }
+
+    // ds-1 back with its old memory (the same incarnation), at its old address.
+    let mut config = cluster.data_config(1);
+    config.fabric = fabric::ServeAt::Tcp {
+        listen: addr.parse().unwrap(),
+    };
+    cluster.data_servers_mut()[1] = data_server::DataServer::start(config).unwrap();
+    wait_until(Duration::from_secs(30), "ds-1 back", || {
+        live_data_servers(&cluster) == 2
+    });
+    for c in 0..chunks {
+        assert_eq!(
+            replicas_of(&cluster, ino, c).len(),
+            1,
+            "chunk {c} stays dropped"
+        );
+    }
+    // The client whose map predates the drop reads the new data, chunk by chunk (a read
+    // picks each chunk's replica by the chunk and the session: half of them would be ds-1's),
+    // again and again (its endpoint to ds-1 broke; a new one reaches ds-1 back).
+    for round in 0..3 {
+        for c in 0..chunks {
+            let (from, len) = (layout.start(c), layout.len(c) as usize);
+            let got = stale.read(fa, from, len).unwrap();
+            assert!(
+                got == new[from as usize..from as usize + len],
+                "round {round}: chunk {c} reads the dropped replica's old bytes"
+            );
+        }
+    }
+    assert_eq!(writer.read(fb, 0, size).unwrap(), new);
+    let fresh = cluster.client().unwrap();
+    let fc = fresh.open(me, ino, libc::O_RDONLY).unwrap();
+    assert_eq!(fresh.read(fc, 0, size).unwrap(), new);
+    for (fs, fh) in [(&stale, fa), (&writer, fb), (&fresh, fc)] {
+        fs.release(fh).unwrap();
+    }
 }

@@ -23,6 +23,12 @@
 //!   client's path to one data server goes silent fails, and the range it had locked is free
 //!   for the other client at once ([`FREED_BOUND`]), not after lazy recovery.
 //!
+//! - `a_replica_server_cut_from_the_meta_server_is_dropped_for_good`: with two replicas, `ds2`
+//!   cut off from the meta server and from the writing client (the other client still reaches
+//!   it) is marked down and its replicas are dropped; the write goes on with `ds1` alone, and
+//!   neither during the cut nor once healed — `ds2` registers again, the same process with its
+//!   old memory — does a read get the old bytes of a dropped replica.
+//!
 //! The tests run one at a time (a lock), since their bounds are timings on a shared machine.
 //! They skip (pass, printing why) without root, `ip`, network namespaces or FUSE.
 
@@ -839,4 +845,140 @@ fn read_chunks(path: &Path, n: u64) -> Vec<(Duration, Result<Vec<u8>, i32>)> {
                 })
         })
         .collect()
+}
+
+/// How long the meta server takes to mark a data server it no longer hears from down and drop
+/// its replicas: its silence bound (`rpc::DATA_SERVER_SILENCE`, 5 s) after the server's last
+/// revocation poll (one a second), plus slack for a loaded 2-core machine.
+const DOWN_BOUND: Duration = Duration::from_secs(15);
+
+/// How long a data server cut off from the meta server takes to register again once healed:
+/// its connection to the meta server, closed at the other end during the cut, is found dead at
+/// the next packet or after the peer-silence bound (10 s, `fabric::tcp::watch_peer`); slack on
+/// top.
+const BACK_BOUND: Duration = Duration::from_secs(30);
+
+/// setxattr(2) of `citronfs.replicas` = `factor` on `dir`.
+fn set_replicas(dir: &Path, factor: u32) {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).unwrap();
+    let name = std::ffi::CString::new(proto::REPLICAS_XATTR).unwrap();
+    let value = factor.to_string();
+    // SAFETY: both strings are NUL-terminated, and the value's pointer and length describe it.
+    let r = unsafe {
+        libc::setxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    assert_eq!(r, 0, "setxattr: {}", std::io::Error::last_os_error());
+}
+
+/// A data server that never died, only cut off from the meta server and from one client (the
+/// other still reaches it), is marked down after the meta server's silence bound, and its
+/// replicas of a file of two replicas are dropped: the cut client's write of the whole file
+/// then succeeds with `ds1` alone (before drops, it waited for `ds2` and failed with EIO).
+/// The other client, which reaches `ds2` throughout, reads the new data; healed, `ds2` — the
+/// same process, with its old memory and incarnation — registers again, and no read of either
+/// client gets the old bytes its dropped replicas still hold.
+#[test]
+fn a_replica_server_cut_from_the_meta_server_is_dropped_for_good() {
+    skip_without_netns!();
+    skip_without_fuse!();
+    let _serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut cluster = ProcessCluster::start(
+        Path::new(BIN),
+        &ProcessClusterSpec {
+            chunk_size: CHUNK,
+            // The meta server says when it registers a data server.
+            log: "warn,meta_server::registry=info".into(),
+            ..ProcessClusterSpec::default()
+        },
+    )
+    .expect("start the cluster");
+    let m1 = cluster.mount(1, &[]).unwrap();
+    let m2 = cluster.mount(2, &[]).unwrap();
+    std::fs::create_dir(m1.join("two")).unwrap();
+    set_replicas(&m1.join("two"), 2);
+    const CHUNKS: u64 = 8;
+    let old = pattern(21, 0, (CHUNKS * CHUNK) as usize);
+    std::fs::write(m1.join("two/f"), &old).unwrap();
+    for m in [&m1, &m2] {
+        assert!(std::fs::read(m.join("two/f")).unwrap() == old);
+    }
+    let registered = |cluster: &mut ProcessCluster| {
+        cluster
+            .meta()
+            .output()
+            .matches("data server registered")
+            .count()
+    };
+    assert_eq!(registered(&mut cluster), 2);
+
+    for host in ["meta", "c1"] {
+        cluster.net().cut_between(host, "ds2").unwrap();
+    }
+    let cut_at = Instant::now();
+    cluster
+        .meta()
+        .wait_for_output("dropped the replicas", DOWN_BOUND)
+        .expect("the meta server drops ds2's replicas");
+    let down_after = cut_at.elapsed();
+    let new = pattern(22, 0, old.len());
+    let path = m1.join("two/f");
+    let data = new.clone();
+    // In place (no truncate, which would free the chunks): the chunks keep their dropped
+    // replicas, whose blocks on ds2 keep the old bytes.
+    let (written, write_took) = bounded(IO_BOUND * 2, "c1's write with ds2 down", move || {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.write_all_at(&data, 0))
+            .map_err(|e| e.raw_os_error().unwrap_or(-1))
+    });
+    assert_eq!(written, Ok(()), "c1's write with ds2 down");
+    // c2 reaches ds2, which still holds the old bytes: it reads the new ones.
+    for c in 0..CHUNKS {
+        let at = (c * CHUNK) as usize;
+        let got = read_chunk(&m2.join("two/f"), c);
+        assert!(
+            got.as_deref() == Ok(&new[at..at + CHUNK as usize]),
+            "during the cut: chunk {c} does not read the new data"
+        );
+    }
+
+    for host in ["meta", "c1"] {
+        cluster.net().heal_between(host, "ds2").unwrap();
+    }
+    let deadline = Instant::now() + BACK_BOUND;
+    while registered(&mut cluster) < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "ds2 did not register again within {BACK_BOUND:?} of the heal"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    println!(
+        "ds2 cut off from the meta server: marked down and its replicas dropped after \
+         {down_after:?}; c1's write of the file then took {write_took:?}; ds2 registered again \
+         after the heal"
+    );
+    // Chunk by chunk (each client reads a chunk from the replica its session picks: half of
+    // them would be ds2's), a few times over, from both clients.
+    for round in 0..3 {
+        for m in [&m1, &m2] {
+            for c in 0..CHUNKS {
+                let at = (c * CHUNK) as usize;
+                let got = read_chunk(&m.join("two/f"), c);
+                assert!(
+                    got.as_deref() == Ok(&new[at..at + CHUNK as usize]),
+                    "round {round}, {}: chunk {c} does not read the new data",
+                    m.display()
+                );
+            }
+        }
+    }
 }

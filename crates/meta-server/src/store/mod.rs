@@ -54,8 +54,10 @@
 //!   reused block reads zeros), and only zeroed blocks merge (a free block's buddy is merged
 //!   only when it is free too), so a merged block is zero.
 //! - A chunk in `lost` is in the chunk map it names: its data server came back with new memory
-//!   (a new incarnation) while the chunk held file data. Chunk-map answers that include it fail
-//!   with `FsError::Lost` (never zeros); freeing it (truncate, unlink) clears the mark.
+//!   (a new incarnation) while the chunk held file data, or the replica was dropped when its
+//!   server went down while another replica was live (`dropped`). Chunk-map answers leave it
+//!   out, and fail with `FsError::Lost` (never zeros) when every replica of the chunk is;
+//!   freeing it (truncate, unlink) clears the mark.
 //! - Bytes of a file's chunks beyond its size are zero, except in a chunk named in `tails`
 //!   from the offset recorded there: a shrinking truncate records its tail in the same
 //!   transaction, and the service zeroes it only once that transaction is durable (then drops
@@ -91,10 +93,12 @@ use serde::{Deserialize, Serialize};
 use sled::transaction::ConflictableTransactionError;
 use std::path::Path;
 
+mod dropped;
 mod image;
 mod namespace;
 mod space;
 
+pub use dropped::Dropped;
 #[cfg(any(test, feature = "test-hooks"))]
 pub use image::Corruption;
 pub(crate) use image::{Image, ImageEntry};
