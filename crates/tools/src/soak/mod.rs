@@ -276,6 +276,24 @@ impl Soak {
         Ok(())
     }
 
+    /// Waits until `count` data servers are live at the meta server (at most a minute).
+    fn wait_for_data_servers(&self, count: usize) -> Result<()> {
+        let credentials = fabric::Credentials::new(CLUSTER.to_string(), self.token.clone());
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let live = crate::cmd::status::request(&self.listen.to_string(), &credentials)
+                .map(|s| s.data_servers.iter().filter(|d| d.live).count())
+                .unwrap_or(0);
+            if live >= count {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("{live} of {count} data servers registered within a minute");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Whether no chunk is under-replicated now (`fsck`'s count; a failed check counts as
     /// not): waits up to [`REPLICATED_WAIT`] for re-replication to end.
     fn fully_replicated(&self) -> Result<bool> {
@@ -375,6 +393,9 @@ pub fn run(args: SoakArgs) -> Result<()> {
     for i in 0..=data_servers {
         soak.start(i)?;
     }
+    // Every data server registered before the clients start: a file's replicas are placed on
+    // the servers live then, and a factor above them is refused (EINVAL).
+    soak.wait_for_data_servers(data_servers)?;
     prepare(&soak)?;
     for i in data_servers + 1..soak.procs.len() {
         soak.start(i)?;
