@@ -121,13 +121,18 @@ fn live_data_servers(cluster: &Cluster) -> usize {
 /// Two data servers of `cluster` as processes of their own (`ds-0`, `ds-1`), once the meta
 /// server has both live.
 fn two_data_processes(cluster: &Cluster) -> [DataProcess; 2] {
-    let servers = [
-        DataProcess::start(cluster, "ds-0"),
-        DataProcess::start(cluster, "ds-1"),
-    ];
-    wait_until(Duration::from_secs(30), "two live data servers", || {
-        live_data_servers(cluster) == 2
-    });
+    data_processes(cluster)
+}
+
+/// `N` data servers of `cluster` as processes of their own (`ds-0`, ...), once the meta server
+/// has them all live.
+fn data_processes<const N: usize>(cluster: &Cluster) -> [DataProcess; N] {
+    let servers = std::array::from_fn(|i| DataProcess::start(cluster, &format!("ds-{i}")));
+    wait_until(
+        Duration::from_secs(30),
+        "the data servers to be live",
+        || live_data_servers(cluster) == N,
+    );
     servers
 }
 
@@ -523,7 +528,7 @@ fn fsck_finds_and_repairs_replicas_that_differ() {
 
 /// A data server killed (SIGKILL) under files of two replicas: fsck counts every chunk with a
 /// replica there as under-replicated, per file and in the summary, and `--repair` leaves them
-/// (re-replication is not built).
+/// (no other live server to place a second replica on).
 #[test]
 fn fsck_counts_chunks_under_replicated_after_a_data_server_is_killed() {
     use proto::fsck::{Finding, FsckOptions};
@@ -629,4 +634,301 @@ fn fsck_counts_replicas_on_a_server_back_with_new_memory_and_does_not_compare_th
     );
     assert_eq!(report.counts.under_replicated, chunks);
     assert_eq!(report.counts.replicated_chunks, 0);
+}
+
+/// The cluster's status, as `citronfs status` gets it.
+fn status(cluster: &Cluster) -> proto::status::ClusterStatus {
+    let client = cluster.rpc_client().expect("an RPC client");
+    match client.call(proto::rpc::Request::Status) {
+        Ok(Ok(proto::rpc::Response::Status(status))) => *status,
+        other => panic!("status: {other:?}"),
+    }
+}
+
+/// How many chunks `fsck` finds short of their file's replicas now.
+fn under_replicated(cluster: &Cluster) -> u64 {
+    let report = cluster
+        .fsck(proto::fsck::FsckOptions::default())
+        .expect("fsck");
+    report.counts.under_replicated
+}
+
+/// Files of several chunks (and one of less than one), `f0`, `f1`, ..., written through
+/// `fs`: their inodes and contents.
+fn write_files(fs: &fs_client::CitronFs) -> Vec<(proto::Ino, Vec<u8>)> {
+    [
+        CHUNK as usize * 9 + 123,
+        CHUNK as usize * 4,
+        5000,
+        CHUNK as usize * 16,
+    ]
+    .iter()
+    .enumerate()
+    .map(|(i, &size)| {
+        let data = pattern(100 + i as u64, 0, size);
+        (write_file(fs, &format!("f{i}"), &data), data)
+    })
+    .collect()
+}
+
+/// Every file reads back as written through a new client.
+fn assert_read_back(cluster: &Cluster, files: &[(proto::Ino, Vec<u8>)]) {
+    let fs = cluster.client().unwrap();
+    let me = fs_client::CitronFs::process_caller();
+    for (ino, data) in files {
+        let fh = fs.open(me, *ino, libc::O_RDONLY).unwrap();
+        let got = fs.read(fh, 0, data.len()).unwrap();
+        let first = got.iter().zip(data).position(|(a, b)| a != b);
+        assert!(
+            got.len() == data.len() && first.is_none(),
+            "inode {ino}: {} bytes of {}, first wrong byte at {first:?}",
+            got.len(),
+            data.len()
+        );
+        fs.release(fh).unwrap();
+    }
+}
+
+/// A clean `fsck` once no session has a file open, every replica compared: no finding, no
+/// chunk under-replicated, and `compared` chunks of several replicas.
+fn assert_clean_at_rest(cluster: &Cluster) -> proto::fsck::FsckReport {
+    use proto::fsck::FsckOptions;
+    wait_until(Duration::from_secs(20), "no file open anywhere", || {
+        cluster
+            .fsck(FsckOptions::default())
+            .unwrap()
+            .counts
+            .open_files
+            == 0
+    });
+    let report = cluster.fsck(FsckOptions::default()).unwrap();
+    assert!(report.clean(), "{:#?}", report.findings);
+    assert!(report.replicas_not_compared.is_empty(), "{report:#?}");
+    assert_eq!(report.counts.under_replicated, 0);
+    report
+}
+
+/// A data server killed (SIGKILL) under files of two replicas on three data servers: once it
+/// has been down for the grace, the meta server gives every chunk it held a replica a new one
+/// on the data server that has none, in the background; then fsck finds nothing (every chunk
+/// has two live replicas holding the same bytes), no chunk names the dead server any more,
+/// every file reads back, and the status tells how much was copied and how fast (no rate
+/// limit: the figure printed is the copy's speed on this machine).
+#[test]
+fn a_killed_data_servers_chunks_are_re_replicated_in_the_background() {
+    testkit::init_logging();
+    let cluster = Cluster::start(ClusterSpec {
+        data_servers: 0,
+        capacity: CAPACITY,
+        chunk_size: CHUNK,
+        fabric: Backend::Tcp,
+        replicas: 2,
+        rereplicate_after: Duration::from_millis(300),
+        rereplicate_mib_s: 0,
+        ..ClusterSpec::default()
+    })
+    .unwrap();
+    let mut servers = data_processes::<3>(&cluster);
+    let fs = cluster.client().unwrap();
+    let files = write_files(&fs);
+    drop(fs);
+    assert_clean_at_rest(&cluster);
+    let layout = proto::layout::Layout::new(CHUNK).unwrap();
+    let victim = 2;
+    let on_victim: u64 = files
+        .iter()
+        .map(|(ino, data)| {
+            (0..layout.chunks_below(data.len() as u64))
+                .filter(|&c| {
+                    replicas_of(&cluster, *ino, c)
+                        .iter()
+                        .any(|l| l.server == victim)
+                })
+                .count() as u64
+        })
+        .sum();
+    assert!(on_victim > 0);
+
+    servers[victim as usize].kill();
+    wait_until(
+        Duration::from_secs(30),
+        "the meta server to see the death",
+        || live_data_servers(&cluster) == 2,
+    );
+    wait_until(Duration::from_secs(60), "re-replication to finish", || {
+        under_replicated(&cluster) == 0
+    });
+    let report = assert_clean_at_rest(&cluster);
+    let total: u64 = files
+        .iter()
+        .map(|(_, data)| layout.chunks_below(data.len() as u64))
+        .sum();
+    assert_eq!(
+        report.counts.replicated_chunks, total,
+        "every chunk compared"
+    );
+    for (ino, data) in &files {
+        for c in 0..layout.chunks_below(data.len() as u64) {
+            let replicas = replicas_of(&cluster, *ino, c);
+            assert_eq!(replicas.len(), 2, "inode {ino} chunk {c}: {replicas:?}");
+            assert!(replicas.iter().all(|l| l.server != victim), "{replicas:?}");
+        }
+    }
+    assert_read_back(&cluster, &files);
+    let status = status(&cluster);
+    let r = &status.rereplication;
+    assert_eq!(r.total_done, on_victim, "{r:?}");
+    assert!(!r.running && r.failed == 0, "{r:?}");
+    eprintln!(
+        "re-replicated {} chunks ({} KiB) at {:.1} MiB/s (no rate limit; tcp fabric, one \
+         machine)",
+        r.done,
+        r.bytes >> 10,
+        r.kib_per_s as f64 / 1024.0
+    );
+}
+
+/// `citronfs fsck --repair` re-replicates at once what it finds under-replicated (the
+/// background pass is hours away here): each chunk is a `re-replicated` repair, nothing is
+/// left in `remaining`, and the next check is clean.
+#[test]
+fn fsck_repair_re_replicates_under_replicated_chunks() {
+    use proto::fsck::{Finding, FsckOptions, Repair};
+    testkit::init_logging();
+    let cluster = Cluster::start(ClusterSpec {
+        data_servers: 0,
+        capacity: CAPACITY,
+        chunk_size: CHUNK,
+        fabric: Backend::Tcp,
+        replicas: 2,
+        rereplicate_after: Duration::from_secs(3600),
+        ..ClusterSpec::default()
+    })
+    .unwrap();
+    let mut servers = data_processes::<3>(&cluster);
+    let fs = cluster.client().unwrap();
+    let files = write_files(&fs);
+    drop(fs);
+    servers[0].kill();
+    wait_until(
+        Duration::from_secs(30),
+        "the meta server to see the death",
+        || live_data_servers(&cluster) == 2,
+    );
+    let short = under_replicated(&cluster);
+    assert!(short > 0);
+    let report = cluster
+        .fsck(FsckOptions {
+            repair: true,
+            at_rest: false,
+        })
+        .unwrap();
+    assert!(
+        report
+            .findings
+            .iter()
+            .any(|f| matches!(f, Finding::UnderReplicated { .. })),
+        "{:#?}",
+        report.findings
+    );
+    let copied = report
+        .repairs
+        .iter()
+        .filter(|r| matches!(r, Repair::Rereplicated { from, to, .. } if from.server != 0 && to.server != 0))
+        .count() as u64;
+    assert_eq!(copied, short, "{:#?}", report.repairs);
+    assert_eq!(report.remaining, Some(Vec::new()));
+    assert_clean_at_rest(&cluster);
+    assert_read_back(&cluster, &files);
+}
+
+/// A writer keeps writing a file of two replicas while a data server restarts with new memory
+/// (its replicas lost) and the meta server re-replicates the chunks, slowly (rate-limited), so
+/// that writes land before, during and after each chunk's copy: writes that come after a
+/// chunk's copy must reach its new replica too (the writer's cached chunk map is stale then).
+/// At rest afterwards every replica holds the same bytes (fsck compares them all) and the
+/// file holds every write.
+#[test]
+fn no_write_is_lost_while_chunks_are_re_replicated() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    testkit::init_logging();
+    let mut cluster = Cluster::start(ClusterSpec {
+        data_servers: 3,
+        capacity: CAPACITY,
+        chunk_size: CHUNK,
+        fabric: Backend::Tcp,
+        replicas: 2,
+        rereplicate_after: Duration::from_millis(200),
+        // 64 KiB chunks at 1 MiB/s: one chunk every 60 ms or so, for a few seconds.
+        rereplicate_mib_s: 1,
+        ..ClusterSpec::default()
+    })
+    .unwrap();
+    let fs = cluster.client().unwrap();
+    let mut files = write_files(&fs);
+    drop(fs);
+    let chunks = 24;
+    let size = chunks * CHUNK as usize;
+    let writer_fs = cluster.client().unwrap();
+    let me = fs_client::CitronFs::process_caller();
+    let (attr, fh) = writer_fs
+        .create(me, proto::ROOT_INO, "w", 0o644, libc::O_RDWR)
+        .unwrap();
+    let mut model = pattern(7, 0, size);
+    writer_fs.write(fh, 0, &model).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writes = Arc::new(AtomicU64::new(0));
+    let writer = {
+        let (stop, writes) = (stop.clone(), writes.clone());
+        std::thread::spawn(move || {
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                // 4 KiB somewhere in each chunk in turn, other bytes every time.
+                let chunk = (i % chunks as u64) as usize;
+                let at = chunk * CHUNK as usize + ((i * 4096) as usize % CHUNK as usize);
+                let data = pattern(1000 + i, 0, 4096);
+                if let Err(e) = writer_fs.write(fh, at as u64, &data) {
+                    return Err(format!("write {i} at {at}: {e}"));
+                }
+                model[at..at + data.len()].copy_from_slice(&data);
+                writes.fetch_add(1, Ordering::Relaxed);
+                i += 1;
+            }
+            writer_fs.release(fh).map_err(|e| e.to_string())?;
+            Ok(model)
+        })
+    };
+    wait_until(Duration::from_secs(10), "the writer to write", || {
+        writes.load(Ordering::Relaxed) > 50
+    });
+    cluster.restart_data_server(2).unwrap();
+    // Writes while a pass copies chunks.
+    let mut during = 0u64;
+    let mut seen_running = None;
+    wait_until(Duration::from_secs(120), "re-replication to finish", || {
+        let r = status(&cluster).rereplication;
+        if r.running {
+            let now = writes.load(Ordering::Relaxed);
+            during = now - *seen_running.get_or_insert(now);
+            false
+        } else {
+            r.total_done > 0 && under_replicated(&cluster) == 0
+        }
+    });
+    stop.store(true, Ordering::Relaxed);
+    let model = writer.join().unwrap().expect("every write succeeds");
+    let r = status(&cluster).rereplication;
+    eprintln!(
+        "{} writes, {during} of them while chunks were copied; {} chunks re-replicated at \
+         {:.2} MiB/s (limit 1 MiB/s)",
+        writes.load(Ordering::Relaxed),
+        r.total_done,
+        r.kib_per_s as f64 / 1024.0
+    );
+    assert!(during > 0, "the writer wrote while chunks were copied");
+    assert!(r.kib_per_s <= 1100, "the rate limit holds: {r:?}");
+    assert_clean_at_rest(&cluster);
+    files.push((attr.ino, model));
+    assert_read_back(&cluster, &files);
 }
