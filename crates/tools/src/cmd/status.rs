@@ -371,4 +371,3 @@ mod tests {
         assert_eq!(bytes(3 << 30), "3.0 GiB");
     }
 }
-
