@@ -842,12 +842,68 @@ fn fsck_repair_re_replicates_under_replicated_chunks() {
     assert_read_back(&cluster, &files);
 }
 
-/// A writer keeps writing a file of two replicas while a data server restarts with new memory
-/// (its replicas lost) and the meta server re-replicates the chunks, slowly (rate-limited), so
-/// that writes land before, during and after each chunk's copy: writes that come after a
-/// chunk's copy must reach its new replica too (the writer's cached chunk map is stale then).
-/// At rest afterwards every replica holds the same bytes (fsck compares them all) and the
-/// file holds every write.
+/// Where a writer of [`no_write_is_lost_while_chunks_are_re_replicated`] writes: a file open
+/// in a library client, or a file of a FUSE mount.
+enum Writer {
+    Library(fs_client::CitronFs, fs_client::FileHandle),
+    Mount(std::fs::File),
+}
+
+impl Writer {
+    fn write_at(&self, at: u64, data: &[u8]) -> Result<(), String> {
+        match self {
+            Writer::Library(fs, fh) => fs.write(*fh, at, data).map(drop).map_err(|e| e.to_string()),
+            Writer::Mount(file) => file.write_all_at(data, at).map_err(|e| e.to_string()),
+        }
+    }
+
+    /// Closes the file (a mount's data reaches the cluster by then).
+    fn close(self) -> Result<(), String> {
+        match self {
+            Writer::Library(fs, fh) => fs.release(fh).map_err(|e| e.to_string()),
+            Writer::Mount(file) => file.sync_all().map_err(|e| e.to_string()),
+        }
+    }
+}
+
+/// Starts a thread that writes 4 KiB somewhere in each 64 KiB of `model` (the file's
+/// contents, `writer`'s file) in turn, other bytes every time, until `stop`; counts its
+/// writes in `writes`; returns the file's contents as they must be.
+fn spawn_writer(
+    writer: Writer,
+    mut model: Vec<u8>,
+    seed: u64,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    writes: std::sync::Arc<std::sync::atomic::AtomicU64>,
+) -> std::thread::JoinHandle<Result<Vec<u8>, String>> {
+    use std::sync::atomic::Ordering;
+    std::thread::spawn(move || {
+        writer.write_at(0, &model)?;
+        let pieces = (model.len() / CHUNK as usize) as u64;
+        let mut i = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            let piece = (i % pieces) as usize;
+            let at = piece * CHUNK as usize + ((i * 4096) as usize % CHUNK as usize);
+            let data = pattern(seed + i, 0, 4096);
+            writer
+                .write_at(at as u64, &data)
+                .map_err(|e| format!("write {i} at {at}: {e}"))?;
+            model[at..at + data.len()].copy_from_slice(&data);
+            writes.fetch_add(1, Ordering::Relaxed);
+            i += 1;
+        }
+        writer.close()?;
+        Ok(model)
+    })
+}
+
+/// Writers keep writing files of two replicas — one through the client library, one through a
+/// FUSE mount where this machine has FUSE — while a data server restarts with new memory (its
+/// replicas lost) and the meta server re-replicates the chunks, slowly (rate-limited), so that
+/// writes land before, during and after each chunk's copy: writes that come after a chunk's
+/// copy must reach its new replica too (the writers' cached chunk maps are stale then). At
+/// rest afterwards every replica holds the same bytes (fsck compares them all) and the files
+/// hold every write.
 #[test]
 fn no_write_is_lost_while_chunks_are_re_replicated() {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -868,38 +924,53 @@ fn no_write_is_lost_while_chunks_are_re_replicated() {
     let fs = cluster.client().unwrap();
     let mut files = write_files(&fs);
     drop(fs);
-    let chunks = 24;
-    let size = chunks * CHUNK as usize;
-    let writer_fs = cluster.client().unwrap();
-    let me = fs_client::CitronFs::process_caller();
-    let (attr, fh) = writer_fs
-        .create(me, proto::ROOT_INO, "w", 0o644, libc::O_RDWR)
-        .unwrap();
-    let mut model = pattern(7, 0, size);
-    writer_fs.write(fh, 0, &model).unwrap();
+    let size = 24 * CHUNK as usize;
     let stop = Arc::new(AtomicBool::new(false));
     let writes = Arc::new(AtomicU64::new(0));
-    let writer = {
-        let (stop, writes) = (stop.clone(), writes.clone());
-        std::thread::spawn(move || {
-            let mut i = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                // 4 KiB somewhere in each chunk in turn, other bytes every time.
-                let chunk = (i % chunks as u64) as usize;
-                let at = chunk * CHUNK as usize + ((i * 4096) as usize % CHUNK as usize);
-                let data = pattern(1000 + i, 0, 4096);
-                if let Err(e) = writer_fs.write(fh, at as u64, &data) {
-                    return Err(format!("write {i} at {at}: {e}"));
-                }
-                model[at..at + data.len()].copy_from_slice(&data);
-                writes.fetch_add(1, Ordering::Relaxed);
-                i += 1;
-            }
-            writer_fs.release(fh).map_err(|e| e.to_string())?;
-            Ok(model)
-        })
+    let me = fs_client::CitronFs::process_caller();
+    let library = cluster.client().unwrap();
+    let (attr, fh) = library
+        .create(me, proto::ROOT_INO, "w", 0o644, libc::O_RDWR)
+        .unwrap();
+    let mut writers = vec![(
+        attr.ino,
+        spawn_writer(
+            Writer::Library(library, fh),
+            pattern(7, 0, size),
+            1000,
+            stop.clone(),
+            writes.clone(),
+        ),
+    )];
+    let mount = match testkit::fuse_unavailable() {
+        Some(why) => {
+            eprintln!("no writer through a FUSE mount: {why}");
+            None
+        }
+        None => {
+            let mount = cluster.mount().unwrap();
+            let path = mount.path().join("m");
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(&path)
+                .unwrap();
+            let ino = std::fs::metadata(&path).unwrap().ino();
+            writers.push((
+                ino,
+                spawn_writer(
+                    Writer::Mount(file),
+                    pattern(8, 0, size),
+                    1_000_000,
+                    stop.clone(),
+                    writes.clone(),
+                ),
+            ));
+            Some(mount)
+        }
     };
-    wait_until(Duration::from_secs(10), "the writer to write", || {
+    wait_until(Duration::from_secs(10), "the writers to write", || {
         writes.load(Ordering::Relaxed) > 50
     });
     cluster.restart_data_server(2).unwrap();
@@ -917,7 +988,11 @@ fn no_write_is_lost_while_chunks_are_re_replicated() {
         }
     });
     stop.store(true, Ordering::Relaxed);
-    let model = writer.join().unwrap().expect("every write succeeds");
+    for (ino, writer) in writers {
+        let model = writer.join().unwrap().expect("every write succeeds");
+        files.push((ino, model));
+    }
+    drop(mount);
     let r = status(&cluster).rereplication;
     eprintln!(
         "{} writes, {during} of them while chunks were copied; {} chunks re-replicated at \
@@ -926,9 +1001,8 @@ fn no_write_is_lost_while_chunks_are_re_replicated() {
         r.total_done,
         r.kib_per_s as f64 / 1024.0
     );
-    assert!(during > 0, "the writer wrote while chunks were copied");
+    assert!(during > 0, "the writers wrote while chunks were copied");
     assert!(r.kib_per_s <= 1100, "the rate limit holds: {r:?}");
     assert_clean_at_rest(&cluster);
-    files.push((attr.ino, model));
     assert_read_back(&cluster, &files);
 }
