@@ -96,6 +96,11 @@ pub struct ClusterSpec {
     /// The failure domain of each data server, by index (`DataConfig::zone`); data servers
     /// beyond the list name none.
     pub zones: Vec<String>,
+    /// Re-replication's rate limit in MiB/s, 0 for none (`MetaConfig::rereplicate_mib_s`).
+    pub rereplicate_mib_s: u64,
+    /// How long after a data server is marked down its chunks are re-replicated
+    /// (`MetaConfig::rereplicate_after`).
+    pub rereplicate_after: Duration,
 }
 
 impl Default for ClusterSpec {
@@ -124,6 +129,8 @@ impl Default for ClusterSpec {
             meta_idle_poll: meta_server::default_idle_poll(),
             replicas: meta_server::DEFAULT_REPLICAS,
             zones: Vec::new(),
+            rereplicate_mib_s: meta_server::DEFAULT_REREPLICATE_MIB_S,
+            rereplicate_after: meta_server::DEFAULT_REREPLICATE_AFTER,
         }
     }
 }
@@ -208,6 +215,8 @@ impl Cluster {
         config.max_open_per_session = spec.max_open_per_session;
         config.max_record_locks_per_session = spec.max_record_locks_per_session;
         config.replicas = spec.replicas;
+        config.rereplicate_mib_s = spec.rereplicate_mib_s;
+        config.rereplicate_after = spec.rereplicate_after;
         config.idle_poll = spec.meta_idle_poll;
         let meta = MetaServer::start(config.clone()).context("start the meta server")?;
         // A restart comes back where clients knew it, as a deployment with fixed ports does:

@@ -31,6 +31,7 @@ mod record_locks;
 mod registry;
 mod replica_check;
 mod requests;
+mod rereplicate;
 pub mod rpc;
 mod service;
 mod sessions;
@@ -44,6 +45,7 @@ use fabric::{Backing, Credentials, FabricServer, ServeAt};
 use lockmgr::schemes::LockServer;
 use meta_region::META_REGION;
 use proto::Caller;
+pub use rereplicate::{DEFAULT_REREPLICATE_AFTER, DEFAULT_REREPLICATE_MIB_S};
 use service::{Service, Settings};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -171,6 +173,12 @@ pub struct MetaConfig {
     /// (`proto::REPLICAS_XATTR`; docs/REPLICAS.md). 1 to `proto::MAX_REPLICAS`; the default,
     /// [`DEFAULT_REPLICAS`], keeps one copy.
     pub replicas: usize,
+    /// Re-replication's rate limit: bytes copied per second at most, in MiB/s (0: none).
+    /// Default [`DEFAULT_REREPLICATE_MIB_S`].
+    pub rereplicate_mib_s: u64,
+    /// How long after a data server is marked down (or comes back with new memory) the chunks
+    /// short of live replicas are re-replicated. Default [`DEFAULT_REREPLICATE_AFTER`].
+    pub rereplicate_after: Duration,
 }
 
 /// The default of [`MetaConfig::replicas`]: one copy of every chunk. A cluster of one data
@@ -220,6 +228,8 @@ impl MetaConfig {
             max_record_locks_per_session: DEFAULT_MAX_RECORD_LOCKS_PER_SESSION,
             local_rpc: fabric.host_dir().map(|dir| dir.join(LOCAL_RPC_SOCKET)),
             replicas: DEFAULT_REPLICAS,
+            rereplicate_mib_s: DEFAULT_REREPLICATE_MIB_S,
+            rereplicate_after: DEFAULT_REREPLICATE_AFTER,
             fabric,
         }
     }
@@ -330,6 +340,12 @@ impl MetaServer {
         );
         let service = Arc::new(Service::new(settings, store, region, lock_server)?);
         let region_server = serve_for(region_server, &service)?;
+        service.set_self();
+        service.set_lock_connector(
+            region_server
+                .host_connector()
+                .context("the meta server's own connector to its region")?,
+        );
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("meta-server")
@@ -346,6 +362,15 @@ impl MetaServer {
             (thread.spawn(move || service.run_reclaimer()))
                 .context("starting the reclaimer thread")?
         };
+        let rereplicator = {
+            let service = service.clone();
+            let thread = std::thread::Builder::new().name("meta-rereplicate".into());
+            (thread.spawn(move || service.run_rereplicator()))
+                .context("starting the re-replication thread")?
+        };
+        // Data servers that do not come back after a restart of this server never go down
+        // in this run: a pass after the grace finds their chunks short.
+        service.replicas_may_be_short();
         let (stop_tx, stop_rx) = watch::channel(false);
         let awake = awake::AwakeServe::new(config.idle_poll);
         let connections = fabric::handshake::Admission::new(service.settings.connection_limits);
@@ -376,6 +401,7 @@ impl MetaServer {
                 service,
                 awake,
                 reclaimer: Some(reclaimer),
+                rereplicator: Some(rereplicator),
                 local_socket,
                 region_server,
             }),
@@ -582,6 +608,10 @@ fn service_settings(
         max_open_per_session: config.max_open_per_session,
         max_record_locks_per_session: config.max_record_locks_per_session,
         replicas: config.replicas,
+        rereplicate: rereplicate::Settings {
+            rate: config.rereplicate_mib_s.saturating_mul(1 << 20),
+            after: config.rereplicate_after,
+        },
         state_dir: config.db_dir.clone(),
         first_session,
         earlier_leases_until: restarted.then(|| std::time::Instant::now() + config.lock_lease),
@@ -618,6 +648,9 @@ struct Running {
     awake: Arc<awake::AwakeServe>,
     /// Zeroes and recycles freed chunks ([`reclaim`]); drained and joined at shutdown.
     reclaimer: Option<std::thread::JoinHandle<()>>,
+    /// Re-replicates under-replicated chunks ([`rereplicate`]); stopped and joined first at
+    /// shutdown.
+    rereplicator: Option<std::thread::JoinHandle<()>>,
     /// The local socket's file, removed when this is dropped — before the region server, whose
     /// shm directory it may be in. Read only by the test hook `MetaHandle::crash`.
     #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
@@ -626,6 +659,16 @@ struct Running {
     /// tcp fabric). Held for that drop: read only by the test hook `MetaHandle::crash`.
     #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
     region_server: Arc<FabricServer>,
+}
+
+impl Running {
+    /// Stops the re-replication thread (it ends at its next chunk) and waits for it.
+    fn stop_rereplicator(&mut self) {
+        self.service.stop_rereplicator();
+        if let Some(thread) = self.rereplicator.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 /// The Unix socket clients on this host may connect to ([`MetaConfig::local_rpc`]): bound at
@@ -791,6 +834,7 @@ impl MetaHandle {
         let Some(mut running) = self.inner.take() else {
             return;
         };
+        running.stop_rereplicator();
         // Cancels every connection task where it waits: no goodbye, no `end_session`.
         running.runtime.shutdown_background();
         running.service.stop_reclaimer();
@@ -841,6 +885,7 @@ impl MetaHandle {
             return Ok(());
         };
         running.service.begin_shutdown();
+        running.stop_rereplicator();
         let _ = running.stop.send(true);
         // Connection tasks see `stop`, tell their peers the server is stopping and end
         // (dropping the runtime would cancel them mid-way: peers would see a crash); requests

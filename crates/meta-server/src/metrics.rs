@@ -188,6 +188,26 @@ impl Collector for StateCollector {
             "Sessions fenced (their range locks revoked after their lease ran out) and not yet forgotten.",
             bytes(status.fenced_sessions),
         )?;
+        let r = &status.rereplication;
+        gauge(
+            e,
+            "meta_rereplication_left_chunks",
+            "Chunks the running re-replication pass has still to copy (0 when none runs).",
+            bytes(r.left),
+        )?;
+        gauge(
+            e,
+            "meta_rereplication_failed_chunks",
+            "Chunks the current or last re-replication pass could not copy (retried later).",
+            bytes(r.failed),
+        )?;
+        let c = ConstCounter::new(r.total_done);
+        c.encode(e.encode_descriptor(
+            "meta_rereplicated_chunks",
+            "Chunks re-replicated (given a new replica in place of a lost one) since start.",
+            None,
+            c.metric_type(),
+        )?)?;
         let c = ConstCounter::new(status.meta.requests);
         c.encode(e.encode_descriptor(
             "meta_handled_requests",

@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// A live data server's endpoint, shared by whoever zeroes its chunks.
-type SharedEndpoint = Arc<Mutex<Box<dyn Endpoint>>>;
+pub(crate) type SharedEndpoint = Arc<Mutex<Box<dyn Endpoint>>>;
 
 struct LiveServer {
     /// Which connection registered it; a stale connection closing does not unregister it.
@@ -103,7 +103,7 @@ impl LiveServers {
     }
 
     /// Live server `id`'s endpoint and region; an error when it is not connected.
-    fn endpoint(&self, id: u32) -> Result<(SharedEndpoint, RegionId), FsError> {
+    pub(crate) fn endpoint(&self, id: u32) -> Result<(SharedEndpoint, RegionId), FsError> {
         let live = self
             .live
             .get(&id)

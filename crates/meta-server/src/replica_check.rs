@@ -27,8 +27,9 @@
 //! live replica (the reference), a piece at a time, then compared again. The meta server
 //! cannot take a file's range lock, so this is done only where no lock can be held (the
 //! files compared above): a file whose lock is held is neither compared nor repaired.
-//! Under-replicated chunks are not repaired: placing a new replica on another server is
-//! re-replication, which is not built.
+//! Under-replicated chunks are not repaired here: placing a new replica on another server is
+//! re-replication (`crate::rereplicate`), which `fsck --repair` runs after this check, without
+//! the state lock.
 
 use crate::store::Image;
 use proto::fsck::{Finding, Repair};

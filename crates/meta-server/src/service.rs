@@ -38,6 +38,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+mod rereplicate;
+
 /// Settings the service needs (a digest of `MetaConfig`).
 pub(crate) struct Settings {
     pub credentials: fabric::Credentials,
@@ -76,6 +78,8 @@ pub(crate) struct Settings {
     /// start plus `lock_lease`). A data server whose backend cannot refuse the earlier run's
     /// sessions (shm, mem) is made live no sooner ([`Service::register_data_server`]).
     pub earlier_leases_until: Option<Instant>,
+    /// Re-replication's rate limit and grace (`crate::rereplicate`).
+    pub rereplicate: crate::rereplicate::Settings,
 }
 
 /// The first session id of this run: the clock in microseconds, so that ids of an earlier run
@@ -171,6 +175,12 @@ pub(crate) struct Service {
     /// ([`Service::drop_replicas_on`]): no chunk map without a dropped replica is answered
     /// before the generation that makes cached maps stale is in the files' control blocks.
     chunk_gate: std::sync::RwLock<()>,
+    /// Re-replication's schedule and progress (`rereplicate`).
+    rereplicator: crate::rereplicate::Rereplicator,
+    /// The connector of the meta server's own lock handles (`rereplicate`).
+    lock_connector: OnceLock<Arc<dyn fabric::Connector>>,
+    /// The service as shared, for callbacks of its own lock handles (`rereplicate`).
+    me: OnceLock<std::sync::Weak<Service>>,
 }
 
 impl Service {
@@ -201,6 +211,7 @@ impl Service {
             settings.record_lock_grace_until,
             settings.max_record_locks_per_session,
         );
+        let rereplicator = crate::rereplicate::Rereplicator::new(settings.rereplicate);
         let service = Service {
             state: Mutex::new(State {
                 sessions: SessionTable::new(settings.first_session),
@@ -221,6 +232,9 @@ impl Service {
             metrics: OnceLock::new(),
             started: Instant::now(),
             chunk_gate: std::sync::RwLock::new(()),
+            rereplicator,
+            lock_connector: OnceLock::new(),
+            me: OnceLock::new(),
         };
         // Orphans were open when the last run ended; no session survives a restart.
         for ino in service.store.orphans()? {
@@ -466,7 +480,7 @@ impl Service {
         incarnation: u64,
         zone: Option<&str>,
     ) -> Result<(u32, u64), FsError> {
-        self.registry.register(
+        let registered = self.registry.register(
             &self.state,
             &self.store,
             &self.fences,
@@ -476,7 +490,11 @@ impl Service {
             region_bytes,
             incarnation,
             zone,
-        )
+        );
+        // A server back with new memory has lost replicas; a new one is room for replicas
+        // that had none.
+        self.replicas_may_be_short();
+        registered
     }
 
     /// Marks the service as stopping: connections closed from now on are expected.
@@ -491,6 +509,7 @@ impl Service {
             .gone(&self.state, &self.fences, id, epoch, |st| {
                 self.drop_replicas_on(st, id)
             });
+        self.replicas_may_be_short();
     }
 
     /// Drops data server `id`'s replicas, the server just marked down (the state lock held
@@ -1142,6 +1161,12 @@ impl Service {
             );
         }
         self.registry.zero_and_recycle(freed);
+        if options.repair && report.counts.under_replicated > 0 {
+            if let Err(error) = self.rereplicate_for_fsck(&mut report) {
+                // What it did not do stays in `remaining`.
+                tracing::warn!(%error, "fsck --repair: re-replication failed");
+            }
+        }
         Ok(report)
     }
 
@@ -1285,6 +1310,7 @@ impl Service {
             sessions,
             fenced: self.fences.revoked_count(),
             open,
+            rereplication: self.rereplication_status(),
         })
     }
 

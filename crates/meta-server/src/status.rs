@@ -72,6 +72,8 @@ pub(crate) struct Facts {
     pub sessions: Vec<SessionFacts>,
     pub fenced: u64,
     pub open: Vec<OpenFacts>,
+    /// Re-replication's progress (`crate::rereplicate`), as reported.
+    pub rereplication: proto::status::RereplicationStatus,
 }
 
 fn ms(d: Duration) -> u64 {
@@ -132,6 +134,7 @@ pub(crate) fn report(facts: Facts, caller: u64, now: Instant) -> ClusterStatus {
         fenced_sessions: facts.fenced,
         open_file_count,
         open_files,
+        rereplication: facts.rereplication,
     }
 }
 
@@ -243,6 +246,7 @@ mod tests {
                 .map(|i| open(i, 1, 0))
                 .chain([open(99, 2, 5)])
                 .collect(),
+            rereplication: Default::default(),
         }
     }
 

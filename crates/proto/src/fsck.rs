@@ -240,8 +240,9 @@ pub enum Finding {
     },
     /// A file has chunks with fewer live replicas than its replication factor: a replica on a
     /// data server that is not connected, or lost (its server came back with new memory), or
-    /// never placed (fewer live servers than the factor at allocation). Not repaired:
-    /// re-replication onto other servers is not built.
+    /// never placed (fewer live servers than the factor at allocation). `--repair`
+    /// re-replicates them (`Repair::Rereplicated`) where a live server without a replica of
+    /// the chunk has room; what stays short is in `remaining`.
     UnderReplicated {
         /// The file.
         ino: Ino,
@@ -584,6 +585,19 @@ pub enum Repair {
         /// The replica overwritten.
         to: ChunkLoc,
     },
+    /// An under-replicated chunk got a new replica, copied from a live one under the file's
+    /// range lock (re-replication, docs/REPLICAS.md); its replicas that were not live left
+    /// its set.
+    Rereplicated {
+        /// The file.
+        ino: Ino,
+        /// Its chunk index.
+        chunk: u64,
+        /// The replica copied from.
+        from: ChunkLoc,
+        /// The new replica.
+        to: ChunkLoc,
+    },
     /// At rest, an open file's busy lock words (a dead client's) were put back at rest.
     ResetLock {
         /// The file.
@@ -635,6 +649,17 @@ impl fmt::Display for Repair {
             } => write!(
                 f,
                 "copied inode {ino} chunk {chunk} from {} over {}",
+                loc(from),
+                loc(to)
+            ),
+            Repair::Rereplicated {
+                ino,
+                chunk,
+                from,
+                to,
+            } => write!(
+                f,
+                "re-replicated inode {ino} chunk {chunk} from {} to {}",
                 loc(from),
                 loc(to)
             ),

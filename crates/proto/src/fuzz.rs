@@ -398,6 +398,17 @@ pub fn sample_status() -> crate::status::ClusterStatus {
             scheme: "citron".into(),
             lock_calls: 17,
         }],
+        rereplication: RereplicationStatus {
+            running: true,
+            done: 12,
+            left: 30,
+            failed: 1,
+            bytes: 12 << 20,
+            kib_per_s: 65_536,
+            total_done: 40,
+            limit_mib_per_s: 128,
+            next_pass_in_ms: None,
+        },
     }
 }
 

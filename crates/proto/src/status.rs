@@ -35,6 +35,34 @@ pub struct ClusterStatus {
     /// At most [`TOP_OPEN_FILES`] open files: most sessions first, then most lock calls, then
     /// by inode.
     pub open_files: Vec<OpenFileStatus>,
+    /// The meta server's re-replication of under-replicated chunks (docs/REPLICAS.md).
+    #[serde(default)]
+    pub rereplication: RereplicationStatus,
+}
+
+/// Where re-replication stands: the pass running now (or the last one), and the totals since
+/// the meta server started.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RereplicationStatus {
+    /// Whether a pass is running now.
+    pub running: bool,
+    /// Chunks the current (or last) pass re-replicated so far.
+    pub done: u64,
+    /// Chunks the current pass has still to do (0 once it ended).
+    pub left: u64,
+    /// Chunks the current (or last) pass could not re-replicate (no room, a copy failed, no
+    /// server to place on): retried by a later pass.
+    pub failed: u64,
+    /// Bytes the current (or last) pass copied.
+    pub bytes: u64,
+    /// The current (or last) pass's speed so far, in KiB/s.
+    pub kib_per_s: u64,
+    /// Chunks re-replicated since the meta server started.
+    pub total_done: u64,
+    /// The rate limit, in MiB/s (0: none).
+    pub limit_mib_per_s: u64,
+    /// Milliseconds until the next pass is due, if one is.
+    pub next_pass_in_ms: Option<u64>,
 }
 
 /// One protocol and the version of it a server speaks (`fabric::handshake::Protocol`).

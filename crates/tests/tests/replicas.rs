@@ -124,13 +124,18 @@ fn live_data_servers(cluster: &Cluster) -> usize {
 /// Two data servers of `cluster` as processes of their own (`ds-0`, `ds-1`), once the meta
 /// server has both live.
 fn two_data_processes(cluster: &Cluster) -> [DataProcess; 2] {
-    let servers = [
-        DataProcess::start(cluster, "ds-0"),
-        DataProcess::start(cluster, "ds-1"),
-    ];
-    wait_until(Duration::from_secs(30), "two live data servers", || {
-        live_data_servers(cluster) == 2
-    });
+    data_processes(cluster)
+}
+
+/// `N` data servers of `cluster` as processes of their own (`ds-0`, ...), once the meta server
+/// has them all live.
+fn data_processes<const N: usize>(cluster: &Cluster) -> [DataProcess; N] {
+    let servers = std::array::from_fn(|i| DataProcess::start(cluster, &format!("ds-{i}")));
+    wait_until(
+        Duration::from_secs(30),
+        "the data servers to be live",
+        || live_data_servers(cluster) == N,
+    );
     servers
 }
 
@@ -526,7 +531,7 @@ fn fsck_finds_and_repairs_replicas_that_differ() {
 
 /// A data server killed (SIGKILL) under files of two replicas: fsck counts every chunk with a
 /// replica there as under-replicated, per file and in the summary, and `--repair` leaves them
-/// (re-replication is not built).
+/// (no other live server to place a second replica on).
 #[test]
 fn fsck_counts_chunks_under_replicated_after_a_data_server_is_killed() {
     use proto::fsck::{Finding, FsckOptions};
@@ -964,4 +969,375 @@ fn a_server_back_with_its_old_memory_serves_no_dropped_replica() {
     for (fs, fh) in [(&stale, fa), (&writer, fb), (&fresh, fc)] {
         fs.release(fh).unwrap();
     }
+}
+
+/// The cluster's status, as `citronfs status` gets it.
+fn status(cluster: &Cluster) -> proto::status::ClusterStatus {
+    let client = cluster.rpc_client().expect("an RPC client");
+    match client.call(proto::rpc::Request::Status) {
+        Ok(Ok(proto::rpc::Response::Status(status))) => *status,
+        other => panic!("status: {other:?}"),
+    }
+}
+
+/// How many chunks `fsck` finds short of their file's replicas now.
+fn under_replicated(cluster: &Cluster) -> u64 {
+    let report = cluster
+        .fsck(proto::fsck::FsckOptions::default())
+        .expect("fsck");
+    report.counts.under_replicated
+}
+
+/// Files of several chunks (and one of less than one), `f0`, `f1`, ..., written through
+/// `fs`: their inodes and contents.
+fn write_files(fs: &fs_client::CitronFs) -> Vec<(proto::Ino, Vec<u8>)> {
+    [
+        CHUNK as usize * 9 + 123,
+        CHUNK as usize * 4,
+        5000,
+        CHUNK as usize * 16,
+    ]
+    .iter()
+    .enumerate()
+    .map(|(i, &size)| {
+        let data = pattern(100 + i as u64, 0, size);
+        (write_file(fs, &format!("f{i}"), &data), data)
+    })
+    .collect()
+}
+
+/// Every file reads back as written through a new client.
+fn assert_read_back(cluster: &Cluster, files: &[(proto::Ino, Vec<u8>)]) {
+    let fs = cluster.client().unwrap();
+    let me = fs_client::CitronFs::process_caller();
+    for (ino, data) in files {
+        let fh = fs.open(me, *ino, libc::O_RDONLY).unwrap();
+        let got = fs.read(fh, 0, data.len()).unwrap();
+        let first = got.iter().zip(data).position(|(a, b)| a != b);
+        assert!(
+            got.len() == data.len() && first.is_none(),
+            "inode {ino}: {} bytes of {}, first wrong byte at {first:?}",
+            got.len(),
+            data.len()
+        );
+        fs.release(fh).unwrap();
+    }
+}
+
+/// A clean `fsck` once no session has a file open, every replica compared: no finding, no
+/// chunk under-replicated, and `compared` chunks of several replicas.
+fn assert_clean_at_rest(cluster: &Cluster) -> proto::fsck::FsckReport {
+    use proto::fsck::FsckOptions;
+    wait_until(Duration::from_secs(20), "no file open anywhere", || {
+        cluster
+            .fsck(FsckOptions::default())
+            .unwrap()
+            .counts
+            .open_files
+            == 0
+    });
+    let report = cluster.fsck(FsckOptions::default()).unwrap();
+    assert!(report.clean(), "{:#?}", report.findings);
+    assert!(report.replicas_not_compared.is_empty(), "{report:#?}");
+    assert_eq!(report.counts.under_replicated, 0);
+    report
+}
+
+/// A data server killed (SIGKILL) under files of two replicas on three data servers: once it
+/// has been down for the grace, the meta server gives every chunk it held a replica a new one
+/// on the data server that has none, in the background; then fsck finds nothing (every chunk
+/// has two live replicas holding the same bytes), no chunk names the dead server any more,
+/// every file reads back, and the status tells how much was copied and how fast (no rate
+/// limit: the figure printed is the copy's speed on this machine).
+#[test]
+fn a_killed_data_servers_chunks_are_re_replicated_in_the_background() {
+    testkit::init_logging();
+    let cluster = Cluster::start(ClusterSpec {
+        data_servers: 0,
+        capacity: CAPACITY,
+        chunk_size: CHUNK,
+        fabric: Backend::Tcp,
+        replicas: 2,
+        rereplicate_after: Duration::from_millis(300),
+        rereplicate_mib_s: 0,
+        ..ClusterSpec::default()
+    })
+    .unwrap();
+    let mut servers = data_processes::<3>(&cluster);
+    let fs = cluster.client().unwrap();
+    let files = write_files(&fs);
+    drop(fs);
+    assert_clean_at_rest(&cluster);
+    let layout = proto::layout::Layout::new(CHUNK).unwrap();
+    let victim = 2;
+    let on_victim: u64 = files
+        .iter()
+        .map(|(ino, data)| {
+            (0..layout.chunks_below(data.len() as u64))
+                .filter(|&c| {
+                    replicas_of(&cluster, *ino, c)
+                        .iter()
+                        .any(|l| l.server == victim)
+                })
+                .count() as u64
+        })
+        .sum();
+    assert!(on_victim > 0);
+
+    servers[victim as usize].kill();
+    wait_until(
+        Duration::from_secs(30),
+        "the meta server to see the death",
+        || live_data_servers(&cluster) == 2,
+    );
+    wait_until(Duration::from_secs(60), "re-replication to finish", || {
+        under_replicated(&cluster) == 0
+    });
+    let report = assert_clean_at_rest(&cluster);
+    let total: u64 = files
+        .iter()
+        .map(|(_, data)| layout.chunks_below(data.len() as u64))
+        .sum();
+    assert_eq!(
+        report.counts.replicated_chunks, total,
+        "every chunk compared"
+    );
+    for (ino, data) in &files {
+        for c in 0..layout.chunks_below(data.len() as u64) {
+            let replicas = replicas_of(&cluster, *ino, c);
+            assert_eq!(replicas.len(), 2, "inode {ino} chunk {c}: {replicas:?}");
+            assert!(replicas.iter().all(|l| l.server != victim), "{replicas:?}");
+        }
+    }
+    assert_read_back(&cluster, &files);
+    let status = status(&cluster);
+    let r = &status.rereplication;
+    assert_eq!(r.total_done, on_victim, "{r:?}");
+    assert!(!r.running && r.failed == 0, "{r:?}");
+    eprintln!(
+        "re-replicated {} chunks ({} KiB) at {:.1} MiB/s (no rate limit; tcp fabric, one \
+         machine)",
+        r.done,
+        r.bytes >> 10,
+        r.kib_per_s as f64 / 1024.0
+    );
+}
+
+/// `citronfs fsck --repair` re-replicates at once what it finds under-replicated (the
+/// background pass is hours away here): each chunk is a `re-replicated` repair, nothing is
+/// left in `remaining`, and the next check is clean.
+#[test]
+fn fsck_repair_re_replicates_under_replicated_chunks() {
+    use proto::fsck::{Finding, FsckOptions, Repair};
+    testkit::init_logging();
+    let cluster = Cluster::start(ClusterSpec {
+        data_servers: 0,
+        capacity: CAPACITY,
+        chunk_size: CHUNK,
+        fabric: Backend::Tcp,
+        replicas: 2,
+        rereplicate_after: Duration::from_secs(3600),
+        ..ClusterSpec::default()
+    })
+    .unwrap();
+    let mut servers = data_processes::<3>(&cluster);
+    let fs = cluster.client().unwrap();
+    let files = write_files(&fs);
+    drop(fs);
+    servers[0].kill();
+    wait_until(
+        Duration::from_secs(30),
+        "the meta server to see the death",
+        || live_data_servers(&cluster) == 2,
+    );
+    let short = under_replicated(&cluster);
+    assert!(short > 0);
+    let report = cluster
+        .fsck(FsckOptions {
+            repair: true,
+            at_rest: false,
+        })
+        .unwrap();
+    assert!(
+        report
+            .findings
+            .iter()
+            .any(|f| matches!(f, Finding::UnderReplicated { .. })),
+        "{:#?}",
+        report.findings
+    );
+    let copied = report
+        .repairs
+        .iter()
+        .filter(|r| matches!(r, Repair::Rereplicated { from, to, .. } if from.server != 0 && to.server != 0))
+        .count() as u64;
+    assert_eq!(copied, short, "{:#?}", report.repairs);
+    assert_eq!(report.remaining, Some(Vec::new()));
+    assert_clean_at_rest(&cluster);
+    assert_read_back(&cluster, &files);
+}
+
+/// Where a writer of [`no_write_is_lost_while_chunks_are_re_replicated`] writes: a file open
+/// in a library client, or a file of a FUSE mount.
+enum Writer {
+    Library(fs_client::CitronFs, fs_client::FileHandle),
+    Mount(std::fs::File),
+}
+
+impl Writer {
+    fn write_at(&self, at: u64, data: &[u8]) -> Result<(), String> {
+        match self {
+            Writer::Library(fs, fh) => fs.write(*fh, at, data).map(drop).map_err(|e| e.to_string()),
+            Writer::Mount(file) => file.write_all_at(data, at).map_err(|e| e.to_string()),
+        }
+    }
+
+    /// Closes the file (a mount's data reaches the cluster by then).
+    fn close(self) -> Result<(), String> {
+        match self {
+            Writer::Library(fs, fh) => fs.release(fh).map_err(|e| e.to_string()),
+            Writer::Mount(file) => file.sync_all().map_err(|e| e.to_string()),
+        }
+    }
+}
+
+/// Starts a thread that writes 4 KiB somewhere in each 64 KiB of `model` (the file's
+/// contents, `writer`'s file) in turn, other bytes every time, until `stop`; counts its
+/// writes in `writes`; returns the file's contents as they must be.
+fn spawn_writer(
+    writer: Writer,
+    mut model: Vec<u8>,
+    seed: u64,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    writes: std::sync::Arc<std::sync::atomic::AtomicU64>,
+) -> std::thread::JoinHandle<Result<Vec<u8>, String>> {
+    use std::sync::atomic::Ordering;
+    std::thread::spawn(move || {
+        writer.write_at(0, &model)?;
+        let pieces = (model.len() / CHUNK as usize) as u64;
+        let mut i = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            let piece = (i % pieces) as usize;
+            let at = piece * CHUNK as usize + ((i * 4096) as usize % CHUNK as usize);
+            let data = pattern(seed + i, 0, 4096);
+            writer
+                .write_at(at as u64, &data)
+                .map_err(|e| format!("write {i} at {at}: {e}"))?;
+            model[at..at + data.len()].copy_from_slice(&data);
+            writes.fetch_add(1, Ordering::Relaxed);
+            i += 1;
+        }
+        writer.close()?;
+        Ok(model)
+    })
+}
+
+/// Writers keep writing files of two replicas — one through the client library, one through a
+/// FUSE mount where this machine has FUSE — while a data server restarts with new memory (its
+/// replicas lost) and the meta server re-replicates the chunks, slowly (rate-limited), so that
+/// writes land before, during and after each chunk's copy: writes that come after a chunk's
+/// copy must reach its new replica too (the writers' cached chunk maps are stale then). At
+/// rest afterwards every replica holds the same bytes (fsck compares them all) and the files
+/// hold every write.
+#[test]
+fn no_write_is_lost_while_chunks_are_re_replicated() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    testkit::init_logging();
+    let mut cluster = Cluster::start(ClusterSpec {
+        data_servers: 3,
+        capacity: CAPACITY,
+        chunk_size: CHUNK,
+        fabric: Backend::Tcp,
+        replicas: 2,
+        rereplicate_after: Duration::from_millis(200),
+        // 64 KiB chunks at 1 MiB/s: one chunk every 60 ms or so, for a few seconds.
+        rereplicate_mib_s: 1,
+        ..ClusterSpec::default()
+    })
+    .unwrap();
+    let fs = cluster.client().unwrap();
+    let mut files = write_files(&fs);
+    drop(fs);
+    let size = 24 * CHUNK as usize;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writes = Arc::new(AtomicU64::new(0));
+    let me = fs_client::CitronFs::process_caller();
+    let library = cluster.client().unwrap();
+    let (attr, fh) = library
+        .create(me, proto::ROOT_INO, "w", 0o644, libc::O_RDWR)
+        .unwrap();
+    let mut writers = vec![(
+        attr.ino,
+        spawn_writer(
+            Writer::Library(library, fh),
+            pattern(7, 0, size),
+            1000,
+            stop.clone(),
+            writes.clone(),
+        ),
+    )];
+    let mount = match testkit::fuse_unavailable() {
+        Some(why) => {
+            eprintln!("no writer through a FUSE mount: {why}");
+            None
+        }
+        None => {
+            let mount = cluster.mount().unwrap();
+            let path = mount.path().join("m");
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(&path)
+                .unwrap();
+            let ino = std::fs::metadata(&path).unwrap().ino();
+            writers.push((
+                ino,
+                spawn_writer(
+                    Writer::Mount(file),
+                    pattern(8, 0, size),
+                    1_000_000,
+                    stop.clone(),
+                    writes.clone(),
+                ),
+            ));
+            Some(mount)
+        }
+    };
+    wait_until(Duration::from_secs(10), "the writers to write", || {
+        writes.load(Ordering::Relaxed) > 50
+    });
+    cluster.restart_data_server(2).unwrap();
+    // Writes while a pass copies chunks.
+    let mut during = 0u64;
+    let mut seen_running = None;
+    wait_until(Duration::from_secs(120), "re-replication to finish", || {
+        let r = status(&cluster).rereplication;
+        if r.running {
+            let now = writes.load(Ordering::Relaxed);
+            during = now - *seen_running.get_or_insert(now);
+            false
+        } else {
+            r.total_done > 0 && under_replicated(&cluster) == 0
+        }
+    });
+    stop.store(true, Ordering::Relaxed);
+    for (ino, writer) in writers {
+        let model = writer.join().unwrap().expect("every write succeeds");
+        files.push((ino, model));
+    }
+    drop(mount);
+    let r = status(&cluster).rereplication;
+    eprintln!(
+        "{} writes, {during} of them while chunks were copied; {} chunks re-replicated at \
+         {:.2} MiB/s (limit 1 MiB/s)",
+        writes.load(Ordering::Relaxed),
+        r.total_done,
+        r.kib_per_s as f64 / 1024.0
+    );
+    assert!(during > 0, "the writers wrote while chunks were copied");
+    assert!(r.kib_per_s <= 1100, "the rate limit holds: {r:?}");
+    assert_clean_at_rest(&cluster);
+    assert_read_back(&cluster, &files);
 }

@@ -96,12 +96,14 @@ use std::path::Path;
 mod dropped;
 mod image;
 mod namespace;
+mod rereplicate;
 mod space;
 
 pub use dropped::Dropped;
 #[cfg(any(test, feature = "test-hooks"))]
 pub use image::Corruption;
 pub(crate) use image::{Image, ImageEntry};
+pub use rereplicate::{Pending, Short};
 
 /// Most chunks one `AllocateChunks` or `ChunkMap` call may name (a 1 MiB chunk size makes this
 /// 64 GiB): bounds the work one request can cause.

@@ -564,7 +564,7 @@ impl Store {
     }
 
     /// The zone of each of `servers` (by their records).
-    fn zones_of(&self, servers: &[u32]) -> Result<Vec<ZoneKey>, FsError> {
+    pub(super) fn zones_of(&self, servers: &[u32]) -> Result<Vec<ZoneKey>, FsError> {
         servers
             .iter()
             .map(

@@ -10,6 +10,7 @@ pub mod io500_hard;
 pub mod locks;
 pub mod meta;
 pub mod oltp;
+pub mod rereplicate;
 pub(crate) mod runner;
 
 use anyhow::Result;
@@ -56,6 +57,10 @@ pub enum Bench {
     /// second through an embedded cluster's FUSE mount and on /dev/shm, 1 and 4 threads, with
     /// the ratios and the meta server's requests per operation.
     Meta(meta::MetaArgs),
+    /// Re-replication's speed: a data server of an embedded cluster (3 data servers, 2
+    /// replicas) restarted with new memory under --size MiB of files, the meta server's copy of
+    /// the chunks it lost timed for each rate limit of --rates (MiB/s, 0: none), then checked.
+    Rereplicate(rereplicate::RereplicateArgs),
 }
 
 impl Bench {
@@ -71,6 +76,7 @@ impl Bench {
             Bench::Oltp(args) => oltp::run(&args),
             Bench::Io500Hard(args) => io500_hard::run(&args),
             Bench::Meta(args) => meta::run(&args),
+            Bench::Rereplicate(args) => rereplicate::run(&args),
         }
     }
 }

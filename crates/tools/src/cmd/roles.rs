@@ -108,6 +108,18 @@ pub struct MetaArgs {
     /// is created below it from then on.
     #[arg(long)]
     replicas: Option<usize>,
+    /// Re-replication's rate limit, in MiB/s (0: none): when a data server is down (or came
+    /// back with new memory) for longer than --rereplicate-after, the meta server gives every
+    /// chunk short of its file's replicas a new replica on another live data server, copying
+    /// its bytes from a live replica at most this fast, a chunk at a time, under the file's
+    /// range lock. `citronfs status` shows its progress.
+    #[arg(long)]
+    rereplicate_rate: Option<u64>,
+    /// Seconds a data server may be down (or back with new memory) before the chunks it held
+    /// replicas of are re-replicated: a server that restarts within it with its memory (a file-
+    /// or shm-backed region) costs no copy. `citronfs fsck --repair` re-replicates at once.
+    #[arg(long)]
+    rereplicate_after: Option<u64>,
     /// A Unix socket where the server also takes client connections, for clients on this
     /// host: their metadata calls cost less than over loopback tcp, and they move there on
     /// their own [default: meta.sock in the region's directory with --fabric shm; none with
@@ -176,6 +188,12 @@ pub struct MetaServerConfig {
     pub max_open_per_session: usize,
     /// Replicas of every chunk (`meta_server::DEFAULT_REPLICAS`).
     pub replicas: usize,
+    /// Re-replication's rate limit in MiB/s, 0 for none
+    /// (`meta_server::DEFAULT_REREPLICATE_MIB_S`).
+    pub rereplicate_rate: u64,
+    /// Seconds a data server may be down before its chunks are re-replicated
+    /// (`meta_server::DEFAULT_REREPLICATE_AFTER`).
+    pub rereplicate_after: u64,
     /// A Unix socket for clients on this host (`None`: `meta_server::MetaConfig::new`'s
     /// choice, in the region's directory on shm, none on tcp).
     pub local_rpc: Option<PathBuf>,
@@ -206,6 +224,8 @@ impl Default for MetaServerConfig {
             max_sessions: meta_server::DEFAULT_MAX_SESSIONS,
             max_open_per_session: meta_server::DEFAULT_MAX_OPEN_PER_SESSION,
             replicas: meta_server::DEFAULT_REPLICAS,
+            rereplicate_rate: meta_server::DEFAULT_REREPLICATE_MIB_S,
+            rereplicate_after: meta_server::DEFAULT_REREPLICATE_AFTER.as_secs(),
             local_rpc: None,
             metrics: None,
         }
@@ -241,6 +261,8 @@ impl MetaServerConfig {
         config.max_sessions = self.max_sessions;
         config.max_open_per_session = self.max_open_per_session;
         config.replicas = self.replicas;
+        config.rereplicate_mib_s = self.rereplicate_rate;
+        config.rereplicate_after = Duration::from_secs(self.rereplicate_after);
         if let Some(path) = self.local_rpc {
             config.local_rpc = Some(path);
         }

@@ -165,6 +165,8 @@ pub fn render_table(status: &ClusterStatus) -> String {
         duration(meta.fence_after_ms)
     );
 
+    out += &rereplication_line(&status.rereplication);
+
     let live = status.data_servers.iter().filter(|d| d.live).count();
     out += &format!(
         "\ndata servers ({live} live of {})\n",
@@ -273,6 +275,43 @@ pub fn render_table(status: &ClusterStatus) -> String {
     out
 }
 
+/// The `re-replication` line of a status: the pass running (or the last one), the totals and
+/// the rate limit.
+fn rereplication_line(r: &proto::status::RereplicationStatus) -> String {
+    let limit = match r.limit_mib_per_s {
+        0 => "no rate limit".to_string(),
+        n => format!("limit {n} MiB/s"),
+    };
+    let pass = if r.running {
+        format!(
+            "running: {} chunks done, {} left, {} failed, {} copied at {:.1} MiB/s",
+            r.done,
+            r.left,
+            r.failed,
+            bytes(r.bytes),
+            r.kib_per_s as f64 / 1024.0
+        )
+    } else if r.done + r.failed > 0 {
+        format!(
+            "idle; last pass {} chunks done, {} failed, {} copied at {:.1} MiB/s",
+            r.done,
+            r.failed,
+            bytes(r.bytes),
+            r.kib_per_s as f64 / 1024.0
+        )
+    } else {
+        "idle".to_string()
+    };
+    let next = match r.next_pass_in_ms {
+        Some(ms) => format!(", next pass in {}", duration(ms)),
+        None => String::new(),
+    };
+    format!(
+        "re-replication {pass}{next} ({} chunks since start, {limit})\n",
+        r.total_done
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -296,6 +335,8 @@ mod tests {
             "citronfs-status (this command)",
             "open files (1)",
             "lock calls",
+            "re-replication running: 12 chunks done, 30 left, 1 failed, 12.0 MiB copied at \
+             64.0 MiB/s (40 chunks since start, limit 128 MiB/s)",
         ] {
             assert!(text.contains(wanted), "{wanted:?} missing from:\n{text}");
         }
