@@ -181,6 +181,9 @@ impl Soak {
             Role::Meta => {
                 cmd.args(["meta-server", "--cluster", CLUSTER, "--fabric", fabric])
                     .args(["--replicas", &self.replicas.to_string()])
+                    // A killed memory-only server's chunks are re-replicated a second after
+                    // it went down, not after the default grace: the soak kills often.
+                    .args(["--rereplicate-after", "1"])
                     .args([
                         "--chunk-size",
                         &verify::CHUNK.to_string(),
