@@ -94,30 +94,44 @@ pub(crate) struct Fcb {
     pub(crate) mtime: u64,
     /// MODE: the permission bits as the meta server holds them.
     pub(crate) mode: u16,
+    /// BEGUN: writes to replicated chunks begun (`cut_repair`).
+    pub(crate) begun: u64,
+    /// ENDED: writes to replicated chunks ended (`cut_repair`).
+    pub(crate) ended: u64,
 }
 
-/// The reads of INO, SIZE, GENERATION, MTIME and MODE that ride in a range lock's acquisition
-/// (`lockmgr::RangeLock::acquire_with`, on the lock's endpoint to the meta region): one read
-/// of the five adjacent words, each word atomic, executed after the verbs that granted the
+impl Fcb {
+    /// Whether a replicated write begun under this block has not ended: seen by a lock
+    /// holder, a write cut between its replicas (`cut_repair`).
+    pub(crate) fn cut_write(&self) -> bool {
+        self.begun != self.ended
+    }
+}
+
+/// The reads of INO, SIZE, GENERATION, MTIME, MODE, BEGUN and ENDED that ride in a range lock's
+/// acquisition (`lockmgr::RangeLock::acquire_with`, on the lock's endpoint to the meta region):
+/// one read of the seven adjacent words, each word atomic, executed after the verbs that granted the
 /// lock. Values read there are as good as a read after the acquisition (the lock scheme's
 /// invariant): no writer of the range is active, and every one that held it before has
 /// released, its SIZE raise and MTIME included. Values read in any earlier batch would not
 /// be; the scheme hands back only the granting batch's (or a later one's).
 pub(crate) struct FcbReads {
-    /// INO to MODE: adjacent words, one read verb (word-atomic each, as five reads would be;
-    /// appended to every batch of an acquisition, so one verb, not five).
+    /// INO to ENDED: adjacent words, one read verb (word-atomic each, as seven reads would be;
+    /// appended to every batch of an acquisition, so one verb, not seven).
     words: ReadHandle,
 }
 
-/// The FCB words an I/O reads, from INO to MODE (adjacent, in this order).
+/// The FCB words an I/O reads, from INO to ENDED (adjacent, in this order).
 const READ_FIRST: u64 = fcb::INO;
 /// How many words from [`READ_FIRST`].
-const READ_WORDS: usize = ((fcb::MODE - fcb::INO) / 8 + 1) as usize;
+const READ_WORDS: usize = ((fcb::ENDED - fcb::INO) / 8 + 1) as usize;
 const _: () = assert!(
     fcb::SIZE == fcb::INO + 8
         && fcb::GENERATION == fcb::INO + 16
         && fcb::MTIME == fcb::INO + 24
         && fcb::MODE == fcb::INO + 32
+        && fcb::BEGUN == fcb::INO + 40
+        && fcb::ENDED == fcb::INO + 48
 );
 
 /// Refuses an FCB whose INO word (`found`) is not `inode`'s: the meta server's region and this
@@ -153,6 +167,8 @@ impl FcbReads {
             generation: word(fcb::GENERATION),
             mtime: word(fcb::MTIME),
             mode: word(fcb::MODE) as u16,
+            begun: word(fcb::BEGUN),
+            ended: word(fcb::ENDED),
         }
     }
 }

@@ -102,6 +102,12 @@ pub(crate) struct Worker {
     /// file: a data batch of a write, an FCB raise or a locked call was sent. From then on a
     /// lost lease fails the change instead of redoing it (`locked_io::locked`).
     pub(crate) changed: bool,
+    /// Where the BEGUN word is of the file whose range lock this worker holds exclusively now
+    /// (`None`: no lock, or a shared one), for `cut_repair::before_write`.
+    pub(crate) begun_at: Option<fabric::RemoteAddr>,
+    /// Whether the change under the lock held now added 1 to BEGUN (`cut_repair`): its release
+    /// adds 1 to ENDED.
+    pub(crate) begun: bool,
 }
 
 impl Worker {
@@ -278,6 +284,8 @@ impl WorkerPool {
                         lease: None,
                         lease_guard: self.lease_guard,
                         changed: false,
+                        begun_at: None,
+                        begun: false,
                     };
                 }
             }

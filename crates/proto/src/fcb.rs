@@ -15,8 +15,18 @@
 //!                     written at open and after every change of them; writers read it in the
 //!                     same batch to learn whether their write must clear the set-user-ID and
 //!                     set-group-ID bits (an RPC only then)
-//! word 5..7           reserved, zero
+//! word 5  BEGUN       writes to replicated chunks begun under this block: a writer adds 1
+//!                     (FAA) before the first data verb of a change that touches a chunk of two
+//!                     or more replicas, and waits for it
+//! word 6  ENDED       such writes ended: the writer adds 1 in its range lock's release; a
+//!                     client that repaired the file's replicas sets it to BEGUN
+//! word 7              reserved, zero
 //! ```
+//!
+//! BEGUN ≠ ENDED where a lock holder can see it means a replicated write was cut (its writer
+//! died, or lost its lease, between the first data verb and the release), so the replicas of
+//! some range may differ: the holder repairs them before it reads or writes
+//! (docs/REPLICAS.md, "A write cut between replicas").
 //!
 //! Invariants: `SIZE` only grows through one-sided CAS under a range lock; it shrinks only
 //! through the meta server's truncate, which bumps `GENERATION` first. `MTIME` only grows
@@ -43,6 +53,10 @@ pub const GENERATION: u64 = 16;
 pub const MTIME: u64 = 24;
 /// Byte offset of the permission-bits word.
 pub const MODE: u64 = 32;
+/// Byte offset of the word counting writes to replicated chunks begun (see the module docs).
+pub const BEGUN: u64 = 40;
+/// Byte offset of the word counting writes to replicated chunks ended (see the module docs).
+pub const ENDED: u64 = 48;
 
 /// The set-user-ID and set-group-ID bits of a mode.
 pub const SETID_BITS: u16 = (libc::S_ISUID | libc::S_ISGID) as u16;
