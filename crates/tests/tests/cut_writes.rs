@@ -9,7 +9,9 @@
 //!   read — and every read returns the same bytes, each 4 KiB block whole (the survivor's record
 //!   or the dead write's, the same for every read);
 //! - once every client closed the file, `citronfs fsck` compares its replicas and finds no
-//!   `replicas-differ`.
+//!   `replicas-differ`;
+//! - the same when every client closed the file before anyone read it again (the meta server
+//!   repairs at the last close, where the record of the cut goes).
 //!
 //! The cluster: two data servers, replicas 2 (every chunk on both), a short lock lease. The
 //! victim is this test binary re-executed (`cut_victim`) as a library client with the
@@ -103,7 +105,10 @@ impl Drop for Victim {
     }
 }
 
-fn cut_between_replicas(backend: Backend) {
+/// One trial on `backend`. `closed_first`: the survivor closes the file (and goes) before
+/// anyone reads it, so that nobody has it open: the meta server repairs at that last close,
+/// the record of the cut going with the file control block.
+fn cut_between_replicas(backend: Backend, closed_first: bool) {
     testkit::init_logging();
     let cluster = Cluster::start(ClusterSpec {
         data_servers: 2,
@@ -154,8 +159,24 @@ fn cut_between_replicas(backend: Backend) {
         "the victim ended with {status} instead of being killed at {FAILPOINT}"
     );
 
+    const CHECK: FsckOptions = FsckOptions {
+        repair: false,
+        at_rest: false,
+    };
+    let survivor = match closed_first {
+        true => {
+            survivor.release(fh).unwrap();
+            drop(survivor);
+            wait_until(Duration::from_secs(20), "every session to end", || {
+                cluster.fsck(CHECK).unwrap().counts.open_files == 0
+            });
+            None
+        }
+        false => Some(survivor),
+    };
     // Readers of several sessions, so that both replicas of every chunk are read; each opens
-    // the file (the survivor keeps it open throughout, so its control block stays).
+    // the file (unless `closed_first`, the survivor keeps it open throughout, so its control
+    // block stays).
     let readers: Vec<CitronFs> = (0..READERS).map(|_| cluster.client().unwrap()).collect();
     let mut first: Option<Vec<(u32, u32)>> = None;
     for round in 0..READS {
@@ -184,20 +205,18 @@ fn cut_between_replicas(backend: Backend) {
     let tags = first.unwrap();
     let victims = tags.iter().filter(|t| t.0 == VICTIM).count();
     println!(
-        "{backend:?}: {} reads by {READERS} sessions agree: {victims} of {} blocks hold the cut \
+        "{backend:?}{}: {} reads by {READERS} sessions agree: {victims} of {} blocks hold the cut \
          write",
+        if closed_first { " (closed first)" } else { "" },
         READERS * READS,
         tags.len()
     );
 
     // Every client gone: the file is open nowhere, and fsck compares its replicas.
-    survivor.release(fh).unwrap();
+    if let Some(survivor) = survivor {
+        survivor.release(fh).unwrap();
+    }
     drop(readers);
-    drop(survivor);
-    const CHECK: FsckOptions = FsckOptions {
-        repair: false,
-        at_rest: false,
-    };
     wait_until(Duration::from_secs(20), "every session to end", || {
         cluster.fsck(CHECK).unwrap().counts.open_files == 0
     });
@@ -216,10 +235,16 @@ fn cut_between_replicas(backend: Backend) {
 
 #[test]
 fn a_write_cut_between_replicas_reads_the_same_everywhere_on_tcp() {
-    cut_between_replicas(Backend::Tcp);
+    cut_between_replicas(Backend::Tcp, false);
+}
+
+/// Nobody reads the file before every client closed it: the meta server repairs at the close.
+#[test]
+fn a_write_cut_between_replicas_of_a_file_closed_by_all_is_repaired_at_the_close() {
+    cut_between_replicas(Backend::Tcp, true);
 }
 
 #[test]
 fn a_write_cut_between_replicas_reads_the_same_everywhere_on_shm() {
-    cut_between_replicas(Backend::Shm);
+    cut_between_replicas(Backend::Shm, false);
 }
