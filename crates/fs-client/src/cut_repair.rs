@@ -15,9 +15,9 @@
 //!   end: a live writer of another range, or a dead one's leftover — the holder cannot tell
 //!   which, nor which range. So it gives its lock back and takes the whole file exclusively
 //!   (`locked_io`), where every live writer has released; if the words still differ, no live
-//!   client can end that write, and it copies every chunk's first live replica over the others
-//!   ([`repair`]), sets ENDED to the BEGUN it read, and only then does its own I/O, under that
-//!   whole-file lock.
+//!   client can end that write, and it frees the chunks past the size, copies every chunk's
+//!   first live replica over the others ([`repair`]), sets ENDED to the BEGUN it read, and
+//!   only then does its own I/O, under that whole-file lock.
 //!
 //! Why no two reads disagree: a write's BEGUN lands before any of its data verbs is posted,
 //! while its lock is held; any later holder of an overlapping range is granted after that hold
@@ -28,12 +28,14 @@
 use crate::chunks::ChunkRun;
 use crate::client::Inner;
 use crate::error::Error;
-use crate::fcb::Fcb;
+use crate::fcb::{read_fcb, Fcb};
 use crate::handles::OpenInode;
+use crate::meta::unexpected;
 use crate::plan::{plan, Geometry, Limits};
 use crate::transfer::{exec_plans, Transfer, CHECK_BYTES};
 use crate::workers::Worker;
 use fabric::Batch;
+use proto::rpc::{Request, Response};
 use proto::{fcb, ChunkLoc, FsError};
 
 /// Bytes of the file one step of a repair copies (read from the reference replicas, then
@@ -89,21 +91,29 @@ pub(crate) fn post_ended(
     }
 }
 
-/// Makes every replica of `inode`'s chunks below its size agree again, holding the whole file
-/// exclusively after its granting batch found `found.cut_write()`: chunk by chunk, the first
-/// replica on a live data server (the reference) is copied over the others on live servers,
-/// [`REPAIR_WINDOW`] bytes at a time; then ENDED is set to the BEGUN `found` read. Which replica
-/// holds the cut write's bytes is not known: the reference's content wins, so each lock unit
-/// reads all of the cut write or none of it, on every replica.
+/// Makes every replica of `inode`'s chunks agree again, holding the whole file exclusively
+/// after its granting batch found `found.cut_write()`; returns the FCB words to go on with
+/// (GENERATION moves when chunks were freed).
+///
+/// 1. Chunks at or past the size are freed (`Request::FreeChunks`): no chunk outlives the size
+///    at rest, so under the whole-file lock such chunks are a cut extending write's, and on
+///    one replica only they would be read by a later write's gap.
+/// 2. Chunk by chunk below the size, the first replica on a live data server (the reference)
+///    is copied over the others on live servers, [`REPAIR_WINDOW`] bytes at a time.
+/// 3. ENDED is set to the BEGUN `found` read.
+///
+/// Which replica holds the cut write's bytes is not known: the reference's content wins, so
+/// each lock unit reads all of the cut write or none of it, on every replica.
 pub(crate) fn repair(
     inner: &Inner,
     w: &mut Worker,
     inode: &OpenInode,
     found: &Fcb,
-) -> Result<(), Error> {
+) -> Result<Fcb, Error> {
     let geometry = &inner.geometry;
     let layout = &geometry.layout;
-    let end = layout.start(layout.chunks_below(found.size));
+    let below = layout.chunks_below(found.size);
+    let end = layout.start(below);
     tracing::warn!(
         ino = inode.ino,
         begun = found.begun,
@@ -112,6 +122,9 @@ pub(crate) fn repair(
         "a replicated write of this file was cut (its writer died or lost its lease); \
          copying each chunk's first live replica over the others"
     );
+    free_beyond_size(inner, w, inode, below)?;
+    let mut found = *found;
+    found.generation = read_fcb(w, inode)?.generation;
     let mut off = 0;
     while off < end {
         let n = (end - off).min(REPAIR_WINDOW);
@@ -125,7 +138,35 @@ pub(crate) fn repair(
     w.batch.clear();
     w.batch.write_u64(inode.fcb.add(fcb::ENDED), found.begun);
     w.changed = true;
-    w.exec_meta()
+    w.exec_meta()?;
+    found.ended = found.begun;
+    Ok(found)
+}
+
+/// Frees `inode`'s chunks from `first` on (at or past its size), under the whole-file lock
+/// `w` holds: a call held to the lease's deadline at the meta server, as every locked call.
+fn free_beyond_size(
+    inner: &Inner,
+    w: &mut Worker,
+    inode: &OpenInode,
+    first: u64,
+) -> Result<(), Error> {
+    w.check_lease_before_post()?;
+    let request = Request::FreeChunks {
+        ino: inode.ino,
+        first,
+        count: u64::MAX - first,
+    };
+    let answer = match inner.meta.call_by(request, w.lease) {
+        Err(Error::Fs(FsError::Expired)) => return Err(Error::LeaseLost),
+        other => other,
+    };
+    // Refused for the lease, it changed nothing; any other outcome may have freed them.
+    w.changed = true;
+    match answer? {
+        Response::Ok => Ok(()),
+        other => Err(unexpected("FreeChunks", other)),
+    }
 }
 
 /// The replicas of `chunk` in `run` on data servers live in the worker's view: the first (the

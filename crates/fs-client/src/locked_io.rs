@@ -88,9 +88,9 @@ pub(crate) fn locked<T>(
         Ok(()) => {
             let repaired = match found.cut_write() {
                 true => crate::cut_repair::repair(inner, w, inode, &found),
-                false => Ok(()),
+                false => Ok(found),
             };
-            (repaired.and_then(|()| body(w, found, touch_in_body)), true)
+            (repaired.and_then(|f| body(w, f, touch_in_body)), true)
         }
         Err(e) => (Err(e), false),
     };

@@ -11,7 +11,9 @@
 //! - once every client closed the file, `citronfs fsck` compares its replicas and finds no
 //!   `replicas-differ`;
 //! - the same when every client closed the file before anyone read it again (the meta server
-//!   repairs at the last close, where the record of the cut goes).
+//!   repairs at the last close, where the record of the cut goes);
+//! - a cut write past the end of the file (its chunks allocated, the size not raised) leaves
+//!   nothing behind for a later write past it: the gap reads zeros from every replica.
 //!
 //! The cluster: two data servers, replicas 2 (every chunk on both), a short lock lease. The
 //! victim is this test binary re-executed (`cut_victim`) as a library client with the
@@ -67,14 +69,15 @@ fn blocks(buf: &[u8]) -> Result<Vec<(u32, u32)>, String> {
 }
 
 /// The victim process's body: connect, open the file, arm the failpoint (SIGKILL at its first
-/// hit), and write its record over the survivor's; it must die there.
+/// hit), and write its record at the job's offset (over the survivor's, or past the end); it
+/// must die there.
 #[test]
 fn cut_victim() {
     let Ok(job) = std::env::var(ENV_JOB) else {
         return;
     };
     let f: Vec<&str> = job.split('|').collect();
-    let [meta, cluster, token, ino] = f[..] else {
+    let [meta, cluster, token, ino, offset] = f[..] else {
         panic!("bad job {job:?}");
     };
     let mut options = fs_client::MountOptions::new(meta, cluster, token);
@@ -91,7 +94,8 @@ fn cut_victim() {
         }
     })
     .expect("arm the failpoint");
-    let done = fs.write(fh, 0, &record(VICTIM, 2, RECORD));
+    let offset: u64 = offset.parse().expect("an offset");
+    let done = fs.write(fh, offset, &record(VICTIM, 2, RECORD));
     println!("the victim's write returned {done:?} without reaching {FAILPOINT}");
 }
 
@@ -105,10 +109,26 @@ impl Drop for Victim {
     }
 }
 
-/// One trial on `backend`. `closed_first`: the survivor closes the file (and goes) before
-/// anyone reads it, so that nobody has it open: the meta server repairs at that last close,
-/// the record of the cut going with the file control block.
-fn cut_between_replicas(backend: Backend, closed_first: bool) {
+/// What a trial does after the kill.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Trial {
+    /// The victim overwrote the survivor's record; readers read it while the survivor keeps
+    /// the file open.
+    ReadWhileOpen,
+    /// The same, but the survivor closes the file (and goes) before anyone reads it, so that
+    /// nobody has it open: the meta server repairs at that last close, where the record of the
+    /// cut goes with the file control block.
+    ClosedFirst,
+    /// The victim wrote past the end (its chunks allocated, the size never raised); the
+    /// survivor then writes the last block of that range, and the gap before it must read
+    /// zeros on every replica, not the dead write's bytes on one of them.
+    ExtendThenGap,
+}
+
+/// One trial on `backend`.
+fn cut_between_replicas(backend: Backend, trial: Trial) {
+    let closed_first = trial == Trial::ClosedFirst;
+    let extend = trial == Trial::ExtendThenGap;
     testkit::init_logging();
     let cluster = Cluster::start(ClusterSpec {
         data_servers: 2,
@@ -131,6 +151,7 @@ fn cut_between_replicas(backend: Backend, closed_first: bool) {
         cluster.name().to_string(),
         cluster.token().to_string(),
         attr.ino.to_string(),
+        if extend { RECORD } else { 0 }.to_string(),
     ]
     .join("|");
     let exe = std::env::current_exe().unwrap();
@@ -174,6 +195,16 @@ fn cut_between_replicas(backend: Backend, closed_first: bool) {
         }
         false => Some(survivor),
     };
+    // What the readers read: the record, and with `extend` the dead write's range after it.
+    let span = if extend { 2 * RECORD } else { RECORD };
+    let gap = RECORD / BLOCK..span / BLOCK - 1;
+    if extend {
+        let survivor = survivor.as_ref().expect("open");
+        let last = (span - BLOCK) as u64;
+        survivor
+            .write(fh, last, &record(SURVIVOR, 3, BLOCK))
+            .unwrap();
+    }
     // Readers of several sessions, so that both replicas of every chunk are read; each opens
     // the file (unless `closed_first`, the survivor keeps it open throughout, so its control
     // block stays).
@@ -182,12 +213,22 @@ fn cut_between_replicas(backend: Backend, closed_first: bool) {
     for round in 0..READS {
         for (r, fs) in readers.iter().enumerate() {
             let rfh = fs.open(me, attr.ino, libc::O_RDONLY).unwrap();
-            let read = fs.read(rfh, 0, RECORD).unwrap();
+            let read = fs.read(rfh, 0, span).unwrap();
             fs.release(rfh).unwrap();
-            assert_eq!(read.len(), RECORD);
+            assert_eq!(read.len(), span);
             let tags = blocks(&read).unwrap_or_else(|e| panic!("reader {r}, read {round}: {e}"));
+            if extend {
+                assert!(
+                    tags[gap.clone()].iter().all(|&t| t == (0, 0))
+                        && tags[span / BLOCK - 1] == (SURVIVOR, 3),
+                    "reader {r}, read {round}: the gap before the survivor's last block does \
+                     not read zeros: {:?}",
+                    &tags[RECORD / BLOCK..]
+                );
+            }
+            let ours = |t: &(u32, u32)| *t == (SURVIVOR, 1) || *t == (VICTIM, 2);
             assert!(
-                tags.iter().all(|&t| t == (SURVIVOR, 1) || t == (VICTIM, 2)),
+                tags[..RECORD / BLOCK].iter().all(ours),
                 "reader {r}, read {round}: blocks of neither record: {tags:?}"
             );
             match &first {
@@ -205,9 +246,8 @@ fn cut_between_replicas(backend: Backend, closed_first: bool) {
     let tags = first.unwrap();
     let victims = tags.iter().filter(|t| t.0 == VICTIM).count();
     println!(
-        "{backend:?}{}: {} reads by {READERS} sessions agree: {victims} of {} blocks hold the cut \
-         write",
-        if closed_first { " (closed first)" } else { "" },
+        "{backend:?} {trial:?}: {} reads by {READERS} sessions agree: {victims} of {} blocks \
+         hold the cut write",
         READERS * READS,
         tags.len()
     );
@@ -235,16 +275,23 @@ fn cut_between_replicas(backend: Backend, closed_first: bool) {
 
 #[test]
 fn a_write_cut_between_replicas_reads_the_same_everywhere_on_tcp() {
-    cut_between_replicas(Backend::Tcp, false);
+    cut_between_replicas(Backend::Tcp, Trial::ReadWhileOpen);
 }
 
 /// Nobody reads the file before every client closed it: the meta server repairs at the close.
 #[test]
 fn a_write_cut_between_replicas_of_a_file_closed_by_all_is_repaired_at_the_close() {
-    cut_between_replicas(Backend::Tcp, true);
+    cut_between_replicas(Backend::Tcp, Trial::ClosedFirst);
+}
+
+/// A cut extending write: its chunks past the size are freed by the repair, so a later write's
+/// gap reads zeros everywhere.
+#[test]
+fn a_cut_extending_write_leaves_no_bytes_for_a_later_gap() {
+    cut_between_replicas(Backend::Tcp, Trial::ExtendThenGap);
 }
 
 #[test]
 fn a_write_cut_between_replicas_reads_the_same_everywhere_on_shm() {
-    cut_between_replicas(Backend::Shm, false);
+    cut_between_replicas(Backend::Shm, Trial::ReadWhileOpen);
 }
