@@ -1,29 +1,34 @@
 //! Writes cut between their replicas (docs/REPLICAS.md, "A write cut between replicas"): how a
 //! write that its writer's death left on some replicas only is found and repaired before anyone
-//! reads or writes the file's data again.
+//! reads or writes that range again.
 //!
-//! The record is two words of the file control block (`proto::fcb`): BEGUN and ENDED.
+//! The record is in the file control block (`proto::fcb`): eight SLOTS, and the counters BEGUN
+//! and ENDED.
 //!
-//! - A change under an exclusive range lock adds 1 to BEGUN, and waits for it, before its first
-//!   data verb to a chunk of two or more replicas ([`before_write`]); files of one replica never
-//!   touch the words. It adds 1 to ENDED in its lock's release ([`post_ended`]) — only when it
-//!   is done (or sent nothing) and its lease is still ahead, as a data verb would be posted: a
-//!   change that failed after part of it was sent, or a holder past its lease, leaves the two
-//!   apart.
-//! - Every locked I/O reads both in its lock's granting batch (`fcb::FcbReads`, no round trip of
-//!   its own). Holding any part of the file, BEGUN ≠ ENDED can only mean a write that will never
-//!   end: a live writer of another range, or a dead one's leftover — the holder cannot tell
-//!   which, nor which range. So it gives its lock back and takes the whole file exclusively
-//!   (`locked_io`), where every live writer has released; if the words still differ, no live
-//!   client can end that write, and it frees the chunks past the size, copies every chunk's
-//!   first live replica over the others ([`repair`]), sets ENDED to the BEGUN it read, and
-//!   only then does its own I/O, under that whole-file lock.
+//! - A change under an exclusive range lock records itself, and waits for it, before its first
+//!   data verb to a chunk of two or more replicas ([`before_write`]): it claims a slot free at
+//!   its grant with a CAS from 0 to its lock's units; with no slot (all taken, or a lock too
+//!   wide to pack: the whole file), it adds 1 to BEGUN. Its release clears the slot, or adds 1
+//!   to ENDED ([`post_ended`]) — only when it is done (or sent nothing) and its lease is still
+//!   ahead, as a data verb would be posted: a change that failed after part of it was sent, or
+//!   a holder past its lease, leaves its record. Files of one replica never touch the words.
+//! - Every locked I/O reads them in its lock's granting batch (`fcb::FcbReads`, no round trip of
+//!   its own). A slot set over units that overlap the holder's is a cut write: a live writer's
+//!   slot lies inside its own lock, which excludes every other holder of those units. So the
+//!   holder gives its lock back and takes, exclusively, the hull of its units and the slot's
+//!   ([`must_hold`], `locked_io`), and there repairs the slot's range ([`repair`]) and clears
+//!   the slot, before its own I/O. Slots of other ranges are left alone (live writers there,
+//!   or cuts for whoever gets there).
+//! - BEGUN ≠ ENDED names no range, and a live writer without a slot may be in flight: the holder
+//!   takes the whole file exclusively, where every live writer has released, and if they still
+//!   differ repairs the whole file and sets ENDED to BEGUN. Writers count there only when eight
+//!   replicated writes of the file are in flight, or when they lock the whole file.
 //!
-//! Why no two reads disagree: a write's BEGUN lands before any of its data verbs is posted,
+//! Why no two reads disagree: a write's record lands before any of its data verbs is posted,
 //! while its lock is held; any later holder of an overlapping range is granted after that hold
-//! ended, so its granting batch sees BEGUN raised, and it reads nothing before the repair. The
-//! repair runs under the whole-file exclusive lock, so nobody reads while the replicas differ.
-//! A shared grant does not repair: it escalates like a writer.
+//! ended, so its granting batch sees the record, and it reads nothing before the repair, which
+//! runs under an exclusive lock over the whole cut range. A shared grant does not repair: it
+//! escalates like a writer.
 
 use crate::chunks::ChunkRun;
 use crate::client::Inner;
@@ -33,19 +38,51 @@ use crate::handles::OpenInode;
 use crate::meta::unexpected;
 use crate::plan::{plan, Geometry, Limits};
 use crate::transfer::{exec_plans, Transfer, CHECK_BYTES};
-use crate::workers::Worker;
-use fabric::Batch;
+use crate::workers::{Armed, Made, Worker};
+use fabric::{Batch, RemoteAddr};
 use proto::rpc::{Request, Response};
 use proto::{fcb, ChunkLoc, FsError};
+use std::ops::Range;
 
 /// Bytes of the file one step of a repair copies (read from the reference replicas, then
 /// written to the others).
 const REPAIR_WINDOW: u64 = 1 << 20;
 
+/// Free slots a write tries to claim before it counts itself in BEGUN instead.
+const CLAIM_TRIES: usize = 2;
+
+/// The address of slot `i` of the FCB at `fcb`.
+fn slot_addr(fcb: RemoteAddr, i: usize) -> RemoteAddr {
+    fcb.add(fcb::SLOTS + 8 * i as u64)
+}
+
+/// After the grant (and any repair) of a lock of `units` on `inode`, with `found` the FCB
+/// words to go on with: under an exclusive lock, lets the changes record themselves
+/// ([`before_write`]); a shared lock's body writes nothing, and records nothing.
+pub(crate) fn arm(
+    w: &mut Worker,
+    inode: &OpenInode,
+    units: Range<u64>,
+    found: &Fcb,
+    exclusive: bool,
+) {
+    w.cut.made = None;
+    w.cut.armed = exclusive.then(|| Armed {
+        fcb: inode.fcb,
+        units,
+        free: found
+            .slots
+            .iter()
+            .enumerate()
+            .filter(|(_, &v)| v == 0)
+            .fold(0, |m, (i, _)| m | 1 << i),
+    });
+}
+
 /// Before the first data verb of a change to `[off, off + len)` under an exclusive range lock
-/// (`Worker::begun_at` set): when a chunk of it has two or more replicas in `run`, adds 1 to
-/// the file's BEGUN and waits for it, once per lock. Nothing for files of one replica, under a
-/// shared lock, or once done under this lock.
+/// ([`arm`]): when a chunk of it has two or more replicas in `run`, records the write in the
+/// file's control block and waits for it, once per lock — a slot claimed with a CAS, else 1
+/// added to BEGUN. Nothing for files of one replica, under a shared lock, or once done.
 pub(crate) fn before_write(
     w: &mut Worker,
     geometry: &Geometry,
@@ -53,7 +90,10 @@ pub(crate) fn before_write(
     len: usize,
     run: &ChunkRun,
 ) -> Result<(), Error> {
-    let Some(at) = w.begun_at.filter(|_| !w.begun) else {
+    if w.cut.made.is_some() {
+        return Ok(());
+    }
+    let Some(armed) = &w.cut.armed else {
         return Ok(());
     };
     let replicated = geometry
@@ -62,100 +102,221 @@ pub(crate) fn before_write(
     if !replicated {
         return Ok(());
     }
-    // Landing late (past the lease) is harmless: a BEGUN without its ENDED only makes the next
-    // holder repair replicas that agree.
+    let (fcb_at, mut free) = (armed.fcb, armed.free);
+    let value = fcb::pack_slot(armed.units.clone());
+    // A record landing late (past the lease) is harmless: it only makes a later holder repair
+    // replicas that agree.
     w.check_lease_before_post()?;
+    if let Some(value) = value {
+        // Writers of one file start their search at different slots.
+        let first = w.view.session() as usize;
+        for _ in 0..CLAIM_TRIES {
+            let Some(i) = (0..fcb::SLOT_COUNT)
+                .map(|k| (first + k) % fcb::SLOT_COUNT)
+                .find(|&i| free & 1 << i != 0)
+            else {
+                break;
+            };
+            free &= !(1 << i);
+            let addr = slot_addr(fcb_at, i);
+            w.batch.clear();
+            let cas = w.batch.cas(addr, 0, value);
+            w.exec_meta()?;
+            if w.out.old(cas) == 0 {
+                w.cut.made = Some(Made::Slot { addr, value });
+                return Ok(());
+            }
+        }
+    }
     w.batch.clear();
-    w.batch.faa(at, 1);
+    w.batch.faa(fcb_at.add(fcb::BEGUN), 1);
     w.exec_meta()?;
     // Only once it is known to have landed: an ENDED without its BEGUN would hide a later cut.
-    w.begun = true;
+    w.cut.made = Some(Made::Counted);
     Ok(())
 }
 
-/// Adds 1 to `inode`'s ENDED in `release` (the range lock's release batch) when the change
-/// under the lock added 1 to BEGUN, it is done or sent nothing (`failed_partway`: it failed
-/// after part of it was sent), and the lease is still ahead (`Worker::check_lease_before_post`);
-/// otherwise leaves BEGUN and ENDED apart for the next holder to repair. Clears the worker's
-/// record either way.
+/// Undoes the change's record in `release` (the range lock's release batch) — clears its slot,
+/// or adds 1 to ENDED — when it is done or sent nothing (`failed_partway`: it failed after part
+/// of it was sent) and the lease is still ahead (`Worker::check_lease_before_post`); otherwise
+/// leaves it for the next holder of the range to repair. Clears the worker's record either way.
 pub(crate) fn post_ended(
     w: &mut Worker,
     release: &mut Batch,
     inode: &OpenInode,
     failed_partway: bool,
 ) {
-    let begun = std::mem::take(&mut w.begun);
-    w.begun_at = None;
-    if begun && !failed_partway && w.check_lease_before_post().is_ok() {
-        release.faa(inode.fcb.add(fcb::ENDED), 1);
+    w.cut.armed = None;
+    let Some(made) = w.cut.made.take() else {
+        return;
+    };
+    if failed_partway || w.check_lease_before_post().is_err() {
+        return;
+    }
+    match made {
+        Made::Slot { addr, value } => {
+            release.cas(addr, value, 0);
+        }
+        Made::Counted => {
+            release.faa(inode.fcb.add(fcb::ENDED), 1);
+        }
     }
 }
 
-/// Makes every replica of `inode`'s chunks agree again, holding the whole file exclusively
-/// after its granting batch found `found.cut_write()`; returns the FCB words to go on with
-/// (GENERATION moves when chunks were freed).
+/// The units a holder of `units` must hold exclusively before it may go on, given the FCB
+/// words its grant read (`None`: it may go on as it is): the whole file where BEGUN ≠ ENDED,
+/// else the hull of `units` and every slot set over them, when there is one.
+pub(crate) fn must_hold(found: &Fcb, units: &Range<u64>) -> Option<Range<u64>> {
+    if found.counters_apart() {
+        return Some(crate::locks::WHOLE_FILE);
+    }
+    found
+        .slots_over(units)
+        .fold(None, |hull: Option<Range<u64>>, (_, v)| {
+            let s = fcb::unpack_slot(v);
+            let h = hull.unwrap_or_else(|| units.clone());
+            Some(h.start.min(s.start)..h.end.max(s.end))
+        })
+}
+
+/// Repairs what the FCB words `found` of `inode` say was cut within `units`, which the worker
+/// holds exclusively (so that [`must_hold`] asks for nothing more): where BEGUN ≠ ENDED the
+/// whole file, else each slot set over `units`; returns the words to go on with (those slots
+/// cleared, GENERATION moved where chunks were freed). Nothing to repair costs nothing.
 ///
-/// 1. Chunks at or past the size are freed (`Request::FreeChunks`): no chunk outlives the size
-///    at rest, so under the whole-file lock such chunks are a cut extending write's, and on
-///    one replica only they would be read by a later write's gap.
-/// 2. Chunk by chunk below the size, the first replica on a live data server (the reference)
-///    is copied over the others on live servers, [`REPAIR_WINDOW`] bytes at a time.
-/// 3. ENDED is set to the BEGUN `found` read.
-///
-/// Which replica holds the cut write's bytes is not known: the reference's content wins, so
-/// each lock unit reads all of the cut write or none of it, on every replica.
+/// Per cut range: the chunks wholly in it at or past the size are freed (`Request::FreeChunks`:
+/// no chunk outlives the size at rest, so there they are a cut extending write's, which a later
+/// write's gap would read on one replica); then, for each chunk of what is left of the range,
+/// the first replica on a live data server (the reference) is copied over the others on live
+/// servers, [`REPAIR_WINDOW`] bytes at a time; then the record is cleared (the slot by a CAS to
+/// 0, ENDED set to the BEGUN `found` read). Which replica holds the cut write's bytes is not
+/// known: the reference's content wins, so each lock unit reads all of the cut write or none
+/// of it, on every replica.
 pub(crate) fn repair(
     inner: &Inner,
     w: &mut Worker,
     inode: &OpenInode,
     found: &Fcb,
+    units: &Range<u64>,
 ) -> Result<Fcb, Error> {
-    let geometry = &inner.geometry;
-    let layout = &geometry.layout;
-    let below = layout.chunks_below(found.size);
-    let end = layout.start(below);
+    let mut found = *found;
+    let whole = found.counters_apart();
+    let dead: Vec<(usize, u64)> = match whole {
+        // Under the whole-file lock every slot set is a cut one.
+        true => found.slots_over(&(0..u64::MAX)).collect(),
+        false => found.slots_over(units).collect(),
+    };
+    if !whole && dead.is_empty() {
+        return Ok(found);
+    }
+    let unit = inner.geometry.lock_unit;
+    let ranges: Vec<Range<u64>> = match whole {
+        true => std::iter::once(0..u64::MAX).collect(),
+        false => dead
+            .iter()
+            .map(|&(_, v)| {
+                let s = fcb::unpack_slot(v);
+                s.start.saturating_mul(unit)..s.end.saturating_mul(unit)
+            })
+            .collect(),
+    };
     tracing::warn!(
         ino = inode.ino,
         begun = found.begun,
         ended = found.ended,
-        bytes = end,
+        ?ranges,
         "a replicated write of this file was cut (its writer died or lost its lease); \
          copying each chunk's first live replica over the others"
     );
-    free_beyond_size(inner, w, inode, below)?;
-    let mut found = *found;
-    found.generation = read_fcb(w, inode)?.generation;
-    let mut off = 0;
-    while off < end {
-        let n = (end - off).min(REPAIR_WINDOW);
-        let len = usize::try_from(n).map_err(|_| FsError::Invalid("repair window".into()))?;
-        let view = w.view.clone();
-        let run = inner.chunk_locations(&view, inode, found.generation, off, len, false)?;
-        copy_replicas(w, geometry, off, len, &run)?;
-        off += n;
+    for bytes in &ranges {
+        repair_range(inner, w, inode, &mut found, bytes.clone())?;
     }
     w.check_lease_before_post()?;
     w.batch.clear();
-    w.batch.write_u64(inode.fcb.add(fcb::ENDED), found.begun);
+    if whole {
+        w.batch.write_u64(inode.fcb.add(fcb::ENDED), found.begun);
+        found.ended = found.begun;
+    }
+    for &(i, v) in &dead {
+        w.batch.cas(slot_addr(inode.fcb, i), v, 0);
+        found.slots[i] = 0;
+    }
     w.changed = true;
     w.exec_meta()?;
-    found.ended = found.begun;
     Ok(found)
 }
 
-/// Frees `inode`'s chunks from `first` on (at or past its size), under the whole-file lock
-/// `w` holds: a call held to the lease's deadline at the meta server, as every locked call.
-fn free_beyond_size(
+/// Repairs bytes `bytes` of `inode` ([`repair`]): frees its chunks wholly at or past the size,
+/// then copies each chunk's reference replica over the others in what is left of the range
+/// (below the size, and the chunks past it that the range only partly covers); `found`
+/// follows the generation.
+fn repair_range(
     inner: &Inner,
     w: &mut Worker,
     inode: &OpenInode,
-    first: u64,
+    found: &mut Fcb,
+    bytes: Range<u64>,
+) -> Result<(), Error> {
+    let geometry = &inner.geometry;
+    let layout = &geometry.layout;
+    let bytes = bytes.start..bytes.end.min(geometry.max_file_size());
+    if bytes.is_empty() {
+        return Ok(());
+    }
+    let size_end = layout.start(layout.chunks_below(found.size));
+    let from = bytes.start.max(size_end);
+    // To the largest file: every chunk from the one after `from`'s on.
+    let to_end = bytes.end >= geometry.max_file_size();
+    let doomed = match to_end {
+        true => layout.chunks_below(from)..u64::MAX,
+        false => layout.chunks_within(from, bytes.end),
+    };
+    if !doomed.is_empty() && from < bytes.end {
+        free_chunks(inner, w, inode, doomed.clone())?;
+        found.generation = read_fcb(w, inode)?.generation;
+    }
+    let mut pieces: Vec<Range<u64>> =
+        std::iter::once(bytes.start..bytes.end.min(size_end)).collect();
+    if from < bytes.end {
+        // The chunks past the size that the range covers only in part: the one it starts in,
+        // and the one it ends in.
+        let first = layout.locate(from).0;
+        let mut partial = vec![first];
+        if !to_end {
+            partial.push(layout.locate(bytes.end - 1).0);
+        }
+        partial.dedup();
+        for c in partial.into_iter().filter(|c| !doomed.contains(c)) {
+            pieces.push(layout.start(c).max(from)..layout.start(c + 1).min(bytes.end));
+        }
+    }
+    for piece in pieces.into_iter().filter(|p| p.start < p.end) {
+        let mut off = piece.start;
+        while off < piece.end {
+            let n = (piece.end - off).min(REPAIR_WINDOW);
+            let len = usize::try_from(n).map_err(|_| FsError::Invalid("repair window".into()))?;
+            let view = w.view.clone();
+            let run = inner.chunk_locations(&view, inode, found.generation, off, len, false)?;
+            copy_replicas(w, geometry, off, len, &run)?;
+            off += n;
+        }
+    }
+    Ok(())
+}
+
+/// Frees `inode`'s chunks `chunks` (at or past its size, inside the cut range the worker holds
+/// exclusively): a call held to the lease's deadline at the meta server, as every locked call.
+fn free_chunks(
+    inner: &Inner,
+    w: &mut Worker,
+    inode: &OpenInode,
+    chunks: Range<u64>,
 ) -> Result<(), Error> {
     w.check_lease_before_post()?;
     let request = Request::FreeChunks {
         ino: inode.ino,
-        first,
-        count: u64::MAX - first,
+        first: chunks.start,
+        count: chunks.end - chunks.start,
     };
     let answer = match inner.meta.call_by(request, w.lease) {
         Err(Error::Fs(FsError::Expired)) => return Err(Error::LeaseLost),

@@ -4,8 +4,9 @@
 //! the I/O (`IoCounters`).
 //!
 //! Invariants:
-//! - The body never runs while the granting batch's BEGUN and ENDED differ (a replicated
-//!   write cut, `cut_repair`): the lock is given back for the whole file's, exclusive, and
+//! - The body never runs while the granting batch's words record a replicated write cut over
+//!   the units held (a slot set over them, or BEGUN ≠ ENDED: `cut_repair`): the lock is given
+//!   back for an exclusive one over the cut range (the whole file, for the counters), and
 //!   there the replicas are repaired first (`cut_repair::repair`), whatever the body is.
 //! - The lock is held from the batch that read the FCB (its granting batch) until after the
 //!   body's last data verb and raise completed; the body runs only with an FCB that is the
@@ -18,7 +19,7 @@ use crate::client::Inner;
 use crate::error::Error;
 use crate::fcb::{check_owner, finish_mtime_raise, Fcb, FcbReads, MtimeRaise};
 use crate::handles::OpenInode;
-use crate::locks::{file_range, WHOLE_FILE};
+use crate::locks::file_range;
 use crate::workers::Worker;
 use lockmgr::{LockId, LockMode, LockStats};
 use std::ops::Range;
@@ -26,8 +27,9 @@ use std::sync::Arc;
 
 /// Runs `body` holding units `units` of `inode` locked in `mode`, with the file's FCB words as
 /// the acquisition found them; releases after it, whatever it returned. Where those words say a
-/// replicated write was cut (`Fcb::cut_write`), `body` runs under the whole file's exclusive
-/// lock instead, after `cut_repair::repair` (see the module docs). A failed acquisition
+/// replicated write was cut over these units (`cut_repair::must_hold`), `body` runs under an
+/// exclusive lock over the cut range and `units` instead, after `cut_repair::repair` (see the
+/// module docs). A failed acquisition
 /// or release marks the worker broken (its lock handle is in doubt).
 ///
 /// `mode`: [`LockMode::Shared`] for a body that only reads (a read: no data verb that writes,
@@ -66,31 +68,51 @@ pub(crate) fn locked<T>(
     let before = io.start(w);
     let lock_before = w.locks.handle(&w.view, inode)?.stats();
     let (mut id, mut found, mut mode) = grant(w, inode, units.clone(), mode)?;
-    // A replicated write cut by its writer's death or lost lease (`cut_repair`): BEGUN and
-    // ENDED differ. Where this lock is not the whole file exclusively, give it back and take
-    // that; there every live writer has released, so words that still differ are a dead
-    // write's, and the replicas are repaired before the body reads or writes anything.
-    let whole = units == WHOLE_FILE && mode == LockMode::Exclusive;
-    if found.cut_write() && check_owner(inode, found.ino).is_ok() && !whole {
+    let mut held = units;
+    // A replicated write cut by its writer's death or lost lease (`cut_repair`): a slot set
+    // over these units, or BEGUN ≠ ENDED. Trade this lock for the exclusive one the repair
+    // needs (the hull of ours and the cut's, or the whole file) until the words the grant read
+    // ask for nothing more; there the replicas are repaired before the body reads or writes.
+    for _ in 0..=proto::fcb::SLOT_COUNT {
+        if check_owner(inode, found.ino).is_err() {
+            break;
+        }
+        let wider = match crate::cut_repair::must_hold(&found, &held) {
+            None => break,
+            Some(need) if mode == LockMode::Exclusive && covers(&held, &need) => break,
+            Some(need) => need,
+        };
         release_plain(w, inode, id)?;
-        (id, found, mode) = grant(w, inode, WHOLE_FILE, LockMode::Exclusive)?;
+        held = wider;
+        (id, found, mode) = grant(w, inode, held.clone(), LockMode::Exclusive)?;
     }
     let touch_at_release = match w.locks.handle(&w.view, inode)?.release_carries_verbs() {
         true => touch,
         false => None,
     };
     let touch_in_body = touch.filter(|_| touch_at_release.is_none());
-    w.begun_at = (mode == LockMode::Exclusive).then(|| inode.fcb.add(proto::fcb::BEGUN));
     failpoint!("fs_client::io::locked");
     // An FCB that is not this file's is refused before any data verb or raise touches it
     // (the lock is released all the same).
     let (result, owned) = match check_owner(inode, found.ino) {
         Ok(()) => {
-            let repaired = match found.cut_write() {
-                true => crate::cut_repair::repair(inner, w, inode, &found),
-                false => Ok(found),
+            let exclusive = mode == LockMode::Exclusive;
+            let repaired = match crate::cut_repair::must_hold(&found, &held) {
+                Some(need) if exclusive && covers(&held, &need) => {
+                    crate::cut_repair::repair(inner, w, inode, &found, &held)
+                }
+                // Still cut after every widening: a new cut each time (clients dying one
+                // after another); the I/O is redone.
+                Some(_) => Err(Error::LeaseLost),
+                None => Ok(found),
             };
-            (repaired.and_then(|f| body(w, f, touch_in_body)), true)
+            (
+                repaired.and_then(|f| {
+                    crate::cut_repair::arm(w, inode, held.clone(), &f, exclusive);
+                    body(w, f, touch_in_body)
+                }),
+                true,
+            )
         }
         Err(e) => (Err(e), false),
     };
@@ -105,8 +127,8 @@ pub(crate) fn locked<T>(
     let mut extra = std::mem::take(&mut w.batch);
     let mut out = std::mem::take(&mut w.out);
     extra.clear();
-    // ENDED rides at the head of the release (where BEGUN was raised), while the lease is
-    // still ahead; a change that failed after part of it was sent leaves the words apart.
+    // The end of a replicated write's record rides at the head of the release, while the
+    // lease is still ahead; a change that failed after part of it was sent leaves it.
     let failed_partway = result.is_err() && w.changed;
     crate::cut_repair::post_ended(w, &mut extra, inode, failed_partway);
     w.lease = None;
@@ -163,8 +185,7 @@ fn grant(
         Ok((id, lease)) => {
             w.lease = lease;
             w.changed = false;
-            w.begun = false;
-            w.begun_at = None;
+            w.cut = Default::default();
             Ok((id, found, mode))
         }
         Err(e) => {
@@ -192,6 +213,11 @@ fn release_plain(w: &mut Worker, inode: &Arc<OpenInode>, id: LockId) -> Result<(
         w.broken = true;
     }
     released
+}
+
+/// Whether units `held` include every unit of `need`.
+fn covers(held: &Range<u64>, need: &Range<u64>) -> bool {
+    held.start <= need.start && need.end <= held.end
 }
 
 /// The round trips a lock handle has spent acquiring and releasing.

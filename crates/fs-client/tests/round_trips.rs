@@ -4,8 +4,7 @@
 //! raise goes beside its data batch (one round trip more, not in sequence). Where the release
 //! is posted (CITRON at the host, on tcp) a write's MTIME raise goes beside its data too, and
 //! the lock costs one round trip. A write to chunks of two or more replicas takes one more in
-//! sequence before its data: it records itself as begun in the file control block
-//! (`cut_repair`). Counted from the endpoints' own statistics
+//! sequence before its data: it records itself in the file control block (`cut_repair`). Counted from the endpoints' own statistics
 //! (`CitronFs::io_stats`), which count every endpoint's round trips, overlapping ones too.
 
 use fabric::Backend;
@@ -57,8 +56,8 @@ fn small_io_round_trips_of(
         ..ClusterSpec::default()
     };
     let data = replicas as u64 - 1;
-    // A write to chunks of two or more replicas raises the file's BEGUN word before its data
-    // (`cut_repair`): one round trip in sequence more.
+    // A write to chunks of two or more replicas records itself in the file control block
+    // before its data (`cut_repair`: a slot's CAS): one round trip in sequence more.
     let begun = u64::from(replicas > 1);
     // Where the release carries no verbs (posted, or an RPC), the MTIME raise goes beside the
     // data batch: one round trip more outside the lock's.
@@ -150,7 +149,7 @@ fn citron_at_the_host_takes_one_lock_round_trip_per_small_io() {
 fn a_small_write_of_two_replicas_takes_one_data_batch_per_replica() {
     // A read takes one replica; a write's two data batches (one per server) are counted each,
     // posted in the same round (`transfer::exec_data_round`), after the round trip that
-    // records the write as begun (`cut_repair`; its end rides in the release).
+    // records the write (`cut_repair`; clearing it rides in the release).
     assert_eq!(
         small_io_round_trips_of(LockScheme::CITRON, Backend::Shm, 2),
         [(3, 2), (5, 2), (6, 2)]

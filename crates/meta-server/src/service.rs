@@ -598,7 +598,7 @@ impl Service {
     }
 
     /// Before the last opener's release frees `ino`'s FCB: where its BEGUN and ENDED words
-    /// differ, a replicated write was cut and no client repaired it (docs/REPLICAS.md, "A write
+    /// differ or a slot is set, a replicated write was cut and no client repaired it (docs/REPLICAS.md, "A write
     /// cut between replicas"); the record goes with the FCB, so the replicas of its chunks below
     /// the size are made to agree now, copying each chunk's first live replica over the others.
     /// Nobody has the file open, so no range lock of it can be held, and none can be taken
@@ -607,7 +607,14 @@ impl Service {
     fn repair_cut_write(&self, st: &mut State, ino: Ino) {
         let begun = st.open.fcb_word(&mut st.region, ino, fcb::BEGUN);
         let ended = st.open.fcb_word(&mut st.region, ino, fcb::ENDED);
-        if begun == ended {
+        let slots: Vec<u64> = (0..fcb::SLOT_COUNT)
+            .filter_map(|i| {
+                st.open
+                    .fcb_word(&mut st.region, ino, fcb::SLOTS + 8 * i as u64)
+            })
+            .filter(|&v| v != 0)
+            .collect();
+        if begun == ended && slots.is_empty() {
             return;
         }
         let layout = self.store.layout();
@@ -628,6 +635,7 @@ impl Service {
                 ino,
                 ?begun,
                 ?ended,
+                ?slots,
                 copied,
                 "closed with a replicated write cut: copied each chunk's first live replica over the others"
             ),
