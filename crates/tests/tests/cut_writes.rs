@@ -208,7 +208,18 @@ fn cut_between_replicas(backend: Backend, trial: Trial) {
     // Readers of several sessions, so that both replicas of every chunk are read; each opens
     // the file (unless `closed_first`, the survivor keeps it open throughout, so its control
     // block stays).
-    let readers: Vec<CitronFs> = (0..READERS).map(|_| cluster.client().unwrap()).collect();
+    // A client may take two session ids (one per fabric connection, on shm), which would give
+    // every reader the same parity and so the same replica of every chunk: an RPC connection
+    // between two readers takes one more, so that the readers' sessions alternate.
+    let readers: Vec<CitronFs> = (0..READERS)
+        .map(|r| {
+            if r % 2 == 1 {
+                let rpc = cluster.rpc_client().unwrap();
+                rpc.call(proto::rpc::Request::Status).unwrap().unwrap();
+            }
+            cluster.client().unwrap()
+        })
+        .collect();
     let mut first: Option<Vec<(u32, u32)>> = None;
     for round in 0..READS {
         for (r, fs) in readers.iter().enumerate() {
