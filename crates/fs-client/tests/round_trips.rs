@@ -155,3 +155,14 @@ fn a_small_write_of_two_replicas_takes_one_data_batch_per_replica() {
         [(3, 2), (5, 2), (6, 2)]
     );
 }
+
+#[test]
+fn citron_at_the_host_with_two_replicas_clears_the_write_record_in_a_round_trip_of_its_own() {
+    // tcp: the release is posted and carries no verbs, so the end of a replicated write's
+    // record (`cut_repair`) is a round trip of its own after the data (the lock's: the release
+    // executes it before it is posted), as its start is one before the data.
+    assert_eq!(
+        small_io_round_trips_of(LockScheme::CITRON, Backend::Tcp, 2),
+        [(2, 1), (6, 2), (6, 2)]
+    );
+}
