@@ -29,8 +29,8 @@ use std::sync::Arc;
 /// the acquisition found them; releases after it, whatever it returned. Where those words say a
 /// replicated write was cut over these units (`cut_repair::must_hold`), `body` runs under an
 /// exclusive lock over the cut range and `units` instead, after `cut_repair::repair` (see the
-/// module docs). A failed acquisition
-/// or release marks the worker broken (its lock handle is in doubt).
+/// module docs). A failed acquisition or release marks the worker broken (its lock handle is
+/// in doubt).
 ///
 /// `mode`: [`LockMode::Shared`] for a body that only reads (a read: no data verb that writes,
 /// no MTIME raise, no RPC that changes the file), so that overlapping reads of several

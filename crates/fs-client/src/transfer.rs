@@ -239,8 +239,8 @@ pub(crate) fn write(
     run: &ChunkRun,
     raises: bool,
 ) -> Result<(), Error> {
-    // A write to a replicated chunk is recorded as begun before any of its verbs is posted
-    // (`cut_repair`).
+    // A write to a replicated chunk is recorded as in flight before any of its verbs is
+    // posted (`cut_repair`).
     crate::cut_repair::before_write(w, geometry, off, data.len(), run)?;
     // Every replica of each chunk, in the same rounds.
     let plans = plan(

@@ -13,7 +13,8 @@
 //! - the same when every client closed the file before anyone read it again (the meta server
 //!   repairs at the last close, where the record of the cut goes);
 //! - a cut write past the end of the file (its chunks allocated, the size not raised) leaves
-//!   nothing behind for a later write past it: the gap reads zeros from every replica.
+//!   nothing behind for a later write past it: the gap reads zeros from every replica; the
+//!   same for a cut `O_APPEND` write (recorded in the counters, not a slot).
 //!
 //! The cluster: two data servers, replicas 2 (every chunk on both), a short lock lease. The
 //! victim is this test binary re-executed (`cut_victim`) as a library client with the
@@ -84,8 +85,11 @@ fn cut_victim() {
     options.scheme = fs_client::LockScheme::CITRON;
     let fs = CitronFs::connect(options).expect("the victim connects");
     let me = CitronFs::process_caller();
+    // "append": an O_APPEND write, whose lock is the whole file (its record: the counters).
+    let append = offset == "append";
+    let flags = libc::O_RDWR | if append { libc::O_APPEND } else { 0 };
     let fh = fs
-        .open(me, ino.parse().expect("an inode"), libc::O_RDWR)
+        .open(me, ino.parse().expect("an inode"), flags)
         .expect("open");
     fail::cfg_callback(FAILPOINT, || {
         // SAFETY: kill(2) on our own pid touches no memory.
@@ -94,7 +98,11 @@ fn cut_victim() {
         }
     })
     .expect("arm the failpoint");
-    let offset: u64 = offset.parse().expect("an offset");
+    let offset: u64 = if append {
+        0
+    } else {
+        offset.parse().expect("an offset")
+    };
     let done = fs.write(fh, offset, &record(VICTIM, 2, RECORD));
     println!("the victim's write returned {done:?} without reaching {FAILPOINT}");
 }
@@ -123,12 +131,15 @@ enum Trial {
     /// survivor then writes the last block of that range, and the gap before it must read
     /// zeros on every replica, not the dead write's bytes on one of them.
     ExtendThenGap,
+    /// The same with an `O_APPEND` write: its lock is the whole file, so it records itself in
+    /// the counters BEGUN and ENDED rather than a slot.
+    AppendThenGap,
 }
 
 /// One trial on `backend`.
 fn cut_between_replicas(backend: Backend, trial: Trial) {
     let closed_first = trial == Trial::ClosedFirst;
-    let extend = trial == Trial::ExtendThenGap;
+    let extend = matches!(trial, Trial::ExtendThenGap | Trial::AppendThenGap);
     testkit::init_logging();
     let cluster = Cluster::start(ClusterSpec {
         data_servers: 2,
@@ -151,7 +162,11 @@ fn cut_between_replicas(backend: Backend, trial: Trial) {
         cluster.name().to_string(),
         cluster.token().to_string(),
         attr.ino.to_string(),
-        if extend { RECORD } else { 0 }.to_string(),
+        match trial {
+            Trial::AppendThenGap => "append".to_string(),
+            Trial::ExtendThenGap => RECORD.to_string(),
+            _ => "0".to_string(),
+        },
     ]
     .join("|");
     let exe = std::env::current_exe().unwrap();
@@ -300,6 +315,12 @@ fn a_write_cut_between_replicas_of_a_file_closed_by_all_is_repaired_at_the_close
 #[test]
 fn a_cut_extending_write_leaves_no_bytes_for_a_later_gap() {
     cut_between_replicas(Backend::Tcp, Trial::ExtendThenGap);
+}
+
+/// A cut `O_APPEND` write (the whole-file lock, recorded in the counters): the same.
+#[test]
+fn a_cut_append_leaves_no_bytes_for_a_later_gap() {
+    cut_between_replicas(Backend::Tcp, Trial::AppendThenGap);
 }
 
 #[test]
