@@ -393,7 +393,7 @@ mod tests {
     use super::*;
     use crate::locks::WHOLE_FILE;
 
-    fn fcb(slots: &[Range<u64>], begun: u64, ended: u64) -> Fcb {
+    fn fcb(slots: &[(u64, u64)], begun: u64, ended: u64) -> Fcb {
         let mut f = Fcb {
             ino: 1,
             size: 0,
@@ -405,7 +405,7 @@ mod tests {
             slots: [0; fcb::SLOT_COUNT],
         };
         for (i, s) in slots.iter().enumerate() {
-            f.slots[i] = fcb::pack_slot(s.clone()).unwrap();
+            f.slots[i] = fcb::pack_slot(s.0..s.1).unwrap();
         }
         f
     }
@@ -414,18 +414,18 @@ mod tests {
     fn only_records_over_the_units_held_ask_for_more() {
         // Nothing recorded, or only writes of other ranges (live writers there): go on.
         assert_eq!(must_hold(&fcb(&[], 3, 3), &(0..10)), None);
-        assert_eq!(must_hold(&fcb(&[10..20, 30..31], 0, 0), &(0..10)), None);
+        assert_eq!(must_hold(&fcb(&[(10, 20), (30, 31)], 0, 0), &(0..10)), None);
         // A slot over the units: the hull of both, and of every other slot over them.
-        assert_eq!(must_hold(&fcb(&[5..20], 0, 0), &(0..10)), Some(0..20));
+        assert_eq!(must_hold(&fcb(&[(5, 20)], 0, 0), &(0..10)), Some(0..20));
         assert_eq!(
-            must_hold(&fcb(&[8..12, 40..50, 0..2], 0, 0), &(1..9)),
+            must_hold(&fcb(&[(8, 12), (40, 50), (0, 2)], 0, 0), &(1..9)),
             Some(0..12)
         );
         // Counters apart name no range: the whole file.
         assert_eq!(must_hold(&fcb(&[], 4, 3), &(0..10)), Some(WHOLE_FILE));
         // Under the whole-file lock every slot set is over it, and the hull is the lock.
         assert_eq!(
-            must_hold(&fcb(&[8..12], 0, 0), &WHOLE_FILE),
+            must_hold(&fcb(&[(8, 12)], 0, 0), &WHOLE_FILE),
             Some(WHOLE_FILE)
         );
     }
