@@ -94,30 +94,64 @@ pub(crate) struct Fcb {
     pub(crate) mtime: u64,
     /// MODE: the permission bits as the meta server holds them.
     pub(crate) mode: u16,
+    /// BEGUN: replicated writes begun without a slot (`cut_repair`).
+    pub(crate) begun: u64,
+    /// ENDED: such writes ended (`cut_repair`).
+    pub(crate) ended: u64,
+    /// SLOTS: replicated writes in flight, 0 = free (`cut_repair`, `proto::fcb::pack_slot`).
+    pub(crate) slots: [u64; fcb::SLOT_COUNT],
 }
 
-/// The reads of INO, SIZE, GENERATION, MTIME and MODE that ride in a range lock's acquisition
-/// (`lockmgr::RangeLock::acquire_with`, on the lock's endpoint to the meta region): one read
-/// of the five adjacent words, each word atomic, executed after the verbs that granted the
+impl Fcb {
+    /// Whether a replicated write counted in BEGUN has not ended: seen by a lock holder of the
+    /// whole file, a write cut between its replicas, somewhere in the file (`cut_repair`).
+    pub(crate) fn counters_apart(&self) -> bool {
+        self.begun != self.ended
+    }
+
+    /// The slots set whose units overlap `units`, with their index: seen by a holder of
+    /// `units`, writes cut between their replicas (`cut_repair`).
+    pub(crate) fn slots_over(
+        &self,
+        units: &std::ops::Range<u64>,
+    ) -> impl Iterator<Item = (usize, u64)> + '_ {
+        let units = units.clone();
+        self.slots
+            .iter()
+            .copied()
+            .enumerate()
+            .filter(move |&(_, v)| {
+                let s = fcb::unpack_slot(v);
+                v != 0 && s.start < units.end && units.start < s.end
+            })
+    }
+}
+
+/// The reads of INO, SIZE, GENERATION, MTIME, MODE, BEGUN, ENDED and the SLOTS that ride in a
+/// range lock's acquisition (`lockmgr::RangeLock::acquire_with`, on the lock's endpoint to the
+/// meta region): one read of the whole block's adjacent words, each word atomic, executed after the verbs that granted the
 /// lock. Values read there are as good as a read after the acquisition (the lock scheme's
 /// invariant): no writer of the range is active, and every one that held it before has
 /// released, its SIZE raise and MTIME included. Values read in any earlier batch would not
 /// be; the scheme hands back only the granting batch's (or a later one's).
 pub(crate) struct FcbReads {
-    /// INO to MODE: adjacent words, one read verb (word-atomic each, as five reads would be;
-    /// appended to every batch of an acquisition, so one verb, not five).
+    /// INO to the last slot: adjacent words, one read verb (word-atomic each, as one read per
+    /// word would be; appended to every batch of an acquisition, so one verb).
     words: ReadHandle,
 }
 
-/// The FCB words an I/O reads, from INO to MODE (adjacent, in this order).
+/// The FCB words an I/O reads, from INO to the last slot (adjacent, in this order).
 const READ_FIRST: u64 = fcb::INO;
 /// How many words from [`READ_FIRST`].
-const READ_WORDS: usize = ((fcb::MODE - fcb::INO) / 8 + 1) as usize;
+const READ_WORDS: usize = (fcb::SLOTS - fcb::INO) as usize / 8 + fcb::SLOT_COUNT;
 const _: () = assert!(
     fcb::SIZE == fcb::INO + 8
         && fcb::GENERATION == fcb::INO + 16
         && fcb::MTIME == fcb::INO + 24
         && fcb::MODE == fcb::INO + 32
+        && fcb::BEGUN == fcb::INO + 40
+        && fcb::ENDED == fcb::INO + 48
+        && fcb::SLOTS + 8 * fcb::SLOT_COUNT as u64 <= fcb::FCB_BYTES
 );
 
 /// Refuses an FCB whose INO word (`found`) is not `inode`'s: the meta server's region and this
@@ -153,6 +187,9 @@ impl FcbReads {
             generation: word(fcb::GENERATION),
             mtime: word(fcb::MTIME),
             mode: word(fcb::MODE) as u16,
+            begun: word(fcb::BEGUN),
+            ended: word(fcb::ENDED),
+            slots: std::array::from_fn(|i| word(fcb::SLOTS + 8 * i as u64)),
         }
     }
 }

@@ -282,7 +282,8 @@ pub(crate) struct OpenInode {
     pub(crate) open_id: u64,
     /// The meta session the `Open` was made in (`ClusterInfo::session`).
     pub(crate) session: u64,
-    /// The file control block (SIZE, GENERATION, MTIME, MODE: `proto::fcb`) in the meta region.
+    /// The file control block (SIZE, GENERATION, MTIME, MODE, the records of replicated writes:
+    /// `proto::fcb`) in the meta region.
     pub(crate) fcb: RemoteAddr,
     /// The file's lock state in the meta region (what `locks::open_file_lock` opens).
     pub(crate) lock: LockRef,

@@ -8,13 +8,18 @@
 //!    [`crate::MountOptions::read_locks`]), **exclusive for anything that changes the file**
 //!    (write, truncate, fallocate), so overlapping reads hold the range together where the
 //!    scheme shares (CITRON acquired one-sidedly) and no read overlaps a write —
-//!    and note the lock's lease deadline. SIZE, GENERATION, MTIME and MODE of the file
-//!    control block (`fcb`) ride in the lock's granting batch
-//!    (`lockmgr::RangeLock::acquire_mode_with`): no round trip of their own;
+//!    and note the lock's lease deadline. The file control block's words (`fcb`: SIZE,
+//!    GENERATION, MTIME, MODE, and the records of replicated writes in flight) ride in the
+//!    lock's granting batch (`lockmgr::RangeLock::acquire_mode_with`): no round trip of their
+//!    own. A record over the locked units (a replicated write cut, `cut_repair`): the lock is
+//!    traded for an exclusive one over the cut range, and its replicas are made to agree
+//!    before anything else;
 //! 3. find the chunks (`chunks`; a write allocates the missing run with one RPC);
 //! 4. **post the data verbs**, one batch per data server ([`transfer::read`],
-//!    [`transfer::write`]), **checking the lease**: a write's verbs are posted only while
-//!    the lease has more than `lease_guard` left, a read's are checked after they completed;
+//!    [`transfer::write`]; a write to chunks of two or more replicas first records itself in
+//!    the FCB and waits for it, `cut_repair`), **checking the lease**: a write's verbs are
+//!    posted only while the lease has more than `lease_guard` left, a read's are checked
+//!    after they completed;
 //! 5. (writes) **raise the FCB words** in one batch on the meta endpoint posted beside the data
 //!    batches and awaited with them (`fcb`'s `FcbRaises`): SIZE with a CAS when the write
 //!    extends the file, and MTIME where the release cannot carry it (step 6). Under the lock
@@ -23,10 +28,11 @@
 //!    a reader that locks after it finds the new size;
 //! 6. **release**, only after the data verbs and the raises completed (or failed); where the
 //!    release is one-sided verbs, a write's MTIME raise rides at the head of its batch (`fcb`'s
-//!    `MtimeRaise`).
+//!    `MtimeRaise`), and so does the end of a replicated write's record (`cut_repair`).
 //!
 //! So a 4 KiB read or write on one data server takes three round trips in sequence
-//! (acquire, data with the raises beside it, release; uncontended, with a fabric lock scheme).
+//! (acquire, data with the raises beside it, release; uncontended, with a fabric lock scheme);
+//! a write to a chunk of several replicas one more (its record).
 //! Where the lock is acquired at the meta server (tcp, `lockmgr::schemes::Hosting`), the release
 //! is posted and a read or write waits for two.
 //!
@@ -201,8 +207,8 @@ impl CitronFs {
             let mut w = inner.checkout()?;
             let inode = &inner.live_inode(&handle.inode, &w.view)?;
             locked(
+                inner,
                 &mut w,
-                &inner.io,
                 inode,
                 units.clone(),
                 inner.read_locks,
@@ -439,8 +445,8 @@ impl CitronFs {
         let inode = inner.live_inode(&handle.inode, &w.view)?;
         let now = Timestamp::now().as_nanos();
         locked(
+            inner,
             &mut w,
-            &inner.io,
             &inode,
             units,
             LockMode::Exclusive,
@@ -623,8 +629,8 @@ impl CitronFs {
             let ino = inode.ino;
             let set = set.clone();
             locked(
+                inner,
                 &mut w,
-                &inner.io,
                 inode,
                 WHOLE_FILE,
                 LockMode::Exclusive,

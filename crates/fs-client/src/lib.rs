@@ -53,6 +53,7 @@ macro_rules! failpoint {
 pub mod backend;
 mod chunks;
 pub mod client;
+mod cut_repair;
 mod dentries;
 pub mod error;
 mod fcb;

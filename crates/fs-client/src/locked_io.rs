@@ -1,9 +1,13 @@
 //! One locked I/O: the range lock around a body of data verbs ([`locked`]). Acquire with the
 //! file control block's words in the granting batch, run the body, release — with the MTIME
 //! raise at the head of the release where the scheme's release is one-sided verbs — and count
-//! the I/O ([`IoCounters`]).
+//! the I/O (`IoCounters`).
 //!
 //! Invariants:
+//! - The body never runs while the granting batch's words record a replicated write cut over
+//!   the units held (a slot set over them, or BEGUN ≠ ENDED: `cut_repair`): the lock is given
+//!   back for an exclusive one over the cut range (the whole file, for the counters), and
+//!   there the replicas are repaired first (`cut_repair::repair`), whatever the body is.
 //! - The lock is held from the batch that read the FCB (its granting batch) until after the
 //!   body's last data verb and raise completed; the body runs only with an FCB that is the
 //!   file's ([`check_owner`]).
@@ -11,19 +15,22 @@
 //!   redone: the release hands the next holder a range with that part in it.
 //! - A failed acquisition or release marks the worker broken (its lock handle is in doubt).
 
+use crate::client::Inner;
 use crate::error::Error;
 use crate::fcb::{check_owner, finish_mtime_raise, Fcb, FcbReads, MtimeRaise};
 use crate::handles::OpenInode;
-use crate::io_stats::IoCounters;
 use crate::locks::file_range;
 use crate::workers::Worker;
-use lockmgr::{LockMode, LockStats};
+use lockmgr::{LockId, LockMode, LockStats};
 use std::ops::Range;
 use std::sync::Arc;
 
 /// Runs `body` holding units `units` of `inode` locked in `mode`, with the file's FCB words as
-/// the acquisition found them; releases after it, whatever it returned. A failed acquisition
-/// or release marks the worker broken (its lock handle is in doubt).
+/// the acquisition found them; releases after it, whatever it returned. Where those words say a
+/// replicated write was cut over these units (`cut_repair::must_hold`), `body` runs under an
+/// exclusive lock over the cut range and `units` instead, after `cut_repair::repair` (see the
+/// module docs). A failed acquisition or release marks the worker broken (its lock handle is
+/// in doubt).
 ///
 /// `mode`: [`LockMode::Shared`] for a body that only reads (a read: no data verb that writes,
 /// no MTIME raise, no RPC that changes the file), so that overlapping reads of several
@@ -45,8 +52,8 @@ use std::sync::Arc;
 /// verbs in its acquisition (a lock service) reads the FCB on the worker's meta endpoint, one
 /// round trip more, after the grant.
 pub(crate) fn locked<T>(
+    inner: &Inner,
     w: &mut Worker,
-    io: &IoCounters,
     inode: &Arc<OpenInode>,
     units: Range<u64>,
     mode: LockMode,
@@ -57,40 +64,56 @@ pub(crate) fn locked<T>(
         mode == LockMode::Exclusive || touch.is_none(),
         "a shared lock never raises MTIME"
     );
-    let range = file_range(w.locks.scheme(), inode.ino, units)?;
+    let io = &inner.io;
     let before = io.start(w);
-    let mut extra = std::mem::take(&mut w.batch);
-    let mut out = std::mem::take(&mut w.out);
-    extra.clear();
-    let reads = FcbReads::post(&mut extra, inode);
-    let lock = w.locks.handle(&w.view, inode)?;
-    let lock_before = lock.stats();
-    let (touch_at_release, touch_in_body) = match lock.release_carries_verbs() {
-        true => (touch, None),
-        false => (None, touch),
-    };
-    let acquired = lock
-        .acquire_mode_with(range, mode, &extra, &mut out, &mut *w.meta_ep)
-        .map(|id| (id, lock.lease_deadline(id)));
-    let (id, lease) = match acquired {
-        Ok(held) => held,
-        Err(e) => {
-            w.batch = extra;
-            w.out = out;
-            w.broken = true;
-            return Err(Error::lock(inode.ino)(e));
+    let lock_before = w.locks.handle(&w.view, inode)?.stats();
+    let (mut id, mut found, mut mode) = grant(w, inode, units.clone(), mode)?;
+    let mut held = units;
+    // A replicated write cut by its writer's death or lost lease (`cut_repair`): a slot set
+    // over these units, or BEGUN ≠ ENDED. Trade this lock for the exclusive one the repair
+    // needs (the hull of ours and the cut's, or the whole file) until the words the grant read
+    // ask for nothing more; there the replicas are repaired before the body reads or writes.
+    for _ in 0..=proto::fcb::SLOT_COUNT {
+        if check_owner(inode, found.ino).is_err() {
+            break;
         }
+        let wider = match crate::cut_repair::must_hold(&found, &held) {
+            None => break,
+            Some(need) if mode == LockMode::Exclusive && covers(&held, &need) => break,
+            Some(need) => need,
+        };
+        release_plain(w, inode, id)?;
+        held = wider;
+        (id, found, mode) = grant(w, inode, held.clone(), LockMode::Exclusive)?;
+    }
+    let touch_at_release = match w.locks.handle(&w.view, inode)?.release_carries_verbs() {
+        true => touch,
+        false => None,
     };
-    let found = reads.decode(&out);
-    w.batch = extra;
-    w.out = out;
-    w.lease = lease;
-    w.changed = false;
+    let touch_in_body = touch.filter(|_| touch_at_release.is_none());
     failpoint!("fs_client::io::locked");
     // An FCB that is not this file's is refused before any data verb or raise touches it
     // (the lock is released all the same).
     let (result, owned) = match check_owner(inode, found.ino) {
-        Ok(()) => (body(w, found, touch_in_body), true),
+        Ok(()) => {
+            let exclusive = mode == LockMode::Exclusive;
+            let repaired = match crate::cut_repair::must_hold(&found, &held) {
+                Some(need) if exclusive && covers(&held, &need) => {
+                    crate::cut_repair::repair(inner, w, inode, &found, &held)
+                }
+                // Still cut after every widening: a new cut each time (clients dying one
+                // after another); the I/O is redone.
+                Some(_) => Err(Error::LeaseLost),
+                None => Ok(found),
+            };
+            (
+                repaired.and_then(|f| {
+                    crate::cut_repair::arm(w, inode, held.clone(), &f, exclusive);
+                    body(w, f, touch_in_body)
+                }),
+                true,
+            )
+        }
         Err(e) => (Err(e), false),
     };
     // A lease lost partway through a change: the release below hands the range to the
@@ -101,11 +124,15 @@ pub(crate) fn locked<T>(
         Err(Error::LeaseLost) if w.changed => Err(Error::LeaseLostPartway),
         other => other,
     };
-    w.lease = None;
-    w.changed = false;
     let mut extra = std::mem::take(&mut w.batch);
     let mut out = std::mem::take(&mut w.out);
     extra.clear();
+    // The end of a replicated write's record rides at the head of the release, while the
+    // lease is still ahead; a change that failed after part of it was sent leaves it.
+    let failed_partway = result.is_err() && w.changed;
+    crate::cut_repair::post_ended(w, &mut extra, inode, failed_partway);
+    w.lease = None;
+    w.changed = false;
     let raise = touch_at_release
         .filter(|_| owned)
         .and_then(|now| MtimeRaise::post(&mut extra, inode, found.mtime, now));
@@ -131,6 +158,66 @@ pub(crate) fn locked<T>(
     let value = result?;
     released?;
     Ok(value)
+}
+
+/// Acquires units `units` of `inode` in `mode` with the FCB words in the granting batch
+/// ([`FcbReads`]), and notes the lease in the worker: the lock's id, the words, the mode. A
+/// failed acquisition marks the worker broken (its lock handle is in doubt).
+fn grant(
+    w: &mut Worker,
+    inode: &Arc<OpenInode>,
+    units: Range<u64>,
+    mode: LockMode,
+) -> Result<(LockId, Fcb, LockMode), Error> {
+    let range = file_range(w.locks.scheme(), inode.ino, units)?;
+    let mut extra = std::mem::take(&mut w.batch);
+    let mut out = std::mem::take(&mut w.out);
+    extra.clear();
+    let reads = FcbReads::post(&mut extra, inode);
+    let lock = w.locks.handle(&w.view, inode)?;
+    let acquired = lock
+        .acquire_mode_with(range, mode, &extra, &mut out, &mut *w.meta_ep)
+        .map(|id| (id, lock.lease_deadline(id)));
+    let found = reads.decode(&out);
+    w.batch = extra;
+    w.out = out;
+    match acquired {
+        Ok((id, lease)) => {
+            w.lease = lease;
+            w.changed = false;
+            w.cut = Default::default();
+            Ok((id, found, mode))
+        }
+        Err(e) => {
+            w.broken = true;
+            Err(Error::lock(inode.ino)(e))
+        }
+    }
+}
+
+/// Releases lock `id` of `inode` with nothing carried (a grant given back before any body ran);
+/// a failure marks the worker broken.
+fn release_plain(w: &mut Worker, inode: &Arc<OpenInode>, id: LockId) -> Result<(), Error> {
+    w.lease = None;
+    let mut extra = std::mem::take(&mut w.batch);
+    let mut out = std::mem::take(&mut w.out);
+    extra.clear();
+    let meta_ep = &mut *w.meta_ep;
+    let released = w.locks.handle(&w.view, inode).and_then(|l| {
+        l.release_with(id, &extra, &mut out, meta_ep)
+            .map_err(Error::lock(inode.ino))
+    });
+    w.batch = extra;
+    w.out = out;
+    if released.is_err() {
+        w.broken = true;
+    }
+    released
+}
+
+/// Whether units `held` include every unit of `need`.
+fn covers(held: &Range<u64>, need: &Range<u64>) -> bool {
+    held.start <= need.start && need.end <= held.end
 }
 
 /// The round trips a lock handle has spent acquiring and releasing.

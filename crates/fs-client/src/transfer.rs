@@ -36,7 +36,7 @@ use std::ops::Range;
 
 /// Bytes of a data server's incarnation word, read at the end of every data batch
 /// ([`exec_data_round`]).
-const CHECK_BYTES: usize = 8;
+pub(crate) const CHECK_BYTES: usize = 8;
 
 /// Where a read's bytes go ([`read`]).
 pub(crate) enum ReadDest<'a> {
@@ -243,6 +243,9 @@ pub(crate) fn write(
     run: &ChunkRun,
     raises: bool,
 ) -> Result<(), Error> {
+    // A write to a replicated chunk is recorded as in flight before any of its verbs is
+    // posted (`cut_repair`).
+    crate::cut_repair::before_write(w, geometry, off, data.len(), run)?;
     // Every replica of each chunk, in the same rounds.
     let plans = plan(
         geometry,
@@ -270,7 +273,7 @@ pub(crate) fn write(
 /// one of those chunks with a replica there has another (so the I/O, redone with a chunk map
 /// learnt anew once the meta server dropped that server's replicas, need not wait for it);
 /// else `e` as it is.
-fn on_replicas(e: Error, run: &ChunkRun, chunks: Range<u64>) -> Error {
+pub(crate) fn on_replicas(e: Error, run: &ChunkRun, chunks: Range<u64>) -> Error {
     let Some(server) = e
         .data_server()
         .filter(|_| e.is_transient() && !e.is_fenced())
@@ -321,7 +324,7 @@ pub(crate) fn zero_allocated(
 /// Executes `plans` in rounds of one batch per data server ([`exec_data_round`]),
 /// each batch filled by `fill` with the verbs of its ops (given the op's remote address).
 /// A write's FCB raises (if any) go with the first round.
-fn exec_plans(
+pub(crate) fn exec_plans(
     w: &mut Worker,
     plans: &[ServerPlan],
     data: &mut [u8],
@@ -430,6 +433,10 @@ fn post_and_complete(
     let mut posted = 0;
     let mut failure = None;
     let batches = round.len();
+    // The batch completed at `fs_client::io::between_replicas`, if any (set only in the
+    // `failpoints` build).
+    #[cfg_attr(not(feature = "failpoints"), allow(unused_mut))]
+    let mut early: Option<usize> = None;
     for (i, (server, batch)) in round.iter_mut().enumerate() {
         batch.read_to(incarnation, CHECK_BYTES, checks_at + CHECK_BYTES * i);
         // No verb of it may execute after the lease: the endpoint (or the server, on tcp)
@@ -458,6 +465,23 @@ fn post_and_complete(
         w.changed |= write;
         if write && i + 1 < batches {
             failpoint!("fs_client::io::between_servers");
+            #[cfg(feature = "failpoints")]
+            if early.is_none() && failpoint_configured(BETWEEN_REPLICAS) {
+                // This batch completed (landed) before the next is posted, then the
+                // failpoint: a write cut after its first replicas only.
+                early = Some(i);
+                let done = w.data_ep(*server).and_then(|ep| {
+                    ep.complete(batch, out)
+                        .map_err(Error::fabric(Peer::Data(*server)))
+                });
+                if let Err(e) = done {
+                    let (e, broken) = data_failure(e);
+                    w.broken |= broken;
+                    failure = Some(e);
+                    break;
+                }
+                failpoint!("fs_client::io::between_replicas");
+            }
         }
     }
     let mut raises_posted = false;
@@ -482,7 +506,10 @@ fn post_and_complete(
             }
         }
     }
-    for (server, batch) in round[..posted].iter() {
+    for (i, (server, batch)) in round[..posted].iter().enumerate() {
+        if early == Some(i) {
+            continue;
+        }
         let done = w.data_ep(*server).and_then(|ep| {
             ep.complete(batch, out)
                 .map_err(Error::fabric(Peer::Data(*server)))
@@ -521,6 +548,17 @@ fn post_and_complete(
         }
     }
     failure
+}
+
+/// The failpoint between the batches of a write's round where the batches posted so far have
+/// completed (`post_and_complete`): the crash tests' cut between replicas.
+#[cfg(feature = "failpoints")]
+const BETWEEN_REPLICAS: &str = "fs_client::io::between_replicas";
+
+/// Whether a test configured failpoint `name` (checked only in the `failpoints` build).
+#[cfg(feature = "failpoints")]
+fn failpoint_configured(name: &str) -> bool {
+    fail::list().iter().any(|(n, _)| n == name)
 }
 
 /// Flushes the chunks of `run` to their data servers' backing files: one batch of flush

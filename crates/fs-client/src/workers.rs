@@ -102,6 +102,43 @@ pub(crate) struct Worker {
     /// file: a data batch of a write, an FCB raise or a locked call was sent. From then on a
     /// lost lease fails the change instead of redoing it (`locked_io::locked`).
     pub(crate) changed: bool,
+    /// How the change under the range lock held now records itself as a replicated write in
+    /// flight (`cut_repair`).
+    pub(crate) cut: CutRecord,
+}
+
+/// A worker's record of the replicated write in flight under the lock it holds (`cut_repair`).
+#[derive(Debug, Default)]
+pub(crate) struct CutRecord {
+    /// Set under an exclusive lock, before its body: what a write needs to record itself.
+    pub(crate) armed: Option<Armed>,
+    /// How the change recorded itself, once it did: its release undoes it.
+    pub(crate) made: Option<Made>,
+}
+
+/// What a write under an exclusive lock needs to record itself (`cut_repair::before_write`).
+#[derive(Debug)]
+pub(crate) struct Armed {
+    /// The file's control block.
+    pub(crate) fcb: fabric::RemoteAddr,
+    /// The lock's units (what a slot records).
+    pub(crate) units: std::ops::Range<u64>,
+    /// The slots the granting batch found free, a bit each.
+    pub(crate) free: u32,
+}
+
+/// How a change recorded itself as a replicated write in flight.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Made {
+    /// It holds the slot at `addr` with `value`: the release clears it.
+    Slot {
+        /// The slot's address.
+        addr: fabric::RemoteAddr,
+        /// Its value ([`proto::fcb::pack_slot`]).
+        value: u64,
+    },
+    /// It added 1 to BEGUN: the release adds 1 to ENDED.
+    Counted,
 }
 
 impl Worker {
@@ -278,6 +315,7 @@ impl WorkerPool {
                         lease: None,
                         lease_guard: self.lease_guard,
                         changed: false,
+                        cut: CutRecord::default(),
                     };
                 }
             }

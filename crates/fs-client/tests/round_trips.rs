@@ -3,7 +3,8 @@
 //! batch, the lock's release (carrying a write's MTIME raise) — and an extending write's SIZE
 //! raise goes beside its data batch (one round trip more, not in sequence). Where the release
 //! is posted (CITRON at the host, on tcp) a write's MTIME raise goes beside its data too, and
-//! the lock costs one round trip. Counted from the endpoints' own statistics
+//! the lock costs one round trip. A write to chunks of two or more replicas takes one more in
+//! sequence before its data: it records itself in the file control block (`cut_repair`). Counted from the endpoints' own statistics
 //! (`CitronFs::io_stats`), which count every endpoint's round trips, overlapping ones too.
 
 use fabric::Backend;
@@ -55,6 +56,9 @@ fn small_io_round_trips_of(
         ..ClusterSpec::default()
     };
     let data = replicas as u64 - 1;
+    // A write to chunks of two or more replicas records itself in the file control block
+    // before its data (`cut_repair`: a slot's CAS): one round trip in sequence more.
+    let begun = u64::from(replicas > 1);
     // Where the release carries no verbs (posted, or an RPC), the MTIME raise goes beside the
     // data batch: one round trip more outside the lock's.
     let posted = fabric == Backend::Tcp && scheme == LockScheme::CITRON;
@@ -83,7 +87,7 @@ fn small_io_round_trips_of(
     std::thread::sleep(std::time::Duration::from_millis(2));
     let other = pattern(8, 0, 4096);
     // Data, and MTIME beside it where the release cannot carry it.
-    let overwrite = counted(&fs, 1 + data + lone + beside, || {
+    let overwrite = counted(&fs, 1 + data + begun + lone + beside, || {
         assert_eq!(fs.write(fh, 0, &other).unwrap(), 4096)
     });
     // The MTIME raise landed; the data too.
@@ -99,7 +103,7 @@ fn small_io_round_trips_of(
     // Data, and SIZE beside it (with MTIME where the release cannot carry it); each try
     // extends the file by another block.
     let mut end = 4096;
-    let extend = counted(&fs, 2 + data + lone, || {
+    let extend = counted(&fs, 2 + data + begun + lone, || {
         assert_eq!(fs.write(fh, end, &block).unwrap(), 4096);
         end += 4096;
         assert_eq!(fs.getattr(attr.ino).unwrap().size, end);
@@ -144,9 +148,21 @@ fn citron_at_the_host_takes_one_lock_round_trip_per_small_io() {
 #[test]
 fn a_small_write_of_two_replicas_takes_one_data_batch_per_replica() {
     // A read takes one replica; a write's two data batches (one per server) are counted each,
-    // posted in the same round (`transfer::exec_data_round`): no round trip in sequence more.
+    // posted in the same round (`transfer::exec_data_round`), after the round trip that
+    // records the write (`cut_repair`; clearing it rides in the release).
     assert_eq!(
         small_io_round_trips_of(LockScheme::CITRON, Backend::Shm, 2),
-        [(3, 2), (4, 2), (5, 2)]
+        [(3, 2), (5, 2), (6, 2)]
+    );
+}
+
+#[test]
+fn citron_at_the_host_with_two_replicas_clears_the_write_record_in_a_round_trip_of_its_own() {
+    // tcp: the release is posted and carries no verbs, so the end of a replicated write's
+    // record (`cut_repair`) is a round trip of its own after the data (the lock's: the release
+    // executes it before it is posted), as its start is one before the data.
+    assert_eq!(
+        small_io_round_trips_of(LockScheme::CITRON, Backend::Tcp, 2),
+        [(2, 1), (6, 2), (6, 2)]
     );
 }

@@ -241,6 +241,32 @@ fn copy(
     Ok(())
 }
 
+/// Makes the replicas of a file's chunks agree where a cut write may have left them apart
+/// (docs/REPLICAS.md, "A write cut between replicas"): for each chunk of `chunks` (its index
+/// and the replicas that hold its data, in the chunk map's order), the first replica on a
+/// server `live` calls connected is copied over the others there, a [`PIECE`] at a time. The
+/// caller makes sure no range lock of the file can be held (nobody has it open). Returns the
+/// replicas copied over; the first failure ends it.
+pub(crate) fn copy_from_first(
+    layout: Layout,
+    chunks: &[(u64, Vec<ChunkLoc>)],
+    live: impl Fn(u32) -> bool,
+    io: &mut dyn ReplicaIo,
+) -> Result<u64, FsError> {
+    let mut copied = 0;
+    for (chunk, replicas) in chunks {
+        let mut on_live = replicas.iter().copied().filter(|l| live(l.server));
+        let Some(reference) = on_live.next() else {
+            continue;
+        };
+        for other in on_live {
+            copy(io, layout.len(*chunk), reference, other, PIECE)?;
+            copied += 1;
+        }
+    }
+    Ok(copied)
+}
+
 /// One path of each inode the namespace reaches, from the image's entries.
 struct Paths {
     /// An entry naming each inode: (directory, name).
@@ -304,6 +330,41 @@ mod tests {
             region[at..at + data.len()].copy_from_slice(data);
             Ok(())
         }
+    }
+
+    /// `copy_from_first` copies each chunk's first replica on a live server over the others on
+    /// live servers, and leaves chunks of one live replica and replicas on servers away alone.
+    #[test]
+    fn a_cut_write_is_repaired_from_the_first_live_replica() {
+        let layout = Layout::new(4096).unwrap();
+        let loc = |server, index| ChunkLoc { server, index };
+        let mut io = Memory {
+            unit: layout.unit(),
+            ..Memory::default()
+        };
+        let len = layout.len(3) as usize;
+        io.write(loc(1, 4), 0, &vec![1u8; len]).unwrap();
+        io.write(loc(2, 5), 0, &vec![2u8; len]).unwrap();
+        io.write(loc(3, 6), 0, &vec![3u8; len]).unwrap();
+        // Chunk 3: replicas on 1 (away), 2 and 3: 2 is the reference, copied over 3.
+        // Chunk 0: one live replica: nothing to copy.
+        let chunks = vec![
+            (0, vec![loc(1, 0), loc(2, 0)]),
+            (3, vec![loc(1, 4), loc(2, 5), loc(3, 6)]),
+        ];
+        let copied = copy_from_first(layout, &chunks, |s| s != 1, &mut io).unwrap();
+        assert_eq!(copied, 1);
+        let read = |io: &mut Memory, l| {
+            let mut buf = vec![0u8; len];
+            io.read(l, 0, &mut buf).unwrap();
+            buf
+        };
+        assert_eq!(read(&mut io, loc(3, 6)), vec![2u8; len]);
+        assert_eq!(
+            read(&mut io, loc(1, 4)),
+            vec![1u8; len],
+            "a server away is not written"
+        );
     }
 
     /// A store with two servers and /d/r, a file of 3 chunks of 2 replicas each, written with

@@ -30,8 +30,8 @@ use proto::fcb;
 use proto::fsck::{Finding, FsckOptions, FsckReport, Repair, MAX_FINDINGS};
 use proto::rpc::{Group, Request, Response};
 use proto::{
-    Attr, ClusterInfo, DataServerInfo, FabricAddr, FileKind, FsError, FsStats, Ino, OpenFile,
-    SetAttr,
+    Attr, ChunkLoc, ClusterInfo, DataServerInfo, FabricAddr, FileKind, FsError, FsStats, Ino,
+    OpenFile, SetAttr,
 };
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -655,6 +655,7 @@ impl Service {
         if left == Left::Others {
             return Ok(Effects::default());
         }
+        self.repair_cut_write(st, ino);
         st.open.close(&mut st.region, ino);
         self.lock_calls.closed(ino);
         st.publish(&self.store, [ino]);
@@ -665,6 +666,56 @@ impl Service {
             effects = self.store.free_beyond_size(ino)?;
         }
         Ok(effects)
+    }
+
+    /// Before the last opener's release frees `ino`'s FCB: where its BEGUN and ENDED words
+    /// differ or a slot is set, a replicated write was cut and no client repaired it (docs/REPLICAS.md, "A write
+    /// cut between replicas"); the record goes with the FCB, so the replicas of its chunks below
+    /// the size are made to agree now, copying each chunk's first live replica over the others.
+    /// Nobody has the file open, so no range lock of it can be held, and none can be taken
+    /// while the state lock (`st`) is held. A failure is logged, not returned: the release goes
+    /// on, and `fsck` reports what still differs.
+    fn repair_cut_write(&self, st: &mut State, ino: Ino) {
+        let begun = st.open.fcb_word(&mut st.region, ino, fcb::BEGUN);
+        let ended = st.open.fcb_word(&mut st.region, ino, fcb::ENDED);
+        let slots: Vec<u64> = (0..fcb::SLOT_COUNT)
+            .filter_map(|i| {
+                st.open
+                    .fcb_word(&mut st.region, ino, fcb::SLOTS + 8 * i as u64)
+            })
+            .filter(|&v| v != 0)
+            .collect();
+        if begun == ended && slots.is_empty() {
+            return;
+        }
+        let layout = self.store.layout();
+        let repaired = self.store.getattr(ino).and_then(|attr| {
+            let count = layout.chunks_below(attr.size);
+            let map = self.store.chunk_map(ino, 0, count)?;
+            let chunks: Vec<(u64, Vec<ChunkLoc>)> = map
+                .into_iter()
+                .enumerate()
+                .filter_map(|(i, r)| r.map(|r| (i as u64, r.as_slice().to_vec())))
+                .filter(|(_, r)| r.len() > 1)
+                .collect();
+            let mut io = st.live.replica_io(layout.unit());
+            crate::replica_check::copy_from_first(layout, &chunks, |s| st.live.is_live(s), &mut io)
+        });
+        match repaired {
+            Ok(copied) => tracing::warn!(
+                ino,
+                ?begun,
+                ?ended,
+                ?slots,
+                copied,
+                "closed with a replicated write cut: copied each chunk's first live replica over the others"
+            ),
+            Err(e) => tracing::error!(
+                ino,
+                error = %e,
+                "closed with a replicated write cut, and its replicas could not be repaired (fsck --repair can)"
+            ),
+        }
     }
 
     /// Persists every open file's size (clean shutdown) and flushes the database.
