@@ -178,11 +178,13 @@ fn grant(
     let acquired = lock
         .acquire_mode_with(range, mode, &extra, &mut out, &mut *w.meta_ep)
         .map(|id| (id, lock.lease_deadline(id)));
-    let found = reads.decode(&out);
+    // The reads' results are there only when the lock was granted (a failed acquisition may
+    // have executed no batch that carried them).
+    let granted = acquired.map(|held| (held, reads.decode(&out)));
     w.batch = extra;
     w.out = out;
-    match acquired {
-        Ok((id, lease)) => {
+    match granted {
+        Ok(((id, lease), found)) => {
             w.lease = lease;
             w.changed = false;
             w.cut = Default::default();
