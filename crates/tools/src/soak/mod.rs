@@ -199,7 +199,10 @@ impl Soak {
             }
             Role::Data(i) => {
                 cmd.args(["data-server", "--cluster", CLUSTER, "--fabric", fabric])
-                    .args(["--name", &format!("ds-{i}"), "--capacity", "128M"])
+                    // 128 MiB per copy of the data: every replica takes the space again (a
+                    // 10-minute soak of 3 clients at replicas 2 filled 3 servers of 128 MiB).
+                    .args(["--name", &format!("ds-{i}")])
+                    .args(["--capacity", &format!("{}M", 128 * self.replicas)])
                     .arg("--meta")
                     .arg(self.listen.to_string());
                 if self.memory_only {
