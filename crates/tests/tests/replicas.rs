@@ -31,6 +31,19 @@ const READY: &str = "CITRONFS-DATA-SERVER-READY";
 const CHUNK: u64 = 64 << 10;
 const CAPACITY: u64 = 32 << 20;
 
+/// A cluster of `data_servers` data servers (0: none started in-process, the test starts them as
+/// processes) on `fabric` whose files keep two replicas of every chunk.
+fn replicated(data_servers: usize, fabric: Backend) -> ClusterSpec {
+    ClusterSpec {
+        data_servers,
+        capacity: CAPACITY,
+        chunk_size: CHUNK,
+        fabric,
+        replicas: 2,
+        ..ClusterSpec::default()
+    }
+}
+
 /// The body of a data server process (see [`DataProcess::start`]); run normally (no
 /// environment), it returns at once.
 #[test]
@@ -433,15 +446,7 @@ fn fsck_finds_and_repairs_replicas_that_differ() {
     use fabric::{Connector, EndpointExt};
     use proto::fsck::{Finding, FsckOptions, Repair};
     testkit::init_logging();
-    let cluster = Cluster::start(ClusterSpec {
-        data_servers: 2,
-        capacity: CAPACITY,
-        chunk_size: CHUNK,
-        fabric: Backend::Tcp,
-        replicas: 2,
-        ..ClusterSpec::default()
-    })
-    .unwrap();
+    let cluster = Cluster::start(replicated(2, Backend::Tcp)).unwrap();
     let fs = cluster.client().unwrap();
     let size = 3 * CHUNK as usize + 1000;
     let data = pattern(7, 0, size);
@@ -536,15 +541,7 @@ fn fsck_finds_and_repairs_replicas_that_differ() {
 fn fsck_counts_chunks_under_replicated_after_a_data_server_is_killed() {
     use proto::fsck::{Finding, FsckOptions};
     testkit::init_logging();
-    let cluster = Cluster::start(ClusterSpec {
-        data_servers: 0,
-        capacity: CAPACITY,
-        chunk_size: CHUNK,
-        fabric: Backend::Tcp,
-        replicas: 2,
-        ..ClusterSpec::default()
-    })
-    .unwrap();
+    let cluster = Cluster::start(replicated(0, Backend::Tcp)).unwrap();
     let mut servers = two_data_processes(&cluster);
     let fs = cluster.client().unwrap();
     let layout = proto::layout::Layout::new(CHUNK).unwrap();
@@ -604,15 +601,7 @@ fn fsck_counts_chunks_under_replicated_after_a_data_server_is_killed() {
 fn fsck_counts_replicas_on_a_server_back_with_new_memory_and_does_not_compare_them() {
     use proto::fsck::{Finding, FsckOptions};
     testkit::init_logging();
-    let mut cluster = Cluster::start(ClusterSpec {
-        data_servers: 2,
-        capacity: CAPACITY,
-        chunk_size: CHUNK,
-        fabric: Backend::Tcp,
-        replicas: 2,
-        ..ClusterSpec::default()
-    })
-    .unwrap();
+    let mut cluster = Cluster::start(replicated(2, Backend::Tcp)).unwrap();
     let fs = cluster.client().unwrap();
     let size = 2 * CHUNK as usize;
     let ino = write_file(&fs, "f", &pattern(3, 0, size));
@@ -684,15 +673,7 @@ fn next(x: &mut u64) -> u64 {
 fn writers_and_readers_go_on_while_a_replica_server_is_dead() {
     skip_without_fuse!();
     testkit::init_logging();
-    let mut cluster = Cluster::start(ClusterSpec {
-        data_servers: 0,
-        capacity: CAPACITY,
-        chunk_size: CHUNK,
-        fabric: Backend::Tcp,
-        replicas: 2,
-        ..ClusterSpec::default()
-    })
-    .unwrap();
+    let mut cluster = Cluster::start(replicated(0, Backend::Tcp)).unwrap();
     let mut servers = two_data_processes(&cluster);
     live_io_across_a_replica_server_death(&mut cluster, |_| servers[1].kill());
 }
@@ -705,15 +686,7 @@ fn writers_and_readers_go_on_while_a_replica_server_is_dead() {
 fn writers_and_readers_go_on_while_a_replica_server_is_stopped_on_shm() {
     skip_without_fuse!();
     testkit::init_logging();
-    let mut cluster = Cluster::start(ClusterSpec {
-        data_servers: 2,
-        capacity: CAPACITY,
-        chunk_size: CHUNK,
-        fabric: Backend::Shm,
-        replicas: 2,
-        ..ClusterSpec::default()
-    })
-    .unwrap();
+    let mut cluster = Cluster::start(replicated(2, Backend::Shm)).unwrap();
     live_io_across_a_replica_server_death(&mut cluster, |cluster| {
         cluster.data_servers_mut()[1].shutdown()
     });
@@ -880,16 +853,11 @@ fn a_server_back_with_its_old_memory_serves_no_dropped_replica() {
     testkit::init_logging();
     let long = Duration::from_secs(600);
     let mut cluster = Cluster::start(ClusterSpec {
-        data_servers: 2,
-        capacity: CAPACITY,
-        chunk_size: CHUNK,
-        fabric: Backend::Tcp,
         backing: testkit::BackingKind::File,
-        replicas: 2,
         session_lease: long,
         fence_after: Duration::from_secs(120),
         lock_lease: long,
-        ..ClusterSpec::default()
+        ..replicated(2, Backend::Tcp)
     })
     .unwrap();
     let me = fs_client::CitronFs::process_caller();
@@ -1053,14 +1021,9 @@ fn assert_clean_at_rest(cluster: &Cluster) -> proto::fsck::FsckReport {
 fn a_killed_data_servers_chunks_are_re_replicated_in_the_background() {
     testkit::init_logging();
     let cluster = Cluster::start(ClusterSpec {
-        data_servers: 0,
-        capacity: CAPACITY,
-        chunk_size: CHUNK,
-        fabric: Backend::Tcp,
-        replicas: 2,
         rereplicate_after: Duration::from_millis(300),
         rereplicate_mib_s: 0,
-        ..ClusterSpec::default()
+        ..replicated(0, Backend::Tcp)
     })
     .unwrap();
     let mut servers = data_processes::<3>(&cluster);
@@ -1131,13 +1094,8 @@ fn fsck_repair_re_replicates_under_replicated_chunks() {
     use proto::fsck::{Finding, FsckOptions, Repair};
     testkit::init_logging();
     let cluster = Cluster::start(ClusterSpec {
-        data_servers: 0,
-        capacity: CAPACITY,
-        chunk_size: CHUNK,
-        fabric: Backend::Tcp,
-        replicas: 2,
         rereplicate_after: Duration::from_secs(3600),
-        ..ClusterSpec::default()
+        ..replicated(0, Backend::Tcp)
     })
     .unwrap();
     let mut servers = data_processes::<3>(&cluster);
@@ -1245,15 +1203,10 @@ fn no_write_is_lost_while_chunks_are_re_replicated() {
     use std::sync::Arc;
     testkit::init_logging();
     let mut cluster = Cluster::start(ClusterSpec {
-        data_servers: 3,
-        capacity: CAPACITY,
-        chunk_size: CHUNK,
-        fabric: Backend::Tcp,
-        replicas: 2,
         rereplicate_after: Duration::from_millis(200),
         // 64 KiB chunks at 1 MiB/s: one chunk every 60 ms or so, for a few seconds.
         rereplicate_mib_s: 1,
-        ..ClusterSpec::default()
+        ..replicated(3, Backend::Tcp)
     })
     .unwrap();
     let fs = cluster.client().unwrap();
