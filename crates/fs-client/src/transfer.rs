@@ -73,17 +73,20 @@ pub(crate) enum Transfer {
     },
 }
 
-/// A data batch's failure as the I/O sees it, and whether the endpoint is broken by it. A
-/// batch refused for its expiry (ahead of the lock's lease deadline, `Worker::expires`) is
-/// `LeaseLost` — the I/O is redone under a new lock — and leaves the endpoint fine; any other
-/// failure leaves the endpoint's state unknown.
-fn data_failure(e: Error) -> (Error, bool) {
+/// A data batch's failure as the I/O sees it, marking the worker broken when it leaves the
+/// endpoint's state unknown. A batch refused for its expiry (ahead of the lock's lease
+/// deadline, `Worker::expires`) is `LeaseLost` — the I/O is redone under a new lock — and
+/// leaves the endpoint fine; any other failure breaks it.
+fn data_failure(w: &mut Worker, e: Error) -> Error {
     match e {
         Error::Fabric {
             source: fabric::FabricError::Verb(fabric::VerbError::Expired { .. }),
             ..
-        } => (Error::LeaseLost, false),
-        e => (e, true),
+        } => Error::LeaseLost,
+        e => {
+            w.broken = true;
+            e
+        }
     }
 }
 
@@ -456,9 +459,7 @@ fn post_and_complete(
                 .map_err(Error::fabric(Peer::Data(*server)))
         });
         if let Err(e) = post {
-            let (e, broken) = data_failure(e);
-            w.broken |= broken;
-            failure = Some(e);
+            failure = Some(data_failure(w, e));
             break;
         }
         posted += 1;
@@ -475,9 +476,7 @@ fn post_and_complete(
                         .map_err(Error::fabric(Peer::Data(*server)))
                 });
                 if let Err(e) = done {
-                    let (e, broken) = data_failure(e);
-                    w.broken |= broken;
-                    failure = Some(e);
+                    failure = Some(data_failure(w, e));
                     break;
                 }
                 failpoint!("fs_client::io::between_replicas");
@@ -487,23 +486,19 @@ fn post_and_complete(
     let mut raises_posted = false;
     if raises && failure.is_none() {
         w.raises.expire_at(w.expires());
-        let post = match w.check_lease_before_post() {
-            // A lease that ran out is not a fault of the endpoint: not broken.
-            Err(e) => Err((e, false)),
-            Ok(()) => w
-                .meta_ep
+        // A lease that ran out is not a fault of the endpoint: not broken.
+        let post = w.check_lease_before_post().and_then(|()| {
+            w.meta_ep
                 .post(&w.raises, &mut w.raises_out)
-                .map_err(|e| data_failure(Error::fabric(Peer::Meta)(e))),
-        };
+                .map_err(Error::fabric(Peer::Meta))
+        });
         match post {
             Ok(()) => {
                 raises_posted = true;
                 w.changed = true;
             }
-            Err((e, broken)) => {
-                w.broken |= broken;
-                failure = Some(e);
-            }
+            Err(e @ Error::Fabric { .. }) => failure = Some(data_failure(w, e)),
+            Err(e) => failure = Some(e),
         }
     }
     for (i, (server, batch)) in round[..posted].iter().enumerate() {
@@ -515,15 +510,13 @@ fn post_and_complete(
                 .map_err(Error::fabric(Peer::Data(*server)))
         });
         if let Err(e) = done {
-            let (e, broken) = data_failure(e);
-            w.broken |= broken;
+            let e = data_failure(w, e);
             failure.get_or_insert(e);
         }
     }
     if raises_posted {
         if let Err(e) = w.meta_ep.complete(&w.raises, &mut w.raises_out) {
-            let (e, broken) = data_failure(Error::fabric(Peer::Meta)(e));
-            w.broken |= broken;
+            let e = data_failure(w, Error::fabric(Peer::Meta)(e));
             failure.get_or_insert(e);
         }
     }
