@@ -5,7 +5,7 @@
 //! `--state-dir` written by one run is read by the next):
 //! - the *state directory* (the spec's `state_dir`, else the run directory): `meta-db/` (the
 //!   namespace, sled) and, for file-backed data servers, `ds-N/` (data server N's region file);
-//! - the *run directory*, always fresh and removed on drop, under `/dev/shm` where it exists:
+//! - the *run directory*, always fresh and removed on drop, under [`run_dir_parent`]:
 //!   the shm regions of the meta server (`meta/`) and of memory-backed data servers (`ds-N/`).
 //!   It is named `CLUSTER-PID-XXXXXX` after the process that made it, so that what a process
 //!   killed outright (SIGKILL) could not remove is found and removed when this user next
@@ -182,10 +182,10 @@ impl Cluster {
     /// says.
     pub fn start(spec: ClusterSpec) -> Result<Cluster> {
         let parent = run_dir_parent();
-        sweep_stale_run_dirs(parent, &spec.name);
+        sweep_stale_run_dirs(&parent, &spec.name);
         let run = tempfile::Builder::new()
             .prefix(&format!("{}-{}-", spec.name, std::process::id()))
-            .tempdir_in(parent)
+            .tempdir_in(&parent)
             .context("create the cluster's run directory")?;
         let state = match &spec.state_dir {
             Some(dir) => {
@@ -456,13 +456,18 @@ impl Cluster {
     }
 }
 
-/// Where clusters make their run directories: `/dev/shm` where it exists, else `/tmp`.
-pub fn run_dir_parent() -> &'static Path {
+/// Where clusters make their run directories: the directory `CITRONFS_RUN_DIR` names when it
+/// is set (it should be a tmpfs: shm regions live there), else `/dev/shm` where it exists, else
+/// `/tmp`.
+pub fn run_dir_parent() -> PathBuf {
+    if let Some(dir) = std::env::var_os("CITRONFS_RUN_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir);
+    }
     let shm = Path::new("/dev/shm");
     if shm.is_dir() {
-        shm
+        shm.to_path_buf()
     } else {
-        Path::new("/tmp")
+        PathBuf::from("/tmp")
     }
 }
 

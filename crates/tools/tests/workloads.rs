@@ -231,6 +231,9 @@ struct RunningBench {
     bench: std::process::Child,
     clients: Vec<u32>,
     tmp: tempfile::TempDir,
+    /// The parent of the benchmark's cluster run directory (`CITRONFS_RUN_DIR`): its own, so
+    /// that no cluster of another test sweeps what this one left.
+    run_parent: tempfile::TempDir,
 }
 
 impl RunningBench {
@@ -238,11 +241,13 @@ impl RunningBench {
     /// processes have mounted.
     fn start() -> RunningBench {
         let tmp = tempfile::tempdir().unwrap();
+        let run_parent = tempfile::tempdir_in(testkit::run_dir_parent()).unwrap();
         let bench = Command::new(env!("CARGO_BIN_EXE_citronfs"))
             .args(["bench", "oltp", "--clients", "2", "--scheme", "citron"])
             .args(["--duration", "60", "--json"])
             // The client processes' mount points and logs go there.
             .env("TMPDIR", tmp.path())
+            .env("CITRONFS_RUN_DIR", run_parent.path())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -251,6 +256,7 @@ impl RunningBench {
             bench,
             clients: Vec::new(),
             tmp,
+            run_parent,
         };
         let pid = run.bench.id();
         testkit::wait_until(
@@ -378,6 +384,15 @@ fn an_interrupted_workload_benchmark_unmounts_and_stops_its_clients() {
         .flatten()
         .collect();
     assert!(left.is_empty(), "left in TMPDIR: {left:?}");
+    // And so is the cluster's run directory: an interrupted benchmark removes its own.
+    let left: Vec<_> = std::fs::read_dir(run.run_parent.path())
+        .unwrap()
+        .flatten()
+        .collect();
+    assert!(
+        left.is_empty(),
+        "left in the run directory's parent: {left:?}"
+    );
 }
 
 #[test]
@@ -391,10 +406,12 @@ fn a_killed_workload_benchmark_leaves_no_client_process_or_mount() {
     let stderr = run.signal(libc::SIGKILL);
     run.wait_clients_gone(&format!("after SIGKILL (stderr: {stderr})"));
     // What a killed process cannot remove itself, its cluster's run directory (named after
-    // it), the next cluster of that name removes; here the sweep is called directly.
-    let parent = testkit::run_dir_parent();
+    // it), the next cluster of that name removes; here the sweep is called directly. The
+    // benchmark's run directories have a parent of their own, so that no cluster another test
+    // starts meanwhile sweeps this one first.
+    let parent = run.run_parent.path().to_path_buf();
     let left = || -> Vec<std::path::PathBuf> {
-        std::fs::read_dir(parent)
+        std::fs::read_dir(&parent)
             .map(|d| {
                 d.flatten()
                     .map(|e| e.path())
@@ -408,6 +425,6 @@ fn a_killed_workload_benchmark_leaves_no_client_process_or_mount() {
             .unwrap_or_default()
     };
     assert_eq!(left().len(), 1, "the killed benchmark's run directory");
-    testkit::sweep_stale_run_dirs(parent, "citronfs-oltp");
+    testkit::sweep_stale_run_dirs(&parent, "citronfs-oltp");
     assert_eq!(left(), Vec::<std::path::PathBuf>::new());
 }

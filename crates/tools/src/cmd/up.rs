@@ -35,8 +35,8 @@ pub struct UpArgs {
     zones: Vec<String>,
     /// Memory for file data, shared evenly by the data servers (e.g. 512M, 4G). Default: what
     /// fits this machine — a quarter of the memory available now (MemAvailable), no more than
-    /// half the free space where the regions live (/dev/shm, or the --state-dir file system),
-    /// in whole chunks, at least 4 MiB per data server.
+    /// half the free space where the regions live (/dev/shm or $CITRONFS_RUN_DIR, or the
+    /// --state-dir file system), in whole chunks, at least 4 MiB per data server.
     #[arg(long)]
     memory: Option<String>,
     /// The fabric between clients and servers.
@@ -75,7 +75,8 @@ pub struct UpArgs {
 }
 
 /// The default `--memory` (see its help): a quarter of `MemAvailable`, at most half the free
-/// space of the file system the regions live on (`/dev/shm` or the state directory), rounded
+/// space of the file system the regions live on (the run directory's, `/dev/shm` unless
+/// `CITRONFS_RUN_DIR` says otherwise, or the state directory), rounded
 /// down to whole chunks per data server and raised to the 4 MiB minimum per server.
 fn default_memory(state_dir: Option<&Path>, servers: u64) -> Result<u64> {
     let meminfo = std::fs::read_to_string("/proc/meminfo").context("reading /proc/meminfo")?;
@@ -89,7 +90,7 @@ fn default_memory(state_dir: Option<&Path>, servers: u64) -> Result<u64> {
     let mut memory = available / 4;
     let regions = match state_dir {
         Some(dir) => dir.to_path_buf(),
-        None => PathBuf::from("/dev/shm"),
+        None => cluster::run_dir_parent(),
     };
     if let Some(free) = free_space(&regions) {
         memory = memory.min(free / 2);
