@@ -36,6 +36,7 @@ pub mod rpc;
 mod service;
 mod sessions;
 mod staged;
+mod stall;
 mod status;
 pub mod store;
 mod sync;
@@ -368,6 +369,7 @@ impl MetaServer {
             (thread.spawn(move || service.run_rereplicator()))
                 .context("starting the re-replication thread")?
         };
+        let pulse = Pulse::start(service.clone())?;
         // Data servers that do not come back after a restart of this server never go down
         // in this run: a pass after the grace finds their chunks short.
         service.replicas_may_be_short();
@@ -402,6 +404,7 @@ impl MetaServer {
                 awake,
                 reclaimer: Some(reclaimer),
                 rereplicator: Some(rereplicator),
+                pulse,
                 local_socket,
                 region_server,
             }),
@@ -651,6 +654,8 @@ struct Running {
     /// Re-replicates under-replicated chunks ([`rereplicate`]); stopped and joined first at
     /// shutdown.
     rereplicator: Option<std::thread::JoinHandle<()>>,
+    /// Notes the service's own stalls ([`stall`]); stopped before the service is dropped.
+    pulse: Pulse,
     /// The local socket's file, removed when this is dropped — before the region server, whose
     /// shm directory it may be in. Read only by the test hook `MetaHandle::crash`.
     #[cfg_attr(not(feature = "test-hooks"), allow(dead_code))]
@@ -662,10 +667,47 @@ struct Running {
 }
 
 impl Running {
-    /// Stops the re-replication thread (it ends at its next chunk) and waits for it.
+    /// Stops the re-replication thread (it ends at its next chunk) and waits for it, and the
+    /// pulse thread.
     fn stop_rereplicator(&mut self) {
         self.service.stop_rereplicator();
         if let Some(thread) = self.rereplicator.take() {
+            let _ = thread.join();
+        }
+        self.pulse.stop();
+    }
+}
+
+/// The thread that calls [`Service::pulse`] every [`stall::PULSE_EVERY`] ([`stall`]).
+struct Pulse {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Pulse {
+    fn start(service: Arc<Service>) -> anyhow::Result<Pulse> {
+        use std::sync::atomic::Ordering;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("meta-pulse".into())
+            .spawn(move || {
+                while !stopped.load(Ordering::Acquire) {
+                    service.pulse();
+                    std::thread::sleep(stall::PULSE_EVERY);
+                }
+            })
+            .context("starting the pulse thread")?;
+        Ok(Pulse {
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Stops the thread (after its current pulse) and waits for it: it holds the service.
+    fn stop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
     }
@@ -870,6 +912,23 @@ impl MetaHandle {
         self.inner
             .as_ref()
             .and_then(|r| r.service.damage_fcb_word(ino, word, value))
+    }
+
+    /// The data-server layout's epoch: it moves at every registration and every server
+    /// marked down. For tests that wait for those.
+    #[cfg(feature = "test-hooks")]
+    pub fn layout_epoch(&self) -> u64 {
+        self.inner.as_ref().map_or(0, |r| r.service.layout_epoch())
+    }
+
+    /// Holds the service's state lock for `hold`, as a long check or a stalled thread would:
+    /// every request that needs it waits, and so does the stall watch's pulse. For tests of
+    /// what the server does about its own stall (`stall`).
+    #[cfg(feature = "test-hooks")]
+    pub fn hold_state_lock(&self, hold: Duration) {
+        if let Some(running) = self.inner.as_ref() {
+            running.service.hold_state_lock(hold);
+        }
     }
 
     /// Of those requests (heartbeats excepted), how many a connection's awake thread read and

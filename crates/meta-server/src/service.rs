@@ -177,6 +177,8 @@ pub(crate) struct Service {
     chunk_gate: std::sync::RwLock<()>,
     /// Re-replication's schedule and progress (`rereplicate`).
     rereplicator: crate::rereplicate::Rereplicator,
+    /// The service's own stalls ([`crate::stall`]), noted by [`Service::pulse`].
+    stall: crate::stall::StallWatch,
     /// The connector of the meta server's own lock handles (`rereplicate`).
     lock_connector: OnceLock<Arc<dyn fabric::Connector>>,
     /// The service as shared, for callbacks of its own lock handles (`rereplicate`).
@@ -233,6 +235,7 @@ impl Service {
             started: Instant::now(),
             chunk_gate: std::sync::RwLock::new(()),
             rereplicator,
+            stall: crate::stall::StallWatch::new(Instant::now()),
             lock_connector: OnceLock::new(),
             me: OnceLock::new(),
         };
@@ -332,11 +335,38 @@ impl Service {
         self.registry.zero_and_recycle(freed);
     }
 
-    /// Ends every session whose lease ran out; returns how many.
+    /// One pulse of the stall watch ([`crate::stall`]): takes the state lock and notes when
+    /// it got it. The pulse thread (`MetaServer::start`) calls it every
+    /// [`crate::stall::PULSE_EVERY`].
+    pub fn pulse(&self) {
+        self.stall.pulse_waits(Instant::now());
+        drop(lock(&self.state));
+        self.stall.pulse_got(Instant::now());
+    }
+
+    /// `MetaHandle::layout_epoch`.
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn layout_epoch(&self) -> u64 {
+        self.registry.layout_epoch()
+    }
+
+    /// `MetaHandle::hold_state_lock`.
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn hold_state_lock(&self, hold: Duration) {
+        let _st = lock(&self.state);
+        std::thread::sleep(hold);
+    }
+
+    /// Ends every session whose lease ran out; returns how many. Silence while the meta server
+    /// itself was stalled does not count ([`crate::stall`]): the sessions' heartbeats were
+    /// waiting for it.
     pub fn expire_sessions(&self) -> usize {
-        let expired = lock(&self.state)
-            .sessions
-            .silent(self.settings.session_lease);
+        let expired = {
+            let st = lock(&self.state);
+            // Taken under the lock: a stall that held it until now is seen (the pulse waits).
+            let awake_since = self.stall.awake_since(Instant::now());
+            st.sessions.silent(self.settings.session_lease, awake_since)
+        };
         for &session in &expired {
             tracing::info!(session, "session lease expired");
             self.end_session(session);
@@ -520,7 +550,26 @@ impl Service {
     /// chunk map without the replica, write the chunk without it, and release its lock before
     /// the generation that makes every other client's cached map stale is there to be read
     /// under the next lock (docs/REPLICAS.md "A dead data server").
+    ///
+    /// Not while the meta server itself is stalled or has just been ([`crate::stall`]): then
+    /// the silence that marked the server down may be the meta server's own, every server may
+    /// be marked down in turn, and dropping would leave a single copy of chunks whose replicas
+    /// never missed a write. The replicas stay; writes to the chunks wait for the server to
+    /// register again (as it does at once when it is alive), and re-replication's pass, due
+    /// after the server went down, drops and replaces them if it does not.
     fn drop_replicas_on(&self, st: &mut State, id: u32) {
+        if self
+            .stall
+            .stalled_within(Instant::now(), crate::stall::DROP_GRACE)
+        {
+            tracing::warn!(
+                id,
+                "data server marked down while the meta server itself stalled or just after: \
+                 its replicas are kept (writes to them wait for it to register again; \
+                 re-replication replaces them if it does not)"
+            );
+            return;
+        }
         let _gate = self
             .chunk_gate
             .write()

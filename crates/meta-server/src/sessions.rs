@@ -113,11 +113,12 @@ impl SessionTable {
         Ok(())
     }
 
-    /// The sessions not heard from for longer than `silence`.
-    pub fn silent(&self, silence: Duration) -> Vec<u64> {
+    /// The sessions not heard from for longer than `silence`, counted from `awake_since` at the
+    /// earliest: the meta server's own stalls are not held against them (`crate::stall`).
+    pub fn silent(&self, silence: Duration, awake_since: Instant) -> Vec<u64> {
         self.sessions
             .iter()
-            .filter(|(_, s)| s.last_seen.elapsed() > silence)
+            .filter(|(_, s)| s.last_seen.max(awake_since).elapsed() > silence)
             .map(|(&id, _)| id)
             .collect()
     }

@@ -1294,3 +1294,58 @@ fn no_write_is_lost_while_chunks_are_re_replicated() {
     assert_clean_at_rest(&cluster);
     assert_read_back(&cluster, &files);
 }
+
+/// A meta server that stalls itself (its state lock held for 7 s, as a long check over a large
+/// namespace held it) drops no replica: every data server's registration call times out
+/// during the stall (they wait 5 s) and they register again, but the silence was the meta
+/// server's own. Every chunk keeps its two replicas, and the client's session, silent for
+/// longer than its lease only because nobody answered it, is not ended. Before the meta server
+/// watched its own stalls, the servers were marked down one after another and each one's
+/// replicas dropped where another was live at that instant — until only one copy was left.
+#[test]
+fn a_stalled_meta_server_drops_no_replica_and_ends_no_session() {
+    testkit::init_logging();
+    let cluster = Cluster::start(ClusterSpec {
+        session_lease: Duration::from_secs(3),
+        ..replicated(3, Backend::Tcp)
+    })
+    .unwrap();
+    let fs = cluster.client().unwrap();
+    let files = write_files(&fs);
+    assert_eq!(under_replicated(&cluster), 0);
+    let before = status(&cluster);
+    assert_eq!(before.data_servers.len(), 3);
+    let sessions = |s: &proto::status::ClusterStatus| -> Vec<u64> {
+        s.sessions.iter().map(|s| s.id).collect()
+    };
+    // The client's session is the oldest (the checks' RPC clients come and go).
+    let client_session = before.sessions.iter().max_by_key(|s| s.age_ms).unwrap().id;
+
+    let epoch = cluster.meta().layout_epoch();
+    cluster.meta().hold_state_lock(Duration::from_secs(7));
+
+    // The data servers gave up on their calls during the stall, were marked down, and
+    // registered again: six moves of the layout.
+    wait_until(
+        Duration::from_secs(30),
+        "the data servers marked down and registered again",
+        || cluster.meta().layout_epoch() >= epoch + 6 && live_data_servers(&cluster) == 3,
+    );
+    assert_eq!(
+        under_replicated(&cluster),
+        0,
+        "replicas were dropped after the meta server's own stall"
+    );
+    // The session is still this one's: its next write needs no new session.
+    let me = fs_client::CitronFs::process_caller();
+    let (ino, data) = &files[0];
+    let fh = fs.open(me, *ino, libc::O_RDWR).unwrap();
+    fs.write(fh, 0, &data[..4096]).unwrap();
+    fs.release(fh).unwrap();
+    assert!(
+        sessions(&status(&cluster)).contains(&client_session),
+        "the client's session ended"
+    );
+    assert_read_back(&cluster, &files);
+    drop(fs);
+}
