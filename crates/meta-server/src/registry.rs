@@ -168,25 +168,44 @@ impl LiveServers {
     }
 }
 
+/// Finds live server `id`'s endpoint and region ([`LiveServers::endpoint`]).
+type FindEndpoint<'a> = Box<dyn FnMut(u32) -> Result<(SharedEndpoint, RegionId), FsError> + 'a>;
+
 /// One-sided reads and writes of replicas' blocks on the live data servers, through the
 /// registry's endpoints, for the consistency checker's replica checks
 /// ([`crate::replica_check`]); a server not connected is an error.
 pub(crate) struct ReplicaEndpoints<'a> {
-    live: &'a LiveServers,
+    /// Finds a live server's endpoint and region.
+    find: FindEndpoint<'a>,
     /// Bytes of a layout unit (a block's index is in units).
     unit: u64,
 }
 
 impl LiveServers {
-    /// Reads and writes of replicas' blocks through these servers' endpoints.
+    /// Reads and writes of replicas' blocks through these servers' endpoints (the caller
+    /// holds the state lock throughout).
     pub fn replica_io(&self, unit: u64) -> ReplicaEndpoints<'_> {
-        ReplicaEndpoints { live: self, unit }
+        ReplicaEndpoints {
+            find: Box::new(move |id| self.endpoint(id)),
+            unit,
+        }
+    }
+}
+
+impl<'a> ReplicaEndpoints<'a> {
+    /// Reads and writes of replicas' blocks through the endpoints of the servers live in
+    /// `state`, the state lock taken only to find each one's.
+    pub fn looked_up<S: AsMut<LiveServers>>(state: &'a Mutex<S>, unit: u64) -> Self {
+        ReplicaEndpoints {
+            find: Box::new(move |id| lock(state).as_mut().endpoint(id)),
+            unit,
+        }
     }
 }
 
 impl crate::replica_check::ReplicaIo for ReplicaEndpoints<'_> {
     fn read(&mut self, loc: ChunkLoc, offset: u64, buf: &mut [u8]) -> Result<(), FsError> {
-        let (endpoint, region) = self.live.endpoint(loc.server)?;
+        let (endpoint, region) = (self.find)(loc.server)?;
         let mut ep = lock(&endpoint);
         let piece = ep.capabilities().max_io_bytes.clamp(8, 1 << 20);
         let base = loc.index * self.unit + offset;
@@ -198,7 +217,7 @@ impl crate::replica_check::ReplicaIo for ReplicaEndpoints<'_> {
     }
 
     fn write(&mut self, loc: ChunkLoc, offset: u64, data: &[u8]) -> Result<(), FsError> {
-        let (endpoint, region) = self.live.endpoint(loc.server)?;
+        let (endpoint, region) = (self.find)(loc.server)?;
         let mut ep = lock(&endpoint);
         let piece = ep.capabilities().max_io_bytes.clamp(8, 1 << 20);
         let base = loc.index * self.unit + offset;

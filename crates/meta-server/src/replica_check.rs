@@ -8,7 +8,10 @@
 //! Only at rest for the file: a write goes to every replica under the file's exclusive range
 //! lock, so while a lock on the file may be held the replicas may differ for a moment, by
 //! design. A file open nowhere has no lock (locks live in the open-file table), and none can be
-//! opened while the checker runs (the service holds its state lock, which every open takes).
+//! opened while the service holds its state lock, which every open takes. The service runs
+//! [`check`] twice: without that lock on a snapshot (differences found are only candidates:
+//! a file may be opened and written meanwhile), then under it with [`Scope::only`] naming the
+//! candidates, which are compared again (and repaired) on a fresh snapshot.
 //! An open file is compared only when the caller says no client is active (`at_rest`) and its
 //! lock inspects at rest; otherwise it is skipped, and the report says so
 //! (`FsckReport::replicas_not_compared`). A replica whose read fails (its server gone
@@ -73,6 +76,9 @@ pub(crate) struct Scope<'a> {
     pub live: &'a HashSet<u32>,
     /// Files not to compare (nor repair), and why.
     pub skip: &'a BTreeMap<Ino, String>,
+    /// When given, the only chunks to compare (nor repair); every chunk is still counted for
+    /// under-replication.
+    pub only: Option<&'a HashSet<(Ino, u64)>>,
     /// The largest read or write the I/O takes.
     pub piece: usize,
     /// Copy the reference replica over replicas that differ.
@@ -136,7 +142,11 @@ pub(crate) fn check(
             *n += 1;
             *fewest = (*fewest).min(live_replicas.len() as u32);
         }
-        if replicas.len() < 2 || live_replicas.len() < 2 || skip.contains_key(&ino) {
+        if replicas.len() < 2
+            || live_replicas.len() < 2
+            || skip.contains_key(&ino)
+            || scope.only.is_some_and(|only| !only.contains(&(ino, chunk)))
+        {
             continue;
         }
         out.compared += 1;
@@ -411,6 +421,7 @@ mod tests {
         let scope = Scope {
             live: &live,
             skip,
+            only: None,
             piece: 1000,
             repair,
         };
@@ -456,6 +467,56 @@ mod tests {
         );
     }
 
+    /// With `only`, chunks outside it are neither compared nor repaired (the second pass of
+    /// the service's check compares only what the first found), yet every chunk is counted
+    /// for under-replication.
+    #[test]
+    fn only_the_chunks_named_are_compared_and_every_one_is_counted() {
+        let (_dir, store, r, mut mem) = replicated();
+        for chunk in [0, 2] {
+            let second = store.chunk_at(r, chunk).unwrap().unwrap().as_slice()[1];
+            mem.write(second, 7, &[0xEE]).unwrap();
+        }
+        let image = store.image().unwrap();
+        let skip = BTreeMap::new();
+        let only: HashSet<(Ino, u64)> = [(r, 2)].into();
+        let check_only = |live: &HashSet<u32>, repair, mem: &mut Memory| {
+            let scope = Scope {
+                live,
+                skip: &skip,
+                only: Some(&only),
+                piece: 1000,
+                repair,
+            };
+            check(&image, store.layout(), &scope, |_| Ok(2), mem).unwrap()
+        };
+        let out = check_only(&[0, 1].into(), true, &mut mem);
+        assert_eq!(out.compared, 1);
+        assert!(
+            matches!(
+                out.findings.as_slice(),
+                [Finding::ReplicasDiffer { chunk: 2, .. }]
+            ),
+            "{:#?}",
+            out.findings
+        );
+        assert_eq!(out.repairs.len(), 1);
+        // Chunk 0 was not looked at: it still differs.
+        let all = run(&store, &[0, 1], &BTreeMap::new(), &mut mem, false);
+        assert!(
+            matches!(
+                all.findings.as_slice(),
+                [Finding::ReplicasDiffer { chunk: 0, .. }]
+            ),
+            "{:#?}",
+            all.findings
+        );
+        // With a server away, every chunk is under-replicated, named or not.
+        let out = check_only(&[0].into(), false, &mut mem);
+        assert_eq!(out.under_replicated, 3);
+        assert_eq!(out.compared, 0);
+    }
+
     /// [`Memory`] whose reads of one server fail.
     struct Failing(Memory, u32);
 
@@ -480,6 +541,7 @@ mod tests {
         let scope = Scope {
             live: &live,
             skip: &skip,
+            only: None,
             piece: 1000,
             repair: true,
         };

@@ -1204,8 +1204,12 @@ impl Service {
     /// namespace change, chunk allocation or recycling runs between its scans. Locks are
     /// inspected when the caller says nothing is in flight (`at_rest`) or no session but the
     /// caller's is connected. Chunks freed by repairs are zeroed and recycled afterwards.
-    /// Replicas are compared (and with `repair` made to agree) first, by [`Self::check_replicas`].
+    /// Replicas are compared (and with `repair` made to agree) first, by
+    /// [`Self::check_replicas`], mostly without the state lock.
     fn fsck(&self, session: u64, options: FsckOptions) -> Result<FsckReport, FsError> {
+        // Replicas first, on their own reads of the database: what the namespace repairs
+        // below free is not compared.
+        let replicas = self.check_replicas(session, options)?;
         let mut st = lock(&self.state);
         let others = st.sessions.others_than(session);
         let at_rest = options.at_rest || others == 0;
@@ -1227,9 +1231,6 @@ impl Service {
             }
             self.check_locks(&state.borrow().open, reset)
         };
-        // Replicas first, on their own reads of the database: what the namespace repairs
-        // below free is not compared.
-        let replicas = self.check_replicas(&state.borrow(), at_rest, options.repair)?;
         let (mut report, freed) = crate::fsck::run(&self.store, options, live, locks)?;
         report.counts.replicated_chunks = replicas.outcome.compared;
         report.counts.under_replicated = replicas.outcome.under_replicated;
@@ -1270,47 +1271,80 @@ impl Service {
         Ok(report)
     }
 
-    /// The consistency checker's replica checks ([`crate::replica_check`]) under the state
-    /// lock (`st`): files open nowhere are compared; open files only `at_rest` and where their
-    /// lock inspects at rest; the others are listed as not compared.
-    fn check_replicas(
-        &self,
-        st: &State,
-        at_rest: bool,
-        repair: bool,
-    ) -> Result<ReplicaChecks, FsError> {
-        let mut skip: BTreeMap<Ino, String> = BTreeMap::new();
-        let open = st.open.inos();
-        if at_rest {
-            let (findings, _, _) = self.check_locks(&st.open, false);
-            for finding in findings {
-                if let Some(ino) = finding.ino() {
-                    skip.insert(
-                        ino,
-                        "its range lock is held (or cannot be inspected)".into(),
-                    );
-                }
-            }
-        } else {
-            for ino in open {
-                skip.insert(
-                    ino,
-                    "it is open and clients are active (no --at-rest): its lock may be held".into(),
-                );
-            }
-        }
-        let image = self.store.image()?;
+    /// The consistency checker's replica checks ([`crate::replica_check`]): files open
+    /// nowhere are compared; open files only `at_rest` and where their lock inspects at rest;
+    /// the others are listed as not compared.
+    ///
+    /// In two passes, so that reading every replica of a large namespace does not hold the
+    /// state lock (every metadata call, and the data servers' registrations, wait for it; a
+    /// check that held it for 15 s once made the meta server believe every data server gone):
+    /// 1. without the state lock, on a snapshot of the database taken under it, every chunk
+    ///    is compared (never repaired). Meanwhile a file may be opened and written, or a chunk
+    ///    freed and its block given to another file, so a difference found here is only a
+    ///    candidate;
+    /// 2. under the state lock, on a fresh snapshot, the candidates alone are compared again
+    ///    (and with `repair` made to agree) where their files are still at rest, and the
+    ///    under-replicated chunks counted. No file can be opened meanwhile.
+    fn check_replicas(&self, session: u64, options: FsckOptions) -> Result<ReplicaChecks, FsError> {
         let layout = self.store.layout();
-        let live = st.live.id_set();
-        let scope = crate::replica_check::Scope {
-            live: &live,
-            skip: &skip,
-            piece: crate::replica_check::PIECE,
-            repair,
-        };
         let factor = |ino| self.store.replicas_of(ino, self.settings.replicas);
+        let (image, live, skip) = {
+            let st = lock(&self.state);
+            let at_rest = options.at_rest || st.sessions.others_than(session) == 0;
+            (
+                self.store.image()?,
+                st.live.id_set(),
+                self.replica_skip(&st, at_rest),
+            )
+        };
+        let mut io = crate::registry::ReplicaEndpoints::looked_up(&self.state, layout.unit());
+        let first = crate::replica_check::check(
+            &image,
+            layout,
+            &crate::replica_check::Scope {
+                live: &live,
+                skip: &skip,
+                only: None,
+                piece: crate::replica_check::PIECE,
+                repair: false,
+            },
+            factor,
+            &mut io,
+        )?;
+        drop(io);
+        let candidates: HashSet<(Ino, u64)> = first
+            .findings
+            .iter()
+            .filter_map(|f| match *f {
+                Finding::ReplicasDiffer { ino, chunk, .. } => Some((ino, chunk)),
+                _ => None,
+            })
+            .collect();
+        let st = lock(&self.state);
+        let at_rest = options.at_rest || st.sessions.others_than(session) == 0;
+        let image = self.store.image()?;
+        let live = st.live.id_set();
+        let skip_now = self.replica_skip(&st, at_rest);
         let mut io = st.live.replica_io(layout.unit());
-        let outcome = crate::replica_check::check(&image, layout, &scope, factor, &mut io)?;
+        let mut outcome = crate::replica_check::check(
+            &image,
+            layout,
+            &crate::replica_check::Scope {
+                live: &live,
+                skip: &skip_now,
+                only: Some(&candidates),
+                piece: crate::replica_check::PIECE,
+                repair: options.repair,
+            },
+            factor,
+            &mut io,
+        )?;
+        drop(io);
+        drop(st);
+        outcome.compared = first.compared;
+        let mut failed = first.failed;
+        failed.append(&mut outcome.failed);
+        outcome.failed = failed;
         // Only the files that have chunks of several replicas are worth saying.
         let mut per_chunk: HashMap<(Ino, u64), usize> = HashMap::new();
         for &(ino, chunk, _) in &image.chunks {
@@ -1321,7 +1355,14 @@ impl Service {
             .filter(|&(_, n)| n > 1)
             .map(|((ino, _), _)| ino)
             .collect();
-        let not_compared = skip
+        let candidate_files: HashSet<Ino> = candidates.iter().map(|&(ino, _)| ino).collect();
+        let mut not_compared = skip;
+        for (ino, why) in skip_now {
+            if candidate_files.contains(&ino) {
+                not_compared.entry(ino).or_insert(why);
+            }
+        }
+        let not_compared = not_compared
             .into_iter()
             .filter(|(ino, _)| replicated.contains(ino))
             .chain(
@@ -1336,6 +1377,31 @@ impl Service {
             outcome,
             not_compared,
         })
+    }
+
+    /// The files whose replicas the checker must not compare now, and why: with `at_rest`,
+    /// those whose lock is held (or cannot be inspected); otherwise every open file.
+    fn replica_skip(&self, st: &State, at_rest: bool) -> BTreeMap<Ino, String> {
+        let mut skip: BTreeMap<Ino, String> = BTreeMap::new();
+        if at_rest {
+            let (findings, _, _) = self.check_locks(&st.open, false);
+            for finding in findings {
+                if let Some(ino) = finding.ino() {
+                    skip.insert(
+                        ino,
+                        "its range lock is held (or cannot be inspected)".into(),
+                    );
+                }
+            }
+        } else {
+            for ino in st.open.inos() {
+                skip.insert(
+                    ino,
+                    "it is open and clients are active (no --at-rest): its lock may be held".into(),
+                );
+            }
+        }
+        skip
     }
 
     /// Inspects the lock of every open file, at rest (no client holds or waits): what is busy
