@@ -12,6 +12,10 @@
 //!   to ENDED ([`post_ended`]) — only when it is done (or sent nothing) and its lease is still
 //!   ahead, as a data verb would be posted: a change that failed after part of it was sent, or
 //!   a holder past its lease, leaves its record. Files of one replica never touch the words.
+//!   Where the lock scheme runs an acquisition's carried verbs once, after the grant (CITRON
+//!   at the host), a write of a file seen replicated claims its first slot to try in the
+//!   grant itself ([`claim_in_grant`]), and its release's undo rides in a posted release
+//!   (`lockmgr::RangeLock::release_forgetting`): no round trip of their own.
 //! - Every locked I/O reads them in its lock's granting batch (`fcb::FcbReads`, no round trip of
 //!   its own). A slot set over units that overlap the holder's is a cut write: a live writer's
 //!   slot lies inside its own lock, which excludes every other holder of those units. So the
@@ -56,9 +60,75 @@ fn slot_addr(fcb: RemoteAddr, i: usize) -> RemoteAddr {
     fcb.add(fcb::SLOTS + 8 * i as u64)
 }
 
+/// Where writers of one file start their search for a free slot: clients by session, the
+/// threads of one client by the range they hold (writers of one range never hold it
+/// together), so that concurrent writers rarely race for one slot and fall back to BEGUN,
+/// which sends every other I/O of the file to the whole-file lock.
+fn first_slot(session: u64, units: &Range<u64>) -> usize {
+    (session as usize)
+        .wrapping_add(units.start as usize)
+        .wrapping_add((units.start >> 16) as usize)
+}
+
+/// A slot claim carried in a lock's acquisition ([`claim_in_grant`]).
+pub(crate) struct GrantClaim {
+    cas: fabric::AtomicHandle,
+    addr: RemoteAddr,
+    value: u64,
+}
+
+/// For a write under an exclusive lock of `units` on a file seen replicated: when the scheme
+/// executes an acquisition's carried verbs once, after the grant
+/// (`lockmgr::RangeLock::extra_runs_once_granted`), appends to `extra` the CAS that claims the
+/// record's first slot to try (from 0 to the units), so that the record costs no round trip of
+/// its own. The grant's FCB reads come before it in `extra`, so they show the slot as it was.
+/// [`GrantClaim::made`] says whether it took.
+pub(crate) fn claim_in_grant(
+    w: &Worker,
+    inode: &OpenInode,
+    units: &Range<u64>,
+    extra: &mut Batch,
+) -> Option<GrantClaim> {
+    if !inode.replicated.load(std::sync::atomic::Ordering::Relaxed) {
+        return None;
+    }
+    let value = fcb::pack_slot(units.clone())?;
+    let addr = slot_addr(
+        inode.fcb,
+        first_slot(w.view.session(), units) % fcb::SLOT_COUNT,
+    );
+    let cas = extra.cas(addr, 0, value);
+    Some(GrantClaim { cas, addr, value })
+}
+
+impl GrantClaim {
+    /// The record the claim made, read from the granted acquisition's results: the slot, if
+    /// it was free.
+    pub(crate) fn made(&self, out: &fabric::Completions) -> Option<Made> {
+        (out.old(self.cas) == 0).then_some(Made::Slot {
+            addr: self.addr,
+            value: self.value,
+        })
+    }
+}
+
+/// Appends to `release` the verb that undoes `made` (a claim in a grant given back unused).
+pub(crate) fn undo(made: Made, inode: &OpenInode, release: &mut Batch) {
+    match made {
+        Made::Slot { addr, value } => {
+            release.cas(addr, value, 0);
+        }
+        Made::Counted => {
+            release.faa(inode.fcb.add(fcb::ENDED), 1);
+        }
+    }
+}
+
 /// After the grant (and any repair) of a lock of `units` on `inode`, with `found` the FCB
 /// words to go on with: under an exclusive lock, lets the changes record themselves
-/// ([`before_write`]); a shared lock's body writes nothing, and records nothing.
+/// ([`before_write`]); a shared lock's body writes nothing, and records nothing. A record
+/// the grant made already ([`claim_in_grant`], put in `w.cut.made` by the caller) is the
+/// changes' own.
 pub(crate) fn arm(
     w: &mut Worker,
     inode: &OpenInode,
@@ -66,7 +136,6 @@ pub(crate) fn arm(
     found: &Fcb,
     exclusive: bool,
 ) {
-    w.cut.made = None;
     w.cut.armed = exclusive.then(|| Armed {
         fcb: inode.fcb,
         units,
@@ -108,13 +177,7 @@ pub(crate) fn before_write(
     // replicas that agree.
     w.check_lease_before_post()?;
     if let Some(value) = value {
-        // Writers of one file start their search at different slots: clients by session, the
-        // threads of one client by the range they hold (writers of one range never hold it
-        // together), so that concurrent writers rarely race for one slot and fall back to
-        // BEGUN, which sends every other I/O of the file to the whole-file lock.
-        let first = (w.view.session() as usize)
-            .wrapping_add(armed.units.start as usize)
-            .wrapping_add((armed.units.start >> 16) as usize);
+        let first = first_slot(w.view.session(), &armed.units);
         for _ in 0..CLAIM_TRIES {
             let Some(i) = (0..fcb::SLOT_COUNT)
                 .map(|k| (first + k) % fcb::SLOT_COUNT)
@@ -158,14 +221,7 @@ pub(crate) fn post_ended(
     if failed_partway || w.check_lease_before_post().is_err() {
         return;
     }
-    match made {
-        Made::Slot { addr, value } => {
-            release.cas(addr, value, 0);
-        }
-        Made::Counted => {
-            release.faa(inode.fcb.add(fcb::ENDED), 1);
-        }
-    }
+    undo(made, inode, release);
 }
 
 /// The units a holder of `units` must hold exclusively before it may go on, given the FCB

@@ -291,6 +291,10 @@ pub(crate) struct OpenInode {
     pub(crate) chunks: ChunkCache,
     /// Set at the last close: workers drop their lock handles on it.
     pub(crate) closed: AtomicBool,
+    /// Set once a write of it recorded itself (it met a chunk of two or more replicas,
+    /// `cut_repair::before_write`): later writes claim their record's slot in the lock's grant where the scheme allows
+    /// (`cut_repair::claim_in_grant`).
+    pub(crate) replicated: AtomicBool,
 }
 
 /// What a file handle stands for.
@@ -464,6 +468,7 @@ impl HandleTable {
             lock: opened.lock,
             chunks: ChunkCache::new(ino, opened.attr.generation),
             closed: AtomicBool::new(false),
+            replicated: AtomicBool::new(false),
         })
     }
 

@@ -20,7 +20,7 @@ use crate::error::Error;
 use crate::fcb::{check_owner, finish_mtime_raise, Fcb, FcbReads, MtimeRaise};
 use crate::handles::OpenInode;
 use crate::locks::file_range;
-use crate::workers::Worker;
+use crate::workers::{Made, Worker};
 use lockmgr::{LockId, LockMode, LockStats};
 use std::ops::Range;
 use std::sync::Arc;
@@ -67,7 +67,10 @@ pub(crate) fn locked<T>(
     let io = &inner.io;
     let before = io.start(w);
     let lock_before = w.locks.handle(&w.view, inode)?.stats();
-    let (mut id, mut found, mut mode) = grant(w, inode, units.clone(), mode)?;
+    // A write of a file seen replicated claims its record's slot in the grant, where the
+    // scheme runs carried verbs once granted (`cut_repair::claim_in_grant`).
+    let claim = touch.is_some() && mode == LockMode::Exclusive;
+    let (mut id, mut found, mut mode, mut claimed) = grant(w, inode, units.clone(), mode, claim)?;
     let mut held = units;
     // A replicated write cut by its writer's death or lost lease (`cut_repair`): a slot set
     // over these units, or BEGUN ≠ ENDED. Trade this lock for the exclusive one the repair
@@ -82,10 +85,13 @@ pub(crate) fn locked<T>(
             Some(need) if mode == LockMode::Exclusive && covers(&held, &need) => break,
             Some(need) => need,
         };
-        release_plain(w, inode, id)?;
+        release_plain(w, inode, id, claimed.take())?;
         held = wider;
-        (id, found, mode) = grant(w, inode, held.clone(), LockMode::Exclusive)?;
+        (id, found, mode, claimed) = grant(w, inode, held.clone(), LockMode::Exclusive, false)?;
     }
+    // A claim the grant made is the record of whatever this lock's body changes: its release
+    // undoes it (`cut_repair::post_ended`), on every path.
+    w.cut.made = claimed;
     let touch_at_release = match w.locks.handle(&w.view, inode)?.release_carries_verbs() {
         true => touch,
         false => None,
@@ -130,6 +136,11 @@ pub(crate) fn locked<T>(
     // The end of a replicated write's record rides at the head of the release, while the
     // lease is still ahead; a change that failed after part of it was sent leaves it.
     let failed_partway = result.is_err() && w.changed;
+    if w.cut.made.is_some() {
+        inode
+            .replicated
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
     crate::cut_repair::post_ended(w, &mut extra, inode, failed_partway);
     w.lease = None;
     w.changed = false;
@@ -139,9 +150,13 @@ pub(crate) fn locked<T>(
     let meta_ep = &mut *w.meta_ep;
     let mut lock_rtts = 0;
     let released = w.locks.handle(&w.view, inode).and_then(|l| {
-        let released = l
-            .release_with(id, &extra, &mut out, meta_ep)
-            .map_err(Error::lock(inode.ino));
+        // Nothing carried whose result is read (the record's end): where the release is
+        // posted, it goes in the posted call.
+        let released = match raise {
+            None => l.release_forgetting(id, &extra, meta_ep),
+            Some(_) => l.release_with(id, &extra, &mut out, meta_ep),
+        }
+        .map_err(Error::lock(inode.ino));
         lock_rtts = lock_round_trips(&l.stats()) - lock_round_trips(&lock_before);
         released
     });
@@ -168,27 +183,35 @@ fn grant(
     inode: &Arc<OpenInode>,
     units: Range<u64>,
     mode: LockMode,
-) -> Result<(LockId, Fcb, LockMode), Error> {
-    let range = file_range(w.locks.scheme(), inode.ino, units)?;
+    claim: bool,
+) -> Result<(LockId, Fcb, LockMode, Option<Made>), Error> {
+    let range = file_range(w.locks.scheme(), inode.ino, units.clone())?;
     let mut extra = std::mem::take(&mut w.batch);
     let mut out = std::mem::take(&mut w.out);
     extra.clear();
     let reads = FcbReads::post(&mut extra, inode);
+    let once = w.locks.handle(&w.view, inode)?.extra_runs_once_granted();
+    let claim = (claim && once)
+        .then(|| crate::cut_repair::claim_in_grant(w, inode, &units, &mut extra))
+        .flatten();
     let lock = w.locks.handle(&w.view, inode)?;
     let acquired = lock
         .acquire_mode_with(range, mode, &extra, &mut out, &mut *w.meta_ep)
         .map(|id| (id, lock.lease_deadline(id)));
     // The reads' results are there only when the lock was granted (a failed acquisition may
     // have executed no batch that carried them).
-    let granted = acquired.map(|held| (held, reads.decode(&out)));
+    let granted = acquired.map(|held| {
+        let claimed = claim.as_ref().and_then(|c| c.made(&out));
+        (held, reads.decode(&out), claimed)
+    });
     w.batch = extra;
     w.out = out;
     match granted {
-        Ok(((id, lease), found)) => {
+        Ok(((id, lease), found, claimed)) => {
             w.lease = lease;
             w.changed = false;
             w.cut = Default::default();
-            Ok((id, found, mode))
+            Ok((id, found, mode, claimed))
         }
         Err(e) => {
             w.broken = true;
@@ -197,16 +220,24 @@ fn grant(
     }
 }
 
-/// Releases lock `id` of `inode` with nothing carried (a grant given back before any body ran);
-/// a failure marks the worker broken.
-fn release_plain(w: &mut Worker, inode: &Arc<OpenInode>, id: LockId) -> Result<(), Error> {
+/// Releases lock `id` of `inode`, a grant given back before any body ran, carrying only the
+/// undoing of `claimed` (a claim its grant made); a failure marks the worker broken.
+fn release_plain(
+    w: &mut Worker,
+    inode: &Arc<OpenInode>,
+    id: LockId,
+    claimed: Option<Made>,
+) -> Result<(), Error> {
     w.lease = None;
     let mut extra = std::mem::take(&mut w.batch);
-    let mut out = std::mem::take(&mut w.out);
+    let out = std::mem::take(&mut w.out);
     extra.clear();
+    if let Some(made) = claimed {
+        crate::cut_repair::undo(made, inode, &mut extra);
+    }
     let meta_ep = &mut *w.meta_ep;
     let released = w.locks.handle(&w.view, inode).and_then(|l| {
-        l.release_with(id, &extra, &mut out, meta_ep)
+        l.release_forgetting(id, &extra, meta_ep)
             .map_err(Error::lock(inode.ino))
     });
     w.batch = extra;

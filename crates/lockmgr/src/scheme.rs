@@ -224,6 +224,41 @@ pub trait RangeLock: Send {
         released
     }
 
+    /// Whether [`RangeLock::acquire_with`] (and [`RangeLock::acquire_mode_with`]) executes
+    /// `extra` exactly once, after the grant and only with it, so that verbs that change memory
+    /// (a CAS claiming something under the lock) may ride in it. `false` (this default, and the
+    /// schemes that carry `extra` in their own batches): `extra` may also execute in batches
+    /// that ended in an abort or a wait, before the lock was this client's, so it must only
+    /// read. `true`: CITRON acquired at the host (the host executes `extra` after its grant)
+    /// and the schemes that execute it on `fallback` after the grant.
+    fn extra_runs_once_granted(&self) -> bool {
+        false
+    }
+
+    /// [`RangeLock::release_with`] for verbs whose results nobody reads: a caller's
+    /// bookkeeping whose loss a later holder makes good (the end of a record that, left, only
+    /// makes the next holder repair what needs no repair). Executed before the release verbs,
+    /// as `release_with` does. Where the release is posted without waiting (CITRON at a host
+    /// that takes carried verbs in a posted release, [`RangeLock::release_forgets_for_free`]),
+    /// `extra` rides in that posted call and costs no round trip; this default is
+    /// `release_with`. If `extra` fails there, the release does not run either and the lock is
+    /// recovered as a dead holder's when its lease runs out.
+    fn release_forgetting(
+        &mut self,
+        id: LockId,
+        extra: &Batch,
+        fallback: &mut dyn Endpoint,
+    ) -> Result<(), LockError> {
+        self.release_with(id, extra, &mut Completions::new(), fallback)
+    }
+
+    /// Whether [`RangeLock::release_forgetting`] costs no round trip for its `extra`: the
+    /// release carries verbs anyway ([`RangeLock::release_carries_verbs`]), or it is posted
+    /// with them.
+    fn release_forgets_for_free(&self) -> bool {
+        self.release_carries_verbs()
+    }
+
     /// Whether [`RangeLock::release_with`] carries its `extra` in a round trip the release
     /// takes anyway (`true`: the schemes whose release is one-sided verbs on the memory `extra`
     /// addresses), so that verbs a caller can leave to the release cost nothing there. `false`

@@ -389,6 +389,47 @@ fn carried_verbs_travel_in_the_host_calls() {
     assert_eq!(fallback.stats().round_trips, 0, "nothing went another way");
 }
 
+/// Verbs whose results nobody reads ride in the posted release at the host
+/// (`RangeLock::release_forgetting`): no round trip at all, executed before the release. And an
+/// acquisition's carried verbs run at the host once, after its grant
+/// (`RangeLock::extra_runs_once_granted`): a CAS may claim something there.
+#[test]
+fn a_hosted_release_posts_verbs_it_forgets_and_a_grant_runs_carried_changes_once() {
+    let (_fabric, connector, created) = start(Backend::Tcp, true);
+    let word = RemoteAddr::new(DATA, 16);
+    let mut other = connector.connect().unwrap();
+    let mut lock = open(&connector, &created, Hosting::Always, None).unwrap();
+    assert!(lock.extra_runs_once_granted());
+    assert!(lock.release_forgets_for_free());
+    let mut fallback = connector.connect().unwrap();
+    let mut extra = Batch::new();
+    let claim = extra.cas(word, 0, 7);
+    let mut out = Completions::new();
+    let id = lock
+        .acquire_with(0..64, &extra, &mut out, &mut *fallback)
+        .unwrap();
+    assert_eq!(out.old(claim), 0, "the claim ran once, with the grant");
+    assert_eq!(other.read_u64(word).unwrap(), 7);
+    let mut undo = Batch::new();
+    undo.cas(word, 7, 0);
+    lock.release_forgetting(id, &undo, &mut *fallback).unwrap();
+    // The release and its verbs are posted together; the verbs ran first, and the lock is
+    // free once the release landed.
+    wait_at_rest(&connector, "the posted release with verbs");
+    assert_eq!(other.read_u64(word).unwrap(), 0, "the carried CAS ran");
+    let stats = lock.stats();
+    assert_eq!(
+        (stats.acquire.round_trips, stats.release.round_trips),
+        (1, 0),
+        "one call to acquire and claim; the release and its verbs posted"
+    );
+    assert_eq!(fallback.stats().round_trips, 0, "nothing went another way");
+    // One-sided, carried verbs ride in every batch of an acquisition, granting or not: a
+    // caller must not put a change there.
+    let one_sided = open(&connector, &created, Hosting::Never, None).unwrap();
+    assert!(!one_sided.extra_runs_once_granted());
+}
+
 /// A host that can fence hosts clients that have a fence, and fences as the waiting client
 /// (its connection's session), never calling the client's own fence, before it breaks the hold
 /// of a holder whose connection went away: an exclusive hold (the leaf's bits) or a shared one

@@ -619,6 +619,11 @@ impl RangeLock for LockServerClient {
         crate::scheme::EXCLUSIVE_AND_SHARED
     }
 
+    /// The trait's `acquire_with` executes `extra` on its fallback after the grant, once.
+    fn extra_runs_once_granted(&self) -> bool {
+        true
+    }
+
     fn acquire_mode(&mut self, range: Range<u64>, mode: LockMode) -> Result<LockId, LockError> {
         check_range(&range)?;
         let started = Instant::now();

@@ -139,6 +139,31 @@ enum Call {
         mode: LockMode,
         extra: Vec<u8>,
     },
+    /// [`Call::Open`], answered [`Answer::OpenedWith`], which says what this host takes
+    /// beyond the calls above. A host from before it cannot decode it and fails the call; the
+    /// client then sends [`Call::Open`] and uses none of them.
+    OpenWith {
+        scheme: String,
+        base: RemoteAddr,
+        options: HostOptions,
+        fenced: bool,
+        allocator: Option<u64>,
+    },
+    /// [`Call::PostedRelease`] that first executes `extra` (a batch in the tcp wire's
+    /// encoding) at the host, its results dropped (`RangeLock::release_forgetting`). Sent only
+    /// to a host whose [`HostFeatures::posted_release_carries`] said it takes it.
+    PostedReleaseWith {
+        base: RemoteAddr,
+        id: u64,
+        extra: Vec<u8>,
+    },
+}
+
+/// What a host takes beyond the calls of hosts from before [`Call::OpenWith`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct HostFeatures {
+    /// [`Call::PostedReleaseWith`].
+    posted_release_carries: bool,
 }
 
 /// What the host's client counted during one call (everything a client's statistics hold but
@@ -217,6 +242,8 @@ enum Answer {
         mode: LockMode,
         grant: Grant,
     },
+    /// [`Call::OpenWith`] opened, with what this host takes.
+    OpenedWith(HostFeatures),
 }
 
 /// The procedure a `tcp` fabric server offers so that CITRON clients can acquire at the host
@@ -378,6 +405,48 @@ impl HostSession {
         Ok(client.stats().since(&before))
     }
 
+    /// Opens (or reopens) the lock at `base`, described by `scheme`, for this connection
+    /// ([`Call::Open`]).
+    fn open(
+        &mut self,
+        scheme: &str,
+        base: RemoteAddr,
+        options: HostOptions,
+        fenced: bool,
+        allocator: Option<u64>,
+    ) -> fabric::Result<()> {
+        let spec = match scheme.parse::<LockScheme>() {
+            Ok(LockScheme::Citron(spec)) => spec,
+            Ok(other) => {
+                return Err(FabricError::Procedure(format!(
+                    "{other} is not a CITRON lock"
+                )))
+            }
+            Err(e) => return Err(FabricError::Procedure(e.to_string())),
+        };
+        let mut client_options = options.client_options();
+        if fenced {
+            let Some(fence) = &self.fence else {
+                return Err(FabricError::Procedure(
+                    "this host cannot fence on its clients' behalf; acquire one-sided".into(),
+                ));
+            };
+            client_options.fence = Some(fence.clone());
+            // Waiters ask the fence about holders by this identity: the session the
+            // fence revokes.
+            client_options.owner = Some(self.session);
+        }
+        let allocator = match (allocator, &self.allocate) {
+            (Some(tag), Some(allocate)) => Some(allocate(tag)),
+            _ => None,
+        };
+        let client = spec
+            .open(base, &*self.host, &client_options, allocator.as_ref())
+            .map_err(failed)?;
+        self.locks.insert(base, client);
+        Ok(())
+    }
+
     fn lock(&mut self, base: RemoteAddr) -> fabric::Result<&mut CitronClient> {
         self.locks.get_mut(&base).ok_or_else(|| {
             FabricError::Procedure(format!("lock at {base:?} not opened on this connection"))
@@ -423,37 +492,20 @@ impl ProcedureSession for HostSession {
                 fenced,
                 allocator,
             } => {
-                let spec = match scheme.parse::<LockScheme>() {
-                    Ok(LockScheme::Citron(spec)) => spec,
-                    Ok(other) => {
-                        return Err(FabricError::Procedure(format!(
-                            "{other} is not a CITRON lock"
-                        )))
-                    }
-                    Err(e) => return Err(FabricError::Procedure(e.to_string())),
-                };
-                let mut client_options = options.client_options();
-                if fenced {
-                    let Some(fence) = &self.fence else {
-                        return Err(FabricError::Procedure(
-                            "this host cannot fence on its clients' behalf; acquire one-sided"
-                                .into(),
-                        ));
-                    };
-                    client_options.fence = Some(fence.clone());
-                    // Waiters ask the fence about holders by this identity: the session the
-                    // fence revokes.
-                    client_options.owner = Some(self.session);
-                }
-                let allocator = match (allocator, &self.allocate) {
-                    (Some(tag), Some(allocate)) => Some(allocate(tag)),
-                    _ => None,
-                };
-                let client = spec
-                    .open(base, &*self.host, &client_options, allocator.as_ref())
-                    .map_err(failed)?;
-                self.locks.insert(base, client);
+                self.open(&scheme, base, options, fenced, allocator)?;
                 Answer::Opened
+            }
+            Call::OpenWith {
+                scheme,
+                base,
+                options,
+                fenced,
+                allocator,
+            } => {
+                self.open(&scheme, base, options, fenced, allocator)?;
+                Answer::OpenedWith(HostFeatures {
+                    posted_release_carries: true,
+                })
             }
             Call::Acquire {
                 base,
@@ -489,6 +541,14 @@ impl ProcedureSession for HostSession {
                 // Nobody reads the answer of a posted call.
                 return Ok(());
             }
+            Call::PostedReleaseWith { base, id, extra } => {
+                // The verbs first, as a one-sided release's head runs them; if they fail the
+                // lock stays held (the connection closes: lease recovery).
+                self.carry(&extra)?;
+                let spent = self.release(base, id)?;
+                self.unreported.merge(&spent);
+                return Ok(());
+            }
         };
         *result = postcard::to_extend(&answer, std::mem::take(result))
             .map_err(|e| FabricError::Procedure(format!("encode CITRON host answer: {e}")))?;
@@ -502,6 +562,8 @@ impl ProcedureSession for HostSession {
 pub(crate) struct Hosted {
     /// The host's lock ids this client holds, with their lease deadlines.
     held: HashMap<u64, Option<Instant>>,
+    /// What the host takes beyond the first calls (none where it answered [`Call::Open`]).
+    features: HostFeatures,
     args: Vec<u8>,
     reply: Vec<u8>,
 }
@@ -518,16 +580,39 @@ impl CitronClient {
         if !wanted {
             return Ok(());
         }
-        let call = Call::Open {
-            scheme: scheme.to_string(),
-            base: self.base,
-            options: HostOptions::of(&self.opts),
-            fenced: self.opts.fence.is_some(),
-            allocator: self.allocator.host_tag(),
-        };
+        let (scheme, base) = (scheme.to_string(), self.base);
+        let (options, fenced) = (HostOptions::of(&self.opts), self.opts.fence.is_some());
+        let allocator = self.allocator.host_tag();
         let mut hosted = Hosted::default();
-        match host_call(&mut self.ep, &mut hosted, &call) {
+        // A host that tells what it takes; one from before that fails the call, and is asked
+        // the old way.
+        let open_with = Call::OpenWith {
+            scheme: scheme.clone(),
+            base,
+            options: options.clone(),
+            fenced,
+            allocator,
+        };
+        let answer = match host_call(&mut self.ep, &mut hosted, &open_with) {
+            Err(e) if !is_connection_lost(&e) => {
+                let open = Call::Open {
+                    scheme,
+                    base,
+                    options,
+                    fenced,
+                    allocator,
+                };
+                host_call(&mut self.ep, &mut hosted, &open)
+            }
+            answer => answer,
+        };
+        match answer {
             Ok(Answer::Opened) => {
+                self.hosted = Some(hosted);
+                Ok(())
+            }
+            Ok(Answer::OpenedWith(features)) => {
+                hosted.features = features;
                 self.hosted = Some(hosted);
                 Ok(())
             }
@@ -668,6 +753,82 @@ impl CitronClient {
         };
         self.stats.release.add(&self.ep.stats().since(&before));
         result.and(carried)
+    }
+
+    /// [`RangeLock::release_forgetting`] at the host: where the host takes it
+    /// ([`HostFeatures::posted_release_carries`]) and `extra` travels in a call, one posted
+    /// [`Call::PostedReleaseWith`], no round trip at all; else [`Self::release_hosted`].
+    ///
+    /// Why that is safe: the host executes `extra` and then the release, in that order and
+    /// after everything sent before on this endpoint; `extra`'s results are the caller's to
+    /// forgo. If `extra` fails there, the host fails the call: the connection closes, the
+    /// release does not run, and the lock is recovered when its lease runs out, as after a
+    /// posted release that failed.
+    pub(crate) fn release_hosted_forgetting(
+        &mut self,
+        id: LockId,
+        extra: &Batch,
+    ) -> Result<(), LockError> {
+        let carries = self
+            .hosted
+            .as_ref()
+            .is_some_and(|h| h.features.posted_release_carries);
+        if extra.is_empty() || !carries || !travels(extra) {
+            return self.release_hosted(id, extra, &mut Completions::new());
+        }
+        let before = self.ep.stats();
+        let base = self.base;
+        let Some(hosted) = self.hosted.as_mut() else {
+            unreachable!("only called when hosted")
+        };
+        if hosted.held.remove(&id.0).is_none() {
+            return Err(LockError::NotHeld(id));
+        }
+        let call = Call::PostedReleaseWith {
+            base,
+            id: id.0,
+            extra: encode_carried(extra),
+        };
+        encode_call(hosted, &call)?;
+        let result = match self.ep.post_call(PROCEDURE, &hosted.args) {
+            Ok(()) => Ok(()),
+            Err(FabricError::Unsupported(_)) => {
+                // An endpoint that cannot post: the verbs, then the release, each waited for.
+                self.ep.carry_before(extra);
+                let carried = self
+                    .ep
+                    .finish(true, &mut Completions::new())
+                    .map_err(LockError::from);
+                let Some(hosted) = self.hosted.as_mut() else {
+                    unreachable!("only called when hosted")
+                };
+                let released =
+                    match host_call(&mut self.ep, hosted, &Call::Release { base, id: id.0 }) {
+                        Ok(Answer::Released { counts }) => {
+                            counts.add_to(&mut self.stats);
+                            Ok(())
+                        }
+                        Ok(other) => Err(LockError::Config(format!(
+                            "CITRON host answered {other:?} to a release"
+                        ))),
+                        Err(e) => Err(e),
+                    };
+                released.and(carried)
+            }
+            Err(e) => Err(e.into()),
+        };
+        if result.is_ok() {
+            self.stats.releases += 1;
+        }
+        self.stats.release.add(&self.ep.stats().since(&before));
+        result
+    }
+
+    /// Whether [`Self::release_hosted_forgetting`] posts its verbs with the release.
+    pub(crate) fn hosted_release_forgets_for_free(&self) -> bool {
+        self.hosted
+            .as_ref()
+            .is_some_and(|h| h.features.posted_release_carries)
     }
 
     /// The lease deadline of hosted lock `id` (see the module docs).
@@ -887,5 +1048,51 @@ mod tests {
             postcard::from_bytes::<before_modes::Call>(&shared).is_err(),
             "a host from before the modes must fail a shared call, not run it"
         );
+    }
+
+    /// A host from before [`Call::OpenWith`] cannot decode it (so it fails the call, and the
+    /// client opens the old way and posts no [`Call::PostedReleaseWith`]); the old calls and
+    /// answers keep their encoding, so an old client of a new host sees nothing new.
+    #[test]
+    fn the_calls_that_tell_a_host_features_leave_older_peers_alone() {
+        let options = HostOptions::of(&ClientOptions::default());
+        let open_with = postcard::to_allocvec(&Call::OpenWith {
+            scheme: "citron".into(),
+            base: BASE,
+            options: options.clone(),
+            fenced: false,
+            allocator: None,
+        })
+        .unwrap();
+        assert!(postcard::from_bytes::<before_modes::Call>(&open_with).is_err());
+        let posted = postcard::to_allocvec(&Call::PostedReleaseWith {
+            base: BASE,
+            id: 3,
+            extra: vec![1],
+        })
+        .unwrap();
+        assert!(postcard::from_bytes::<before_modes::Call>(&posted).is_err());
+        let open = postcard::to_allocvec(&Call::Open {
+            scheme: "citron".into(),
+            base: BASE,
+            options: options.clone(),
+            fenced: false,
+            allocator: None,
+        })
+        .unwrap();
+        let old_open = postcard::to_allocvec(&before_modes::Call::Open {
+            scheme: "citron".into(),
+            base: BASE,
+            options,
+            fenced: false,
+            allocator: None,
+        })
+        .unwrap();
+        assert_eq!(open, old_open);
+        let opened = postcard::to_allocvec(&Answer::Opened).unwrap();
+        assert!(matches!(
+            postcard::from_bytes::<before_modes::Answer>(&opened),
+            Ok(before_modes::Answer::Opened)
+        ));
     }
 }

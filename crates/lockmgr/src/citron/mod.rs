@@ -852,6 +852,31 @@ impl RangeLock for CitronClient {
         self.hosted.is_none()
     }
 
+    /// At the host: the host executes `extra` after its grant, once. One-sided, `extra` rides
+    /// in every batch of the acquisition, granting or not.
+    fn extra_runs_once_granted(&self) -> bool {
+        self.hosted.is_some()
+    }
+
+    /// At the host, `extra` rides in the posted release where the host takes it
+    /// ([`CitronClient::release_hosted_forgetting`]); one-sided, at the head of the release's
+    /// first batch, as [`RangeLock::release_with`].
+    fn release_forgetting(
+        &mut self,
+        id: LockId,
+        extra: &Batch,
+        _fallback: &mut dyn fabric::Endpoint,
+    ) -> Result<(), LockError> {
+        if self.hosted.is_some() {
+            return self.release_hosted_forgetting(id, extra);
+        }
+        self.give_back(id, extra, &mut Completions::new())
+    }
+
+    fn release_forgets_for_free(&self) -> bool {
+        self.hosted.is_none() || self.hosted_release_forgets_for_free()
+    }
+
     fn stats(&self) -> LockStats {
         self.stats
     }
