@@ -25,6 +25,16 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{PoisonError, RwLock};
+use std::time::Duration;
+
+/// Tries of an allocation whose file generation moved ([`ChunkLocator::locate`]) before
+/// [`GENERATION_CHURN_PATIENCE`] counts.
+const MIN_ALLOCATE_TRIES: usize = 3;
+
+/// How long an allocation goes on trying while the file's generation keeps moving (a
+/// re-replication pass over the file commits a chunk every few milliseconds) before it fails
+/// with `GenerationChurn`: half the default lock lease, which the write holds meanwhile.
+const GENERATION_CHURN_PATIENCE: Duration = Duration::from_secs(1);
 
 /// The chunk locations of one open file that this client knows (see the module docs).
 pub(crate) struct ChunkCache {
@@ -147,7 +157,18 @@ impl ChunkLocator<'_> {
         mut fresh_generation: impl FnMut() -> Result<u64, Error>,
     ) -> Result<ChunkRun, Error> {
         let chunks = self.geometry.chunks(off, len as u64);
-        for _attempt in 0..3 {
+        // An allocation answered `Stale` is tried again with the generation the FCB has now.
+        // The generation moves at truncates and unlinks elsewhere, and at every change of a
+        // chunk's replicas (a dead server's replicas dropped, a re-replicated chunk
+        // committed), which a re-replication pass makes one chunk after another, milliseconds
+        // apart: so a few tries are not enough while one runs, and the tries go on for a
+        // while instead (each costs two round trips; the lease check before the data verbs
+        // still bounds the write).
+        let started = std::time::Instant::now();
+        for attempt in 0.. {
+            if attempt >= MIN_ALLOCATE_TRIES && started.elapsed() > GENERATION_CHURN_PATIENCE {
+                break;
+            }
             // Read before the call: a change during it leaves the answer uncached.
             let epoch = self.epoch.load(Ordering::SeqCst);
             let (mut locs, missing) = self.cached(file, generation, epoch, chunks.clone());
