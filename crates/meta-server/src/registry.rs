@@ -334,8 +334,9 @@ impl Registry {
                 name,
                 id,
                 lost,
-                "data server came back with new memory (a new incarnation): its chunks are \
-                 lost; reads of them fail with EIO, `citronfs fsck` lists the files"
+                "data server came back with new memory (a new incarnation): its replicas are \
+                 lost; chunks with a live replica elsewhere are read from it and re-replicated, \
+                 the others read EIO (`citronfs fsck` lists the files)"
             );
         }
         let epoch = lock(state).as_mut().insert(id, region, endpoint);

@@ -100,19 +100,9 @@ impl HostOptions {
 /// A call of [`PROCEDURE`].
 #[derive(Debug, Serialize, Deserialize)]
 enum Call {
-    /// Open (or reopen) the lock at `base`, described by `scheme` (its spec string, as
-    /// created), for this connection.
-    /// `fenced`: the client has a fence, so the host must fence before every break-in it makes
-    /// on the client's behalf, or refuse.
-    /// `allocator`: the client allocator's tag (`LockWordAllocator::host_tag`), for a tree that
-    /// grows from an allocator.
-    Open {
-        scheme: String,
-        base: RemoteAddr,
-        options: HostOptions,
-        fenced: bool,
-        allocator: Option<u64>,
-    },
+    /// Open (or reopen) a lock for this connection. (A newtype variant of a struct is encoded
+    /// as the struct variant of the same fields that builds before [`OpenArgs`] sent.)
+    Open(OpenArgs),
     /// Acquire `[start, end)` on the lock at `base` exclusively (Alg. 1), then execute `extra`
     /// (a batch in the tcp wire's encoding, empty for none) under it: the caller's carried
     /// verbs (`RangeLock::acquire_with`). Answered [`Answer::Acquired`]. The call of hosts and
@@ -142,13 +132,7 @@ enum Call {
     /// [`Call::Open`], answered [`Answer::OpenedWith`], which says what this host takes
     /// beyond the calls above. A host from before it cannot decode it and fails the call; the
     /// client then sends [`Call::Open`] and uses none of them.
-    OpenWith {
-        scheme: String,
-        base: RemoteAddr,
-        options: HostOptions,
-        fenced: bool,
-        allocator: Option<u64>,
-    },
+    OpenWith(OpenArgs),
     /// [`Call::PostedRelease`] that first executes `extra` (a batch in the tcp wire's
     /// encoding) at the host, its results dropped (`RangeLock::release_forgetting`). Sent only
     /// to a host whose [`HostFeatures::posted_release_carries`] said it takes it.
@@ -157,6 +141,23 @@ enum Call {
         id: u64,
         extra: Vec<u8>,
     },
+}
+
+/// What [`Call::Open`] and [`Call::OpenWith`] open.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct OpenArgs {
+    /// The lock's description (its spec string, as created).
+    scheme: String,
+    /// Where it is.
+    base: RemoteAddr,
+    /// The client's options, for the host's client.
+    options: HostOptions,
+    /// The client has a fence, so the host must fence before every break-in it makes on the
+    /// client's behalf, or refuse.
+    fenced: bool,
+    /// The client allocator's tag (`LockWordAllocator::host_tag`), for a tree that grows from
+    /// an allocator.
+    allocator: Option<u64>,
 }
 
 /// What a host takes beyond the calls of hosts from before [`Call::OpenWith`].
@@ -407,14 +408,14 @@ impl HostSession {
 
     /// Opens (or reopens) the lock at `base`, described by `scheme`, for this connection
     /// ([`Call::Open`]).
-    fn open(
-        &mut self,
-        scheme: &str,
-        base: RemoteAddr,
-        options: HostOptions,
-        fenced: bool,
-        allocator: Option<u64>,
-    ) -> fabric::Result<()> {
+    fn open(&mut self, open: OpenArgs) -> fabric::Result<()> {
+        let OpenArgs {
+            scheme,
+            base,
+            options,
+            fenced,
+            allocator,
+        } = open;
         let spec = match scheme.parse::<LockScheme>() {
             Ok(LockScheme::Citron(spec)) => spec,
             Ok(other) => {
@@ -485,24 +486,12 @@ impl ProcedureSession for HostSession {
         let call: Call = postcard::from_bytes(args)
             .map_err(|e| FabricError::Procedure(format!("bad CITRON host call: {e}")))?;
         let answer = match call {
-            Call::Open {
-                scheme,
-                base,
-                options,
-                fenced,
-                allocator,
-            } => {
-                self.open(&scheme, base, options, fenced, allocator)?;
+            Call::Open(open) => {
+                self.open(open)?;
                 Answer::Opened
             }
-            Call::OpenWith {
-                scheme,
-                base,
-                options,
-                fenced,
-                allocator,
-            } => {
-                self.open(&scheme, base, options, fenced, allocator)?;
+            Call::OpenWith(open) => {
+                self.open(open)?;
                 Answer::OpenedWith(HostFeatures {
                     posted_release_carries: true,
                 })
@@ -580,29 +569,19 @@ impl CitronClient {
         if !wanted {
             return Ok(());
         }
-        let (scheme, base) = (scheme.to_string(), self.base);
-        let (options, fenced) = (HostOptions::of(&self.opts), self.opts.fence.is_some());
-        let allocator = self.allocator.host_tag();
+        let open = OpenArgs {
+            scheme: scheme.to_string(),
+            base: self.base,
+            options: HostOptions::of(&self.opts),
+            fenced: self.opts.fence.is_some(),
+            allocator: self.allocator.host_tag(),
+        };
         let mut hosted = Hosted::default();
         // A host that tells what it takes; one from before that fails the call, and is asked
         // the old way.
-        let open_with = Call::OpenWith {
-            scheme: scheme.clone(),
-            base,
-            options: options.clone(),
-            fenced,
-            allocator,
-        };
-        let answer = match host_call(&mut self.ep, &mut hosted, &open_with) {
+        let answer = match host_call(&mut self.ep, &mut hosted, &Call::OpenWith(open.clone())) {
             Err(e) if !is_connection_lost(&e) => {
-                let open = Call::Open {
-                    scheme,
-                    base,
-                    options,
-                    fenced,
-                    allocator,
-                };
-                host_call(&mut self.ep, &mut hosted, &open)
+                host_call(&mut self.ep, &mut hosted, &Call::Open(open))
             }
             answer => answer,
         };
@@ -1056,14 +1035,14 @@ mod tests {
     #[test]
     fn the_calls_that_tell_a_host_features_leave_older_peers_alone() {
         let options = HostOptions::of(&ClientOptions::default());
-        let open_with = postcard::to_allocvec(&Call::OpenWith {
+        let args = OpenArgs {
             scheme: "citron".into(),
             base: BASE,
             options: options.clone(),
             fenced: false,
             allocator: None,
-        })
-        .unwrap();
+        };
+        let open_with = postcard::to_allocvec(&Call::OpenWith(args.clone())).unwrap();
         assert!(postcard::from_bytes::<before_modes::Call>(&open_with).is_err());
         let posted = postcard::to_allocvec(&Call::PostedReleaseWith {
             base: BASE,
@@ -1072,14 +1051,7 @@ mod tests {
         })
         .unwrap();
         assert!(postcard::from_bytes::<before_modes::Call>(&posted).is_err());
-        let open = postcard::to_allocvec(&Call::Open {
-            scheme: "citron".into(),
-            base: BASE,
-            options: options.clone(),
-            fenced: false,
-            allocator: None,
-        })
-        .unwrap();
+        let open = postcard::to_allocvec(&Call::Open(args)).unwrap();
         let old_open = postcard::to_allocvec(&before_modes::Call::Open {
             scheme: "citron".into(),
             base: BASE,
