@@ -921,6 +921,16 @@ impl MetaHandle {
         self.inner.as_ref().map_or(0, |r| r.service.layout_epoch())
     }
 
+    /// Makes the next `allocations` chunk allocations of file `ino` each find its generation
+    /// moved just before them, as a re-replication pass committing chunk after chunk does. For
+    /// tests of the clients' allocations.
+    #[cfg(feature = "test-hooks")]
+    pub fn churn_generation(&self, ino: proto::Ino, allocations: u32) {
+        if let Some(running) = self.inner.as_ref() {
+            running.service.churn_generation(ino, allocations);
+        }
+    }
+
     /// Holds the service's state lock for `hold`, as a long check or a stalled thread would:
     /// every request that needs it waits, and so does the stall watch's pulse. For tests of
     /// what the server does about its own stall (`stall`).

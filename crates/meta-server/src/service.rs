@@ -179,6 +179,10 @@ pub(crate) struct Service {
     rereplicator: crate::rereplicate::Rereplicator,
     /// The service's own stalls ([`crate::stall`]), noted by [`Service::pulse`].
     stall: crate::stall::StallWatch,
+    /// Tests: how many more allocations of each file find its generation moved just before
+    /// them (`MetaHandle::churn_generation`).
+    #[cfg(feature = "test-hooks")]
+    generation_churn: Mutex<HashMap<Ino, u32>>,
     /// The connector of the meta server's own lock handles (`rereplicate`).
     lock_connector: OnceLock<Arc<dyn fabric::Connector>>,
     /// The service as shared, for callbacks of its own lock handles (`rereplicate`).
@@ -236,6 +240,8 @@ impl Service {
             chunk_gate: std::sync::RwLock::new(()),
             rereplicator,
             stall: crate::stall::StallWatch::new(Instant::now()),
+            #[cfg(feature = "test-hooks")]
+            generation_churn: Mutex::new(HashMap::new()),
             lock_connector: OnceLock::new(),
             me: OnceLock::new(),
         };
@@ -342,6 +348,35 @@ impl Service {
         self.stall.pulse_waits(Instant::now());
         drop(lock(&self.state));
         self.stall.pulse_got(Instant::now());
+    }
+
+    /// `MetaHandle::churn_generation`.
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn churn_generation(&self, ino: Ino, allocations: u32) {
+        lock(&self.generation_churn).insert(ino, allocations);
+    }
+
+    /// Tests: moves `ino`'s generation on (in the database and its control block) when
+    /// `MetaHandle::churn_generation` asked for it, as a re-replication commit would just
+    /// before the allocation.
+    #[cfg(feature = "test-hooks")]
+    fn churn_before_allocation(&self, ino: Ino) {
+        let due = match lock(&self.generation_churn).get_mut(&ino) {
+            Some(left) if *left > 0 => {
+                *left -= 1;
+                true
+            }
+            _ => false,
+        };
+        if !due {
+            return;
+        }
+        let mut st = lock(&self.state);
+        if let Ok(attr) = self.store.bump_generation(ino) {
+            let st = &mut *st;
+            let _ = st.open.publish_generation(&mut st.region, &attr);
+            st.publish_touched(&self.store);
+        }
     }
 
     /// `MetaHandle::layout_epoch`.
@@ -1155,6 +1190,8 @@ impl Service {
                 first,
                 count,
             } => {
+                #[cfg(feature = "test-hooks")]
+                self.churn_before_allocation(ino);
                 let replicas = self.store.replicas_of(ino, self.settings.replicas)?;
                 let locs = self.registry.allocate_waiting(|| {
                     let st = lock(&self.state);

@@ -1349,3 +1349,27 @@ fn a_stalled_meta_server_drops_no_replica_and_ends_no_session() {
     assert_read_back(&cluster, &files);
     drop(fs);
 }
+
+/// A write's chunk allocation outlasts a file generation that moves again and again: a
+/// re-replication pass bumps the generation at every chunk it commits, milliseconds apart, and
+/// an allocation whose generation moved is answered `Stale`. Here the next five allocations of
+/// the file each find it moved just before them; the write still succeeds and reads back.
+/// Before an allocation kept trying for a while, the third `Stale` failed the write with EIO
+/// ("the file generation kept changing during a write"), as a 10-minute soak saw six times.
+#[test]
+fn a_write_outlasts_a_generation_moved_before_each_allocation() {
+    testkit::init_logging();
+    let cluster = Cluster::start(replicated(2, Backend::Tcp)).unwrap();
+    let fs = cluster.client().unwrap();
+    let first = pattern(5, 0, CHUNK as usize);
+    let ino = write_file(&fs, "f", &first);
+    cluster.meta().churn_generation(ino, 5);
+    let me = fs_client::CitronFs::process_caller();
+    let fh = fs.open(me, ino, libc::O_RDWR).unwrap();
+    let more = pattern(6, 0, CHUNK as usize);
+    fs.write(fh, 4 * CHUNK, &more)
+        .expect("a write whose allocations met a moving generation");
+    assert_eq!(fs.read(fh, 4 * CHUNK, more.len()).unwrap(), more);
+    assert_eq!(fs.read(fh, 0, first.len()).unwrap(), first);
+    fs.release(fh).unwrap();
+}

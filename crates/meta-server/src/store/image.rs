@@ -362,6 +362,17 @@ pub enum Corruption {
 
 #[cfg(any(test, feature = "test-hooks"))]
 impl Store {
+    /// Moves `ino`'s generation on by one, as a dropped or re-replicated replica does, and
+    /// returns its attributes (tests of the clients' allocations only).
+    pub fn bump_generation(&self, ino: Ino) -> Result<Attr, FsError> {
+        self.tx(|tx| {
+            let mut attr = tx.inode(ino)?;
+            attr.generation += 1;
+            tx.put_inode(&attr)?;
+            Ok(attr)
+        })
+    }
+
     /// Applies one [`Corruption`] (tests of the checker only).
     pub fn corrupt(&self, damage: &Corruption) -> Result<(), FsError> {
         self.tx(|tx| {
