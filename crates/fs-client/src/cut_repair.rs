@@ -77,14 +77,15 @@ pub(crate) struct GrantClaim {
     value: u64,
 }
 
-/// For a write under an exclusive lock of `units` on a file seen replicated: when the scheme
+/// For a write by `session` under an exclusive lock of `units` on a file seen replicated: when
+/// the scheme
 /// executes an acquisition's carried verbs once, after the grant
 /// (`lockmgr::RangeLock::extra_runs_once_granted`), appends to `extra` the CAS that claims the
 /// record's first slot to try (from 0 to the units), so that the record costs no round trip of
 /// its own. The grant's FCB reads come before it in `extra`, so they show the slot as it was.
 /// [`GrantClaim::made`] says whether it took.
 pub(crate) fn claim_in_grant(
-    w: &Worker,
+    session: u64,
     inode: &OpenInode,
     units: &Range<u64>,
     extra: &mut Batch,
@@ -93,10 +94,7 @@ pub(crate) fn claim_in_grant(
         return None;
     }
     let value = fcb::pack_slot(units.clone())?;
-    let addr = slot_addr(
-        inode.fcb,
-        first_slot(w.view.session(), units) % fcb::SLOT_COUNT,
-    );
+    let addr = slot_addr(inode.fcb, first_slot(session, units) % fcb::SLOT_COUNT);
     let cas = extra.cas(addr, 0, value);
     Some(GrantClaim { cas, addr, value })
 }

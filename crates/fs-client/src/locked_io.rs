@@ -190,11 +190,11 @@ fn grant(
     let mut out = std::mem::take(&mut w.out);
     extra.clear();
     let reads = FcbReads::post(&mut extra, inode);
-    let once = w.locks.handle(&w.view, inode)?.extra_runs_once_granted();
-    let claim = (claim && once)
-        .then(|| crate::cut_repair::claim_in_grant(w, inode, &units, &mut extra))
-        .flatten();
+    let session = w.view.session();
     let lock = w.locks.handle(&w.view, inode)?;
+    let claim = (claim && lock.extra_runs_once_granted())
+        .then(|| crate::cut_repair::claim_in_grant(session, inode, &units, &mut extra))
+        .flatten();
     let acquired = lock
         .acquire_mode_with(range, mode, &extra, &mut out, &mut *w.meta_ep)
         .map(|id| (id, lock.lease_deadline(id)));

@@ -239,7 +239,7 @@ pub trait RangeLock: Send {
     /// bookkeeping whose loss a later holder makes good (the end of a record that, left, only
     /// makes the next holder repair what needs no repair). Executed before the release verbs,
     /// as `release_with` does. Where the release is posted without waiting (CITRON at a host
-    /// that takes carried verbs in a posted release, [`RangeLock::release_forgets_for_free`]),
+    /// that takes carried verbs in a posted release),
     /// `extra` rides in that posted call and costs no round trip; this default is
     /// `release_with`. If `extra` fails there, the release does not run either and the lock is
     /// recovered as a dead holder's when its lease runs out.
@@ -250,13 +250,6 @@ pub trait RangeLock: Send {
         fallback: &mut dyn Endpoint,
     ) -> Result<(), LockError> {
         self.release_with(id, extra, &mut Completions::new(), fallback)
-    }
-
-    /// Whether [`RangeLock::release_forgetting`] costs no round trip for its `extra`: the
-    /// release carries verbs anyway ([`RangeLock::release_carries_verbs`]), or it is posted
-    /// with them.
-    fn release_forgets_for_free(&self) -> bool {
-        self.release_carries_verbs()
     }
 
     /// Whether [`RangeLock::release_with`] carries its `extra` in a round trip the release

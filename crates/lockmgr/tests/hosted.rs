@@ -400,7 +400,6 @@ fn a_hosted_release_posts_verbs_it_forgets_and_a_grant_runs_carried_changes_once
     let mut other = connector.connect().unwrap();
     let mut lock = open(&connector, &created, Hosting::Always, None).unwrap();
     assert!(lock.extra_runs_once_granted());
-    assert!(lock.release_forgets_for_free());
     let mut fallback = connector.connect().unwrap();
     let mut extra = Batch::new();
     let claim = extra.cas(word, 0, 7);

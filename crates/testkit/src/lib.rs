@@ -31,7 +31,7 @@ pub use cluster::{
 };
 pub use ext::ClusterExt;
 pub use skip::{skip, Need, ENV_SKIP_LOG};
-pub use util::{init_logging, open_rw, wait_until, UserBuf};
+pub use util::{init_logging, open_rw, record_tags, tagged_record, wait_until, UserBuf, TAG_BLOCK};
 
 /// Why FUSE mounts cannot work here, or `None` when they can: /dev/fuse must exist and open,
 /// and a non-root user needs `fusermount3` (Debian package fuse3).

@@ -74,6 +74,35 @@ impl UserBuf {
     }
 }
 
+/// Bytes of a block of a [`tagged_record`].
+pub const TAG_BLOCK: usize = 4096;
+
+/// A self-describing record of `len` bytes: every [`TAG_BLOCK`] block is the tag
+/// (`writer`, `seq`) repeated, so that a read of it shows whose write each block holds.
+pub fn tagged_record(writer: u32, seq: u32, len: usize) -> Vec<u8> {
+    let mut tag = [0u8; 8];
+    tag[..4].copy_from_slice(&writer.to_le_bytes());
+    tag[4..].copy_from_slice(&seq.to_le_bytes());
+    tag.iter().copied().cycle().take(len).collect()
+}
+
+/// The (writer, seq) of every block of `buf` ([`tagged_record`]); `Err` if a block is not one
+/// tag repeated (a block torn inside).
+pub fn record_tags(buf: &[u8]) -> Result<Vec<(u32, u32)>, String> {
+    buf.chunks(TAG_BLOCK)
+        .enumerate()
+        .map(|(i, b)| {
+            if !b.chunks(8).all(|c| c == &b[..8]) {
+                return Err(format!("block {i} is torn inside"));
+            }
+            Ok((
+                u32::from_le_bytes(b[..4].try_into().expect("8-byte blocks")),
+                u32::from_le_bytes(b[4..8].try_into().expect("8-byte blocks")),
+            ))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -32,7 +32,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use testkit::{wait_until, Backend, Cluster, ClusterSpec};
+use testkit::{record_tags, tagged_record as record, wait_until, Backend, Cluster, ClusterSpec};
 
 /// The victim processes run this test (see the module docs); run normally it does nothing.
 #[test]
@@ -42,7 +42,7 @@ fn crash_victim() {
 
 /// A write the size of one record: four 64 KiB chunks, striped over both data servers.
 const RECORD: usize = 256 << 10;
-const BLOCK: usize = 4096;
+const BLOCK: usize = testkit::TAG_BLOCK;
 /// Past the lock tree a small file gets (it covers 1 MiB): a write here takes the spillover
 /// mutex and scales the tree up.
 const BEYOND: u64 = 4 << 20;
@@ -113,30 +113,6 @@ struct Point {
     /// Hits of the failpoint to let pass before the kill: random in `0..=max_skip`.
     max_skip: u64,
     trials: usize,
-}
-
-/// A self-describing record: every 4 KiB block is (writer, seq) repeated.
-fn record(writer: u32, seq: u32, len: usize) -> Vec<u8> {
-    let mut tag = [0u8; 8];
-    tag[..4].copy_from_slice(&writer.to_le_bytes());
-    tag[4..].copy_from_slice(&seq.to_le_bytes());
-    tag.iter().copied().cycle().take(len).collect()
-}
-
-/// The (writer, seq) of every block; `Err` if a block is not one tag repeated (a torn block).
-fn blocks(buf: &[u8]) -> Result<Vec<(u32, u32)>, String> {
-    buf.chunks(BLOCK)
-        .enumerate()
-        .map(|(i, b)| {
-            if !b.chunks(8).all(|c| c == &b[..8]) {
-                return Err(format!("block {i} is torn inside"));
-            }
-            Ok((
-                u32::from_le_bytes(b[..4].try_into().unwrap()),
-                u32::from_le_bytes(b[4..8].try_into().unwrap()),
-            ))
-        })
-        .collect()
 }
 
 // ---- the victim -----------------------------------------------------------------------------
@@ -305,7 +281,7 @@ fn survivor_round(
     let (r, took) = bounded("the survivor's read", || fs.read(fh, 0, RECORD));
     tally.slowest = tally.slowest.max(took);
     let read = r.unwrap();
-    let tags = blocks(&read).unwrap_or_else(|e| panic!("after the survivor's write: {e}"));
+    let tags = record_tags(&read).unwrap_or_else(|e| panic!("after the survivor's write: {e}"));
     let ok =
         |&(writer, s): &(u32, u32)| (writer, s) == (SURVIVOR, seq) || (!alone && writer == VICTIM);
     assert!(
@@ -599,7 +575,7 @@ fn run_point(backend: Backend, point: Point) {
             fs.read(fh, 0, RECORD)
         });
         tally.slowest = tally.slowest.max(took);
-        let tags = blocks(&read.unwrap())
+        let tags = record_tags(&read.unwrap())
             .unwrap_or_else(|e| panic!("{}: after the kill: {e}", point.failpoint));
         assert!(
             tags.iter()
@@ -778,7 +754,7 @@ fn killed_during_create_and_rename() {
 #[test]
 fn a_torn_block_is_caught() {
     let mut r = record(1, 7, 2 * BLOCK);
-    assert_eq!(blocks(&r).unwrap(), vec![(1, 7), (1, 7)]);
+    assert_eq!(record_tags(&r).unwrap(), vec![(1, 7), (1, 7)]);
     r[BLOCK + 16..BLOCK + 24].copy_from_slice(&record(2, 3, 8));
-    assert!(blocks(&r).is_err());
+    assert!(record_tags(&r).is_err());
 }

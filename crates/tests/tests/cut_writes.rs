@@ -26,12 +26,12 @@ use proto::ROOT_INO;
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use testkit::{wait_until, Backend, Cluster, ClusterSpec};
+use testkit::{record_tags, tagged_record as record, wait_until, Backend, Cluster, ClusterSpec};
 
 const CHUNK: u64 = 64 << 10;
 /// The range written: four chunks, each with a replica on both data servers.
 const RECORD: usize = 4 * CHUNK as usize;
-const BLOCK: usize = 4096;
+const BLOCK: usize = testkit::TAG_BLOCK;
 /// `T_lease` of the file's lock: short, so that the readers break the dead writer's lock soon.
 const LOCK_LEASE: Duration = Duration::from_millis(600);
 /// How long the victim may take to reach its failpoint.
@@ -44,30 +44,6 @@ const ENV_JOB: &str = "CITRONFS_CUT_JOB";
 const FAILPOINT: &str = "fs_client::io::between_replicas";
 const SURVIVOR: u32 = 1;
 const VICTIM: u32 = 2;
-
-/// A self-describing record: every 4 KiB block is (writer, seq) repeated.
-fn record(writer: u32, seq: u32, len: usize) -> Vec<u8> {
-    let mut tag = [0u8; 8];
-    tag[..4].copy_from_slice(&writer.to_le_bytes());
-    tag[4..].copy_from_slice(&seq.to_le_bytes());
-    tag.iter().copied().cycle().take(len).collect()
-}
-
-/// The (writer, seq) of every block; `Err` if a block is not one tag repeated (a torn block).
-fn blocks(buf: &[u8]) -> Result<Vec<(u32, u32)>, String> {
-    buf.chunks(BLOCK)
-        .enumerate()
-        .map(|(i, b)| {
-            if !b.chunks(8).all(|c| c == &b[..8]) {
-                return Err(format!("block {i} is torn inside"));
-            }
-            Ok((
-                u32::from_le_bytes(b[..4].try_into().unwrap()),
-                u32::from_le_bytes(b[4..8].try_into().unwrap()),
-            ))
-        })
-        .collect()
-}
 
 /// The victim process's body: connect, open the file, arm the failpoint (SIGKILL at its first
 /// hit), and write its record at the job's offset (over the survivor's, or past the end); it
@@ -242,7 +218,8 @@ fn cut_between_replicas(backend: Backend, trial: Trial) {
             let read = fs.read(rfh, 0, span).unwrap();
             fs.release(rfh).unwrap();
             assert_eq!(read.len(), span);
-            let tags = blocks(&read).unwrap_or_else(|e| panic!("reader {r}, read {round}: {e}"));
+            let tags =
+                record_tags(&read).unwrap_or_else(|e| panic!("reader {r}, read {round}: {e}"));
             if extend {
                 assert!(
                     tags[gap.clone()].iter().all(|&t| t == (0, 0))

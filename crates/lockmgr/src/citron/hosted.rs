@@ -760,7 +760,7 @@ impl CitronClient {
         let Some(hosted) = self.hosted.as_mut() else {
             unreachable!("only called when hosted")
         };
-        if hosted.held.remove(&id.0).is_none() {
+        if !hosted.held.contains_key(&id.0) {
             return Err(LockError::NotHeld(id));
         }
         let call = Call::PostedReleaseWith {
@@ -770,44 +770,18 @@ impl CitronClient {
         };
         encode_call(hosted, &call)?;
         let result = match self.ep.post_call(PROCEDURE, &hosted.args) {
-            Ok(()) => Ok(()),
+            // An endpoint that cannot post: the verbs, then the release, each waited for.
             Err(FabricError::Unsupported(_)) => {
-                // An endpoint that cannot post: the verbs, then the release, each waited for.
-                self.ep.carry_before(extra);
-                let carried = self
-                    .ep
-                    .finish(true, &mut Completions::new())
-                    .map_err(LockError::from);
-                let Some(hosted) = self.hosted.as_mut() else {
-                    unreachable!("only called when hosted")
-                };
-                let released =
-                    match host_call(&mut self.ep, hosted, &Call::Release { base, id: id.0 }) {
-                        Ok(Answer::Released { counts }) => {
-                            counts.add_to(&mut self.stats);
-                            Ok(())
-                        }
-                        Ok(other) => Err(LockError::Config(format!(
-                            "CITRON host answered {other:?} to a release"
-                        ))),
-                        Err(e) => Err(e),
-                    };
-                released.and(carried)
+                return self.release_hosted(id, extra, &mut Completions::new())
             }
-            Err(e) => Err(e.into()),
+            posted => posted.map_err(LockError::from),
         };
+        hosted.held.remove(&id.0);
         if result.is_ok() {
             self.stats.releases += 1;
         }
         self.stats.release.add(&self.ep.stats().since(&before));
         result
-    }
-
-    /// Whether [`Self::release_hosted_forgetting`] posts its verbs with the release.
-    pub(crate) fn hosted_release_forgets_for_free(&self) -> bool {
-        self.hosted
-            .as_ref()
-            .is_some_and(|h| h.features.posted_release_carries)
     }
 
     /// The lease deadline of hosted lock `id` (see the module docs).

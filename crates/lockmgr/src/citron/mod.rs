@@ -873,10 +873,6 @@ impl RangeLock for CitronClient {
         self.give_back(id, extra, &mut Completions::new())
     }
 
-    fn release_forgets_for_free(&self) -> bool {
-        self.hosted.is_none() || self.hosted_release_forgets_for_free()
-    }
-
     fn stats(&self) -> LockStats {
         self.stats
     }
