@@ -1,6 +1,7 @@
 //! CITRON's shared mode on the `mem` backend (`docs/SHARED_LOCKS.md`): round trips of the
 //! uncontended paths, readers granted together, writers excluded by readers and readers by
-//! writers, a waiting writer not starved by a stream of readers, dead readers recovered.
+//! writers, writers that wait only for the readers of their groups of units, a waiting writer
+//! not starved by a stream of readers, dead readers recovered.
 
 use fabric::{MemServer, RegionId, RemoteAddr};
 use lockmgr::citron::{BumpAllocator, Citron, CitronClient, CitronConfig, ClientOptions};
@@ -188,6 +189,68 @@ fn writers_and_readers_exclude_each_other() {
 
 /// A stream of overlapping readers (always one holding) does not starve a writer: it gets the
 /// range within a bound, after which the readers still get theirs.
+/// A writer waits for the readers of the groups of 8 units its bits touch, not for readers of
+/// other units of its leaf (`docs/SHARED_LOCKS.md`, "Encoding"): with a reader holding units
+/// 3..5, writers of every other group of the leaf are granted at once, in the one round trip
+/// of an uncontended leaf, while a writer of units 6..8 — the reader's group, none of its
+/// units — waits for it, the false conflict that is left.
+#[test]
+fn a_writer_waits_only_for_the_readers_of_its_groups() {
+    let citron = setup(calm(1 << 12), ClientOptions::default());
+    let mut reader = citron.client().unwrap();
+    let held = reader.acquire_mode(3..5, LockMode::Shared).unwrap();
+    let mut writer = citron.client().unwrap();
+    // The writer learns that readers are in use on this lock (one more round trip, once).
+    let id = writer.acquire(1000..1001).unwrap();
+    writer.release(id).unwrap();
+    for range in [8..9, 15..17, 24..32, 32..40, 40..48, 56..64, 63..65] {
+        let granted = Arc::new(AtomicBool::new(false));
+        let g = granted.clone();
+        let r = range.clone();
+        let t = std::thread::spawn(move || {
+            let before = writer.endpoint_stats();
+            let id = writer.acquire(r).unwrap();
+            g.store(true, Ordering::SeqCst);
+            let rtts = writer.endpoint_stats().since(&before).round_trips;
+            writer.release(id).unwrap();
+            (writer, rtts)
+        });
+        let start = Instant::now();
+        while !granted.load(Ordering::SeqCst) && start.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(
+            granted.load(Ordering::SeqCst),
+            "a writer of {range:?} waited for a reader of 3..5"
+        );
+        let (w, rtts) = t.join().unwrap();
+        writer = w;
+        let expected = if range.end > 64 { 2 } else { 1 };
+        assert_eq!(
+            rtts, expected,
+            "{range:?}: round trips of an uncontended acquire"
+        );
+    }
+    // The reader's own group: the writer of 6..8 waits for it.
+    let granted = Arc::new(AtomicBool::new(false));
+    let g = granted.clone();
+    let t = std::thread::spawn(move || {
+        let id = writer.acquire(6..8).unwrap();
+        g.store(true, Ordering::SeqCst);
+        writer.release(id).unwrap();
+        writer
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        !granted.load(Ordering::SeqCst),
+        "6..8 shares a group with 3..5"
+    );
+    reader.release(held).unwrap();
+    let mut writer = t.join().unwrap();
+    assert!(granted.load(Ordering::SeqCst));
+    assert_rest(&mut writer);
+}
+
 #[test]
 fn a_waiting_writer_is_not_starved_by_readers() {
     let citron = setup(

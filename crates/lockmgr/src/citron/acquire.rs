@@ -77,8 +77,8 @@
 
 use super::config::DELTA;
 use super::layout::{
-    self, counter_gap, dcnt, dmax, exp_tag, occ, tcnt, tmax, Node, ADD_DMAX, ADD_TMAX, BOUNDARY,
-    DCNT, DCNT_SHIFT, DMAX, OCC, TCNT, TCNT_SHIFT, TMAX,
+    self, counter_gap, dcnt, dmax, exp_tag, occ, tcnt, tmax, LeafShare, Node, ADD_DMAX, ADD_TMAX,
+    BOUNDARY, DCNT, DCNT_SHIFT, DMAX, LEAF_SHARE_BYTES, OCC, TCNT, TCNT_SHIFT, TMAX,
 };
 use super::lease;
 use super::split::split;
@@ -606,9 +606,9 @@ impl CitronClient {
             let t0;
             let t2;
             let root_word;
-            // A leaf's share word read right after the masked CAS (posting order): readers
+            // A leaf's share words read right after the masked CAS (posting order): readers
             // that registered before our bits landed (`docs/SHARED_LOCKS.md`, leaves).
-            let leaf_share;
+            let leaf_share: Option<LeafShare>;
             // Fast path over leaves: the children's share words and our own, read after the
             // children's CASes; the wait of (d) is skipped only when no reader shows there.
             let mut kids_readers = true;
@@ -626,7 +626,9 @@ impl CitronClient {
                 } else {
                     self.post_occupy(node, addr, hn.ticket_no)
                 };
-                let ls = node.is_leaf().then(|| self.batch.read(share, 8));
+                let ls = node
+                    .is_leaf()
+                    .then(|| self.batch.read(share, LEAF_SHARE_BYTES));
                 let kids: Vec<(RemoteAddr, AtomicHandle)> = if node.hgt == 1 {
                     let mut v = Vec::with_capacity(4);
                     for i in 0..4 {
@@ -639,7 +641,10 @@ impl CitronClient {
                 };
                 let kid_shares: Option<(ReadHandle, ReadHandle)> = if node.hgt == 1 {
                     let first = self.share_addr(Node::new(0, node.pos * 4))?;
-                    Some((self.batch.read(first, 32), self.batch.read(share, 8)))
+                    Some((
+                        self.batch.read(first, 4 * LEAF_SHARE_BYTES),
+                        self.batch.read(share, 8),
+                    ))
                 } else {
                     None
                 };
@@ -654,12 +659,13 @@ impl CitronClient {
                 hn.tokens = self.notify_tokens(&targets, &toks, posted, false);
                 hn.bits_deadline = Some(lease::bits_deadline(posted, self.rec.t_lease()));
                 let old = self.out.old(main);
-                leaf_share = ls.map(|h| self.out.word(h, 0));
+                leaf_share = ls.map(|h| LeafShare::read(&self.out, h, 0));
                 if let Some((kh, own)) = kid_shares {
                     // The four children's share words are consecutive slots of one level.
                     let own = self.out.word(own, 0);
+                    let per_kid = layout::SHARE_WORDS_PER_NODE as usize;
                     kids_readers = layout::node_readers(own) != 0
-                        || (0..4).any(|i| layout::leaf_readers(self.out.word(kh, i), !0));
+                        || (0..4).any(|i| LeafShare::read(&self.out, kh, i * per_kid).readers(!0));
                 }
                 if !node.is_leaf() {
                     // The leaf children this batch locked whole are ours, whatever follows.
@@ -729,13 +735,15 @@ impl CitronClient {
                 } else {
                     self.post_occupy(node, addr, hn.ticket_no)
                 };
-                let ls = node.is_leaf().then(|| self.batch.read(share, 8));
+                let ls = node
+                    .is_leaf()
+                    .then(|| self.batch.read(share, LEAF_SHARE_BYTES));
                 // Anchored at `t1` (before the post; conservative, see `lease`).
                 let posted = t1;
                 self.exec()?;
                 t0 = Instant::now();
                 let old = self.out.old(main);
-                leaf_share = ls.map(|h| self.out.word(h, 0));
+                leaf_share = ls.map(|h| LeafShare::read(&self.out, h, 0));
                 let lease_t = self.rec.t_lease();
                 if node.is_leaf() {
                     hn.bits_deadline = Some(lease::bits_deadline(posted, lease_t));
@@ -777,7 +785,7 @@ impl CitronClient {
                 return Ok(Outcome::Aborted(Why::TimeLimit));
             }
             if node.is_leaf() {
-                if let Some(w) = leaf_share.filter(|w| layout::leaf_readers(*w, mask)) {
+                if let Some(w) = leaf_share.filter(|w| w.readers(mask)) {
                     // Readers registered before our bits: they leave (or back off, seeing our
                     // bits); new ones back off. Wait for them, holding the bits, for a while.
                     was_fast = false;
@@ -822,7 +830,7 @@ impl CitronClient {
     /// queue is waited for, and a writer behind bars later readers). (b) waits for occupied
     /// ancestors only — readers above do not block a reader. (c) registers in the node's share
     /// word instead of occupying: `RMax += 1` and the ticket passed on in the same batch (an
-    /// internal node), or the touched halves' `Max += 1` followed by a read of the leaf's bits
+    /// internal node), or the touched groups' `Max += 1` followed by a read of the leaf's bits
     /// (a leaf: a set bit of ours means a writer; back off). (d) notifies the share words of
     /// the same ancestors (`SMax += 1`) and waits for writers below only (`DCnt == DMax`).
     ///
@@ -855,8 +863,8 @@ impl CitronClient {
         } else {
             0
         };
-        let register = layout::leaf_share_register(mask);
-        let all_halves = layout::leaf_share_register(!0);
+        let register = LeafShare::register(mask);
+        let all_groups = LeafShare::register(!0);
         let fastp = self.opts.fast_path;
         let lease_t = self.rec.t_lease();
         let mut was_fast = fastp;
@@ -951,9 +959,9 @@ impl CitronClient {
             self.batch
                 .masked_cas(root_share, 0, 0, layout::READERS_SEEN, layout::READERS_SEEN);
             let (main, bits_read, pass) = if node.is_leaf() {
-                let reg = self
-                    .batch
-                    .masked_faa(share, register, layout::LEAF_SHARE_BOUNDARY);
+                let reg = register
+                    .post_add(&mut self.batch, share)
+                    .expect("a leaf request touches a unit");
                 (reg, Some(self.batch.read(addr, 8)), None)
             } else {
                 let reg = self.batch.masked_faa(share, ADD_TMAX, BOUNDARY);
@@ -972,8 +980,7 @@ impl CitronClient {
                 let mut v = Vec::with_capacity(4);
                 for i in 0..4 {
                     let c = self.share_addr(Node::new(0, node.pos * 4 + i))?;
-                    self.batch
-                        .masked_faa(c, all_halves, layout::LEAF_SHARE_BOUNDARY);
+                    all_groups.post_add(&mut self.batch, c);
                     v.push(c);
                 }
                 v
@@ -1056,7 +1063,7 @@ impl CitronClient {
                     // Speculative: undo (an abort, §3.5.5) and take the regular phase (b).
                     self.release_parts(&[hn.clone()], None)?;
                     hn.tokens.clear();
-                    hn.leaf_register = 0;
+                    hn.leaf_register = LeafShare::default();
                     if expanding {
                         return Ok(Outcome::Aborted(Why::ScaleUp));
                     }
@@ -1072,7 +1079,7 @@ impl CitronClient {
                 // A writer holds (or is taking) some of our units: back off, wait, retry.
                 self.release_parts(&[hn.clone()], None)?;
                 hn.tokens.clear();
-                hn.leaf_register = 0;
+                hn.leaf_register = LeafShare::default();
                 let bits = c.check & mask;
                 match in_way {
                     Some((b, _)) if b == bits => {}
@@ -1492,11 +1499,9 @@ impl CitronClient {
         }
         for c in hn.reader_children.drain(..) {
             if children_live {
-                self.batch.masked_faa(
-                    c,
-                    layout::leaf_share_release(layout::leaf_share_register(!0)),
-                    layout::LEAF_SHARE_BOUNDARY,
-                );
+                LeafShare::register(!0)
+                    .release()
+                    .post_add(&mut self.batch, c);
             }
         }
         // Consecutive slots are read with one verb: a level of the window is one run per
@@ -1583,8 +1588,8 @@ impl CitronClient {
         Ok(())
     }
 
-    /// A writer holding leaf bits `mask` waits until no reader of the halves they touch is
-    /// registered in the leaf's share word at `share` (`first`: its value read after our CAS).
+    /// A writer holding leaf bits `mask` waits until no reader of the groups they touch is
+    /// registered in the leaf's share words at `share` (`first`: as read after our CAS).
     /// Readers that registered before our bits leave; those that see our bits back off. But
     /// only for `patience`: our bits' lease is one `T_lease` (`lease::bits_deadline`), shorter
     /// than a dead reader's stand-still; so `false` (still readers) makes the caller undo and
@@ -1594,24 +1599,60 @@ impl CitronClient {
         &mut self,
         share: RemoteAddr,
         mask: u64,
-        first: u64,
+        first: LeafShare,
         patience: std::time::Duration,
-    ) -> Result<Option<u64>, LockError> {
+    ) -> Result<Option<LeafShare>, LockError> {
         let start = Instant::now();
         let mut last = first;
         let mut backoff = self.backoff();
-        while layout::leaf_readers(last, mask) {
+        while last.readers(mask) {
             if start.elapsed() >= patience {
                 return Ok(Some(last));
             }
             backoff.snooze(&mut self.rng);
-            last = self.ep_read_u64(share)?;
+            last = self.ep_read_leaf_share(share)?;
         }
         Ok(None)
     }
 
-    /// A leaf writer gave up waiting for the leaf's readers, whose share word reads `last`:
-    /// tracks how long the touched halves stood still (across attempts and aborts, in
+    /// Reads a leaf's share words (`share`: the first), one verb.
+    fn ep_read_leaf_share(&mut self, share: RemoteAddr) -> Result<LeafShare, LockError> {
+        self.batch.clear();
+        let h = self.batch.read(share, LEAF_SHARE_BYTES);
+        self.exec()?;
+        Ok(LeafShare::read(&self.out, h, 0))
+    }
+
+    /// Repairs the groups of a leaf's readers that `fields` names, seen as `seen` (which
+    /// stood still for `T_lease`): one masked CAS per share word, comparing what was seen.
+    /// Whether every word still held what was seen (the repair took).
+    fn repair_leaf_readers(
+        &mut self,
+        share: RemoteAddr,
+        seen: LeafShare,
+        mask: u64,
+    ) -> Result<bool, LockError> {
+        let fields = LeafShare::fields(mask);
+        let repaired = seen.repaired(mask);
+        self.batch.clear();
+        let hs: Vec<(usize, AtomicHandle)> = fields
+            .0
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| **f != 0)
+            .map(|(i, &f)| {
+                let at = share.word(i as u64);
+                (i, self.batch.masked_cas(at, seen.0[i], f, repaired.0[i], f))
+            })
+            .collect();
+        self.exec()?;
+        Ok(hs
+            .iter()
+            .all(|&(i, h)| self.out.old(h) & fields.0[i] == seen.0[i] & fields.0[i]))
+    }
+
+    /// A leaf writer gave up waiting for the leaf's readers, whose share words read `last`:
+    /// tracks how long the touched groups stood still (across attempts and aborts, in
     /// `self.leaf_readers_seen`) and, past
     /// `T_lease`, repairs them (`Cnt := Max`: every reader registered then is dead, §3.10 —
     /// the counter pairs only grow, so standing still means nobody came or left). Returns
@@ -1620,10 +1661,9 @@ impl CitronClient {
         &mut self,
         share: RemoteAddr,
         mask: u64,
-        last: u64,
+        last: LeafShare,
     ) -> Result<bool, LockError> {
-        let fields = layout::leaf_share_fields(mask);
-        let v = last & fields;
+        let v = last.and(&LeafShare::fields(mask));
         match self.leaf_readers_seen {
             Some((at, s, since)) if at == share && s == v => {
                 if since.elapsed() >= self.rec.t_lease()
@@ -1632,9 +1672,7 @@ impl CitronClient {
                         "leaf readers repair",
                     )
                 {
-                    let repaired = layout::leaf_share_repaired(last, mask);
-                    let old = self.ep_masked_cas(share, last, fields, repaired, fields)?;
-                    if old & fields == v {
+                    if self.repair_leaf_readers(share, last, mask)? {
                         self.stats.recoveries += 1;
                         tracing::warn!(?share, "lock tree leaf: readers of a dead client repaired");
                     }
@@ -1791,25 +1829,22 @@ impl CitronClient {
         // for `T_lease` while we hold the parent belong to dead readers (a live one that
         // registered before our `Occ` was waited for in phase (d); a later one backs off).
         let share = self.share_addr(leaf)?;
-        let mut last = self.ep_read_u64(share)?;
+        let mut last = self.ep_read_leaf_share(share)?;
         let mut since = Instant::now();
-        while layout::leaf_readers(last, !0) {
+        while last.readers(!0) {
             if since.elapsed() >= lease {
                 if !crate::fence::before_recovery(self.opts.fence.as_ref(), "leaf readers repair") {
                     since = Instant::now();
                     continue;
                 }
-                let fields = layout::leaf_share_fields(!0);
-                let repaired = layout::leaf_share_repaired(last, !0);
-                let old = self.ep_masked_cas(share, last, fields, repaired, fields)?;
-                if old == last {
+                if self.repair_leaf_readers(share, last, !0)? {
                     self.stats.recoveries += 1;
                     tracing::warn!(?leaf, "lock tree leaf: readers of a dead client repaired");
                     return Ok(());
                 }
             }
             backoff.snooze(&mut self.rng);
-            let w = self.ep_read_u64(share)?;
+            let w = self.ep_read_leaf_share(share)?;
             if w != last {
                 last = w;
                 since = Instant::now();

@@ -79,14 +79,19 @@
 //! tags the node word, so a releaser learns from its own release verb whether its shared
 //! notification was copied.
 //!
-//! On a leaf the share word counts the readers of each half of the leaf, as counter pairs:
+//! A node has [`SHARE_WORDS_PER_NODE`] share words, side by side; an internal node uses the
+//! first. On a leaf they count the readers of each *group* of [`LEAF_GROUP_UNITS`] units
+//! ([`LeafShare`]), as counter pairs, two groups per word:
 //!
 //! ```text
 //!  63 ........ 48  47 ........ 32  31 ........ 16  15 ......... 0
-//! [  Cnt (hi)    ][  Max (hi)    ][  Cnt (lo)    ][  Max (lo)    ]
+//! [  Cnt (2i+1)  ][  Max (2i+1)  ][  Cnt (2i)    ][  Max (2i)    ]   share word i
 //! ```
 //!
-//! the low pair for units `0..32` of the leaf, the high pair for `32..64` ([`LEAF_SHARE_BOUNDARY`]).
+//! group `g` being units `8g..8g+8` of the leaf ([`LEAF_SHARE_BOUNDARY`]). A writer waits for
+//! the readers of the groups its bits touch, so the smaller the groups, the fewer readers of
+//! other units it waits for; eight groups cost a reader one masked FAA per share word it
+//! touches (one for a range inside 16 units) and a writer one read of all four words.
 
 use fabric::RemoteAddr;
 use serde::{Deserialize, Serialize};
@@ -444,61 +449,146 @@ impl Segment {
     }
 }
 
-/// Words of storage per tree node: the node word, its owner record and its share word.
-pub const STORAGE_WORDS_PER_NODE: u64 = 3;
+/// Share words per node: an internal node uses the first, a leaf all of them ([`LeafShare`]).
+pub const SHARE_WORDS_PER_NODE: u64 = 4;
+
+/// Words of storage per tree node: the node word, its owner record and its share words.
+pub const STORAGE_WORDS_PER_NODE: u64 = 2 + SHARE_WORDS_PER_NODE;
+
+/// Units of a leaf that one reader counter pair covers (a *group*; two per share word).
+pub const LEAF_GROUP_UNITS: u32 = 8;
 
 /// Masked-FAA boundary mask of a leaf's share word: four 16-bit fields.
 pub const LEAF_SHARE_BOUNDARY: u64 = (1 << 15) | (1 << 31) | (1 << 47) | (1 << 63);
 
-/// The leaf share word's addend that registers a reader of the halves of a leaf that `mask`
-/// (a leaf bitmask) touches (`Max += 1` per half).
-pub const fn leaf_share_register(mask: u64) -> u64 {
-    let mut add = 0;
-    if mask & 0xFFFF_FFFF != 0 {
-        add |= 1;
-    }
-    if mask >> 32 != 0 {
-        add |= 1 << 32;
-    }
-    add
+/// Bytes of a leaf's share words, read with one verb.
+pub const LEAF_SHARE_BYTES: usize = 8 * SHARE_WORDS_PER_NODE as usize;
+
+/// A leaf's reader counters: its [`SHARE_WORDS_PER_NODE`] share words, or an addend to them, or
+/// a mask of their fields. Every pair only grows (modulo 2^16), `Max` when a reader registers,
+/// `Cnt` when it leaves, so equal pairs mean no reader, and a pair that stood still means
+/// nobody came or went.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LeafShare(pub [u64; SHARE_WORDS_PER_NODE as usize]);
+
+/// Word `i`'s view of a leaf bitmask: its low half set when group `2i` is touched, its high
+/// half when group `2i + 1` is.
+const fn word_view(mask: u64, i: usize) -> u64 {
+    let b = (mask >> (2 * LEAF_GROUP_UNITS as usize * i)) & 0xFFFF;
+    (b & 0xFF) | ((b >> LEAF_GROUP_UNITS) << 32)
 }
 
-/// The leaf share word's addend that deregisters what [`leaf_share_register`] registered
-/// (`Cnt += 1` per half).
-pub const fn leaf_share_release(register: u64) -> u64 {
-    register << 16
-}
+impl LeafShare {
+    /// The addend that registers a reader of every group `mask` (a leaf bitmask) touches
+    /// (`Max += 1` each).
+    pub const fn register(mask: u64) -> Self {
+        let mut w = [0; SHARE_WORDS_PER_NODE as usize];
+        let mut i = 0;
+        while i < w.len() {
+            let v = word_view(mask, i);
+            w[i] = (v & 0xFFFF_FFFF != 0) as u64 | (((v >> 32 != 0) as u64) << 32);
+            i += 1;
+        }
+        Self(w)
+    }
 
-/// Whether the leaf share word `w` shows a reader of a half of the leaf that `mask` touches.
-pub const fn leaf_readers(w: u64, mask: u64) -> bool {
-    let lo = mask & 0xFFFF_FFFF != 0 && (w & 0xFFFF) != ((w >> 16) & 0xFFFF);
-    let hi = mask >> 32 != 0 && ((w >> 32) & 0xFFFF) != ((w >> 48) & 0xFFFF);
-    lo || hi
-}
+    /// The addend that deregisters what `self` (a [`LeafShare::register`]) registered
+    /// (`Cnt += 1` each).
+    pub const fn release(self) -> Self {
+        let mut w = self.0;
+        let mut i = 0;
+        while i < w.len() {
+            w[i] <<= 16;
+            i += 1;
+        }
+        Self(w)
+    }
 
-/// The fields of a leaf share word that `mask` touches (both counters of each half).
-pub const fn leaf_share_fields(mask: u64) -> u64 {
-    let mut f = 0;
-    if mask & 0xFFFF_FFFF != 0 {
-        f |= 0xFFFF_FFFF;
+    /// Whether nothing is in it (an addend that adds nothing).
+    pub fn is_empty(&self) -> bool {
+        self.0.iter().all(|w| *w == 0)
     }
-    if mask >> 32 != 0 {
-        f |= 0xFFFF_FFFF << 32;
-    }
-    f
-}
 
-/// The leaf share word `w` with every touched half's `Cnt` set to its `Max` (the repair of
-/// dead readers, §3.10 for shared mode).
-pub const fn leaf_share_repaired(w: u64, mask: u64) -> u64 {
-    let mut r = w;
-    if mask & 0xFFFF_FFFF != 0 {
-        r = (r & !(0xFFFF << 16)) | ((w & 0xFFFF) << 16);
+    /// Whether these counters show a reader of a group `mask` touches.
+    pub fn readers(&self, mask: u64) -> bool {
+        self.0.iter().enumerate().any(|(i, &w)| {
+            let v = word_view(mask, i);
+            let lo = v & 0xFFFF_FFFF != 0 && (w & 0xFFFF) != ((w >> 16) & 0xFFFF);
+            let hi = v >> 32 != 0 && ((w >> 32) & 0xFFFF) != ((w >> 48) & 0xFFFF);
+            lo || hi
+        })
     }
-    if mask >> 32 != 0 {
-        r = (r & !(0xFFFF << 48)) | (((w >> 32) & 0xFFFF) << 48);
+
+    /// The fields (both counters of each group) that `mask` touches.
+    pub const fn fields(mask: u64) -> Self {
+        let reg = Self::register(mask);
+        let mut w = reg.0;
+        let mut i = 0;
+        while i < w.len() {
+            w[i] = (w[i] | (w[i] << 16)) * 0xFFFF;
+            i += 1;
+        }
+        Self(w)
     }
-    r
+
+    /// `self` with only the fields of `fields`.
+    pub fn and(&self, fields: &Self) -> Self {
+        let mut w = self.0;
+        for (w, f) in w.iter_mut().zip(fields.0) {
+            *w &= f;
+        }
+        Self(w)
+    }
+
+    /// These counters with every group `mask` touches repaired: `Cnt` set to `Max` (the
+    /// repair of dead readers, §3.10 for shared mode).
+    pub fn repaired(&self, mask: u64) -> Self {
+        let mut w = self.0;
+        for (i, w) in w.iter_mut().enumerate() {
+            let v = word_view(mask, i);
+            if v & 0xFFFF_FFFF != 0 {
+                *w = (*w & !(0xFFFF << 16)) | ((*w & 0xFFFF) << 16);
+            }
+            if v >> 32 != 0 {
+                *w = (*w & !(0xFFFF << 48)) | (((*w >> 32) & 0xFFFF) << 48);
+            }
+        }
+        Self(w)
+    }
+
+    /// The words and their addresses from `at` (the leaf's first share word) that are not
+    /// zero: where an addend adds something, or a field mask has fields.
+    pub fn nonzero(&self, at: RemoteAddr) -> impl Iterator<Item = (RemoteAddr, u64)> + '_ {
+        self.0
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| **w != 0)
+            .map(move |(i, w)| (at.word(i as u64), *w))
+    }
+
+    /// The counters read at `h` (a read of [`LEAF_SHARE_BYTES`]), from word `first` of it.
+    pub fn read(out: &fabric::Completions, h: fabric::ReadHandle, first: usize) -> Self {
+        let mut w = [0; SHARE_WORDS_PER_NODE as usize];
+        for (i, w) in w.iter_mut().enumerate() {
+            *w = out.word(h, first + i);
+        }
+        Self(w)
+    }
+
+    /// Posts the masked FAAs that add `self` (an addend) at `at`, one per word it changes;
+    /// returns the first one's handle (none for an empty addend).
+    pub fn post_add(
+        &self,
+        batch: &mut fabric::Batch,
+        at: RemoteAddr,
+    ) -> Option<fabric::AtomicHandle> {
+        let mut first = None;
+        for (a, add) in self.nonzero(at) {
+            let h = batch.masked_faa(a, add, LEAF_SHARE_BOUNDARY);
+            first.get_or_insert(h);
+        }
+        first
+    }
 }
 
 /// The root's share word's flag (bit 60, unused otherwise) that every shared acquisition sets
@@ -512,13 +602,13 @@ pub const fn node_readers(share: u64) -> u64 {
     counter_gap(tmax(share), tcnt(share))
 }
 
-/// Where `node`'s share word lives given the storage `segments`, if it has storage: the second
-/// parallel array after the segment's nodes.
+/// Where `node`'s (first) share word lives given the storage `segments`, if it has storage: the
+/// second parallel array after the segment's nodes, [`SHARE_WORDS_PER_NODE`] words per node.
 pub fn share_addr(segments: &[Segment], node: Node) -> Option<RemoteAddr> {
-    segments
-        .iter()
-        .find(|s| s.holds(node))
-        .map(|s| s.addr.word(2 * s.words() + s.slot(node)))
+    segments.iter().find(|s| s.holds(node)).map(|s| {
+        s.addr
+            .word(2 * s.words() + SHARE_WORDS_PER_NODE * s.slot(node))
+    })
 }
 
 /// The valid bit of an owner record.
@@ -663,22 +753,53 @@ mod tests {
     #[test]
     fn leaf_share_words() {
         use fabric::atomic_ops::masked_faa_result;
-        let lo = leaf_share_register(0b1100);
-        let both = leaf_share_register(1 | (1 << 40));
-        assert_eq!(lo, 1);
-        assert_eq!(both, 1 | (1 << 32));
-        let w = masked_faa_result(0, both, LEAF_SHARE_BOUNDARY);
-        assert!(leaf_readers(w, 1));
-        assert!(leaf_readers(w, 1 << 63));
-        let w = masked_faa_result(w, leaf_share_release(lo), LEAF_SHARE_BOUNDARY);
-        assert!(!leaf_readers(w, 1));
-        assert!(leaf_readers(w, 1 << 33));
-        assert!(!leaf_readers(leaf_share_repaired(w, 1 << 33), 1 << 33));
+        let add = |w: LeafShare, a: LeafShare| {
+            let mut out = w;
+            for (o, a) in out.0.iter_mut().zip(a.0) {
+                *o = masked_faa_result(*o, a, LEAF_SHARE_BOUNDARY);
+            }
+            out
+        };
+        // Units 2..4: group 0, the low pair of word 0.
+        let lo = LeafShare::register(0b1100);
+        assert_eq!(lo, LeafShare([1, 0, 0, 0]));
+        // Units 0 and 40: groups 0 and 5 (word 2's high pair).
+        let two = LeafShare::register(1 | (1 << 40));
+        assert_eq!(two, LeafShare([1, 0, 1 << 32, 0]));
+        assert_eq!(LeafShare::register(!0), LeafShare([1 | (1 << 32); 4]));
+        // Units 7..9 straddle groups 0 and 1: one word, both pairs.
+        assert_eq!(
+            LeafShare::register(0b11 << 7),
+            LeafShare([1 | (1 << 32), 0, 0, 0])
+        );
+        let w = add(LeafShare::default(), two);
+        assert!(w.readers(1));
+        assert!(w.readers(1 << 47), "unit 47 is in group 5");
+        assert!(!w.readers(1 << 48), "unit 48 is in group 6");
+        assert!(!w.readers(0xFF00), "group 1 has no reader");
+        let w = add(w, lo.release());
+        assert!(!w.readers(1));
+        assert!(w.readers(1 << 41));
+        assert!(!w.repaired(1 << 41).readers(1 << 41));
+        assert_eq!(
+            LeafShare::fields(1 << 41),
+            LeafShare([0, 0, 0xFFFF_FFFF << 32, 0])
+        );
+        assert_eq!(
+            w.and(&LeafShare::fields(1 << 41)),
+            LeafShare([0, 0, 1 << 32, 0])
+        );
         // Wrap: Max at 0xFFFF plus one is 0 and carries nowhere.
-        let full = 0xFFFF | (0xFFFF << 16);
-        let w = masked_faa_result(full, lo, LEAF_SHARE_BOUNDARY);
-        assert_eq!(w, 0xFFFF << 16);
-        assert!(leaf_readers(w, 1));
+        let full = LeafShare([0xFFFF | (0xFFFF << 16), 0, 0, 0]);
+        let w = add(full, lo);
+        assert_eq!(w, LeafShare([0xFFFF << 16, 0, 0, 0]));
+        assert!(w.readers(1));
+        // Every unit maps to exactly one group, and a group's 8 units to the same one.
+        for unit in 0..64 {
+            let reg = LeafShare::register(1 << unit);
+            assert_eq!(reg.0.iter().map(|w| w.count_ones()).sum::<u32>(), 1);
+            assert_eq!(reg, LeafShare::register(1 << (unit / 8 * 8)));
+        }
     }
 
     #[test]
@@ -763,9 +884,12 @@ mod tests {
             assert!(s.slot(node) < s.words(), "slot in range");
             assert!(seen.insert(node_addr(&segments, node).unwrap()));
             assert!(seen.insert(owner_addr(&segments, node).unwrap()));
-            assert!(seen.insert(share_addr(&segments, node).unwrap()));
+            let share = share_addr(&segments, node).unwrap();
+            for i in 0..SHARE_WORDS_PER_NODE {
+                assert!(seen.insert(share.word(i)));
+            }
         }
-        assert_eq!(seen.len() as u64, 3 * tree_nodes(top));
+        assert_eq!(seen.len() as u64, STORAGE_WORDS_PER_NODE * tree_nodes(top));
     }
 
     #[test]

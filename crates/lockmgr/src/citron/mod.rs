@@ -281,11 +281,11 @@ pub(crate) struct HeldNode {
     /// The earliest instant at which a writer could repair the registration away
     /// ([`lease::token_deadline`]: the same `H·T_lease` stand-still as `DCnt`).
     pub(crate) readers_deadline: Option<Instant>,
-    /// Shared, leaf: what was added to the leaf's share word (`layout::leaf_share_register`),
-    /// 0 if nothing; its deadline is `bits_deadline`.
-    pub(crate) leaf_register: u64,
+    /// Shared, leaf: what was added to the leaf's share words (`layout::LeafShare::register`),
+    /// empty if nothing; its deadline is `bits_deadline`.
+    pub(crate) leaf_register: layout::LeafShare,
     /// Shared fast path on a node over leaves: the share words of the leaf children registered
-    /// whole (both halves); their deadline is `bits_deadline`.
+    /// whole (every group); their deadline is `bits_deadline`.
     pub(crate) reader_children: Vec<RemoteAddr>,
 }
 
@@ -308,7 +308,7 @@ impl HeldNode {
             readers: false,
             readers_tag: 0,
             readers_deadline: None,
-            leaf_register: 0,
+            leaf_register: layout::LeafShare::default(),
             reader_children: Vec::new(),
         }
     }
@@ -317,7 +317,7 @@ impl HeldNode {
     pub(crate) fn deadline(&self) -> Option<Instant> {
         let bits = (self.leaf_mask != 0
             || !self.children.is_empty()
-            || self.leaf_register != 0
+            || !self.leaf_register.is_empty()
             || !self.reader_children.is_empty())
         .then_some(self.bits_deadline)
         .flatten();
@@ -374,7 +374,8 @@ pub struct Audit {
     /// words.
     pub busy_nodes: Vec<(Node, u64)>,
     /// Share words not at rest (readers registered, a counter pair apart), with their words
-    /// (`layout`, "Share word"; the scale-up tag does not count).
+    /// (`layout`, "Share word"; the scale-up tag does not count); a leaf's, each of its share
+    /// words that is not.
     pub busy_shares: Vec<(Node, u64)>,
     /// The spillover mutex is held or waited for.
     pub spillover_busy: bool,
@@ -427,7 +428,7 @@ pub struct CitronClient {
     /// A leaf writer kept out by readers: the leaf's share word, the readers' fields as last
     /// seen, and since when they stood still (`acquire::leaf_readers_stood`), across the
     /// attempts and aborts of one acquisition.
-    leaf_readers_seen: Option<(RemoteAddr, u64, Instant)>,
+    leaf_readers_seen: Option<(RemoteAddr, layout::LeafShare, Instant)>,
     /// This client saw the lock's `READERS_SEEN` flag set (`layout`): from now on its
     /// writers read the share words of their ancestors and windows directly.
     readers_seen: bool,
@@ -532,21 +533,29 @@ impl CitronClient {
                     reads.push((
                         node,
                         self.batch.read(self.node_addr(node)?, 8),
-                        self.batch.read(self.share_addr(node)?, 8),
+                        self.batch
+                            .read(self.share_addr(node)?, layout::LEAF_SHARE_BYTES),
                     ));
                 }
                 self.exec()?;
                 for (node, r, sr) in reads {
-                    let sw = self.out.word(sr, 0);
-                    let share_busy = if node.is_leaf() {
-                        layout::leaf_readers(sw, !0)
+                    if node.is_leaf() {
+                        let ls = layout::LeafShare::read(&self.out, sr, 0);
+                        for (i, &sw) in ls.0.iter().enumerate() {
+                            let mut one = layout::LeafShare::default();
+                            one.0[i] = sw;
+                            if one.readers(!0) {
+                                audit.busy_shares.push((node, sw));
+                            }
+                        }
                     } else {
-                        sw & !layout::EXP != 0
+                        let sw = self.out.word(sr, 0);
+                        if sw & !layout::EXP != 0
                             && (layout::dcnt(sw) != layout::dmax(sw)
                                 || layout::tcnt(sw) != layout::tmax(sw))
-                    };
-                    if share_busy {
-                        audit.busy_shares.push((node, sw));
+                        {
+                            audit.busy_shares.push((node, sw));
+                        }
                     }
                     let w = self.out.word(r, 0);
                     let busy = if node.is_leaf() {

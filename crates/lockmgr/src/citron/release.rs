@@ -28,8 +28,7 @@
 //! `Ok` (the lock is no longer ours either way).
 
 use super::layout::{
-    exp_tag, leaf_share_register, leaf_share_release, ADD_DCNT, ADD_TCNT, BOUNDARY, COUNTER_MASK,
-    LEAF_SHARE_BOUNDARY, OCC, TCNT, TCNT_SHIFT,
+    exp_tag, LeafShare, ADD_DCNT, ADD_TCNT, BOUNDARY, COUNTER_MASK, OCC, TCNT, TCNT_SHIFT,
 };
 use super::scaleup::Continue;
 use super::spillover::spill_released;
@@ -109,7 +108,7 @@ impl CitronClient {
                 words.push((h, expect, cont));
             }
             // Shared parts (`docs/SHARED_LOCKS.md`): leave the node (`RCnt += 1`), the leaf's
-            // halves and the fast path's children (`Cnt += 1`); past their deadline a writer
+            // groups and the fast path's children (`Cnt += 1`); past their deadline a writer
             // may have repaired them already: left out, as a late notification is.
             if n.readers {
                 if let (true, Some(at)) = (live(n.readers_deadline), n.share) {
@@ -126,13 +125,9 @@ impl CitronClient {
                     late += 1;
                 }
             }
-            if n.leaf_register != 0 {
+            if !n.leaf_register.is_empty() {
                 if let (true, Some(at)) = (bits_live, n.share) {
-                    self.batch.masked_faa(
-                        at,
-                        leaf_share_release(n.leaf_register),
-                        LEAF_SHARE_BOUNDARY,
-                    );
+                    n.leaf_register.release().post_add(&mut self.batch, at);
                 } else {
                     late += 1;
                 }
@@ -141,8 +136,9 @@ impl CitronClient {
                 late += 1;
             }
             for c in n.reader_children.iter().filter(|_| bits_live) {
-                let all = leaf_share_release(leaf_share_register(!0));
-                self.batch.masked_faa(*c, all, LEAF_SHARE_BOUNDARY);
+                LeafShare::register(!0)
+                    .release()
+                    .post_add(&mut self.batch, *c);
             }
             for t in &n.tokens {
                 if now >= t.deadline {

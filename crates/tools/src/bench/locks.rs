@@ -14,7 +14,9 @@
 //! results) or `-exclusive` (reads taken exclusively: the scheme as it was without a shared
 //! mode), so `--scheme citron-shared,citron-exclusive,server-shared` compares them in one run.
 //! Which acquisitions are reads is drawn from each thread's own stream, the same for every
-//! scheme; `--read-ratio 0` (the default) draws nothing and runs what it always ran.
+//! scheme; `--read-ratio 0` (the default) draws nothing and runs what it always ran. The
+//! acquisitions drawn as reads and those drawn as writes get a p99 each (`read p99`,
+//! `write p99`; `read_p99_us`, `write_p99_us` in `--json`): what sharing costs the writers.
 //!
 //! The `server` scheme's lock server runs in this process on TCP loopback (its own threads),
 //! whatever the backend: its CPU time is in the per-operation figure too. With `--backend tcp`
@@ -178,6 +180,12 @@ pub struct LocksResult {
     pub p99_us: f64,
     /// Longest acquire, µs.
     pub max_us: f64,
+    /// 99th-percentile acquire latency of the acquisitions drawn as reads, µs (none at
+    /// `--read-ratio 0`).
+    pub read_p99_us: Option<f64>,
+    /// 99th-percentile acquire latency of the acquisitions drawn as writes, µs (none at
+    /// `--read-ratio 1`): what readers cost the writers that wait for them.
+    pub write_p99_us: Option<f64>,
     /// Aborted attempts per acquisition.
     pub abort_rate: f64,
     /// Round trips per acquisition.
@@ -395,6 +403,8 @@ impl Fabric {
 /// What one client thread measured.
 struct ThreadResult {
     latencies: Histogram<u64>,
+    /// The acquisitions drawn as reads, and those drawn as writes.
+    by_kind: [Histogram<u64>; 2],
     stats: LockStats,
     ops: u64,
 }
@@ -492,15 +502,19 @@ fn run_one(args: &LocksArgs, name: &str, threads: usize) -> Result<LocksResult> 
     std::thread::sleep(Duration::from_secs_f64(args.duration));
     stop.store(true, Ordering::Relaxed);
     let mut latencies = new_histogram();
+    let mut by_kind = [new_histogram(), new_histogram()];
     let mut stats = LockStats::default();
     let mut ops = 0;
     let mut failure = None;
     for worker in workers {
         match worker.join() {
             Ok(Ok(result)) => {
-                latencies
-                    .add(&result.latencies)
-                    .map_err(|e| anyhow!("merge histograms: {e:?}"))?;
+                for (into, from) in std::iter::once((&mut latencies, &result.latencies))
+                    .chain(by_kind.iter_mut().zip(&result.by_kind))
+                {
+                    into.add(from)
+                        .map_err(|e| anyhow!("merge histograms: {e:?}"))?;
+                }
                 stats.merge(&result.stats);
                 ops += result.ops;
             }
@@ -532,6 +546,8 @@ fn run_one(args: &LocksArgs, name: &str, threads: usize) -> Result<LocksResult> 
         p50_us: us(latencies.value_at_quantile(0.5)),
         p99_us: us(latencies.value_at_quantile(0.99)),
         max_us: us(latencies.max()),
+        read_p99_us: (!by_kind[0].is_empty()).then(|| us(by_kind[0].value_at_quantile(0.99))),
+        write_p99_us: (!by_kind[1].is_empty()).then(|| us(by_kind[1].value_at_quantile(0.99))),
         abort_rate: stats.abort_rate(),
         rtts_per_acquire: stats.rtts_per_acquire(),
         rtts_per_release: stats.rtts_per_release(),
@@ -574,25 +590,26 @@ fn client(
 ) -> Result<ThreadResult> {
     let mut rng = SmallRng::seed_from_u64(0xB17_C0DE ^ seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
     let mut latencies = new_histogram();
+    let mut by_kind = [new_histogram(), new_histogram()];
     let mut ops = 0;
     start.wait();
     // The statistics of the measured loop only (opening may have cost traffic).
     let before = lock.stats();
     while !stop.load(Ordering::Relaxed) {
         let left = borders.sample(&mut rng);
-        let mode = if reads.0 > 0.0 && rng.random_bool(reads.0) {
-            reads.1
-        } else {
-            LockMode::Exclusive
-        };
+        let read = reads.0 > 0.0 && rng.random_bool(reads.0);
+        let mode = if read { reads.1 } else { LockMode::Exclusive };
         let began = Instant::now();
         let id = lock.acquire_mode(left..left + range, mode)?;
-        latencies.saturating_record(began.elapsed().as_nanos() as u64);
+        let took = began.elapsed().as_nanos() as u64;
+        latencies.saturating_record(took);
+        by_kind[usize::from(!read)].saturating_record(took);
         lock.release(id)?;
         ops += 1;
     }
     Ok(ThreadResult {
         latencies,
+        by_kind,
         stats: lock.stats().since(&before),
         ops,
     })
@@ -615,7 +632,7 @@ fn cpu_time() -> Duration {
 
 fn print_table(results: &[LocksResult]) {
     println!(
-        "{:<22} {:<7} {:>7} {:>6} {:>5} {:>12} {:>9} {:>9} {:>10} {:>8} {:>8} {:>10}",
+        "{:<22} {:<7} {:>7} {:>6} {:>5} {:>12} {:>9} {:>9} {:>11} {:>11} {:>10} {:>8} {:>8} {:>10}",
         "scheme",
         "backend",
         "threads",
@@ -624,11 +641,14 @@ fn print_table(results: &[LocksResult]) {
         "ops/s",
         "p50 µs",
         "p99 µs",
+        "read p99",
+        "write p99",
         "abort rate",
         "RTT/acq",
         "RTT/rel",
         "CPU µs/op"
     );
+    let p99 = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |us| format!("{us:.1}"));
     for r in results {
         let scheme = match r.seg_size {
             Some(size) => format!("{} ({size})", r.scheme),
@@ -636,7 +656,7 @@ fn print_table(results: &[LocksResult]) {
             None => r.scheme.clone(),
         };
         println!(
-            "{:<22} {:<7} {:>7} {:>6} {:>5.2} {:>12.0} {:>9.1} {:>9.1} {:>10.4} {:>8.2} {:>8.2} {:>10.2}",
+            "{:<22} {:<7} {:>7} {:>6} {:>5.2} {:>12.0} {:>9.1} {:>9.1} {:>11} {:>11} {:>10.4} {:>8.2} {:>8.2} {:>10.2}",
             scheme,
             r.backend,
             r.threads,
@@ -645,6 +665,8 @@ fn print_table(results: &[LocksResult]) {
             r.ops_per_s,
             r.p50_us,
             r.p99_us,
+            p99(r.read_p99_us),
+            p99(r.write_p99_us),
             r.abort_rate,
             r.rtts_per_acquire,
             r.rtts_per_release,
