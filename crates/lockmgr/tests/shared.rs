@@ -39,19 +39,21 @@ fn assert_rest(c: &mut CitronClient) {
     assert!(audit.at_rest(), "not at rest: {audit:?}");
 }
 
-/// (range, shared acquire round trips with fast path, without).
-const CASES: &[(u64, u64, u64, u64)] = &[
+/// (range, shared acquire round trips with fast path, without, exclusive with fast path).
+const CASES: &[(u64, u64, u64, u64, u64)] = &[
     // One leaf: (b) reads, registration, bits read, notification, root read: one batch.
     // Without: reads; registration + bits; notify + root.
-    (10, 20, 1, 3),
-    // A node over leaves: ticket + reads; registration + ticket passed + the four children
-    // registered and their bits read + notify + root. Without: ticket, reads, register+pass,
-    // notify+root, window.
-    (256, 512, 2, 5),
+    (10, 20, 1, 3, 1),
+    // A node over leaves, nobody in its bakery: (b) reads, registration without a ticket and
+    // the node word read, the four children registered and their bits read, notify + root:
+    // one batch (exclusive: ticket + reads; Occ + children + notify). Without the fast path:
+    // ticket, reads, register+pass, notify+root, window.
+    (256, 512, 1, 5, 2),
     // Two leaves, one after the other.
-    (60, 70, 2, 6),
-    // A node two levels up: the wait of phase (d) and one window read.
-    (0, 1024, 3, 5),
+    (60, 70, 2, 6, 2),
+    // A node two levels up: one batch as above, then the wait of phase (d) and one window
+    // read (exclusive: the ticket's round trip first).
+    (0, 1024, 2, 5, 3),
 ];
 
 /// Acquires and releases `range` in `mode`; returns (acquire RTTs, verbs), (release RTTs, verbs).
@@ -78,11 +80,11 @@ fn uncontended_shared_round_trips() {
         let mut c = citron.client().unwrap();
         assert!(c.modes().contains(&LockMode::Shared));
         // Exclusive on a lock never used in shared mode: what every lock pays today.
-        for &(l, r, _, _) in CASES {
+        for &(l, r, ..) in CASES {
             let (acq, rel) = measure(&mut c, l, r, LockMode::Exclusive);
             eprintln!("exclusive (no readers ever) {l}..{r} fast_path={fast_path}: acquire {acq:?}, release {rel:?} (RTTs, verbs)");
         }
-        for &(l, r, fast, slow) in CASES {
+        for &(l, r, fast, slow, _) in CASES {
             let (acq, rel) = measure(&mut c, l, r, LockMode::Shared);
             let want = if fast_path { fast } else { slow };
             assert_eq!(acq.0, want, "shared acquire {l}..{r} fast_path={fast_path}");
@@ -94,7 +96,7 @@ fn uncontended_shared_round_trips() {
         // Exclusive once readers are in use: the first acquisition learns it (one more round
         // trip, once per client), then the same round trips as before, more verbs.
         let _ = measure(&mut c, 10, 20, LockMode::Exclusive);
-        for &(l, r, fast, slow) in CASES {
+        for &(l, r, _, slow, fast) in CASES {
             let (acq, rel) = measure(&mut c, l, r, LockMode::Exclusive);
             let want = if fast_path { fast } else { slow };
             assert_eq!(

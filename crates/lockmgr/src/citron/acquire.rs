@@ -872,59 +872,64 @@ impl CitronClient {
         hn.share = Some(share);
         let mut phase_b_done: Option<Instant> = None;
 
-        // Phase (a): as `lock_node`.
-        if !node.is_leaf() {
-            self.batch.clear();
-            let th = self.batch.masked_faa(addr, ADD_TMAX, BOUNDARY);
-            let reads: Vec<ReadHandle> = if fastp {
-                ancs.iter().map(|(_, a)| self.batch.read(*a, 8)).collect()
-            } else {
-                Vec::new()
-            };
-            let posted = Instant::now();
-            self.exec()?;
-            hn.ticket = true;
-            let old = self.out.old(th);
-            let ticket = tmax(old);
-            hn.ticket_no = ticket;
-            hn.word_deadline = Some(lease::word_deadline(posted, lease_t, node.hgt));
-            if tcnt(old) != ticket {
-                was_fast = false;
-                self.progress.set(Phase::Ticket);
-                match self.wait_ticket(addr, ticket, old, posted, node, node == root, held)? {
-                    TicketWait::Served(anchor) => {
-                        hn.word_deadline = Some(lease::word_deadline(anchor, lease_t, node.hgt));
-                    }
-                    TicketWait::Give(give) => {
-                        self.release_parts(&[hn], None)?;
-                        return Ok(give);
-                    }
-                    TicketWait::PassedOver => return Ok(Outcome::Restart),
-                }
-            } else if node == root && exp_tag(old) != 0 {
-                self.release_parts(&[hn], None)?;
-                return Ok(Outcome::Aborted(Why::ScaleUp));
-            } else if fastp {
-                let words: Vec<u64> = reads.iter().map(|r| self.out.word(*r, 0)).collect();
-                if words.last().is_some_and(|w| exp_tag(*w) != 0) {
-                    self.release_parts(&[hn], None)?;
-                    return Ok(Outcome::Aborted(Why::ScaleUp));
-                }
-                if blocking(&words, &[]).is_none() {
-                    phase_b_done = Some(posted);
-                }
-            }
-        }
-
+        // An internal node: without a ticket while nobody is in its bakery (fast path only,
+        // `docs/SHARED_LOCKS.md`, "Readers without a ticket"); else phase (a) first.
+        let mut ticketless = fastp && !node.is_leaf();
+        let mut need_ticket = !node.is_leaf() && !ticketless;
         let mut leaf_fail_since: Option<Instant> = None;
         let mut leaf_backoff = self.backoff();
-        let mut one_batch = fastp && node.is_leaf() && !ancs.is_empty();
+        let mut one_batch = fastp && (node.is_leaf() || ticketless) && !ancs.is_empty();
         // The leaf's bits under our mask at the failed attempts, and since when they read so;
         // `moved`: they changed since the first. A dead writer's bits stand still
         // (`docs/SHARED_LOCKS.md`, "Readers repair a dead writer's leaf").
         let mut in_way: Option<(u64, Instant)> = None;
         let mut moved = false;
         loop {
+            if need_ticket {
+                need_ticket = false;
+                // Phase (a): as `lock_node`.
+                self.batch.clear();
+                let th = self.batch.masked_faa(addr, ADD_TMAX, BOUNDARY);
+                let reads: Vec<ReadHandle> = if fastp {
+                    ancs.iter().map(|(_, a)| self.batch.read(*a, 8)).collect()
+                } else {
+                    Vec::new()
+                };
+                let posted = Instant::now();
+                self.exec()?;
+                hn.ticket = true;
+                let old = self.out.old(th);
+                let ticket = tmax(old);
+                hn.ticket_no = ticket;
+                hn.word_deadline = Some(lease::word_deadline(posted, lease_t, node.hgt));
+                if tcnt(old) != ticket {
+                    was_fast = false;
+                    self.progress.set(Phase::Ticket);
+                    match self.wait_ticket(addr, ticket, old, posted, node, node == root, held)? {
+                        TicketWait::Served(anchor) => {
+                            hn.word_deadline =
+                                Some(lease::word_deadline(anchor, lease_t, node.hgt));
+                        }
+                        TicketWait::Give(give) => {
+                            self.release_parts(&[hn], None)?;
+                            return Ok(give);
+                        }
+                        TicketWait::PassedOver => return Ok(Outcome::Restart),
+                    }
+                } else if node == root && exp_tag(old) != 0 {
+                    self.release_parts(&[hn], None)?;
+                    return Ok(Outcome::Aborted(Why::ScaleUp));
+                } else if fastp {
+                    let words: Vec<u64> = reads.iter().map(|r| self.out.word(*r, 0)).collect();
+                    if words.last().is_some_and(|w| exp_tag(*w) != 0) {
+                        self.release_parts(&[hn], None)?;
+                        return Ok(Outcome::Aborted(Why::ScaleUp));
+                    }
+                    if blocking(&words, &[]).is_none() {
+                        phase_b_done = Some(posted);
+                    }
+                }
+            }
             // Phase (b): occupied ancestors only.
             self.progress.set(Phase::Ancestors);
             let t1 = match phase_b_done.take() {
@@ -962,6 +967,11 @@ impl CitronClient {
                 let reg = register
                     .post_add(&mut self.batch, share)
                     .expect("a leaf request touches a unit");
+                (reg, Some(self.batch.read(addr, 8)), None)
+            } else if ticketless {
+                let reg = self.batch.masked_faa(share, ADD_TMAX, BOUNDARY);
+                // The node word after our registration (posting order): a writer that holds
+                // or waits has a ticket out, `TMax != TCnt`.
                 (reg, Some(self.batch.read(addr, 8)), None)
             } else {
                 let reg = self.batch.masked_faa(share, ADD_TMAX, BOUNDARY);
@@ -1035,6 +1045,26 @@ impl CitronClient {
             if node.is_leaf() {
                 hn.leaf_register = register;
                 hn.bits_deadline = Some(lease::bits_deadline(posted, lease_t));
+            } else if ticketless {
+                hn.readers = true;
+                hn.readers_tag = exp_tag(c.reg_old);
+                hn.readers_deadline = Some(lease::token_deadline(posted, lease_t, node.hgt));
+                hn.root_of = (node == root).then_some(h);
+                hn.reader_children = kids;
+                hn.bits_deadline = Some(lease::bits_deadline(posted, lease_t));
+                if occ(c.check) || tmax(c.check) != tcnt(c.check) {
+                    // Someone is in the bakery: a writer holds or waits (or a reader is
+                    // about to pass its turn on). Undo, and queue for a ticket like a writer.
+                    self.release_parts(&[hn], None)?;
+                    self.stats.retries += 1;
+                    hn = HeldNode::new(node, addr);
+                    hn.share = Some(share);
+                    ticketless = false;
+                    need_ticket = true;
+                    one_batch = false;
+                    was_fast = false;
+                    continue;
+                }
             } else {
                 if c.check & (TCNT | OCC) != hn.ticket_no << TCNT_SHIFT {
                     // Our turn was broken before we passed it on (paused past the lease?):
@@ -1061,9 +1091,9 @@ impl CitronClient {
                 let expanding = c.b_words.last().is_some_and(|w| exp_tag(*w) != 0);
                 if expanding || blocking(&c.b_words, &[]).is_some() {
                     // Speculative: undo (an abort, §3.5.5) and take the regular phase (b).
-                    self.release_parts(&[hn.clone()], None)?;
-                    hn.tokens.clear();
-                    hn.leaf_register = LeafShare::default();
+                    self.release_parts(&[hn], None)?;
+                    hn = HeldNode::new(node, addr);
+                    hn.share = Some(share);
                     if expanding {
                         return Ok(Outcome::Aborted(Why::ScaleUp));
                     }
