@@ -10,6 +10,11 @@
 //! (wrapping), paced at one per 3200 reads. Every 8 KiB block written carries its own checksum
 //! (a header naming the writer's sequence and a crc32 of the body), and every read checks that
 //! the block it got is whole: a torn read fails the run.
+//!
+//! The measured window starts once every thread has made one read (not counted; up to
+//! `WARM_UP_TRIES` tries): the first calls of a fresh client open its connections to the data
+//! servers, which a hundred threads starting together would otherwise charge to whichever
+//! scheme or read-lock mode runs first.
 
 use super::clients::{Clients, SharedFile, Via, WorkloadArgs};
 use super::runner::{interrupted, Run};
@@ -22,11 +27,13 @@ use lockmgr::{LockMode, LockScheme};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 /// Bytes of each data file and of the log file.
 const FILE_BYTES: u64 = 10 << 20;
+/// Tries of each thread's warm-up read before the measured window.
+const WARM_UP_TRIES: usize = 5;
 /// Data files.
 const DATA_FILES: usize = 10;
 /// Bytes of one read or data write.
@@ -292,7 +299,11 @@ fn run_scheme(
     let stop = Arc::new(AtomicBool::new(false));
     let blocks = FILE_BYTES / BLOCK as u64;
     let log_slots = FILE_BYTES / LOG_WRITE as u64;
-    let started = Instant::now();
+    let threads = files.len() * (1 + DATA_WRITERS + READERS);
+    // Every thread, its warm-up read made, and this one.
+    let warm = Barrier::new(threads + 1);
+    let warm = &warm;
+    let mut started = Instant::now();
     let outcomes: Vec<Result<ThreadOutcome>> = std::thread::scope(|s| {
         let mut handles = Vec::new();
         for (c, client_files) in files.iter().enumerate() {
@@ -313,6 +324,22 @@ fn run_scheme(
                     let mut ops = 0;
                     let mut buf = vec![0u8; BLOCK];
                     let log = &client_files[DATA_FILES];
+                    // One read outside the measurement, then wait for the others (even after
+                    // a failed read: the main thread waits for everyone). A few tries: the
+                    // first calls of a hundred threads connect to the data servers at once,
+                    // and on tcp a connect made under a range lock fails (EIO) when the lock's
+                    // lease runs out before the server answered.
+                    let mut warmed = Ok(());
+                    for _ in 0..WARM_UP_TRIES {
+                        let file = &client_files[rng.random_range(0..DATA_FILES)];
+                        let off = rng.random_range(0..blocks) * BLOCK as u64;
+                        warmed = file.read_at(&mut buf, off);
+                        if warmed.is_ok() {
+                            break;
+                        }
+                    }
+                    warm.wait();
+                    warmed.context("the warm-up read")?;
                     while !stop.load(Ordering::Relaxed) {
                         let file = &client_files[rng.random_range(0..DATA_FILES)];
                         let off = rng.random_range(0..blocks) * BLOCK as u64;
@@ -355,6 +382,8 @@ fn run_scheme(
                 }));
             }
         }
+        warm.wait();
+        started = Instant::now();
         let deadline = started + Duration::from_secs_f64(args.duration);
         while Instant::now() < deadline
             && !interrupt.load(Ordering::Relaxed)
