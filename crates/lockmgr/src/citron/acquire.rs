@@ -876,6 +876,8 @@ impl CitronClient {
         // `docs/SHARED_LOCKS.md`, "Readers without a ticket"); else phase (a) first.
         let mut ticketless = fastp && !node.is_leaf();
         let mut need_ticket = !node.is_leaf() && !ticketless;
+        // Over leaves: register in the children too, to skip the wait of (d) (§3.8).
+        let mut kids_fast = fastp;
         let mut leaf_fail_since: Option<Instant> = None;
         let mut leaf_backoff = self.backoff();
         let mut one_batch = fastp && (node.is_leaf() || ticketless) && !ancs.is_empty();
@@ -986,7 +988,7 @@ impl CitronClient {
                 );
                 (reg, None, Some(pass))
             };
-            let kids: Vec<RemoteAddr> = if fastp && node.hgt == 1 {
+            let kids: Vec<RemoteAddr> = if kids_fast && node.hgt == 1 {
                 let mut v = Vec::with_capacity(4);
                 for i in 0..4 {
                     let c = self.share_addr(Node::new(0, node.pos * 4 + i))?;
@@ -1143,6 +1145,23 @@ impl CitronClient {
             }
             if t2.duration_since(t1) > bound {
                 self.release_parts(&[hn], None)?;
+                if one_batch || ticketless || (kids_fast && node.hgt == 1) {
+                    // The fast path's batch (phase (b)'s reads, the children's 16 FAAs) took
+                    // longer than inequality (1) allows — a slow fabric, or a loaded host. Each
+                    // retry would post the same batch and abort again; the plain path posts
+                    // (b), (c) and (d) apart and waits in (d) instead.
+                    self.stats.aborts.time_limit += 1;
+                    self.stats.retries += 1;
+                    self.progress.aborted(1);
+                    hn = HeldNode::new(node, addr);
+                    hn.share = Some(share);
+                    ticketless = false;
+                    need_ticket = !node.is_leaf();
+                    one_batch = false;
+                    kids_fast = false;
+                    was_fast = false;
+                    continue;
+                }
                 return Ok(Outcome::Aborted(Why::TimeLimit));
             }
             if node.is_leaf() {
