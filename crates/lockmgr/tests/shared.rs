@@ -67,6 +67,47 @@ fn measure(c: &mut CitronClient, l: u64, r: u64, mode: LockMode) -> ((u64, u64),
     ((a.round_trips, a.verbs), (b.round_trips, b.verbs))
 }
 
+/// An acquisition made in a thread of its own, released as soon as granted.
+struct Pending {
+    granted: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<(CitronClient, u64)>,
+}
+
+impl Pending {
+    /// `c` acquires `range` in `mode` in a new thread, then releases it.
+    fn start(mut c: CitronClient, range: std::ops::Range<u64>, mode: LockMode) -> Pending {
+        let granted = Arc::new(AtomicBool::new(false));
+        let g = granted.clone();
+        let thread = std::thread::spawn(move || {
+            let before = c.endpoint_stats();
+            let id = c.acquire_mode(range, mode).unwrap();
+            g.store(true, Ordering::SeqCst);
+            let rtts = c.endpoint_stats().since(&before).round_trips;
+            c.release(id).unwrap();
+            (c, rtts)
+        });
+        Pending { granted, thread }
+    }
+
+    fn granted(&self) -> bool {
+        self.granted.load(Ordering::SeqCst)
+    }
+
+    /// Whether it was granted within `bound`.
+    fn granted_within(&self, bound: Duration) -> bool {
+        let start = Instant::now();
+        while !self.granted() && start.elapsed() < bound {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.granted()
+    }
+
+    /// The client back, and the round trips of its acquisition.
+    fn join(self) -> (CitronClient, u64) {
+        self.thread.join().unwrap()
+    }
+}
+
 #[test]
 fn uncontended_shared_round_trips() {
     for fast_path in [true, false] {
@@ -167,30 +208,19 @@ fn writers_and_readers_exclude_each_other() {
                 )
             };
             let id = first.acquire_mode(first_range.clone(), first_mode).unwrap();
-            let granted = Arc::new(AtomicBool::new(false));
-            let g = granted.clone();
-            let mut second = citron.client().unwrap();
-            let t = std::thread::spawn(move || {
-                let id = second.acquire_mode(second_range, second_mode).unwrap();
-                g.store(true, Ordering::SeqCst);
-                second.release(id).unwrap();
-                second
-            });
+            let second = Pending::start(citron.client().unwrap(), second_range, second_mode);
             std::thread::sleep(Duration::from_millis(100));
             assert!(
-                !granted.load(Ordering::SeqCst),
+                !second.granted(),
                 "{first_mode:?} {first_range:?} held, yet the other was granted"
             );
             first.release(id).unwrap();
-            let mut second = t.join().unwrap();
-            assert!(granted.load(Ordering::SeqCst));
+            let (mut second, _) = second.join();
             assert_rest(&mut second);
         }
     }
 }
 
-/// A stream of overlapping readers (always one holding) does not starve a writer: it gets the
-/// range within a bound, after which the readers still get theirs.
 /// A writer waits for the readers of the groups of 8 units its bits touch, not for readers of
 /// other units of its leaf (`docs/SHARED_LOCKS.md`, "Encoding"): with a reader holding units
 /// 3..5, writers of every other group of the leaf are granted at once, in the one round trip
@@ -206,26 +236,12 @@ fn a_writer_waits_only_for_the_readers_of_its_groups() {
     let id = writer.acquire(1000..1001).unwrap();
     writer.release(id).unwrap();
     for range in [8..9, 15..17, 24..32, 32..40, 40..48, 56..64, 63..65] {
-        let granted = Arc::new(AtomicBool::new(false));
-        let g = granted.clone();
-        let r = range.clone();
-        let t = std::thread::spawn(move || {
-            let before = writer.endpoint_stats();
-            let id = writer.acquire(r).unwrap();
-            g.store(true, Ordering::SeqCst);
-            let rtts = writer.endpoint_stats().since(&before).round_trips;
-            writer.release(id).unwrap();
-            (writer, rtts)
-        });
-        let start = Instant::now();
-        while !granted.load(Ordering::SeqCst) && start.elapsed() < Duration::from_secs(2) {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        let pending = Pending::start(writer, range.clone(), LockMode::Exclusive);
         assert!(
-            granted.load(Ordering::SeqCst),
+            pending.granted_within(Duration::from_secs(2)),
             "a writer of {range:?} waited for a reader of 3..5"
         );
-        let (w, rtts) = t.join().unwrap();
+        let (w, rtts) = pending.join();
         writer = w;
         let expected = if range.end > 64 { 2 } else { 1 };
         assert_eq!(
@@ -234,25 +250,16 @@ fn a_writer_waits_only_for_the_readers_of_its_groups() {
         );
     }
     // The reader's own group: the writer of 6..8 waits for it.
-    let granted = Arc::new(AtomicBool::new(false));
-    let g = granted.clone();
-    let t = std::thread::spawn(move || {
-        let id = writer.acquire(6..8).unwrap();
-        g.store(true, Ordering::SeqCst);
-        writer.release(id).unwrap();
-        writer
-    });
+    let pending = Pending::start(writer, 6..8, LockMode::Exclusive);
     std::thread::sleep(Duration::from_millis(100));
-    assert!(
-        !granted.load(Ordering::SeqCst),
-        "6..8 shares a group with 3..5"
-    );
+    assert!(!pending.granted(), "6..8 shares a group with 3..5");
     reader.release(held).unwrap();
-    let mut writer = t.join().unwrap();
-    assert!(granted.load(Ordering::SeqCst));
+    let (mut writer, _) = pending.join();
     assert_rest(&mut writer);
 }
 
+/// A stream of overlapping readers (always one holding) does not starve a writer: it gets the
+/// range within a bound, after which the readers still get theirs.
 #[test]
 fn a_waiting_writer_is_not_starved_by_readers() {
     let citron = setup(

@@ -123,6 +123,15 @@ pub(crate) enum Outcome {
     RepairLeaf(Node),
 }
 
+/// A bakery ticket taken and served (`take_ticket`).
+struct TicketTaken {
+    /// Served at once, without waiting.
+    at_once: bool,
+    /// The fast path's phase-(b) reads, batched with the ticket, found nothing in the way: when
+    /// they were posted (phase (b) is done).
+    phase_b_done: Option<Instant>,
+}
+
 /// Result of waiting for a bakery ticket (`wait_ticket`).
 enum TicketWait {
     /// Served: `TCnt` is our ticket, and became so after this instant (the post time of the last
@@ -517,57 +526,17 @@ impl CitronClient {
         let mut hn = HeldNode::new(node, addr);
         let mut phase_b_done: Option<Instant> = None;
 
-        // Phase (a), l. 9-11: a bakery ticket on an internal node. Fast path: batched with the
-        // reads of phase (b), hoping the ticket is served at once (§3.8).
+        // Phase (a), l. 9-11: a bakery ticket on an internal node.
         if !node.is_leaf() {
-            self.batch.clear();
-            let th = self.batch.masked_faa(addr, ADD_TMAX, BOUNDARY);
-            let anc_reads = fastp.then(|| self.post_anc_reads(&ancs, &anc_shares));
-            let posted = Instant::now();
-            self.exec()?;
-            hn.ticket = true;
-            let old = self.out.old(th);
-            let ticket = tmax(old);
-            hn.ticket_no = ticket;
-            // Served at once: TCnt was our ticket before the FAA executed, but every waiter that
-            // could break in behind us took its ticket after ours, so `posted` anchors the
-            // deadline (`lease` module docs, ticket break-in).
-            hn.word_deadline = Some(lease::word_deadline(posted, self.rec.t_lease(), node.hgt));
-            // A bakery ticket can only be given up once served (passing it on is TCnt += 1), so
-            // every abort below happens after the ticket has come up.
-            if tcnt(old) != ticket {
-                was_fast = false;
-                self.progress.set(Phase::Ticket);
-                match self.wait_ticket(addr, ticket, old, posted, node, node == root, held)? {
-                    TicketWait::Served(anchor) => {
-                        hn.word_deadline =
-                            Some(lease::word_deadline(anchor, self.rec.t_lease(), node.hgt));
-                    }
-                    TicketWait::Give(give) => {
-                        self.release_parts(&[hn], None)?;
-                        return Ok(give);
-                    }
-                    TicketWait::PassedOver => {
-                        // Nothing of this node is ours; what the request holds elsewhere was
-                        // or is given back by the restart.
-                        return Ok(Outcome::Restart);
-                    }
+            match self.take_ticket(node, addr, held, &ancs, &anc_shares, &mut hn)? {
+                Ok(TicketTaken {
+                    at_once,
+                    phase_b_done: done,
+                }) => {
+                    was_fast &= at_once;
+                    phase_b_done = done;
                 }
-            } else if node == root && exp_tag(old) != 0 {
-                self.release_parts(&[hn], None)?;
-                return Ok(Outcome::Aborted(Why::ScaleUp));
-            } else if fastp {
-                let (words, swords, flagged) = match &anc_reads {
-                    Some(r) => self.anc_words(r),
-                    None => (Vec::new(), Vec::new(), false),
-                };
-                if words.last().is_some_and(|w| exp_tag(*w) != 0) {
-                    self.release_parts(&[hn], None)?;
-                    return Ok(Outcome::Aborted(Why::ScaleUp));
-                }
-                if !flagged && blocking(&words, &swords).is_none() {
-                    phase_b_done = Some(posted);
-                }
+                Err(give) => return Ok(give),
             }
         }
 
@@ -868,8 +837,12 @@ impl CitronClient {
         let fastp = self.opts.fast_path;
         let lease_t = self.rec.t_lease();
         let mut was_fast = fastp;
-        let mut hn = HeldNode::new(node, addr);
-        hn.share = Some(share);
+        // What an attempt holds: nothing yet.
+        let fresh = || HeldNode {
+            share: Some(share),
+            ..HeldNode::new(node, addr)
+        };
+        let mut hn = fresh();
         let mut phase_b_done: Option<Instant> = None;
 
         // An internal node: without a ticket while nobody is in its bakery (fast path only,
@@ -889,47 +862,17 @@ impl CitronClient {
         loop {
             if need_ticket {
                 need_ticket = false;
-                // Phase (a): as `lock_node`.
-                self.batch.clear();
-                let th = self.batch.masked_faa(addr, ADD_TMAX, BOUNDARY);
-                let reads: Vec<ReadHandle> = if fastp {
-                    ancs.iter().map(|(_, a)| self.batch.read(*a, 8)).collect()
-                } else {
-                    Vec::new()
-                };
-                let posted = Instant::now();
-                self.exec()?;
-                hn.ticket = true;
-                let old = self.out.old(th);
-                let ticket = tmax(old);
-                hn.ticket_no = ticket;
-                hn.word_deadline = Some(lease::word_deadline(posted, lease_t, node.hgt));
-                if tcnt(old) != ticket {
-                    was_fast = false;
-                    self.progress.set(Phase::Ticket);
-                    match self.wait_ticket(addr, ticket, old, posted, node, node == root, held)? {
-                        TicketWait::Served(anchor) => {
-                            hn.word_deadline =
-                                Some(lease::word_deadline(anchor, lease_t, node.hgt));
-                        }
-                        TicketWait::Give(give) => {
-                            self.release_parts(&[hn], None)?;
-                            return Ok(give);
-                        }
-                        TicketWait::PassedOver => return Ok(Outcome::Restart),
+                // Phase (a): as `lock_node` (the ancestors' words only: readers above do not
+                // block a reader).
+                match self.take_ticket(node, addr, held, &ancs, &[], &mut hn)? {
+                    Ok(TicketTaken {
+                        at_once,
+                        phase_b_done: done,
+                    }) => {
+                        was_fast &= at_once;
+                        phase_b_done = done;
                     }
-                } else if node == root && exp_tag(old) != 0 {
-                    self.release_parts(&[hn], None)?;
-                    return Ok(Outcome::Aborted(Why::ScaleUp));
-                } else if fastp {
-                    let words: Vec<u64> = reads.iter().map(|r| self.out.word(*r, 0)).collect();
-                    if words.last().is_some_and(|w| exp_tag(*w) != 0) {
-                        self.release_parts(&[hn], None)?;
-                        return Ok(Outcome::Aborted(Why::ScaleUp));
-                    }
-                    if blocking(&words, &[]).is_none() {
-                        phase_b_done = Some(posted);
-                    }
+                    Err(give) => return Ok(give),
                 }
             }
             // Phase (b): occupied ancestors only.
@@ -1047,55 +990,41 @@ impl CitronClient {
             if node.is_leaf() {
                 hn.leaf_register = register;
                 hn.bits_deadline = Some(lease::bits_deadline(posted, lease_t));
-            } else if ticketless {
+            } else {
+                hn.ticket = false;
                 hn.readers = true;
-                hn.readers_tag = exp_tag(c.reg_old);
                 hn.readers_deadline = Some(lease::token_deadline(posted, lease_t, node.hgt));
-                hn.root_of = (node == root).then_some(h);
                 hn.reader_children = kids;
                 hn.bits_deadline = Some(lease::bits_deadline(posted, lease_t));
-                if occ(c.check) || tmax(c.check) != tcnt(c.check) {
+                if !ticketless && c.check & (TCNT | OCC) != hn.ticket_no << TCNT_SHIFT {
+                    // Our turn was broken before we passed it on (paused past the lease?):
+                    // the ticket is not ours; undo the registration and start over.
+                    self.stats.passed_over += 1;
+                    self.progress.aborted(8);
+                    self.release_parts(&[hn], None)?;
+                    return Ok(Outcome::Restart);
+                }
+                hn.readers_tag = exp_tag(c.reg_old);
+                hn.root_of = (node == root).then_some(h);
+                if ticketless && (occ(c.check) || tmax(c.check) != tcnt(c.check)) {
                     // Someone is in the bakery: a writer holds or waits (or a reader is
                     // about to pass its turn on). Undo, and queue for a ticket like a writer.
                     self.release_parts(&[hn], None)?;
                     self.stats.retries += 1;
-                    hn = HeldNode::new(node, addr);
-                    hn.share = Some(share);
+                    hn = fresh();
                     ticketless = false;
                     need_ticket = true;
                     one_batch = false;
                     was_fast = false;
                     continue;
                 }
-            } else {
-                if c.check & (TCNT | OCC) != hn.ticket_no << TCNT_SHIFT {
-                    // Our turn was broken before we passed it on (paused past the lease?):
-                    // the ticket is not ours; undo the registration and start over.
-                    self.stats.passed_over += 1;
-                    self.progress.aborted(8);
-                    hn.ticket = false;
-                    hn.readers = true;
-                    hn.readers_deadline = Some(lease::token_deadline(posted, lease_t, node.hgt));
-                    hn.reader_children = kids;
-                    hn.bits_deadline = Some(lease::bits_deadline(posted, lease_t));
-                    self.release_parts(&[hn], None)?;
-                    return Ok(Outcome::Restart);
-                }
-                hn.ticket = false;
-                hn.readers = true;
-                hn.readers_tag = exp_tag(c.reg_old);
-                hn.readers_deadline = Some(lease::token_deadline(posted, lease_t, node.hgt));
-                hn.root_of = (node == root).then_some(h);
-                hn.reader_children = kids;
-                hn.bits_deadline = Some(lease::bits_deadline(posted, lease_t));
             }
             if one_batch {
                 let expanding = c.b_words.last().is_some_and(|w| exp_tag(*w) != 0);
                 if expanding || blocking(&c.b_words, &[]).is_some() {
                     // Speculative: undo (an abort, §3.5.5) and take the regular phase (b).
                     self.release_parts(&[hn], None)?;
-                    hn = HeldNode::new(node, addr);
-                    hn.share = Some(share);
+                    hn = fresh();
                     if expanding {
                         return Ok(Outcome::Aborted(Why::ScaleUp));
                     }
@@ -1109,9 +1038,8 @@ impl CitronClient {
             }
             if node.is_leaf() && c.check & mask != 0 {
                 // A writer holds (or is taking) some of our units: back off, wait, retry.
-                self.release_parts(&[hn.clone()], None)?;
-                hn.tokens.clear();
-                hn.leaf_register = LeafShare::default();
+                self.release_parts(&[hn], None)?;
+                hn = fresh();
                 let bits = c.check & mask;
                 match in_way {
                     Some((b, _)) if b == bits => {}
@@ -1153,8 +1081,7 @@ impl CitronClient {
                     self.stats.aborts.time_limit += 1;
                     self.stats.retries += 1;
                     self.progress.aborted(1);
-                    hn = HeldNode::new(node, addr);
-                    hn.share = Some(share);
+                    hn = fresh();
                     ticketless = false;
                     need_ticket = !node.is_leaf();
                     one_batch = false;
@@ -1222,6 +1149,73 @@ impl CitronClient {
         let first = *since.get_or_insert_with(Instant::now);
         (first.elapsed() >= self.opts.starvation_after)
             .then(|| Outcome::Escalate(leaf.parent(), Why::Starvation(leaf)))
+    }
+
+    /// Phase (a), l. 9-11, on internal `node`: a bakery ticket, and on the fast path the reads of
+    /// phase (b) in the same batch (`post_anc_reads` with `shares`: a writer's share words or
+    /// readers' flag, none for a reader), hoping the ticket is served at once (§3.8). Waits for
+    /// the turn. `Err`: give up with that outcome (what `hn` held is given back); `Ok`: the
+    /// turn is ours, recorded in `hn`.
+    fn take_ticket(
+        &mut self,
+        node: Node,
+        addr: RemoteAddr,
+        held: &mut Vec<HeldNode>,
+        ancs: &[(Node, RemoteAddr)],
+        shares: &[RemoteAddr],
+        hn: &mut HeldNode,
+    ) -> Result<Result<TicketTaken, Outcome>, LockError> {
+        let fastp = self.opts.fast_path;
+        let lease_t = self.rec.t_lease();
+        let is_root = node == Node::root(self.rec.height);
+        self.batch.clear();
+        let th = self.batch.masked_faa(addr, ADD_TMAX, BOUNDARY);
+        let anc_reads = fastp.then(|| self.post_anc_reads(ancs, shares));
+        let posted = Instant::now();
+        self.exec()?;
+        hn.ticket = true;
+        let old = self.out.old(th);
+        let ticket = tmax(old);
+        hn.ticket_no = ticket;
+        // Served at once: TCnt was our ticket before the FAA executed, but every waiter that
+        // could break in behind us took its ticket after ours, so `posted` anchors the
+        // deadline (`lease` module docs, ticket break-in).
+        hn.word_deadline = Some(lease::word_deadline(posted, lease_t, node.hgt));
+        // A bakery ticket can only be given up once served (passing it on is TCnt += 1), so
+        // every abort below happens after the ticket has come up.
+        let mut taken = TicketTaken {
+            at_once: true,
+            phase_b_done: None,
+        };
+        if tcnt(old) != ticket {
+            taken.at_once = false;
+            self.progress.set(Phase::Ticket);
+            match self.wait_ticket(addr, ticket, old, posted, node, is_root, held)? {
+                TicketWait::Served(anchor) => {
+                    hn.word_deadline = Some(lease::word_deadline(anchor, lease_t, node.hgt));
+                }
+                TicketWait::Give(give) => {
+                    self.release_parts(std::slice::from_ref(hn), None)?;
+                    return Ok(Err(give));
+                }
+                // Nothing of this node is ours; what the request holds elsewhere was or is
+                // given back by the restart.
+                TicketWait::PassedOver => return Ok(Err(Outcome::Restart)),
+            }
+        } else if is_root && exp_tag(old) != 0 {
+            self.release_parts(std::slice::from_ref(hn), None)?;
+            return Ok(Err(Outcome::Aborted(Why::ScaleUp)));
+        } else if let Some(r) = &anc_reads {
+            let (words, swords, flagged) = self.anc_words(r);
+            if words.last().is_some_and(|w| exp_tag(*w) != 0) {
+                self.release_parts(std::slice::from_ref(hn), None)?;
+                return Ok(Err(Outcome::Aborted(Why::ScaleUp)));
+            }
+            if !flagged && blocking(&words, &swords).is_none() {
+                taken.phase_b_done = Some(posted);
+            }
+        }
+        Ok(Ok(taken))
     }
 
     /// l. 11: poll until `TCnt` reaches our ticket. Recovery (§3.10): if `TCnt` and `Occ` stand

@@ -478,6 +478,13 @@ const fn word_view(mask: u64, i: usize) -> u64 {
     (b & 0xFF) | ((b >> LEAF_GROUP_UNITS) << 32)
 }
 
+/// Whether a pair of share word `w` that `view` selects (a [`word_view`]) is apart: a reader.
+const fn pairs_apart(w: u64, view: u64) -> bool {
+    let lo = view & 0xFFFF_FFFF != 0 && (w & 0xFFFF) != ((w >> 16) & 0xFFFF);
+    let hi = view >> 32 != 0 && ((w >> 32) & 0xFFFF) != ((w >> 48) & 0xFFFF);
+    lo || hi
+}
+
 impl LeafShare {
     /// The addend that registers a reader of every group `mask` (a leaf bitmask) touches
     /// (`Max += 1` each).
@@ -511,12 +518,18 @@ impl LeafShare {
 
     /// Whether these counters show a reader of a group `mask` touches.
     pub fn readers(&self, mask: u64) -> bool {
-        self.0.iter().enumerate().any(|(i, &w)| {
-            let v = word_view(mask, i);
-            let lo = v & 0xFFFF_FFFF != 0 && (w & 0xFFFF) != ((w >> 16) & 0xFFFF);
-            let hi = v >> 32 != 0 && ((w >> 32) & 0xFFFF) != ((w >> 48) & 0xFFFF);
-            lo || hi
-        })
+        self.0
+            .iter()
+            .enumerate()
+            .any(|(i, &w)| pairs_apart(w, word_view(mask, i)))
+    }
+
+    /// The share words that show a reader (a counter pair apart).
+    pub fn busy_words(&self) -> impl Iterator<Item = u64> + '_ {
+        self.0
+            .iter()
+            .copied()
+            .filter(|&w| pairs_apart(w, word_view(!0, 0)))
     }
 
     /// The fields (both counters of each group) that `mask` touches.
@@ -773,6 +786,7 @@ mod tests {
             LeafShare([1 | (1 << 32), 0, 0, 0])
         );
         let w = add(LeafShare::default(), two);
+        assert_eq!(w.busy_words().collect::<Vec<_>>(), vec![1, 1 << 32]);
         assert!(w.readers(1));
         assert!(w.readers(1 << 47), "unit 47 is in group 5");
         assert!(!w.readers(1 << 48), "unit 48 is in group 6");

@@ -541,13 +541,9 @@ impl CitronClient {
                 for (node, r, sr) in reads {
                     if node.is_leaf() {
                         let ls = layout::LeafShare::read(&self.out, sr, 0);
-                        for (i, &sw) in ls.0.iter().enumerate() {
-                            let mut one = layout::LeafShare::default();
-                            one.0[i] = sw;
-                            if one.readers(!0) {
-                                audit.busy_shares.push((node, sw));
-                            }
-                        }
+                        audit
+                            .busy_shares
+                            .extend(ls.busy_words().map(|sw| (node, sw)));
                     } else {
                         let sw = self.out.word(sr, 0);
                         if sw & !layout::EXP != 0
