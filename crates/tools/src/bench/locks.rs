@@ -402,8 +402,7 @@ impl Fabric {
 
 /// What one client thread measured.
 struct ThreadResult {
-    latencies: Histogram<u64>,
-    /// The acquisitions drawn as reads, and those drawn as writes.
+    /// Acquire latencies of the acquisitions drawn as reads, and of those drawn as writes.
     by_kind: [Histogram<u64>; 2],
     stats: LockStats,
     ops: u64,
@@ -501,7 +500,6 @@ fn run_one(args: &LocksArgs, name: &str, threads: usize) -> Result<LocksResult> 
     let began = Instant::now();
     std::thread::sleep(Duration::from_secs_f64(args.duration));
     stop.store(true, Ordering::Relaxed);
-    let mut latencies = new_histogram();
     let mut by_kind = [new_histogram(), new_histogram()];
     let mut stats = LockStats::default();
     let mut ops = 0;
@@ -509,9 +507,7 @@ fn run_one(args: &LocksArgs, name: &str, threads: usize) -> Result<LocksResult> 
     for worker in workers {
         match worker.join() {
             Ok(Ok(result)) => {
-                for (into, from) in std::iter::once((&mut latencies, &result.latencies))
-                    .chain(by_kind.iter_mut().zip(&result.by_kind))
-                {
+                for (into, from) in by_kind.iter_mut().zip(&result.by_kind) {
                     into.add(from)
                         .map_err(|e| anyhow!("merge histograms: {e:?}"))?;
                 }
@@ -527,6 +523,10 @@ fn run_one(args: &LocksArgs, name: &str, threads: usize) -> Result<LocksResult> 
     if let Some(error) = failure {
         return Err(error);
     }
+    let mut latencies = by_kind[0].clone();
+    latencies
+        .add(&by_kind[1])
+        .map_err(|e| anyhow!("merge histograms: {e:?}"))?;
     let us = |ns: u64| ns as f64 / 1000.0;
     Ok(LocksResult {
         scheme: name.to_string(),
@@ -589,7 +589,6 @@ fn client(
     start: &Barrier,
 ) -> Result<ThreadResult> {
     let mut rng = SmallRng::seed_from_u64(0xB17_C0DE ^ seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    let mut latencies = new_histogram();
     let mut by_kind = [new_histogram(), new_histogram()];
     let mut ops = 0;
     start.wait();
@@ -601,14 +600,11 @@ fn client(
         let mode = if read { reads.1 } else { LockMode::Exclusive };
         let began = Instant::now();
         let id = lock.acquire_mode(left..left + range, mode)?;
-        let took = began.elapsed().as_nanos() as u64;
-        latencies.saturating_record(took);
-        by_kind[usize::from(!read)].saturating_record(took);
+        by_kind[usize::from(!read)].saturating_record(began.elapsed().as_nanos() as u64);
         lock.release(id)?;
         ops += 1;
     }
     Ok(ThreadResult {
-        latencies,
         by_kind,
         stats: lock.stats().since(&before),
         ops,
